@@ -1,0 +1,691 @@
+//! The task file format: one task per line, `#` comments, `#HTC` default directives and
+//! `[key=value …]` per-line options. See `docs/task-file.md` for the user-facing description.
+//!
+//! The parser streams: it holds one line at a time, so a 10 M-line file costs no more memory
+//! than a 10-line one, and commands are handed out as raw bytes (non-UTF-8 is preserved).
+
+use std::fmt;
+use std::io::{self, BufRead};
+
+/// Longest accepted line, in bytes, including options. Longer lines are an error, not a truncation.
+pub const MAX_LINE: usize = 64 * 1024;
+/// Most distinct task classes in one file (class ids are `u16`).
+pub const MAX_CLASSES: usize = 4096;
+pub const MAX_CORES: u32 = 4096;
+pub const MAX_RETRIES: u32 = 100;
+/// Durations are kept in milliseconds in a `u32`: about 49 days.
+pub const MAX_DURATION_MS: u64 = u32::MAX as u64;
+/// Default retries for a task whose attempt fails (non-zero exit, signal, timeout).
+pub const DEFAULT_RETRIES: u8 = 2;
+
+/// What one task asks for. Zero means "not given" for `mem_mb`, `timeout_ms` and `runtime_ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TaskOptions {
+    pub cores: u16,
+    pub mem_mb: u32,
+    pub timeout_ms: u32,
+    pub retries: u8,
+    pub class: u16,
+    pub runtime_ms: u32,
+}
+
+impl Default for TaskOptions {
+    fn default() -> Self {
+        TaskOptions { cores: 1, mem_mb: 0, timeout_ms: 0, retries: DEFAULT_RETRIES, class: 0, runtime_ms: 0 }
+    }
+}
+
+/// One parsed task. `command` borrows the parser's line buffer.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Task<'a> {
+    /// 1-based line number in the file.
+    pub line: u64,
+    /// Byte offset of `command` in the file, so a copy of the file can serve as the task store.
+    pub offset: u64,
+    pub options: TaskOptions,
+    pub command: &'a [u8],
+    /// True when the command needs `/bin/sh -c`; false when it can be exec'd directly.
+    pub shell: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ErrorKind {
+    Io(String),
+    LineTooLong,
+    NulByte,
+    Empty,
+    UnclosedOptions,
+    MissingCommand,
+    BadOptionSyntax(String),
+    UnknownOption(String),
+    BadValue { key: &'static str, value: String, why: &'static str },
+    TooManyClasses,
+    InvalidDirective,
+}
+
+impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ErrorKind::Io(e) => write!(f, "cannot read: {e}"),
+            ErrorKind::LineTooLong => write!(f, "line longer than {MAX_LINE} bytes"),
+            ErrorKind::NulByte => write!(f, "NUL byte in line (binary file?)"),
+            ErrorKind::Empty => write!(f, "no tasks in file (only blank lines and comments, or empty)"),
+            ErrorKind::UnclosedOptions => write!(f, "option block '[' is not closed by ']'"),
+            ErrorKind::MissingCommand => write!(f, "options but no command"),
+            ErrorKind::BadOptionSyntax(s) => write!(f, "expected key=value, found '{s}'"),
+            ErrorKind::UnknownOption(k) => {
+                write!(f, "unknown option '{k}' (known: cores, mem, timeout, retries, class, runtime)")
+            }
+            ErrorKind::BadValue { key, value, why } => write!(f, "bad value '{value}' for {key}: {why}"),
+            ErrorKind::TooManyClasses => write!(f, "more than {MAX_CLASSES} distinct classes"),
+            ErrorKind::InvalidDirective => write!(f, "'#HTC' directive needs key=value options"),
+        }
+    }
+}
+
+/// A task file error, displayed as `file:line:column: reason` (the GNU convention editors jump to).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct TaskFileError {
+    pub file: String,
+    /// 1-based; 0 when the error concerns the whole file.
+    pub line: u64,
+    /// 1-based byte column; 0 when the error concerns the whole line.
+    pub column: usize,
+    pub kind: ErrorKind,
+}
+
+impl fmt::Display for TaskFileError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.line, self.column) {
+            (0, _) => write!(f, "{}: {}", self.file, self.kind),
+            (l, 0) => write!(f, "{}:{}: {}", self.file, l, self.kind),
+            (l, c) => write!(f, "{}:{}:{}: {}", self.file, l, c, self.kind),
+        }
+    }
+}
+
+/// Streaming parser over any `BufRead`.
+pub struct Parser<R> {
+    reader: R,
+    file: String,
+    line_no: u64,
+    buf: Vec<u8>,
+    /// Bytes consumed before the current line.
+    line_start: u64,
+    pos: u64,
+    defaults: TaskOptions,
+    classes: Vec<String>,
+    tasks: u64,
+    eof: bool,
+}
+
+impl<R: BufRead> Parser<R> {
+    pub fn new(reader: R, file: impl Into<String>) -> Self {
+        Parser {
+            reader,
+            file: file.into(),
+            line_no: 0,
+            buf: Vec::with_capacity(256),
+            line_start: 0,
+            pos: 0,
+            defaults: TaskOptions::default(),
+            classes: vec!["default".to_string()],
+            tasks: 0,
+            eof: false,
+        }
+    }
+
+    /// Class names, indexed by `TaskOptions::class`. Index 0 is `default`.
+    pub fn classes(&self) -> &[String] {
+        &self.classes
+    }
+
+    /// Number of tasks returned so far.
+    pub fn tasks(&self) -> u64 {
+        self.tasks
+    }
+
+    fn err(&self, column: usize, kind: ErrorKind) -> TaskFileError {
+        TaskFileError { file: self.file.clone(), line: self.line_no, column, kind }
+    }
+
+    /// Reads one line into `buf` without ever holding more than `MAX_LINE` bytes of it.
+    /// Returns false at end of file.
+    fn read_line(&mut self) -> Result<bool, TaskFileError> {
+        self.buf.clear();
+        self.line_start = self.pos;
+        let mut too_long = false;
+        let mut any = false;
+        loop {
+            let chunk = match self.reader.fill_buf() {
+                Ok(c) => c,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(self.err(0, ErrorKind::Io(e.to_string()))),
+            };
+            if chunk.is_empty() {
+                break;
+            }
+            any = true;
+            let (take, done) = match chunk.iter().position(|&b| b == b'\n') {
+                Some(i) => (i + 1, true),
+                None => (chunk.len(), false),
+            };
+            if !too_long {
+                if self.buf.len() + take > MAX_LINE + 2 {
+                    too_long = true;
+                } else {
+                    self.buf.extend_from_slice(&chunk[..take]);
+                }
+            }
+            self.reader.consume(take);
+            self.pos += take as u64;
+            if done {
+                break;
+            }
+        }
+        if !any {
+            return Ok(false);
+        }
+        self.line_no += 1;
+        if too_long {
+            return Err(self.err(0, ErrorKind::LineTooLong));
+        }
+        if self.buf.last() == Some(&b'\n') {
+            self.buf.pop();
+        }
+        if self.buf.last() == Some(&b'\r') {
+            self.buf.pop();
+        }
+        if self.buf.len() > MAX_LINE {
+            return Err(self.err(0, ErrorKind::LineTooLong));
+        }
+        Ok(true)
+    }
+
+    /// Returns the next task, `Ok(None)` at the end, or the error of the current line. After an
+    /// error the parser can go on with the next line, so a checker can list several errors.
+    pub fn next_task(&mut self) -> Result<Option<Task<'_>>, TaskFileError> {
+        loop {
+            if self.eof || !self.read_line()? {
+                self.eof = true;
+                if self.tasks == 0 {
+                    return Err(TaskFileError {
+                        file: self.file.clone(),
+                        line: 0,
+                        column: 0,
+                        kind: ErrorKind::Empty,
+                    });
+                }
+                return Ok(None);
+            }
+            if let Some(i) = self.buf.iter().position(|&b| b == 0) {
+                return Err(self.err(i + 1, ErrorKind::NulByte));
+            }
+            let start = self.buf.iter().position(|b| !is_blank(*b)).unwrap_or(self.buf.len());
+            let end = self.buf.iter().rposition(|b| !is_blank(*b)).map_or(start, |i| i + 1);
+            if start >= end {
+                continue;
+            }
+            if self.buf[start] == b'#' {
+                let rest = &self.buf[start..end];
+                if rest.starts_with(b"#HTC") && rest.get(4).is_none_or(|b| is_blank(*b)) {
+                    let (s, e) = (start + 4, end);
+                    let mut opts = self.defaults;
+                    let any = self.parse_options(s, e, &mut opts)?;
+                    if !any {
+                        return Err(self.err(start + 1, ErrorKind::InvalidDirective));
+                    }
+                    self.defaults = opts;
+                }
+                continue;
+            }
+            let mut options = self.defaults;
+            let mut cmd_start = start;
+            if self.buf[start] == b'[' && self.buf.get(start + 1).is_some_and(|b| !is_blank(*b)) {
+                let close = match self.buf[start..end].iter().position(|&b| b == b']') {
+                    Some(i) => start + i,
+                    None => return Err(self.err(start + 1, ErrorKind::UnclosedOptions)),
+                };
+                self.parse_options(start + 1, close, &mut options)?;
+                cmd_start = close + 1;
+                if cmd_start < end && !is_blank(self.buf[cmd_start]) {
+                    return Err(self.err(cmd_start + 1, ErrorKind::BadOptionSyntax(
+                        "text right after ']' (put a space before the command)".into(),
+                    )));
+                }
+                while cmd_start < end && is_blank(self.buf[cmd_start]) {
+                    cmd_start += 1;
+                }
+                if cmd_start >= end {
+                    return Err(self.err(close + 1, ErrorKind::MissingCommand));
+                }
+            }
+            self.tasks += 1;
+            let command = &self.buf[cmd_start..end];
+            let offset = self.line_start + cmd_start as u64;
+            return Ok(Some(Task { line: self.line_no, offset, options, command, shell: needs_shell(command) }));
+        }
+    }
+
+    /// Parses `key=value` words (separated by blanks or commas) in `buf[s..e]` into `opts`.
+    /// Returns whether any option was present.
+    fn parse_options(&mut self, s: usize, e: usize, opts: &mut TaskOptions) -> Result<bool, TaskFileError> {
+        let mut i = s;
+        let mut any = false;
+        while i < e {
+            let b = self.buf[i];
+            if is_blank(b) || b == b',' {
+                i += 1;
+                continue;
+            }
+            let w_start = i;
+            while i < e && !is_blank(self.buf[i]) && self.buf[i] != b',' {
+                i += 1;
+            }
+            let word = String::from_utf8_lossy(&self.buf[w_start..i]).into_owned();
+            let col = w_start + 1;
+            let Some((key, value)) = word.split_once('=') else {
+                return Err(self.err(col, ErrorKind::BadOptionSyntax(word)));
+            };
+            let bad = |key: &'static str, why: &'static str| ErrorKind::BadValue { key, value: value.to_string(), why };
+            match key {
+                "cores" => {
+                    opts.cores = parse_uint(value)
+                        .filter(|&n| n >= 1 && n <= MAX_CORES as u64)
+                        .ok_or_else(|| self.err(col, bad("cores", "an integer from 1 to 4096")))?
+                        as u16
+                }
+                "mem" => {
+                    opts.mem_mb =
+                        parse_mem_mb(value).ok_or_else(|| self.err(col, bad("mem", "a size like 512M, 4G (max 4096T)")))?
+                }
+                "timeout" => {
+                    opts.timeout_ms = parse_duration_ms(value)
+                        .ok_or_else(|| self.err(col, bad("timeout", "a duration like 90, 90s, 10m, 1h30m, 1:30:00 (0 = none)")))?
+                }
+                "runtime" => {
+                    opts.runtime_ms = parse_duration_ms(value)
+                        .ok_or_else(|| self.err(col, bad("runtime", "a duration like 2s, 5m, 1h")))?
+                }
+                "retries" => {
+                    opts.retries = parse_uint(value)
+                        .filter(|&n| n <= MAX_RETRIES as u64)
+                        .ok_or_else(|| self.err(col, bad("retries", "an integer from 0 to 100")))?
+                        as u8
+                }
+                "class" => {
+                    let ok = !value.is_empty()
+                        && value.len() <= 64
+                        && value.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
+                    if !ok {
+                        return Err(self.err(col, bad("class", "1 to 64 characters of A-Z a-z 0-9 _ . -")));
+                    }
+                    opts.class = match self.classes.iter().position(|c| c == value) {
+                        Some(i) => i as u16,
+                        None if self.classes.len() >= MAX_CLASSES => {
+                            return Err(self.err(col, ErrorKind::TooManyClasses))
+                        }
+                        None => {
+                            self.classes.push(value.to_string());
+                            (self.classes.len() - 1) as u16
+                        }
+                    };
+                }
+                _ => return Err(self.err(col, ErrorKind::UnknownOption(key.to_string()))),
+            }
+            any = true;
+        }
+        Ok(any)
+    }
+}
+
+fn is_blank(b: u8) -> bool {
+    b == b' ' || b == b'\t'
+}
+
+fn parse_uint(s: &str) -> Option<u64> {
+    if s.is_empty() || s.len() > 12 || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
+}
+
+/// `512`, `512M`, `4G`, `100K`, `1T` (binary units; a bare number is MiB). Result in MiB.
+pub fn parse_mem_mb(s: &str) -> Option<u32> {
+    let (num, mult_kb): (&str, u64) = match s.as_bytes().last()? {
+        b'K' | b'k' => (&s[..s.len() - 1], 1),
+        b'M' | b'm' => (&s[..s.len() - 1], 1024),
+        b'G' | b'g' => (&s[..s.len() - 1], 1024 * 1024),
+        b'T' | b't' => (&s[..s.len() - 1], 1024 * 1024 * 1024),
+        _ => (s, 1024),
+    };
+    let kb = parse_uint(num)?.checked_mul(mult_kb)?;
+    let mb = kb.div_ceil(1024);
+    u32::try_from(mb).ok()
+}
+
+/// Durations: `90` (seconds), `1.5s`, `250ms`, `10m`, `2h`, `1d`, `1h30m`, or Slurm's `[[H:]M:]S`.
+/// Result in milliseconds; `0` means none.
+pub fn parse_duration_ms(s: &str) -> Option<u32> {
+    if s.is_empty() || s.len() > 32 {
+        return None;
+    }
+    let total: u64 = if s.contains(':') {
+        let parts: Vec<&str> = s.split(':').collect();
+        if parts.len() > 3 {
+            return None;
+        }
+        let mut secs: u64 = 0;
+        for p in &parts {
+            secs = secs.checked_mul(60)?.checked_add(parse_uint(p)?)?;
+        }
+        secs.checked_mul(1000)?
+    } else if s.bytes().all(|b| b.is_ascii_digit()) {
+        parse_uint(s)?.checked_mul(1000)?
+    } else {
+        let mut total: u64 = 0;
+        let b = s.as_bytes();
+        let mut i = 0;
+        while i < b.len() {
+            let n0 = i;
+            while i < b.len() && (b[i].is_ascii_digit() || b[i] == b'.') {
+                i += 1;
+            }
+            let num = &s[n0..i];
+            let u0 = i;
+            while i < b.len() && b[i].is_ascii_alphabetic() {
+                i += 1;
+            }
+            let unit_ms: f64 = match &s[u0..i] {
+                "ms" => 1.0,
+                "s" => 1000.0,
+                "m" => 60_000.0,
+                "h" => 3_600_000.0,
+                "d" => 86_400_000.0,
+                _ => return None,
+            };
+            if num.is_empty() || num.bytes().filter(|&c| c == b'.').count() > 1 || num.len() > 12 {
+                return None;
+            }
+            let v: f64 = num.parse().ok()?;
+            let ms = (v * unit_ms).round();
+            if !ms.is_finite() || ms > MAX_DURATION_MS as f64 {
+                return None;
+            }
+            total = total.checked_add(ms as u64)?;
+        }
+        total
+    };
+    u32::try_from(total).ok()
+}
+
+/// Whether `command` must go through `/bin/sh -c`. A command is exec'd directly only when every
+/// byte is plainly literal and its first word is neither an assignment nor a shell builtin, so
+/// direct exec is exactly what the shell would have done.
+pub fn needs_shell(command: &[u8]) -> bool {
+    let literal = |b: u8| b.is_ascii_alphanumeric() || b"-_./,:=+%@^ ".contains(&b);
+    if !command.iter().all(|&b| literal(b)) {
+        return true;
+    }
+    let first = command.split(|&b| b == b' ').find(|w| !w.is_empty()).unwrap_or(b"");
+    if first.contains(&b'=') {
+        return true;
+    }
+    const BUILTINS: &[&[u8]] = &[
+        b".", b":", b"alias", b"bg", b"break", b"cd", b"command", b"continue", b"eval", b"exec", b"exit",
+        b"export", b"fc", b"fg", b"getopts", b"hash", b"jobs", b"local", b"read", b"readonly", b"return",
+        b"set", b"shift", b"source", b"times", b"trap", b"type", b"ulimit", b"umask", b"unalias", b"unset",
+        b"wait", b"if", b"then", b"else", b"elif", b"fi", b"case", b"esac", b"for", b"while", b"until",
+        b"do", b"done", b"function",
+    ];
+    BUILTINS.contains(&first)
+}
+
+/// Counts from a whole-file check.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Summary {
+    pub tasks: u64,
+    /// Per class: (name, tasks, core-seconds from runtime hints, tasks without a hint).
+    pub classes: Vec<ClassSummary>,
+    pub shell_tasks: u64,
+    pub max_cores: u16,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ClassSummary {
+    pub name: String,
+    pub tasks: u64,
+    pub core_seconds: f64,
+    pub without_runtime: u64,
+}
+
+impl Summary {
+    pub fn core_seconds(&self) -> f64 {
+        self.classes.iter().map(|c| c.core_seconds).sum()
+    }
+}
+
+/// Checks a whole file. Returns the summary, or up to `max_errors` errors (at least one).
+pub fn check<R: BufRead>(reader: R, file: &str, max_errors: usize) -> Result<Summary, Vec<TaskFileError>> {
+    let mut p = Parser::new(reader, file);
+    let mut errors = Vec::new();
+    let mut per_class: Vec<(u64, f64, u64)> = vec![(0, 0.0, 0)];
+    let mut s = Summary::default();
+    loop {
+        match p.next_task() {
+            Ok(Some(t)) => {
+                let o = t.options;
+                let shell = t.shell;
+                if per_class.len() <= o.class as usize {
+                    per_class.resize(o.class as usize + 1, (0, 0.0, 0));
+                }
+                let c = &mut per_class[o.class as usize];
+                c.0 += 1;
+                if o.runtime_ms == 0 {
+                    c.2 += 1;
+                } else {
+                    c.1 += o.cores as f64 * o.runtime_ms as f64 / 1000.0;
+                }
+                s.tasks += 1;
+                s.shell_tasks += shell as u64;
+                s.max_cores = s.max_cores.max(o.cores);
+            }
+            Ok(None) => break,
+            Err(e) => {
+                let fatal = matches!(e.kind, ErrorKind::Io(_) | ErrorKind::Empty);
+                // An empty-file complaint after other errors says nothing new.
+                if !(e.kind == ErrorKind::Empty && !errors.is_empty()) {
+                    errors.push(e);
+                }
+                if fatal || errors.len() >= max_errors {
+                    break;
+                }
+            }
+        }
+    }
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    s.classes = p
+        .classes()
+        .iter()
+        .zip(per_class.iter().chain(std::iter::repeat(&(0, 0.0, 0))))
+        .map(|(name, &(tasks, cs, without))| ClassSummary { name: name.clone(), tasks, core_seconds: cs, without_runtime: without })
+        .filter(|c| c.tasks > 0)
+        .collect();
+    Ok(s)
+}
+
+/// Opens and checks a file by path; errors name the path as given.
+pub fn check_path(path: &std::path::Path, max_errors: usize) -> Result<Summary, Vec<TaskFileError>> {
+    let name = path.display().to_string();
+    let f = std::fs::File::open(path).map_err(|e| {
+        vec![TaskFileError { file: name.clone(), line: 0, column: 0, kind: ErrorKind::Io(e.to_string()) }]
+    })?;
+    if f.metadata().map(|m| m.is_dir()).unwrap_or(false) {
+        return Err(vec![TaskFileError {
+            file: name,
+            line: 0,
+            column: 0,
+            kind: ErrorKind::Io("is a directory".into()),
+        }]);
+    }
+    check(io::BufReader::with_capacity(1 << 16, f), &name, max_errors)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all(text: &[u8]) -> Result<Vec<(u64, TaskOptions, Vec<u8>, bool)>, TaskFileError> {
+        let mut p = Parser::new(text, "t.txt");
+        let mut v = Vec::new();
+        while let Some(t) = p.next_task()? {
+            let at = &text[t.offset as usize..t.offset as usize + t.command.len()];
+            assert_eq!(at, t.command, "offset points at the command");
+            v.push((t.line, t.options, t.command.to_vec(), t.shell));
+        }
+        Ok(v)
+    }
+
+    #[test]
+    fn plain_lines_comments_blank_and_crlf() {
+        let v = all(b"# head\n\necho a\r\n  true  \n\t\n/bin/echo x y\n").unwrap();
+        assert_eq!(v.len(), 3);
+        assert_eq!(v[0].0, 3);
+        assert_eq!(v[0].2, b"echo a");
+        assert_eq!(v[1].2, b"true");
+        assert_eq!(v[2].0, 6);
+        assert!(!v[2].3);
+    }
+
+    #[test]
+    fn last_line_without_newline() {
+        let v = all(b"a\nb").unwrap();
+        assert_eq!(v[1].2, b"b");
+    }
+
+    #[test]
+    fn options_and_defaults() {
+        let v = all(b"#HTC cores=2 timeout=1m retries=1\n[class=long,runtime=30s mem=2G] ./sim 1\n./sim 2\n#HTC class=short\n[cores=1] x\n").unwrap();
+        assert_eq!(v[0].1, TaskOptions { cores: 2, mem_mb: 2048, timeout_ms: 60_000, retries: 1, class: 1, runtime_ms: 30_000 });
+        assert_eq!(v[0].2, b"./sim 1");
+        assert_eq!(v[1].1.class, 0);
+        assert_eq!(v[1].1.cores, 2);
+        assert_eq!(v[2].1.class, 2);
+        assert_eq!(v[2].1.cores, 1);
+    }
+
+    #[test]
+    fn test_bracket_command_is_not_options() {
+        let v = all(b"[ -f x ] && echo y\n[] [abc]cmd\n").unwrap();
+        assert_eq!(v[0].2, b"[ -f x ] && echo y");
+        assert!(v[0].3);
+        assert_eq!(v[1].2, b"[abc]cmd");
+    }
+
+    #[test]
+    fn errors_name_line_and_column() {
+        let e = all(b"ok\n[cores=0] x\n").unwrap_err();
+        assert_eq!((e.line, e.column), (2, 2));
+        assert_eq!(e.to_string(), "t.txt:2:2: bad value '0' for cores: an integer from 1 to 4096");
+        let e = all(b"[cores=1 x\n").unwrap_err();
+        assert_eq!(e.kind, ErrorKind::UnclosedOptions);
+        let e = all(b"[frob=1] x\n").unwrap_err();
+        assert_eq!(e.kind, ErrorKind::UnknownOption("frob".into()));
+        let e = all(b"[cores=1]\n").unwrap_err();
+        assert_eq!(e.kind, ErrorKind::MissingCommand);
+        let e = all(b"[cores=1]x\n").unwrap_err();
+        assert!(matches!(e.kind, ErrorKind::BadOptionSyntax(_)));
+        let e = all(b"echo\0x\n").unwrap_err();
+        assert_eq!((e.kind.clone(), e.column), (ErrorKind::NulByte, 5));
+        let e = all(b"#HTC\n").unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidDirective);
+    }
+
+    #[test]
+    fn empty_file_is_an_error() {
+        for t in [&b""[..], b"\n\n# only\n", b"   \r\n"] {
+            let e = all(t).unwrap_err();
+            assert_eq!(e.kind, ErrorKind::Empty);
+            assert_eq!(e.to_string(), "t.txt: no tasks in file (only blank lines and comments, or empty)");
+        }
+    }
+
+    #[test]
+    fn long_line_is_rejected_without_buffering_it() {
+        let mut text = b"ok\n".to_vec();
+        text.extend(std::iter::repeat_n(b'x', 10 << 20));
+        text.extend(b"\nafter\n");
+        let mut p = Parser::new(&text[..], "big");
+        assert!(p.next_task().unwrap().is_some());
+        let e = p.next_task().unwrap_err();
+        assert_eq!((e.line, e.kind.clone()), (2, ErrorKind::LineTooLong));
+        assert!(p.buf.capacity() < 2 * MAX_LINE + 1024);
+        assert_eq!(p.next_task().unwrap().unwrap().command, b"after");
+    }
+
+    #[test]
+    fn non_utf8_is_preserved() {
+        let v = all(b"echo \xff\xfe caf\xc3\xa9\n").unwrap();
+        assert_eq!(v[0].2, b"echo \xff\xfe caf\xc3\xa9");
+        assert!(v[0].3);
+    }
+
+    #[test]
+    fn shell_detection() {
+        assert!(!needs_shell(b"/bin/true"));
+        assert!(!needs_shell(b"./sim --seed=3 out.dat"));
+        assert!(needs_shell(b"echo $HOME"));
+        assert!(needs_shell(b"a | b"));
+        assert!(needs_shell(b"FOO=1 cmd"));
+        assert!(needs_shell(b"cd /tmp"));
+        assert!(needs_shell(b"echo 'x'"));
+        assert!(needs_shell(b"ls ~"));
+    }
+
+    #[test]
+    fn durations_and_sizes() {
+        assert_eq!(parse_duration_ms("90"), Some(90_000));
+        assert_eq!(parse_duration_ms("1h30m"), Some(5_400_000));
+        assert_eq!(parse_duration_ms("250ms"), Some(250));
+        assert_eq!(parse_duration_ms("1.5s"), Some(1500));
+        assert_eq!(parse_duration_ms("1:00:00"), Some(3_600_000));
+        assert_eq!(parse_duration_ms("0"), Some(0));
+        assert_eq!(parse_duration_ms("5x"), None);
+        assert_eq!(parse_duration_ms("-1"), None);
+        assert_eq!(parse_duration_ms("1.2.3s"), None);
+        assert_eq!(parse_duration_ms("999999999h"), None);
+        assert_eq!(parse_mem_mb("2G"), Some(2048));
+        assert_eq!(parse_mem_mb("512"), Some(512));
+        assert_eq!(parse_mem_mb("1K"), Some(1));
+        assert_eq!(parse_mem_mb("G"), None);
+    }
+
+    #[test]
+    fn check_counts_classes_and_core_seconds() {
+        let s = check(&b"[class=a runtime=10s cores=2] x\n[class=b] y\nz\n"[..], "f", 10).unwrap();
+        assert_eq!(s.tasks, 3);
+        assert_eq!(s.core_seconds(), 20.0);
+        assert_eq!(s.classes.len(), 3);
+        let errs = check(&b"[cores=x] a\n[q=1] b\nok\n"[..], "f", 10).unwrap_err();
+        assert_eq!(errs.len(), 2);
+    }
+
+    #[test]
+    fn garbage_never_panics() {
+        // A cheap deterministic fuzz over the parser's special bytes; see also fuzz/.
+        let mut x: u64 = 0x9E3779B97F4A7C15;
+        for _ in 0..2000 {
+            let mut v = Vec::new();
+            for _ in 0..(x % 200) {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                const ALPHABET: &[u8] = b"[]=,#HTC cores=1mem\n\r \t\x00\xffab:;.s";
+                v.push(ALPHABET[(x % ALPHABET.len() as u64) as usize]);
+            }
+            let _ = check(&v[..], "fuzz", 100);
+        }
+    }
+}

@@ -1,0 +1,108 @@
+//! Framing: a 4-byte big-endian length, then one prost-encoded `proto::Frame`. Lengths are
+//! bounded so a bad or hostile peer costs at most one frame buffer, never unbounded memory.
+
+use prost::Message;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use crate::proto;
+
+/// Largest frame either side accepts. A dispatch of 4096 tasks with 64 KiB commands would not
+/// fit, so senders cap batches by bytes as well as count (see `MAX_BATCH_BYTES`).
+pub const MAX_FRAME: usize = 16 << 20;
+/// Senders split batches at this many encoded bytes, well under `MAX_FRAME`.
+pub const MAX_BATCH_BYTES: usize = 4 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    #[error("connection closed")]
+    Closed,
+    #[error("frame of {0} bytes exceeds the {MAX_FRAME}-byte limit")]
+    TooLarge(usize),
+    #[error("undecodable frame: {0}")]
+    Decode(#[from] prost::DecodeError),
+    #[error("frame without a body")]
+    Empty,
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Reads one frame. `Closed` means a clean end of stream at a frame boundary.
+pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R, buf: &mut Vec<u8>) -> Result<proto::frame::Body, FrameError> {
+    let mut len = [0u8; 4];
+    match r.read_exact(&mut len).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Err(FrameError::Closed),
+        Err(e) => return Err(e.into()),
+    }
+    let len = u32::from_be_bytes(len) as usize;
+    if len > MAX_FRAME {
+        return Err(FrameError::TooLarge(len));
+    }
+    buf.resize(len, 0);
+    r.read_exact(buf).await?;
+    decode(buf)
+}
+
+pub fn decode(buf: &[u8]) -> Result<proto::frame::Body, FrameError> {
+    proto::Frame::decode(buf)?.body.ok_or(FrameError::Empty)
+}
+
+/// Appends one encoded frame (length prefix included) to `out`, so callers can coalesce
+/// several frames into one write.
+pub fn encode_into(body: proto::frame::Body, out: &mut Vec<u8>) {
+    let f = proto::Frame { body: Some(body) };
+    let len = f.encoded_len();
+    debug_assert!(len <= MAX_FRAME);
+    out.reserve(4 + len);
+    out.extend_from_slice(&(len as u32).to_be_bytes());
+    f.encode(out).expect("Vec grows as needed");
+}
+
+pub async fn write_frame<W: AsyncWrite + Unpin>(w: &mut W, body: proto::frame::Body) -> Result<(), FrameError> {
+    let mut out = Vec::new();
+    encode_into(body, &mut out);
+    w.write_all(&out).await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proto::frame::Body;
+
+    #[tokio::test]
+    async fn roundtrip_and_limits() {
+        let mut out = Vec::new();
+        encode_into(Body::Ack(proto::Ack { seq: 7 }), &mut out);
+        encode_into(Body::Shutdown(proto::Shutdown { abort: true, reason: "x".into() }), &mut out);
+        let mut r = &out[..];
+        let mut buf = Vec::new();
+        assert!(matches!(read_frame(&mut r, &mut buf).await.unwrap(), Body::Ack(proto::Ack { seq: 7 })));
+        assert!(matches!(read_frame(&mut r, &mut buf).await.unwrap(), Body::Shutdown(_)));
+        assert!(matches!(read_frame(&mut r, &mut buf).await, Err(FrameError::Closed)));
+
+        let huge = ((MAX_FRAME + 1) as u32).to_be_bytes();
+        assert!(matches!(read_frame(&mut &huge[..], &mut buf).await, Err(FrameError::TooLarge(_))));
+        let garbage = [0, 0, 0, 3, 0xff, 0xff, 0xff];
+        assert!(matches!(read_frame(&mut &garbage[..], &mut buf).await, Err(FrameError::Decode(_))));
+        let empty = [0, 0, 0, 0];
+        assert!(matches!(read_frame(&mut &empty[..], &mut buf).await, Err(FrameError::Empty)));
+        let truncated = [0, 0, 0, 9, 1];
+        assert!(matches!(read_frame(&mut &truncated[..], &mut buf).await, Err(FrameError::Io(_))));
+    }
+
+    #[test]
+    fn random_bytes_never_panic_the_decoder() {
+        let mut x: u64 = 88172645463325252;
+        for n in 0..5000 {
+            let mut v = Vec::new();
+            for _ in 0..(n % 64) {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                v.push(x as u8);
+            }
+            let _ = decode(&v);
+        }
+    }
+}
