@@ -1,1 +1,30 @@
+//! slurm-htc node agent: the leader (ledger, partition, tree root), the node agents that run
+//! tasks, and the pieces both share. The binaries `htc` (users) and `htc-agent` (daemon roles)
+//! are thin layers over this library.
 
+pub mod agent;
+pub mod executor;
+pub mod frame;
+pub mod leader;
+pub mod ledger;
+pub mod load;
+pub mod output;
+pub mod rundir;
+pub mod status;
+
+/// Generated from `proto/htc.proto`.
+pub mod proto {
+    include!(concat!(env!("OUT_DIR"), "/htc.v1.rs"));
+}
+
+/// Bumped on any incompatible change to `proto/htc.proto`; the leader refuses other versions.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Logs to stderr; `HTC_LOG` takes a tracing filter (e.g. `info`, `htc=debug`).
+pub fn init_logging(default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("HTC_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_target(false)
+        .try_init();
+}

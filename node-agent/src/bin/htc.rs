@@ -1,1 +1,230 @@
-fn main(){}
+//! `htc`: the user's command. `htc run tasks.txt` runs a task file on this machine through the
+//! same leader, agents and ledger that `sbatch --htc` uses on a cluster.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::{Parser, Subcommand};
+use htc::leader::{self, launch, LeaderConfig};
+use htc::ledger::{Ledger, Record};
+use htc::load::{self, LoadError};
+use htc::output::{self, OutputMode};
+use htc::rundir::{self, RunDir};
+use htc::{executor, status};
+
+#[derive(Parser)]
+#[command(name = "htc", version, about = "Run many small tasks fast: locally, or inside one Slurm allocation (sbatch --htc)")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run a task file on this machine (one task per line; see docs/task-file.md).
+    Run {
+        /// The task file. Not needed with --resume.
+        file: Option<PathBuf>,
+        /// Continue an interrupted run (a run directory or id; default: the newest in ./.htc).
+        #[arg(long, value_name = "RUN", num_args = 0..=1, default_missing_value = "")]
+        resume: Option<String>,
+        /// Number of node agents (processes) to start.
+        #[arg(long, default_value_t = 1)]
+        agents: usize,
+        /// Cores (task slots) per agent; default: this machine's CPUs divided among the agents.
+        #[arg(long)]
+        cores_per_agent: Option<usize>,
+        /// Task output: streams (per-slot files + index), per-task (one file each), none.
+        #[arg(long, default_value = "streams")]
+        output: OutputMode,
+        /// No progress line and no summary.
+        #[arg(long, short)]
+        quiet: bool,
+        /// Group-commit interval of the ledger, in milliseconds.
+        #[arg(long, default_value_t = 10, hide = true)]
+        commit_ms: u64,
+    },
+    /// Check a task file: counts, classes and the first errors with file:line:column.
+    Check {
+        file: PathBuf,
+        /// Most errors to list.
+        #[arg(long, default_value_t = 20)]
+        max_errors: usize,
+    },
+    /// Progress of a run: counts by state, rate, ETA and failed tasks.
+    Status {
+        /// A run directory or id (default: the newest in ./.htc).
+        run: Option<String>,
+        /// Most failed tasks to list.
+        #[arg(long, default_value_t = 20)]
+        failures: usize,
+    },
+    /// Print one task's output (stdout to stdout, stderr to stderr).
+    Output {
+        /// A run directory or id.
+        run: String,
+        /// The task id (1 = the first task of the file).
+        task: u64,
+        /// Only stdout.
+        #[arg(long, conflicts_with = "stderr")]
+        stdout: bool,
+        /// Only stderr.
+        #[arg(long)]
+        stderr: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    htc::init_logging("warn");
+    match real_main() {
+        Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+        Err(e) => {
+            eprintln!("htc: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn real_main() -> anyhow::Result<i32> {
+    match Cli::parse().cmd {
+        Cmd::Check { file, max_errors } => check(file, max_errors),
+        Cmd::Status { run, failures } => {
+            let run = RunDir::locate(run.as_deref())?;
+            print!("{}", status::report(&run, failures)?);
+            Ok(0)
+        }
+        Cmd::Output { run, task, stdout, stderr } => print_output(&run, task, !stderr, !stdout),
+        Cmd::Run { file, resume, agents, cores_per_agent, output, quiet, commit_ms } => {
+            let (run, output) = match (resume, file) {
+                (Some(r), None) => {
+                    let run = RunDir::locate(if r.is_empty() { None } else { Some(&r) })?;
+                    let mode = stored_output_mode(&run)?.unwrap_or(output);
+                    let ledger = Ledger::open(&run.ledger(), false)?;
+                    let n = leader::core::reset_interrupted(&ledger)?;
+                    if !quiet {
+                        eprintln!("htc: resuming {} ({n} interrupted tasks go back to pending)", run.path.display());
+                    }
+                    (run, mode)
+                }
+                (Some(_), Some(_)) => bail!("give either a task file or --resume, not both"),
+                (None, None) => bail!("missing task file (or --resume)"),
+                (None, Some(file)) => match create_run(&file, output)? {
+                    Ok(run) => (run, output),
+                    Err(code) => return Ok(code),
+                },
+            };
+            let cpus = executor::allowed_cpus();
+            let agents = agents.max(1);
+            let slots = cores_per_agent.unwrap_or((cpus.len() / agents).max(1)).max(1);
+            let local = launch::Local {
+                agent_bin: launch::agent_binary(),
+                agents,
+                slots_per_agent: slots,
+                cpus,
+                output,
+                log_dir: run.path.join("log"),
+            };
+            let cfg = LeaderConfig {
+                run: run.clone(),
+                job_id: run.id(),
+                bind: "127.0.0.1:0".parse().unwrap(),
+                commit_interval: Duration::from_millis(commit_ms.max(1)),
+                plain_progress_every: None,
+                quiet,
+            };
+            let outcome = leader::run(cfg, |addr, tx| local.start(&run, addr, tx))?;
+            leader::finish(&run, &outcome, quiet)
+        }
+    }
+}
+
+/// Creates a run directory and loads `file` into its ledger. A bad file removes the run again
+/// and yields the exit code, so nothing runs.
+fn create_run(file: &PathBuf, output: OutputMode) -> anyhow::Result<Result<RunDir, i32>> {
+    let id = rundir::new_run_id();
+    let run = RunDir::create(&std::env::current_dir()?, &id).context("creating the run directory")?;
+    let ledger = Ledger::create(&run.ledger())?;
+    match load::load(file, &run, &ledger) {
+        Ok(_) => {}
+        Err(e @ (LoadError::TaskFile(_) | LoadError::Copy { .. } | LoadError::TooMany { .. })) => {
+            drop(ledger);
+            let _ = std::fs::remove_dir_all(&run.path);
+            eprintln!("htc: {e}");
+            return Ok(Err(2));
+        }
+        Err(e) => return Err(e.into()),
+    }
+    let mut t = ledger.write()?;
+    t.put_meta("output", output.name().as_bytes())?;
+    t.commit()?;
+    run.write_secret().context("writing the job secret")?;
+    Ok(Ok(run))
+}
+
+fn stored_output_mode(run: &RunDir) -> anyhow::Result<Option<OutputMode>> {
+    let l = Ledger::open(&run.ledger(), true)?;
+    let t = l.read()?;
+    Ok(t.meta("output")?.and_then(|b| std::str::from_utf8(b).ok()?.parse().ok()))
+}
+
+fn check(file: PathBuf, max_errors: usize) -> anyhow::Result<i32> {
+    match htc_core::taskfile::check_path(&file, max_errors.max(1)) {
+        Ok(s) => {
+            println!("{}: {} tasks ({} through /bin/sh, {} exec'd directly)", file.display(), s.tasks, s.shell_tasks, s.tasks - s.shell_tasks);
+            println!("classes: {}", s.classes.len());
+            for c in &s.classes {
+                let hint = if c.without_runtime > 0 { format!(", {} without runtime hint", c.without_runtime) } else { String::new() };
+                println!("  {:<16} {:>10} tasks  {:>14.1} core-seconds{hint}", c.name, c.tasks, c.core_seconds);
+            }
+            println!("requested: {:.1} core-seconds (from runtime hints); largest task: {} cores", s.core_seconds(), s.max_cores);
+            Ok(0)
+        }
+        Err(errs) => {
+            for e in &errs {
+                eprintln!("{e}");
+            }
+            eprintln!("htc: {} error{} in {}", errs.len(), if errs.len() == 1 { "" } else { "s" }, file.display());
+            Ok(1)
+        }
+    }
+}
+
+fn print_output(run: &str, task: u64, want_out: bool, want_err: bool) -> anyhow::Result<i32> {
+    let run = RunDir::locate(Some(run))?;
+    let mode = stored_output_mode(&run)?.unwrap_or(OutputMode::Streams);
+    let ledger = Ledger::open(&run.ledger(), true)?;
+    let r: Record = ledger.read()?.get(task)?.with_context(|| format!("no task {task} in {}", run.path.display()))?;
+    if r.attempts == 0 {
+        bail!("task {task} has not run yet");
+    }
+    let (mut so, mut se) = (std::io::stdout().lock(), std::io::stderr().lock());
+    match mode {
+        OutputMode::None => bail!("this run discarded task output (--output none)"),
+        OutputMode::PerTask => {
+            let dir = run.out().join("tasks");
+            if want_out {
+                so.write_all(&std::fs::read(dir.join(format!("{task}.out")))?)?;
+            }
+            if want_err {
+                se.write_all(&std::fs::read(dir.join(format!("{task}.err")))?)?;
+            }
+        }
+        OutputMode::Streams => {
+            let dir = run.agent_out(r.agent);
+            let e = output::find_entry(&dir.join("index"), task, Some(r.attempts as u32))?
+                .or(output::find_entry(&dir.join("index"), task, None)?)
+                .with_context(|| format!("no output recorded for task {task} (it may still be running)"))?;
+            if want_out {
+                output::copy_range(&dir.join(format!("slot-{}.out", e.slot)), e.out_off, e.out_len, &mut so)?;
+            }
+            if want_err {
+                output::copy_range(&dir.join(format!("slot-{}.err", e.slot)), e.err_off, e.err_len, &mut se)?;
+            }
+        }
+    }
+    so.flush()?;
+    Ok(0)
+}

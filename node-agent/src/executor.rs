@@ -1,0 +1,773 @@
+//! Runs tasks as processes on this node: one OS thread that spawns, reaps and times out.
+//!
+//! Spawning uses `posix_spawn` (glibc's is a vfork-style clone: no page-table copy, which is most
+//! of the cost of a fork+exec loop). Each task gets its own process group, stdin from /dev/null,
+//! and stdout/stderr appended to its slot's stream file; since a slot runs one task at a time, the
+//! file offsets before and after the task delimit its output without any copying. CPU binding is
+//! inherited: the thread pins itself to the task's cores right before spawning.
+//!
+//! SIGCHLD must be blocked in every thread of the process (`block_sigchld` before any thread
+//! starts); the executor reads it through a signalfd and also reaps on a short timer as a safety
+//! net, so a missed wake-up costs latency, never a hang.
+
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::ffi::{CString, OsString};
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, BufWriter, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::PathBuf;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use crate::ledger::Outcome;
+use crate::output::{IndexEntry, OutputMode};
+use crate::rundir::now_us;
+
+#[derive(Debug, Clone)]
+pub struct TaskToRun {
+    pub id: u64,
+    pub attempt: u32,
+    pub command: Vec<u8>,
+    pub shell: bool,
+    pub cores: u32,
+    pub mem_mb: u32,
+    pub timeout_ms: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Finished {
+    pub id: u64,
+    pub attempt: u32,
+    pub outcome: Outcome,
+    pub value: i32,
+    pub start_us: u64,
+    pub end_us: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExecEvent {
+    Started { id: u64, attempt: u32, start_us: u64 },
+    Finished(Finished),
+}
+
+pub enum Command {
+    Run(Vec<TaskToRun>),
+    /// Run what is queued, then stop.
+    Finish,
+    /// Kill everything running, drop the queue, stop.
+    Abort,
+}
+
+#[derive(Debug, Clone)]
+pub struct ExecConfig {
+    pub job_id: String,
+    pub agent: u32,
+    /// CPU of each slot; empty means no binding. Its length is the number of slots otherwise.
+    pub cpus: Vec<usize>,
+    pub slots: usize,
+    /// Memory the agent hands out to tasks that declare `mem`, 0 = not accounted.
+    pub mem_mb: u64,
+    pub out_dir: PathBuf,
+    pub output: OutputMode,
+    /// The tasks' base environment (HTC_* are added per task).
+    pub env: Vec<(OsString, OsString)>,
+    /// Time between SIGTERM and SIGKILL for a task that timed out or is aborted.
+    pub kill_grace: Duration,
+}
+
+/// The network side's handle: commands go through a channel, and an eventfd wakes the thread.
+pub struct Handle {
+    tx: mpsc::Sender<Command>,
+    wake: OwnedFd,
+}
+
+impl Handle {
+    pub fn send(&self, c: Command) {
+        let _ = self.tx.send(c);
+        let one: u64 = 1;
+        // SAFETY: writing 8 bytes from a live u64 to an eventfd we own.
+        unsafe { libc::write(self.wake.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8) };
+    }
+}
+
+/// Blocks SIGCHLD for the calling thread and every thread it creates later. Call first in main.
+pub fn block_sigchld() {
+    // SAFETY: plain sigset manipulation on a local.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGCHLD);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
+
+/// Starts the executor thread. `sink` receives events in batches, from that thread.
+pub fn start(
+    cfg: ExecConfig,
+    sink: impl FnMut(Vec<ExecEvent>) + Send + 'static,
+) -> io::Result<(Handle, std::thread::JoinHandle<io::Result<()>>)> {
+    // SAFETY: eventfd/signalfd creation with valid flags; results checked.
+    let wake = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if wake < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let wake = unsafe { OwnedFd::from_raw_fd(wake) };
+    let sigfd = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGCHLD);
+        libc::signalfd(-1, &set, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK)
+    };
+    if sigfd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let sigfd = unsafe { OwnedFd::from_raw_fd(sigfd) };
+    let (tx, rx) = mpsc::channel();
+    let wake_r = wake.try_clone()?;
+    let mut ex = Executor::new(cfg)?;
+    let join = std::thread::Builder::new().name("executor".into()).spawn(move || {
+        block_sigchld();
+        ex.run(rx, wake_r, sigfd, sink)
+    })?;
+    Ok((Handle { tx, wake }, join))
+}
+
+struct Running {
+    task: TaskToRun,
+    slots: Vec<usize>,
+    start_us: u64,
+    out_off: u64,
+    err_off: u64,
+    timed_out: bool,
+    /// Set when SIGTERM went out; SIGKILL follows at this instant.
+    kill_at: Option<Instant>,
+}
+
+struct Slot {
+    out: File,
+    err: File,
+}
+
+struct Executor {
+    cfg: ExecConfig,
+    slots: Vec<Slot>,
+    free: Vec<bool>,
+    free_count: usize,
+    mem_free: u64,
+    queue: VecDeque<TaskToRun>,
+    running: HashMap<libc::pid_t, Running>,
+    deadlines: BinaryHeap<std::cmp::Reverse<(Instant, libc::pid_t)>>,
+    events: Vec<ExecEvent>,
+    index: Option<BufWriter<File>>,
+    env: Vec<CString>,
+    path_dirs: Vec<Vec<u8>>,
+    resolved: HashMap<Vec<u8>, Option<CString>>,
+    bound_mask: Option<Vec<usize>>,
+    binding: bool,
+    attr: SpawnAttr,
+}
+
+impl Executor {
+    fn new(cfg: ExecConfig) -> io::Result<Executor> {
+        let dir = &cfg.out_dir;
+        let mut slots = Vec::new();
+        let mut index = None;
+        if cfg.output == OutputMode::Streams {
+            fs::create_dir_all(dir)?;
+            let open = |name: String| {
+                OpenOptions::new().append(true).create(true).custom_flags(libc::O_CLOEXEC).open(dir.join(name))
+            };
+            for s in 0..cfg.slots {
+                slots.push(Slot { out: open(format!("slot-{s}.out"))?, err: open(format!("slot-{s}.err"))? });
+            }
+            index = Some(BufWriter::with_capacity(64 << 10, open("index".into())?));
+        } else {
+            if cfg.output == OutputMode::PerTask {
+                fs::create_dir_all(dir)?;
+            }
+            for _ in 0..cfg.slots {
+                let null = || OpenOptions::new().write(true).custom_flags(libc::O_CLOEXEC).open("/dev/null");
+                slots.push(Slot { out: null()?, err: null()? });
+            }
+        }
+        let mut env = Vec::new();
+        let mut path = b"/usr/local/bin:/usr/bin:/bin".to_vec();
+        for (k, v) in &cfg.env {
+            if k.as_bytes().starts_with(b"HTC_") || k.as_bytes().contains(&b'=') {
+                continue;
+            }
+            if k == "PATH" {
+                path = v.as_bytes().to_vec();
+            }
+            let mut kv = k.clone().into_vec();
+            kv.push(b'=');
+            kv.extend_from_slice(v.as_bytes());
+            if let Ok(c) = CString::new(kv) {
+                env.push(c);
+            }
+        }
+        let path_dirs = path.split(|&b| b == b':').map(|d| if d.is_empty() { b".".to_vec() } else { d.to_vec() }).collect();
+        Ok(Executor {
+            free: vec![true; cfg.slots],
+            free_count: cfg.slots,
+            mem_free: cfg.mem_mb,
+            binding: !cfg.cpus.is_empty(),
+            slots,
+            queue: VecDeque::new(),
+            running: HashMap::new(),
+            deadlines: BinaryHeap::new(),
+            events: Vec::new(),
+            index,
+            env,
+            path_dirs,
+            resolved: HashMap::new(),
+            bound_mask: None,
+            attr: SpawnAttr::new()?,
+            cfg,
+        })
+    }
+
+    fn run(
+        &mut self,
+        rx: mpsc::Receiver<Command>,
+        wake: OwnedFd,
+        sigfd: OwnedFd,
+        mut sink: impl FnMut(Vec<ExecEvent>),
+    ) -> io::Result<()> {
+        let mut finishing = false;
+        let mut aborting = false;
+        loop {
+            loop {
+                match rx.try_recv() {
+                    Ok(Command::Run(v)) if !aborting => self.queue.extend(v),
+                    Ok(Command::Run(_)) => {}
+                    Ok(Command::Finish) => finishing = true,
+                    Ok(Command::Abort) => {
+                        aborting = true;
+                        finishing = true;
+                        self.queue.clear();
+                        self.abort_all();
+                    }
+                    Err(mpsc::TryRecvError::Empty) => break,
+                    // The network side is gone: nobody will read results, so stop everything.
+                    Err(mpsc::TryRecvError::Disconnected) => {
+                        if !aborting {
+                            aborting = true;
+                            finishing = true;
+                            self.queue.clear();
+                            self.abort_all();
+                        }
+                        break;
+                    }
+                }
+            }
+            self.reap();
+            self.enforce_deadlines();
+            if !aborting {
+                self.start_queued();
+            }
+            if !self.events.is_empty() {
+                if let Some(ix) = self.index.as_mut() {
+                    ix.flush()?;
+                }
+                sink(std::mem::take(&mut self.events));
+            }
+            if finishing && self.queue.is_empty() && self.running.is_empty() {
+                if let Some(ix) = self.index.as_mut() {
+                    ix.flush()?;
+                }
+                return Ok(());
+            }
+            let timeout = self
+                .deadlines
+                .peek()
+                .map(|std::cmp::Reverse((t, _))| t.saturating_duration_since(Instant::now()))
+                .unwrap_or(Duration::from_millis(100))
+                .min(Duration::from_millis(100));
+            let mut fds = [
+                libc::pollfd { fd: wake.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+                libc::pollfd { fd: sigfd.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+            ];
+            // SAFETY: fds is a valid array of 2 pollfds; the reads drain nonblocking fds we own.
+            unsafe {
+                libc::poll(fds.as_mut_ptr(), 2, timeout.as_millis().max(1) as i32);
+                let mut buf = [0u8; 8 * 128];
+                if fds[0].revents != 0 {
+                    libc::read(wake.as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_void, 8);
+                }
+                if fds[1].revents != 0 {
+                    while libc::read(sigfd.as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_void, buf.len()) > 0 {}
+                }
+            }
+        }
+    }
+
+    fn start_queued(&mut self) {
+        while let Some(t) = self.queue.front() {
+            let cores = (t.cores as usize).max(1);
+            let mem = t.mem_mb as u64;
+            let accounted_mem = self.cfg.mem_mb > 0 && mem > 0;
+            if cores > self.cfg.slots || (accounted_mem && mem > self.cfg.mem_mb) {
+                // The leader only sends tasks that fit this agent; refuse rather than wait forever.
+                let t = self.queue.pop_front().unwrap();
+                let now = now_us();
+                self.events.push(ExecEvent::Finished(Finished {
+                    id: t.id,
+                    attempt: t.attempt,
+                    outcome: Outcome::SpawnFailed,
+                    value: libc::E2BIG,
+                    start_us: now,
+                    end_us: now,
+                }));
+                continue;
+            }
+            if cores > self.free_count || (accounted_mem && mem > self.mem_free) {
+                return;
+            }
+            let t = self.queue.pop_front().unwrap();
+            let mut slots = Vec::with_capacity(cores);
+            for (i, f) in self.free.iter_mut().enumerate() {
+                if *f && slots.len() < cores {
+                    *f = false;
+                    slots.push(i);
+                }
+            }
+            self.free_count -= cores;
+            if accounted_mem {
+                self.mem_free -= mem;
+            }
+            self.spawn(t, slots);
+        }
+    }
+
+    fn release(&mut self, slots: &[usize], mem_mb: u32) {
+        for &s in slots {
+            self.free[s] = true;
+        }
+        self.free_count += slots.len();
+        if self.cfg.mem_mb > 0 && mem_mb > 0 {
+            self.mem_free += mem_mb as u64;
+        }
+    }
+
+    fn resolve(&mut self, prog: &[u8]) -> Option<CString> {
+        if prog.contains(&b'/') {
+            return CString::new(prog).ok();
+        }
+        if let Some(r) = self.resolved.get(prog) {
+            return r.clone();
+        }
+        let found = self.path_dirs.iter().find_map(|d| {
+            let mut p = d.clone();
+            p.push(b'/');
+            p.extend_from_slice(prog);
+            let c = CString::new(p).ok()?;
+            // SAFETY: c is a valid NUL-terminated path.
+            let ok = unsafe { libc::access(c.as_ptr(), libc::X_OK) } == 0;
+            let is_file = fs::metadata(std::ffi::OsStr::from_bytes(c.as_bytes())).map(|m| m.is_file()).unwrap_or(false);
+            (ok && is_file).then_some(c)
+        });
+        self.resolved.insert(prog.to_vec(), found.clone());
+        found
+    }
+
+    fn bind(&mut self, slots: &[usize]) {
+        if !self.binding {
+            return;
+        }
+        let cpus: Vec<usize> = slots.iter().map(|&s| self.cfg.cpus[s % self.cfg.cpus.len()]).collect();
+        if self.bound_mask.as_deref() == Some(&cpus[..]) {
+            return;
+        }
+        // SAFETY: cpu_set_t is plain data; CPU_SET bounds are checked against CPU_SETSIZE.
+        let rc = unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            for &c in &cpus {
+                if c < libc::CPU_SETSIZE as usize {
+                    libc::CPU_SET(c, &mut set);
+                }
+            }
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+        };
+        if rc != 0 {
+            tracing::warn!(agent = self.cfg.agent, error = %io::Error::last_os_error(), "CPU binding not possible here; tasks run unbound");
+            self.binding = false;
+            self.bound_mask = None;
+        } else {
+            self.bound_mask = Some(cpus);
+        }
+    }
+
+    fn spawn(&mut self, t: TaskToRun, slots: Vec<usize>) {
+        let slot = slots[0];
+        let start_us = now_us();
+        let fail = |this: &mut Self, t: TaskToRun, slots: Vec<usize>, errno: i32, msg: String| {
+            // The reason goes where the task's stderr would have gone, so `htc output` shows it.
+            if let Some(s) = this.slots.get(slot) {
+                let (out_off, err_off) = (end_of(s.out.as_raw_fd()), end_of(s.err.as_raw_fd()));
+                let _ = (&s.err).write_all(msg.as_bytes());
+                if let Some(ix) = this.index.as_mut() {
+                    let e = IndexEntry {
+                        id: t.id,
+                        attempt: t.attempt,
+                        slot: slot as u32,
+                        out_off,
+                        out_len: 0,
+                        err_off,
+                        err_len: msg.len() as u64,
+                    };
+                    let _ = ix.write_all(&e.encode());
+                }
+            }
+            this.release(&slots, t.mem_mb);
+            this.events.push(ExecEvent::Finished(Finished {
+                id: t.id,
+                attempt: t.attempt,
+                outcome: Outcome::SpawnFailed,
+                value: errno,
+                start_us,
+                end_us: now_us(),
+            }));
+        };
+        let argv_owned: Vec<CString> = if t.shell {
+            let Ok(cmd) = CString::new(t.command.clone()) else {
+                return fail(self, t, slots, libc::EINVAL, "htc: command contains a NUL byte\n".into());
+            };
+            vec![CString::from(c"/bin/sh"), CString::from(c"-c"), cmd]
+        } else {
+            t.command.split(|&b| b == b' ').filter(|w| !w.is_empty()).filter_map(|w| CString::new(w).ok()).collect()
+        };
+        let prog = if t.shell {
+            Some(CString::from(c"/bin/sh"))
+        } else {
+            argv_owned.first().and_then(|a| self.resolve(a.as_bytes()))
+        };
+        let Some(prog) = prog else {
+            let name = String::from_utf8_lossy(argv_owned.first().map(|a| a.as_bytes()).unwrap_or(b"")).into_owned();
+            return fail(self, t, slots, libc::ENOENT, format!("htc: {name}: command not found\n"));
+        };
+        let mut argv: Vec<*const libc::c_char> = argv_owned.iter().map(|a| a.as_ptr()).collect();
+        argv.push(std::ptr::null());
+
+        let extra = [
+            CString::new(format!("HTC_TASK_ID={}", t.id)).unwrap(),
+            CString::new(format!("HTC_ATTEMPT={}", t.attempt)).unwrap(),
+            CString::new(format!("HTC_CORES={}", slots.len())).unwrap(),
+            CString::new(format!("HTC_JOB_ID={}", self.cfg.job_id)).unwrap_or_default(),
+            CString::new(format!("HTC_AGENT={}", self.cfg.agent)).unwrap(),
+        ];
+        let mut envp: Vec<*const libc::c_char> = Vec::with_capacity(self.env.len() + extra.len() + 1);
+        envp.extend(self.env.iter().map(|e| e.as_ptr()));
+        envp.extend(extra.iter().map(|e| e.as_ptr()));
+        envp.push(std::ptr::null());
+
+        let (out_fd, err_fd, per_task): (RawFd, RawFd, Option<(File, File)>) = match self.cfg.output {
+            OutputMode::PerTask => {
+                let open = |ext: &str| {
+                    OpenOptions::new()
+                        .write(true)
+                        .create(true)
+                        .truncate(true)
+                        .custom_flags(libc::O_CLOEXEC)
+                        .open(self.cfg.out_dir.join(format!("{}.{ext}", t.id)))
+                };
+                match (open("out"), open("err")) {
+                    (Ok(o), Ok(e)) => (o.as_raw_fd(), e.as_raw_fd(), Some((o, e))),
+                    (Err(e), _) | (_, Err(e)) => {
+                        let errno = e.raw_os_error().unwrap_or(libc::EIO);
+                        return fail(self, t, slots, errno, format!("htc: cannot open output file: {e}\n"));
+                    }
+                }
+            }
+            _ => (self.slots[slot].out.as_raw_fd(), self.slots[slot].err.as_raw_fd(), None),
+        };
+        let (out_off, err_off) = if self.cfg.output == OutputMode::Streams { (end_of(out_fd), end_of(err_fd)) } else { (0, 0) };
+
+        self.bind(&slots);
+        match self.attr.spawn(&prog, &argv, &envp, out_fd, err_fd) {
+            Ok(pid) => {
+                drop(per_task);
+                self.events.push(ExecEvent::Started { id: t.id, attempt: t.attempt, start_us });
+                if t.timeout_ms > 0 {
+                    self.deadlines.push(std::cmp::Reverse((Instant::now() + Duration::from_millis(t.timeout_ms as u64), pid)));
+                }
+                self.running.insert(pid, Running { task: t, slots, start_us, out_off, err_off, timed_out: false, kill_at: None });
+            }
+            Err(errno) => {
+                let name = String::from_utf8_lossy(prog.as_bytes()).into_owned();
+                let msg = format!("htc: {name}: {}\n", io::Error::from_raw_os_error(errno));
+                fail(self, t, slots, errno, msg)
+            }
+        }
+    }
+
+    /// Reaps every exited child. The group is killed before the zombie is released, so nothing the
+    /// task left behind outlives it and the group id cannot have been reused.
+    fn reap(&mut self) {
+        loop {
+            // SAFETY: waitid with a zeroed siginfo out-parameter; WNOWAIT leaves the zombie.
+            let pid = unsafe {
+                let mut info: libc::siginfo_t = std::mem::zeroed();
+                if libc::waitid(libc::P_ALL, 0, &mut info, libc::WEXITED | libc::WNOHANG | libc::WNOWAIT) != 0 {
+                    return;
+                }
+                info.si_pid()
+            };
+            if pid == 0 {
+                return;
+            }
+            let mut status = 0;
+            // SAFETY: pid is our exited child; killing its group then reaping it.
+            unsafe {
+                libc::kill(-pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            let Some(r) = self.running.remove(&pid) else { continue };
+            let end_us = now_us();
+            let (outcome, value) = if r.timed_out {
+                (Outcome::TimedOut, if libc::WIFSIGNALED(status) { libc::WTERMSIG(status) } else { libc::WEXITSTATUS(status) })
+            } else if libc::WIFSIGNALED(status) {
+                (Outcome::Signaled, libc::WTERMSIG(status))
+            } else {
+                (Outcome::Exited, libc::WEXITSTATUS(status))
+            };
+            if let (Some(ix), OutputMode::Streams) = (self.index.as_mut(), self.cfg.output) {
+                let s = &self.slots[r.slots[0]];
+                let (oe, ee) = (end_of(s.out.as_raw_fd()), end_of(s.err.as_raw_fd()));
+                let e = IndexEntry {
+                    id: r.task.id,
+                    attempt: r.task.attempt,
+                    slot: r.slots[0] as u32,
+                    out_off: r.out_off,
+                    out_len: oe.saturating_sub(r.out_off),
+                    err_off: r.err_off,
+                    err_len: ee.saturating_sub(r.err_off),
+                };
+                let _ = ix.write_all(&e.encode());
+            }
+            self.release(&r.slots, r.task.mem_mb);
+            self.events.push(ExecEvent::Finished(Finished {
+                id: r.task.id,
+                attempt: r.task.attempt,
+                outcome,
+                value,
+                start_us: r.start_us,
+                end_us,
+            }));
+        }
+    }
+
+    fn enforce_deadlines(&mut self) {
+        let now = Instant::now();
+        while let Some(std::cmp::Reverse((t, pid))) = self.deadlines.peek().copied() {
+            if t > now {
+                break;
+            }
+            self.deadlines.pop();
+            let grace = self.cfg.kill_grace;
+            let Some(r) = self.running.get_mut(&pid) else { continue };
+            match r.kill_at {
+                None => {
+                    r.timed_out = true;
+                    r.kill_at = Some(now + grace);
+                    // SAFETY: signalling the task's own process group.
+                    unsafe { libc::kill(-pid, libc::SIGTERM) };
+                    self.deadlines.push(std::cmp::Reverse((now + grace, pid)));
+                }
+                Some(k) if k <= now => unsafe {
+                    libc::kill(-pid, libc::SIGKILL);
+                },
+                Some(_) => {}
+            }
+        }
+    }
+
+    fn abort_all(&mut self) {
+        let now = Instant::now();
+        for (&pid, r) in self.running.iter_mut() {
+            if r.kill_at.is_none() {
+                r.kill_at = Some(now + self.cfg.kill_grace);
+                // SAFETY: signalling the task's own process group.
+                unsafe { libc::kill(-pid, libc::SIGTERM) };
+                self.deadlines.push(std::cmp::Reverse((now + self.cfg.kill_grace, pid)));
+            }
+        }
+    }
+}
+
+fn end_of(fd: RawFd) -> u64 {
+    // SAFETY: lseek on a valid fd; -1 maps to 0.
+    let off = unsafe { libc::lseek(fd, 0, libc::SEEK_END) };
+    off.max(0) as u64
+}
+
+/// posix_spawn attributes shared by every spawn: new process group, clean signal state.
+struct SpawnAttr {
+    attr: Box<libc::posix_spawnattr_t>,
+}
+
+// SAFETY: only used from the executor thread that owns it.
+unsafe impl Send for SpawnAttr {}
+
+impl SpawnAttr {
+    fn new() -> io::Result<SpawnAttr> {
+        // SAFETY: initialising a boxed attr; sigsets are plain data.
+        unsafe {
+            let mut attr: Box<libc::posix_spawnattr_t> = Box::new(std::mem::zeroed());
+            if libc::posix_spawnattr_init(&mut *attr) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let mut none: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut none);
+            let mut all: libc::sigset_t = std::mem::zeroed();
+            libc::sigfillset(&mut all);
+            libc::posix_spawnattr_setsigmask(&mut *attr, &none);
+            libc::posix_spawnattr_setsigdefault(&mut *attr, &all);
+            libc::posix_spawnattr_setpgroup(&mut *attr, 0);
+            let flags = libc::POSIX_SPAWN_SETPGROUP | libc::POSIX_SPAWN_SETSIGMASK | libc::POSIX_SPAWN_SETSIGDEF;
+            libc::posix_spawnattr_setflags(&mut *attr, flags as libc::c_short);
+            Ok(SpawnAttr { attr })
+        }
+    }
+
+    /// Spawns `prog` with stdin from /dev/null and the given stdout/stderr. Errors are errnos,
+    /// including exec failures, which glibc reports from the child before returning.
+    fn spawn(
+        &mut self,
+        prog: &CString,
+        argv: &[*const libc::c_char],
+        envp: &[*const libc::c_char],
+        out_fd: RawFd,
+        err_fd: RawFd,
+    ) -> Result<libc::pid_t, i32> {
+        // SAFETY: argv/envp are NULL-terminated arrays of pointers into CStrings that outlive the
+        // call; file actions are initialised and destroyed here.
+        unsafe {
+            let mut fa: libc::posix_spawn_file_actions_t = std::mem::zeroed();
+            libc::posix_spawn_file_actions_init(&mut fa);
+            libc::posix_spawn_file_actions_addopen(&mut fa, 0, c"/dev/null".as_ptr(), libc::O_RDONLY, 0);
+            libc::posix_spawn_file_actions_adddup2(&mut fa, out_fd, 1);
+            libc::posix_spawn_file_actions_adddup2(&mut fa, err_fd, 2);
+            let mut pid: libc::pid_t = 0;
+            let rc = libc::posix_spawn(
+                &mut pid,
+                prog.as_ptr(),
+                &fa,
+                &*self.attr,
+                argv.as_ptr() as *const *mut libc::c_char,
+                envp.as_ptr() as *const *mut libc::c_char,
+            );
+            libc::posix_spawn_file_actions_destroy(&mut fa);
+            if rc == 0 { Ok(pid) } else { Err(rc) }
+        }
+    }
+}
+
+impl Drop for SpawnAttr {
+    fn drop(&mut self) {
+        // SAFETY: attr was initialised in new().
+        unsafe { libc::posix_spawnattr_destroy(&mut *self.attr) };
+    }
+}
+
+/// CPUs this process may run on, in order.
+pub fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: sched_getaffinity fills a zeroed cpu_set_t.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return (0..std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)).collect();
+        }
+        (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run_tasks(tasks: Vec<TaskToRun>, slots: usize, name: &str) -> (Vec<Finished>, PathBuf) {
+        block_sigchld();
+        let dir = std::env::temp_dir().join(format!("htc-exec-test-{}-{name}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let cfg = ExecConfig {
+            job_id: "j1".into(),
+            agent: 0,
+            cpus: vec![],
+            slots,
+            mem_mb: 0,
+            out_dir: dir.clone(),
+            output: OutputMode::Streams,
+            env: std::env::vars_os().collect(),
+            kill_grace: Duration::from_millis(300),
+        };
+        let (tx, rx) = mpsc::channel();
+        let (h, join) = start(cfg, move |ev| {
+            for e in ev {
+                if let ExecEvent::Finished(f) = e {
+                    tx.send(f).unwrap();
+                }
+            }
+        })
+        .unwrap();
+        let n = tasks.len();
+        h.send(Command::Run(tasks));
+        h.send(Command::Finish);
+        let mut out: Vec<Finished> = (0..n).map(|_| rx.recv_timeout(Duration::from_secs(20)).unwrap()).collect();
+        join.join().unwrap().unwrap();
+        out.sort_by_key(|f| f.id);
+        (out, dir)
+    }
+
+    fn task(id: u64, cmd: &str, timeout_ms: u32) -> TaskToRun {
+        TaskToRun {
+            id,
+            attempt: 1,
+            command: cmd.as_bytes().to_vec(),
+            shell: htc_core::taskfile::needs_shell(cmd.as_bytes()),
+            cores: 1,
+            mem_mb: 0,
+            timeout_ms,
+        }
+    }
+
+    #[test]
+    fn outcomes_are_recorded() {
+        let (f, dir) = run_tasks(
+            vec![
+                task(1, "true", 0),
+                task(2, "exit 3", 0),
+                task(3, "kill -SEGV $$", 0),
+                task(4, "sleep 5", 200),
+                task(5, "no-such-binary-htc", 0),
+                task(6, "echo out-$HTC_TASK_ID; echo err >&2", 0),
+                task(7, "trap '' TERM; sleep 5", 200),
+            ],
+            3,
+            "outcomes",
+        );
+        assert_eq!((f[0].outcome, f[0].value), (Outcome::Exited, 0));
+        assert_eq!((f[1].outcome, f[1].value), (Outcome::Exited, 3));
+        assert_eq!((f[2].outcome, f[2].value), (Outcome::Signaled, libc::SIGSEGV));
+        assert_eq!((f[3].outcome, f[3].value), (Outcome::TimedOut, libc::SIGTERM));
+        assert_eq!((f[4].outcome, f[4].value), (Outcome::SpawnFailed, libc::ENOENT));
+        assert_eq!((f[6].outcome, f[6].value), (Outcome::TimedOut, libc::SIGKILL));
+        let idx = crate::output::read_index(&dir.join("index")).unwrap();
+        let e = idx.iter().find(|e| e.id == 6).unwrap();
+        let out = fs::read(dir.join(format!("slot-{}.out", e.slot))).unwrap();
+        assert_eq!(&out[e.out_off as usize..(e.out_off + e.out_len) as usize], b"out-6\n");
+        assert_eq!(e.err_len, 4);
+    }
+
+    #[test]
+    fn background_children_are_killed_with_the_task() {
+        let marker = std::env::temp_dir().join(format!("htc-bg-{}", std::process::id()));
+        let cmd = format!("(sleep 1; touch {}) & exit 0", marker.display());
+        let (f, _) = run_tasks(vec![task(1, &cmd, 0)], 1, "bg");
+        assert_eq!(f[0].outcome, Outcome::Exited);
+        std::thread::sleep(Duration::from_millis(1500));
+        assert!(!marker.exists(), "a straggler of the task outlived it");
+    }
+}

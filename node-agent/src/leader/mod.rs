@@ -1,0 +1,152 @@
+//! The leader (1st-level instance): owns the ledger, partitions the tasks, and serves the agents.
+//! `core` is the scheduling state machine, `net` the sockets, `launch` how agents are started.
+
+pub mod core;
+pub mod launch;
+pub mod net;
+
+use std::io::IsTerminal;
+use std::net::SocketAddr;
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use anyhow::Context;
+use htc_core::partition::Even;
+
+use self::core::{Core, CoreConfig, Ending, Event, Progress};
+use crate::ledger::{Ledger, State};
+use crate::load::TaskText;
+use crate::rundir::RunDir;
+use crate::status;
+
+pub struct LeaderConfig {
+    pub run: RunDir,
+    pub job_id: String,
+    /// Where to listen: loopback for local runs, all interfaces under Slurm.
+    pub bind: SocketAddr,
+    pub commit_interval: Duration,
+    /// Live progress line: on a terminal every 250 ms; elsewhere (e.g. Slurm's output file) a
+    /// plain line every `plain_progress_every`, or never when `None`.
+    pub plain_progress_every: Option<Duration>,
+    pub quiet: bool,
+}
+
+pub struct Outcome {
+    pub ending: Ending,
+    pub progress: Progress,
+}
+
+/// Runs the leader until the run ends. `launch` starts the agents once the listener's address is
+/// known and returns how many it started.
+pub fn run(
+    cfg: LeaderConfig,
+    launch: impl FnOnce(SocketAddr, mpsc::Sender<Event>) -> anyhow::Result<launch::Agents>,
+) -> anyhow::Result<Outcome> {
+    let ledger = Ledger::open(&cfg.run.ledger(), false).context("opening the ledger")?;
+    let text = TaskText::open(&cfg.run.tasks()).context("mapping the run's task file")?;
+    let total = ledger.read()?.meta_u64("total")?.unwrap_or(0);
+    let secret = cfg.run.read_secret().context("reading the job secret")?;
+
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let listener = rt.block_on(tokio::net::TcpListener::bind(cfg.bind)).with_context(|| format!("listening on {}", cfg.bind))?;
+    let mut addr = listener.local_addr()?;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+    }
+    let (tx, rx) = mpsc::channel::<Event>();
+    let mut agents = launch(addr, tx.clone()).context("starting the agents")?;
+    let expected = agents.count;
+
+    let tty = std::io::stderr().is_terminal() && !cfg.quiet;
+    let progress_every = if tty { Duration::from_millis(250) } else { cfg.plain_progress_every.unwrap_or(Duration::from_secs(3600)) };
+    let plain = !tty && cfg.plain_progress_every.is_some() && !cfg.quiet;
+    let progress: Option<Box<dyn FnMut(&Progress) + Send>> = if tty || plain {
+        Some(Box::new(move |p: &Progress| {
+            let line = status::progress_line(p);
+            if tty {
+                eprint!("\r\x1b[K{line}");
+            } else {
+                eprintln!("{line}");
+            }
+        }))
+    } else {
+        None
+    };
+    let partition = Box::new(Even::new(1..total + 1, expected.max(1)));
+    let core = Core::new(
+        &ledger,
+        &text,
+        partition,
+        cfg.job_id.clone(),
+        CoreConfig { commit_interval: cfg.commit_interval, expected_agents: expected, progress, progress_every },
+    )?;
+    let net_cfg = Arc::new(net::NetConfig { secret, job_id: cfg.job_id.clone() });
+
+    let result = std::thread::scope(|s| {
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+        let core_thread = s.spawn(move || {
+            let r = core.run(rx);
+            let _ = done_tx.send(());
+            r
+        });
+        rt.block_on(async {
+            let server = tokio::spawn(net::serve(listener, net_cfg, tx.clone()));
+            let signals = tokio::spawn(forward_signals(tx.clone()));
+            drop(tx);
+            let _ = done_rx.await;
+            // Give agents time to receive Shutdown, finish and close.
+            let _ = tokio::task::spawn_blocking(move || agents.wait(Duration::from_secs(15))).await;
+            server.abort();
+            signals.abort();
+        });
+        core_thread.join().expect("leader core thread panicked")
+    })?;
+    if tty {
+        eprintln!();
+    }
+    let (ending, progress) = result;
+    Ok(Outcome { ending, progress })
+}
+
+async fn forward_signals(tx: mpsc::Sender<Event>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut int), Ok(mut term)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) else {
+        return;
+    };
+    let mut count = 0;
+    loop {
+        let sig = tokio::select! {
+            _ = int.recv() => libc::SIGINT,
+            _ = term.recv() => libc::SIGTERM,
+        };
+        count += 1;
+        if count > 1 {
+            eprintln!("htc: second signal, exiting now; resume with `htc run --resume`");
+            std::process::exit(128 + sig);
+        }
+        let _ = tx.send(Event::Interrupt { signal: sig });
+    }
+}
+
+/// Prints the end-of-run summary and returns the process exit code: 0 only when every task
+/// succeeded.
+pub fn finish(run: &RunDir, outcome: &Outcome, quiet: bool) -> anyhow::Result<i32> {
+    let c = outcome.progress.counts;
+    let failed = c.get(State::Failed);
+    if !quiet {
+        let ledger = Ledger::open(&run.ledger(), true)?;
+        eprint!("{}", status::summary(&ledger, run, &outcome.progress)?);
+    }
+    Ok(match &outcome.ending {
+        Ending::Complete if failed == 0 => 0,
+        Ending::Complete => 1,
+        Ending::Interrupted(sig) => {
+            eprintln!("htc: interrupted; continue with: htc run --resume {}", run.path.display());
+            128 + sig
+        }
+        Ending::AgentsLost(why) => {
+            eprintln!("htc: {why}; continue with: htc run --resume {}", run.path.display());
+            2
+        }
+    })
+}

@@ -1,0 +1,584 @@
+//! The task ledger: every task's state in LMDB, written only by the leader.
+//!
+//! One fixed 64-byte record per task, keyed by the task id as a big-endian u64 so ids sort in
+//! order and loading is a sequence of appends. The command text is not copied into the ledger:
+//! the record points into the run's copy of the task file (`cmd_off`, `cmd_len`), which keeps
+//! disk per task at the record plus the line itself.
+
+use std::path::Path;
+
+use lmdb::{Cursor, Database, DatabaseFlags, Environment, EnvironmentFlags, RwTransaction, Transaction, WriteFlags};
+
+/// Bump when the record layout or the meta keys change; `open` refuses other versions.
+pub const SCHEMA_VERSION: u32 = 1;
+pub const RECORD_LEN: usize = 64;
+/// Virtual size of the map; the file only grows as far as it is used.
+const MAP_SIZE: usize = 1 << 40;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    #[error("ledger {path}: {source}")]
+    Lmdb { path: String, source: lmdb::Error },
+    #[error("ledger schema version {found} is not supported (this build reads version {SCHEMA_VERSION})")]
+    Schema { found: u32 },
+    #[error("ledger record of task {id} is corrupt ({len} bytes)")]
+    Corrupt { id: u64, len: usize },
+    #[error("ledger is missing meta key '{0}'")]
+    MissingMeta(&'static str),
+}
+
+type Result<T> = std::result::Result<T, LedgerError>;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[repr(u8)]
+pub enum State {
+    Pending = 0,
+    Dispatched = 1,
+    Running = 2,
+    Done = 3,
+    Failed = 4,
+}
+
+impl State {
+    pub const ALL: [State; 5] = [State::Pending, State::Dispatched, State::Running, State::Done, State::Failed];
+
+    fn from_u8(v: u8) -> Option<State> {
+        State::ALL.get(v as usize).copied()
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            State::Pending => "pending",
+            State::Dispatched => "dispatched",
+            State::Running => "running",
+            State::Done => "done",
+            State::Failed => "failed",
+        }
+    }
+}
+
+/// How an attempt ended; mirrors `proto::Outcome`, plus `Lost` for an attempt whose agent vanished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Outcome {
+    None = 0,
+    Exited = 1,
+    Signaled = 2,
+    TimedOut = 3,
+    SpawnFailed = 4,
+    Lost = 5,
+    /// Needs more cores or memory than any agent has.
+    Unschedulable = 6,
+}
+
+impl Outcome {
+    fn from_u8(v: u8) -> Outcome {
+        match v {
+            1 => Outcome::Exited,
+            2 => Outcome::Signaled,
+            3 => Outcome::TimedOut,
+            4 => Outcome::SpawnFailed,
+            5 => Outcome::Lost,
+            6 => Outcome::Unschedulable,
+            _ => Outcome::None,
+        }
+    }
+
+    /// Human description of an attempt's end, e.g. "exit 3", "signal 9 (KILL)", "timed out".
+    pub fn describe(self, value: i32) -> String {
+        match self {
+            Outcome::None => "-".into(),
+            Outcome::Exited => format!("exit {value}"),
+            Outcome::Signaled => format!("killed by signal {value}{}", signal_name(value)),
+            Outcome::TimedOut => "timed out".into(),
+            Outcome::SpawnFailed => format!("could not start: {}", std::io::Error::from_raw_os_error(value)),
+            Outcome::Lost => "lost with its agent".into(),
+            Outcome::Unschedulable => "needs more cores or memory than any agent has".into(),
+        }
+    }
+}
+
+fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        1 => " (HUP)",
+        2 => " (INT)",
+        6 => " (ABRT)",
+        9 => " (KILL)",
+        11 => " (SEGV)",
+        13 => " (PIPE)",
+        15 => " (TERM)",
+        _ => "",
+    }
+}
+
+/// One task: what it asks for (set at load) and where it stands (updated by the leader).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Record {
+    pub cmd_off: u64,
+    pub cmd_len: u32,
+    pub line: u32,
+    pub cores: u16,
+    pub retries: u8,
+    pub shell: bool,
+    pub timeout_ms: u32,
+    pub mem_mb: u32,
+    pub class: u16,
+    pub runtime_ms: u32,
+    pub state: u8,
+    pub attempts: u8,
+    pub outcome: u8,
+    pub value: i32,
+    pub agent: u32,
+    pub start_us: u64,
+    pub end_us: u64,
+}
+
+impl Record {
+    pub fn state(&self) -> State {
+        State::from_u8(self.state).unwrap_or(State::Pending)
+    }
+    pub fn set_state(&mut self, s: State) {
+        self.state = s as u8;
+    }
+    pub fn outcome(&self) -> Outcome {
+        Outcome::from_u8(self.outcome)
+    }
+
+    pub fn encode(&self) -> [u8; RECORD_LEN] {
+        let mut b = [0u8; RECORD_LEN];
+        b[0..8].copy_from_slice(&self.cmd_off.to_le_bytes());
+        b[8..12].copy_from_slice(&self.cmd_len.to_le_bytes());
+        b[12..16].copy_from_slice(&self.line.to_le_bytes());
+        b[16..18].copy_from_slice(&self.cores.to_le_bytes());
+        b[18] = self.retries;
+        b[19] = self.shell as u8;
+        b[20..24].copy_from_slice(&self.timeout_ms.to_le_bytes());
+        b[24..28].copy_from_slice(&self.mem_mb.to_le_bytes());
+        b[28..30].copy_from_slice(&self.class.to_le_bytes());
+        b[30] = self.state;
+        b[31] = self.attempts;
+        b[32..36].copy_from_slice(&self.runtime_ms.to_le_bytes());
+        b[36] = self.outcome;
+        b[40..44].copy_from_slice(&self.value.to_le_bytes());
+        b[44..48].copy_from_slice(&self.agent.to_le_bytes());
+        b[48..56].copy_from_slice(&self.start_us.to_le_bytes());
+        b[56..64].copy_from_slice(&self.end_us.to_le_bytes());
+        b
+    }
+
+    pub fn decode(id: u64, b: &[u8]) -> Result<Record> {
+        if b.len() != RECORD_LEN || b[30] > State::Failed as u8 {
+            return Err(LedgerError::Corrupt { id, len: b.len() });
+        }
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
+        let u16_at = |i: usize| u16::from_le_bytes(b[i..i + 2].try_into().unwrap());
+        Ok(Record {
+            cmd_off: u64_at(0),
+            cmd_len: u32_at(8),
+            line: u32_at(12),
+            cores: u16_at(16),
+            retries: b[18],
+            shell: b[19] != 0,
+            timeout_ms: u32_at(20),
+            mem_mb: u32_at(24),
+            class: u16_at(28),
+            state: b[30],
+            attempts: b[31],
+            runtime_ms: u32_at(32),
+            outcome: b[36],
+            value: u32_at(40) as i32,
+            agent: u32_at(44),
+            start_us: u64_at(48),
+            end_us: u64_at(56),
+        })
+    }
+}
+
+/// One earlier, failed attempt of a task (the record holds the last one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Attempt {
+    pub attempt: u8,
+    pub outcome: Outcome,
+    pub value: i32,
+    pub agent: u32,
+    pub start_us: u64,
+    pub end_us: u64,
+}
+
+impl Attempt {
+    fn encode(&self) -> [u8; 28] {
+        let mut b = [0u8; 28];
+        b[0] = self.outcome as u8;
+        b[4..8].copy_from_slice(&self.value.to_le_bytes());
+        b[8..12].copy_from_slice(&self.agent.to_le_bytes());
+        b[12..20].copy_from_slice(&self.start_us.to_le_bytes());
+        b[20..28].copy_from_slice(&self.end_us.to_le_bytes());
+        b
+    }
+    fn decode(attempt: u8, b: &[u8]) -> Option<Attempt> {
+        (b.len() == 28).then(|| Attempt {
+            attempt,
+            outcome: Outcome::from_u8(b[0]),
+            value: i32::from_le_bytes(b[4..8].try_into().unwrap()),
+            agent: u32::from_le_bytes(b[8..12].try_into().unwrap()),
+            start_us: u64::from_le_bytes(b[12..20].try_into().unwrap()),
+            end_us: u64::from_le_bytes(b[20..28].try_into().unwrap()),
+        })
+    }
+}
+
+/// Tasks per state, kept by the leader and stored at every commit so readers need no scan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Counts(pub [u64; 5]);
+
+impl Counts {
+    pub fn get(&self, s: State) -> u64 {
+        self.0[s as usize]
+    }
+    pub fn total(&self) -> u64 {
+        self.0.iter().sum()
+    }
+    pub fn moved(&mut self, from: State, to: State) {
+        self.0[from as usize] -= 1;
+        self.0[to as usize] += 1;
+    }
+    fn encode(&self) -> [u8; 40] {
+        let mut b = [0u8; 40];
+        for (i, c) in self.0.iter().enumerate() {
+            b[i * 8..i * 8 + 8].copy_from_slice(&c.to_le_bytes());
+        }
+        b
+    }
+    fn decode(b: &[u8]) -> Option<Counts> {
+        (b.len() == 40).then(|| {
+            let mut c = [0u64; 5];
+            for (i, v) in c.iter_mut().enumerate() {
+                *v = u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().unwrap());
+            }
+            Counts(c)
+        })
+    }
+}
+
+pub fn key(id: u64) -> [u8; 8] {
+    id.to_be_bytes()
+}
+
+fn attempt_key(id: u64, attempt: u8) -> [u8; 9] {
+    let mut k = [0u8; 9];
+    k[..8].copy_from_slice(&id.to_be_bytes());
+    k[8] = attempt;
+    k
+}
+
+pub struct Ledger {
+    env: Environment,
+    path: String,
+    tasks: Database,
+    meta: Database,
+    attempts: Database,
+    failed: Database,
+}
+
+impl Ledger {
+    /// Creates a new ledger file at `path` (a single file plus its `-lock` file).
+    pub fn create(path: &Path) -> Result<Ledger> {
+        let l = Self::open_env(path, false)?;
+        let mut txn = l.write()?;
+        txn.put_meta("schema", &SCHEMA_VERSION.to_le_bytes())?;
+        txn.put_counts(&Counts::default())?;
+        txn.commit()?;
+        Ok(l)
+    }
+
+    /// Opens an existing ledger; readers (`htc status`) open it read-only beside a running leader.
+    pub fn open(path: &Path, read_only: bool) -> Result<Ledger> {
+        let l = Self::open_env(path, read_only)?;
+        let txn = l.read()?;
+        let v = txn.meta("schema")?.ok_or(LedgerError::MissingMeta("schema"))?;
+        let found = v.try_into().map(u32::from_le_bytes).unwrap_or(0);
+        if found != SCHEMA_VERSION {
+            return Err(LedgerError::Schema { found });
+        }
+        drop(txn);
+        Ok(l)
+    }
+
+    fn open_env(path: &Path, read_only: bool) -> Result<Ledger> {
+        let p = path.display().to_string();
+        let err = |source| LedgerError::Lmdb { path: p.clone(), source };
+        // NO_SYNC: a commit reaches the page cache, which survives the leader's death (kill -9);
+        // the leader calls `sync` on a timer so a machine crash loses at most that window.
+        let mut flags = EnvironmentFlags::NO_SUB_DIR | EnvironmentFlags::NO_SYNC | EnvironmentFlags::NO_READAHEAD;
+        if read_only {
+            flags |= EnvironmentFlags::READ_ONLY;
+        }
+        let env = Environment::new()
+            .set_flags(flags)
+            .set_max_dbs(8)
+            .set_map_size(MAP_SIZE)
+            .set_max_readers(256)
+            .open_with_permissions(path, 0o600)
+            .map_err(err)?;
+        let db = |name| {
+            if read_only {
+                env.open_db(Some(name))
+            } else {
+                env.create_db(Some(name), DatabaseFlags::empty())
+            }
+        };
+        let (tasks, meta, attempts, failed) =
+            (db("tasks").map_err(err)?, db("meta").map_err(err)?, db("attempts").map_err(err)?, db("failed").map_err(err)?);
+        Ok(Ledger { env, path: p, tasks, meta, attempts, failed })
+    }
+
+    fn err(&self, source: lmdb::Error) -> LedgerError {
+        LedgerError::Lmdb { path: self.path.clone(), source }
+    }
+
+    pub fn write(&self) -> Result<WriteTxn<'_>> {
+        let txn = self.env.begin_rw_txn().map_err(|e| self.err(e))?;
+        Ok(WriteTxn { l: self, txn })
+    }
+
+    pub fn read(&self) -> Result<ReadTxn<'_>> {
+        let txn = self.env.begin_ro_txn().map_err(|e| self.err(e))?;
+        Ok(ReadTxn { l: self, txn })
+    }
+
+    /// Flushes committed pages to disk.
+    pub fn sync(&self) -> Result<()> {
+        self.env.sync(true).map_err(|e| self.err(e))
+    }
+}
+
+pub struct WriteTxn<'l> {
+    l: &'l Ledger,
+    txn: RwTransaction<'l>,
+}
+
+impl<'l> WriteTxn<'l> {
+    pub fn get(&self, id: u64) -> Result<Option<Record>> {
+        match self.txn.get(self.l.tasks, &key(id)) {
+            Ok(b) => Record::decode(id, b).map(Some),
+            Err(lmdb::Error::NotFound) => Ok(None),
+            Err(e) => Err(self.l.err(e)),
+        }
+    }
+
+    pub fn put(&mut self, id: u64, r: &Record) -> Result<()> {
+        self.txn.put(self.l.tasks, &key(id), &r.encode(), WriteFlags::empty()).map_err(|e| self.l.err(e))
+    }
+
+    /// Adds a task with an id larger than every id so far (the loader's fast path).
+    pub fn append(&mut self, id: u64, r: &Record) -> Result<()> {
+        self.txn.put(self.l.tasks, &key(id), &r.encode(), WriteFlags::APPEND).map_err(|e| self.l.err(e))
+    }
+
+    pub fn put_attempt(&mut self, id: u64, a: &Attempt) -> Result<()> {
+        self.txn
+            .put(self.l.attempts, &attempt_key(id, a.attempt), &a.encode(), WriteFlags::empty())
+            .map_err(|e| self.l.err(e))
+    }
+
+    pub fn mark_failed(&mut self, id: u64) -> Result<()> {
+        self.txn.put(self.l.failed, &key(id), &[], WriteFlags::empty()).map_err(|e| self.l.err(e))
+    }
+
+    pub fn put_meta(&mut self, k: &str, v: &[u8]) -> Result<()> {
+        self.txn.put(self.l.meta, &k, &v, WriteFlags::empty()).map_err(|e| self.l.err(e))
+    }
+
+    pub fn put_counts(&mut self, c: &Counts) -> Result<()> {
+        self.put_meta("counts", &c.encode())
+    }
+
+    pub fn meta(&self, k: &str) -> Result<Option<Vec<u8>>> {
+        match self.txn.get(self.l.meta, &k) {
+            Ok(b) => Ok(Some(b.to_vec())),
+            Err(lmdb::Error::NotFound) => Ok(None),
+            Err(e) => Err(self.l.err(e)),
+        }
+    }
+
+    /// Calls `f` for every task from `from` on, in id order, letting it rewrite the record.
+    /// Used once per resume to send interrupted tasks back to pending.
+    pub fn update_all(&mut self, mut f: impl FnMut(u64, &mut Record) -> bool) -> Result<()> {
+        let mut changed = Vec::new();
+        {
+            let mut c = self.txn.open_ro_cursor(self.l.tasks).map_err(|e| self.l.err(e))?;
+            for item in c.iter_start() {
+                let (k, v) = item.map_err(|e| self.l.err(e))?;
+                let id = u64::from_be_bytes(k.try_into().map_err(|_| LedgerError::Corrupt { id: 0, len: k.len() })?);
+                let mut r = Record::decode(id, v)?;
+                if f(id, &mut r) {
+                    changed.push((id, r));
+                }
+            }
+        }
+        for (id, r) in changed {
+            self.put(id, &r)?;
+        }
+        Ok(())
+    }
+
+    pub fn commit(self) -> Result<()> {
+        let l = self.l;
+        self.txn.commit().map_err(|e| l.err(e))
+    }
+}
+
+pub struct ReadTxn<'l> {
+    l: &'l Ledger,
+    txn: lmdb::RoTransaction<'l>,
+}
+
+impl ReadTxn<'_> {
+    pub fn get(&self, id: u64) -> Result<Option<Record>> {
+        match self.txn.get(self.l.tasks, &key(id)) {
+            Ok(b) => Record::decode(id, b).map(Some),
+            Err(lmdb::Error::NotFound) => Ok(None),
+            Err(e) => Err(self.l.err(e)),
+        }
+    }
+
+    pub fn meta(&self, k: &str) -> Result<Option<&[u8]>> {
+        match self.txn.get(self.l.meta, &k) {
+            Ok(b) => Ok(Some(b)),
+            Err(lmdb::Error::NotFound) => Ok(None),
+            Err(e) => Err(self.l.err(e)),
+        }
+    }
+
+    pub fn meta_u64(&self, k: &str) -> Result<Option<u64>> {
+        Ok(self.meta(k)?.and_then(|b| b.try_into().ok()).map(u64::from_le_bytes))
+    }
+
+    pub fn counts(&self) -> Result<Counts> {
+        Ok(self.meta("counts")?.and_then(Counts::decode).unwrap_or_default())
+    }
+
+    /// Ids of tasks that failed for good, at most `limit`.
+    pub fn failed_ids(&self, limit: usize) -> Result<Vec<u64>> {
+        let mut c = self.txn.open_ro_cursor(self.l.failed).map_err(|e| self.l.err(e))?;
+        let mut out = Vec::new();
+        for item in c.iter_start().take(limit) {
+            let (k, _) = item.map_err(|e| self.l.err(e))?;
+            if let Ok(b) = k.try_into() {
+                out.push(u64::from_be_bytes(b));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Earlier failed attempts of a task, oldest first.
+    pub fn attempts(&self, id: u64) -> Result<Vec<Attempt>> {
+        let mut c = self.txn.open_ro_cursor(self.l.attempts).map_err(|e| self.l.err(e))?;
+        let mut out = Vec::new();
+        for item in c.iter_from(attempt_key(id, 0)) {
+            let (k, v) = item.map_err(|e| self.l.err(e))?;
+            if k.len() != 9 || k[..8] != key(id) {
+                break;
+            }
+            out.extend(Attempt::decode(k[8], v));
+        }
+        Ok(out)
+    }
+
+    /// Visits every task in id order.
+    pub fn for_each(&self, mut f: impl FnMut(u64, &Record)) -> Result<()> {
+        let mut c = self.txn.open_ro_cursor(self.l.tasks).map_err(|e| self.l.err(e))?;
+        for item in c.iter_start() {
+            let (k, v) = item.map_err(|e| self.l.err(e))?;
+            let id = u64::from_be_bytes(k.try_into().map_err(|_| LedgerError::Corrupt { id: 0, len: k.len() })?);
+            f(id, &Record::decode(id, v)?);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmp(name: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("htc-ledger-test-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d.join("ledger.mdb")
+    }
+
+    #[test]
+    fn record_roundtrip() {
+        let r = Record {
+            cmd_off: 1 << 40,
+            cmd_len: 77,
+            line: 9,
+            cores: 3,
+            retries: 2,
+            shell: true,
+            timeout_ms: 5,
+            mem_mb: 6,
+            class: 7,
+            runtime_ms: 8,
+            state: State::Failed as u8,
+            attempts: 3,
+            outcome: Outcome::Signaled as u8,
+            value: -9,
+            agent: 11,
+            start_us: 12,
+            end_us: 13,
+        };
+        assert_eq!(Record::decode(1, &r.encode()).unwrap(), r);
+        assert!(Record::decode(1, &[0u8; 10]).is_err());
+    }
+
+    #[test]
+    fn committed_state_survives_reopen_and_uncommitted_does_not() {
+        let p = tmp("reopen");
+        {
+            let l = Ledger::create(&p).unwrap();
+            let mut t = l.write().unwrap();
+            for id in 1..=1000 {
+                t.append(id, &Record { line: id as u32, ..Default::default() }).unwrap();
+            }
+            t.put_counts(&Counts([1000, 0, 0, 0, 0])).unwrap();
+            t.commit().unwrap();
+            let mut t = l.write().unwrap();
+            let mut r = t.get(5).unwrap().unwrap();
+            r.set_state(State::Done);
+            t.put(5, &r).unwrap();
+            t.put_attempt(5, &Attempt { attempt: 1, outcome: Outcome::Exited, value: 1, agent: 0, start_us: 1, end_us: 2 })
+                .unwrap();
+            t.commit().unwrap();
+            let mut t = l.write().unwrap();
+            let mut r = t.get(6).unwrap().unwrap();
+            r.set_state(State::Done);
+            t.put(6, &r).unwrap();
+            drop(t); // aborted
+        }
+        let l = Ledger::open(&p, true).unwrap();
+        let t = l.read().unwrap();
+        assert_eq!(t.get(5).unwrap().unwrap().state(), State::Done);
+        assert_eq!(t.get(6).unwrap().unwrap().state(), State::Pending);
+        assert_eq!(t.attempts(5).unwrap().len(), 1);
+        assert!(t.attempts(6).unwrap().is_empty());
+        assert_eq!(t.counts().unwrap().total(), 1000);
+        let mut n = 0;
+        t.for_each(|_, _| n += 1).unwrap();
+        assert_eq!(n, 1000);
+    }
+
+    #[test]
+    fn wrong_schema_is_refused() {
+        let p = tmp("schema");
+        {
+            let l = Ledger::create(&p).unwrap();
+            let mut t = l.write().unwrap();
+            t.put_meta("schema", &99u32.to_le_bytes()).unwrap();
+            t.commit().unwrap();
+        }
+        assert!(matches!(Ledger::open(&p, false), Err(LedgerError::Schema { found: 99 })));
+    }
+}

@@ -1,0 +1,125 @@
+//! Loading a task file into a new run: copy it into the run directory (the ledger's records point
+//! into the copy, so a later edit of the user's file cannot change a run), then parse the copy and
+//! append one record per task, committing in large batches. Memory stays flat whatever the size.
+
+use std::fs::File;
+use std::io::BufReader;
+use std::path::Path;
+
+use htc_core::taskfile::{Parser, TaskFileError};
+
+use crate::ledger::{Counts, Ledger, LedgerError, Record};
+use crate::rundir::RunDir;
+
+const BATCH: u64 = 200_000;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("{0}")]
+    TaskFile(#[from] TaskFileError),
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    #[error("cannot copy {path} into the run directory: {source}")]
+    Copy { path: String, source: std::io::Error },
+    #[error("{path}: more than {max} tasks")]
+    TooMany { path: String, max: u64 },
+}
+
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    pub tasks: u64,
+    pub classes: Vec<String>,
+    pub max_cores: u16,
+    pub max_mem_mb: u32,
+}
+
+/// Copies `src` into the run and loads it into `ledger`. Errors name `src` as the user wrote it.
+pub fn load(src: &Path, run: &RunDir, ledger: &Ledger) -> Result<Loaded, LoadError> {
+    let shown = src.display().to_string();
+    std::fs::copy(src, run.tasks()).map_err(|source| LoadError::Copy { path: shown.clone(), source })?;
+    let f = File::open(run.tasks()).map_err(|source| LoadError::Copy { path: shown.clone(), source })?;
+    let mut p = Parser::new(BufReader::with_capacity(1 << 20, f), shown.clone());
+    let mut txn = ledger.write()?;
+    let mut id: u64 = 0;
+    let (mut max_cores, mut max_mem_mb) = (1u16, 0u32);
+    while let Some(t) = p.next_task()? {
+        id += 1;
+        if t.line > u32::MAX as u64 {
+            return Err(LoadError::TooMany { path: shown, max: u32::MAX as u64 });
+        }
+        let o = t.options;
+        max_cores = max_cores.max(o.cores);
+        max_mem_mb = max_mem_mb.max(o.mem_mb);
+        let r = Record {
+            cmd_off: t.offset,
+            cmd_len: t.command.len() as u32,
+            line: t.line as u32,
+            cores: o.cores,
+            retries: o.retries,
+            shell: t.shell,
+            timeout_ms: o.timeout_ms,
+            mem_mb: o.mem_mb,
+            class: o.class,
+            runtime_ms: o.runtime_ms,
+            ..Default::default()
+        };
+        txn.append(id, &r)?;
+        if id % BATCH == 0 {
+            txn.commit()?;
+            txn = ledger.write()?;
+        }
+    }
+    txn.put_meta("total", &id.to_le_bytes())?;
+    txn.put_meta("classes", p.classes().join("\n").as_bytes())?;
+    txn.put_meta("task_file", shown.as_bytes())?;
+    txn.put_counts(&Counts([id, 0, 0, 0, 0]))?;
+    txn.commit()?;
+    Ok(Loaded { tasks: id, classes: p.classes().to_vec(), max_cores, max_mem_mb })
+}
+
+/// The run's copy of the task file, mapped read-only: commands are read straight from the page
+/// cache at dispatch instead of living on the heap.
+pub struct TaskText {
+    ptr: *const u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is read-only and lives until Drop.
+unsafe impl Send for TaskText {}
+unsafe impl Sync for TaskText {}
+
+impl TaskText {
+    pub fn open(path: &Path) -> std::io::Result<TaskText> {
+        use std::os::fd::AsRawFd;
+        let f = File::open(path)?;
+        let len = f.metadata()?.len() as usize;
+        if len == 0 {
+            return Ok(TaskText { ptr: std::ptr::null(), len: 0 });
+        }
+        // SAFETY: mapping a regular file read-only and private; checked for MAP_FAILED.
+        let ptr = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_PRIVATE, f.as_raw_fd(), 0) };
+        if ptr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(TaskText { ptr: ptr as *const u8, len })
+    }
+
+    /// The command of a record; empty if the record points outside the file (a truncated copy).
+    pub fn command(&self, r: &Record) -> &[u8] {
+        let (off, len) = (r.cmd_off as usize, r.cmd_len as usize);
+        if self.ptr.is_null() || off.checked_add(len).is_none_or(|e| e > self.len) {
+            return &[];
+        }
+        // SAFETY: bounds checked against the mapping's length above.
+        unsafe { std::slice::from_raw_parts(self.ptr.add(off), len) }
+    }
+}
+
+impl Drop for TaskText {
+    fn drop(&mut self) {
+        if !self.ptr.is_null() {
+            // SAFETY: unmapping exactly what open() mapped.
+            unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+        }
+    }
+}

@@ -1,0 +1,119 @@
+//! Task output: a few stream files per agent (one stdout and one stderr per slot) plus an index of
+//! fixed 48-byte records `(task, attempt, slot, out_off, out_len, err_off, err_len)`. Millions of
+//! small files would hurt a parallel filesystem; this keeps it at 2 files per core.
+
+use std::fs::File;
+use std::io::{self, Read, Seek, SeekFrom};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::str::FromStr;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputMode {
+    /// Per-slot stream files plus an index (default).
+    Streams,
+    /// One `ID.out` and `ID.err` per task (the last attempt's).
+    PerTask,
+    /// Discard output.
+    None,
+}
+
+impl FromStr for OutputMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "streams" => Ok(OutputMode::Streams),
+            "per-task" => Ok(OutputMode::PerTask),
+            "none" => Ok(OutputMode::None),
+            _ => Err(format!("unknown output mode '{s}' (streams, per-task, none)")),
+        }
+    }
+}
+
+impl OutputMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            OutputMode::Streams => "streams",
+            OutputMode::PerTask => "per-task",
+            OutputMode::None => "none",
+        }
+    }
+}
+
+pub const INDEX_ENTRY_LEN: usize = 48;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IndexEntry {
+    pub id: u64,
+    pub attempt: u32,
+    pub slot: u32,
+    pub out_off: u64,
+    pub out_len: u64,
+    pub err_off: u64,
+    pub err_len: u64,
+}
+
+impl IndexEntry {
+    pub fn encode(&self) -> [u8; INDEX_ENTRY_LEN] {
+        let mut b = [0u8; INDEX_ENTRY_LEN];
+        b[0..8].copy_from_slice(&self.id.to_le_bytes());
+        b[8..12].copy_from_slice(&self.attempt.to_le_bytes());
+        b[12..16].copy_from_slice(&self.slot.to_le_bytes());
+        b[16..24].copy_from_slice(&self.out_off.to_le_bytes());
+        b[24..32].copy_from_slice(&self.out_len.to_le_bytes());
+        b[32..40].copy_from_slice(&self.err_off.to_le_bytes());
+        b[40..48].copy_from_slice(&self.err_len.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> IndexEntry {
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
+        IndexEntry {
+            id: u64_at(0),
+            attempt: u32_at(8),
+            slot: u32_at(12),
+            out_off: u64_at(16),
+            out_len: u64_at(24),
+            err_off: u64_at(32),
+            err_len: u64_at(40),
+        }
+    }
+}
+
+pub fn read_index(path: &Path) -> io::Result<Vec<IndexEntry>> {
+    let mut b = Vec::new();
+    File::open(path)?.read_to_end(&mut b)?;
+    Ok(b.chunks_exact(INDEX_ENTRY_LEN).map(IndexEntry::decode).collect())
+}
+
+/// Finds the newest index entry of `id` (and `attempt`, when given) by scanning the index from its
+/// end in large blocks: the newest runs are where `htc output` is usually pointed.
+pub fn find_entry(index: &Path, id: u64, attempt: Option<u32>) -> io::Result<Option<IndexEntry>> {
+    let mut f = File::open(index)?;
+    let len = f.seek(SeekFrom::End(0))? / INDEX_ENTRY_LEN as u64 * INDEX_ENTRY_LEN as u64;
+    const BLOCK: u64 = (1 << 20) / INDEX_ENTRY_LEN as u64 * INDEX_ENTRY_LEN as u64;
+    let mut end = len;
+    let mut buf = vec![0u8; BLOCK as usize];
+    while end > 0 {
+        let start = end.saturating_sub(BLOCK);
+        let n = (end - start) as usize;
+        f.read_exact_at(&mut buf[..n], start)?;
+        for chunk in buf[..n].chunks_exact(INDEX_ENTRY_LEN).rev() {
+            let e = IndexEntry::decode(chunk);
+            if e.id == id && attempt.is_none_or(|a| a == e.attempt) {
+                return Ok(Some(e));
+            }
+        }
+        end = start;
+    }
+    Ok(None)
+}
+
+/// Copies `len` bytes at `off` of `path` to `w`.
+pub fn copy_range(path: &Path, off: u64, len: u64, w: &mut impl io::Write) -> io::Result<()> {
+    let mut f = File::open(path)?;
+    f.seek(SeekFrom::Start(off))?;
+    io::copy(&mut f.take(len), w)?;
+    Ok(())
+}
