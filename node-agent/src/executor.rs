@@ -6,7 +6,8 @@
 //! file offsets before and after the task delimit its output without any copying. CPU binding is
 //! inherited: the thread pins itself to the task's cores right before spawning.
 //!
-//! SIGCHLD must be blocked in every thread of the process (`block_sigchld` before any thread
+//! It reaps every child of the process (`waitid(P_ALL)`), so a process runs one executor and
+//! starts no other children. SIGCHLD must be blocked in every thread of the process (`block_sigchld` before any thread
 //! starts); the executor reads it through a signalfd and also reaps on a short timer as a safety
 //! net, so a missed wake-up costs latency, never a hang.
 
@@ -688,7 +689,11 @@ pub fn allowed_cpus() -> Vec<usize> {
 mod tests {
     use super::*;
 
+    /// An executor reaps every child of its process, so tests must not run two at once.
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     fn run_tasks(tasks: Vec<TaskToRun>, slots: usize, name: &str) -> (Vec<Finished>, PathBuf) {
+        let _guard = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
         block_sigchld();
         let dir = std::env::temp_dir().join(format!("htc-exec-test-{}-{name}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);

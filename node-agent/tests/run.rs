@@ -1,0 +1,330 @@
+//! End-to-end tests of `htc run` against the real binaries: real processes, real LMDB, real
+//! signals, loopback TCP only.
+
+use std::collections::{HashMap, HashSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use htc::ledger::{Ledger, State};
+
+const HTC: &str = env!("CARGO_BIN_EXE_htc");
+
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(name: &str) -> Dir {
+        let d = std::env::temp_dir().join(format!("htc-e2e-{}-{name}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(&d).unwrap();
+        Dir(d)
+    }
+    fn path(&self, f: &str) -> PathBuf {
+        self.0.join(f)
+    }
+    fn write(&self, f: &str, content: impl AsRef<[u8]>) -> PathBuf {
+        let p = self.path(f);
+        fs::write(&p, content).unwrap();
+        p
+    }
+    fn htc(&self, args: &[&str]) -> Output {
+        Command::new(HTC).args(args).current_dir(&self.0).stdin(Stdio::null()).output().unwrap()
+    }
+    /// The only run directory under .htc/.
+    fn run_dir(&self) -> PathBuf {
+        let mut runs: Vec<PathBuf> = fs::read_dir(self.path(".htc")).unwrap().map(|e| e.unwrap().path()).collect();
+        assert_eq!(runs.len(), 1, "expected exactly one run: {runs:?}");
+        runs.pop().unwrap()
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+fn text(o: &Output) -> String {
+    format!("status {:?}\nstdout:\n{}\nstderr:\n{}", o.status, String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+fn id_counts(path: &Path) -> HashMap<u64, usize> {
+    let mut m = HashMap::new();
+    for l in fs::read_to_string(path).unwrap_or_default().lines() {
+        *m.entry(l.trim().parse::<u64>().unwrap()).or_insert(0) += 1;
+    }
+    m
+}
+
+fn ledger_states(run: &Path) -> HashMap<u64, State> {
+    let l = Ledger::open(&run.join("ledger.mdb"), true).unwrap();
+    let t = l.read().unwrap();
+    let mut m = HashMap::new();
+    t.for_each(|id, r| {
+        m.insert(id, r.state());
+    })
+    .unwrap();
+    m
+}
+
+#[test]
+fn twenty_thousand_tasks_on_four_agents_each_run_once() {
+    let d = Dir::new("20k");
+    let ids = d.path("ids.txt");
+    let tasks: String = (0..20_000).map(|_| format!("echo $HTC_TASK_ID >> {}\n", ids.display())).collect();
+    d.write("tasks.txt", tasks);
+    let o = d.htc(&["run", "--agents", "4", "tasks.txt"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let counts = id_counts(&ids);
+    assert_eq!(counts.len(), 20_000);
+    assert!(counts.values().all(|&c| c == 1), "some task ran twice");
+    assert!((1..=20_000).all(|i| counts.contains_key(&i)));
+
+    let run = d.run_dir();
+    let states = ledger_states(&run);
+    assert_eq!(states.len(), 20_000);
+    assert!(states.values().all(|s| *s == State::Done));
+    let st = d.htc(&["status"]);
+    let s = String::from_utf8_lossy(&st.stdout);
+    assert!(s.contains("total=20000 done=20000 failed=0 pending=0"), "{}", text(&st));
+    assert!(s.contains("finished, all tasks succeeded"), "{s}");
+    // Every agent got work (the even partition splits the ids 4 ways).
+    let l = Ledger::open(&run.join("ledger.mdb"), true).unwrap();
+    let mut agents = HashSet::new();
+    l.read().unwrap().for_each(|_, r| {
+        agents.insert(r.agent);
+    })
+    .unwrap();
+    assert_eq!(agents.len(), 4, "agents used: {agents:?}");
+}
+
+#[test]
+fn failures_timeouts_signals_and_missing_binaries_are_recorded() {
+    let d = Dir::new("failures");
+    let good = d.path("good.txt");
+    let tasks = format!(
+        "#HTC retries=2\n\
+         echo ok >> {g}\n\
+         exit 3\n\
+         [timeout=300ms retries=0] sleep 10\n\
+         kill -TERM $$\n\
+         /no/such/binary --flag\n\
+         no-such-command-htc-test\n\
+         [retries=0] exit 4\n\
+         sh -c 'test $HTC_ATTEMPT -ge 2' && echo ok >> {g}\n\
+         echo ok >> {g}\n",
+        g = good.display()
+    );
+    d.write("tasks.txt", tasks);
+    let o = d.htc(&["run", "tasks.txt"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let run = d.run_dir();
+    let l = Ledger::open(&run.join("ledger.mdb"), true).unwrap();
+    let t = l.read().unwrap();
+    let rec = |id| t.get(id).unwrap().unwrap();
+    use htc::ledger::Outcome;
+    // (state, outcome, value, attempts)
+    let expect = [
+        (1, State::Done, Outcome::Exited, 0, 1),
+        (2, State::Failed, Outcome::Exited, 3, 3),
+        (3, State::Failed, Outcome::TimedOut, libc::SIGTERM, 1),
+        (4, State::Failed, Outcome::Signaled, libc::SIGTERM, 3),
+        (5, State::Failed, Outcome::SpawnFailed, libc::ENOENT, 1),
+        (6, State::Failed, Outcome::SpawnFailed, libc::ENOENT, 1),
+        (7, State::Failed, Outcome::Exited, 4, 1),
+        (8, State::Done, Outcome::Exited, 0, 2),
+        (9, State::Done, Outcome::Exited, 0, 1),
+    ];
+    for (id, state, outcome, value, attempts) in expect {
+        let r = rec(id);
+        assert_eq!((r.state(), r.outcome(), r.value, r.attempts), (state, outcome, value, attempts), "task {id}: {r:?}");
+    }
+    // Each retried attempt is kept.
+    assert_eq!(t.attempts(2).unwrap().len(), 2);
+    assert_eq!(t.attempts(8).unwrap().len(), 1);
+    assert_eq!(fs::read_to_string(&good).unwrap(), "ok\nok\nok\n");
+    let st = d.htc(&["status"]);
+    let s = String::from_utf8_lossy(&st.stdout);
+    assert!(s.contains("done=3 failed=6"), "{s}");
+    assert!(s.contains("task 3 (line 4): timed out after 1 attempt"), "{s}");
+    assert!(s.contains("task 2 (line 3): exit 3 after 3 attempts"), "{s}");
+    let out = d.htc(&["output", run.to_str().unwrap(), "6"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no-such-command-htc-test: command not found"), "{}", text(&out));
+}
+
+#[test]
+fn task_environment_output_and_cpu_binding() {
+    let d = Dir::new("env");
+    d.write(
+        "tasks.txt",
+        "echo id=$HTC_TASK_ID job=$HTC_JOB_ID attempt=$HTC_ATTEMPT cores=$HTC_CORES; echo to-stderr >&2\n\
+         cat; grep Cpus_allowed_list /proc/self/status\n\
+         /bin/echo direct exec\n\
+         printf 'caf\\303\\251\\n'\n",
+    );
+    let o = d.htc(&["run", "--cores-per-agent", "1", "tasks.txt"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let run = d.run_dir();
+    let job = run.file_name().unwrap().to_str().unwrap().to_string();
+    let out = |task: &str| d.htc(&["output", &job, task]);
+    let o1 = out("1");
+    assert_eq!(String::from_utf8_lossy(&o1.stdout), format!("id=1 job={job} attempt=1 cores=1\n"));
+    assert_eq!(String::from_utf8_lossy(&o1.stderr), "to-stderr\n");
+    // stdin is /dev/null (cat ends at once) and the task is bound to one CPU.
+    let o2 = String::from_utf8_lossy(&out("2").stdout).to_string();
+    let cpus = o2.trim().rsplit('\t').next().unwrap().to_string();
+    assert!(!cpus.contains(',') && !cpus.contains('-'), "task not bound to one CPU: {o2}");
+    assert_eq!(String::from_utf8_lossy(&out("3").stdout), "direct exec\n");
+    assert_eq!(out("4").stdout, "caf\u{e9}\n".as_bytes());
+    assert!(!out("99").status.success());
+}
+
+#[test]
+fn per_task_output_files_on_request() {
+    let d = Dir::new("pertask");
+    d.write("tasks.txt", "echo one\necho two >&2\n");
+    let o = d.htc(&["run", "--output", "per-task", "tasks.txt"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let run = d.run_dir();
+    assert_eq!(fs::read_to_string(run.join("out/tasks/1.out")).unwrap(), "one\n");
+    assert_eq!(fs::read_to_string(run.join("out/tasks/2.err")).unwrap(), "two\n");
+    let o = d.htc(&["output", run.to_str().unwrap(), "2", "--stderr"]);
+    assert_eq!(String::from_utf8_lossy(&o.stderr), "two\n");
+}
+
+#[test]
+fn malformed_task_files_are_rejected_with_their_place_and_nothing_runs() {
+    let d = Dir::new("malformed");
+    let marker = d.path("ran");
+    let touch = format!("touch {}\n", marker.display());
+    let mut long = touch.clone().into_bytes();
+    long.extend(std::iter::repeat_n(b'x', 10 << 20));
+    long.push(b'\n');
+    let mut garbage = touch.clone().into_bytes();
+    let mut x: u32 = 12345;
+    for _ in 0..4096 {
+        x = x.wrapping_mul(1_103_515_245).wrapping_add(12345);
+        garbage.push((x >> 16) as u8);
+    }
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("long.txt", long, "long.txt:2: line longer than 65536 bytes"),
+        ("garbage.txt", garbage, "garbage.txt:"),
+        ("badopt.txt", format!("{touch}[cores=zero] x\n").into_bytes(), "badopt.txt:2:2: bad value 'zero' for cores"),
+        ("unknown.txt", format!("{touch}[colour=red] x\n").into_bytes(), "unknown.txt:2:2: unknown option 'colour'"),
+        ("timeout.txt", format!("{touch}[timeout=soon] x\n").into_bytes(), "timeout.txt:2:2: bad value 'soon' for timeout"),
+        ("unclosed.txt", format!("{touch}[cores=2 x\n").into_bytes(), "unclosed.txt:2:1: option block"),
+        ("empty.txt", Vec::new(), "empty.txt: no tasks in file"),
+        ("comments.txt", b"# nothing\n\n".to_vec(), "comments.txt: no tasks in file"),
+    ];
+    for (name, content, expect) in cases {
+        d.write(name, content);
+        for cmd in ["check", "run"] {
+            let o = d.htc(&[cmd, name]);
+            assert!(!o.status.success(), "{cmd} {name} succeeded: {}", text(&o));
+            assert!(String::from_utf8_lossy(&o.stderr).contains(expect), "{cmd} {name}: want '{expect}' in {}", text(&o));
+        }
+        assert!(!marker.exists(), "{name}: a task ran");
+    }
+    let o = d.htc(&["run", "missing.txt"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("missing.txt"), "{}", text(&o));
+    // Rejected runs leave no run directory behind.
+    assert_eq!(fs::read_dir(d.path(".htc")).map(|r| r.count()).unwrap_or(0), 0);
+}
+
+fn wait_for(mut f: impl FnMut() -> bool, limit: Duration) -> bool {
+    let end = Instant::now() + limit;
+    while Instant::now() < end {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+#[test]
+fn kill_9_of_the_leader_then_resume_runs_every_task_and_no_done_task_twice() {
+    let d = Dir::new("kill9");
+    let ids = d.path("ids.txt");
+    let n = 3000u64;
+    let tasks: String = (0..n).map(|_| format!("sleep 0.01; echo $HTC_TASK_ID >> {}\n", ids.display())).collect();
+    d.write("tasks.txt", tasks);
+    let mut leader = Command::new(HTC)
+        .args(["run", "--agents", "2", "tasks.txt"])
+        .current_dir(&d.0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(wait_for(|| id_counts(&ids).len() >= 600, Duration::from_secs(60)), "tasks did not start");
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(leader.id() as i32, libc::SIGKILL) };
+    leader.wait().unwrap();
+    let run = d.run_dir();
+    // The agents notice the leader's death, stop their tasks and exit.
+    let before = fs::metadata(&ids).unwrap().len();
+    std::thread::sleep(Duration::from_millis(1500));
+    let settled = fs::metadata(&ids).unwrap().len();
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(settled, fs::metadata(&ids).unwrap().len(), "tasks kept running after the leader died");
+    let _ = before;
+    let done_at_kill: HashSet<u64> =
+        ledger_states(&run).into_iter().filter(|(_, s)| *s == State::Done).map(|(id, _)| id).collect();
+    assert!(!done_at_kill.is_empty() && (done_at_kill.len() as u64) < n, "kill came too late or too early: {}", done_at_kill.len());
+    let st = String::from_utf8_lossy(&d.htc(&["status"]).stdout).to_string();
+    assert!(st.contains("interrupted"), "{st}");
+
+    let o = d.htc(&["run", "--resume"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let counts = id_counts(&ids);
+    assert_eq!(counts.len() as u64, n, "some task never ran");
+    for id in &done_at_kill {
+        assert_eq!(counts[id], 1, "task {id} was recorded done before the kill and ran again");
+    }
+    let twice = counts.values().filter(|&&c| c > 1).count();
+    // Only tasks in flight at the kill (at most a few agents' backlogs) may have run twice.
+    assert!(twice <= 200, "{twice} tasks ran twice");
+    assert!(ledger_states(&run).values().all(|s| *s == State::Done));
+}
+
+#[test]
+fn sigint_interrupts_cleanly_and_resume_finishes() {
+    let d = Dir::new("sigint");
+    let ids = d.path("ids.txt");
+    let tasks: String = (0..400).map(|_| format!("sleep 0.02; echo $HTC_TASK_ID >> {}\n", ids.display())).collect();
+    d.write("tasks.txt", tasks);
+    let leader = Command::new(HTC)
+        .args(["run", "tasks.txt"])
+        .current_dir(&d.0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(wait_for(|| id_counts(&ids).len() >= 20, Duration::from_secs(30)));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(leader.id() as i32, libc::SIGINT) };
+    let o = leader.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(130), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("htc run --resume"), "{}", text(&o));
+    let o = d.htc(&["run", "--resume", d.run_dir().to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(id_counts(&ids).len(), 400);
+}
+
+#[test]
+fn check_prints_counts_classes_and_core_seconds() {
+    let d = Dir::new("check");
+    d.write("t.txt", "#HTC class=short runtime=2s\nx 1\nx 2\n[class=long runtime=1m cores=4] y\n# end\n");
+    let o = d.htc(&["check", "t.txt"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let s = String::from_utf8_lossy(&o.stdout);
+    assert!(s.contains("t.txt: 3 tasks"), "{s}");
+    assert!(s.contains("classes: 2"), "{s}");
+    assert!(s.contains("requested: 244.0 core-seconds"), "{s}");
+}

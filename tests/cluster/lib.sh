@@ -1,0 +1,159 @@
+# shellcheck shell=bash
+# Helpers for tests that run against the throw-away Slurm cluster made by
+# start-cluster.sh. Source it (as root), then call cluster_env.
+#
+#   cluster_env                 export SLURM_CONF, HTC_CLUSTER_* from the running cluster
+#   cluster_cmd CMD...          run a Slurm client as root where the controller is reachable
+#   as_user [-C DIR] CMD...     run CMD as $HTC_CLUSTER_USER in DIR (default: $PWD)
+#   cluster_workdir NAME        make (fresh) $HTC_CLUSTER_DIR/work/NAME owned by the user, print it
+#   wait_job JOBID [TIMEOUT]    wait until the job is finished, print its final state
+#   job_state JOBID             print JobState (PENDING, RUNNING, COMPLETED, ...)
+#   job_exit_code JOBID         print the exit status part of ExitCode=status:signal
+#   job_exit_signal JOBID       print the signal part of ExitCode=status:signal
+#   cluster_plugin_add NAME LINE  write LINE to plugstack.conf.d/NAME.conf (a SPANK plugin)
+#   cluster_plugin_clear        remove every plugstack.conf.d/*.conf
+#   cluster_logs [LINES]        print the tail of every daemon log (for failure reports)
+#
+# Not `set -e` here on purpose: this file is sourced into the caller's shell.
+
+: "${HTC_CLUSTER_DIR:=/var/lib/slurm-htc-test}"
+: "${HTC_CLUSTER_USER:=htcuser}"
+# Prefix of the network namespaces in netns mode; only those are ever deleted.
+# Derived from the state dir so clusters in different dirs never share one.
+: "${HTC_CLUSTER_NETNS:=htc-${HTC_CLUSTER_DIR##*/}}"
+
+# slurmctld and slurmd get this variable in their environment, so
+# stop-cluster.sh can find them without matching on names that another cluster
+# on the machine shares.
+_htc_marker() { printf 'HTC_CLUSTER_DAEMON=%s' "$HTC_CLUSTER_DIR"; }
+
+_htc_die() { printf '%s: error: %s\n' "${0##*/}" "$*" >&2; exit 1; }
+
+# Microseconds since the epoch; the radix char of $EPOCHREALTIME follows the locale.
+_htc_usec() { printf '%s\n' "${EPOCHREALTIME//[!0-9]/}"; }
+
+# $EPOCHREALTIME differences without forking bc/awk for every timing.
+_htc_elapsed() { # START -> seconds with 2 decimals
+    local now=${EPOCHREALTIME//[!0-9]/} start=${1//[!0-9]/}
+    local d=$(( (now - start) / 10000 ))
+    printf '%d.%02d' $((d / 100)) $((d % 100))
+}
+
+cluster_env() {
+    local envfile="$HTC_CLUSTER_DIR/env"
+    if [[ ! -r $envfile ]]; then
+        printf 'cluster_env: %s missing; run tests/cluster/start-cluster.sh first\n' "$envfile" >&2
+        return 1
+    fi
+    # shellcheck source=/dev/null
+    . "$envfile"
+}
+
+cluster_cmd() {
+    "$HTC_CLUSTER_CLIENT" "$@"
+}
+
+as_user() {
+    local dir=$PWD
+    if [[ ${1-} == -C ]]; then dir=$2; shift 2; fi
+    local home
+    home=$(getent passwd "$HTC_CLUSTER_USER" | cut -d: -f6)
+    # A clean environment so jobs (which export the submitter's env by default)
+    # see the same variables no matter what the calling test had exported.
+    # shellcheck disable=SC2016 # expanded by the inner sh
+    "$HTC_CLUSTER_CLIENT" runuser -u "$HTC_CLUSTER_USER" -- env -i \
+        HOME="$home" USER="$HTC_CLUSTER_USER" LOGNAME="$HTC_CLUSTER_USER" SHELL=/bin/bash \
+        PATH=/usr/local/bin:/usr/bin:/bin LANG=C.UTF-8 SLURM_CONF="$SLURM_CONF" \
+        sh -c 'cd "$1" || exit 125; shift; exec "$@"' as_user "$dir" "$@"
+}
+
+cluster_workdir() {
+    local d="$HTC_CLUSTER_DIR/work/$1"
+    rm -rf -- "$d"
+    install -d -o "$HTC_CLUSTER_USER" -g "$(id -gn "$HTC_CLUSTER_USER")" -m 0755 -- "$d"
+    printf '%s\n' "$d"
+}
+
+# One-line `scontrol show job` record; empty (and status 1) once slurmctld has
+# forgotten the job (after MinJobAge=600 s) or never knew it.
+_htc_job_record() {
+    cluster_cmd scontrol -o show job "$1" 2>/dev/null
+}
+
+_htc_field() { # RECORD KEY
+    local rec=" $1 " v
+    [[ $rec == *" $2="* ]] || return 1
+    v=${rec#*" $2="}
+    printf '%s\n' "${v%% *}"
+}
+
+job_state() {
+    local rec
+    rec=$(_htc_job_record "$1") || { echo UNKNOWN; return 1; }
+    _htc_field "$rec" JobState
+}
+
+job_exit_code() {
+    local rec ec
+    rec=$(_htc_job_record "$1") || return 1
+    ec=$(_htc_field "$rec" ExitCode) || return 1
+    printf '%s\n' "${ec%%:*}"
+}
+
+job_exit_signal() {
+    local rec ec
+    rec=$(_htc_job_record "$1") || return 1
+    ec=$(_htc_field "$rec" ExitCode) || return 1
+    printf '%s\n' "${ec##*:}"
+}
+
+# Accounting is none, so the final state only exists in slurmctld's memory;
+# MinJobAge=600 keeps it there long enough for any test to read it.
+wait_job() {
+    local id=$1 timeout=${2:-120} state
+    local deadline=$(($(_htc_usec) + timeout * 1000000))
+    while :; do
+        state=$(job_state "$id") || {
+            printf 'wait_job: job %s unknown to slurmctld\n' "$id" >&2
+            return 1
+        }
+        case $state in
+            PENDING | CONFIGURING | RUNNING | COMPLETING | SUSPENDED | RESIZING | \
+                REQUEUED | REQUEUE_FED | REQUEUE_HOLD | SIGNALING | STAGE_OUT | STOPPED) ;;
+            *)
+                printf '%s\n' "$state"
+                return 0
+                ;;
+        esac
+        if (($(_htc_usec) >= deadline)); then
+            printf 'wait_job: job %s still %s after %s s\n' "$id" "$state" "$timeout" >&2
+            cluster_cmd scontrol show job "$id" >&2
+            return 2
+        fi
+        sleep 0.2
+    done
+}
+
+# cluster_plugin_add NAME LINE: enable a SPANK plugin for this cluster, e.g.
+#   cluster_plugin_add htc "optional /path/libspank_htc.so agent=/path/htc-agent"
+# sbatch/srun/slurmstepd read plugstack afresh each time; slurmd (prolog/epilog
+# callbacks) only at its start, so restart the cluster if those matter.
+# The file survives restarts; cluster_plugin_clear removes all of them.
+cluster_plugin_add() {
+    install -d -m 0755 "$HTC_CLUSTER_DIR/plugstack.conf.d"
+    printf '%s\n' "$2" >"$HTC_CLUSTER_DIR/plugstack.conf.d/$1.conf"
+    chmod 0644 "$HTC_CLUSTER_DIR/plugstack.conf.d/$1.conf"
+}
+
+cluster_plugin_clear() {
+    rm -f -- "$HTC_CLUSTER_DIR"/plugstack.conf.d/*.conf
+}
+
+cluster_logs() {
+    local lines=${1:-30} f
+    for f in "$HTC_CLUSTER_DIR"/log/*.log; do
+        [[ -e $f ]] || continue
+        printf '==> %s <==\n' "$f"
+        tail -n "$lines" -- "$f"
+    done
+}

@@ -1,0 +1,283 @@
+#!/usr/bin/env bash
+# Bring up a throw-away Slurm 22.05 cluster on this machine for tests:
+# one slurmctld and N slurmd, either all on 127.0.0.1 (loopback, multiple-slurmd)
+# or one network + UTS namespace per node (netns, distinct hostnames n1..nN).
+#
+#   start-cluster.sh [-n NODES] [-m loopback|netns] [-c CPUS_PER_NODE]
+#
+# Environment (all optional):
+#   HTC_CLUSTER_DIR          state dir, default /var/lib/slurm-htc-test
+#   HTC_CLUSTER_USER         submitting user, default htcuser (created if missing)
+#   HTC_CLUSTER_NETNS        netns name prefix, default htc-<basename of the state dir>
+#   HTC_CLUSTER_CTLD_PORT    slurmctld port, default 6817
+#   HTC_CLUSTER_SLURMD_PORT  first loopback slurmd port, default 17001
+#   HTC_CLUSTER_TIMEOUT      seconds to wait for all nodes idle, default 60
+#   HTC_CLUSTER_DEBUG        SlurmctldDebug/SlurmdDebug, default info
+#   HTC_CLUSTER_SCHED        SchedulerParameters, default batch_sched_delay=0; set it
+#                            empty for Slurm's defaults (benchmarks that must look
+#                            like a real site)
+# Afterwards tests source $HTC_CLUSTER_DIR/env (or lib.sh, then cluster_env).
+# On failure the daemons are left running for inspection; stop-cluster.sh or the
+# next start cleans up.
+set -euo pipefail
+
+here=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=lib.sh
+. "$here/lib.sh"
+
+usage() {
+    sed -n '6p' "${BASH_SOURCE[0]}" | sed 's/^# *//' >&2
+    exit 2
+}
+
+nodes=1 mode=loopback cpus=2
+while getopts 'n:m:c:h' opt; do
+    case $opt in
+        n) nodes=$OPTARG ;;
+        m) mode=$OPTARG ;;
+        c) cpus=$OPTARG ;;
+        *) usage ;;
+    esac
+done
+shift $((OPTIND - 1))
+(($# == 0)) || usage
+[[ $nodes =~ ^[1-9][0-9]*$ ]] || _htc_die "-n wants a positive integer, got '$nodes'"
+[[ $cpus =~ ^[1-9][0-9]*$ ]] || _htc_die "-c wants a positive integer, got '$cpus'"
+[[ $mode == loopback || $mode == netns ]] || _htc_die "-m wants loopback or netns, got '$mode'"
+# Node addresses are 10.199.0.(10+X) inside the namespaces.
+[[ $mode == loopback ]] || ((nodes <= 200)) || _htc_die "netns mode supports at most 200 nodes"
+[[ $EUID -eq 0 ]] || _htc_die "must run as root"
+[[ $HTC_CLUSTER_DIR == /* && $HTC_CLUSTER_DIR != / ]] ||
+    _htc_die "HTC_CLUSTER_DIR must be an absolute path other than /"
+ctld_port=${HTC_CLUSTER_CTLD_PORT:-6817}
+slurmd_port=${HTC_CLUSTER_SLURMD_PORT:-17001}
+timeout=${HTC_CLUSTER_TIMEOUT:-60}
+debug=${HTC_CLUSTER_DEBUG:-info}
+sched_params=${HTC_CLUSTER_SCHED-batch_sched_delay=0}
+
+t0=$EPOCHREALTIME
+dir=$HTC_CLUSTER_DIR
+conf=$dir/slurm.conf
+short=$(hostname -s)
+
+# --- packages ---------------------------------------------------------------
+pkgs=(slurm-wlm slurmctld slurmd slurm-client munge)
+missing=0
+for p in "${pkgs[@]}"; do
+    [[ $(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null) == installed ]] || missing=1
+done
+if ((missing)); then
+    echo "start-cluster: installing ${pkgs[*]}"
+    apt-get update -q >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${pkgs[@]}" >/dev/null
+fi
+t_apt=$(_htc_elapsed "$t0")
+
+# --- a clean slate ----------------------------------------------------------
+"$here/stop-cluster.sh"
+
+if ! id -u "$HTC_CLUSTER_USER" >/dev/null 2>&1; then
+    useradd --create-home --user-group --shell /bin/bash "$HTC_CLUSTER_USER"
+fi
+
+# Fresh state, so job ids restart at 1 and no node remembers being DOWN.
+# plugstack.conf.d/ is kept: it is test configuration, not cluster state.
+rm -rf -- "${dir:?}/state" "$dir/spool" "$dir/log" "$dir/run" "$dir/work" "${dir:?}/bin" \
+    "$dir/env" "$dir/slurm.conf" "$dir/hosts"
+install -d -m 0755 "$dir" "$dir/state" "$dir/spool" "$dir/log" "$dir/run" "$dir/bin" \
+    "$dir/plugstack.conf.d"
+# World-writable with sticky bit like /tmp: tests make their job dirs here.
+install -d -m 1777 "$dir/work"
+for i in $(seq "$nodes"); do install -d -m 0755 "$dir/spool/slurmd-n$i"; done
+
+# In loopback mode every daemon listens in the root namespace: a second
+# cluster (another HTC_CLUSTER_DIR) needs its own ports, so say so up front.
+if [[ $mode == loopback ]] && command -v ss >/dev/null; then
+    for port in "$ctld_port" $(seq "$slurmd_port" $((slurmd_port + nodes - 1))); do
+        if [[ -n $(ss -Hltn "sport = :$port") ]]; then
+            _htc_die "TCP port $port is in use (another cluster?); pick others with HTC_CLUSTER_CTLD_PORT / HTC_CLUSTER_SLURMD_PORT"
+        fi
+    done
+fi
+
+# --- munge ------------------------------------------------------------------
+if ! munge -n </dev/null >/dev/null 2>&1; then
+    if [[ ! -s /etc/munge/munge.key ]]; then
+        install -d -o munge -g munge -m 0700 /etc/munge
+        runuser -u munge -- mungekey --create --keyfile=/etc/munge/munge.key
+    fi
+    install -d -o munge -g munge -m 0755 /run/munge
+    # --force: a munged killed earlier leaves its socket behind.
+    runuser -u munge -- /usr/sbin/munged --force
+    for _ in $(seq 50); do
+        munge -n </dev/null >/dev/null 2>&1 && break
+        sleep 0.1
+    done
+    munge -n </dev/null >/dev/null 2>&1 || _htc_die "munged did not come up"
+    # Remember that munged is ours, so stop-cluster.sh stops it and no other.
+    cp /run/munge/munged.pid "$dir/run/munged.pid"
+fi
+
+# --- configuration ----------------------------------------------------------
+if [[ $mode == loopback ]]; then
+    ctld_host="$short(127.0.0.1)"
+    if ((nodes == 1)); then ports=$slurmd_port; else ports="[$slurmd_port-$((slurmd_port + nodes - 1))]"; fi
+    node_line="NodeName=n[1-$nodes] NodeHostname=$short NodeAddr=127.0.0.1 Port=$ports"
+else
+    ctld_host="$short(10.199.0.1)"
+    if ((nodes == 1)); then addrs=10.199.0.11; else addrs="10.199.0.[11-$((10 + nodes))]"; fi
+    node_line="NodeName=n[1-$nodes] NodeAddr=$addrs"
+fi
+
+cat >"$conf" <<EOF
+# Written by tests/cluster/start-cluster.sh ($mode, $nodes nodes); rewritten on every start.
+ClusterName=htctest
+SlurmctldHost=$ctld_host
+SlurmctldPort=$ctld_port
+SlurmUser=root
+AuthType=auth/munge
+CredType=cred/munge
+# No systemd and no usable cgroup hierarchy here.
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+# Nodes may claim more CPUs than the machine has.
+SlurmdParameters=config_overrides
+ReturnToService=2
+MpiDefault=none
+MailProg=/bin/true
+# Without an epilog slurmd sends no EPILOG_COMPLETE, the scheduler is not woken
+# when a job ends, and job arrays crawl (1000 tasks: 191 s instead of 13 s).
+Epilog=/bin/true
+# No accounting: the final job state lives only in slurmctld memory this long.
+MinJobAge=600
+# Slurm's default batch_sched_delay=3 leaves every sbatch job pending for up
+# to 3 s until a periodic scheduler pass; tests want it started at once.
+${sched_params:+SchedulerParameters=$sched_params}
+PlugStackConfig=$dir/plugstack.conf
+StateSaveLocation=$dir/state
+SlurmctldPidFile=$dir/run/slurmctld.pid
+SlurmctldLogFile=$dir/log/slurmctld.log
+SlurmctldDebug=$debug
+SlurmdSpoolDir=$dir/spool/slurmd-%n
+SlurmdPidFile=$dir/run/slurmd-%n.pid
+SlurmdLogFile=$dir/log/slurmd-%n.log
+SlurmdDebug=$debug
+$node_line CPUs=$cpus RealMemory=1000 State=UNKNOWN
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+EOF
+
+# Tests enable a SPANK plugin by dropping a line into plugstack.conf.d/NAME.conf.
+printf 'include %s/plugstack.conf.d/*.conf\n' "$dir" >"$dir/plugstack.conf"
+
+# Clients as root go through this wrapper: in netns mode only the head
+# namespace can reach slurmctld. nsenter (not `ip netns exec`) leaves /sys alone.
+client=$dir/bin/slurm-client
+if [[ $mode == netns ]]; then
+    printf '#!/bin/sh\n# Run a command in the head namespace of the test cluster.\nexec nsenter --net=/run/netns/%s-head -- "$@"\n' \
+        "$HTC_CLUSTER_NETNS" >"$client"
+else
+    printf '#!/bin/sh\n# Loopback cluster: clients reach slurmctld from anywhere.\nexec "$@"\n' >"$client"
+fi
+chmod 0755 "$client"
+
+cat >"$dir/env" <<EOF
+export HTC_CLUSTER_DIR=$dir
+export SLURM_CONF=$conf
+export HTC_CLUSTER_MODE=$mode
+export HTC_CLUSTER_NODES=$nodes
+export HTC_CLUSTER_CPUS=$cpus
+export HTC_CLUSTER_USER=$HTC_CLUSTER_USER
+export HTC_CLUSTER_NETNS=$HTC_CLUSTER_NETNS
+export HTC_CLUSTER_CLIENT=$client
+EOF
+chmod 0644 "$conf" "$dir/plugstack.conf" "$dir/env"
+# shellcheck source=/dev/null
+. "$dir/env"
+
+# --- network namespaces -----------------------------------------------------
+# Every veth end is created inside a namespace, so the root namespace gets no
+# interface, address or route, and no packet can leave for a real network.
+if [[ $mode == netns ]]; then
+    head_ns=$HTC_CLUSTER_NETNS-head
+    ip netns add "$head_ns"
+    ip -n "$head_ns" link set lo up
+    ip -n "$head_ns" link add br0 type bridge
+    ip -n "$head_ns" addr add 10.199.0.1/24 dev br0
+    ip -n "$head_ns" link set br0 up
+    {
+        printf '127.0.0.1 localhost\n10.199.0.1 %s ctl\n' "$short"
+        for i in $(seq "$nodes"); do printf '10.199.0.%d n%d\n' $((10 + i)) "$i"; done
+    } >"$dir/hosts"
+    chmod 0644 "$dir/hosts"
+    for i in $(seq "$nodes"); do
+        ns=$HTC_CLUSTER_NETNS-n$i
+        ip netns add "$ns"
+        ip -n "$ns" link set lo up
+        ip link add eth0 netns "$ns" type veth peer name "vn$i" netns "$head_ns"
+        ip -n "$ns" addr add "10.199.0.$((10 + i))/24" dev eth0
+        ip -n "$ns" link set eth0 up
+        ip -n "$head_ns" link set "vn$i" master br0 up
+    done
+fi
+
+# --- daemons ----------------------------------------------------------------
+fail() {
+    printf 'start-cluster: %s\n' "$*" >&2
+    cluster_cmd sinfo -N -o '%N %T %E' >&2 || true
+    cluster_logs 20 >&2
+    printf 'start-cluster: %s\n' "$*" "daemons left running for inspection; stop-cluster.sh cleans up" >&2
+    exit 1
+}
+# Past the deadline? (seconds since the daemons were started)
+overdue() { (($(_htc_elapsed "$t_daemons" | cut -d. -f1) >= timeout)); }
+
+# A clean environment, so nothing of the caller's leaks into prolog/epilog or
+# job steps; the marker lets stop-cluster.sh find exactly these processes.
+daemon_env=(env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin "$(_htc_marker)")
+t_daemons=$EPOCHREALTIME
+ctld_prefix=()
+if [[ $mode == netns ]]; then ctld_prefix=(nsenter --net="/run/netns/$head_ns" --); fi
+"${ctld_prefix[@]}" "${daemon_env[@]}" /usr/sbin/slurmctld -f "$conf" || fail "slurmctld did not start"
+
+# A slurmd that finds no controller retries its registration only after 1 s,
+# so start the nodes once slurmctld answers.
+until cluster_cmd scontrol ping 2>/dev/null | grep -q 'is UP'; do
+    overdue && fail "slurmctld not answering after $timeout s"
+    sleep 0.02
+done
+
+for i in $(seq "$nodes"); do
+    if [[ $mode == loopback ]]; then
+        "${daemon_env[@]}" /usr/sbin/slurmd -f "$conf" -N "n$i" || fail "slurmd n$i did not start"
+    else
+        # Not `ip netns exec`: it remounts /sys, hiding /sys/fs/cgroup, and
+        # slurmd 22.05 then refuses to start. A private UTS + mount namespace
+        # gives each node its own hostname and /etc/hosts.
+        # shellcheck disable=SC2016 # expanded by the inner sh
+        nsenter --net="/run/netns/$HTC_CLUSTER_NETNS-n$i" -- unshare --uts --mount -- \
+            sh -c 'mount --bind "$1" /etc/hosts && hostname "$2" && shift 2 && exec "$@"' \
+            sh "$dir/hosts" "n$i" "${daemon_env[@]}" /usr/sbin/slurmd -f "$conf" -N "n$i" ||
+            fail "slurmd n$i did not start"
+    fi
+done
+
+# --- wait for all nodes idle ------------------------------------------------
+while :; do
+    idle=$(cluster_cmd sinfo -h -N -o '%T' 2>/dev/null | grep -cx idle || true)
+    ((idle == nodes)) && break
+    # The pid file appears only once slurmctld has daemonized.
+    pid=$(cat "$dir/run/slurmctld.pid" 2>/dev/null || true)
+    [[ -z $pid || -d /proc/$pid ]] || fail "slurmctld exited"
+    overdue && fail "only $idle of $nodes nodes idle after $timeout s"
+    sleep 0.05
+done
+
+printf 'start-cluster: %d node(s), %s mode, %s CPUs each: all idle %s s after starting the daemons (packages %s s, total %s s); env: %s\n' \
+    "$nodes" "$mode" "$cpus" "$(_htc_elapsed "$t_daemons")" "$t_apt" "$(_htc_elapsed "$t0")" "$dir/env"
+plugins=$(cat "$dir"/plugstack.conf.d/*.conf 2>/dev/null || true)
+if [[ -n $plugins ]]; then printf 'start-cluster: plugstack lines:\n%s\n' "$plugins"; fi
