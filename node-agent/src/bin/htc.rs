@@ -47,6 +47,12 @@ enum Cmd {
         #[arg(long, default_value_t = 10, hide = true)]
         commit_ms: u64,
     },
+    /// Load a task file into a new run without starting it (start it with `htc run --resume RUN`).
+    Prepare {
+        file: PathBuf,
+        #[arg(long, default_value = "streams")]
+        output: OutputMode,
+    },
     /// Check a task file: counts, classes and the first errors with file:line:column.
     Check {
         file: PathBuf,
@@ -91,6 +97,13 @@ fn main() -> ExitCode {
 fn real_main() -> anyhow::Result<i32> {
     match Cli::parse().cmd {
         Cmd::Check { file, max_errors } => check(file, max_errors),
+        Cmd::Prepare { file, output } => match create_run(&file, output)? {
+            Ok(run) => {
+                println!("{}", run.path.display());
+                Ok(0)
+            }
+            Err(code) => Ok(code),
+        },
         Cmd::Status { run, failures } => {
             let run = RunDir::locate(run.as_deref())?;
             print!("{}", status::report(&run, failures)?);

@@ -1,0 +1,734 @@
+//! The plugin's pure logic: plugstack arguments, `--htc-*` option values, the job-control
+//! variables that carry the options to the batch step, the agent's argv, and the environment
+//! filter. Nothing here touches Slurm, so all of it is unit-tested.
+
+use std::ffi::{OsStr, OsString};
+use std::fmt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::{Path, PathBuf};
+
+/// `plugin_name`: also the middle part of Slurm's option env names (`_SLURM_SPANK_OPTION_htc_…`).
+pub const PLUGIN_NAME: &str = "htc";
+
+/// Step id of the batch step (`SLURM_BATCH_SCRIPT` in <slurm/slurm.h>).
+pub const BATCH_STEP_ID: u32 = 0xffff_fffb;
+
+/// Agent used when plugstack.conf gives no `agent=`; set at build time by `HTC_DEFAULT_AGENT`.
+pub const DEFAULT_AGENT: &str = env!("HTC_BUILD_DEFAULT_AGENT");
+
+/// How many task-file errors sbatch prints before giving up.
+pub const MAX_REPORTED_ERRORS: usize = 5;
+
+pub const RETRIES_MAX: u32 = htc_core::taskfile::MAX_RETRIES;
+pub const FANOUT_MIN: u32 = 2;
+pub const FANOUT_MAX: u32 = 1024;
+
+/// Option `val`s given to `spank_option_register`.
+pub const OPT_FILE: i32 = 1;
+pub const OPT_RETRIES: i32 = 2;
+pub const OPT_FANOUT: i32 = 3;
+pub const OPT_OUTPUT: i32 = 4;
+
+/// Names given to `spank_job_control_setenv` in sbatch. Slurm puts them into the job's
+/// environment with a `SLURM_SPANK_` prefix (and into prolog/epilog with `SPANK_`).
+pub const JC_FILE: &str = "HTC_FILE";
+pub const JC_RETRIES: &str = "HTC_RETRIES";
+pub const JC_FANOUT: &str = "HTC_FANOUT";
+pub const JC_OUTPUT: &str = "HTC_OUTPUT";
+/// Prefix Slurm adds to job-control names in the job environment.
+pub const JOB_ENV_PREFIX: &str = "SLURM_SPANK_";
+
+pub fn job_env_name(jc_name: &str) -> String {
+    format!("{JOB_ENV_PREFIX}{jc_name}")
+}
+
+/// `--htc-output=MODE`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputMode {
+    /// A few per-node stream files with an index (the default of the agent).
+    Streams,
+    /// One file per task (small jobs only: millions of files hurt parallel filesystems).
+    PerTask,
+    /// Discard task output.
+    None,
+}
+
+impl OutputMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OutputMode::Streams => "streams",
+            OutputMode::PerTask => "per-task",
+            OutputMode::None => "none",
+        }
+    }
+}
+
+/// Plugin arguments from the plugstack.conf line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PluginConfig {
+    /// Absolute path of `htc-agent`.
+    pub agent: PathBuf,
+    /// Passed to the agent as `--ledger-dir` (node-local directory for the LMDB ledger).
+    pub ledger_dir: Option<PathBuf>,
+    /// Site default for the tree fan-out; `--htc-fanout` overrides it.
+    pub fanout: Option<u32>,
+    /// `disabled`: `--htc` is refused at submit time, and HTC jobs already queued fail.
+    pub disabled: bool,
+}
+
+impl Default for PluginConfig {
+    fn default() -> Self {
+        PluginConfig { agent: PathBuf::from(DEFAULT_AGENT), ledger_dir: None, fanout: None, disabled: false }
+    }
+}
+
+/// Parses the plugin arguments (`agent=PATH ledger_dir=DIR fanout=K disabled`). Every bad
+/// argument is reported; any error means the configuration must not be used.
+pub fn parse_plugin_args<S: AsRef<str>>(args: &[S]) -> Result<PluginConfig, Vec<String>> {
+    let mut cfg = PluginConfig::default();
+    let mut errors = Vec::new();
+    let mut seen: Vec<&str> = Vec::new();
+    for arg in args {
+        let arg = arg.as_ref();
+        let (key, value) = match arg.split_once('=') {
+            Some((k, v)) => (k, Some(v)),
+            None => (arg, None),
+        };
+        let known = ["agent", "ledger_dir", "fanout", "disabled"];
+        if let Some(k) = known.iter().find(|k| **k == key) {
+            if seen.contains(k) {
+                errors.push(format!("plugin argument '{key}' given twice"));
+                continue;
+            }
+            seen.push(k);
+        }
+        match (key, value) {
+            ("agent", Some(v)) => match absolute_path("agent", v) {
+                Ok(p) => cfg.agent = p,
+                Err(e) => errors.push(e),
+            },
+            ("ledger_dir", Some(v)) => match absolute_path("ledger_dir", v) {
+                Ok(p) => cfg.ledger_dir = Some(p),
+                Err(e) => errors.push(e),
+            },
+            ("fanout", Some(v)) => match parse_fanout(v) {
+                Ok(k) => cfg.fanout = Some(k),
+                Err(e) => errors.push(format!("plugin argument fanout={v}: {e}")),
+            },
+            ("disabled", None) => cfg.disabled = true,
+            ("disabled", Some(v)) => match v {
+                "1" | "yes" | "true" => cfg.disabled = true,
+                "0" | "no" | "false" => cfg.disabled = false,
+                _ => errors.push(format!("plugin argument disabled={v}: expected yes or no")),
+            },
+            ("agent" | "ledger_dir" | "fanout", None) => {
+                errors.push(format!("plugin argument '{key}' needs a value ({key}=…)"))
+            }
+            _ => errors.push(format!(
+                "unknown plugin argument '{arg}' (known: agent=PATH, ledger_dir=DIR, fanout=K, disabled)"
+            )),
+        }
+    }
+    if errors.is_empty() {
+        Ok(cfg)
+    } else {
+        Err(errors)
+    }
+}
+
+fn absolute_path(key: &str, v: &str) -> Result<PathBuf, String> {
+    if v.is_empty() {
+        return Err(format!("plugin argument {key}= is empty"));
+    }
+    if !v.starts_with('/') {
+        return Err(format!("plugin argument {key}={v}: must be an absolute path"));
+    }
+    Ok(PathBuf::from(v))
+}
+
+fn parse_number(s: &str, min: u32, max: u32) -> Result<u32, String> {
+    let t = s.trim();
+    let ok = !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit());
+    match t.parse::<u32>() {
+        Ok(n) if ok && (min..=max).contains(&n) => Ok(n),
+        _ => Err(format!("'{s}' is not a whole number from {min} to {max}")),
+    }
+}
+
+/// `--htc-retries=N`: how often a failed task is retried (overrides the task file's default).
+pub fn parse_retries(s: &str) -> Result<u32, String> {
+    parse_number(s, 0, RETRIES_MAX)
+}
+
+/// `--htc-fanout=K` and `fanout=K`: children per node of the agents' tree.
+pub fn parse_fanout(s: &str) -> Result<u32, String> {
+    parse_number(s, FANOUT_MIN, FANOUT_MAX)
+}
+
+/// `--htc-output=MODE`.
+pub fn parse_output(s: &str) -> Result<OutputMode, String> {
+    match s.trim() {
+        "streams" => Ok(OutputMode::Streams),
+        "per-task" => Ok(OutputMode::PerTask),
+        "none" => Ok(OutputMode::None),
+        _ => Err(format!("'{s}' is not an output mode (streams, per-task or none)")),
+    }
+}
+
+/// What the option callbacks collected in this process.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UserOptions {
+    /// In sbatch: the canonical absolute path (after the check). In slurmstepd: the raw value.
+    pub file: Option<OsString>,
+    pub retries: Option<u32>,
+    pub fanout: Option<u32>,
+    pub output: Option<OutputMode>,
+}
+
+impl UserOptions {
+    /// The `--htc-*` options given without `--htc` (they do nothing then).
+    pub fn orphans(&self) -> Vec<&'static str> {
+        let mut v = Vec::new();
+        if self.file.is_none() {
+            if self.retries.is_some() {
+                v.push("--htc-retries");
+            }
+            if self.fanout.is_some() {
+                v.push("--htc-fanout");
+            }
+            if self.output.is_some() {
+                v.push("--htc-output");
+            }
+        }
+        v
+    }
+}
+
+/// A validated HTC request, as the batch step needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobRequest {
+    /// Absolute path of the task file.
+    pub task_file: PathBuf,
+    pub retries: Option<u32>,
+    pub fanout: Option<u32>,
+    pub output: Option<OutputMode>,
+}
+
+impl JobRequest {
+    /// The request sbatch stores in the job-control environment: `None` without `--htc`.
+    /// `opts.file` must already be the canonical absolute path.
+    pub fn from_allocator(opts: &UserOptions) -> Option<JobRequest> {
+        Some(JobRequest {
+            task_file: PathBuf::from(opts.file.clone()?),
+            retries: opts.retries,
+            fanout: opts.fanout,
+            output: opts.output,
+        })
+    }
+
+    /// `(name, value)` pairs for `spank_job_control_setenv`.
+    pub fn job_control_vars(&self) -> Vec<(&'static str, OsString)> {
+        let mut v = vec![(JC_FILE, self.task_file.clone().into_os_string())];
+        if let Some(r) = self.retries {
+            v.push((JC_RETRIES, r.to_string().into()));
+        }
+        if let Some(k) = self.fanout {
+            v.push((JC_FANOUT, k.to_string().into()));
+        }
+        if let Some(o) = self.output {
+            v.push((JC_OUTPUT, o.as_str().into()));
+        }
+        v
+    }
+
+    /// Reads the request back from the job environment (`SLURM_SPANK_HTC_*`), `getenv`
+    /// being `spank_getenv`. `Ok(None)`: not an HTC job. `Err`: present but corrupt.
+    pub fn from_job_env(getenv: impl Fn(&str) -> Option<OsString>) -> Result<Option<JobRequest>, String> {
+        let Some(file) = getenv(&job_env_name(JC_FILE)) else { return Ok(None) };
+        let task_file = PathBuf::from(file);
+        if !task_file.is_absolute() {
+            return Err(format!("{}={}: not an absolute path", job_env_name(JC_FILE), task_file.display()));
+        }
+        let num = |name: &str, parse: fn(&str) -> Result<u32, String>| -> Result<Option<u32>, String> {
+            match getenv(&job_env_name(name)) {
+                None => Ok(None),
+                Some(v) => {
+                    let v = v.to_string_lossy().into_owned();
+                    parse(&v).map(Some).map_err(|e| format!("{}: {e}", job_env_name(name)))
+                }
+            }
+        };
+        let retries = num(JC_RETRIES, parse_retries)?;
+        let fanout = num(JC_FANOUT, parse_fanout)?;
+        let output = match getenv(&job_env_name(JC_OUTPUT)) {
+            None => None,
+            Some(v) => {
+                Some(parse_output(&v.to_string_lossy()).map_err(|e| format!("{}: {e}", job_env_name(JC_OUTPUT)))?)
+            }
+        };
+        Ok(Some(JobRequest { task_file, retries, fanout, output }))
+    }
+
+    /// Fallback when the job-control variables are missing: the values seen by the remote
+    /// option callback (only called with `--export=ALL`). A relative file is resolved against
+    /// the submit directory, else against `cwd`.
+    pub fn from_remote_options(opts: &UserOptions, submit_dir: Option<&Path>, cwd: &Path) -> Option<JobRequest> {
+        let file = opts.file.as_ref()?;
+        if file.is_empty() {
+            return None;
+        }
+        Some(JobRequest {
+            task_file: resolve_against(submit_dir.unwrap_or(cwd), file),
+            retries: opts.retries,
+            fanout: opts.fanout,
+            output: opts.output,
+        })
+    }
+}
+
+/// `base/p` unless `p` is absolute.
+pub fn resolve_against(base: &Path, p: &OsStr) -> PathBuf {
+    let p = Path::new(p);
+    if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        base.join(p)
+    }
+}
+
+/// The token after which the agent's argv holds the batch script and its arguments.
+pub const SCRIPT_FLAG: &str = "--script";
+
+/// The agent's argv up to and including `--script`:
+/// `AGENT lead --task-file FILE [--retries N] [--fanout K] [--output MODE] [--ledger-dir DIR] --script`.
+/// The batch script's own argv (script path, then its arguments) follows; with
+/// `spank_prepend_task_argv` Slurm appends it, with `execve` the plugin does.
+pub fn agent_argv_prefix(cfg: &PluginConfig, req: &JobRequest) -> Vec<OsString> {
+    let mut v: Vec<OsString> =
+        vec![cfg.agent.clone().into(), "lead".into(), "--task-file".into(), req.task_file.clone().into()];
+    if let Some(r) = req.retries {
+        v.push("--retries".into());
+        v.push(r.to_string().into());
+    }
+    if let Some(k) = req.fanout.or(cfg.fanout) {
+        v.push("--fanout".into());
+        v.push(k.to_string().into());
+    }
+    if let Some(o) = req.output {
+        v.push("--output".into());
+        v.push(o.as_str().into());
+    }
+    if let Some(d) = &cfg.ledger_dir {
+        v.push("--ledger-dir".into());
+        v.push(d.clone().into());
+    }
+    v.push(SCRIPT_FLAG.into());
+    v
+}
+
+/// The complete argv for `execve`: the prefix, then the batch step's argv (`S_JOB_ARGV`).
+pub fn agent_argv(cfg: &PluginConfig, req: &JobRequest, job_argv: &[OsString]) -> Result<Vec<OsString>, String> {
+    match job_argv.first() {
+        None => Err("the batch step has no script (empty S_JOB_ARGV)".into()),
+        Some(s) if s.is_empty() => Err("the batch step's script path is empty".into()),
+        Some(_) => {
+            let mut v = agent_argv_prefix(cfg, req);
+            v.extend(job_argv.iter().cloned());
+            Ok(v)
+        }
+    }
+}
+
+/// Job-environment entries (`NAME=value`) the agent must not inherit: our job-control
+/// variables and Slurm's copies of our option values. Left in place they would leak into
+/// every `srun`/`sbatch` run below the agent, which would then re-process `--htc` (a nested
+/// `sbatch` would turn into an HTC job, an `srun` would re-run the option callbacks).
+pub fn is_private_env(entry: &[u8]) -> bool {
+    let name = match entry.iter().position(|&b| b == b'=') {
+        Some(i) => &entry[..i],
+        None => entry,
+    };
+    let opt = format!("_SLURM_SPANK_OPTION_{PLUGIN_NAME}_");
+    let jc = format!("{JOB_ENV_PREFIX}HTC_");
+    name.starts_with(jc.as_bytes())
+        || name.starts_with(opt.as_bytes())
+        || strip(name, b"SLURM_SPANK_").is_some_and(|n| n.starts_with(opt.as_bytes()))
+        || strip(name, b"SPANK_").is_some_and(|n| n.starts_with(opt.as_bytes()) || n.starts_with(b"HTC_"))
+}
+
+fn strip<'a>(s: &'a [u8], prefix: &[u8]) -> Option<&'a [u8]> {
+    s.strip_prefix(prefix)
+}
+
+/// Names (before `=`) of the entries of `env` that `is_private_env` selects.
+pub fn private_env_names<'a>(env: impl IntoIterator<Item = &'a [u8]>) -> Vec<OsString> {
+    env.into_iter()
+        .filter(|e| is_private_env(e))
+        .map(|e| {
+            let n = e.iter().position(|&b| b == b'=').unwrap_or(e.len());
+            OsString::from_vec(e[..n].to_vec())
+        })
+        .collect()
+}
+
+/// Which allocator runs the plugin (both are "allocator context" for SPANK).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Allocator {
+    Sbatch,
+    Salloc,
+    Other,
+}
+
+pub fn allocator_from_exe(exe: &Path) -> Allocator {
+    match exe.file_name().and_then(|n| n.to_str()) {
+        Some("sbatch") => Allocator::Sbatch,
+        Some("salloc") => Allocator::Salloc,
+        _ => Allocator::Other,
+    }
+}
+
+/// Submit-time check of `--htc=FILE` (relative paths resolve against the process's cwd,
+/// i.e. the submit directory). Returns the canonical absolute path and the task count, or
+/// the messages to print (`file:line:col: reason`, at most `MAX_REPORTED_ERRORS` + a note).
+pub fn check_task_file(arg: &OsStr) -> Result<(PathBuf, u64), Vec<String>> {
+    if arg.is_empty() {
+        return Err(vec!["--htc needs a task file: --htc=FILE".into()]);
+    }
+    let path = Path::new(arg);
+    match htc_core::taskfile::check_path(path, MAX_REPORTED_ERRORS) {
+        Ok(summary) => match std::fs::canonicalize(path) {
+            Ok(abs) => Ok((abs, summary.tasks)),
+            Err(e) => Err(vec![format!("{}: cannot resolve the path: {e}", path.display())]),
+        },
+        Err(errors) => {
+            let mut msgs: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+            if errors.len() >= MAX_REPORTED_ERRORS {
+                msgs.push(format!(
+                    "(stopped after {MAX_REPORTED_ERRORS} errors; `htc check {}` lists them all)",
+                    path.display()
+                ));
+            }
+            Err(msgs)
+        }
+    }
+}
+
+/// A byte string for C: interior NULs become '?' (only used for messages and paths that
+/// came from C strings, which cannot hold NUL anyway).
+pub fn c_bytes(s: &[u8]) -> Vec<u8> {
+    s.iter().map(|&b| if b == 0 { b'?' } else { b }).collect()
+}
+
+/// Human-readable argv, for logs.
+pub fn display_argv(argv: &[OsString]) -> String {
+    let mut s = String::new();
+    for (i, a) in argv.iter().enumerate() {
+        if i > 0 {
+            s.push(' ');
+        }
+        let a = a.to_string_lossy();
+        if !a.is_empty() && a.bytes().all(|b| b.is_ascii_alphanumeric() || b"/._-=+,:@%".contains(&b)) {
+            s.push_str(&a);
+        } else {
+            s.push('\'');
+            s.push_str(&a.replace('\'', "'\\''"));
+            s.push('\'');
+        }
+    }
+    s
+}
+
+/// Names of SPANK error codes (spank_err_t), for messages.
+pub struct EspankName(pub u32);
+
+impl fmt::Display for EspankName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = match self.0 {
+            0 => "ESPANK_SUCCESS",
+            3000 => "ESPANK_ERROR",
+            3001 => "ESPANK_BAD_ARG",
+            3002 => "ESPANK_NOT_TASK",
+            3003 => "ESPANK_ENV_EXISTS",
+            3004 => "ESPANK_ENV_NOEXIST",
+            3005 => "ESPANK_NOSPACE",
+            3006 => "ESPANK_NOT_REMOTE",
+            3007 => "ESPANK_NOEXIST",
+            3008 => "ESPANK_NOT_EXECD",
+            3009 => "ESPANK_NOT_AVAIL",
+            3010 => "ESPANK_NOT_LOCAL",
+            c => return write!(f, "spank error {c}"),
+        };
+        f.write_str(n)
+    }
+}
+
+/// Bytes of an OsStr (Unix).
+pub fn os_bytes(s: &OsStr) -> &[u8] {
+    s.as_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn os(v: &[&str]) -> Vec<OsString> {
+        v.iter().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn plugin_args_defaults_and_values() {
+        let none: [&str; 0] = [];
+        let c = parse_plugin_args(&none).unwrap();
+        assert_eq!(c.agent, PathBuf::from(DEFAULT_AGENT));
+        assert!(c.agent.is_absolute());
+        assert!(!c.disabled);
+        let c =
+            parse_plugin_args(&["agent=/opt/htc/bin/htc-agent", "ledger_dir=/var/tmp/htc", "fanout=16", "disabled"])
+                .unwrap();
+        assert_eq!(c.agent, PathBuf::from("/opt/htc/bin/htc-agent"));
+        assert_eq!(c.ledger_dir, Some(PathBuf::from("/var/tmp/htc")));
+        assert_eq!(c.fanout, Some(16));
+        assert!(c.disabled);
+        assert!(!parse_plugin_args(&["disabled=no"]).unwrap().disabled);
+        assert!(parse_plugin_args(&["disabled=yes"]).unwrap().disabled);
+    }
+
+    #[test]
+    fn plugin_args_errors_are_all_reported() {
+        let e = parse_plugin_args(&["agent=htc-agent", "fanout=1", "colour=blue", "ledger_dir", "disabled=maybe"])
+            .unwrap_err();
+        assert_eq!(e.len(), 5, "{e:?}");
+        assert!(e[0].contains("absolute"), "{}", e[0]);
+        assert!(e[1].contains("fanout=1") && e[1].contains("2 to 1024"), "{}", e[1]);
+        assert!(e[2].contains("unknown plugin argument 'colour=blue'"), "{}", e[2]);
+        assert!(e[3].contains("needs a value"), "{}", e[3]);
+        assert!(e[4].contains("disabled=maybe"), "{}", e[4]);
+        let e = parse_plugin_args(&["agent=/a", "agent=/b"]).unwrap_err();
+        assert!(e[0].contains("twice"));
+        assert!(parse_plugin_args(&["agent="]).is_err());
+    }
+
+    #[test]
+    fn option_values() {
+        assert_eq!(parse_retries("0"), Ok(0));
+        assert_eq!(parse_retries("3"), Ok(3));
+        assert_eq!(parse_retries(&RETRIES_MAX.to_string()), Ok(RETRIES_MAX));
+        for bad in ["", "-1", "+1", "1.5", "x", "101", "99999999999999"] {
+            let e = parse_retries(bad).unwrap_err();
+            assert!(e.contains("whole number from 0 to 100"), "{bad}: {e}");
+        }
+        assert_eq!(parse_fanout("2"), Ok(2));
+        assert_eq!(parse_fanout("1024"), Ok(1024));
+        assert!(parse_fanout("1").is_err());
+        assert!(parse_fanout("0").is_err());
+        assert!(parse_fanout("1025").is_err());
+        assert_eq!(parse_output("streams"), Ok(OutputMode::Streams));
+        assert_eq!(parse_output("per-task"), Ok(OutputMode::PerTask));
+        assert_eq!(parse_output("none"), Ok(OutputMode::None));
+        assert!(parse_output("files").unwrap_err().contains("streams, per-task or none"));
+        for m in [OutputMode::Streams, OutputMode::PerTask, OutputMode::None] {
+            assert_eq!(parse_output(m.as_str()), Ok(m));
+        }
+    }
+
+    #[test]
+    fn orphan_options() {
+        let o = UserOptions { retries: Some(1), output: Some(OutputMode::None), ..Default::default() };
+        assert_eq!(o.orphans(), vec!["--htc-retries", "--htc-output"]);
+        let o = UserOptions { file: Some("/t".into()), retries: Some(1), ..Default::default() };
+        assert!(o.orphans().is_empty());
+    }
+
+    #[test]
+    fn job_control_round_trip() {
+        let opts = UserOptions {
+            file: Some("/home/u/t.txt".into()),
+            retries: Some(4),
+            fanout: None,
+            output: Some(OutputMode::PerTask),
+        };
+        let req = JobRequest::from_allocator(&opts).unwrap();
+        let vars = req.job_control_vars();
+        assert_eq!(
+            vars,
+            vec![
+                ("HTC_FILE", OsString::from("/home/u/t.txt")),
+                ("HTC_RETRIES", "4".into()),
+                ("HTC_OUTPUT", "per-task".into())
+            ]
+        );
+        let env: Vec<(String, OsString)> = vars.iter().map(|(n, v)| (job_env_name(n), v.clone())).collect();
+        let get = |n: &str| env.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone());
+        assert_eq!(JobRequest::from_job_env(get), Ok(Some(req)));
+        assert_eq!(JobRequest::from_allocator(&UserOptions::default()), None);
+        assert_eq!(JobRequest::from_job_env(|_| None), Ok(None));
+    }
+
+    #[test]
+    fn job_env_corruption_is_an_error() {
+        let e = JobRequest::from_job_env(|n| (n == "SLURM_SPANK_HTC_FILE").then(|| "rel.txt".into())).unwrap_err();
+        assert!(e.contains("absolute"));
+        let e = JobRequest::from_job_env(|n| match n {
+            "SLURM_SPANK_HTC_FILE" => Some("/t".into()),
+            "SLURM_SPANK_HTC_FANOUT" => Some("1".into()),
+            _ => None,
+        })
+        .unwrap_err();
+        assert!(e.starts_with("SLURM_SPANK_HTC_FANOUT"), "{e}");
+    }
+
+    #[test]
+    fn remote_fallback_resolves_relative_files() {
+        let opts = UserOptions { file: Some("sub/t.txt".into()), ..Default::default() };
+        let r =
+            JobRequest::from_remote_options(&opts, Some(Path::new("/home/u/proj")), Path::new("/elsewhere")).unwrap();
+        assert_eq!(r.task_file, PathBuf::from("/home/u/proj/sub/t.txt"));
+        let r = JobRequest::from_remote_options(&opts, None, Path::new("/cwd")).unwrap();
+        assert_eq!(r.task_file, PathBuf::from("/cwd/sub/t.txt"));
+        let abs = UserOptions { file: Some("/data/t.txt".into()), ..Default::default() };
+        let r = JobRequest::from_remote_options(&abs, Some(Path::new("/x")), Path::new("/y")).unwrap();
+        assert_eq!(r.task_file, PathBuf::from("/data/t.txt"));
+        assert_eq!(JobRequest::from_remote_options(&UserOptions::default(), None, Path::new("/")), None);
+    }
+
+    #[test]
+    fn argv_minimal_and_full() {
+        let cfg = PluginConfig::default();
+        let req = JobRequest { task_file: "/home/u/t.txt".into(), retries: None, fanout: None, output: None };
+        let argv = agent_argv(&cfg, &req, &os(&["/var/spool/slurmd/job00042/slurm_script"])).unwrap();
+        assert_eq!(
+            argv,
+            os(&[
+                DEFAULT_AGENT,
+                "lead",
+                "--task-file",
+                "/home/u/t.txt",
+                "--script",
+                "/var/spool/slurmd/job00042/slurm_script"
+            ])
+        );
+
+        let cfg = PluginConfig {
+            agent: "/opt/a".into(),
+            ledger_dir: Some("/tmp/l".into()),
+            fanout: Some(8),
+            disabled: false,
+        };
+        let req =
+            JobRequest { task_file: "/t".into(), retries: Some(0), fanout: Some(4), output: Some(OutputMode::None) };
+        let argv = agent_argv(&cfg, &req, &os(&["/s", "arg1", "--flag"])).unwrap();
+        assert_eq!(
+            argv,
+            os(&[
+                "/opt/a",
+                "lead",
+                "--task-file",
+                "/t",
+                "--retries",
+                "0",
+                "--fanout",
+                "4",
+                "--output",
+                "none",
+                "--ledger-dir",
+                "/tmp/l",
+                "--script",
+                "/s",
+                "arg1",
+                "--flag"
+            ])
+        );
+        // The site's fanout applies when the user gave none.
+        let req2 = JobRequest { fanout: None, ..req.clone() };
+        let p = agent_argv_prefix(&cfg, &req2);
+        assert!(p.windows(2).any(|w| w == os(&["--fanout", "8"]).as_slice()));
+        assert_eq!(p.last().unwrap(), SCRIPT_FLAG);
+        // --script is the first occurrence: everything after it belongs to the script.
+        let pos = argv.iter().position(|a| a == SCRIPT_FLAG).unwrap();
+        assert_eq!(&argv[pos + 1..], os(&["/s", "arg1", "--flag"]).as_slice());
+        assert!(agent_argv(&cfg, &req, &[]).is_err());
+        assert!(agent_argv(&cfg, &req, &os(&[""])).is_err());
+    }
+
+    #[test]
+    fn private_env_filter() {
+        for e in [
+            "SLURM_SPANK_HTC_FILE=/t",
+            "SLURM_SPANK_HTC_RETRIES=2",
+            "_SLURM_SPANK_OPTION_htc_htc=t.txt",
+            "_SLURM_SPANK_OPTION_htc_htc_retries=2",
+            "SLURM_SPANK__SLURM_SPANK_OPTION_htc_htc=t.txt",
+            "SPANK__SLURM_SPANK_OPTION_htc_htc=t.txt",
+            "SPANK_HTC_FILE=/t",
+        ] {
+            assert!(is_private_env(e.as_bytes()), "{e}");
+        }
+        for e in [
+            "HTC_FILE=/t",
+            "PATH=/bin",
+            "SLURM_JOB_ID=1",
+            "SLURM_SPANK__SLURM_SPANK_OPTION_other_htc=x",
+            "SLURM_SPANK_HTCX=1",
+            "_SLURM_SPANK_OPTION_htcx_a=1",
+            "HOME",
+        ] {
+            assert!(!is_private_env(e.as_bytes()), "{e}");
+        }
+        let env: Vec<&[u8]> = vec![b"A=1", b"SLURM_SPANK_HTC_FILE=/x=y", b"B=2", b"_SLURM_SPANK_OPTION_htc_htc=t"];
+        assert_eq!(private_env_names(env), os(&["SLURM_SPANK_HTC_FILE", "_SLURM_SPANK_OPTION_htc_htc"]));
+    }
+
+    #[test]
+    fn allocator_detection() {
+        assert_eq!(allocator_from_exe(Path::new("/usr/bin/sbatch")), Allocator::Sbatch);
+        assert_eq!(allocator_from_exe(Path::new("/opt/slurm/bin/salloc")), Allocator::Salloc);
+        assert_eq!(allocator_from_exe(Path::new("/usr/bin/scrun")), Allocator::Other);
+    }
+
+    #[test]
+    fn task_file_check() {
+        let dir = std::env::temp_dir().join(format!("spank-htc-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = dir.join("good.txt");
+        std::fs::File::create(&good).unwrap().write_all(b"# c\necho 1\necho 2\n").unwrap();
+        let (abs, n) = check_task_file(good.as_os_str()).unwrap();
+        assert_eq!(n, 2);
+        assert_eq!(abs, std::fs::canonicalize(&good).unwrap());
+
+        let missing = dir.join("missing.txt");
+        let e = check_task_file(missing.as_os_str()).unwrap_err();
+        assert_eq!(e.len(), 1);
+        assert!(e[0].starts_with(&missing.display().to_string()) && e[0].contains("No such file"), "{e:?}");
+
+        let bad = dir.join("bad.txt");
+        std::fs::File::create(&bad).unwrap().write_all(b"echo ok\n[nope=1] x\n").unwrap();
+        let e = check_task_file(bad.as_os_str()).unwrap_err();
+        assert!(e[0].starts_with(&format!("{}:2", bad.display())), "{e:?}");
+
+        let many = dir.join("many.txt");
+        let mut f = std::fs::File::create(&many).unwrap();
+        for _ in 0..20 {
+            f.write_all(b"[bad] x\n").unwrap();
+        }
+        let e = check_task_file(many.as_os_str()).unwrap_err();
+        assert_eq!(e.len(), MAX_REPORTED_ERRORS + 1, "{e:?}");
+        assert!(e.last().unwrap().contains("htc check"));
+
+        let empty = dir.join("empty.txt");
+        std::fs::File::create(&empty).unwrap();
+        assert!(check_task_file(empty.as_os_str()).is_err());
+        assert!(check_task_file(dir.as_os_str()).unwrap_err()[0].contains("directory"));
+        assert!(check_task_file(OsStr::new("")).unwrap_err()[0].contains("--htc=FILE"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn misc_helpers() {
+        assert_eq!(c_bytes(b"a\0b"), b"a?b");
+        assert_eq!(display_argv(&os(&["/a", "x y", "it's", ""])), "/a 'x y' 'it'\\''s' ''");
+        assert_eq!(EspankName(3004).to_string(), "ESPANK_ENV_NOEXIST");
+        assert_eq!(EspankName(7).to_string(), "spank error 7");
+        assert_eq!(BATCH_STEP_ID, 0xfffffffb);
+    }
+}

@@ -1,0 +1,507 @@
+//! The exported SPANK symbols and callbacks.
+//!
+//! | context | what happens |
+//! | --- | --- |
+//! | allocator (sbatch) | options registered; `--htc=FILE` checked (exit 255 on error); values stored with `spank_job_control_setenv` |
+//! | local (srun) | options registered (they reach srun through the job env); nothing else |
+//! | remote (slurmstepd) | options registered and recorded; in `task_init` of the **batch step** of an HTC job only: exec of `htc-agent lead …` |
+//! | slurmd | plugstack arguments checked and errors logged once |
+//!
+//! Every callback runs through [`guard`]: a panic becomes `slurm_error` + return -1.
+
+use std::ffi::{OsStr, OsString};
+use std::os::raw::{c_char, c_int, c_uint};
+use std::os::unix::ffi::OsStrExt;
+use std::panic::{self, AssertUnwindSafe};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard, Once};
+
+use crate::config::{self, Allocator, JobRequest, PluginConfig, UserOptions};
+use crate::ffi;
+use crate::spank::{self, log, Context, OptionSpec, Spank};
+
+// ---- plugin identification (SPANK_PLUGIN(htc, 1)) ----
+
+#[no_mangle]
+#[allow(non_upper_case_globals)]
+pub static plugin_name: [u8; 4] = *b"htc\0";
+#[no_mangle]
+#[allow(non_upper_case_globals)]
+pub static plugin_type: [u8; 6] = *b"spank\0";
+/// Must equal the running Slurm's major.minor: taken from the headers at build time.
+#[no_mangle]
+#[allow(non_upper_case_globals)]
+pub static plugin_version: c_uint = ffi::SLURM_VERSION_NUMBER as c_uint;
+#[no_mangle]
+#[allow(non_upper_case_globals)]
+pub static spank_plugin_version: c_uint = 1;
+
+const _: () = assert!(ffi::HTC_SLURM_BATCH_SCRIPT as u64 == config::BATCH_STEP_ID as u64);
+const _: () = assert!(plugin_name.len() == config::PLUGIN_NAME.len() + 1);
+
+// ---- per-process state (one process = one sbatch, or one slurmstepd step) ----
+
+struct State {
+    /// `None` until `slurm_spank_init` parsed the plugstack arguments.
+    config: Option<Result<PluginConfig, Vec<String>>>,
+    opts: UserOptions,
+}
+
+static STATE: Mutex<State> =
+    Mutex::new(State { config: None, opts: UserOptions { file: None, retries: None, fanout: None, output: None } });
+
+fn state() -> MutexGuard<'static, State> {
+    // Single-threaded use; a poisoned lock only means an earlier callback panicked.
+    STATE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+// ---- the panic guard ----
+
+static HOOK: Once = Once::new();
+static LAST_PANIC: Mutex<Option<String>> = Mutex::new(None);
+
+/// Runs a callback body; a panic is logged with `slurm_error` and turned into -1.
+fn guard(what: &str, f: impl FnOnce() -> c_int) -> c_int {
+    HOOK.call_once(|| {
+        // Replace the default hook (which writes to stderr and may touch thread-locals) with
+        // one that only records the message for the log line below.
+        panic::set_hook(Box::new(|info| {
+            let msg = if let Some(s) = info.payload().downcast_ref::<&str>() {
+                (*s).to_string()
+            } else if let Some(s) = info.payload().downcast_ref::<String>() {
+                s.clone()
+            } else {
+                "unknown panic".to_string()
+            };
+            let at = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
+            *LAST_PANIC.lock().unwrap_or_else(|e| e.into_inner()) = Some(format!("{msg}{at}"));
+        }));
+    });
+    match panic::catch_unwind(AssertUnwindSafe(f)) {
+        Ok(rc) => rc,
+        Err(_) => {
+            let msg = LAST_PANIC.lock().unwrap_or_else(|e| e.into_inner()).take().unwrap_or_default();
+            // Logging itself must not unwind out of here.
+            let _ = panic::catch_unwind(|| log::error(&format!("htc: internal error in {what}: {msg}")));
+            -1
+        }
+    }
+}
+
+// ---- options ----
+
+const OPTIONS: [OptionSpec; 4] = [
+    OptionSpec {
+        name: b"htc\0",
+        arginfo: Some(b"FILE\0"),
+        usage: b"High-throughput mode: run the tasks listed in FILE (one command per line) inside this one allocation, with node-local agents, instead of running the batch script as the job. The script still runs once, first, to set up every task's environment. FILE is checked now; see `htc check FILE`.\0",
+        val: config::OPT_FILE,
+    },
+    OptionSpec {
+        name: b"htc-retries\0",
+        arginfo: Some(b"N\0"),
+        usage: b"With --htc: retry a failed task up to N times (0-100; overrides the task file's default).\0",
+        val: config::OPT_RETRIES,
+    },
+    OptionSpec {
+        name: b"htc-fanout\0",
+        arginfo: Some(b"K\0"),
+        usage: b"With --htc: children per node in the agents' tree (2-1024).\0",
+        val: config::OPT_FANOUT,
+    },
+    OptionSpec {
+        name: b"htc-output\0",
+        arginfo: Some(b"MODE\0"),
+        usage: b"With --htc: task output as 'streams' (default: a few indexed files per node, read with `htc output`), 'per-task' (one file per task) or 'none'.\0",
+        val: config::OPT_OUTPUT,
+    },
+];
+
+fn opt_name(val: c_int) -> &'static str {
+    match val {
+        config::OPT_FILE => "--htc",
+        config::OPT_RETRIES => "--htc-retries",
+        config::OPT_FANOUT => "--htc-fanout",
+        config::OPT_OUTPUT => "--htc-output",
+        _ => "--htc-?",
+    }
+}
+
+unsafe extern "C" fn option_cb(val: c_int, optarg: *const c_char, remote: c_int) -> c_int {
+    guard("option callback", || {
+        let arg: OsString = if optarg.is_null() {
+            OsString::new()
+        } else {
+            // SAFETY: Slurm passes a NUL-terminated string.
+            OsStr::from_bytes(unsafe { std::ffi::CStr::from_ptr(optarg) }.to_bytes()).to_os_string()
+        };
+        let ctx = spank::context();
+        if remote != 0 || ctx == Context::Remote {
+            remote_option(val, arg);
+            0
+        } else if ctx == Context::Allocator {
+            allocator_option(val, &arg)
+        } else {
+            // srun (local context) also sees the options through the job environment: they
+            // mean nothing there, and must never fail an srun.
+            log::debug(&format!("htc: {}={} ignored in this context", opt_name(val), arg.to_string_lossy()));
+            0
+        }
+    })
+}
+
+/// slurmstepd: record the values (sbatch validated them; nothing is opened here, as root).
+fn remote_option(val: c_int, arg: OsString) {
+    let text = arg.to_string_lossy().into_owned();
+    let mut st = state();
+    match val {
+        config::OPT_FILE => st.opts.file = Some(arg),
+        config::OPT_RETRIES => st.opts.retries = config::parse_retries(&text).ok(),
+        config::OPT_FANOUT => st.opts.fanout = config::parse_fanout(&text).ok(),
+        config::OPT_OUTPUT => st.opts.output = config::parse_output(&text).ok(),
+        _ => {}
+    }
+}
+
+/// sbatch/salloc: validate; -1 makes the command print "Invalid --htc… argument" and exit
+/// 255 without submitting anything.
+fn allocator_option(val: c_int, arg: &OsStr) -> c_int {
+    let text = arg.to_string_lossy().into_owned();
+    let name = opt_name(val);
+    let fail = |msg: &str| {
+        log::error(&format!("htc: {name}={text}: {msg}"));
+        -1
+    };
+    match val {
+        config::OPT_FILE => {
+            let cfg = state().config.clone();
+            match cfg {
+                Some(Ok(c)) if c.disabled => return fail(
+                    "slurm-htc is disabled on this cluster (plugstack.conf says 'disabled'); ask your administrators",
+                ),
+                Some(Ok(_)) => {}
+                Some(Err(errors)) => {
+                    for e in &errors {
+                        log::error(&format!("htc: plugstack.conf: {e}"));
+                    }
+                    return fail("slurm-htc is misconfigured on this cluster (see above); ask your administrators");
+                }
+                None => return fail("plugin not initialized"),
+            }
+            if let Ok(exe) = std::env::current_exe() {
+                if config::allocator_from_exe(&exe) == Allocator::Salloc {
+                    return fail("--htc works with sbatch only (it replaces the batch script)");
+                }
+            }
+            match config::check_task_file(arg) {
+                Ok((abs, tasks)) => {
+                    log::verbose(&format!("htc: {}: {tasks} tasks", abs.display()));
+                    state().opts.file = Some(abs.into_os_string());
+                    0
+                }
+                Err(msgs) => {
+                    for m in msgs {
+                        log::error(&format!("htc: {m}"));
+                    }
+                    -1
+                }
+            }
+        }
+        config::OPT_RETRIES => match config::parse_retries(&text) {
+            Ok(n) => {
+                state().opts.retries = Some(n);
+                0
+            }
+            Err(e) => fail(&e),
+        },
+        config::OPT_FANOUT => match config::parse_fanout(&text) {
+            Ok(n) => {
+                state().opts.fanout = Some(n);
+                0
+            }
+            Err(e) => fail(&e),
+        },
+        config::OPT_OUTPUT => match config::parse_output(&text) {
+            Ok(m) => {
+                state().opts.output = Some(m);
+                0
+            }
+            Err(e) => fail(&e),
+        },
+        _ => 0,
+    }
+}
+
+// ---- callbacks ----
+
+/// # Safety
+/// Called by Slurm with its handle and the plugstack arguments.
+#[no_mangle]
+pub unsafe extern "C" fn slurm_spank_init(sp: ffi::spank_t, ac: c_int, av: *mut *mut c_char) -> c_int {
+    guard("slurm_spank_init", || {
+        // SAFETY: Slurm's argc/argv.
+        let args = unsafe { spank::plugin_args(ac, av) };
+        let cfg = config::parse_plugin_args(&args);
+        let ctx = spank::context();
+        if let (Context::Slurmd, Err(errors)) = (ctx, &cfg) {
+            // slurmd starts once: the admin's log is the right place to complain.
+            for e in errors {
+                log::error(&format!("htc: plugstack.conf: {e}; --htc jobs will be refused"));
+            }
+        }
+        {
+            let mut st = state();
+            st.config = Some(cfg);
+            st.opts = UserOptions::default();
+        }
+        match ctx {
+            Context::Allocator | Context::Local | Context::Remote => {
+                // SAFETY: Slurm's handle for this callback.
+                let Some(sp) = (unsafe { Spank::from_raw(sp) }) else { return -1 };
+                for o in &OPTIONS {
+                    if let Err(e) = sp.register_option(o, option_cb) {
+                        log::error(&format!(
+                            "htc: cannot register option --{}: {e}",
+                            String::from_utf8_lossy(&o.name[..o.name.len() - 1])
+                        ));
+                        return -1;
+                    }
+                }
+                0
+            }
+            _ => 0,
+        }
+    })
+}
+
+/// # Safety
+/// Called by Slurm with its handle.
+#[no_mangle]
+pub unsafe extern "C" fn slurm_spank_init_post_opt(sp: ffi::spank_t, _ac: c_int, _av: *mut *mut c_char) -> c_int {
+    guard("slurm_spank_init_post_opt", || {
+        if spank::context() != Context::Allocator {
+            return 0;
+        }
+        let opts = state().opts.clone();
+        let Some(req) = JobRequest::from_allocator(&opts) else {
+            let orphans = opts.orphans();
+            if !orphans.is_empty() {
+                log::info(&format!("htc: {} ignored without --htc=FILE", orphans.join(", ")));
+            }
+            return 0;
+        };
+        // SAFETY: Slurm's handle for this callback.
+        let Some(sp) = (unsafe { Spank::from_raw(sp) }) else { return -1 };
+        for (name, value) in req.job_control_vars() {
+            if let Err(e) = sp.job_control_setenv(name, &value, true) {
+                // The batch step falls back to the option value (needs --export=ALL).
+                log::error(&format!("htc: cannot pass {name} to the job: {e}"));
+                return -1;
+            }
+        }
+        0
+    })
+}
+
+/// # Safety
+/// Called by Slurm with its handle, in the task process, as the job's user.
+#[no_mangle]
+pub unsafe extern "C" fn slurm_spank_task_init(sp: ffi::spank_t, _ac: c_int, _av: *mut *mut c_char) -> c_int {
+    let rc = guard("slurm_spank_task_init", || {
+        if spank::context() != Context::Remote {
+            return 0;
+        }
+        // SAFETY: Slurm's handle for this callback.
+        let Some(sp) = (unsafe { Spank::from_raw(sp) }) else { return 0 };
+        match sp.job_stepid() {
+            Ok(config::BATCH_STEP_ID) => {}
+            Ok(_) => return 0, // srun steps: never exec there (it would recurse)
+            Err(e) => {
+                log::debug(&format!("htc: S_JOB_STEPID: {e}"));
+                return 0;
+            }
+        }
+        batch_task_init(&sp)
+    });
+    if rc != 0 && HTC_BATCH_TASK.load(Ordering::Relaxed) {
+        // A panic after this became an HTC batch task: still never run the script.
+        fatal("htc: internal error while starting the agent; the tasks were not run", EXIT_REFUSED);
+    }
+    rc
+}
+
+/// # Safety
+/// Called by Slurm.
+#[no_mangle]
+pub unsafe extern "C" fn slurm_spank_exit(_sp: ffi::spank_t, _ac: c_int, _av: *mut *mut c_char) -> c_int {
+    guard("slurm_spank_exit", || {
+        let mut st = state();
+        st.opts = UserOptions::default();
+        st.config = None;
+        0
+    })
+}
+
+// ---- the batch step ----
+
+/// Exit status of the batch step when the plugin cannot start the agent (shell conventions).
+const EXIT_REFUSED: c_int = 125;
+#[cfg(not(htc_has_prepend_argv))]
+const EXIT_NOT_EXECUTABLE: c_int = 126;
+#[cfg(not(htc_has_prepend_argv))]
+const EXIT_NOT_FOUND: c_int = 127;
+
+/// Set once this process is known to be the batch task of an HTC job: from then on the batch
+/// script must never run, whatever happens.
+static HTC_BATCH_TASK: AtomicBool = AtomicBool::new(false);
+
+/// A fatal problem in the batch step of an HTC job. Returning -1 is not enough: for an
+/// `optional` plugin Slurm ignores it and runs the batch script (measured on 22.05). So the
+/// task process ends here, before the script is exec'd, and `code` becomes the job's exit
+/// status. In the task process slurm_error also reaches the job's stderr (slurm-%j.out).
+fn fatal(msg: &str, code: c_int) -> ! {
+    log::error(msg);
+    // SAFETY: _exit in the forked task process: no atexit handlers, no stdio flush of
+    // buffers inherited from slurmstepd.
+    unsafe { libc::_exit(code) }
+}
+
+fn batch_task_init(sp: &Spank) -> c_int {
+    let from_env = JobRequest::from_job_env(|name| sp.getenv(name).ok().flatten());
+    let req = match from_env {
+        Ok(Some(r)) => r,
+        Ok(None) => {
+            let opts = state().opts.clone();
+            let submit_dir = sp.getenv("SLURM_SUBMIT_DIR").ok().flatten();
+            let cwd = std::env::current_dir().unwrap_or_else(|_| "/".into());
+            match JobRequest::from_remote_options(&opts, submit_dir.as_deref().map(Path::new), &cwd) {
+                Some(r) => r,
+                None => return 0, // not an HTC job: untouched
+            }
+        }
+        Err(e) => {
+            HTC_BATCH_TASK.store(true, Ordering::Relaxed);
+            fatal(&format!("htc: corrupt job environment: {e}; the tasks were not run"), EXIT_REFUSED)
+        }
+    };
+    HTC_BATCH_TASK.store(true, Ordering::Relaxed);
+
+    let cfg = match state().config.clone() {
+        Some(Ok(c)) => c,
+        Some(Err(errors)) => {
+            for e in &errors {
+                log::error(&format!("htc: plugstack.conf: {e}"));
+            }
+            fatal(
+                "htc: slurm-htc is misconfigured on this node (plugstack.conf); the tasks were not run",
+                EXIT_REFUSED,
+            );
+        }
+        None => fatal("htc: plugin not initialized; the tasks were not run", EXIT_REFUSED),
+    };
+    if cfg.disabled {
+        fatal("htc: slurm-htc has been disabled on this cluster; the tasks were not run", EXIT_REFUSED);
+    }
+
+    // The agent runs as the job's user, never as anyone else.
+    let euid = unsafe { libc::geteuid() };
+    let uid = unsafe { libc::getuid() };
+    match sp.job_uid() {
+        Ok(job_uid) if job_uid == euid && job_uid == uid => {}
+        Ok(job_uid) => fatal(
+            &format!("htc: refusing to start the agent: uid {uid}/euid {euid} is not the job's uid {job_uid}"),
+            EXIT_REFUSED,
+        ),
+        Err(e) => fatal(&format!("htc: S_JOB_UID: {e}; the tasks were not run"), EXIT_REFUSED),
+    }
+
+    // Every element of an array would run all the tasks again.
+    if let Ok(array_id) = sp.job_array_id() {
+        if array_id != 0 {
+            fatal(
+                &format!("htc: --htc cannot be combined with --array (array job {array_id}): every element would run all the tasks; the tasks were not run"),
+                EXIT_REFUSED,
+            );
+        }
+    }
+
+    let job_argv = match sp.job_argv() {
+        Ok(a) => a,
+        Err(e) => fatal(&format!("htc: S_JOB_ARGV: {e}; the tasks were not run"), EXIT_REFUSED),
+    };
+    start_agent(sp, &cfg, &req, &job_argv)
+}
+
+/// Slurm >= 23.11: let slurmstepd exec `agent … --script <script> <args>`.
+#[cfg(htc_has_prepend_argv)]
+fn start_agent(sp: &Spank, cfg: &PluginConfig, req: &JobRequest, job_argv: &[OsString]) -> c_int {
+    if let Err(e) = config::agent_argv(cfg, req, job_argv) {
+        fatal(&format!("htc: {e}; the tasks were not run"), EXIT_REFUSED);
+    }
+    let prefix = config::agent_argv_prefix(cfg, req);
+    // Keep the private variables away from the agent (see config::is_private_env).
+    if let Ok(env) = sp.job_env() {
+        for name in config::private_env_names(env.iter().map(|e| e.as_bytes())) {
+            let _ = sp.unsetenv(&name);
+        }
+    }
+    log::verbose(&format!("htc: batch step runs {} <script>", config::display_argv(&prefix)));
+    match sp.prepend_task_argv(&prefix) {
+        Ok(()) => 0,
+        Err(e) => fatal(&format!("htc: spank_prepend_task_argv: {e}; the tasks were not run"), EXIT_REFUSED),
+    }
+}
+
+/// Slurm < 23.11: become the agent right here (we are the task process, as the user, with
+/// the job's stdio and cwd), with the job's environment.
+#[cfg(not(htc_has_prepend_argv))]
+fn start_agent(sp: &Spank, cfg: &PluginConfig, req: &JobRequest, job_argv: &[OsString]) -> c_int {
+    let argv = match config::agent_argv(cfg, req, job_argv) {
+        Ok(a) => a,
+        Err(e) => fatal(&format!("htc: {e}; the tasks were not run"), EXIT_REFUSED),
+    };
+    let env = match sp.job_env() {
+        Ok(e) => e,
+        Err(e) => fatal(&format!("htc: S_JOB_ENV: {e}; the tasks were not run"), EXIT_REFUSED),
+    };
+    let env: Vec<std::ffi::CString> = env.into_iter().filter(|e| !config::is_private_env(e.as_bytes())).collect();
+    let c_argv: Vec<std::ffi::CString> = argv.iter().map(|a| spank::os_cstring(a)).collect();
+    let mut argv_ptrs: Vec<*const c_char> = c_argv.iter().map(|a| a.as_ptr()).collect();
+    argv_ptrs.push(std::ptr::null());
+    let mut env_ptrs: Vec<*const c_char> = env.iter().map(|e| e.as_ptr()).collect();
+    env_ptrs.push(std::ptr::null());
+
+    log::verbose(&format!("htc: batch step execs {}", config::display_argv(&argv)));
+    reset_signals();
+    // SAFETY: NUL-terminated path, NULL-terminated argv/envp arrays of live C strings.
+    unsafe { libc::execve(c_argv[0].as_ptr(), argv_ptrs.as_ptr(), env_ptrs.as_ptr()) };
+    let err = std::io::Error::last_os_error();
+    let code = match err.raw_os_error() {
+        Some(libc::ENOENT) | Some(libc::ENOTDIR) => EXIT_NOT_FOUND,
+        _ => EXIT_NOT_EXECUTABLE,
+    };
+    fatal(
+        &format!(
+            "htc: cannot start the agent {}: {err} (plugstack.conf: agent=); the tasks were not run",
+            cfg.agent.display()
+        ),
+        code,
+    )
+}
+
+/// Default dispositions and an empty signal mask, as a freshly exec'd batch script has.
+#[cfg(not(htc_has_prepend_argv))]
+fn reset_signals() {
+    // SAFETY: plain libc calls on local data; invalid/uncatchable signals just fail.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
+        for sig in 1..=libc::SIGRTMAX() {
+            if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+                libc::signal(sig, libc::SIG_DFL);
+            }
+        }
+    }
+}

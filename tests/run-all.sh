@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Every test of the project, in tiers: unit and in-process tests (cargo), end-to-end tests of
+# `htc run` against the real binaries (cargo, node-agent/tests), then the Slurm tier against a
+# real cluster started on this machine (needs root: it starts munge, slurmctld and slurmd).
+#
+#   tests/run-all.sh            # everything
+#   HTC_SKIP_SLURM=1 ...        # only the cargo tiers (e.g. as an unprivileged developer)
+set -euo pipefail
+root=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+
+step() { printf '\n== %s ==\n' "$*"; }
+
+step "build (release, once for every tier)"
+cargo build --release --workspace --locked
+
+step "cargo tests: core, agent, plugin, end-to-end htc run"
+cargo test --release --workspace --locked
+
+if [[ ${HTC_SKIP_SLURM:-0} == 1 ]]; then
+    echo "HTC_SKIP_SLURM=1: Slurm tier NOT run"
+    exit 0
+fi
+[[ $(id -u) == 0 ]] || { echo "the Slurm tier needs root (set HTC_SKIP_SLURM=1 to skip it)" >&2; exit 1; }
+
+failed=0
+for t in "$root"/tests/slurm/*.sh; do
+    step "slurm: $(basename "$t")"
+    if ! "$t"; then
+        echo "FAILED: $t"
+        failed=$((failed + 1))
+    fi
+done
+"$root/tests/cluster/stop-cluster.sh" >/dev/null 2>&1 || true
+if ((failed)); then
+    echo "$failed Slurm test script(s) failed"
+    exit 1
+fi
+echo "all tiers passed"
