@@ -3,3 +3,4 @@
 
 pub mod partition;
 pub mod taskfile;
+pub mod tree;

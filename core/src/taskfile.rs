@@ -135,6 +135,13 @@ impl<R: BufRead> Parser<R> {
         }
     }
 
+    /// Starts from other defaults than `TaskOptions::default()` (e.g. a site's or the user's
+    /// `--retries`); `#HTC` lines and per-line options still override them.
+    pub fn with_defaults(mut self, defaults: TaskOptions) -> Self {
+        self.defaults = defaults;
+        self
+    }
+
     /// Class names, indexed by `TaskOptions::class`. Index 0 is `default`.
     pub fn classes(&self) -> &[String] {
         &self.classes

@@ -1,24 +1,29 @@
-//! A node agent (`htc-agent work`): connects to the leader, proves it belongs to the job, asks
-//! for tasks, runs them through the executor and reports starts and results in batches.
+//! A node agent (`htc-agent work`): connects to its parent (the leader, or a relay agent above it
+//! in the tree), proves it belongs to the job, asks for tasks, runs them through the executor and
+//! reports starts and results in batches. An agent with children also relays: frames from below
+//! go up unchanged, frames from above addressed to another agent go down the right branch.
 
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use htc_core::tree;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
-use tokio::sync::mpsc::unbounded_channel;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 
 use crate::executor::{self, Command, ExecConfig, ExecEvent, TaskToRun};
 use crate::frame::{self, read_frame, FrameError};
 use crate::ledger::Outcome;
 use crate::output::OutputMode;
 use crate::proto::{self, frame::Body};
-use crate::rundir::RunDir;
+use crate::rundir::{secret_eq, RunDir};
 use crate::PROTOCOL_VERSION;
 
 pub struct AgentConfig {
-    pub leader: SocketAddr,
+    /// Where to connect: the leader, or the parent agent in the tree.
+    pub parent: SocketAddr,
     pub run: RunDir,
     pub agent_id: u32,
     pub slots: usize,
@@ -28,10 +33,14 @@ pub struct AgentConfig {
     pub kill_grace: Duration,
     /// How often buffered results go up when the buffer is not full.
     pub flush_every: Duration,
+    /// Set when this agent has children to serve: (fan-out, number of agents, bound listener).
+    pub relay: Option<(u32, u32, std::net::TcpListener)>,
 }
 
 /// Results buffered before a report goes out regardless of the timer.
 const REPORT_BATCH: usize = 512;
+/// How long a finished relay waits for its children to close before it exits anyway.
+const CHILDREN_GRACE: Duration = Duration::from_secs(30);
 
 pub fn run(cfg: AgentConfig) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
@@ -49,36 +58,72 @@ async fn connect(addr: SocketAddr) -> anyhow::Result<TcpStream> {
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(Duration::from_millis(500));
     }
-    Err(last.unwrap()).with_context(|| format!("connecting to the leader at {addr}"))
+    Err(last.unwrap()).with_context(|| format!("connecting to {addr}"))
+}
+
+fn encoded(body: Body) -> Vec<u8> {
+    let mut b = Vec::new();
+    frame::encode_into(body, &mut b);
+    b
+}
+
+/// What a child connection tells the main loop.
+enum Child {
+    /// A direct child connected: its position and the sender for frames down to it.
+    Open { pos: u64, tx: UnboundedSender<Vec<u8>> },
+    /// A frame from below to pass up.
+    Up(Vec<u8>),
+    /// A direct child's connection ended; these agents (it and those below it) are gone.
+    Closed { pos: u64, agents: Vec<u32>, why: String },
 }
 
 async fn run_async(cfg: AgentConfig) -> anyhow::Result<()> {
     let secret = cfg.run.read_secret().context("reading the job secret")?;
-    let mut stream = connect(cfg.leader).await?;
+    let mut stream = connect(cfg.parent).await?;
     stream.set_nodelay(true)?;
     let hostname = hostname();
-    frame::write_frame(
-        &mut stream,
-        Body::Hello(proto::Hello {
-            secret,
-            agent_id: cfg.agent_id,
-            cores: cfg.slots as u32,
-            mem_mb: cfg.mem_mb,
-            hostname: hostname.clone(),
-            pid: std::process::id(),
-            protocol: PROTOCOL_VERSION,
-        }),
-    )
-    .await?;
+    let hello = proto::Hello {
+        secret: secret.clone(),
+        agent_id: cfg.agent_id,
+        cores: cfg.slots as u32,
+        mem_mb: cfg.mem_mb,
+        hostname: hostname.clone(),
+        pid: std::process::id(),
+        protocol: PROTOCOL_VERSION,
+    };
+    frame::write_frame(&mut stream, Body::Hello(hello)).await?;
     let mut buf = Vec::new();
     let job_id = match tokio::time::timeout(Duration::from_secs(30), read_frame(&mut stream, &mut buf)).await {
-        Err(_) => bail!("no answer from the leader within 30 s"),
+        Err(_) => bail!("no answer from {} within 30 s", cfg.parent),
         Ok(Ok(Body::Welcome(w))) => w.job_id,
-        Ok(Ok(Body::Reject(r))) => bail!("leader refused this agent: {}", r.reason),
-        Ok(Ok(_)) => bail!("unexpected first frame from the leader"),
-        Ok(Err(e)) => bail!("leader closed the connection during the handshake: {e}"),
+        Ok(Ok(Body::Reject(r))) => bail!("refused by {}: {}", cfg.parent, r.reason),
+        Ok(Ok(_)) => bail!("unexpected first frame from {}", cfg.parent),
+        Ok(Err(e)) => bail!("{} closed the connection during the handshake: {e}", cfg.parent),
     };
     tracing::info!(job = %job_id, agent = cfg.agent_id, slots = cfg.slots, %hostname, "joined");
+
+    let me = tree::position(cfg.agent_id);
+    let (child_tx, mut child_rx) = unbounded_channel::<Child>();
+    let fanout = cfg.relay.as_ref().map(|r| r.0).unwrap_or(1);
+    if let Some((k, n, listener)) = cfg.relay {
+        listener.set_nonblocking(true)?;
+        let listener = tokio::net::TcpListener::from_std(listener)?;
+        let secret = secret.clone();
+        let job = job_id.clone();
+        let tx = child_tx.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((s, peer)) = listener.accept().await else { continue };
+                let (secret, job, tx) = (secret.clone(), job.clone(), tx.clone());
+                tokio::spawn(async move {
+                    if let Err(e) = child_connection(s, me, k, n, &secret, tx).await {
+                        tracing::warn!(job = %job, %peer, error = %e, "child connection refused");
+                    }
+                });
+            }
+        });
+    }
+    drop(child_tx);
 
     let (ev_tx, mut ev_rx) = unbounded_channel::<Vec<ExecEvent>>();
     let (exec, exec_thread) = executor::start(
@@ -120,13 +165,15 @@ async fn run_async(cfg: AgentConfig) -> anyhow::Result<()> {
     let mut outstanding: u64 = 0; // received and not yet finished
     let mut asked: u64 = 0; // requested and not yet received
     let mut seq: u64 = 0;
-    let mut acked: u64 = 0;
     let mut started: Vec<proto::TaskStarted> = Vec::new();
     let mut results: Vec<proto::TaskResult> = Vec::new();
     let mut shutting_down = false;
     let mut exec_done = false;
     let mut leader_gone: Option<String> = None;
     let mut leader_closed = false;
+    let mut children: HashMap<u64, UnboundedSender<Vec<u8>>> = HashMap::new();
+    let mut children_open = true; // until the child channel closes (no relay: at once)
+    let mut exec_done_at: Option<tokio::time::Instant> = None;
     let mut tick = tokio::time::interval(cfg.flush_every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut out = Vec::new();
@@ -135,27 +182,41 @@ async fn run_async(cfg: AgentConfig) -> anyhow::Result<()> {
         let mut flush_now = false;
         tokio::select! {
             f = fr_rx.recv(), if leader_gone.is_none() && !leader_closed => match f {
-                Some(Ok(Body::Dispatch(d))) => {
-                    let n = d.tasks.len() as u64;
-                    outstanding += n;
-                    asked = asked.saturating_sub(n);
-                    exec.send(Command::Run(d.tasks.into_iter().map(|t| TaskToRun {
-                        id: t.id, attempt: t.attempt, command: t.command, shell: t.shell,
-                        cores: t.cores, mem_mb: t.mem_mb, timeout_ms: t.timeout_ms,
-                    }).collect()));
+                Some(Ok(body)) => {
+                    let dest = destination(&body);
+                    if dest.is_some_and(|d| d != cfg.agent_id) {
+                        // Not for us: down the branch that leads to it.
+                        let d = dest.unwrap();
+                        match tree::next_hop(me, tree::position(d), fanout).and_then(|c| children.get(&c)) {
+                            Some(tx) => { let _ = tx.send(encoded(body)); }
+                            None => tracing::debug!(agent = d, "frame for an agent not below this one dropped"),
+                        }
+                    } else {
+                        match body {
+                            Body::Dispatch(d) => {
+                                let n = d.tasks.len() as u64;
+                                outstanding += n;
+                                asked = asked.saturating_sub(n);
+                                exec.send(Command::Run(d.tasks.into_iter().map(|t| TaskToRun {
+                                    id: t.id, attempt: t.attempt, command: t.command, shell: t.shell,
+                                    cores: t.cores, mem_mb: t.mem_mb, timeout_ms: t.timeout_ms,
+                                }).collect()));
+                            }
+                            Body::Ack(_) => {}
+                            Body::Shutdown(s) => {
+                                tracing::info!(job = %job_id, agent = cfg.agent_id, abort = s.abort, reason = %s.reason, "shutdown");
+                                shutting_down = true;
+                                exec.send(if s.abort { Command::Abort } else { Command::Finish });
+                            }
+                            _ => tracing::warn!(agent = cfg.agent_id, "unexpected frame from above ignored"),
+                        }
+                    }
                 }
-                Some(Ok(Body::Ack(a))) => acked = acked.max(a.seq),
-                Some(Ok(Body::Shutdown(s))) => {
-                    tracing::info!(job = %job_id, agent = cfg.agent_id, abort = s.abort, reason = %s.reason, "shutdown");
-                    shutting_down = true;
-                    exec.send(if s.abort { Command::Abort } else { Command::Finish });
-                }
-                Some(Ok(_)) => tracing::warn!(agent = cfg.agent_id, "unexpected frame from the leader ignored"),
                 // After Shutdown the leader may close first; that is the normal end.
                 Some(Err(_)) | None if shutting_down => leader_closed = true,
                 Some(Err(e)) => {
                     // Without a leader nobody records results: stop the tasks rather than let them
-                    // run unaccounted. `htc run --resume` re-runs them.
+                    // run unaccounted. The resumed run re-runs them.
                     leader_gone = Some(e.to_string());
                     exec.send(Command::Abort);
                 }
@@ -163,6 +224,25 @@ async fn run_async(cfg: AgentConfig) -> anyhow::Result<()> {
                     leader_gone = Some("connection closed".into());
                     exec.send(Command::Abort);
                 }
+            },
+            c = child_rx.recv(), if children_open => match c {
+                Some(Child::Open { pos, tx }) => { children.insert(pos, tx); }
+                Some(Child::Up(bytes)) => {
+                    if leader_gone.is_none() && !leader_closed && wr.write_all(&bytes).await.is_err() {
+                        leader_gone = Some("write failed".into());
+                        exec.send(Command::Abort);
+                    }
+                }
+                Some(Child::Closed { pos, agents, why }) => {
+                    children.remove(&pos);
+                    if !shutting_down && leader_gone.is_none() && !leader_closed {
+                        for agent in agents {
+                            out.extend(encoded(Body::Lost(proto::Lost { agent, reason: why.clone() })));
+                        }
+                        flush_now = true;
+                    }
+                }
+                None => children_open = false,
             },
             batch = ev_rx.recv(), if !exec_done => match batch {
                 Some(batch) => {
@@ -184,25 +264,43 @@ async fn run_async(cfg: AgentConfig) -> anyhow::Result<()> {
                     }
                     flush_now = results.len() >= REPORT_BATCH || outstanding < target / 4;
                 }
-                None => exec_done = true,
+                None => {
+                    exec_done = true;
+                    exec_done_at = Some(tokio::time::Instant::now());
+                }
             },
             _ = tick.tick() => flush_now = true,
         }
-        if exec_done && (leader_gone.is_some() || shutting_down) {
-            if leader_gone.is_none() && !leader_closed {
-                flush(&mut out, &mut started, &mut results, &mut seq, 0, true);
+        let up = leader_gone.is_none() && !leader_closed;
+        if exec_done && (!up || shutting_down) {
+            // A relay stays until its children are done: their last reports pass through it.
+            let waited = exec_done_at.map(|t| t.elapsed()).unwrap_or_default();
+            if up && !children.is_empty() && waited < CHILDREN_GRACE {
+                if flush_now && (!results.is_empty() || !started.is_empty()) {
+                    flush(&mut out, &mut started, &mut results, &mut seq, 0, true, cfg.agent_id);
+                }
+                if !out.is_empty() {
+                    let _ = wr.write_all(&out).await;
+                    out.clear();
+                }
+                continue;
+            }
+            if up {
+                flush(&mut out, &mut started, &mut results, &mut seq, 0, true, cfg.agent_id);
                 let _ = wr.write_all(&out).await;
                 let _ = wr.shutdown().await;
             }
             break;
         }
-        if flush_now && leader_gone.is_none() && !leader_closed {
+        if flush_now && up {
             let want = if shutting_down { 0 } else { target.saturating_sub(outstanding + asked) };
             // Small requests cost a frame each; wait until at least a quarter of the target is due.
             let want = if want >= target / 4 || outstanding + asked == 0 { want } else { 0 };
             if want > 0 || !results.is_empty() || !started.is_empty() {
                 asked += want;
-                flush(&mut out, &mut started, &mut results, &mut seq, want as u32, outstanding == 0 && asked == 0);
+                flush(&mut out, &mut started, &mut results, &mut seq, want as u32, outstanding == 0 && asked == 0, cfg.agent_id);
+            }
+            if !out.is_empty() {
                 if wr.write_all(&out).await.is_err() {
                     leader_gone = Some("write failed".into());
                     exec.send(Command::Abort);
@@ -212,13 +310,90 @@ async fn run_async(cfg: AgentConfig) -> anyhow::Result<()> {
         }
     }
     let _ = exec_thread.join();
-    let _ = acked;
     if let Some(why) = leader_gone {
-        bail!("lost the leader ({why}); running tasks were stopped");
+        bail!("lost the connection to {} ({why}); running tasks were stopped", cfg.parent);
     }
     Ok(())
 }
 
+/// The agent a downward frame is for; `None` for frames that concern the connection itself.
+fn destination(b: &Body) -> Option<u32> {
+    match b {
+        Body::Dispatch(d) => Some(d.agent),
+        Body::Ack(a) => Some(a.agent),
+        Body::Shutdown(s) => Some(s.agent),
+        Body::Welcome(w) => Some(w.agent_id),
+        Body::Reject(r) => Some(r.agent_id),
+        _ => None,
+    }
+}
+
+/// Serves one direct child: checks its Hello here (so a stranger never reaches the leader), then
+/// passes its frames, and those of the agents below it, up unchanged.
+async fn child_connection(
+    mut s: TcpStream,
+    me: u64,
+    k: u32,
+    n: u32,
+    secret: &[u8],
+    up: UnboundedSender<Child>,
+) -> Result<(), String> {
+    s.set_nodelay(true).map_err(|e| e.to_string())?;
+    let mut buf = Vec::new();
+    let hello = match tokio::time::timeout(Duration::from_secs(10), read_frame(&mut s, &mut buf)).await {
+        Ok(Ok(Body::Hello(h))) => h,
+        Ok(Ok(_)) => return Err("first frame is not a Hello".into()),
+        Ok(Err(e)) => return Err(e.to_string()),
+        Err(_) => return Err("no hello within 10 s".into()),
+    };
+    let pos = tree::position(hello.agent_id);
+    let why = if !secret_eq(&hello.secret, secret) {
+        Some("wrong job secret".to_string())
+    } else if hello.agent_id >= n || pos == 0 || tree::parent(pos, k) != me {
+        Some(format!("agent {} is not a child of this agent", hello.agent_id))
+    } else {
+        None
+    };
+    if let Some(why) = why {
+        let _ = frame::write_frame(&mut s, Body::Reject(proto::Reject { reason: why.clone(), agent_id: hello.agent_id })).await;
+        return Err(why);
+    }
+    let (mut rd, mut wr) = s.into_split();
+    let (tx, mut rx) = unbounded_channel::<Vec<u8>>();
+    tokio::spawn(async move {
+        while let Some(mut out) = rx.recv().await {
+            while let Ok(more) = rx.try_recv() {
+                out.extend_from_slice(&more);
+            }
+            if wr.write_all(&out).await.is_err() {
+                break;
+            }
+        }
+        let _ = wr.shutdown().await;
+    });
+    let _ = up.send(Child::Open { pos, tx });
+    let mut agents = vec![hello.agent_id];
+    let _ = up.send(Child::Up(encoded(Body::Hello(hello))));
+    let why = loop {
+        match read_frame(&mut rd, &mut buf).await {
+            Ok(body) => {
+                if let Body::Hello(h) = &body {
+                    agents.push(h.agent_id);
+                }
+                if let Body::Lost(l) = &body {
+                    agents.retain(|a| *a != l.agent);
+                }
+                let _ = up.send(Child::Up(encoded(body)));
+            }
+            Err(FrameError::Closed) => break "connection to its relay closed".to_string(),
+            Err(e) => break e.to_string(),
+        }
+    };
+    let _ = up.send(Child::Closed { pos, agents: agents.into_iter().collect::<HashSet<_>>().into_iter().collect(), why });
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
 fn flush(
     out: &mut Vec<u8>,
     started: &mut Vec<proto::TaskStarted>,
@@ -226,13 +401,14 @@ fn flush(
     seq: &mut u64,
     want: u32,
     drained: bool,
+    agent: u32,
 ) {
     if !results.is_empty() {
         *seq += 1;
     }
     // A start whose result travels in the same report needs no separate ledger write.
     if !results.is_empty() && !started.is_empty() {
-        let done: std::collections::HashSet<u64> = results.iter().map(|r| r.id).collect();
+        let done: HashSet<u64> = results.iter().map(|r| r.id).collect();
         started.retain(|s| !done.contains(&s.id));
     }
     frame::encode_into(
@@ -242,6 +418,7 @@ fn flush(
             results: std::mem::take(results),
             want,
             drained,
+            agent,
         }),
         out,
     );

@@ -3,13 +3,17 @@
 //! are thin layers over this library.
 
 pub mod agent;
+pub mod bootstrap;
 pub mod executor;
 pub mod frame;
 pub mod leader;
 pub mod ledger;
 pub mod load;
 pub mod output;
+pub mod pmi;
+pub mod prologue;
 pub mod rundir;
+pub mod slurm;
 pub mod status;
 
 /// Generated from `proto/htc.proto`.

@@ -6,7 +6,7 @@ use std::fs::File;
 use std::io::BufReader;
 use std::path::Path;
 
-use htc_core::taskfile::{Parser, TaskFileError};
+use htc_core::taskfile::{Parser, TaskFileError, TaskOptions};
 
 use crate::ledger::{Counts, Ledger, LedgerError, Record};
 use crate::rundir::RunDir;
@@ -34,11 +34,11 @@ pub struct Loaded {
 }
 
 /// Copies `src` into the run and loads it into `ledger`. Errors name `src` as the user wrote it.
-pub fn load(src: &Path, run: &RunDir, ledger: &Ledger) -> Result<Loaded, LoadError> {
+pub fn load(src: &Path, run: &RunDir, ledger: &Ledger, defaults: TaskOptions) -> Result<Loaded, LoadError> {
     let shown = src.display().to_string();
     std::fs::copy(src, run.tasks()).map_err(|source| LoadError::Copy { path: shown.clone(), source })?;
     let f = File::open(run.tasks()).map_err(|source| LoadError::Copy { path: shown.clone(), source })?;
-    let mut p = Parser::new(BufReader::with_capacity(1 << 20, f), shown.clone());
+    let mut p = Parser::new(BufReader::with_capacity(1 << 20, f), shown.clone()).with_defaults(defaults);
     let mut txn = ledger.write()?;
     let mut id: u64 = 0;
     let (mut max_cores, mut max_mem_mb) = (1u16, 0u32);
@@ -122,4 +122,42 @@ impl Drop for TaskText {
             unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
         }
     }
+}
+
+/// Creates the run directory `base/.htc/id`, loads `file` into its ledger, records the output
+/// mode and writes the job secret. A bad task file removes the run again, so nothing can run.
+pub fn create_run(
+    base: &Path,
+    id: &str,
+    file: &Path,
+    output: crate::output::OutputMode,
+    defaults: TaskOptions,
+) -> Result<(RunDir, Loaded), CreateError> {
+    let run = RunDir::create(base, id).map_err(|e| CreateError::Io(format!("creating {}/.htc/{id}: {e}", base.display())))?;
+    let result = (|| {
+        let ledger = Ledger::create(&run.ledger())?;
+        let loaded = load(file, &run, &ledger, defaults)?;
+        let mut t = ledger.write()?;
+        t.put_meta("output", output.name().as_bytes())?;
+        t.commit()?;
+        Ok::<_, LoadError>(loaded)
+    })();
+    match result {
+        Ok(loaded) => {
+            run.write_secret().map_err(|e| CreateError::Io(format!("writing the job secret: {e}")))?;
+            Ok((run, loaded))
+        }
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&run.path);
+            Err(CreateError::Load(e))
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CreateError {
+    #[error("{0}")]
+    Load(#[from] LoadError),
+    #[error("{0}")]
+    Io(String),
 }

@@ -328,3 +328,81 @@ fn check_prints_counts_classes_and_core_seconds() {
     assert!(s.contains("classes: 2"), "{s}");
     assert!(s.contains("requested: 244.0 core-seconds"), "{s}");
 }
+
+/// Pids of the run's agent processes with the given id (found by their command line).
+fn agent_pids(run: &Path, agent: u32) -> Vec<i32> {
+    let mut pids = Vec::new();
+    for e in fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let Ok(cmd) = fs::read(e.path().join("cmdline")) else { continue };
+        let args: Vec<&[u8]> = cmd.split(|&b| b == 0).collect();
+        let has = |a: &[u8], b: &[u8]| args.windows(2).any(|w| w[0] == a && w[1] == b);
+        if has(b"--run-dir", run.as_os_str().as_encoded_bytes()) && has(b"--agent-id", agent.to_string().as_bytes()) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+#[test]
+fn agents_form_a_tree_of_relays_and_every_agent_runs_tasks() {
+    let d = Dir::new("tree");
+    let ids = d.path("ids.txt");
+    let tasks: String = (0..3000).map(|_| format!("echo $HTC_TASK_ID $HTC_AGENT >> {}\n", ids.display())).collect();
+    d.write("tasks.txt", tasks);
+    // Fan-out 2 with 7 agents: the leader serves agents 0 and 1, which relay for 2..6.
+    let o = d.htc(&["run", "--agents", "7", "--fanout", "2", "--cores-per-agent", "1", "tasks.txt"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let lines = fs::read_to_string(&ids).unwrap();
+    let mut seen = HashSet::new();
+    let mut agents = HashSet::new();
+    for l in lines.lines() {
+        let mut w = l.split(' ');
+        assert!(seen.insert(w.next().unwrap().to_string()), "task ran twice: {l}");
+        agents.insert(w.next().unwrap().to_string());
+    }
+    assert_eq!(seen.len(), 3000);
+    assert_eq!(agents.len(), 7, "agents that ran tasks: {agents:?}");
+    // Relays published their addresses; leaves did not need to.
+    let tree = d.run_dir().join("tree");
+    assert!(tree.join("htc-addr-0").exists() && tree.join("htc-addr-1").exists() && tree.join("htc-addr-2").exists());
+    assert!(!tree.join("htc-addr-6").exists());
+}
+
+#[test]
+fn losing_a_relay_requeues_its_subtree_and_the_run_still_completes() {
+    let d = Dir::new("relayloss");
+    let ids = d.path("ids.txt");
+    let tasks: String = (0..1500).map(|_| format!("sleep 0.01; echo $HTC_TASK_ID >> {}\n", ids.display())).collect();
+    d.write("tasks.txt", tasks);
+    let leader = Command::new(HTC)
+        .args(["run", "--agents", "5", "--fanout", "2", "--cores-per-agent", "1", "tasks.txt"])
+        .current_dir(&d.0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(wait_for(|| id_counts(&ids).len() >= 200, Duration::from_secs(60)), "tasks did not start");
+    let run = d.run_dir();
+    // Agent 0 relays for agents 2 and 3: killing it loses three agents at once.
+    let pids = agent_pids(&run, 0);
+    assert_eq!(pids.len(), 1, "agent 0 not found");
+    // SAFETY: signalling a process this test started (through htc).
+    unsafe { libc::kill(pids[0], libc::SIGKILL) };
+    let o = leader.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let counts = id_counts(&ids);
+    assert_eq!(counts.len(), 1500, "some task never ran");
+    let l = Ledger::open(&run.join("ledger.mdb"), true).unwrap();
+    let t = l.read().unwrap();
+    let mut lost = 0;
+    t.for_each(|id, r| {
+        assert_eq!(r.state(), State::Done, "task {id}");
+        lost += t.attempts(id).unwrap().iter().filter(|a| a.outcome == htc::ledger::Outcome::Lost).count();
+    })
+    .unwrap();
+    assert!(lost > 0, "no attempt was recorded as lost with its agent");
+    // The subtree's agents (2 and 3) lost their relay and stopped.
+    assert!(agent_pids(&run, 2).is_empty() && agent_pids(&run, 3).is_empty());
+}

@@ -1,18 +1,26 @@
-//! `htc-agent`: the daemon roles. `work` is a node agent; the leader role under Slurm (`lead`)
-//! comes with the SPANK plugin.
+//! `htc-agent`: the daemon roles. `lead` is the leader in a Slurm batch step (started by the SPANK
+//! plugin in place of the batch script); `work` is a node agent (started by `htc run` locally, or
+//! by the leader's one `srun` step on every node).
 
+use std::ffi::OsString;
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::Context;
+use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 use htc::agent::{self, AgentConfig};
-use htc::executor;
+use htc::leader::{self, LeaderConfig};
+use htc::load::{self, CreateError};
 use htc::output::OutputMode;
 use htc::rundir::RunDir;
+use htc::bootstrap::{self, Kvs};
+use htc::pmi::Pmi;
+use htc::{executor, prologue, slurm};
+use htc_core::taskfile::TaskOptions;
 
 #[derive(Parser)]
-#[command(name = "htc-agent", version, about = "slurm-htc node agent (started by htc or by the Slurm plugin, not by hand)")]
+#[command(name = "htc-agent", version, about = "slurm-htc agent (started by htc or by the Slurm plugin, not by hand)")]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -20,14 +28,20 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Lead an HTC job from its batch step: `lead [OPTIONS] --script SCRIPT [ARGS...]`.
+    Lead(LeadArgs),
     /// Run tasks for a leader.
     Work {
         #[arg(long)]
         leader: std::net::SocketAddr,
         #[arg(long)]
         run_dir: PathBuf,
-        #[arg(long)]
+        /// This agent's id (under --slurm: $SLURM_PROCID).
+        #[arg(long, default_value_t = 0)]
         agent_id: u32,
+        /// Take id, slots and CPUs from the Slurm step's environment.
+        #[arg(long)]
+        slurm: bool,
         /// Tasks run at once (cores handed out); default: the CPUs this process may use.
         #[arg(long)]
         slots: Option<usize>,
@@ -39,42 +53,192 @@ enum Cmd {
         mem_mb: u64,
         #[arg(long, default_value = "streams")]
         output: OutputMode,
+        /// Tree fan-out: agents per parent (the leader included).
+        #[arg(long, default_value_t = DEFAULT_FANOUT)]
+        fanout: u32,
+        /// Agents in the job (under --slurm: $SLURM_NTASKS).
+        #[arg(long, default_value_t = 1)]
+        agents: u32,
     },
 }
 
-fn main() -> std::process::ExitCode {
-    match real_main() {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+const DEFAULT_FANOUT: u32 = 32;
+
+#[derive(clap::Args)]
+struct LeadArgs {
+    /// The task file (absolute; checked at submit time by the plugin).
+    #[arg(long)]
+    task_file: PathBuf,
+    /// Default retries for tasks that set none.
+    #[arg(long, value_parser = clap::value_parser!(u8).range(0..=100))]
+    retries: Option<u8>,
+    /// Tree fan-out (agents per parent).
+    #[arg(long)]
+    fanout: Option<u32>,
+    #[arg(long, default_value = "streams")]
+    output: OutputMode,
+    /// Node-local directory for the ledger (admin setting).
+    #[arg(long)]
+    ledger_dir: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    // Before any thread exists, so every thread inherits it (see executor).
+    executor::block_sigchld();
+    htc::init_logging("info");
+    // `--script` ends the options: what follows is the batch step's own argv, verbatim.
+    let mut argv: Vec<OsString> = std::env::args_os().collect();
+    let script_at = argv.iter().position(|a| a == "--script");
+    let script: Vec<OsString> = match script_at {
+        Some(i) => {
+            let rest = argv.split_off(i);
+            rest.into_iter().skip(1).collect()
+        }
+        None => Vec::new(),
+    };
+    let cli = Cli::parse_from(argv);
+    let r = match cli.cmd {
+        Cmd::Lead(a) => lead(a, script),
+        Cmd::Work { leader, run_dir, agent_id, slurm, slots, cpus, mem_mb, output, fanout, agents } => {
+            work(WorkArgs { leader, run_dir, agent_id, slurm, slots, cpus, mem_mb, output, fanout, agents }).map(|()| 0)
+        }
+    };
+    match r {
+        Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
         Err(e) => {
-            tracing::error!("{e:#}");
-            std::process::ExitCode::FAILURE
+            eprintln!("htc-agent: {e:#}");
+            ExitCode::FAILURE
         }
     }
 }
 
-fn real_main() -> anyhow::Result<()> {
-    // Before any thread exists, so every thread inherits it (see executor).
-    executor::block_sigchld();
-    htc::init_logging("info");
-    match Cli::parse().cmd {
-        Cmd::Work { leader, run_dir, agent_id, slots, cpus, mem_mb, output } => {
-            let cpus: Vec<usize> = cpus
-                .split(',')
-                .filter(|s| !s.is_empty())
-                .map(|s| s.trim().parse().with_context(|| format!("bad CPU number '{s}' in --cpus")))
-                .collect::<anyhow::Result<_>>()?;
-            let slots = slots.unwrap_or_else(|| if cpus.is_empty() { executor::allowed_cpus().len() } else { cpus.len() }).max(1);
-            agent::run(AgentConfig {
-                leader,
-                run: RunDir::new(run_dir),
-                agent_id,
-                slots,
-                cpus,
-                mem_mb,
-                output,
-                kill_grace: Duration::from_secs(3),
-                flush_every: Duration::from_millis(5),
-            })
+struct WorkArgs {
+    leader: std::net::SocketAddr,
+    run_dir: PathBuf,
+    agent_id: u32,
+    slurm: bool,
+    slots: Option<usize>,
+    cpus: String,
+    mem_mb: u64,
+    output: OutputMode,
+    fanout: u32,
+    agents: u32,
+}
+
+fn work(a: WorkArgs) -> anyhow::Result<()> {
+    let WorkArgs { leader, run_dir, mut agent_id, slurm, mut slots, cpus, mem_mb, output, fanout, mut agents } = a;
+    let fanout = fanout.max(1);
+    let mut cpus: Vec<usize> = cpus
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(|s| s.trim().parse().with_context(|| format!("bad CPU number '{s}' in --cpus")))
+        .collect::<anyhow::Result<_>>()?;
+    if slurm {
+        agent_id = slurm::var("SLURM_PROCID")?.parse().context("$SLURM_PROCID")?;
+        agents = slurm::var("SLURM_NTASKS")?.parse().context("$SLURM_NTASKS")?;
+        let node: usize = slurm::var("SLURM_NODEID")?.parse().context("$SLURM_NODEID")?;
+        let spec = slurm::var("SLURM_JOB_CPUS_PER_NODE")?;
+        let n = slurm::cpus_on_node(&spec, node).with_context(|| format!("node {node} not in SLURM_JOB_CPUS_PER_NODE={spec}"))?;
+        slots = Some(slots.unwrap_or(n));
+        if cpus.is_empty() {
+            let allowed = executor::allowed_cpus();
+            cpus = (0..n).map(|i| allowed[i % allowed.len()]).collect();
         }
     }
+    let slots = slots.unwrap_or_else(|| if cpus.is_empty() { executor::allowed_cpus().len() } else { cpus.len() }).max(1);
+    let run = RunDir::new(run_dir);
+    // Up to `fanout` agents talk to the leader directly; more form a tree whose addresses travel
+    // through the srun step's PMI2 key-value space (or, locally, files in the run directory).
+    let place = if agents > fanout {
+        let mut kvs = match Pmi::from_env().context("PMI2 bootstrap")? {
+            Some(p) => Kvs::Pmi(p),
+            None if slurm => bail!("{agents} agents need the tree, but PMI2 is missing (srun --mpi=pmi2)"),
+            None => Kvs::Files(run.path.join("tree")),
+        };
+        let ip = if slurm { slurm::node_ip() } else { std::net::Ipv4Addr::LOCALHOST.into() };
+        let place = bootstrap::place(&mut kvs, agent_id, agents, fanout, leader, ip)?;
+        if let Kvs::Pmi(p) = kvs {
+            p.finalize().context("PMI2 finalize")?;
+        }
+        place
+    } else {
+        bootstrap::Place { parent: leader, relay: None }
+    };
+    agent::run(AgentConfig {
+        parent: place.parent,
+        relay: place.relay,
+        run,
+        agent_id,
+        slots,
+        cpus,
+        mem_mb,
+        output,
+        kill_grace: Duration::from_secs(3),
+        flush_every: Duration::from_millis(5),
+    })
+}
+
+/// The batch step: load the tasks, run the script as the prologue, start the agents with one
+/// srun, lead until every task is finished. The exit code is the job's.
+fn lead(a: LeadArgs, script: Vec<OsString>) -> anyhow::Result<i32> {
+    let Some((script, script_args)) = script.split_first() else {
+        bail!("missing --script SCRIPT (the plugin passes the batch script)");
+    };
+    let job_id = slurm::var("SLURM_JOB_ID")?;
+    let nodes: usize = slurm::var("SLURM_JOB_NUM_NODES").or_else(|_| slurm::var("SLURM_NNODES"))?.parse().context("node count")?;
+    if let Some(d) = &a.ledger_dir {
+        tracing::warn!(dir = %d.display(), "ledger_dir is not supported yet; the ledger stays in the run directory");
+    }
+    let base = std::env::current_dir()?;
+    let existing = RunDir::new(base.join(".htc").join(&job_id));
+    let run = if existing.ledger().exists() {
+        // A requeued job: continue from its ledger.
+        let ledger = htc::ledger::Ledger::open(&existing.ledger(), false)?;
+        let n = leader::core::reset_interrupted(&ledger)?;
+        println!("htc: job {job_id} restarted; continuing its run ({n} interrupted tasks go back to pending)");
+        existing
+    } else {
+        let mut defaults = TaskOptions::default();
+        if let Some(r) = a.retries {
+            defaults.retries = r;
+        }
+        match load::create_run(&base, &job_id, &a.task_file, a.output, defaults) {
+            Ok((run, loaded)) => {
+                println!("htc: job {job_id}: {} tasks from {} on {nodes} node(s)", loaded.tasks, a.task_file.display());
+                run
+            }
+            Err(CreateError::Load(e)) => {
+                eprintln!("htc: {e}");
+                return Ok(2);
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
+
+    let p = match prologue::run(std::path::Path::new(script), script_args, &run.path.join("prologue.env")) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("htc: {e}");
+            return Ok(1);
+        }
+    };
+    if !p.captured {
+        println!("htc: the batch script is not a shell script: it ran, but its environment does not reach the tasks");
+    }
+    prologue::adopt(&p).context("entering the batch script's environment")?;
+
+    let every = std::env::var("HTC_PROGRESS_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(30u64);
+    let fanout = a.fanout.unwrap_or(DEFAULT_FANOUT).max(1);
+    let srun = slurm::Srun { agent_bin: leader::launch::agent_binary(), nodes, output: a.output, fanout };
+    let cfg = LeaderConfig {
+        run: run.clone(),
+        job_id,
+        bind: "0.0.0.0:0".parse().unwrap(),
+        advertise: Some(slurm::node_ip()),
+        commit_interval: Duration::from_millis(10),
+        plain_progress_every: Some(Duration::from_secs(every.max(1))),
+        quiet: false,
+    };
+    let outcome = leader::run(cfg, |addr, tx| srun.start(&run, addr, tx))?;
+    leader::finish(&run, &outcome, false)
 }

@@ -10,7 +10,8 @@ use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 use htc::leader::{self, launch, LeaderConfig};
 use htc::ledger::{Ledger, Record};
-use htc::load::{self, LoadError};
+use htc::load::{self, CreateError, LoadError};
+use htc_core::taskfile::TaskOptions;
 use htc::output::{self, OutputMode};
 use htc::rundir::{self, RunDir};
 use htc::{executor, status};
@@ -37,9 +38,15 @@ enum Cmd {
         /// Cores (task slots) per agent; default: this machine's CPUs divided among the agents.
         #[arg(long)]
         cores_per_agent: Option<usize>,
+        /// Tree fan-out: agents per parent; more agents than this form a tree of relays.
+        #[arg(long, default_value_t = 32)]
+        fanout: u32,
         /// Task output: streams (per-slot files + index), per-task (one file each), none.
         #[arg(long, default_value = "streams")]
         output: OutputMode,
+        /// Default retries for tasks that set none (the file's own `#HTC retries=` wins).
+        #[arg(long, value_parser = clap::value_parser!(u8).range(0..=100))]
+        retries: Option<u8>,
         /// No progress line and no summary.
         #[arg(long, short)]
         quiet: bool,
@@ -97,7 +104,7 @@ fn main() -> ExitCode {
 fn real_main() -> anyhow::Result<i32> {
     match Cli::parse().cmd {
         Cmd::Check { file, max_errors } => check(file, max_errors),
-        Cmd::Prepare { file, output } => match create_run(&file, output)? {
+        Cmd::Prepare { file, output } => match create_run(&file, output, None)? {
             Ok(run) => {
                 println!("{}", run.path.display());
                 Ok(0)
@@ -110,7 +117,7 @@ fn real_main() -> anyhow::Result<i32> {
             Ok(0)
         }
         Cmd::Output { run, task, stdout, stderr } => print_output(&run, task, !stderr, !stdout),
-        Cmd::Run { file, resume, agents, cores_per_agent, output, quiet, commit_ms } => {
+        Cmd::Run { file, resume, agents, cores_per_agent, fanout, output, retries, quiet, commit_ms } => {
             let (run, output) = match (resume, file) {
                 (Some(r), None) => {
                     let run = RunDir::locate(if r.is_empty() { None } else { Some(&r) })?;
@@ -124,7 +131,7 @@ fn real_main() -> anyhow::Result<i32> {
                 }
                 (Some(_), Some(_)) => bail!("give either a task file or --resume, not both"),
                 (None, None) => bail!("missing task file (or --resume)"),
-                (None, Some(file)) => match create_run(&file, output)? {
+                (None, Some(file)) => match create_run(&file, output, retries)? {
                     Ok(run) => (run, output),
                     Err(code) => return Ok(code),
                 },
@@ -139,11 +146,13 @@ fn real_main() -> anyhow::Result<i32> {
                 cpus,
                 output,
                 log_dir: run.path.join("log"),
+                fanout: fanout.max(1),
             };
             let cfg = LeaderConfig {
                 run: run.clone(),
                 job_id: run.id(),
                 bind: "127.0.0.1:0".parse().unwrap(),
+                advertise: None,
                 commit_interval: Duration::from_millis(commit_ms.max(1)),
                 plain_progress_every: None,
                 quiet,
@@ -154,27 +163,21 @@ fn real_main() -> anyhow::Result<i32> {
     }
 }
 
-/// Creates a run directory and loads `file` into its ledger. A bad file removes the run again
-/// and yields the exit code, so nothing runs.
-fn create_run(file: &PathBuf, output: OutputMode) -> anyhow::Result<Result<RunDir, i32>> {
-    let id = rundir::new_run_id();
-    let run = RunDir::create(&std::env::current_dir()?, &id).context("creating the run directory")?;
-    let ledger = Ledger::create(&run.ledger())?;
-    match load::load(file, &run, &ledger) {
-        Ok(_) => {}
-        Err(e @ (LoadError::TaskFile(_) | LoadError::Copy { .. } | LoadError::TooMany { .. })) => {
-            drop(ledger);
-            let _ = std::fs::remove_dir_all(&run.path);
-            eprintln!("htc: {e}");
-            return Ok(Err(2));
-        }
-        Err(e) => return Err(e.into()),
+/// Creates a run in the current directory. A bad task file yields the exit code instead, after
+/// the error was printed; nothing ran.
+fn create_run(file: &PathBuf, output: OutputMode, retries: Option<u8>) -> anyhow::Result<Result<RunDir, i32>> {
+    let mut defaults = TaskOptions::default();
+    if let Some(r) = retries {
+        defaults.retries = r;
     }
-    let mut t = ledger.write()?;
-    t.put_meta("output", output.name().as_bytes())?;
-    t.commit()?;
-    run.write_secret().context("writing the job secret")?;
-    Ok(Ok(run))
+    match load::create_run(&std::env::current_dir()?, &rundir::new_run_id(), file, output, defaults) {
+        Ok((run, _)) => Ok(Ok(run)),
+        Err(CreateError::Load(e @ (LoadError::TaskFile(_) | LoadError::Copy { .. } | LoadError::TooMany { .. }))) => {
+            eprintln!("htc: {e}");
+            Ok(Err(2))
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 fn stored_output_mode(run: &RunDir) -> anyhow::Result<Option<OutputMode>> {

@@ -215,6 +215,7 @@ impl<'a> Core<'a> {
         self.ledger.sync()?;
         let ending = ending.unwrap();
         let shutdown = proto::Shutdown {
+            agent: 0,
             abort: !matches!(ending, Ending::Complete),
             reason: match &ending {
                 Ending::Complete => "all tasks finished".into(),
@@ -222,9 +223,9 @@ impl<'a> Core<'a> {
                 Ending::AgentsLost(w) => w.clone(),
             },
         };
-        for a in self.agents.values().filter(|a| a.alive) {
+        for (&id, a) in self.agents.iter().filter(|(_, a)| a.alive) {
             let mut buf = Vec::new();
-            frame::encode_into(Body::Shutdown(shutdown.clone()), &mut buf);
+            frame::encode_into(Body::Shutdown(proto::Shutdown { agent: id, ..shutdown.clone() }), &mut buf);
             let _ = a.tx.send(buf);
         }
         let p = self.progress();
@@ -241,11 +242,11 @@ impl<'a> Core<'a> {
     }
 
     fn send_acks(&mut self) {
-        for a in self.agents.values_mut() {
+        for (&id, a) in self.agents.iter_mut() {
             if a.alive && a.last_seq > a.acked_seq {
                 a.acked_seq = a.last_seq;
                 let mut buf = Vec::new();
-                frame::encode_into(Body::Ack(proto::Ack { seq: a.last_seq }), &mut buf);
+                frame::encode_into(Body::Ack(proto::Ack { seq: a.last_seq, agent: id }), &mut buf);
                 let _ = a.tx.send(buf);
             }
         }
@@ -472,12 +473,12 @@ impl<'a> Core<'a> {
             bytes += s.command.len() + 32;
             batch.push(s);
             if bytes >= MAX_BATCH_BYTES {
-                frame::encode_into(Body::Dispatch(proto::Dispatch { tasks: std::mem::take(&mut batch) }), &mut buf);
+                frame::encode_into(Body::Dispatch(proto::Dispatch { tasks: std::mem::take(&mut batch), agent }), &mut buf);
                 bytes = 0;
             }
         }
         if !batch.is_empty() {
-            frame::encode_into(Body::Dispatch(proto::Dispatch { tasks: batch }), &mut buf);
+            frame::encode_into(Body::Dispatch(proto::Dispatch { tasks: batch, agent }), &mut buf);
         }
         let _ = a.tx.send(buf);
         Ok(())

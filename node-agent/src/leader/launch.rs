@@ -21,6 +21,11 @@ pub struct Agents {
 }
 
 impl Agents {
+    /// `count` agents whose launcher processes (`children` of them) report their exit on `exits`.
+    pub fn new(count: usize, exits: mpsc::Receiver<()>, children: usize) -> Agents {
+        Agents { count, exits, children }
+    }
+
     /// Waits up to `limit` for every started process to exit.
     pub fn wait(&mut self, limit: Duration) {
         let end = Instant::now() + limit;
@@ -56,6 +61,7 @@ pub struct Local {
     pub cpus: Vec<usize>,
     pub output: OutputMode,
     pub log_dir: PathBuf,
+    pub fanout: u32,
 }
 
 impl Local {
@@ -83,6 +89,10 @@ impl Local {
                 .arg(cpus.join(","))
                 .arg("--output")
                 .arg(self.output.name())
+                .arg("--fanout")
+                .arg(self.fanout.to_string())
+                .arg("--agents")
+                .arg(self.agents.to_string())
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(log)

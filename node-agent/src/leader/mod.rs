@@ -24,6 +24,8 @@ pub struct LeaderConfig {
     pub job_id: String,
     /// Where to listen: loopback for local runs, all interfaces under Slurm.
     pub bind: SocketAddr,
+    /// The address agents are told to connect to when `bind` is a wildcard.
+    pub advertise: Option<std::net::IpAddr>,
     pub commit_interval: Duration,
     /// Live progress line: on a terminal every 250 ms; elsewhere (e.g. Slurm's output file) a
     /// plain line every `plain_progress_every`, or never when `None`.
@@ -51,7 +53,7 @@ pub fn run(
     let listener = rt.block_on(tokio::net::TcpListener::bind(cfg.bind)).with_context(|| format!("listening on {}", cfg.bind))?;
     let mut addr = listener.local_addr()?;
     if addr.ip().is_unspecified() {
-        addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+        addr.set_ip(cfg.advertise.unwrap_or(std::net::Ipv4Addr::LOCALHOST.into()));
     }
     let (tx, rx) = mpsc::channel::<Event>();
     let mut agents = launch(addr, tx.clone()).context("starting the agents")?;
@@ -80,7 +82,7 @@ pub fn run(
         cfg.job_id.clone(),
         CoreConfig { commit_interval: cfg.commit_interval, expected_agents: expected, progress, progress_every },
     )?;
-    let net_cfg = Arc::new(net::NetConfig { secret, job_id: cfg.job_id.clone() });
+    let net_cfg = Arc::new(net::NetConfig { secret, job_id: cfg.job_id.clone(), joined: Default::default() });
 
     let result = std::thread::scope(|s| {
         let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();

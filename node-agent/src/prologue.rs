@@ -1,0 +1,180 @@
+//! The batch script as the tasks' environment prologue: it runs once, in the batch step, before
+//! any task; what it exports, the directory it ends in and its umask become every task's.
+//!
+//! Shell scripts are sourced by bash under an EXIT trap that dumps the environment (so `exit 0`
+//! in the script still counts as success). A script for another interpreter (a `#!` naming e.g.
+//! python) runs as itself: its exit status gates the tasks, but its environment cannot be seen.
+
+use std::ffi::OsString;
+use std::io::Read;
+use std::os::unix::ffi::OsStringExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+#[derive(Debug)]
+pub struct Prologue {
+    pub env: Vec<(OsString, OsString)>,
+    pub cwd: PathBuf,
+    pub umask: u32,
+    /// False when the script was not a shell script: `env`, `cwd`, `umask` are the leader's own.
+    pub captured: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PrologueError {
+    #[error("the batch script {script} failed ({status}); no task was run")]
+    Failed { script: String, status: String },
+    #[error("cannot run the batch script {script}: {source}")]
+    Spawn { script: String, source: std::io::Error },
+    #[error("cannot read the environment the batch script left: {0}")]
+    State(String),
+}
+
+const WRAPPER: &str = r#"__htc_state=$1; __htc_script=$2; shift 2
+__htc_dump() {
+  __htc_rc=$?
+  if [ "$__htc_rc" -eq 0 ]; then
+    { printf '%s\0%s\0' "$PWD" "$(umask)" && env -0; } > "$__htc_state" || __htc_rc=1
+  fi
+  exit "$__htc_rc"
+}
+trap __htc_dump EXIT
+. "$__htc_script"
+"#;
+
+/// Shell scripts (no `#!`, or one naming sh, bash, dash, ksh or zsh) are sourced.
+pub fn is_shell_script(script: &Path) -> bool {
+    let mut head = [0u8; 256];
+    let n = std::fs::File::open(script).and_then(|mut f| f.read(&mut head)).unwrap_or(0);
+    let head = &head[..n];
+    if !head.starts_with(b"#!") {
+        return true;
+    }
+    let line = head[2..].split(|&b| b == b'\n').next().unwrap_or(b"");
+    let words: Vec<&[u8]> = line.split(|b| b.is_ascii_whitespace()).filter(|w| !w.is_empty()).collect();
+    let interp = match words.as_slice() {
+        [env, prog, ..] if env.ends_with(b"/env") => *prog,
+        [prog, ..] => prog.rsplit(|&b| b == b'/').next().unwrap_or(prog),
+        [] => return true,
+    };
+    matches!(interp, b"sh" | b"bash" | b"dash" | b"ksh" | b"zsh")
+}
+
+/// Runs `script` with `args`; `state` is a scratch file path (in the run directory).
+pub fn run(script: &Path, args: &[OsString], state: &Path) -> Result<Prologue, PrologueError> {
+    let shown = script.display().to_string();
+    let captured = is_shell_script(script);
+    let status = if captured {
+        let _ = std::fs::remove_file(state);
+        Command::new("/bin/bash")
+            .arg("-c")
+            .arg(WRAPPER)
+            .arg("htc-prologue")
+            .arg(state)
+            .arg(script)
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .status()
+    } else {
+        Command::new(script).args(args).stdin(std::process::Stdio::null()).status()
+    }
+    .map_err(|source| PrologueError::Spawn { script: shown.clone(), source })?;
+    if !status.success() {
+        return Err(PrologueError::Failed { script: shown, status: status.to_string() });
+    }
+    if !captured {
+        // SAFETY: umask is process-wide and reading it requires setting it; restored at once.
+        let umask = unsafe {
+            let m = libc::umask(0o022);
+            libc::umask(m);
+            m
+        };
+        return Ok(Prologue {
+            env: std::env::vars_os().collect(),
+            cwd: std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")),
+            umask: umask as u32,
+            captured: false,
+        });
+    }
+    let raw = std::fs::read(state).map_err(|e| PrologueError::State(e.to_string()))?;
+    let _ = std::fs::remove_file(state);
+    let mut parts = raw.split(|&b| b == 0);
+    let cwd = PathBuf::from(OsString::from_vec(parts.next().unwrap_or_default().to_vec()));
+    let umask_s = String::from_utf8_lossy(parts.next().unwrap_or_default()).into_owned();
+    let umask = u32::from_str_radix(umask_s.trim(), 8).map_err(|_| PrologueError::State(format!("bad umask '{umask_s}'")))?;
+    let env = parts
+        .filter(|kv| !kv.is_empty())
+        .filter_map(|kv| {
+            let i = kv.iter().position(|&b| b == b'=')?;
+            let (k, v) = (&kv[..i], &kv[i + 1..]);
+            // Bash's own bookkeeping, not the user's environment.
+            (!matches!(k, b"_" | b"SHLVL" | b"OLDPWD")).then(|| (OsString::from_vec(k.to_vec()), OsString::from_vec(v.to_vec())))
+        })
+        .collect();
+    Ok(Prologue { env, cwd, umask, captured: true })
+}
+
+/// Makes the prologue's result the current process's: directory, umask and environment. Call
+/// before any thread starts (the environment is process-global).
+pub fn adopt(p: &Prologue) -> std::io::Result<()> {
+    std::env::set_current_dir(&p.cwd)?;
+    // SAFETY: setting the process umask.
+    unsafe { libc::umask(p.umask as libc::mode_t) };
+    if p.captured {
+        let keep: std::collections::HashSet<&OsString> = p.env.iter().map(|(k, _)| k).collect();
+        for (k, _) in std::env::vars_os() {
+            if !keep.contains(&k) {
+                std::env::remove_var(&k);
+            }
+        }
+        for (k, v) in &p.env {
+            std::env::set_var(k, v);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn script(name: &str, body: &str) -> (PathBuf, PathBuf) {
+        let d = std::env::temp_dir().join(format!("htc-prologue-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let p = d.join("job.sh");
+        std::fs::write(&p, body).unwrap();
+        (p, d.join("state"))
+    }
+
+    #[test]
+    fn exports_directory_and_umask_are_captured() {
+        let (p, st) = script("ok", "#!/bin/bash\nexport FOO=bar\nexport ARG1=\"$1\"\nNOT_EXPORTED=1\ncd /tmp\numask 027\nexit 0\n");
+        let r = run(&p, &["first arg".into()], &st).unwrap();
+        let get = |k: &str| r.env.iter().find(|(kk, _)| kk == k).map(|(_, v)| v.to_string_lossy().into_owned());
+        assert_eq!(get("FOO").as_deref(), Some("bar"));
+        assert_eq!(get("ARG1").as_deref(), Some("first arg"));
+        assert_eq!(get("NOT_EXPORTED"), None);
+        assert_eq!(r.cwd, PathBuf::from("/tmp"));
+        assert_eq!(r.umask, 0o027);
+        assert!(r.captured);
+    }
+
+    #[test]
+    fn a_failing_script_fails_the_prologue() {
+        let (p, st) = script("fail", "#!/bin/sh\necho preparing\nfalse_command_htc_missing\nexit 3\n");
+        let e = run(&p, &[], &st).unwrap_err();
+        assert!(e.to_string().contains("exit status: 3"), "{e}");
+        let (p, st) = script("sete", "set -e\nfalse\nexport NEVER=1\n");
+        assert!(run(&p, &[], &st).is_err());
+    }
+
+    #[test]
+    fn interpreters() {
+        let (p, _) = script("py", "#!/usr/bin/env python3\nprint(1)\n");
+        assert!(!is_shell_script(&p));
+        let (p, _) = script("bash", "#!/usr/bin/env bash\n");
+        assert!(is_shell_script(&p));
+        let (p, _) = script("none", "echo hi\n");
+        assert!(is_shell_script(&p));
+    }
+}

@@ -1,0 +1,130 @@
+//! Running inside a Slurm allocation: what the job environment says about this node, where the
+//! leader can be reached, and the one `srun` step that starts an agent on every node.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+
+use anyhow::{bail, Context};
+
+use crate::leader::core::Event;
+use crate::leader::launch::{watch, Agents};
+use crate::output::OutputMode;
+use crate::rundir::RunDir;
+
+pub fn var(name: &str) -> anyhow::Result<String> {
+    std::env::var(name).with_context(|| format!("${name} is not set (not inside a Slurm job?)"))
+}
+
+/// CPUs of node `index` from `SLURM_JOB_CPUS_PER_NODE`, e.g. `2(x3),1` (node 3 has 1 CPU).
+pub fn cpus_on_node(spec: &str, index: usize) -> Option<usize> {
+    let mut at = 0usize;
+    for part in spec.split(',') {
+        let (n, reps) = match part.split_once("(x") {
+            Some((n, r)) => (n.trim().parse().ok()?, r.trim_end_matches(')').parse::<usize>().ok()?),
+            None => (part.trim().parse().ok()?, 1),
+        };
+        if index < at + reps {
+            return Some(n);
+        }
+        at += reps;
+    }
+    None
+}
+
+/// The address other nodes reach this one at: the node name as the cluster resolves it (Slurm's
+/// NodeHostname/NodeAddr are usually resolvable names), else the host name, else loopback.
+pub fn node_ip() -> IpAddr {
+    let mut names = Vec::new();
+    if let Ok(n) = std::env::var("SLURMD_NODENAME") {
+        names.push(n);
+    }
+    names.push(crate::agent::hostname());
+    for n in names {
+        if let Ok(addrs) = (n.as_str(), 0).to_socket_addrs() {
+            let addrs: Vec<SocketAddr> = addrs.collect();
+            if let Some(a) = addrs.iter().find(|a| a.is_ipv4()).or(addrs.first()) {
+                return a.ip();
+            }
+        }
+    }
+    IpAddr::V4(Ipv4Addr::LOCALHOST)
+}
+
+/// One `srun --overlap` step with one agent per allocated node: O(1) controller RPCs whatever
+/// the number of tasks.
+pub struct Srun {
+    pub agent_bin: PathBuf,
+    pub nodes: usize,
+    pub output: OutputMode,
+    pub fanout: u32,
+}
+
+impl Srun {
+    pub fn start(&self, run: &RunDir, leader: SocketAddr, core: mpsc::Sender<Event>) -> anyhow::Result<Agents> {
+        if self.nodes == 0 {
+            bail!("no nodes in the allocation");
+        }
+        let mut cmd = Command::new("srun");
+        cmd.arg("--overlap")
+            .arg(format!("--nodes={}", self.nodes))
+            .arg(format!("--ntasks={}", self.nodes))
+            .arg("--ntasks-per-node=1")
+            .arg("--kill-on-bad-exit=0")
+            .arg("--cpu-bind=none")
+            // PMI2 carries the tree's addresses when there are more agents than the fan-out.
+            .arg(if self.nodes as u32 > self.fanout { "--mpi=pmi2" } else { "--mpi=none" })
+            .arg("--input=none")
+            .arg("--job-name=htc-agents")
+            .arg(&self.agent_bin)
+            .arg("work")
+            .arg("--slurm")
+            .arg("--leader")
+            .arg(leader.to_string())
+            .arg("--run-dir")
+            .arg(&run.path)
+            .arg("--agent-id")
+            .arg("0")
+            .arg("--output")
+            .arg(self.output.name())
+            .arg("--fanout")
+            .arg(self.fanout.to_string())
+            .stdin(Stdio::null());
+        // Agents log to the job's output; keep it to what matters unless the user asked.
+        if std::env::var_os("HTC_LOG").is_none() {
+            cmd.env("HTC_LOG", "warn");
+        }
+        let child = cmd.spawn().context("starting srun (is it on PATH?)")?;
+        let (etx, erx) = mpsc::channel();
+        // If srun ends, any agent that never joined is gone for good.
+        let nodes = self.nodes as u32;
+        let core2 = core.clone();
+        let (ltx, lrx) = mpsc::channel();
+        watch(child, None, core, ltx, "srun".into());
+        std::thread::spawn(move || {
+            if lrx.recv().is_ok() {
+                for agent in 0..nodes {
+                    let _ = core2.send(Event::NeverJoined { agent, why: "the srun step ended".into() });
+                }
+            }
+            let _ = etx.send(());
+        });
+        Ok(Agents::new(self.nodes, erx, 1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpus_per_node_spec() {
+        assert_eq!(cpus_on_node("2(x3),1", 0), Some(2));
+        assert_eq!(cpus_on_node("2(x3),1", 2), Some(2));
+        assert_eq!(cpus_on_node("2(x3),1", 3), Some(1));
+        assert_eq!(cpus_on_node("2(x3),1", 4), None);
+        assert_eq!(cpus_on_node("48", 0), Some(48));
+        assert_eq!(cpus_on_node("x", 0), None);
+    }
+}

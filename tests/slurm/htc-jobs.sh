@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# `sbatch --htc` end to end on a real Slurm cluster started on this machine: the plugin, the
+# leader in the batch step, one srun step of agents, on 1 node (loopback) and 4 nodes (network
+# namespaces, so every node has its own hostname and address). Submits as an unprivileged user.
+#
+#   tests/slurm/htc-jobs.sh          (as root, after cargo build --release --workspace)
+set -uo pipefail
+
+root=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd)
+export HTC_CLUSTER_DIR=${HTC_CLUSTER_DIR:-/var/lib/slurm-htc-test}
+# shellcheck source=/dev/null
+. "$root/tests/cluster/lib.sh"
+
+passed=0 failed=0
+ok() { printf 'ok   %s\n' "$*"; passed=$((passed + 1)); }
+bad() { printf 'FAIL %s\n' "$*"; failed=$((failed + 1)); }
+check() { local d=$1; shift; if "$@"; then ok "$d"; else bad "$d"; fi; }
+
+bin=$HTC_CLUSTER_DIR/htc-bin
+install_htc() {
+    install -d -m 0755 "$bin"
+    install -m 0755 "$root/target/release/htc" "$root/target/release/htc-agent" "$bin/"
+    install -m 0755 "$root/target/release/libspank_htc.so" "$bin/spank_htc.so"
+    cluster_plugin_add htc "optional $bin/spank_htc.so agent=$bin/htc-agent"
+}
+
+submit() { # DIR ARGS... -> job id on stdout, sbatch's output on stderr
+    local dir=$1 out
+    shift
+    out=$(as_user -C "$dir" sbatch --parsable "$@" 2>&1) || { echo "$out" >&2; return 1; }
+    echo "$out" | tail -n 1 | cut -d';' -f1
+}
+
+# Every id 1..N exactly once in FILE (lines "ID ...").
+each_once() { # FILE N
+    [[ $(cut -d' ' -f1 "$1" | sort -n | uniq | wc -l) == "$2" && $(wc -l <"$1") == "$2" && $(cut -d' ' -f1 "$1" | sort -n | head -1) == 1 && $(cut -d' ' -f1 "$1" | sort -n | tail -1) == "$2" ]]
+}
+
+run_many() { # NODES N -> checks on a job of N tasks recording id, hostname and node name
+    local nodes=$1 n=$2 w j state
+    w=$(cluster_workdir "many-$nodes")
+    seq 1 "$n" | sed 's|.*|echo "$HTC_TASK_ID $(hostname) $SLURMD_NODENAME $FOO" >> ids.txt|' >"$w/tasks.txt"
+    printf '#!/bin/bash\nexport FOO=from-prologue\n' >"$w/job.sh"
+    chown -R "$HTC_CLUSTER_USER" "$w"
+    j=$(submit "$w" -N "$nodes" --htc=tasks.txt job.sh) || { bad "$nodes node(s): submit"; return; }
+    state=$(wait_job "$j" 300)
+    check "$nodes node(s): job $j COMPLETED (was $state)" test "$state" = COMPLETED
+    check "$nodes node(s): exit code 0" test "$(job_exit_code "$j")" = 0
+    check "$nodes node(s): all $n tasks exactly once" each_once "$w/ids.txt" "$n"
+    check "$nodes node(s): tasks ran on all $nodes nodes" test "$(cut -d' ' -f3 "$w/ids.txt" | sort -u | wc -l)" = "$nodes"
+    check "$nodes node(s): every task saw the prologue's export" test "$(cut -d' ' -f4 "$w/ids.txt" | sort -u)" = from-prologue
+    check "$nodes node(s): summary in the job output" grep -q "$n tasks: $n done, 0 failed" "$w/slurm-$j.out"
+    if [[ $nodes -gt 1 ]]; then
+        check "$nodes nodes: distinct hostnames" test "$(cut -d' ' -f2 "$w/ids.txt" | sort -u | wc -l)" = "$nodes"
+    fi
+    [[ $failed == 0 ]] || { echo "--- slurm-$j.out"; tail -n 30 "$w/slurm-$j.out"; }
+}
+
+bad_file_rejected() {
+    local w before after out rc
+    w=$(cluster_workdir bad)
+    printf 'echo fine\n[cores=many] echo bad\n' >"$w/tasks.txt"
+    chown -R "$HTC_CLUSTER_USER" "$w"
+    before=$(cluster_cmd squeue -h -a -o %i | wc -l)
+    out=$(as_user -C "$w" sbatch --htc=tasks.txt --wrap=: 2>&1)
+    rc=$?
+    after=$(cluster_cmd squeue -h -a -o %i | wc -l)
+    check "bad task file: sbatch fails (rc=$rc)" test "$rc" -ne 0
+    check "bad task file: error names file:line" grep -q "tasks.txt:2:2: bad value 'many' for cores" <<<"$out"
+    check "bad task file: nothing queued" test "$before" = "$after"
+}
+
+failing_prologue() {
+    local w j state
+    w=$(cluster_workdir prologue)
+    printf 'touch ran.$HTC_TASK_ID\n' >"$w/tasks.txt"
+    printf '#!/bin/bash\necho setting up\nexit 4\n' >"$w/job.sh"
+    chown -R "$HTC_CLUSTER_USER" "$w"
+    j=$(submit "$w" --htc=tasks.txt job.sh) || { bad "failing prologue: submit"; return; }
+    state=$(wait_job "$j" 120)
+    check "failing prologue: job FAILED (was $state)" test "$state" = FAILED
+    check "failing prologue: no task ran" test -z "$(find "$w" -name 'ran.*')"
+    check "failing prologue: reason in the output" grep -q "batch script .* failed (exit status: 4); no task was run" "$w/slurm-$j.out"
+}
+
+failing_tasks() {
+    local w j state
+    w=$(cluster_workdir failing)
+    printf 'true\n[retries=1] exit 5\n' >"$w/tasks.txt"
+    chown -R "$HTC_CLUSTER_USER" "$w"
+    j=$(submit "$w" --htc=tasks.txt --wrap=:) || { bad "failing task: submit"; return; }
+    state=$(wait_job "$j" 120)
+    check "failing task: job not COMPLETED (was $state), exit code non-zero" test "$state" != COMPLETED -a "$(job_exit_code "$j")" != 0
+    check "failing task: reported in the output" grep -q "task 2 (line 2): exit 5 after 2 attempts" "$w/slurm-$j.out"
+    check "failing task: htc status shows it" bash -c "cd '$w' && '$bin/htc' status $j | grep -q 'done=1 failed=1'"
+}
+
+# Inbound controller RPCs (sdiag) for one HTC job of N tasks.
+rpcs_for() { # N -> RPC count
+    local n=$1 w j
+    w=$(cluster_workdir "rpc-$n")
+    seq 1 "$n" | sed 's/.*/true/' >"$w/tasks.txt"
+    chown -R "$HTC_CLUSTER_USER" "$w"
+    cluster_cmd sdiag -r >/dev/null
+    j=$(submit "$w" -N "$HTC_CLUSTER_NODES" --htc=tasks.txt --wrap=:) || return 1
+    wait_job "$j" 300 >/dev/null
+    sleep 1 # the epilog-complete messages arrive just after the job ends
+    cluster_cmd sdiag | awk '/Remote Procedure Call statistics by message type/ {on=1; next} /by user/ {on=0} on && /count:/ { sub(/.*count:/, ""); sub(/ .*/, ""); s += $0 } END { print s + 0 }'
+}
+
+controller_cost() {
+    local a b
+    a=$(rpcs_for 1000)
+    b=$(rpcs_for 10000)
+    echo "sdiag inbound RPCs: 1,000 tasks: $a, 10,000 tasks: $b"
+    check "controller RPCs are O(1): $a for 1k, $b for 10k tasks (<= 40 each)" test "$a" -gt 0 -a "$a" -le 40 -a "$b" -le 40
+    check "controller RPCs do not grow with tasks ($a vs $b)" test "$((b - a))" -le 3 -a "$((a - b))" -le 3
+}
+
+echo "== 1 node (loopback)"
+"$root/tests/cluster/start-cluster.sh" -n 1 -c 2 >/dev/null || { echo "cluster did not start"; exit 1; }
+cluster_env
+install_htc
+run_many 1 10000
+bad_file_rejected
+failing_prologue
+failing_tasks
+
+echo "== 4 nodes (network namespaces)"
+"$root/tests/cluster/start-cluster.sh" -n 4 -m netns -c 2 >/dev/null || { echo "cluster did not start"; exit 1; }
+cluster_env
+install_htc
+run_many 4 10000
+controller_cost
+
+[[ $failed == 0 ]] || cluster_logs 20
+"$root/tests/cluster/stop-cluster.sh" >/dev/null 2>&1
+echo "$passed passed, $failed failed"
+[[ $failed == 0 ]]
