@@ -138,13 +138,15 @@ impl Pmi {
     }
 
     /// Waits until every rank of the step has entered the fence; afterwards every rank's puts
-    /// (up to this fence) are visible to [`Pmi::get`].
+    /// (up to this fence) are visible to [`Pmi::get`]. On `Timeout` slurmstepd has still counted
+    /// this rank as entered, and the connection is unusable: give up on the exchange.
     pub fn fence(&mut self) -> Result<(), PmiError> {
         self.conn.call("kvs-fence", &[])?;
         Ok(())
     }
 
-    /// Value of `key` as of the last fence, `None` if no rank has put it.
+    /// Value of `key` as of the last fence, `None` if no rank had put it by then (this rank's own
+    /// puts included: before a fence even those read as `None`).
     pub fn get(&mut self, key: &str) -> Result<Option<String>, PmiError> {
         check_token("key", key, MAX_KEY_LEN)?;
         let resp = self.conn.call("kvs-get", &[("jobid", &self.jobid), ("srcid", "-1"), ("key", key)])?;

@@ -72,7 +72,8 @@ impl Srun {
             .arg(format!("--ntasks={}", self.nodes))
             .arg("--ntasks-per-node=1")
             .arg("--kill-on-bad-exit=0")
-            .arg("--cpu-bind=none")
+            // Every CPU of the job on each node, not one per step task.
+            .arg("--whole")
             // PMI2 carries the tree's addresses when there are more agents than the fan-out.
             .arg(if self.nodes as u32 > self.fanout { "--mpi=pmi2" } else { "--mpi=none" })
             .arg("--input=none")

@@ -85,7 +85,6 @@ struct LeadArgs {
 fn main() -> ExitCode {
     // Before any thread exists, so every thread inherits it (see executor).
     executor::block_sigchld();
-    htc::init_logging("info");
     // `--script` ends the options: what follows is the batch step's own argv, verbatim.
     let mut argv: Vec<OsString> = std::env::args_os().collect();
     let script_at = argv.iter().position(|a| a == "--script");
@@ -97,6 +96,8 @@ fn main() -> ExitCode {
         None => Vec::new(),
     };
     let cli = Cli::parse_from(argv);
+    // The leader's stderr is the job's output file: only what the user should read goes there.
+    htc::init_logging(if matches!(cli.cmd, Cmd::Lead(_)) { "warn" } else { "info" });
     let r = match cli.cmd {
         Cmd::Lead(a) => lead(a, script),
         Cmd::Work { leader, run_dir, agent_id, slurm, slots, cpus, mem_mb, output, fanout, agents } => {
