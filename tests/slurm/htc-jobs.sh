@@ -36,13 +36,14 @@ each_once() { # FILE N
     [[ $(cut -d' ' -f1 "$1" | sort -n | uniq | wc -l) == "$2" && $(wc -l <"$1") == "$2" && $(cut -d' ' -f1 "$1" | sort -n | head -1) == 1 && $(cut -d' ' -f1 "$1" | sort -n | tail -1) == "$2" ]]
 }
 
-run_many() { # NODES N -> checks on a job of N tasks recording id, hostname and node name
+run_many() { # NODES N [SBATCH OPTIONS...] -> checks on a job of N tasks recording id, hostname, node
     local nodes=$1 n=$2 w j state
-    w=$(cluster_workdir "many-$nodes")
+    shift 2
+    w=$(cluster_workdir "many-$nodes$*")
     seq 1 "$n" | sed 's|.*|echo "$HTC_TASK_ID $(hostname) $SLURMD_NODENAME $FOO" >> ids.txt|' >"$w/tasks.txt"
     printf '#!/bin/bash\nexport FOO=from-prologue\n' >"$w/job.sh"
     chown -R "$HTC_CLUSTER_USER" "$w"
-    j=$(submit "$w" -N "$nodes" --exclusive --htc=tasks.txt job.sh) || { bad "$nodes node(s): submit"; return; }
+    j=$(submit "$w" -N "$nodes" --exclusive "$@" --htc=tasks.txt job.sh) || { bad "$nodes node(s): submit"; return; }
     state=$(wait_job "$j" 300)
     check "$nodes node(s): job $j COMPLETED (was $state)" test "$state" = COMPLETED
     check "$nodes node(s): exit code 0" test "$(job_exit_code "$j")" = 0
@@ -146,6 +147,8 @@ echo "== 4 nodes (network namespaces)"
 cluster_env
 install_htc
 run_many 4 10000
+echo "-- fan-out 2: agents 2 and 3 reach the leader through agent 0 (PMI2 bootstrap)"
+run_many 4 3000 --htc-fanout=2
 controller_cost
 
 [[ $failed == 0 ]] || cluster_logs 20
