@@ -60,6 +60,13 @@ enum Cmd {
         #[arg(long, default_value = "streams")]
         output: OutputMode,
     },
+    /// Submit a task file to Slurm: `sbatch --htc=FILE [SBATCH OPTIONS]` with an empty batch script.
+    Submit {
+        file: PathBuf,
+        /// Options passed to sbatch as they are (e.g. -N 4 -t 1:00:00).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        sbatch: Vec<std::ffi::OsString>,
+    },
     /// Check a task file: counts, classes and the first errors with file:line:column.
     Check {
         file: PathBuf,
@@ -104,6 +111,17 @@ fn main() -> ExitCode {
 fn real_main() -> anyhow::Result<i32> {
     match Cli::parse().cmd {
         Cmd::Check { file, max_errors } => check(file, max_errors),
+        Cmd::Submit { file, sbatch } => {
+            let mut htc = std::ffi::OsString::from("--htc=");
+            htc.push(file.as_os_str());
+            let status = std::process::Command::new("sbatch")
+                .arg(htc)
+                .args(&sbatch)
+                .arg("--wrap=:")
+                .status()
+                .context("running sbatch (is Slurm's client installed?)")?;
+            Ok(status.code().unwrap_or(1))
+        }
         Cmd::Prepare { file, output } => match create_run(&file, output, None)? {
             Ok(run) => {
                 println!("{}", run.path.display());
