@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Slurm controller cost and wall time of the same work three ways, in one run on one cluster:
+# an HTC job of 1,000 tasks, an HTC job of 10,000 tasks, and a 1,000-element job array.
+# Inbound RPCs come from `sdiag` (reset before each job); waiting reads slurmctld's log, because
+# polling with squeue would add RPCs of its own. Epilog=/bin/true is set (see slurm-findings §4).
+#
+#   bench/slurm-rpc.sh [-n NODES]      (as root, after cargo build --release --workspace)
+set -uo pipefail
+
+root=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
+nodes=4
+[[ ${1-} == -n ]] && nodes=$2
+# A cluster of its own, so it never collides with a test cluster on the default ports.
+export HTC_CLUSTER_DIR=${HTC_CLUSTER_DIR:-/var/lib/slurm-htc-bench}
+export HTC_CLUSTER_CTLD_PORT=${HTC_CLUSTER_CTLD_PORT:-6827}
+export HTC_CLUSTER_SLURMD_PORT=${HTC_CLUSTER_SLURMD_PORT:-17301}
+# shellcheck source=/dev/null
+. "$root/tests/cluster/lib.sh"
+
+out=$root/bench/results/slurm-rpc-$(date -u +%Y%m%d-%H%M%S).txt
+mkdir -p "$root/bench/results"
+exec > >(tee "$out") 2>&1
+
+"$root/tests/cluster/start-cluster.sh" -n "$nodes" -c 2 >/dev/null || { echo "cluster did not start"; exit 1; }
+cluster_env
+bin=$HTC_CLUSTER_DIR/htc-bin
+make -s -C "$root" install BINDIR="$bin" PLUGINDIR="$bin" PLUGSTACKDIR="$HTC_CLUSTER_DIR/plugstack.conf.d" >/dev/null
+
+echo "date: $(date -u +%FT%TZ)  host: $(hostname)  nproc: $(nproc)  cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)"
+echo "cluster: $nodes nodes x 2 CPUs, loopback multi-slurmd, Slurm $(sinfo -V 2>/dev/null | cut -d' ' -f2), Epilog=/bin/true, SchedulerParameters=batch_sched_delay=0"
+echo "load at start: $(cut -d' ' -f1-3 /proc/loadavg)"
+
+usec() { printf '%s\n' "${EPOCHREALTIME//[!0-9]/}"; }
+
+wait_in_log() { # JOBID [ARRAY_SIZE]: until the job (or every array element) is done
+    local j=$1 want=${2:-1} i
+    for ((i = 0; i < 6000; i++)); do
+        if (($(grep -cE "_job_complete: JobId=${j}(_[0-9]+\(?[0-9]*\)?)? done" "$HTC_CLUSTER_DIR/log/slurmctld.log") >= want)); then
+            return 0
+        fi
+        sleep 0.1
+    done
+    return 1
+}
+
+measure() { # LABEL ARRAY_SIZE SBATCH_ARGS...
+    local label=$1 size=$2 w j t0 t1 rpcs
+    shift 2
+    w=$(cluster_workdir "$label")
+    seq 1 10000 | sed 's/.*/true/' | head -n "${label##*-}" >"$w/tasks.txt" 2>/dev/null
+    chown -R "$HTC_CLUSTER_USER" "$w"
+    cluster_cmd sdiag -r >/dev/null
+    t0=$(usec)
+    j=$(as_user -C "$w" sbatch --parsable "$@" | cut -d';' -f1)
+    wait_in_log "$j" "$size" || { echo "$label: job $j did not finish"; return 1; }
+    t1=$(usec)
+    sleep 2 # epilog-complete messages arrive just after the job ends
+    rpcs=$(cluster_cmd sdiag | awk '/by message type/ {on=1; next} /by user/ {on=0}
+        on && /count:/ && !/REQUEST_STATS_INFO/ { c = $0; sub(/.*count:/, "", c); sub(/ .*/, "", c); d = d sprintf(" %s=%s", $1, c); s += c }
+        END { print s + 0 "   " d }')
+    printf '%-14s wall %7.2f s   inbound RPCs %s\n' "$label" "$(awk -v a="$t0" -v b="$t1" 'BEGIN { print (b - a) / 1e6 }')" "$rpcs"
+}
+
+measure htc-1000 1 -N "$nodes" --exclusive --htc=tasks.txt --wrap=:
+measure htc-10000 1 -N "$nodes" --exclusive --htc=tasks.txt --wrap=:
+measure array-1000 1000 --array=1-1000 --wrap=true
+echo "load at end: $(cut -d' ' -f1-3 /proc/loadavg)"
+"$root/tests/cluster/stop-cluster.sh" >/dev/null 2>&1
+echo "results: $out"
