@@ -80,7 +80,7 @@ enum Child {
 async fn run_async(cfg: AgentConfig) -> anyhow::Result<()> {
     let secret = cfg.run.read_secret().context("reading the job secret")?;
     let mut stream = connect(cfg.parent).await?;
-    stream.set_nodelay(true)?;
+    frame::tune(&stream)?;
     let hostname = hostname();
     let hello = proto::Hello {
         secret: secret.clone(),
@@ -177,10 +177,24 @@ async fn run_async(cfg: AgentConfig) -> anyhow::Result<()> {
     let mut tick = tokio::time::interval(cfg.flush_every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut out = Vec::new();
+    let (mut sigterm, mut sigint) = (
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?,
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?,
+    );
 
     loop {
         let mut flush_now = false;
         tokio::select! {
+            // Killed from outside (scancel, kill): stop the tasks, which live in their own
+            // process groups, rather than leave them running without an agent.
+            _ = sigterm.recv(), if leader_gone.is_none() => {
+                leader_gone = Some("terminated by a signal".into());
+                exec.send(Command::Abort);
+            }
+            _ = sigint.recv(), if leader_gone.is_none() => {
+                leader_gone = Some("interrupted".into());
+                exec.send(Command::Abort);
+            }
             f = fr_rx.recv(), if leader_gone.is_none() && !leader_closed => match f {
                 Some(Ok(body)) => {
                     let dest = destination(&body);
@@ -338,9 +352,9 @@ async fn child_connection(
     secret: &[u8],
     up: UnboundedSender<Child>,
 ) -> Result<(), String> {
-    s.set_nodelay(true).map_err(|e| e.to_string())?;
+    frame::tune(&s).map_err(|e| e.to_string())?;
     let mut buf = Vec::new();
-    let hello = match tokio::time::timeout(Duration::from_secs(10), read_frame(&mut s, &mut buf)).await {
+    let hello = match tokio::time::timeout(Duration::from_secs(10), frame::read_frame_limited(&mut s, &mut buf, frame::MAX_HELLO)).await {
         Ok(Ok(Body::Hello(h))) => h,
         Ok(Ok(_)) => return Err("first frame is not a Hello".into()),
         Ok(Err(e)) => return Err(e.to_string()),

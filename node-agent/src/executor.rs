@@ -144,6 +144,7 @@ struct Running {
     timed_out: bool,
     /// Set when SIGTERM went out; SIGKILL follows at this instant.
     kill_at: Option<Instant>,
+    serial: u64,
 }
 
 struct Slot {
@@ -159,7 +160,9 @@ struct Executor {
     mem_free: u64,
     queue: VecDeque<TaskToRun>,
     running: HashMap<libc::pid_t, Running>,
-    deadlines: BinaryHeap<std::cmp::Reverse<(Instant, libc::pid_t)>>,
+    /// (when, pid, spawn serial): the serial tells a stale entry from a new task that reused the pid.
+    deadlines: BinaryHeap<std::cmp::Reverse<(Instant, libc::pid_t, u64)>>,
+    serial: u64,
     events: Vec<ExecEvent>,
     index: Option<BufWriter<File>>,
     env: Vec<CString>,
@@ -196,7 +199,7 @@ impl Executor {
         let mut env = Vec::new();
         let mut path = b"/usr/local/bin:/usr/bin:/bin".to_vec();
         for (k, v) in &cfg.env {
-            if k.as_bytes().starts_with(b"HTC_") || k.as_bytes().contains(&b'=') {
+            if is_private_var(k.as_bytes()) || k.as_bytes().contains(&b'=') {
                 continue;
             }
             if k == "PATH" {
@@ -219,6 +222,7 @@ impl Executor {
             queue: VecDeque::new(),
             running: HashMap::new(),
             deadlines: BinaryHeap::new(),
+            serial: 0,
             events: Vec::new(),
             index,
             env,
@@ -284,7 +288,7 @@ impl Executor {
             let timeout = self
                 .deadlines
                 .peek()
-                .map(|std::cmp::Reverse((t, _))| t.saturating_duration_since(Instant::now()))
+                .map(|std::cmp::Reverse((t, _, _))| t.saturating_duration_since(Instant::now()))
                 .unwrap_or(Duration::from_millis(100))
                 .min(Duration::from_millis(100));
             let mut fds = [
@@ -370,7 +374,10 @@ impl Executor {
             let is_file = fs::metadata(std::ffi::OsStr::from_bytes(c.as_bytes())).map(|m| m.is_file()).unwrap_or(false);
             (ok && is_file).then_some(c)
         });
-        self.resolved.insert(prog.to_vec(), found.clone());
+        // Only hits are cached: a miss may be a passing filesystem hiccup (NFS), not a fact.
+        if let Some(f) = &found {
+            self.resolved.insert(prog.to_vec(), Some(f.clone()));
+        }
         found
     }
 
@@ -491,10 +498,12 @@ impl Executor {
             Ok(pid) => {
                 drop(per_task);
                 self.events.push(ExecEvent::Started { id: t.id, attempt: t.attempt, start_us });
+                self.serial += 1;
+                let serial = self.serial;
                 if t.timeout_ms > 0 {
-                    self.deadlines.push(std::cmp::Reverse((Instant::now() + Duration::from_millis(t.timeout_ms as u64), pid)));
+                    self.deadlines.push(std::cmp::Reverse((Instant::now() + Duration::from_millis(t.timeout_ms as u64), pid, serial)));
                 }
-                self.running.insert(pid, Running { task: t, slots, start_us, out_off, err_off, timed_out: false, kill_at: None });
+                self.running.insert(pid, Running { task: t, slots, start_us, out_off, err_off, timed_out: false, kill_at: None, serial });
             }
             Err(errno) => {
                 let name = String::from_utf8_lossy(prog.as_bytes()).into_owned();
@@ -562,20 +571,20 @@ impl Executor {
 
     fn enforce_deadlines(&mut self) {
         let now = Instant::now();
-        while let Some(std::cmp::Reverse((t, pid))) = self.deadlines.peek().copied() {
+        while let Some(std::cmp::Reverse((t, pid, serial))) = self.deadlines.peek().copied() {
             if t > now {
                 break;
             }
             self.deadlines.pop();
             let grace = self.cfg.kill_grace;
-            let Some(r) = self.running.get_mut(&pid) else { continue };
+            let Some(r) = self.running.get_mut(&pid).filter(|r| r.serial == serial) else { continue };
             match r.kill_at {
                 None => {
                     r.timed_out = true;
                     r.kill_at = Some(now + grace);
                     // SAFETY: signalling the task's own process group.
                     unsafe { libc::kill(-pid, libc::SIGTERM) };
-                    self.deadlines.push(std::cmp::Reverse((now + grace, pid)));
+                    self.deadlines.push(std::cmp::Reverse((now + grace, pid, serial)));
                 }
                 Some(k) if k <= now => unsafe {
                     libc::kill(-pid, libc::SIGKILL);
@@ -592,10 +601,18 @@ impl Executor {
                 r.kill_at = Some(now + self.cfg.kill_grace);
                 // SAFETY: signalling the task's own process group.
                 unsafe { libc::kill(-pid, libc::SIGTERM) };
-                self.deadlines.push(std::cmp::Reverse((now + self.cfg.kill_grace, pid)));
+                self.deadlines.push(std::cmp::Reverse((now + self.cfg.kill_grace, pid, r.serial)));
             }
         }
     }
+}
+
+/// Variables a task must not inherit from its agent: the per-task HTC_* set (added fresh),
+/// the agent's own log filter, and the PMI channel of the agents' srun step (its fd is not the
+/// task's, and an MPI program started as a task would try to use it).
+fn is_private_var(k: &[u8]) -> bool {
+    const RESERVED: &[&[u8]] = &[b"HTC_TASK_ID", b"HTC_JOB_ID", b"HTC_ATTEMPT", b"HTC_CORES", b"HTC_AGENT", b"HTC_LOG"];
+    RESERVED.contains(&k) || k.starts_with(b"PMI_") || k.starts_with(b"PMIX_")
 }
 
 fn end_of(fd: RawFd) -> u64 {

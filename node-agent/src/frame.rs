@@ -26,8 +26,21 @@ pub enum FrameError {
     Io(#[from] std::io::Error),
 }
 
+/// Largest first frame (Hello) accepted from a peer that has not yet shown the job secret, so a
+/// stranger cannot make us allocate `MAX_FRAME` per connection.
+pub const MAX_HELLO: usize = 4096;
+
 /// Reads one frame. `Closed` means a clean end of stream at a frame boundary.
 pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R, buf: &mut Vec<u8>) -> Result<proto::frame::Body, FrameError> {
+    read_frame_limited(r, buf, MAX_FRAME).await
+}
+
+/// Reads one frame of at most `limit` bytes.
+pub async fn read_frame_limited<R: AsyncRead + Unpin>(
+    r: &mut R,
+    buf: &mut Vec<u8>,
+    limit: usize,
+) -> Result<proto::frame::Body, FrameError> {
     let mut len = [0u8; 4];
     match r.read_exact(&mut len).await {
         Ok(_) => {}
@@ -35,7 +48,7 @@ pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R, buf: &mut Vec<u8>) -> R
         Err(e) => return Err(e.into()),
     }
     let len = u32::from_be_bytes(len) as usize;
-    if len > MAX_FRAME {
+    if len > limit.min(MAX_FRAME) {
         return Err(FrameError::TooLarge(len));
     }
     buf.resize(len, 0);
@@ -45,6 +58,26 @@ pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R, buf: &mut Vec<u8>) -> R
 
 pub fn decode(buf: &[u8]) -> Result<proto::frame::Body, FrameError> {
     proto::Frame::decode(buf)?.body.ok_or(FrameError::Empty)
+}
+
+/// Socket options for every leader/agent connection: no Nagle delay for small frames, and TCP
+/// keepalive so a peer whose node hangs or vanishes without a reset is noticed in about a
+/// minute (the connection then fails and the agent counts as lost) instead of never.
+pub fn tune(s: &tokio::net::TcpStream) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    s.set_nodelay(true)?;
+    let fd = s.as_raw_fd();
+    let set = |level, opt, v: libc::c_int| {
+        // SAFETY: setsockopt with a pointer to a live c_int of the right size.
+        let rc = unsafe {
+            libc::setsockopt(fd, level, opt, &v as *const libc::c_int as *const libc::c_void, std::mem::size_of::<libc::c_int>() as u32)
+        };
+        if rc == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+    };
+    set(libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1)?;
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, 30)?;
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, 10)?;
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 3)
 }
 
 /// Appends one encoded frame (length prefix included) to `out`, so callers can coalesce
@@ -73,11 +106,11 @@ mod tests {
     #[tokio::test]
     async fn roundtrip_and_limits() {
         let mut out = Vec::new();
-        encode_into(Body::Ack(proto::Ack { seq: 7 }), &mut out);
-        encode_into(Body::Shutdown(proto::Shutdown { abort: true, reason: "x".into() }), &mut out);
+        encode_into(Body::Ack(proto::Ack { seq: 7, agent: 0 }), &mut out);
+        encode_into(Body::Shutdown(proto::Shutdown { abort: true, reason: "x".into(), agent: 0 }), &mut out);
         let mut r = &out[..];
         let mut buf = Vec::new();
-        assert!(matches!(read_frame(&mut r, &mut buf).await.unwrap(), Body::Ack(proto::Ack { seq: 7 })));
+        assert!(matches!(read_frame(&mut r, &mut buf).await.unwrap(), Body::Ack(proto::Ack { seq: 7, .. })));
         assert!(matches!(read_frame(&mut r, &mut buf).await.unwrap(), Body::Shutdown(_)));
         assert!(matches!(read_frame(&mut r, &mut buf).await, Err(FrameError::Closed)));
 

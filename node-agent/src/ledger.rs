@@ -10,7 +10,7 @@ use std::path::Path;
 use lmdb::{Cursor, Database, DatabaseFlags, Environment, EnvironmentFlags, RwTransaction, Transaction, WriteFlags};
 
 /// Bump when the record layout or the meta keys change; `open` refuses other versions.
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 pub const RECORD_LEN: usize = 64;
 /// Virtual size of the map; the file only grows as far as it is used.
 const MAP_SIZE: usize = 1 << 40;
@@ -91,7 +91,13 @@ impl Outcome {
             Outcome::Exited => format!("exit {value}"),
             Outcome::Signaled => format!("killed by signal {value}{}", signal_name(value)),
             Outcome::TimedOut => "timed out".into(),
-            Outcome::SpawnFailed => format!("could not start: {}", std::io::Error::from_raw_os_error(value)),
+            Outcome::SpawnFailed => {
+                // What a shell would have reported: 126 for "cannot execute", 127 for "not found".
+                let code = if value == libc::EACCES || value == libc::ENOEXEC { 126 } else { 127 };
+                let err = std::io::Error::from_raw_os_error(value).to_string();
+                let err = err.split(" (os error").next().unwrap_or(&err).to_string();
+                format!("exit {code}: could not start: {err}")
+            }
             Outcome::Lost => "lost with its agent".into(),
             Outcome::Unschedulable => "needs more cores or memory than any agent has".into(),
         }
@@ -195,7 +201,9 @@ impl Record {
     }
 }
 
-/// One earlier, failed attempt of a task (the record holds the last one).
+/// One earlier attempt of a task that did not end it (the record holds the last one): failed
+/// attempts that were retried, and attempts lost with their agent. Stored in order under
+/// (task id, n) for n = 0, 1, …
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Attempt {
     pub attempt: u8,
@@ -210,15 +218,16 @@ impl Attempt {
     fn encode(&self) -> [u8; 28] {
         let mut b = [0u8; 28];
         b[0] = self.outcome as u8;
+        b[1] = self.attempt;
         b[4..8].copy_from_slice(&self.value.to_le_bytes());
         b[8..12].copy_from_slice(&self.agent.to_le_bytes());
         b[12..20].copy_from_slice(&self.start_us.to_le_bytes());
         b[20..28].copy_from_slice(&self.end_us.to_le_bytes());
         b
     }
-    fn decode(attempt: u8, b: &[u8]) -> Option<Attempt> {
+    fn decode(b: &[u8]) -> Option<Attempt> {
         (b.len() == 28).then(|| Attempt {
-            attempt,
+            attempt: b[1],
             outcome: Outcome::from_u8(b[0]),
             value: i32::from_le_bytes(b[4..8].try_into().unwrap()),
             agent: u32::from_le_bytes(b[8..12].try_into().unwrap()),
@@ -270,6 +279,18 @@ fn attempt_key(id: u64, attempt: u8) -> [u8; 9] {
     k[..8].copy_from_slice(&id.to_be_bytes());
     k[8] = attempt;
     k
+}
+
+fn collect_attempts(c: &mut lmdb::RoCursor<'_>, id: u64) -> std::result::Result<Vec<Attempt>, lmdb::Error> {
+    let mut out = Vec::new();
+    for item in c.iter_from(attempt_key(id, 0)) {
+        let (k, v) = item?;
+        if k.len() != 9 || k[..8] != key(id) {
+            break;
+        }
+        out.extend(Attempt::decode(v));
+    }
+    Ok(out)
 }
 
 pub struct Ledger {
@@ -376,10 +397,15 @@ impl<'l> WriteTxn<'l> {
         self.txn.put(self.l.tasks, &key(id), &r.encode(), WriteFlags::APPEND).map_err(|e| self.l.err(e))
     }
 
+    /// Appends to the task's attempt history.
     pub fn put_attempt(&mut self, id: u64, a: &Attempt) -> Result<()> {
-        self.txn
-            .put(self.l.attempts, &attempt_key(id, a.attempt), &a.encode(), WriteFlags::empty())
-            .map_err(|e| self.l.err(e))
+        let n = self.attempts_of(id)?.len().min(255) as u8;
+        self.txn.put(self.l.attempts, &attempt_key(id, n), &a.encode(), WriteFlags::empty()).map_err(|e| self.l.err(e))
+    }
+
+    pub fn attempts_of(&self, id: u64) -> Result<Vec<Attempt>> {
+        let mut c = self.txn.open_ro_cursor(self.l.attempts).map_err(|e| self.l.err(e))?;
+        collect_attempts(&mut c, id).map_err(|e| self.l.err(e))
     }
 
     pub fn mark_failed(&mut self, id: u64) -> Result<()> {
@@ -472,18 +498,10 @@ impl ReadTxn<'_> {
         Ok(out)
     }
 
-    /// Earlier failed attempts of a task, oldest first.
+    /// Earlier attempts of a task, oldest first.
     pub fn attempts(&self, id: u64) -> Result<Vec<Attempt>> {
         let mut c = self.txn.open_ro_cursor(self.l.attempts).map_err(|e| self.l.err(e))?;
-        let mut out = Vec::new();
-        for item in c.iter_from(attempt_key(id, 0)) {
-            let (k, v) = item.map_err(|e| self.l.err(e))?;
-            if k.len() != 9 || k[..8] != key(id) {
-                break;
-            }
-            out.extend(Attempt::decode(k[8], v));
-        }
-        Ok(out)
+        collect_attempts(&mut c, id).map_err(|e| self.l.err(e))
     }
 
     /// Visits every task in id order.

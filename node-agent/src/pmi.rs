@@ -336,6 +336,31 @@ fn parse_init_response(line: &str) -> Result<(), PmiError> {
     Ok(())
 }
 
+/// Fuzzing entry point (see `fuzz/`): one server message, length field included, through the
+/// same checks `Conn::exchange` applies to the bytes it reads. A message shorter than its
+/// length field says is `Closed`, as a server hanging up mid-message would be.
+#[doc(hidden)]
+pub fn fuzz_parse_response(msg: &[u8], cmd: &str) -> Result<Vec<(String, String)>, PmiError> {
+    if msg.len() < LEN_FIELD {
+        return Err(PmiError::Closed);
+    }
+    let (len, rest) = msg.split_at(LEN_FIELD);
+    let body = rest.get(..parse_len(len)?).ok_or(PmiError::Closed)?;
+    let body = std::str::from_utf8(body).map_err(|_| PmiError::Protocol(format!("{cmd}: answer is not UTF-8")))?;
+    check_response(parse_body(body)?, cmd)
+}
+
+/// Fuzzing entry point (see `fuzz/`): the answer to `init`, as `Conn::read_line` hands it on
+/// (without its newline).
+#[doc(hidden)]
+pub fn fuzz_parse_init_response(line: &[u8]) -> Result<(), PmiError> {
+    if line.len() > MAX_INIT_LINE {
+        return Err(PmiError::Protocol(format!("answer to init longer than {MAX_INIT_LINE} bytes")));
+    }
+    let line = std::str::from_utf8(line).map_err(|_| PmiError::Protocol("answer to init is not UTF-8".into()))?;
+    parse_init_response(line)
+}
+
 /// The descriptor plus deadline-bounded blocking I/O (poll before every read and write, so it
 /// works on whatever kind of descriptor `PMI_FD` is).
 #[derive(Debug)]
@@ -509,6 +534,21 @@ mod tests {
             Err(e @ PmiError::Rc { rc: 14, .. }) => assert!(e.to_string().contains("failed to send temp kvs"), "{e}"),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn fuzz_wrappers_parse_like_the_connection() {
+        let p = fuzz_parse_response(b"26    cmd=kvs-put-response;rc=0;", "kvs-put").unwrap();
+        assert_eq!(lookup(&p, "rc"), Some("0"));
+        // Bytes past the announced length are the next message's, not this one's.
+        assert!(fuzz_parse_response(b"26    cmd=kvs-put-response;rc=0;junk", "kvs-put").is_ok());
+        for short in [&b""[..], b"26   ", b"26    cmd=kvs-put-response;"] {
+            assert!(matches!(fuzz_parse_response(short, "kvs-put"), Err(PmiError::Closed)), "{short:?}");
+        }
+        assert!(matches!(fuzz_parse_response(b"2     \xff;", "kvs-put"), Err(PmiError::Protocol(_))));
+        fuzz_parse_init_response(b"cmd=response_to_init rc=0 pmi_version=2 pmi_subversion=0").unwrap();
+        assert!(matches!(fuzz_parse_init_response(b"cmd=response_to_init \xff"), Err(PmiError::Protocol(_))));
+        assert!(matches!(fuzz_parse_init_response(&[b' '; MAX_INIT_LINE + 1]), Err(PmiError::Protocol(_))));
     }
 
     #[test]

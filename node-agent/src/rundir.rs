@@ -73,6 +73,24 @@ impl RunDir {
         self.out().join(format!("agent-{agent}"))
     }
 
+    /// Takes the run's leader lock: one leader per run, so a second `htc run --resume` (or a
+    /// requeued job whose first incarnation still runs) cannot dispatch the same tasks twice.
+    /// Held until the returned file is dropped (or the process dies).
+    pub fn lock(&self) -> io::Result<fs::File> {
+        use std::os::fd::AsRawFd;
+        let f = fs::OpenOptions::new().create(true).truncate(false).write(true).mode(0o600).open(self.path.join("leader.lock"))?;
+        // SAFETY: flock on an fd we own.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let e = io::Error::last_os_error();
+            return Err(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                io::Error::new(io::ErrorKind::WouldBlock, format!("{} is in use by a running leader", self.path.display()))
+            } else {
+                e
+            });
+        }
+        Ok(f)
+    }
+
     /// Writes a new random secret, readable only by the owner.
     pub fn write_secret(&self) -> io::Result<Vec<u8>> {
         let mut s = vec![0u8; SECRET_LEN];

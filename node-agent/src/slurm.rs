@@ -35,21 +35,27 @@ pub fn cpus_on_node(spec: &str, index: usize) -> Option<usize> {
 
 /// The address other nodes reach this one at: the node name as the cluster resolves it (Slurm's
 /// NodeHostname/NodeAddr are usually resolvable names), else the host name, else loopback.
+/// Loopback addresses (Debian maps the host name to 127.0.1.1) are taken only when nothing
+/// else resolves, as on a one-machine test cluster.
 pub fn node_ip() -> IpAddr {
     let mut names = Vec::new();
     if let Ok(n) = std::env::var("SLURMD_NODENAME") {
         names.push(n);
     }
     names.push(crate::agent::hostname());
-    for n in names {
-        if let Ok(addrs) = (n.as_str(), 0).to_socket_addrs() {
-            let addrs: Vec<SocketAddr> = addrs.collect();
-            if let Some(a) = addrs.iter().find(|a| a.is_ipv4()).or(addrs.first()) {
-                return a.ip();
-            }
-        }
-    }
-    IpAddr::V4(Ipv4Addr::LOCALHOST)
+    let addrs: Vec<IpAddr> = names
+        .iter()
+        .filter_map(|n| (n.as_str(), 0).to_socket_addrs().ok())
+        .flatten()
+        .map(|a: SocketAddr| a.ip())
+        .collect();
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4() && !a.is_loopback())
+        .or_else(|| addrs.iter().find(|a| !a.is_loopback()))
+        .or_else(|| addrs.first())
+        .copied()
+        .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST))
 }
 
 /// One `srun --overlap` step with one agent per allocated node: O(1) controller RPCs whatever

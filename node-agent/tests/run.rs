@@ -4,6 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::os::unix::process::CommandExt;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -298,20 +299,26 @@ fn sigint_interrupts_cleanly_and_resume_finishes() {
     let ids = d.path("ids.txt");
     let tasks: String = (0..400).map(|_| format!("sleep 0.02; echo $HTC_TASK_ID >> {}\n", ids.display())).collect();
     d.write("tasks.txt", tasks);
+    // Its own process group, as a shell job: Ctrl-C on a terminal signals the whole group.
     let leader = Command::new(HTC)
-        .args(["run", "tasks.txt"])
+        .args(["run", "--agents", "2", "tasks.txt"])
         .current_dir(&d.0)
+        .process_group(0)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     assert!(wait_for(|| id_counts(&ids).len() >= 20, Duration::from_secs(30)));
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(leader.id() as i32, libc::SIGINT) };
+    // SAFETY: signalling the process group of our own child.
+    unsafe { libc::kill(-(leader.id() as i32), libc::SIGINT) };
     let o = leader.wait_with_output().unwrap();
     assert_eq!(o.status.code(), Some(130), "{}", text(&o));
     assert!(String::from_utf8_lossy(&o.stderr).contains("htc run --resume"), "{}", text(&o));
+    // No task outlives the interrupted run.
+    let settled = fs::metadata(&ids).unwrap().len();
+    std::thread::sleep(Duration::from_millis(700));
+    assert_eq!(settled, fs::metadata(&ids).unwrap().len(), "tasks kept running after Ctrl-C");
     let o = d.htc(&["run", "--resume", d.run_dir().to_str().unwrap()]);
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(id_counts(&ids).len(), 400);

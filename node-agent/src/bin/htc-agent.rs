@@ -192,7 +192,15 @@ fn lead(a: LeadArgs, script: Vec<OsString>) -> anyhow::Result<i32> {
     }
     let base = std::env::current_dir()?;
     let existing = RunDir::new(base.join(".htc").join(&job_id));
-    let run = if existing.ledger().exists() {
+    // A requeue that interrupted the first load finds a ledger without its total: start over.
+    let complete = existing.ledger().exists()
+        && htc::ledger::Ledger::open(&existing.ledger(), true).ok().and_then(|l| l.read().ok()?.meta_u64("total").ok()?).is_some()
+        && existing.secret().exists();
+    if existing.path.exists() && !complete {
+        std::fs::remove_dir_all(&existing.path).with_context(|| format!("removing the incomplete {}", existing.path.display()))?;
+    }
+    let run = if complete {
+        let _lock = existing.lock()?;
         // A requeued job: continue from its ledger.
         let ledger = htc::ledger::Ledger::open(&existing.ledger(), false)?;
         let n = leader::core::reset_interrupted(&ledger)?;
@@ -240,6 +248,9 @@ fn lead(a: LeadArgs, script: Vec<OsString>) -> anyhow::Result<i32> {
         plain_progress_every: Some(Duration::from_secs(every.max(1))),
         quiet: false,
     };
+    let lock = run.lock()?;
     let outcome = leader::run(cfg, |addr, tx| srun.start(&run, addr, tx))?;
-    leader::finish(&run, &outcome, false)
+    let code = leader::finish(&run, &outcome, false);
+    drop(lock);
+    code
 }

@@ -136,9 +136,11 @@ fn real_main() -> anyhow::Result<i32> {
         }
         Cmd::Output { run, task, stdout, stderr } => print_output(&run, task, !stderr, !stdout),
         Cmd::Run { file, resume, agents, cores_per_agent, fanout, output, retries, quiet, commit_ms } => {
+            let lock;
             let (run, output) = match (resume, file) {
                 (Some(r), None) => {
                     let run = RunDir::locate(if r.is_empty() { None } else { Some(&r) })?;
+                    lock = Some(run.lock()?);
                     let mode = stored_output_mode(&run)?.unwrap_or(output);
                     let ledger = Ledger::open(&run.ledger(), false)?;
                     let n = leader::core::reset_interrupted(&ledger)?;
@@ -150,7 +152,10 @@ fn real_main() -> anyhow::Result<i32> {
                 (Some(_), Some(_)) => bail!("give either a task file or --resume, not both"),
                 (None, None) => bail!("missing task file (or --resume)"),
                 (None, Some(file)) => match create_run(&file, output, retries)? {
-                    Ok(run) => (run, output),
+                    Ok(run) => {
+                        lock = Some(run.lock()?);
+                        (run, output)
+                    }
                     Err(code) => return Ok(code),
                 },
             };
@@ -176,7 +181,9 @@ fn real_main() -> anyhow::Result<i32> {
                 quiet,
             };
             let outcome = leader::run(cfg, |addr, tx| local.start(&run, addr, tx))?;
-            leader::finish(&run, &outcome, quiet)
+            let code = leader::finish(&run, &outcome, quiet);
+            drop(lock);
+            code
         }
     }
 }

@@ -77,11 +77,12 @@ pub struct Core<'a> {
     counts: Counts,
     finished_start: u64,
     started: Instant,
-    max_cores: u32,
-    max_mem_mb: u64,
 }
 
 type Result<T> = std::result::Result<T, LedgerError>;
+
+/// Agents a task may lose (their agent died while running it) before that counts as a failure.
+const MAX_LOSSES: usize = 3;
 
 impl<'a> Core<'a> {
     pub fn new(
@@ -106,8 +107,6 @@ impl<'a> Core<'a> {
             finished_start: counts.get(State::Done) + counts.get(State::Failed),
             counts,
             started: Instant::now(),
-            max_cores: 0,
-            max_mem_mb: 0,
         })
     }
 
@@ -257,8 +256,6 @@ impl<'a> Core<'a> {
             Event::Joined { agent, cores, mem_mb, hostname, tx } => {
                 tracing::info!(job = %self.job_id, agent, cores, %hostname, "agent joined");
                 self.ever_seen += 1;
-                self.max_cores = self.max_cores.max(cores);
-                self.max_mem_mb = self.max_mem_mb.max(if mem_mb == 0 { u64::MAX } else { mem_mb });
                 self.agents.insert(
                     agent,
                     Agent { tx, cores, mem_mb, credit: 0, last_seq: 0, acked_seq: 0, alive: true, hostname },
@@ -280,7 +277,11 @@ impl<'a> Core<'a> {
                 let a = self.agents.get_mut(&agent).unwrap();
                 a.last_seq = a.last_seq.max(report.seq);
                 a.credit += report.want as u64;
-                self.dispatch_all(t)?;
+                self.dispatch(t, agent)?;
+                // Retries can go to any agent with credit, not only the one that reported.
+                if !self.retry.is_empty() {
+                    self.dispatch_all(t)?;
+                }
             }
             Event::Lost { agent, why } => {
                 if let Some(a) = self.agents.get_mut(&agent) {
@@ -361,9 +362,24 @@ impl<'a> Core<'a> {
         }
         r.end_us = end_us;
         let success = outcome == Outcome::Exited && value == 0;
+        // Losing its agent is not the task's fault: it does not use up a retry, unless the task
+        // keeps taking agents down with it (then it is probably the cause).
+        if outcome == Outcome::Lost {
+            let losses = 1 + t.attempts_of(id)?.iter().filter(|a| a.outcome == Outcome::Lost).count();
+            if losses < MAX_LOSSES {
+                t.put_attempt(id, &Attempt { attempt: r.attempts, outcome, value, agent, start_us: r.start_us, end_us })?;
+                r.attempts = r.attempts.saturating_sub(1);
+                self.retry.push_back(id);
+                r.set_state(State::Pending);
+                t.put(id, r)?;
+                self.counts.moved(from, State::Pending);
+                return Ok(());
+            }
+        }
         // Exit 126/127 and spawn failures mean "not executable / not found": deterministic, so
         // retrying only burns time.
-        let permanent = outcome == Outcome::SpawnFailed || (outcome == Outcome::Exited && (value == 126 || value == 127));
+        let permanent = (outcome == Outcome::SpawnFailed && [libc::ENOENT, libc::EACCES, libc::ENOEXEC, libc::E2BIG].contains(&value))
+            || (outcome == Outcome::Exited && (value == 126 || value == 127));
         let to = if success {
             State::Done
         } else if !permanent && (r.attempts as u32) <= r.retries as u32 {
@@ -411,9 +427,25 @@ impl<'a> Core<'a> {
         r.cores as u32 <= a.cores && (a.mem_mb == 0 || r.mem_mb == 0 || r.mem_mb as u64 <= a.mem_mb)
     }
 
-    /// Whether some agent that has joined could ever run the task.
+    /// Whether some live agent could ever run the task. Meaningful only once every agent the
+    /// launcher started has joined or is known gone (`all_accounted`): a big node may join last.
     fn schedulable(&self, r: &Record) -> bool {
-        r.cores as u32 <= self.max_cores && (r.mem_mb as u64) <= self.max_mem_mb
+        self.agents.values().any(|a| a.alive) && self.agents.iter().any(|(id, a)| a.alive && self.fits(*id, r))
+    }
+
+    fn all_accounted(&self) -> bool {
+        self.ever_seen + self.never_joined >= self.cfg.expected_agents
+    }
+
+    fn fail_unschedulable(&mut self, t: &mut WriteTxn<'a>, id: u64, mut r: Record) -> Result<()> {
+        tracing::warn!(job = %self.job_id, task = id, cores = r.cores, mem_mb = r.mem_mb, "task needs more than any agent has");
+        let from = r.state();
+        t.mark_failed(id)?;
+        r.outcome = Outcome::Unschedulable as u8;
+        r.set_state(State::Failed);
+        t.put(id, &r)?;
+        self.counts.moved(from, State::Failed);
+        Ok(())
     }
 
     fn dispatch(&mut self, t: &mut WriteTxn<'a>, agent: u32) -> Result<()> {
@@ -430,6 +462,8 @@ impl<'a> Core<'a> {
             if self.fits(agent, &r) {
                 self.take_task(t, agent, id, r, &mut specs)?;
                 want -= 1;
+            } else if self.all_accounted() && !self.schedulable(&r) {
+                self.fail_unschedulable(t, id, r)?;
             } else {
                 skipped.push_back(id);
             }
@@ -442,16 +476,6 @@ impl<'a> Core<'a> {
                 let Some(r) = t.get(id)? else { continue };
                 if r.state() != State::Pending {
                     continue; // done in an earlier session, or queued for retry already
-                }
-                if !self.schedulable(&r) {
-                    let mut r = r;
-                    tracing::warn!(job = %self.job_id, task = id, cores = r.cores, mem_mb = r.mem_mb, "task needs more than any agent has");
-                    t.mark_failed(id)?;
-                    r.outcome = Outcome::Unschedulable as u8;
-                    r.set_state(State::Failed);
-                    t.put(id, &r)?;
-                    self.counts.moved(State::Pending, State::Failed);
-                    continue;
                 }
                 if self.fits(agent, &r) {
                     self.take_task(t, agent, id, r, &mut specs)?;

@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -68,6 +69,8 @@ impl Local {
     pub fn start(&self, run: &RunDir, leader: SocketAddr, core: mpsc::Sender<Event>) -> anyhow::Result<Agents> {
         let (etx, erx) = mpsc::channel();
         std::fs::create_dir_all(&self.log_dir)?;
+        // Addresses of an earlier session's relays would be stale.
+        let _ = std::fs::remove_dir_all(run.path.join("tree"));
         for i in 0..self.agents {
             // Agent i's slots sit on consecutive CPUs, wrapping when agents oversubscribe.
             let cpus: Vec<String> = (0..self.slots_per_agent)
@@ -75,7 +78,10 @@ impl Local {
                 .map(|c| c.to_string())
                 .collect();
             let log = std::fs::File::create(self.log_dir.join(format!("agent-{i}.log")))?;
+            // Own process group: a Ctrl-C on the terminal reaches the leader only, which then
+            // stops the agents cleanly (they stop their tasks) instead of orphaning the tasks.
             let child = Command::new(&self.agent_bin)
+                .process_group(0)
                 .arg("work")
                 .arg("--leader")
                 .arg(leader.to_string())

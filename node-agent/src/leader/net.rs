@@ -74,9 +74,9 @@ fn encoded(body: Body) -> Vec<u8> {
 
 /// One connection from a direct child: its own agent plus every agent it relays for.
 async fn connection(mut stream: TcpStream, cfg: &NetConfig, core: mpsc::Sender<Event>) -> Result<(), String> {
-    stream.set_nodelay(true).map_err(|e| e.to_string())?;
+    frame::tune(&stream).map_err(|e| e.to_string())?;
     let mut buf = Vec::new();
-    let hello = match tokio::time::timeout(HELLO_TIMEOUT, read_frame(&mut stream, &mut buf)).await {
+    let hello = match tokio::time::timeout(HELLO_TIMEOUT, frame::read_frame_limited(&mut stream, &mut buf, frame::MAX_HELLO)).await {
         Err(_) => return Err("no hello within 10 s".into()),
         Ok(Err(e)) => return Err(format!("bad first frame: {e}")),
         Ok(Ok(Body::Hello(h))) => h,
