@@ -415,7 +415,8 @@ pub fn parse_duration_ms(s: &str) -> Option<u32> {
                 return None;
             }
             let v: f64 = num.parse().ok()?;
-            let ms = (v * unit_ms).round();
+            // A positive duration never rounds down to 0, which would mean "none".
+            let ms = (v * unit_ms).round().max(if v > 0.0 { 1.0 } else { 0.0 });
             if !ms.is_finite() || ms > MAX_DURATION_MS as f64 {
                 return None;
             }
@@ -657,6 +658,8 @@ mod tests {
         assert_eq!(parse_duration_ms("1h30m"), Some(5_400_000));
         assert_eq!(parse_duration_ms("250ms"), Some(250));
         assert_eq!(parse_duration_ms("1.5s"), Some(1500));
+        assert_eq!(parse_duration_ms("0.4ms"), Some(1));
+        assert_eq!(parse_duration_ms("0s"), Some(0));
         assert_eq!(parse_duration_ms("1:00:00"), Some(3_600_000));
         assert_eq!(parse_duration_ms("0"), Some(0));
         assert_eq!(parse_duration_ms("5x"), None);
