@@ -150,6 +150,17 @@ struct Running {
 struct Slot {
     out: File,
     err: File,
+    /// Where the next task's output starts: only this slot's tasks write to its files, and the
+    /// ends are re-read after each task, so no seek is needed before a spawn.
+    out_end: u64,
+    err_end: u64,
+}
+
+impl Slot {
+    fn new(out: File, err: File) -> Slot {
+        let (out_end, err_end) = (end_of(out.as_raw_fd()), end_of(err.as_raw_fd()));
+        Slot { out, err, out_end, err_end }
+    }
 }
 
 struct Executor {
@@ -184,7 +195,7 @@ impl Executor {
                 OpenOptions::new().append(true).create(true).custom_flags(libc::O_CLOEXEC).open(dir.join(name))
             };
             for s in 0..cfg.slots {
-                slots.push(Slot { out: open(format!("slot-{s}.out"))?, err: open(format!("slot-{s}.err"))? });
+                slots.push(Slot::new(open(format!("slot-{s}.out"))?, open(format!("slot-{s}.err"))?));
             }
             index = Some(BufWriter::with_capacity(64 << 10, open("index".into())?));
         } else {
@@ -193,7 +204,7 @@ impl Executor {
             }
             for _ in 0..cfg.slots {
                 let null = || OpenOptions::new().write(true).custom_flags(libc::O_CLOEXEC).open("/dev/null");
-                slots.push(Slot { out: null()?, err: null()? });
+                slots.push(Slot::new(null()?, null()?));
             }
         }
         let mut env = Vec::new();
@@ -413,9 +424,11 @@ impl Executor {
         let start_us = now_us();
         let fail = |this: &mut Self, t: TaskToRun, slots: Vec<usize>, errno: i32, msg: String| {
             // The reason goes where the task's stderr would have gone, so `htc output` shows it.
-            if let Some(s) = this.slots.get(slot) {
-                let (out_off, err_off) = (end_of(s.out.as_raw_fd()), end_of(s.err.as_raw_fd()));
-                let _ = (&s.err).write_all(msg.as_bytes());
+            if let Some(s) = this.slots.get_mut(slot) {
+                let (out_off, err_off) = (s.out_end, s.err_end);
+                if (&s.err).write_all(msg.as_bytes()).is_ok() {
+                    s.err_end += msg.len() as u64;
+                }
                 if let Some(ix) = this.index.as_mut() {
                     let e = IndexEntry {
                         id: t.id,
@@ -491,7 +504,8 @@ impl Executor {
             }
             _ => (self.slots[slot].out.as_raw_fd(), self.slots[slot].err.as_raw_fd(), None),
         };
-        let (out_off, err_off) = if self.cfg.output == OutputMode::Streams { (end_of(out_fd), end_of(err_fd)) } else { (0, 0) };
+        let (out_off, err_off) =
+            if self.cfg.output == OutputMode::Streams { (self.slots[slot].out_end, self.slots[slot].err_end) } else { (0, 0) };
 
         self.bind(&slots);
         match self.attr.spawn(&prog, &argv, &envp, out_fd, err_fd) {
@@ -544,8 +558,9 @@ impl Executor {
                 (Outcome::Exited, libc::WEXITSTATUS(status))
             };
             if let (Some(ix), OutputMode::Streams) = (self.index.as_mut(), self.cfg.output) {
-                let s = &self.slots[r.slots[0]];
+                let s = &mut self.slots[r.slots[0]];
                 let (oe, ee) = (end_of(s.out.as_raw_fd()), end_of(s.err.as_raw_fd()));
+                (s.out_end, s.err_end) = (oe, ee);
                 let e = IndexEntry {
                     id: r.task.id,
                     attempt: r.task.attempt,
@@ -624,6 +639,21 @@ fn end_of(fd: RawFd) -> u64 {
 /// posix_spawn attributes shared by every spawn: new process group, clean signal state.
 struct SpawnAttr {
     attr: Box<libc::posix_spawnattr_t>,
+    /// File actions by (stdout fd, stderr fd). They name fd numbers, not files, so one set serves
+    /// every task of a slot; building them per spawn cost glibc five fd checks (prlimit) each.
+    actions: HashMap<(RawFd, RawFd), Box<libc::posix_spawn_file_actions_t>>,
+}
+
+impl Drop for SpawnAttr {
+    fn drop(&mut self) {
+        // SAFETY: attr was initialised in new(); each file action set in actions().
+        unsafe {
+            libc::posix_spawnattr_destroy(&mut *self.attr);
+            for fa in self.actions.values_mut() {
+                libc::posix_spawn_file_actions_destroy(&mut **fa);
+            }
+        }
+    }
 }
 
 // SAFETY: only used from the executor thread that owns it.
@@ -646,7 +676,7 @@ impl SpawnAttr {
             libc::posix_spawnattr_setpgroup(&mut *attr, 0);
             let flags = libc::POSIX_SPAWN_SETPGROUP | libc::POSIX_SPAWN_SETSIGMASK | libc::POSIX_SPAWN_SETSIGDEF;
             libc::posix_spawnattr_setflags(&mut *attr, flags as libc::c_short);
-            Ok(SpawnAttr { attr })
+            Ok(SpawnAttr { attr, actions: HashMap::new() })
         }
     }
 
@@ -660,35 +690,34 @@ impl SpawnAttr {
         out_fd: RawFd,
         err_fd: RawFd,
     ) -> Result<libc::pid_t, i32> {
+        let fa: *const libc::posix_spawn_file_actions_t = &**self.actions.entry((out_fd, err_fd)).or_insert_with(|| {
+            // SAFETY: initialising a boxed file action set; destroyed in Drop.
+            unsafe {
+                let mut fa: Box<libc::posix_spawn_file_actions_t> = Box::new(std::mem::zeroed());
+                libc::posix_spawn_file_actions_init(&mut *fa);
+                libc::posix_spawn_file_actions_addopen(&mut *fa, 0, c"/dev/null".as_ptr(), libc::O_RDONLY, 0);
+                libc::posix_spawn_file_actions_adddup2(&mut *fa, out_fd, 1);
+                libc::posix_spawn_file_actions_adddup2(&mut *fa, err_fd, 2);
+                fa
+            }
+        });
         // SAFETY: argv/envp are NULL-terminated arrays of pointers into CStrings that outlive the
-        // call; file actions are initialised and destroyed here.
+        // call; fa points into a Box owned by self.actions, untouched during the call.
         unsafe {
-            let mut fa: libc::posix_spawn_file_actions_t = std::mem::zeroed();
-            libc::posix_spawn_file_actions_init(&mut fa);
-            libc::posix_spawn_file_actions_addopen(&mut fa, 0, c"/dev/null".as_ptr(), libc::O_RDONLY, 0);
-            libc::posix_spawn_file_actions_adddup2(&mut fa, out_fd, 1);
-            libc::posix_spawn_file_actions_adddup2(&mut fa, err_fd, 2);
             let mut pid: libc::pid_t = 0;
             let rc = libc::posix_spawn(
                 &mut pid,
                 prog.as_ptr(),
-                &fa,
+                fa,
                 &*self.attr,
                 argv.as_ptr() as *const *mut libc::c_char,
                 envp.as_ptr() as *const *mut libc::c_char,
             );
-            libc::posix_spawn_file_actions_destroy(&mut fa);
             if rc == 0 { Ok(pid) } else { Err(rc) }
         }
     }
 }
 
-impl Drop for SpawnAttr {
-    fn drop(&mut self) {
-        // SAFETY: attr was initialised in new().
-        unsafe { libc::posix_spawnattr_destroy(&mut *self.attr) };
-    }
-}
 
 /// CPUs this process may run on, in order.
 pub fn allowed_cpus() -> Vec<usize> {
