@@ -372,19 +372,8 @@ async fn child_connection(
         let _ = frame::write_frame(&mut s, Body::Reject(proto::Reject { reason: why.clone(), agent_id: hello.agent_id })).await;
         return Err(why);
     }
-    let (mut rd, mut wr) = s.into_split();
-    let (tx, mut rx) = unbounded_channel::<Vec<u8>>();
-    tokio::spawn(async move {
-        while let Some(mut out) = rx.recv().await {
-            while let Ok(more) = rx.try_recv() {
-                out.extend_from_slice(&more);
-            }
-            if wr.write_all(&out).await.is_err() {
-                break;
-            }
-        }
-        let _ = wr.shutdown().await;
-    });
+    let (mut rd, wr) = s.into_split();
+    let tx = frame::spawn_writer(wr);
     let _ = up.send(Child::Open { pos, tx });
     let mut agents = vec![hello.agent_id];
     let _ = up.send(Child::Up(encoded(Body::Hello(hello))));

@@ -60,6 +60,25 @@ pub fn decode(buf: &[u8]) -> Result<proto::frame::Body, FrameError> {
     proto::Frame::decode(buf)?.body.ok_or(FrameError::Empty)
 }
 
+/// Starts a task that writes whatever frames are queued on the returned sender, coalescing
+/// everything queued at that moment into one write; it shuts the socket down when the sender is
+/// dropped or a write fails.
+pub fn spawn_writer(mut wr: tokio::net::tcp::OwnedWriteHalf) -> tokio::sync::mpsc::UnboundedSender<Vec<u8>> {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
+    tokio::spawn(async move {
+        while let Some(mut out) = rx.recv().await {
+            while let Ok(more) = rx.try_recv() {
+                out.extend_from_slice(&more);
+            }
+            if wr.write_all(&out).await.is_err() {
+                break;
+            }
+        }
+        let _ = wr.shutdown().await;
+    });
+    tx
+}
+
 /// Socket options for every leader/agent connection: no Nagle delay for small frames, and TCP
 /// keepalive so a peer whose node hangs or vanishes without a reset is noticed in about a
 /// minute (the connection then fails and the agent counts as lost) instead of never.

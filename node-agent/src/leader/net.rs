@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc::unbounded_channel;
 
 use super::core::Event;
 use crate::frame::{self, read_frame, FrameError};
@@ -89,20 +88,8 @@ async fn connection(mut stream: TcpStream, cfg: &NetConfig, core: mpsc::Sender<E
         reject(&mut stream, &why, hello.agent_id).await;
         return Err(why);
     }
-    let (tx, mut rx) = unbounded_channel::<Vec<u8>>();
-    let (mut rd, mut wr) = stream.into_split();
-    // Writer: coalesces whatever the core queued into one write.
-    tokio::spawn(async move {
-        while let Some(mut out) = rx.recv().await {
-            while let Ok(more) = rx.try_recv() {
-                out.extend_from_slice(&more);
-            }
-            if wr.write_all(&out).await.is_err() {
-                break;
-            }
-        }
-        let _ = wr.shutdown().await;
-    });
+    let (mut rd, wr) = stream.into_split();
+    let tx = frame::spawn_writer(wr);
     let mut agents: HashSet<u32> = HashSet::new();
     let mut pending = Some(hello);
     let why = loop {
