@@ -11,6 +11,13 @@ cd "$root"
 
 step() { printf '\n== %s ==\n' "$*"; }
 
+step "hygiene: cargo fmt --check, cargo clippy -D warnings"
+cargo fmt --all --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "fresh machine: the README's main command in a clean copy, without protoc or libclang"
+tests/fresh-build.sh
+
 step "build (release, once for every tier)"
 cargo build --release --workspace --locked
 

@@ -24,9 +24,7 @@ impl Even {
     pub fn new(ids: Range<u64>, instances: usize) -> Self {
         let n = instances.max(1) as u64;
         let len = ids.end.saturating_sub(ids.start);
-        let blocks = (0..n)
-            .map(|i| (ids.start + len * i / n)..(ids.start + len * (i + 1) / n))
-            .collect();
+        let blocks = (0..n).map(|i| (ids.start + len * i / n)..(ids.start + len * (i + 1) / n)).collect();
         Even { blocks }
     }
 }

@@ -216,12 +216,7 @@ impl<R: BufRead> Parser<R> {
             if self.eof || !self.read_line()? {
                 self.eof = true;
                 if self.tasks == 0 {
-                    return Err(TaskFileError {
-                        file: self.file.clone(),
-                        line: 0,
-                        column: 0,
-                        kind: ErrorKind::Empty,
-                    });
+                    return Err(TaskFileError { file: self.file.clone(), line: 0, column: 0, kind: ErrorKind::Empty });
                 }
                 return Ok(None);
             }
@@ -256,9 +251,10 @@ impl<R: BufRead> Parser<R> {
                 self.parse_options(start + 1, close, &mut options)?;
                 cmd_start = close + 1;
                 if cmd_start < end && !is_blank(self.buf[cmd_start]) {
-                    return Err(self.err(cmd_start + 1, ErrorKind::BadOptionSyntax(
-                        "text right after ']' (put a space before the command)".into(),
-                    )));
+                    return Err(self.err(
+                        cmd_start + 1,
+                        ErrorKind::BadOptionSyntax("text right after ']' (put a space before the command)".into()),
+                    ));
                 }
                 while cmd_start < end && is_blank(self.buf[cmd_start]) {
                     cmd_start += 1;
@@ -303,12 +299,13 @@ impl<R: BufRead> Parser<R> {
                         as u16
                 }
                 "mem" => {
-                    opts.mem_mb =
-                        parse_mem_mb(value).ok_or_else(|| self.err(col, bad("mem", "a size like 512M, 4G (max 4096T)")))?
+                    opts.mem_mb = parse_mem_mb(value)
+                        .ok_or_else(|| self.err(col, bad("mem", "a size like 512M, 4G (max 4096T)")))?
                 }
                 "timeout" => {
-                    opts.timeout_ms = parse_duration_ms(value)
-                        .ok_or_else(|| self.err(col, bad("timeout", "a duration like 90, 90s, 10m, 1h30m, 1:30:00 (0 = none)")))?
+                    opts.timeout_ms = parse_duration_ms(value).ok_or_else(|| {
+                        self.err(col, bad("timeout", "a duration like 90, 90s, 10m, 1h30m, 1:30:00 (0 = none)"))
+                    })?
                 }
                 "runtime" => {
                     opts.runtime_ms = parse_duration_ms(value)
@@ -440,11 +437,51 @@ pub fn needs_shell(command: &[u8]) -> bool {
         return true;
     }
     const BUILTINS: &[&[u8]] = &[
-        b".", b":", b"alias", b"bg", b"break", b"cd", b"command", b"continue", b"eval", b"exec", b"exit",
-        b"export", b"fc", b"fg", b"getopts", b"hash", b"jobs", b"local", b"read", b"readonly", b"return",
-        b"set", b"shift", b"source", b"times", b"trap", b"type", b"ulimit", b"umask", b"unalias", b"unset",
-        b"wait", b"if", b"then", b"else", b"elif", b"fi", b"case", b"esac", b"for", b"while", b"until",
-        b"do", b"done", b"function",
+        b".",
+        b":",
+        b"alias",
+        b"bg",
+        b"break",
+        b"cd",
+        b"command",
+        b"continue",
+        b"eval",
+        b"exec",
+        b"exit",
+        b"export",
+        b"fc",
+        b"fg",
+        b"getopts",
+        b"hash",
+        b"jobs",
+        b"local",
+        b"read",
+        b"readonly",
+        b"return",
+        b"set",
+        b"shift",
+        b"source",
+        b"times",
+        b"trap",
+        b"type",
+        b"ulimit",
+        b"umask",
+        b"unalias",
+        b"unset",
+        b"wait",
+        b"if",
+        b"then",
+        b"else",
+        b"elif",
+        b"fi",
+        b"case",
+        b"esac",
+        b"for",
+        b"while",
+        b"until",
+        b"do",
+        b"done",
+        b"function",
     ];
     BUILTINS.contains(&first)
 }
@@ -502,7 +539,7 @@ pub fn check<R: BufRead>(reader: R, file: &str, max_errors: usize) -> Result<Sum
             Err(e) => {
                 let fatal = matches!(e.kind, ErrorKind::Io(_) | ErrorKind::Empty);
                 // An empty-file complaint after other errors says nothing new.
-                if !(e.kind == ErrorKind::Empty && !errors.is_empty()) {
+                if e.kind != ErrorKind::Empty || errors.is_empty() {
                     errors.push(e);
                 }
                 if fatal || errors.len() >= max_errors {
@@ -518,7 +555,12 @@ pub fn check<R: BufRead>(reader: R, file: &str, max_errors: usize) -> Result<Sum
         .classes()
         .iter()
         .zip(per_class.iter().chain(std::iter::repeat(&(0, 0.0, 0))))
-        .map(|(name, &(tasks, cs, without))| ClassSummary { name: name.clone(), tasks, core_seconds: cs, without_runtime: without })
+        .map(|(name, &(tasks, cs, without))| ClassSummary {
+            name: name.clone(),
+            tasks,
+            core_seconds: cs,
+            without_runtime: without,
+        })
         .filter(|c| c.tasks > 0)
         .collect();
     Ok(s)
@@ -545,7 +587,10 @@ pub fn check_path(path: &std::path::Path, max_errors: usize) -> Result<Summary, 
 mod tests {
     use super::*;
 
-    fn all(text: &[u8]) -> Result<Vec<(u64, TaskOptions, Vec<u8>, bool)>, TaskFileError> {
+    /// (line, options, command, shell) of every task in `text`.
+    type Parsed = (u64, TaskOptions, Vec<u8>, bool);
+
+    fn all(text: &[u8]) -> Result<Vec<Parsed>, TaskFileError> {
         let mut p = Parser::new(text, "t.txt");
         let mut v = Vec::new();
         while let Some(t) = p.next_task()? {
@@ -576,7 +621,10 @@ mod tests {
     #[test]
     fn options_and_defaults() {
         let v = all(b"#HTC cores=2 timeout=1m retries=1\n[class=long,runtime=30s mem=2G] ./sim 1\n./sim 2\n#HTC class=short\n[cores=1] x\n").unwrap();
-        assert_eq!(v[0].1, TaskOptions { cores: 2, mem_mb: 2048, timeout_ms: 60_000, retries: 1, class: 1, runtime_ms: 30_000 });
+        assert_eq!(
+            v[0].1,
+            TaskOptions { cores: 2, mem_mb: 2048, timeout_ms: 60_000, retries: 1, class: 1, runtime_ms: 30_000 }
+        );
         assert_eq!(v[0].2, b"./sim 1");
         assert_eq!(v[1].1.class, 0);
         assert_eq!(v[1].1.cores, 2);

@@ -312,7 +312,15 @@ async fn run_async(cfg: AgentConfig) -> anyhow::Result<()> {
             let want = if want >= target / 4 || outstanding + asked == 0 { want } else { 0 };
             if want > 0 || !results.is_empty() || !started.is_empty() {
                 asked += want;
-                flush(&mut out, &mut started, &mut results, &mut seq, want as u32, outstanding == 0 && asked == 0, cfg.agent_id);
+                flush(
+                    &mut out,
+                    &mut started,
+                    &mut results,
+                    &mut seq,
+                    want as u32,
+                    outstanding == 0 && asked == 0,
+                    cfg.agent_id,
+                );
             }
             if !out.is_empty() {
                 if wr.write_all(&out).await.is_err() {
@@ -354,7 +362,12 @@ async fn child_connection(
 ) -> Result<(), String> {
     frame::tune(&s).map_err(|e| e.to_string())?;
     let mut buf = Vec::new();
-    let hello = match tokio::time::timeout(Duration::from_secs(10), frame::read_frame_limited(&mut s, &mut buf, frame::MAX_HELLO)).await {
+    let hello = match tokio::time::timeout(
+        Duration::from_secs(10),
+        frame::read_frame_limited(&mut s, &mut buf, frame::MAX_HELLO),
+    )
+    .await
+    {
         Ok(Ok(Body::Hello(h))) => h,
         Ok(Ok(_)) => return Err("first frame is not a Hello".into()),
         Ok(Err(e)) => return Err(e.to_string()),
@@ -369,7 +382,9 @@ async fn child_connection(
         None
     };
     if let Some(why) = why {
-        let _ = frame::write_frame(&mut s, Body::Reject(proto::Reject { reason: why.clone(), agent_id: hello.agent_id })).await;
+        let _ =
+            frame::write_frame(&mut s, Body::Reject(proto::Reject { reason: why.clone(), agent_id: hello.agent_id }))
+                .await;
         return Err(why);
     }
     let (mut rd, wr) = s.into_split();
@@ -392,7 +407,8 @@ async fn child_connection(
             Err(e) => break e.to_string(),
         }
     };
-    let _ = up.send(Child::Closed { pos, agents: agents.into_iter().collect::<HashSet<_>>().into_iter().collect(), why });
+    let _ =
+        up.send(Child::Closed { pos, agents: agents.into_iter().collect::<HashSet<_>>().into_iter().collect(), why });
     Ok(())
 }
 

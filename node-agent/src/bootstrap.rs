@@ -65,11 +65,19 @@ pub struct Place {
 }
 
 /// Agents whose parent is position 0 connect to the leader; the others to their parent agent.
-pub fn place(kvs: &mut Kvs, agent: u32, agents: u32, fanout: u32, leader: SocketAddr, ip: IpAddr) -> anyhow::Result<Place> {
+pub fn place(
+    kvs: &mut Kvs,
+    agent: u32,
+    agents: u32,
+    fanout: u32,
+    leader: SocketAddr,
+    ip: IpAddr,
+) -> anyhow::Result<Place> {
     let me = tree::position(agent);
     let has_children = !tree::children(me, fanout, agents).is_empty();
     let relay = if has_children {
-        let l = TcpListener::bind(SocketAddr::new(IpAddr::from([0, 0, 0, 0]), 0)).context("listening for child agents")?;
+        let l =
+            TcpListener::bind(SocketAddr::new(IpAddr::from([0, 0, 0, 0]), 0)).context("listening for child agents")?;
         let addr = SocketAddr::new(ip, l.local_addr()?.port());
         kvs.put(&format!("htc-addr-{agent}"), &addr.to_string())?;
         Some((fanout, agents, l))

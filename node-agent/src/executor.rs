@@ -223,7 +223,8 @@ impl Executor {
                 env.push(c);
             }
         }
-        let path_dirs = path.split(|&b| b == b':').map(|d| if d.is_empty() { b".".to_vec() } else { d.to_vec() }).collect();
+        let path_dirs =
+            path.split(|&b| b == b':').map(|d| if d.is_empty() { b".".to_vec() } else { d.to_vec() }).collect();
         Ok(Executor {
             free: vec![true; cfg.slots],
             free_count: cfg.slots,
@@ -504,8 +505,11 @@ impl Executor {
             }
             _ => (self.slots[slot].out.as_raw_fd(), self.slots[slot].err.as_raw_fd(), None),
         };
-        let (out_off, err_off) =
-            if self.cfg.output == OutputMode::Streams { (self.slots[slot].out_end, self.slots[slot].err_end) } else { (0, 0) };
+        let (out_off, err_off) = if self.cfg.output == OutputMode::Streams {
+            (self.slots[slot].out_end, self.slots[slot].err_end)
+        } else {
+            (0, 0)
+        };
 
         self.bind(&slots);
         match self.attr.spawn(&prog, &argv, &envp, out_fd, err_fd) {
@@ -515,9 +519,16 @@ impl Executor {
                 self.serial += 1;
                 let serial = self.serial;
                 if t.timeout_ms > 0 {
-                    self.deadlines.push(std::cmp::Reverse((Instant::now() + Duration::from_millis(t.timeout_ms as u64), pid, serial)));
+                    self.deadlines.push(std::cmp::Reverse((
+                        Instant::now() + Duration::from_millis(t.timeout_ms as u64),
+                        pid,
+                        serial,
+                    )));
                 }
-                self.running.insert(pid, Running { task: t, slots, start_us, out_off, err_off, timed_out: false, kill_at: None, serial });
+                self.running.insert(
+                    pid,
+                    Running { task: t, slots, start_us, out_off, err_off, timed_out: false, kill_at: None, serial },
+                );
             }
             Err(errno) => {
                 let name = String::from_utf8_lossy(prog.as_bytes()).into_owned();
@@ -551,7 +562,10 @@ impl Executor {
             let Some(r) = self.running.remove(&pid) else { continue };
             let end_us = now_us();
             let (outcome, value) = if r.timed_out {
-                (Outcome::TimedOut, if libc::WIFSIGNALED(status) { libc::WTERMSIG(status) } else { libc::WEXITSTATUS(status) })
+                (
+                    Outcome::TimedOut,
+                    if libc::WIFSIGNALED(status) { libc::WTERMSIG(status) } else { libc::WEXITSTATUS(status) },
+                )
             } else if libc::WIFSIGNALED(status) {
                 (Outcome::Signaled, libc::WTERMSIG(status))
             } else {
@@ -690,17 +704,18 @@ impl SpawnAttr {
         out_fd: RawFd,
         err_fd: RawFd,
     ) -> Result<libc::pid_t, i32> {
-        let fa: *const libc::posix_spawn_file_actions_t = &**self.actions.entry((out_fd, err_fd)).or_insert_with(|| {
-            // SAFETY: initialising a boxed file action set; destroyed in Drop.
-            unsafe {
-                let mut fa: Box<libc::posix_spawn_file_actions_t> = Box::new(std::mem::zeroed());
-                libc::posix_spawn_file_actions_init(&mut *fa);
-                libc::posix_spawn_file_actions_addopen(&mut *fa, 0, c"/dev/null".as_ptr(), libc::O_RDONLY, 0);
-                libc::posix_spawn_file_actions_adddup2(&mut *fa, out_fd, 1);
-                libc::posix_spawn_file_actions_adddup2(&mut *fa, err_fd, 2);
-                fa
-            }
-        });
+        let fa: *const libc::posix_spawn_file_actions_t =
+            &**self.actions.entry((out_fd, err_fd)).or_insert_with(|| {
+                // SAFETY: initialising a boxed file action set; destroyed in Drop.
+                unsafe {
+                    let mut fa: Box<libc::posix_spawn_file_actions_t> = Box::new(std::mem::zeroed());
+                    libc::posix_spawn_file_actions_init(&mut *fa);
+                    libc::posix_spawn_file_actions_addopen(&mut *fa, 0, c"/dev/null".as_ptr(), libc::O_RDONLY, 0);
+                    libc::posix_spawn_file_actions_adddup2(&mut *fa, out_fd, 1);
+                    libc::posix_spawn_file_actions_adddup2(&mut *fa, err_fd, 2);
+                    fa
+                }
+            });
         // SAFETY: argv/envp are NULL-terminated arrays of pointers into CStrings that outlive the
         // call; fa points into a Box owned by self.actions, untouched during the call.
         unsafe {
@@ -713,11 +728,14 @@ impl SpawnAttr {
                 argv.as_ptr() as *const *mut libc::c_char,
                 envp.as_ptr() as *const *mut libc::c_char,
             );
-            if rc == 0 { Ok(pid) } else { Err(rc) }
+            if rc == 0 {
+                Ok(pid)
+            } else {
+                Err(rc)
+            }
         }
     }
 }
-
 
 /// CPUs this process may run on, in order.
 pub fn allowed_cpus() -> Vec<usize> {

@@ -89,9 +89,19 @@ pub fn tune(s: &tokio::net::TcpStream) -> std::io::Result<()> {
     let set = |level, opt, v: libc::c_int| {
         // SAFETY: setsockopt with a pointer to a live c_int of the right size.
         let rc = unsafe {
-            libc::setsockopt(fd, level, opt, &v as *const libc::c_int as *const libc::c_void, std::mem::size_of::<libc::c_int>() as u32)
+            libc::setsockopt(
+                fd,
+                level,
+                opt,
+                &v as *const libc::c_int as *const libc::c_void,
+                std::mem::size_of::<libc::c_int>() as u32,
+            )
         };
-        if rc == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
     };
     set(libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1)?;
     set(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, 30)?;

@@ -349,8 +349,12 @@ impl Ledger {
                 env.create_db(Some(name), DatabaseFlags::empty())
             }
         };
-        let (tasks, meta, attempts, failed) =
-            (db("tasks").map_err(err)?, db("meta").map_err(err)?, db("attempts").map_err(err)?, db("failed").map_err(err)?);
+        let (tasks, meta, attempts, failed) = (
+            db("tasks").map_err(err)?,
+            db("meta").map_err(err)?,
+            db("attempts").map_err(err)?,
+            db("failed").map_err(err)?,
+        );
         Ok(Ledger { env, path: p, tasks, meta, attempts, failed })
     }
 
@@ -567,8 +571,11 @@ mod tests {
             let mut r = t.get(5).unwrap().unwrap();
             r.set_state(State::Done);
             t.put(5, &r).unwrap();
-            t.put_attempt(5, &Attempt { attempt: 1, outcome: Outcome::Exited, value: 1, agent: 0, start_us: 1, end_us: 2 })
-                .unwrap();
+            t.put_attempt(
+                5,
+                &Attempt { attempt: 1, outcome: Outcome::Exited, value: 1, agent: 0, start_us: 1, end_us: 2 },
+            )
+            .unwrap();
             t.commit().unwrap();
             let mut t = l.write().unwrap();
             let mut r = t.get(6).unwrap().unwrap();

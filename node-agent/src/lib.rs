@@ -26,8 +26,11 @@ pub const PROTOCOL_VERSION: u32 = 1;
 
 /// Logs to stderr; `HTC_LOG` takes a tracing filter (e.g. `info`, `htc=debug`).
 pub fn init_logging(default: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("HTC_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr)
+    let filter = tracing_subscriber::EnvFilter::try_from_env("HTC_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
         .try_init();

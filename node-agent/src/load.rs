@@ -64,7 +64,7 @@ pub fn load(src: &Path, run: &RunDir, ledger: &Ledger, defaults: TaskOptions) ->
             ..Default::default()
         };
         txn.append(id, &r)?;
-        if id % BATCH == 0 {
+        if id.is_multiple_of(BATCH) {
             txn.commit()?;
             txn = ledger.write()?;
         }
@@ -97,7 +97,8 @@ impl TaskText {
             return Ok(TaskText { ptr: std::ptr::null(), len: 0 });
         }
         // SAFETY: mapping a regular file read-only and private; checked for MAP_FAILED.
-        let ptr = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_PRIVATE, f.as_raw_fd(), 0) };
+        let ptr =
+            unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_PRIVATE, f.as_raw_fd(), 0) };
         if ptr == libc::MAP_FAILED {
             return Err(std::io::Error::last_os_error());
         }
@@ -133,7 +134,8 @@ pub fn create_run(
     output: crate::output::OutputMode,
     defaults: TaskOptions,
 ) -> Result<(RunDir, Loaded), CreateError> {
-    let run = RunDir::create(base, id).map_err(|e| CreateError::Io(format!("creating {}/.htc/{id}: {e}", base.display())))?;
+    let run =
+        RunDir::create(base, id).map_err(|e| CreateError::Io(format!("creating {}/.htc/{id}: {e}", base.display())))?;
     let result = (|| {
         let ledger = Ledger::create(&run.ledger())?;
         let loaded = load(file, &run, &ledger, defaults)?;

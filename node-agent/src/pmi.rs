@@ -101,7 +101,10 @@ impl Pmi {
         for (key, ours) in [("rank", rank), ("size", size)] {
             if let Some(v) = lookup(&resp, key) {
                 if v.parse::<u32>().ok() != Some(ours) {
-                    return Err(PmiError::Protocol(format!("fullinit-response says {key}={v}, PMI_{} is {ours}", key.to_uppercase())));
+                    return Err(PmiError::Protocol(format!(
+                        "fullinit-response says {key}={v}, PMI_{} is {ours}",
+                        key.to_uppercase()
+                    )));
                 }
             }
         }
@@ -180,7 +183,8 @@ struct EnvVars {
 fn parse_env(get: impl Fn(&str) -> Option<String>) -> Result<Option<EnvVars>, PmiError> {
     let Some(fd) = get("PMI_FD") else { return Ok(None) };
     let need = |k: &str| get(k).ok_or_else(|| PmiError::Env(format!("PMI_FD is set but {k} is not")));
-    let num = |k: &str, v: &str| v.trim().parse::<u32>().map_err(|_| PmiError::Env(format!("{k}={v:?} is not a number")));
+    let num =
+        |k: &str, v: &str| v.trim().parse::<u32>().map_err(|_| PmiError::Env(format!("{k}={v:?} is not a number")));
     let fd = match fd.trim().parse::<RawFd>() {
         Ok(n) if n >= 0 => n,
         _ => return Err(PmiError::Env(format!("PMI_FD={fd:?} is not a file descriptor number"))),
@@ -201,7 +205,10 @@ fn take_fd(fd: RawFd) -> Result<OwnedFd, PmiError> {
     // SAFETY: fcntl on an arbitrary number only reads or sets descriptor flags.
     let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
     if flags < 0 {
-        return Err(PmiError::Env(format!("PMI_FD={fd} is not an open descriptor: {}", std::io::Error::last_os_error())));
+        return Err(PmiError::Env(format!(
+            "PMI_FD={fd} is not an open descriptor: {}",
+            std::io::Error::last_os_error()
+        )));
     }
     if FD_TAKEN.swap(true, Ordering::SeqCst) {
         return Err(PmiError::Env(format!("PMI_FD={fd} is already owned by another Pmi in this process")));
@@ -495,7 +502,10 @@ mod tests {
     #[test]
     fn encodes_requests() {
         assert_eq!(encode(&[("cmd", "kvs-fence")]), b"14    cmd=kvs-fence;");
-        assert_eq!(encode(&[("cmd", "kvs-put"), ("key", "addr-0"), ("value", "10.0.0.1:4000")]), b"43    cmd=kvs-put;key=addr-0;value=10.0.0.1:4000;".to_vec());
+        assert_eq!(
+            encode(&[("cmd", "kvs-put"), ("key", "addr-0"), ("value", "10.0.0.1:4000")]),
+            b"43    cmd=kvs-put;key=addr-0;value=10.0.0.1:4000;".to_vec()
+        );
         let long = "v".repeat(MAX_VALUE_LEN);
         let m = encode(&[("cmd", "kvs-put"), ("key", "k"), ("value", &long)]);
         assert_eq!(parse_len(&m[..LEN_FIELD]).unwrap(), m.len() - LEN_FIELD);
@@ -507,7 +517,17 @@ mod tests {
         assert_eq!(parse_len(b"    45").unwrap(), 45);
         assert_eq!(parse_len(b"65536 ").unwrap(), MAX_MESSAGE);
         assert_eq!(parse_len(b"0     ").unwrap(), 0);
-        for bad in [&b"65537 "[..], b"999999", b"      ", b"4 5   ", b"-1    ", b"+5    ", b"abc   ", b"12\n   ", b"\xff\xfe    "] {
+        for bad in [
+            &b"65537 "[..],
+            b"999999",
+            b"      ",
+            b"4 5   ",
+            b"-1    ",
+            b"+5    ",
+            b"abc   ",
+            b"12\n   ",
+            b"\xff\xfe    ",
+        ] {
             assert!(matches!(parse_len(bad), Err(PmiError::Protocol(_))), "{bad:?}");
         }
     }
@@ -554,8 +574,14 @@ mod tests {
     #[test]
     fn init_line() {
         parse_init_response("cmd=response_to_init rc=0 pmi_version=2 pmi_subversion=0").unwrap();
-        assert!(matches!(parse_init_response("cmd=response_to_init rc=1 pmi_version=2 pmi_subversion=0"), Err(PmiError::Rc { rc: 1, .. })));
-        assert!(matches!(parse_init_response("cmd=response_to_init rc=0 pmi_version=1 pmi_subversion=1"), Err(PmiError::Protocol(_))));
+        assert!(matches!(
+            parse_init_response("cmd=response_to_init rc=1 pmi_version=2 pmi_subversion=0"),
+            Err(PmiError::Rc { rc: 1, .. })
+        ));
+        assert!(matches!(
+            parse_init_response("cmd=response_to_init rc=0 pmi_version=1 pmi_subversion=1"),
+            Err(PmiError::Protocol(_))
+        ));
         assert!(matches!(parse_init_response("cmd=nope"), Err(PmiError::Protocol(_))));
     }
 
@@ -576,7 +602,9 @@ mod tests {
 
     #[test]
     fn environment() {
-        let env = |vars: &'static [(&'static str, &'static str)]| move |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string());
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+        };
         assert_eq!(parse_env(env(&[])).unwrap(), None);
         assert_eq!(
             parse_env(env(&[("PMI_FD", "7"), ("PMI_RANK", "1"), ("PMI_SIZE", "2"), ("PMI_JOBID", "12.0")])).unwrap(),
@@ -623,7 +651,10 @@ mod tests {
         }
     }
 
-    fn connect(script: impl FnOnce(Peer) + Send + 'static, timeout: Duration) -> (Result<Pmi, PmiError>, thread::JoinHandle<()>) {
+    fn connect(
+        script: impl FnOnce(Peer) + Send + 'static,
+        timeout: Duration,
+    ) -> (Result<Pmi, PmiError>, thread::JoinHandle<()>) {
         let (ours, theirs) = UnixStream::pair().unwrap();
         let peer = thread::spawn(move || script(Peer(theirs)));
         (Pmi::init(OwnedFd::from(ours), 1, 2, "5.0".into(), timeout), peer)

@@ -101,14 +101,16 @@ pub fn run(script: &Path, args: &[OsString], state: &Path) -> Result<Prologue, P
     let mut parts = raw.split(|&b| b == 0);
     let cwd = PathBuf::from(OsString::from_vec(parts.next().unwrap_or_default().to_vec()));
     let umask_s = String::from_utf8_lossy(parts.next().unwrap_or_default()).into_owned();
-    let umask = u32::from_str_radix(umask_s.trim(), 8).map_err(|_| PrologueError::State(format!("bad umask '{umask_s}'")))?;
+    let umask =
+        u32::from_str_radix(umask_s.trim(), 8).map_err(|_| PrologueError::State(format!("bad umask '{umask_s}'")))?;
     let env = parts
         .filter(|kv| !kv.is_empty())
         .filter_map(|kv| {
             let i = kv.iter().position(|&b| b == b'=')?;
             let (k, v) = (&kv[..i], &kv[i + 1..]);
             // Bash's own bookkeeping, not the user's environment.
-            (!matches!(k, b"_" | b"SHLVL" | b"OLDPWD")).then(|| (OsString::from_vec(k.to_vec()), OsString::from_vec(v.to_vec())))
+            (!matches!(k, b"_" | b"SHLVL" | b"OLDPWD"))
+                .then(|| (OsString::from_vec(k.to_vec()), OsString::from_vec(v.to_vec())))
         })
         .collect();
     Ok(Prologue { env, cwd, umask, captured: true })
@@ -148,7 +150,10 @@ mod tests {
 
     #[test]
     fn exports_directory_and_umask_are_captured() {
-        let (p, st) = script("ok", "#!/bin/bash\nexport FOO=bar\nexport ARG1=\"$1\"\nNOT_EXPORTED=1\ncd /tmp\numask 027\nexit 0\n");
+        let (p, st) = script(
+            "ok",
+            "#!/bin/bash\nexport FOO=bar\nexport ARG1=\"$1\"\nNOT_EXPORTED=1\ncd /tmp\numask 027\nexit 0\n",
+        );
         let r = run(&p, &["first arg".into()], &st).unwrap();
         let get = |k: &str| r.env.iter().find(|(kk, _)| kk == k).map(|(_, v)| v.to_string_lossy().into_owned());
         assert_eq!(get("FOO").as_deref(), Some("bar"));

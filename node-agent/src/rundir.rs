@@ -34,11 +34,16 @@ impl RunDir {
             Some(a) if Path::new(a).join("ledger.mdb").exists() => PathBuf::from(a),
             Some(a) if runs.join(a).join("ledger.mdb").exists() => runs.join(a),
             Some(a) => {
-                return Err(io::Error::new(io::ErrorKind::NotFound, format!("no run '{a}' (looked for {a}/ledger.mdb and .htc/{a}/ledger.mdb)")))
+                return Err(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!("no run '{a}' (looked for {a}/ledger.mdb and .htc/{a}/ledger.mdb)"),
+                ))
             }
             None => {
                 let mut best: Option<(std::time::SystemTime, PathBuf)> = None;
-                for e in fs::read_dir(runs).map_err(|e| io::Error::new(e.kind(), format!("no runs here (.htc/: {e})")))? {
+                for e in
+                    fs::read_dir(runs).map_err(|e| io::Error::new(e.kind(), format!("no runs here (.htc/: {e})")))?
+                {
                     let e = e?;
                     if !e.path().join("ledger.mdb").exists() {
                         continue;
@@ -78,12 +83,20 @@ impl RunDir {
     /// Held until the returned file is dropped (or the process dies).
     pub fn lock(&self) -> io::Result<fs::File> {
         use std::os::fd::AsRawFd;
-        let f = fs::OpenOptions::new().create(true).truncate(false).write(true).mode(0o600).open(self.path.join("leader.lock"))?;
+        let f = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .open(self.path.join("leader.lock"))?;
         // SAFETY: flock on an fd we own.
         if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
             let e = io::Error::last_os_error();
             return Err(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-                io::Error::new(io::ErrorKind::WouldBlock, format!("{} is in use by a running leader", self.path.display()))
+                io::Error::new(
+                    io::ErrorKind::WouldBlock,
+                    format!("{} is in use by a running leader", self.path.display()),
+                )
             } else {
                 e
             });

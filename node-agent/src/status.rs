@@ -49,7 +49,8 @@ fn failures(t: &ReadTxn<'_>, limit: usize, out: &mut String) -> anyhow::Result<(
     if ids.is_empty() {
         return Ok(());
     }
-    let _ = writeln!(out, "failed tasks{}:", if ids.len() > limit { format!(" (first {limit})") } else { String::new() });
+    let _ =
+        writeln!(out, "failed tasks{}:", if ids.len() > limit { format!(" (first {limit})") } else { String::new() });
     for id in ids.iter().take(limit) {
         if let Some(r) = t.get(*id)? {
             let _ = writeln!(
@@ -80,13 +81,21 @@ pub fn summary(ledger: &Ledger, run: &RunDir, p: &Progress) -> anyhow::Result<St
         fmt_duration(p.elapsed),
     );
     failures(&t, 10, &mut s)?;
-    let _ = writeln!(s, "htc: run directory {} (htc status {} / htc output {} TASK)", run.path.display(), run.id(), run.id());
+    let _ = writeln!(
+        s,
+        "htc: run directory {} (htc status {} / htc output {} TASK)",
+        run.path.display(),
+        run.id(),
+        run.id()
+    );
     Ok(s)
 }
 
 fn pid_alive(pid: u64) -> bool {
     // SAFETY: kill with signal 0 only checks for existence.
-    pid > 0 && pid < i32::MAX as u64 && unsafe { libc::kill(pid as i32, 0) == 0 || *libc::__errno_location() == libc::EPERM }
+    pid > 0
+        && pid < i32::MAX as u64
+        && unsafe { libc::kill(pid as i32, 0) == 0 || *libc::__errno_location() == libc::EPERM }
 }
 
 /// The `htc status` report.
@@ -103,7 +112,11 @@ pub fn report(run: &RunDir, failures_limit: usize) -> anyhow::Result<String> {
     let fresh = now_us().saturating_sub(heartbeat) < 10_000_000;
     let unfinished = c.get(State::Pending) + c.get(State::Dispatched) + c.get(State::Running);
     let state = if finished_us.is_some() && unfinished == 0 {
-        if c.get(State::Failed) == 0 { "finished, all tasks succeeded" } else { "finished with failures" }
+        if c.get(State::Failed) == 0 {
+            "finished, all tasks succeeded"
+        } else {
+            "finished with failures"
+        }
     } else if fresh && pid_alive(leader) {
         "running"
     } else if heartbeat == 0 {

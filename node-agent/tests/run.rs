@@ -3,8 +3,8 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fs;
-use std::path::{Path, PathBuf};
 use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -49,7 +49,12 @@ impl Drop for Dir {
 }
 
 fn text(o: &Output) -> String {
-    format!("status {:?}\nstdout:\n{}\nstderr:\n{}", o.status, String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
 }
 
 fn id_counts(path: &Path) -> HashMap<u64, usize> {
@@ -95,10 +100,12 @@ fn twenty_thousand_tasks_on_four_agents_each_run_once() {
     // Every agent got work (the even partition splits the ids 4 ways).
     let l = Ledger::open(&run.join("ledger.mdb"), true).unwrap();
     let mut agents = HashSet::new();
-    l.read().unwrap().for_each(|_, r| {
-        agents.insert(r.agent);
-    })
-    .unwrap();
+    l.read()
+        .unwrap()
+        .for_each(|_, r| {
+            agents.insert(r.agent);
+        })
+        .unwrap();
     assert_eq!(agents.len(), 4, "agents used: {agents:?}");
 }
 
@@ -141,7 +148,11 @@ fn failures_timeouts_signals_and_missing_binaries_are_recorded() {
     ];
     for (id, state, outcome, value, attempts) in expect {
         let r = rec(id);
-        assert_eq!((r.state(), r.outcome(), r.value, r.attempts), (state, outcome, value, attempts), "task {id}: {r:?}");
+        assert_eq!(
+            (r.state(), r.outcome(), r.value, r.attempts),
+            (state, outcome, value, attempts),
+            "task {id}: {r:?}"
+        );
     }
     // Each retried attempt is kept.
     assert_eq!(t.attempts(2).unwrap().len(), 2);
@@ -153,7 +164,11 @@ fn failures_timeouts_signals_and_missing_binaries_are_recorded() {
     assert!(s.contains("task 3 (line 4): timed out after 1 attempt"), "{s}");
     assert!(s.contains("task 2 (line 3): exit 3 after 3 attempts"), "{s}");
     let out = d.htc(&["output", run.to_str().unwrap(), "6"]);
-    assert!(String::from_utf8_lossy(&out.stderr).contains("no-such-command-htc-test: command not found"), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no-such-command-htc-test: command not found"),
+        "{}",
+        text(&out)
+    );
 }
 
 #[test]
@@ -215,7 +230,11 @@ fn malformed_task_files_are_rejected_with_their_place_and_nothing_runs() {
         ("garbage.txt", garbage, "garbage.txt:"),
         ("badopt.txt", format!("{touch}[cores=zero] x\n").into_bytes(), "badopt.txt:2:2: bad value 'zero' for cores"),
         ("unknown.txt", format!("{touch}[colour=red] x\n").into_bytes(), "unknown.txt:2:2: unknown option 'colour'"),
-        ("timeout.txt", format!("{touch}[timeout=soon] x\n").into_bytes(), "timeout.txt:2:2: bad value 'soon' for timeout"),
+        (
+            "timeout.txt",
+            format!("{touch}[timeout=soon] x\n").into_bytes(),
+            "timeout.txt:2:2: bad value 'soon' for timeout",
+        ),
         ("unclosed.txt", format!("{touch}[cores=2 x\n").into_bytes(), "unclosed.txt:2:1: option block"),
         ("empty.txt", Vec::new(), "empty.txt: no tasks in file"),
         ("comments.txt", b"# nothing\n\n".to_vec(), "comments.txt: no tasks in file"),
@@ -225,7 +244,11 @@ fn malformed_task_files_are_rejected_with_their_place_and_nothing_runs() {
         for cmd in ["check", "run"] {
             let o = d.htc(&[cmd, name]);
             assert!(!o.status.success(), "{cmd} {name} succeeded: {}", text(&o));
-            assert!(String::from_utf8_lossy(&o.stderr).contains(expect), "{cmd} {name}: want '{expect}' in {}", text(&o));
+            assert!(
+                String::from_utf8_lossy(&o.stderr).contains(expect),
+                "{cmd} {name}: want '{expect}' in {}",
+                text(&o)
+            );
         }
         assert!(!marker.exists(), "{name}: a task ran");
     }
@@ -276,7 +299,11 @@ fn kill_9_of_the_leader_then_resume_runs_every_task_and_no_done_task_twice() {
     let _ = before;
     let done_at_kill: HashSet<u64> =
         ledger_states(&run).into_iter().filter(|(_, s)| *s == State::Done).map(|(id, _)| id).collect();
-    assert!(!done_at_kill.is_empty() && (done_at_kill.len() as u64) < n, "kill came too late or too early: {}", done_at_kill.len());
+    assert!(
+        !done_at_kill.is_empty() && (done_at_kill.len() as u64) < n,
+        "kill came too late or too early: {}",
+        done_at_kill.len()
+    );
     let st = String::from_utf8_lossy(&d.htc(&["status"]).stdout).to_string();
     assert!(st.contains("interrupted"), "{st}");
 

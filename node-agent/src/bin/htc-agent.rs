@@ -10,12 +10,12 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 use htc::agent::{self, AgentConfig};
+use htc::bootstrap::{self, Kvs};
 use htc::leader::{self, LeaderConfig};
 use htc::load::{self, CreateError};
 use htc::output::OutputMode;
-use htc::rundir::RunDir;
-use htc::bootstrap::{self, Kvs};
 use htc::pmi::Pmi;
+use htc::rundir::RunDir;
 use htc::{executor, prologue, slurm};
 use htc_core::taskfile::TaskOptions;
 
@@ -139,14 +139,16 @@ fn work(a: WorkArgs) -> anyhow::Result<()> {
         agents = slurm::var("SLURM_NTASKS")?.parse().context("$SLURM_NTASKS")?;
         let node: usize = slurm::var("SLURM_NODEID")?.parse().context("$SLURM_NODEID")?;
         let spec = slurm::var("SLURM_JOB_CPUS_PER_NODE")?;
-        let n = slurm::cpus_on_node(&spec, node).with_context(|| format!("node {node} not in SLURM_JOB_CPUS_PER_NODE={spec}"))?;
+        let n = slurm::cpus_on_node(&spec, node)
+            .with_context(|| format!("node {node} not in SLURM_JOB_CPUS_PER_NODE={spec}"))?;
         slots = Some(slots.unwrap_or(n));
         if cpus.is_empty() {
             let allowed = executor::allowed_cpus();
             cpus = (0..n).map(|i| allowed[i % allowed.len()]).collect();
         }
     }
-    let slots = slots.unwrap_or_else(|| if cpus.is_empty() { executor::allowed_cpus().len() } else { cpus.len() }).max(1);
+    let slots =
+        slots.unwrap_or_else(|| if cpus.is_empty() { executor::allowed_cpus().len() } else { cpus.len() }).max(1);
     let run = RunDir::new(run_dir);
     // Up to `fanout` agents talk to the leader directly; more form a tree whose addresses travel
     // through the srun step's PMI2 key-value space (or, locally, files in the run directory).
@@ -186,7 +188,8 @@ fn lead(a: LeadArgs, script: Vec<OsString>) -> anyhow::Result<i32> {
         bail!("missing --script SCRIPT (the plugin passes the batch script)");
     };
     let job_id = slurm::var("SLURM_JOB_ID")?;
-    let nodes: usize = slurm::var("SLURM_JOB_NUM_NODES").or_else(|_| slurm::var("SLURM_NNODES"))?.parse().context("node count")?;
+    let nodes: usize =
+        slurm::var("SLURM_JOB_NUM_NODES").or_else(|_| slurm::var("SLURM_NNODES"))?.parse().context("node count")?;
     if let Some(d) = &a.ledger_dir {
         tracing::warn!(dir = %d.display(), "ledger_dir is not supported yet; the ledger stays in the run directory");
     }
@@ -194,10 +197,14 @@ fn lead(a: LeadArgs, script: Vec<OsString>) -> anyhow::Result<i32> {
     let existing = RunDir::new(base.join(".htc").join(&job_id));
     // A requeue that interrupted the first load finds a ledger without its total: start over.
     let complete = existing.ledger().exists()
-        && htc::ledger::Ledger::open(&existing.ledger(), true).ok().and_then(|l| l.read().ok()?.meta_u64("total").ok()?).is_some()
+        && htc::ledger::Ledger::open(&existing.ledger(), true)
+            .ok()
+            .and_then(|l| l.read().ok()?.meta_u64("total").ok()?)
+            .is_some()
         && existing.secret().exists();
     if existing.path.exists() && !complete {
-        std::fs::remove_dir_all(&existing.path).with_context(|| format!("removing the incomplete {}", existing.path.display()))?;
+        std::fs::remove_dir_all(&existing.path)
+            .with_context(|| format!("removing the incomplete {}", existing.path.display()))?;
     }
     let run = if complete {
         let _lock = existing.lock()?;

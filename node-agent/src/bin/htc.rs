@@ -11,13 +11,17 @@ use clap::{Parser, Subcommand};
 use htc::leader::{self, launch, LeaderConfig};
 use htc::ledger::{Ledger, Record};
 use htc::load::{self, CreateError, LoadError};
-use htc_core::taskfile::TaskOptions;
 use htc::output::{self, OutputMode};
 use htc::rundir::{self, RunDir};
 use htc::{executor, status};
+use htc_core::taskfile::TaskOptions;
 
 #[derive(Parser)]
-#[command(name = "htc", version, about = "Run many small tasks fast: locally, or inside one Slurm allocation (sbatch --htc)")]
+#[command(
+    name = "htc",
+    version,
+    about = "Run many small tasks fast: locally, or inside one Slurm allocation (sbatch --htc)"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -190,7 +194,7 @@ fn real_main() -> anyhow::Result<i32> {
 
 /// Creates a run in the current directory. A bad task file yields the exit code instead, after
 /// the error was printed; nothing ran.
-fn create_run(file: &PathBuf, output: OutputMode, retries: Option<u8>) -> anyhow::Result<Result<RunDir, i32>> {
+fn create_run(file: &std::path::Path, output: OutputMode, retries: Option<u8>) -> anyhow::Result<Result<RunDir, i32>> {
     let mut defaults = TaskOptions::default();
     if let Some(r) = retries {
         defaults.retries = r;
@@ -214,13 +218,27 @@ fn stored_output_mode(run: &RunDir) -> anyhow::Result<Option<OutputMode>> {
 fn check(file: PathBuf, max_errors: usize) -> anyhow::Result<i32> {
     match htc_core::taskfile::check_path(&file, max_errors.max(1)) {
         Ok(s) => {
-            println!("{}: {} tasks ({} through /bin/sh, {} exec'd directly)", file.display(), s.tasks, s.shell_tasks, s.tasks - s.shell_tasks);
+            println!(
+                "{}: {} tasks ({} through /bin/sh, {} exec'd directly)",
+                file.display(),
+                s.tasks,
+                s.shell_tasks,
+                s.tasks - s.shell_tasks
+            );
             println!("classes: {}", s.classes.len());
             for c in &s.classes {
-                let hint = if c.without_runtime > 0 { format!(", {} without runtime hint", c.without_runtime) } else { String::new() };
+                let hint = if c.without_runtime > 0 {
+                    format!(", {} without runtime hint", c.without_runtime)
+                } else {
+                    String::new()
+                };
                 println!("  {:<16} {:>10} tasks  {:>14.1} core-seconds{hint}", c.name, c.tasks, c.core_seconds);
             }
-            println!("requested: {:.1} core-seconds (from runtime hints); largest task: {} cores", s.core_seconds(), s.max_cores);
+            println!(
+                "requested: {:.1} core-seconds (from runtime hints); largest task: {} cores",
+                s.core_seconds(),
+                s.max_cores
+            );
             Ok(0)
         }
         Err(errs) => {

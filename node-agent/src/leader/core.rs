@@ -17,19 +17,39 @@ use crate::proto::{self, frame::Body};
 use crate::rundir::now_us;
 
 pub enum Event {
-    Joined { agent: u32, cores: u32, mem_mb: u64, hostname: String, tx: UnboundedSender<Vec<u8>> },
-    Report { agent: u32, report: proto::Report },
-    Lost { agent: u32, why: String },
+    Joined {
+        agent: u32,
+        cores: u32,
+        mem_mb: u64,
+        hostname: String,
+        tx: UnboundedSender<Vec<u8>>,
+    },
+    Report {
+        agent: u32,
+        report: proto::Report,
+    },
+    Lost {
+        agent: u32,
+        why: String,
+    },
     /// An agent process ended before it ever joined (local launcher), or could not be started.
-    NeverJoined { agent: u32, why: String },
-    Interrupt { signal: i32 },
+    NeverJoined {
+        agent: u32,
+        why: String,
+    },
+    Interrupt {
+        signal: i32,
+    },
 }
+
+/// Called with the run's counts every `progress_every`.
+pub type ProgressFn = Box<dyn FnMut(&Progress) + Send>;
 
 pub struct CoreConfig {
     pub commit_interval: Duration,
     /// Agents the launcher started; the run fails when all of them are gone with work left.
     pub expected_agents: usize,
-    pub progress: Option<Box<dyn FnMut(&Progress) + Send>>,
+    pub progress: Option<ProgressFn>,
     pub progress_every: Duration,
 }
 
@@ -367,7 +387,10 @@ impl<'a> Core<'a> {
         if outcome == Outcome::Lost {
             let losses = 1 + t.attempts_of(id)?.iter().filter(|a| a.outcome == Outcome::Lost).count();
             if losses < MAX_LOSSES {
-                t.put_attempt(id, &Attempt { attempt: r.attempts, outcome, value, agent, start_us: r.start_us, end_us })?;
+                t.put_attempt(
+                    id,
+                    &Attempt { attempt: r.attempts, outcome, value, agent, start_us: r.start_us, end_us },
+                )?;
                 r.attempts = r.attempts.saturating_sub(1);
                 self.retry.push_back(id);
                 r.set_state(State::Pending);
@@ -378,15 +401,13 @@ impl<'a> Core<'a> {
         }
         // Exit 126/127 and spawn failures mean "not executable / not found": deterministic, so
         // retrying only burns time.
-        let permanent = (outcome == Outcome::SpawnFailed && [libc::ENOENT, libc::EACCES, libc::ENOEXEC, libc::E2BIG].contains(&value))
+        let permanent = (outcome == Outcome::SpawnFailed
+            && [libc::ENOENT, libc::EACCES, libc::ENOEXEC, libc::E2BIG].contains(&value))
             || (outcome == Outcome::Exited && (value == 126 || value == 127));
         let to = if success {
             State::Done
         } else if !permanent && (r.attempts as u32) <= r.retries as u32 {
-            t.put_attempt(
-                id,
-                &Attempt { attempt: r.attempts, outcome, value, agent, start_us: r.start_us, end_us },
-            )?;
+            t.put_attempt(id, &Attempt { attempt: r.attempts, outcome, value, agent, start_us: r.start_us, end_us })?;
             self.retry.push_back(id);
             State::Pending
         } else {
@@ -497,7 +518,10 @@ impl<'a> Core<'a> {
             bytes += s.command.len() + 32;
             batch.push(s);
             if bytes >= MAX_BATCH_BYTES {
-                frame::encode_into(Body::Dispatch(proto::Dispatch { tasks: std::mem::take(&mut batch), agent }), &mut buf);
+                frame::encode_into(
+                    Body::Dispatch(proto::Dispatch { tasks: std::mem::take(&mut batch), agent }),
+                    &mut buf,
+                );
                 bytes = 0;
             }
         }

@@ -13,7 +13,7 @@ use std::time::Duration;
 use anyhow::Context;
 use htc_core::partition::Even;
 
-use self::core::{Core, CoreConfig, Ending, Event, Progress};
+use self::core::{Core, CoreConfig, Ending, Event, Progress, ProgressFn};
 use crate::ledger::{Ledger, State};
 use crate::load::TaskText;
 use crate::rundir::RunDir;
@@ -50,7 +50,8 @@ pub fn run(
     let secret = cfg.run.read_secret().context("reading the job secret")?;
 
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let listener = rt.block_on(tokio::net::TcpListener::bind(cfg.bind)).with_context(|| format!("listening on {}", cfg.bind))?;
+    let listener =
+        rt.block_on(tokio::net::TcpListener::bind(cfg.bind)).with_context(|| format!("listening on {}", cfg.bind))?;
     let mut addr = listener.local_addr()?;
     if addr.ip().is_unspecified() {
         addr.set_ip(cfg.advertise.unwrap_or(std::net::Ipv4Addr::LOCALHOST.into()));
@@ -60,9 +61,10 @@ pub fn run(
     let expected = agents.count;
 
     let tty = std::io::stderr().is_terminal() && !cfg.quiet;
-    let progress_every = if tty { Duration::from_millis(250) } else { cfg.plain_progress_every.unwrap_or(Duration::from_secs(3600)) };
+    let progress_every =
+        if tty { Duration::from_millis(250) } else { cfg.plain_progress_every.unwrap_or(Duration::from_secs(3600)) };
     let plain = !tty && cfg.plain_progress_every.is_some() && !cfg.quiet;
-    let progress: Option<Box<dyn FnMut(&Progress) + Send>> = if tty || plain {
+    let progress: Option<ProgressFn> = if tty || plain {
         Some(Box::new(move |p: &Progress| {
             let line = status::progress_line(p);
             if tty {

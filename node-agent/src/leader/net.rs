@@ -1,8 +1,8 @@
 //! The leader's network side: accepts agent connections, checks the job secret in the first frame,
 //! then shuttles frames between the socket and the core thread.
 
-use std::sync::mpsc;
 use std::collections::HashSet;
+use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -75,15 +75,18 @@ fn encoded(body: Body) -> Vec<u8> {
 async fn connection(mut stream: TcpStream, cfg: &NetConfig, core: mpsc::Sender<Event>) -> Result<(), String> {
     frame::tune(&stream).map_err(|e| e.to_string())?;
     let mut buf = Vec::new();
-    let hello = match tokio::time::timeout(HELLO_TIMEOUT, frame::read_frame_limited(&mut stream, &mut buf, frame::MAX_HELLO)).await {
-        Err(_) => return Err("no hello within 10 s".into()),
-        Ok(Err(e)) => return Err(format!("bad first frame: {e}")),
-        Ok(Ok(Body::Hello(h))) => h,
-        Ok(Ok(_)) => {
-            reject(&mut stream, "expected Hello", 0).await;
-            return Err("first frame is not a Hello".into());
-        }
-    };
+    let hello =
+        match tokio::time::timeout(HELLO_TIMEOUT, frame::read_frame_limited(&mut stream, &mut buf, frame::MAX_HELLO))
+            .await
+        {
+            Err(_) => return Err("no hello within 10 s".into()),
+            Ok(Err(e)) => return Err(format!("bad first frame: {e}")),
+            Ok(Ok(Body::Hello(h))) => h,
+            Ok(Ok(_)) => {
+                reject(&mut stream, "expected Hello", 0).await;
+                return Err("first frame is not a Hello".into());
+            }
+        };
     if let Err(why) = admit(&hello, cfg) {
         reject(&mut stream, &why, hello.agent_id).await;
         return Err(why);
@@ -97,7 +100,8 @@ async fn connection(mut stream: TcpStream, cfg: &NetConfig, core: mpsc::Sender<E
             let agent = h.agent_id;
             agents.insert(agent);
             let _ = tx.send(encoded(Body::Welcome(proto::Welcome { job_id: cfg.job_id.clone(), agent_id: agent })));
-            let joined = Event::Joined { agent, cores: h.cores, mem_mb: h.mem_mb, hostname: h.hostname, tx: tx.clone() };
+            let joined =
+                Event::Joined { agent, cores: h.cores, mem_mb: h.mem_mb, hostname: h.hostname, tx: tx.clone() };
             if core.send(joined).is_err() {
                 return Ok(());
             }
@@ -108,7 +112,9 @@ async fn connection(mut stream: TcpStream, cfg: &NetConfig, core: mpsc::Sender<E
                     return Ok(());
                 }
             }
-            Ok(Body::Report(report)) => tracing::warn!(agent = report.agent, "report for an agent not behind this connection dropped"),
+            Ok(Body::Report(report)) => {
+                tracing::warn!(agent = report.agent, "report for an agent not behind this connection dropped")
+            }
             Ok(Body::Hello(h)) => match admit(&h, cfg) {
                 Ok(()) => pending = Some(h),
                 Err(why) => {
