@@ -76,8 +76,7 @@ pub fn place(
     let me = tree::position(agent);
     let has_children = !tree::children(me, fanout, agents).is_empty();
     let relay = if has_children {
-        let l =
-            TcpListener::bind(SocketAddr::new(IpAddr::from([0, 0, 0, 0]), 0)).context("listening for child agents")?;
+        let l = crate::slurm::listen(SocketAddr::new(ip, 0)).context("listening for child agents")?;
         let addr = SocketAddr::new(ip, l.local_addr()?.port());
         kvs.put(&format!("htc-addr-{agent}"), &addr.to_string())?;
         Some((fanout, agents, l))

@@ -58,6 +58,24 @@ pub fn node_ip() -> IpAddr {
         .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST))
 }
 
+/// Listens on `addr`, the node's cluster address, so that agents are not reachable on every
+/// interface of the node. When that address is not one of this host's (a node name that resolves
+/// elsewhere), listens on every interface instead and says so.
+pub fn listen(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    match std::net::TcpListener::bind(addr) {
+        Err(e) if e.kind() == std::io::ErrorKind::AddrNotAvailable && !addr.ip().is_unspecified() => {
+            tracing::warn!(%addr, "the node's address is not on this host; listening on every interface");
+            let any = if addr.is_ipv4() {
+                IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+            } else {
+                IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED)
+            };
+            std::net::TcpListener::bind(SocketAddr::new(any, addr.port()))
+        }
+        r => r,
+    }
+}
+
 /// One `srun --overlap` step with one agent per allocated node: O(1) controller RPCs whatever
 /// the number of tasks.
 pub struct Srun {

@@ -249,7 +249,7 @@ fn lead(a: LeadArgs, script: Vec<OsString>) -> anyhow::Result<i32> {
     let cfg = LeaderConfig {
         run: run.clone(),
         job_id,
-        bind: "0.0.0.0:0".parse().unwrap(),
+        bind: std::net::SocketAddr::new(slurm::node_ip(), 0),
         advertise: Some(slurm::node_ip()),
         commit_interval: Duration::from_millis(10),
         plain_progress_every: Some(Duration::from_secs(every.max(1))),

@@ -50,8 +50,12 @@ pub fn run(
     let secret = cfg.run.read_secret().context("reading the job secret")?;
 
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let listener =
-        rt.block_on(tokio::net::TcpListener::bind(cfg.bind)).with_context(|| format!("listening on {}", cfg.bind))?;
+    let listener = crate::slurm::listen(cfg.bind).with_context(|| format!("listening on {}", cfg.bind))?;
+    listener.set_nonblocking(true)?;
+    let listener = {
+        let _guard = rt.enter();
+        tokio::net::TcpListener::from_std(listener)?
+    };
     let mut addr = listener.local_addr()?;
     if addr.ip().is_unspecified() {
         addr.set_ip(cfg.advertise.unwrap_or(std::net::Ipv4Addr::LOCALHOST.into()));
