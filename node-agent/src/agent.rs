@@ -13,12 +13,13 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 
+use crate::auth;
 use crate::executor::{self, Command, ExecConfig, ExecEvent, TaskToRun};
 use crate::frame::{self, read_frame, FrameError};
 use crate::ledger::Outcome;
 use crate::output::OutputMode;
 use crate::proto::{self, frame::Body};
-use crate::rundir::{secret_eq, RunDir};
+use crate::rundir::RunDir;
 use crate::PROTOCOL_VERSION;
 
 pub struct AgentConfig {
@@ -81,9 +82,9 @@ async fn run_async(cfg: AgentConfig) -> anyhow::Result<()> {
     let secret = cfg.run.read_secret().context("reading the job secret")?;
     let mut stream = connect(cfg.parent).await?;
     frame::tune(&stream)?;
+    auth::connect(&mut stream, &secret).await.with_context(|| format!("authenticating with {}", cfg.parent))?;
     let hostname = hostname();
     let hello = proto::Hello {
-        secret: secret.clone(),
         agent_id: cfg.agent_id,
         cores: cfg.slots as u32,
         mem_mb: cfg.mem_mb,
@@ -109,15 +110,16 @@ async fn run_async(cfg: AgentConfig) -> anyhow::Result<()> {
         listener.set_nonblocking(true)?;
         let listener = tokio::net::TcpListener::from_std(listener)?;
         let secret = secret.clone();
-        let job = job_id.clone();
+        let door = auth::Door::new(&job_id);
         let tx = child_tx.clone();
         tokio::spawn(async move {
             loop {
                 let Ok((s, peer)) = listener.accept().await else { continue };
-                let (secret, job, tx) = (secret.clone(), job.clone(), tx.clone());
+                let Some(permit) = door.enter(peer) else { continue };
+                let (secret, door, tx) = (secret.clone(), door.clone(), tx.clone());
                 tokio::spawn(async move {
-                    if let Err(e) = child_connection(s, me, k, n, &secret, tx).await {
-                        tracing::warn!(job = %job, %peer, error = %e, "child connection refused");
+                    if let Err(e) = child_connection(s, permit, me, k, n, &secret, tx).await {
+                        door.refused(peer, &e);
                     }
                 });
             }
@@ -350,10 +352,11 @@ fn destination(b: &Body) -> Option<u32> {
     }
 }
 
-/// Serves one direct child: checks its Hello here (so a stranger never reaches the leader), then
-/// passes its frames, and those of the agents below it, up unchanged.
+/// Serves one direct child: authenticates it and checks its Hello here (so a stranger never
+/// reaches the leader), then passes its frames, and those of the agents below it, up unchanged.
 async fn child_connection(
     mut s: TcpStream,
+    permit: tokio::sync::OwnedSemaphorePermit,
     me: u64,
     k: u32,
     n: u32,
@@ -361,32 +364,17 @@ async fn child_connection(
     up: UnboundedSender<Child>,
 ) -> Result<(), String> {
     frame::tune(&s).map_err(|e| e.to_string())?;
-    let mut buf = Vec::new();
-    let hello = match tokio::time::timeout(
-        Duration::from_secs(10),
-        frame::read_frame_limited(&mut s, &mut buf, frame::MAX_HELLO),
-    )
-    .await
-    {
-        Ok(Ok(Body::Hello(h))) => h,
-        Ok(Ok(_)) => return Err("first frame is not a Hello".into()),
-        Ok(Err(e)) => return Err(e.to_string()),
-        Err(_) => return Err("no hello within 10 s".into()),
-    };
+    let hello = auth::accept_hello(&mut s, secret).await.map_err(|e| e.to_string())?;
+    drop(permit);
     let pos = tree::position(hello.agent_id);
-    let why = if !secret_eq(&hello.secret, secret) {
-        Some("wrong job secret".to_string())
-    } else if hello.agent_id >= n || pos == 0 || tree::parent(pos, k) != me {
-        Some(format!("agent {} is not a child of this agent", hello.agent_id))
-    } else {
-        None
-    };
-    if let Some(why) = why {
+    if hello.agent_id >= n || pos == 0 || tree::parent(pos, k) != me {
+        let why = format!("agent {} is not a child of this agent", hello.agent_id);
         let _ =
             frame::write_frame(&mut s, Body::Reject(proto::Reject { reason: why.clone(), agent_id: hello.agent_id }))
                 .await;
         return Err(why);
     }
+    let mut buf = Vec::new();
     let (mut rd, wr) = s.into_split();
     let tx = frame::spawn_writer(wr);
     let _ = up.send(Child::Open { pos, tx });

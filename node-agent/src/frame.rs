@@ -16,8 +16,8 @@ pub const MAX_BATCH_BYTES: usize = 4 << 20;
 pub enum FrameError {
     #[error("connection closed")]
     Closed,
-    #[error("frame of {0} bytes exceeds the {MAX_FRAME}-byte limit")]
-    TooLarge(usize),
+    #[error("frame of {0} bytes exceeds the {1}-byte limit")]
+    TooLarge(usize, usize),
     #[error("undecodable frame: {0}")]
     Decode(#[from] prost::DecodeError),
     #[error("frame without a body")]
@@ -26,8 +26,8 @@ pub enum FrameError {
     Io(#[from] std::io::Error),
 }
 
-/// Largest first frame (Hello) accepted from a peer that has not yet shown the job secret, so a
-/// stranger cannot make us allocate `MAX_FRAME` per connection.
+/// Largest frame accepted from a peer that has not yet proved it knows the job secret (the
+/// handshake and the Hello), so a stranger cannot make us allocate `MAX_FRAME` per connection.
 pub const MAX_HELLO: usize = 4096;
 
 /// Reads one frame. `Closed` means a clean end of stream at a frame boundary.
@@ -48,8 +48,9 @@ pub async fn read_frame_limited<R: AsyncRead + Unpin>(
         Err(e) => return Err(e.into()),
     }
     let len = u32::from_be_bytes(len) as usize;
-    if len > limit.min(MAX_FRAME) {
-        return Err(FrameError::TooLarge(len));
+    let limit = limit.min(MAX_FRAME);
+    if len > limit {
+        return Err(FrameError::TooLarge(len, limit));
     }
     buf.resize(len, 0);
     r.read_exact(buf).await?;
@@ -144,7 +145,7 @@ mod tests {
         assert!(matches!(read_frame(&mut r, &mut buf).await, Err(FrameError::Closed)));
 
         let huge = ((MAX_FRAME + 1) as u32).to_be_bytes();
-        assert!(matches!(read_frame(&mut &huge[..], &mut buf).await, Err(FrameError::TooLarge(_))));
+        assert!(matches!(read_frame(&mut &huge[..], &mut buf).await, Err(FrameError::TooLarge(..))));
         let garbage = [0, 0, 0, 3, 0xff, 0xff, 0xff];
         assert!(matches!(read_frame(&mut &garbage[..], &mut buf).await, Err(FrameError::Decode(_))));
         let empty = [0, 0, 0, 0];

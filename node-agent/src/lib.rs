@@ -3,7 +3,9 @@
 //! are thin layers over this library.
 
 pub mod agent;
+pub mod auth;
 pub mod bootstrap;
+pub mod cli;
 pub mod executor;
 pub mod frame;
 pub mod leader;
@@ -22,7 +24,7 @@ pub mod proto {
 }
 
 /// Bumped on any incompatible change to `proto/htc.proto`; the leader refuses other versions.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Logs to stderr; `HTC_LOG` takes a tracing filter (e.g. `info`, `htc=debug`).
 pub fn init_logging(default: &str) {

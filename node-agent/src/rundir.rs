@@ -122,11 +122,6 @@ impl RunDir {
     }
 }
 
-/// Compares secrets in time independent of where they differ.
-pub fn secret_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 /// A sortable local run id: `YYYYMMDD-HHMMSS-PID` (UTC).
 pub fn new_run_id() -> String {
     let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
@@ -161,12 +156,5 @@ mod tests {
         assert_eq!(civil_from_days(0), (1970, 1, 1));
         assert_eq!(civil_from_days(20_779), (2026, 11, 22));
         assert_eq!(civil_from_days(11_016), (2000, 2, 29));
-    }
-
-    #[test]
-    fn secret_compare() {
-        assert!(secret_eq(b"abc", b"abc"));
-        assert!(!secret_eq(b"abc", b"abd"));
-        assert!(!secret_eq(b"abc", b"ab"));
     }
 }

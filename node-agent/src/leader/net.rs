@@ -1,21 +1,19 @@
-//! The leader's network side: accepts agent connections, checks the job secret in the first frame,
-//! then shuttles frames between the socket and the core thread.
+//! The leader's network side: accepts agent connections, authenticates them (`auth`), then
+//! shuttles frames between the socket and the core thread.
 
 use std::collections::HashSet;
+use std::net::SocketAddr;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 
 use super::core::Event;
+use crate::auth::{self, Door};
 use crate::frame::{self, read_frame, FrameError};
 use crate::proto::{self, frame::Body};
-use crate::rundir::secret_eq;
 use crate::PROTOCOL_VERSION;
-
-const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub struct NetConfig {
     pub secret: Vec<u8>,
@@ -24,16 +22,18 @@ pub struct NetConfig {
     pub joined: Mutex<HashSet<u32>>,
 }
 
-/// Accepts connections until the process ends; each connection runs in its own task.
+/// Accepts connections until the process ends; each connection runs in its own task, so a slow
+/// or hostile peer never holds up the others.
 pub async fn serve(listener: TcpListener, cfg: Arc<NetConfig>, core: mpsc::Sender<Event>) {
+    let door = Door::new(&cfg.job_id);
     loop {
         match listener.accept().await {
             Ok((stream, peer)) => {
-                let cfg = cfg.clone();
-                let core = core.clone();
+                let Some(permit) = door.enter(peer) else { continue };
+                let (cfg, core, door) = (cfg.clone(), core.clone(), door.clone());
                 tokio::spawn(async move {
-                    if let Err(e) = connection(stream, &cfg, core).await {
-                        tracing::warn!(job = %cfg.job_id, %peer, error = %e, "agent connection refused");
+                    if let Err(e) = connection(stream, peer, permit, &cfg, core).await {
+                        door.refused(peer, &e);
                     }
                 });
             }
@@ -45,16 +45,9 @@ pub async fn serve(listener: TcpListener, cfg: Arc<NetConfig>, core: mpsc::Sende
     }
 }
 
-async fn reject(stream: &mut TcpStream, reason: &str, agent_id: u32) {
-    let _ = frame::write_frame(stream, Body::Reject(proto::Reject { reason: reason.into(), agent_id })).await;
-    let _ = stream.shutdown().await;
-}
-
-/// Checks a Hello (the connecting agent's own, or one relayed from below it).
+/// Checks a Hello (the connecting agent's own, or one relayed from below it). The connection it
+/// came over is authenticated; this guards against two agents claiming one id.
 fn admit(h: &proto::Hello, cfg: &NetConfig) -> Result<(), String> {
-    if !secret_eq(&h.secret, &cfg.secret) {
-        return Err("wrong job secret".into());
-    }
     if h.protocol != PROTOCOL_VERSION {
         return Err(format!("protocol {} not supported (leader speaks {PROTOCOL_VERSION})", h.protocol));
     }
@@ -71,26 +64,28 @@ fn encoded(body: Body) -> Vec<u8> {
     b
 }
 
-/// One connection from a direct child: its own agent plus every agent it relays for.
-async fn connection(mut stream: TcpStream, cfg: &NetConfig, core: mpsc::Sender<Event>) -> Result<(), String> {
+/// One connection from a direct child: its own agent plus every agent it relays for. Errors are
+/// refusals before the child joined; after that, a broken connection loses its agents.
+async fn connection(
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    permit: tokio::sync::OwnedSemaphorePermit,
+    cfg: &NetConfig,
+    core: mpsc::Sender<Event>,
+) -> Result<(), String> {
     frame::tune(&stream).map_err(|e| e.to_string())?;
-    let mut buf = Vec::new();
-    let hello =
-        match tokio::time::timeout(HELLO_TIMEOUT, frame::read_frame_limited(&mut stream, &mut buf, frame::MAX_HELLO))
-            .await
-        {
-            Err(_) => return Err("no hello within 10 s".into()),
-            Ok(Err(e)) => return Err(format!("bad first frame: {e}")),
-            Ok(Ok(Body::Hello(h))) => h,
-            Ok(Ok(_)) => {
-                reject(&mut stream, "expected Hello", 0).await;
-                return Err("first frame is not a Hello".into());
-            }
-        };
+    let hello = auth::accept_hello(&mut stream, &cfg.secret).await.map_err(|e| e.to_string())?;
+    drop(permit);
     if let Err(why) = admit(&hello, cfg) {
-        reject(&mut stream, &why, hello.agent_id).await;
+        let _ = frame::write_frame(
+            &mut stream,
+            Body::Reject(proto::Reject { reason: why.clone(), agent_id: hello.agent_id }),
+        )
+        .await;
         return Err(why);
     }
+    tracing::debug!(job = %cfg.job_id, %peer, agent = hello.agent_id, "agent authenticated");
+    let mut buf = Vec::new();
     let (mut rd, wr) = stream.into_split();
     let tx = frame::spawn_writer(wr);
     let mut agents: HashSet<u32> = HashSet::new();

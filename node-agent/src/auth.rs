@@ -1,0 +1,409 @@
+//! Mutual authentication of a connection between two agents of one job. Each side sends a fresh
+//! random nonce; the connecting side proves it knows the job secret with an HMAC over both nonces,
+//! and the accepting side answers with its own proof only after checking that one. The secret
+//! never crosses the wire, and a recorded handshake is worthless on a new connection because the
+//! other side's nonce is new. The connecting side checks the answer too, so a stranger cannot
+//! pose as a leader or relay and hand an agent commands to run.
+//!
+//! The proof is pure (`proof`, `verify`); `accept` and `connect` are the I/O around it, and `Door`
+//! keeps a flood of strangers from costing more than a bounded number of sockets and log lines.
+
+use std::fmt::Display;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::frame::{self, FrameError, MAX_HELLO};
+use crate::proto::{self, frame::Body};
+use crate::PROTOCOL_VERSION;
+
+pub const NONCE_LEN: usize = 32;
+/// A peer that has not finished the handshake (and said Hello) by then is dropped.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections in their handshake at once; more are closed at once, so strangers cannot use up
+/// the agent's file descriptors.
+pub const MAX_PENDING: usize = 64;
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// Which side of the connection signs: the labels differ so a proof can never be reflected back.
+#[derive(Clone, Copy, Debug)]
+pub enum Role {
+    Connecting,
+    Accepting,
+}
+
+impl Role {
+    fn label(self) -> &'static [u8] {
+        match self {
+            Role::Connecting => b"htc-auth-v1 connecting",
+            Role::Accepting => b"htc-auth-v1 accepting",
+        }
+    }
+}
+
+/// The two nonces of one handshake.
+pub struct Nonces {
+    pub accepting: [u8; NONCE_LEN],
+    pub connecting: [u8; NONCE_LEN],
+}
+
+fn keyed(secret: &[u8], role: Role, n: &Nonces) -> HmacSha256 {
+    let mut mac = HmacSha256::new_from_slice(secret).expect("HMAC takes a key of any length");
+    mac.update(role.label());
+    mac.update(&PROTOCOL_VERSION.to_be_bytes());
+    mac.update(&n.accepting);
+    mac.update(&n.connecting);
+    mac
+}
+
+/// The proof `role` sends: HMAC-SHA256 under the secret of the role, the protocol and both nonces.
+pub fn proof(secret: &[u8], role: Role, n: &Nonces) -> Vec<u8> {
+    keyed(secret, role, n).finalize().into_bytes().to_vec()
+}
+
+/// Checks a proof from `role` in constant time.
+pub fn verify(secret: &[u8], role: Role, n: &Nonces, mac: &[u8]) -> bool {
+    keyed(secret, role, n).verify_slice(mac).is_ok()
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AuthError {
+    #[error("{0}")]
+    Frame(#[from] FrameError),
+    #[error("no handshake within {} s", HANDSHAKE_TIMEOUT.as_secs())]
+    Timeout,
+    #[error("expected {expected} during the handshake, got {got}")]
+    Unexpected { expected: &'static str, got: &'static str },
+    #[error("nonce of {0} bytes (expected {NONCE_LEN})")]
+    BadNonce(usize),
+    #[error("peer speaks protocol {0}, this agent speaks {PROTOCOL_VERSION}")]
+    Protocol(u32),
+    #[error("wrong proof of the job secret")]
+    WrongProof,
+    #[error("refused by the peer: {0}")]
+    Refused(String),
+    #[error("no random nonce: {0}")]
+    Random(std::io::Error),
+}
+
+/// A fresh nonce from the kernel's CSPRNG.
+pub fn nonce() -> Result<[u8; NONCE_LEN], AuthError> {
+    let mut n = [0u8; NONCE_LEN];
+    let mut got = 0;
+    while got < NONCE_LEN {
+        // SAFETY: getrandom writes at most the given length into the buffer.
+        let rc = unsafe { libc::getrandom(n[got..].as_mut_ptr().cast(), NONCE_LEN - got, 0) };
+        if rc < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(AuthError::Random(e));
+        }
+        got += rc as usize;
+    }
+    Ok(n)
+}
+
+fn name(b: &Body) -> &'static str {
+    match b {
+        Body::Hello(_) => "Hello",
+        Body::Welcome(_) => "Welcome",
+        Body::Dispatch(_) => "Dispatch",
+        Body::Report(_) => "Report",
+        Body::Ack(_) => "Ack",
+        Body::Shutdown(_) => "Shutdown",
+        Body::Reject(_) => "Reject",
+        Body::Lost(_) => "Lost",
+        Body::Challenge(_) => "Challenge",
+        Body::Proof(_) => "Proof",
+    }
+}
+
+/// Reads one small pre-authentication frame: a stranger never makes us buffer more than
+/// `MAX_HELLO` bytes.
+async fn read_small<S: AsyncRead + Unpin>(s: &mut S, buf: &mut Vec<u8>) -> Result<Body, AuthError> {
+    Ok(frame::read_frame_limited(s, buf, MAX_HELLO).await?)
+}
+
+async fn read_challenge<S: AsyncRead + Unpin>(s: &mut S, buf: &mut Vec<u8>) -> Result<[u8; NONCE_LEN], AuthError> {
+    match read_small(s, buf).await? {
+        Body::Challenge(c) if c.protocol != PROTOCOL_VERSION => Err(AuthError::Protocol(c.protocol)),
+        Body::Challenge(c) => c.nonce.as_slice().try_into().map_err(|_| AuthError::BadNonce(c.nonce.len())),
+        Body::Reject(r) => Err(AuthError::Refused(r.reason)),
+        other => Err(AuthError::Unexpected { expected: "Challenge", got: name(&other) }),
+    }
+}
+
+async fn read_proof<S: AsyncRead + Unpin>(s: &mut S, buf: &mut Vec<u8>) -> Result<Vec<u8>, AuthError> {
+    match read_small(s, buf).await? {
+        Body::Proof(p) => Ok(p.mac),
+        Body::Reject(r) => Err(AuthError::Refused(r.reason)),
+        other => Err(AuthError::Unexpected { expected: "Proof", got: name(&other) }),
+    }
+}
+
+async fn send<S: AsyncWrite + Unpin>(s: &mut S, body: Body) -> Result<(), AuthError> {
+    Ok(frame::write_frame(s, body).await?)
+}
+
+/// The accepting side of the handshake. On a wrong proof the peer is told "authentication
+/// failed" (nothing more) before the caller drops it.
+pub async fn accept<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, secret: &[u8]) -> Result<(), AuthError> {
+    let ours = nonce()?;
+    let run = async {
+        send(s, Body::Challenge(proto::Challenge { nonce: ours.to_vec(), protocol: PROTOCOL_VERSION })).await?;
+        let mut buf = Vec::new();
+        let theirs = read_challenge(s, &mut buf).await?;
+        let mac = read_proof(s, &mut buf).await?;
+        let n = Nonces { accepting: ours, connecting: theirs };
+        if !verify(secret, Role::Connecting, &n, &mac) {
+            let reject = proto::Reject { reason: "authentication failed".into(), agent_id: 0 };
+            let _ = send(s, Body::Reject(reject)).await;
+            return Err(AuthError::WrongProof);
+        }
+        send(s, Body::Proof(proto::Proof { mac: proof(secret, Role::Accepting, &n) })).await
+    };
+    tokio::time::timeout(HANDSHAKE_TIMEOUT, run).await.unwrap_or(Err(AuthError::Timeout))
+}
+
+/// The connecting side of the handshake: proves itself, then checks the accepting side's proof.
+pub async fn connect<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, secret: &[u8]) -> Result<(), AuthError> {
+    let ours = nonce()?;
+    let run = async {
+        send(s, Body::Challenge(proto::Challenge { nonce: ours.to_vec(), protocol: PROTOCOL_VERSION })).await?;
+        let mut buf = Vec::new();
+        let theirs = read_challenge(s, &mut buf).await?;
+        let n = Nonces { accepting: theirs, connecting: ours };
+        send(s, Body::Proof(proto::Proof { mac: proof(secret, Role::Connecting, &n) })).await?;
+        let mac = read_proof(s, &mut buf).await?;
+        if verify(secret, Role::Accepting, &n, &mac) {
+            Ok(())
+        } else {
+            Err(AuthError::WrongProof)
+        }
+    };
+    tokio::time::timeout(HANDSHAKE_TIMEOUT, run).await.unwrap_or(Err(AuthError::Timeout))
+}
+
+/// The accepting side up to the peer's Hello: the handshake, then a Hello as the first frame,
+/// each within `HANDSHAKE_TIMEOUT`.
+pub async fn accept_hello<S: AsyncRead + AsyncWrite + Unpin>(
+    s: &mut S,
+    secret: &[u8],
+) -> Result<proto::Hello, AuthError> {
+    accept(s, secret).await?;
+    let mut buf = Vec::new();
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, read_small(s, &mut buf)).await {
+        Err(_) => Err(AuthError::Timeout),
+        Ok(Ok(Body::Hello(h))) => Ok(h),
+        Ok(Ok(other)) => Err(AuthError::Unexpected { expected: "Hello", got: name(&other) }),
+        Ok(Err(e)) => Err(e),
+    }
+}
+
+/// Refusal lines logged per window; past that, refusals are counted and summed up in the next
+/// line, so a flood of strangers cannot fill the job's log.
+const LOG_PER_WINDOW: u32 = 20;
+const LOG_WINDOW: Duration = Duration::from_secs(60);
+
+/// Decides which refusals get a log line: pure, fed the time of each refusal.
+#[derive(Default)]
+pub struct Refusals {
+    window: Option<Instant>,
+    logged: u32,
+    quiet: u64,
+}
+
+impl Refusals {
+    /// `Some(n)`: log this refusal, and say that `n` others went unlogged before it.
+    pub fn on_refusal(&mut self, now: Instant) -> Option<u64> {
+        if self.window.is_none_or(|start| now.duration_since(start) >= LOG_WINDOW) {
+            self.window = Some(now);
+            self.logged = 0;
+        }
+        if self.logged < LOG_PER_WINDOW {
+            self.logged += 1;
+            Some(std::mem::take(&mut self.quiet))
+        } else {
+            self.quiet += 1;
+            None
+        }
+    }
+}
+
+/// Where strangers are turned away: bounds the connections in their handshake and logs refusals.
+pub struct Door {
+    pending: Arc<Semaphore>,
+    refusals: Mutex<Refusals>,
+    job: String,
+}
+
+impl Door {
+    pub fn new(job: &str) -> Arc<Door> {
+        Arc::new(Door { pending: Arc::new(Semaphore::new(MAX_PENDING)), refusals: Default::default(), job: job.into() })
+    }
+
+    /// A place for one more connection in its handshake, held until it has said Hello; `None`
+    /// when `MAX_PENDING` are already waiting (the caller closes the connection).
+    pub fn enter(&self, peer: SocketAddr) -> Option<OwnedSemaphorePermit> {
+        let permit = self.pending.clone().try_acquire_owned().ok();
+        if permit.is_none() {
+            self.refused(peer, &format!("{MAX_PENDING} connections already in their handshake"));
+        }
+        permit
+    }
+
+    /// Logs one refused connection (rate-limited).
+    pub fn refused(&self, peer: SocketAddr, why: &dyn Display) {
+        let verdict = self.refusals.lock().unwrap_or_else(|e| e.into_inner()).on_refusal(Instant::now());
+        match verdict {
+            Some(0) => tracing::warn!(job = %self.job, %peer, reason = %why, "connection refused"),
+            Some(quiet) => {
+                tracing::warn!(job = %self.job, %peer, reason = %why, unlogged = quiet, "connection refused (and {quiet} more not logged)")
+            }
+            None => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncWriteExt;
+
+    const SECRET: &[u8] = b"0123456789abcdef0123456789abcdef";
+
+    fn nonces() -> Nonces {
+        Nonces { accepting: [1; NONCE_LEN], connecting: [2; NONCE_LEN] }
+    }
+
+    /// RFC 4231 test case 2, so the construction is HMAC-SHA256 and not something like it.
+    #[test]
+    fn hmac_is_rfc_4231() {
+        let mut mac = HmacSha256::new_from_slice(b"Jefe").unwrap();
+        mac.update(b"what do ya want for nothing?");
+        let hex: String = mac.finalize().into_bytes().iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hex, "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+    }
+
+    #[test]
+    fn proofs_bind_secret_role_and_both_nonces() {
+        let n = nonces();
+        let p = proof(SECRET, Role::Connecting, &n);
+        assert_eq!(p.len(), 32);
+        assert!(verify(SECRET, Role::Connecting, &n, &p));
+        assert!(!verify(b"another secret of the same size!", Role::Connecting, &n, &p));
+        assert!(!verify(SECRET, Role::Accepting, &n, &p), "a proof cannot be reflected to the other role");
+        let other = Nonces { accepting: [3; NONCE_LEN], connecting: [2; NONCE_LEN] };
+        assert!(!verify(SECRET, Role::Connecting, &other, &p), "a proof is worthless for a new challenge");
+        let swapped = Nonces { accepting: n.connecting, connecting: n.accepting };
+        assert!(!verify(SECRET, Role::Connecting, &swapped, &p));
+        assert!(!verify(SECRET, Role::Connecting, &n, &p[..31]));
+        assert!(!verify(SECRET, Role::Connecting, &n, b""));
+    }
+
+    #[test]
+    fn nonces_are_fresh() {
+        assert_ne!(nonce().unwrap(), nonce().unwrap());
+    }
+
+    #[tokio::test]
+    async fn handshake_succeeds_with_the_secret_on_both_sides() {
+        let (mut a, mut c) = tokio::io::duplex(4096);
+        let (ra, rc) = tokio::join!(accept(&mut a, SECRET), connect(&mut c, SECRET));
+        ra.unwrap();
+        rc.unwrap();
+    }
+
+    #[tokio::test]
+    async fn wrong_secret_fails_on_both_sides() {
+        let (mut a, mut c) = tokio::io::duplex(4096);
+        let (ra, rc) = tokio::join!(accept(&mut a, SECRET), connect(&mut c, b"not the job secret"));
+        assert!(matches!(ra, Err(AuthError::WrongProof)), "{ra:?}");
+        assert!(matches!(rc, Err(AuthError::Refused(ref r)) if r == "authentication failed"), "{rc:?}");
+    }
+
+    #[tokio::test]
+    async fn a_fake_acceptor_is_caught_by_the_connecting_side() {
+        let (mut a, mut c) = tokio::io::duplex(4096);
+        let (ra, rc) = tokio::join!(accept(&mut a, b"the impostor's guess"), connect(&mut c, SECRET));
+        // The impostor cannot check the proof either, so it refuses; had it answered anything,
+        // the connecting side would have found the proof wrong.
+        assert!(ra.is_err());
+        assert!(rc.is_err());
+    }
+
+    /// Keeps the bytes of an honest connecting side's handshake and replays them on a new
+    /// connection, as someone who recorded the traffic would.
+    #[tokio::test]
+    async fn a_replayed_handshake_is_refused() {
+        let (mut a, mut c) = tokio::io::duplex(4096);
+        let server = tokio::spawn(async move { accept(&mut a, SECRET).await });
+        let mut buf = Vec::new();
+        let theirs = read_challenge(&mut c, &mut buf).await.unwrap();
+        let ours = nonce().unwrap();
+        let n = Nonces { accepting: theirs, connecting: ours };
+        let mut sent = Vec::new();
+        frame::encode_into(
+            Body::Challenge(proto::Challenge { nonce: ours.to_vec(), protocol: PROTOCOL_VERSION }),
+            &mut sent,
+        );
+        frame::encode_into(Body::Proof(proto::Proof { mac: proof(SECRET, Role::Connecting, &n) }), &mut sent);
+        c.write_all(&sent).await.unwrap();
+        server.await.unwrap().expect("the honest handshake passes");
+
+        let (mut a2, mut c2) = tokio::io::duplex(4096);
+        c2.write_all(&sent).await.unwrap();
+        assert!(matches!(accept(&mut a2, SECRET).await, Err(AuthError::WrongProof)));
+    }
+
+    #[tokio::test]
+    async fn strangers_are_refused_quickly() {
+        // A bare Hello (the old protocol) instead of a Challenge.
+        let (mut a, mut c) = tokio::io::duplex(4096);
+        let hello = proto::Hello { agent_id: 1, protocol: PROTOCOL_VERSION, ..Default::default() };
+        frame::write_frame(&mut c, Body::Hello(hello)).await.unwrap();
+        assert!(matches!(accept(&mut a, SECRET).await, Err(AuthError::Unexpected { got: "Hello", .. })));
+        // An oversized first frame.
+        let (mut a, mut c) = tokio::io::duplex(4096);
+        c.write_all(&u32::MAX.to_be_bytes()).await.unwrap();
+        assert!(matches!(accept(&mut a, SECRET).await, Err(AuthError::Frame(FrameError::TooLarge(..)))));
+        // A short nonce.
+        let (mut a, mut c) = tokio::io::duplex(4096);
+        let ch = proto::Challenge { nonce: vec![7; 4], protocol: PROTOCOL_VERSION };
+        frame::write_frame(&mut c, Body::Challenge(ch)).await.unwrap();
+        assert!(matches!(accept(&mut a, SECRET).await, Err(AuthError::BadNonce(4))));
+        // Another protocol version.
+        let (mut a, mut c) = tokio::io::duplex(4096);
+        let ch = proto::Challenge { nonce: vec![7; NONCE_LEN], protocol: PROTOCOL_VERSION + 1 };
+        frame::write_frame(&mut c, Body::Challenge(ch)).await.unwrap();
+        assert!(matches!(accept(&mut a, SECRET).await, Err(AuthError::Protocol(_))));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_peer_times_out() {
+        let (mut a, _c) = tokio::io::duplex(4096);
+        assert!(matches!(accept(&mut a, SECRET).await, Err(AuthError::Timeout)));
+    }
+
+    #[test]
+    fn refusal_logging_is_bounded_per_window() {
+        let mut r = Refusals::default();
+        let t0 = Instant::now();
+        for _ in 0..LOG_PER_WINDOW {
+            assert_eq!(r.on_refusal(t0), Some(0));
+        }
+        for _ in 0..5 {
+            assert_eq!(r.on_refusal(t0 + Duration::from_secs(1)), None);
+        }
+        assert_eq!(r.on_refusal(t0 + LOG_WINDOW), Some(5), "the next window's first line counts the quiet ones");
+        assert_eq!(r.on_refusal(t0 + LOG_WINDOW), Some(0));
+    }
+}
