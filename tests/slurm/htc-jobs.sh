@@ -50,10 +50,18 @@ run_many() { # NODES N [SBATCH OPTIONS...] -> checks on a job of N tasks recordi
     check "$nodes node(s): tasks ran on all $nodes nodes" test "$(cut -d' ' -f3 "$w/ids.txt" | sort -u | wc -l)" = "$nodes"
     check "$nodes node(s): every task saw the prologue's export" test "$(cut -d' ' -f4 "$w/ids.txt" | sort -u)" = from-prologue
     check "$nodes node(s): summary in the job output" grep -q "$n tasks: $n done, 0 failed" "$w/slurm-$j.out"
+    run_dir_private "$nodes node(s)" "$w/.htc/$j"
     if [[ $nodes -gt 1 ]]; then
         check "$nodes nodes: distinct hostnames" test "$(cut -d' ' -f2 "$w/ids.txt" | sort -u | wc -l)" = "$nodes"
     fi
     [[ $failed == 0 ]] || { echo "--- slurm-$j.out"; tail -n 30 "$w/slurm-$j.out"; }
+}
+
+# The run directory holds the job secret: it is the job user's and 0700 (so nothing in it can be
+# reached by others), and the secret itself is 0600.
+run_dir_private() { # LABEL DIR
+    check "$1: run dir is the user's and 0700" test "$(stat -c '%U %a' "$2")" = "$HTC_CLUSTER_USER 700"
+    check "$1: secret is 0600" test "$(stat -c '%U %a' "$2/secret")" = "$HTC_CLUSTER_USER 600"
 }
 
 bad_file_rejected() {
