@@ -4,7 +4,9 @@
 //! of the cost of a fork+exec loop). Each task gets its own process group, stdin from /dev/null,
 //! and stdout/stderr appended to its slot's stream file; since a slot runs one task at a time, the
 //! file offsets before and after the task delimit its output without any copying. CPU binding is
-//! inherited: the thread pins itself to the task's cores right before spawning.
+//! inherited: the thread pins itself to the task's cores right before spawning. Nothing else is:
+//! a task starts with descriptors 0, 1 and 2 only, every signal at its default disposition and
+//! an empty signal mask, as it would from a shell on a terminal, whatever the agent inherited.
 //!
 //! It reaps every child of the process (`waitid(P_ALL)`), so a process runs one executor and
 //! starts no other children. SIGCHLD must be blocked in every thread of the process (`block_sigchld` before any thread
@@ -650,12 +652,16 @@ fn end_of(fd: RawFd) -> u64 {
     off.max(0) as u64
 }
 
+/// `posix_spawn_file_actions_addclosefrom_np`, glibc >= 2.34.
+type AddCloseFrom = unsafe extern "C" fn(*mut libc::posix_spawn_file_actions_t, libc::c_int) -> libc::c_int;
+
 /// posix_spawn attributes shared by every spawn: new process group, clean signal state.
 struct SpawnAttr {
     attr: Box<libc::posix_spawnattr_t>,
     /// File actions by (stdout fd, stderr fd). They name fd numbers, not files, so one set serves
     /// every task of a slot; building them per spawn cost glibc five fd checks (prlimit) each.
     actions: HashMap<(RawFd, RawFd), Box<libc::posix_spawn_file_actions_t>>,
+    close_from: Option<AddCloseFrom>,
 }
 
 impl Drop for SpawnAttr {
@@ -683,14 +689,19 @@ impl SpawnAttr {
             }
             let mut none: libc::sigset_t = std::mem::zeroed();
             libc::sigemptyset(&mut none);
-            let mut all: libc::sigset_t = std::mem::zeroed();
-            libc::sigfillset(&mut all);
             libc::posix_spawnattr_setsigmask(&mut *attr, &none);
-            libc::posix_spawnattr_setsigdefault(&mut *attr, &all);
+            libc::posix_spawnattr_setsigdefault(&mut *attr, &every_signal());
             libc::posix_spawnattr_setpgroup(&mut *attr, 0);
             let flags = libc::POSIX_SPAWN_SETPGROUP | libc::POSIX_SPAWN_SETSIGMASK | libc::POSIX_SPAWN_SETSIGDEF;
             libc::posix_spawnattr_setflags(&mut *attr, flags as libc::c_short);
-            Ok(SpawnAttr { attr, actions: HashMap::new() })
+            // Looked up at run time, not linked: the binary must still build and start on older
+            // glibc (RHEL 8 has 2.28), where inherited descriptors are marked instead.
+            let sym = libc::dlsym(libc::RTLD_DEFAULT, c"posix_spawn_file_actions_addclosefrom_np".as_ptr());
+            let close_from = (!sym.is_null()).then(|| std::mem::transmute::<*mut libc::c_void, AddCloseFrom>(sym));
+            if close_from.is_none() {
+                mark_inherited_cloexec();
+            }
+            Ok(SpawnAttr { attr, actions: HashMap::new(), close_from })
         }
     }
 
@@ -704,6 +715,7 @@ impl SpawnAttr {
         out_fd: RawFd,
         err_fd: RawFd,
     ) -> Result<libc::pid_t, i32> {
+        let close_from = self.close_from;
         let fa: *const libc::posix_spawn_file_actions_t =
             &**self.actions.entry((out_fd, err_fd)).or_insert_with(|| {
                 // SAFETY: initialising a boxed file action set; destroyed in Drop.
@@ -713,6 +725,12 @@ impl SpawnAttr {
                     libc::posix_spawn_file_actions_addopen(&mut *fa, 0, c"/dev/null".as_ptr(), libc::O_RDONLY, 0);
                     libc::posix_spawn_file_actions_adddup2(&mut *fa, out_fd, 1);
                     libc::posix_spawn_file_actions_adddup2(&mut *fa, err_fd, 2);
+                    // Whatever this process holds without close-on-exec — a descriptor its own
+                    // parent leaked to it (slurmstepd, a shell, a test harness), or one a library
+                    // opened — stops here: a task starts with exactly 0, 1 and 2.
+                    if let Some(close_from) = close_from {
+                        close_from(&mut *fa, 3);
+                    }
                     fa
                 }
             });
@@ -732,6 +750,38 @@ impl SpawnAttr {
                 Ok(pid)
             } else {
                 Err(rc)
+            }
+        }
+    }
+}
+
+/// Every signal for POSIX_SPAWN_SETSIGDEF. glibc's `sigfillset` leaves out its two internal
+/// signals (32 and 33, used for thread cancellation and setxid), and its posix_spawn sets any
+/// signal not in this set to SIG_IGN in the child if it is internal, so tasks started with
+/// `sigfillset` ran with 32 and 33 ignored, unlike anything started from a shell. The bits are
+/// set directly; SIGKILL and SIGSTOP cannot be changed and are left out.
+fn every_signal() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data; sigdelset of the two standard signals is always valid.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        std::ptr::write_bytes(&mut set as *mut libc::sigset_t as *mut u8, 0xff, std::mem::size_of::<libc::sigset_t>());
+        libc::sigdelset(&mut set, libc::SIGKILL);
+        libc::sigdelset(&mut set, libc::SIGSTOP);
+        set
+    }
+}
+
+/// Without `posix_spawn_file_actions_addclosefrom_np`, marks every descriptor above 2 that this
+/// process holds now close-on-exec (the engine's own are already; these came from its parent).
+fn mark_inherited_cloexec() {
+    let Ok(dir) = fs::read_dir("/proc/self/fd") else { return };
+    let fds: Vec<RawFd> = dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).filter(|&fd| fd > 2).collect();
+    for fd in fds {
+        // SAFETY: only descriptor flags change; a number that is no longer open fails harmlessly.
+        unsafe {
+            let flags = libc::fcntl(fd, libc::F_GETFD);
+            if flags >= 0 {
+                libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
             }
         }
     }

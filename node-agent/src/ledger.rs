@@ -293,6 +293,30 @@ fn collect_attempts(c: &mut lmdb::RoCursor<'_>, id: u64) -> std::result::Result<
     Ok(out)
 }
 
+extern "C" {
+    // lmdb-rkv links LMDB but does not re-export its FFI; this is `mdb_env_get_fd` of lmdb.h.
+    fn mdb_env_get_fd(env: *mut libc::c_void, fd: *mut libc::c_int) -> libc::c_int;
+}
+
+/// LMDB 0.9.24 opens its lock and meta-page files close-on-exec but the data file without
+/// (its docs say programs may want that fd), so every process the leader starts — agents, and
+/// through them tasks — would hold the ledger open read-write: a task writing to it corrupted
+/// the map and made every reader die with SIGBUS. Nothing here execs with it, so mark it.
+fn close_on_exec(env: &Environment) -> std::io::Result<()> {
+    let mut fd: libc::c_int = -1;
+    // SAFETY: env is an open environment; mdb_env_get_fd only stores its data file's fd.
+    let rc = unsafe { mdb_env_get_fd(env.env().cast(), &mut fd) };
+    if rc != 0 {
+        return Err(std::io::Error::from_raw_os_error(rc));
+    }
+    // SAFETY: fcntl on the environment's own descriptor, which it keeps until it is dropped.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 pub struct Ledger {
     env: Environment,
     path: String,
@@ -342,6 +366,7 @@ impl Ledger {
             .set_max_readers(256)
             .open_with_permissions(path, 0o600)
             .map_err(err)?;
+        close_on_exec(&env).map_err(|e| err(lmdb::Error::from_err_code(e.raw_os_error().unwrap_or(libc::EIO))))?;
         let db = |name| {
             if read_only {
                 env.open_db(Some(name))

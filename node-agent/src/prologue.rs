@@ -8,6 +8,7 @@
 use std::ffi::OsString;
 use std::io::Read;
 use std::os::unix::ffi::OsStringExt;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -64,21 +65,23 @@ pub fn is_shell_script(script: &Path) -> bool {
 pub fn run(script: &Path, args: &[OsString], state: &Path) -> Result<Prologue, PrologueError> {
     let shown = script.display().to_string();
     let captured = is_shell_script(script);
-    let status = if captured {
+    let mut cmd = if captured {
         let _ = std::fs::remove_file(state);
-        Command::new("/bin/bash")
-            .arg("-c")
-            .arg(WRAPPER)
-            .arg("htc-prologue")
-            .arg(state)
-            .arg(script)
-            .args(args)
-            .stdin(std::process::Stdio::null())
-            .status()
+        let mut c = Command::new("/bin/bash");
+        c.arg("-c").arg(WRAPPER).arg("htc-prologue").arg(state).arg(script);
+        c
     } else {
-        Command::new(script).args(args).stdin(std::process::Stdio::null()).status()
-    }
-    .map_err(|source| PrologueError::Spawn { script: shown.clone(), source })?;
+        Command::new(script)
+    };
+    cmd.args(args).stdin(std::process::Stdio::null());
+    // SAFETY: clean_child_state makes only async-signal-safe system calls.
+    unsafe {
+        cmd.pre_exec(|| {
+            clean_child_state();
+            Ok(())
+        })
+    };
+    let status = cmd.status().map_err(|source| PrologueError::Spawn { script: shown.clone(), source })?;
     if !status.success() {
         return Err(PrologueError::Failed { script: shown, status: status.to_string() });
     }
@@ -114,6 +117,44 @@ pub fn run(script: &Path, args: &[OsString], state: &Path) -> Result<Prologue, P
         })
         .collect();
     Ok(Prologue { env, cwd, umask, captured: true })
+}
+
+/// In the forked child, before exec: what a script started from a shell on a terminal gets, as
+/// the tasks do (see `executor`). The leader may have inherited descriptors (slurmstepd's) and
+/// ignored signals (Rust's and glibc's posix_spawn leave glibc's internal signals 32 and 33
+/// ignored in every child), and the batch script must see neither.
+///
+/// Only async-signal-safe system calls: this runs between fork and exec. glibc's `sigaction`
+/// refuses signals 32 and 33, so the dispositions are reset with the raw system call.
+fn clean_child_state() {
+    // A zeroed kernel `struct sigaction` is SIG_DFL with no flags and an empty mask on every
+    // architecture; 64 bytes cover its largest layout.
+    let dfl = [0u64; 8];
+    // SAFETY: raw syscalls with valid pointers; failures (SIGKILL, SIGSTOP) change nothing.
+    unsafe {
+        for sig in 1..=64 {
+            if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+                libc::syscall(libc::SYS_rt_sigaction, sig, dfl.as_ptr(), std::ptr::null_mut::<u64>(), 8usize);
+            }
+        }
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+        // Marked, not closed: std's own exec-error pipe is among them and must survive a
+        // failed exec to report it.
+        if libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) != 0 {
+            // Kernels before 5.11: every number the descriptor limit allows.
+            let mut lim: libc::rlimit = std::mem::zeroed();
+            let max =
+                if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 { lim.rlim_cur.min(1 << 16) } else { 1024 };
+            for fd in 3..max as libc::c_int {
+                let flags = libc::fcntl(fd, libc::F_GETFD);
+                if flags >= 0 {
+                    libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
+                }
+            }
+        }
+    }
 }
 
 /// Makes the prologue's result the current process's: directory, umask and environment. Call
@@ -171,6 +212,23 @@ mod tests {
         assert!(e.to_string().contains("exit status: 3"), "{e}");
         let (p, st) = script("sete", "set -e\nfalse\nexport NEVER=1\n");
         assert!(run(&p, &[], &st).is_err());
+    }
+
+    #[test]
+    fn the_script_inherits_no_descriptor_and_no_signal_state() {
+        // The test binary is a careless parent: cargo's posix_spawn left signals 32 and 33
+        // ignored in it, and this descriptor is open without close-on-exec.
+        // SAFETY: opening /dev/null; closed at the end of the test.
+        let stray = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY) };
+        assert!(stray > 2);
+        let (p, st) = script("view", "ls /proc/self/fd > \"$1\"; grep -E 'Sig(Ign|Blk)' /proc/self/status >> \"$1\"\n");
+        let out = p.with_file_name("view.txt");
+        run(&p, &[out.clone().into()], &st).unwrap();
+        let view = std::fs::read_to_string(&out).unwrap();
+        // SAFETY: closing our own descriptor.
+        unsafe { libc::close(stray) };
+        // 0-2 and the directory `ls` reads, as from a shell on a terminal.
+        assert_eq!(view, "0\n1\n2\n3\nSigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n");
     }
 
     #[test]
