@@ -1,35 +1,67 @@
-# Build and install slurm-htc from source.
+# Build and install slurm-htc from source, or build its packages.
 #
 #   make                 # release build of htc, htc-agent and spank_htc.so
-#   make install         # as root: binaries, the plugin, and its plugstack.conf.d line
+#   make man             # the man pages htc(1), htc-agent(8), spank_htc(8) -> target/man/
+#   make install         # as root: binaries, the plugin, its plugstack.conf.d line, man pages
 #   make uninstall
+#   make deb             # target/packages/slurm-htc_VERSION-REV_ARCH.deb (DEB_REVISION=REV)
+#   make rpm             # target/packages/slurm-htc-VERSION-REL.ARCH.rpm and the .src.rpm,
+#                        # built offline from a source tarball with vendored crates (RPM_RELEASE=REL)
+#   make dist            # only that source tarball (with the spec; `rpmbuild -ta` takes it)
 #
 # Override any of these, e.g. make install PREFIX=/opt/htc PLUGINDIR=/opt/slurm/lib/slurm
 PREFIX       ?= /usr/local
 BINDIR       ?= $(PREFIX)/bin
+# Beside BINDIR, so that an install with only BINDIR moved (as the Slurm tests do) keeps its man
+# pages out of the system's man path.
+MANDIR       ?= $(patsubst %/,%,$(dir $(BINDIR)))/share/man
 MULTIARCH    := $(shell gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
 PLUGINDIR    ?= /usr/lib/$(MULTIARCH)/slurm-wlm
 PLUGSTACKDIR ?= /etc/slurm/plugstack.conf.d
 # Extra plugstack arguments, e.g. PLUGIN_ARGS="fanout=64"
 PLUGIN_ARGS  ?=
 DESTDIR      ?=
+DEB_REVISION ?= 1
+RPM_RELEASE  ?= 1
 
-TARGET := target/release
+TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
+TARGET     := $(TARGET_DIR)/release
+MAN_OUT    := $(TARGET_DIR)/man
+PKG_OUT    ?= $(TARGET_DIR)/packages
 
-.PHONY: all install uninstall test
+.PHONY: all man install uninstall deb rpm dist test
 all:
 	cargo build --release --workspace --locked
 
-install: all
-	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(PLUGINDIR) $(DESTDIR)$(PLUGSTACKDIR)
+# Generated from the clap definitions (node-agent/src/cli.rs) plus packaging/man/*.in.
+man:
+	cargo run --release --locked -q -p htc-mangen -- $(MAN_OUT) >/dev/null
+
+install: all man
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(PLUGINDIR) $(DESTDIR)$(PLUGSTACKDIR) \
+		$(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man8
 	install -m 0755 $(TARGET)/htc $(TARGET)/htc-agent $(DESTDIR)$(BINDIR)/
 	install -m 0755 $(TARGET)/libspank_htc.so $(DESTDIR)$(PLUGINDIR)/spank_htc.so
-	printf 'optional %s/spank_htc.so agent=%s/htc-agent %s\n' '$(PLUGINDIR)' '$(BINDIR)' '$(PLUGIN_ARGS)' \
-		> $(DESTDIR)$(PLUGSTACKDIR)/htc.conf
+	sed -e 's|@PLUGINDIR@|$(PLUGINDIR)|g' -e 's|@BINDIR@|$(BINDIR)|g' \
+		-e 's|@PLUGIN_ARGS@|$(if $(PLUGIN_ARGS), $(PLUGIN_ARGS))|g' \
+		packaging/htc.conf.in > $(DESTDIR)$(PLUGSTACKDIR)/htc.conf
+	install -m 0644 $(MAN_OUT)/htc.1 $(DESTDIR)$(MANDIR)/man1/
+	install -m 0644 $(MAN_OUT)/htc-agent.8 $(MAN_OUT)/spank_htc.8 $(DESTDIR)$(MANDIR)/man8/
 
 uninstall:
 	rm -f $(DESTDIR)$(BINDIR)/htc $(DESTDIR)$(BINDIR)/htc-agent $(DESTDIR)$(PLUGINDIR)/spank_htc.so \
-		$(DESTDIR)$(PLUGSTACKDIR)/htc.conf
+		$(DESTDIR)$(PLUGSTACKDIR)/htc.conf $(DESTDIR)$(MANDIR)/man1/htc.1 \
+		$(DESTDIR)$(MANDIR)/man8/htc-agent.8 $(DESTDIR)$(MANDIR)/man8/spank_htc.8
+
+deb: all man
+	BIN_DIR=$(TARGET) MAN_DIR=$(MAN_OUT) OUT_DIR=$(PKG_OUT) DEB_REVISION=$(DEB_REVISION) \
+		packaging/build-deb.sh
+
+rpm:
+	OUT_DIR=$(PKG_OUT) RPM_RELEASE=$(RPM_RELEASE) packaging/build-rpm.sh
+
+dist:
+	OUT_DIR=$(PKG_OUT) RPM_RELEASE=$(RPM_RELEASE) packaging/build-rpm.sh --dist-only
 
 test:
 	tests/run-all.sh

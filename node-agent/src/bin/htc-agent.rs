@@ -8,9 +8,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use clap::{Parser, Subcommand};
+use clap::Parser;
 use htc::agent::{self, AgentConfig};
 use htc::bootstrap::{self, Kvs};
+use htc::cli::agent::{Cli, Cmd, LeadArgs, DEFAULT_FANOUT};
 use htc::leader::{self, LeaderConfig};
 use htc::load::{self, CreateError};
 use htc::output::OutputMode;
@@ -18,69 +19,6 @@ use htc::pmi::Pmi;
 use htc::rundir::RunDir;
 use htc::{executor, prologue, slurm};
 use htc_core::taskfile::TaskOptions;
-
-#[derive(Parser)]
-#[command(name = "htc-agent", version, about = "slurm-htc agent (started by htc or by the Slurm plugin, not by hand)")]
-struct Cli {
-    #[command(subcommand)]
-    cmd: Cmd,
-}
-
-#[derive(Subcommand)]
-enum Cmd {
-    /// Lead an HTC job from its batch step: `lead [OPTIONS] --script SCRIPT [ARGS...]`.
-    Lead(LeadArgs),
-    /// Run tasks for a leader.
-    Work {
-        #[arg(long)]
-        leader: std::net::SocketAddr,
-        #[arg(long)]
-        run_dir: PathBuf,
-        /// This agent's id (under --slurm: $SLURM_PROCID).
-        #[arg(long, default_value_t = 0)]
-        agent_id: u32,
-        /// Take id, slots and CPUs from the Slurm step's environment.
-        #[arg(long)]
-        slurm: bool,
-        /// Tasks run at once (cores handed out); default: the CPUs this process may use.
-        #[arg(long)]
-        slots: Option<usize>,
-        /// CPUs to bind slots to, e.g. 0,1,2,3 (empty: no binding).
-        #[arg(long, default_value = "")]
-        cpus: String,
-        /// Memory handed out to tasks that declare mem=, in MiB (0: not accounted).
-        #[arg(long, default_value_t = 0)]
-        mem_mb: u64,
-        #[arg(long, default_value = "streams")]
-        output: OutputMode,
-        /// Tree fan-out: agents per parent (the leader included).
-        #[arg(long, default_value_t = DEFAULT_FANOUT)]
-        fanout: u32,
-        /// Agents in the job (under --slurm: $SLURM_NTASKS).
-        #[arg(long, default_value_t = 1)]
-        agents: u32,
-    },
-}
-
-const DEFAULT_FANOUT: u32 = 32;
-
-#[derive(clap::Args)]
-struct LeadArgs {
-    /// The task file (absolute; checked at submit time by the plugin).
-    #[arg(long)]
-    task_file: PathBuf,
-    /// Default retries for tasks that set none.
-    #[arg(long, value_parser = clap::value_parser!(u8).range(0..=100))]
-    retries: Option<u8>,
-    /// Tree fan-out (agents per parent).
-    #[arg(long)]
-    fanout: Option<u32>,
-    #[arg(long, default_value = "streams")]
-    output: OutputMode,
-    /// Node-local directory for the ledger (admin setting).
-    #[arg(long)]
-    ledger_dir: Option<PathBuf>,
-}
 
 fn main() -> ExitCode {
     // Before any thread exists, so every thread inherits it (see executor).

@@ -7,7 +7,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use clap::{Parser, Subcommand};
+use clap::Parser;
+use htc::cli::htc::{Cli, Cmd};
 use htc::leader::{self, launch, LeaderConfig};
 use htc::ledger::{Ledger, Record};
 use htc::load::{self, CreateError, LoadError};
@@ -15,91 +16,6 @@ use htc::output::{self, OutputMode};
 use htc::rundir::{self, RunDir};
 use htc::{executor, status};
 use htc_core::taskfile::TaskOptions;
-
-#[derive(Parser)]
-#[command(
-    name = "htc",
-    version,
-    about = "Run many small tasks fast: locally, or inside one Slurm allocation (sbatch --htc)"
-)]
-struct Cli {
-    #[command(subcommand)]
-    cmd: Cmd,
-}
-
-#[derive(Subcommand)]
-enum Cmd {
-    /// Run a task file on this machine (one task per line; see docs/task-file.md).
-    Run {
-        /// The task file. Not needed with --resume.
-        file: Option<PathBuf>,
-        /// Continue an interrupted run (a run directory or id; default: the newest in ./.htc).
-        #[arg(long, value_name = "RUN", num_args = 0..=1, default_missing_value = "")]
-        resume: Option<String>,
-        /// Number of node agents (processes) to start.
-        #[arg(long, default_value_t = 1)]
-        agents: usize,
-        /// Cores (task slots) per agent; default: this machine's CPUs divided among the agents.
-        #[arg(long)]
-        cores_per_agent: Option<usize>,
-        /// Tree fan-out: agents per parent; more agents than this form a tree of relays.
-        #[arg(long, default_value_t = 32)]
-        fanout: u32,
-        /// Task output: streams (per-slot files + index), per-task (one file each), none.
-        #[arg(long, default_value = "streams")]
-        output: OutputMode,
-        /// Default retries for tasks that set none (the file's own `#HTC retries=` wins).
-        #[arg(long, value_parser = clap::value_parser!(u8).range(0..=100))]
-        retries: Option<u8>,
-        /// No progress line and no summary.
-        #[arg(long, short)]
-        quiet: bool,
-        /// Group-commit interval of the ledger, in milliseconds.
-        #[arg(long, default_value_t = 10, hide = true)]
-        commit_ms: u64,
-    },
-    /// Load a task file into a new run without starting it (start it with `htc run --resume RUN`).
-    Prepare {
-        file: PathBuf,
-        #[arg(long, default_value = "streams")]
-        output: OutputMode,
-    },
-    /// Submit a task file to Slurm: `sbatch --htc=FILE [SBATCH OPTIONS]` with an empty batch script.
-    Submit {
-        file: PathBuf,
-        /// Options passed to sbatch as they are (e.g. -N 4 -t 1:00:00).
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        sbatch: Vec<std::ffi::OsString>,
-    },
-    /// Check a task file: counts, classes and the first errors with file:line:column.
-    Check {
-        file: PathBuf,
-        /// Most errors to list.
-        #[arg(long, default_value_t = 20)]
-        max_errors: usize,
-    },
-    /// Progress of a run: counts by state, rate, ETA and failed tasks.
-    Status {
-        /// A run directory or id (default: the newest in ./.htc).
-        run: Option<String>,
-        /// Most failed tasks to list.
-        #[arg(long, default_value_t = 20)]
-        failures: usize,
-    },
-    /// Print one task's output (stdout to stdout, stderr to stderr).
-    Output {
-        /// A run directory or id.
-        run: String,
-        /// The task id (1 = the first task of the file).
-        task: u64,
-        /// Only stdout.
-        #[arg(long, conflicts_with = "stderr")]
-        stdout: bool,
-        /// Only stderr.
-        #[arg(long)]
-        stderr: bool,
-    },
-}
 
 fn main() -> ExitCode {
     htc::init_logging("warn");

@@ -1,0 +1,173 @@
+//! The command lines of `htc` and `htc-agent`. They live in the library, not in the binaries, so
+//! that the man pages are generated from the very definitions the binaries parse with
+//! (`packaging/mangen`), and cannot drift from them.
+
+/// `htc`: the user's command.
+pub mod htc {
+    use std::path::PathBuf;
+
+    use clap::{Parser, Subcommand};
+
+    use crate::output::OutputMode;
+
+    #[derive(Parser)]
+    #[command(
+        name = "htc",
+        version,
+        about = "Run many small tasks fast: locally, or inside one Slurm allocation (sbatch --htc)"
+    )]
+    pub struct Cli {
+        #[command(subcommand)]
+        pub cmd: Cmd,
+    }
+
+    #[derive(Subcommand)]
+    pub enum Cmd {
+        /// Run a task file on this machine (one task per line; see docs/task-file.md).
+        Run {
+            /// The task file. Not needed with --resume.
+            file: Option<PathBuf>,
+            /// Continue an interrupted run (a run directory or id; default: the newest in ./.htc).
+            #[arg(long, value_name = "RUN", num_args = 0..=1, default_missing_value = "")]
+            resume: Option<String>,
+            /// Number of node agents (processes) to start.
+            #[arg(long, default_value_t = 1)]
+            agents: usize,
+            /// Cores (task slots) per agent; default: this machine's CPUs divided among the agents.
+            #[arg(long)]
+            cores_per_agent: Option<usize>,
+            /// Tree fan-out: agents per parent; more agents than this form a tree of relays.
+            #[arg(long, default_value_t = 32)]
+            fanout: u32,
+            /// Task output: streams (per-slot files + index), per-task (one file each), none.
+            #[arg(long, default_value = "streams")]
+            output: OutputMode,
+            /// Default retries for tasks that set none (the file's own `#HTC retries=` wins).
+            #[arg(long, value_parser = clap::value_parser!(u8).range(0..=100))]
+            retries: Option<u8>,
+            /// No progress line and no summary.
+            #[arg(long, short)]
+            quiet: bool,
+            /// Group-commit interval of the ledger, in milliseconds.
+            #[arg(long, default_value_t = 10, hide = true)]
+            commit_ms: u64,
+        },
+        /// Load a task file into a new run without starting it (start it with `htc run --resume RUN`).
+        Prepare {
+            file: PathBuf,
+            #[arg(long, default_value = "streams")]
+            output: OutputMode,
+        },
+        /// Submit a task file to Slurm: `sbatch --htc=FILE [SBATCH OPTIONS]` with an empty batch script.
+        Submit {
+            file: PathBuf,
+            /// Options passed to sbatch as they are (e.g. -N 4 -t 1:00:00).
+            #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+            sbatch: Vec<std::ffi::OsString>,
+        },
+        /// Check a task file: counts, classes and the first errors with file:line:column.
+        Check {
+            file: PathBuf,
+            /// Most errors to list.
+            #[arg(long, default_value_t = 20)]
+            max_errors: usize,
+        },
+        /// Progress of a run: counts by state, rate, ETA and failed tasks.
+        Status {
+            /// A run directory or id (default: the newest in ./.htc).
+            run: Option<String>,
+            /// Most failed tasks to list.
+            #[arg(long, default_value_t = 20)]
+            failures: usize,
+        },
+        /// Print one task's output (stdout to stdout, stderr to stderr).
+        Output {
+            /// A run directory or id.
+            run: String,
+            /// The task id (1 = the first task of the file).
+            task: u64,
+            /// Only stdout.
+            #[arg(long, conflicts_with = "stderr")]
+            stdout: bool,
+            /// Only stderr.
+            #[arg(long)]
+            stderr: bool,
+        },
+    }
+}
+
+/// `htc-agent`: the daemon roles, started by `htc` or by the Slurm plugin.
+pub mod agent {
+    use std::path::PathBuf;
+
+    use clap::{Parser, Subcommand};
+
+    use crate::output::OutputMode;
+
+    pub const DEFAULT_FANOUT: u32 = 32;
+
+    #[derive(Parser)]
+    #[command(
+        name = "htc-agent",
+        version,
+        about = "slurm-htc agent (started by htc or by the Slurm plugin, not by hand)"
+    )]
+    pub struct Cli {
+        #[command(subcommand)]
+        pub cmd: Cmd,
+    }
+
+    #[derive(Subcommand)]
+    pub enum Cmd {
+        /// Lead an HTC job from its batch step: `lead [OPTIONS] --script SCRIPT [ARGS...]`.
+        Lead(LeadArgs),
+        /// Run tasks for a leader.
+        Work {
+            #[arg(long)]
+            leader: std::net::SocketAddr,
+            #[arg(long)]
+            run_dir: PathBuf,
+            /// This agent's id (under --slurm: $SLURM_PROCID).
+            #[arg(long, default_value_t = 0)]
+            agent_id: u32,
+            /// Take id, slots and CPUs from the Slurm step's environment.
+            #[arg(long)]
+            slurm: bool,
+            /// Tasks run at once (cores handed out); default: the CPUs this process may use.
+            #[arg(long)]
+            slots: Option<usize>,
+            /// CPUs to bind slots to, e.g. 0,1,2,3 (empty: no binding).
+            #[arg(long, default_value = "")]
+            cpus: String,
+            /// Memory handed out to tasks that declare mem=, in MiB (0: not accounted).
+            #[arg(long, default_value_t = 0)]
+            mem_mb: u64,
+            #[arg(long, default_value = "streams")]
+            output: OutputMode,
+            /// Tree fan-out: agents per parent (the leader included).
+            #[arg(long, default_value_t = DEFAULT_FANOUT)]
+            fanout: u32,
+            /// Agents in the job (under --slurm: $SLURM_NTASKS).
+            #[arg(long, default_value_t = 1)]
+            agents: u32,
+        },
+    }
+
+    #[derive(clap::Args)]
+    pub struct LeadArgs {
+        /// The task file (absolute; checked at submit time by the plugin).
+        #[arg(long)]
+        pub task_file: PathBuf,
+        /// Default retries for tasks that set none.
+        #[arg(long, value_parser = clap::value_parser!(u8).range(0..=100))]
+        pub retries: Option<u8>,
+        /// Tree fan-out (agents per parent).
+        #[arg(long)]
+        pub fanout: Option<u32>,
+        #[arg(long, default_value = "streams")]
+        pub output: OutputMode,
+        /// Node-local directory for the ledger (admin setting).
+        #[arg(long)]
+        pub ledger_dir: Option<PathBuf>,
+    }
+}
