@@ -1,13 +1,17 @@
-//! Generates the SPANK bindings from `include/spank_wrapper.h` and detects optional API.
+//! Generates the SPANK bindings from `include/spank_wrapper.h`.
 //!
 //! Environment (all optional):
 //! * `SLURM_INCLUDE_DIR`: directory that holds `slurm/spank.h` when it is not in the default
 //!   include path (e.g. `/opt/slurm/include`).
 //! * `HTC_DEFAULT_AGENT`: absolute path of the agent used when plugstack.conf gives no
 //!   `agent=` argument (default `/usr/bin/htc-agent`).
+//! * `HTC_SLURM_VERSION_OVERRIDE`: for tests only, a `SLURM_VERSION_NUMBER` (e.g. `0x170200`)
+//!   the plugin claims to be built for instead of the headers' one, so that the version guard
+//!   (src/version.rs) can be exercised on a cluster of the headers' release. Build such a
+//!   variant into its own `CARGO_TARGET_DIR`.
 //!
-//! Emits `cfg(htc_has_prepend_argv)` when the headers declare `spank_prepend_task_argv`
-//! (Slurm >= 23.11; absent on 22.05).
+//! `spank_prepend_task_argv` (Slurm >= 23.11) is not linked but looked up at run time
+//! (src/spank.rs), so one plugin binary never references a function its host may lack.
 
 use std::env;
 use std::path::PathBuf;
@@ -19,7 +23,7 @@ fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-env-changed=SLURM_INCLUDE_DIR");
     println!("cargo:rerun-if-env-changed=HTC_DEFAULT_AGENT");
-    println!("cargo:rustc-check-cfg=cfg(htc_has_prepend_argv)");
+    println!("cargo:rerun-if-env-changed=HTC_SLURM_VERSION_OVERRIDE");
 
     let agent = env::var("HTC_DEFAULT_AGENT").unwrap_or_else(|_| "/usr/bin/htc-agent".to_string());
     if !agent.starts_with('/') || agent.contains('\0') {
@@ -56,10 +60,32 @@ fn main() {
             panic!("bindings lack `{needed}`: unsupported <slurm/spank.h>");
         }
     }
-    if text.contains("fn spank_prepend_task_argv") {
-        println!("cargo:rustc-cfg=htc_has_prepend_argv");
-    }
 
-    let out = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR")).join("spank_bindings.rs");
-    std::fs::write(&out, text).expect("write bindings");
+    let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR"));
+    std::fs::write(out_dir.join("spank_bindings.rs"), text).expect("write bindings");
+
+    let version_override = match env::var("HTC_SLURM_VERSION_OVERRIDE") {
+        Ok(s) if !s.trim().is_empty() => {
+            let v = parse_version_number(s.trim()).unwrap_or_else(|| {
+                panic!("HTC_SLURM_VERSION_OVERRIDE must be a SLURM_VERSION_NUMBER like 0x170200, got {s:?}")
+            });
+            println!("cargo:warning=spank_htc built as if for Slurm {}.{:02} (HTC_SLURM_VERSION_OVERRIDE={s}): for tests only", v >> 16, (v >> 8) & 0xff);
+            format!("Some({v:#08x})")
+        }
+        _ => "None".to_string(),
+    };
+    std::fs::write(
+        out_dir.join("build_info.rs"),
+        format!("/// `HTC_SLURM_VERSION_OVERRIDE` at build time.\npub const SLURM_VERSION_OVERRIDE: Option<u32> = {version_override};\n"),
+    )
+    .expect("write build_info.rs");
+}
+
+/// `0xMMmmuu` or decimal, with a plausible major (Slurm's are two-digit years).
+fn parse_version_number(s: &str) -> Option<u32> {
+    let v = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(h) => u32::from_str_radix(h, 16).ok()?,
+        None => s.parse().ok()?,
+    };
+    ((1..=0xff_ffff).contains(&v) && (v >> 16) >= 1 && ((v >> 8) & 0xff) <= 12).then_some(v)
 }

@@ -7,6 +7,10 @@
 //! | remote (slurmstepd) | options registered and recorded; in `task_init` of the **batch step** of an HTC job only: exec of `htc-agent lead …` |
 //! | slurmd | plugstack arguments checked and errors logged once |
 //!
+//! Loaded by a Slurm of another major.minor than the one it was built for, the plugin is
+//! inert (see [`version_guard`]): it registers its options only to refuse them, logs one line
+//! in slurmd, fails the batch step of an HTC job that reaches it, and does nothing else.
+//!
 //! Every callback runs through [`guard`]: a panic becomes `slurm_error` + return -1.
 
 use std::ffi::{OsStr, OsString};
@@ -14,12 +18,13 @@ use std::os::raw::{c_char, c_int, c_uint};
 use std::os::unix::ffi::OsStrExt;
 use std::panic::{self, AssertUnwindSafe};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard, Once};
 
-use crate::config::{self, Allocator, JobRequest, PluginConfig, UserOptions};
-use crate::ffi;
+use crate::config::{self, AgentPathError, Allocator, JobRequest, PluginConfig, UserOptions};
 use crate::spank::{self, log, Context, OptionSpec, Spank};
+use crate::version::{self, Release};
+use crate::{build_info, ffi};
 
 // ---- plugin identification (SPANK_PLUGIN(htc, 1)) ----
 
@@ -29,16 +34,79 @@ pub static plugin_name: [u8; 4] = *b"htc\0";
 #[no_mangle]
 #[allow(non_upper_case_globals)]
 pub static plugin_type: [u8; 6] = *b"spank\0";
-/// Must equal the running Slurm's major.minor: taken from the headers at build time.
+/// Slurm's loader accepts the plugin only if this equals its own major.minor. It is the
+/// headers' `SLURM_VERSION_NUMBER` unless [`version_guard`] found another release loading the
+/// plugin (an atomic, so that it lives in writable memory; the loader reads it as a
+/// `uint32_t`, which has the same layout).
 #[no_mangle]
 #[allow(non_upper_case_globals)]
-pub static plugin_version: c_uint = ffi::SLURM_VERSION_NUMBER as c_uint;
+pub static plugin_version: AtomicU32 = AtomicU32::new(BUILD_VERSION);
 #[no_mangle]
 #[allow(non_upper_case_globals)]
 pub static spank_plugin_version: c_uint = 1;
 
 const _: () = assert!(ffi::HTC_SLURM_BATCH_SCRIPT as u64 == config::BATCH_STEP_ID as u64);
+const _: () = assert!(std::mem::size_of::<AtomicU32>() == std::mem::size_of::<c_uint>());
 const _: () = assert!(plugin_name.len() == config::PLUGIN_NAME.len() + 1);
+
+// ---- the version guard ----
+
+/// The release the plugin was built for: the headers', or `HTC_SLURM_VERSION_OVERRIDE`
+/// (tests only).
+#[allow(clippy::unnecessary_cast)] // bindgen's type for the macro may differ between headers
+const BUILD_VERSION: u32 = match build_info::SLURM_VERSION_OVERRIDE {
+    Some(v) => v,
+    None => ffi::SLURM_VERSION_NUMBER as u32,
+};
+
+/// `Release::version_number()` of the other release that loaded the plugin; 0: not inert.
+static INERT_HOST: AtomicU32 = AtomicU32::new(0);
+
+/// ELF constructor: runs inside `dlopen`, which Slurm's loader calls before it reads
+/// `plugin_version` (`plugin_load_from_file` in src/common/plugin.c, 22.05 to 26.x).
+#[used]
+#[link_section = ".init_array"]
+static VERSION_GUARD: extern "C" fn() = version_guard;
+
+/// Asks the host for its release (`slurm_api_version()` of its libslurmfull, see
+/// [`version`]); if it is not the one the plugin was built for, claims the host's release so
+/// that the loader accepts the plugin, and makes every callback inert. The inert callbacks
+/// only use SPANK functions whose prototypes, and enum values, spank.h has not changed from
+/// 21.08 to 26.x (`spank_context`, `spank_option_register`, `spank_get_item(S_JOB_STEPID)`,
+/// `spank_getenv`, `slurm_error`/`slurm_verbose`/`slurm_debug`): that is what makes loading a
+/// plugin built for another release safe, and why nothing else runs. Without the symbol
+/// (not a Slurm process) nothing changes and Slurm's own check decides.
+extern "C" fn version_guard() {
+    // Nothing here can panic, but a constructor must never unwind into the dynamic loader.
+    let _ = panic::catch_unwind(|| {
+        let api = spank::host_symbol(c"slurm_api_version").map(|sym| {
+            // SAFETY: `long slurm_api_version(void)` in slurm.h of every release; it returns
+            // a compile-time constant and needs no initialisation.
+            let f = unsafe { std::mem::transmute::<*mut libc::c_void, unsafe extern "C" fn() -> libc::c_long>(sym) };
+            // SAFETY: see above.
+            unsafe { f() as i64 }
+        });
+        if let version::Mode::Inert { host, .. } = version::decide(BUILD_VERSION, api) {
+            INERT_HOST.store(host.version_number(), Ordering::SeqCst);
+            plugin_version.store(host.version_number(), Ordering::SeqCst);
+        }
+    });
+}
+
+/// `(built for, running under)` when the plugin is inert.
+fn inert() -> Option<(Release, Release)> {
+    match INERT_HOST.load(Ordering::SeqCst) {
+        0 => None,
+        host => Some((Release::from_version_number(BUILD_VERSION), Release::from_version_number(host))),
+    }
+}
+
+fn inert_reason() -> String {
+    match inert() {
+        Some((built, host)) => version::inert_reason(built, host),
+        None => String::new(),
+    }
+}
 
 // ---- per-process state (one process = one sbatch, or one slurmstepd step) ----
 
@@ -137,6 +205,9 @@ unsafe extern "C" fn option_cb(val: c_int, optarg: *const c_char, remote: c_int)
             OsStr::from_bytes(unsafe { std::ffi::CStr::from_ptr(optarg) }.to_bytes()).to_os_string()
         };
         let ctx = spank::context();
+        if inert().is_some() {
+            return inert_option(val, &arg, remote, ctx);
+        }
         if remote != 0 || ctx == Context::Remote {
             remote_option(val, arg);
             0
@@ -149,6 +220,19 @@ unsafe extern "C" fn option_cb(val: c_int, optarg: *const c_char, remote: c_int)
             0
         }
     })
+}
+
+/// Inert: sbatch/salloc refuse every `--htc*` option with the reason (exit 255, nothing
+/// queued); srun and slurmstepd only note that the file option was seen.
+fn inert_option(val: c_int, arg: &OsStr, remote: c_int, ctx: Context) -> c_int {
+    if remote == 0 && ctx == Context::Allocator {
+        log::error(&format!("htc: {}={}: {}", opt_name(val), arg.to_string_lossy(), inert_reason()));
+        return -1;
+    }
+    if val == config::OPT_FILE {
+        state().opts.file = Some(arg.to_os_string());
+    }
+    0
 }
 
 /// slurmstepd: record the values (sbatch validated them; nothing is opened here, as root).
@@ -240,6 +324,9 @@ fn allocator_option(val: c_int, arg: &OsStr) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn slurm_spank_init(sp: ffi::spank_t, ac: c_int, av: *mut *mut c_char) -> c_int {
     guard("slurm_spank_init", || {
+        if inert().is_some() {
+            return inert_init(sp);
+        }
         // SAFETY: Slurm's argc/argv.
         let args = unsafe { spank::plugin_args(ac, av) };
         let cfg = config::parse_plugin_args(&args);
@@ -275,12 +362,43 @@ pub unsafe extern "C" fn slurm_spank_init(sp: ffi::spank_t, ac: c_int, av: *mut 
     })
 }
 
+/// Inert `slurm_spank_init`: the options are registered so that using them is refused with
+/// the reason (instead of sbatch's "unrecognized option"). slurmd, which starts once per
+/// boot, logs the one line that tells the admin; sbatch/srun/salloc say it only with `-v`
+/// and slurmstepd only at debug level, so jobs without `--htc` see no difference.
+fn inert_init(sp: ffi::spank_t) -> c_int {
+    let reason = inert_reason();
+    let ctx = spank::context();
+    match ctx {
+        Context::Slurmd => log::error(&format!("htc: {reason}")),
+        Context::Allocator | Context::Local => log::verbose(&format!("htc: {reason}")),
+        Context::Remote => log::debug(&format!("htc: {reason}")),
+        _ => {}
+    }
+    {
+        let mut st = state();
+        st.config = None;
+        st.opts = UserOptions::default();
+    }
+    if matches!(ctx, Context::Allocator | Context::Local | Context::Remote) {
+        // SAFETY: Slurm's handle for this callback.
+        let Some(sp) = (unsafe { Spank::from_raw(sp) }) else { return 0 };
+        for o in &OPTIONS {
+            if sp.register_option(o, option_cb).is_err() {
+                // Not worth failing a plain job over: --htc just stays unknown.
+                return 0;
+            }
+        }
+    }
+    0
+}
+
 /// # Safety
 /// Called by Slurm with its handle.
 #[no_mangle]
 pub unsafe extern "C" fn slurm_spank_init_post_opt(sp: ffi::spank_t, _ac: c_int, _av: *mut *mut c_char) -> c_int {
     guard("slurm_spank_init_post_opt", || {
-        if spank::context() != Context::Allocator {
+        if inert().is_some() || spank::context() != Context::Allocator {
             return 0;
         }
         let opts = state().opts.clone();
@@ -322,6 +440,9 @@ pub unsafe extern "C" fn slurm_spank_task_init(sp: ffi::spank_t, _ac: c_int, _av
                 return 0;
             }
         }
+        if inert().is_some() {
+            return inert_batch_task_init(&sp);
+        }
         batch_task_init(&sp)
     });
     if rc != 0 && HTC_BATCH_TASK.load(Ordering::Relaxed) {
@@ -347,9 +468,7 @@ pub unsafe extern "C" fn slurm_spank_exit(_sp: ffi::spank_t, _ac: c_int, _av: *m
 
 /// Exit status of the batch step when the plugin cannot start the agent (shell conventions).
 const EXIT_REFUSED: c_int = 125;
-#[cfg(not(htc_has_prepend_argv))]
 const EXIT_NOT_EXECUTABLE: c_int = 126;
-#[cfg(not(htc_has_prepend_argv))]
 const EXIT_NOT_FOUND: c_int = 127;
 
 /// Set once this process is known to be the batch task of an HTC job: from then on the batch
@@ -365,6 +484,22 @@ fn fatal(msg: &str, code: c_int) -> ! {
     // SAFETY: _exit in the forked task process: no atexit handlers, no stdio flush of
     // buffers inherited from slurmstepd.
     unsafe { libc::_exit(code) }
+}
+
+/// Inert, batch step: an HTC job that was accepted by a submit host with a matching plugin
+/// (e.g. during a rolling upgrade) must not quietly run its script as a plain job, which
+/// would run the prologue but none of the tasks and still succeed. It fails as with
+/// `disabled` (exit 125, the reason in the job's output). Any other batch step is untouched.
+fn inert_batch_task_init(sp: &Spank) -> c_int {
+    let present = |name: &str| matches!(sp.getenv(name), Ok(Some(_)));
+    let option_env = format!("SLURM_SPANK__SLURM_SPANK_OPTION_{}_htc", config::PLUGIN_NAME);
+    let htc_job =
+        present(&config::job_env_name(config::JC_FILE)) || present(&option_env) || state().opts.file.is_some();
+    if !htc_job {
+        return 0;
+    }
+    HTC_BATCH_TASK.store(true, Ordering::Relaxed);
+    fatal(&format!("htc: {}; the tasks were not run", inert_reason()), EXIT_REFUSED)
 }
 
 fn batch_task_init(sp: &Spank) -> c_int {
@@ -404,16 +539,20 @@ fn batch_task_init(sp: &Spank) -> c_int {
         fatal("htc: slurm-htc has been disabled on this cluster; the tasks were not run", EXIT_REFUSED);
     }
 
-    // The agent runs as the job's user, never as anyone else.
-    let euid = unsafe { libc::geteuid() };
-    let uid = unsafe { libc::getuid() };
-    match sp.job_uid() {
-        Ok(job_uid) if job_uid == euid && job_uid == uid => {}
-        Ok(job_uid) => fatal(
-            &format!("htc: refusing to start the agent: uid {uid}/euid {euid} is not the job's uid {job_uid}"),
-            EXIT_REFUSED,
-        ),
+    // The agent runs with exactly the job's credentials, never anyone else's (slurmstepd
+    // dropped root's before task_init; this makes sure nothing, not even a saved id or a
+    // supplementary group, is left of them).
+    let job_uid = match sp.job_uid() {
+        Ok(u) => u,
         Err(e) => fatal(&format!("htc: S_JOB_UID: {e}; the tasks were not run"), EXIT_REFUSED),
+    };
+    let job_gid = match sp.job_gid() {
+        Ok(g) => g,
+        Err(e) => fatal(&format!("htc: S_JOB_GID: {e}; the tasks were not run"), EXIT_REFUSED),
+    };
+    let job_groups = sp.job_supplementary_gids().unwrap_or_default();
+    if let Err(e) = config::check_identity(&spank::identity(), job_uid, job_gid, &job_groups) {
+        fatal(&format!("htc: refusing to start the agent: {e}; the tasks were not run"), EXIT_REFUSED);
     }
 
     // Every element of an array would run all the tasks again.
@@ -433,39 +572,58 @@ fn batch_task_init(sp: &Spank) -> c_int {
     start_agent(sp, &cfg, &req, &job_argv)
 }
 
-/// Slurm >= 23.11: let slurmstepd exec `agent … --script <script> <args>`.
-#[cfg(htc_has_prepend_argv)]
-fn start_agent(sp: &Spank, cfg: &PluginConfig, req: &JobRequest, job_argv: &[OsString]) -> c_int {
-    if let Err(e) = config::agent_argv(cfg, req, job_argv) {
-        fatal(&format!("htc: {e}; the tasks were not run"), EXIT_REFUSED);
-    }
-    let prefix = config::agent_argv_prefix(cfg, req);
-    // Keep the private variables away from the agent (see config::is_private_env).
-    if let Ok(env) = sp.job_env() {
-        for name in config::private_env_names(env.iter().map(|e| e.as_bytes())) {
-            let _ = sp.unsetenv(&name);
-        }
-    }
-    log::verbose(&format!("htc: batch step runs {} <script>", config::display_argv(&prefix)));
-    match sp.prepend_task_argv(&prefix) {
-        Ok(()) => 0,
-        Err(e) => fatal(&format!("htc: spank_prepend_task_argv: {e}; the tasks were not run"), EXIT_REFUSED),
-    }
-}
-
-/// Slurm < 23.11: become the agent right here (we are the task process, as the user, with
-/// the job's stdio and cwd), with the job's environment.
-#[cfg(not(htc_has_prepend_argv))]
+/// Starts the agent in place of the batch script, after checking that only root can change
+/// what `agent=` points to (see [`config::check_agent_path`]). The canonical path is what
+/// runs; argv[0] stays the configured path where the plugin execs itself.
 fn start_agent(sp: &Spank, cfg: &PluginConfig, req: &JobRequest, job_argv: &[OsString]) -> c_int {
     let argv = match config::agent_argv(cfg, req, job_argv) {
         Ok(a) => a,
         Err(e) => fatal(&format!("htc: {e}; the tasks were not run"), EXIT_REFUSED),
     };
+    let exe = match config::check_agent_path(&cfg.agent) {
+        Ok(p) => p,
+        Err(e) => {
+            let code = match e {
+                AgentPathError::NotFound(_) => EXIT_NOT_FOUND,
+                AgentPathError::Inaccessible(_) => EXIT_NOT_EXECUTABLE,
+                AgentPathError::Unsafe(_) => EXIT_REFUSED,
+            };
+            fatal(
+                &format!(
+                    "htc: cannot start the agent {}: {e} (plugstack.conf: agent=); the tasks were not run",
+                    cfg.agent.display()
+                ),
+                code,
+            )
+        }
+    };
+
+    // Slurm >= 23.11: slurmstepd execs `agent … --script <script> <args>` itself.
+    let mut prefix = config::agent_argv_prefix(cfg, req);
+    prefix[0] = exe.clone().into_os_string();
+    if spank::host_symbol(c"spank_prepend_task_argv").is_some() {
+        // Keep the private variables away from the agent (see config::is_private_env).
+        if let Ok(env) = sp.job_env() {
+            for name in config::private_env_names(env.iter().map(|e| e.as_bytes())) {
+                let _ = sp.unsetenv(&name);
+            }
+        }
+        log::verbose(&format!("htc: batch step runs {} <script>", config::display_argv(&prefix)));
+        match sp.prepend_task_argv(&prefix) {
+            Some(Ok(())) => return 0,
+            Some(Err(e)) => fatal(&format!("htc: spank_prepend_task_argv: {e}; the tasks were not run"), EXIT_REFUSED),
+            None => {} // cannot happen (just looked up); exec below
+        }
+    }
+
+    // Slurm < 23.11: become the agent right here (we are the task process, as the user,
+    // with the job's stdio and cwd), with the job's environment.
     let env = match sp.job_env() {
         Ok(e) => e,
         Err(e) => fatal(&format!("htc: S_JOB_ENV: {e}; the tasks were not run"), EXIT_REFUSED),
     };
     let env: Vec<std::ffi::CString> = env.into_iter().filter(|e| !config::is_private_env(e.as_bytes())).collect();
+    let c_exe = spank::os_cstring(exe.as_os_str());
     let c_argv: Vec<std::ffi::CString> = argv.iter().map(|a| spank::os_cstring(a)).collect();
     let mut argv_ptrs: Vec<*const c_char> = c_argv.iter().map(|a| a.as_ptr()).collect();
     argv_ptrs.push(std::ptr::null());
@@ -475,7 +633,7 @@ fn start_agent(sp: &Spank, cfg: &PluginConfig, req: &JobRequest, job_argv: &[OsS
     log::verbose(&format!("htc: batch step execs {}", config::display_argv(&argv)));
     reset_signals();
     // SAFETY: NUL-terminated path, NULL-terminated argv/envp arrays of live C strings.
-    unsafe { libc::execve(c_argv[0].as_ptr(), argv_ptrs.as_ptr(), env_ptrs.as_ptr()) };
+    unsafe { libc::execve(c_exe.as_ptr(), argv_ptrs.as_ptr(), env_ptrs.as_ptr()) };
     let err = std::io::Error::last_os_error();
     let code = match err.raw_os_error() {
         Some(libc::ENOENT) | Some(libc::ENOTDIR) => EXIT_NOT_FOUND,
@@ -491,7 +649,6 @@ fn start_agent(sp: &Spank, cfg: &PluginConfig, req: &JobRequest, job_argv: &[OsS
 }
 
 /// Default dispositions and an empty signal mask, as a freshly exec'd batch script has.
-#[cfg(not(htc_has_prepend_argv))]
 fn reset_signals() {
     // SAFETY: plain libc calls on local data; invalid/uncatchable signals just fail.
     unsafe {

@@ -240,9 +240,43 @@ impl Spank {
         Ok(v)
     }
 
+    /// `S_JOB_GID`: the job's primary group.
+    pub fn job_gid(&self) -> Result<libc::gid_t, SpankError> {
+        let mut gid: libc::gid_t = 0;
+        // SAFETY: S_JOB_GID takes a gid_t *.
+        check(unsafe { ffi::spank_get_item(self.raw, ffi::S_JOB_GID, &mut gid as *mut libc::gid_t) })?;
+        Ok(gid)
+    }
+
+    /// `S_JOB_SUPPLEMENTARY_GIDS`, copied: the groups slurmstepd gives the job's processes.
+    pub fn job_supplementary_gids(&self) -> Result<Vec<libc::gid_t>, SpankError> {
+        let mut gids: *mut libc::gid_t = ptr::null_mut();
+        let mut n: c_int = 0;
+        // SAFETY: S_JOB_SUPPLEMENTARY_GIDS takes (gid_t **, int *); the array belongs to Slurm.
+        check(unsafe {
+            ffi::spank_get_item(
+                self.raw,
+                ffi::S_JOB_SUPPLEMENTARY_GIDS,
+                &mut gids as *mut *mut libc::gid_t,
+                &mut n as *mut c_int,
+            )
+        })?;
+        if gids.is_null() || n <= 0 {
+            return Ok(Vec::new());
+        }
+        // SAFETY: Slurm's array of n gids.
+        Ok(unsafe { std::slice::from_raw_parts(gids, n as usize) }.to_vec())
+    }
+
     /// `spank_prepend_task_argv` (Slurm >= 23.11): the task runs `argv… <original argv…>`.
-    #[cfg(htc_has_prepend_argv)]
-    pub fn prepend_task_argv(&self, argv: &[OsString]) -> Result<(), SpankError> {
+    /// `None` when the running Slurm does not have it. Looked up at run time rather than
+    /// linked: the plugin is linked with BIND_NOW, so a reference to a function the host
+    /// lacks would make `dlopen` fail before the version guard could make the plugin inert.
+    pub fn prepend_task_argv(&self, argv: &[OsString]) -> Option<Result<(), SpankError>> {
+        type PrependFn = unsafe extern "C" fn(ffi::spank_t, c_int, *mut *const c_char) -> ffi::spank_err_t;
+        let sym = host_symbol(c"spank_prepend_task_argv")?;
+        // SAFETY: the prototype of spank.h since 23.11: (spank_t, int, const char *argv[]).
+        let f: PrependFn = unsafe { std::mem::transmute::<*mut libc::c_void, PrependFn>(sym) };
         // Kept alive for the rest of this (about to exec) task process, whatever Slurm does
         // with the pointers.
         let strings: &'static [CString] =
@@ -256,8 +290,43 @@ impl Spank {
                 .into_boxed_slice(),
         );
         // SAFETY: valid handle; argc entries, NULL-terminated, alive until exec.
-        check(unsafe { ffi::spank_prepend_task_argv(self.raw, strings.len() as c_int, ptrs.as_mut_ptr() as _) })
+        Some(check(unsafe { f(self.raw, strings.len() as c_int, ptrs.as_mut_ptr()) }))
     }
+}
+
+/// A symbol of the Slurm process that loaded the plugin (its libslurmfull is in the global
+/// scope), or `None`.
+pub fn host_symbol(name: &CStr) -> Option<*mut libc::c_void> {
+    // SAFETY: dlsym with a NUL-terminated name; RTLD_DEFAULT searches the global scope.
+    let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+    (!p.is_null()).then_some(p)
+}
+
+/// The process's credentials, for the check before the agent starts.
+pub fn identity() -> crate::config::Identity {
+    let (mut ru, mut eu, mut su) = (0, 0, 0);
+    let (mut rg, mut eg, mut sg) = (0, 0, 0);
+    // SAFETY: plain libc calls writing to locals. They cannot fail with valid pointers; if
+    // one did, the zero left in place means "root", which the check refuses for user jobs.
+    unsafe {
+        libc::getresuid(&mut ru, &mut eu, &mut su);
+        libc::getresgid(&mut rg, &mut eg, &mut sg);
+    }
+    // SAFETY: getgroups(0, NULL) returns the count; then fills a buffer of that size.
+    let groups = unsafe {
+        let n = libc::getgroups(0, ptr::null_mut());
+        let mut v = vec![0 as libc::gid_t; n.max(0) as usize];
+        let n = libc::getgroups(v.len() as c_int, v.as_mut_ptr());
+        // Unknowable groups must not pass as "none": report root's group, which the check
+        // refuses unless the job is root's own.
+        if n < 0 {
+            vec![0]
+        } else {
+            v.truncate(n as usize);
+            v
+        }
+    };
+    crate::config::Identity { uids: [ru, eu, su], gids: [rg, eg, sg], groups }
 }
 
 /// Plugin arguments (argc/argv of a callback), copied as (lossy) UTF-8.

@@ -18,6 +18,7 @@
 
 : "${HTC_CLUSTER_DIR:=/var/lib/slurm-htc-test}"
 : "${HTC_CLUSTER_USER:=htcuser}"
+: "${HTC_CLUSTER_GROUP:=htcextra}"
 # Prefix of the network namespaces in netns mode; only those are ever deleted.
 # Derived from the state dir so clusters in different dirs never share one.
 : "${HTC_CLUSTER_NETNS:=htc-${HTC_CLUSTER_DIR##*/}}"

@@ -8,6 +8,8 @@
 # Environment (all optional):
 #   HTC_CLUSTER_DIR          state dir, default /var/lib/slurm-htc-test
 #   HTC_CLUSTER_USER         submitting user, default htcuser (created if missing)
+#   HTC_CLUSTER_GROUP        a supplementary group of that user, default htcextra
+#                            (created and added if missing)
 #   HTC_CLUSTER_NETNS        netns name prefix, default htc-<basename of the state dir>
 #   HTC_CLUSTER_CTLD_PORT    slurmctld port, default 6817
 #   HTC_CLUSTER_SLURMD_PORT  first loopback slurmd port, default 17001
@@ -79,6 +81,11 @@ t_apt=$(_htc_elapsed "$t0")
 if ! id -u "$HTC_CLUSTER_USER" >/dev/null 2>&1; then
     useradd --create-home --user-group --shell /bin/bash "$HTC_CLUSTER_USER"
 fi
+# A supplementary group, so tests can check that jobs run with all of the user's groups.
+getent group "$HTC_CLUSTER_GROUP" >/dev/null || groupadd "$HTC_CLUSTER_GROUP"
+if ! id -nG "$HTC_CLUSTER_USER" | tr ' ' '\n' | grep -qx -- "$HTC_CLUSTER_GROUP"; then
+    usermod -a -G "$HTC_CLUSTER_GROUP" "$HTC_CLUSTER_USER"
+fi
 
 # Fresh state, so job ids restart at 1 and no node remembers being DOWN.
 # plugstack.conf.d/ is kept: it is test configuration, not cluster state.
@@ -107,8 +114,16 @@ if ! munge -n </dev/null >/dev/null 2>&1; then
         runuser -u munge -- mungekey --create --keyfile=/etc/munge/munge.key
     fi
     install -d -o munge -g munge -m 0755 /run/munge
-    # --force: a munged killed earlier leaves its socket behind.
-    runuser -u munge -- /usr/sbin/munged --force
+    # --force: a munged killed earlier leaves its socket behind. munged outlives this
+    # script and keeps every descriptor it inherits: one held by the caller's
+    # `flock /tmp/htc-slurm.lock` would hold that lock until munged dies, so close them.
+    (
+        for fd in /proc/$BASHPID/fd/*; do
+            fd=${fd##*/}
+            if ((fd > 2)); then eval "exec $fd>&-"; fi
+        done
+        exec runuser -u munge -- /usr/sbin/munged --force
+    )
     for _ in $(seq 50); do
         munge -n </dev/null >/dev/null 2>&1 && break
         sleep 0.1
@@ -192,6 +207,7 @@ export HTC_CLUSTER_MODE=$mode
 export HTC_CLUSTER_NODES=$nodes
 export HTC_CLUSTER_CPUS=$cpus
 export HTC_CLUSTER_USER=$HTC_CLUSTER_USER
+export HTC_CLUSTER_GROUP=$HTC_CLUSTER_GROUP
 export HTC_CLUSTER_NETNS=$HTC_CLUSTER_NETNS
 export HTC_CLUSTER_CLIENT=$client
 EOF
