@@ -1,0 +1,30 @@
+//! The fuzz targets' committed corpora (`fuzz/corpus/{taskfile,frame,pmi}/`: hand-written seeds
+//! and what libFuzzer kept or found) replayed through the targets' own checks
+//! (`fuzz/checks/*.rs`), so every `cargo test` makes the fuzzer's assertions on them without
+//! a nightly toolchain. The plugin's target is replayed in `spank-plugin/tests/`.
+
+#[path = "../../fuzz/checks/frame.rs"]
+mod frame;
+#[path = "../../fuzz/checks/pmi.rs"]
+mod pmi;
+#[path = "../../fuzz/checks/replay.rs"]
+mod replay;
+#[path = "../../fuzz/checks/taskfile.rs"]
+mod taskfile;
+
+use replay::replay;
+
+#[test]
+fn taskfile_corpus() {
+    replay("taskfile", taskfile::check);
+}
+
+#[test]
+fn frame_corpus() {
+    replay("frame", frame::check);
+}
+
+#[test]
+fn pmi_corpus() {
+    replay("pmi", pmi::check);
+}
