@@ -88,7 +88,8 @@ Description: many small tasks in one Slurm allocation (sbatch --htc), for Slurm 
  This package has the SPANK plugin spank_htc.so (sbatch --htc=FILE), its
  plugstack.conf.d line, the agent htc-agent and the user command htc.
  .
- Built against Slurm $slurm: the plugin loads only into Slurm $slurm_mm.x.
+ Built against Slurm $slurm: the plugin works with Slurm $slurm_mm.x only (loaded
+ by another release it stays inert and refuses --htc, saying why).
 EOF
 (cd "$pkg" && find . -type f ! -path './DEBIAN/*' ! -path './etc/*' -printf '%P\0' | sort -z |
     xargs -0 md5sum) >"$pkg/DEBIAN/md5sums"

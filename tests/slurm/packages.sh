@@ -128,8 +128,8 @@ check "no make-install leftovers in /usr/local" bash -c \
     "! ls /usr/local/bin/htc /usr/local/bin/htc-agent /usr/local/share/man/man1/htc.1 '$plugindir/spank_htc.so' '$conf' 2>/dev/null | grep -q ."
 # Debian's minimal (docker) images drop man pages with a dpkg path-exclude; then `man htc` can never
 # work after installing a package, so say so instead of failing obscurely.
-if grep -rsqE '^path-exclude=?/usr/share/man' /etc/dpkg/dpkg.cfg.d/; then
-    bad "dpkg excludes /usr/share/man ($(grep -rlE '^path-exclude=?/usr/share/man' /etc/dpkg/dpkg.cfg.d/)); bash .ci/run lifts that"
+if grep -rsqE '^path-exclude[= ]+/usr/share/man' /etc/dpkg/dpkg.cfg.d/; then
+    bad "dpkg excludes /usr/share/man ($(grep -rlE '^path-exclude[= ]+/usr/share/man' /etc/dpkg/dpkg.cfg.d/)); bash .ci/run lifts that"
 fi
 if DEBIAN_FRONTEND=noninteractive dpkg -i "$deb1" >"$out/dpkg.out" 2>&1 </dev/null; then ok "dpkg -i $(basename "$deb1")"; else bad "dpkg -i: $(cat "$out/dpkg.out")"; finish; fi
 check "htc and htc-agent on PATH are the package's" test "$(command -v htc) $(command -v htc-agent)" = "/usr/bin/htc /usr/bin/htc-agent"
