@@ -24,7 +24,7 @@ finish() {
 }
 
 [[ $EUID == 0 ]] || { echo "packages.sh: needs root (dpkg -i, the test cluster)"; exit 1; }
-for t in rpmbuild rpm dpkg-deb dpkg-shlibdeps man; do
+for t in rpmbuild rpm rpm2archive dpkg-deb dpkg-shlibdeps dpkg-architecture strip man; do
     command -v "$t" >/dev/null || { echo "packages.sh: $t missing (bash .ci/run installs it)"; exit 1; }
 done
 
@@ -188,9 +188,9 @@ else
 fi
 
 echo "== a running job survives an upgrade and a removal"
-n=40
+n=60
 w=$(cluster_workdir pkg-upgrade)
-seq 1 "$n" | sed 's|.*|sleep 0.7; echo "$HTC_TASK_ID" >> ids.txt|' >"$w/tasks.txt"
+seq 1 "$n" | sed 's|.*|sleep 1; echo "$HTC_TASK_ID" >> ids.txt|' >"$w/tasks.txt"
 chown -R "$HTC_CLUSTER_USER" "$w"
 printf '# edited by tests/slurm/packages.sh\n' >>"$conf"
 lines() { wc -l <"$w/ids.txt" 2>/dev/null || echo 0; }
