@@ -274,8 +274,10 @@ fn every_descriptor_of_the_leader_and_its_agents_is_close_on_exec() {
     let d = Dir::new("cloexec");
     // Long enough to look at every process while the run is in full swing.
     fs::write(d.path("tasks.txt"), "sleep 4\nsleep 4\nsleep 4\n").unwrap();
-    // A plain parent: whatever is found open and inheritable is the engine's own doing.
-    let mut leader = plain(Command::new(HTC).args(["run", "--agents", "3", "--cores-per-agent", "1", "tasks.txt"]))
+    // A plain parent: whatever is found open and inheritable is the engine's own doing. Fan-out
+    // 2 makes agent 0 a relay for agent 2, so a relay's listener and links are looked at too.
+    let args = ["run", "--agents", "3", "--cores-per-agent", "1", "--fanout", "2", "tasks.txt"];
+    let mut leader = plain(Command::new(HTC).args(args))
         .current_dir(&d.0)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
