@@ -3,5 +3,6 @@
 
 pub mod hflow;
 pub mod partition;
+pub mod task;
 pub mod taskfile;
 pub mod tree;

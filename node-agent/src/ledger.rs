@@ -29,33 +29,8 @@ pub enum LedgerError {
 
 type Result<T> = std::result::Result<T, LedgerError>;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-#[repr(u8)]
-pub enum State {
-    Pending = 0,
-    Dispatched = 1,
-    Running = 2,
-    Done = 3,
-    Failed = 4,
-}
-
-impl State {
-    pub const ALL: [State; 5] = [State::Pending, State::Dispatched, State::Running, State::Done, State::Failed];
-
-    fn from_u8(v: u8) -> Option<State> {
-        State::ALL.get(v as usize).copied()
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            State::Pending => "pending",
-            State::Dispatched => "dispatched",
-            State::Running => "running",
-            State::Done => "done",
-            State::Failed => "failed",
-        }
-    }
-}
+use htc_core::task::Life;
+pub use htc_core::task::{Counts, State};
 
 /// How an attempt ended; mirrors `proto::Outcome`, plus `Lost` for an attempt whose agent vanished.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,6 +107,8 @@ pub struct Record {
     pub runtime_ms: u32,
     pub state: u8,
     pub attempts: u8,
+    /// Attempts lost with their agent (they cost no retry until `task::MAX_LOSSES`).
+    pub losses: u8,
     pub outcome: u8,
     pub value: i32,
     pub agent: u32,
@@ -145,6 +122,15 @@ impl Record {
     }
     pub fn set_state(&mut self, s: State) {
         self.state = s as u8;
+    }
+    /// The fields `task::step` reads and moves.
+    pub fn life(&self) -> Life {
+        Life { state: self.state, attempts: self.attempts, retries: self.retries, losses: self.losses }
+    }
+    pub fn set_life(&mut self, l: Life) {
+        self.state = l.state;
+        self.attempts = l.attempts;
+        self.losses = l.losses;
     }
     pub fn outcome(&self) -> Outcome {
         Outcome::from_u8(self.outcome)
@@ -165,6 +151,7 @@ impl Record {
         b[31] = self.attempts;
         b[32..36].copy_from_slice(&self.runtime_ms.to_le_bytes());
         b[36] = self.outcome;
+        b[37] = self.losses;
         b[40..44].copy_from_slice(&self.value.to_le_bytes());
         b[44..48].copy_from_slice(&self.agent.to_le_bytes());
         b[48..56].copy_from_slice(&self.start_us.to_le_bytes());
@@ -193,6 +180,7 @@ impl Record {
             attempts: b[31],
             runtime_ms: u32_at(32),
             outcome: b[36],
+            losses: b[37],
             value: u32_at(40) as i32,
             agent: u32_at(44),
             start_us: u64_at(48),
@@ -237,37 +225,23 @@ impl Attempt {
     }
 }
 
-/// Tasks per state, kept by the leader and stored at every commit so readers need no scan.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Counts(pub [u64; 5]);
+/// Tasks per state are stored at every commit so readers need no scan.
+fn encode_counts(c: &Counts) -> [u8; 40] {
+    let mut b = [0u8; 40];
+    for (i, n) in c.0.iter().enumerate() {
+        b[i * 8..i * 8 + 8].copy_from_slice(&n.to_le_bytes());
+    }
+    b
+}
 
-impl Counts {
-    pub fn get(&self, s: State) -> u64 {
-        self.0[s as usize]
-    }
-    pub fn total(&self) -> u64 {
-        self.0.iter().sum()
-    }
-    pub fn moved(&mut self, from: State, to: State) {
-        self.0[from as usize] -= 1;
-        self.0[to as usize] += 1;
-    }
-    fn encode(&self) -> [u8; 40] {
-        let mut b = [0u8; 40];
-        for (i, c) in self.0.iter().enumerate() {
-            b[i * 8..i * 8 + 8].copy_from_slice(&c.to_le_bytes());
+fn decode_counts(b: &[u8]) -> Option<Counts> {
+    (b.len() == 40).then(|| {
+        let mut c = [0u64; 5];
+        for (i, v) in c.iter_mut().enumerate() {
+            *v = u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().unwrap());
         }
-        b
-    }
-    fn decode(b: &[u8]) -> Option<Counts> {
-        (b.len() == 40).then(|| {
-            let mut c = [0u64; 5];
-            for (i, v) in c.iter_mut().enumerate() {
-                *v = u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().unwrap());
-            }
-            Counts(c)
-        })
-    }
+        Counts(c)
+    })
 }
 
 pub fn key(id: u64) -> [u8; 8] {
@@ -446,7 +420,7 @@ impl<'l> WriteTxn<'l> {
     }
 
     pub fn put_counts(&mut self, c: &Counts) -> Result<()> {
-        self.put_meta("counts", &c.encode())
+        self.put_meta("counts", &encode_counts(c))
     }
 
     pub fn meta(&self, k: &str) -> Result<Option<Vec<u8>>> {
@@ -511,7 +485,7 @@ impl ReadTxn<'_> {
     }
 
     pub fn counts(&self) -> Result<Counts> {
-        Ok(self.meta("counts")?.and_then(Counts::decode).unwrap_or_default())
+        Ok(self.meta("counts")?.and_then(decode_counts).unwrap_or_default())
     }
 
     /// Ids of tasks that failed for good, at most `limit`.
@@ -571,6 +545,7 @@ mod tests {
             runtime_ms: 8,
             state: State::Failed as u8,
             attempts: 3,
+            losses: 2,
             outcome: Outcome::Signaled as u8,
             value: -9,
             agent: 11,

@@ -375,6 +375,14 @@ fn agent_pids(run: &Path, agent: u32) -> Vec<i32> {
             pids.push(pid);
         }
     }
+    // A task between posix_spawn's vfork and its exec still shows the agent's command line:
+    // keep only the processes whose parent is not one of the matches.
+    let ppid = |pid: i32| -> Option<i32> {
+        let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        status.lines().find_map(|l| l.strip_prefix("PPid:")).and_then(|v| v.trim().parse().ok())
+    };
+    let all = pids.clone();
+    pids.retain(|&p| ppid(p).is_some_and(|pp| !all.contains(&pp)));
     pids
 }
 

@@ -8,6 +8,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use htc_core::partition::Partition;
+use htc_core::task::{self, Effect, End, Life, Step};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::frame::{self, MAX_BATCH_BYTES};
@@ -100,9 +101,6 @@ pub struct Core<'a> {
 }
 
 type Result<T> = std::result::Result<T, LedgerError>;
-
-/// Agents a task may lose (their agent died while running it) before that counts as a failure.
-const MAX_LOSSES: usize = 3;
 
 impl<'a> Core<'a> {
     pub fn new(
@@ -329,13 +327,21 @@ impl<'a> Core<'a> {
             return Ok(());
         }
         let Some(mut r) = t.get(s.id)? else { return Ok(()) };
-        if r.state() != State::Dispatched || r.attempts as u32 != s.attempt {
+        if r.attempts as u32 != s.attempt {
             return Ok(());
         }
-        r.set_state(State::Running);
+        let Ok((life, _)) = task::step(r.life(), Step::Start) else { return Ok(()) };
         r.start_us = s.start_us;
-        t.put(s.id, &r)?;
-        self.counts.moved(State::Dispatched, State::Running);
+        self.apply(t, s.id, &mut r, life)
+    }
+
+    /// Writes a record whose life `task::step` moved, and moves the counts with it: the one
+    /// place a task changes state.
+    fn apply(&mut self, t: &mut WriteTxn<'a>, id: u64, r: &mut Record, life: Life) -> Result<()> {
+        let from = r.state();
+        r.set_life(life);
+        t.put(id, r)?;
+        self.counts.moved(from, r.state());
         Ok(())
     }
 
@@ -373,7 +379,18 @@ impl<'a> Core<'a> {
         start_us: u64,
         end_us: u64,
     ) -> Result<()> {
-        let from = r.state();
+        let end = match outcome {
+            Outcome::Exited if value == 0 => End::Succeeded,
+            Outcome::Lost => End::Lost,
+            // Exit 126/127 and spawn failures mean "not executable / not found": deterministic,
+            // so retrying only burns time.
+            _ => End::Failed {
+                permanent: (outcome == Outcome::SpawnFailed
+                    && [libc::ENOENT, libc::EACCES, libc::ENOEXEC, libc::E2BIG].contains(&value))
+                    || (outcome == Outcome::Exited && (value == 126 || value == 127)),
+            },
+        };
+        let Ok((life, effect)) = task::step(r.life(), Step::Finish(end)) else { return Ok(()) };
         r.outcome = outcome as u8;
         r.value = value;
         r.agent = agent;
@@ -381,46 +398,16 @@ impl<'a> Core<'a> {
             r.start_us = start_us;
         }
         r.end_us = end_us;
-        let success = outcome == Outcome::Exited && value == 0;
-        // Losing its agent is not the task's fault: it does not use up a retry, unless the task
-        // keeps taking agents down with it (then it is probably the cause).
-        if outcome == Outcome::Lost {
-            let losses = 1 + t.attempts_of(id)?.iter().filter(|a| a.outcome == Outcome::Lost).count();
-            if losses < MAX_LOSSES {
-                t.put_attempt(
-                    id,
-                    &Attempt { attempt: r.attempts, outcome, value, agent, start_us: r.start_us, end_us },
-                )?;
-                r.attempts = r.attempts.saturating_sub(1);
-                self.retry.push_back(id);
-                r.set_state(State::Pending);
-                t.put(id, r)?;
-                self.counts.moved(from, State::Pending);
-                return Ok(());
-            }
-        }
-        // Exit 126/127 and spawn failures mean "not executable / not found": deterministic, so
-        // retrying only burns time.
-        let permanent = (outcome == Outcome::SpawnFailed
-            && [libc::ENOENT, libc::EACCES, libc::ENOEXEC, libc::E2BIG].contains(&value))
-            || (outcome == Outcome::Exited && (value == 126 || value == 127));
-        let to = if success {
-            State::Done
-        } else if !permanent && (r.attempts as u32) <= r.retries as u32 {
-            t.put_attempt(id, &Attempt { attempt: r.attempts, outcome, value, agent, start_us: r.start_us, end_us })?;
+        if effect == Effect::Retry {
+            let a = Attempt { attempt: r.attempts, outcome, value, agent, start_us: r.start_us, end_us };
+            t.put_attempt(id, &a)?;
             self.retry.push_back(id);
-            State::Pending
-        } else {
-            t.mark_failed(id)?;
-            State::Failed
-        };
-        if to == State::Failed {
-            tracing::debug!(job = %self.job_id, task = id, attempts = r.attempts, outcome = %outcome.describe(value), "task failed");
         }
-        r.set_state(to);
-        t.put(id, r)?;
-        self.counts.moved(from, to);
-        Ok(())
+        if life.state() == State::Failed {
+            t.mark_failed(id)?;
+            tracing::debug!(job = %self.job_id, task = id, attempts = life.attempts, outcome = %outcome.describe(value), "task failed");
+        }
+        self.apply(t, id, r, life)
     }
 
     fn requeue_agent(&mut self, t: &mut WriteTxn<'a>, agent: u32) -> Result<()> {
@@ -460,13 +447,10 @@ impl<'a> Core<'a> {
 
     fn fail_unschedulable(&mut self, t: &mut WriteTxn<'a>, id: u64, mut r: Record) -> Result<()> {
         tracing::warn!(job = %self.job_id, task = id, cores = r.cores, mem_mb = r.mem_mb, "task needs more than any agent has");
-        let from = r.state();
+        let Ok((life, _)) = task::step(r.life(), Step::Refuse) else { return Ok(()) };
         t.mark_failed(id)?;
         r.outcome = Outcome::Unschedulable as u8;
-        r.set_state(State::Failed);
-        t.put(id, &r)?;
-        self.counts.moved(from, State::Failed);
-        Ok(())
+        self.apply(t, id, &mut r, life)
     }
 
     fn dispatch(&mut self, t: &mut WriteTxn<'a>, agent: u32) -> Result<()> {
@@ -540,11 +524,9 @@ impl<'a> Core<'a> {
         mut r: Record,
         specs: &mut Vec<proto::TaskSpec>,
     ) -> Result<()> {
-        r.set_state(State::Dispatched);
-        r.attempts = r.attempts.saturating_add(1);
+        let Ok((life, _)) = task::step(r.life(), Step::Dispatch) else { return Ok(()) };
         r.agent = agent;
-        t.put(id, &r)?;
-        self.counts.moved(State::Pending, State::Dispatched);
+        self.apply(t, id, &mut r, life)?;
         self.in_flight.insert(id, agent);
         specs.push(proto::TaskSpec {
             id,
@@ -567,15 +549,16 @@ pub fn reset_interrupted(ledger: &Ledger) -> Result<u64> {
     let mut counts = Counts::default();
     let mut n = 0;
     t.update_all(|_, r| {
-        let s = r.state();
-        let changed = matches!(s, State::Dispatched | State::Running);
-        if changed {
-            r.set_state(State::Pending);
-            // The interrupted attempt is not a failure of the task: it does not use up a retry.
-            r.attempts = r.attempts.saturating_sub(1);
-            n += 1;
-        }
-        counts.0[r.state() as usize] += 1;
+        // The interrupted attempt is not a failure of the task: it does not use up a retry.
+        let changed = match task::step(r.life(), Step::Interrupt) {
+            Ok((life, _)) => {
+                r.set_life(life);
+                n += 1;
+                true
+            }
+            Err(_) => false,
+        };
+        counts.add(r.state());
         changed
     })?;
     t.put_counts(&counts)?;

@@ -1,0 +1,314 @@
+//! A task's life: its states and the one function that moves it between them. Every scheduler
+//! decision that changes a task (dispatch, start, how an attempt ended, an interrupted session)
+//! goes through [`step`], which also decides retries; the counts of tasks per state move with it
+//! and can never go below zero.
+
+/// Where a task stands. The numbers are the ledger's on-disk encoding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[repr(u8)]
+pub enum State {
+    /// Waiting for an instance.
+    Pending = 0,
+    /// Sent to an instance, not yet reported started.
+    Dispatched = 1,
+    Running = 2,
+    /// Succeeded; never runs again.
+    Done = 3,
+    /// Out of attempts, or failed in a way a retry cannot fix; never runs again unless a user
+    /// asks for it.
+    Failed = 4,
+}
+
+impl State {
+    pub const ALL: [State; 5] = [State::Pending, State::Dispatched, State::Running, State::Done, State::Failed];
+
+    pub fn from_u8(v: u8) -> Option<State> {
+        State::ALL.get(v as usize).copied()
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            State::Pending => "pending",
+            State::Dispatched => "dispatched",
+            State::Running => "running",
+            State::Done => "done",
+            State::Failed => "failed",
+        }
+    }
+
+    /// Done or failed: the task needs nothing more.
+    pub fn is_final(self) -> bool {
+        matches!(self, State::Done | State::Failed)
+    }
+
+    /// Dispatched or running: an attempt is out there.
+    pub fn in_flight(self) -> bool {
+        matches!(self, State::Dispatched | State::Running)
+    }
+}
+
+/// How an attempt ended, as far as retrying is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    Succeeded,
+    /// Failed; `permanent` when a retry cannot help (command not found, not executable).
+    Failed {
+        permanent: bool,
+    },
+    /// Its agent vanished while it ran: not the task's fault, unless it keeps happening.
+    Lost,
+}
+
+/// Something that happens to a task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Sent to an instance: a new attempt.
+    Dispatch,
+    /// Its process started.
+    Start,
+    /// The attempt ended.
+    Finish(End),
+    /// The session that ran it ended (leader killed, job requeued): the attempt is forgotten and
+    /// costs no retry.
+    Interrupt,
+    /// No instance of the job can ever run it (it asks for more than any node has).
+    Refuse,
+}
+
+/// Attempts lost with their agent before a loss counts as a failure: a task that takes agents
+/// down with it is probably their cause.
+pub const MAX_LOSSES: u8 = 3;
+
+/// The part of a task's record that its life changes or depends on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Life {
+    pub state: u8,
+    /// Attempts counted so far (the current one included while it is in flight).
+    pub attempts: u8,
+    /// Retries allowed after the first attempt.
+    pub retries: u8,
+    /// Attempts lost with their agent so far.
+    pub losses: u8,
+}
+
+/// What the step means beyond the new state, for whoever records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Effect {
+    None,
+    /// The attempt that just ended is kept in the history and the task waits for another.
+    Retry,
+    /// The task is finished (done or failed) for good.
+    Final,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("a {state} task cannot take the step {step:?}", state = .from.name())]
+pub struct Invalid {
+    pub from: State,
+    pub step: Step,
+}
+
+impl Life {
+    pub fn state(&self) -> State {
+        // Records are only written through `step`, so the byte is always a valid state.
+        State::from_u8(self.state).unwrap_or(State::Pending)
+    }
+}
+
+/// The transition function: the new life and what it means, or `Invalid` for a step the state
+/// does not allow (a stale report, say), which callers ignore without changing anything.
+pub fn step(life: Life, s: Step) -> Result<(Life, Effect), Invalid> {
+    use State::*;
+    let from = life.state();
+    let invalid = Err(Invalid { from, step: s });
+    let mut next = life;
+    let to = match (from, s) {
+        (Pending, Step::Dispatch) => {
+            next.attempts = life.attempts.saturating_add(1);
+            Dispatched
+        }
+        (Dispatched, Step::Start) => Running,
+        (Dispatched | Running, Step::Finish(End::Succeeded)) => Done,
+        (Dispatched | Running, Step::Finish(End::Lost)) if life.losses + 1 < MAX_LOSSES => {
+            next.losses = life.losses + 1;
+            next.attempts = life.attempts.saturating_sub(1);
+            next.state = Pending as u8;
+            return Ok((next, Effect::Retry));
+        }
+        (Dispatched | Running, Step::Finish(End::Lost)) => {
+            next.losses = life.losses.saturating_add(1);
+            retry_or_fail(life, false)
+        }
+        (Dispatched | Running, Step::Finish(End::Failed { permanent })) => retry_or_fail(life, permanent),
+        (Dispatched | Running, Step::Interrupt) => {
+            next.attempts = life.attempts.saturating_sub(1);
+            Pending
+        }
+        (Pending, Step::Refuse) => Failed,
+        _ => return invalid,
+    };
+    next.state = to as u8;
+    let effect = match (from, to) {
+        (_, Done | Failed) => Effect::Final,
+        (Dispatched | Running, Pending) if s != Step::Interrupt => Effect::Retry,
+        _ => Effect::None,
+    };
+    Ok((next, effect))
+}
+
+fn retry_or_fail(life: Life, permanent: bool) -> State {
+    if !permanent && life.attempts <= life.retries {
+        State::Pending
+    } else {
+        State::Failed
+    }
+}
+
+/// Tasks per state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts(pub [u64; 5]);
+
+impl Counts {
+    pub fn get(&self, s: State) -> u64 {
+        self.0[s as usize]
+    }
+    pub fn total(&self) -> u64 {
+        self.0.iter().sum()
+    }
+    /// Tasks not yet done or failed.
+    pub fn unfinished(&self) -> u64 {
+        self.get(State::Pending) + self.get(State::Dispatched) + self.get(State::Running)
+    }
+    pub fn add(&mut self, s: State) {
+        self.0[s as usize] += 1;
+    }
+    /// One task moved. A move out of an empty state means the counts and the records disagree:
+    /// a bug, caught in debug builds and clamped (never wrapped) in release builds.
+    pub fn moved(&mut self, from: State, to: State) {
+        let c = &mut self.0[from as usize];
+        debug_assert!(*c > 0, "no {} task to move to {}", from.name(), to.name());
+        *c = c.saturating_sub(1);
+        self.0[to as usize] += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn life(state: State, attempts: u8, retries: u8) -> Life {
+        Life { state: state as u8, attempts, retries, losses: 0 }
+    }
+
+    fn run(l: Life, steps: &[Step]) -> (Life, Vec<Effect>) {
+        let mut l = l;
+        let mut fx = Vec::new();
+        for &s in steps {
+            let (n, e) = step(l, s).unwrap_or_else(|e| panic!("{e} (life {l:?})"));
+            l = n;
+            fx.push(e);
+        }
+        (l, fx)
+    }
+
+    #[test]
+    fn a_task_that_succeeds_first_time() {
+        let (l, fx) = run(life(State::Pending, 0, 2), &[Step::Dispatch, Step::Start, Step::Finish(End::Succeeded)]);
+        assert_eq!((l.state(), l.attempts), (State::Done, 1));
+        assert_eq!(fx, [Effect::None, Effect::None, Effect::Final]);
+    }
+
+    #[test]
+    fn failures_retry_until_the_retries_are_used_up() {
+        let fail = Step::Finish(End::Failed { permanent: false });
+        let (l, fx) = run(
+            life(State::Pending, 0, 2),
+            &[Step::Dispatch, Step::Start, fail, Step::Dispatch, fail, Step::Dispatch, Step::Start, fail],
+        );
+        assert_eq!((l.state(), l.attempts), (State::Failed, 3), "1 attempt + 2 retries");
+        assert_eq!(fx[2], Effect::Retry);
+        assert_eq!(fx[4], Effect::Retry);
+        assert_eq!(fx[7], Effect::Final);
+        // No retries at all: the first failure is final.
+        let (l, _) = run(life(State::Pending, 0, 0), &[Step::Dispatch, fail]);
+        assert_eq!(l.state(), State::Failed);
+    }
+
+    #[test]
+    fn permanent_failures_are_never_retried() {
+        let (l, fx) = run(life(State::Pending, 0, 5), &[Step::Dispatch, Step::Finish(End::Failed { permanent: true })]);
+        assert_eq!((l.state(), fx[1]), (State::Failed, Effect::Final));
+    }
+
+    #[test]
+    fn losses_cost_no_retry_until_they_repeat() {
+        let lost = Step::Finish(End::Lost);
+        let (l, fx) = run(life(State::Pending, 0, 0), &[Step::Dispatch, Step::Start, lost, Step::Dispatch, lost]);
+        assert_eq!((l.state(), l.attempts, l.losses), (State::Pending, 0, 2));
+        assert_eq!((fx[2], fx[4]), (Effect::Retry, Effect::Retry));
+        // The third loss counts as a failure, and with no retries left it is final.
+        let (l, fx) = run(l, &[Step::Dispatch, lost]);
+        assert_eq!((l.state(), l.losses, fx[1]), (State::Failed, 3, Effect::Final));
+    }
+
+    #[test]
+    fn an_interrupted_attempt_is_forgotten() {
+        let (l, fx) = run(life(State::Pending, 0, 1), &[Step::Dispatch, Step::Start, Step::Interrupt]);
+        assert_eq!((l.state(), l.attempts, fx[2]), (State::Pending, 0, Effect::None));
+    }
+
+    #[test]
+    fn steps_a_state_does_not_allow_change_nothing() {
+        let done = life(State::Done, 1, 2);
+        for s in [Step::Dispatch, Step::Start, Step::Finish(End::Succeeded), Step::Interrupt, Step::Refuse] {
+            assert_eq!(step(done, s), Err(Invalid { from: State::Done, step: s }));
+        }
+        // A stale start (the task was re-queued meanwhile) or result for a pending task.
+        assert!(step(life(State::Pending, 1, 2), Step::Start).is_err());
+        assert!(step(life(State::Pending, 1, 2), Step::Finish(End::Succeeded)).is_err());
+        assert!(step(life(State::Running, 1, 2), Step::Dispatch).is_err());
+        assert!(step(life(State::Running, 1, 2), Step::Start).is_err());
+        assert_eq!(step(life(State::Pending, 0, 0), Step::Refuse).unwrap().0.state(), State::Failed);
+    }
+
+    /// Every state × step pair: the result is either an error or a state the table allows, and
+    /// the counts follow without ever going negative.
+    #[test]
+    fn every_pair_is_defined_and_counts_balance() {
+        let steps = [
+            Step::Dispatch,
+            Step::Start,
+            Step::Finish(End::Succeeded),
+            Step::Finish(End::Failed { permanent: false }),
+            Step::Finish(End::Failed { permanent: true }),
+            Step::Finish(End::Lost),
+            Step::Interrupt,
+            Step::Refuse,
+        ];
+        let mut counts = Counts::default();
+        for from in State::ALL {
+            for s in steps {
+                for attempts in 0..4 {
+                    for losses in 0..MAX_LOSSES {
+                        let l = Life { state: from as u8, attempts, retries: 2, losses };
+                        counts.add(from);
+                        match step(l, s) {
+                            Ok((n, _)) => counts.moved(from, n.state()),
+                            Err(_) => {
+                                assert!(from.is_final() || !matches!((from, s), (State::Pending, Step::Dispatch)))
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(counts.total(), 5 * 8 * 4 * MAX_LOSSES as u64);
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "no running task")]
+    fn counts_catch_a_move_from_an_empty_state() {
+        Counts::default().moved(State::Running, State::Done);
+    }
+}
