@@ -79,6 +79,9 @@ pub mod htc {
             /// Most failed tasks to list.
             #[arg(long, default_value_t = 20)]
             failures: usize,
+            /// One JSON object instead of text (fields in docs/status-json.md).
+            #[arg(long)]
+            json: bool,
         },
         /// Print one task's output (stdout to stdout, stderr to stderr).
         Output {

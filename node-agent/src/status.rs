@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use crate::leader::core::Progress;
-use crate::ledger::{Ledger, ReadTxn, State};
+use crate::ledger::{Counts, Ledger, ReadTxn, State};
 use crate::rundir::{now_us, RunDir};
 
 pub fn fmt_duration(d: Duration) -> String {
@@ -98,62 +98,204 @@ fn pid_alive(pid: u64) -> bool {
         && unsafe { libc::kill(pid as i32, 0) == 0 || *libc::__errno_location() == libc::EPERM }
 }
 
-/// The `htc status` report.
-pub fn report(run: &RunDir, failures_limit: usize) -> anyhow::Result<String> {
-    let ledger = Ledger::open(&run.ledger(), true)?;
-    let t = ledger.read()?;
-    let c = t.counts()?;
-    let mut s = String::new();
-    let job = t.meta("job_id")?.map(|b| String::from_utf8_lossy(b).into_owned()).unwrap_or_default();
-    let file = t.meta("task_file")?.map(|b| String::from_utf8_lossy(b).into_owned()).unwrap_or_default();
-    let finished_us = t.meta_u64("finished_us")?;
-    let heartbeat = t.meta_u64("heartbeat_us")?.unwrap_or(0);
-    let leader = t.meta_u64("leader_pid")?.unwrap_or(0);
-    let fresh = now_us().saturating_sub(heartbeat) < 10_000_000;
-    let unfinished = c.get(State::Pending) + c.get(State::Dispatched) + c.get(State::Running);
-    let state = if finished_us.is_some() && unfinished == 0 {
-        if c.get(State::Failed) == 0 {
-            "finished, all tasks succeeded"
+/// A run as `htc status` describes it, read from the ledger's counters and meta keys.
+pub struct Report {
+    pub run: String,
+    pub job: String,
+    pub task_file: String,
+    pub state: &'static str,
+    pub counts: Counts,
+    /// This session: seconds from its start to its end (or now, while running).
+    pub elapsed_s: f64,
+    /// Tasks finished per second in this session.
+    pub rate: f64,
+    pub eta_s: Option<f64>,
+    /// CPU seconds the leader process used in this session (user + system).
+    pub leader_cpu_s: f64,
+    /// (task id, line, attempts, reason) of the first failed tasks.
+    pub failures: Vec<(u64, u32, u8, String)>,
+    /// More tasks failed than `failures` lists.
+    pub more_failures: bool,
+}
+
+impl Report {
+    pub fn read(run: &RunDir, failures_limit: usize) -> anyhow::Result<Report> {
+        let ledger = Ledger::open(&run.ledger(), true)?;
+        let t = ledger.read()?;
+        let c = t.counts()?;
+        let text = |k| -> anyhow::Result<String> {
+            Ok(t.meta(k)?.map(|b| String::from_utf8_lossy(b).into_owned()).unwrap_or_default())
+        };
+        let finished_us = t.meta_u64("finished_us")?;
+        let heartbeat = t.meta_u64("heartbeat_us")?.unwrap_or(0);
+        let leader = t.meta_u64("leader_pid")?.unwrap_or(0);
+        let fresh = now_us().saturating_sub(heartbeat) < 10_000_000;
+        let state = if finished_us.is_some() && c.unfinished() == 0 {
+            if c.get(State::Failed) == 0 {
+                "finished, all tasks succeeded"
+            } else {
+                "finished with failures"
+            }
+        } else if fresh && pid_alive(leader) {
+            "running"
+        } else if heartbeat == 0 {
+            "not started"
         } else {
-            "finished with failures"
+            "interrupted (continue with: htc run --resume RUN)"
+        };
+        let start = t.meta_u64("session_start_us")?.unwrap_or(0);
+        let f0 = t.meta_u64("session_finished_start")?.unwrap_or(0);
+        let (mut elapsed_s, mut rate, mut eta_s) = (0.0, 0.0, None);
+        if start > 0 {
+            let end = finished_us.unwrap_or(if state == "running" { now_us() } else { heartbeat });
+            let elapsed = Duration::from_micros(end.saturating_sub(start));
+            let finished = c.get(State::Done) + c.get(State::Failed);
+            let (r, eta) = rate_eta(finished.saturating_sub(f0), elapsed, c.unfinished());
+            elapsed_s = elapsed.as_secs_f64();
+            rate = r;
+            eta_s = eta.filter(|_| state == "running").map(|e| e.as_secs_f64());
         }
-    } else if fresh && pid_alive(leader) {
-        "running"
-    } else if heartbeat == 0 {
-        "not started"
-    } else {
-        "interrupted (continue with: htc run --resume RUN)"
-    };
-    let _ = writeln!(s, "run:      {} (job {job})", run.path.display());
-    let _ = writeln!(s, "tasks:    {file}");
-    let _ = writeln!(s, "state:    {state}");
-    let _ = writeln!(
-        s,
-        "counts:   total={} done={} failed={} pending={} dispatched={} running={}",
-        c.total(),
-        c.get(State::Done),
-        c.get(State::Failed),
-        c.get(State::Pending),
-        c.get(State::Dispatched),
-        c.get(State::Running)
-    );
-    let start = t.meta_u64("session_start_us")?.unwrap_or(0);
-    let f0 = t.meta_u64("session_finished_start")?.unwrap_or(0);
-    if start > 0 {
-        let end = finished_us.unwrap_or(if state == "running" { now_us() } else { heartbeat });
-        let elapsed = Duration::from_micros(end.saturating_sub(start));
-        let finished = c.get(State::Done) + c.get(State::Failed);
-        let (rate, eta) = rate_eta(finished.saturating_sub(f0), elapsed, unfinished);
+        let mut failures = Vec::new();
+        let ids = t.failed_ids(failures_limit + 1)?;
+        let more_failures = ids.len() > failures_limit;
+        for &id in ids.iter().take(failures_limit) {
+            if let Some(r) = t.get(id)? {
+                failures.push((id, r.line, r.attempts, r.outcome().describe(r.value)));
+            }
+        }
+        Ok(Report {
+            run: std::fs::canonicalize(&run.path).unwrap_or_else(|_| run.path.clone()).display().to_string(),
+            job: text("job_id")?,
+            task_file: text("task_file")?,
+            state,
+            counts: c,
+            elapsed_s,
+            rate,
+            eta_s,
+            leader_cpu_s: t.meta_u64("leader_cpu_us")?.unwrap_or(0) as f64 / 1e6,
+            failures,
+            more_failures,
+        })
+    }
+
+    pub fn text(&self) -> String {
+        let c = &self.counts;
+        let mut s = String::new();
+        let _ = writeln!(s, "run:      {} (job {})", self.run, self.job);
+        let _ = writeln!(s, "tasks:    {}", self.task_file);
+        let _ = writeln!(s, "state:    {}", self.state);
         let _ = writeln!(
             s,
-            "rate:     {rate:.0} tasks/s over {} (this session){}",
-            fmt_duration(elapsed),
-            match eta {
-                Some(e) if state == "running" => format!(", ETA {}", fmt_duration(e)),
-                _ => String::new(),
-            }
+            "counts:   total={} done={} failed={} pending={} dispatched={} running={}",
+            c.total(),
+            c.get(State::Done),
+            c.get(State::Failed),
+            c.get(State::Pending),
+            c.get(State::Dispatched),
+            c.get(State::Running)
         );
+        if self.elapsed_s > 0.0 {
+            let _ = writeln!(
+                s,
+                "rate:     {:.0} tasks/s over {} (this session){}",
+                self.rate,
+                fmt_duration(Duration::from_secs_f64(self.elapsed_s)),
+                self.eta_s.map(|e| format!(", ETA {}", fmt_duration(Duration::from_secs_f64(e)))).unwrap_or_default()
+            );
+        }
+        if self.leader_cpu_s > 0.0 {
+            let _ = writeln!(s, "leader:   {:.2} CPU s this session", self.leader_cpu_s);
+        }
+        if !self.failures.is_empty() {
+            let first = if self.more_failures { format!(" (first {})", self.failures.len()) } else { String::new() };
+            let _ = writeln!(s, "failed tasks{first}:");
+            for (id, line, attempts, why) in &self.failures {
+                let plural = if *attempts == 1 { "" } else { "s" };
+                let _ = writeln!(s, "  task {id} (line {line}): {why} after {attempts} attempt{plural}");
+            }
+        }
+        s
     }
-    failures(&t, failures_limit, &mut s)?;
-    Ok(s)
+
+    /// The state as one stable word.
+    pub fn state_key(&self) -> &'static str {
+        match self.state {
+            "finished, all tasks succeeded" => "succeeded",
+            "finished with failures" => "failed",
+            "running" => "running",
+            "not started" => "not_started",
+            _ => "interrupted",
+        }
+    }
+
+    /// One JSON object; its fields are documented in `docs/status-json.md` and only ever added to.
+    pub fn json(&self) -> String {
+        let c = &self.counts;
+        let num = |v: f64| if v.is_finite() { format!("{v:.6}") } else { "null".into() };
+        let failures: Vec<String> = self
+            .failures
+            .iter()
+            .map(|(id, line, attempts, why)| {
+                format!(r#"{{"id":{id},"line":{line},"attempts":{attempts},"reason":{}}}"#, json_str(why))
+            })
+            .collect();
+        format!(
+            concat!(
+                r#"{{"version":1,"run":{},"job":{},"task_file":{},"state":{},"#,
+                r#""counts":{{"total":{},"done":{},"failed":{},"pending":{},"dispatched":{},"running":{}}},"#,
+                r#""elapsed_s":{},"rate":{},"eta_s":{},"leader_cpu_s":{},"#,
+                r#""leader_cpu_us_per_task":{},"failures":[{}],"more_failures":{}}}"#
+            ),
+            json_str(&self.run),
+            json_str(&self.job),
+            json_str(&self.task_file),
+            json_str(self.state_key()),
+            c.total(),
+            c.get(State::Done),
+            c.get(State::Failed),
+            c.get(State::Pending),
+            c.get(State::Dispatched),
+            c.get(State::Running),
+            num(self.elapsed_s),
+            num(self.rate),
+            self.eta_s.map(num).unwrap_or_else(|| "null".into()),
+            num(self.leader_cpu_s),
+            {
+                let finished = c.get(State::Done) + c.get(State::Failed);
+                if finished > 0 {
+                    num(self.leader_cpu_s * 1e6 / finished as f64)
+                } else {
+                    "null".into()
+                }
+            },
+            failures.join(","),
+            self.more_failures
+        )
+    }
+}
+
+/// A JSON string literal.
+fn json_str(v: &str) -> String {
+    let mut out = String::with_capacity(v.len() + 2);
+    out.push('"');
+    for ch in v.chars() {
+        match ch {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// The `htc status` report.
+pub fn report(run: &RunDir, failures_limit: usize) -> anyhow::Result<String> {
+    Ok(Report::read(run, failures_limit)?.text())
 }

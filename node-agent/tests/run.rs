@@ -163,6 +163,24 @@ fn failures_timeouts_signals_and_missing_binaries_are_recorded() {
     assert!(s.contains("done=3 failed=6"), "{s}");
     assert!(s.contains("task 3 (line 4): timed out after 1 attempt"), "{s}");
     assert!(s.contains("task 2 (line 3): exit 3 after 3 attempts"), "{s}");
+    assert!(s.contains("leader:   ") && s.contains("CPU s this session"), "{s}");
+
+    // The same, for scripts (docs/status-json.md).
+    let st = d.htc(&["status", "--json", "--failures", "2"]);
+    let j: serde_json::Value = serde_json::from_slice(&st.stdout).expect("status --json is JSON");
+    assert_eq!(j["version"], 1);
+    assert_eq!(j["state"], "failed");
+    assert_eq!(j["run"], fs::canonicalize(&run).unwrap().to_str().unwrap());
+    assert_eq!(j["task_file"], "tasks.txt");
+    assert_eq!(j["counts"]["total"], 9);
+    assert_eq!((j["counts"]["done"].as_u64(), j["counts"]["failed"].as_u64()), (Some(3), Some(6)));
+    assert!(j["leader_cpu_s"].as_f64().unwrap() > 0.0, "{j}");
+    let per_task = j["leader_cpu_us_per_task"].as_f64().unwrap();
+    assert!((per_task - j["leader_cpu_s"].as_f64().unwrap() * 1e6 / 9.0).abs() < 1e-3 * per_task.max(1.0), "{j}");
+    assert!(j["eta_s"].is_null());
+    assert_eq!(j["failures"].as_array().unwrap().len(), 2);
+    assert_eq!(j["failures"][0]["reason"], "exit 3");
+    assert_eq!(j["more_failures"], true);
     let out = d.htc(&["output", run.to_str().unwrap(), "6"]);
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("no-such-command-htc-test: command not found"),

@@ -49,9 +49,14 @@ fn real_main() -> anyhow::Result<i32> {
             }
             Err(code) => Ok(code),
         },
-        Cmd::Status { run, failures } => {
+        Cmd::Status { run, failures, json } => {
             let run = RunDir::locate(run.as_deref())?;
-            print!("{}", status::report(&run, failures)?);
+            let report = status::Report::read(&run, failures)?;
+            if json {
+                println!("{}", report.json());
+            } else {
+                print!("{}", report.text());
+            }
             Ok(0)
         }
         Cmd::Output { run, task, stdout, stderr } => print_output(&run, task, !stderr, !stdout),

@@ -201,6 +201,7 @@ impl<'a> Core<'a> {
                 let mut t = txn.take().unwrap();
                 t.put_counts(&self.counts)?;
                 t.put_meta("heartbeat_us", &now_us().to_le_bytes())?;
+                t.put_meta("leader_cpu_us", &cpu_us().to_le_bytes())?;
                 if matches!(ending, Some(Ending::Complete)) {
                     t.put_meta("finished_us", &now_us().to_le_bytes())?;
                 }
@@ -214,6 +215,7 @@ impl<'a> Core<'a> {
                 // Heartbeat for `htc status` while nothing changes.
                 let mut t = self.ledger.write()?;
                 t.put_meta("heartbeat_us", &now_us().to_le_bytes())?;
+                t.put_meta("leader_cpu_us", &cpu_us().to_le_bytes())?;
                 t.commit()?;
                 last_commit = now;
             }
@@ -539,6 +541,18 @@ impl<'a> Core<'a> {
         });
         Ok(())
     }
+}
+
+/// CPU time (user + system) of this process so far, in microseconds: the leader's cost, which
+/// `htc status` divides by the tasks finished.
+fn cpu_us() -> u64 {
+    // SAFETY: getrusage fills the struct it is given.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+        return 0;
+    }
+    let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
+    us(u.ru_utime) + us(u.ru_stime)
 }
 
 /// Prepares a ledger for another session after an interruption: tasks that were dispatched or
