@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::fs;
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -14,18 +14,8 @@ use htc::auth::{self, Nonces, Role, NONCE_LEN};
 use htc::frame;
 use htc::proto::{self, frame::Body};
 
-const HTC: &str = env!("CARGO_BIN_EXE_htc");
-
-fn wait_for<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
-    let end = Instant::now() + limit;
-    while Instant::now() < end {
-        if let Some(v) = f() {
-            return Some(v);
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    None
-}
+mod common;
+use common::{wait_some, Dir, HTC};
 
 /// The leader's address, from the command line of one of the run's agents.
 fn leader_addr(run: &Path) -> Option<SocketAddr> {
@@ -146,21 +136,9 @@ fn attack(addr: SocketAddr, secret: &[u8]) {
     assert_refused(s, "random bytes");
 }
 
-struct Dir(PathBuf);
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        if !std::thread::panicking() {
-            let _ = fs::remove_dir_all(&self.0);
-        }
-    }
-}
-
 #[test]
 fn strangers_are_refused_and_logged_and_the_job_is_unaffected() {
-    let d = Dir(std::env::temp_dir().join(format!("htc-e2e-{}-auth", std::process::id())));
-    let _ = fs::remove_dir_all(&d.0);
-    fs::create_dir_all(&d.0).unwrap();
+    let d = Dir::new("auth");
     let ids = d.0.join("ids.txt");
     let n = 600;
     let tasks: String = (0..n).map(|_| format!("sleep 0.02; echo $HTC_TASK_ID >> {}\n", ids.display())).collect();
@@ -178,11 +156,11 @@ fn strangers_are_refused_and_logged_and_the_job_is_unaffected() {
         .unwrap();
 
     let run =
-        wait_for(Duration::from_secs(20), || fs::read_dir(d.0.join(".htc")).ok()?.flatten().next().map(|e| e.path()))
+        wait_some(Duration::from_secs(20), || fs::read_dir(d.0.join(".htc")).ok()?.flatten().next().map(|e| e.path()))
             .expect("a run directory");
-    let leader_at = wait_for(Duration::from_secs(20), || leader_addr(&run)).expect("the leader's address");
+    let leader_at = wait_some(Duration::from_secs(20), || leader_addr(&run)).expect("the leader's address");
     let relay_at: SocketAddr =
-        wait_for(Duration::from_secs(20), || fs::read_to_string(run.join("tree/htc-addr-0")).ok())
+        wait_some(Duration::from_secs(20), || fs::read_to_string(run.join("tree/htc-addr-0")).ok())
             .expect("relay 0's address")
             .trim()
             .parse()
@@ -194,7 +172,7 @@ fn strangers_are_refused_and_logged_and_the_job_is_unaffected() {
     attack(relay_at, &secret);
     assert!(leader.try_wait().unwrap().is_none(), "the run ended during the attacks; make it longer");
 
-    let status = wait_for(Duration::from_secs(120), || leader.try_wait().unwrap()).expect("the run finishes");
+    let status = wait_some(Duration::from_secs(120), || leader.try_wait().unwrap()).expect("the run finishes");
     let leader_log = fs::read_to_string(d.0.join("leader.err")).unwrap();
     let relay_log = fs::read_to_string(run.join("log/agent-0.log")).unwrap();
     assert!(status.success(), "exit {status:?}\nleader:\n{leader_log}\nrelay:\n{relay_log}");

@@ -4,58 +4,14 @@
 use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use htc::ledger::{Ledger, State};
 
-const HTC: &str = env!("CARGO_BIN_EXE_htc");
-
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new(name: &str) -> Dir {
-        let d = std::env::temp_dir().join(format!("htc-e2e-{}-{name}", std::process::id()));
-        let _ = fs::remove_dir_all(&d);
-        fs::create_dir_all(&d).unwrap();
-        Dir(d)
-    }
-    fn path(&self, f: &str) -> PathBuf {
-        self.0.join(f)
-    }
-    fn write(&self, f: &str, content: impl AsRef<[u8]>) -> PathBuf {
-        let p = self.path(f);
-        fs::write(&p, content).unwrap();
-        p
-    }
-    fn htc(&self, args: &[&str]) -> Output {
-        Command::new(HTC).args(args).current_dir(&self.0).stdin(Stdio::null()).output().unwrap()
-    }
-    /// The only run directory under .htc/.
-    fn run_dir(&self) -> PathBuf {
-        let mut runs: Vec<PathBuf> = fs::read_dir(self.path(".htc")).unwrap().map(|e| e.unwrap().path()).collect();
-        assert_eq!(runs.len(), 1, "expected exactly one run: {runs:?}");
-        runs.pop().unwrap()
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        if !std::thread::panicking() {
-            let _ = fs::remove_dir_all(&self.0);
-        }
-    }
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
+mod common;
+use common::{text, wait_for, Dir, HTC};
 
 fn id_counts(path: &Path) -> HashMap<u64, usize> {
     let mut m = HashMap::new();
@@ -275,17 +231,6 @@ fn malformed_task_files_are_rejected_with_their_place_and_nothing_runs() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("missing.txt"), "{}", text(&o));
     // Rejected runs leave no run directory behind.
     assert_eq!(fs::read_dir(d.path(".htc")).map(|r| r.count()).unwrap_or(0), 0);
-}
-
-fn wait_for(mut f: impl FnMut() -> bool, limit: Duration) -> bool {
-    let end = Instant::now() + limit;
-    while Instant::now() < end {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    false
 }
 
 #[test]

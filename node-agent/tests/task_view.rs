@@ -13,11 +13,12 @@
 
 use std::fs;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
-const HTC: &str = env!("CARGO_BIN_EXE_htc");
+mod common;
+use common::{text, wait_for, Dir, HTC};
 
 /// The two views compared, as task lines. The first has no shell syntax, so `htc` execs `ls`
 /// itself; the second runs under `/bin/sh -c`. The reference runs both as `sh -c LINE`.
@@ -26,45 +27,6 @@ const SIG: &str = "grep -E 'Sig(Ign|Blk)' /proc/self/status";
 
 /// A descriptor the dirty parent leaves open, without close-on-exec, to `htc run`.
 const STRAY_FD: i32 = 37;
-
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new(name: &str) -> Dir {
-        let d = std::env::temp_dir().join(format!("htc-view-{}-{name}", std::process::id()));
-        let _ = fs::remove_dir_all(&d);
-        fs::create_dir_all(&d).unwrap();
-        Dir(d)
-    }
-    fn path(&self, f: &str) -> PathBuf {
-        self.0.join(f)
-    }
-    fn run_id(&self) -> String {
-        let mut runs: Vec<String> = fs::read_dir(self.path(".htc"))
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        assert_eq!(runs.len(), 1, "expected exactly one run: {runs:?}");
-        runs.pop().unwrap()
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        if !std::thread::panicking() {
-            let _ = fs::remove_dir_all(&self.0);
-        }
-    }
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 /// Sets every signal's disposition, 1 to 64 (SIGKILL and SIGSTOP excepted), with the raw system
 /// call: glibc's `sigaction` refuses its internal signals 32 and 33, which are the point here.
@@ -256,17 +218,6 @@ fn inheritable(pid: u32) -> Vec<String> {
         }
     }
     v
-}
-
-fn wait_for(mut f: impl FnMut() -> bool, limit: Duration) -> bool {
-    let end = Instant::now() + limit;
-    while Instant::now() < end {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    false
 }
 
 #[test]

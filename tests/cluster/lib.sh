@@ -158,3 +158,21 @@ cluster_logs() {
         tail -n "$lines" -- "$f"
     done
 }
+
+# Bookkeeping for the test scripts in tests/slurm: `check DESCRIPTION COMMAND...` runs the
+# command and counts an `ok` or a `FAIL` line; `results` prints the closing "N passed, N failed"
+# line and fails when anything did.
+passed=0 failed=0
+ok() { printf 'ok   %s\n' "$*"; passed=$((passed + 1)); }
+bad() { printf 'FAIL %s\n' "$*"; failed=$((failed + 1)); }
+check() { local d=$1; shift; if "$@"; then ok "$d"; else bad "$d"; fi; }
+results() { echo "$passed passed, $failed failed"; [[ $failed == 0 ]]; }
+
+# The documented install path (`make install`), into the test cluster's own directories:
+# binaries and plugin in $HTC_CLUSTER_DIR/htc-bin, the plugstack line beside the cluster's config.
+install_htc() {
+    local root bin=$HTC_CLUSTER_DIR/htc-bin
+    root=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd)
+    make -s -C "$root" install BINDIR="$bin" PLUGINDIR="$bin" PLUGSTACKDIR="$HTC_CLUSTER_DIR/plugstack.conf.d" >/dev/null
+    chmod 0755 "$bin"
+}

@@ -13,10 +13,6 @@ export HTC_CLUSTER_DIR=${HTC_CLUSTER_DIR:-/var/lib/slurm-htc-test}
 # shellcheck source=/dev/null
 . "$root/tests/cluster/lib.sh"
 
-passed=0 failed=0
-ok() { printf 'ok   %s\n' "$*"; passed=$((passed + 1)); }
-bad() { printf 'FAIL %s\n' "$*"; failed=$((failed + 1)); }
-check() { local d=$1; shift; if "$@"; then ok "$d"; else bad "$d"; fi; }
 finish() {
     echo "$passed passed, $failed failed"
     [[ $failed == 0 ]]

@@ -23,11 +23,6 @@ harness=$root/tests/cluster
 # shellcheck source=/dev/null
 . "$harness/lib.sh"
 
-passed=0 failed=0
-ok() { printf 'ok   %s\n' "$*"; passed=$((passed + 1)); }
-bad() { printf 'FAIL %s\n' "$*"; failed=$((failed + 1)); }
-check() { local d=$1; shift; if "$@"; then ok "$d"; else bad "$d"; fi; }
-
 dir=$HTC_CLUSTER_DIR
 bin=$dir/htc-bin
 install -d -m 0755 "$dir" "$dir/plugstack.conf.d"

@@ -14,16 +14,7 @@ export HTC_CLUSTER_DIR=${HTC_CLUSTER_DIR:-/var/lib/slurm-htc-test}
 # shellcheck source=/dev/null
 . "$root/tests/cluster/lib.sh"
 
-passed=0 failed=0
-ok() { printf 'ok   %s\n' "$*"; passed=$((passed + 1)); }
-bad() { printf 'FAIL %s\n' "$*"; failed=$((failed + 1)); }
-check() { local d=$1; shift; if "$@"; then ok "$d"; else bad "$d"; fi; }
-
 bin=$HTC_CLUSTER_DIR/htc-bin
-install_htc() {
-    make -s -C "$root" install BINDIR="$bin" PLUGINDIR="$bin" PLUGSTACKDIR="$HTC_CLUSTER_DIR/plugstack.conf.d" >/dev/null
-    chmod 0755 "$bin"
-}
 
 # The reference is `setsid env -i sh -c LINE` as the job's user. This script cannot simply start
 # it: whatever started the script may have left it signals ignored (a Rust program's

@@ -41,10 +41,6 @@ if [[ -z $other_src ]]; then
     other_src=$target/release/libspank_htc.so
 fi
 
-passed=0 failed=0
-ok() { printf 'ok   %s\n' "$*"; passed=$((passed + 1)); }
-bad() { printf 'FAIL %s\n' "$*"; failed=$((failed + 1)); }
-check() { local d=$1; shift; if "$@"; then ok "$d"; else bad "$d"; fi; }
 
 dir=$HTC_CLUSTER_DIR
 install -d -m 0755 "$dir" "$dir/plugstack.conf.d"
