@@ -91,7 +91,7 @@ cat >"$work/overlap.sh" <<'EOF'
 srun -N4 --ntasks-per-node=1 sleep 60 2>/dev/null &
 bg=$!
 for _ in $(seq 100); do
-    squeue -h -s -j "$SLURM_JOB_ID" -o %i | grep -qx "$SLURM_JOB_ID.0" && break
+    squeue -h -s -j "$SLURM_JOB_ID" -o %i | grep -x "$SLURM_JOB_ID.0" >/dev/null && break
     sleep 0.1
 done
 # squeue lists a step only while it runs.
@@ -122,8 +122,8 @@ expect_eq "netns batch srun hostname" "$(printf 'n%s\n' 1 2 3 4)" "$(cat "$work/
 ok "4-node netns: sbatch -N4 --wrap 'srun hostname' COMPLETED"
 
 # The root namespace must have gained nothing: no 10.199.0.0/24 address or route.
-if ip -o addr show | grep -q '10\.199\.'; then fail "root namespace got a 10.199 address"; fi
-if ip route show | grep -q '10\.199\.'; then fail "root namespace got a 10.199 route"; fi
+if ip -o addr show | grep '10\.199\.' >/dev/null; then fail "root namespace got a 10.199 address"; fi
+if ip route show | grep '10\.199\.' >/dev/null; then fail "root namespace got a 10.199 route"; fi
 ok "netns: root namespace has no address or route of the test network"
 
 "$here/stop-cluster.sh"

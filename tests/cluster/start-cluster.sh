@@ -83,7 +83,7 @@ if ! id -u "$HTC_CLUSTER_USER" >/dev/null 2>&1; then
 fi
 # A supplementary group, so tests can check that jobs run with all of the user's groups.
 getent group "$HTC_CLUSTER_GROUP" >/dev/null || groupadd "$HTC_CLUSTER_GROUP"
-if ! id -nG "$HTC_CLUSTER_USER" | tr ' ' '\n' | grep -qx -- "$HTC_CLUSTER_GROUP"; then
+if ! id -nG "$HTC_CLUSTER_USER" | tr ' ' '\n' | grep -x -- "$HTC_CLUSTER_GROUP" >/dev/null; then
     usermod -a -G "$HTC_CLUSTER_GROUP" "$HTC_CLUSTER_USER"
 fi
 
@@ -262,7 +262,7 @@ if [[ $mode == netns ]]; then ctld_prefix=(nsenter --net="/run/netns/$head_ns" -
 
 # A slurmd that finds no controller retries its registration only after 1 s,
 # so start the nodes once slurmctld answers.
-until cluster_cmd scontrol ping 2>/dev/null | grep -q 'is UP'; do
+until cluster_cmd scontrol ping 2>/dev/null | grep 'is UP' >/dev/null; do
     overdue && fail "slurmctld not answering after $timeout s"
     sleep 0.02
 done

@@ -105,7 +105,7 @@ no_private_env() { ! grep -E '^(SLURM_SPANK_HTC_|_SLURM_SPANK_OPTION_htc_|SLURM_
 finished() { wait_job "$1" 60 >/dev/null; }
 
 # --- submit side ---
-help_lists_htc() { sub sbatch --help | grep -q -- '--htc=FILE'; }
+help_lists_htc() { sub sbatch --help | grep -- '--htc=FILE' >/dev/null; }
 check "sbatch --help lists --htc" help_lists_htc
 check "--htc=/nonexistent: exit 255, no job" fails_with 'htc: /nonexistent: cannot read: No such file' sbatch --htc=/nonexistent --wrap=:
 check "malformed file: file:line:col" fails_with 'htc: bad.txt:2:2: unknown option' sbatch --htc=bad.txt --wrap=:
