@@ -8,7 +8,7 @@ use std::sync::mpsc;
 
 use anyhow::{bail, Context};
 
-use crate::leader::core::Event;
+use crate::leader::driver::Event;
 use crate::leader::launch::{watch, Agents};
 use crate::output::OutputMode;
 use crate::rundir::RunDir;

@@ -148,7 +148,7 @@ fn lead(a: LeadArgs, script: Vec<OsString>) -> anyhow::Result<i32> {
         let _lock = existing.lock()?;
         // A requeued job: continue from its ledger.
         let ledger = htc::ledger::Ledger::open(&existing.ledger(), false)?;
-        let n = leader::core::reset_interrupted(&ledger)?;
+        let n = leader::driver::reset_interrupted(&ledger)?;
         println!("htc: job {job_id} restarted; continuing its run ({n} interrupted tasks go back to pending)");
         existing
     } else {

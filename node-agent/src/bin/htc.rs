@@ -68,7 +68,7 @@ fn real_main() -> anyhow::Result<i32> {
                     lock = Some(run.lock()?);
                     let mode = stored_output_mode(&run)?.unwrap_or(output);
                     let ledger = Ledger::open(&run.ledger(), false)?;
-                    let n = leader::core::reset_interrupted(&ledger)?;
+                    let n = leader::driver::reset_interrupted(&ledger)?;
                     if !quiet {
                         eprintln!("htc: resuming {} ({n} interrupted tasks go back to pending)", run.path.display());
                     }

@@ -1,29 +1,39 @@
-//! The leader's scheduling core: one thread that owns the ledger's write transaction, the
-//! partition and the in-flight set. Network tasks feed it `Event`s; it answers with encoded frames
-//! on each agent's channel. Updates accumulate in one open transaction that is committed every
-//! `commit_interval` (group commit); acks for reports go out only after their commit.
+//! The leader's scheduling core, without I/O: fed events (an agent joined, a report came, an
+//! agent was lost, a signal) with the current time, it answers with frames to send to agents and
+//! writes task records through [`Tasks`]. It owns no socket, thread, clock or file, so scripted
+//! event sequences test it (below) and the same core runs under every driver (`driver.rs`:
+//! the LMDB transaction, group commits and the agents' channels).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
 
 use htc_core::partition::Partition;
 use htc_core::task::{self, Effect, End, Life, Step};
-use tokio::sync::mpsc::UnboundedSender;
 
-use crate::frame::{self, MAX_BATCH_BYTES};
-use crate::ledger::{Attempt, Counts, Ledger, LedgerError, Outcome, Record, State, WriteTxn};
-use crate::load::TaskText;
+use crate::frame::MAX_BATCH_BYTES;
+use crate::ledger::{Attempt, Counts, LedgerError, Outcome, Record, State};
 use crate::proto::{self, frame::Body};
-use crate::rundir::now_us;
 
-pub enum Event {
+/// Where task records live: the ledger's write transaction in a real run, a map in tests. Reads
+/// see the writes made before them.
+pub trait Tasks {
+    fn get(&self, id: u64) -> Result<Option<Record>>;
+    fn put(&mut self, id: u64, r: &Record) -> Result<()>;
+    /// Appends an attempt that did not end the task to its history.
+    fn put_attempt(&mut self, id: u64, a: &Attempt) -> Result<()>;
+    /// Adds the task to the index of failed tasks.
+    fn mark_failed(&mut self, id: u64) -> Result<()>;
+    /// The task's command line.
+    fn command(&self, r: &Record) -> Vec<u8>;
+}
+
+/// What happens, as the core sees it.
+#[derive(Debug)]
+pub enum Input {
     Joined {
         agent: u32,
         cores: u32,
         mem_mb: u64,
         hostname: String,
-        tx: UnboundedSender<Vec<u8>>,
     },
     Report {
         agent: u32,
@@ -43,27 +53,22 @@ pub enum Event {
     },
 }
 
+/// Frames for agents, in the order they must be sent.
+pub type Outbox = Vec<(u32, Body)>;
+
 /// Called with the run's counts every `progress_every`.
 pub type ProgressFn = Box<dyn FnMut(&Progress) + Send>;
-
-pub struct CoreConfig {
-    pub commit_interval: Duration,
-    /// Agents the launcher started; the run fails when all of them are gone with work left.
-    pub expected_agents: usize,
-    pub progress: Option<ProgressFn>,
-    pub progress_every: Duration,
-}
 
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Progress {
     pub counts: Counts,
-    pub elapsed: Duration,
+    pub elapsed: std::time::Duration,
     /// Tasks finished (done or failed) in this session, for the rate.
     pub finished_this_session: u64,
     pub agents: usize,
 }
 
-#[derive(Debug)]
+#[derive(Debug, PartialEq, Eq)]
 pub enum Ending {
     /// Every task is done or failed.
     Complete,
@@ -74,7 +79,6 @@ pub enum Ending {
 }
 
 struct Agent {
-    tx: UnboundedSender<Vec<u8>>,
     cores: u32,
     mem_mb: u64,
     credit: u64,
@@ -85,10 +89,9 @@ struct Agent {
 }
 
 pub struct Core<'a> {
-    ledger: &'a Ledger,
-    text: &'a TaskText,
     partition: Box<dyn Partition + 'a>,
-    cfg: CoreConfig,
+    /// Agents the launcher started; the run fails when all of them are gone with work left.
+    expected_agents: usize,
     job_id: String,
     agents: HashMap<u32, Agent>,
     ever_seen: usize,
@@ -97,25 +100,23 @@ pub struct Core<'a> {
     in_flight: HashMap<u64, u32>,
     counts: Counts,
     finished_start: u64,
-    started: Instant,
+    started_us: u64,
 }
 
 type Result<T> = std::result::Result<T, LedgerError>;
 
 impl<'a> Core<'a> {
+    /// A core for a run whose tasks stand at `counts`, starting at `now_us`.
     pub fn new(
-        ledger: &'a Ledger,
-        text: &'a TaskText,
         partition: Box<dyn Partition + 'a>,
         job_id: String,
-        cfg: CoreConfig,
-    ) -> Result<Core<'a>> {
-        let counts = ledger.read()?.counts()?;
-        Ok(Core {
-            ledger,
-            text,
+        expected_agents: usize,
+        counts: Counts,
+        now_us: u64,
+    ) -> Core<'a> {
+        Core {
             partition,
-            cfg,
+            expected_agents,
             job_id,
             agents: HashMap::new(),
             ever_seen: 0,
@@ -124,164 +125,85 @@ impl<'a> Core<'a> {
             in_flight: HashMap::new(),
             finished_start: counts.get(State::Done) + counts.get(State::Failed),
             counts,
-            started: Instant::now(),
-        })
+            started_us: now_us,
+        }
     }
 
-    fn unfinished(&self) -> u64 {
-        self.counts.get(State::Pending) + self.counts.get(State::Dispatched) + self.counts.get(State::Running)
+    pub fn counts(&self) -> Counts {
+        self.counts
     }
 
-    fn progress(&self) -> Progress {
+    /// Tasks finished before this session started.
+    pub fn finished_start(&self) -> u64 {
+        self.finished_start
+    }
+
+    pub fn progress(&self, now_us: u64) -> Progress {
         Progress {
             counts: self.counts,
-            elapsed: self.started.elapsed(),
-            finished_this_session: self.counts.get(State::Done) + self.counts.get(State::Failed) - self.finished_start,
+            elapsed: std::time::Duration::from_micros(now_us.saturating_sub(self.started_us)),
+            finished_this_session: (self.counts.get(State::Done) + self.counts.get(State::Failed))
+                .saturating_sub(self.finished_start),
             agents: self.agents.values().filter(|a| a.alive).count(),
         }
     }
 
-    /// Runs until every task is finished, a signal arrives, or no agent is left.
-    pub fn run(mut self, rx: mpsc::Receiver<Event>) -> Result<(Ending, Progress)> {
-        let mut txn: Option<WriteTxn<'a>> = None;
-        let mut last_commit = Instant::now();
-        let mut last_sync = Instant::now();
-        let mut last_progress = Instant::now();
-        let mut dirty_acks = false;
-        let mut ending: Option<Ending> = None;
-        {
-            let mut t = self.ledger.write()?;
-            t.put_meta("leader_pid", &(std::process::id() as u64).to_le_bytes())?;
-            t.put_meta("session_start_us", &now_us().to_le_bytes())?;
-            t.put_meta("session_finished_start", &self.finished_start.to_le_bytes())?;
-            t.put_meta("job_id", self.job_id.as_bytes())?;
-            t.put_meta("heartbeat_us", &now_us().to_le_bytes())?;
-            t.commit()?;
+    /// Whether the run is over without an event: every task finished, or no agent left.
+    pub fn ending(&self) -> Option<Ending> {
+        if self.counts.unfinished() == 0 {
+            return Some(Ending::Complete);
         }
-        if self.unfinished() == 0 {
-            ending = Some(Ending::Complete);
-        }
-        while ending.is_none() {
-            let wait = self.cfg.commit_interval.min(Duration::from_millis(200));
-            let first = match rx.recv_timeout(wait) {
-                Ok(e) => Some(e),
-                Err(mpsc::RecvTimeoutError::Timeout) => None,
-                Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    ending = Some(Ending::AgentsLost("network side stopped".into()));
-                    None
-                }
-            };
-            let mut budget = 4096;
-            let mut next = first;
-            while let Some(ev) = next {
-                let t = match txn.as_mut() {
-                    Some(t) => t,
-                    None => txn.insert(self.ledger.write()?),
-                };
-                if let Some(e) = self.handle(t, ev)? {
-                    ending = Some(e);
-                    break;
-                }
-                budget -= 1;
-                next = if budget > 0 { rx.try_recv().ok() } else { None };
-            }
-            if ending.is_none() && self.unfinished() == 0 {
-                ending = Some(Ending::Complete);
-            }
-            if ending.is_none() && self.all_agents_gone() {
-                ending = Some(Ending::AgentsLost(format!(
-                    "all {} agents are gone with {} tasks unfinished",
-                    self.cfg.expected_agents,
-                    self.unfinished()
-                )));
-            }
-            dirty_acks |= txn.is_some();
-            let now = Instant::now();
-            if txn.is_some() && (now - last_commit >= self.cfg.commit_interval || ending.is_some()) {
-                let mut t = txn.take().unwrap();
-                t.put_counts(&self.counts)?;
-                t.put_meta("heartbeat_us", &now_us().to_le_bytes())?;
-                t.put_meta("leader_cpu_us", &cpu_us().to_le_bytes())?;
-                if matches!(ending, Some(Ending::Complete)) {
-                    t.put_meta("finished_us", &now_us().to_le_bytes())?;
-                }
-                t.commit()?;
-                last_commit = now;
-                if dirty_acks {
-                    self.send_acks();
-                    dirty_acks = false;
-                }
-            } else if txn.is_none() && now - last_commit >= Duration::from_secs(1) {
-                // Heartbeat for `htc status` while nothing changes.
-                let mut t = self.ledger.write()?;
-                t.put_meta("heartbeat_us", &now_us().to_le_bytes())?;
-                t.put_meta("leader_cpu_us", &cpu_us().to_le_bytes())?;
-                t.commit()?;
-                last_commit = now;
-            }
-            if now - last_sync >= Duration::from_secs(2) {
-                self.ledger.sync()?;
-                last_sync = now;
-            }
-            if now - last_progress >= self.cfg.progress_every {
-                let p = self.progress();
-                if let Some(f) = self.cfg.progress.as_mut() {
-                    f(&p);
-                }
-                last_progress = now;
-            }
-        }
-        self.ledger.sync()?;
-        let ending = ending.unwrap();
-        let shutdown = proto::Shutdown {
-            agent: 0,
-            abort: !matches!(ending, Ending::Complete),
-            reason: match &ending {
-                Ending::Complete => "all tasks finished".into(),
-                Ending::Interrupted(s) => format!("leader got signal {s}"),
-                Ending::AgentsLost(w) => w.clone(),
-            },
-        };
-        for (&id, a) in self.agents.iter().filter(|(_, a)| a.alive) {
-            let mut buf = Vec::new();
-            frame::encode_into(Body::Shutdown(proto::Shutdown { agent: id, ..shutdown.clone() }), &mut buf);
-            let _ = a.tx.send(buf);
-        }
-        let p = self.progress();
-        if let Some(f) = self.cfg.progress.as_mut() {
-            f(&p);
-        }
-        Ok((ending, p))
+        self.all_agents_gone().then(|| {
+            Ending::AgentsLost(format!(
+                "all {} agents are gone with {} tasks unfinished",
+                self.expected_agents,
+                self.counts.unfinished()
+            ))
+        })
     }
 
-    fn all_agents_gone(&self) -> bool {
+    /// Shutdown frames for every live agent.
+    pub fn shutdown(&self, ending: &Ending, out: &mut Outbox) {
+        let reason = match ending {
+            Ending::Complete => "all tasks finished".to_string(),
+            Ending::Interrupted(s) => format!("leader got signal {s}"),
+            Ending::AgentsLost(w) => w.clone(),
+        };
+        let abort = *ending != Ending::Complete;
+        for (&agent, _) in self.agents.iter().filter(|(_, a)| a.alive) {
+            out.push((agent, Body::Shutdown(proto::Shutdown { agent, abort, reason: reason.clone() })));
+        }
+    }
+
+    pub fn all_agents_gone(&self) -> bool {
         let alive = self.agents.values().filter(|a| a.alive).count();
         let gone = (self.ever_seen - alive) + self.never_joined;
-        alive == 0 && gone >= self.cfg.expected_agents.max(1)
+        alive == 0 && gone >= self.expected_agents.max(1)
     }
 
-    fn send_acks(&mut self) {
+    /// Acks every report received so far: call after the ledger writes of those reports are
+    /// committed, never before.
+    pub fn acks(&mut self, out: &mut Outbox) {
         for (&id, a) in self.agents.iter_mut() {
             if a.alive && a.last_seq > a.acked_seq {
                 a.acked_seq = a.last_seq;
-                let mut buf = Vec::new();
-                frame::encode_into(Body::Ack(proto::Ack { seq: a.last_seq, agent: id }), &mut buf);
-                let _ = a.tx.send(buf);
+                out.push((id, Body::Ack(proto::Ack { seq: a.last_seq, agent: id })));
             }
         }
     }
 
-    fn handle(&mut self, t: &mut WriteTxn<'a>, ev: Event) -> Result<Option<Ending>> {
+    /// Feeds one event; frames to send are appended to `out`. `Some` ends the run.
+    pub fn handle(&mut self, now_us: u64, t: &mut dyn Tasks, ev: Input, out: &mut Outbox) -> Result<Option<Ending>> {
         match ev {
-            Event::Joined { agent, cores, mem_mb, hostname, tx } => {
+            Input::Joined { agent, cores, mem_mb, hostname } => {
                 tracing::info!(job = %self.job_id, agent, cores, %hostname, "agent joined");
                 self.ever_seen += 1;
                 self.agents.insert(
                     agent,
-                    Agent { tx, cores, mem_mb, credit: 0, last_seq: 0, acked_seq: 0, alive: true, hostname },
+                    Agent { cores, mem_mb, credit: 0, last_seq: 0, acked_seq: 0, alive: true, hostname },
                 );
             }
-            Event::Report { agent, report } => {
+            Input::Report { agent, report } => {
                 if !self.agents.get(&agent).is_some_and(|a| a.alive) {
                     return Ok(None);
                 }
@@ -297,34 +219,34 @@ impl<'a> Core<'a> {
                 let a = self.agents.get_mut(&agent).unwrap();
                 a.last_seq = a.last_seq.max(report.seq);
                 a.credit += report.want as u64;
-                self.dispatch(t, agent)?;
+                self.dispatch(t, agent, out)?;
                 // Retries can go to any agent with credit, not only the one that reported.
                 if !self.retry.is_empty() {
-                    self.dispatch_all(t)?;
+                    self.dispatch_all(t, out)?;
                 }
             }
-            Event::Lost { agent, why } => {
+            Input::Lost { agent, why } => {
                 if let Some(a) = self.agents.get_mut(&agent) {
                     if a.alive {
                         a.alive = false;
                         tracing::warn!(job = %self.job_id, agent, host = %a.hostname, %why, "agent lost");
-                        self.requeue_agent(t, agent)?;
-                        self.dispatch_all(t)?;
+                        self.requeue_agent(t, agent, now_us)?;
+                        self.dispatch_all(t, out)?;
                     }
                 }
             }
-            Event::NeverJoined { agent, why } => {
+            Input::NeverJoined { agent, why } => {
                 if !self.agents.contains_key(&agent) {
                     tracing::warn!(job = %self.job_id, agent, %why, "agent never joined");
                     self.never_joined += 1;
                 }
             }
-            Event::Interrupt { signal } => return Ok(Some(Ending::Interrupted(signal))),
+            Input::Interrupt { signal } => return Ok(Some(Ending::Interrupted(signal))),
         }
         Ok(None)
     }
 
-    fn on_started(&mut self, t: &mut WriteTxn<'a>, agent: u32, s: &proto::TaskStarted) -> Result<()> {
+    fn on_started(&mut self, t: &mut dyn Tasks, agent: u32, s: &proto::TaskStarted) -> Result<()> {
         if self.in_flight.get(&s.id) != Some(&agent) {
             return Ok(());
         }
@@ -339,7 +261,7 @@ impl<'a> Core<'a> {
 
     /// Writes a record whose life `task::step` moved, and moves the counts with it: the one
     /// place a task changes state.
-    fn apply(&mut self, t: &mut WriteTxn<'a>, id: u64, r: &mut Record, life: Life) -> Result<()> {
+    fn apply(&mut self, t: &mut dyn Tasks, id: u64, r: &mut Record, life: Life) -> Result<()> {
         let from = r.state();
         r.set_life(life);
         t.put(id, r)?;
@@ -347,7 +269,7 @@ impl<'a> Core<'a> {
         Ok(())
     }
 
-    fn on_result(&mut self, t: &mut WriteTxn<'a>, agent: u32, res: &proto::TaskResult) -> Result<()> {
+    fn on_result(&mut self, t: &mut dyn Tasks, agent: u32, res: &proto::TaskResult) -> Result<()> {
         // A result from an agent that no longer holds the task (it was lost and the task re-sent)
         // or for an old attempt is stale: the ledger already moved on.
         if self.in_flight.get(&res.id) != Some(&agent) {
@@ -372,7 +294,7 @@ impl<'a> Core<'a> {
     #[allow(clippy::too_many_arguments)]
     fn finish_attempt(
         &mut self,
-        t: &mut WriteTxn<'a>,
+        t: &mut dyn Tasks,
         id: u64,
         r: &mut Record,
         agent: u32,
@@ -412,22 +334,25 @@ impl<'a> Core<'a> {
         self.apply(t, id, r, life)
     }
 
-    fn requeue_agent(&mut self, t: &mut WriteTxn<'a>, agent: u32) -> Result<()> {
-        let lost: Vec<u64> = self.in_flight.iter().filter(|(_, a)| **a == agent).map(|(id, _)| *id).collect();
+    fn requeue_agent(&mut self, t: &mut dyn Tasks, agent: u32, now_us: u64) -> Result<()> {
+        let mut lost: Vec<u64> = self.in_flight.iter().filter(|(_, a)| **a == agent).map(|(id, _)| *id).collect();
+        // In id order, so that the same events always give the same decisions.
+        lost.sort_unstable();
         for id in lost {
             self.in_flight.remove(&id);
             if let Some(mut r) = t.get(id)? {
-                let now = now_us();
-                self.finish_attempt(t, id, &mut r, agent, Outcome::Lost, 0, 0, now)?;
+                self.finish_attempt(t, id, &mut r, agent, Outcome::Lost, 0, 0, now_us)?;
             }
         }
         Ok(())
     }
 
-    fn dispatch_all(&mut self, t: &mut WriteTxn<'a>) -> Result<()> {
-        let ids: Vec<u32> = self.agents.iter().filter(|(_, a)| a.alive && a.credit > 0).map(|(id, _)| *id).collect();
+    fn dispatch_all(&mut self, t: &mut dyn Tasks, out: &mut Outbox) -> Result<()> {
+        let mut ids: Vec<u32> =
+            self.agents.iter().filter(|(_, a)| a.alive && a.credit > 0).map(|(id, _)| *id).collect();
+        ids.sort_unstable();
         for agent in ids {
-            self.dispatch(t, agent)?;
+            self.dispatch(t, agent, out)?;
         }
         Ok(())
     }
@@ -444,10 +369,10 @@ impl<'a> Core<'a> {
     }
 
     fn all_accounted(&self) -> bool {
-        self.ever_seen + self.never_joined >= self.cfg.expected_agents
+        self.ever_seen + self.never_joined >= self.expected_agents
     }
 
-    fn fail_unschedulable(&mut self, t: &mut WriteTxn<'a>, id: u64, mut r: Record) -> Result<()> {
+    fn fail_unschedulable(&mut self, t: &mut dyn Tasks, id: u64, mut r: Record) -> Result<()> {
         tracing::warn!(job = %self.job_id, task = id, cores = r.cores, mem_mb = r.mem_mb, "task needs more than any agent has");
         let Ok((life, _)) = task::step(r.life(), Step::Refuse) else { return Ok(()) };
         t.mark_failed(id)?;
@@ -455,7 +380,7 @@ impl<'a> Core<'a> {
         self.apply(t, id, &mut r, life)
     }
 
-    fn dispatch(&mut self, t: &mut WriteTxn<'a>, agent: u32) -> Result<()> {
+    fn dispatch(&mut self, t: &mut dyn Tasks, agent: u32, out: &mut Outbox) -> Result<()> {
         let mut want = self.agents[&agent].credit;
         let mut specs: Vec<proto::TaskSpec> = Vec::new();
         // Retries first: they are the oldest work.
@@ -497,30 +422,26 @@ impl<'a> Core<'a> {
         if specs.is_empty() {
             return Ok(());
         }
-        let mut buf = Vec::new();
+        // Split by bytes as well as count: long command lines must not exceed a frame.
         let mut batch = Vec::new();
         let mut bytes = 0;
         for s in specs {
             bytes += s.command.len() + 32;
             batch.push(s);
             if bytes >= MAX_BATCH_BYTES {
-                frame::encode_into(
-                    Body::Dispatch(proto::Dispatch { tasks: std::mem::take(&mut batch), agent }),
-                    &mut buf,
-                );
+                out.push((agent, Body::Dispatch(proto::Dispatch { tasks: std::mem::take(&mut batch), agent })));
                 bytes = 0;
             }
         }
         if !batch.is_empty() {
-            frame::encode_into(Body::Dispatch(proto::Dispatch { tasks: batch, agent }), &mut buf);
+            out.push((agent, Body::Dispatch(proto::Dispatch { tasks: batch, agent })));
         }
-        let _ = a.tx.send(buf);
         Ok(())
     }
 
     fn take_task(
         &mut self,
-        t: &mut WriteTxn<'a>,
+        t: &mut dyn Tasks,
         agent: u32,
         id: u64,
         mut r: Record,
@@ -533,7 +454,7 @@ impl<'a> Core<'a> {
         specs.push(proto::TaskSpec {
             id,
             attempt: r.attempts as u32,
-            command: self.text.command(&r).to_vec(),
+            command: t.command(&r),
             shell: r.shell,
             cores: r.cores as u32,
             mem_mb: r.mem_mb,
@@ -543,39 +464,198 @@ impl<'a> Core<'a> {
     }
 }
 
-/// CPU time (user + system) of this process so far, in microseconds: the leader's cost, which
-/// `htc status` divides by the tasks finished.
-fn cpu_us() -> u64 {
-    // SAFETY: getrusage fills the struct it is given.
-    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
-        return 0;
-    }
-    let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
-    us(u.ru_utime) + us(u.ru_stime)
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use htc_core::partition::Even;
+    use std::collections::BTreeMap;
 
-/// Prepares a ledger for another session after an interruption: tasks that were dispatched or
-/// running when the leader died go back to pending (they may run again: the ledger cannot know
-/// whether they finished). Done and failed tasks are never touched.
-pub fn reset_interrupted(ledger: &Ledger) -> Result<u64> {
-    let mut t = ledger.write()?;
-    let mut counts = Counts::default();
-    let mut n = 0;
-    t.update_all(|_, r| {
-        // The interrupted attempt is not a failure of the task: it does not use up a retry.
-        let changed = match task::step(r.life(), Step::Interrupt) {
-            Ok((life, _)) => {
-                r.set_life(life);
-                n += 1;
-                true
+    /// Task records in memory; the command of task N is "task N".
+    #[derive(Default)]
+    struct Mem {
+        records: BTreeMap<u64, Record>,
+        attempts: Vec<(u64, Attempt)>,
+        failed: Vec<u64>,
+    }
+
+    impl Mem {
+        fn with(n: u64, retries: u8, cores: u16) -> Mem {
+            let mut m = Mem::default();
+            for id in 1..=n {
+                m.records.insert(id, Record { cmd_off: id, retries, cores, ..Default::default() });
             }
-            Err(_) => false,
+            m
+        }
+        fn counts(&self) -> Counts {
+            let mut c = Counts::default();
+            self.records.values().for_each(|r| c.add(r.state()));
+            c
+        }
+        fn state(&self, id: u64) -> State {
+            self.records[&id].state()
+        }
+    }
+
+    impl Tasks for Mem {
+        fn get(&self, id: u64) -> Result<Option<Record>> {
+            Ok(self.records.get(&id).copied())
+        }
+        fn put(&mut self, id: u64, r: &Record) -> Result<()> {
+            self.records.insert(id, *r);
+            Ok(())
+        }
+        fn put_attempt(&mut self, id: u64, a: &Attempt) -> Result<()> {
+            self.attempts.push((id, *a));
+            Ok(())
+        }
+        fn mark_failed(&mut self, id: u64) -> Result<()> {
+            self.failed.push(id);
+            Ok(())
+        }
+        fn command(&self, r: &Record) -> Vec<u8> {
+            format!("task {}", r.cmd_off).into_bytes()
+        }
+    }
+
+    fn core(m: &Mem, agents: usize) -> Core<'static> {
+        let n = m.records.len() as u64;
+        Core::new(Box::new(Even::new(1..n + 1, agents)), "job".into(), agents, m.counts(), 0)
+    }
+
+    fn join(agent: u32, cores: u32) -> Input {
+        Input::Joined { agent, cores, mem_mb: 0, hostname: format!("node{agent}") }
+    }
+
+    fn want(agent: u32, n: u32) -> Input {
+        Input::Report { agent, report: proto::Report { want: n, agent, ..Default::default() } }
+    }
+
+    fn result(agent: u32, seq: u64, id: u64, attempt: u32, exit: i32) -> Input {
+        let r = proto::TaskResult {
+            id,
+            attempt,
+            outcome: proto::Outcome::Exited as i32,
+            value: exit,
+            ..Default::default()
         };
-        counts.add(r.state());
-        changed
-    })?;
-    t.put_counts(&counts)?;
-    t.commit()?;
-    Ok(n)
+        Input::Report { agent, report: proto::Report { seq, results: vec![r], agent, ..Default::default() } }
+    }
+
+    /// Feeds events in order; returns the frames sent and the ending, if any.
+    fn feed(c: &mut Core<'_>, m: &mut Mem, events: Vec<Input>) -> (Outbox, Option<Ending>) {
+        let mut out = Vec::new();
+        for (i, ev) in events.into_iter().enumerate() {
+            if let Some(e) = c.handle(1_000 + i as u64, m, ev, &mut out).unwrap() {
+                return (out, Some(e));
+            }
+        }
+        (out, c.ending())
+    }
+
+    /// (agent, [(id, attempt)]) of every Dispatch in `out`.
+    fn dispatched(out: &Outbox) -> Vec<(u32, Vec<(u64, u32)>)> {
+        out.iter()
+            .filter_map(|(a, b)| match b {
+                Body::Dispatch(d) => Some((*a, d.tasks.iter().map(|t| (t.id, t.attempt)).collect())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_agent_gets_what_it_asks_for_and_results_are_recorded_then_acked() {
+        let mut m = Mem::with(10, 2, 1);
+        let mut c = core(&m, 1);
+        let (out, end) = feed(&mut c, &mut m, vec![join(0, 2), want(0, 4)]);
+        assert_eq!(dispatched(&out), vec![(0, vec![(1, 1), (2, 1), (3, 1), (4, 1)])]);
+        let Body::Dispatch(d) = &out[0].1 else { unreachable!() };
+        assert_eq!(d.tasks[2].command, b"task 3");
+        assert_eq!(end, None);
+        assert_eq!((m.state(1), m.state(5)), (State::Dispatched, State::Pending));
+        assert_eq!(c.counts(), m.counts(), "the core's counts follow the records");
+
+        let (out, _) = feed(&mut c, &mut m, vec![result(0, 1, 1, 1, 0), result(0, 2, 2, 1, 0)]);
+        assert!(out.is_empty(), "no ack before the commit: {out:?}");
+        assert_eq!((m.state(1), m.state(2), m.state(3)), (State::Done, State::Done, State::Dispatched));
+        let mut acks = Vec::new();
+        c.acks(&mut acks);
+        assert!(matches!(acks.as_slice(), [(0, Body::Ack(proto::Ack { seq: 2, agent: 0 }))]), "{acks:?}");
+        c.acks(&mut acks);
+        assert_eq!(acks.len(), 1, "each report is acked once");
+        assert_eq!(c.counts(), m.counts());
+    }
+
+    #[test]
+    fn a_failing_task_is_retried_then_fails_with_its_history() {
+        let mut m = Mem::with(1, 1, 1);
+        let mut c = core(&m, 1);
+        let (out, _) = feed(&mut c, &mut m, vec![join(0, 1), want(0, 1), result(0, 1, 1, 1, 3), want(0, 1)]);
+        assert_eq!(dispatched(&out), vec![(0, vec![(1, 1)]), (0, vec![(1, 2)])], "the retry is attempt 2");
+        assert_eq!(m.attempts.len(), 1, "the failed attempt is kept");
+        let (_, end) = feed(&mut c, &mut m, vec![result(0, 2, 1, 2, 3)]);
+        assert_eq!((m.state(1), m.failed.clone(), end), (State::Failed, vec![1], Some(Ending::Complete)));
+        assert_eq!(c.counts().get(State::Failed), 1);
+    }
+
+    #[test]
+    fn a_lost_agent_s_tasks_go_to_another_without_using_a_retry() {
+        let mut m = Mem::with(4, 0, 1);
+        let mut c = core(&m, 2);
+        let (out, _) = feed(&mut c, &mut m, vec![join(0, 1), join(1, 1), want(0, 2)]);
+        assert_eq!(dispatched(&out), vec![(0, vec![(1, 1), (2, 1)])]);
+        let lost = Input::Lost { agent: 0, why: "connection closed".into() };
+        let (out, end) = feed(&mut c, &mut m, vec![lost, want(1, 4)]);
+        // Agent 1 takes the lost tasks first (retries are the oldest work), as attempt 1 again.
+        assert_eq!(dispatched(&out), vec![(1, vec![(1, 1), (2, 1), (3, 1), (4, 1)])]);
+        assert_eq!(m.records[&1].losses, 1);
+        assert_eq!(end, None);
+        // A late result from the lost agent changes nothing.
+        let (_, _) = feed(&mut c, &mut m, vec![result(0, 1, 1, 1, 0)]);
+        assert_eq!(m.state(1), State::Dispatched);
+        let (_, end) = feed(&mut c, &mut m, (1..=4).map(|id| result(1, id, id, 1, 0)).collect());
+        assert_eq!(end, Some(Ending::Complete));
+        assert_eq!(m.counts().get(State::Done), 4);
+    }
+
+    #[test]
+    fn stale_and_foreign_results_are_ignored() {
+        let mut m = Mem::with(2, 2, 1);
+        let mut c = core(&m, 2);
+        feed(&mut c, &mut m, vec![join(0, 1), join(1, 1), want(0, 1)]);
+        // Agent 1 never got task 1; attempt 7 of task 1 never existed.
+        let (_, _) = feed(&mut c, &mut m, vec![result(1, 1, 1, 1, 0), result(0, 1, 1, 7, 0)]);
+        assert_eq!(m.state(1), State::Dispatched);
+        assert_eq!(c.counts(), m.counts());
+    }
+
+    #[test]
+    fn a_task_bigger_than_every_agent_fails_as_unschedulable() {
+        let mut m = Mem::with(2, 2, 1);
+        m.records.get_mut(&2).unwrap().cores = 8;
+        let mut c = core(&m, 1);
+        let (out, _) = feed(&mut c, &mut m, vec![join(0, 2), want(0, 2), want(0, 1)]);
+        assert_eq!(dispatched(&out), vec![(0, vec![(1, 1)])]);
+        assert_eq!(m.state(2), State::Failed);
+        assert_eq!(Outcome::Unschedulable as u8, m.records[&2].outcome);
+    }
+
+    #[test]
+    fn the_run_ends_on_a_signal_or_when_every_agent_is_gone() {
+        let mut m = Mem::with(3, 2, 1);
+        let mut c = core(&m, 2);
+        let (_, end) = feed(&mut c, &mut m, vec![join(0, 1), Input::Interrupt { signal: 2 }]);
+        assert_eq!(end, Some(Ending::Interrupted(2)));
+        let mut out = Vec::new();
+        c.shutdown(&Ending::Interrupted(2), &mut out);
+        assert!(matches!(out.as_slice(), [(0, Body::Shutdown(proto::Shutdown { abort: true, .. }))]));
+
+        let mut c = core(&m, 2);
+        let gone = vec![
+            join(0, 1),
+            Input::NeverJoined { agent: 1, why: "exited".into() },
+            Input::Lost { agent: 0, why: "killed".into() },
+        ];
+        let (_, end) = feed(&mut c, &mut m, gone);
+        assert!(matches!(end, Some(Ending::AgentsLost(ref w)) if w.contains("3 tasks unfinished")), "{end:?}");
+    }
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-use super::core::Event;
+use super::driver::Event;
 use crate::output::OutputMode;
 use crate::rundir::RunDir;
 

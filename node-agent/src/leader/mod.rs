@@ -1,7 +1,9 @@
 //! The leader (1st-level instance): owns the ledger, partitions the tasks, and serves the agents.
-//! `core` is the scheduling state machine, `net` the sockets, `launch` how agents are started.
+//! `core` is the scheduling state machine (no I/O), `driver` runs it against the ledger and the
+//! agents' connections, `net` the sockets, `launch` how agents are started.
 
 pub mod core;
+pub mod driver;
 pub mod launch;
 pub mod net;
 
@@ -13,7 +15,8 @@ use std::time::Duration;
 use anyhow::Context;
 use htc_core::partition::Even;
 
-use self::core::{Core, CoreConfig, Ending, Event, Progress, ProgressFn};
+use self::core::{Core, Ending, Progress, ProgressFn};
+use self::driver::{DriverConfig, Event};
 use crate::ledger::{Ledger, State};
 use crate::load::TaskText;
 use crate::rundir::RunDir;
@@ -81,19 +84,15 @@ pub fn run(
         None
     };
     let partition = Box::new(Even::new(1..total + 1, expected.max(1)));
-    let core = Core::new(
-        &ledger,
-        &text,
-        partition,
-        cfg.job_id.clone(),
-        CoreConfig { commit_interval: cfg.commit_interval, expected_agents: expected, progress, progress_every },
-    )?;
+    let counts = ledger.read()?.counts()?;
+    let core = Core::new(partition, cfg.job_id.clone(), expected, counts, crate::rundir::now_us());
+    let driver_cfg = DriverConfig { commit_interval: cfg.commit_interval, progress, progress_every };
     let net_cfg = Arc::new(net::NetConfig { secret, job_id: cfg.job_id.clone(), joined: Default::default() });
 
     let result = std::thread::scope(|s| {
         let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
         let core_thread = s.spawn(move || {
-            let r = core.run(rx);
+            let r = driver::run(core, &ledger, &text, &cfg.job_id, rx, driver_cfg);
             let _ = done_tx.send(());
             r
         });

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
 
-use super::core::Event;
+use super::driver::Event;
 use crate::auth::{self, Door};
 use crate::frame::{self, read_frame, FrameError};
 use crate::proto::{self, frame::Body};

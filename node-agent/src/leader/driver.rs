@@ -1,0 +1,240 @@
+//! Runs the scheduling core (`core.rs`) against the world: events from the network tasks and
+//! the launcher arrive on a channel, the core's task writes go into one LMDB write transaction
+//! that is committed every `commit_interval` (group commit), acks go out only after the commit
+//! that made their reports durable, and frames are encoded onto each agent's socket writer.
+
+use std::collections::HashMap;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::core::{Core, Ending, Input, Outbox, Progress, ProgressFn, Tasks};
+use crate::frame;
+use crate::ledger::{Attempt, Counts, Ledger, LedgerError, Record, WriteTxn};
+use crate::load::TaskText;
+use crate::proto;
+use crate::rundir::now_us;
+use htc_core::task::{self, Step};
+
+type Result<T> = std::result::Result<T, LedgerError>;
+
+/// What the network tasks and the launcher tell the leader.
+pub enum Event {
+    /// An agent passed the handshake; `tx` takes encoded frames for its connection.
+    Joined {
+        agent: u32,
+        cores: u32,
+        mem_mb: u64,
+        hostname: String,
+        tx: UnboundedSender<Vec<u8>>,
+    },
+    Report {
+        agent: u32,
+        report: proto::Report,
+    },
+    Lost {
+        agent: u32,
+        why: String,
+    },
+    /// An agent process ended before it ever joined (local launcher), or could not be started.
+    NeverJoined {
+        agent: u32,
+        why: String,
+    },
+    Interrupt {
+        signal: i32,
+    },
+}
+
+pub struct DriverConfig {
+    pub commit_interval: Duration,
+    pub progress: Option<ProgressFn>,
+    pub progress_every: Duration,
+}
+
+/// The ledger's write transaction and the run's task text, as the core's `Tasks`.
+struct LedgerTasks<'t, 'l> {
+    txn: &'t mut WriteTxn<'l>,
+    text: &'t TaskText,
+}
+
+impl Tasks for LedgerTasks<'_, '_> {
+    fn get(&self, id: u64) -> Result<Option<Record>> {
+        self.txn.get(id)
+    }
+    fn put(&mut self, id: u64, r: &Record) -> Result<()> {
+        self.txn.put(id, r)
+    }
+    fn put_attempt(&mut self, id: u64, a: &Attempt) -> Result<()> {
+        self.txn.put_attempt(id, a)
+    }
+    fn mark_failed(&mut self, id: u64) -> Result<()> {
+        self.txn.mark_failed(id)
+    }
+    fn command(&self, r: &Record) -> Vec<u8> {
+        self.text.command(r).to_vec()
+    }
+}
+
+/// Encodes and sends the core's frames to the agents' connections.
+fn send(out: &mut Outbox, links: &HashMap<u32, UnboundedSender<Vec<u8>>>) {
+    let mut by_agent: HashMap<u32, Vec<u8>> = HashMap::new();
+    for (agent, body) in out.drain(..) {
+        frame::encode_into(body, by_agent.entry(agent).or_default());
+    }
+    for (agent, bytes) in by_agent {
+        if let Some(tx) = links.get(&agent) {
+            let _ = tx.send(bytes);
+        }
+    }
+}
+
+/// Runs until every task is finished, a signal arrives, or no agent is left.
+pub fn run(
+    mut core: Core<'_>,
+    ledger: &Ledger,
+    text: &TaskText,
+    job_id: &str,
+    rx: mpsc::Receiver<Event>,
+    mut cfg: DriverConfig,
+) -> Result<(Ending, Progress)> {
+    let mut links: HashMap<u32, UnboundedSender<Vec<u8>>> = HashMap::new();
+    let mut out: Outbox = Vec::new();
+    let mut txn: Option<WriteTxn<'_>> = None;
+    let mut last_commit = Instant::now();
+    let mut last_sync = Instant::now();
+    let mut last_progress = Instant::now();
+    let mut ending: Option<Ending> = None;
+    {
+        let mut t = ledger.write()?;
+        t.put_meta("leader_pid", &(std::process::id() as u64).to_le_bytes())?;
+        t.put_meta("session_start_us", &now_us().to_le_bytes())?;
+        t.put_meta("session_finished_start", &core.finished_start().to_le_bytes())?;
+        t.put_meta("job_id", job_id.as_bytes())?;
+        t.put_meta("heartbeat_us", &now_us().to_le_bytes())?;
+        t.commit()?;
+    }
+    if core.counts().unfinished() == 0 {
+        ending = Some(Ending::Complete);
+    }
+    while ending.is_none() {
+        let wait = cfg.commit_interval.min(Duration::from_millis(200));
+        let mut next = match rx.recv_timeout(wait) {
+            Ok(e) => Some(e),
+            Err(mpsc::RecvTimeoutError::Timeout) => None,
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                ending = Some(Ending::AgentsLost("network side stopped".into()));
+                None
+            }
+        };
+        // Take what is queued in one go, up to a bound, so one commit covers it.
+        let mut budget = 4096;
+        while let Some(ev) = next {
+            let t = match txn.as_mut() {
+                Some(t) => t,
+                None => txn.insert(ledger.write()?),
+            };
+            let input = match ev {
+                Event::Joined { agent, cores, mem_mb, hostname, tx } => {
+                    links.insert(agent, tx);
+                    Input::Joined { agent, cores, mem_mb, hostname }
+                }
+                Event::Report { agent, report } => Input::Report { agent, report },
+                Event::Lost { agent, why } => Input::Lost { agent, why },
+                Event::NeverJoined { agent, why } => Input::NeverJoined { agent, why },
+                Event::Interrupt { signal } => Input::Interrupt { signal },
+            };
+            let mut tasks = LedgerTasks { txn: t, text };
+            if let Some(e) = core.handle(now_us(), &mut tasks, input, &mut out)? {
+                ending = Some(e);
+                break;
+            }
+            budget -= 1;
+            next = if budget > 0 { rx.try_recv().ok() } else { None };
+        }
+        // Dispatches may go out before their commit: a lost dispatch is re-sent after a restart.
+        send(&mut out, &links);
+        if ending.is_none() {
+            ending = core.ending();
+        }
+        let now = Instant::now();
+        if txn.is_some() && (now - last_commit >= cfg.commit_interval || ending.is_some()) {
+            let mut t = txn.take().unwrap();
+            t.put_counts(&core.counts())?;
+            t.put_meta("heartbeat_us", &now_us().to_le_bytes())?;
+            t.put_meta("leader_cpu_us", &cpu_us().to_le_bytes())?;
+            if matches!(ending, Some(Ending::Complete)) {
+                t.put_meta("finished_us", &now_us().to_le_bytes())?;
+            }
+            t.commit()?;
+            last_commit = now;
+            core.acks(&mut out);
+            send(&mut out, &links);
+        } else if txn.is_none() && now - last_commit >= Duration::from_secs(1) {
+            // Heartbeat for `htc status` while nothing changes.
+            let mut t = ledger.write()?;
+            t.put_meta("heartbeat_us", &now_us().to_le_bytes())?;
+            t.put_meta("leader_cpu_us", &cpu_us().to_le_bytes())?;
+            t.commit()?;
+            last_commit = now;
+        }
+        if now - last_sync >= Duration::from_secs(2) {
+            ledger.sync()?;
+            last_sync = now;
+        }
+        if now - last_progress >= cfg.progress_every {
+            let p = core.progress(now_us());
+            if let Some(f) = cfg.progress.as_mut() {
+                f(&p);
+            }
+            last_progress = now;
+        }
+    }
+    ledger.sync()?;
+    let ending = ending.unwrap();
+    core.shutdown(&ending, &mut out);
+    send(&mut out, &links);
+    let p = core.progress(now_us());
+    if let Some(f) = cfg.progress.as_mut() {
+        f(&p);
+    }
+    Ok((ending, p))
+}
+
+/// CPU time (user + system) of this process so far, in microseconds: the leader's cost, which
+/// `htc status` divides by the tasks finished.
+fn cpu_us() -> u64 {
+    // SAFETY: getrusage fills the struct it is given.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+        return 0;
+    }
+    let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
+    us(u.ru_utime) + us(u.ru_stime)
+}
+
+/// Prepares a ledger for another session after an interruption: tasks that were dispatched or
+/// running when the leader died go back to pending (they may run again: the ledger cannot know
+/// whether they finished). Done and failed tasks are never touched.
+pub fn reset_interrupted(ledger: &Ledger) -> Result<u64> {
+    let mut t = ledger.write()?;
+    let mut counts = Counts::default();
+    let mut n = 0;
+    t.update_all(|_, r| {
+        // The interrupted attempt is not a failure of the task: it does not use up a retry.
+        let changed = match task::step(r.life(), Step::Interrupt) {
+            Ok((life, _)) => {
+                r.set_life(life);
+                n += 1;
+                true
+            }
+            Err(_) => false,
+        };
+        counts.add(r.state());
+        changed
+    })?;
+    t.put_counts(&counts)?;
+    t.commit()?;
+    Ok(n)
+}
