@@ -8,10 +8,20 @@
 //! a task starts with descriptors 0, 1 and 2 only, every signal at its default disposition and
 //! an empty signal mask, as it would from a shell on a terminal, whatever the agent inherited.
 //!
-//! It reaps every child of the process (`waitid(P_ALL)`), so a process runs one executor and
-//! starts no other children. SIGCHLD must be blocked in every thread of the process (`block_sigchld` before any thread
-//! starts); the executor reads it through a signalfd and also reaps on a short timer as a safety
-//! net, so a missed wake-up costs latency, never a hang.
+//! Each child is watched through its own pidfd (Linux >= 5.4: `pidfd_open` and `waitid(P_PIDFD)`)
+//! in the thread's epoll set, and only the executor's own children are ever waited for. So several
+//! executors can live in one process, next to anything else that starts and waits for processes,
+//! and nothing depends on the process-wide SIGCHLD (it may be blocked or not, handled or not;
+//! only an ignored SIGCHLD is refused, since the kernel would then discard exit statuses).
+//!
+//! Older kernels (RHEL 8's 4.18), and sandboxes whose seccomp filter refuses `pidfd_open`, get a
+//! fallback, chosen at start with a one-line warning, that keeps both properties: the executor
+//! waits with `waitid(P_ALL, __WNOTHREAD)`, which sees only children of its own thread (all its
+//! tasks, and nothing else, since only that thread spawns), woken by SIGCHLD through a signalfd
+//! (SIGCHLD blocked in its own thread only). Another thread of the process that leaves SIGCHLD
+//! unblocked can take a signal before the signalfd sees it, so a timer bounds what a lost wake-up
+//! costs: 1 ms after each spawn, backing off to 64 ms while nothing ends. A child whose
+//! `pidfd_open` alone fails (EMFILE) is covered the same way.
 
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::ffi::{CString, OsString};
@@ -95,8 +105,66 @@ impl Handle {
     }
 }
 
-/// Blocks SIGCHLD for the calling thread and every thread it creates later. Call first in main.
-pub fn block_sigchld() {
+/// How the executor learns that its children ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reaping {
+    /// A pidfd per child in the epoll set.
+    Pidfd,
+    /// No pidfds (old kernel): SIGCHLD through a signalfd, a short timer, `__WNOTHREAD` waits.
+    ThreadChildren,
+}
+
+impl Reaping {
+    fn detect() -> Reaping {
+        match pidfds_work() {
+            Ok(()) => Reaping::Pidfd,
+            Err(e) => {
+                tracing::warn!(error = %e, "no pidfds (Linux >= 5.4 needed): executor falls back to SIGCHLD and a short timer");
+                Reaping::ThreadChildren
+            }
+        }
+    }
+}
+
+/// Starts the executor thread. `sink` receives events in batches, from that thread.
+pub fn start(
+    cfg: ExecConfig,
+    sink: impl FnMut(Vec<ExecEvent>) + Send + 'static,
+) -> io::Result<(Handle, std::thread::JoinHandle<io::Result<()>>)> {
+    start_with(cfg, Reaping::detect(), sink)
+}
+
+fn start_with(
+    cfg: ExecConfig,
+    reaping: Reaping,
+    sink: impl FnMut(Vec<ExecEvent>) + Send + 'static,
+) -> io::Result<(Handle, std::thread::JoinHandle<io::Result<()>>)> {
+    if sigchld_ignored() {
+        return Err(io::Error::other(
+            "SIGCHLD is ignored in this process, so the kernel would discard the tasks' exit statuses; \
+             start the agent with SIGCHLD at its default",
+        ));
+    }
+    // SAFETY: eventfd creation with valid flags; result checked.
+    let wake = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if wake < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let wake = unsafe { OwnedFd::from_raw_fd(wake) };
+    let (tx, rx) = mpsc::channel();
+    let wake_r = wake.try_clone()?;
+    let mut ex = Executor::new(cfg, reaping)?;
+    let join = std::thread::Builder::new().name("executor".into()).spawn(move || {
+        if ex.reaping == Reaping::ThreadChildren {
+            // Only this thread's mask: the signalfd then sees SIGCHLD, whatever the others do.
+            block_sigchld_here();
+        }
+        ex.run(rx, wake_r, sink)
+    })?;
+    Ok((Handle { tx, wake }, join))
+}
+
+fn block_sigchld_here() {
     // SAFETY: plain sigset manipulation on a local.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
@@ -106,36 +174,60 @@ pub fn block_sigchld() {
     }
 }
 
-/// Starts the executor thread. `sink` receives events in batches, from that thread.
-pub fn start(
-    cfg: ExecConfig,
-    sink: impl FnMut(Vec<ExecEvent>) + Send + 'static,
-) -> io::Result<(Handle, std::thread::JoinHandle<io::Result<()>>)> {
-    // SAFETY: eventfd/signalfd creation with valid flags; results checked.
-    let wake = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-    if wake < 0 {
-        return Err(io::Error::last_os_error());
+fn sigchld_ignored() -> bool {
+    // SAFETY: reading the current action into a zeroed struct.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(libc::SIGCHLD, std::ptr::null(), &mut old) == 0
+            && (old.sa_sigaction == libc::SIG_IGN || old.sa_flags & libc::SA_NOCLDWAIT != 0)
     }
-    let wake = unsafe { OwnedFd::from_raw_fd(wake) };
-    let sigfd = unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGCHLD);
-        libc::signalfd(-1, &set, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK)
-    };
-    if sigfd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let sigfd = unsafe { OwnedFd::from_raw_fd(sigfd) };
-    let (tx, rx) = mpsc::channel();
-    let wake_r = wake.try_clone()?;
-    let mut ex = Executor::new(cfg)?;
-    let join = std::thread::Builder::new().name("executor".into()).spawn(move || {
-        block_sigchld();
-        ex.run(rx, wake_r, sigfd, sink)
-    })?;
-    Ok((Handle { tx, wake }, join))
 }
+
+fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
+    // SAFETY: a plain system call; the returned descriptor is new and ours, close-on-exec by
+    // definition of pidfd_open.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Whether `pidfd_open` (5.3) and `waitid(P_PIDFD)` (5.4) both work here, tried on this process.
+fn pidfds_work() -> io::Result<()> {
+    let fd = pidfd_open(std::process::id() as libc::pid_t)?;
+    // Not our child, so a kernel that knows P_PIDFD answers ECHILD; one that does not, EINVAL.
+    match wait_info(libc::P_PIDFD, fd.as_raw_fd() as libc::id_t, libc::WEXITED | libc::WNOHANG) {
+        Err(e) if e.raw_os_error() == Some(libc::ECHILD) => Ok(()),
+        Err(e) => Err(e),
+        Ok(_) => Err(io::Error::other("waitid(P_PIDFD) on this process succeeded")),
+    }
+}
+
+/// `waitid`, retried when a signal handler interrupts it.
+fn wait_info(idtype: libc::idtype_t, id: libc::id_t, options: libc::c_int) -> io::Result<libc::siginfo_t> {
+    loop {
+        // SAFETY: waitid fills a zeroed siginfo out-parameter.
+        let (rc, info) = unsafe {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            (libc::waitid(idtype, id, &mut info, options), info)
+        };
+        if rc == 0 {
+            return Ok(info);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// epoll tokens; every other token is a child's pid.
+const WAKE: u64 = u64::MAX;
+const SIGNAL: u64 = u64::MAX - 1;
+/// In the fallback, the first and the longest wait for an exit that SIGCHLD may not announce.
+const SCAN_FIRST: Duration = Duration::from_millis(1);
+const SCAN_MAX: Duration = Duration::from_millis(64);
 
 struct Running {
     task: TaskToRun,
@@ -147,6 +239,8 @@ struct Running {
     /// Set when SIGTERM went out; SIGKILL follows at this instant.
     kill_at: Option<Instant>,
     serial: u64,
+    /// None when the child is found by the fallback's scan instead.
+    pidfd: Option<OwnedFd>,
 }
 
 struct Slot {
@@ -184,10 +278,44 @@ struct Executor {
     bound_mask: Option<Vec<usize>>,
     binding: bool,
     attr: SpawnAttr,
+    reaping: Reaping,
+    epoll: OwnedFd,
+    /// SIGCHLD of the fallback.
+    sigfd: Option<OwnedFd>,
+    /// Children without a pidfd: while there are any, the fallback's scan and timer run.
+    unwatched: usize,
+    scan_wait: Duration,
+    /// Children whose pidfds the last epoll_wait reported.
+    ready: Vec<libc::pid_t>,
+    /// Pidfds of reaped children, closed once the freed slots have their next tasks, so that
+    /// tearing them down (a pidfs inode each) is not on the way from an exit to the next spawn.
+    closing: Vec<OwnedFd>,
 }
 
 impl Executor {
-    fn new(cfg: ExecConfig) -> io::Result<Executor> {
+    fn new(cfg: ExecConfig, reaping: Reaping) -> io::Result<Executor> {
+        // SAFETY: epoll_create1/signalfd with valid flags; results checked.
+        let epoll = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if epoll < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let epoll = unsafe { OwnedFd::from_raw_fd(epoll) };
+        let sigfd = if reaping == Reaping::ThreadChildren {
+            let fd = unsafe {
+                let mut set: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut set);
+                libc::sigaddset(&mut set, libc::SIGCHLD);
+                libc::signalfd(-1, &set, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK)
+            };
+            if fd < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+            epoll_add(&epoll, fd.as_raw_fd(), SIGNAL)?;
+            Some(fd)
+        } else {
+            None
+        };
         let dir = &cfg.out_dir;
         let mut slots = Vec::new();
         let mut index = None;
@@ -245,6 +373,13 @@ impl Executor {
             bound_mask: None,
             attr: SpawnAttr::new()?,
             cfg,
+            reaping,
+            epoll,
+            sigfd,
+            unwatched: 0,
+            scan_wait: SCAN_FIRST,
+            ready: Vec::new(),
+            closing: Vec::new(),
         })
     }
 
@@ -252,11 +387,12 @@ impl Executor {
         &mut self,
         rx: mpsc::Receiver<Command>,
         wake: OwnedFd,
-        sigfd: OwnedFd,
         mut sink: impl FnMut(Vec<ExecEvent>),
     ) -> io::Result<()> {
+        epoll_add(&self.epoll, wake.as_raw_fd(), WAKE)?;
         let mut finishing = false;
         let mut aborting = false;
+        let mut events = [libc::epoll_event { events: 0, u64: 0 }; 64];
         loop {
             loop {
                 match rx.try_recv() {
@@ -282,10 +418,16 @@ impl Executor {
                     }
                 }
             }
-            self.reap();
+            self.reap_ready();
+            self.reap_unwatched();
             self.enforce_deadlines();
             if !aborting {
                 self.start_queued();
+            }
+            for fd in self.closing.drain(..) {
+                // Removed before the close: a child another thread is spawning right now may
+                // hold a copy of the descriptor until its exec, which would keep it registered.
+                epoll_del(&self.epoll, fd.as_raw_fd());
             }
             if !self.events.is_empty() {
                 if let Some(ix) = self.index.as_mut() {
@@ -299,26 +441,46 @@ impl Executor {
                 }
                 return Ok(());
             }
-            let timeout = self
+            let mut timeout = self
                 .deadlines
                 .peek()
                 .map(|std::cmp::Reverse((t, _, _))| t.saturating_duration_since(Instant::now()))
                 .unwrap_or(Duration::from_millis(100))
                 .min(Duration::from_millis(100));
-            let mut fds = [
-                libc::pollfd { fd: wake.as_raw_fd(), events: libc::POLLIN, revents: 0 },
-                libc::pollfd { fd: sigfd.as_raw_fd(), events: libc::POLLIN, revents: 0 },
-            ];
-            // SAFETY: fds is a valid array of 2 pollfds; the reads drain nonblocking fds we own.
-            unsafe {
-                libc::poll(fds.as_mut_ptr(), 2, timeout.as_millis().max(1) as i32);
-                let mut buf = [0u8; 8 * 128];
-                if fds[0].revents != 0 {
-                    libc::read(wake.as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_void, 8);
+            if self.unwatched > 0 {
+                timeout = timeout.min(self.scan_wait);
+            }
+            // SAFETY: events is a valid array of its length; the reads drain nonblocking fds we own.
+            let n = unsafe {
+                libc::epoll_wait(
+                    self.epoll.as_raw_fd(),
+                    events.as_mut_ptr(),
+                    events.len() as i32,
+                    timeout.as_millis().max(1) as i32,
+                )
+            };
+            let mut buf = [0u8; 8 * 128];
+            for e in &events[..n.max(0) as usize] {
+                let token = e.u64;
+                match token {
+                    WAKE => unsafe {
+                        libc::read(wake.as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_void, 8);
+                    },
+                    SIGNAL => {
+                        if let Some(fd) = &self.sigfd {
+                            while unsafe {
+                                libc::read(fd.as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_void, buf.len())
+                            } > 0
+                            {}
+                        }
+                    }
+                    pid => self.ready.push(pid as libc::pid_t),
                 }
-                if fds[1].revents != 0 {
-                    while libc::read(sigfd.as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_void, buf.len()) > 0 {}
-                }
+            }
+            if n == 0 && self.unwatched > 0 {
+                // Nothing announced itself for a whole wait: most likely nothing ended, so wait
+                // longer; a spawn starts again from the shortest wait.
+                self.scan_wait = (self.scan_wait * 2).min(SCAN_MAX);
             }
         }
     }
@@ -527,9 +689,24 @@ impl Executor {
                         serial,
                     )));
                 }
+                let pidfd = self.watch(pid);
+                if pidfd.is_none() {
+                    self.unwatched += 1;
+                    self.scan_wait = SCAN_FIRST;
+                }
                 self.running.insert(
                     pid,
-                    Running { task: t, slots, start_us, out_off, err_off, timed_out: false, kill_at: None, serial },
+                    Running {
+                        task: t,
+                        slots,
+                        start_us,
+                        out_off,
+                        err_off,
+                        timed_out: false,
+                        kill_at: None,
+                        serial,
+                        pidfd,
+                    },
                 );
             }
             Err(errno) => {
@@ -540,64 +717,116 @@ impl Executor {
         }
     }
 
-    /// Reaps every exited child. The group is killed before the zombie is released, so nothing the
-    /// task left behind outlives it and the group id cannot have been reused.
-    fn reap(&mut self) {
-        loop {
-            // SAFETY: waitid with a zeroed siginfo out-parameter; WNOWAIT leaves the zombie.
-            let pid = unsafe {
-                let mut info: libc::siginfo_t = std::mem::zeroed();
-                if libc::waitid(libc::P_ALL, 0, &mut info, libc::WEXITED | libc::WNOHANG | libc::WNOWAIT) != 0 {
-                    return;
-                }
-                info.si_pid()
-            };
+    /// A pidfd for `pid` in the epoll set, or None if the fallback's scan must find it.
+    fn watch(&mut self, pid: libc::pid_t) -> Option<OwnedFd> {
+        if self.reaping != Reaping::Pidfd {
+            return None;
+        }
+        let r = pidfd_open(pid).and_then(|fd| epoll_add(&self.epoll, fd.as_raw_fd(), pid as u64).map(|()| fd));
+        match r {
+            Ok(fd) => Some(fd),
+            Err(e) => {
+                tracing::warn!(agent = self.cfg.agent, pid, error = %e, "no pidfd for a task; it is reaped by polling");
+                None
+            }
+        }
+    }
+
+    /// Finishes the children whose pidfds became readable.
+    fn reap_ready(&mut self) {
+        let mut ready = std::mem::take(&mut self.ready);
+        for &pid in &ready {
+            let Some(fd) = self.running.get(&pid).and_then(|r| r.pidfd.as_ref()) else { continue };
+            let options = libc::WEXITED | libc::WNOHANG | libc::WNOWAIT;
+            match wait_info(libc::P_PIDFD, fd.as_raw_fd() as libc::id_t, options) {
+                // SAFETY: waitid filled the SIGCHLD fields of info.
+                Ok(info) if unsafe { info.si_pid() } == 0 => {}
+                Ok(_) => self.finish(pid, None),
+                Err(e) => self.finish(pid, Some(e)),
+            }
+        }
+        ready.clear();
+        self.ready = ready;
+    }
+
+    /// Finishes every exited child of this thread, while any child lacks a pidfd. `__WNOTHREAD`
+    /// leaves the children of every other thread (another executor's above all) to their owners.
+    fn reap_unwatched(&mut self) {
+        while self.unwatched > 0 {
+            let options = libc::WEXITED | libc::WNOHANG | libc::WNOWAIT | libc::__WNOTHREAD;
+            let Ok(info) = wait_info(libc::P_ALL, 0, options) else { return };
+            // SAFETY: waitid filled the SIGCHLD fields of info.
+            let pid = unsafe { info.si_pid() };
             if pid == 0 {
                 return;
             }
-            let mut status = 0;
-            // SAFETY: pid is our exited child; killing its group then reaping it.
-            unsafe {
-                libc::kill(-pid, libc::SIGKILL);
-                libc::waitpid(pid, &mut status, 0);
+            self.finish(pid, None);
+        }
+    }
+
+    /// Records the end of child `pid`, an unreaped zombie; or, with `lost`, a child that some
+    /// other code of this process reaped. The group is killed before the zombie is released, so
+    /// nothing the task left behind outlives it and the group id cannot have been reused.
+    fn finish(&mut self, pid: libc::pid_t, lost: Option<io::Error>) {
+        let r = self.running.remove(&pid);
+        let status = match lost {
+            None => {
+                // SAFETY: pid is our exited, unreaped child; killing its group.
+                unsafe { libc::kill(-pid, libc::SIGKILL) };
+                match r.as_ref().and_then(|r| r.pidfd.as_ref()) {
+                    Some(fd) => wait_info(libc::P_PIDFD, fd.as_raw_fd() as libc::id_t, libc::WEXITED),
+                    None => wait_info(libc::P_PID, pid as libc::id_t, libc::WEXITED),
+                }
             }
-            let Some(r) = self.running.remove(&pid) else { continue };
-            let end_us = now_us();
-            let (outcome, value) = if r.timed_out {
-                (
-                    Outcome::TimedOut,
-                    if libc::WIFSIGNALED(status) { libc::WTERMSIG(status) } else { libc::WEXITSTATUS(status) },
-                )
-            } else if libc::WIFSIGNALED(status) {
-                (Outcome::Signaled, libc::WTERMSIG(status))
-            } else {
-                (Outcome::Exited, libc::WEXITSTATUS(status))
-            };
-            if let (Some(ix), OutputMode::Streams) = (self.index.as_mut(), self.cfg.output) {
-                let s = &mut self.slots[r.slots[0]];
-                let (oe, ee) = (end_of(s.out.as_raw_fd()), end_of(s.err.as_raw_fd()));
-                (s.out_end, s.err_end) = (oe, ee);
-                let e = IndexEntry {
-                    id: r.task.id,
-                    attempt: r.task.attempt,
-                    slot: r.slots[0] as u32,
-                    out_off: r.out_off,
-                    out_len: oe.saturating_sub(r.out_off),
-                    err_off: r.err_off,
-                    err_len: ee.saturating_sub(r.err_off),
-                };
-                let _ = ix.write_all(&e.encode());
+            Some(e) => Err(e),
+        };
+        let Some(mut r) = r else { return };
+        match r.pidfd.take() {
+            Some(fd) => self.closing.push(fd),
+            None => self.unwatched -= 1,
+        }
+        let end_us = now_us();
+        let (outcome, value) = match status {
+            Ok(info) => {
+                // SAFETY: waitid filled the SIGCHLD fields of info.
+                let v = unsafe { info.si_status() };
+                if r.timed_out {
+                    (Outcome::TimedOut, v)
+                } else if info.si_code == libc::CLD_EXITED {
+                    (Outcome::Exited, v)
+                } else {
+                    (Outcome::Signaled, v)
+                }
             }
-            self.release(&r.slots, r.task.mem_mb);
-            self.events.push(ExecEvent::Finished(Finished {
+            Err(e) => {
+                tracing::warn!(agent = self.cfg.agent, task = r.task.id, pid, error = %e, "exit status lost: the task was reaped by someone else");
+                (Outcome::Lost, e.raw_os_error().unwrap_or(0))
+            }
+        };
+        if let (Some(ix), OutputMode::Streams) = (self.index.as_mut(), self.cfg.output) {
+            let s = &mut self.slots[r.slots[0]];
+            let (oe, ee) = (end_of(s.out.as_raw_fd()), end_of(s.err.as_raw_fd()));
+            (s.out_end, s.err_end) = (oe, ee);
+            let e = IndexEntry {
                 id: r.task.id,
                 attempt: r.task.attempt,
-                outcome,
-                value,
-                start_us: r.start_us,
-                end_us,
-            }));
+                slot: r.slots[0] as u32,
+                out_off: r.out_off,
+                out_len: oe.saturating_sub(r.out_off),
+                err_off: r.err_off,
+                err_len: ee.saturating_sub(r.err_off),
+            };
+            let _ = ix.write_all(&e.encode());
         }
+        self.release(&r.slots, r.task.mem_mb);
+        self.events.push(ExecEvent::Finished(Finished {
+            id: r.task.id,
+            attempt: r.task.attempt,
+            outcome,
+            value,
+            start_us: r.start_us,
+            end_us,
+        }));
     }
 
     fn enforce_deadlines(&mut self) {
@@ -636,6 +865,20 @@ impl Executor {
             }
         }
     }
+}
+
+fn epoll_add(epoll: &OwnedFd, fd: RawFd, token: u64) -> io::Result<()> {
+    let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: token };
+    // SAFETY: both descriptors are open; ev is a valid event.
+    if unsafe { libc::epoll_ctl(epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn epoll_del(epoll: &OwnedFd, fd: RawFd) {
+    // SAFETY: both descriptors are open; the event argument is ignored for a deletion.
+    unsafe { libc::epoll_ctl(epoll.as_raw_fd(), libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) };
 }
 
 /// Variables a task must not inherit from its agent: the per-task HTC_* set (added fresh),
@@ -802,13 +1045,9 @@ pub fn allowed_cpus() -> Vec<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::HashSet;
 
-    /// An executor reaps every child of its process, so tests must not run two at once.
-    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-    fn run_tasks(tasks: Vec<TaskToRun>, slots: usize, name: &str) -> (Vec<Finished>, PathBuf) {
-        let _guard = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-        block_sigchld();
+    fn config(slots: usize, name: &str) -> (ExecConfig, PathBuf) {
         let dir = std::env::temp_dir().join(format!("htc-exec-test-{}-{name}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         let cfg = ExecConfig {
@@ -822,11 +1061,24 @@ mod tests {
             env: std::env::vars_os().collect(),
             kill_grace: Duration::from_millis(300),
         };
+        (cfg, dir)
+    }
+
+    /// An executor started on `tasks`: its handle (dropping it aborts the run), its results.
+    struct Launched {
+        _handle: Handle,
+        rx: mpsc::Receiver<Finished>,
+        join: std::thread::JoinHandle<io::Result<()>>,
+        tasks: usize,
+    }
+
+    fn launch(tasks: Vec<TaskToRun>, slots: usize, name: &str, reaping: Reaping) -> (Launched, PathBuf) {
+        let (cfg, dir) = config(slots, name);
         let (tx, rx) = mpsc::channel();
-        let (h, join) = start(cfg, move |ev| {
+        let (h, join) = start_with(cfg, reaping, move |ev| {
             for e in ev {
                 if let ExecEvent::Finished(f) = e {
-                    tx.send(f).unwrap();
+                    let _ = tx.send(f);
                 }
             }
         })
@@ -834,9 +1086,28 @@ mod tests {
         let n = tasks.len();
         h.send(Command::Run(tasks));
         h.send(Command::Finish);
-        let mut out: Vec<Finished> = (0..n).map(|_| rx.recv_timeout(Duration::from_secs(20)).unwrap()).collect();
-        join.join().unwrap().unwrap();
+        (Launched { _handle: h, rx, join, tasks: n }, dir)
+    }
+
+    /// One result per task (a missing one fails the test rather than hanging it), then
+    /// whatever else came until the executor stopped; sorted by task id.
+    fn collect(l: Launched) -> Vec<Finished> {
+        let mut out: Vec<Finished> = (0..l.tasks)
+            .map(|i| {
+                l.rx.recv_timeout(Duration::from_secs(30)).unwrap_or_else(|_| panic!("{i} of {} results", l.tasks))
+            })
+            .collect();
+        l.join.join().unwrap().unwrap();
+        out.extend(l.rx.try_iter());
         out.sort_by_key(|f| f.id);
+        out
+    }
+
+    fn run_tasks(tasks: Vec<TaskToRun>, slots: usize, name: &str, reaping: Reaping) -> (Vec<Finished>, PathBuf) {
+        let n = tasks.len();
+        let (l, dir) = launch(tasks, slots, name, reaping);
+        let out = collect(l);
+        assert_eq!(out.len(), n);
         (out, dir)
     }
 
@@ -852,8 +1123,7 @@ mod tests {
         }
     }
 
-    #[test]
-    fn outcomes_are_recorded() {
+    fn outcomes(reaping: Reaping, name: &str) {
         let (f, dir) = run_tasks(
             vec![
                 task(1, "true", 0),
@@ -865,7 +1135,8 @@ mod tests {
                 task(7, "trap '' TERM; sleep 5", 200),
             ],
             3,
-            "outcomes",
+            name,
+            reaping,
         );
         assert_eq!((f[0].outcome, f[0].value), (Outcome::Exited, 0));
         assert_eq!((f[1].outcome, f[1].value), (Outcome::Exited, 3));
@@ -881,12 +1152,97 @@ mod tests {
     }
 
     #[test]
+    fn outcomes_are_recorded() {
+        outcomes(Reaping::detect(), "outcomes");
+    }
+
+    #[test]
+    fn outcomes_are_recorded_without_pidfds() {
+        outcomes(Reaping::ThreadChildren, "outcomes-fallback");
+    }
+
+    #[test]
+    fn pidfds_are_used_where_the_kernel_has_them() {
+        // Otherwise a sandbox that refuses them would leave every test above on the fallback.
+        // SAFETY: uname fills a zeroed struct with NUL-terminated strings.
+        let release = unsafe {
+            let mut u: libc::utsname = std::mem::zeroed();
+            assert_eq!(libc::uname(&mut u), 0);
+            std::ffi::CStr::from_ptr(u.release.as_ptr()).to_string_lossy().into_owned()
+        };
+        let mut v = release.split(|c: char| !c.is_ascii_digit()).map(|n| n.parse::<u32>().unwrap_or(0));
+        let (major, minor) = (v.next().unwrap_or(0), v.next().unwrap_or(0));
+        if (major, minor) >= (5, 4) {
+            pidfds_work().unwrap_or_else(|e| panic!("kernel {release}: no pidfds: {e}"));
+        } else {
+            assert!(pidfds_work().is_err(), "kernel {release} has pidfds after all");
+        }
+    }
+
+    #[test]
     fn background_children_are_killed_with_the_task() {
         let marker = std::env::temp_dir().join(format!("htc-bg-{}", std::process::id()));
         let cmd = format!("(sleep 1; touch {}) & exit 0", marker.display());
-        let (f, _) = run_tasks(vec![task(1, &cmd, 0)], 1, "bg");
+        let (f, _) = run_tasks(vec![task(1, &cmd, 0)], 1, "bg", Reaping::detect());
         assert_eq!(f[0].outcome, Outcome::Exited);
         std::thread::sleep(Duration::from_millis(1500));
         assert!(!marker.exists(), "a straggler of the task outlived it");
+    }
+
+    /// Two executors at once in this process, each on its own tasks: quick ones, failures, one
+    /// that leaves a background child, one that times out. Each must report exactly its own.
+    fn two_at_once(reaping: [Reaping; 2], name: &str) {
+        let mut runs = Vec::new();
+        let mut markers = Vec::new();
+        for (k, &mode) in reaping.iter().enumerate() {
+            let base = 1000 * (k as u64 + 1);
+            let marker = std::env::temp_dir().join(format!("htc-bg-{}-{name}-{k}", std::process::id()));
+            let _ = fs::remove_file(&marker);
+            let mut tasks: Vec<TaskToRun> = (0..200).map(|i| task(base + i, "true", 0)).collect();
+            tasks.push(task(base + 200, &format!("(sleep 1; touch {}) & exit 0", marker.display()), 0));
+            tasks.push(task(base + 201, "sleep 5", 300));
+            tasks.push(task(base + 202, &format!("exit {}", k + 4), 0));
+            tasks.extend((203..300).map(|i| task(base + i, "true", 0)));
+            runs.push((base, launch(tasks, 2, &format!("{name}-{k}"), mode).0));
+            markers.push(marker);
+        }
+        for (base, l) in runs {
+            let f = collect(l);
+            let ids: HashSet<u64> = f.iter().map(|f| f.id).collect();
+            assert_eq!(f.len(), 300, "executor {base}: one result per task");
+            assert_eq!(ids, (base..base + 300).collect(), "executor {base}: exactly its own tasks");
+            let of = |i: u64| f.iter().find(|f| f.id == base + i).map(|f| (f.outcome, f.value)).unwrap();
+            assert_eq!(of(200), (Outcome::Exited, 0));
+            assert_eq!(of(201), (Outcome::TimedOut, libc::SIGTERM));
+            assert_eq!(of(202), (Outcome::Exited, (base / 1000) as i32 + 3));
+            assert!(f
+                .iter()
+                .filter(|f| ![base + 201, base + 202].contains(&f.id))
+                .all(|f| f.outcome == Outcome::Exited && f.value == 0));
+        }
+        std::thread::sleep(Duration::from_millis(1500));
+        for m in markers {
+            assert!(!m.exists(), "a straggler of a task outlived it");
+        }
+    }
+
+    #[test]
+    fn two_executors_in_one_process_get_their_own_results() {
+        two_at_once([Reaping::detect(), Reaping::detect()], "two");
+    }
+
+    #[test]
+    fn the_fallback_shares_a_process_with_pidfds_and_with_itself() {
+        two_at_once([Reaping::ThreadChildren, Reaping::detect()], "mixed");
+        two_at_once([Reaping::ThreadChildren, Reaping::ThreadChildren], "fallbacks");
+    }
+
+    #[test]
+    fn other_children_of_the_process_are_left_alone() {
+        // What the process starts on its own must still be its to wait for.
+        let mut child = std::process::Command::new("sh").args(["-c", "sleep 0.3; exit 7"]).spawn().unwrap();
+        let (f, _) = run_tasks((1..=50).map(|i| task(i, "true", 0)).collect(), 2, "others", Reaping::detect());
+        assert!(f.iter().all(|f| f.outcome == Outcome::Exited));
+        assert_eq!(child.wait().unwrap().code(), Some(7));
     }
 }

@@ -21,8 +21,6 @@ use htc::{executor, prologue, slurm};
 use htc_core::taskfile::TaskOptions;
 
 fn main() -> ExitCode {
-    // Before any thread exists, so every thread inherits it (see executor).
-    executor::block_sigchld();
     // `--script` ends the options: what follows is the batch step's own argv, verbatim.
     let mut argv: Vec<OsString> = std::env::args_os().collect();
     let script_at = argv.iter().position(|a| a == "--script");
