@@ -8,6 +8,7 @@ use std::sync::mpsc;
 
 use anyhow::{bail, Context};
 
+use crate::leader::core::Input;
 use crate::leader::driver::Event;
 use crate::leader::launch::{watch, Agents};
 use crate::output::OutputMode;
@@ -130,7 +131,7 @@ impl Srun {
         std::thread::spawn(move || {
             if lrx.recv().is_ok() {
                 for agent in 0..nodes {
-                    let _ = core2.send(Event::NeverJoined { agent, why: "the srun step ended".into() });
+                    let _ = core2.send(Event::Core(Input::NeverJoined { agent, why: "the srun step ended".into() }));
                 }
             }
             let _ = etx.send(());

@@ -13,38 +13,16 @@ use super::core::{Core, Ending, Input, Outbox, Progress, ProgressFn, Tasks};
 use crate::frame;
 use crate::ledger::{Attempt, Counts, Ledger, LedgerError, Record, WriteTxn};
 use crate::load::TaskText;
-use crate::proto;
 use crate::rundir::now_us;
 use htc_core::task::{self, Step};
 
 type Result<T> = std::result::Result<T, LedgerError>;
 
-/// What the network tasks and the launcher tell the leader.
+/// What the network tasks and the launcher tell the leader: the core's inputs, and with a join the
+/// link (encoded frames for the agent's connection) that the driver keeps out of the core.
 pub enum Event {
-    /// An agent passed the handshake; `tx` takes encoded frames for its connection.
-    Joined {
-        agent: u32,
-        cores: u32,
-        mem_mb: u64,
-        hostname: String,
-        tx: UnboundedSender<Vec<u8>>,
-    },
-    Report {
-        agent: u32,
-        report: proto::Report,
-    },
-    Lost {
-        agent: u32,
-        why: String,
-    },
-    /// An agent process ended before it ever joined (local launcher), or could not be started.
-    NeverJoined {
-        agent: u32,
-        why: String,
-    },
-    Interrupt {
-        signal: i32,
-    },
+    Joined(Input, UnboundedSender<Vec<u8>>),
+    Core(Input),
 }
 
 pub struct DriverConfig {
@@ -136,14 +114,13 @@ pub fn run(
                 None => txn.insert(ledger.write()?),
             };
             let input = match ev {
-                Event::Joined { agent, cores, mem_mb, hostname, tx } => {
-                    links.insert(agent, tx);
-                    Input::Joined { agent, cores, mem_mb, hostname }
+                Event::Joined(input, tx) => {
+                    if let Input::Joined { agent, .. } = &input {
+                        links.insert(*agent, tx);
+                    }
+                    input
                 }
-                Event::Report { agent, report } => Input::Report { agent, report },
-                Event::Lost { agent, why } => Input::Lost { agent, why },
-                Event::NeverJoined { agent, why } => Input::NeverJoined { agent, why },
-                Event::Interrupt { signal } => Input::Interrupt { signal },
+                Event::Core(input) => input,
             };
             let mut tasks = LedgerTasks { txn: t, text };
             if let Some(e) = core.handle(now_us(), &mut tasks, input, &mut out)? {

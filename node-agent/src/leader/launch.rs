@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
+use super::core::Input;
 use super::driver::Event;
 use crate::output::OutputMode;
 use crate::rundir::RunDir;
@@ -49,7 +50,7 @@ pub fn watch(mut child: Child, agent: Option<u32>, core: mpsc::Sender<Event>, ex
                 Ok(s) => format!("{what} exited ({s})"),
                 Err(e) => format!("{what}: {e}"),
             };
-            let _ = core.send(Event::NeverJoined { agent, why });
+            let _ = core.send(Event::Core(Input::NeverJoined { agent, why }));
         }
         let _ = exits.send(());
     });

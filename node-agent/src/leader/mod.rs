@@ -131,7 +131,7 @@ async fn forward_signals(tx: mpsc::Sender<Event>) {
             eprintln!("htc: second signal, exiting now; resume with `htc run --resume`");
             std::process::exit(128 + sig);
         }
-        let _ = tx.send(Event::Interrupt { signal: sig });
+        let _ = tx.send(Event::Core(self::core::Input::Interrupt { signal: sig }));
     }
 }
 

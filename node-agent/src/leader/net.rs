@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
 
+use super::core::Input;
 use super::driver::Event;
 use crate::auth::{self, Door};
 use crate::frame::{self, read_frame, FrameError};
@@ -95,15 +96,17 @@ async fn connection(
             let agent = h.agent_id;
             agents.insert(agent);
             let _ = tx.send(encoded(Body::Welcome(proto::Welcome { job_id: cfg.job_id.clone(), agent_id: agent })));
-            let joined =
-                Event::Joined { agent, cores: h.cores, mem_mb: h.mem_mb, hostname: h.hostname, tx: tx.clone() };
+            let joined = Event::Joined(
+                Input::Joined { agent, cores: h.cores, mem_mb: h.mem_mb, hostname: h.hostname },
+                tx.clone(),
+            );
             if core.send(joined).is_err() {
                 return Ok(());
             }
         }
         match read_frame(&mut rd, &mut buf).await {
             Ok(Body::Report(report)) if agents.contains(&report.agent) => {
-                if core.send(Event::Report { agent: report.agent, report }).is_err() {
+                if core.send(Event::Core(Input::Report { agent: report.agent, report })).is_err() {
                     return Ok(());
                 }
             }
@@ -120,7 +123,7 @@ async fn connection(
             Ok(Body::Lost(l)) => {
                 if agents.remove(&l.agent) {
                     cfg.joined.lock().unwrap_or_else(|e| e.into_inner()).remove(&l.agent);
-                    let _ = core.send(Event::Lost { agent: l.agent, why: l.reason });
+                    let _ = core.send(Event::Core(Input::Lost { agent: l.agent, why: l.reason }));
                 }
             }
             Ok(_) => break "unexpected frame from agent".to_string(),
@@ -131,7 +134,7 @@ async fn connection(
     let mut joined = cfg.joined.lock().unwrap_or_else(|e| e.into_inner());
     for agent in agents {
         joined.remove(&agent);
-        let _ = core.send(Event::Lost { agent, why: why.clone() });
+        let _ = core.send(Event::Core(Input::Lost { agent, why: why.clone() }));
     }
     Ok(())
 }
