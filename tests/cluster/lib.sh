@@ -59,6 +59,11 @@ as_user() {
     if [[ ${1-} == -C ]]; then dir=$2; shift 2; fi
     local home
     home=$(getent passwd "$HTC_CLUSTER_USER" | cut -d: -f6)
+    # Without -C the caller's directory, unless the user may not enter it (a checkout in a 0700
+    # mktemp dir, say): then the user's home, rather than failing every command there.
+    if [[ $dir == "$PWD" ]] && ! runuser -u "$HTC_CLUSTER_USER" -- test -x "$dir" 2>/dev/null; then
+        dir=$home
+    fi
     # A clean environment so jobs (which export the submitter's env by default)
     # see the same variables no matter what the calling test had exported.
     # shellcheck disable=SC2016 # expanded by the inner sh
