@@ -20,6 +20,7 @@ use crate::ledger::Outcome;
 use crate::output::OutputMode;
 use crate::proto::{self, frame::Body};
 use crate::rundir::RunDir;
+use crate::simexec::{self, ExecKind};
 use crate::PROTOCOL_VERSION;
 
 pub struct AgentConfig {
@@ -36,6 +37,8 @@ pub struct AgentConfig {
     pub flush_every: Duration,
     /// Set when this agent has children to serve: (fan-out, number of agents, bound listener).
     pub relay: Option<(u32, u32, std::net::TcpListener)>,
+    /// Real processes, or a simulation that starts none.
+    pub exec: ExecKind,
 }
 
 /// Results buffered before a report goes out regardless of the timer.
@@ -46,6 +49,27 @@ const CHILDREN_GRACE: Duration = Duration::from_secs(30);
 pub fn run(cfg: AgentConfig) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     rt.block_on(run_async(cfg))
+}
+
+/// Several agents in one process (simulations: thousands of agents on a few cores). Each keeps
+/// its own connection, tree position and executor; the first error is returned after all end.
+pub fn run_many(cfgs: Vec<AgentConfig>) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    rt.block_on(async {
+        let mut set = tokio::task::JoinSet::new();
+        for cfg in cfgs {
+            let id = cfg.agent_id;
+            set.spawn(async move { run_async(cfg).await.with_context(|| format!("agent {id}")) });
+        }
+        let mut first = Ok(());
+        while let Some(r) = set.join_next().await {
+            let r = r.map_err(anyhow::Error::from).and_then(|r| r);
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
+    })
 }
 
 async fn connect(addr: SocketAddr) -> anyhow::Result<TcpStream> {
@@ -128,25 +152,30 @@ async fn run_async(cfg: AgentConfig) -> anyhow::Result<()> {
     drop(child_tx);
 
     let (ev_tx, mut ev_rx) = unbounded_channel::<Vec<ExecEvent>>();
-    let (exec, exec_thread) = executor::start(
-        ExecConfig {
-            job_id: job_id.clone(),
-            agent: cfg.agent_id,
-            cpus: cfg.cpus.clone(),
-            slots: cfg.slots,
-            mem_mb: cfg.mem_mb,
-            out_dir: match cfg.output {
-                OutputMode::PerTask => cfg.run.out().join("tasks"),
-                _ => cfg.run.agent_out(cfg.agent_id),
+    let sink = move |batch| {
+        let _ = ev_tx.send(batch);
+    };
+    let (exec, exec_thread) = if cfg.exec != ExecKind::Real {
+        simexec::start(cfg.exec, cfg.slots, sink)?
+    } else {
+        executor::start(
+            ExecConfig {
+                job_id: job_id.clone(),
+                agent: cfg.agent_id,
+                cpus: cfg.cpus.clone(),
+                slots: cfg.slots,
+                mem_mb: cfg.mem_mb,
+                out_dir: match cfg.output {
+                    OutputMode::PerTask => cfg.run.out().join("tasks"),
+                    _ => cfg.run.agent_out(cfg.agent_id),
+                },
+                output: cfg.output,
+                env: std::env::vars_os().collect(),
+                kill_grace: cfg.kill_grace,
             },
-            output: cfg.output,
-            env: std::env::vars_os().collect(),
-            kill_grace: cfg.kill_grace,
-        },
-        move |batch| {
-            let _ = ev_tx.send(batch);
-        },
-    )?;
+            sink,
+        )?
+    };
 
     let (mut rd, mut wr) = stream.into_split();
     let (fr_tx, mut fr_rx) = unbounded_channel::<Result<Body, FrameError>>();
@@ -215,7 +244,7 @@ async fn run_async(cfg: AgentConfig) -> anyhow::Result<()> {
                                 asked = asked.saturating_sub(n);
                                 exec.send(Command::Run(d.tasks.into_iter().map(|t| TaskToRun {
                                     id: t.id, attempt: t.attempt, command: t.command, shell: t.shell,
-                                    cores: t.cores, mem_mb: t.mem_mb, timeout_ms: t.timeout_ms,
+                                    cores: t.cores, mem_mb: t.mem_mb, timeout_ms: t.timeout_ms, runtime_ms: t.runtime_ms,
                                 }).collect()));
                             }
                             Body::Ack(_) => {}

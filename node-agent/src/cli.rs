@@ -9,6 +9,7 @@ pub mod htc {
     use clap::{Parser, Subcommand};
 
     use crate::output::OutputMode;
+    use crate::simexec::ExecKind;
 
     #[derive(Parser)]
     #[command(
@@ -48,6 +49,10 @@ pub mod htc {
             /// No progress line and no summary.
             #[arg(long, short)]
             quiet: bool,
+            /// How agents run tasks: real processes, or a simulation of the scheduling path alone
+            /// (none: every task succeeds at once; sleep: after its `runtime` hint, on its cores).
+            #[arg(long, default_value = "real")]
+            exec: ExecKind,
             /// Group-commit interval of the ledger, in milliseconds.
             #[arg(long, default_value_t = 10, hide = true)]
             commit_ms: u64,
@@ -106,6 +111,7 @@ pub mod agent {
     use clap::{Parser, Subcommand};
 
     use crate::output::OutputMode;
+    use crate::simexec::ExecKind;
 
     pub const DEFAULT_FANOUT: u32 = 32;
 
@@ -153,6 +159,13 @@ pub mod agent {
             /// Agents in the job (under --slurm: $SLURM_NTASKS).
             #[arg(long, default_value_t = 1)]
             agents: u32,
+            /// Run this many agents in this process, ids from --agent-id on (simulations).
+            #[arg(long, default_value_t = 1, conflicts_with = "slurm")]
+            count: u32,
+            /// Real processes, or a simulation: none (tasks succeed at once), sleep (after their
+            /// `runtime` hint).
+            #[arg(long, default_value = "real")]
+            exec: ExecKind,
         },
     }
 

@@ -47,6 +47,8 @@ pub struct TaskToRun {
     pub cores: u32,
     pub mem_mb: u32,
     pub timeout_ms: u32,
+    /// The task file's `runtime` hint (0 = none); only the `sleep` simulation uses it.
+    pub runtime_ms: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,18 +92,25 @@ pub struct ExecConfig {
     pub kill_grace: Duration,
 }
 
-/// The network side's handle: commands go through a channel, and an eventfd wakes the thread.
+/// The network side's handle: commands go through a channel, and an eventfd wakes the real
+/// executor's thread (the simulated ones wait on the channel itself).
 pub struct Handle {
     tx: mpsc::Sender<Command>,
-    wake: OwnedFd,
+    wake: Option<OwnedFd>,
 }
 
 impl Handle {
+    pub fn new(tx: mpsc::Sender<Command>) -> Handle {
+        Handle { tx, wake: None }
+    }
+
     pub fn send(&self, c: Command) {
         let _ = self.tx.send(c);
-        let one: u64 = 1;
-        // SAFETY: writing 8 bytes from a live u64 to an eventfd we own.
-        unsafe { libc::write(self.wake.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8) };
+        if let Some(wake) = &self.wake {
+            let one: u64 = 1;
+            // SAFETY: writing 8 bytes from a live u64 to an eventfd we own.
+            unsafe { libc::write(wake.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8) };
+        }
     }
 }
 
@@ -161,7 +170,7 @@ fn start_with(
         }
         ex.run(rx, wake_r, sink)
     })?;
-    Ok((Handle { tx, wake }, join))
+    Ok((Handle { tx, wake: Some(wake) }, join))
 }
 
 fn block_sigchld_here() {
@@ -1119,6 +1128,7 @@ mod tests {
             shell: htc_core::taskfile::needs_shell(cmd.as_bytes()),
             cores: 1,
             mem_mb: 0,
+            runtime_ms: 0,
             timeout_ms,
         }
     }

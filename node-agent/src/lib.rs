@@ -15,6 +15,7 @@ pub mod output;
 pub mod pmi;
 pub mod prologue;
 pub mod rundir;
+pub mod simexec;
 pub mod slurm;
 pub mod status;
 

@@ -127,7 +127,7 @@ impl Srun {
         let nodes = self.nodes as u32;
         let core2 = core.clone();
         let (ltx, lrx) = mpsc::channel();
-        watch(child, None, core, ltx, "srun".into());
+        watch(child, Vec::new(), core, ltx, "srun".into());
         std::thread::spawn(move || {
             if lrx.recv().is_ok() {
                 for agent in 0..nodes {

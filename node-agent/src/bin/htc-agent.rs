@@ -17,6 +17,7 @@ use htc::load::{self, CreateError};
 use htc::output::OutputMode;
 use htc::pmi::Pmi;
 use htc::rundir::RunDir;
+use htc::simexec::ExecKind;
 use htc::{executor, prologue, slurm};
 use htc_core::taskfile::TaskOptions;
 
@@ -36,8 +37,10 @@ fn main() -> ExitCode {
     htc::init_logging(if matches!(cli.cmd, Cmd::Lead(_)) { "warn" } else { "info" });
     let r = match cli.cmd {
         Cmd::Lead(a) => lead(a, script),
-        Cmd::Work { leader, run_dir, agent_id, slurm, slots, cpus, mem_mb, output, fanout, agents } => {
-            work(WorkArgs { leader, run_dir, agent_id, slurm, slots, cpus, mem_mb, output, fanout, agents }).map(|()| 0)
+        Cmd::Work { leader, run_dir, agent_id, slurm, slots, cpus, mem_mb, output, fanout, agents, count, exec } => {
+            let a =
+                WorkArgs { leader, run_dir, agent_id, slurm, slots, cpus, mem_mb, output, fanout, agents, count, exec };
+            work(a).map(|()| 0)
         }
     };
     match r {
@@ -60,10 +63,25 @@ struct WorkArgs {
     output: OutputMode,
     fanout: u32,
     agents: u32,
+    count: u32,
+    exec: ExecKind,
 }
 
 fn work(a: WorkArgs) -> anyhow::Result<()> {
-    let WorkArgs { leader, run_dir, mut agent_id, slurm, mut slots, cpus, mem_mb, output, fanout, mut agents } = a;
+    let WorkArgs {
+        leader,
+        run_dir,
+        mut agent_id,
+        slurm,
+        mut slots,
+        cpus,
+        mem_mb,
+        output,
+        fanout,
+        mut agents,
+        count,
+        exec,
+    } = a;
     let fanout = fanout.max(1);
     let mut cpus: Vec<usize> = cpus
         .split(',')
@@ -86,35 +104,50 @@ fn work(a: WorkArgs) -> anyhow::Result<()> {
     let slots =
         slots.unwrap_or_else(|| if cpus.is_empty() { executor::allowed_cpus().len() } else { cpus.len() }).max(1);
     let run = RunDir::new(run_dir);
+    let count = count.max(1);
+    if agent_id.saturating_add(count) > agents.max(count) {
+        bail!("agents {agent_id}..{} are not all among the job's {agents}", agent_id.saturating_add(count));
+    }
     // Up to `fanout` agents talk to the leader directly; more form a tree whose addresses travel
     // through the srun step's PMI2 key-value space (or, locally, files in the run directory).
-    let place = if agents > fanout {
-        let mut kvs = match Pmi::from_env().context("PMI2 bootstrap")? {
+    let mut kvs = None;
+    if agents > fanout {
+        kvs = Some(match Pmi::from_env().context("PMI2 bootstrap")? {
             Some(p) => Kvs::Pmi(p),
             None if slurm => bail!("{agents} agents need the tree, but PMI2 is missing (srun --mpi=pmi2)"),
             None => Kvs::Files(run.path.join("tree")),
+        });
+    }
+    let ip = if slurm { slurm::node_ip() } else { std::net::Ipv4Addr::LOCALHOST.into() };
+    let mut cfgs = Vec::new();
+    // In id order: a parent always has a smaller id, so its address is published first.
+    for id in agent_id..agent_id + count {
+        let place = match kvs.as_mut() {
+            Some(kvs) => bootstrap::place(kvs, id, agents, fanout, leader, ip)?,
+            None => bootstrap::Place { parent: leader, relay: None },
         };
-        let ip = if slurm { slurm::node_ip() } else { std::net::Ipv4Addr::LOCALHOST.into() };
-        let place = bootstrap::place(&mut kvs, agent_id, agents, fanout, leader, ip)?;
-        if let Kvs::Pmi(p) = kvs {
-            p.finalize().context("PMI2 finalize")?;
-        }
-        place
+        cfgs.push(AgentConfig {
+            parent: place.parent,
+            relay: place.relay,
+            run: run.clone(),
+            agent_id: id,
+            slots,
+            cpus: cpus.clone(),
+            mem_mb,
+            output,
+            kill_grace: Duration::from_secs(3),
+            flush_every: Duration::from_millis(5),
+            exec,
+        });
+    }
+    if let Some(Kvs::Pmi(p)) = kvs {
+        p.finalize().context("PMI2 finalize")?;
+    }
+    if cfgs.len() == 1 {
+        agent::run(cfgs.pop().unwrap())
     } else {
-        bootstrap::Place { parent: leader, relay: None }
-    };
-    agent::run(AgentConfig {
-        parent: place.parent,
-        relay: place.relay,
-        run,
-        agent_id,
-        slots,
-        cpus,
-        mem_mb,
-        output,
-        kill_grace: Duration::from_secs(3),
-        flush_every: Duration::from_millis(5),
-    })
+        agent::run_many(cfgs)
+    }
 }
 
 /// The batch step: load the tasks, run the script as the prologue, start the agents with one

@@ -60,7 +60,7 @@ fn real_main() -> anyhow::Result<i32> {
             Ok(0)
         }
         Cmd::Output { run, task, stdout, stderr } => print_output(&run, task, !stderr, !stdout),
-        Cmd::Run { file, resume, agents, cores_per_agent, fanout, output, retries, quiet, commit_ms } => {
+        Cmd::Run { file, resume, agents, cores_per_agent, fanout, output, retries, quiet, exec, commit_ms } => {
             let lock;
             let (run, output) = match (resume, file) {
                 (Some(r), None) => {
@@ -95,6 +95,7 @@ fn real_main() -> anyhow::Result<i32> {
                 output,
                 log_dir: run.path.join("log"),
                 fanout: fanout.max(1),
+                exec,
             };
             let cfg = LeaderConfig {
                 run: run.clone(),

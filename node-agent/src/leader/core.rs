@@ -459,6 +459,7 @@ impl<'a> Core<'a> {
             cores: r.cores as u32,
             mem_mb: r.mem_mb,
             timeout_ms: r.timeout_ms,
+            runtime_ms: r.runtime_ms,
         });
         Ok(())
     }

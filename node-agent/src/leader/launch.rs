@@ -14,6 +14,7 @@ use super::core::Input;
 use super::driver::Event;
 use crate::output::OutputMode;
 use crate::rundir::RunDir;
+use crate::simexec::ExecKind;
 
 /// The started agent processes (or the one launcher process, e.g. srun).
 pub struct Agents {
@@ -41,16 +42,17 @@ impl Agents {
     }
 }
 
-/// Watches a child: when it exits, tells the core (in case it never joined) and `Agents::wait`.
-pub fn watch(mut child: Child, agent: Option<u32>, core: mpsc::Sender<Event>, exits: mpsc::Sender<()>, what: String) {
+/// Watches a child that hosts `agents`: when it exits, tells the core (in case they never
+/// joined) and `Agents::wait`.
+pub fn watch(mut child: Child, agents: Vec<u32>, core: mpsc::Sender<Event>, exits: mpsc::Sender<()>, what: String) {
     std::thread::spawn(move || {
         let status = child.wait();
-        if let Some(agent) = agent {
-            let why = match status {
-                Ok(s) => format!("{what} exited ({s})"),
-                Err(e) => format!("{what}: {e}"),
-            };
-            let _ = core.send(Event::Core(Input::NeverJoined { agent, why }));
+        let why = match status {
+            Ok(s) => format!("{what} exited ({s})"),
+            Err(e) => format!("{what}: {e}"),
+        };
+        for agent in agents {
+            let _ = core.send(Event::Core(Input::NeverJoined { agent, why: why.clone() }));
         }
         let _ = exits.send(());
     });
@@ -64,6 +66,7 @@ pub struct Local {
     pub output: OutputMode,
     pub log_dir: PathBuf,
     pub fanout: u32,
+    pub exec: ExecKind,
 }
 
 impl Local {
@@ -72,12 +75,24 @@ impl Local {
         std::fs::create_dir_all(&self.log_dir)?;
         // Addresses of an earlier session's relays would be stale.
         let _ = std::fs::remove_dir_all(run.path.join("tree"));
-        for i in 0..self.agents {
+        // Real agents get a process each; simulated ones share one process per CPU, so that a
+        // thousand of them fit on a laptop.
+        let per_process = match self.exec {
+            ExecKind::Real => 1,
+            _ => self.agents.div_ceil(self.cpus.len().clamp(1, self.agents.max(1))),
+        };
+        let mut processes = 0;
+        for i in (0..self.agents).step_by(per_process) {
+            let count = per_process.min(self.agents - i);
             // Agent i's slots sit on consecutive CPUs, wrapping when agents oversubscribe.
-            let cpus: Vec<String> = (0..self.slots_per_agent)
-                .filter_map(|s| self.cpus.get((i * self.slots_per_agent + s) % self.cpus.len().max(1)))
-                .map(|c| c.to_string())
-                .collect();
+            let cpus: Vec<String> = if self.exec == ExecKind::Real {
+                (0..self.slots_per_agent)
+                    .filter_map(|s| self.cpus.get((i * self.slots_per_agent + s) % self.cpus.len().max(1)))
+                    .map(|c| c.to_string())
+                    .collect()
+            } else {
+                Vec::new()
+            };
             let log = std::fs::File::create(self.log_dir.join(format!("agent-{i}.log")))?;
             // Own process group: a Ctrl-C on the terminal reaches the leader only, which then
             // stops the agents cleanly (they stop their tasks) instead of orphaning the tasks.
@@ -100,14 +115,20 @@ impl Local {
                 .arg(self.fanout.to_string())
                 .arg("--agents")
                 .arg(self.agents.to_string())
+                .arg("--count")
+                .arg(count.to_string())
+                .arg("--exec")
+                .arg(self.exec.name())
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(log)
                 .spawn()
                 .with_context(|| format!("starting {}", self.agent_bin.display()))?;
-            watch(child, Some(i as u32), core.clone(), etx.clone(), format!("agent {i}"));
+            let what = if count == 1 { format!("agent {i}") } else { format!("agents {i}-{}", i + count - 1) };
+            watch(child, (i as u32..(i + count) as u32).collect(), core.clone(), etx.clone(), what);
+            processes += 1;
         }
-        Ok(Agents { count: self.agents, exits: erx, children: self.agents })
+        Ok(Agents { count: self.agents, exits: erx, children: processes })
     }
 }
 
