@@ -391,6 +391,24 @@ impl<'l> WriteTxn<'l> {
         }
     }
 
+    /// The records of `ids` in id order, read with one cursor walk instead of a lookup each.
+    pub fn range(&self, ids: std::ops::Range<u64>) -> Result<Vec<(u64, Record)>> {
+        let mut out = Vec::with_capacity(ids.end.saturating_sub(ids.start).min(1 << 16) as usize);
+        if ids.is_empty() {
+            return Ok(out);
+        }
+        let mut c = self.txn.open_ro_cursor(self.l.tasks).map_err(|e| self.l.err(e))?;
+        for item in c.iter_from(key(ids.start)) {
+            let (k, v) = item.map_err(|e| self.l.err(e))?;
+            let id = u64::from_be_bytes(k.try_into().map_err(|_| LedgerError::Corrupt { id: 0, len: k.len() })?);
+            if id >= ids.end {
+                break;
+            }
+            out.push((id, Record::decode(id, v)?));
+        }
+        Ok(out)
+    }
+
     pub fn put(&mut self, id: u64, r: &Record) -> Result<()> {
         self.txn.put(self.l.tasks, &key(id), &r.encode(), WriteFlags::empty()).map_err(|e| self.l.err(e))
     }

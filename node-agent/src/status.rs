@@ -110,8 +110,10 @@ pub struct Report {
     /// Tasks finished per second in this session.
     pub rate: f64,
     pub eta_s: Option<f64>,
-    /// CPU seconds the leader process used in this session (user + system).
+    /// CPU seconds the leader process spent leading this session (user + system).
     pub leader_cpu_s: f64,
+    /// Tasks finished (done or failed) in this session.
+    pub finished_this_session: u64,
     /// (task id, line, attempts, reason) of the first failed tasks.
     pub failures: Vec<(u64, u32, u8, String)>,
     /// More tasks failed than `failures` lists.
@@ -146,6 +148,7 @@ impl Report {
         let start = t.meta_u64("session_start_us")?.unwrap_or(0);
         let f0 = t.meta_u64("session_finished_start")?.unwrap_or(0);
         let (mut elapsed_s, mut rate, mut eta_s) = (0.0, 0.0, None);
+        let finished_this_session = (c.get(State::Done) + c.get(State::Failed)).saturating_sub(f0);
         if start > 0 {
             let end = finished_us.unwrap_or(if state == "running" { now_us() } else { heartbeat });
             let elapsed = Duration::from_micros(end.saturating_sub(start));
@@ -173,6 +176,7 @@ impl Report {
             rate,
             eta_s,
             leader_cpu_s: t.meta_u64("leader_cpu_us")?.unwrap_or(0) as f64 / 1e6,
+            finished_this_session,
             failures,
             more_failures,
         })
@@ -260,13 +264,10 @@ impl Report {
             num(self.rate),
             self.eta_s.map(num).unwrap_or_else(|| "null".into()),
             num(self.leader_cpu_s),
-            {
-                let finished = c.get(State::Done) + c.get(State::Failed);
-                if finished > 0 {
-                    num(self.leader_cpu_s * 1e6 / finished as f64)
-                } else {
-                    "null".into()
-                }
+            if self.finished_this_session > 0 {
+                num(self.leader_cpu_s * 1e6 / self.finished_this_session as f64)
+            } else {
+                "null".into()
             },
             failures.join(","),
             self.more_failures
