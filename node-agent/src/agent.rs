@@ -322,7 +322,7 @@ async fn run_async(cfg: AgentConfig) -> anyhow::Result<()> {
             let waited = exec_done_at.map(|t| t.elapsed()).unwrap_or_default();
             if up && !children.is_empty() && waited < CHILDREN_GRACE {
                 if flush_now && (!results.is_empty() || !started.is_empty()) {
-                    flush(&mut out, &mut started, &mut results, &mut seq, 0, true, cfg.agent_id);
+                    flush(&mut out, &mut started, &mut results, &mut seq, Flush::last(cfg.agent_id));
                 }
                 if !out.is_empty() {
                     let _ = wr.write_all(&out).await;
@@ -331,7 +331,7 @@ async fn run_async(cfg: AgentConfig) -> anyhow::Result<()> {
                 continue;
             }
             if up {
-                flush(&mut out, &mut started, &mut results, &mut seq, 0, true, cfg.agent_id);
+                flush(&mut out, &mut started, &mut results, &mut seq, Flush::last(cfg.agent_id));
                 let _ = wr.write_all(&out).await;
                 let _ = wr.shutdown().await;
             }
@@ -343,15 +343,10 @@ async fn run_async(cfg: AgentConfig) -> anyhow::Result<()> {
             let want = if want >= target / 4 || outstanding + asked == 0 { want } else { 0 };
             if want > 0 || !results.is_empty() || !started.is_empty() {
                 asked += want;
-                flush(
-                    &mut out,
-                    &mut started,
-                    &mut results,
-                    &mut seq,
-                    want as u32,
-                    outstanding == 0 && asked == 0,
-                    cfg.agent_id,
-                );
+                let idle = cfg.slots.saturating_sub(outstanding as usize) as u32;
+                let report =
+                    Flush { want: want as u32, drained: outstanding == 0 && asked == 0, idle, agent: cfg.agent_id };
+                flush(&mut out, &mut started, &mut results, &mut seq, report);
             }
             if !out.is_empty() {
                 if wr.write_all(&out).await.is_err() {
@@ -429,15 +424,27 @@ async fn child_connection(
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What a report says besides the starts and results it carries.
+struct Flush {
+    want: u32,
+    drained: bool,
+    idle: u32,
+    agent: u32,
+}
+
+impl Flush {
+    /// The report of an agent that is done.
+    fn last(agent: u32) -> Flush {
+        Flush { want: 0, drained: true, idle: 0, agent }
+    }
+}
+
 fn flush(
     out: &mut Vec<u8>,
     started: &mut Vec<proto::TaskStarted>,
     results: &mut Vec<proto::TaskResult>,
     seq: &mut u64,
-    want: u32,
-    drained: bool,
-    agent: u32,
+    f: Flush,
 ) {
     if !results.is_empty() {
         *seq += 1;
@@ -452,9 +459,10 @@ fn flush(
             seq: *seq,
             started: std::mem::take(started),
             results: std::mem::take(results),
-            want,
-            drained,
-            agent,
+            want: f.want,
+            drained: f.drained,
+            agent: f.agent,
+            idle: f.idle,
         }),
         out,
     );

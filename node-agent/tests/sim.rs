@@ -43,3 +43,30 @@ fn exec_sleep_holds_cores_for_each_task_s_runtime() {
     assert_eq!(status_json(&d)["counts"]["done"], 64);
     assert!(took >= Duration::from_millis(800), "{took:?}: tasks did not hold their cores");
 }
+
+/// How many tasks each agent ran, from the ledger's records.
+fn tasks_per_agent(d: &Dir) -> std::collections::BTreeMap<u32, usize> {
+    let l = htc::ledger::Ledger::open(&d.run_dir().join("ledger.mdb"), true).unwrap();
+    let mut m = std::collections::BTreeMap::new();
+    l.read()
+        .unwrap()
+        .for_each(|_, r| {
+            assert_eq!(r.state(), htc::ledger::State::Done);
+            *m.entry(r.agent).or_default() += 1;
+        })
+        .unwrap();
+    m
+}
+
+#[test]
+fn long_tasks_spread_over_every_agent_instead_of_queueing_at_the_first() {
+    // 8 tasks of 3 s on 4 agents x 2 cores: one round on every agent. The first agent to ask
+    // used to take all 8 (its prefetch is 32) and run them in 4 rounds.
+    let d = Dir::new("sim-spread");
+    let tasks: String = (1..=8).map(|i| format!("[runtime=3s] long {i}\n")).collect();
+    d.write("t.txt", tasks);
+    let o = d.htc(&["run", "t.txt", "--exec", "sleep", "--agents", "4", "--cores-per-agent", "2", "-q"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let per_agent = tasks_per_agent(&d);
+    assert_eq!(per_agent.values().copied().collect::<Vec<_>>(), vec![2, 2, 2, 2], "{per_agent:?}");
+}

@@ -88,6 +88,8 @@ struct Agent {
     cores: u32,
     mem_mb: u64,
     credit: u64,
+    /// Slots the agent last said it had nothing for, less what was sent since.
+    idle: u64,
     last_seq: u64,
     acked_seq: u64,
     alive: bool,
@@ -278,7 +280,7 @@ impl<'a> Core<'a> {
                 self.ever_seen += 1;
                 self.agents.insert(
                     agent,
-                    Agent { cores, mem_mb, credit: 0, last_seq: 0, acked_seq: 0, alive: true, hostname },
+                    Agent { cores, mem_mb, credit: 0, idle: 0, last_seq: 0, acked_seq: 0, alive: true, hostname },
                 );
             }
             Input::Report { agent, report } => {
@@ -295,6 +297,7 @@ impl<'a> Core<'a> {
                 let a = self.agents.get_mut(&agent).unwrap();
                 a.last_seq = a.last_seq.max(report.seq);
                 a.credit += report.want as u64;
+                a.idle = report.idle as u64;
                 self.dispatch(t, agent, out)?;
                 // Retries can go to any agent with credit, not only the one that reported.
                 if !self.retry.is_empty() {
@@ -481,7 +484,8 @@ impl<'a> Core<'a> {
         skipped.append(&mut self.retry);
         self.retry = skipped;
         while want > 0 {
-            let Some(range) = self.partition.take(agent as usize, want) else { break };
+            let steal = self.agents[&agent].idle.saturating_sub(specs.len() as u64);
+            let Some(range) = self.partition.take(agent as usize, want, steal) else { break };
             for (id, r) in t.range(range)? {
                 if r.state() != State::Pending || self.in_flight.contains(id) {
                     continue; // done in an earlier session, or out already
@@ -496,6 +500,7 @@ impl<'a> Core<'a> {
         }
         let a = self.agents.get_mut(&agent).unwrap();
         a.credit = want;
+        a.idle = a.idle.saturating_sub(specs.len() as u64);
         if specs.is_empty() {
             return Ok(());
         }
@@ -675,6 +680,50 @@ mod tests {
         let (_, _) = feed(&mut c, &mut m, vec![result(0, 3, 3, 1, 0), result(0, 4, 4, 1, 0)]);
         assert_eq!(c.counts(), m.counts(), "once nothing is in flight, the counts are the records'");
         assert_eq!(m.records[&3].start_us, 0, "results carry their own start time");
+    }
+
+    fn report(agent: u32, want: u32, idle: u32, done: &[(u64, u32)]) -> Input {
+        let results = done
+            .iter()
+            .map(|&(id, attempt)| proto::TaskResult {
+                id,
+                attempt,
+                outcome: proto::Outcome::Exited as i32,
+                ..Default::default()
+            })
+            .collect();
+        Input::Report { agent, report: proto::Report { want, idle, results, agent, ..Default::default() } }
+    }
+
+    #[test]
+    fn busy_agents_leave_a_late_agent_its_share_and_idle_ones_steal_only_what_they_can_start() {
+        let mut m = Mem::with(400, 2, 1);
+        let mut c = core(&m, 4);
+        // Agents 0-2 join and ask for far more than their cores: each gets its own 100.
+        let (out, _) = feed(
+            &mut c,
+            &mut m,
+            vec![
+                join(0, 2),
+                join(1, 2),
+                join(2, 2),
+                report(0, 150, 2, &[]),
+                report(1, 150, 2, &[]),
+                report(2, 150, 2, &[]),
+            ],
+        );
+        let got: Vec<(u32, usize)> = dispatched(&out).iter().map(|(a, t)| (*a, t.len())).collect();
+        assert_eq!(got, vec![(0, 100), (1, 100), (2, 100)]);
+        // Agent 0 finishes its share while busy (no idle core): it takes nothing of agent 3's.
+        let done: Vec<(u64, u32)> = (1..=100).map(|id| (id, 1)).collect();
+        let (out, _) = feed(&mut c, &mut m, vec![report(0, 0, 0, &done)]);
+        assert!(dispatched(&out).is_empty());
+        // Now idle with 2 free cores: it steals 2 from the back of agent 3's share, no more.
+        let (out, _) = feed(&mut c, &mut m, vec![report(0, 0, 2, &[])]);
+        assert_eq!(dispatched(&out), vec![(0, vec![(399, 1), (400, 1)])]);
+        // Agent 3 joins late and still finds the rest of its share.
+        let (out, _) = feed(&mut c, &mut m, vec![join(3, 2), report(3, 200, 2, &[])]);
+        assert_eq!(dispatched(&out), vec![(3, (301..=398).map(|id| (id, 1)).collect())]);
     }
 
     #[test]
