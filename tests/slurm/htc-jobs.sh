@@ -131,6 +131,24 @@ controller_cost() {
     check "controller RPCs do not grow with tasks ($a vs $b)" test "$((b - a))" -le 3 -a "$((a - b))" -le 3
 }
 
+# Long tasks use the whole allocation: 8 x `sleep 5` on 4 nodes x 2 cores run in one round, two
+# per node. (The first agent to ask used to take all 8, its prefetch being 32, and ran them two at
+# a time: 20 s.)
+long_tasks_spread() {
+    local w j state per_node elapsed
+    w=$(cluster_workdir long)
+    seq 1 8 | sed 's|.*|[runtime=5s] echo "$HTC_TASK_ID $SLURMD_NODENAME" >> ids.txt; sleep 5|' >"$w/tasks.txt"
+    chown -R "$HTC_CLUSTER_USER" "$w"
+    j=$(submit "$w" -N 4 --exclusive --htc=tasks.txt --wrap=:) || { bad "long tasks: submit"; return; }
+    state=$(wait_job "$j" 120)
+    check "long tasks: job $j COMPLETED (was $state)" test "$state" = COMPLETED
+    per_node=$(cut -d' ' -f2 "$w/ids.txt" | sort | uniq -c | awk '{ print $1 }' | xargs)
+    check "long tasks: two on each of the 4 nodes (per node: $per_node)" test "$per_node" = "2 2 2 2"
+    elapsed=$(as_user -C "$w" "$bin/htc" status ".htc/$j" --json | grep -o '"elapsed_s":[0-9.]*' | cut -d: -f2)
+    # The bound is 5 s; what is above it is the agents' start (one srun step) and the reports.
+    check "long tasks: one round, ${elapsed} s (bound 5 s; before: 20 s)" awk -v e="$elapsed" 'BEGIN { exit !(e < 7.5) }'
+}
+
 echo "== 1 node (loopback)"
 "$root/tests/cluster/start-cluster.sh" -n 1 -c 2 >/dev/null || { echo "cluster did not start"; exit 1; }
 cluster_env
@@ -148,6 +166,7 @@ run_many 4 10000
 echo "-- fan-out 2: agents 2 and 3 reach the leader through agent 0 (PMI2 bootstrap)"
 run_many 4 3000 --htc-fanout=2
 controller_cost
+long_tasks_spread
 
 [[ $failed == 0 ]] || cluster_logs 20
 "$root/tests/cluster/stop-cluster.sh" >/dev/null 2>&1
