@@ -1,73 +1,288 @@
-//! Which instance runs which tasks. The leader asks a [`Partition`] for the next range of task
-//! ids for an instance; HFlow (papers/000 §4.2) will be one more implementation of this trait.
+//! Which instance runs which tasks. The leader asks a [`Partition`] for the next block of task
+//! ids for an instance. Two plans: [`Even`] (one contiguous, even split of all ids: the paper's
+//! "FluxP" baseline) and [`Classes`] (HFlow, papers/000 §4.2–4.4: every class of runtimes is
+//! partitioned on its own by eq. 10, and each instance runs its shares longest class first).
+//! Both let an instance whose shares are drained steal from the largest remaining share.
 
 use std::ops::Range;
 
-/// Hands out task-id ranges to instances. Ranges may contain tasks that are already done (after a
-/// resume); the caller skips those, so partitions stay pure arithmetic over ids.
+use crate::hflow;
+
+/// Task ids handed to one instance at once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Block {
+    /// Consecutive ids (read with one cursor walk).
+    Range(Range<u64>),
+    /// Ids of one class, increasing.
+    Ids(Vec<u64>),
+}
+
+impl Block {
+    pub fn len(&self) -> u64 {
+        match self {
+            Block::Range(r) => r.end - r.start,
+            Block::Ids(v) => v.len() as u64,
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The ids, in order.
+    pub fn ids(&self) -> Box<dyn Iterator<Item = u64> + '_> {
+        match self {
+            Block::Range(r) => Box::new(r.clone()),
+            Block::Ids(v) => Box::new(v.iter().copied()),
+        }
+    }
+}
+
+/// Hands out task ids to instances. Blocks may contain tasks that are already done (after a
+/// resume); the caller skips those, so partitions stay arithmetic over ids.
 pub trait Partition: Send {
     /// The next ids for `instance`, at most `max` of them, or `None` when nothing is left for it.
-    /// Once its own share is gone, it may take at most `steal` ids of another's share: an
+    /// Once its own shares are gone, it may take at most `steal` ids of another's share: an
     /// instance should steal only what it can start now, or it hoards long tasks that an idle
     /// (or late) instance would have run at the same time.
-    fn take(&mut self, instance: usize, max: u64, steal: u64) -> Option<Range<u64>>;
+    fn take(&mut self, instance: usize, max: u64, steal: u64) -> Option<Block>;
     /// Ids not yet handed out, over all instances.
     fn remaining(&self) -> u64;
 }
 
-/// Even split: instance i owns the i-th of n contiguous blocks of ids. An instance whose block is
-/// drained takes the back of the largest remaining block (half of it at most, and no more than
-/// it may steal), so a slow instance never holds the tail of the run hostage.
-#[derive(Debug, Clone)]
-pub struct Even {
-    blocks: Vec<Range<u64>>,
+/// Which plan `--partition` selects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Plan {
+    /// HFlow: classes partitioned on their own, longest first on every instance.
+    #[default]
+    Hflow,
+    /// One even split of the ids, classes ignored (HFlow's "FluxP" baseline).
+    Even,
 }
 
-impl Even {
-    pub fn new(ids: Range<u64>, instances: usize) -> Self {
-        let n = instances.max(1) as u64;
-        let len = ids.end.saturating_sub(ids.start);
-        let blocks = (0..n).map(|i| (ids.start + len * i / n)..(ids.start + len * (i + 1) / n)).collect();
-        Even { blocks }
+impl Plan {
+    pub fn name(self) -> &'static str {
+        match self {
+            Plan::Hflow => "hflow",
+            Plan::Even => "even",
+        }
     }
 }
 
-impl Partition for Even {
-    fn take(&mut self, instance: usize, max: u64, steal: u64) -> Option<Range<u64>> {
-        if max == 0 {
-            return None;
+impl std::str::FromStr for Plan {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "hflow" => Ok(Plan::Hflow),
+            "even" => Ok(Plan::Even),
+            _ => Err(format!("unknown partition {s:?} (expected hflow or even)")),
         }
+    }
+}
+
+/// The instances' shares of one sequence of positions `0..len`: instance i owns `blocks[i]`.
+/// An instance whose share is drained takes the back of the largest remaining share (half of it
+/// at most, and no more than it may steal), so a slow instance never holds the tail hostage.
+#[derive(Debug, Clone)]
+struct Shares {
+    blocks: Vec<Range<u64>>,
+}
+
+impl Shares {
+    /// Contiguous shares of the given sizes, in order.
+    fn of_sizes(sizes: &[u64]) -> Shares {
+        let mut at = 0;
+        let blocks = sizes
+            .iter()
+            .map(|&n| {
+                at += n;
+                (at - n)..at
+            })
+            .collect();
+        Shares { blocks }
+    }
+
+    fn even(len: u64, instances: usize) -> Shares {
+        let n = instances.max(1) as u64;
+        let sizes: Vec<u64> = (0..n).map(|i| len * (i + 1) / n - len * i / n).collect();
+        Shares::of_sizes(&sizes)
+    }
+
+    fn own(&mut self, instance: usize) -> &mut Range<u64> {
         if instance >= self.blocks.len() {
             self.blocks.resize(instance + 1, 0..0);
         }
-        if self.blocks[instance].is_empty() {
-            if steal == 0 {
-                return None;
-            }
-            let (victim, largest) = self
-                .blocks
-                .iter()
-                .enumerate()
-                .max_by_key(|(_, b)| b.end - b.start)
-                .map(|(i, b)| (i, b.end - b.start))?;
-            if largest == 0 {
-                return None;
-            }
-            let b = &mut self.blocks[victim];
-            let mid = b.end - largest.div_ceil(2).min(steal);
-            let stolen = mid..b.end;
-            b.end = mid;
-            self.blocks[instance] = stolen;
+        &mut self.blocks[instance]
+    }
+
+    /// Up to `max` positions of `instance`'s own share, from its front.
+    fn take_own(&mut self, instance: usize, max: u64) -> Option<Range<u64>> {
+        let b = self.own(instance);
+        if b.is_empty() || max == 0 {
+            return None;
         }
-        let b = &mut self.blocks[instance];
         let end = b.start + max.min(b.end - b.start);
         let r = b.start..end;
         b.start = end;
         Some(r)
     }
 
+    /// Moves up to `steal` positions from the back of the largest share to `instance`'s (whose
+    /// own share must be empty). False when there is nothing to steal.
+    fn steal_into(&mut self, instance: usize, steal: u64) -> bool {
+        if steal == 0 || !self.own(instance).is_empty() {
+            return false;
+        }
+        let Some((victim, largest)) =
+            self.blocks.iter().enumerate().map(|(i, b)| (i, b.end - b.start)).max_by_key(|&(_, n)| n)
+        else {
+            return false;
+        };
+        if largest == 0 {
+            return false;
+        }
+        let b = &mut self.blocks[victim];
+        let mid = b.end - largest.div_ceil(2).min(steal);
+        let stolen = mid..b.end;
+        b.end = mid;
+        self.blocks[instance] = stolen;
+        true
+    }
+
     fn remaining(&self) -> u64 {
         self.blocks.iter().map(|b| b.end - b.start).sum()
+    }
+}
+
+/// Even split: instance i owns the i-th of n contiguous blocks of ids.
+#[derive(Debug, Clone)]
+pub struct Even {
+    first: u64,
+    shares: Shares,
+}
+
+impl Even {
+    pub fn new(ids: Range<u64>, instances: usize) -> Self {
+        Even { first: ids.start, shares: Shares::even(ids.end.saturating_sub(ids.start), instances) }
+    }
+
+    /// Contiguous shares sized by HFlow's eq. 10 (one class of tasks of runtime `params.t`).
+    pub fn planned(ids: Range<u64>, instances: usize, cores: u64, params: hflow::Params) -> Self {
+        let x = instances.max(1) as u64;
+        let sizes = hflow::shares(x, cores.max(x), ids.end.saturating_sub(ids.start), params);
+        Even { first: ids.start, shares: Shares::of_sizes(&sizes) }
+    }
+}
+
+impl Partition for Even {
+    fn take(&mut self, instance: usize, max: u64, steal: u64) -> Option<Block> {
+        if max == 0 {
+            return None;
+        }
+        let r = match self.shares.take_own(instance, max) {
+            Some(r) => r,
+            None if self.shares.steal_into(instance, steal) => self.shares.take_own(instance, max)?,
+            None => return None,
+        };
+        Some(Block::Range(self.first + r.start..self.first + r.end))
+    }
+
+    fn remaining(&self) -> u64 {
+        self.shares.remaining()
+    }
+}
+
+/// The runtime group of a task for [`Classes`]: its class and its runtime hint rounded to a
+/// quarter of an octave (so a file of a million distinct hints still makes few groups). Tasks
+/// without a hint form group 0 of their class.
+pub fn group_key(class: u16, runtime_ms: u32) -> u32 {
+    let bucket = if runtime_ms == 0 { 0 } else { 1 + (4.0 * (runtime_ms as f64).log2()).floor() as u32 };
+    ((class as u32) << 8) | bucket.min(255)
+}
+
+/// Tasks of one runtime group: their ids in increasing order and their mean runtime hint.
+#[derive(Debug, Clone, Default)]
+pub struct Group {
+    pub ids: Vec<u64>,
+    /// Mean runtime in seconds; `None` when the tasks carry no hint.
+    pub runtime_s: Option<f64>,
+}
+
+/// Collects tasks into runtime groups, one `add` per task in id order.
+#[derive(Debug, Default)]
+pub struct Grouper {
+    groups: std::collections::BTreeMap<u32, (Vec<u64>, u64)>,
+}
+
+impl Grouper {
+    pub fn add(&mut self, id: u64, class: u16, runtime_ms: u32) {
+        let g = self.groups.entry(group_key(class, runtime_ms)).or_default();
+        g.0.push(id);
+        g.1 += runtime_ms as u64;
+    }
+
+    pub fn finish(self) -> Vec<Group> {
+        self.groups
+            .into_iter()
+            .map(|(key, (ids, ms))| {
+                let hinted = key & 0xff != 0;
+                let runtime_s = hinted.then(|| ms as f64 / 1000.0 / ids.len() as f64);
+                Group { ids, runtime_s }
+            })
+            .collect()
+    }
+}
+
+/// HFlow's plan at run time: every runtime group is split among the instances on its own, by
+/// eq. 10 (instances started earlier get more), and an instance takes its shares longest group
+/// first. Over a run each group then holds cores in proportion to its core-seconds, as eq. 11
+/// asks, but in time rather than in space: all groups end together on every instance, and the
+/// tail of the run is made of its shortest tasks. Groups without a runtime hint go first (they
+/// may be long). An instance whose share of a group is drained steals that group's longest
+/// remainder before it moves on to a shorter group of its own.
+#[derive(Debug, Clone)]
+pub struct Classes {
+    /// Longest first.
+    groups: Vec<(Vec<u64>, Shares)>,
+}
+
+impl Classes {
+    /// `cores` and `params` feed eq. 10 (`params.t` is replaced by each group's runtime).
+    pub fn new(mut groups: Vec<Group>, instances: usize, cores: u64, params: hflow::Params) -> Self {
+        groups.retain(|g| !g.ids.is_empty());
+        groups.sort_by(|a, b| {
+            let key = |g: &Group| g.runtime_s.unwrap_or(f64::INFINITY);
+            key(b).total_cmp(&key(a))
+        });
+        let x = instances.max(1) as u64;
+        let groups = groups
+            .into_iter()
+            .map(|g| {
+                let t = g.runtime_s.unwrap_or(params.t);
+                let sizes = hflow::shares(x, cores.max(x), g.ids.len() as u64, hflow::Params { t, ..params });
+                (g.ids, Shares::of_sizes(&sizes))
+            })
+            .collect();
+        Classes { groups }
+    }
+}
+
+impl Partition for Classes {
+    fn take(&mut self, instance: usize, max: u64, steal: u64) -> Option<Block> {
+        if max == 0 {
+            return None;
+        }
+        for (ids, shares) in &mut self.groups {
+            let r = match shares.take_own(instance, max) {
+                Some(r) => r,
+                None if shares.steal_into(instance, steal) => shares.take_own(instance, max)?,
+                None => continue,
+            };
+            return Some(Block::Ids(ids[r.start as usize..r.end as usize].to_vec()));
+        }
+        None
+    }
+
+    fn remaining(&self) -> u64 {
+        self.groups.iter().map(|(_, s)| s.remaining()).sum()
     }
 }
 
@@ -82,7 +297,7 @@ mod tests {
         let mut turn = 0usize;
         // Instance 3 is slow: it takes one id per round, the others 7.
         while let Some(r) = p.take(turn % 4, if turn % 4 == 3 { 1 } else { 7 }, 7) {
-            for id in r {
+            for id in r.ids() {
                 seen[id as usize] += 1;
             }
             turn += 1;
@@ -95,18 +310,18 @@ mod tests {
     #[test]
     fn blocks_are_even_and_contiguous() {
         let mut p = Even::new(0..10, 3);
-        assert_eq!(p.take(0, 100, 100), Some(0..3));
-        assert_eq!(p.take(1, 100, 100), Some(3..6));
-        assert_eq!(p.take(2, 100, 100), Some(6..10));
+        assert_eq!(p.take(0, 100, 100), Some(Block::Range(0..3)));
+        assert_eq!(p.take(1, 100, 100), Some(Block::Range(3..6)));
+        assert_eq!(p.take(2, 100, 100), Some(Block::Range(6..10)));
         assert_eq!(p.take(0, 100, 100), None);
     }
 
     #[test]
     fn drained_instance_steals_half_of_the_largest() {
         let mut p = Even::new(0..100, 2);
-        assert_eq!(p.take(0, 50, 100), Some(0..50));
-        assert_eq!(p.take(0, 100, 100), Some(75..100));
-        assert_eq!(p.take(1, 100, 100), Some(50..75));
+        assert_eq!(p.take(0, 50, 100), Some(Block::Range(0..50)));
+        assert_eq!(p.take(0, 100, 100), Some(Block::Range(75..100)));
+        assert_eq!(p.take(1, 100, 100), Some(Block::Range(50..75)));
         assert_eq!(p.take(5, 1, 1), None);
     }
 
@@ -115,11 +330,91 @@ mod tests {
         // 8 long tasks on 4 instances of 2 cores: the first to ask gets its own 2, and steals
         // only for cores it has free, so the others keep theirs.
         let mut p = Even::new(0..8, 4);
-        assert_eq!(p.take(0, 32, 0), Some(0..2));
+        assert_eq!(p.take(0, 32, 0), Some(Block::Range(0..2)));
         assert_eq!(p.take(0, 30, 0), None, "nothing free: nothing stolen");
-        assert_eq!(p.take(0, 30, 1), Some(7..8), "one core free: one task, from the back of the largest");
-        assert_eq!(p.take(3, 32, 0), Some(6..7));
-        assert_eq!(p.take(1, 32, 0), Some(2..4));
+        assert_eq!(p.take(0, 30, 1), Some(Block::Range(7..8)), "one core free: one task, from the back of the largest");
+        assert_eq!(p.take(3, 32, 0), Some(Block::Range(6..7)));
+        assert_eq!(p.take(1, 32, 0), Some(Block::Range(2..4)));
         assert_eq!(p.remaining(), 2);
+    }
+
+    fn ids(b: Option<Block>) -> Vec<u64> {
+        b.map(|b| b.ids().collect()).unwrap_or_default()
+    }
+
+    /// Two groups of four ids each on two instances: each instance gets half of each group,
+    /// the longer group first; a drained instance steals the longer group's remainder first.
+    #[test]
+    fn classes_go_longest_first_and_steal_long_work_first() {
+        let mut g = Grouper::default();
+        for id in 1..=8 {
+            // Odd ids run 10 ms, even ids 320 ms.
+            g.add(id, 0, if id % 2 == 1 { 10 } else { 320 });
+        }
+        let groups = g.finish();
+        assert_eq!(groups.len(), 2);
+        let p0 = hflow::Params { s: 0.0, d: 0.0, t: 0.0 };
+        let mut p = Classes::new(groups, 2, 2, p0);
+        assert_eq!(p.remaining(), 8);
+        assert_eq!(ids(p.take(0, 1, 0)), vec![2], "the long group first");
+        assert_eq!(ids(p.take(0, 10, 0)), vec![4], "then the rest of its share of it");
+        assert_eq!(ids(p.take(0, 10, 0)), vec![1, 3], "then its share of the short group");
+        assert_eq!(ids(p.take(0, 10, 0)), Vec::<u64>::new(), "nothing to steal without free cores");
+        assert_eq!(ids(p.take(0, 10, 1)), vec![8], "one free core: the back of the long group");
+        assert_eq!(ids(p.take(1, 10, 0)), vec![6]);
+        assert_eq!(ids(p.take(1, 10, 0)), vec![5, 7]);
+        assert_eq!(p.remaining(), 0);
+        assert_eq!(p.take(1, 10, 10), None);
+    }
+
+    #[test]
+    fn groups_keep_hintless_tasks_apart_and_first() {
+        let mut g = Grouper::default();
+        g.add(1, 0, 0);
+        g.add(2, 0, 1100);
+        g.add(3, 0, 1150); // the same quarter octave as 1100 ms
+        g.add(4, 1, 1000); // another class
+        let groups = g.finish();
+        assert_eq!(groups.len(), 3);
+        assert!(groups.iter().any(|g| g.ids == vec![2, 3] && g.runtime_s == Some(1.125)));
+        let mut p = Classes::new(groups, 1, 1, hflow::Params { s: 0.0, d: 0.0, t: 1.0 });
+        assert_eq!(ids(p.take(0, 10, 0)), vec![1], "no hint: may be long, so first");
+    }
+
+    /// Every id exactly once, over random group layouts, instance speeds and steal limits.
+    #[test]
+    fn classes_hand_out_every_id_exactly_once() {
+        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = |m: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % m
+        };
+        for _ in 0..300 {
+            let n = next(2_000);
+            let mut g = Grouper::default();
+            for id in 1..=n {
+                g.add(id, next(3) as u16, [0, 5, 40, 900, 20_000][next(5) as usize]);
+            }
+            let x = 1 + next(9) as usize;
+            let params = hflow::Params { s: next(100) as f64 / 100.0, d: 0.001, t: 1.0 };
+            let mut p = Classes::new(g.finish(), x, 24 * x as u64, params);
+            let mut seen = vec![0u8; n as usize + 1];
+            let mut idle_rounds = 0;
+            while p.remaining() > 0 {
+                let inst = next(x as u64 + 1) as usize; // one more: a late instance
+                match p.take(inst, 1 + next(50), next(5)) {
+                    Some(b) => {
+                        assert!(!b.is_empty());
+                        b.ids().for_each(|id| seen[id as usize] += 1);
+                        idle_rounds = 0;
+                    }
+                    None => idle_rounds += 1,
+                }
+                assert!(idle_rounds < 10_000, "stuck with {} left", p.remaining());
+            }
+            assert!(seen[1..].iter().all(|&c| c == 1));
+        }
     }
 }

@@ -8,6 +8,8 @@ pub mod htc {
 
     use clap::{Parser, Subcommand};
 
+    use htc_core::partition::Plan;
+
     use crate::output::OutputMode;
     use crate::simexec::ExecKind;
 
@@ -53,6 +55,10 @@ pub mod htc {
             /// (none: every task succeeds at once; sleep: after its `runtime` hint, on its cores).
             #[arg(long, default_value = "real")]
             exec: ExecKind,
+            /// How tasks are split among agents: hflow (each runtime class on its own, longest
+            /// first) or even (one even split of the file). Default: the site file's, else hflow.
+            #[arg(long, value_name = "hflow|even")]
+            partition: Option<Plan>,
             /// Group-commit interval of the ledger, in milliseconds.
             #[arg(long, default_value_t = 10, hide = true)]
             commit_ms: u64,
@@ -87,6 +93,19 @@ pub mod htc {
             /// One JSON object instead of text (fields in docs/status-json.md).
             #[arg(long)]
             json: bool,
+        },
+        /// Measure what starting an agent and dispatching a task cost here (HFlow's s and d) and
+        /// write them to the site file that plans partitions (docs/site-config.md).
+        Calibrate {
+            /// Where to write (default: ~/.config/htc/site.conf; an admin: /etc/slurm-htc/site.conf).
+            #[arg(long, short)]
+            output: Option<PathBuf>,
+            /// Tasks per measurement run.
+            #[arg(long, default_value_t = 20_000)]
+            tasks: u64,
+            /// Print the file instead of writing it.
+            #[arg(long)]
+            dry_run: bool,
         },
         /// Print one task's output (stdout to stdout, stderr to stderr).
         Output {
@@ -185,5 +204,8 @@ pub mod agent {
         /// Node-local directory for the ledger (admin setting).
         #[arg(long)]
         pub ledger_dir: Option<PathBuf>,
+        /// How tasks are split among agents (hflow or even; default: the site file's, else hflow).
+        #[arg(long)]
+        pub partition: Option<htc_core::partition::Plan>,
     }
 }

@@ -5,6 +5,7 @@
 pub mod agent;
 pub mod auth;
 pub mod bootstrap;
+pub mod calibrate;
 pub mod cli;
 pub mod executor;
 pub mod frame;
@@ -16,6 +17,7 @@ pub mod pmi;
 pub mod prologue;
 pub mod rundir;
 pub mod simexec;
+pub mod site;
 pub mod slurm;
 pub mod status;
 

@@ -6,6 +6,7 @@ use std::fs::File;
 use std::io::BufReader;
 use std::path::Path;
 
+use htc_core::partition::group_key;
 use htc_core::taskfile::{Parser, TaskFileError, TaskOptions};
 
 use crate::ledger::{Counts, Ledger, LedgerError, Record};
@@ -42,6 +43,8 @@ pub fn load(src: &Path, run: &RunDir, ledger: &Ledger, defaults: TaskOptions) ->
     let mut txn = ledger.write()?;
     let mut id: u64 = 0;
     let (mut max_cores, mut max_mem_mb) = (1u16, 0u32);
+    // Runtime groups (HFlow's classes): the leader reads them back only when there are several.
+    let (mut groups, mut last) = (std::collections::HashSet::new(), None);
     while let Some(t) = p.next_task()? {
         id += 1;
         if t.line > u32::MAX as u64 {
@@ -50,6 +53,11 @@ pub fn load(src: &Path, run: &RunDir, ledger: &Ledger, defaults: TaskOptions) ->
         let o = t.options;
         max_cores = max_cores.max(o.cores);
         max_mem_mb = max_mem_mb.max(o.mem_mb);
+        let key = group_key(o.class, o.runtime_ms);
+        if last != Some(key) {
+            groups.insert(key);
+            last = Some(key);
+        }
         let r = Record {
             cmd_off: t.offset,
             cmd_len: t.command.len() as u32,
@@ -70,6 +78,7 @@ pub fn load(src: &Path, run: &RunDir, ledger: &Ledger, defaults: TaskOptions) ->
         }
     }
     txn.put_meta("total", &id.to_le_bytes())?;
+    txn.put_meta("groups", &(groups.len() as u64).to_le_bytes())?;
     txn.put_meta("classes", p.classes().join("\n").as_bytes())?;
     txn.put_meta("task_file", shown.as_bytes())?;
     txn.put_counts(&Counts([id, 0, 0, 0, 0]))?;

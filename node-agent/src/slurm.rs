@@ -18,20 +18,32 @@ pub fn var(name: &str) -> anyhow::Result<String> {
     std::env::var(name).with_context(|| format!("${name} is not set (not inside a Slurm job?)"))
 }
 
+/// `SLURM_JOB_CPUS_PER_NODE`, e.g. `2(x3),1`, as (CPUs, nodes) runs; `None` if malformed.
+fn cpu_runs(spec: &str) -> Option<Vec<(usize, usize)>> {
+    spec.split(',')
+        .map(|part| match part.split_once("(x") {
+            Some((n, r)) => Some((n.trim().parse().ok()?, r.trim_end_matches(')').parse().ok()?)),
+            None => Some((part.trim().parse().ok()?, 1)),
+        })
+        .collect()
+}
+
 /// CPUs of node `index` from `SLURM_JOB_CPUS_PER_NODE`, e.g. `2(x3),1` (node 3 has 1 CPU).
 pub fn cpus_on_node(spec: &str, index: usize) -> Option<usize> {
     let mut at = 0usize;
-    for part in spec.split(',') {
-        let (n, reps) = match part.split_once("(x") {
-            Some((n, r)) => (n.trim().parse().ok()?, r.trim_end_matches(')').parse::<usize>().ok()?),
-            None => (part.trim().parse().ok()?, 1),
-        };
+    for (n, reps) in cpu_runs(spec)? {
         if index < at + reps {
             return Some(n);
         }
         at += reps;
     }
     None
+}
+
+/// The job's CPUs on all its nodes together.
+pub fn job_cpus() -> Option<u64> {
+    let runs = cpu_runs(&std::env::var("SLURM_JOB_CPUS_PER_NODE").ok()?)?;
+    Some(runs.iter().map(|&(n, reps)| (n * reps) as u64).sum())
 }
 
 /// The address other nodes reach this one at: the node name as the cluster resolves it (Slurm's

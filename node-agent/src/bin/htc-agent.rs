@@ -214,6 +214,7 @@ fn lead(a: LeadArgs, script: Vec<OsString>) -> anyhow::Result<i32> {
 
     let every = std::env::var("HTC_PROGRESS_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(30u64);
     let fanout = a.fanout.unwrap_or(DEFAULT_FANOUT).max(1);
+    let site = htc::site::Site::load()?;
     let srun = slurm::Srun { agent_bin: leader::launch::agent_binary(), nodes, output: a.output, fanout };
     let cfg = LeaderConfig {
         run: run.clone(),
@@ -223,6 +224,9 @@ fn lead(a: LeadArgs, script: Vec<OsString>) -> anyhow::Result<i32> {
         commit_interval: Duration::from_millis(10),
         plain_progress_every: Some(Duration::from_secs(every.max(1))),
         quiet: false,
+        partition: a.partition.unwrap_or(site.partition),
+        params: site.params,
+        cores: slurm::job_cpus().unwrap_or(nodes as u64),
     };
     let lock = run.lock()?;
     let outcome = leader::run(cfg, |addr, tx| srun.start(&run, addr, tx))?;

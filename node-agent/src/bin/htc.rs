@@ -14,7 +14,8 @@ use htc::ledger::{Ledger, Record};
 use htc::load::{self, CreateError, LoadError};
 use htc::output::{self, OutputMode};
 use htc::rundir::{self, RunDir};
-use htc::{executor, status};
+use htc::site::Site;
+use htc::{calibrate, executor, status};
 use htc_core::taskfile::TaskOptions;
 
 fn main() -> ExitCode {
@@ -59,8 +60,22 @@ fn real_main() -> anyhow::Result<i32> {
             }
             Ok(0)
         }
+        Cmd::Calibrate { output, tasks, dry_run } => calibrate(output, tasks, dry_run),
         Cmd::Output { run, task, stdout, stderr } => print_output(&run, task, !stderr, !stdout),
-        Cmd::Run { file, resume, agents, cores_per_agent, fanout, output, retries, quiet, exec, commit_ms } => {
+        Cmd::Run {
+            file,
+            resume,
+            agents,
+            cores_per_agent,
+            fanout,
+            output,
+            retries,
+            quiet,
+            exec,
+            partition,
+            commit_ms,
+        } => {
+            let site = Site::load()?;
             let lock;
             let (run, output) = match (resume, file) {
                 (Some(r), None) => {
@@ -105,6 +120,9 @@ fn real_main() -> anyhow::Result<i32> {
                 commit_interval: Duration::from_millis(commit_ms.max(1)),
                 plain_progress_every: None,
                 quiet,
+                partition: partition.unwrap_or(site.partition),
+                params: site.params,
+                cores: (agents * slots) as u64,
             };
             let outcome = leader::run(cfg, |addr, tx| local.start(&run, addr, tx))?;
             let code = leader::finish(&run, &outcome, quiet);
@@ -208,4 +226,51 @@ fn print_output(run: &str, task: u64, want_out: bool, want_err: bool) -> anyhow:
     }
     so.flush()?;
     Ok(0)
+}
+
+/// `htc calibrate`: measure s and d, then write (or print) the site file.
+fn calibrate(output: Option<PathBuf>, tasks: u64, dry_run: bool) -> anyhow::Result<i32> {
+    let base = Site::load()?;
+    let htc = std::env::current_exe().context("locating the htc binary")?;
+    let cpus = executor::allowed_cpus().len().max(1);
+    eprintln!(
+        "htc: calibrating: {tasks} `true` tasks on one agent of {cpus} cores, then agent start-up (3 rounds each)"
+    );
+    let m = calibrate::measure(&htc, &std::env::temp_dir(), tasks, cpus)?;
+    let site = calibrate::site(&base, &m);
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let header = format!(
+        "slurm-htc site calibration: htc calibrate, {} on {} ({cpus} CPUs)\n\
+         instance_start_s rounds: {}\ndispatch_s rounds: {}",
+        calibrate::utc_now(),
+        host.trim(),
+        rounds(&m.s_rounds),
+        rounds(&m.d_rounds)
+    );
+    let text = site.render(&header);
+    if dry_run {
+        print!("{text}");
+        return Ok(0);
+    }
+    let path = match output.or_else(Site::user_path) {
+        Some(p) => p,
+        None => bail!("no HOME to write ~/.config/htc/site.conf under; give --output"),
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let tmp = path.with_extension("conf.tmp");
+    std::fs::write(&tmp, &text).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()))?;
+    eprintln!(
+        "htc: s = {:.4} s per agent start, d = {:.1} us per dispatch; written to {}",
+        m.s,
+        m.d * 1e6,
+        path.display()
+    );
+    Ok(0)
+}
+
+fn rounds(v: &[f64]) -> String {
+    v.iter().map(|x| format!("{x:.6}")).collect::<Vec<_>>().join(" ")
 }

@@ -10,7 +10,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use htc_core::partition::Partition;
+use htc_core::partition::{Block, Partition};
 use htc_core::task::{self, Effect, End, Life, Step};
 
 use crate::frame::MAX_BATCH_BYTES;
@@ -485,8 +485,15 @@ impl<'a> Core<'a> {
         self.retry = skipped;
         while want > 0 {
             let steal = self.agents[&agent].idle.saturating_sub(specs.len() as u64);
-            let Some(range) = self.partition.take(agent as usize, want, steal) else { break };
-            for (id, r) in t.range(range)? {
+            let Some(block) = self.partition.take(agent as usize, want, steal) else { break };
+            let records = match block {
+                Block::Range(r) => t.range(r)?,
+                Block::Ids(ids) => ids
+                    .into_iter()
+                    .filter_map(|id| t.get(id).transpose().map(|r| r.map(|r| (id, r))))
+                    .collect::<Result<_>>()?,
+            };
+            for (id, r) in records {
                 if r.state() != State::Pending || self.in_flight.contains(id) {
                     continue; // done in an earlier session, or out already
                 }
@@ -724,6 +731,27 @@ mod tests {
         // Agent 3 joins late and still finds the rest of its share.
         let (out, _) = feed(&mut c, &mut m, vec![join(3, 2), report(3, 200, 2, &[])]);
         assert_eq!(dispatched(&out), vec![(3, (301..=398).map(|id| (id, 1)).collect())]);
+    }
+
+    /// HFlow's plan through the core: tasks of two runtimes alternate in the file; each of two
+    /// agents gets its half of the long ones first, read one by one (an id list, not a range).
+    #[test]
+    fn the_hflow_plan_sends_each_agent_its_long_tasks_first() {
+        use htc_core::partition::{Classes, Grouper};
+        let mut m = Mem::with(8, 2, 1);
+        let mut g = Grouper::default();
+        for (id, r) in m.records.iter_mut() {
+            r.runtime_ms = if id % 2 == 0 { 320 } else { 10 };
+            g.add(*id, 0, r.runtime_ms);
+        }
+        let params = htc_core::hflow::Params { s: 0.0, d: 0.0, t: 1.0 };
+        let plan = Classes::new(g.finish(), 2, 4, params);
+        let mut c = Core::new(Box::new(plan), "job".into(), 2, m.counts(), 0);
+        let (out, _) = feed(&mut c, &mut m, vec![join(0, 2), join(1, 2), want(0, 3), want(1, 4)]);
+        assert_eq!(
+            dispatched(&out),
+            vec![(0, vec![(2, 1), (4, 1), (1, 1)]), (1, vec![(6, 1), (8, 1), (5, 1), (7, 1)])]
+        );
     }
 
     #[test]

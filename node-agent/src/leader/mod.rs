@@ -6,6 +6,7 @@ pub mod core;
 pub mod driver;
 pub mod launch;
 pub mod net;
+pub mod plan;
 
 use std::io::IsTerminal;
 use std::net::SocketAddr;
@@ -13,7 +14,8 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use anyhow::Context;
-use htc_core::partition::Even;
+use htc_core::hflow::Params;
+use htc_core::partition::Plan;
 
 use self::core::{Core, Ending, Progress, ProgressFn};
 use self::driver::{DriverConfig, Event};
@@ -34,6 +36,12 @@ pub struct LeaderConfig {
     /// plain line every `plain_progress_every`, or never when `None`.
     pub plain_progress_every: Option<Duration>,
     pub quiet: bool,
+    /// How tasks are split among the agents (`--partition`).
+    pub partition: Plan,
+    /// The site's calibration (instance start, dispatch, default runtime).
+    pub params: Params,
+    /// Cores of all agents together, as far as known before they join (eq. 10 uses it).
+    pub cores: u64,
 }
 
 pub struct Outcome {
@@ -83,7 +91,8 @@ pub fn run(
     } else {
         None
     };
-    let partition = Box::new(Even::new(1..total + 1, expected.max(1)));
+    let partition = plan::partition(&ledger, total, cfg.partition, expected.max(1), cfg.cores, cfg.params)
+        .context("planning the partition")?;
     let counts = ledger.read()?.counts()?;
     let core = Core::new(partition, cfg.job_id.clone(), expected, counts, crate::rundir::now_us());
     let driver_cfg = DriverConfig { commit_interval: cfg.commit_interval, progress, progress_every };
