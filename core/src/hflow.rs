@@ -85,6 +85,41 @@ pub fn shares(x: u64, cores: u64, tasks: u64, p: Params) -> Vec<u64> {
     h
 }
 
+/// Eq. 10's shares rounded to the nearest whole task (largest remainder) instead of up: the
+/// scheduler's version. Algorithm 1's ceilings give each of the first x − 1 instances up to one
+/// task too many and the last all of the deficit, which is invisible at 64,000 tasks and a
+/// skew of a whole round at 8 (shares 3, 3, 2, 0 of 8 long tasks on 4 instances instead of
+/// 2 each). Negative shares are clamped to 0 and the rest scaled to sum to `tasks`.
+pub fn shares_rounded(x: u64, cores: u64, tasks: u64, p: Params) -> Vec<u64> {
+    let x = x.max(1);
+    let tr = instance_runtime(x, cores, tasks, p);
+    let raw: Vec<f64> = (1..=x)
+        .map(|i| {
+            let skew = if tr > 0.0 { (1.0 + x as f64 - 2.0 * i as f64) * p.s / (2.0 * tr) } else { 0.0 };
+            let h = 1.0 + skew;
+            if h.is_finite() {
+                h.max(0.0)
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let sum: f64 = raw.iter().sum();
+    let exact: Vec<f64> = if sum > 0.0 {
+        raw.iter().map(|h| h / sum * tasks as f64).collect()
+    } else {
+        vec![tasks as f64 / x as f64; x as usize]
+    };
+    let mut out: Vec<u64> = exact.iter().map(|e| e.floor() as u64).collect();
+    let left = tasks.saturating_sub(out.iter().sum());
+    let mut order: Vec<usize> = (0..out.len()).collect();
+    order.sort_by(|&a, &b| (exact[b] - exact[b].floor()).total_cmp(&(exact[a] - exact[a].floor())).then(a.cmp(&b)));
+    for &i in order.iter().take(left as usize) {
+        out[i] += 1;
+    }
+    out
+}
+
 /// The plan for one class of tasks: `shares.len()` instances of `cores / shares.len()` cores.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
@@ -211,6 +246,24 @@ mod tests {
         assert_eq!(shares(4, 4, 10, p), vec![10, 0, 0, 0]);
     }
 
+    /// Rounded shares: even when s is negligible, however few the tasks; otherwise within one
+    /// task of Algorithm 1's ceilings (worked example above: 2,619.94 → 2,620, 1,420.06 → 1,420).
+    #[test]
+    fn rounded_shares_are_even_at_small_s_and_near_the_paper_otherwise() {
+        let p = Params { s: 0.002, d: 0.0005, t: 3.0 };
+        assert_eq!(shares(4, 8, 8, p), vec![3, 3, 2, 0], "the paper's ceilings skew small jobs");
+        assert_eq!(shares_rounded(4, 8, 8, p), vec![2, 2, 2, 2]);
+        let p = Params { s: 2.0, d: 0.05, t: 0.01 };
+        let r = shares_rounded(32, 64, 64_000, p);
+        assert_eq!(r.iter().sum::<u64>(), 64_000);
+        assert_eq!((r[0], r[1], r[15], r[16], r[30]), (2_620, 2_580, 2_020, 1_980, 1_420));
+        let h = shares(32, 64, 64_000, p);
+        assert!(r.iter().zip(&h).take(31).all(|(a, b)| a.abs_diff(*b) <= 1));
+        // The clamped case above: relative shares 1 + 2·(5 − 2i) = 7, 3, −1, −5 → 7, 3, 0, 0,
+        // scaled to 10 tasks (the paper's ceilings give the first all 10).
+        assert_eq!(shares_rounded(4, 4, 10, Params { s: 10.0, d: 1.0, t: 0.0 }), vec![7, 3, 0, 0]);
+    }
+
     /// Eq. 11 worked by hand: C = 100 cores, classes (J, t) = (100, 1), (100, 2), (50, 8):
     /// core-seconds 100, 200, 400 of 700, so 14.29, 28.57, 57.14 cores; floors 14 + 28 + 57 = 99,
     /// the one left goes to the largest remainder (0.57 of class 2 vs 0.29 and 0.14): 14, 29, 57.
@@ -248,6 +301,8 @@ mod tests {
                 t: next(100_000) as f64 / 1_000.0,
             };
             let plan = plan(c, j, p);
+            let rounded = shares_rounded(plan.instances(), c, j, p);
+            assert_eq!(rounded.iter().sum::<u64>(), j, "rounded Σ H_i = J: {c} {j} {p:?}");
             assert_eq!(c % plan.instances(), 0, "x divides C: {c} {j} {p:?}");
             assert_eq!(plan.shares.iter().sum::<u64>(), j, "Σ H_i = J: {c} {j} {p:?}");
             let best = makespan(plan.instances(), c, j, p);

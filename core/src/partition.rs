@@ -167,7 +167,7 @@ impl Even {
     /// Contiguous shares sized by HFlow's eq. 10 (one class of tasks of runtime `params.t`).
     pub fn planned(ids: Range<u64>, instances: usize, cores: u64, params: hflow::Params) -> Self {
         let x = instances.max(1) as u64;
-        let sizes = hflow::shares(x, cores.max(x), ids.end.saturating_sub(ids.start), params);
+        let sizes = hflow::shares_rounded(x, cores.max(x), ids.end.saturating_sub(ids.start), params);
         Even { first: ids.start, shares: Shares::of_sizes(&sizes) }
     }
 }
@@ -257,7 +257,7 @@ impl Classes {
             .into_iter()
             .map(|g| {
                 let t = g.runtime_s.unwrap_or(params.t);
-                let sizes = hflow::shares(x, cores.max(x), g.ids.len() as u64, hflow::Params { t, ..params });
+                let sizes = hflow::shares_rounded(x, cores.max(x), g.ids.len() as u64, hflow::Params { t, ..params });
                 (g.ids, Shares::of_sizes(&sizes))
             })
             .collect();

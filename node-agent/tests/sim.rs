@@ -70,3 +70,70 @@ fn long_tasks_spread_over_every_agent_instead_of_queueing_at_the_first() {
     let per_agent = tasks_per_agent(&d);
     assert_eq!(per_agent.values().copied().collect::<Vec<_>>(), vec![2, 2, 2, 2], "{per_agent:?}");
 }
+
+/// Start order of the tasks, from the ledger's records: ids sorted by start time.
+fn start_order(d: &Dir) -> Vec<u64> {
+    let l = htc::ledger::Ledger::open(&d.run_dir().join("ledger.mdb"), true).unwrap();
+    let mut v = Vec::new();
+    l.read().unwrap().for_each(|id, r| v.push((r.start_us, id))).unwrap();
+    v.sort();
+    v.into_iter().map(|(_, id)| id).collect()
+}
+
+#[test]
+fn hflow_runs_the_long_class_first_and_even_runs_the_file_in_order() {
+    // Short (20 ms) and long (60 ms) tasks alternate; one agent of one core runs them in turn.
+    let tasks: String = (1..=12).map(|i| format!("[runtime={}ms] t {i}\n", if i % 2 == 0 { 60 } else { 20 })).collect();
+    let run = |plan: &str| {
+        let d = Dir::new(&format!("sim-order-{plan}"));
+        d.write("t.txt", &tasks);
+        let args =
+            ["run", "t.txt", "--exec", "sleep", "--agents", "1", "--cores-per-agent", "1", "-q", "--partition", plan];
+        let o = d.htc(&args);
+        assert!(o.status.success(), "{}", text(&o));
+        start_order(&d)
+    };
+    assert_eq!(run("hflow"), vec![2, 4, 6, 8, 10, 12, 1, 3, 5, 7, 9, 11]);
+    assert_eq!(run("even"), (1..=12).collect::<Vec<_>>());
+}
+
+#[test]
+fn the_site_file_chooses_the_plan_and_a_bad_one_is_named_with_its_line() {
+    let d = Dir::new("sim-site");
+    let tasks: String = (1..=6).map(|i| format!("[runtime={}ms] t {i}\n", if i % 2 == 0 { 30 } else { 10 })).collect();
+    d.write("t.txt", &tasks);
+    let site = d.write("site.conf", "# admin's choice\npartition = even\ndispatch_s = 0.001\n");
+    let env = [("HTC_SITE_CONFIG", site.as_os_str())];
+    let o = d.htc_env(&["run", "t.txt", "--exec", "sleep", "--agents", "1", "--cores-per-agent", "1", "-q"], &env);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(start_order(&d), (1..=6).collect::<Vec<_>>(), "the site's even plan runs the file in order");
+
+    let bad = d.write("bad.conf", "partition = hflow\ninstance_start_s = soon\n");
+    let o = d.htc_env(&["run", "t.txt", "--exec", "none", "-q"], &[("HTC_SITE_CONFIG", bad.as_os_str())]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("bad.conf:2: instance_start_s: expected seconds"), "{err}");
+    assert_eq!(std::fs::read_dir(d.path(".htc")).unwrap().count(), 1, "no second run was created");
+}
+
+#[test]
+fn calibrate_measures_s_and_d_and_writes_a_site_file_that_runs_use() {
+    let d = Dir::new("sim-calibrate");
+    let conf = d.path("etc/site.conf");
+    let o = d.htc(&["calibrate", "--tasks", "300", "--output", conf.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let text_ = std::fs::read_to_string(&conf).unwrap();
+    let value = |k: &str| -> f64 {
+        let line = text_.lines().find(|l| l.starts_with(k)).unwrap_or_else(|| panic!("{k} missing:\n{text_}"));
+        line.split('=').nth(1).unwrap().trim().parse().unwrap()
+    };
+    // Real measurements: a dispatch and an agent start cost something, and not seconds.
+    let (s, dd) = (value("instance_start_s"), value("dispatch_s"));
+    assert!(s >= 0.0 && s < 1.0, "{text_}");
+    assert!(dd > 0.0 && dd < 0.1, "{text_}");
+    assert!(text_.starts_with("# slurm-htc site calibration"), "{text_}");
+    // The file is valid input for a run.
+    d.write("t.txt", "[runtime=5ms] a\n[runtime=50ms] b\n");
+    let o = d.htc_env(&["run", "t.txt", "--exec", "sleep", "-q"], &[("HTC_SITE_CONFIG", conf.as_os_str())]);
+    assert!(o.status.success(), "{}", text(&o));
+}

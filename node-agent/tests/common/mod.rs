@@ -29,7 +29,17 @@ impl Dir {
         p
     }
     pub fn htc(&self, args: &[&str]) -> Output {
-        Command::new(HTC).args(args).current_dir(&self.0).stdin(Stdio::null()).output().unwrap()
+        self.htc_env(args, &[])
+    }
+    /// `htc` with extra environment. No site file applies unless `HTC_SITE_CONFIG` is given:
+    /// a calibration on the test machine must not change what the tests see.
+    pub fn htc_env(&self, args: &[&str], env: &[(&str, &std::ffi::OsStr)]) -> Output {
+        let mut c = Command::new(HTC);
+        c.args(args).current_dir(&self.0).stdin(Stdio::null()).env("XDG_CONFIG_HOME", &self.0);
+        if !env.iter().any(|(k, _)| *k == "HTC_SITE_CONFIG") {
+            c.env("HTC_SITE_CONFIG", "/dev/null");
+        }
+        c.envs(env.iter().copied()).output().unwrap()
     }
     /// The only run directory under .htc/.
     pub fn run_dir(&self) -> PathBuf {
