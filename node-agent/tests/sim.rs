@@ -129,7 +129,7 @@ fn calibrate_measures_s_and_d_and_writes_a_site_file_that_runs_use() {
     };
     // Real measurements: a dispatch and an agent start cost something, and not seconds.
     let (s, dd) = (value("instance_start_s"), value("dispatch_s"));
-    assert!(s >= 0.0 && s < 1.0, "{text_}");
+    assert!((0.0..1.0).contains(&s), "{text_}");
     assert!(dd > 0.0 && dd < 0.1, "{text_}");
     assert!(text_.starts_with("# slurm-htc site calibration"), "{text_}");
     // The file is valid input for a run.
