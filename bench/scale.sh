@@ -9,13 +9,16 @@
 # 1. Zero-length tasks (--exec none): TASKS tasks through each layout of LAYOUTS (AGENTSxCORES);
 #    tasks/s (wall, leader and agents sharing this machine) and the leader's CPU per task
 #    (`htc status --json`: leader_cpu_us_per_task), whose inverse is the leader's ceiling.
-# 2. A mixed workload like HFlow's Fig. 4(b) (--exec sleep): MIX_PER_CLASS tasks of each of
-#    0.01, 0.02, 0.04, 0.08, 0.16, 0.32 s, shuffled, on MIX_LAYOUT; makespan against the lower
-#    bound max(sum t / C, max t).
+# 2. A mixed workload like HFlow's Fig. 4(b) (--exec sleep): equal numbers of tasks of 0.01,
+#    0.02, 0.04, 0.08, 0.16, 0.32 s, shuffled, on each of MIX_LAYOUTS, as many as make the lower
+#    bound max(sum t / C, max t) MIX_SECONDS; makespan of --partition even and hflow side by side.
+# 3. The same mix as real `sleep` processes on REAL_LAYOUT slots of this machine (sleeping takes
+#    no CPU, so slots may exceed CPUs), REAL_PER_CLASS tasks per class.
 #
-# Env: TASKS (2000000), LAYOUTS ("1000x24 100x24 10x24"), ROUNDS (3), MIX_LAYOUT (100x24),
-#      MIX_PER_CLASS (20000), HTC (target/release/htc), WORK (scratch dir, deleted unless
-#      KEEP=1), OUT (report; default bench/results/scale-<date>.txt).
+# Env: TASKS (2000000), LAYOUTS ("1000x24 100x24 10x24"), ROUNDS (3), MIX_LAYOUTS
+#      ("100x24 1000x24"), MIX_SECONDS (5.25), REAL_LAYOUT (2x8), REAL_PER_CLASS (100),
+#      HTC (target/release/htc), WORK (scratch dir, deleted unless KEEP=1), OUT (report;
+#      default bench/results/scale-<date>.txt). Runs ignore site files (HTC_SITE_CONFIG=/dev/null).
 set -euo pipefail
 
 BENCH=$(cd "$(dirname "$0")" && pwd)
@@ -23,8 +26,10 @@ ROOT=$(cd "$BENCH/.." && pwd)
 TASKS=${TASKS:-2000000}
 LAYOUTS=${LAYOUTS:-"1000x24 100x24 10x24"}
 ROUNDS=${ROUNDS:-3}
-MIX_LAYOUT=${MIX_LAYOUT:-100x24}
-MIX_PER_CLASS=${MIX_PER_CLASS:-20000}
+MIX_LAYOUTS=${MIX_LAYOUTS:-"100x24 1000x24"}
+MIX_SECONDS=${MIX_SECONDS:-5.25}
+REAL_LAYOUT=${REAL_LAYOUT:-2x8}
+REAL_PER_CLASS=${REAL_PER_CLASS:-100}
 HTC=${HTC:-$ROOT/target/release/htc}
 STAMP=$(date +%Y%m%d-%H%M%S)
 mkdir -p "$BENCH/results"
@@ -52,6 +57,9 @@ echo
 field() { "$HTC" status --json | python3 -c "import json,sys; print(json.load(sys.stdin)$1)"; }
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
+# The default calibration, whatever this machine's user or admin stored.
+export HTC_SITE_CONFIG=/dev/null
+
 cd "$WORK"
 seq 1 "$TASKS" | sed 's/^/true /' >zero.txt
 
@@ -77,26 +85,61 @@ for layout in $LAYOUTS; do
 done
 echo
 
-echo "== 2. mixed runtimes (HFlow Fig. 4(b) scaled): $MIX_PER_CLASS tasks each of 0.01..0.32 s, --exec sleep on $MIX_LAYOUT =="
-agents=${MIX_LAYOUT%x*} cores=${MIX_LAYOUT#*x}
-python3 - "$MIX_PER_CLASS" >mix.txt <<'EOF'
+# Tasks of 0.01 .. 0.32 s, equal numbers of each, shuffled; $2 = command template.
+mixfile() {
+    python3 - "$1" "$2" <<'EOF'
 import random, sys
-n = int(sys.argv[1])
-lines = [f"[runtime={ms}ms] task {ms}-{i}" for ms in (10, 20, 40, 80, 160, 320) for i in range(n)]
+n, cmd = int(sys.argv[1]), sys.argv[2]
+lines = [f"[runtime={ms}ms] " + cmd.format(s=ms / 1000, ms=ms, i=i) for ms in (10, 20, 40, 80, 160, 320) for i in range(n)]
 random.Random(7).shuffle(lines)
 print("\n".join(lines))
 EOF
-bound=$(awk -v n="$MIX_PER_CLASS" -v c=$((agents * cores)) 'BEGIN { s = n * (0.01+0.02+0.04+0.08+0.16+0.32); b = s / c; if (b < 0.32) b = 0.32; print b }')
-: >mix.makespan
-for _ in $(seq "$ROUNDS"); do
-    rm -rf .htc
-    "$HTC" prepare mix.txt >/dev/null
-    "$HTC" run --resume --exec sleep --agents "$agents" --cores-per-agent "$cores" -q
-    field "['elapsed_s']" >>mix.makespan
+}
+# Makespan runs of one file: elapsed_s and leader_cpu_s of ROUNDS runs into ./mk.
+makespans() {
+    local file=$1 plan=$2
+    shift 2
+    : >mk
+    for _ in $(seq "$ROUNDS"); do
+        rm -rf .htc
+        "$HTC" prepare "$file" >/dev/null
+        "$HTC" run --resume --partition "$plan" -q "$@"
+        [[ $(field "['counts']['done']") == "$(wc -l <"$file")" ]] || { echo "not every task done" >&2; exit 1; }
+        echo "$(field "['elapsed_s']") $(field "['leader_cpu_s']")" >>mk
+    done
+}
+mixrow() { # layout plan bound per_class
+    local m cpu
+    m=$(cut -d' ' -f1 mk | median) cpu=$(cut -d' ' -f2 mk | median)
+    printf '%-9s %-6s %9d %9.3f %10.3f %8.1f%% %10.3f   rounds: %s\n' "$1" "$2" $(($4 * 6)) "$3" "$m" \
+        "$(awk -v m="$m" -v b="$3" 'BEGIN { print (m / b - 1) * 100 }')" "$cpu" "$(cut -d' ' -f1 mk | paste -sd' ')"
+}
+bound_of() { awk -v n="$1" -v c="$2" 'BEGIN { s = n * (0.01+0.02+0.04+0.08+0.16+0.32); b = s / c; if (b < 0.32) b = 0.32; print b }'; }
+
+echo "== 2. mixed runtimes (HFlow Fig. 4(b) scaled): equal numbers of 0.01..0.32 s tasks, shuffled, --exec sleep =="
+echo "   per class: MIX_SECONDS x cores / 0.63 tasks (lower bound max(sum t / C, max t) = $MIX_SECONDS s); median of $ROUNDS"
+printf '%-9s %-6s %9s %9s %10s %9s %10s\n' layout plan tasks 'bound s' 'makespan' 'above' 'leader s'
+for layout in $MIX_LAYOUTS; do
+    agents=${layout%x*} cores=${layout#*x}
+    n=$(awk -v c=$((agents * cores)) -v s="$MIX_SECONDS" 'BEGIN { printf "%d", s * c / 0.63 + 0.5 }')
+    mixfile "$n" 'task {ms}-{i}' >mix.txt
+    bound=$(bound_of "$n" $((agents * cores)))
+    for plan in even hflow; do
+        makespans mix.txt "$plan" --exec sleep --agents "$agents" --cores-per-agent "$cores"
+        mixrow "$layout" "$plan" "$bound" "$n"
+    done
 done
-m=$(median <mix.makespan)
-printf 'cores %d, tasks %d, lower bound %.3f s, makespan (median) %.3f s = %.1f%% above the bound\n' \
-    $((agents * cores)) $((MIX_PER_CLASS * 6)) "$bound" "$m" "$(awk -v m="$m" -v b="$bound" 'BEGIN { print (m / b - 1) * 100 }')"
-echo "   rounds: $(paste -sd' ' mix.makespan)"
 echo
+
+echo "== 3. the same mix with real processes (sleep), $REAL_LAYOUT slots on this machine, $REAL_PER_CLASS per class =="
+agents=${REAL_LAYOUT%x*} cores=${REAL_LAYOUT#*x}
+mixfile "$REAL_PER_CLASS" 'sleep {s}' >real.txt
+bound=$(bound_of "$REAL_PER_CLASS" $((agents * cores)))
+printf '%-9s %-6s %9s %9s %10s %9s %10s\n' layout plan tasks 'bound s' 'makespan' 'above' 'leader s'
+for plan in even hflow; do
+    makespans real.txt "$plan" --output none --agents "$agents" --cores-per-agent "$cores"
+    mixrow "$REAL_LAYOUT" "$plan" "$bound" "$REAL_PER_CLASS"
+done
+echo
+
 echo "loadavg at end: $(cat /proc/loadavg)"
