@@ -78,6 +78,7 @@ pub fn load(src: &Path, run: &RunDir, ledger: &Ledger, defaults: TaskOptions) ->
         }
     }
     txn.put_meta("total", &id.to_le_bytes())?;
+    txn.put_meta("max_cores", &(max_cores as u64).to_le_bytes())?;
     txn.put_meta("groups", &(groups.len() as u64).to_le_bytes())?;
     txn.put_meta("classes", p.classes().join("\n").as_bytes())?;
     txn.put_meta("task_file", shown.as_bytes())?;

@@ -411,3 +411,30 @@ fn losing_a_relay_requeues_its_subtree_and_the_run_still_completes() {
     // The subtree's agents (2 and 3) lost their relay and stopped.
     assert!(agent_pids(&run, 2).is_empty() && agent_pids(&run, 3).is_empty());
 }
+
+/// The agents that ran the finished tasks, from the ledger.
+fn agents_used(run: &Path) -> HashSet<u32> {
+    let l = Ledger::open(&run.join("ledger.mdb"), true).unwrap();
+    let mut agents = HashSet::new();
+    l.read().unwrap().for_each(|_, r| _ = agents.insert(r.agent)).unwrap();
+    agents
+}
+
+#[test]
+fn the_default_layout_is_one_agent_per_cpu_unless_a_task_needs_more_cores() {
+    let cpus = htc::executor::allowed_cpus().len();
+    let d = Dir::new("layout-narrow");
+    d.write("tasks.txt", "true\n".repeat(400));
+    let o = d.htc(&["run", "tasks.txt", "-q"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(agents_used(&d.run_dir()).len(), cpus, "one agent per CPU, each with its share");
+
+    if cpus < 2 {
+        return; // a two-core task cannot run here at all
+    }
+    let d = Dir::new("layout-wide");
+    d.write("tasks.txt", "true\n[cores=2] test \"$HTC_CORES\" = 2\ntrue\n");
+    let o = d.htc(&["run", "tasks.txt", "-q"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(agents_used(&d.run_dir()), HashSet::from([0]), "one agent with every CPU");
+}
