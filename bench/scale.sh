@@ -19,6 +19,8 @@
 #      ("100x24 1000x24"), MIX_SECONDS (5.25), REAL_LAYOUT (2x8), REAL_PER_CLASS (100),
 #      HTC (target/release/htc), WORK (scratch dir, deleted unless KEEP=1), OUT (report;
 #      default bench/results/scale-<date>.txt). Runs ignore site files (HTC_SITE_CONFIG=/dev/null).
+#      HQ_ZERO (path to an `hq` built with RUSTFLAGS="--cfg zero_worker"; section 1b, skipped if
+#      unset), HQ_TASKS (200000), HQ_WORKERS (100, of 24 CPUs each).
 set -euo pipefail
 
 BENCH=$(cd "$(dirname "$0")" && pwd)
@@ -30,6 +32,9 @@ MIX_LAYOUTS=${MIX_LAYOUTS:-"100x24 1000x24"}
 MIX_SECONDS=${MIX_SECONDS:-5.25}
 REAL_LAYOUT=${REAL_LAYOUT:-2x8}
 REAL_PER_CLASS=${REAL_PER_CLASS:-100}
+HQ_ZERO=${HQ_ZERO:-}
+HQ_TASKS=${HQ_TASKS:-200000}
+HQ_WORKERS=${HQ_WORKERS:-100}
 HTC=${HTC:-$ROOT/target/release/htc}
 STAMP=$(date +%Y%m%d-%H%M%S)
 mkdir -p "$BENCH/results"
@@ -84,6 +89,45 @@ for layout in $LAYOUTS; do
     echo "   rounds: tasks/s $(paste -sd' ' "rate.$layout"); us/task $(paste -sd' ' "per.$layout")"
 done
 echo
+
+# HyperQueue's own overhead mode side by side: a server and HQ_WORKERS workers of 24 CPUs built
+# with RUSTFLAGS="--cfg zero_worker" (each task reported finished at once, no process), one
+# array job of HQ_TASKS tasks; the server's CPU per task from /proc/PID/stat.
+if [[ -n $HQ_ZERO ]]; then
+    echo "== 1b. HyperQueue zero_worker: $HQ_TASKS tasks, $HQ_WORKERS workers x 24 CPUs, median of $ROUNDS =="
+    echo "hq:          $("$HQ_ZERO" --version 2>&1 | head -1) ($HQ_ZERO)"
+    proc_cpu() { awk -v t="$(getconf CLK_TCK)" '{ sub(/^.*\) /, ""); print ($12 + $13) / t }' "/proc/$1/stat"; }
+    export HQ_SERVER_DIR=$WORK/hq-server
+    hq_pids=()
+    stop_hq() {
+        "$HQ_ZERO" server stop >/dev/null 2>&1 || true
+        for p in "${hq_pids[@]}"; do kill "$p" 2>/dev/null || true; done
+        wait "${hq_pids[@]}" 2>/dev/null || true
+        rm -rf /tmp/hq-worker* /tmp/hq-lc-* 2>/dev/null || true
+    }
+    trap 'stop_hq; [[ ${KEEP:-0} == 1 ]] || rm -rf "$WORK"' EXIT
+    "$HQ_ZERO" server start >"$WORK/hq-server.log" 2>&1 & server=$!; hq_pids+=($server)
+    for _ in $(seq 100); do "$HQ_ZERO" server info >/dev/null 2>&1 && break; sleep 0.2; done
+    for _ in $(seq "$HQ_WORKERS"); do
+        "$HQ_ZERO" worker start --cpus 24 >>"$WORK/hq-workers.log" 2>&1 & hq_pids+=($!)
+    done
+    "$HQ_ZERO" worker wait "$HQ_WORKERS" >/dev/null
+    : >hq.rate; : >hq.per
+    for _ in $(seq "$ROUNDS"); do
+        c0=$(proc_cpu "$server") t0=$(date +%s.%N)
+        "$HQ_ZERO" submit --array "1-$HQ_TASKS" --stdout none --stderr none --wait -- /bin/true >"$WORK/hq-submit.log" 2>&1
+        t1=$(date +%s.%N) c1=$(proc_cpu "$server")
+        awk -v n="$HQ_TASKS" -v a="$t0" -v b="$t1" 'BEGIN { print n / (b - a) }' >>hq.rate
+        awk -v n="$HQ_TASKS" -v a="$c0" -v b="$c1" 'BEGIN { print (b - a) * 1e6 / n }' >>hq.per
+    done
+    stop_hq
+    rate=$(median <hq.rate) per=$(median <hq.per)
+    printf '%-10s %8d %14.0f %16s %18.3f %14.0f\n' "hq ${HQ_WORKERS}x24" $((HQ_WORKERS * 24)) "$rate" '' "$per" \
+        "$(awk -v p="$per" 'BEGIN { print 1e6 / p }')"
+    echo "   rounds: tasks/s $(paste -sd' ' hq.rate); server us/task $(paste -sd' ' hq.per)"
+    echo "   (server CPU: utime + stime of the hq server process; the wall rate includes submit)"
+    echo
+fi
 
 # Tasks of 0.01 .. 0.32 s, equal numbers of each, shuffled; $2 = command template.
 mixfile() {
