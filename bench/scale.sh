@@ -12,11 +12,13 @@
 # 2. A mixed workload like HFlow's Fig. 4(b) (--exec sleep): equal numbers of tasks of 0.01,
 #    0.02, 0.04, 0.08, 0.16, 0.32 s, shuffled, on each of MIX_LAYOUTS, as many as make the lower
 #    bound max(sum t / C, max t) MIX_SECONDS; makespan of --partition even and hflow side by side.
+#    MIX_STRETCH multiplies the runtimes (fewer tasks per second for the same bound, for layouts
+#    whose simulated agents would otherwise need more CPU than this machine has).
 # 3. The same mix as real `sleep` processes on REAL_LAYOUT slots of this machine (sleeping takes
 #    no CPU, so slots may exceed CPUs), REAL_PER_CLASS tasks per class.
 #
 # Env: TASKS (2000000), LAYOUTS ("1000x24 100x24 10x24"), ROUNDS (3), MIX_LAYOUTS
-#      ("100x24 1000x24"), MIX_SECONDS (5.25), REAL_LAYOUT (2x8), REAL_PER_CLASS (100),
+#      ("100x24 1000x24"), MIX_SECONDS (5.25), MIX_STRETCH (1), REAL_LAYOUT (2x8), REAL_PER_CLASS (100),
 #      HTC (target/release/htc), WORK (scratch dir, deleted unless KEEP=1), OUT (report;
 #      default bench/results/scale-<date>.txt). Runs ignore site files (HTC_SITE_CONFIG=/dev/null).
 #      HQ_ZERO (path to an `hq` built with RUSTFLAGS="--cfg zero_worker"; section 1b, skipped if
@@ -30,6 +32,7 @@ LAYOUTS=${LAYOUTS:-"1000x24 100x24 10x24"}
 ROUNDS=${ROUNDS:-3}
 MIX_LAYOUTS=${MIX_LAYOUTS:-"100x24 1000x24"}
 MIX_SECONDS=${MIX_SECONDS:-5.25}
+MIX_STRETCH=${MIX_STRETCH:-1}
 REAL_LAYOUT=${REAL_LAYOUT:-2x8}
 REAL_PER_CLASS=${REAL_PER_CLASS:-100}
 HQ_ZERO=${HQ_ZERO:-}
@@ -131,10 +134,12 @@ fi
 
 # Tasks of 0.01 .. 0.32 s, equal numbers of each, shuffled; $2 = command template.
 mixfile() {
-    python3 - "$1" "$2" <<'EOF'
+    python3 - "$1" "$2" "${3:-1}" <<'EOF'
 import random, sys
 n, cmd = int(sys.argv[1]), sys.argv[2]
-lines = [f"[runtime={ms}ms] " + cmd.format(s=ms / 1000, ms=ms, i=i) for ms in (10, 20, 40, 80, 160, 320) for i in range(n)]
+stretch = float(sys.argv[3])
+lines = [f"[runtime={ms}ms] " + cmd.format(s=ms / 1000, ms=ms, i=i)
+         for ms in (int(b * stretch) for b in (10, 20, 40, 80, 160, 320)) for i in range(n)]
 random.Random(7).shuffle(lines)
 print("\n".join(lines))
 EOF
@@ -158,16 +163,16 @@ mixrow() { # layout plan bound per_class
     printf '%-9s %-6s %9d %9.3f %10.3f %8.1f%% %10.3f   rounds: %s\n' "$1" "$2" $(($4 * 6)) "$3" "$m" \
         "$(awk -v m="$m" -v b="$3" 'BEGIN { print (m / b - 1) * 100 }')" "$cpu" "$(cut -d' ' -f1 mk | paste -sd' ')"
 }
-bound_of() { awk -v n="$1" -v c="$2" 'BEGIN { s = n * (0.01+0.02+0.04+0.08+0.16+0.32); b = s / c; if (b < 0.32) b = 0.32; print b }'; }
+bound_of() { awk -v n="$1" -v c="$2" -v k="${3:-1}" 'BEGIN { s = n * 0.63 * k; b = s / c; if (b < 0.32 * k) b = 0.32 * k; print b }'; }
 
-echo "== 2. mixed runtimes (HFlow Fig. 4(b) scaled): equal numbers of 0.01..0.32 s tasks, shuffled, --exec sleep =="
-echo "   per class: MIX_SECONDS x cores / 0.63 tasks (lower bound max(sum t / C, max t) = $MIX_SECONDS s); median of $ROUNDS"
+echo "== 2. mixed runtimes (HFlow Fig. 4(b) scaled): equal numbers of (0.01..0.32 s) x $MIX_STRETCH tasks, shuffled, --exec sleep =="
+echo "   per class: MIX_SECONDS x cores / (0.63 x $MIX_STRETCH) tasks (lower bound max(sum t / C, max t) = $MIX_SECONDS s); median of $ROUNDS"
 printf '%-9s %-6s %9s %9s %10s %9s %10s\n' layout plan tasks 'bound s' 'makespan' 'above' 'leader s'
 for layout in $MIX_LAYOUTS; do
     agents=${layout%x*} cores=${layout#*x}
-    n=$(awk -v c=$((agents * cores)) -v s="$MIX_SECONDS" 'BEGIN { printf "%d", s * c / 0.63 + 0.5 }')
-    mixfile "$n" 'task {ms}-{i}' >mix.txt
-    bound=$(bound_of "$n" $((agents * cores)))
+    n=$(awk -v c=$((agents * cores)) -v s="$MIX_SECONDS" -v k="$MIX_STRETCH" 'BEGIN { printf "%d", s * c / (0.63 * k) + 0.5 }')
+    mixfile "$n" 'task {ms}-{i}' "$MIX_STRETCH" >mix.txt
+    bound=$(bound_of "$n" $((agents * cores)) "$MIX_STRETCH")
     for plan in even hflow; do
         makespans mix.txt "$plan" --exec sleep --agents "$agents" --cores-per-agent "$cores"
         mixrow "$layout" "$plan" "$bound" "$n"

@@ -91,9 +91,16 @@ pub fn shares(x: u64, cores: u64, tasks: u64, p: Params) -> Vec<u64> {
 /// skew of a whole round at 8 (shares 3, 3, 2, 0 of 8 long tasks on 4 instances instead of
 /// 2 each). Negative shares are clamped to 0 and the rest scaled to sum to `tasks`.
 pub fn shares_rounded(x: u64, cores: u64, tasks: u64, p: Params) -> Vec<u64> {
+    split(tasks, &weights(x, cores, tasks, p))
+}
+
+/// Eq. 10's relative shares 1 + (1 + x − 2i)·s / (2·T_r) of instances i = 1..x, negative ones
+/// clamped to 0. Several classes run on the same instances one after another split each class
+/// by the weights of the whole job, since an instance's start delay is spread over all its work.
+pub fn weights(x: u64, cores: u64, tasks: u64, p: Params) -> Vec<f64> {
     let x = x.max(1);
     let tr = instance_runtime(x, cores, tasks, p);
-    let raw: Vec<f64> = (1..=x)
+    (1..=x)
         .map(|i| {
             let skew = if tr > 0.0 { (1.0 + x as f64 - 2.0 * i as f64) * p.s / (2.0 * tr) } else { 0.0 };
             let h = 1.0 + skew;
@@ -103,12 +110,18 @@ pub fn shares_rounded(x: u64, cores: u64, tasks: u64, p: Params) -> Vec<u64> {
                 0.0
             }
         })
-        .collect();
-    let sum: f64 = raw.iter().sum();
+        .collect()
+}
+
+/// `tasks` split in proportion to `weights`, rounded by largest remainder (sums to `tasks`);
+/// evenly when every weight is 0.
+pub fn split(tasks: u64, weights: &[f64]) -> Vec<u64> {
+    let n = weights.len().max(1);
+    let sum: f64 = weights.iter().sum();
     let exact: Vec<f64> = if sum > 0.0 {
-        raw.iter().map(|h| h / sum * tasks as f64).collect()
+        weights.iter().map(|w| w / sum * tasks as f64).collect()
     } else {
-        vec![tasks as f64 / x as f64; x as usize]
+        vec![tasks as f64 / n as f64; n]
     };
     let mut out: Vec<u64> = exact.iter().map(|e| e.floor() as u64).collect();
     let left = tasks.saturating_sub(out.iter().sum());

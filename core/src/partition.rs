@@ -236,8 +236,8 @@ impl Grouper {
 /// first. Over a run each group then holds cores in proportion to its core-seconds, as eq. 11
 /// asks, but in time rather than in space: all groups end together on every instance, and the
 /// tail of the run is made of its shortest tasks. Groups without a runtime hint go first (they
-/// may be long). An instance whose share of a group is drained steals that group's longest
-/// remainder before it moves on to a shorter group of its own.
+/// may be long). An instance whose shares are all drained steals from the largest remaining
+/// share of the longest group that has one.
 #[derive(Debug, Clone)]
 pub struct Classes {
     /// Longest first.
@@ -245,7 +245,8 @@ pub struct Classes {
 }
 
 impl Classes {
-    /// `cores` and `params` feed eq. 10 (`params.t` is replaced by each group's runtime).
+    /// `cores` and `params` feed eq. 10, with `params.t` replaced by the groups' mean runtime:
+    /// the instances' weights come from the whole job, and every group is split by them.
     pub fn new(mut groups: Vec<Group>, instances: usize, cores: u64, params: hflow::Params) -> Self {
         groups.retain(|g| !g.ids.is_empty());
         groups.sort_by(|a, b| {
@@ -253,11 +254,14 @@ impl Classes {
             key(b).total_cmp(&key(a))
         });
         let x = instances.max(1) as u64;
+        let tasks: u64 = groups.iter().map(|g| g.ids.len() as u64).sum();
+        let work: f64 = groups.iter().map(|g| g.ids.len() as f64 * g.runtime_s.unwrap_or(params.t)).sum();
+        let t = if tasks > 0 { work / tasks as f64 } else { params.t };
+        let weights = hflow::weights(x, cores.max(x), tasks, hflow::Params { t, ..params });
         let groups = groups
             .into_iter()
             .map(|g| {
-                let t = g.runtime_s.unwrap_or(params.t);
-                let sizes = hflow::shares_rounded(x, cores.max(x), g.ids.len() as u64, hflow::Params { t, ..params });
+                let sizes = hflow::split(g.ids.len() as u64, &weights);
                 (g.ids, Shares::of_sizes(&sizes))
             })
             .collect();
@@ -270,15 +274,17 @@ impl Partition for Classes {
         if max == 0 {
             return None;
         }
-        for (ids, shares) in &mut self.groups {
-            let r = match shares.take_own(instance, max) {
-                Some(r) => r,
-                None if shares.steal_into(instance, steal) => shares.take_own(instance, max)?,
-                None => continue,
-            };
-            return Some(Block::Ids(ids[r.start as usize..r.end as usize].to_vec()));
-        }
-        None
+        // Its own shares first, longest group first: a core it cannot fill with its own long
+        // tasks runs its own shorter ones (the victim would start its long tasks as soon).
+        let own = self.groups.iter_mut().find_map(|(ids, shares)| Some((&*ids, shares.take_own(instance, max)?)));
+        let (ids, r) = match own {
+            Some(found) => found,
+            // Drained: steal, longest group first, no more than it can start now.
+            None => self.groups.iter_mut().find_map(|(ids, shares)| {
+                shares.steal_into(instance, steal).then(|| shares.take_own(instance, max)).flatten().map(|r| (&*ids, r))
+            })?,
+        };
+        Some(Block::Ids(ids[r.start as usize..r.end as usize].to_vec()))
     }
 
     fn remaining(&self) -> u64 {

@@ -44,7 +44,7 @@ pub fn load(src: &Path, run: &RunDir, ledger: &Ledger, defaults: TaskOptions) ->
     let mut id: u64 = 0;
     let (mut max_cores, mut max_mem_mb) = (1u16, 0u32);
     // Runtime groups (HFlow's classes): the leader reads them back only when there are several.
-    let (mut groups, mut last) = (std::collections::HashSet::new(), None);
+    let (mut groups, mut last, mut hinted) = (std::collections::HashSet::new(), None, 0u64);
     while let Some(t) = p.next_task()? {
         id += 1;
         if t.line > u32::MAX as u64 {
@@ -53,6 +53,7 @@ pub fn load(src: &Path, run: &RunDir, ledger: &Ledger, defaults: TaskOptions) ->
         let o = t.options;
         max_cores = max_cores.max(o.cores);
         max_mem_mb = max_mem_mb.max(o.mem_mb);
+        hinted += (o.runtime_ms > 0) as u64;
         let key = group_key(o.class, o.runtime_ms);
         if last != Some(key) {
             groups.insert(key);
@@ -79,6 +80,7 @@ pub fn load(src: &Path, run: &RunDir, ledger: &Ledger, defaults: TaskOptions) ->
     }
     txn.put_meta("total", &id.to_le_bytes())?;
     txn.put_meta("max_cores", &(max_cores as u64).to_le_bytes())?;
+    txn.put_meta("hinted", &hinted.to_le_bytes())?;
     txn.put_meta("groups", &(groups.len() as u64).to_le_bytes())?;
     txn.put_meta("classes", p.classes().join("\n").as_bytes())?;
     txn.put_meta("task_file", shown.as_bytes())?;

@@ -59,6 +59,9 @@ pub enum Input {
     },
 }
 
+/// Hinted work per core an agent may hold before it gets only what it can start (`with_horizon`).
+pub const HORIZON_MS: u64 = 1_000;
+
 /// Frames for agents, in the order they must be sent.
 pub type Outbox = Vec<(u32, Body)>;
 
@@ -90,6 +93,8 @@ struct Agent {
     credit: u64,
     /// Slots the agent last said it had nothing for, less what was sent since.
     idle: u64,
+    /// Core-milliseconds of runtime hints of the tasks it holds (running or queued).
+    ahead_ms: u64,
     last_seq: u64,
     acked_seq: u64,
     alive: bool,
@@ -109,6 +114,7 @@ pub struct Core<'a> {
     counts: Counts,
     finished_start: u64,
     started_us: u64,
+    horizon_ms: Option<u64>,
 }
 
 type Result<T> = std::result::Result<T, LedgerError>;
@@ -176,6 +182,11 @@ impl Flights {
         }
     }
 
+    /// How many tasks an agent holds (sent to it and not finished, in transit included).
+    fn held(&self, agent: u32) -> u64 {
+        self.per_agent.get(&agent).copied().unwrap_or(0)
+    }
+
     /// The ids an agent holds, in id order: a scan, but only on the rare loss of an agent.
     fn of_agent(&self, agent: u32) -> Vec<u64> {
         if !self.per_agent.contains_key(&agent) {
@@ -206,7 +217,17 @@ impl<'a> Core<'a> {
             finished_start: counts.get(State::Done) + counts.get(State::Failed),
             counts,
             started_us: now_us,
+            horizon_ms: None,
         }
+    }
+
+    /// Past `ms` of hinted work per core in flight on an agent, it gets only what it can start
+    /// now, so that the rest stays in the partition for whoever frees a core first (a queue of
+    /// long tasks behind a busy agent's cores is the tail of the run). For files with runtime
+    /// hints; without, prefetch is unbounded (zero-length tasks need it).
+    pub fn with_horizon(mut self, ms: u64) -> Self {
+        self.horizon_ms = Some(ms);
+        self
     }
 
     pub fn counts(&self) -> Counts {
@@ -280,7 +301,17 @@ impl<'a> Core<'a> {
                 self.ever_seen += 1;
                 self.agents.insert(
                     agent,
-                    Agent { cores, mem_mb, credit: 0, idle: 0, last_seq: 0, acked_seq: 0, alive: true, hostname },
+                    Agent {
+                        cores,
+                        mem_mb,
+                        credit: 0,
+                        idle: 0,
+                        ahead_ms: 0,
+                        last_seq: 0,
+                        acked_seq: 0,
+                        alive: true,
+                        hostname,
+                    },
                 );
             }
             Input::Report { agent, report } => {
@@ -355,6 +386,9 @@ impl<'a> Core<'a> {
         }
         let Some(mut r) = t.get(res.id)? else { return Ok(()) };
         self.in_flight.remove(res.id);
+        if let Some(a) = self.agents.get_mut(&agent) {
+            a.ahead_ms = a.ahead_ms.saturating_sub(r.runtime_ms as u64 * r.cores as u64);
+        }
         let outcome = match proto::Outcome::try_from(res.outcome).unwrap_or(proto::Outcome::Unspecified) {
             proto::Outcome::Exited => Outcome::Exited,
             proto::Outcome::Signaled => Outcome::Signaled,
@@ -484,8 +518,21 @@ impl<'a> Core<'a> {
         skipped.append(&mut self.retry);
         self.retry = skipped;
         while want > 0 {
-            let steal = self.agents[&agent].idle.saturating_sub(specs.len() as u64);
-            let Some(block) = self.partition.take(agent as usize, want, steal) else { break };
+            let a = &self.agents[&agent];
+            // Its last report's idle slots, less what was sent since; and never more than its
+            // cores minus what it holds: reports sent before a dispatch arrived still say idle.
+            let free = (a.cores as u64).saturating_sub(self.in_flight.held(agent));
+            let steal = a.idle.saturating_sub(specs.len() as u64).min(free);
+            let room = match self.horizon_ms {
+                None => want,
+                Some(h) if a.ahead_ms >= h * a.cores as u64 => steal,
+                // In steps of a core's worth, checking the horizon after each.
+                Some(_) => want.min(a.cores.max(1) as u64),
+            };
+            if room == 0 {
+                break;
+            }
+            let Some(block) = self.partition.take(agent as usize, room, steal) else { break };
             let records = match block {
                 Block::Range(r) => t.range(r)?,
                 Block::Ids(ids) => ids
@@ -539,6 +586,9 @@ impl<'a> Core<'a> {
         let Ok((life, _)) = task::step(r.life(), Step::Dispatch) else { return Ok(()) };
         self.counts.moved(r.state(), life.state());
         self.in_flight.insert(id, Flight { agent, life });
+        if let Some(a) = self.agents.get_mut(&agent) {
+            a.ahead_ms += r.runtime_ms as u64 * r.cores as u64;
+        }
         specs.push(proto::TaskSpec {
             id,
             attempt: life.attempts as u32,
@@ -752,6 +802,23 @@ mod tests {
             dispatched(&out),
             vec![(0, vec![(2, 1), (4, 1), (1, 1)]), (1, vec![(6, 1), (8, 1), (5, 1), (7, 1)])]
         );
+    }
+
+    /// Long hinted tasks: past the horizon an agent gets only what it can start, however much
+    /// it asks for, so the rest waits in the partition for the next free core anywhere.
+    #[test]
+    fn past_the_horizon_an_agent_gets_only_what_it_can_start() {
+        let mut m = Mem::with(12, 2, 1);
+        m.records.values_mut().for_each(|r| r.runtime_ms = 3_000);
+        let mut c = Core::new(Box::new(Even::new(1..13, 1)), "job".into(), 1, m.counts(), 0).with_horizon(HORIZON_MS);
+        let (out, _) = feed(&mut c, &mut m, vec![join(0, 2), report(0, 32, 2, &[])]);
+        assert_eq!(dispatched(&out), vec![(0, vec![(1, 1), (2, 1)])], "2 cores, 2 tasks of 3 s");
+        // A report sent before that dispatch arrived still says 2 idle: nothing more is sent.
+        let (out, _) = feed(&mut c, &mut m, vec![report(0, 0, 2, &[])]);
+        assert!(dispatched(&out).is_empty(), "{out:?}");
+        // One finishes: one core free, one task.
+        let (out, _) = feed(&mut c, &mut m, vec![report(0, 0, 1, &[(1, 1)])]);
+        assert_eq!(dispatched(&out), vec![(0, vec![(3, 1)])]);
     }
 
     #[test]

@@ -94,7 +94,11 @@ pub fn run(
     let partition = plan::partition(&ledger, total, cfg.partition, expected.max(1), cfg.cores, cfg.params)
         .context("planning the partition")?;
     let counts = ledger.read()?.counts()?;
-    let core = Core::new(partition, cfg.job_id.clone(), expected, counts, crate::rundir::now_us());
+    let mut core = Core::new(partition, cfg.job_id.clone(), expected, counts, crate::rundir::now_us());
+    // Runs loaded before the count was kept: assume hints, the safe side for long tasks.
+    if ledger.read()?.meta_u64("hinted")?.is_none_or(|n| n > 0) {
+        core = core.with_horizon(self::core::HORIZON_MS);
+    }
     let driver_cfg = DriverConfig { commit_interval: cfg.commit_interval, progress, progress_every };
     let net_cfg = Arc::new(net::NetConfig { secret, job_id: cfg.job_id.clone(), joined: Default::default() });
 
