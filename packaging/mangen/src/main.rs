@@ -170,10 +170,11 @@ mod tests {
     fn htc_page_lists_every_subcommand_and_option() {
         let p = pages().into_iter().find(|p| p.file == "htc.1").unwrap();
         let t = render(&p).unwrap();
-        for s in ["run", "prepare", "submit", "check", "status", "output"] {
+        for s in ["run", "prepare", "submit", "check", "status", "output", "calibrate"] {
             assert!(t.contains(&format!(".SS \"htc {s}\"")), "{s} missing");
         }
         assert!(t.contains("\\-\\-cores\\-per\\-agent"), "{t}");
+        assert!(t.contains("\\-\\-partition"), "{t}");
         // Hidden options stay hidden.
         assert!(!t.contains("commit\\-ms"));
     }
