@@ -2,6 +2,7 @@
 //! variables that carry the options to the batch step, the agent's argv, and the environment
 //! filter. Nothing here touches Slurm, so all of it is unit-tested.
 
+use htc_core::partition::Plan;
 use std::ffi::{OsStr, OsString};
 use std::fmt;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
@@ -28,6 +29,7 @@ pub const OPT_FILE: i32 = 1;
 pub const OPT_RETRIES: i32 = 2;
 pub const OPT_FANOUT: i32 = 3;
 pub const OPT_OUTPUT: i32 = 4;
+pub const OPT_PARTITION: i32 = 5;
 
 /// Names given to `spank_job_control_setenv` in sbatch. Slurm puts them into the job's
 /// environment with a `SLURM_SPANK_` prefix (and into prolog/epilog with `SPANK_`).
@@ -35,6 +37,7 @@ pub const JC_FILE: &str = "HTC_FILE";
 pub const JC_RETRIES: &str = "HTC_RETRIES";
 pub const JC_FANOUT: &str = "HTC_FANOUT";
 pub const JC_OUTPUT: &str = "HTC_OUTPUT";
+pub const JC_PARTITION: &str = "HTC_PARTITION";
 /// Prefix Slurm adds to job-control names in the job environment.
 pub const JOB_ENV_PREFIX: &str = "SLURM_SPANK_";
 
@@ -175,6 +178,11 @@ pub fn parse_output(s: &str) -> Result<OutputMode, String> {
     }
 }
 
+/// `--htc-partition=PLAN`: how the leader splits the tasks among the agents.
+pub fn parse_partition(s: &str) -> Result<Plan, String> {
+    s.trim().parse::<Plan>().map_err(|_| format!("'{s}' is not a partition plan (hflow or even)"))
+}
+
 /// What the option callbacks collected in this process.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct UserOptions {
@@ -183,6 +191,7 @@ pub struct UserOptions {
     pub retries: Option<u32>,
     pub fanout: Option<u32>,
     pub output: Option<OutputMode>,
+    pub partition: Option<Plan>,
 }
 
 impl UserOptions {
@@ -199,6 +208,9 @@ impl UserOptions {
             if self.output.is_some() {
                 v.push("--htc-output");
             }
+            if self.partition.is_some() {
+                v.push("--htc-partition");
+            }
         }
         v
     }
@@ -212,6 +224,7 @@ pub struct JobRequest {
     pub retries: Option<u32>,
     pub fanout: Option<u32>,
     pub output: Option<OutputMode>,
+    pub partition: Option<Plan>,
 }
 
 impl JobRequest {
@@ -223,6 +236,7 @@ impl JobRequest {
             retries: opts.retries,
             fanout: opts.fanout,
             output: opts.output,
+            partition: opts.partition,
         })
     }
 
@@ -237,6 +251,9 @@ impl JobRequest {
         }
         if let Some(o) = self.output {
             v.push((JC_OUTPUT, o.as_str().into()));
+        }
+        if let Some(p) = self.partition {
+            v.push((JC_PARTITION, p.name().into()));
         }
         v
     }
@@ -266,7 +283,13 @@ impl JobRequest {
                 Some(parse_output(&v.to_string_lossy()).map_err(|e| format!("{}: {e}", job_env_name(JC_OUTPUT)))?)
             }
         };
-        Ok(Some(JobRequest { task_file, retries, fanout, output }))
+        let partition = match getenv(&job_env_name(JC_PARTITION)) {
+            None => None,
+            Some(v) => Some(
+                parse_partition(&v.to_string_lossy()).map_err(|e| format!("{}: {e}", job_env_name(JC_PARTITION)))?,
+            ),
+        };
+        Ok(Some(JobRequest { task_file, retries, fanout, output, partition }))
     }
 
     /// Fallback when the job-control variables are missing: the values seen by the remote
@@ -282,6 +305,7 @@ impl JobRequest {
             retries: opts.retries,
             fanout: opts.fanout,
             output: opts.output,
+            partition: opts.partition,
         })
     }
 }
@@ -300,7 +324,8 @@ pub fn resolve_against(base: &Path, p: &OsStr) -> PathBuf {
 pub const SCRIPT_FLAG: &str = "--script";
 
 /// The agent's argv up to and including `--script`:
-/// `AGENT lead --task-file FILE [--retries N] [--fanout K] [--output MODE] [--ledger-dir DIR] --script`.
+/// `AGENT lead --task-file FILE [--retries N] [--fanout K] [--output MODE] [--partition PLAN]
+/// [--ledger-dir DIR] --script`.
 /// The batch script's own argv (script path, then its arguments) follows; with
 /// `spank_prepend_task_argv` Slurm appends it, with `execve` the plugin does.
 pub fn agent_argv_prefix(cfg: &PluginConfig, req: &JobRequest) -> Vec<OsString> {
@@ -317,6 +342,10 @@ pub fn agent_argv_prefix(cfg: &PluginConfig, req: &JobRequest) -> Vec<OsString> 
     if let Some(o) = req.output {
         v.push("--output".into());
         v.push(o.as_str().into());
+    }
+    if let Some(p) = req.partition {
+        v.push("--partition".into());
+        v.push(p.name().into());
     }
     if let Some(d) = &cfg.ledger_dir {
         v.push("--ledger-dir".into());
@@ -674,6 +703,10 @@ mod tests {
     fn orphan_options() {
         let o = UserOptions { retries: Some(1), output: Some(OutputMode::None), ..Default::default() };
         assert_eq!(o.orphans(), vec!["--htc-retries", "--htc-output"]);
+        let o = UserOptions { partition: Some(Plan::Hflow), ..Default::default() };
+        assert_eq!(o.orphans(), vec!["--htc-partition"]);
+        assert_eq!(parse_partition(" even "), Ok(Plan::Even));
+        assert!(parse_partition("fluxp").unwrap_err().contains("hflow or even"));
         let o = UserOptions { file: Some("/t".into()), retries: Some(1), ..Default::default() };
         assert!(o.orphans().is_empty());
     }
@@ -685,6 +718,7 @@ mod tests {
             retries: Some(4),
             fanout: None,
             output: Some(OutputMode::PerTask),
+            partition: Some(Plan::Even),
         };
         let req = JobRequest::from_allocator(&opts).unwrap();
         let vars = req.job_control_vars();
@@ -693,7 +727,8 @@ mod tests {
             vec![
                 ("HTC_FILE", OsString::from("/home/u/t.txt")),
                 ("HTC_RETRIES", "4".into()),
-                ("HTC_OUTPUT", "per-task".into())
+                ("HTC_OUTPUT", "per-task".into()),
+                ("HTC_PARTITION", "even".into())
             ]
         );
         let env: Vec<(String, OsString)> = vars.iter().map(|(n, v)| (job_env_name(n), v.clone())).collect();
@@ -733,7 +768,13 @@ mod tests {
     #[test]
     fn argv_minimal_and_full() {
         let cfg = PluginConfig::default();
-        let req = JobRequest { task_file: "/home/u/t.txt".into(), retries: None, fanout: None, output: None };
+        let req = JobRequest {
+            task_file: "/home/u/t.txt".into(),
+            retries: None,
+            fanout: None,
+            output: None,
+            partition: None,
+        };
         let argv = agent_argv(&cfg, &req, &os(&["/var/spool/slurmd/job00042/slurm_script"])).unwrap();
         assert_eq!(
             argv,
@@ -753,8 +794,13 @@ mod tests {
             fanout: Some(8),
             disabled: false,
         };
-        let req =
-            JobRequest { task_file: "/t".into(), retries: Some(0), fanout: Some(4), output: Some(OutputMode::None) };
+        let req = JobRequest {
+            task_file: "/t".into(),
+            retries: Some(0),
+            fanout: Some(4),
+            output: Some(OutputMode::None),
+            partition: Some(Plan::Even),
+        };
         let argv = agent_argv(&cfg, &req, &os(&["/s", "arg1", "--flag"])).unwrap();
         assert_eq!(
             argv,
@@ -769,6 +815,8 @@ mod tests {
                 "4",
                 "--output",
                 "none",
+                "--partition",
+                "even",
                 "--ledger-dir",
                 "/tmp/l",
                 "--script",

@@ -116,8 +116,10 @@ struct State {
     opts: UserOptions,
 }
 
-static STATE: Mutex<State> =
-    Mutex::new(State { config: None, opts: UserOptions { file: None, retries: None, fanout: None, output: None } });
+static STATE: Mutex<State> = Mutex::new(State {
+    config: None,
+    opts: UserOptions { file: None, retries: None, fanout: None, output: None, partition: None },
+});
 
 fn state() -> MutexGuard<'static, State> {
     // Single-threaded use; a poisoned lock only means an earlier callback panicked.
@@ -159,7 +161,7 @@ fn guard(what: &str, f: impl FnOnce() -> c_int) -> c_int {
 
 // ---- options ----
 
-const OPTIONS: [OptionSpec; 4] = [
+const OPTIONS: [OptionSpec; 5] = [
     OptionSpec {
         name: b"htc\0",
         arginfo: Some(b"FILE\0"),
@@ -184,6 +186,12 @@ const OPTIONS: [OptionSpec; 4] = [
         usage: b"With --htc: task output as 'streams' (default: a few indexed files per node, read with `htc output`), 'per-task' (one file per task) or 'none'.\0",
         val: config::OPT_OUTPUT,
     },
+    OptionSpec {
+        name: b"htc-partition\0",
+        arginfo: Some(b"PLAN\0"),
+        usage: b"With --htc: how tasks are split among the nodes: 'hflow' (default: each runtime class on its own, long tasks first) or 'even' (one even split of the file).\0",
+        val: config::OPT_PARTITION,
+    },
 ];
 
 fn opt_name(val: c_int) -> &'static str {
@@ -192,6 +200,7 @@ fn opt_name(val: c_int) -> &'static str {
         config::OPT_RETRIES => "--htc-retries",
         config::OPT_FANOUT => "--htc-fanout",
         config::OPT_OUTPUT => "--htc-output",
+        config::OPT_PARTITION => "--htc-partition",
         _ => "--htc-?",
     }
 }
@@ -244,6 +253,7 @@ fn remote_option(val: c_int, arg: OsString) {
         config::OPT_RETRIES => st.opts.retries = config::parse_retries(&text).ok(),
         config::OPT_FANOUT => st.opts.fanout = config::parse_fanout(&text).ok(),
         config::OPT_OUTPUT => st.opts.output = config::parse_output(&text).ok(),
+        config::OPT_PARTITION => st.opts.partition = config::parse_partition(&text).ok(),
         _ => {}
     }
 }
@@ -309,6 +319,13 @@ fn allocator_option(val: c_int, arg: &OsStr) -> c_int {
         config::OPT_OUTPUT => match config::parse_output(&text) {
             Ok(m) => {
                 state().opts.output = Some(m);
+                0
+            }
+            Err(e) => fail(&e),
+        },
+        config::OPT_PARTITION => match config::parse_partition(&text) {
+            Ok(p) => {
+                state().opts.partition = Some(p);
                 0
             }
             Err(e) => fail(&e),
