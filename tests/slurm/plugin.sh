@@ -112,7 +112,7 @@ check "malformed file: file:line:col" fails_with 'htc: bad.txt:2:2: unknown opti
 check "empty file" fails_with 'htc: empty.txt: no tasks' sbatch --htc=empty.txt --wrap=:
 check "--htc-retries=abc" fails_with 'htc: --htc-retries=abc:' sbatch --htc=tasks.txt --htc-retries=abc --wrap=:
 check "--htc-output=files" fails_with 'htc: --htc-output=files:' sbatch --htc=tasks.txt --htc-output=files --wrap=:
-check "--htc-partition=fluxp" fails_with "htc: --htc-partition=fluxp: 'fluxp' is not a partition plan (hflow or even)" \
+check "--htc-partition=fluxp" fails_with "htc: --htc-partition=fluxp: 'fluxp' is not a partition plan \\(hflow or even\\)" \
     sbatch --htc=tasks.txt --htc-partition=fluxp --wrap=:
 check "salloc --htc" fails_with 'works with sbatch only' salloc --htc=tasks.txt true
 
