@@ -67,16 +67,12 @@ pub fn choose_instances(cores: u64, tasks: u64, p: Params) -> u64 {
 /// (the paper's ceilings can overshoot J when s is large against T_r).
 pub fn shares(x: u64, cores: u64, tasks: u64, p: Params) -> Vec<u64> {
     let x = x.max(1);
-    let tr = instance_runtime(x, cores, tasks, p);
     let even = tasks as f64 / x as f64;
+    let w = weights(x, cores, tasks, p);
     let mut left = tasks;
     let mut h = Vec::with_capacity(x as usize);
-    for i in 1..x {
-        let raw = if tr > 0.0 {
-            (even * (1.0 + (1.0 + x as f64 - 2.0 * i as f64) * p.s / (2.0 * tr))).ceil()
-        } else {
-            even.ceil()
-        };
+    for &wi in &w[..x as usize - 1] {
+        let raw = (even * wi).ceil();
         let hi = if raw.is_finite() && raw > 0.0 { (raw as u64).min(left) } else { 0 };
         left -= hi;
         h.push(hi);

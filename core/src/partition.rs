@@ -27,13 +27,6 @@ impl Block {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-    /// The ids, in order.
-    pub fn ids(&self) -> Box<dyn Iterator<Item = u64> + '_> {
-        match self {
-            Block::Range(r) => Box::new(r.clone()),
-            Block::Ids(v) => Box::new(v.iter().copied()),
-        }
-    }
 }
 
 /// Hands out task ids to instances. Blocks may contain tasks that are already done (after a
@@ -296,6 +289,13 @@ impl Partition for Classes {
 mod tests {
     use super::*;
 
+    fn ids_of(b: &Block) -> Vec<u64> {
+        match b {
+            Block::Range(r) => r.clone().collect(),
+            Block::Ids(v) => v.clone(),
+        }
+    }
+
     #[test]
     fn every_id_exactly_once_with_stealing() {
         let mut p = Even::new(1..10_001, 4);
@@ -303,7 +303,7 @@ mod tests {
         let mut turn = 0usize;
         // Instance 3 is slow: it takes one id per round, the others 7.
         while let Some(r) = p.take(turn % 4, if turn % 4 == 3 { 1 } else { 7 }, 7) {
-            for id in r.ids() {
+            for id in ids_of(&r) {
                 seen[id as usize] += 1;
             }
             turn += 1;
@@ -345,7 +345,7 @@ mod tests {
     }
 
     fn ids(b: Option<Block>) -> Vec<u64> {
-        b.map(|b| b.ids().collect()).unwrap_or_default()
+        b.map(|b| ids_of(&b)).unwrap_or_default()
     }
 
     /// Two groups of four ids each on two instances: each instance gets half of each group,
@@ -413,7 +413,7 @@ mod tests {
                 match p.take(inst, 1 + next(50), next(5)) {
                     Some(b) => {
                         assert!(!b.is_empty());
-                        b.ids().for_each(|id| seen[id as usize] += 1);
+                        ids_of(&b).into_iter().for_each(|id| seen[id as usize] += 1);
                         idle_rounds = 0;
                     }
                     None => idle_rounds += 1,

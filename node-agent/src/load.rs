@@ -54,10 +54,10 @@ pub fn load(src: &Path, run: &RunDir, ledger: &Ledger, defaults: TaskOptions) ->
         max_cores = max_cores.max(o.cores);
         max_mem_mb = max_mem_mb.max(o.mem_mb);
         hinted += (o.runtime_ms > 0) as u64;
-        let key = group_key(o.class, o.runtime_ms);
-        if last != Some(key) {
-            groups.insert(key);
-            last = Some(key);
+        // Consecutive tasks mostly share their options: key only on a change.
+        if last != Some((o.class, o.runtime_ms)) {
+            groups.insert(group_key(o.class, o.runtime_ms));
+            last = Some((o.class, o.runtime_ms));
         }
         let r = Record {
             cmd_off: t.offset,
