@@ -152,42 +152,73 @@ pub mod agent {
         /// Lead an HTC job from its batch step: `lead [OPTIONS] --script SCRIPT [ARGS...]`.
         Lead(LeadArgs),
         /// Run tasks for a leader.
-        Work {
-            #[arg(long)]
-            leader: std::net::SocketAddr,
-            #[arg(long)]
-            run_dir: PathBuf,
-            /// This agent's id (under --slurm: $SLURM_PROCID).
-            #[arg(long, default_value_t = 0)]
-            agent_id: u32,
-            /// Take id, slots and CPUs from the Slurm step's environment.
-            #[arg(long)]
-            slurm: bool,
-            /// Tasks run at once (cores handed out); default: the CPUs this process may use.
-            #[arg(long)]
-            slots: Option<usize>,
-            /// CPUs to bind slots to, e.g. 0,1,2,3 (empty: no binding).
-            #[arg(long, default_value = "")]
-            cpus: String,
-            /// Memory handed out to tasks that declare mem=, in MiB (0: not accounted).
-            #[arg(long, default_value_t = 0)]
-            mem_mb: u64,
-            #[arg(long, default_value = "streams")]
-            output: OutputMode,
-            /// Tree fan-out: agents per parent (the leader included).
-            #[arg(long, default_value_t = DEFAULT_FANOUT)]
-            fanout: u32,
-            /// Agents in the job (under --slurm: $SLURM_NTASKS).
-            #[arg(long, default_value_t = 1)]
-            agents: u32,
-            /// Run this many agents in this process, ids from --agent-id on (simulations).
-            #[arg(long, default_value_t = 1, conflicts_with = "slurm")]
-            count: u32,
-            /// Real processes, or a simulation: none (tasks succeed at once), sleep (after their
-            /// `runtime` hint).
-            #[arg(long, default_value = "real")]
-            exec: ExecKind,
-        },
+        Work(WorkArgs),
+    }
+
+    /// `htc-agent work`: parsed here, and written back as a command line by the leader's
+    /// launchers (`argv`), so the two can never disagree.
+    #[derive(clap::Args, Debug, Clone, PartialEq, Eq)]
+    pub struct WorkArgs {
+        #[arg(long)]
+        pub leader: std::net::SocketAddr,
+        #[arg(long)]
+        pub run_dir: PathBuf,
+        /// This agent's id (under --slurm: $SLURM_PROCID).
+        #[arg(long, default_value_t = 0)]
+        pub agent_id: u32,
+        /// Take id, slots and CPUs from the Slurm step's environment.
+        #[arg(long)]
+        pub slurm: bool,
+        /// Tasks run at once (cores handed out); default: the CPUs this process may use.
+        #[arg(long)]
+        pub slots: Option<usize>,
+        /// CPUs to bind slots to, e.g. 0,1,2,3 (empty: no binding).
+        #[arg(long, default_value = "")]
+        pub cpus: String,
+        /// Memory handed out to tasks that declare mem=, in MiB (0: not accounted).
+        #[arg(long, default_value_t = 0)]
+        pub mem_mb: u64,
+        #[arg(long, default_value = "streams")]
+        pub output: OutputMode,
+        /// Tree fan-out: agents per parent (the leader included).
+        #[arg(long, default_value_t = DEFAULT_FANOUT)]
+        pub fanout: u32,
+        /// Agents in the job (under --slurm: $SLURM_NTASKS).
+        #[arg(long, default_value_t = 1)]
+        pub agents: u32,
+        /// Run this many agents in this process, ids from --agent-id on (simulations).
+        #[arg(long, default_value_t = 1, conflicts_with = "slurm")]
+        pub count: u32,
+        /// Real processes, or a simulation: none (tasks succeed at once), sleep (after their
+        /// `runtime` hint).
+        #[arg(long, default_value = "real")]
+        pub exec: ExecKind,
+    }
+
+    impl WorkArgs {
+        /// The arguments after `htc-agent`, starting with `work`.
+        pub fn argv(&self) -> Vec<std::ffi::OsString> {
+            let mut v: Vec<std::ffi::OsString> = vec!["work".into(), "--leader".into(), self.leader.to_string().into()];
+            v.extend(["--run-dir".into(), self.run_dir.clone().into_os_string()]);
+            let mut opt = |name: &str, value: String| v.extend([format!("--{name}").into(), value.into()]);
+            opt("agent-id", self.agent_id.to_string());
+            if let Some(n) = self.slots {
+                opt("slots", n.to_string());
+            }
+            opt("cpus", self.cpus.clone());
+            opt("mem-mb", self.mem_mb.to_string());
+            opt("output", self.output.name().to_string());
+            opt("fanout", self.fanout.to_string());
+            opt("agents", self.agents.to_string());
+            if !self.slurm {
+                opt("count", self.count.to_string());
+            }
+            opt("exec", self.exec.name().to_string());
+            if self.slurm {
+                v.push("--slurm".into());
+            }
+            v
+        }
     }
 
     #[derive(clap::Args)]
@@ -209,5 +240,43 @@ pub mod agent {
         /// How tasks are split among agents (hflow or even; default: the site file's, else hflow).
         #[arg(long)]
         pub partition: Option<htc_core::partition::Plan>,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::agent::{Cli, Cmd, WorkArgs};
+    use crate::output::OutputMode;
+    use crate::simexec::ExecKind;
+    use clap::Parser;
+
+    fn round_trip(w: &WorkArgs) -> WorkArgs {
+        let mut argv: Vec<std::ffi::OsString> = vec!["htc-agent".into()];
+        argv.extend(w.argv());
+        match Cli::try_parse_from(argv).expect("the launchers' argv parses").cmd {
+            Cmd::Work(back) => back,
+            Cmd::Lead(_) => panic!("parsed as lead"),
+        }
+    }
+
+    #[test]
+    fn the_agent_command_line_written_by_the_launchers_parses_back_to_the_same_arguments() {
+        let local = WorkArgs {
+            leader: "127.0.0.1:4711".parse().unwrap(),
+            run_dir: "/tmp/run dir/x".into(),
+            agent_id: 3,
+            slurm: false,
+            slots: Some(4),
+            cpus: "0,1,2,3".into(),
+            mem_mb: 512,
+            output: OutputMode::PerTask,
+            fanout: 8,
+            agents: 16,
+            count: 2,
+            exec: ExecKind::Sleep,
+        };
+        assert_eq!(round_trip(&local), local);
+        let slurm = WorkArgs { slurm: true, slots: None, cpus: String::new(), count: 1, exec: ExecKind::Real, ..local };
+        assert_eq!(round_trip(&slurm), slurm);
     }
 }

@@ -67,6 +67,7 @@ pub enum ExecEvent {
     Finished(Finished),
 }
 
+#[derive(Debug)]
 pub enum Command {
     Run(Vec<TaskToRun>),
     /// Run what is queued, then stop.

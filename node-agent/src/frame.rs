@@ -4,6 +4,7 @@
 use prost::Message;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+use crate::ledger::Outcome;
 use crate::proto;
 
 /// Largest frame either side accepts. A dispatch of 4096 tasks with 64 KiB commands would not
@@ -24,6 +25,32 @@ pub enum FrameError {
     Empty,
     #[error("i/o: {0}")]
     Io(#[from] std::io::Error),
+}
+
+/// How a task ended, on the wire and in the ledger: one mapping, used by both ends.
+impl From<Outcome> for proto::Outcome {
+    fn from(o: Outcome) -> proto::Outcome {
+        match o {
+            Outcome::Exited => proto::Outcome::Exited,
+            Outcome::Signaled => proto::Outcome::Signaled,
+            Outcome::TimedOut => proto::Outcome::TimedOut,
+            Outcome::SpawnFailed => proto::Outcome::SpawnFailed,
+            // Decided by the leader, never reported by an agent.
+            Outcome::None | Outcome::Lost | Outcome::Unschedulable => proto::Outcome::Unspecified,
+        }
+    }
+}
+
+impl From<proto::Outcome> for Outcome {
+    fn from(o: proto::Outcome) -> Outcome {
+        match o {
+            proto::Outcome::Exited => Outcome::Exited,
+            proto::Outcome::Signaled => Outcome::Signaled,
+            proto::Outcome::TimedOut => Outcome::TimedOut,
+            proto::Outcome::SpawnFailed => Outcome::SpawnFailed,
+            proto::Outcome::Unspecified => Outcome::None,
+        }
+    }
 }
 
 /// Largest frame accepted from a peer that has not yet proved it knows the job secret (the

@@ -8,11 +8,13 @@ use std::sync::mpsc;
 
 use anyhow::{bail, Context};
 
+use crate::cli::agent::WorkArgs;
 use crate::leader::core::Input;
 use crate::leader::driver::Event;
 use crate::leader::launch::{watch, Agents};
 use crate::output::OutputMode;
 use crate::rundir::RunDir;
+use crate::simexec::ExecKind;
 
 pub fn var(name: &str) -> anyhow::Result<String> {
     std::env::var(name).with_context(|| format!("${name} is not set (not inside a Slurm job?)"))
@@ -116,18 +118,23 @@ impl Srun {
             .arg("--input=none")
             .arg("--job-name=htc-agents")
             .arg(&self.agent_bin)
-            .arg("work")
-            .arg("--slurm")
-            .arg("--leader")
-            .arg(leader.to_string())
-            .arg("--run-dir")
-            .arg(&run.path)
-            .arg("--agent-id")
-            .arg("0")
-            .arg("--output")
-            .arg(self.output.name())
-            .arg("--fanout")
-            .arg(self.fanout.to_string())
+            .args(
+                WorkArgs {
+                    leader,
+                    run_dir: run.path.clone(),
+                    agent_id: 0,
+                    slurm: true,
+                    slots: None,
+                    cpus: String::new(),
+                    mem_mb: 0,
+                    output: self.output,
+                    fanout: self.fanout,
+                    agents: 1,
+                    count: 1,
+                    exec: ExecKind::Real,
+                }
+                .argv(),
+            )
             .stdin(Stdio::null());
         // Agents log to the job's output; keep it to what matters unless the user asked.
         if std::env::var_os("HTC_LOG").is_none() {

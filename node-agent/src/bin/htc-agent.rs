@@ -3,7 +3,6 @@
 //! by the leader's one `srun` step on every node).
 
 use std::ffi::OsString;
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -11,13 +10,11 @@ use anyhow::{bail, Context};
 use clap::Parser;
 use htc::agent::{self, AgentConfig};
 use htc::bootstrap::{self, Kvs};
-use htc::cli::agent::{Cli, Cmd, LeadArgs, DEFAULT_FANOUT};
+use htc::cli::agent::{Cli, Cmd, LeadArgs, WorkArgs, DEFAULT_FANOUT};
 use htc::leader::{self, LeaderConfig};
 use htc::load::{self, CreateError};
-use htc::output::OutputMode;
 use htc::pmi::Pmi;
 use htc::rundir::RunDir;
-use htc::simexec::ExecKind;
 use htc::{executor, prologue, slurm};
 use htc_core::taskfile::TaskOptions;
 
@@ -37,11 +34,7 @@ fn main() -> ExitCode {
     htc::init_logging(if matches!(cli.cmd, Cmd::Lead(_)) { "warn" } else { "info" });
     let r = match cli.cmd {
         Cmd::Lead(a) => lead(a, script),
-        Cmd::Work { leader, run_dir, agent_id, slurm, slots, cpus, mem_mb, output, fanout, agents, count, exec } => {
-            let a =
-                WorkArgs { leader, run_dir, agent_id, slurm, slots, cpus, mem_mb, output, fanout, agents, count, exec };
-            work(a).map(|()| 0)
-        }
+        Cmd::Work(a) => work(a).map(|()| 0),
     };
     match r {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
@@ -50,21 +43,6 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-struct WorkArgs {
-    leader: std::net::SocketAddr,
-    run_dir: PathBuf,
-    agent_id: u32,
-    slurm: bool,
-    slots: Option<usize>,
-    cpus: String,
-    mem_mb: u64,
-    output: OutputMode,
-    fanout: u32,
-    agents: u32,
-    count: u32,
-    exec: ExecKind,
 }
 
 fn work(a: WorkArgs) -> anyhow::Result<()> {

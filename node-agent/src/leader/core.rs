@@ -389,13 +389,7 @@ impl<'a> Core<'a> {
         if let Some(a) = self.agents.get_mut(&agent) {
             a.ahead_ms = a.ahead_ms.saturating_sub(r.runtime_ms as u64 * r.cores as u64);
         }
-        let outcome = match proto::Outcome::try_from(res.outcome).unwrap_or(proto::Outcome::Unspecified) {
-            proto::Outcome::Exited => Outcome::Exited,
-            proto::Outcome::Signaled => Outcome::Signaled,
-            proto::Outcome::TimedOut => Outcome::TimedOut,
-            proto::Outcome::SpawnFailed => Outcome::SpawnFailed,
-            proto::Outcome::Unspecified => Outcome::None,
-        };
+        let outcome = Outcome::from(proto::Outcome::try_from(res.outcome).unwrap_or(proto::Outcome::Unspecified));
         self.finish_attempt(t, res.id, &mut r, f, outcome, res.value, res.start_us, res.end_us)
     }
 

@@ -12,6 +12,7 @@ use anyhow::Context;
 
 use super::core::Input;
 use super::driver::Event;
+use crate::cli::agent::WorkArgs;
 use crate::output::OutputMode;
 use crate::rundir::RunDir;
 use crate::simexec::ExecKind;
@@ -96,29 +97,24 @@ impl Local {
             let log = std::fs::File::create(self.log_dir.join(format!("agent-{i}.log")))?;
             // Own process group: a Ctrl-C on the terminal reaches the leader only, which then
             // stops the agents cleanly (they stop their tasks) instead of orphaning the tasks.
+            let argv = WorkArgs {
+                leader,
+                run_dir: run.path.clone(),
+                agent_id: i as u32,
+                slurm: false,
+                slots: Some(self.slots_per_agent),
+                cpus: cpus.join(","),
+                mem_mb: 0,
+                output: self.output,
+                fanout: self.fanout,
+                agents: self.agents as u32,
+                count: count as u32,
+                exec: self.exec,
+            }
+            .argv();
             let child = Command::new(&self.agent_bin)
                 .process_group(0)
-                .arg("work")
-                .arg("--leader")
-                .arg(leader.to_string())
-                .arg("--run-dir")
-                .arg(&run.path)
-                .arg("--agent-id")
-                .arg(i.to_string())
-                .arg("--slots")
-                .arg(self.slots_per_agent.to_string())
-                .arg("--cpus")
-                .arg(cpus.join(","))
-                .arg("--output")
-                .arg(self.output.name())
-                .arg("--fanout")
-                .arg(self.fanout.to_string())
-                .arg("--agents")
-                .arg(self.agents.to_string())
-                .arg("--count")
-                .arg(count.to_string())
-                .arg("--exec")
-                .arg(self.exec.name())
+                .args(argv)
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(log)

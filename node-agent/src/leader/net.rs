@@ -14,7 +14,6 @@ use super::driver::Event;
 use crate::auth::{self, Door};
 use crate::frame::{self, read_frame, FrameError};
 use crate::proto::{self, frame::Body};
-use crate::PROTOCOL_VERSION;
 
 pub struct NetConfig {
     pub secret: Vec<u8>,
@@ -49,9 +48,7 @@ pub async fn serve(listener: TcpListener, cfg: Arc<NetConfig>, core: mpsc::Sende
 /// Checks a Hello (the connecting agent's own, or one relayed from below it). The connection it
 /// came over is authenticated; this guards against two agents claiming one id.
 fn admit(h: &proto::Hello, cfg: &NetConfig) -> Result<(), String> {
-    if h.protocol != PROTOCOL_VERSION {
-        return Err(format!("protocol {} not supported (leader speaks {PROTOCOL_VERSION})", h.protocol));
-    }
+    auth::check_hello(h, None)?;
     let mut joined = cfg.joined.lock().unwrap_or_else(|e| e.into_inner());
     if !joined.insert(h.agent_id) {
         return Err(format!("agent {} is already connected", h.agent_id));

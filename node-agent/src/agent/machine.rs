@@ -1,0 +1,573 @@
+//! An agent's decisions without I/O: how much work to ask its parent for, when to report, what to
+//! tell the executor, which branch a frame from above goes down, what to say when a child is lost,
+//! and when the agent is done. The driver (`mod.rs`) feeds it `(now, input)` and carries out the
+//! effects it returns; the tests below drive it with scripted inputs.
+
+use std::collections::{HashSet, VecDeque};
+
+use htc_core::tree;
+
+use crate::executor::{Command, ExecEvent, TaskToRun};
+use crate::proto::{self, frame::Body};
+
+/// Results buffered before a report goes out regardless of the timer.
+pub const REPORT_BATCH: usize = 512;
+/// How long a finished relay waits for its children to close before it exits anyway.
+pub const CHILDREN_GRACE_US: u64 = 30_000_000;
+
+/// What happened, as the machine sees it.
+#[derive(Debug)]
+pub enum Input {
+    /// A frame from the parent (for this agent, or for one below it).
+    Parent(Body),
+    /// The connection to the parent ended (closed, broken, or a write failed).
+    ParentEnded(String),
+    /// SIGTERM or SIGINT from outside (scancel, kill, Ctrl-C).
+    Signal(&'static str),
+    /// A direct child at this tree position connected and was admitted.
+    ChildOpened(u64),
+    /// A frame from below, already encoded, to pass up unchanged.
+    ChildFrame(Vec<u8>),
+    /// A direct child's connection ended: these agents (it and those it relayed for) are gone.
+    ChildClosed { pos: u64, agents: Vec<u32>, why: String },
+    /// Task starts and ends from the executor.
+    Exec(Vec<ExecEvent>),
+    /// The executor stopped: everything it was given has ended.
+    ExecEnded,
+    /// The report timer fired.
+    Tick,
+}
+
+/// What the driver must do.
+#[derive(Debug)]
+pub enum Effect {
+    /// This agent's own frame to the parent.
+    Up(Body),
+    /// A child's frame passed up unchanged.
+    Relay(Vec<u8>),
+    /// A frame down to the direct child at this position.
+    Down {
+        pos: u64,
+        body: Body,
+    },
+    Exec(Command),
+    /// The last frame is out: close the sending side of the parent connection.
+    CloseUp,
+}
+
+/// The parent connection as the machine knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Parent {
+    Open,
+    /// Closed after it said Shutdown: the normal end.
+    Closed,
+    /// Lost, or the agent was told by a signal to stop; the tasks were stopped.
+    Cut {
+        why: String,
+        signal: bool,
+    },
+}
+
+pub struct Machine {
+    id: u32,
+    pos: u64,
+    fanout: u32,
+    slots: usize,
+    /// Enough queued work to keep every slot busy across one report round trip.
+    target: u64,
+    /// Received and not yet finished.
+    outstanding: u64,
+    /// Requested and not yet received.
+    asked: u64,
+    seq: u64,
+    /// Reports with results the parent has not acknowledged yet: (seq, results).
+    unacked: VecDeque<(u64, usize)>,
+    started: Vec<proto::TaskStarted>,
+    results: Vec<proto::TaskResult>,
+    children: HashSet<u64>,
+    parent: Parent,
+    shutting_down: bool,
+    /// When the executor stopped.
+    exec_ended_at: Option<u64>,
+    finished: bool,
+}
+
+impl Machine {
+    pub fn new(id: u32, slots: usize, fanout: u32) -> Machine {
+        Machine {
+            id,
+            pos: tree::position(id),
+            fanout: fanout.max(1),
+            slots,
+            target: (slots as u64 * 8).max(32),
+            outstanding: 0,
+            asked: 0,
+            seq: 0,
+            unacked: VecDeque::new(),
+            started: Vec::new(),
+            results: Vec::new(),
+            children: HashSet::new(),
+            parent: Parent::Open,
+            shutting_down: false,
+            exec_ended_at: None,
+            finished: false,
+        }
+    }
+
+    /// `None` while running; then `Ok` for a normal end, or why the agent stopped early.
+    pub fn outcome(&self) -> Option<Result<(), String>> {
+        if !self.finished {
+            return None;
+        }
+        Some(match &self.parent {
+            Parent::Cut { why, signal } => {
+                let lost = self.unacked_results();
+                let unrecorded = if lost > 0 {
+                    format!("; {lost} results the leader had not acknowledged run again when the job resumes")
+                } else {
+                    String::new()
+                };
+                Err(if *signal {
+                    format!("{why}; running tasks were stopped{unrecorded}")
+                } else {
+                    format!("lost the connection to the parent ({why}); running tasks were stopped{unrecorded}")
+                })
+            }
+            _ => Ok(()),
+        })
+    }
+
+    /// Results reported but not yet acknowledged as recorded.
+    pub fn unacked_results(&self) -> usize {
+        self.unacked.iter().map(|(_, n)| n).sum()
+    }
+
+    pub fn handle(&mut self, now_us: u64, input: Input, out: &mut Vec<Effect>) {
+        if self.finished {
+            return;
+        }
+        let flush = match input {
+            Input::Parent(body) => self.on_parent(body, out),
+            Input::ParentEnded(why) => {
+                self.parent_ended(why, out);
+                false
+            }
+            Input::Signal(what) => {
+                if !matches!(self.parent, Parent::Cut { .. }) {
+                    self.parent = Parent::Cut { why: what.to_string(), signal: true };
+                    out.push(Effect::Exec(Command::Abort));
+                }
+                false
+            }
+            Input::ChildOpened(pos) => {
+                self.children.insert(pos);
+                false
+            }
+            Input::ChildFrame(bytes) => {
+                if self.parent == Parent::Open {
+                    out.push(Effect::Relay(bytes));
+                }
+                false
+            }
+            Input::ChildClosed { pos, agents, why } => self.child_closed(pos, agents, why, out),
+            Input::Exec(batch) => self.on_exec(batch),
+            Input::ExecEnded => {
+                self.exec_ended_at = Some(now_us);
+                false
+            }
+            Input::Tick => true,
+        };
+        self.after(now_us, flush, out);
+    }
+
+    fn on_parent(&mut self, body: Body, out: &mut Vec<Effect>) -> bool {
+        if self.parent != Parent::Open {
+            return false;
+        }
+        match destination(&body) {
+            Some(d) if d != self.id => {
+                match tree::next_hop(self.pos, tree::position(d), self.fanout).filter(|c| self.children.contains(c)) {
+                    Some(pos) => out.push(Effect::Down { pos, body }),
+                    None => tracing::debug!(agent = d, "frame for an agent not below this one dropped"),
+                }
+                return false;
+            }
+            _ => {}
+        }
+        match body {
+            Body::Dispatch(d) => {
+                let n = d.tasks.len() as u64;
+                self.outstanding += n;
+                self.asked = self.asked.saturating_sub(n);
+                out.push(Effect::Exec(Command::Run(d.tasks.into_iter().map(to_run).collect())));
+            }
+            Body::Ack(a) => {
+                while self.unacked.front().is_some_and(|(seq, _)| *seq <= a.seq) {
+                    self.unacked.pop_front();
+                }
+            }
+            Body::Shutdown(s) => {
+                tracing::info!(agent = self.id, abort = s.abort, reason = %s.reason, "shutdown");
+                self.shutting_down = true;
+                out.push(Effect::Exec(if s.abort { Command::Abort } else { Command::Finish }));
+            }
+            _ => tracing::warn!(agent = self.id, "unexpected frame from above ignored"),
+        }
+        false
+    }
+
+    fn parent_ended(&mut self, why: String, out: &mut Vec<Effect>) {
+        if self.parent != Parent::Open {
+            return;
+        }
+        if self.shutting_down {
+            // After Shutdown the leader may close first; that is the normal end.
+            self.parent = Parent::Closed;
+        } else {
+            // Without a leader nobody records results: stop the tasks rather than let them run
+            // unaccounted. The resumed run re-runs them.
+            self.parent = Parent::Cut { why, signal: false };
+            out.push(Effect::Exec(Command::Abort));
+        }
+    }
+
+    fn child_closed(&mut self, pos: u64, agents: Vec<u32>, why: String, out: &mut Vec<Effect>) -> bool {
+        self.children.remove(&pos);
+        if self.shutting_down || self.parent != Parent::Open {
+            return false;
+        }
+        for agent in agents {
+            out.push(Effect::Up(Body::Lost(proto::Lost { agent, reason: why.clone() })));
+        }
+        true
+    }
+
+    fn on_exec(&mut self, batch: Vec<ExecEvent>) -> bool {
+        for e in batch {
+            match e {
+                ExecEvent::Started { id, attempt, start_us } => {
+                    self.started.push(proto::TaskStarted { id, attempt, start_us })
+                }
+                ExecEvent::Finished(f) => {
+                    self.outstanding = self.outstanding.saturating_sub(1);
+                    self.results.push(proto::TaskResult {
+                        id: f.id,
+                        attempt: f.attempt,
+                        outcome: proto::Outcome::from(f.outcome) as i32,
+                        value: f.value,
+                        start_us: f.start_us,
+                        end_us: f.end_us,
+                    });
+                }
+            }
+        }
+        self.results.len() >= REPORT_BATCH || self.outstanding < self.target / 4
+    }
+
+    /// After every input: the end of the agent, or a report when one is due.
+    fn after(&mut self, now_us: u64, flush: bool, out: &mut Vec<Effect>) {
+        let open = self.parent == Parent::Open;
+        if let Some(at) = self.exec_ended_at {
+            if !open || self.shutting_down {
+                // A relay stays until its children are done: their last reports pass through it.
+                if open && !self.children.is_empty() && now_us.saturating_sub(at) < CHILDREN_GRACE_US {
+                    if flush && self.has_news() {
+                        self.report(0, true, 0, out);
+                    }
+                    return;
+                }
+                if open {
+                    self.report(0, true, 0, out);
+                    out.push(Effect::CloseUp);
+                }
+                self.finished = true;
+                return;
+            }
+        }
+        if !(flush && open) {
+            return;
+        }
+        let target = self.target;
+        let want = if self.shutting_down { 0 } else { target.saturating_sub(self.outstanding + self.asked) };
+        // Small requests cost a frame each; wait until at least a quarter of the target is due.
+        let want = if want >= target / 4 || self.outstanding + self.asked == 0 { want } else { 0 };
+        if want > 0 || self.has_news() {
+            self.asked += want;
+            let idle = self.slots.saturating_sub(self.outstanding as usize) as u32;
+            let drained = self.outstanding == 0 && self.asked == 0;
+            self.report(want as u32, drained, idle, out);
+        }
+    }
+
+    fn has_news(&self) -> bool {
+        !self.results.is_empty() || !self.started.is_empty()
+    }
+
+    fn report(&mut self, want: u32, drained: bool, idle: u32, out: &mut Vec<Effect>) {
+        if !self.results.is_empty() {
+            self.seq += 1;
+            self.unacked.push_back((self.seq, self.results.len()));
+            // A start whose result travels in the same report needs no separate ledger write.
+            if !self.started.is_empty() {
+                let done: HashSet<u64> = self.results.iter().map(|r| r.id).collect();
+                self.started.retain(|s| !done.contains(&s.id));
+            }
+        }
+        out.push(Effect::Up(Body::Report(proto::Report {
+            seq: self.seq,
+            started: std::mem::take(&mut self.started),
+            results: std::mem::take(&mut self.results),
+            want,
+            drained,
+            agent: self.id,
+            idle,
+        })));
+    }
+}
+
+fn to_run(t: proto::TaskSpec) -> TaskToRun {
+    TaskToRun {
+        id: t.id,
+        attempt: t.attempt,
+        command: t.command,
+        shell: t.shell,
+        cores: t.cores,
+        mem_mb: t.mem_mb,
+        timeout_ms: t.timeout_ms,
+        runtime_ms: t.runtime_ms,
+    }
+}
+
+/// The agent a downward frame is for; `None` for frames that concern the connection itself.
+fn destination(b: &Body) -> Option<u32> {
+    match b {
+        Body::Dispatch(d) => Some(d.agent),
+        Body::Ack(a) => Some(a.agent),
+        Body::Shutdown(s) => Some(s.agent),
+        Body::Welcome(w) => Some(w.agent_id),
+        Body::Reject(r) => Some(r.agent_id),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::executor::Finished;
+    use crate::ledger::Outcome;
+
+    fn spec(id: u64) -> proto::TaskSpec {
+        proto::TaskSpec { id, attempt: 1, command: b"true".to_vec(), ..Default::default() }
+    }
+
+    fn dispatch(agent: u32, ids: std::ops::Range<u64>) -> Input {
+        Input::Parent(Body::Dispatch(proto::Dispatch { tasks: ids.map(spec).collect(), agent }))
+    }
+
+    fn done(id: u64) -> ExecEvent {
+        ExecEvent::Finished(Finished { id, attempt: 1, outcome: Outcome::Exited, value: 0, start_us: 10, end_us: 20 })
+    }
+
+    fn step(m: &mut Machine, now: u64, input: Input) -> Vec<Effect> {
+        let mut out = Vec::new();
+        m.handle(now, input, &mut out);
+        out
+    }
+
+    fn reports(out: &[Effect]) -> Vec<&proto::Report> {
+        out.iter()
+            .filter_map(|e| match e {
+                Effect::Up(Body::Report(r)) => Some(r),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn asks_for_a_full_queue_then_reports_results_and_idle_slots() {
+        let mut m = Machine::new(0, 4, 2);
+        let out = step(&mut m, 0, Input::Tick);
+        let r = reports(&out);
+        assert_eq!((r.len(), r[0].want, r[0].idle, r[0].drained), (1, 32, 4, false));
+        // Nothing new and nothing due: a tick says nothing.
+        assert!(step(&mut m, 1, Input::Tick).is_empty());
+
+        let out = step(&mut m, 2, dispatch(0, 0..32));
+        assert!(matches!(out.as_slice(), [Effect::Exec(Command::Run(t))] if t.len() == 32 && t[5].id == 5));
+
+        let started = (0..4).map(|id| ExecEvent::Started { id, attempt: 1, start_us: 5 });
+        assert!(step(&mut m, 3, Input::Exec(started.collect())).is_empty(), "a queue this full reports on the timer");
+        let out = step(&mut m, 4, Input::Exec((0..3).map(done).collect()));
+        assert!(out.is_empty());
+        let out = step(&mut m, 5, Input::Tick);
+        let r = reports(&out)[0];
+        // Task 3 started and is still running: only its start goes up.
+        assert_eq!(r.results.iter().map(|r| r.id).collect::<Vec<_>>(), [0, 1, 2]);
+        assert_eq!(r.started.iter().map(|s| s.id).collect::<Vec<_>>(), [3]);
+        assert_eq!((r.seq, r.want, r.idle), (1, 0, 0), "29 queued: not yet a quarter of the target to ask for");
+        assert_eq!(m.unacked_results(), 3);
+    }
+
+    #[test]
+    fn a_draining_queue_reports_at_once_and_asks_for_more() {
+        let mut m = Machine::new(0, 1, 2);
+        step(&mut m, 0, Input::Tick);
+        step(&mut m, 1, dispatch(0, 0..32));
+        let out = step(&mut m, 2, Input::Exec((0..25).map(done).collect()));
+        let r = reports(&out);
+        assert_eq!(r.len(), 1, "7 left of a target of 32: below a quarter");
+        assert_eq!((r[0].want, r[0].results.len()), (25, 25));
+    }
+
+    #[test]
+    fn acks_release_what_the_leader_recorded() {
+        let mut m = Machine::new(0, 1, 2);
+        step(&mut m, 0, Input::Tick);
+        step(&mut m, 1, dispatch(0, 0..32));
+        for (i, id) in (0..3).enumerate() {
+            step(&mut m, 2, Input::Exec(vec![done(id)]));
+            let r = step(&mut m, 3, Input::Tick);
+            assert_eq!(reports(&r)[0].seq, i as u64 + 1);
+        }
+        assert_eq!(m.unacked_results(), 3);
+        step(&mut m, 4, Input::Parent(Body::Ack(proto::Ack { seq: 2, agent: 0 })));
+        assert_eq!(m.unacked_results(), 1);
+        // An ack for another agent is not this one's.
+        step(&mut m, 5, Input::Parent(Body::Ack(proto::Ack { seq: 3, agent: 7 })));
+        assert_eq!(m.unacked_results(), 1);
+        step(&mut m, 5, Input::Parent(Body::Ack(proto::Ack { seq: 3, agent: 0 })));
+        assert_eq!(m.unacked_results(), 0);
+    }
+
+    #[test]
+    fn shutdown_finishes_the_queue_then_sends_the_last_report_and_closes() {
+        let mut m = Machine::new(3, 2, 2);
+        step(&mut m, 0, Input::Tick);
+        step(&mut m, 1, dispatch(3, 0..2));
+        let out = step(
+            &mut m,
+            2,
+            Input::Parent(Body::Shutdown(proto::Shutdown { abort: false, reason: "done".into(), agent: 3 })),
+        );
+        assert!(matches!(out.as_slice(), [Effect::Exec(Command::Finish)]));
+        let out = step(&mut m, 3, Input::Exec((0..2).map(done).collect()));
+        let r = reports(&out);
+        assert_eq!((r[0].results.len(), r[0].want), (2, 0), "a shutting-down agent asks for nothing");
+        assert!(m.outcome().is_none());
+        let out = step(&mut m, 4, Input::ExecEnded);
+        let r = reports(&out);
+        assert_eq!((r.len(), r[0].results.len(), r[0].drained, r[0].want), (1, 0, true, 0));
+        assert!(matches!(out.last(), Some(Effect::CloseUp)));
+        assert_eq!(m.outcome(), Some(Ok(())));
+        // Nothing after the end.
+        assert!(step(&mut m, 5, Input::Tick).is_empty());
+    }
+
+    #[test]
+    fn losing_the_parent_stops_the_tasks_and_says_what_was_not_recorded() {
+        let mut m = Machine::new(0, 1, 2);
+        step(&mut m, 0, Input::Tick);
+        step(&mut m, 1, dispatch(0, 0..32));
+        step(&mut m, 2, Input::Exec(vec![done(0)]));
+        step(&mut m, 3, Input::Tick);
+        let out = step(&mut m, 4, Input::ParentEnded("connection reset".into()));
+        assert!(matches!(out.as_slice(), [Effect::Exec(Command::Abort)]));
+        // What the executor still says goes nowhere: there is nobody to record it.
+        assert!(step(&mut m, 5, Input::Exec(vec![done(1)])).is_empty());
+        let out = step(&mut m, 6, Input::ExecEnded);
+        assert!(out.is_empty(), "{out:?}");
+        let err = m.outcome().unwrap().unwrap_err();
+        assert!(err.contains("connection reset") && err.contains("1 results"), "{err}");
+    }
+
+    #[test]
+    fn the_parent_closing_after_shutdown_is_the_normal_end() {
+        let mut m = Machine::new(0, 1, 2);
+        step(&mut m, 0, Input::Parent(Body::Shutdown(proto::Shutdown { abort: true, reason: "x".into(), agent: 0 })));
+        assert!(step(&mut m, 1, Input::ParentEnded("closed".into())).is_empty());
+        step(&mut m, 2, Input::ExecEnded);
+        assert_eq!(m.outcome(), Some(Ok(())));
+    }
+
+    #[test]
+    fn a_signal_aborts_once_and_ends_in_an_error() {
+        let mut m = Machine::new(0, 1, 2);
+        let out = step(&mut m, 0, Input::Signal("terminated by a signal"));
+        assert!(matches!(out.as_slice(), [Effect::Exec(Command::Abort)]));
+        assert!(step(&mut m, 1, Input::Signal("interrupted")).is_empty());
+        step(&mut m, 2, Input::ExecEnded);
+        let err = m.outcome().unwrap().unwrap_err();
+        assert!(err.starts_with("terminated by a signal; running tasks were stopped"), "{err}");
+    }
+
+    #[test]
+    fn frames_for_agents_below_go_down_the_right_branch() {
+        // Fan-out 2: agent 0 sits at position 1, its children at 3 and 4 (agents 2 and 3); agent
+        // 7 (position 8) is below position 3.
+        let mut m = Machine::new(0, 1, 2);
+        step(&mut m, 0, Input::ChildOpened(3));
+        let out = step(&mut m, 1, dispatch(7, 0..1));
+        assert!(matches!(out.as_slice(), [Effect::Down { pos: 3, body: Body::Dispatch(_) }]), "{out:?}");
+        // Agent 3 is below, but its branch has not connected; agent 1 is not below at all.
+        assert!(step(&mut m, 2, dispatch(3, 0..1)).is_empty());
+        assert!(step(&mut m, 3, dispatch(1, 0..1)).is_empty());
+        let out = step(&mut m, 4, Input::ChildFrame(vec![1, 2, 3]));
+        assert!(matches!(out.as_slice(), [Effect::Relay(b)] if b == &[1, 2, 3]));
+    }
+
+    #[test]
+    fn a_lost_child_is_reported_with_every_agent_it_relayed_for() {
+        let mut m = Machine::new(0, 1, 2);
+        step(&mut m, 0, Input::ChildOpened(3));
+        let out = step(&mut m, 1, Input::ChildClosed { pos: 3, agents: vec![2, 7], why: "reset".into() });
+        let lost: Vec<u32> = out
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Up(Body::Lost(l)) => Some(l.agent),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(lost, [2, 7]);
+        // After shutdown a child closing is the normal end, not a loss.
+        step(&mut m, 2, Input::ChildOpened(4));
+        step(
+            &mut m,
+            3,
+            Input::Parent(Body::Shutdown(proto::Shutdown { abort: false, reason: String::new(), agent: 0 })),
+        );
+        let out = step(&mut m, 4, Input::ChildClosed { pos: 4, agents: vec![3], why: "closed".into() });
+        assert!(out.iter().all(|e| !matches!(e, Effect::Up(Body::Lost(_)))));
+    }
+
+    #[test]
+    fn a_finished_relay_waits_for_its_children_but_not_forever() {
+        let mut m = Machine::new(0, 1, 2);
+        step(&mut m, 0, Input::ChildOpened(3));
+        step(
+            &mut m,
+            1,
+            Input::Parent(Body::Shutdown(proto::Shutdown { abort: false, reason: String::new(), agent: 0 })),
+        );
+        step(&mut m, 2, Input::ExecEnded);
+        assert!(m.outcome().is_none(), "its child's last report still has to pass through");
+        let out = step(&mut m, 3, Input::ChildFrame(vec![9]));
+        assert!(matches!(out.as_slice(), [Effect::Relay(_)]));
+        step(&mut m, 2 + CHILDREN_GRACE_US - 1, Input::Tick);
+        assert!(m.outcome().is_none());
+        let out = step(&mut m, 2 + CHILDREN_GRACE_US, Input::Tick);
+        assert!(matches!(out.last(), Some(Effect::CloseUp)));
+        assert_eq!(m.outcome(), Some(Ok(())));
+
+        // A relay whose children all closed ends at once.
+        let mut m = Machine::new(0, 1, 2);
+        step(&mut m, 0, Input::ChildOpened(3));
+        step(
+            &mut m,
+            1,
+            Input::Parent(Body::Shutdown(proto::Shutdown { abort: false, reason: String::new(), agent: 0 })),
+        );
+        step(&mut m, 2, Input::ExecEnded);
+        step(&mut m, 3, Input::ChildClosed { pos: 3, agents: vec![2], why: "closed".into() });
+        assert_eq!(m.outcome(), Some(Ok(())));
+    }
+}

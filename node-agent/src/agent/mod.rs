@@ -1,0 +1,260 @@
+//! A node agent (`htc-agent work`): connects to its parent (the leader, or a relay agent above it
+//! in the tree), proves it belongs to the job, asks for tasks, runs them through the executor and
+//! reports starts and results in batches. An agent with children also relays: frames from below
+//! go up unchanged, frames from above addressed to another agent go down the right branch.
+//!
+//! The decisions are `machine`'s; this driver moves frames, executor events, signals and timer
+//! ticks into it and carries out what it answers. `relay` serves the children.
+
+mod machine;
+mod relay;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use htc_core::tree;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
+
+use crate::auth;
+use crate::executor::{self, ExecConfig, ExecEvent};
+use crate::frame::{self, read_frame, FrameError};
+use crate::output::OutputMode;
+use crate::proto::{self, frame::Body};
+use crate::rundir::RunDir;
+use crate::simexec::{self, ExecKind};
+use crate::PROTOCOL_VERSION;
+use machine::{Effect, Input, Machine};
+use relay::Child;
+
+pub struct AgentConfig {
+    /// Where to connect: the leader, or the parent agent in the tree.
+    pub parent: SocketAddr,
+    pub run: RunDir,
+    pub agent_id: u32,
+    pub slots: usize,
+    pub cpus: Vec<usize>,
+    pub mem_mb: u64,
+    pub output: OutputMode,
+    pub kill_grace: Duration,
+    /// How often buffered results go up when the buffer is not full.
+    pub flush_every: Duration,
+    /// Set when this agent has children to serve: (fan-out, number of agents, bound listener).
+    pub relay: Option<(u32, u32, std::net::TcpListener)>,
+    /// Real processes, or a simulation that starts none.
+    pub exec: ExecKind,
+}
+
+pub fn run(cfg: AgentConfig) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    rt.block_on(run_async(cfg))
+}
+
+/// Several agents in one process (simulations: thousands of agents on a few cores). Each keeps
+/// its own connection, tree position and executor; the first error is returned after all end.
+pub fn run_many(cfgs: Vec<AgentConfig>) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    rt.block_on(async {
+        let mut set = tokio::task::JoinSet::new();
+        for cfg in cfgs {
+            let id = cfg.agent_id;
+            set.spawn(async move { run_async(cfg).await.with_context(|| format!("agent {id}")) });
+        }
+        let mut first = Ok(());
+        while let Some(r) = set.join_next().await {
+            let r = r.map_err(anyhow::Error::from).and_then(|r| r);
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
+    })
+}
+
+async fn connect(addr: SocketAddr) -> anyhow::Result<TcpStream> {
+    let mut delay = Duration::from_millis(20);
+    let mut last = None;
+    for _ in 0..40 {
+        match TcpStream::connect(addr).await {
+            Ok(s) => return Ok(s),
+            Err(e) => last = Some(e),
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_millis(500));
+    }
+    Err(last.unwrap()).with_context(|| format!("connecting to {addr}"))
+}
+
+async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
+    let secret = cfg.run.read_secret().context("reading the job secret")?;
+    let (job_id, stream) = join(&cfg, &secret).await?;
+
+    let (child_tx, mut child_rx) = unbounded_channel::<Child>();
+    let fanout = cfg.relay.as_ref().map(|r| r.0).unwrap_or(1);
+    if let Some((k, n, listener)) = cfg.relay.take() {
+        let place = auth::RelayPlace { pos: tree::position(cfg.agent_id), fanout: k, agents: n };
+        relay::listen(listener, place, &job_id, secret.clone(), child_tx.clone())?;
+    }
+    drop(child_tx);
+
+    let (ev_tx, mut ev_rx) = unbounded_channel::<Vec<ExecEvent>>();
+    let sink = move |batch| {
+        let _ = ev_tx.send(batch);
+    };
+    let (exec, exec_thread) = if cfg.exec != ExecKind::Real {
+        simexec::start(cfg.exec, cfg.slots, sink)?
+    } else {
+        executor::start(exec_config(&cfg, &job_id), sink)?
+    };
+
+    let (mut rd, mut wr) = stream.into_split();
+    let (fr_tx, mut fr_rx) = unbounded_channel::<Result<Body, FrameError>>();
+    // Reading a frame is not cancel-safe, so it lives in its own task rather than in select!.
+    tokio::spawn(async move {
+        let mut buf = Vec::new();
+        loop {
+            let r = read_frame(&mut rd, &mut buf).await;
+            let end = r.is_err();
+            if fr_tx.send(r).is_err() || end {
+                break;
+            }
+        }
+    });
+
+    let start = tokio::time::Instant::now();
+    let mut m = Machine::new(cfg.agent_id, cfg.slots, fanout);
+    let mut children: HashMap<u64, UnboundedSender<Vec<u8>>> = HashMap::new();
+    let (mut parent_open, mut children_open, mut exec_open) = (true, true, true);
+    let mut tick = tokio::time::interval(cfg.flush_every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let (mut sigterm, mut sigint) = (
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?,
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?,
+    );
+    let mut effects = Vec::new();
+    let mut out = Vec::new();
+    let outcome = loop {
+        let input = tokio::select! {
+            // Killed from outside (scancel, kill): stop the tasks, which live in their own
+            // process groups, rather than leave them running without an agent.
+            _ = sigterm.recv() => Input::Signal("terminated by a signal"),
+            _ = sigint.recv() => Input::Signal("interrupted"),
+            f = fr_rx.recv(), if parent_open => match f {
+                Some(Ok(body)) => Input::Parent(body),
+                Some(Err(e)) => { parent_open = false; Input::ParentEnded(e.to_string()) }
+                None => { parent_open = false; Input::ParentEnded("connection closed".into()) }
+            },
+            c = child_rx.recv(), if children_open => match c {
+                Some(Child::Open { pos, tx }) => { children.insert(pos, tx); Input::ChildOpened(pos) }
+                Some(Child::Up(bytes)) => Input::ChildFrame(bytes),
+                Some(Child::Closed { pos, agents, why }) => {
+                    children.remove(&pos);
+                    Input::ChildClosed { pos, agents, why }
+                }
+                None => { children_open = false; continue }
+            },
+            batch = ev_rx.recv(), if exec_open => match batch {
+                Some(batch) => Input::Exec(batch),
+                None => { exec_open = false; Input::ExecEnded }
+            },
+            _ = tick.tick() => Input::Tick,
+        };
+        let now = start.elapsed().as_micros() as u64;
+        m.handle(now, input, &mut effects);
+        let mut close = false;
+        for e in effects.drain(..) {
+            match e {
+                Effect::Up(body) => frame::encode_into(body, &mut out),
+                Effect::Relay(bytes) => out.extend_from_slice(&bytes),
+                Effect::Down { pos, body } => {
+                    if let Some(tx) = children.get(&pos) {
+                        let _ = tx.send(relay::encoded(body));
+                    }
+                }
+                Effect::Exec(c) => exec.send(c),
+                Effect::CloseUp => close = true,
+            }
+        }
+        if !out.is_empty() {
+            let written = wr.write_all(&out).await;
+            out.clear();
+            if written.is_err() {
+                m.handle(now, Input::ParentEnded("write failed".into()), &mut effects);
+                effects.drain(..).for_each(|e| {
+                    if let Effect::Exec(c) = e {
+                        exec.send(c)
+                    }
+                });
+            }
+        }
+        if close {
+            let _ = wr.shutdown().await;
+        }
+        if let Some(outcome) = m.outcome() {
+            break outcome;
+        }
+    };
+    let _ = exec_thread.join();
+    outcome
+        .map_err(|why| anyhow::anyhow!("{why}"))
+        .with_context(|| format!("agent {} under {}", cfg.agent_id, cfg.parent))
+}
+
+/// Connects to the parent, proves membership of the job and says Hello; returns the job id the
+/// parent welcomed us with and the connection.
+async fn join(cfg: &AgentConfig, secret: &[u8]) -> anyhow::Result<(String, TcpStream)> {
+    let mut stream = connect(cfg.parent).await?;
+    frame::tune(&stream)?;
+    auth::connect(&mut stream, secret).await.with_context(|| format!("authenticating with {}", cfg.parent))?;
+    let hostname = hostname();
+    let hello = proto::Hello {
+        agent_id: cfg.agent_id,
+        cores: cfg.slots as u32,
+        mem_mb: cfg.mem_mb,
+        hostname: hostname.clone(),
+        pid: std::process::id(),
+        protocol: PROTOCOL_VERSION,
+    };
+    frame::write_frame(&mut stream, Body::Hello(hello)).await?;
+    let mut buf = Vec::new();
+    let job_id = match tokio::time::timeout(Duration::from_secs(30), read_frame(&mut stream, &mut buf)).await {
+        Err(_) => bail!("no answer from {} within 30 s", cfg.parent),
+        Ok(Ok(Body::Welcome(w))) => w.job_id,
+        Ok(Ok(Body::Reject(r))) => bail!("refused by {}: {}", cfg.parent, r.reason),
+        Ok(Ok(_)) => bail!("unexpected first frame from {}", cfg.parent),
+        Ok(Err(e)) => bail!("{} closed the connection during the handshake: {e}", cfg.parent),
+    };
+    tracing::info!(job = %job_id, agent = cfg.agent_id, slots = cfg.slots, %hostname, "joined");
+    Ok((job_id, stream))
+}
+
+fn exec_config(cfg: &AgentConfig, job_id: &str) -> ExecConfig {
+    ExecConfig {
+        job_id: job_id.to_string(),
+        agent: cfg.agent_id,
+        cpus: cfg.cpus.clone(),
+        slots: cfg.slots,
+        mem_mb: cfg.mem_mb,
+        out_dir: match cfg.output {
+            OutputMode::PerTask => cfg.run.out().join("tasks"),
+            _ => cfg.run.agent_out(cfg.agent_id),
+        },
+        output: cfg.output,
+        env: std::env::vars_os().collect(),
+        kill_grace: cfg.kill_grace,
+    }
+}
+
+pub fn hostname() -> String {
+    let mut b = [0u8; 256];
+    // SAFETY: gethostname writes at most b.len() bytes.
+    let rc = unsafe { libc::gethostname(b.as_mut_ptr() as *mut libc::c_char, b.len()) };
+    if rc != 0 {
+        return "?".into();
+    }
+    let n = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+    String::from_utf8_lossy(&b[..n]).into_owned()
+}

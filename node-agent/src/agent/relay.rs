@@ -1,0 +1,101 @@
+//! The relay side of an agent with children in the tree: accepts its direct children, checks
+//! their Hellos here (so a stranger or a misplaced agent never reaches the leader), and hands
+//! their frames, and those of the agents below them, to the agent's loop unchanged.
+
+use std::collections::HashSet;
+
+use tokio::net::TcpStream;
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::auth::{self, RelayPlace};
+use crate::frame::{self, read_frame, FrameError};
+use crate::proto::{self, frame::Body};
+
+/// What a child connection tells the agent's loop.
+pub enum Child {
+    /// A direct child connected: its position and the sender for frames down to it.
+    Open { pos: u64, tx: UnboundedSender<Vec<u8>> },
+    /// A frame from below to pass up.
+    Up(Vec<u8>),
+    /// A direct child's connection ended; these agents (it and those below it) are gone.
+    Closed { pos: u64, agents: Vec<u32>, why: String },
+}
+
+/// Accepts children for as long as the agent lives.
+pub fn listen(
+    listener: std::net::TcpListener,
+    place: RelayPlace,
+    job_id: &str,
+    secret: Vec<u8>,
+    up: UnboundedSender<Child>,
+) -> std::io::Result<()> {
+    listener.set_nonblocking(true)?;
+    let listener = tokio::net::TcpListener::from_std(listener)?;
+    let door = auth::Door::new(job_id);
+    tokio::spawn(async move {
+        loop {
+            let Ok((s, peer)) = listener.accept().await else { continue };
+            let Some(permit) = door.enter(peer) else { continue };
+            let (secret, door, up) = (secret.clone(), door.clone(), up.clone());
+            tokio::spawn(async move {
+                if let Err(e) = child_connection(s, permit, place, &secret, up).await {
+                    door.refused(peer, &e);
+                }
+            });
+        }
+    });
+    Ok(())
+}
+
+pub fn encoded(body: Body) -> Vec<u8> {
+    let mut b = Vec::new();
+    frame::encode_into(body, &mut b);
+    b
+}
+
+/// Serves one direct child: authenticates it and checks its Hello, then passes its frames up.
+async fn child_connection(
+    mut s: TcpStream,
+    permit: tokio::sync::OwnedSemaphorePermit,
+    place: RelayPlace,
+    secret: &[u8],
+    up: UnboundedSender<Child>,
+) -> Result<(), String> {
+    frame::tune(&s).map_err(|e| e.to_string())?;
+    let hello = auth::accept_hello(&mut s, secret).await.map_err(|e| e.to_string())?;
+    drop(permit);
+    if let Err(why) = auth::check_hello(&hello, Some(place)) {
+        let reject = Body::Reject(proto::Reject { reason: why.clone(), agent_id: hello.agent_id });
+        let _ = frame::write_frame(&mut s, reject).await;
+        return Err(why);
+    }
+    let pos = htc_core::tree::position(hello.agent_id);
+    let mut buf = Vec::new();
+    let (mut rd, wr) = s.into_split();
+    let tx = frame::spawn_writer(wr);
+    let _ = up.send(Child::Open { pos, tx });
+    let mut agents = HashSet::from([hello.agent_id]);
+    let _ = up.send(Child::Up(encoded(Body::Hello(hello))));
+    let why = loop {
+        match read_frame(&mut rd, &mut buf).await {
+            Ok(body) => {
+                match &body {
+                    Body::Hello(h) => {
+                        agents.insert(h.agent_id);
+                    }
+                    Body::Lost(l) => {
+                        agents.remove(&l.agent);
+                    }
+                    _ => {}
+                }
+                let _ = up.send(Child::Up(encoded(body)));
+            }
+            Err(FrameError::Closed) => break "connection to its relay closed".to_string(),
+            Err(e) => break e.to_string(),
+        }
+    };
+    let mut agents: Vec<u32> = agents.into_iter().collect();
+    agents.sort_unstable();
+    let _ = up.send(Child::Closed { pos, agents, why });
+    Ok(())
+}
