@@ -109,6 +109,32 @@ pub mod htc {
             #[arg(long)]
             dry_run: bool,
         },
+        /// Predict a run on a machine that is not there: the real leader and agent logic on a
+        /// virtual clock, tasks lasting their `runtime` hints (default 1 s, or the site's).
+        Simulate {
+            file: PathBuf,
+            /// Agents (nodes) to simulate.
+            #[arg(long, default_value_t = 1000)]
+            agents: u32,
+            /// Cores per agent.
+            #[arg(long, default_value_t = 24)]
+            cores_per_agent: u32,
+            /// hflow or even (default: the site file's, else hflow).
+            #[arg(long)]
+            partition: Option<Plan>,
+            /// One-way network latency per frame, microseconds (assumed, not measured).
+            #[arg(long, default_value_t = 100)]
+            latency_us: u64,
+            /// Leader CPU per finished task, microseconds (bench/RESULTS.md section 4: 0.78 here).
+            #[arg(long, default_value_t = 0.8)]
+            leader_us_per_task: f64,
+            /// Agents join one after another over this many milliseconds.
+            #[arg(long, default_value_t = 0)]
+            join_spread_ms: u64,
+            /// Print a JSON object instead of text.
+            #[arg(long)]
+            json: bool,
+        },
         /// Print one task's output (stdout to stdout, stderr to stderr).
         Output {
             /// A run directory or id.

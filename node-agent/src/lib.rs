@@ -17,6 +17,7 @@ pub mod pmi;
 pub mod prologue;
 pub mod rundir;
 pub mod simexec;
+pub mod simulate;
 pub mod site;
 pub mod slurm;
 pub mod status;

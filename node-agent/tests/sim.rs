@@ -137,3 +137,63 @@ fn calibrate_measures_s_and_d_and_writes_a_site_file_that_runs_use() {
     let o = d.htc_env(&["run", "t.txt", "--exec", "sleep", "-q"], &[("HTC_SITE_CONFIG", conf.as_os_str())]);
     assert!(o.status.success(), "{}", text(&o));
 }
+
+/// HFlow Fig. 4(b)'s mix: equal numbers of 0.01 .. 0.32 s tasks, shuffled (a fixed LCG), `n` of each.
+fn fig4b_mix(n: usize) -> String {
+    let mut lines: Vec<String> = [10, 20, 40, 80, 160, 320]
+        .iter()
+        .flat_map(|ms| (0..n).map(move |i| format!("[runtime={ms}ms] task {ms}-{i}\n")))
+        .collect();
+    let mut x: u64 = 7;
+    for i in (1..lines.len()).rev() {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        lines.swap(i, (x >> 33) as usize % (i + 1));
+    }
+    lines.concat()
+}
+
+fn simulate(d: &Dir, file: &str, args: &[&str]) -> serde_json::Value {
+    let mut a = vec!["simulate", file, "--json"];
+    a.extend_from_slice(args);
+    let o = d.htc(&a);
+    assert!(o.status.success(), "{}", text(&o));
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&o)))
+}
+
+/// The real leader core and agent machines on a virtual clock: 100 agents x 24 cores, with
+/// as many tasks as make the lower bound max(sum t / C, max t) 5.25 s. HFlow's plan ends within
+/// 5% of it, the even split of the file's order (HFlow's "FluxP") does not, and the answer is the
+/// same every time.
+#[test]
+fn simulate_runs_the_mixed_workload_on_a_virtual_clock_and_hflow_ends_near_the_bound() {
+    let d = Dir::new("simulate-mix");
+    d.write("mix.txt", fig4b_mix(20_000));
+    let layout = ["--agents", "100", "--cores-per-agent", "24"];
+    let run = |plan: &str| simulate(&d, "mix.txt", &[&layout[..], &["--partition", plan]].concat());
+    let (hflow, even) = (run("hflow"), run("even"));
+    for r in [&hflow, &even] {
+        assert_eq!((r["tasks"].as_u64(), r["failed"].as_u64()), (Some(120_000), Some(0)), "{r}");
+        assert!((r["bound_s"].as_f64().unwrap() - 5.25).abs() < 1e-6, "{r}");
+        assert!(r["leader_busy_s"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    let above = |r: &serde_json::Value| r["above_bound"].as_f64().unwrap();
+    assert!(above(&hflow) < 0.05, "hflow: {hflow}");
+    assert!(above(&even) > above(&hflow) + 0.03, "even: {even}, hflow: {hflow}");
+    assert_eq!(run("hflow")["makespan_s"], hflow["makespan_s"], "a virtual clock repeats itself");
+}
+
+#[test]
+fn simulate_gives_tasks_without_a_hint_the_site_s_runtime_and_refuses_a_bad_file() {
+    let d = Dir::new("simulate-plain");
+    // 96 one-second tasks (the default runtime) on 2 x 24 cores: two rounds.
+    d.write("t.txt", (0..96).map(|i| format!("echo {i}\n")).collect::<String>());
+    let r = simulate(&d, "t.txt", &["--agents", "2", "--cores-per-agent", "24"]);
+    assert!((r["bound_s"].as_f64().unwrap() - 2.0).abs() < 1e-6, "{r}");
+    let m = r["makespan_s"].as_f64().unwrap();
+    assert!((2.0..2.1).contains(&m), "{r}");
+
+    d.write("bad.txt", "echo fine\n[runtime=soon] echo bad\n");
+    let o = d.htc(&["simulate", "bad.txt"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("bad.txt:2"), "{}", text(&o));
+}

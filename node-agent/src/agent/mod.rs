@@ -6,7 +6,7 @@
 //! The decisions are `machine`'s; this driver moves frames, executor events, signals and timer
 //! ticks into it and carries out what it answers. `relay` serves the children.
 
-mod machine;
+pub mod machine;
 mod relay;
 
 use std::collections::HashMap;

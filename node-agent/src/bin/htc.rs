@@ -9,11 +9,12 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::Parser;
 use htc::cli::htc::{Cli, Cmd};
-use htc::leader::{self, launch, LeaderConfig};
+use htc::leader::{self, launch, LeaderConfig, Planned};
 use htc::ledger::{Ledger, Record};
 use htc::load::{self, CreateError, LoadError};
 use htc::output::{self, OutputMode};
 use htc::rundir::{self, RunDir};
+use htc::simulate::{self, SimConfig};
 use htc::site::Site;
 use htc::{calibrate, executor, status};
 use htc_core::taskfile::TaskOptions;
@@ -61,6 +62,42 @@ fn real_main() -> anyhow::Result<i32> {
             Ok(0)
         }
         Cmd::Calibrate { output, tasks, dry_run } => calibrate(output, tasks, dry_run),
+        Cmd::Simulate {
+            file,
+            agents,
+            cores_per_agent,
+            partition,
+            latency_us,
+            leader_us_per_task,
+            join_spread_ms,
+            json,
+        } => {
+            let site = Site::load()?;
+            let plan = Planned {
+                plan: partition.unwrap_or(site.partition),
+                instances: agents.max(1) as usize,
+                cores: agents.max(1) as u64 * cores_per_agent.max(1) as u64,
+                params: site.params,
+            };
+            let cfg = SimConfig {
+                agents: agents.max(1),
+                cores_per_agent: cores_per_agent.max(1),
+                plan,
+                latency_us,
+                leader_us_per_task: leader_us_per_task.max(0.0),
+                join_spread_us: join_spread_ms * 1000,
+                flush_every_us: 5000,
+            };
+            let r = match simulate::simulate_file(&file, &cfg) {
+                Err(e) if e.downcast_ref::<CreateError>().is_some_and(|e| matches!(e, CreateError::Load(_))) => {
+                    eprintln!("htc: {e}");
+                    return Ok(2);
+                }
+                r => r?,
+            };
+            print!("{}", if json { simulate::json(&cfg, &r) } else { simulate::text(&cfg, &r) });
+            Ok(0)
+        }
         Cmd::Output { run, task, stdout, stderr } => print_output(&run, task, !stderr, !stdout),
         Cmd::Run {
             file,

@@ -32,9 +32,9 @@ pub struct DriverConfig {
 }
 
 /// The ledger's write transaction and the run's task text, as the core's `Tasks`.
-struct LedgerTasks<'t, 'l> {
-    txn: &'t mut WriteTxn<'l>,
-    text: &'t TaskText,
+pub struct LedgerTasks<'t, 'l> {
+    pub txn: &'t mut WriteTxn<'l>,
+    pub text: &'t TaskText,
 }
 
 impl Tasks for LedgerTasks<'_, '_> {

@@ -57,7 +57,6 @@ pub fn run(
 ) -> anyhow::Result<Outcome> {
     let ledger = Ledger::open(&cfg.run.ledger(), false).context("opening the ledger")?;
     let text = TaskText::open(&cfg.run.tasks()).context("mapping the run's task file")?;
-    let total = ledger.read()?.meta_u64("total")?.unwrap_or(0);
     let secret = cfg.run.read_secret().context("reading the job secret")?;
 
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
@@ -91,14 +90,8 @@ pub fn run(
     } else {
         None
     };
-    let partition = plan::partition(&ledger, total, cfg.partition, expected.max(1), cfg.cores, cfg.params)
-        .context("planning the partition")?;
-    let counts = ledger.read()?.counts()?;
-    let mut core = Core::new(partition, cfg.job_id.clone(), expected, counts, crate::rundir::now_us());
-    // Runs loaded before the count was kept: assume hints, the safe side for long tasks.
-    if ledger.read()?.meta_u64("hinted")?.is_none_or(|n| n > 0) {
-        core = core.with_horizon(self::core::HORIZON_MS);
-    }
+    let plan = Planned { plan: cfg.partition, instances: expected, cores: cfg.cores, params: cfg.params };
+    let core = new_core(&ledger, &plan, &cfg.job_id, crate::rundir::now_us())?;
     let driver_cfg = DriverConfig { commit_interval: cfg.commit_interval, progress, progress_every };
     let net_cfg = Arc::new(net::NetConfig { secret, job_id: cfg.job_id.clone(), joined: Default::default() });
 
@@ -126,6 +119,32 @@ pub fn run(
     }
     let (ending, progress) = result;
     Ok(Outcome { ending, progress })
+}
+
+/// What the leader's core is built from besides the ledger.
+#[derive(Debug, Clone)]
+pub struct Planned {
+    pub plan: Plan,
+    /// Agents expected to join (each is an instance of the partition).
+    pub instances: usize,
+    /// Their cores together.
+    pub cores: u64,
+    pub params: Params,
+}
+
+/// The scheduling core for the run in `ledger`: its partition, counts and horizon. Every driver
+/// (a real run, and `htc simulate`) builds it here, so they all decide alike.
+pub fn new_core(ledger: &Ledger, p: &Planned, job_id: &str, now_us: u64) -> anyhow::Result<Core<'static>> {
+    let total = ledger.read()?.meta_u64("total")?.unwrap_or(0);
+    let partition = plan::partition(ledger, total, p.plan, p.instances.max(1), p.cores, p.params)
+        .context("planning the partition")?;
+    let counts = ledger.read()?.counts()?;
+    let mut core = Core::new(partition, job_id.to_string(), p.instances, counts, now_us);
+    // Runs loaded before the count was kept: assume hints, the safe side for long tasks.
+    if ledger.read()?.meta_u64("hinted")?.is_none_or(|n| n > 0) {
+        core = core.with_horizon(self::core::HORIZON_MS);
+    }
+    Ok(core)
 }
 
 async fn forward_signals(tx: mpsc::Sender<Event>) {

@@ -1,0 +1,406 @@
+//! `htc simulate`: a run of a task file on agents that are not there (say 1,000 nodes of 24
+//! cores), on a virtual clock. The leader's core (`leader::new_core`, over the real ledger) and
+//! every agent's machine (`agent::machine`) are the ones a real run uses; only time, the network
+//! (a fixed latency per frame), the leader's CPU (a cost per finished task, one input at a time)
+//! and the task processes (each ends after its `runtime` hint) are modelled. A plan's makespan on
+//! a large machine is so measured on a laptop, exactly and repeatably, in seconds.
+
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, VecDeque};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+
+use crate::agent::machine::{self, Effect, Machine};
+use crate::executor::{Command, ExecEvent, Finished, TaskToRun};
+use crate::leader::core::{Ending, Input, Outbox};
+use crate::leader::driver::LedgerTasks;
+use crate::leader::{new_core, Planned};
+use crate::ledger::{Ledger, Outcome, WriteTxn};
+use crate::load::TaskText;
+use crate::proto::frame::Body;
+use crate::rundir::RunDir;
+
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    pub agents: u32,
+    pub cores_per_agent: u32,
+    pub plan: Planned,
+    /// One way, every frame.
+    pub latency_us: u64,
+    /// The leader's CPU per finished task; while it is busy, inputs wait their turn.
+    pub leader_us_per_task: f64,
+    /// Agents join one after another over this long (a launcher's start-up).
+    pub join_spread_us: u64,
+    /// The agents' report timer (the real agents': 5 ms).
+    pub flush_every_us: u64,
+}
+
+impl SimConfig {
+    /// How long a task runs here: its hint, else the site's default runtime (`t`).
+    fn runtime_us(&self, hint_ms: u32) -> u64 {
+        if hint_ms > 0 {
+            hint_ms as u64 * 1000
+        } else {
+            (self.plan.params.t * 1e6).round() as u64
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct SimReport {
+    pub tasks: u64,
+    pub failed: u64,
+    /// When the last task ended, from the first agent's start.
+    pub makespan_s: f64,
+    /// max(core-seconds / cores, longest task): no schedule ends earlier.
+    pub bound_s: f64,
+    /// Virtual time the leader spent handling inputs.
+    pub leader_busy_s: f64,
+    pub events: u64,
+    pub wall: Duration,
+}
+
+impl SimReport {
+    pub fn above_bound(&self) -> f64 {
+        if self.bound_s > 0.0 {
+            self.makespan_s / self.bound_s - 1.0
+        } else {
+            0.0
+        }
+    }
+}
+
+enum Ev {
+    /// Agent `a` starts and says Hello.
+    Join(u32),
+    /// An input reaches the leader's queue.
+    ToLeader(Input),
+    /// The leader takes the next input from its queue.
+    LeaderWake,
+    /// An input for agent `a`'s machine.
+    ToAgent(u32, machine::Input),
+    /// Agent `a`'s report timer.
+    Tick(u32),
+    /// A simulated task process ends.
+    TaskEnd { agent: u32, cores: u32, done: Finished },
+}
+
+struct At {
+    at: u64,
+    seq: u64,
+    ev: Ev,
+}
+
+impl PartialEq for At {
+    fn eq(&self, o: &Self) -> bool {
+        (self.at, self.seq) == (o.at, o.seq)
+    }
+}
+impl Eq for At {}
+impl PartialOrd for At {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for At {
+    // Earliest first out of a max-heap; equal times in the order they were scheduled.
+    fn cmp(&self, o: &Self) -> Ordering {
+        (o.at, o.seq).cmp(&(self.at, self.seq))
+    }
+}
+
+/// One agent's executor: slots, a FIFO queue, tasks that end after their hint.
+struct SimExec {
+    free: u32,
+    slots: u32,
+    queue: VecDeque<TaskToRun>,
+    finishing: bool,
+    /// Stopped (finished or aborted): ends of tasks still scheduled are ignored.
+    stopped: bool,
+    /// Its machine was told that it stopped.
+    told: bool,
+}
+
+struct World {
+    heap: BinaryHeap<At>,
+    seq: u64,
+    now: u64,
+}
+
+impl World {
+    fn at(&mut self, at: u64, ev: Ev) {
+        self.seq += 1;
+        self.heap.push(At { at, seq: self.seq, ev });
+    }
+}
+
+/// Simulates the run in `run` (loaded, nothing finished needed) to its end.
+pub fn simulate(run: &RunDir, cfg: &SimConfig) -> anyhow::Result<SimReport> {
+    let wall = Instant::now();
+    let ledger = Ledger::open(&run.ledger(), false).context("opening the ledger")?;
+    let text = TaskText::open(&run.tasks()).context("mapping the run's task file")?;
+    let mut core = new_core(&ledger, &cfg.plan, &run.id(), 0)?;
+    let n = cfg.agents.max(1);
+    let mut machines: Vec<Machine> =
+        (0..n).map(|a| Machine::new(a, cfg.cores_per_agent as usize, crate::cli::agent::DEFAULT_FANOUT)).collect();
+    let mut execs: Vec<SimExec> = (0..n)
+        .map(|_| SimExec {
+            free: cfg.cores_per_agent,
+            slots: cfg.cores_per_agent,
+            queue: VecDeque::new(),
+            finishing: false,
+            stopped: false,
+            told: false,
+        })
+        .collect();
+    let mut w = World { heap: BinaryHeap::new(), seq: 0, now: 0 };
+    for a in 0..n {
+        w.at(cfg.join_spread_us * a as u64 / n as u64, Ev::Join(a));
+    }
+    let mut inbox: VecDeque<Input> = VecDeque::new();
+    let (mut leader_free, mut leader_waking, mut leader_busy) = (0u64, false, 0u64);
+    let mut txn: Option<WriteTxn<'_>> = None;
+    let mut since_commit = 0u64;
+    let mut report = SimReport::default();
+    let (mut effects, mut outbox): (Vec<Effect>, Outbox) = (Vec::new(), Vec::new());
+    let mut last_end = 0u64;
+    let ending = loop {
+        let Some(At { at, ev, .. }) = w.heap.pop() else {
+            break Ending::AgentsLost("the simulation ran out of events".into());
+        };
+        w.now = at;
+        report.events += 1;
+        match ev {
+            Ev::Join(a) => {
+                let joined =
+                    Input::Joined { agent: a, cores: cfg.cores_per_agent, mem_mb: 0, hostname: format!("sim{a}") };
+                w.at(at + cfg.latency_us, Ev::ToLeader(joined));
+                // Its first report goes out once the Welcome is back.
+                w.at(at + 2 * cfg.latency_us, Ev::Tick(a));
+            }
+            Ev::ToLeader(input) => {
+                inbox.push_back(input);
+                if !leader_waking {
+                    leader_waking = true;
+                    w.at(at.max(leader_free), Ev::LeaderWake);
+                }
+            }
+            Ev::LeaderWake => {
+                let input = inbox.pop_front().expect("woken with an empty queue");
+                let results = match &input {
+                    Input::Report { report, .. } => report.results.len() as u64,
+                    _ => 0,
+                };
+                let t = match txn.as_mut() {
+                    Some(t) => t,
+                    None => txn.insert(ledger.write()?),
+                };
+                let mut tasks = LedgerTasks { txn: t, text: &text };
+                let ended = core.handle(at, &mut tasks, input, &mut outbox)?;
+                since_commit += results;
+                if since_commit >= 50_000 {
+                    txn.take().unwrap().commit()?;
+                    since_commit = 0;
+                }
+                core.acks(&mut outbox);
+                let cost = (results as f64 * cfg.leader_us_per_task).round() as u64;
+                leader_busy += cost;
+                leader_free = at + cost;
+                for (agent, body) in outbox.drain(..) {
+                    w.at(leader_free + cfg.latency_us, Ev::ToAgent(agent, machine::Input::Parent(body)));
+                }
+                if let Some(e) = ended.or_else(|| core.ending()) {
+                    break e;
+                }
+                leader_waking = !inbox.is_empty();
+                if leader_waking {
+                    w.at(leader_free, Ev::LeaderWake);
+                }
+            }
+            Ev::ToAgent(a, input) => agent_step(&mut w, cfg, &mut machines, &mut execs, a, input, &mut effects),
+            Ev::Tick(a) => {
+                agent_step(&mut w, cfg, &mut machines, &mut execs, a, machine::Input::Tick, &mut effects);
+                if machines[a as usize].outcome().is_none() {
+                    w.at(at + cfg.flush_every_us, Ev::Tick(a));
+                }
+            }
+            Ev::TaskEnd { agent, cores, done } => {
+                let x = &mut execs[agent as usize];
+                if x.stopped {
+                    continue;
+                }
+                x.free += cores;
+                last_end = last_end.max(at);
+                let ended = machine::Input::Exec(vec![ExecEvent::Finished(done)]);
+                agent_step(&mut w, cfg, &mut machines, &mut execs, agent, ended, &mut effects);
+                start_queued(&mut w, cfg, &mut machines, &mut execs, agent, &mut effects);
+            }
+        }
+    };
+    if let Some(t) = txn.take() {
+        t.commit()?;
+    }
+    if !matches!(ending, Ending::Complete) {
+        anyhow::bail!("the simulated run did not complete: {ending:?}");
+    }
+    let counts = core.counts();
+    report.tasks = counts.total();
+    report.failed = counts.get(crate::ledger::State::Failed);
+    report.makespan_s = last_end as f64 / 1e6;
+    report.bound_s = bound(&ledger, cfg)?;
+    report.leader_busy_s = leader_busy as f64 / 1e6;
+    report.wall = wall.elapsed();
+    Ok(report)
+}
+
+/// Feeds agent `a`'s machine and carries out its effects.
+fn agent_step(
+    w: &mut World,
+    cfg: &SimConfig,
+    machines: &mut [Machine],
+    execs: &mut [SimExec],
+    a: u32,
+    input: machine::Input,
+    effects: &mut Vec<Effect>,
+) {
+    machines[a as usize].handle(w.now, input, effects);
+    let mut more = Vec::new();
+    for e in effects.drain(..) {
+        match e {
+            Effect::Up(Body::Report(report)) => {
+                w.at(w.now + cfg.latency_us, Ev::ToLeader(Input::Report { agent: a, report }))
+            }
+            Effect::Up(Body::Lost(l)) => {
+                w.at(w.now + cfg.latency_us, Ev::ToLeader(Input::Lost { agent: l.agent, why: l.reason }))
+            }
+            // No relays: every simulated agent talks to the leader itself.
+            Effect::Up(_) | Effect::Relay(_) | Effect::Down { .. } | Effect::CloseUp => {}
+            Effect::Exec(c) => more.push(c),
+        }
+    }
+    for c in more {
+        let x = &mut execs[a as usize];
+        match c {
+            Command::Run(tasks) => x.queue.extend(tasks),
+            Command::Finish => x.finishing = true,
+            Command::Abort => {
+                x.queue.clear();
+                x.stopped = true;
+            }
+        }
+        start_queued(w, cfg, machines, execs, a, effects);
+    }
+}
+
+/// Starts what fits from agent `a`'s queue, in order; tells its machine; ends a finished executor.
+fn start_queued(
+    w: &mut World,
+    cfg: &SimConfig,
+    machines: &mut [Machine],
+    execs: &mut [SimExec],
+    a: u32,
+    effects: &mut Vec<Effect>,
+) {
+    let x = &mut execs[a as usize];
+    let mut started = Vec::new();
+    while !x.stopped {
+        let Some(t) = x.queue.front() else { break };
+        let cores = (t.cores.max(1)).min(x.slots);
+        if cores > x.free {
+            break;
+        }
+        let t = x.queue.pop_front().unwrap();
+        x.free -= cores;
+        let end = w.now + cfg.runtime_us(t.runtime_ms);
+        let done =
+            Finished { id: t.id, attempt: t.attempt, outcome: Outcome::Exited, value: 0, start_us: w.now, end_us: end };
+        w.at(end, Ev::TaskEnd { agent: a, cores, done });
+        started.push(ExecEvent::Started { id: t.id, attempt: t.attempt, start_us: w.now });
+    }
+    let idle = x.free == x.slots && x.queue.is_empty();
+    let end = !x.told && (x.stopped || (x.finishing && idle));
+    if end {
+        x.stopped = true;
+        x.told = true;
+    }
+    if !started.is_empty() {
+        agent_step(w, cfg, machines, execs, a, machine::Input::Exec(started), effects);
+    }
+    if end {
+        agent_step(w, cfg, machines, execs, a, machine::Input::ExecEnded, effects);
+    }
+}
+
+/// max(Σ runtime × cores / C, longest runtime) over the run's tasks, in seconds.
+fn bound(ledger: &Ledger, cfg: &SimConfig) -> anyhow::Result<f64> {
+    let cores = cfg.agents.max(1) as u64 * cfg.cores_per_agent.max(1) as u64;
+    let (mut core_us, mut longest) = (0u128, 0u64);
+    ledger.read()?.for_each(|_, r| {
+        let us = cfg.runtime_us(r.runtime_ms);
+        core_us += us as u128 * r.cores.max(1) as u128;
+        longest = longest.max(us);
+    })?;
+    Ok((core_us as f64 / cores as f64).max(longest as f64) / 1e6)
+}
+
+/// The report as `htc simulate` prints it.
+pub fn text(cfg: &SimConfig, r: &SimReport) -> String {
+    format!(
+        "htc simulate: {} tasks on {} agents x {} cores ({}), latency {} us, leader {:.2} us/task\n\
+         makespan     {:.3} s (virtual)\n\
+         lower bound  {:.3} s ({:.1}% above)\n\
+         leader busy  {:.3} s\n\
+         failed       {}\n\
+         simulated in {:.1} s ({} events)\n",
+        r.tasks,
+        cfg.agents,
+        cfg.cores_per_agent,
+        cfg.plan.plan.name(),
+        cfg.latency_us,
+        cfg.leader_us_per_task,
+        r.makespan_s,
+        r.bound_s,
+        r.above_bound() * 100.0,
+        r.leader_busy_s,
+        r.failed,
+        r.wall.as_secs_f64(),
+        r.events,
+    )
+}
+
+/// The report as one JSON object (`--json`).
+pub fn json(cfg: &SimConfig, r: &SimReport) -> String {
+    format!(
+        "{{\"tasks\":{},\"agents\":{},\"cores_per_agent\":{},\"partition\":\"{}\",\"latency_us\":{},\
+         \"leader_us_per_task\":{},\"makespan_s\":{:.6},\"bound_s\":{:.6},\"above_bound\":{:.6},\
+         \"leader_busy_s\":{:.6},\"failed\":{},\"events\":{},\"wall_s\":{:.3}}}\n",
+        r.tasks,
+        cfg.agents,
+        cfg.cores_per_agent,
+        cfg.plan.plan.name(),
+        cfg.latency_us,
+        cfg.leader_us_per_task,
+        r.makespan_s,
+        r.bound_s,
+        r.above_bound(),
+        r.leader_busy_s,
+        r.failed,
+        r.events,
+        r.wall.as_secs_f64(),
+    )
+}
+
+/// `htc simulate FILE`: loads the file into a scratch run (the same load as `htc run`), gives
+/// simulates, and removes the scratch run.
+pub fn simulate_file(file: &std::path::Path, cfg: &SimConfig) -> anyhow::Result<SimReport> {
+    let scratch = std::env::temp_dir().join(format!("htc-simulate.{}", std::process::id()));
+    std::fs::create_dir_all(&scratch).with_context(|| format!("creating {}", scratch.display()))?;
+    let r = (|| {
+        let defaults = htc_core::taskfile::TaskOptions::default();
+        let (run, _) = crate::load::create_run(&scratch, "sim", file, crate::output::OutputMode::None, defaults)?;
+        simulate(&run, cfg)
+    })();
+    let _ = std::fs::remove_dir_all(&scratch);
+    r
+}
