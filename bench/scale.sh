@@ -14,11 +14,15 @@
 #    bound max(sum t / C, max t) MIX_SECONDS; makespan of --partition even and hflow side by side.
 #    MIX_STRETCH multiplies the runtimes (fewer tasks per second for the same bound, for layouts
 #    whose simulated agents would otherwise need more CPU than this machine has).
+# 2b. The same mixes (runtimes not stretched) with `htc simulate`: the real leader core and agent
+#    machines on a virtual clock, SIM_LATENCY_US per frame; measures the plan without this
+#    machine's CPU in the way.
 # 3. The same mix as real `sleep` processes on REAL_LAYOUT slots of this machine (sleeping takes
 #    no CPU, so slots may exceed CPUs), REAL_PER_CLASS tasks per class.
 #
-# Env: TASKS (2000000), LAYOUTS ("1000x24 100x24 10x24"), ROUNDS (3), MIX_LAYOUTS
-#      ("100x24 1000x24"), MIX_SECONDS (5.25), MIX_STRETCH (1), REAL_LAYOUT (2x8), REAL_PER_CLASS (100),
+# Env: TASKS (2000000), LAYOUTS ("1000x24 100x24 10x24"), ROUNDS (3),
+#      SECTIONS ("1 1b 2 2b 3": which of the above to run),
+#      MIX_LAYOUTS ("100x24 1000x24"), MIX_SECONDS (5.25), MIX_STRETCH (1), SIM_LATENCY_US (100), REAL_LAYOUT (2x8), REAL_PER_CLASS (100),
 #      HTC (target/release/htc), WORK (scratch dir, deleted unless KEEP=1), OUT (report;
 #      default bench/results/scale-<date>.txt). Runs ignore site files (HTC_SITE_CONFIG=/dev/null).
 #      HQ_ZERO (path to an `hq` built with RUSTFLAGS="--cfg zero_worker"; section 1b, skipped if
@@ -33,6 +37,8 @@ ROUNDS=${ROUNDS:-3}
 MIX_LAYOUTS=${MIX_LAYOUTS:-"100x24 1000x24"}
 MIX_SECONDS=${MIX_SECONDS:-5.25}
 MIX_STRETCH=${MIX_STRETCH:-1}
+SIM_LATENCY_US=${SIM_LATENCY_US:-100}
+SECTIONS=${SECTIONS:-"1 1b 2 2b 3"}
 REAL_LAYOUT=${REAL_LAYOUT:-2x8}
 REAL_PER_CLASS=${REAL_PER_CLASS:-100}
 HQ_ZERO=${HQ_ZERO:-}
@@ -62,6 +68,7 @@ echo "loadavg at start: $(cat /proc/loadavg)"
 echo
 
 # One field of `htc status --json` of the run in the current directory.
+want() { [[ " $SECTIONS " == *" $1 "* ]]; }
 field() { "$HTC" status --json | python3 -c "import json,sys; print(json.load(sys.stdin)$1)"; }
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
@@ -71,6 +78,7 @@ export HTC_SITE_CONFIG=/dev/null
 cd "$WORK"
 seq 1 "$TASKS" | sed 's/^/true /' >zero.txt
 
+if want 1; then
 echo "== 1. zero-length tasks: $TASKS per run, --exec none, median of $ROUNDS =="
 printf '%-10s %8s %14s %16s %18s %14s\n' layout cores 'tasks/s' 'leader CPU s' 'leader us/task' 'ceiling/s'
 for layout in $LAYOUTS; do
@@ -92,11 +100,12 @@ for layout in $LAYOUTS; do
     echo "   rounds: tasks/s $(paste -sd' ' "rate.$layout"); us/task $(paste -sd' ' "per.$layout")"
 done
 echo
+fi
 
 # HyperQueue's own overhead mode side by side: a server and HQ_WORKERS workers of 24 CPUs built
 # with RUSTFLAGS="--cfg zero_worker" (each task reported finished at once, no process), one
 # array job of HQ_TASKS tasks; the server's CPU per task from /proc/PID/stat.
-if [[ -n $HQ_ZERO ]]; then
+if [[ -n $HQ_ZERO ]] && want 1b; then
     echo "== 1b. HyperQueue zero_worker: $HQ_TASKS tasks, $HQ_WORKERS workers x 24 CPUs, median of $ROUNDS =="
     echo "hq:          $("$HQ_ZERO" --version 2>&1 | head -1) ($HQ_ZERO)"
     proc_cpu() { awk -v t="$(getconf CLK_TCK)" '{ sub(/^.*\) /, ""); print ($12 + $13) / t }' "/proc/$1/stat"; }
@@ -165,6 +174,7 @@ mixrow() { # layout plan bound per_class
 }
 bound_of() { awk -v n="$1" -v c="$2" -v k="${3:-1}" 'BEGIN { s = n * 0.63 * k; b = s / c; if (b < 0.32 * k) b = 0.32 * k; print b }'; }
 
+if want 2; then
 echo "== 2. mixed runtimes (HFlow Fig. 4(b) scaled): equal numbers of (0.01..0.32 s) x $MIX_STRETCH tasks, shuffled, --exec sleep =="
 echo "   per class: MIX_SECONDS x cores / (0.63 x $MIX_STRETCH) tasks (lower bound max(sum t / C, max t) = $MIX_SECONDS s); median of $ROUNDS"
 printf '%-9s %-6s %9s %9s %10s %9s %10s\n' layout plan tasks 'bound s' 'makespan' 'above' 'leader s'
@@ -179,7 +189,35 @@ for layout in $MIX_LAYOUTS; do
     done
 done
 echo
+fi
 
+# One row of section 2b from `htc simulate --json`.
+simrow() { # layout plan json-file
+    python3 - "$@" <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[3]))
+print(f"{sys.argv[1]:<9} {sys.argv[2]:<6} {r['tasks']:>9} {r['bound_s']:>9.3f} {r['makespan_s']:>10.3f} "
+      f"{r['above_bound'] * 100:>8.1f}% {r['leader_busy_s']:>10.3f} {r['wall_s']:>8.1f}")
+EOF
+}
+if want 2b; then
+echo "== 2b. the same mixes on a virtual clock (htc simulate: the real leader core and agent machines, no wall clock) =="
+echo "   network latency $SIM_LATENCY_US us per frame (assumed), leader 0.8 us per task; deterministic, one run each"
+printf '%-9s %-6s %9s %9s %10s %9s %10s %8s\n' layout plan tasks 'bound s' 'makespan' 'above' 'leader s' 'wall s'
+for layout in $MIX_LAYOUTS; do
+    agents=${layout%x*} cores=${layout#*x}
+    n=$(awk -v c=$((agents * cores)) -v s="$MIX_SECONDS" 'BEGIN { printf "%d", s * c / 0.63 + 0.5 }')
+    mixfile "$n" 'task {ms}-{i}' >vmix.txt
+    for plan in even hflow; do
+        "$HTC" simulate vmix.txt --agents "$agents" --cores-per-agent "$cores" --partition "$plan" \
+            --latency-us "$SIM_LATENCY_US" --json >sim.json
+        simrow "$layout" "$plan" sim.json
+    done
+done
+echo
+fi
+
+if want 3; then
 echo "== 3. the same mix with real processes (sleep), $REAL_LAYOUT slots on this machine, $REAL_PER_CLASS per class =="
 agents=${REAL_LAYOUT%x*} cores=${REAL_LAYOUT#*x}
 mixfile "$REAL_PER_CLASS" 'sleep {s}' >real.txt
@@ -190,5 +228,6 @@ for plan in even hflow; do
     mixrow "$REAL_LAYOUT" "$plan" "$bound" "$REAL_PER_CLASS"
 done
 echo
+fi
 
 echo "loadavg at end: $(cat /proc/loadavg)"

@@ -191,6 +191,10 @@ fn simulate_gives_tasks_without_a_hint_the_site_s_runtime_and_refuses_a_bad_file
     assert!((r["bound_s"].as_f64().unwrap() - 2.0).abs() < 1e-6, "{r}");
     let m = r["makespan_s"].as_f64().unwrap();
     assert!((2.0..2.1).contains(&m), "{r}");
+    // The second agent joins 0.5 s late: 24 T + 24 (T - 0.5) = 96 core-seconds by T = 2.25 s.
+    let r = simulate(&d, "t.txt", &["--agents", "2", "--cores-per-agent", "24", "--join-spread-ms", "1000"]);
+    assert!((r["bound_joined_s"].as_f64().unwrap() - 2.25).abs() < 1e-3, "{r}");
+    assert!(r["makespan_s"].as_f64().unwrap() >= 2.25, "{r}");
 
     d.write("bad.txt", "echo fine\n[runtime=soon] echo bad\n");
     let o = d.htc(&["simulate", "bad.txt"]);

@@ -16,6 +16,7 @@ use htc::load::{self, CreateError};
 use htc::pmi::Pmi;
 use htc::rundir::RunDir;
 use htc::{executor, prologue, slurm};
+use htc_core::hflow::Params;
 use htc_core::taskfile::TaskOptions;
 
 fn main() -> ExitCode {
@@ -203,7 +204,9 @@ fn lead(a: LeadArgs, script: Vec<OsString>) -> anyhow::Result<i32> {
         plain_progress_every: Some(Duration::from_secs(every.max(1))),
         quiet: false,
         partition: a.partition.unwrap_or(site.partition),
-        params: site.params,
+        // One srun step starts every node's agent at once: instances do not start one after
+        // another as eq. 10's s assumes, so the plan skews nothing for it.
+        params: Params { s: 0.0, ..site.params },
         cores: slurm::job_cpus().unwrap_or(nodes as u64),
     };
     let lock = run.lock()?;

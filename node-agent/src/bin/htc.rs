@@ -17,6 +17,7 @@ use htc::rundir::{self, RunDir};
 use htc::simulate::{self, SimConfig};
 use htc::site::Site;
 use htc::{calibrate, executor, status};
+use htc_core::hflow::Params;
 use htc_core::taskfile::TaskOptions;
 
 fn main() -> ExitCode {
@@ -77,7 +78,8 @@ fn real_main() -> anyhow::Result<i32> {
                 plan: partition.unwrap_or(site.partition),
                 instances: agents.max(1) as usize,
                 cores: agents.max(1) as u64 * cores_per_agent.max(1) as u64,
-                params: site.params,
+                // The simulated launcher's start delay per agent, as eq. 10 should see it.
+                params: Params { s: join_spread_ms as f64 / 1000.0 / agents.max(1) as f64, ..site.params },
             };
             let cfg = SimConfig {
                 agents: agents.max(1),
@@ -157,7 +159,7 @@ fn real_main() -> anyhow::Result<i32> {
                 plain_progress_every: None,
                 quiet,
                 partition: partition.unwrap_or(site.partition),
-                params: site.params,
+                params: Params { s: local.start_delay_s(site.params.s), ..site.params },
                 cores: (agents * slots) as u64,
             };
             let outcome = leader::run(cfg, |addr, tx| local.start(&run, addr, tx))?;

@@ -71,17 +71,28 @@ pub struct Local {
 }
 
 impl Local {
+    /// Real agents get a process each; simulated ones share one process per CPU, so that a
+    /// thousand of them fit on a laptop.
+    fn per_process(&self) -> usize {
+        match self.exec {
+            ExecKind::Real => 1,
+            _ => self.agents.div_ceil(self.cpus.len().clamp(1, self.agents.max(1))),
+        }
+    }
+
+    /// Eq. 10's instance start delay as this launcher starts agents: processes one after
+    /// another, each costing `s` (the site's calibration); agents sharing a process connect
+    /// back to back at almost no cost, so they share its delay.
+    pub fn start_delay_s(&self, s: f64) -> f64 {
+        s / self.per_process() as f64
+    }
+
     pub fn start(&self, run: &RunDir, leader: SocketAddr, core: mpsc::Sender<Event>) -> anyhow::Result<Agents> {
         let (etx, erx) = mpsc::channel();
         std::fs::create_dir_all(&self.log_dir)?;
         // Addresses of an earlier session's relays would be stale.
         let _ = std::fs::remove_dir_all(run.path.join("tree"));
-        // Real agents get a process each; simulated ones share one process per CPU, so that a
-        // thousand of them fit on a laptop.
-        let per_process = match self.exec {
-            ExecKind::Real => 1,
-            _ => self.agents.div_ceil(self.cpus.len().clamp(1, self.agents.max(1))),
-        };
+        let per_process = self.per_process();
         let mut processes = 0;
         for i in (0..self.agents).step_by(per_process) {
             let count = per_process.min(self.agents - i);
