@@ -266,6 +266,10 @@ pub mod agent {
         /// How tasks are split among agents (hflow or even; default: the site file's, else hflow).
         #[arg(long)]
         pub partition: Option<htc_core::partition::Plan>,
+        /// Agents on each node (default: one per CPU of the smallest node, or one per node when
+        /// a task needs several cores).
+        #[arg(long)]
+        pub agents_per_node: Option<usize>,
     }
 }
 

@@ -42,6 +42,25 @@ pub fn cpus_on_node(spec: &str, index: usize) -> Option<usize> {
     None
 }
 
+/// Agents per node: one per CPU of the smallest node, so that every CPU has its own spawn loop
+/// (a local run's default, bench/RESULTS.md §1), unless some task needs several cores, which
+/// only an agent with several can run: then one agent per node with all of them.
+pub fn agents_per_node(cpus_spec: &str, widest_task: u64) -> usize {
+    if widest_task > 1 {
+        return 1;
+    }
+    cpu_runs(cpus_spec).and_then(|r| r.iter().map(|&(n, _)| n).min()).unwrap_or(1).max(1)
+}
+
+/// This agent's share of its node's `cpus`, when `agents` agents share the node and it is the
+/// `local`-th: (first CPU index, how many); the first `cpus % agents` get one more.
+pub fn node_share(cpus: usize, agents: usize, local: usize) -> (usize, usize) {
+    let agents = agents.max(1);
+    let (base, extra) = (cpus / agents, cpus % agents);
+    let first = local * base + local.min(extra);
+    (first, (base + usize::from(local < extra)).max(1))
+}
+
 /// The job's CPUs on all its nodes together.
 pub fn job_cpus() -> Option<u64> {
     let runs = cpu_runs(&std::env::var("SLURM_JOB_CPUS_PER_NODE").ok()?)?;
@@ -91,11 +110,12 @@ pub fn listen(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     }
 }
 
-/// One `srun --overlap` step with one agent per allocated node: O(1) controller RPCs whatever
-/// the number of tasks.
+/// One `srun --overlap` step with `agents_per_node` agents on every allocated node: O(1)
+/// controller RPCs whatever the number of tasks or agents.
 pub struct Srun {
     pub agent_bin: PathBuf,
     pub nodes: usize,
+    pub agents_per_node: usize,
     pub output: OutputMode,
     pub fanout: u32,
 }
@@ -105,16 +125,18 @@ impl Srun {
         if self.nodes == 0 {
             bail!("no nodes in the allocation");
         }
+        let per_node = self.agents_per_node.max(1);
+        let agents = self.nodes * per_node;
         let mut cmd = Command::new("srun");
         cmd.arg("--overlap")
             .arg(format!("--nodes={}", self.nodes))
-            .arg(format!("--ntasks={}", self.nodes))
-            .arg("--ntasks-per-node=1")
+            .arg(format!("--ntasks={agents}"))
+            .arg(format!("--ntasks-per-node={per_node}"))
             .arg("--kill-on-bad-exit=0")
-            // Every CPU of the job on each node, not one per step task.
+            // Every CPU of the job on each node to every step task; the agents split them.
             .arg("--whole")
             // PMI2 carries the tree's addresses when there are more agents than the fan-out.
-            .arg(if self.nodes as u32 > self.fanout { "--mpi=pmi2" } else { "--mpi=none" })
+            .arg(if agents as u32 > self.fanout { "--mpi=pmi2" } else { "--mpi=none" })
             .arg("--input=none")
             .arg("--job-name=htc-agents")
             .arg(&self.agent_bin)
@@ -143,25 +165,55 @@ impl Srun {
         let child = cmd.spawn().context("starting srun (is it on PATH?)")?;
         let (etx, erx) = mpsc::channel();
         // If srun ends, any agent that never joined is gone for good.
-        let nodes = self.nodes as u32;
+        let never = agents as u32;
         let core2 = core.clone();
         let (ltx, lrx) = mpsc::channel();
         watch(child, Vec::new(), core, ltx, "srun".into());
         std::thread::spawn(move || {
             if lrx.recv().is_ok() {
-                for agent in 0..nodes {
+                for agent in 0..never {
                     let _ = core2.send(Event::Core(Input::NeverJoined { agent, why: "the srun step ended".into() }));
                 }
             }
             let _ = etx.send(());
         });
-        Ok(Agents::new(self.nodes, erx, 1))
+        Ok(Agents::new(agents, erx, 1))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_agent_per_cpu_of_the_smallest_node_unless_a_task_is_wider() {
+        assert_eq!(agents_per_node("2(x4)", 1), 2);
+        assert_eq!(agents_per_node("48(x3),24", 1), 24);
+        assert_eq!(agents_per_node("48(x3),24", 4), 1);
+        assert_eq!(agents_per_node("garbage", 1), 1);
+    }
+
+    #[test]
+    fn agents_sharing_a_node_split_its_cpus_without_overlap() {
+        assert_eq!(node_share(48, 24, 0), (0, 2));
+        assert_eq!(node_share(48, 24, 23), (46, 2));
+        // 50 CPUs, 24 agents: the first two get 3.
+        assert_eq!(node_share(50, 24, 0), (0, 3));
+        assert_eq!(node_share(50, 24, 1), (3, 3));
+        assert_eq!(node_share(50, 24, 2), (6, 2));
+        assert_eq!(node_share(50, 24, 23), (48, 2));
+        for (cpus, agents) in [(48, 24), (50, 24), (7, 3), (2, 2), (1, 1)] {
+            let mut next = 0;
+            for l in 0..agents {
+                let (first, n) = node_share(cpus, agents, l);
+                assert_eq!(first, next, "{cpus} {agents} {l}");
+                next += n;
+            }
+            assert_eq!(next, cpus);
+        }
+        // More agents than CPUs (a node smaller than the smallest): each still gets one.
+        assert_eq!(node_share(2, 4, 3).1, 1);
+    }
 
     #[test]
     fn cpus_per_node_spec() {

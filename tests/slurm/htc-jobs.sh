@@ -41,6 +41,9 @@ run_many() { # NODES N [SBATCH OPTIONS...] -> checks on a job of N tasks recordi
     check "$nodes node(s): every task saw the prologue's export" test "$(cut -d' ' -f4 "$w/ids.txt" | sort -u)" = from-prologue
     check "$nodes node(s): summary in the job output" grep -q "$n tasks: $n done, 0 failed" "$w/slurm-$j.out"
     run_dir_private "$nodes node(s)" "$w/.htc/$j"
+    # Every node has 2 CPUs and every task one core: one agent per CPU, each with its own output.
+    check "$nodes node(s): two agents per node ($(ls "$w/.htc/$j/out" | xargs))" \
+        test "$(ls -d "$w/.htc/$j/out"/agent-* | wc -l)" = "$((2 * nodes))"
     if [[ $nodes -gt 1 ]]; then
         check "$nodes nodes: distinct hostnames" test "$(cut -d' ' -f2 "$w/ids.txt" | sort -u | wc -l)" = "$nodes"
     fi

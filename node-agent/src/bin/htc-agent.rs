@@ -74,10 +74,15 @@ fn work(a: WorkArgs) -> anyhow::Result<()> {
         let spec = slurm::var("SLURM_JOB_CPUS_PER_NODE")?;
         let n = slurm::cpus_on_node(&spec, node)
             .with_context(|| format!("node {node} not in SLURM_JOB_CPUS_PER_NODE={spec}"))?;
-        slots = Some(slots.unwrap_or(n));
+        // Agents sharing the node split its CPUs (srun --whole gives each all of them).
+        let local: usize = slurm::var("SLURM_LOCALID")?.parse().context("$SLURM_LOCALID")?;
+        let tasks_spec = slurm::var("SLURM_STEP_TASKS_PER_NODE").or_else(|_| slurm::var("SLURM_TASKS_PER_NODE"));
+        let on_node = tasks_spec.ok().and_then(|t| slurm::cpus_on_node(&t, node)).unwrap_or(1);
+        let (first, mine) = slurm::node_share(n, on_node, local);
+        slots = Some(slots.unwrap_or(mine));
         if cpus.is_empty() {
             let allowed = executor::allowed_cpus();
-            cpus = (0..n).map(|i| allowed[i % allowed.len()]).collect();
+            cpus = (first..first + mine).map(|i| allowed[i % allowed.len()]).collect();
         }
     }
     let slots =
@@ -194,7 +199,13 @@ fn lead(a: LeadArgs, script: Vec<OsString>) -> anyhow::Result<i32> {
     let every = std::env::var("HTC_PROGRESS_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(30u64);
     let fanout = a.fanout.unwrap_or(DEFAULT_FANOUT).max(1);
     let site = htc::site::Site::load()?;
-    let srun = slurm::Srun { agent_bin: leader::launch::agent_binary(), nodes, output: a.output, fanout };
+    let widest = htc::ledger::Ledger::open(&run.ledger(), true)?.read()?.meta_u64("max_cores")?.unwrap_or(u64::MAX);
+    let agents_per_node = match a.agents_per_node {
+        Some(n) => n.max(1),
+        None => slurm::agents_per_node(&slurm::var("SLURM_JOB_CPUS_PER_NODE").unwrap_or_default(), widest),
+    };
+    let srun =
+        slurm::Srun { agent_bin: leader::launch::agent_binary(), nodes, agents_per_node, output: a.output, fanout };
     let cfg = LeaderConfig {
         run: run.clone(),
         job_id,
