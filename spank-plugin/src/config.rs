@@ -23,6 +23,7 @@ pub const MAX_REPORTED_ERRORS: usize = 5;
 pub const RETRIES_MAX: u32 = htc_core::taskfile::MAX_RETRIES;
 pub const FANOUT_MIN: u32 = 2;
 pub const FANOUT_MAX: u32 = 1024;
+pub const AGENTS_PER_NODE_MAX: u32 = 4096;
 
 /// Option `val`s given to `spank_option_register`.
 pub const OPT_FILE: i32 = 1;
@@ -30,6 +31,7 @@ pub const OPT_RETRIES: i32 = 2;
 pub const OPT_FANOUT: i32 = 3;
 pub const OPT_OUTPUT: i32 = 4;
 pub const OPT_PARTITION: i32 = 5;
+pub const OPT_AGENTS_PER_NODE: i32 = 6;
 
 /// Names given to `spank_job_control_setenv` in sbatch. Slurm puts them into the job's
 /// environment with a `SLURM_SPANK_` prefix (and into prolog/epilog with `SPANK_`).
@@ -38,6 +40,7 @@ pub const JC_RETRIES: &str = "HTC_RETRIES";
 pub const JC_FANOUT: &str = "HTC_FANOUT";
 pub const JC_OUTPUT: &str = "HTC_OUTPUT";
 pub const JC_PARTITION: &str = "HTC_PARTITION";
+pub const JC_AGENTS_PER_NODE: &str = "HTC_AGENTS_PER_NODE";
 /// Prefix Slurm adds to job-control names in the job environment.
 pub const JOB_ENV_PREFIX: &str = "SLURM_SPANK_";
 
@@ -178,6 +181,11 @@ pub fn parse_output(s: &str) -> Result<OutputMode, String> {
     }
 }
 
+/// `--htc-agents-per-node=N`: agents (spawn loops) on each node, splitting its CPUs.
+pub fn parse_agents_per_node(s: &str) -> Result<u32, String> {
+    parse_number(s, 1, AGENTS_PER_NODE_MAX)
+}
+
 /// `--htc-partition=PLAN`: how the leader splits the tasks among the agents.
 pub fn parse_partition(s: &str) -> Result<Plan, String> {
     s.trim().parse::<Plan>().map_err(|_| format!("'{s}' is not a partition plan (hflow or even)"))
@@ -192,6 +200,7 @@ pub struct UserOptions {
     pub fanout: Option<u32>,
     pub output: Option<OutputMode>,
     pub partition: Option<Plan>,
+    pub agents_per_node: Option<u32>,
 }
 
 impl UserOptions {
@@ -211,6 +220,9 @@ impl UserOptions {
             if self.partition.is_some() {
                 v.push("--htc-partition");
             }
+            if self.agents_per_node.is_some() {
+                v.push("--htc-agents-per-node");
+            }
         }
         v
     }
@@ -225,6 +237,7 @@ pub struct JobRequest {
     pub fanout: Option<u32>,
     pub output: Option<OutputMode>,
     pub partition: Option<Plan>,
+    pub agents_per_node: Option<u32>,
 }
 
 impl JobRequest {
@@ -237,6 +250,7 @@ impl JobRequest {
             fanout: opts.fanout,
             output: opts.output,
             partition: opts.partition,
+            agents_per_node: opts.agents_per_node,
         })
     }
 
@@ -254,6 +268,9 @@ impl JobRequest {
         }
         if let Some(p) = self.partition {
             v.push((JC_PARTITION, p.name().into()));
+        }
+        if let Some(n) = self.agents_per_node {
+            v.push((JC_AGENTS_PER_NODE, n.to_string().into()));
         }
         v
     }
@@ -289,7 +306,8 @@ impl JobRequest {
                 parse_partition(&v.to_string_lossy()).map_err(|e| format!("{}: {e}", job_env_name(JC_PARTITION)))?,
             ),
         };
-        Ok(Some(JobRequest { task_file, retries, fanout, output, partition }))
+        let agents_per_node = num(JC_AGENTS_PER_NODE, parse_agents_per_node)?;
+        Ok(Some(JobRequest { task_file, retries, fanout, output, partition, agents_per_node }))
     }
 
     /// Fallback when the job-control variables are missing: the values seen by the remote
@@ -306,6 +324,7 @@ impl JobRequest {
             fanout: opts.fanout,
             output: opts.output,
             partition: opts.partition,
+            agents_per_node: opts.agents_per_node,
         })
     }
 }
@@ -325,7 +344,7 @@ pub const SCRIPT_FLAG: &str = "--script";
 
 /// The agent's argv up to and including `--script`:
 /// `AGENT lead --task-file FILE [--retries N] [--fanout K] [--output MODE] [--partition PLAN]
-/// [--ledger-dir DIR] --script`.
+/// [--agents-per-node N] [--ledger-dir DIR] --script`.
 /// The batch script's own argv (script path, then its arguments) follows; with
 /// `spank_prepend_task_argv` Slurm appends it, with `execve` the plugin does.
 pub fn agent_argv_prefix(cfg: &PluginConfig, req: &JobRequest) -> Vec<OsString> {
@@ -346,6 +365,10 @@ pub fn agent_argv_prefix(cfg: &PluginConfig, req: &JobRequest) -> Vec<OsString> 
     if let Some(p) = req.partition {
         v.push("--partition".into());
         v.push(p.name().into());
+    }
+    if let Some(n) = req.agents_per_node {
+        v.push("--agents-per-node".into());
+        v.push(n.to_string().into());
     }
     if let Some(d) = &cfg.ledger_dir {
         v.push("--ledger-dir".into());
@@ -707,6 +730,10 @@ mod tests {
         assert_eq!(o.orphans(), vec!["--htc-partition"]);
         assert_eq!(parse_partition(" even "), Ok(Plan::Even));
         assert!(parse_partition("fluxp").unwrap_err().contains("hflow or even"));
+        let o = UserOptions { agents_per_node: Some(2), ..Default::default() };
+        assert_eq!(o.orphans(), vec!["--htc-agents-per-node"]);
+        assert_eq!(parse_agents_per_node("24"), Ok(24));
+        assert!(parse_agents_per_node("0").unwrap_err().contains("from 1 to 4096"));
         let o = UserOptions { file: Some("/t".into()), retries: Some(1), ..Default::default() };
         assert!(o.orphans().is_empty());
     }
@@ -719,6 +746,7 @@ mod tests {
             fanout: None,
             output: Some(OutputMode::PerTask),
             partition: Some(Plan::Even),
+            agents_per_node: Some(3),
         };
         let req = JobRequest::from_allocator(&opts).unwrap();
         let vars = req.job_control_vars();
@@ -728,7 +756,8 @@ mod tests {
                 ("HTC_FILE", OsString::from("/home/u/t.txt")),
                 ("HTC_RETRIES", "4".into()),
                 ("HTC_OUTPUT", "per-task".into()),
-                ("HTC_PARTITION", "even".into())
+                ("HTC_PARTITION", "even".into()),
+                ("HTC_AGENTS_PER_NODE", "3".into())
             ]
         );
         let env: Vec<(String, OsString)> = vars.iter().map(|(n, v)| (job_env_name(n), v.clone())).collect();
@@ -749,6 +778,13 @@ mod tests {
         })
         .unwrap_err();
         assert!(e.starts_with("SLURM_SPANK_HTC_FANOUT"), "{e}");
+        let e = JobRequest::from_job_env(|n| match n {
+            "SLURM_SPANK_HTC_FILE" => Some("/t".into()),
+            "SLURM_SPANK_HTC_AGENTS_PER_NODE" => Some("lots".into()),
+            _ => None,
+        })
+        .unwrap_err();
+        assert!(e.starts_with("SLURM_SPANK_HTC_AGENTS_PER_NODE"), "{e}");
     }
 
     #[test]
@@ -774,6 +810,7 @@ mod tests {
             fanout: None,
             output: None,
             partition: None,
+            agents_per_node: None,
         };
         let argv = agent_argv(&cfg, &req, &os(&["/var/spool/slurmd/job00042/slurm_script"])).unwrap();
         assert_eq!(
@@ -800,6 +837,7 @@ mod tests {
             fanout: Some(4),
             output: Some(OutputMode::None),
             partition: Some(Plan::Even),
+            agents_per_node: Some(2),
         };
         let argv = agent_argv(&cfg, &req, &os(&["/s", "arg1", "--flag"])).unwrap();
         assert_eq!(
@@ -817,6 +855,8 @@ mod tests {
                 "none",
                 "--partition",
                 "even",
+                "--agents-per-node",
+                "2",
                 "--ledger-dir",
                 "/tmp/l",
                 "--script",

@@ -118,7 +118,7 @@ struct State {
 
 static STATE: Mutex<State> = Mutex::new(State {
     config: None,
-    opts: UserOptions { file: None, retries: None, fanout: None, output: None, partition: None },
+    opts: UserOptions { file: None, retries: None, fanout: None, output: None, partition: None, agents_per_node: None },
 });
 
 fn state() -> MutexGuard<'static, State> {
@@ -161,7 +161,7 @@ fn guard(what: &str, f: impl FnOnce() -> c_int) -> c_int {
 
 // ---- options ----
 
-const OPTIONS: [OptionSpec; 5] = [
+const OPTIONS: [OptionSpec; 6] = [
     OptionSpec {
         name: b"htc\0",
         arginfo: Some(b"FILE\0"),
@@ -192,6 +192,12 @@ const OPTIONS: [OptionSpec; 5] = [
         usage: b"With --htc: how tasks are split among the nodes: 'hflow' (default: each runtime class on its own, long tasks first) or 'even' (one even split of the file).\0",
         val: config::OPT_PARTITION,
     },
+    OptionSpec {
+        name: b"htc-agents-per-node\0",
+        arginfo: Some(b"N\0"),
+        usage: b"With --htc: agents on each node, splitting its CPUs (1-4096; default: one per CPU, or one per node when a task needs several cores).\0",
+        val: config::OPT_AGENTS_PER_NODE,
+    },
 ];
 
 fn opt_name(val: c_int) -> &'static str {
@@ -201,6 +207,7 @@ fn opt_name(val: c_int) -> &'static str {
         config::OPT_FANOUT => "--htc-fanout",
         config::OPT_OUTPUT => "--htc-output",
         config::OPT_PARTITION => "--htc-partition",
+        config::OPT_AGENTS_PER_NODE => "--htc-agents-per-node",
         _ => "--htc-?",
     }
 }
@@ -254,6 +261,7 @@ fn remote_option(val: c_int, arg: OsString) {
         config::OPT_FANOUT => st.opts.fanout = config::parse_fanout(&text).ok(),
         config::OPT_OUTPUT => st.opts.output = config::parse_output(&text).ok(),
         config::OPT_PARTITION => st.opts.partition = config::parse_partition(&text).ok(),
+        config::OPT_AGENTS_PER_NODE => st.opts.agents_per_node = config::parse_agents_per_node(&text).ok(),
         _ => {}
     }
 }
@@ -326,6 +334,13 @@ fn allocator_option(val: c_int, arg: &OsStr) -> c_int {
         config::OPT_PARTITION => match config::parse_partition(&text) {
             Ok(p) => {
                 state().opts.partition = Some(p);
+                0
+            }
+            Err(e) => fail(&e),
+        },
+        config::OPT_AGENTS_PER_NODE => match config::parse_agents_per_node(&text) {
+            Ok(n) => {
+                state().opts.agents_per_node = Some(n);
                 0
             }
             Err(e) => fail(&e),
