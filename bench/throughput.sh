@@ -96,6 +96,7 @@ c_raw_pin()   { "$WORK/rawloop" -a -P "$PAR" -o "$WORK/o-pin" "$WORK/tasks.txt";
 c_raw_fork()  { "$WORK/rawloop" -f -P "$PAR" -o "$WORK/o-fork" "$WORK/tasks.txt"; }
 c_htc_def()   { cd "$WORK/htc" && "$HTC" run "$WORK/tasks.txt"; }
 c_htc_1x()    { cd "$WORK/htc" && "$HTC" run --agents 1 --cores-per-agent "$PAR" "$WORK/tasks.txt"; }
+c_htc_1l()    { cd "$WORK/htc" && "$HTC" run --agents 1 --cores-per-agent "$PAR" --spawners 1 "$WORK/tasks.txt"; }
 c_htc_2x()    { cd "$WORK/htc" && "$HTC" run --agents "$PAR" --cores-per-agent 1 "$WORK/tasks.txt"; }
 # More agents than CPUs (one slot each): throughput must not drop as agents are added.
 c_htc_4x()    { cd "$WORK/htc" && "$HTC" run --agents 4 --cores-per-agent 1 "$WORK/tasks.txt"; }
@@ -104,19 +105,20 @@ c_htc_16x()   { cd "$WORK/htc" && "$HTC" run --agents 16 --cores-per-agent 1 "$W
 c_xargs()     { xargs -P "$PAR" -L 1 true < "$WORK/xargs-input.txt" > "$WORK/xargs.out" 2>&1; }
 c_parallel()  { parallel --will-cite -j "$PAR" < "$WORK/tasks-parallel.txt" > "$WORK/parallel.out" 2>&1; }
 
-names=(raw-spawn raw-pinned raw-fork htc htc-1agent htc-2agents htc-4agents htc-16agents xargs parallel)
+names=(raw-spawn raw-pinned raw-fork htc htc-1agent htc-1loop htc-2agents htc-4agents htc-16agents xargs parallel)
 declare -A fn=( [raw-spawn]=c_raw_spawn [raw-pinned]=c_raw_pin [raw-fork]=c_raw_fork [htc]=c_htc_def
-                [htc-1agent]=c_htc_1x [htc-2agents]=c_htc_2x [htc-4agents]=c_htc_4x [htc-16agents]=c_htc_16x
+                [htc-1agent]=c_htc_1x [htc-1loop]=c_htc_1l [htc-2agents]=c_htc_2x [htc-4agents]=c_htc_4x [htc-16agents]=c_htc_16x
                 [xargs]=c_xargs [parallel]=c_parallel )
-declare -A ntask=( [raw-spawn]=$TASKS [raw-pinned]=$TASKS [raw-fork]=$TASKS [htc]=$TASKS [htc-1agent]=$TASKS
+declare -A ntask=( [raw-spawn]=$TASKS [raw-pinned]=$TASKS [raw-fork]=$TASKS [htc]=$TASKS [htc-1agent]=$TASKS [htc-1loop]=$TASKS
                    [htc-2agents]=$TASKS [htc-4agents]=$TASKS [htc-16agents]=$TASKS [xargs]=$TASKS
                    [parallel]=$PAR_TASKS )
 declare -A desc=(
     [raw-spawn]="rawloop -P $PAR (posix_spawn)"
     [raw-pinned]="rawloop -a -P $PAR (posix_spawn, slot i on CPU i)"
     [raw-fork]="rawloop -f -P $PAR (fork+exec)"
-    [htc]="htc run (defaults: one agent per CPU here)"
-    [htc-1agent]="htc run --agents 1 --cores-per-agent $PAR"
+    [htc]="htc run (defaults: one agent, a spawn loop per CPU)"
+    [htc-1agent]="htc run --agents 1 --cores-per-agent $PAR (a spawn loop per core)"
+    [htc-1loop]="htc run --agents 1 --cores-per-agent $PAR --spawners 1"
     [htc-2agents]="htc run --agents $PAR --cores-per-agent 1"
     [htc-4agents]="htc run --agents 4 --cores-per-agent 1 (4 slots)"
     [htc-16agents]="htc run --agents 16 --cores-per-agent 1 (16 slots)"

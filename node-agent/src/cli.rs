@@ -41,6 +41,10 @@ pub mod htc {
             /// Cores (task slots) per agent; default: this machine's CPUs divided among the agents.
             #[arg(long)]
             cores_per_agent: Option<usize>,
+            /// Spawn loops (executor threads) per agent, splitting its cores; 0 = one per core.
+            /// Default: one per core, or one when a task needs several cores.
+            #[arg(long)]
+            spawners: Option<usize>,
             /// Tree fan-out: agents per parent; more agents than this form a tree of relays.
             #[arg(long, default_value_t = 32)]
             fanout: u32,
@@ -219,6 +223,9 @@ pub mod agent {
         /// `runtime` hint).
         #[arg(long, default_value = "real")]
         pub exec: ExecKind,
+        /// Executors (spawn loops, one thread each) splitting the slots; 0 = one per slot.
+        #[arg(long, default_value_t = 1)]
+        pub spawners: usize,
     }
 
     impl WorkArgs {
@@ -240,6 +247,7 @@ pub mod agent {
                 opt("count", self.count.to_string());
             }
             opt("exec", self.exec.name().to_string());
+            opt("spawners", self.spawners.to_string());
             if self.slurm {
                 v.push("--slurm".into());
             }
@@ -266,8 +274,8 @@ pub mod agent {
         /// How tasks are split among agents (hflow or even; default: the site file's, else hflow).
         #[arg(long)]
         pub partition: Option<htc_core::partition::Plan>,
-        /// Agents on each node (default: one per CPU of the smallest node, or one per node when
-        /// a task needs several cores).
+        /// Agents on each node, splitting its CPUs (default 1: one agent runs a spawn loop per
+        /// CPU).
         #[arg(long)]
         pub agents_per_node: Option<usize>,
     }
@@ -304,9 +312,18 @@ mod tests {
             agents: 16,
             count: 2,
             exec: ExecKind::Sleep,
+            spawners: 0,
         };
         assert_eq!(round_trip(&local), local);
-        let slurm = WorkArgs { slurm: true, slots: None, cpus: String::new(), count: 1, exec: ExecKind::Real, ..local };
+        let slurm = WorkArgs {
+            slurm: true,
+            slots: None,
+            cpus: String::new(),
+            count: 1,
+            exec: ExecKind::Real,
+            spawners: 3,
+            ..local
+        };
         assert_eq!(round_trip(&slurm), slurm);
     }
 }

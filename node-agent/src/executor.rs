@@ -91,6 +91,26 @@ pub struct ExecConfig {
     pub env: Vec<(OsString, OsString)>,
     /// Time between SIGTERM and SIGKILL for a task that timed out or is aborted.
     pub kill_grace: Duration,
+    /// This executor's place among the agent's spawners: its slots are numbered from
+    /// `first_slot` in the output directory they share, and it keeps its own index file.
+    pub spawner: usize,
+    pub first_slot: usize,
+}
+
+impl ExecConfig {
+    /// The index of output records, one per spawner in the agent's output directory.
+    pub fn index_name(&self) -> String {
+        index_name(self.spawner)
+    }
+}
+
+/// `index` for the first spawner, `index.N` for the others (`htc output` reads them in order).
+pub fn index_name(spawner: usize) -> String {
+    if spawner == 0 {
+        "index".into()
+    } else {
+        format!("index.{spawner}")
+    }
 }
 
 /// The network side's handle: commands go through a channel, and an eventfd wakes the real
@@ -334,10 +354,10 @@ impl Executor {
             let open = |name: String| {
                 OpenOptions::new().append(true).create(true).custom_flags(libc::O_CLOEXEC).open(dir.join(name))
             };
-            for s in 0..cfg.slots {
+            for s in cfg.first_slot..cfg.first_slot + cfg.slots {
                 slots.push(Slot::new(open(format!("slot-{s}.out"))?, open(format!("slot-{s}.err"))?));
             }
-            index = Some(BufWriter::with_capacity(64 << 10, open("index".into())?));
+            index = Some(BufWriter::with_capacity(64 << 10, open(cfg.index_name())?));
         } else {
             if cfg.output == OutputMode::PerTask {
                 fs::create_dir_all(dir)?;
@@ -608,7 +628,7 @@ impl Executor {
                     let e = IndexEntry {
                         id: t.id,
                         attempt: t.attempt,
-                        slot: slot as u32,
+                        slot: (this.cfg.first_slot + slot) as u32,
                         out_off,
                         out_len: 0,
                         err_off,
@@ -820,7 +840,7 @@ impl Executor {
             let e = IndexEntry {
                 id: r.task.id,
                 attempt: r.task.attempt,
-                slot: r.slots[0] as u32,
+                slot: (self.cfg.first_slot + r.slots[0]) as u32,
                 out_off: r.out_off,
                 out_len: oe.saturating_sub(r.out_off),
                 err_off: r.err_off,
@@ -1070,6 +1090,8 @@ mod tests {
             output: OutputMode::Streams,
             env: std::env::vars_os().collect(),
             kill_grace: Duration::from_millis(300),
+            spawner: 0,
+            first_slot: 0,
         };
         (cfg, dir)
     }

@@ -42,16 +42,6 @@ pub fn cpus_on_node(spec: &str, index: usize) -> Option<usize> {
     None
 }
 
-/// Agents per node: one per CPU of the smallest node, so that every CPU has its own spawn loop
-/// (a local run's default, bench/RESULTS.md §1), unless some task needs several cores, which
-/// only an agent with several can run: then one agent per node with all of them.
-pub fn agents_per_node(cpus_spec: &str, widest_task: u64) -> usize {
-    if widest_task > 1 {
-        return 1;
-    }
-    cpu_runs(cpus_spec).and_then(|r| r.iter().map(|&(n, _)| n).min()).unwrap_or(1).max(1)
-}
-
 /// This agent's share of its node's `cpus`, when `agents` agents share the node and it is the
 /// `local`-th: (first CPU index, how many); the first `cpus % agents` get one more.
 pub fn node_share(cpus: usize, agents: usize, local: usize) -> (usize, usize) {
@@ -116,6 +106,8 @@ pub struct Srun {
     pub agent_bin: PathBuf,
     pub nodes: usize,
     pub agents_per_node: usize,
+    /// Spawn loops per agent (0: one per slot).
+    pub spawners: usize,
     pub output: OutputMode,
     pub fanout: u32,
 }
@@ -154,6 +146,7 @@ impl Srun {
                     agents: 1,
                     count: 1,
                     exec: ExecKind::Real,
+                    spawners: self.spawners,
                 }
                 .argv(),
             )
@@ -184,14 +177,6 @@ impl Srun {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn one_agent_per_cpu_of_the_smallest_node_unless_a_task_is_wider() {
-        assert_eq!(agents_per_node("2(x4)", 1), 2);
-        assert_eq!(agents_per_node("48(x3),24", 1), 24);
-        assert_eq!(agents_per_node("48(x3),24", 4), 1);
-        assert_eq!(agents_per_node("garbage", 1), 1);
-    }
 
     #[test]
     fn agents_sharing_a_node_split_its_cpus_without_overlap() {

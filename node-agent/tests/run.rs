@@ -420,14 +420,31 @@ fn agents_used(run: &Path) -> HashSet<u32> {
     agents
 }
 
+/// The output slots that tasks of agent 0 wrote to, from all its spawners' index files.
+fn slots_used(run: &Path) -> std::collections::BTreeSet<u32> {
+    let dir = run.join("out/agent-0");
+    (0..)
+        .map(|i| dir.join(htc::executor::index_name(i)))
+        .take_while(|p| p.exists())
+        .flat_map(|p| htc::output::read_index(&p).unwrap())
+        .map(|e| e.slot)
+        .collect()
+}
+
 #[test]
-fn the_default_layout_is_one_agent_per_cpu_unless_a_task_needs_more_cores() {
+fn the_default_layout_is_one_agent_with_a_spawn_loop_per_cpu_unless_a_task_needs_more_cores() {
     let cpus = htc::executor::allowed_cpus().len();
     let d = Dir::new("layout-narrow");
     d.write("tasks.txt", "true\n".repeat(400));
     let o = d.htc(&["run", "tasks.txt", "-q"]);
     assert!(o.status.success(), "{}", text(&o));
-    assert_eq!(agents_used(&d.run_dir()).len(), cpus, "one agent per CPU, each with its share");
+    assert_eq!(agents_used(&d.run_dir()), HashSet::from([0]), "one agent");
+    assert_eq!(slots_used(&d.run_dir()), (0..cpus as u32).collect(), "every CPU's spawn loop ran tasks");
+    let spawners = (0..).take_while(|&i| d.run_dir().join("out/agent-0").join(htc::executor::index_name(i)).exists());
+    assert_eq!(spawners.count(), cpus, "one spawner (and index file) per CPU");
+    // `htc output` finds a task's output in whichever spawner's index holds it.
+    let last = d.htc(&["output", &d.run_id(), "400"]);
+    assert!(last.status.success(), "{}", text(&last));
 
     if cpus < 2 {
         return; // a two-core task cannot run here at all
@@ -437,4 +454,5 @@ fn the_default_layout_is_one_agent_per_cpu_unless_a_task_needs_more_cores() {
     let o = d.htc(&["run", "tasks.txt", "-q"]);
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(agents_used(&d.run_dir()), HashSet::from([0]), "one agent with every CPU");
+    assert!(!d.run_dir().join("out/agent-0/index.1").exists(), "one spawn loop: a wide task needs every core");
 }

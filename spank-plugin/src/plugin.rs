@@ -195,7 +195,7 @@ const OPTIONS: [OptionSpec; 6] = [
     OptionSpec {
         name: b"htc-agents-per-node\0",
         arginfo: Some(b"N\0"),
-        usage: b"With --htc: agents on each node, splitting its CPUs (1-4096; default: one per CPU, or one per node when a task needs several cores).\0",
+        usage: b"With --htc: agents on each node, splitting its CPUs (1-4096; default 1, whose spawn loop per CPU keeps them busy).\0",
         val: config::OPT_AGENTS_PER_NODE,
     },
 ];

@@ -41,10 +41,12 @@ run_many() { # NODES N [SBATCH OPTIONS...] -> checks on a job of N tasks recordi
     check "$nodes node(s): every task saw the prologue's export" test "$(cut -d' ' -f4 "$w/ids.txt" | sort -u)" = from-prologue
     check "$nodes node(s): summary in the job output" grep -q "$n tasks: $n done, 0 failed" "$w/slurm-$j.out"
     run_dir_private "$nodes node(s)" "$w/.htc/$j"
-    # Every node has 2 CPUs and every task one core: by default one agent per CPU, each with its
-    # own output directory.
-    check "$nodes node(s): ${AGENTS_PER_NODE:-2} agent(s) per node ($(ls "$w/.htc/$j/out" | xargs))" \
-        test "$(ls -d "$w/.htc/$j/out"/agent-* | wc -l)" = "$((${AGENTS_PER_NODE:-2} * nodes))"
+    # One agent per node by default (each with its own output directory), running a spawn loop
+    # (and an index file) per CPU: 2 per node here.
+    check "$nodes node(s): ${AGENTS_PER_NODE:-1} agent(s) per node ($(ls "$w/.htc/$j/out" | xargs))" \
+        test "$(ls -d "$w/.htc/$j/out"/agent-* | wc -l)" = "$((${AGENTS_PER_NODE:-1} * nodes))"
+    check "$nodes node(s): $((2 / ${AGENTS_PER_NODE:-1})) spawn loop(s) per agent" \
+        test "$(ls "$w/.htc/$j/out"/agent-*/index* | wc -l)" = "$((2 * nodes))"
     if [[ $nodes -gt 1 ]]; then
         check "$nodes nodes: distinct hostnames" test "$(cut -d' ' -f2 "$w/ids.txt" | sort -u | wc -l)" = "$nodes"
     fi
@@ -169,8 +171,8 @@ install_htc
 run_many 4 10000
 echo "-- fan-out 2: agents 2 and 3 reach the leader through agent 0 (PMI2 bootstrap)"
 run_many 4 3000 --htc-fanout=2
-echo "-- --htc-agents-per-node=1: one agent with both CPUs on each node"
-AGENTS_PER_NODE=1 run_many 4 2000 --htc-agents-per-node=1
+echo "-- --htc-agents-per-node=2: two instances on each node, one CPU each"
+AGENTS_PER_NODE=2 run_many 4 2000 --htc-agents-per-node=2
 controller_cost
 long_tasks_spread
 

@@ -8,6 +8,7 @@
 
 pub mod machine;
 mod relay;
+mod spawners;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -20,7 +21,7 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 
 use crate::auth;
-use crate::executor::{self, ExecConfig, ExecEvent};
+use crate::executor::{self, Command, ExecConfig, ExecEvent, Handle};
 use crate::frame::{self, read_frame, FrameError};
 use crate::output::OutputMode;
 use crate::proto::{self, frame::Body};
@@ -29,6 +30,7 @@ use crate::simexec::{self, ExecKind};
 use crate::PROTOCOL_VERSION;
 use machine::{Effect, Input, Machine};
 use relay::Child;
+use spawners::Spread;
 
 pub struct AgentConfig {
     /// Where to connect: the leader, or the parent agent in the tree.
@@ -46,6 +48,8 @@ pub struct AgentConfig {
     pub relay: Option<(u32, u32, std::net::TcpListener)>,
     /// Real processes, or a simulation that starts none.
     pub exec: ExecKind,
+    /// Executors (spawn loops) splitting the slots; 0 = one per slot.
+    pub spawners: usize,
 }
 
 pub fn run(cfg: AgentConfig) -> anyhow::Result<()> {
@@ -100,15 +104,8 @@ async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
     }
     drop(child_tx);
 
-    let (ev_tx, mut ev_rx) = unbounded_channel::<Vec<ExecEvent>>();
-    let sink = move |batch| {
-        let _ = ev_tx.send(batch);
-    };
-    let (exec, exec_thread) = if cfg.exec != ExecKind::Real {
-        simexec::start(cfg.exec, cfg.slots, sink)?
-    } else {
-        executor::start(exec_config(&cfg, &job_id), sink)?
-    };
+    let (ev_tx, mut ev_rx) = unbounded_channel::<(usize, Vec<ExecEvent>)>();
+    let mut execs = Executors::start(&cfg, &job_id, ev_tx)?;
 
     let (mut rd, mut wr) = stream.into_split();
     let (fr_tx, mut fr_rx) = unbounded_channel::<Result<Body, FrameError>>();
@@ -157,7 +154,7 @@ async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
                 None => { children_open = false; continue }
             },
             batch = ev_rx.recv(), if exec_open => match batch {
-                Some(batch) => Input::Exec(batch),
+                Some((i, batch)) => { execs.ran(i, &batch); Input::Exec(batch) }
                 None => { exec_open = false; Input::ExecEnded }
             },
             _ = tick.tick() => Input::Tick,
@@ -174,7 +171,7 @@ async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
                         let _ = tx.send(relay::encoded(body));
                     }
                 }
-                Effect::Exec(c) => exec.send(c),
+                Effect::Exec(c) => execs.send(c),
                 Effect::CloseUp => close = true,
             }
         }
@@ -185,7 +182,7 @@ async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
                 m.handle(now, Input::ParentEnded("write failed".into()), &mut effects);
                 effects.drain(..).for_each(|e| {
                     if let Effect::Exec(c) = e {
-                        exec.send(c)
+                        execs.send(c)
                     }
                 });
             }
@@ -197,7 +194,7 @@ async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
             break outcome;
         }
     };
-    let _ = exec_thread.join();
+    execs.join();
     outcome
         .map_err(|why| anyhow::anyhow!("{why}"))
         .with_context(|| format!("agent {} under {}", cfg.agent_id, cfg.parent))
@@ -231,6 +228,79 @@ async fn join(cfg: &AgentConfig, secret: &[u8]) -> anyhow::Result<(String, TcpSt
     Ok((job_id, stream))
 }
 
+/// The agent's executors: one simulated one, or `spawners` real ones splitting the slots and
+/// CPUs, with `Spread` choosing which runs each task.
+struct Executors {
+    handles: Vec<Handle>,
+    threads: Vec<std::thread::JoinHandle<std::io::Result<()>>>,
+    spread: Spread,
+}
+
+impl Executors {
+    fn start(
+        cfg: &AgentConfig,
+        job_id: &str,
+        events: UnboundedSender<(usize, Vec<ExecEvent>)>,
+    ) -> anyhow::Result<Executors> {
+        let sink = |i: usize| {
+            let tx = events.clone();
+            move |batch| {
+                let _ = tx.send((i, batch));
+            }
+        };
+        if cfg.exec != ExecKind::Real {
+            let (h, t) = simexec::start(cfg.exec, cfg.slots, sink(0))?;
+            return Ok(Executors { handles: vec![h], threads: vec![t], spread: Spread::new(vec![cfg.slots]) });
+        }
+        let k = match cfg.spawners {
+            0 => cfg.slots,
+            n => n,
+        }
+        .clamp(1, cfg.slots.max(1));
+        let mut x = Executors { handles: Vec::new(), threads: Vec::new(), spread: Spread::new(Vec::new()) };
+        let mut slots = Vec::new();
+        for i in 0..k {
+            let (first, n) = crate::slurm::node_share(cfg.slots, k, i);
+            let cpus = if cfg.cpus.is_empty() { Vec::new() } else { cfg.cpus[first..first + n].to_vec() };
+            let mem_mb = cfg.mem_mb * n as u64 / cfg.slots.max(1) as u64;
+            let ec = ExecConfig { cpus, slots: n, mem_mb, spawner: i, first_slot: first, ..exec_config(cfg, job_id) };
+            let (h, t) = executor::start(ec, sink(i))?;
+            x.handles.push(h);
+            x.threads.push(t);
+            slots.push(n);
+        }
+        x.spread = Spread::new(slots);
+        Ok(x)
+    }
+
+    fn send(&mut self, c: Command) {
+        match c {
+            Command::Run(tasks) if self.handles.len() > 1 => {
+                for (h, part) in self.handles.iter().zip(self.spread.assign(tasks)) {
+                    if !part.is_empty() {
+                        h.send(Command::Run(part));
+                    }
+                }
+            }
+            Command::Run(tasks) => self.handles[0].send(Command::Run(tasks)),
+            Command::Finish => self.handles.iter().for_each(|h| h.send(Command::Finish)),
+            Command::Abort => self.handles.iter().for_each(|h| h.send(Command::Abort)),
+        }
+    }
+
+    /// Spawner `i` reported these events.
+    fn ran(&mut self, i: usize, batch: &[ExecEvent]) {
+        let ended = batch.iter().filter(|e| matches!(e, ExecEvent::Finished(_))).count();
+        self.spread.finished(i, ended);
+    }
+
+    fn join(self) {
+        for t in self.threads {
+            let _ = t.join();
+        }
+    }
+}
+
 fn exec_config(cfg: &AgentConfig, job_id: &str) -> ExecConfig {
     ExecConfig {
         job_id: job_id.to_string(),
@@ -245,6 +315,8 @@ fn exec_config(cfg: &AgentConfig, job_id: &str) -> ExecConfig {
         output: cfg.output,
         env: std::env::vars_os().collect(),
         kill_grace: cfg.kill_grace,
+        spawner: 0,
+        first_slot: 0,
     }
 }
 

@@ -60,6 +60,7 @@ fn work(a: WorkArgs) -> anyhow::Result<()> {
         mut agents,
         count,
         exec,
+        spawners,
     } = a;
     let fanout = fanout.max(1);
     let mut cpus: Vec<usize> = cpus
@@ -122,6 +123,7 @@ fn work(a: WorkArgs) -> anyhow::Result<()> {
             kill_grace: Duration::from_secs(3),
             flush_every: Duration::from_millis(5),
             exec,
+            spawners,
         });
     }
     if let Some(Kvs::Pmi(p)) = kvs {
@@ -200,12 +202,19 @@ fn lead(a: LeadArgs, script: Vec<OsString>) -> anyhow::Result<i32> {
     let fanout = a.fanout.unwrap_or(DEFAULT_FANOUT).max(1);
     let site = htc::site::Site::load()?;
     let widest = htc::ledger::Ledger::open(&run.ledger(), true)?.read()?.meta_u64("max_cores")?.unwrap_or(u64::MAX);
-    let agents_per_node = match a.agents_per_node {
-        Some(n) => n.max(1),
-        None => slurm::agents_per_node(&slurm::var("SLURM_JOB_CPUS_PER_NODE").unwrap_or_default(), widest),
+    // One agent per node by default: its spawn loops keep the node's CPUs busy, and the leader
+    // hears from one agent per node.
+    let agents_per_node = a.agents_per_node.unwrap_or(1).max(1);
+    // One spawn loop per slot, unless a task needs several cores (one executor then has them all).
+    let spawners = if widest > 1 { 1 } else { 0 };
+    let srun = slurm::Srun {
+        agent_bin: leader::launch::agent_binary(),
+        nodes,
+        agents_per_node,
+        spawners,
+        output: a.output,
+        fanout,
     };
-    let srun =
-        slurm::Srun { agent_bin: leader::launch::agent_binary(), nodes, agents_per_node, output: a.output, fanout };
     let cfg = LeaderConfig {
         run: run.clone(),
         job_id,

@@ -106,6 +106,7 @@ fn real_main() -> anyhow::Result<i32> {
             resume,
             agents,
             cores_per_agent,
+            spawners,
             fanout,
             output,
             retries,
@@ -139,7 +140,8 @@ fn real_main() -> anyhow::Result<i32> {
                 },
             };
             let cpus = executor::allowed_cpus();
-            let (agents, slots) = local_layout(&run, agents, cores_per_agent, cpus.len())?;
+            let (agents, slots) = local_layout(agents, cores_per_agent, cpus.len());
+            let spawners = spawners.unwrap_or(if widest_task(&run)? > 1 { 1 } else { 0 });
             let local = launch::Local {
                 agent_bin: launch::agent_binary(),
                 agents,
@@ -149,6 +151,7 @@ fn real_main() -> anyhow::Result<i32> {
                 log_dir: run.path.join("log"),
                 fanout: fanout.max(1),
                 exec,
+                spawners,
             };
             let cfg = LeaderConfig {
                 run: run.clone(),
@@ -251,8 +254,7 @@ fn print_output(run: &str, task: u64, want_out: bool, want_err: bool) -> anyhow:
         }
         OutputMode::Streams => {
             let dir = run.agent_out(r.agent);
-            let e = output::find_entry(&dir.join("index"), task, Some(r.attempts as u32))?
-                .or(output::find_entry(&dir.join("index"), task, None)?)
+            let e = find_output(&dir, task, r.attempts as u32)?
                 .with_context(|| format!("no output recorded for task {task} (it may still be running)"))?;
             if want_out {
                 output::copy_range(&dir.join(format!("slot-{}.out", e.slot)), e.out_off, e.out_len, &mut so)?;
@@ -264,6 +266,20 @@ fn print_output(run: &str, task: u64, want_out: bool, want_err: bool) -> anyhow:
     }
     so.flush()?;
     Ok(0)
+}
+
+/// The index entry of `task` in an agent's output directory: its attempt, else its newest, in
+/// any of the agent's spawners' index files.
+fn find_output(dir: &std::path::Path, task: u64, attempt: u32) -> anyhow::Result<Option<output::IndexEntry>> {
+    let indexes: Vec<PathBuf> = (0..).map(|i| dir.join(executor::index_name(i))).take_while(|p| p.exists()).collect();
+    for want in [Some(attempt), None] {
+        for ix in &indexes {
+            if let Some(e) = output::find_entry(ix, task, want)? {
+                return Ok(Some(e));
+            }
+        }
+    }
+    Ok(None)
 }
 
 /// `htc calibrate`: measure s and d, then write (or print) the site file.
@@ -313,28 +329,21 @@ fn rounds(v: &[f64]) -> String {
     v.iter().map(|x| format!("{x:.6}")).collect::<Vec<_>>().join(" ")
 }
 
-/// Agents and slots per agent for a local run. Unless told otherwise, one agent per CPU: each
-/// agent's executor is one spawn loop, and one loop per CPU keeps every CPU busy where one loop
-/// for two left gaps (bench/RESULTS.md §1: 102% of the raw spawn loop against 85%). A task of
-/// several cores needs an agent that has them, so such a file gets one agent with every CPU.
-fn local_layout(
-    run: &RunDir,
-    agents: Option<usize>,
-    cores: Option<usize>,
-    cpus: usize,
-) -> anyhow::Result<(usize, usize)> {
+/// The most cores any task of the run asks for (unknown for runs loaded before it was kept: as
+/// wide as can be).
+fn widest_task(run: &RunDir) -> anyhow::Result<u64> {
+    Ok(Ledger::open(&run.ledger(), true)?.read()?.meta_u64("max_cores")?.unwrap_or(u64::MAX))
+}
+
+/// Agents and slots per agent for a local run. Unless told otherwise, one agent with every CPU:
+/// its executor runs a spawn loop per CPU (`--spawners`), which keeps pace with the raw spawn
+/// loop as one agent per CPU did (bench/RESULTS.md §1) while the leader hears from one agent.
+fn local_layout(agents: Option<usize>, cores: Option<usize>, cpus: usize) -> (usize, usize) {
     let cpus = cpus.max(1);
     let agents = match (agents, cores) {
         (Some(a), _) => a.max(1),
         (None, Some(c)) => (cpus / c.max(1)).max(1),
-        (None, None) => {
-            let widest = Ledger::open(&run.ledger(), true)?.read()?.meta_u64("max_cores")?.unwrap_or(u64::MAX);
-            if widest <= 1 {
-                cpus
-            } else {
-                1
-            }
-        }
+        (None, None) => 1,
     };
-    Ok((agents, cores.unwrap_or((cpus / agents).max(1)).max(1)))
+    (agents, cores.unwrap_or((cpus / agents).max(1)).max(1))
 }

@@ -68,6 +68,8 @@ pub struct Local {
     pub log_dir: PathBuf,
     pub fanout: u32,
     pub exec: ExecKind,
+    /// Spawn loops per agent (0: one per slot).
+    pub spawners: usize,
 }
 
 impl Local {
@@ -121,6 +123,7 @@ impl Local {
                 agents: self.agents as u32,
                 count: count as u32,
                 exec: self.exec,
+                spawners: self.spawners,
             }
             .argv();
             let child = Command::new(&self.agent_bin)
