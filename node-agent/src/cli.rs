@@ -33,9 +33,8 @@ pub mod htc {
             /// Continue an interrupted run (a run directory or id; default: the newest in ./.htc).
             #[arg(long, value_name = "RUN", num_args = 0..=1, default_missing_value = "")]
             resume: Option<String>,
-            /// Number of node agents (processes) to start. Default: one per CPU, each its own
-            /// spawn loop (measured fastest); one agent with every CPU when a task asks for
-            /// more than one core.
+            /// Number of node agents (processes) to start. Default: one, with every CPU and a
+            /// spawn loop per CPU (see --spawners).
             #[arg(long)]
             agents: Option<usize>,
             /// Cores (task slots) per agent; default: this machine's CPUs divided among the agents.
