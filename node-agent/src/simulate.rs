@@ -396,25 +396,25 @@ pub fn text(cfg: &SimConfig, r: &SimReport) -> String {
 
 /// The report as one JSON object (`--json`).
 pub fn json(cfg: &SimConfig, r: &SimReport) -> String {
-    format!(
-        "{{\"tasks\":{},\"agents\":{},\"cores_per_agent\":{},\"partition\":\"{}\",\"latency_us\":{},\
-         \"leader_us_per_task\":{},\"makespan_s\":{:.6},\"bound_s\":{:.6},\"above_bound\":{:.6},\"bound_joined_s\":{:.6},\
-         \"leader_busy_s\":{:.6},\"failed\":{},\"events\":{},\"wall_s\":{:.3}}}\n",
-        r.tasks,
-        cfg.agents,
-        cfg.cores_per_agent,
-        cfg.plan.plan.name(),
-        cfg.latency_us,
-        cfg.leader_us_per_task,
-        r.makespan_s,
-        r.bound_s,
-        r.above_bound(),
-        r.bound_joined_s,
-        r.leader_busy_s,
-        r.failed,
-        r.events,
-        r.wall.as_secs_f64(),
-    )
+    let f = |v: f64| format!("{v:.6}");
+    let fields = [
+        ("tasks", r.tasks.to_string()),
+        ("agents", cfg.agents.to_string()),
+        ("cores_per_agent", cfg.cores_per_agent.to_string()),
+        ("partition", format!("\"{}\"", cfg.plan.plan.name())),
+        ("latency_us", cfg.latency_us.to_string()),
+        ("leader_us_per_task", cfg.leader_us_per_task.to_string()),
+        ("makespan_s", f(r.makespan_s)),
+        ("bound_s", f(r.bound_s)),
+        ("above_bound", f(r.above_bound())),
+        ("bound_joined_s", f(r.bound_joined_s)),
+        ("leader_busy_s", f(r.leader_busy_s)),
+        ("failed", r.failed.to_string()),
+        ("events", r.events.to_string()),
+        ("wall_s", format!("{:.3}", r.wall.as_secs_f64())),
+    ];
+    let body: Vec<String> = fields.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
+    format!("{{{}}}\n", body.join(","))
 }
 
 /// `htc simulate FILE`: loads the file into a scratch run (the same load as `htc run`), gives

@@ -374,6 +374,14 @@ mod tests {
         out
     }
 
+    /// Agent 0 with `slots` slots that asked for work and received tasks `0..n`.
+    fn holding(slots: usize, n: u64) -> Machine {
+        let mut m = Machine::new(0, slots, 2);
+        step(&mut m, 0, Input::Tick);
+        step(&mut m, 1, dispatch(0, 0..n));
+        m
+    }
+
     fn reports(out: &[Effect]) -> Vec<&proto::Report> {
         out.iter()
             .filter_map(|e| match e {
@@ -410,9 +418,7 @@ mod tests {
 
     #[test]
     fn a_draining_queue_reports_at_once_and_asks_for_more() {
-        let mut m = Machine::new(0, 1, 2);
-        step(&mut m, 0, Input::Tick);
-        step(&mut m, 1, dispatch(0, 0..32));
+        let mut m = holding(1, 32);
         let out = step(&mut m, 2, Input::Exec((0..25).map(done).collect()));
         let r = reports(&out);
         assert_eq!(r.len(), 1, "7 left of a target of 32: below a quarter");
@@ -421,9 +427,7 @@ mod tests {
 
     #[test]
     fn acks_release_what_the_leader_recorded() {
-        let mut m = Machine::new(0, 1, 2);
-        step(&mut m, 0, Input::Tick);
-        step(&mut m, 1, dispatch(0, 0..32));
+        let mut m = holding(1, 32);
         for (i, id) in (0..3).enumerate() {
             step(&mut m, 2, Input::Exec(vec![done(id)]));
             let r = step(&mut m, 3, Input::Tick);
@@ -465,9 +469,7 @@ mod tests {
 
     #[test]
     fn losing_the_parent_stops_the_tasks_and_says_what_was_not_recorded() {
-        let mut m = Machine::new(0, 1, 2);
-        step(&mut m, 0, Input::Tick);
-        step(&mut m, 1, dispatch(0, 0..32));
+        let mut m = holding(1, 32);
         step(&mut m, 2, Input::Exec(vec![done(0)]));
         step(&mut m, 3, Input::Tick);
         let out = step(&mut m, 4, Input::ParentEnded("connection reset".into()));
@@ -539,16 +541,19 @@ mod tests {
         assert!(out.iter().all(|e| !matches!(e, Effect::Up(Body::Lost(_)))));
     }
 
-    #[test]
-    fn a_finished_relay_waits_for_its_children_but_not_forever() {
+    /// Agent 0 with a child at position 3, told to shut down, its own tasks all ended.
+    fn finished_relay() -> Machine {
         let mut m = Machine::new(0, 1, 2);
         step(&mut m, 0, Input::ChildOpened(3));
-        step(
-            &mut m,
-            1,
-            Input::Parent(Body::Shutdown(proto::Shutdown { abort: false, reason: String::new(), agent: 0 })),
-        );
+        let shutdown = proto::Shutdown { abort: false, reason: String::new(), agent: 0 };
+        step(&mut m, 1, Input::Parent(Body::Shutdown(shutdown)));
         step(&mut m, 2, Input::ExecEnded);
+        m
+    }
+
+    #[test]
+    fn a_finished_relay_waits_for_its_children_but_not_forever() {
+        let mut m = finished_relay();
         assert!(m.outcome().is_none(), "its child's last report still has to pass through");
         let out = step(&mut m, 3, Input::ChildFrame(vec![9]));
         assert!(matches!(out.as_slice(), [Effect::Relay(_)]));
@@ -559,14 +564,7 @@ mod tests {
         assert_eq!(m.outcome(), Some(Ok(())));
 
         // A relay whose children all closed ends at once.
-        let mut m = Machine::new(0, 1, 2);
-        step(&mut m, 0, Input::ChildOpened(3));
-        step(
-            &mut m,
-            1,
-            Input::Parent(Body::Shutdown(proto::Shutdown { abort: false, reason: String::new(), agent: 0 })),
-        );
-        step(&mut m, 2, Input::ExecEnded);
+        let mut m = finished_relay();
         step(&mut m, 3, Input::ChildClosed { pos: 3, agents: vec![2], why: "closed".into() });
         assert_eq!(m.outcome(), Some(Ok(())));
     }
