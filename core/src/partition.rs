@@ -39,6 +39,9 @@ pub trait Partition: Send {
     fn take(&mut self, instance: usize, max: u64, steal: u64) -> Option<Block>;
     /// Ids not yet handed out, over all instances.
     fn remaining(&self) -> u64;
+    /// A task of `class` with runtime hint `hint_ms` (0: none) ran `ran_ms` and succeeded. A
+    /// plan that orders work by runtime learns the runtimes the task file did not give.
+    fn observe(&mut self, _class: u16, _hint_ms: u32, _ran_ms: u64) {}
 }
 
 /// Which plan `--partition` selects.
@@ -197,6 +200,8 @@ pub struct Group {
     pub ids: Vec<u64>,
     /// Mean runtime in seconds; `None` when the tasks carry no hint.
     pub runtime_s: Option<f64>,
+    /// `group_key` of its tasks.
+    pub key: u32,
 }
 
 /// Collects tasks into runtime groups, one `add` per task in id order.
@@ -218,7 +223,7 @@ impl Grouper {
             .map(|(key, (ids, ms))| {
                 let hinted = key & 0xff != 0;
                 let runtime_s = hinted.then(|| ms as f64 / 1000.0 / ids.len() as f64);
-                Group { ids, runtime_s }
+                Group { ids, runtime_s, key }
             })
             .collect()
     }
@@ -233,8 +238,34 @@ impl Grouper {
 /// share of the longest group that has one.
 #[derive(Debug, Clone)]
 pub struct Classes {
-    /// Longest first.
-    groups: Vec<(Vec<u64>, Shares)>,
+    /// In the order instances take them: longest first.
+    groups: Vec<ClassGroup>,
+}
+
+#[derive(Debug, Clone)]
+struct ClassGroup {
+    ids: Vec<u64>,
+    shares: Shares,
+    key: u32,
+    /// The hint's mean, in seconds, if the tasks have one.
+    hinted_s: Option<f64>,
+    /// Successful runs seen: their count and total seconds.
+    seen: (u64, f64),
+}
+
+/// Runs of a hint-less group seen before its mean orders it among the others.
+pub const LEARN_AFTER: u64 = 8;
+
+impl ClassGroup {
+    /// Its runtime as far as known: the hint, else what its tasks took once `LEARN_AFTER` of them
+    /// ran, else unknown, which sorts first (it may be long).
+    fn runtime_s(&self) -> f64 {
+        match (self.hinted_s, self.seen) {
+            (Some(h), _) => h,
+            (None, (n, total)) if n >= LEARN_AFTER => total / n as f64,
+            _ => f64::INFINITY,
+        }
+    }
 }
 
 impl Classes {
@@ -242,10 +273,6 @@ impl Classes {
     /// the instances' weights come from the whole job, and every group is split by them.
     pub fn new(mut groups: Vec<Group>, instances: usize, cores: u64, params: hflow::Params) -> Self {
         groups.retain(|g| !g.ids.is_empty());
-        groups.sort_by(|a, b| {
-            let key = |g: &Group| g.runtime_s.unwrap_or(f64::INFINITY);
-            key(b).total_cmp(&key(a))
-        });
         let x = instances.max(1) as u64;
         let tasks: u64 = groups.iter().map(|g| g.ids.len() as u64).sum();
         let work: f64 = groups.iter().map(|g| g.ids.len() as f64 * g.runtime_s.unwrap_or(params.t)).sum();
@@ -255,10 +282,23 @@ impl Classes {
             .into_iter()
             .map(|g| {
                 let sizes = hflow::split(g.ids.len() as u64, &weights);
-                (g.ids, Shares::of_sizes(&sizes))
+                ClassGroup {
+                    ids: g.ids,
+                    shares: Shares::of_sizes(&sizes),
+                    key: g.key,
+                    hinted_s: g.runtime_s,
+                    seen: (0, 0.0),
+                }
             })
             .collect();
-        Classes { groups }
+        let mut c = Classes { groups };
+        c.sort();
+        c
+    }
+
+    /// Longest first; equal runtimes keep their key order (class, then runtime bucket).
+    fn sort(&mut self) {
+        self.groups.sort_by(|a, b| b.runtime_s().total_cmp(&a.runtime_s()).then(a.key.cmp(&b.key)));
     }
 }
 
@@ -269,19 +309,39 @@ impl Partition for Classes {
         }
         // Its own shares first, longest group first: a core it cannot fill with its own long
         // tasks runs its own shorter ones (the victim would start its long tasks as soon).
-        let own = self.groups.iter_mut().find_map(|(ids, shares)| Some((&*ids, shares.take_own(instance, max)?)));
+        let own = self.groups.iter_mut().find_map(|g| Some((&*g.ids, g.shares.take_own(instance, max)?)));
         let (ids, r) = match own {
             Some(found) => found,
             // Drained: steal, longest group first, no more than it can start now.
-            None => self.groups.iter_mut().find_map(|(ids, shares)| {
-                shares.steal_into(instance, steal).then(|| shares.take_own(instance, max)).flatten().map(|r| (&*ids, r))
+            None => self.groups.iter_mut().find_map(|g| {
+                g.shares
+                    .steal_into(instance, steal)
+                    .then(|| g.shares.take_own(instance, max))
+                    .flatten()
+                    .map(|r| (&*g.ids, r))
             })?,
         };
         Some(Block::Ids(ids[r.start as usize..r.end as usize].to_vec()))
     }
 
     fn remaining(&self) -> u64 {
-        self.groups.iter().map(|(_, s)| s.remaining()).sum()
+        self.groups.iter().map(|g| g.shares.remaining()).sum()
+    }
+
+    /// Hint-less groups learn their runtime from their first successful runs, and take their
+    /// place in the longest-first order once `LEARN_AFTER` have ended (and again whenever their
+    /// mean moves past another group's).
+    fn observe(&mut self, class: u16, hint_ms: u32, ran_ms: u64) {
+        if hint_ms != 0 {
+            return; // the hint orders its group
+        }
+        let key = group_key(class, hint_ms);
+        let Some(g) = self.groups.iter_mut().find(|g| g.key == key && g.hinted_s.is_none()) else { return };
+        g.seen = (g.seen.0 + 1, g.seen.1 + ran_ms as f64 / 1000.0);
+        let sorted = self.groups.windows(2).all(|w| w[0].runtime_s() >= w[1].runtime_s());
+        if !sorted {
+            self.sort();
+        }
     }
 }
 
@@ -385,6 +445,30 @@ mod tests {
         assert!(groups.iter().any(|g| g.ids == vec![2, 3] && g.runtime_s == Some(1.125)));
         let mut p = Classes::new(groups, 1, 1, hflow::Params { s: 0.0, d: 0.0, t: 1.0 });
         assert_eq!(ids(p.take(0, 10, 0)), vec![1], "no hint: may be long, so first");
+    }
+
+    #[test]
+    fn hint_less_classes_take_their_place_once_their_runtimes_are_seen() {
+        let mut g = Grouper::default();
+        (1..=100).for_each(|id| g.add(id, if id <= 50 { 1 } else { 2 }, 0));
+        let mut p = Classes::new(g.finish(), 1, 1, hflow::Params { s: 0.0, d: 0.0, t: 1.0 });
+        let class = |b: Option<Block>| if ids(b)[0] <= 50 { 1 } else { 2 };
+        assert_eq!(class(p.take(0, 1, 0)), 1, "both unknown: in class order");
+        // Class 1 is seen to be short; class 2, still unknown, may be long: it goes first.
+        (0..LEARN_AFTER - 1).for_each(|_| p.observe(1, 0, 10));
+        assert_eq!(class(p.take(0, 1, 0)), 1, "not yet enough runs to go by");
+        p.observe(1, 0, 10);
+        assert_eq!(class(p.take(0, 1, 0)), 2);
+        // Class 2 is seen at 1 s: still longer, still first.
+        (0..LEARN_AFTER).for_each(|_| p.observe(2, 0, 1000));
+        assert_eq!(class(p.take(0, 1, 0)), 2);
+        // Class 1's later runs are long: its mean passes class 2's, and it goes first again.
+        (0..LEARN_AFTER * 2).for_each(|_| p.observe(1, 0, 5000));
+        assert_eq!(class(p.take(0, 1, 0)), 1);
+        // Hinted tasks and unknown classes change nothing.
+        p.observe(1, 300, 1_000_000);
+        p.observe(9, 0, 1_000_000);
+        assert_eq!(class(p.take(0, 1, 0)), 1);
     }
 
     /// Every id exactly once, over random group layouts, instance speeds and steal limits.

@@ -419,6 +419,9 @@ impl<'a> Core<'a> {
             },
         };
         let Ok((life, effect)) = task::step(f.life, Step::Finish(end)) else { return Ok(()) };
+        if end == End::Succeeded && start_us != 0 && end_us >= start_us {
+            self.partition.observe(r.class, r.runtime_ms, (end_us - start_us) / 1000);
+        }
         r.outcome = outcome as u8;
         r.value = value;
         r.agent = agent;
@@ -796,6 +799,41 @@ mod tests {
             dispatched(&out),
             vec![(0, vec![(2, 1), (4, 1), (1, 1)]), (1, vec![(6, 1), (8, 1), (5, 1), (7, 1)])]
         );
+    }
+
+    /// Two classes without hints: the first in class order runs until `LEARN_AFTER` of its tasks
+    /// have succeeded; seen to be short, it then yields to the other, which may be long.
+    #[test]
+    fn the_hflow_plan_learns_the_runtimes_the_file_did_not_give() {
+        use htc_core::partition::{Classes, Grouper, LEARN_AFTER};
+        let mut m = Mem::with(40, 2, 1);
+        let mut g = Grouper::default();
+        for (id, r) in m.records.iter_mut() {
+            r.class = if *id <= 20 { 1 } else { 2 };
+            g.add(*id, r.class, 0);
+        }
+        let plan = Classes::new(g.finish(), 1, 1, htc_core::hflow::Params { s: 0.0, d: 0.0, t: 1.0 });
+        let mut c = Core::new(Box::new(plan), "job".into(), 1, m.counts(), 0);
+        let n = LEARN_AFTER;
+        let (out, _) = feed(&mut c, &mut m, vec![join(0, 1), want(0, n as u32)]);
+        assert_eq!(dispatched(&out), vec![(0, (1..=n).map(|id| (id, 1)).collect())]);
+        // They ran 10 ms each.
+        let results = (1..=n)
+            .map(|id| proto::TaskResult {
+                id,
+                attempt: 1,
+                outcome: proto::Outcome::Exited as i32,
+                start_us: 1_000_000 + id * 10_000,
+                end_us: 1_000_000 + (id + 1) * 10_000,
+                ..Default::default()
+            })
+            .collect();
+        let done = Input::Report {
+            agent: 0,
+            report: proto::Report { seq: 1, results, want: 1, agent: 0, ..Default::default() },
+        };
+        let (out, _) = feed(&mut c, &mut m, vec![done]);
+        assert_eq!(dispatched(&out), vec![(0, vec![(21, 1)])], "class 2 now goes first");
     }
 
     /// Long hinted tasks: past the horizon an agent gets only what it can start, however much
