@@ -1,74 +1,163 @@
-//! The k-ary tree the agents form under the leader (papers/004 §4: each process talks to at most
-//! k others, so n agents are reached in about log_k(n) hops). Positions: 0 is the leader, agent
-//! `i` sits at position `i + 1`; the parent of position p is (p - 1) / k.
+//! The tree the agents form under the leader (papers/004 §4: each process talks to at most k
+//! others, so n agents are reached in about log_k(n) hops), as data: each agent's parent, the
+//! leader being `None`. It starts k-ary in id order; `reattach` moves an agent (with everything
+//! below it) under another parent, which is how the tree heals when a relay is lost.
 
-/// Position of agent `id` in the tree.
-pub fn position(agent: u32) -> u64 {
-    agent as u64 + 1
+/// Who is whose parent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tree {
+    /// Parent of each agent id; `None` is the leader.
+    parent: Vec<Option<u32>>,
 }
 
-/// Agent id at a position (> 0).
-pub fn agent_at(pos: u64) -> u32 {
-    (pos - 1) as u32
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TreeError {
+    #[error("agent {0} is not in the tree")]
+    Unknown(u32),
+    #[error("agent {agent} cannot hang below itself (agent {under} is below it)")]
+    Cycle { agent: u32, under: u32 },
 }
 
-/// Parent position of `pos` (> 0).
-pub fn parent(pos: u64, k: u32) -> u64 {
-    (pos - 1) / k.max(1) as u64
-}
-
-/// Child positions of `pos` in a tree of `n` agents.
-pub fn children(pos: u64, k: u32, n: u32) -> std::ops::RangeInclusive<u64> {
-    let k = k.max(1) as u64;
-    let first = pos * k + 1;
-    let last = (pos * k + k).min(n as u64);
-    first..=last
-}
-
-/// The child of `from` on the path down to `to`, or `None` when `to` is not below `from`.
-pub fn next_hop(from: u64, to: u64, k: u32) -> Option<u64> {
-    let mut p = to;
-    while p > from {
-        let q = parent(p, k);
-        if q == from {
-            return Some(p);
-        }
-        p = q;
+impl Tree {
+    /// `n` agents, `k` per parent, in id order: the leader's children are agents 0..k, agent
+    /// `a`'s are `(a + 1)·k .. (a + 2)·k` (positions: the leader is 0, agent `a` is `a + 1`).
+    pub fn kary(n: u32, k: u32) -> Tree {
+        let k = k.max(1) as u64;
+        let parent = (0..n as u64).map(|a| ((a / k) as u32).checked_sub(1)).collect();
+        Tree { parent }
     }
-    None
+
+    pub fn len(&self) -> u32 {
+        self.parent.len() as u32
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.parent.is_empty()
+    }
+
+    /// The parent of `agent`: `None` for the leader, and for an agent not in the tree.
+    pub fn parent(&self, agent: u32) -> Option<u32> {
+        self.parent.get(agent as usize).copied().flatten()
+    }
+
+    pub fn contains(&self, agent: u32) -> bool {
+        (agent as usize) < self.parent.len()
+    }
+
+    /// Whether `child` hangs directly below `of` (`None`: the leader).
+    pub fn is_child(&self, child: u32, of: Option<u32>) -> bool {
+        self.contains(child) && self.parent(child) == of
+    }
+
+    /// The agents directly below `of`, in id order.
+    pub fn children(&self, of: Option<u32>) -> impl Iterator<Item = u32> + '_ {
+        (0..self.len()).filter(move |&a| self.parent(a) == of)
+    }
+
+    /// The child of `from` (`None`: the leader) on the path down to `to`, or `None` when `to`
+    /// is not below `from`.
+    pub fn next_hop(&self, from: Option<u32>, to: u32) -> Option<u32> {
+        if !self.contains(to) {
+            return None;
+        }
+        let mut at = to;
+        // A tree of n agents has no path longer than n.
+        for _ in 0..=self.len() {
+            let up = self.parent(at);
+            if up == from {
+                return Some(at);
+            }
+            at = up?;
+        }
+        None
+    }
+
+    /// Moves `agent`, with the agents below it, under `to` (`None`: the leader).
+    pub fn reattach(&mut self, agent: u32, to: Option<u32>) -> Result<(), TreeError> {
+        if !self.contains(agent) {
+            return Err(TreeError::Unknown(agent));
+        }
+        if let Some(to) = to {
+            if !self.contains(to) {
+                return Err(TreeError::Unknown(to));
+            }
+            if to == agent || self.next_hop(Some(agent), to).is_some() {
+                return Err(TreeError::Cycle { agent, under: to });
+            }
+        }
+        self.parent[agent as usize] = to;
+        Ok(())
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// Today's positions: 0 is the leader, agent `a` sits at `a + 1`, and the parent of
+    /// position p is (p - 1) / k. The data must say the same.
+    fn parent_by_arithmetic(agent: u32, k: u32) -> Option<u32> {
+        let up = agent as u64 / k.max(1) as u64;
+        (up > 0).then(|| (up - 1) as u32)
+    }
+
     #[test]
-    fn every_agent_is_reached_from_the_leader_and_each_parent_has_at_most_k_children() {
+    fn the_kary_tree_reaches_every_agent_with_at_most_k_children_each() {
         for k in [1u32, 2, 3, 8, 32] {
-            for n in [1u32, 2, 7, 100, 1000] {
-                let mut seen = vec![0u32; n as usize + 1];
-                for pos in 0..=n as u64 {
-                    let ch = children(pos, k, n);
-                    assert!(ch.clone().count() <= k as usize);
+            for n in [0u32, 1, 2, 7, 100, 1000] {
+                let t = Tree::kary(n, k);
+                assert_eq!(t.len(), n);
+                let mut seen = vec![0u32; n as usize];
+                for of in std::iter::once(None).chain((0..n).map(Some)) {
+                    let ch: Vec<u32> = t.children(of).collect();
+                    assert!(ch.len() <= k as usize, "k={k} n={n} of={of:?}");
                     for c in ch {
-                        assert_eq!(parent(c, k), pos);
+                        assert_eq!(t.parent(c), of);
                         seen[c as usize] += 1;
                     }
                 }
-                assert!(seen[1..].iter().all(|&s| s == 1), "k={k} n={n}");
+                assert!(seen.iter().all(|&s| s == 1), "k={k} n={n}");
+                for a in 0..n {
+                    assert_eq!(t.parent(a), parent_by_arithmetic(a, k), "k={k} a={a}");
+                }
             }
         }
     }
 
     #[test]
     fn routing() {
-        // k = 2: 0 -> {1, 2}; 1 -> {3, 4}; 3 -> {7, 8}
-        assert_eq!(next_hop(0, 8, 2), Some(1));
-        assert_eq!(next_hop(1, 8, 2), Some(3));
-        assert_eq!(next_hop(3, 8, 2), Some(8));
-        assert_eq!(next_hop(2, 8, 2), None);
-        assert_eq!(next_hop(8, 8, 2), None);
-        assert_eq!(position(0), 1);
-        assert_eq!(agent_at(position(41)), 41);
+        // k = 2: leader -> {0, 1}; 0 -> {2, 3}; 2 -> {6, 7}
+        let t = Tree::kary(8, 2);
+        assert_eq!(t.next_hop(None, 7), Some(0));
+        assert_eq!(t.next_hop(Some(0), 7), Some(2));
+        assert_eq!(t.next_hop(Some(2), 7), Some(7));
+        assert_eq!(t.next_hop(Some(1), 7), None);
+        assert_eq!(t.next_hop(Some(7), 7), None);
+        assert_eq!(t.next_hop(None, 99), None);
+        assert!(t.is_child(3, Some(0)) && !t.is_child(3, None) && !t.is_child(99, None));
+    }
+
+    #[test]
+    fn a_lost_relay_s_children_reattach_above_it() {
+        let mut t = Tree::kary(8, 2);
+        // Agent 0 (children 2 and 3; 2 has 6 and 7) is lost: its children move to the leader.
+        for c in t.children(Some(0)).collect::<Vec<_>>() {
+            t.reattach(c, t.parent(0)).unwrap();
+        }
+        assert_eq!(t.children(None).collect::<Vec<_>>(), vec![0, 1, 2, 3]);
+        assert_eq!(t.next_hop(None, 7), Some(2), "agent 2 keeps its own children");
+        assert_eq!(t.children(Some(0)).count(), 0);
+    }
+
+    #[test]
+    fn reattaching_refuses_cycles_and_strangers() {
+        let mut t = Tree::kary(8, 2);
+        assert_eq!(t.reattach(0, Some(7)), Err(TreeError::Cycle { agent: 0, under: 7 }));
+        assert_eq!(t.reattach(2, Some(2)), Err(TreeError::Cycle { agent: 2, under: 2 }));
+        assert_eq!(t.reattach(9, None), Err(TreeError::Unknown(9)));
+        assert_eq!(t.reattach(1, Some(9)), Err(TreeError::Unknown(9)));
+        assert_eq!(t, Tree::kary(8, 2), "nothing moved");
+        t.reattach(1, Some(7)).unwrap();
+        assert_eq!(t.next_hop(None, 1), Some(0), "now below 0 -> 2 -> 7");
     }
 }

@@ -209,25 +209,22 @@ pub async fn accept_hello<S: AsyncRead + AsyncWrite + Unpin>(
 }
 
 /// Where a relay sits in the tree, for checking the Hellos of its direct children.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct RelayPlace {
-    pub pos: u64,
-    pub fanout: u32,
-    /// Agents in the job.
-    pub agents: u32,
+    pub me: u32,
+    pub tree: std::sync::Arc<htc_core::tree::Tree>,
 }
 
 /// The one check of a Hello that came over an authenticated connection, at the leader (`None`)
 /// or at a relay: the protocol must be ours, and a relay admits only its own direct children,
 /// so a misplaced agent is refused where it knocked rather than further up. The leader adds
 /// that no agent id is connected twice.
-pub fn check_hello(h: &proto::Hello, relay: Option<RelayPlace>) -> Result<(), String> {
+pub fn check_hello(h: &proto::Hello, relay: Option<&RelayPlace>) -> Result<(), String> {
     if h.protocol != crate::PROTOCOL_VERSION {
         return Err(format!("protocol {} not supported (this side speaks {})", h.protocol, crate::PROTOCOL_VERSION));
     }
     if let Some(r) = relay {
-        let pos = htc_core::tree::position(h.agent_id);
-        if h.agent_id >= r.agents || htc_core::tree::parent(pos, r.fanout) != r.pos {
+        if !r.tree.is_child(h.agent_id, Some(r.me)) {
             return Err(format!("agent {} is not a child of this agent", h.agent_id));
         }
     }

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use htc_core::tree;
+use htc_core::tree::Tree;
 
 use crate::pmi::Pmi;
 
@@ -61,36 +61,27 @@ impl Kvs {
 /// Where this agent connects, and the listener for its children if it has any.
 pub struct Place {
     pub parent: SocketAddr,
-    pub relay: Option<(u32, u32, TcpListener)>,
+    pub relay: Option<TcpListener>,
 }
 
-/// Agents whose parent is position 0 connect to the leader; the others to their parent agent.
-pub fn place(
-    kvs: &mut Kvs,
-    agent: u32,
-    agents: u32,
-    fanout: u32,
-    leader: SocketAddr,
-    ip: IpAddr,
-) -> anyhow::Result<Place> {
-    let me = tree::position(agent);
-    let has_children = !tree::children(me, fanout, agents).is_empty();
-    let relay = if has_children {
+/// Agents whose parent is the leader connect to it; the others to their parent agent.
+pub fn place(kvs: &mut Kvs, agent: u32, tree: &Tree, leader: SocketAddr, ip: IpAddr) -> anyhow::Result<Place> {
+    let relay = if tree.children(Some(agent)).next().is_some() {
         let l = crate::slurm::listen(SocketAddr::new(ip, 0)).context("listening for child agents")?;
         let addr = SocketAddr::new(ip, l.local_addr()?.port());
         kvs.put(&format!("htc-addr-{agent}"), &addr.to_string())?;
-        Some((fanout, agents, l))
+        Some(l)
     } else {
         None
     };
     kvs.fence()?;
-    let up = tree::parent(me, fanout);
-    let parent = if up == 0 {
-        leader
-    } else {
-        let key = format!("htc-addr-{}", tree::agent_at(up));
-        let v = kvs.get(&key)?;
-        v.trim().parse().with_context(|| format!("bad address '{v}' for {key}"))?
+    let parent = match tree.parent(agent) {
+        None => leader,
+        Some(up) => {
+            let key = format!("htc-addr-{up}");
+            let v = kvs.get(&key)?;
+            v.trim().parse().with_context(|| format!("bad address '{v}' for {key}"))?
+        }
     };
     Ok(Place { parent, relay })
 }

@@ -145,8 +145,10 @@ pub fn simulate(run: &RunDir, cfg: &SimConfig) -> anyhow::Result<SimReport> {
     let text = TaskText::open(&run.tasks()).context("mapping the run's task file")?;
     let mut core = new_core(&ledger, &cfg.plan, &run.id(), 0)?;
     let n = cfg.agents.max(1);
+    // Every simulated agent talks to the leader itself: one level.
+    let tree = std::sync::Arc::new(htc_core::tree::Tree::kary(n, n));
     let mut machines: Vec<Machine> =
-        (0..n).map(|a| Machine::new(a, cfg.cores_per_agent as usize, crate::cli::agent::DEFAULT_FANOUT)).collect();
+        (0..n).map(|a| Machine::new(a, cfg.cores_per_agent as usize, tree.clone())).collect();
     let mut execs: Vec<SimExec> = (0..n)
         .map(|_| SimExec {
             free: cfg.cores_per_agent,

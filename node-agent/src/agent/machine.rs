@@ -4,8 +4,9 @@
 //! effects it returns; the tests below drive it with scripted inputs.
 
 use std::collections::{HashSet, VecDeque};
+use std::sync::Arc;
 
-use htc_core::tree;
+use htc_core::tree::Tree;
 
 use crate::executor::{Command, ExecEvent, TaskToRun};
 use crate::proto::{self, frame::Body};
@@ -24,12 +25,12 @@ pub enum Input {
     ParentEnded(String),
     /// SIGTERM or SIGINT from outside (scancel, kill, Ctrl-C).
     Signal(&'static str),
-    /// A direct child at this tree position connected and was admitted.
-    ChildOpened(u64),
+    /// A direct child (this agent id) connected and was admitted.
+    ChildOpened(u32),
     /// A frame from below, already encoded, to pass up unchanged.
     ChildFrame(Vec<u8>),
     /// A direct child's connection ended: these agents (it and those it relayed for) are gone.
-    ChildClosed { pos: u64, agents: Vec<u32>, why: String },
+    ChildClosed { child: u32, agents: Vec<u32>, why: String },
     /// Task starts and ends from the executor.
     Exec(Vec<ExecEvent>),
     /// The executor stopped: everything it was given has ended.
@@ -45,9 +46,9 @@ pub enum Effect {
     Up(Body),
     /// A child's frame passed up unchanged.
     Relay(Vec<u8>),
-    /// A frame down to the direct child at this position.
+    /// A frame down to this direct child.
     Down {
-        pos: u64,
+        child: u32,
         body: Body,
     },
     Exec(Command),
@@ -70,8 +71,7 @@ enum Parent {
 
 pub struct Machine {
     id: u32,
-    pos: u64,
-    fanout: u32,
+    tree: Arc<Tree>,
     slots: usize,
     /// Enough queued work to keep every slot busy across one report round trip.
     target: u64,
@@ -84,7 +84,7 @@ pub struct Machine {
     unacked: VecDeque<(u64, usize)>,
     started: Vec<proto::TaskStarted>,
     results: Vec<proto::TaskResult>,
-    children: HashSet<u64>,
+    children: HashSet<u32>,
     parent: Parent,
     shutting_down: bool,
     /// When the executor stopped.
@@ -93,11 +93,10 @@ pub struct Machine {
 }
 
 impl Machine {
-    pub fn new(id: u32, slots: usize, fanout: u32) -> Machine {
+    pub fn new(id: u32, slots: usize, tree: Arc<Tree>) -> Machine {
         Machine {
             id,
-            pos: tree::position(id),
-            fanout: fanout.max(1),
+            tree,
             slots,
             target: (slots as u64 * 8).max(32),
             outstanding: 0,
@@ -159,8 +158,8 @@ impl Machine {
                 }
                 false
             }
-            Input::ChildOpened(pos) => {
-                self.children.insert(pos);
+            Input::ChildOpened(child) => {
+                self.children.insert(child);
                 false
             }
             Input::ChildFrame(bytes) => {
@@ -169,7 +168,7 @@ impl Machine {
                 }
                 false
             }
-            Input::ChildClosed { pos, agents, why } => self.child_closed(pos, agents, why, out),
+            Input::ChildClosed { child, agents, why } => self.child_closed(child, agents, why, out),
             Input::Exec(batch) => self.on_exec(batch),
             Input::ExecEnded => {
                 self.exec_ended_at = Some(now_us);
@@ -186,8 +185,8 @@ impl Machine {
         }
         match destination(&body) {
             Some(d) if d != self.id => {
-                match tree::next_hop(self.pos, tree::position(d), self.fanout).filter(|c| self.children.contains(c)) {
-                    Some(pos) => out.push(Effect::Down { pos, body }),
+                match self.tree.next_hop(Some(self.id), d).filter(|c| self.children.contains(c)) {
+                    Some(child) => out.push(Effect::Down { child, body }),
                     None => tracing::debug!(agent = d, "frame for an agent not below this one dropped"),
                 }
                 return false;
@@ -231,8 +230,8 @@ impl Machine {
         }
     }
 
-    fn child_closed(&mut self, pos: u64, agents: Vec<u32>, why: String, out: &mut Vec<Effect>) -> bool {
-        self.children.remove(&pos);
+    fn child_closed(&mut self, child: u32, agents: Vec<u32>, why: String, out: &mut Vec<Effect>) -> bool {
+        self.children.remove(&child);
         if self.shutting_down || self.parent != Parent::Open {
             return false;
         }
@@ -374,9 +373,14 @@ mod tests {
         out
     }
 
+    /// Eight agents, two per parent: agent 0's children are 2 and 3, agent 2's are 6 and 7.
+    fn tree() -> Arc<Tree> {
+        Arc::new(Tree::kary(8, 2))
+    }
+
     /// Agent 0 with `slots` slots that asked for work and received tasks `0..n`.
     fn holding(slots: usize, n: u64) -> Machine {
-        let mut m = Machine::new(0, slots, 2);
+        let mut m = Machine::new(0, slots, tree());
         step(&mut m, 0, Input::Tick);
         step(&mut m, 1, dispatch(0, 0..n));
         m
@@ -393,7 +397,7 @@ mod tests {
 
     #[test]
     fn asks_for_a_full_queue_then_reports_results_and_idle_slots() {
-        let mut m = Machine::new(0, 4, 2);
+        let mut m = Machine::new(0, 4, tree());
         let out = step(&mut m, 0, Input::Tick);
         let r = reports(&out);
         assert_eq!((r.len(), r[0].want, r[0].idle, r[0].drained), (1, 32, 4, false));
@@ -445,7 +449,7 @@ mod tests {
 
     #[test]
     fn shutdown_finishes_the_queue_then_sends_the_last_report_and_closes() {
-        let mut m = Machine::new(3, 2, 2);
+        let mut m = Machine::new(3, 2, tree());
         step(&mut m, 0, Input::Tick);
         step(&mut m, 1, dispatch(3, 0..2));
         let out = step(
@@ -484,7 +488,7 @@ mod tests {
 
     #[test]
     fn the_parent_closing_after_shutdown_is_the_normal_end() {
-        let mut m = Machine::new(0, 1, 2);
+        let mut m = Machine::new(0, 1, tree());
         step(&mut m, 0, Input::Parent(Body::Shutdown(proto::Shutdown { abort: true, reason: "x".into(), agent: 0 })));
         assert!(step(&mut m, 1, Input::ParentEnded("closed".into())).is_empty());
         step(&mut m, 2, Input::ExecEnded);
@@ -493,7 +497,7 @@ mod tests {
 
     #[test]
     fn a_signal_aborts_once_and_ends_in_an_error() {
-        let mut m = Machine::new(0, 1, 2);
+        let mut m = Machine::new(0, 1, tree());
         let out = step(&mut m, 0, Input::Signal("terminated by a signal"));
         assert!(matches!(out.as_slice(), [Effect::Exec(Command::Abort)]));
         assert!(step(&mut m, 1, Input::Signal("interrupted")).is_empty());
@@ -504,12 +508,11 @@ mod tests {
 
     #[test]
     fn frames_for_agents_below_go_down_the_right_branch() {
-        // Fan-out 2: agent 0 sits at position 1, its children at 3 and 4 (agents 2 and 3); agent
-        // 7 (position 8) is below position 3.
-        let mut m = Machine::new(0, 1, 2);
-        step(&mut m, 0, Input::ChildOpened(3));
+        // Fan-out 2: agent 0's children are agents 2 and 3; agent 7 is below agent 2.
+        let mut m = Machine::new(0, 1, tree());
+        step(&mut m, 0, Input::ChildOpened(2));
         let out = step(&mut m, 1, dispatch(7, 0..1));
-        assert!(matches!(out.as_slice(), [Effect::Down { pos: 3, body: Body::Dispatch(_) }]), "{out:?}");
+        assert!(matches!(out.as_slice(), [Effect::Down { child: 2, body: Body::Dispatch(_) }]), "{out:?}");
         // Agent 3 is below, but its branch has not connected; agent 1 is not below at all.
         assert!(step(&mut m, 2, dispatch(3, 0..1)).is_empty());
         assert!(step(&mut m, 3, dispatch(1, 0..1)).is_empty());
@@ -519,9 +522,9 @@ mod tests {
 
     #[test]
     fn a_lost_child_is_reported_with_every_agent_it_relayed_for() {
-        let mut m = Machine::new(0, 1, 2);
-        step(&mut m, 0, Input::ChildOpened(3));
-        let out = step(&mut m, 1, Input::ChildClosed { pos: 3, agents: vec![2, 7], why: "reset".into() });
+        let mut m = Machine::new(0, 1, tree());
+        step(&mut m, 0, Input::ChildOpened(2));
+        let out = step(&mut m, 1, Input::ChildClosed { child: 2, agents: vec![2, 7], why: "reset".into() });
         let lost: Vec<u32> = out
             .iter()
             .filter_map(|e| match e {
@@ -531,20 +534,20 @@ mod tests {
             .collect();
         assert_eq!(lost, [2, 7]);
         // After shutdown a child closing is the normal end, not a loss.
-        step(&mut m, 2, Input::ChildOpened(4));
+        step(&mut m, 2, Input::ChildOpened(3));
         step(
             &mut m,
             3,
             Input::Parent(Body::Shutdown(proto::Shutdown { abort: false, reason: String::new(), agent: 0 })),
         );
-        let out = step(&mut m, 4, Input::ChildClosed { pos: 4, agents: vec![3], why: "closed".into() });
+        let out = step(&mut m, 4, Input::ChildClosed { child: 3, agents: vec![3], why: "closed".into() });
         assert!(out.iter().all(|e| !matches!(e, Effect::Up(Body::Lost(_)))));
     }
 
-    /// Agent 0 with a child at position 3, told to shut down, its own tasks all ended.
+    /// Agent 0 with its child 2 connected, told to shut down, its own tasks all ended.
     fn finished_relay() -> Machine {
-        let mut m = Machine::new(0, 1, 2);
-        step(&mut m, 0, Input::ChildOpened(3));
+        let mut m = Machine::new(0, 1, tree());
+        step(&mut m, 0, Input::ChildOpened(2));
         let shutdown = proto::Shutdown { abort: false, reason: String::new(), agent: 0 };
         step(&mut m, 1, Input::Parent(Body::Shutdown(shutdown)));
         step(&mut m, 2, Input::ExecEnded);
@@ -565,7 +568,7 @@ mod tests {
 
         // A relay whose children all closed ends at once.
         let mut m = finished_relay();
-        step(&mut m, 3, Input::ChildClosed { pos: 3, agents: vec![2], why: "closed".into() });
+        step(&mut m, 3, Input::ChildClosed { child: 2, agents: vec![2], why: "closed".into() });
         assert_eq!(m.outcome(), Some(Ok(())));
     }
 }

@@ -12,10 +12,11 @@ mod spawners;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use htc_core::tree;
+use htc_core::tree::Tree;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
@@ -44,8 +45,10 @@ pub struct AgentConfig {
     pub kill_grace: Duration,
     /// How often buffered results go up when the buffer is not full.
     pub flush_every: Duration,
-    /// Set when this agent has children to serve: (fan-out, number of agents, bound listener).
-    pub relay: Option<(u32, u32, std::net::TcpListener)>,
+    /// The job's tree (shared by the agents of one process).
+    pub tree: Arc<Tree>,
+    /// Set when this agent has children to serve: the bound listener.
+    pub relay: Option<std::net::TcpListener>,
     /// Real processes, or a simulation that starts none.
     pub exec: ExecKind,
     /// Executors (spawn loops) splitting the slots; 0 = one per slot.
@@ -97,9 +100,8 @@ async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
     let (job_id, stream) = join(&cfg, &secret).await?;
 
     let (child_tx, mut child_rx) = unbounded_channel::<Child>();
-    let fanout = cfg.relay.as_ref().map(|r| r.0).unwrap_or(1);
-    if let Some((k, n, listener)) = cfg.relay.take() {
-        let place = auth::RelayPlace { pos: tree::position(cfg.agent_id), fanout: k, agents: n };
+    if let Some(listener) = cfg.relay.take() {
+        let place = auth::RelayPlace { me: cfg.agent_id, tree: cfg.tree.clone() };
         relay::listen(listener, place, &job_id, secret.clone(), child_tx.clone())?;
     }
     drop(child_tx);
@@ -122,8 +124,8 @@ async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
     });
 
     let start = tokio::time::Instant::now();
-    let mut m = Machine::new(cfg.agent_id, cfg.slots, fanout);
-    let mut children: HashMap<u64, UnboundedSender<Vec<u8>>> = HashMap::new();
+    let mut m = Machine::new(cfg.agent_id, cfg.slots, cfg.tree.clone());
+    let mut children: HashMap<u32, UnboundedSender<Vec<u8>>> = HashMap::new();
     let (mut parent_open, mut children_open, mut exec_open) = (true, true, true);
     let mut tick = tokio::time::interval(cfg.flush_every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -145,11 +147,11 @@ async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
                 None => { parent_open = false; Input::ParentEnded("connection closed".into()) }
             },
             c = child_rx.recv(), if children_open => match c {
-                Some(Child::Open { pos, tx }) => { children.insert(pos, tx); Input::ChildOpened(pos) }
+                Some(Child::Open { child, tx }) => { children.insert(child, tx); Input::ChildOpened(child) }
                 Some(Child::Up(bytes)) => Input::ChildFrame(bytes),
-                Some(Child::Closed { pos, agents, why }) => {
-                    children.remove(&pos);
-                    Input::ChildClosed { pos, agents, why }
+                Some(Child::Closed { child, agents, why }) => {
+                    children.remove(&child);
+                    Input::ChildClosed { child, agents, why }
                 }
                 None => { children_open = false; continue }
             },
@@ -166,8 +168,8 @@ async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
             match e {
                 Effect::Up(body) => frame::encode_into(body, &mut out),
                 Effect::Relay(bytes) => out.extend_from_slice(&bytes),
-                Effect::Down { pos, body } => {
-                    if let Some(tx) = children.get(&pos) {
+                Effect::Down { child, body } => {
+                    if let Some(tx) = children.get(&child) {
                         let _ = tx.send(relay::encoded(body));
                     }
                 }

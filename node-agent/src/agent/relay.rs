@@ -13,12 +13,12 @@ use crate::proto::{self, frame::Body};
 
 /// What a child connection tells the agent's loop.
 pub enum Child {
-    /// A direct child connected: its position and the sender for frames down to it.
-    Open { pos: u64, tx: UnboundedSender<Vec<u8>> },
+    /// A direct child connected: its agent id and the sender for frames down to it.
+    Open { child: u32, tx: UnboundedSender<Vec<u8>> },
     /// A frame from below to pass up.
     Up(Vec<u8>),
     /// A direct child's connection ended; these agents (it and those below it) are gone.
-    Closed { pos: u64, agents: Vec<u32>, why: String },
+    Closed { child: u32, agents: Vec<u32>, why: String },
 }
 
 /// Accepts children for as long as the agent lives.
@@ -36,7 +36,7 @@ pub fn listen(
         loop {
             let Ok((s, peer)) = listener.accept().await else { continue };
             let Some(permit) = door.enter(peer) else { continue };
-            let (secret, door, up) = (secret.clone(), door.clone(), up.clone());
+            let (secret, door, up, place) = (secret.clone(), door.clone(), up.clone(), place.clone());
             tokio::spawn(async move {
                 if let Err(e) = child_connection(s, permit, place, &secret, up).await {
                     door.refused(peer, &e);
@@ -64,16 +64,16 @@ async fn child_connection(
     frame::tune(&s).map_err(|e| e.to_string())?;
     let hello = auth::accept_hello(&mut s, secret).await.map_err(|e| e.to_string())?;
     drop(permit);
-    if let Err(why) = auth::check_hello(&hello, Some(place)) {
+    if let Err(why) = auth::check_hello(&hello, Some(&place)) {
         let reject = Body::Reject(proto::Reject { reason: why.clone(), agent_id: hello.agent_id });
         let _ = frame::write_frame(&mut s, reject).await;
         return Err(why);
     }
-    let pos = htc_core::tree::position(hello.agent_id);
+    let child = hello.agent_id;
     let mut buf = Vec::new();
     let (mut rd, wr) = s.into_split();
     let tx = frame::spawn_writer(wr);
-    let _ = up.send(Child::Open { pos, tx });
+    let _ = up.send(Child::Open { child, tx });
     let mut agents = HashSet::from([hello.agent_id]);
     let _ = up.send(Child::Up(encoded(Body::Hello(hello))));
     let why = loop {
@@ -96,6 +96,6 @@ async fn child_connection(
     };
     let mut agents: Vec<u32> = agents.into_iter().collect();
     agents.sort_unstable();
-    let _ = up.send(Child::Closed { pos, agents, why });
+    let _ = up.send(Child::Closed { child, agents, why });
     Ok(())
 }

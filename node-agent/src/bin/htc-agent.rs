@@ -104,15 +104,17 @@ fn work(a: WorkArgs) -> anyhow::Result<()> {
         });
     }
     let ip = if slurm { slurm::node_ip() } else { std::net::Ipv4Addr::LOCALHOST.into() };
+    let tree = std::sync::Arc::new(htc_core::tree::Tree::kary(agents, fanout));
     let mut cfgs = Vec::new();
     // In id order: a parent always has a smaller id, so its address is published first.
     for id in agent_id..agent_id + count {
         let place = match kvs.as_mut() {
-            Some(kvs) => bootstrap::place(kvs, id, agents, fanout, leader, ip)?,
+            Some(kvs) => bootstrap::place(kvs, id, &tree, leader, ip)?,
             None => bootstrap::Place { parent: leader, relay: None },
         };
         cfgs.push(AgentConfig {
             parent: place.parent,
+            tree: tree.clone(),
             relay: place.relay,
             run: run.clone(),
             agent_id: id,
