@@ -19,9 +19,13 @@
 #    machine's CPU in the way.
 # 3. The same mix as real `sleep` processes on REAL_LAYOUT slots of this machine (sleeping takes
 #    no CPU, so slots may exceed CPUs), REAL_PER_CLASS tasks per class.
+# 4. Partition cost like HFlow's Table 3: the same mix with PLAN_SIZES tasks (six runtime classes),
+#    parse + ledger load and the leader's planning (ledger scan, grouping, eq. 10 shares) timed
+#    by `htc simulate` on 1000 x 24, then the plan simulated.
 #
 # Env: TASKS (2000000), LAYOUTS ("1000x24 100x24 10x24"), ROUNDS (3),
-#      SECTIONS ("1 1b 2 2b 3": which of the above to run),
+#      SECTIONS ("1 1b 2 2b 3 4": which of the above to run), PLAN_SIZES (section 4's task counts,
+#      "1000 100000 1000000 10000000"),
 #      MIX_LAYOUTS ("100x24 1000x24"), MIX_SECONDS (5.25), MIX_STRETCH (1), SIM_LATENCY_US (100), REAL_LAYOUT (2x8), REAL_PER_CLASS (100),
 #      HTC (target/release/htc), WORK (scratch dir, deleted unless KEEP=1), OUT (report;
 #      default bench/results/scale-<date>.txt). Runs ignore site files (HTC_SITE_CONFIG=/dev/null).
@@ -38,7 +42,8 @@ MIX_LAYOUTS=${MIX_LAYOUTS:-"100x24 1000x24"}
 MIX_SECONDS=${MIX_SECONDS:-5.25}
 MIX_STRETCH=${MIX_STRETCH:-1}
 SIM_LATENCY_US=${SIM_LATENCY_US:-100}
-SECTIONS=${SECTIONS:-"1 1b 2 2b 3"}
+SECTIONS=${SECTIONS:-"1 1b 2 2b 3 4"}
+PLAN_SIZES=${PLAN_SIZES:-"1000 100000 1000000 10000000"}
 REAL_LAYOUT=${REAL_LAYOUT:-2x8}
 REAL_PER_CLASS=${REAL_PER_CLASS:-100}
 HQ_ZERO=${HQ_ZERO:-}
@@ -227,6 +232,23 @@ for plan in even hflow; do
     makespans real.txt "$plan" --output none --agents "$agents" --cores-per-agent "$cores"
     mixrow "$REAL_LAYOUT" "$plan" "$bound" "$REAL_PER_CLASS"
 done
+echo
+fi
+
+if want 4; then
+echo "== 4. partition cost (HFlow Table 3): six runtime classes, parse + load and planning, htc simulate on 1000 x 24 =="
+printf '%10s %9s %9s %12s %9s %8s\n' tasks 'load s' 'plan s' 'makespan s' 'above' 'sim s'
+for n in $PLAN_SIZES; do
+    mixfile $((n / 6)) 'task {ms}-{i}' >plan.txt
+    "$HTC" simulate plan.txt --agents 1000 --cores-per-agent 24 --json >plan.json
+    python3 - plan.json <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+print(f"{r['tasks']:>10} {r['load_s']:>9.3f} {r['plan_s']:>9.3f} {r['makespan_s']:>12.3f} "
+      f"{r['above_bound'] * 100:>8.1f}% {r['wall_s']:>8.1f}")
+EOF
+done
+rm -f plan.txt
 echo
 fi
 

@@ -60,6 +60,10 @@ pub struct SimReport {
     pub bound_joined_s: f64,
     /// Virtual time the leader spent handling inputs.
     pub leader_busy_s: f64,
+    /// Wall time to parse the file into the ledger (`htc simulate FILE` only), and to plan the
+    /// partition from the ledger, as a real run's leader does at its start.
+    pub load_s: f64,
+    pub plan_s: f64,
     pub events: u64,
     pub wall: Duration,
 }
@@ -143,7 +147,9 @@ pub fn simulate(run: &RunDir, cfg: &SimConfig) -> anyhow::Result<SimReport> {
     let wall = Instant::now();
     let ledger = Ledger::open(&run.ledger(), false).context("opening the ledger")?;
     let text = TaskText::open(&run.tasks()).context("mapping the run's task file")?;
+    let planning = Instant::now();
     let mut core = new_core(&ledger, &cfg.plan, &run.id(), 0)?;
+    let plan_s = planning.elapsed().as_secs_f64();
     let n = cfg.agents.max(1);
     // Every simulated agent talks to the leader itself: one level.
     let tree = std::sync::Arc::new(htc_core::tree::Tree::kary(n, n));
@@ -255,6 +261,7 @@ pub fn simulate(run: &RunDir, cfg: &SimConfig) -> anyhow::Result<SimReport> {
     report.makespan_s = last_end as f64 / 1e6;
     (report.bound_s, report.bound_joined_s) = bounds(&ledger, cfg)?;
     report.leader_busy_s = leader_busy as f64 / 1e6;
+    report.plan_s = plan_s;
     report.wall = wall.elapsed();
     Ok(report)
 }
@@ -388,9 +395,11 @@ pub fn text(cfg: &SimConfig, r: &SimReport) -> String {
         );
     }
     t + &format!(
-        "leader busy  {:.3} s\nfailed       {}\nsimulated in {:.1} s ({} events)\n",
+        "leader busy  {:.3} s\nfailed       {}\nloaded in    {:.2} s, planned in {:.2} s, simulated in {:.1} s ({} events)\n",
         r.leader_busy_s,
         r.failed,
+        r.load_s,
+        r.plan_s,
         r.wall.as_secs_f64(),
         r.events
     )
@@ -414,6 +423,8 @@ pub fn json(cfg: &SimConfig, r: &SimReport) -> String {
         ("failed", r.failed.to_string()),
         ("events", r.events.to_string()),
         ("wall_s", format!("{:.3}", r.wall.as_secs_f64())),
+        ("load_s", format!("{:.3}", r.load_s)),
+        ("plan_s", format!("{:.3}", r.plan_s)),
     ];
     let body: Vec<String> = fields.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
     format!("{{{}}}\n", body.join(","))
@@ -426,8 +437,10 @@ pub fn simulate_file(file: &std::path::Path, cfg: &SimConfig) -> anyhow::Result<
     std::fs::create_dir_all(&scratch).with_context(|| format!("creating {}", scratch.display()))?;
     let r = (|| {
         let defaults = htc_core::taskfile::TaskOptions::default();
+        let loading = Instant::now();
         let (run, _) = crate::load::create_run(&scratch, "sim", file, crate::output::OutputMode::None, defaults)?;
-        simulate(&run, cfg)
+        let load_s = loading.elapsed().as_secs_f64();
+        simulate(&run, cfg).map(|r| SimReport { load_s, ..r })
     })();
     let _ = std::fs::remove_dir_all(&scratch);
     r
