@@ -44,7 +44,7 @@ echo "host:        $(uname -n)  kernel $(uname -r)"
 echo "nproc:       $(nproc)"
 echo "cpu:         $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
 echo "ram:         $(awk '/MemTotal/ {printf "%.1f GiB", $2/1048576}' /proc/meminfo)"
-echo "htc:         $("$HTC" --version)"
+echo "htc:         $("$HTC" --version)  ($(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null || echo '?'))"
 echo "scratch:     $WORK ($(df -h --output=fstype,size,avail "$WORK" | tail -1 | xargs))"
 echo "loadavg at start: $(cat /proc/loadavg)"
 echo

@@ -73,7 +73,7 @@ facts() {
     echo "cpu:         $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
     echo "ram:         $(awk '/MemTotal/ {printf "%.1f GiB", $2/1048576}' /proc/meminfo)"
     echo "glibc:       $(ldd --version | head -1)"
-    echo "htc:         $("$HTC" --version)"
+    echo "htc:         $("$HTC" --version)  ($(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null || echo '?'))"
     echo "xargs:       $(xargs --version | head -1)"
     echo "parallel:    $(parallel --version | head -1)"
     if [[ -n $HQ ]]; then echo "hq:          $("$HQ" --version 2>&1 | head -1)"; fi
