@@ -456,3 +456,15 @@ fn the_default_layout_is_one_agent_with_a_spawn_loop_per_cpu_unless_a_task_needs
     assert_eq!(agents_used(&d.run_dir()), HashSet::from([0]), "one agent with every CPU");
     assert!(!d.run_dir().join("out/agent-0/index.1").exists(), "one spawn loop: a wide task needs every core");
 }
+
+#[test]
+fn spawn_loops_too_narrow_for_a_task_are_refused_before_anything_runs() {
+    if htc::executor::allowed_cpus().len() < 2 {
+        return; // a two-core task cannot run here at all
+    }
+    let d = Dir::new("spawners-narrow");
+    d.write("tasks.txt", "true\n[cores=2] true\n");
+    let o = d.htc(&["run", "tasks.txt", "--agents", "1", "--cores-per-agent", "2", "--spawners", "2", "-q"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("a task needs 2 cores") && text(&o).contains("--spawners 1"), "{}", text(&o));
+}

@@ -254,7 +254,10 @@ impl Executors {
             let (h, t) = simexec::start(cfg.exec, cfg.slots, sink(0))?;
             return Ok(Executors { handles: vec![h], threads: vec![t], spread: Spread::new(vec![cfg.slots]) });
         }
+        // A memory budget is not split among spawn loops (a task that fits the agent would not
+        // fit a loop's share): one loop then.
         let k = match cfg.spawners {
+            _ if cfg.mem_mb > 0 => 1,
             0 => cfg.slots,
             n => n,
         }
@@ -264,8 +267,7 @@ impl Executors {
         for i in 0..k {
             let (first, n) = crate::slurm::node_share(cfg.slots, k, i);
             let cpus = if cfg.cpus.is_empty() { Vec::new() } else { cfg.cpus[first..first + n].to_vec() };
-            let mem_mb = cfg.mem_mb * n as u64 / cfg.slots.max(1) as u64;
-            let ec = ExecConfig { cpus, slots: n, mem_mb, spawner: i, first_slot: first, ..exec_config(cfg, job_id) };
+            let ec = ExecConfig { cpus, slots: n, spawner: i, first_slot: first, ..exec_config(cfg, job_id) };
             let (h, t) = executor::start(ec, sink(i))?;
             x.handles.push(h);
             x.threads.push(t);

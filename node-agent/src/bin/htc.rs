@@ -141,7 +141,16 @@ fn real_main() -> anyhow::Result<i32> {
             };
             let cpus = executor::allowed_cpus();
             let (agents, slots) = local_layout(agents, cores_per_agent, cpus.len());
-            let spawners = spawners.unwrap_or(if widest_task(&run)? > 1 { 1 } else { 0 });
+            let widest = widest_task(&run)?;
+            let spawners = spawners.unwrap_or(if widest > 1 { 1 } else { 0 });
+            // A spawn loop runs a task on its own slots only: one too narrow would refuse it.
+            let loop_slots = slots / if spawners == 0 { slots } else { spawners.clamp(1, slots) };
+            if widest > loop_slots as u64 && widest <= slots as u64 {
+                bail!(
+                    "--spawners {spawners}: a task needs {widest} cores, but each of the agent's spawn loops would \
+                     have {loop_slots}; use --spawners 1"
+                );
+            }
             let local = launch::Local {
                 agent_bin: launch::agent_binary(),
                 agents,
