@@ -110,6 +110,10 @@ pub struct Core<'a> {
     ever_seen: usize,
     never_joined: usize,
     retry: VecDeque<u64>,
+    /// Ids joined `retry` since agents other than the reporting one were last offered them.
+    fresh_retries: bool,
+    /// Offers of work to every agent with credit (`dispatch_all`), for tests.
+    scans: u64,
     in_flight: Flights,
     counts: Counts,
     finished_start: u64,
@@ -213,6 +217,8 @@ impl<'a> Core<'a> {
             ever_seen: 0,
             never_joined: 0,
             retry: VecDeque::new(),
+            fresh_retries: false,
+            scans: 0,
             in_flight: Flights::new(counts.total()),
             finished_start: counts.get(State::Done) + counts.get(State::Failed),
             counts,
@@ -330,8 +336,10 @@ impl<'a> Core<'a> {
                 a.credit += report.want as u64;
                 a.idle = report.idle as u64;
                 self.dispatch(t, agent, out)?;
-                // Retries can go to any agent with credit, not only the one that reported.
-                if !self.retry.is_empty() {
+                // New retries can go to any agent with credit, not only the one that reported;
+                // older ones wait for an agent that fits to report (its dispatch takes retries
+                // first), so a retry nobody can take does not cost a scan of every agent per report.
+                if self.fresh_retries {
                     self.dispatch_all(t, out)?;
                 }
             }
@@ -432,7 +440,7 @@ impl<'a> Core<'a> {
         if effect == Effect::Retry {
             let a = Attempt { attempt: r.attempts, outcome, value, agent, start_us: r.start_us, end_us };
             t.put_attempt(id, &a)?;
-            self.retry.push_back(id);
+            self.push_retry(id);
         }
         if life.state() == State::Failed {
             t.mark_failed(id)?;
@@ -453,13 +461,20 @@ impl<'a> Core<'a> {
                 }
             } else {
                 self.counts.moved(f.life.state(), State::Pending);
-                self.retry.push_back(id);
+                self.push_retry(id);
             }
         }
         Ok(())
     }
 
+    fn push_retry(&mut self, id: u64) {
+        self.retry.push_back(id);
+        self.fresh_retries = true;
+    }
+
     fn dispatch_all(&mut self, t: &mut dyn Tasks, out: &mut Outbox) -> Result<()> {
+        self.fresh_retries = false;
+        self.scans += 1;
         let mut ids: Vec<u32> =
             self.agents.iter().filter(|(_, a)| a.alive && a.credit > 0).map(|(id, _)| *id).collect();
         ids.sort_unstable();
@@ -545,7 +560,7 @@ impl<'a> Core<'a> {
                     self.take_task(t, agent, id, r, &mut specs)?;
                     want = want.saturating_sub(1);
                 } else {
-                    self.retry.push_back(id);
+                    self.push_retry(id);
                 }
             }
         }
@@ -799,6 +814,48 @@ mod tests {
             dispatched(&out),
             vec![(0, vec![(2, 1), (4, 1), (1, 1)]), (1, vec![(6, 1), (8, 1), (5, 1), (7, 1)])]
         );
+    }
+
+    /// A task no joined agent can run waits for one that can (a wider agent may still join);
+    /// reports meanwhile do not offer it to every agent again and again.
+    #[test]
+    fn a_retry_nobody_can_take_costs_no_scan_of_every_agent_per_report() {
+        let mut m = Mem::with(3, 2, 1);
+        m.records.get_mut(&3).unwrap().cores = 4;
+        let mut c = core(&m, 3);
+        let (out, _) = feed(&mut c, &mut m, vec![join(0, 2), join(1, 2), want(0, 8), want(1, 8)]);
+        assert_eq!(dispatched(&out).iter().map(|(_, t)| t.len()).sum::<usize>(), 2, "tasks 1 and 2");
+        // Agent 0, idle, steals task 3 (the third agent's share): too wide, it waits as a retry.
+        feed(&mut c, &mut m, vec![report(0, 1, 2, &[])]);
+        assert_eq!(c.retry.iter().copied().collect::<Vec<_>>(), vec![3]);
+        let scans = c.scans;
+        for _ in 0..100 {
+            let (out, _) = feed(&mut c, &mut m, vec![report(0, 1, 2, &[])]);
+            assert!(dispatched(&out).is_empty());
+        }
+        assert_eq!(c.scans, scans);
+        // A new retry is offered to every agent with credit at once, with one scan.
+        let failed = proto::TaskResult {
+            id: 1,
+            attempt: 1,
+            outcome: proto::Outcome::Exited as i32,
+            value: 1,
+            ..Default::default()
+        };
+        let who = dispatched(&out_of(
+            &mut c,
+            &mut m,
+            Input::Report {
+                agent: 0,
+                report: proto::Report { seq: 1, results: vec![failed], agent: 0, ..Default::default() },
+            },
+        ));
+        assert!(who.iter().any(|(_, t)| t.contains(&(1, 2))), "{who:?}");
+        assert_eq!(c.scans, scans + 1);
+    }
+
+    fn out_of(c: &mut Core<'_>, m: &mut Mem, ev: Input) -> Outbox {
+        feed(c, m, vec![ev]).0
     }
 
     /// Two classes without hints: the first in class order runs until `LEARN_AFTER` of its tasks
