@@ -37,7 +37,7 @@ pub fn check(data: &[u8]) {
             assert!((FANOUT_MIN..=FANOUT_MAX).contains(&k));
         }
         if let Ok(m) = parse_output(t) {
-            assert_eq!(parse_output(m.as_str()), Ok(m));
+            assert_eq!(parse_output(m.name()), Ok(m));
         }
     }
 

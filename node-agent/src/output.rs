@@ -6,39 +6,8 @@ use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::str::FromStr;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OutputMode {
-    /// Per-slot stream files plus an index (default).
-    Streams,
-    /// One `ID.out` and `ID.err` per task (the last attempt's).
-    PerTask,
-    /// Discard output.
-    None,
-}
-
-impl FromStr for OutputMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "streams" => Ok(OutputMode::Streams),
-            "per-task" => Ok(OutputMode::PerTask),
-            "none" => Ok(OutputMode::None),
-            _ => Err(format!("unknown output mode '{s}' (streams, per-task, none)")),
-        }
-    }
-}
-
-impl OutputMode {
-    pub fn name(self) -> &'static str {
-        match self {
-            OutputMode::Streams => "streams",
-            OutputMode::PerTask => "per-task",
-            OutputMode::None => "none",
-        }
-    }
-}
+pub use htc_core::output::OutputMode;
 
 pub const INDEX_ENTRY_LEN: usize = 48;
 

@@ -49,25 +49,7 @@ pub fn job_env_name(jc_name: &str) -> String {
 }
 
 /// `--htc-output=MODE`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OutputMode {
-    /// A few per-node stream files with an index (the default of the agent).
-    Streams,
-    /// One file per task (small jobs only: millions of files hurt parallel filesystems).
-    PerTask,
-    /// Discard task output.
-    None,
-}
-
-impl OutputMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OutputMode::Streams => "streams",
-            OutputMode::PerTask => "per-task",
-            OutputMode::None => "none",
-        }
-    }
-}
+pub use htc_core::output::OutputMode;
 
 /// Plugin arguments from the plugstack.conf line.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -173,12 +155,7 @@ pub fn parse_fanout(s: &str) -> Result<u32, String> {
 
 /// `--htc-output=MODE`.
 pub fn parse_output(s: &str) -> Result<OutputMode, String> {
-    match s.trim() {
-        "streams" => Ok(OutputMode::Streams),
-        "per-task" => Ok(OutputMode::PerTask),
-        "none" => Ok(OutputMode::None),
-        _ => Err(format!("'{s}' is not an output mode (streams, per-task or none)")),
-    }
+    s.parse()
 }
 
 /// `--htc-agents-per-node=N`: agents (spawn loops) on each node, splitting its CPUs.
@@ -264,7 +241,7 @@ impl JobRequest {
             v.push((JC_FANOUT, k.to_string().into()));
         }
         if let Some(o) = self.output {
-            v.push((JC_OUTPUT, o.as_str().into()));
+            v.push((JC_OUTPUT, o.name().into()));
         }
         if let Some(p) = self.partition {
             v.push((JC_PARTITION, p.name().into()));
@@ -360,7 +337,7 @@ pub fn agent_argv_prefix(cfg: &PluginConfig, req: &JobRequest) -> Vec<OsString> 
     }
     if let Some(o) = req.output {
         v.push("--output".into());
-        v.push(o.as_str().into());
+        v.push(o.name().into());
     }
     if let Some(p) = req.partition {
         v.push("--partition".into());
@@ -718,7 +695,7 @@ mod tests {
         assert_eq!(parse_output("none"), Ok(OutputMode::None));
         assert!(parse_output("files").unwrap_err().contains("streams, per-task or none"));
         for m in [OutputMode::Streams, OutputMode::PerTask, OutputMode::None] {
-            assert_eq!(parse_output(m.as_str()), Ok(m));
+            assert_eq!(parse_output(m.name()), Ok(m));
         }
     }
 
