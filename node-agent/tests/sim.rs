@@ -175,7 +175,8 @@ fn simulate_runs_the_mixed_workload_on_a_virtual_clock_and_hflow_ends_near_the_b
         assert_eq!((r["tasks"].as_u64(), r["failed"].as_u64()), (Some(120_000), Some(0)), "{r}");
         assert!((r["bound_s"].as_f64().unwrap() - 5.25).abs() < 1e-6, "{r}");
         assert!(r["leader_busy_s"].as_f64().unwrap() > 0.0, "{r}");
-        assert!(r["load_s"].as_f64().unwrap() > 0.0 && r["plan_s"].as_f64().unwrap() > 0.0, "{r}");
+        // Timed in wall seconds (ms resolution): even plans without reading the ledger.
+        assert!(r["load_s"].as_f64().unwrap() > 0.0 && r["plan_s"].as_f64().unwrap() >= 0.0, "{r}");
     }
     let above = |r: &serde_json::Value| r["above_bound"].as_f64().unwrap();
     assert!(above(&hflow) < 0.05, "hflow: {hflow}");
