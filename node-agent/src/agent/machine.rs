@@ -25,6 +25,8 @@ pub enum Input {
     ParentEnded(String),
     /// SIGTERM or SIGINT from outside (scancel, kill, Ctrl-C).
     Signal(&'static str),
+    /// An executor stopped without being told to: the agent cannot run what it is sent.
+    ExecFailed(String),
     /// A direct child (this agent id) connected and was admitted.
     ChildOpened(u32),
     /// A frame from below, already encoded, to pass up unchanged.
@@ -62,10 +64,10 @@ enum Parent {
     Open,
     /// Closed after it said Shutdown: the normal end.
     Closed,
-    /// Lost, or the agent was told by a signal to stop; the tasks were stopped.
+    /// Lost, or the agent stopped itself (a signal, a failed executor); the tasks were stopped.
     Cut {
         why: String,
-        signal: bool,
+        own: bool,
     },
 }
 
@@ -119,14 +121,14 @@ impl Machine {
             return None;
         }
         Some(match &self.parent {
-            Parent::Cut { why, signal } => {
+            Parent::Cut { why, own } => {
                 let lost = self.unacked_results();
                 let unrecorded = if lost > 0 {
                     format!("; {lost} results the leader had not acknowledged run again when the job resumes")
                 } else {
                     String::new()
                 };
-                Err(if *signal {
+                Err(if *own {
                     format!("{why}; running tasks were stopped{unrecorded}")
                 } else {
                     format!("lost the connection to the parent ({why}); running tasks were stopped{unrecorded}")
@@ -152,10 +154,13 @@ impl Machine {
                 false
             }
             Input::Signal(what) => {
-                if !matches!(self.parent, Parent::Cut { .. }) {
-                    self.parent = Parent::Cut { why: what.to_string(), signal: true };
-                    out.push(Effect::Exec(Command::Abort));
-                }
+                self.stop(what.to_string(), out);
+                false
+            }
+            // The agent goes away as a whole: its connection closes, and the leader gives its
+            // tasks to others (those that had started count as lost), as for a lost agent.
+            Input::ExecFailed(why) => {
+                self.stop(why, out);
                 false
             }
             Input::ChildOpened(child) => {
@@ -177,6 +182,14 @@ impl Machine {
             Input::Tick => true,
         };
         self.after(now_us, flush, out);
+    }
+
+    /// Stops the tasks and stops reporting: what ran is not recorded, and runs again elsewhere.
+    fn stop(&mut self, why: String, out: &mut Vec<Effect>) {
+        if !matches!(self.parent, Parent::Cut { .. }) {
+            self.parent = Parent::Cut { why, own: true };
+            out.push(Effect::Exec(Command::Abort));
+        }
     }
 
     fn on_parent(&mut self, body: Body, out: &mut Vec<Effect>) -> bool {
@@ -225,7 +238,7 @@ impl Machine {
         } else {
             // Without a leader nobody records results: stop the tasks rather than let them run
             // unaccounted. The resumed run re-runs them.
-            self.parent = Parent::Cut { why, signal: false };
+            self.parent = Parent::Cut { why, own: false };
             out.push(Effect::Exec(Command::Abort));
         }
     }
@@ -493,6 +506,18 @@ mod tests {
         assert!(step(&mut m, 1, Input::ParentEnded("closed".into())).is_empty());
         step(&mut m, 2, Input::ExecEnded);
         assert_eq!(m.outcome(), Some(Ok(())));
+    }
+
+    #[test]
+    fn a_failed_executor_stops_the_agent_without_reporting_what_it_killed() {
+        let mut m = holding(2, 32);
+        let out = step(&mut m, 2, Input::ExecFailed("spawn loop 1 stopped unexpectedly".into()));
+        assert!(matches!(out.as_slice(), [Effect::Exec(Command::Abort)]));
+        // The killed tasks' ends go nowhere; the leader counts them lost with the agent.
+        assert!(step(&mut m, 3, Input::Exec(vec![done(0)])).is_empty());
+        assert!(step(&mut m, 4, Input::ExecEnded).is_empty());
+        let err = m.outcome().unwrap().unwrap_err();
+        assert!(err.starts_with("spawn loop 1 stopped unexpectedly; running tasks were stopped"), "{err}");
     }
 
     #[test]

@@ -106,7 +106,7 @@ async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
     }
     drop(child_tx);
 
-    let (ev_tx, mut ev_rx) = unbounded_channel::<(usize, Vec<ExecEvent>)>();
+    let (ev_tx, mut ev_rx) = unbounded_channel::<Spawned>();
     let mut execs = Executors::start(&cfg, &job_id, ev_tx)?;
 
     let (mut rd, mut wr) = stream.into_split();
@@ -156,7 +156,11 @@ async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
                 None => { children_open = false; continue }
             },
             batch = ev_rx.recv(), if exec_open => match batch {
-                Some((i, batch)) => { execs.ran(i, &batch); Input::Exec(batch) }
+                Some((i, Some(batch))) => { execs.ran(i, &batch); Input::Exec(batch) }
+                Some((i, None)) => match execs.ended(i) {
+                    Some(why) => Input::ExecFailed(why),
+                    None => continue,
+                },
                 None => { exec_open = false; Input::ExecEnded }
             },
             _ = tick.tick() => Input::Tick,
@@ -230,29 +234,52 @@ async fn join(cfg: &AgentConfig, secret: &[u8]) -> anyhow::Result<(String, TcpSt
     Ok((job_id, stream))
 }
 
+/// Events of spawner `i`; `None` once it stopped.
+type Spawned = (usize, Option<Vec<ExecEvent>>);
+
+/// Hands a spawner's events to the agent's loop, and says so when the spawner's thread ends
+/// (the sink is dropped with it), however it ends.
+struct Sink {
+    i: usize,
+    tx: UnboundedSender<Spawned>,
+}
+
+impl Sink {
+    fn send(&self, batch: Vec<ExecEvent>) {
+        let _ = self.tx.send((self.i, Some(batch)));
+    }
+}
+
+impl Drop for Sink {
+    fn drop(&mut self) {
+        let _ = self.tx.send((self.i, None));
+    }
+}
+
 /// The agent's executors: one simulated one, or `spawners` real ones splitting the slots and
 /// CPUs, with `Spread` choosing which runs each task.
 struct Executors {
     handles: Vec<Handle>,
     threads: Vec<std::thread::JoinHandle<std::io::Result<()>>>,
     spread: Spread,
+    /// Told to finish or abort: from then on a spawner that stops is expected to.
+    stopping: bool,
 }
 
 impl Executors {
-    fn start(
-        cfg: &AgentConfig,
-        job_id: &str,
-        events: UnboundedSender<(usize, Vec<ExecEvent>)>,
-    ) -> anyhow::Result<Executors> {
+    fn start(cfg: &AgentConfig, job_id: &str, events: UnboundedSender<Spawned>) -> anyhow::Result<Executors> {
         let sink = |i: usize| {
-            let tx = events.clone();
-            move |batch| {
-                let _ = tx.send((i, batch));
-            }
+            let sink = Sink { i, tx: events.clone() };
+            move |batch| sink.send(batch)
         };
         if cfg.exec != ExecKind::Real {
             let (h, t) = simexec::start(cfg.exec, cfg.slots, sink(0))?;
-            return Ok(Executors { handles: vec![h], threads: vec![t], spread: Spread::new(vec![cfg.slots]) });
+            return Ok(Executors {
+                handles: vec![h],
+                threads: vec![t],
+                spread: Spread::new(vec![cfg.slots]),
+                stopping: false,
+            });
         }
         // A memory budget is not split among spawn loops (a task that fits the agent would not
         // fit a loop's share): one loop then.
@@ -262,7 +289,8 @@ impl Executors {
             n => n,
         }
         .clamp(1, cfg.slots.max(1));
-        let mut x = Executors { handles: Vec::new(), threads: Vec::new(), spread: Spread::new(Vec::new()) };
+        let mut x =
+            Executors { handles: Vec::new(), threads: Vec::new(), spread: Spread::new(Vec::new()), stopping: false };
         let mut slots = Vec::new();
         for i in 0..k {
             let (first, n) = crate::slurm::node_share(cfg.slots, k, i);
@@ -287,9 +315,25 @@ impl Executors {
                 }
             }
             Command::Run(tasks) => self.handles[0].send(Command::Run(tasks)),
-            Command::Finish => self.handles.iter().for_each(|h| h.send(Command::Finish)),
-            Command::Abort => self.handles.iter().for_each(|h| h.send(Command::Abort)),
+            Command::Finish => {
+                self.stopping = true;
+                self.handles.iter().for_each(|h| h.send(Command::Finish));
+            }
+            Command::Abort => {
+                self.stopping = true;
+                self.handles.iter().for_each(|h| h.send(Command::Abort));
+            }
         }
+    }
+
+    /// Spawner `i`'s thread ended. Unasked, that is a failure: the others are stopped too, and
+    /// the reason is returned for the agent.
+    fn ended(&mut self, i: usize) -> Option<String> {
+        if self.stopping {
+            return None;
+        }
+        self.send(Command::Abort);
+        Some(format!("spawn loop {i} stopped unexpectedly"))
     }
 
     /// Spawner `i` reported these events.
@@ -299,8 +343,12 @@ impl Executors {
     }
 
     fn join(self) {
-        for t in self.threads {
-            let _ = t.join();
+        for (i, t) in self.threads.into_iter().enumerate() {
+            match t.join() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::error!(spawner = i, error = %e, "spawn loop failed"),
+                Err(_) => tracing::error!(spawner = i, "spawn loop panicked"),
+            }
         }
     }
 }
@@ -333,4 +381,32 @@ pub fn hostname() -> String {
     }
     let n = b.iter().position(|&c| c == 0).unwrap_or(b.len());
     String::from_utf8_lossy(&b[..n]).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_spawner_says_when_its_thread_ends_and_unasked_that_is_a_failure() {
+        let (tx, mut rx) = unbounded_channel::<Spawned>();
+        let sink = {
+            let sink = Sink { i: 1, tx };
+            move |batch| sink.send(batch)
+        };
+        sink(Vec::new());
+        drop(sink); // as when the executor's thread ends, however it ends
+        assert!(matches!(rx.try_recv(), Ok((1, Some(_)))));
+        assert!(matches!(rx.try_recv(), Ok((1, None))));
+        assert!(rx.try_recv().is_err(), "and then the channel is closed");
+
+        let idle =
+            || Executors { handles: Vec::new(), threads: Vec::new(), spread: Spread::new(Vec::new()), stopping: false };
+        let mut x = idle();
+        assert_eq!(x.ended(1).as_deref(), Some("spawn loop 1 stopped unexpectedly"));
+        assert!(x.ended(0).is_none(), "the others were told to stop");
+        let mut x = idle();
+        x.send(Command::Finish);
+        assert!(x.ended(0).is_none(), "told to finish: the normal end");
+    }
 }
