@@ -13,7 +13,7 @@ use anyhow::Context;
 
 use crate::agent::machine::{self, Effect, Machine};
 use crate::executor::{Command, ExecEvent, Finished, TaskToRun};
-use crate::leader::core::{Ending, Input, Outbox};
+use crate::leader::core::{Core, Ending, Input, Outbox};
 use crate::leader::driver::LedgerTasks;
 use crate::leader::{new_core, Planned};
 use crate::ledger::{Ledger, Outcome, WriteTxn};
@@ -148,40 +148,33 @@ pub fn simulate(run: &RunDir, cfg: &SimConfig) -> anyhow::Result<SimReport> {
     let ledger = Ledger::open(&run.ledger(), false).context("opening the ledger")?;
     let text = TaskText::open(&run.tasks()).context("mapping the run's task file")?;
     let planning = Instant::now();
-    let mut core = new_core(&ledger, &cfg.plan, &run.id(), 0)?;
+    let core = new_core(&ledger, &cfg.plan, &run.id(), 0)?;
     let plan_s = planning.elapsed().as_secs_f64();
     let n = cfg.agents.max(1);
-    // Every simulated agent talks to the leader itself: one level.
-    let tree = std::sync::Arc::new(htc_core::tree::Tree::kary(n, n));
-    let mut machines: Vec<Machine> =
-        (0..n).map(|a| Machine::new(a, cfg.cores_per_agent as usize, tree.clone())).collect();
-    let mut execs: Vec<SimExec> = (0..n)
-        .map(|_| SimExec {
-            free: cfg.cores_per_agent,
-            slots: cfg.cores_per_agent,
-            queue: VecDeque::new(),
-            finishing: false,
-            stopped: false,
-            told: false,
-        })
-        .collect();
+    let mut fleet = Fleet::new(n, cfg);
+    let mut leader = Leader {
+        core,
+        ledger: &ledger,
+        text: &text,
+        txn: None,
+        since_commit: 0,
+        inbox: VecDeque::new(),
+        free_at: 0,
+        waking: false,
+        busy_us: 0,
+        outbox: Vec::new(),
+    };
     let mut w = World { heap: BinaryHeap::new(), seq: 0, now: 0 };
     for a in 0..n {
         w.at(cfg.join_spread_us * a as u64 / n as u64, Ev::Join(a));
     }
-    let mut inbox: VecDeque<Input> = VecDeque::new();
-    let (mut leader_free, mut leader_waking, mut leader_busy) = (0u64, false, 0u64);
-    let mut txn: Option<WriteTxn<'_>> = None;
-    let mut since_commit = 0u64;
-    let mut report = SimReport::default();
-    let (mut effects, mut outbox): (Vec<Effect>, Outbox) = (Vec::new(), Vec::new());
-    let mut last_end = 0u64;
+    let mut events = 0u64;
     let ending = loop {
         let Some(At { at, ev, .. }) = w.heap.pop() else {
             break Ending::AgentsLost("the simulation ran out of events".into());
         };
         w.now = at;
-        report.events += 1;
+        events += 1;
         match ev {
             Ev::Join(a) => {
                 let joined =
@@ -190,157 +183,206 @@ pub fn simulate(run: &RunDir, cfg: &SimConfig) -> anyhow::Result<SimReport> {
                 // Its first report goes out once the Welcome is back.
                 w.at(at + 2 * cfg.latency_us, Ev::Tick(a));
             }
-            Ev::ToLeader(input) => {
-                inbox.push_back(input);
-                if !leader_waking {
-                    leader_waking = true;
-                    w.at(at.max(leader_free), Ev::LeaderWake);
-                }
-            }
+            Ev::ToLeader(input) => leader.arrive(&mut w, input),
             Ev::LeaderWake => {
-                let input = inbox.pop_front().expect("woken with an empty queue");
-                let results = match &input {
-                    Input::Report { report, .. } => report.results.len() as u64,
-                    _ => 0,
-                };
-                let t = match txn.as_mut() {
-                    Some(t) => t,
-                    None => txn.insert(ledger.write()?),
-                };
-                let mut tasks = LedgerTasks { txn: t, text: &text };
-                let ended = core.handle(at, &mut tasks, input, &mut outbox)?;
-                since_commit += results;
-                if since_commit >= 50_000 {
-                    txn.take().unwrap().commit()?;
-                    since_commit = 0;
-                }
-                core.acks(&mut outbox);
-                let cost = (results as f64 * cfg.leader_us_per_task).round() as u64;
-                leader_busy += cost;
-                leader_free = at + cost;
-                for (agent, body) in outbox.drain(..) {
-                    w.at(leader_free + cfg.latency_us, Ev::ToAgent(agent, machine::Input::Parent(body)));
-                }
-                if let Some(e) = ended.or_else(|| core.ending()) {
+                if let Some(e) = leader.wake(&mut w, cfg)? {
                     break e;
                 }
-                leader_waking = !inbox.is_empty();
-                if leader_waking {
-                    w.at(leader_free, Ev::LeaderWake);
-                }
             }
-            Ev::ToAgent(a, input) => agent_step(&mut w, cfg, &mut machines, &mut execs, a, input, &mut effects),
+            Ev::ToAgent(a, input) => fleet.step(&mut w, cfg, a, input),
             Ev::Tick(a) => {
-                agent_step(&mut w, cfg, &mut machines, &mut execs, a, machine::Input::Tick, &mut effects);
-                if machines[a as usize].outcome().is_none() {
+                fleet.step(&mut w, cfg, a, machine::Input::Tick);
+                if fleet.machines[a as usize].outcome().is_none() {
                     w.at(at + cfg.flush_every_us, Ev::Tick(a));
                 }
             }
-            Ev::TaskEnd { agent, cores, done } => {
-                let x = &mut execs[agent as usize];
-                if x.stopped {
-                    continue;
-                }
-                x.free += cores;
-                last_end = last_end.max(at);
-                let ended = machine::Input::Exec(vec![ExecEvent::Finished(done)]);
-                agent_step(&mut w, cfg, &mut machines, &mut execs, agent, ended, &mut effects);
-                start_queued(&mut w, cfg, &mut machines, &mut execs, agent, &mut effects);
-            }
+            Ev::TaskEnd { agent, cores, done } => fleet.task_ended(&mut w, cfg, agent, cores, done),
         }
     };
-    if let Some(t) = txn.take() {
+    if let Some(t) = leader.txn.take() {
         t.commit()?;
     }
     if !matches!(ending, Ending::Complete) {
         anyhow::bail!("the simulated run did not complete: {ending:?}");
     }
-    let counts = core.counts();
-    report.tasks = counts.total();
-    report.failed = counts.get(crate::ledger::State::Failed);
-    report.makespan_s = last_end as f64 / 1e6;
-    (report.bound_s, report.bound_joined_s) = bounds(&ledger, cfg)?;
-    report.leader_busy_s = leader_busy as f64 / 1e6;
-    report.plan_s = plan_s;
-    report.wall = wall.elapsed();
-    Ok(report)
+    let counts = leader.core.counts();
+    let (bound_s, bound_joined_s) = bounds(&ledger, cfg)?;
+    Ok(SimReport {
+        tasks: counts.total(),
+        failed: counts.get(crate::ledger::State::Failed),
+        makespan_s: fleet.last_end as f64 / 1e6,
+        bound_s,
+        bound_joined_s,
+        leader_busy_s: leader.busy_us as f64 / 1e6,
+        load_s: 0.0,
+        plan_s,
+        events,
+        wall: wall.elapsed(),
+    })
 }
 
-/// Feeds agent `a`'s machine and carries out its effects.
-fn agent_step(
-    w: &mut World,
-    cfg: &SimConfig,
-    machines: &mut [Machine],
-    execs: &mut [SimExec],
-    a: u32,
-    input: machine::Input,
-    effects: &mut Vec<Effect>,
-) {
-    machines[a as usize].handle(w.now, input, effects);
-    let mut more = Vec::new();
-    for e in effects.drain(..) {
-        match e {
-            Effect::Up(Body::Report(report)) => {
-                w.at(w.now + cfg.latency_us, Ev::ToLeader(Input::Report { agent: a, report }))
-            }
-            Effect::Up(Body::Lost(l)) => {
-                w.at(w.now + cfg.latency_us, Ev::ToLeader(Input::Lost { agent: l.agent, why: l.reason }))
-            }
-            // No relays: every simulated agent talks to the leader itself.
-            Effect::Up(_) | Effect::Relay(_) | Effect::Down { .. } | Effect::CloseUp => {}
-            Effect::Exec(c) => more.push(c),
+/// The leader: its core over the real ledger, and one input at a time at a cost per task.
+struct Leader<'l> {
+    core: Core<'static>,
+    ledger: &'l Ledger,
+    text: &'l TaskText,
+    txn: Option<WriteTxn<'l>>,
+    since_commit: u64,
+    inbox: VecDeque<Input>,
+    /// When it is done with what it is handling.
+    free_at: u64,
+    waking: bool,
+    busy_us: u64,
+    outbox: Outbox,
+}
+
+impl Leader<'_> {
+    fn arrive(&mut self, w: &mut World, input: Input) {
+        self.inbox.push_back(input);
+        if !self.waking {
+            self.waking = true;
+            w.at(w.now.max(self.free_at), Ev::LeaderWake);
         }
     }
-    for c in more {
-        let x = &mut execs[a as usize];
-        match c {
-            Command::Run(tasks) => x.queue.extend(tasks),
-            Command::Finish => x.finishing = true,
-            Command::Abort => {
-                x.queue.clear();
-                x.stopped = true;
-            }
+
+    /// Handles the next input; its frames leave when the leader is done with it.
+    fn wake(&mut self, w: &mut World, cfg: &SimConfig) -> anyhow::Result<Option<Ending>> {
+        let input = self.inbox.pop_front().expect("woken with an empty queue");
+        let results = match &input {
+            Input::Report { report, .. } => report.results.len() as u64,
+            _ => 0,
+        };
+        let t = match self.txn.as_mut() {
+            Some(t) => t,
+            None => self.txn.insert(self.ledger.write()?),
+        };
+        let ended = self.core.handle(w.now, &mut LedgerTasks { txn: t, text: self.text }, input, &mut self.outbox)?;
+        // Commits in batches: LMDB holds a write transaction's dirty pages in memory.
+        self.since_commit += results;
+        if self.since_commit >= 50_000 {
+            self.txn.take().unwrap().commit()?;
+            self.since_commit = 0;
         }
-        start_queued(w, cfg, machines, execs, a, effects);
+        self.core.acks(&mut self.outbox);
+        let cost = (results as f64 * cfg.leader_us_per_task).round() as u64;
+        self.busy_us += cost;
+        self.free_at = w.now + cost;
+        for (agent, body) in self.outbox.drain(..) {
+            w.at(self.free_at + cfg.latency_us, Ev::ToAgent(agent, machine::Input::Parent(body)));
+        }
+        if let Some(e) = ended.or_else(|| self.core.ending()) {
+            return Ok(Some(e));
+        }
+        self.waking = !self.inbox.is_empty();
+        if self.waking {
+            w.at(self.free_at, Ev::LeaderWake);
+        }
+        Ok(None)
     }
 }
 
-/// Starts what fits from agent `a`'s queue, in order; tells its machine; ends a finished executor.
-fn start_queued(
-    w: &mut World,
-    cfg: &SimConfig,
-    machines: &mut [Machine],
-    execs: &mut [SimExec],
-    a: u32,
-    effects: &mut Vec<Effect>,
-) {
-    let x = &mut execs[a as usize];
-    let mut started = Vec::new();
-    while !x.stopped {
-        let Some(t) = x.queue.front() else { break };
-        let cores = (t.cores.max(1)).min(x.slots);
-        if cores > x.free {
-            break;
+/// The agents: their machines and simulated executors.
+struct Fleet {
+    machines: Vec<Machine>,
+    execs: Vec<SimExec>,
+    effects: Vec<Effect>,
+    last_end: u64,
+}
+
+impl Fleet {
+    fn new(n: u32, cfg: &SimConfig) -> Fleet {
+        // Every simulated agent talks to the leader itself: one level.
+        let tree = std::sync::Arc::new(htc_core::tree::Tree::kary(n, n));
+        let c = cfg.cores_per_agent;
+        let exec =
+            || SimExec { free: c, slots: c, queue: VecDeque::new(), finishing: false, stopped: false, told: false };
+        Fleet {
+            machines: (0..n).map(|a| Machine::new(a, c as usize, tree.clone())).collect(),
+            execs: (0..n).map(|_| exec()).collect(),
+            effects: Vec::new(),
+            last_end: 0,
         }
-        let t = x.queue.pop_front().unwrap();
-        x.free -= cores;
-        let end = w.now + cfg.runtime_us(t.runtime_ms);
-        let done =
-            Finished { id: t.id, attempt: t.attempt, outcome: Outcome::Exited, value: 0, start_us: w.now, end_us: end };
-        w.at(end, Ev::TaskEnd { agent: a, cores, done });
-        started.push(ExecEvent::Started { id: t.id, attempt: t.attempt, start_us: w.now });
     }
-    let idle = x.free == x.slots && x.queue.is_empty();
-    let end = !x.told && (x.stopped || (x.finishing && idle));
-    if end {
-        x.stopped = true;
-        x.told = true;
+
+    /// Feeds agent `a`'s machine and carries out its effects.
+    fn step(&mut self, w: &mut World, cfg: &SimConfig, a: u32, input: machine::Input) {
+        self.machines[a as usize].handle(w.now, input, &mut self.effects);
+        let mut commands = Vec::new();
+        for e in self.effects.drain(..) {
+            match e {
+                Effect::Up(Body::Report(report)) => {
+                    w.at(w.now + cfg.latency_us, Ev::ToLeader(Input::Report { agent: a, report }))
+                }
+                Effect::Up(Body::Lost(l)) => {
+                    w.at(w.now + cfg.latency_us, Ev::ToLeader(Input::Lost { agent: l.agent, why: l.reason }))
+                }
+                // No relays: every simulated agent talks to the leader itself.
+                Effect::Up(_) | Effect::Relay(_) | Effect::Down { .. } | Effect::CloseUp => {}
+                Effect::Exec(c) => commands.push(c),
+            }
+        }
+        for c in commands {
+            let x = &mut self.execs[a as usize];
+            match c {
+                Command::Run(tasks) => x.queue.extend(tasks),
+                Command::Finish => x.finishing = true,
+                Command::Abort => {
+                    x.queue.clear();
+                    x.stopped = true;
+                }
+            }
+            self.start_queued(w, cfg, a);
+        }
     }
-    if !started.is_empty() {
-        agent_step(w, cfg, machines, execs, a, machine::Input::Exec(started), effects);
+
+    fn task_ended(&mut self, w: &mut World, cfg: &SimConfig, a: u32, cores: u32, done: Finished) {
+        let x = &mut self.execs[a as usize];
+        if x.stopped {
+            return;
+        }
+        x.free += cores;
+        self.last_end = self.last_end.max(w.now);
+        self.step(w, cfg, a, machine::Input::Exec(vec![ExecEvent::Finished(done)]));
+        self.start_queued(w, cfg, a);
     }
-    if end {
-        agent_step(w, cfg, machines, execs, a, machine::Input::ExecEnded, effects);
+
+    /// Starts what fits from agent `a`'s queue, in order; tells its machine; ends a finished
+    /// executor.
+    fn start_queued(&mut self, w: &mut World, cfg: &SimConfig, a: u32) {
+        let x = &mut self.execs[a as usize];
+        let mut started = Vec::new();
+        while !x.stopped {
+            let Some(t) = x.queue.front() else { break };
+            let cores = (t.cores.max(1)).min(x.slots);
+            if cores > x.free {
+                break;
+            }
+            let t = x.queue.pop_front().unwrap();
+            x.free -= cores;
+            let end = w.now + cfg.runtime_us(t.runtime_ms);
+            let done = Finished {
+                id: t.id,
+                attempt: t.attempt,
+                outcome: Outcome::Exited,
+                value: 0,
+                start_us: w.now,
+                end_us: end,
+            };
+            w.at(end, Ev::TaskEnd { agent: a, cores, done });
+            started.push(ExecEvent::Started { id: t.id, attempt: t.attempt, start_us: w.now });
+        }
+        let idle = x.free == x.slots && x.queue.is_empty();
+        let end = !x.told && (x.stopped || (x.finishing && idle));
+        if end {
+            x.stopped = true;
+            x.told = true;
+        }
+        if !started.is_empty() {
+            self.step(w, cfg, a, machine::Input::Exec(started));
+        }
+        if end {
+            self.step(w, cfg, a, machine::Input::ExecEnded);
+        }
     }
 }
 
