@@ -294,13 +294,7 @@ mod tests {
     /// Properties over many random inputs: Σ H_i = J, x divides C, class cores sum to C.
     #[test]
     fn properties() {
-        let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
-        let mut next = |m: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % m
-        };
+        let mut next = crate::test_rng(0x2545_f491_4f6c_dd1d);
         for _ in 0..5_000 {
             let c = 1 + next(4_096);
             let j = next(1_000_000);

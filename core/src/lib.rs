@@ -7,3 +7,14 @@ pub mod partition;
 pub mod task;
 pub mod taskfile;
 pub mod tree;
+
+/// Tests' random numbers: xorshift from `seed`; `next(m)` is below `m`.
+#[cfg(test)]
+pub(crate) fn test_rng(mut seed: u64) -> impl FnMut(u64) -> u64 {
+    move |m| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % m
+    }
+}

@@ -474,13 +474,7 @@ mod tests {
     /// Every id exactly once, over random group layouts, instance speeds and steal limits.
     #[test]
     fn classes_hand_out_every_id_exactly_once() {
-        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
-        let mut next = |m: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % m
-        };
+        let mut next = crate::test_rng(0x9e37_79b9_7f4a_7c15);
         for _ in 0..300 {
             let n = next(2_000);
             let mut g = Grouper::default();

@@ -310,42 +310,25 @@ fn allocator_option(val: c_int, arg: &OsStr) -> c_int {
                 }
             }
         }
-        config::OPT_RETRIES => match config::parse_retries(&text) {
-            Ok(n) => {
-                state().opts.retries = Some(n);
-                0
-            }
-            Err(e) => fail(&e),
-        },
-        config::OPT_FANOUT => match config::parse_fanout(&text) {
-            Ok(n) => {
-                state().opts.fanout = Some(n);
-                0
-            }
-            Err(e) => fail(&e),
-        },
-        config::OPT_OUTPUT => match config::parse_output(&text) {
-            Ok(m) => {
-                state().opts.output = Some(m);
-                0
-            }
-            Err(e) => fail(&e),
-        },
-        config::OPT_PARTITION => match config::parse_partition(&text) {
-            Ok(p) => {
-                state().opts.partition = Some(p);
-                0
-            }
-            Err(e) => fail(&e),
-        },
-        config::OPT_AGENTS_PER_NODE => match config::parse_agents_per_node(&text) {
-            Ok(n) => {
-                state().opts.agents_per_node = Some(n);
-                0
-            }
-            Err(e) => fail(&e),
-        },
+        config::OPT_RETRIES => keep(config::parse_retries(&text), |o, n| o.retries = Some(n), &fail),
+        config::OPT_FANOUT => keep(config::parse_fanout(&text), |o, n| o.fanout = Some(n), &fail),
+        config::OPT_OUTPUT => keep(config::parse_output(&text), |o, m| o.output = Some(m), &fail),
+        config::OPT_PARTITION => keep(config::parse_partition(&text), |o, p| o.partition = Some(p), &fail),
+        config::OPT_AGENTS_PER_NODE => {
+            keep(config::parse_agents_per_node(&text), |o, n| o.agents_per_node = Some(n), &fail)
+        }
         _ => 0,
+    }
+}
+
+/// Keeps a validated option value, or refuses the submission with the reason.
+fn keep<T>(parsed: Result<T, String>, set: impl FnOnce(&mut UserOptions, T), fail: &dyn Fn(&str) -> c_int) -> c_int {
+    match parsed {
+        Ok(v) => {
+            set(&mut state().opts, v);
+            0
+        }
+        Err(e) => fail(&e),
     }
 }
 
