@@ -33,7 +33,7 @@ pub struct SimConfig {
     pub leader_us_per_task: f64,
     /// Agents join one after another over this long (a launcher's start-up).
     pub join_spread_us: u64,
-    /// The agents' report timer (the real agents': 5 ms).
+    /// The agents' report timer (`agent::FLUSH_EVERY`).
     pub flush_every_us: u64,
 }
 

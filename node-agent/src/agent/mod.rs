@@ -33,6 +33,10 @@ use machine::{Effect, Input, Machine};
 use relay::Child;
 use spawners::Spread;
 
+/// The agents' report timer: short enough that a slot waits little for work, long enough that a
+/// busy agent's results travel in batches. `htc simulate` uses it too.
+pub const FLUSH_EVERY: Duration = Duration::from_millis(5);
+
 pub struct AgentConfig {
     /// Where to connect: the leader, or the parent agent in the tree.
     pub parent: SocketAddr,
@@ -43,7 +47,7 @@ pub struct AgentConfig {
     pub mem_mb: u64,
     pub output: OutputMode,
     pub kill_grace: Duration,
-    /// How often buffered results go up when the buffer is not full.
+    /// How often buffered results go up when the buffer is not full (`FLUSH_EVERY`).
     pub flush_every: Duration,
     /// The job's tree (shared by the agents of one process).
     pub tree: Arc<Tree>,

@@ -123,7 +123,7 @@ fn work(a: WorkArgs) -> anyhow::Result<()> {
             mem_mb,
             output,
             kill_grace: Duration::from_secs(3),
-            flush_every: Duration::from_millis(5),
+            flush_every: agent::FLUSH_EVERY,
             exec,
             spawners,
         });

@@ -88,7 +88,7 @@ fn real_main() -> anyhow::Result<i32> {
                 latency_us,
                 leader_us_per_task: leader_us_per_task.max(0.0),
                 join_spread_us: join_spread_ms * 1000,
-                flush_every_us: 5000,
+                flush_every_us: htc::agent::FLUSH_EVERY.as_micros() as u64,
             };
             let r = match simulate::simulate_file(&file, &cfg) {
                 Err(e) if e.downcast_ref::<CreateError>().is_some_and(|e| matches!(e, CreateError::Load(_))) => {

@@ -135,13 +135,15 @@ pub struct Planned {
 /// The scheduling core for the run in `ledger`: its partition, counts and horizon. Every driver
 /// (a real run, and `htc simulate`) builds it here, so they all decide alike.
 pub fn new_core(ledger: &Ledger, p: &Planned, job_id: &str, now_us: u64) -> anyhow::Result<Core<'static>> {
-    let total = ledger.read()?.meta_u64("total")?.unwrap_or(0);
+    let (total, counts, hinted) = {
+        let r = ledger.read()?;
+        (r.meta_u64("total")?.unwrap_or(0), r.counts()?, r.meta_u64("hinted")?)
+    };
     let partition = plan::partition(ledger, total, p.plan, p.instances.max(1), p.cores, p.params)
         .context("planning the partition")?;
-    let counts = ledger.read()?.counts()?;
     let mut core = Core::new(partition, job_id.to_string(), p.instances, counts, now_us);
     // Runs loaded before the count was kept: assume hints, the safe side for long tasks.
-    if ledger.read()?.meta_u64("hinted")?.is_none_or(|n| n > 0) {
+    if hinted.is_none_or(|n| n > 0) {
         core = core.with_horizon(self::core::HORIZON_MS);
     }
     Ok(core)
