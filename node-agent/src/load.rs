@@ -34,6 +34,12 @@ pub struct Loaded {
     pub max_mem_mb: u32,
 }
 
+/// The most cores any task of the run asks for (as wide as can be for runs loaded before it was
+/// kept).
+pub fn widest_task(ledger: &Ledger) -> Result<u64, LedgerError> {
+    Ok(ledger.read()?.meta_u64("max_cores")?.unwrap_or(u64::MAX))
+}
+
 /// Copies `src` into the run and loads it into `ledger`. Errors name `src` as the user wrote it.
 pub fn load(src: &Path, run: &RunDir, ledger: &Ledger, defaults: TaskOptions) -> Result<Loaded, LoadError> {
     let shown = src.display().to_string();

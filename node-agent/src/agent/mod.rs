@@ -33,6 +33,16 @@ use machine::{Effect, Input, Machine};
 use relay::Child;
 use spawners::Spread;
 
+/// Spawn loops for a run whose widest task needs `widest_task` cores: one per slot (0), unless a
+/// task needs several, which only one executor holding them all can run.
+pub fn default_spawners(widest_task: u64) -> usize {
+    if widest_task > 1 {
+        1
+    } else {
+        0
+    }
+}
+
 /// The agents' report timer: short enough that a slot waits little for work, long enough that a
 /// busy agent's results travel in batches. `htc simulate` uses it too.
 pub const FLUSH_EVERY: Duration = Duration::from_millis(5);

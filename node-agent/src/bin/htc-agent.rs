@@ -203,12 +203,11 @@ fn lead(a: LeadArgs, script: Vec<OsString>) -> anyhow::Result<i32> {
     let every = std::env::var("HTC_PROGRESS_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(30u64);
     let fanout = a.fanout.unwrap_or(DEFAULT_FANOUT).max(1);
     let site = htc::site::Site::load()?;
-    let widest = htc::ledger::Ledger::open(&run.ledger(), true)?.read()?.meta_u64("max_cores")?.unwrap_or(u64::MAX);
+    let widest = load::widest_task(&htc::ledger::Ledger::open(&run.ledger(), true)?)?;
     // One agent per node by default: its spawn loops keep the node's CPUs busy, and the leader
     // hears from one agent per node.
     let agents_per_node = a.agents_per_node.unwrap_or(1).max(1);
-    // One spawn loop per slot, unless a task needs several cores (one executor then has them all).
-    let spawners = if widest > 1 { 1 } else { 0 };
+    let spawners = agent::default_spawners(widest);
     let srun = slurm::Srun {
         agent_bin: leader::launch::agent_binary(),
         nodes,

@@ -16,7 +16,7 @@ use htc::output::{self, OutputMode};
 use htc::rundir::{self, RunDir};
 use htc::simulate::{self, SimConfig};
 use htc::site::Site;
-use htc::{calibrate, executor, status};
+use htc::{agent, calibrate, executor, status};
 use htc_core::hflow::Params;
 use htc_core::taskfile::TaskOptions;
 
@@ -141,8 +141,8 @@ fn real_main() -> anyhow::Result<i32> {
             };
             let cpus = executor::allowed_cpus();
             let (agents, slots) = local_layout(agents, cores_per_agent, cpus.len());
-            let widest = widest_task(&run)?;
-            let spawners = spawners.unwrap_or(if widest > 1 { 1 } else { 0 });
+            let widest = load::widest_task(&Ledger::open(&run.ledger(), true)?)?;
+            let spawners = spawners.unwrap_or(agent::default_spawners(widest));
             // A spawn loop runs a task on its own slots only: one too narrow would refuse it.
             let loop_slots = slots / if spawners == 0 { slots } else { spawners.clamp(1, slots) };
             if widest > loop_slots as u64 && widest <= slots as u64 {
@@ -336,12 +336,6 @@ fn calibrate(output: Option<PathBuf>, tasks: u64, dry_run: bool) -> anyhow::Resu
 
 fn rounds(v: &[f64]) -> String {
     v.iter().map(|x| format!("{x:.6}")).collect::<Vec<_>>().join(" ")
-}
-
-/// The most cores any task of the run asks for (unknown for runs loaded before it was kept: as
-/// wide as can be).
-fn widest_task(run: &RunDir) -> anyhow::Result<u64> {
-    Ok(Ledger::open(&run.ledger(), true)?.read()?.meta_u64("max_cores")?.unwrap_or(u64::MAX))
 }
 
 /// Agents and slots per agent for a local run. Unless told otherwise, one agent with every CPU:
