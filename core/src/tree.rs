@@ -2,12 +2,20 @@
 //! others, so n agents are reached in about log_k(n) hops), as data: each agent's parent, the
 //! leader being `None`. It starts k-ary in id order; `reattach` moves an agent (with everything
 //! below it) under another parent, which is how the tree heals when a relay is lost.
+//!
+//! Agents are grouped into 2nd-level instances (HFlow's scheduling domains): each has a head,
+//! the only agent of the instance the leader deals with, and members that hang directly below
+//! it and get their tasks from it. An instance of one agent is that agent alone.
 
-/// Who is whose parent.
+/// Who is whose parent, and which instance each agent belongs to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tree {
     /// Parent of each agent id; `None` is the leader.
     parent: Vec<Option<u32>>,
+    /// The head of each agent's instance (a head is its own).
+    head: Vec<u32>,
+    /// The heads in id order: an instance's index is its head's position here.
+    heads: Vec<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -24,7 +32,23 @@ impl Tree {
     pub fn kary(n: u32, k: u32) -> Tree {
         let k = k.max(1) as u64;
         let parent = (0..n as u64).map(|a| ((a / k) as u32).checked_sub(1)).collect();
-        Tree { parent }
+        Tree { parent, head: (0..n).collect(), heads: (0..n).collect() }
+    }
+
+    /// `n` agents in instances of `size` consecutive ids (the last may be smaller), the first of
+    /// each its head: the heads form the k-ary tree among themselves, the members hang directly
+    /// below their head. `size` 1 is `kary`.
+    pub fn instances(n: u32, size: u32, k: u32) -> Tree {
+        let size = size.max(1);
+        let heads: Vec<u32> = (0..n).step_by(size as usize).collect();
+        let upper = Tree::kary(heads.len() as u32, k);
+        let parent = (0..n)
+            .map(|a| match a % size {
+                0 => upper.parent(a / size).map(|p| p * size),
+                _ => Some(a - a % size),
+            })
+            .collect();
+        Tree { parent, head: (0..n).map(|a| a - a % size).collect(), heads }
     }
 
     pub fn len(&self) -> u32 {
@@ -42,6 +66,35 @@ impl Tree {
 
     pub fn contains(&self, agent: u32) -> bool {
         (agent as usize) < self.parent.len()
+    }
+
+    /// The head of `agent`'s instance (itself for a head, and for an agent not in the tree).
+    pub fn head(&self, agent: u32) -> u32 {
+        self.head.get(agent as usize).copied().unwrap_or(agent)
+    }
+
+    /// Whether `agent` is a member (not the head) of the instance headed by `head`.
+    pub fn is_member(&self, agent: u32, head: u32) -> bool {
+        agent != head && self.contains(agent) && self.head(agent) == head
+    }
+
+    /// How many agents the instance headed by `head` has, the head included.
+    pub fn instance_len(&self, head: u32) -> usize {
+        match self.heads.binary_search(&head) {
+            Ok(i) => self.heads.get(i + 1).map_or(self.len(), |&next| next) as usize - head as usize,
+            Err(_) => 0,
+        }
+    }
+
+    /// The instances' heads in id order.
+    pub fn heads(&self) -> &[u32] {
+        &self.heads
+    }
+
+    /// The position of `head`'s instance among the instances (the partition's index); `None`
+    /// for an agent that heads none.
+    pub fn instance_index(&self, head: u32) -> Option<usize> {
+        self.heads.binary_search(&head).ok()
     }
 
     /// Whether `child` hangs directly below `of` (`None`: the leader).
@@ -159,5 +212,24 @@ mod tests {
         assert_eq!(t, Tree::kary(8, 2), "nothing moved");
         t.reattach(1, Some(7)).unwrap();
         assert_eq!(t.next_hop(None, 1), Some(0), "now below 0 -> 2 -> 7");
+    }
+
+    #[test]
+    fn instances_hang_their_members_below_their_head_and_heads_form_the_kary_tree() {
+        // 10 agents in instances of 4 with k = 2: heads 0, 4, 8 (the last of two agents).
+        // The heads' tree: leader -> {0, 4}, 0 -> {8}. Members below their head.
+        let t = Tree::instances(10, 4, 2);
+        assert_eq!(t.heads(), &[0, 4, 8]);
+        assert_eq!(t.children(None).collect::<Vec<_>>(), vec![0, 4]);
+        assert_eq!(t.children(Some(0)).collect::<Vec<_>>(), vec![1, 2, 3, 8]);
+        assert_eq!(t.children(Some(4)).collect::<Vec<_>>(), vec![5, 6, 7]);
+        assert_eq!(t.children(Some(8)).collect::<Vec<_>>(), vec![9]);
+        assert_eq!((t.head(6), t.head(4), t.head(9)), (4, 4, 8));
+        assert!(t.is_member(6, 4) && !t.is_member(4, 4) && !t.is_member(8, 0) && !t.is_member(99, 4));
+        assert_eq!([0, 4, 8, 5].map(|h| t.instance_len(h)), [4, 4, 2, 0]);
+        assert_eq!([0, 4, 8, 5].map(|h| t.instance_index(h)), [Some(0), Some(1), Some(2), None]);
+        assert_eq!(t.next_hop(None, 9), Some(0));
+        assert_eq!(t.next_hop(Some(0), 9), Some(8));
+        assert_eq!(Tree::instances(7, 1, 3), Tree::kary(7, 3), "instances of one agent are the k-ary tree");
     }
 }

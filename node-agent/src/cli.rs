@@ -47,6 +47,10 @@ pub mod htc {
             /// Tree fan-out: agents per parent; more agents than this form a tree of relays.
             #[arg(long, default_value_t = 32)]
             fanout: u32,
+            /// Agents per 2nd-level instance: the first of each group (its head) takes work from
+            /// the leader for all of them and hands it out (default 1: every agent an instance).
+            #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+            instance_agents: u32,
             /// Task output: streams (per-slot files + index), per-task (one file each), none.
             #[arg(long, default_value = "streams")]
             output: OutputMode,
@@ -225,6 +229,9 @@ pub mod agent {
         /// Executors (spawn loops, one thread each) splitting the slots; 0 = one per slot.
         #[arg(long, default_value_t = 1)]
         pub spawners: usize,
+        /// Agents per 2nd-level instance (consecutive ids; the first is the head).
+        #[arg(long, default_value_t = 1)]
+        pub instance_size: u32,
     }
 
     impl WorkArgs {
@@ -247,6 +254,7 @@ pub mod agent {
             }
             opt("exec", self.exec.name().to_string());
             opt("spawners", self.spawners.to_string());
+            opt("instance-size", self.instance_size.to_string());
             if self.slurm {
                 v.push("--slurm".into());
             }
@@ -277,6 +285,10 @@ pub mod agent {
         /// CPU).
         #[arg(long)]
         pub agents_per_node: Option<usize>,
+        /// Nodes per 2nd-level instance (default 1: every node's agents are instances of their
+        /// own); an instance's head takes work for all of its agents.
+        #[arg(long)]
+        pub instance_nodes: Option<usize>,
     }
 }
 
@@ -312,6 +324,7 @@ mod tests {
             count: 2,
             exec: ExecKind::Sleep,
             spawners: 0,
+            instance_size: 4,
         };
         assert_eq!(round_trip(&local), local);
         let slurm = WorkArgs {

@@ -35,8 +35,10 @@ impl From<Outcome> for proto::Outcome {
             Outcome::Signaled => proto::Outcome::Signaled,
             Outcome::TimedOut => proto::Outcome::TimedOut,
             Outcome::SpawnFailed => proto::Outcome::SpawnFailed,
+            // Decided by an instance head when a member is gone.
+            Outcome::Lost => proto::Outcome::Lost,
             // Decided by the leader, never reported by an agent.
-            Outcome::None | Outcome::Lost | Outcome::Unschedulable => proto::Outcome::Unspecified,
+            Outcome::None | Outcome::Unschedulable => proto::Outcome::Unspecified,
         }
     }
 }
@@ -48,9 +50,30 @@ impl From<proto::Outcome> for Outcome {
             proto::Outcome::Signaled => Outcome::Signaled,
             proto::Outcome::TimedOut => Outcome::TimedOut,
             proto::Outcome::SpawnFailed => Outcome::SpawnFailed,
+            proto::Outcome::Lost => Outcome::Lost,
             proto::Outcome::Unspecified => Outcome::None,
         }
     }
+}
+
+/// Tasks for `agent` as Dispatch frames, split by bytes as well as count so that long command
+/// lines never exceed a frame.
+pub fn dispatches(agent: u32, specs: Vec<proto::TaskSpec>) -> Vec<proto::Dispatch> {
+    let mut out = Vec::new();
+    let mut batch = Vec::new();
+    let mut bytes = 0;
+    for s in specs {
+        bytes += s.command.len() + 32;
+        batch.push(s);
+        if bytes >= MAX_BATCH_BYTES {
+            out.push(proto::Dispatch { tasks: std::mem::take(&mut batch), agent });
+            bytes = 0;
+        }
+    }
+    if !batch.is_empty() {
+        out.push(proto::Dispatch { tasks: batch, agent });
+    }
+    out
 }
 
 /// Largest frame accepted from a peer that has not yet proved it knows the job secret (the

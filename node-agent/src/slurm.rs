@@ -110,6 +110,8 @@ pub struct Srun {
     pub spawners: usize,
     pub output: OutputMode,
     pub fanout: u32,
+    /// Agents per 2nd-level instance.
+    pub instance_size: u32,
 }
 
 impl Srun {
@@ -127,8 +129,9 @@ impl Srun {
             .arg("--kill-on-bad-exit=0")
             // Every CPU of the job on each node to every step task; the agents split them.
             .arg("--whole")
-            // PMI2 carries the tree's addresses when there are more agents than the fan-out.
-            .arg(if agents as u32 > self.fanout { "--mpi=pmi2" } else { "--mpi=none" })
+            // PMI2 carries the tree's addresses when there are more agents than the fan-out, or
+            // members that connect to their instance's head.
+            .arg(if agents as u32 > self.fanout || self.instance_size > 1 { "--mpi=pmi2" } else { "--mpi=none" })
             .arg("--input=none")
             .arg("--job-name=htc-agents")
             .arg(&self.agent_bin)
@@ -147,6 +150,7 @@ impl Srun {
                     count: 1,
                     exec: ExecKind::Real,
                     spawners: self.spawners,
+                    instance_size: self.instance_size,
                 }
                 .argv(),
             )

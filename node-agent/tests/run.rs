@@ -468,3 +468,86 @@ fn spawn_loops_too_narrow_for_a_task_are_refused_before_anything_runs() {
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("a task needs 2 cores") && text(&o).contains("--spawners 1"), "{}", text(&o));
 }
+
+/// Each line of `ids.txt` is "TASK AGENT": every task ran exactly once; the agents that ran them.
+fn ran_once_by(ids: &Path, n: usize) -> HashMap<u64, u32> {
+    let mut by = HashMap::new();
+    for l in fs::read_to_string(ids).unwrap().lines() {
+        let mut w = l.split(' ');
+        let (task, agent) = (w.next().unwrap().parse().unwrap(), w.next().unwrap().parse().unwrap());
+        assert!(by.insert(task, agent).is_none(), "task ran twice: {l}");
+    }
+    assert_eq!(by.len(), n, "some task never ran");
+    by
+}
+
+#[test]
+fn instances_of_several_agents_share_their_head_s_tasks_and_the_ledger_names_who_ran_each() {
+    let d = Dir::new("instances");
+    let ids = d.path("ids.txt");
+    let tasks: String = (0..300)
+        .map(|_| format!("sleep 0.02; echo $HTC_TASK_ID $HTC_AGENT >> {}; echo out-$HTC_TASK_ID\n", ids.display()))
+        .collect();
+    d.write("tasks.txt", tasks);
+    // Instances of three: heads 0 and 3 deal with the leader, 1, 2, 4 and 5 with their heads,
+    // and agent 6 is an instance alone.
+    let o = d.htc(&["run", "--agents", "7", "--instance-agents", "3", "--cores-per-agent", "1", "tasks.txt"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let by = ran_once_by(&ids, 300);
+    let agents: HashSet<u32> = by.values().copied().collect();
+    assert_eq!(agents.len(), 7, "agents that ran tasks: {agents:?}");
+    let run = d.run_dir();
+    let l = Ledger::open(&run.join("ledger.mdb"), true).unwrap();
+    l.read().unwrap().for_each(|id, r| assert_eq!(r.agent, by[&id], "the ledger's agent of task {id}")).unwrap();
+    // The output of a task a member ran is found where that member wrote it.
+    let (&task, _) = by.iter().find(|(_, &a)| a == 4).unwrap();
+    let o = d.htc(&["output", &d.run_id(), &task.to_string()]);
+    assert_eq!(String::from_utf8_lossy(&o.stdout), format!("out-{task}\n"), "{}", text(&o));
+    // Members connect to their head, which publishes its address; the leader hears from 3 heads.
+    let tree = run.join("tree");
+    assert!(tree.join("htc-addr-0").exists() && tree.join("htc-addr-3").exists());
+    assert!(!tree.join("htc-addr-1").exists() && !tree.join("htc-addr-6").exists());
+    let log = fs::read_to_string(run.join("log/agent-0.log")).unwrap();
+    assert!(log.contains("member joined head=0 member=1") && log.contains("member=2"), "{log}");
+}
+
+#[test]
+fn a_killed_member_costs_its_started_tasks_which_run_again_and_its_head_carries_on() {
+    let d = Dir::new("memberloss");
+    let ids = d.path("ids.txt");
+    let tasks: String = (0..1200).map(|_| format!("sleep 0.01; echo $HTC_TASK_ID >> {}\n", ids.display())).collect();
+    d.write("tasks.txt", tasks);
+    let leader = Command::new(HTC)
+        .args(["run", "--agents", "4", "--instance-agents", "2", "--cores-per-agent", "1", "tasks.txt"])
+        .current_dir(&d.0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(wait_for(|| id_counts(&ids).len() >= 200, Duration::from_secs(60)), "tasks did not start");
+    let run = d.run_dir();
+    let pids = agent_pids(&run, 1);
+    assert_eq!(pids.len(), 1, "agent 1 not found");
+    // SAFETY: signalling a process this test started (through htc).
+    unsafe { libc::kill(pids[0], libc::SIGKILL) };
+    let o = leader.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(id_counts(&ids).len(), 1200, "some task never ran");
+    let l = Ledger::open(&run.join("ledger.mdb"), true).unwrap();
+    let t = l.read().unwrap();
+    let (mut lost_on_1, mut after_by_0) = (0, 0);
+    t.for_each(|id, r| {
+        assert_eq!(r.state(), State::Done, "task {id}");
+        for a in t.attempts(id).unwrap().iter().filter(|a| a.outcome == htc::ledger::Outcome::Lost) {
+            assert_eq!(a.agent, 1, "task {id} lost on agent {}", a.agent);
+            lost_on_1 += 1;
+            after_by_0 += (r.agent != 1) as u32;
+        }
+    })
+    .unwrap();
+    assert!(lost_on_1 > 0, "no attempt was recorded as lost with the member");
+    assert_eq!(after_by_0, lost_on_1, "each lost task ran again on another agent");
+    let log = fs::read_to_string(run.join("log/agent-0.log")).unwrap();
+    assert!(log.contains("member lost head=0 member=1"), "{log}");
+}

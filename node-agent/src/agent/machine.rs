@@ -29,8 +29,8 @@ pub enum Input {
     ExecFailed(String),
     /// A direct child (this agent id) connected and was admitted.
     ChildOpened(u32),
-    /// A frame from below, already encoded, to pass up unchanged.
-    ChildFrame(Vec<u8>),
+    /// A frame from below (a child's, or one it relays).
+    ChildFrame(Body),
     /// A direct child's connection ended: these agents (it and those it relayed for) are gone.
     ChildClosed { child: u32, agents: Vec<u32>, why: String },
     /// Task starts and ends from the executor.
@@ -47,7 +47,7 @@ pub enum Effect {
     /// This agent's own frame to the parent.
     Up(Body),
     /// A child's frame passed up unchanged.
-    Relay(Vec<u8>),
+    Relay(Body),
     /// A frame down to this direct child.
     Down {
         child: u32,
@@ -167,9 +167,9 @@ impl Machine {
                 self.children.insert(child);
                 false
             }
-            Input::ChildFrame(bytes) => {
+            Input::ChildFrame(body) => {
                 if self.parent == Parent::Open {
-                    out.push(Effect::Relay(bytes));
+                    out.push(Effect::Relay(body));
                 }
                 false
             }
@@ -269,6 +269,7 @@ impl Machine {
                         value: f.value,
                         start_us: f.start_us,
                         end_us: f.end_us,
+                        ran_on: None,
                     });
                 }
             }
@@ -333,11 +334,12 @@ impl Machine {
             drained,
             agent: self.id,
             idle,
+            cores: 0,
         })));
     }
 }
 
-fn to_run(t: proto::TaskSpec) -> TaskToRun {
+pub(super) fn to_run(t: proto::TaskSpec) -> TaskToRun {
     TaskToRun {
         id: t.id,
         attempt: t.attempt,
@@ -351,7 +353,7 @@ fn to_run(t: proto::TaskSpec) -> TaskToRun {
 }
 
 /// The agent a downward frame is for; `None` for frames that concern the connection itself.
-fn destination(b: &Body) -> Option<u32> {
+pub(super) fn destination(b: &Body) -> Option<u32> {
     match b {
         Body::Dispatch(d) => Some(d.agent),
         Body::Ack(a) => Some(a.agent),
@@ -541,8 +543,9 @@ mod tests {
         // Agent 3 is below, but its branch has not connected; agent 1 is not below at all.
         assert!(step(&mut m, 2, dispatch(3, 0..1)).is_empty());
         assert!(step(&mut m, 3, dispatch(1, 0..1)).is_empty());
-        let out = step(&mut m, 4, Input::ChildFrame(vec![1, 2, 3]));
-        assert!(matches!(out.as_slice(), [Effect::Relay(b)] if b == &[1, 2, 3]));
+        let lost = Body::Lost(proto::Lost { agent: 6, reason: "x".into() });
+        let out = step(&mut m, 4, Input::ChildFrame(lost.clone()));
+        assert!(matches!(out.as_slice(), [Effect::Relay(b)] if b == &lost));
     }
 
     #[test]
@@ -583,7 +586,7 @@ mod tests {
     fn a_finished_relay_waits_for_its_children_but_not_forever() {
         let mut m = finished_relay();
         assert!(m.outcome().is_none(), "its child's last report still has to pass through");
-        let out = step(&mut m, 3, Input::ChildFrame(vec![9]));
+        let out = step(&mut m, 3, Input::ChildFrame(Body::Lost(proto::Lost { agent: 6, reason: "x".into() })));
         assert!(matches!(out.as_slice(), [Effect::Relay(_)]));
         step(&mut m, 2 + CHILDREN_GRACE_US - 1, Input::Tick);
         assert!(m.outcome().is_none());

@@ -6,6 +6,7 @@
 //! The decisions are `machine`'s; this driver moves frames, executor events, signals and timer
 //! ticks into it and carries out what it answers. `relay` serves the children.
 
+mod instance;
 pub mod machine;
 mod relay;
 mod spawners;
@@ -29,7 +30,8 @@ use crate::proto::{self, frame::Body};
 use crate::rundir::RunDir;
 use crate::simexec::{self, ExecKind};
 use crate::PROTOCOL_VERSION;
-use machine::{Effect, Input, Machine};
+use instance::Instance;
+use machine::{Effect, Input};
 use relay::Child;
 use spawners::Spread;
 
@@ -138,7 +140,7 @@ async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
     });
 
     let start = tokio::time::Instant::now();
-    let mut m = Machine::new(cfg.agent_id, cfg.slots, cfg.tree.clone());
+    let mut m = Instance::new(cfg.agent_id, cfg.slots, cfg.tree.clone(), &job_id);
     let mut children: HashMap<u32, UnboundedSender<Vec<u8>>> = HashMap::new();
     let (mut parent_open, mut children_open, mut exec_open) = (true, true, true);
     let mut tick = tokio::time::interval(cfg.flush_every);
@@ -162,7 +164,7 @@ async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
             },
             c = child_rx.recv(), if children_open => match c {
                 Some(Child::Open { child, tx }) => { children.insert(child, tx); Input::ChildOpened(child) }
-                Some(Child::Up(bytes)) => Input::ChildFrame(bytes),
+                Some(Child::Up(body)) => Input::ChildFrame(body),
                 Some(Child::Closed { child, agents, why }) => {
                     children.remove(&child);
                     Input::ChildClosed { child, agents, why }
@@ -184,8 +186,7 @@ async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
         let mut close = false;
         for e in effects.drain(..) {
             match e {
-                Effect::Up(body) => frame::encode_into(body, &mut out),
-                Effect::Relay(bytes) => out.extend_from_slice(&bytes),
+                Effect::Up(body) | Effect::Relay(body) => frame::encode_into(body, &mut out),
                 Effect::Down { child, body } => {
                     if let Some(tx) = children.get(&child) {
                         let _ = tx.send(relay::encoded(body));

@@ -16,7 +16,7 @@ pub enum Child {
     /// A direct child connected: its agent id and the sender for frames down to it.
     Open { child: u32, tx: UnboundedSender<Vec<u8>> },
     /// A frame from below to pass up.
-    Up(Vec<u8>),
+    Up(Body),
     /// A direct child's connection ended; these agents (it and those below it) are gone.
     Closed { child: u32, agents: Vec<u32>, why: String },
 }
@@ -75,7 +75,7 @@ async fn child_connection(
     let tx = frame::spawn_writer(wr);
     let _ = up.send(Child::Open { child, tx });
     let mut agents = HashSet::from([hello.agent_id]);
-    let _ = up.send(Child::Up(encoded(Body::Hello(hello))));
+    let _ = up.send(Child::Up(Body::Hello(hello)));
     let why = loop {
         match read_frame(&mut rd, &mut buf).await {
             Ok(body) => {
@@ -88,7 +88,7 @@ async fn child_connection(
                     }
                     _ => {}
                 }
-                let _ = up.send(Child::Up(encoded(body)));
+                let _ = up.send(Child::Up(body));
             }
             Err(FrameError::Closed) => break "connection to its relay closed".to_string(),
             Err(e) => break e.to_string(),

@@ -18,6 +18,8 @@ use htc::rundir::RunDir;
 use htc::{executor, prologue, slurm};
 use htc_core::hflow::Params;
 use htc_core::taskfile::TaskOptions;
+use htc_core::tree::Tree;
+use std::sync::Arc;
 
 fn main() -> ExitCode {
     // `--script` ends the options: what follows is the batch step's own argv, verbatim.
@@ -61,6 +63,7 @@ fn work(a: WorkArgs) -> anyhow::Result<()> {
         count,
         exec,
         spawners,
+        instance_size,
     } = a;
     let fanout = fanout.max(1);
     let mut cpus: Vec<usize> = cpus
@@ -93,10 +96,12 @@ fn work(a: WorkArgs) -> anyhow::Result<()> {
     if agent_id.saturating_add(count) > agents.max(count) {
         bail!("agents {agent_id}..{} are not all among the job's {agents}", agent_id.saturating_add(count));
     }
-    // Up to `fanout` agents talk to the leader directly; more form a tree whose addresses travel
-    // through the srun step's PMI2 key-value space (or, locally, files in the run directory).
+    // Up to `fanout` agents (or instance heads) talk to the leader directly; more form a tree,
+    // and members connect to their head: the addresses travel through the srun step's PMI2
+    // key-value space (or, locally, files in the run directory).
+    let tree = std::sync::Arc::new(htc_core::tree::Tree::instances(agents, instance_size, fanout));
     let mut kvs = None;
-    if agents > fanout {
+    if (0..agents).any(|a| tree.parent(a).is_some()) {
         kvs = Some(match Pmi::from_env().context("PMI2 bootstrap")? {
             Some(p) => Kvs::Pmi(p),
             None if slurm => bail!("{agents} agents need the tree, but PMI2 is missing (srun --mpi=pmi2)"),
@@ -104,7 +109,6 @@ fn work(a: WorkArgs) -> anyhow::Result<()> {
         });
     }
     let ip = if slurm { slurm::node_ip() } else { std::net::Ipv4Addr::LOCALHOST.into() };
-    let tree = std::sync::Arc::new(htc_core::tree::Tree::kary(agents, fanout));
     let mut cfgs = Vec::new();
     // In id order: a parent always has a smaller id, so its address is published first.
     for id in agent_id..agent_id + count {
@@ -208,6 +212,8 @@ fn lead(a: LeadArgs, script: Vec<OsString>) -> anyhow::Result<i32> {
     // hears from one agent per node.
     let agents_per_node = a.agents_per_node.unwrap_or(1).max(1);
     let spawners = agent::default_spawners(widest);
+    let instance_size = (a.instance_nodes.unwrap_or(1).max(1) * agents_per_node) as u32;
+    let layout = Arc::new(Tree::instances((nodes * agents_per_node) as u32, instance_size, fanout));
     let srun = slurm::Srun {
         agent_bin: leader::launch::agent_binary(),
         nodes,
@@ -215,6 +221,7 @@ fn lead(a: LeadArgs, script: Vec<OsString>) -> anyhow::Result<i32> {
         spawners,
         output: a.output,
         fanout,
+        instance_size,
     };
     let cfg = LeaderConfig {
         run: run.clone(),
@@ -229,6 +236,7 @@ fn lead(a: LeadArgs, script: Vec<OsString>) -> anyhow::Result<i32> {
         // another as eq. 10's s assumes, so the plan skews nothing for it.
         params: Params { s: 0.0, ..site.params },
         cores: slurm::job_cpus().unwrap_or(nodes as u64),
+        layout,
     };
     let lock = run.lock()?;
     let outcome = leader::run(cfg, |addr, tx| srun.start(&run, addr, tx))?;

@@ -19,6 +19,8 @@ use htc::site::Site;
 use htc::{agent, calibrate, executor, status};
 use htc_core::hflow::Params;
 use htc_core::taskfile::TaskOptions;
+use htc_core::tree::Tree;
+use std::sync::Arc;
 
 fn main() -> ExitCode {
     htc::init_logging("warn");
@@ -108,6 +110,7 @@ fn real_main() -> anyhow::Result<i32> {
             cores_per_agent,
             spawners,
             fanout,
+            instance_agents,
             output,
             retries,
             quiet,
@@ -161,6 +164,7 @@ fn real_main() -> anyhow::Result<i32> {
                 fanout: fanout.max(1),
                 exec,
                 spawners,
+                instance_size: instance_agents,
             };
             let cfg = LeaderConfig {
                 run: run.clone(),
@@ -173,6 +177,7 @@ fn real_main() -> anyhow::Result<i32> {
                 partition: partition.unwrap_or(site.partition),
                 params: Params { s: local.start_delay_s(site.params.s), ..site.params },
                 cores: (agents * slots) as u64,
+                layout: Arc::new(Tree::instances(agents as u32, instance_agents, fanout.max(1))),
             };
             let outcome = leader::run(cfg, |addr, tx| local.start(&run, addr, tx))?;
             let code = leader::finish(&run, &outcome, quiet);

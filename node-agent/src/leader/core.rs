@@ -9,11 +9,12 @@
 //! not recorded finished), and the counts by state that `htc status` shows include them.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 
 use htc_core::partition::{Block, Partition};
 use htc_core::task::{self, Effect, End, Life, Step};
+use htc_core::tree::Tree;
 
-use crate::frame::MAX_BATCH_BYTES;
 use crate::ledger::{Attempt, Counts, LedgerError, Outcome, Record, State};
 use crate::proto::{self, frame::Body};
 
@@ -88,6 +89,9 @@ pub enum Ending {
 }
 
 struct Agent {
+    /// The partition's index of the agent's instance.
+    instance: usize,
+    /// Slots of its instance (all its members').
     cores: u32,
     mem_mb: u64,
     credit: u64,
@@ -119,6 +123,18 @@ pub struct Core<'a> {
     finished_start: u64,
     started_us: u64,
     horizon_ms: Option<u64>,
+    /// Who heads which instance; without it every agent is an instance of its own.
+    layout: Option<Arc<Tree>>,
+}
+
+/// How an attempt ended, as reported (or decided, for a lost agent).
+struct Ended {
+    outcome: Outcome,
+    value: i32,
+    start_us: u64,
+    end_us: u64,
+    /// The agent that ran it (a member of the reporting head's instance, or the head).
+    ran_on: u32,
 }
 
 type Result<T> = std::result::Result<T, LedgerError>;
@@ -224,6 +240,22 @@ impl<'a> Core<'a> {
             counts,
             started_us: now_us,
             horizon_ms: None,
+            layout: None,
+        }
+    }
+
+    /// Agents grouped into instances: only heads deal with the leader, each stands for its
+    /// instance's index in the partition, and `expected_agents` counts instances.
+    pub fn with_layout(mut self, tree: Arc<Tree>) -> Self {
+        self.layout = Some(tree);
+        self
+    }
+
+    /// The partition index of the instance `agent` heads; `None` for an agent that heads none.
+    fn instance_of(&self, agent: u32) -> Option<usize> {
+        match &self.layout {
+            Some(t) => t.instance_index(agent),
+            None => Some(agent as usize),
         }
     }
 
@@ -303,11 +335,16 @@ impl<'a> Core<'a> {
     pub fn handle(&mut self, now_us: u64, t: &mut dyn Tasks, ev: Input, out: &mut Outbox) -> Result<Option<Ending>> {
         match ev {
             Input::Joined { agent, cores, mem_mb, hostname } => {
+                let Some(instance) = self.instance_of(agent) else {
+                    tracing::warn!(job = %self.job_id, agent, %hostname, "an agent that heads no instance joined; ignored");
+                    return Ok(None);
+                };
                 tracing::info!(job = %self.job_id, agent, cores, %hostname, "agent joined");
                 self.ever_seen += 1;
                 self.agents.insert(
                     agent,
                     Agent {
+                        instance,
                         cores,
                         mem_mb,
                         credit: 0,
@@ -329,10 +366,13 @@ impl<'a> Core<'a> {
                     self.on_started(agent, s);
                 }
                 for r in &report.results {
-                    self.on_result(t, agent, r)?;
+                    self.on_result(t, agent, r, now_us)?;
                 }
                 let a = self.agents.get_mut(&agent).unwrap();
                 a.last_seq = a.last_seq.max(report.seq);
+                if report.cores > 0 {
+                    a.cores = report.cores;
+                }
                 a.credit += report.want as u64;
                 a.idle = report.idle as u64;
                 self.dispatch(t, agent, out)?;
@@ -354,7 +394,8 @@ impl<'a> Core<'a> {
                 }
             }
             Input::NeverJoined { agent, why } => {
-                if !self.agents.contains_key(&agent) {
+                // Members join their head, not the leader: their absence is the head's to tell.
+                if !self.agents.contains_key(&agent) && self.instance_of(agent).is_some() {
                     tracing::warn!(job = %self.job_id, agent, %why, "agent never joined");
                     self.never_joined += 1;
                 }
@@ -385,7 +426,7 @@ impl<'a> Core<'a> {
         Ok(())
     }
 
-    fn on_result(&mut self, t: &mut dyn Tasks, agent: u32, res: &proto::TaskResult) -> Result<()> {
+    fn on_result(&mut self, t: &mut dyn Tasks, agent: u32, res: &proto::TaskResult, now_us: u64) -> Result<()> {
         // A result from an agent that no longer holds the task (it was lost and the task re-sent)
         // or for an old attempt is stale: the ledger already moved on.
         let Some(f) = self.in_flight.get(res.id) else { return Ok(()) };
@@ -397,24 +438,20 @@ impl<'a> Core<'a> {
         if let Some(a) = self.agents.get_mut(&agent) {
             a.ahead_ms = a.ahead_ms.saturating_sub(r.runtime_ms as u64 * r.cores as u64);
         }
-        let outcome = Outcome::from(proto::Outcome::try_from(res.outcome).unwrap_or(proto::Outcome::Unspecified));
-        self.finish_attempt(t, res.id, &mut r, f, outcome, res.value, res.start_us, res.end_us)
+        let ended = Ended {
+            outcome: Outcome::from(proto::Outcome::try_from(res.outcome).unwrap_or(proto::Outcome::Unspecified)),
+            value: res.value,
+            start_us: res.start_us,
+            // A head telling of a member's lost task knows no end: it is now.
+            end_us: if res.end_us == 0 { now_us } else { res.end_us },
+            ran_on: res.ran_on.unwrap_or(agent),
+        };
+        self.finish_attempt(t, res.id, &mut r, f, ended)
     }
 
     /// Records how an attempt ended and moves the task to done, failed, or back to pending.
-    #[allow(clippy::too_many_arguments)]
-    fn finish_attempt(
-        &mut self,
-        t: &mut dyn Tasks,
-        id: u64,
-        r: &mut Record,
-        f: Flight,
-        outcome: Outcome,
-        value: i32,
-        start_us: u64,
-        end_us: u64,
-    ) -> Result<()> {
-        let agent = f.agent;
+    fn finish_attempt(&mut self, t: &mut dyn Tasks, id: u64, r: &mut Record, f: Flight, e: Ended) -> Result<()> {
+        let Ended { outcome, value, start_us, end_us, ran_on: agent } = e;
         let end = match outcome {
             Outcome::Exited if value == 0 => End::Succeeded,
             Outcome::Lost => End::Lost,
@@ -457,7 +494,8 @@ impl<'a> Core<'a> {
             let Some(f) = self.in_flight.remove(id) else { continue };
             if f.life.state() == State::Running {
                 if let Some(mut r) = t.get(id)? {
-                    self.finish_attempt(t, id, &mut r, f, Outcome::Lost, 0, 0, now_us)?;
+                    let lost = Ended { outcome: Outcome::Lost, value: 0, start_us: 0, end_us: now_us, ran_on: agent };
+                    self.finish_attempt(t, id, &mut r, f, lost)?;
                 }
             } else {
                 self.counts.moved(f.life.state(), State::Pending);
@@ -544,7 +582,7 @@ impl<'a> Core<'a> {
             if room == 0 {
                 break;
             }
-            let Some(block) = self.partition.take(agent as usize, room, steal) else { break };
+            let Some(block) = self.partition.take(a.instance, room, steal) else { break };
             let records = match block {
                 Block::Range(r) => t.range(r)?,
                 Block::Ids(ids) => ids
@@ -570,20 +608,7 @@ impl<'a> Core<'a> {
         if specs.is_empty() {
             return Ok(());
         }
-        // Split by bytes as well as count: long command lines must not exceed a frame.
-        let mut batch = Vec::new();
-        let mut bytes = 0;
-        for s in specs {
-            bytes += s.command.len() + 32;
-            batch.push(s);
-            if bytes >= MAX_BATCH_BYTES {
-                out.push((agent, Body::Dispatch(proto::Dispatch { tasks: std::mem::take(&mut batch), agent })));
-                bytes = 0;
-            }
-        }
-        if !batch.is_empty() {
-            out.push((agent, Body::Dispatch(proto::Dispatch { tasks: batch, agent })));
-        }
+        out.extend(crate::frame::dispatches(agent, specs).into_iter().map(|d| (agent, Body::Dispatch(d))));
         Ok(())
     }
 
@@ -619,6 +644,7 @@ impl<'a> Core<'a> {
 mod tests {
     use super::*;
     use htc_core::partition::Even;
+    use htc_core::tree::Tree;
     use std::collections::BTreeMap;
 
     /// Task records in memory; the command of task N is "task N".
@@ -749,6 +775,41 @@ mod tests {
         let (_, _) = feed(&mut c, &mut m, vec![result(0, 3, 3, 1, 0), result(0, 4, 4, 1, 0)]);
         assert_eq!(c.counts(), m.counts(), "once nothing is in flight, the counts are the records'");
         assert_eq!(m.records[&3].start_us, 0, "results carry their own start time");
+    }
+
+    #[test]
+    fn instance_heads_stand_for_their_members_which_the_ledger_names() {
+        // Four agents in instances of two: heads 0 and 2 are the partition's instances 0 and 1.
+        let mut m = Mem::with(8, 1, 1);
+        let n = m.records.len() as u64;
+        let mut c = Core::new(Box::new(Even::new(1..n + 1, 2)), "job".into(), 2, m.counts(), 0)
+            .with_layout(Arc::new(Tree::instances(4, 2, 2)));
+        let lost = |agent: u32, id| proto::TaskResult {
+            id,
+            attempt: 1,
+            outcome: proto::Outcome::Lost as i32,
+            ran_on: Some(agent + 1),
+            ..Default::default()
+        };
+        let from_head = |agent: u32, seq, cores, results| Input::Report {
+            agent,
+            report: proto::Report { seq, results, agent, cores, want: 8, ..Default::default() },
+        };
+        let (out, _) = feed(&mut c, &mut m, vec![join(1, 2), join(0, 2), join(2, 2), want(2, 8)]);
+        assert_eq!(
+            dispatched(&out),
+            vec![(2, vec![(5, 1), (6, 1), (7, 1), (8, 1)])],
+            "head 2 holds instance 1's share"
+        );
+        assert_eq!(c.progress(0).agents, 2, "a member that says Hello to the leader is ignored");
+
+        let ok = proto::TaskResult { outcome: proto::Outcome::Exited as i32, ..lost(2, 5) };
+        let (out, _) = feed(&mut c, &mut m, vec![from_head(2, 1, 4, vec![ok, lost(2, 6)])]);
+        assert_eq!((m.state(5), m.records[&5].agent), (State::Done, 3), "the ledger names the member that ran it");
+        assert_eq!(m.state(6), State::Pending, "lost with its member: retried");
+        assert_eq!(m.records[&6].losses, 1);
+        assert_eq!(dispatched(&out), vec![(2, vec![(6, 1)])], "the retry goes back to the instance that asks");
+        assert_eq!(c.agents[&2].cores, 4, "the head speaks for its members' slots too");
     }
 
     fn report(agent: u32, want: u32, idle: u32, done: &[(u64, u32)]) -> Input {

@@ -70,6 +70,8 @@ pub struct Local {
     pub exec: ExecKind,
     /// Spawn loops per agent (0: one per slot).
     pub spawners: usize,
+    /// Agents per 2nd-level instance.
+    pub instance_size: u32,
 }
 
 impl Local {
@@ -124,6 +126,7 @@ impl Local {
                 count: count as u32,
                 exec: self.exec,
                 spawners: self.spawners,
+                instance_size: self.instance_size,
             }
             .argv();
             let child = Command::new(&self.agent_bin)

@@ -16,6 +16,7 @@ use std::time::Duration;
 use anyhow::Context;
 use htc_core::hflow::Params;
 use htc_core::partition::Plan;
+use htc_core::tree::Tree;
 
 use self::core::{Core, Ending, Progress, ProgressFn};
 use self::driver::{DriverConfig, Event};
@@ -42,6 +43,8 @@ pub struct LeaderConfig {
     pub params: Params,
     /// Cores of all agents together, as far as known before they join (eq. 10 uses it).
     pub cores: u64,
+    /// The agents' tree and instances, as the launcher lays them out.
+    pub layout: Arc<Tree>,
 }
 
 pub struct Outcome {
@@ -72,7 +75,8 @@ pub fn run(
     }
     let (tx, rx) = mpsc::channel::<Event>();
     let mut agents = launch(addr, tx.clone()).context("starting the agents")?;
-    let expected = agents.count;
+    // Only instance heads join the leader; each is one instance of the partition.
+    let expected = cfg.layout.heads().len().min(agents.count);
 
     let tty = std::io::stderr().is_terminal() && !cfg.quiet;
     let progress_every =
@@ -91,7 +95,7 @@ pub fn run(
         None
     };
     let plan = Planned { plan: cfg.partition, instances: expected, cores: cfg.cores, params: cfg.params };
-    let core = new_core(&ledger, &plan, &cfg.job_id, crate::rundir::now_us())?;
+    let core = new_core(&ledger, &plan, &cfg.job_id, crate::rundir::now_us())?.with_layout(cfg.layout.clone());
     let driver_cfg = DriverConfig { commit_interval: cfg.commit_interval, progress, progress_every };
     let net_cfg = Arc::new(net::NetConfig { secret, job_id: cfg.job_id.clone(), joined: Default::default() });
 
@@ -125,7 +129,7 @@ pub fn run(
 #[derive(Debug, Clone)]
 pub struct Planned {
     pub plan: Plan,
-    /// Agents expected to join (each is an instance of the partition).
+    /// Instances expected to join (their heads, or every agent when each is one).
     pub instances: usize,
     /// Their cores together.
     pub cores: u64,

@@ -1,0 +1,512 @@
+//! An instance head's decisions without I/O (HFlow's 2nd level): the leader deals with the head
+//! alone, handing it tasks for the whole instance; the head keeps them in its queue and hands
+//! them to its members (the agents directly below it that belong to its instance) and to its
+//! own slots as each asks, so no task costs the leader a round trip per member. Members report
+//! to the head; it folds their starts and results into its own reports (each result naming the
+//! member that ran it), acknowledges a member's report once the leader acknowledged the report
+//! that carried it, and tells the leader of a lost member's started tasks as lost, while those
+//! the member had not started go back to the head's queue.
+//!
+//! The head's own slots are run by an ordinary agent [`Machine`], treated as one more member: its
+//! reports and requests go to the instance instead of up. An agent that heads no members is its
+//! machine and nothing else.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+
+use htc_core::tree::Tree;
+
+use super::machine::{destination, Effect, Input, Machine, REPORT_BATCH};
+use crate::proto::{self, frame::Body};
+
+/// A member as the head sees it (the head's own machine included).
+#[derive(Debug)]
+struct Member {
+    slots: u32,
+    /// Tasks it asked for and was not given yet.
+    credit: u64,
+    /// Slots it last said had nothing to run, less what it was given since.
+    idle: u64,
+    /// Tasks it holds (given and not finished).
+    held: u64,
+}
+
+/// A task handed to a member and not finished.
+#[derive(Debug)]
+struct Held {
+    holder: u32,
+    started: bool,
+    spec: proto::TaskSpec,
+}
+
+pub struct Instance {
+    id: u32,
+    job_id: String,
+    tree: Arc<Tree>,
+    own: Machine,
+    /// Whether the tree gives this agent members; if not, `own` does everything.
+    heads: bool,
+    members: BTreeMap<u32, Member>,
+    queue: VecDeque<proto::TaskSpec>,
+    held: HashMap<u64, Held>,
+    /// Requested from the leader and not yet received.
+    asked: u64,
+    seq: u64,
+    started: Vec<proto::TaskStarted>,
+    results: Vec<proto::TaskResult>,
+    /// Member reports with results that wait for the next report of the head: (member, seq).
+    pending: Vec<(u32, u64)>,
+    /// Member reports carried by the head's reports not acknowledged yet: (head seq, member, seq).
+    carried: VecDeque<(u64, u32, u64)>,
+    shutting_down: bool,
+    /// Members that joined and were lost since.
+    left: u64,
+}
+
+impl Instance {
+    pub fn new(id: u32, slots: usize, tree: Arc<Tree>, job_id: &str) -> Instance {
+        let heads = tree.head(id) == id && tree.instance_len(id) > 1;
+        let own = Machine::new(id, slots, tree.clone());
+        let me = Member { slots: slots as u32, credit: 0, idle: 0, held: 0 };
+        Instance {
+            id,
+            job_id: job_id.to_string(),
+            tree,
+            own,
+            heads,
+            members: BTreeMap::from([(id, me)]),
+            queue: VecDeque::new(),
+            held: HashMap::new(),
+            asked: 0,
+            seq: 0,
+            started: Vec::new(),
+            results: Vec::new(),
+            pending: Vec::new(),
+            carried: VecDeque::new(),
+            shutting_down: false,
+            left: 0,
+        }
+    }
+
+    /// `None` while running; then how the agent ended (its own machine's account).
+    pub fn outcome(&self) -> Option<Result<(), String>> {
+        self.own.outcome()
+    }
+
+    pub fn handle(&mut self, now_us: u64, input: Input, out: &mut Vec<Effect>) {
+        if !self.heads {
+            return self.own.handle(now_us, input, out);
+        }
+        let mut flush = false;
+        match input {
+            Input::Parent(body) if destination(&body) == Some(self.id) => self.on_parent(now_us, body, out),
+            Input::ChildFrame(body) => match source(&body).filter(|&a| self.tree.is_member(a, self.id)) {
+                Some(member) => self.on_member(member, body, out),
+                None => self.own(now_us, Input::ChildFrame(body), out),
+            },
+            Input::ChildClosed { child, agents: _, why } if self.tree.is_member(child, self.id) => {
+                self.member_lost(child, &why);
+                // The leader never knew the member: nothing to tell it beyond the lost tasks.
+                self.own(now_us, Input::ChildClosed { child, agents: Vec::new(), why }, out);
+            }
+            Input::Tick => {
+                flush = true;
+                self.own(now_us, Input::Tick, out);
+            }
+            other => self.own(now_us, other, out),
+        }
+        self.distribute(now_us, out);
+        if flush || self.results.len() >= REPORT_BATCH {
+            self.report(false, out);
+        }
+    }
+
+    /// Feeds the head's own machine; its reports come to the instance, not up.
+    fn own(&mut self, now_us: u64, input: Input, out: &mut Vec<Effect>) {
+        let mut mine = Vec::new();
+        self.own.handle(now_us, input, &mut mine);
+        for e in mine {
+            match e {
+                Effect::Up(Body::Report(r)) => self.merge(self.id, r),
+                Effect::CloseUp => {
+                    self.report(true, out);
+                    out.push(Effect::CloseUp);
+                }
+                e => out.push(e),
+            }
+        }
+    }
+
+    fn on_parent(&mut self, now_us: u64, body: Body, out: &mut Vec<Effect>) {
+        match body {
+            Body::Dispatch(d) => {
+                self.asked = self.asked.saturating_sub(d.tasks.len() as u64);
+                self.queue.extend(d.tasks);
+            }
+            Body::Ack(a) => self.acked(now_us, a.seq, out),
+            Body::Shutdown(s) => {
+                self.shutting_down = true;
+                for &m in self.members.keys().filter(|&&m| m != self.id) {
+                    out.push(Effect::Down {
+                        child: m,
+                        body: Body::Shutdown(proto::Shutdown { agent: m, ..s.clone() }),
+                    });
+                }
+                self.own(now_us, Input::Parent(Body::Shutdown(s)), out);
+            }
+            other => self.own(now_us, Input::Parent(other), out),
+        }
+    }
+
+    /// The leader recorded every head report up to `seq`: so are the member reports they carried.
+    fn acked(&mut self, now_us: u64, seq: u64, out: &mut Vec<Effect>) {
+        let mut last: BTreeMap<u32, u64> = BTreeMap::new();
+        while self.carried.front().is_some_and(|&(s, _, _)| s <= seq) {
+            let (_, m, mseq) = self.carried.pop_front().unwrap();
+            last.insert(m, mseq);
+        }
+        for (m, mseq) in last {
+            let ack = Body::Ack(proto::Ack { seq: mseq, agent: m });
+            if m == self.id {
+                self.own(now_us, Input::Parent(ack), out);
+            } else if self.members.contains_key(&m) {
+                out.push(Effect::Down { child: m, body: ack });
+            }
+        }
+    }
+
+    fn on_member(&mut self, member: u32, body: Body, out: &mut Vec<Effect>) {
+        match body {
+            Body::Hello(h) => {
+                tracing::info!(head = self.id, member, slots = h.cores, host = %h.hostname, "member joined");
+                self.members.insert(member, Member { slots: h.cores, credit: 0, idle: 0, held: 0 });
+                let welcome = proto::Welcome { job_id: self.job_id.clone(), agent_id: member };
+                out.push(Effect::Down { child: member, body: Body::Welcome(welcome) });
+            }
+            Body::Report(r) => self.merge(member, r),
+            _ => tracing::debug!(head = self.id, member, "unexpected frame from a member ignored"),
+        }
+    }
+
+    /// A member's (or the head's own) report: its news joins the head's next report.
+    fn merge(&mut self, member: u32, r: proto::Report) {
+        let Some(m) = self.members.get_mut(&member) else { return };
+        m.credit += r.want as u64;
+        m.idle = r.idle as u64;
+        for s in r.started {
+            if let Some(h) = self.held.get_mut(&s.id).filter(|h| h.holder == member && h.spec.attempt == s.attempt) {
+                h.started = true;
+                self.started.push(s);
+            }
+        }
+        if !r.results.is_empty() {
+            self.pending.push((member, r.seq));
+        }
+        for mut res in r.results {
+            if self.held.get(&res.id).is_some_and(|h| h.holder == member && h.spec.attempt == res.attempt) {
+                self.held.remove(&res.id);
+                if let Some(m) = self.members.get_mut(&member) {
+                    m.held = m.held.saturating_sub(1);
+                }
+                res.ran_on = (member != self.id).then_some(member);
+                self.results.push(res);
+            }
+        }
+    }
+
+    /// A member's connection ended: what it had started is lost (the leader decides the retry),
+    /// what it had not goes to the others.
+    fn member_lost(&mut self, member: u32, why: &str) {
+        if self.members.remove(&member).is_none() {
+            return;
+        }
+        self.left += 1;
+        let mut ids: Vec<u64> = self.held.iter().filter(|(_, h)| h.holder == member).map(|(&id, _)| id).collect();
+        ids.sort_unstable();
+        if self.shutting_down && ids.is_empty() {
+            tracing::debug!(head = self.id, member, "member left");
+        } else {
+            tracing::warn!(head = self.id, member, tasks = ids.len(), %why, "member lost");
+        }
+        let mut back = Vec::new();
+        for id in ids {
+            let h = self.held.remove(&id).unwrap();
+            if h.started {
+                self.results.push(proto::TaskResult {
+                    id,
+                    attempt: h.spec.attempt,
+                    outcome: proto::Outcome::Lost as i32,
+                    ran_on: Some(member),
+                    ..Default::default()
+                });
+            } else {
+                back.push(h.spec);
+            }
+        }
+        // Ahead of the rest: they were the instance's oldest work.
+        for spec in back.into_iter().rev() {
+            self.queue.push_front(spec);
+        }
+    }
+
+    /// Hands queued tasks to those who asked: first to fill idle slots (so long tasks spread),
+    /// then, to queue ahead, no more than a member's share of the instance's tasks by its slots
+    /// (members not joined yet counted with the head's slots), so that one member's queue does
+    /// not hold what another could start. Shares of members that never join go to idle slots.
+    fn distribute(&mut self, now_us: u64, out: &mut Vec<Effect>) {
+        let own_slots = self.members[&self.id].slots as u64;
+        let joined = self.members.len() as u64 + self.left;
+        let missing = (self.tree.instance_len(self.id) as u64).saturating_sub(joined);
+        let slots = self.members.values().map(|m| m.slots as u64).sum::<u64>() + missing * own_slots;
+        let total = (self.queue.len() + self.held.len()) as u64;
+        for fill_idle in [true, false] {
+            let ids: Vec<u32> = self.members.keys().copied().collect();
+            for m in ids {
+                if self.queue.is_empty() {
+                    return;
+                }
+                let mem = &self.members[&m];
+                let n = if fill_idle {
+                    mem.credit.min(mem.idle)
+                } else {
+                    let share = (total * mem.slots as u64).div_ceil(slots.max(1));
+                    mem.credit.min(share.saturating_sub(mem.held))
+                };
+                let n = n.min(self.queue.len() as u64) as usize;
+                if n > 0 {
+                    self.give(now_us, m, n, out);
+                }
+            }
+        }
+    }
+
+    fn give(&mut self, now_us: u64, member: u32, n: usize, out: &mut Vec<Effect>) {
+        let specs: Vec<proto::TaskSpec> = self.queue.drain(..n).collect();
+        for s in &specs {
+            self.held.insert(s.id, Held { holder: member, started: false, spec: s.clone() });
+        }
+        let m = self.members.get_mut(&member).unwrap();
+        m.credit -= n as u64;
+        m.idle = m.idle.saturating_sub(n as u64);
+        m.held += n as u64;
+        for d in crate::frame::dispatches(member, specs) {
+            if member == self.id {
+                self.own(now_us, Input::Parent(Body::Dispatch(d)), out);
+            } else {
+                out.push(Effect::Down { child: member, body: Body::Dispatch(d) });
+            }
+        }
+    }
+
+    /// The instance's report to the leader: news, and enough work asked for to keep every slot
+    /// of the instance busy across a round trip (as an agent asks for its own).
+    fn report(&mut self, last: bool, out: &mut Vec<Effect>) {
+        let slots: u32 = self.members.values().map(|m| m.slots).sum();
+        let target = (slots as u64 * 8).max(32);
+        let have = (self.queue.len() + self.held.len()) as u64 + self.asked;
+        let want = if self.shutting_down || last { 0 } else { target.saturating_sub(have) };
+        let want = if want >= target / 4 || have == 0 { want } else { 0 };
+        let news = !self.results.is_empty() || !self.started.is_empty();
+        if !(want > 0 || news || last) {
+            return;
+        }
+        if !self.results.is_empty() {
+            self.seq += 1;
+            let seq = self.seq;
+            self.carried.extend(self.pending.drain(..).map(|(m, s)| (seq, m, s)));
+            let done: std::collections::HashSet<u64> = self.results.iter().map(|r| r.id).collect();
+            self.started.retain(|s| !done.contains(&s.id));
+        }
+        self.asked += want;
+        let idle = self.members.values().map(|m| m.idle).sum::<u64>().saturating_sub(self.queue.len() as u64);
+        out.push(Effect::Up(Body::Report(proto::Report {
+            seq: self.seq,
+            started: std::mem::take(&mut self.started),
+            results: std::mem::take(&mut self.results),
+            want: want as u32,
+            drained: last || have == 0,
+            agent: self.id,
+            idle: idle as u32,
+            cores: slots,
+        })));
+    }
+}
+
+/// The agent an upward frame comes from.
+fn source(b: &Body) -> Option<u32> {
+    match b {
+        Body::Hello(h) => Some(h.agent_id),
+        Body::Report(r) => Some(r.agent),
+        Body::Lost(l) => Some(l.agent),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::executor::{Command, ExecEvent, Finished};
+    use crate::ledger::Outcome;
+
+    fn spec(id: u64) -> proto::TaskSpec {
+        proto::TaskSpec { id, attempt: 1, command: b"sleep 9".to_vec(), ..Default::default() }
+    }
+
+    fn step(i: &mut Instance, now: u64, input: Input) -> Vec<Effect> {
+        let mut out = Vec::new();
+        i.handle(now, input, &mut out);
+        out
+    }
+
+    /// Four agents in instances of two: head 0 with member 1, head 2 with member 3.
+    fn head() -> Instance {
+        Instance::new(0, 2, Arc::new(Tree::instances(4, 2, 2)), "job")
+    }
+
+    fn member_report(agent: u32, seq: u64, want: u32, idle: u32, started: &[u64], done: &[u64]) -> Input {
+        let started = started.iter().map(|&id| proto::TaskStarted { id, attempt: 1, start_us: 5 }).collect();
+        let results = done
+            .iter()
+            .map(|&id| proto::TaskResult {
+                id,
+                attempt: 1,
+                outcome: proto::Outcome::Exited as i32,
+                ..Default::default()
+            })
+            .collect();
+        Input::ChildFrame(Body::Report(proto::Report {
+            seq,
+            started,
+            results,
+            want,
+            idle,
+            agent,
+            ..Default::default()
+        }))
+    }
+
+    fn ups(out: &[Effect]) -> Vec<&proto::Report> {
+        out.iter()
+            .filter_map(|e| match e {
+                Effect::Up(Body::Report(r)) => Some(r),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Task ids sent to the head's own executor, and down to member `m`.
+    fn ran_here(out: &[Effect]) -> Vec<u64> {
+        out.iter()
+            .filter_map(|e| match e {
+                Effect::Exec(Command::Run(t)) => Some(t.iter().map(|t| t.id)),
+                _ => None,
+            })
+            .flatten()
+            .collect()
+    }
+
+    fn sent_to(out: &[Effect], m: u32) -> Vec<u64> {
+        out.iter()
+            .filter_map(|e| match e {
+                Effect::Down { child, body: Body::Dispatch(d) } if *child == m && d.agent == m => {
+                    Some(d.tasks.iter().map(|t| t.id))
+                }
+                _ => None,
+            })
+            .flatten()
+            .collect()
+    }
+
+    #[test]
+    fn a_head_welcomes_its_member_shares_the_instance_s_tasks_and_reports_for_both() {
+        let mut h = head();
+        let out = step(&mut h, 0, Input::Tick);
+        let r = ups(&out);
+        assert_eq!((r.len(), r[0].want, r[0].agent, r[0].cores), (1, 32, 0, 2), "asks for its own slots first");
+
+        step(&mut h, 1, Input::ChildOpened(1));
+        let hello = proto::Hello { agent_id: 1, cores: 2, ..Default::default() };
+        let out = step(&mut h, 2, Input::ChildFrame(Body::Hello(hello)));
+        assert!(
+            matches!(out.as_slice(), [Effect::Down { child: 1, body: Body::Welcome(w) }] if w.agent_id == 1 && w.job_id == "job"),
+            "the head admits its member; the leader never hears of it: {out:?}"
+        );
+
+        // Eight tasks for the instance: the head's two idle slots, then its share of 4 (of 4 slots).
+        let d = proto::Dispatch { tasks: (1..=8).map(spec).collect(), agent: 0 };
+        let out = step(&mut h, 3, Input::Parent(Body::Dispatch(d)));
+        assert_eq!(ran_here(&out), vec![1, 2, 3, 4]);
+        // The member asks: it gets the other four.
+        let out = step(&mut h, 4, member_report(1, 0, 16, 2, &[], &[]));
+        assert_eq!(sent_to(&out, 1), vec![5, 6, 7, 8]);
+
+        // Its starts and results go up in the head's next report, each result naming it.
+        step(&mut h, 5, member_report(1, 1, 0, 0, &[5], &[6]));
+        let own_done = ExecEvent::Finished(Finished {
+            id: 1,
+            attempt: 1,
+            outcome: Outcome::Exited,
+            value: 0,
+            start_us: 1,
+            end_us: 2,
+        });
+        step(&mut h, 6, Input::Exec(vec![own_done]));
+        let out = step(&mut h, 7, Input::Tick);
+        let r = ups(&out);
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0].started.iter().map(|s| s.id).collect::<Vec<_>>(), vec![5]);
+        let mut res: Vec<(u64, Option<u32>)> = r[0].results.iter().map(|r| (r.id, r.ran_on)).collect();
+        res.sort_unstable();
+        assert_eq!(res, vec![(1, None), (6, Some(1))]);
+        assert_eq!((r[0].seq, r[0].cores), (1, 4));
+
+        // The leader recorded it: so is the member's report that it carried.
+        let out = step(&mut h, 8, Input::Parent(Body::Ack(proto::Ack { seq: 1, agent: 0 })));
+        assert!(
+            out.iter()
+                .any(|e| matches!(e, Effect::Down { child: 1, body: Body::Ack(a) } if a.seq == 1 && a.agent == 1)),
+            "{out:?}"
+        );
+    }
+
+    #[test]
+    fn a_lost_member_s_started_tasks_are_reported_lost_and_its_queued_ones_run_elsewhere() {
+        let mut h = head();
+        step(&mut h, 0, Input::Tick);
+        step(&mut h, 1, Input::ChildOpened(1));
+        step(&mut h, 2, Input::ChildFrame(Body::Hello(proto::Hello { agent_id: 1, cores: 2, ..Default::default() })));
+        let d = proto::Dispatch { tasks: (1..=8).map(spec).collect(), agent: 0 };
+        step(&mut h, 3, Input::Parent(Body::Dispatch(d)));
+        step(&mut h, 4, member_report(1, 0, 16, 2, &[], &[]));
+        step(&mut h, 5, member_report(1, 0, 0, 0, &[5, 6], &[]));
+        step(&mut h, 6, Input::Tick);
+
+        let closed = step(&mut h, 7, Input::ChildClosed { child: 1, agents: vec![1], why: "gone".into() });
+        assert!(!closed.iter().any(|e| matches!(e, Effect::Up(Body::Lost(_)))), "the leader never knew agent 1");
+        let out = step(&mut h, 8, Input::Tick);
+        let r = ups(&out);
+        let lost: Vec<(u64, i32, Option<u32>)> = r[0].results.iter().map(|r| (r.id, r.outcome, r.ran_on)).collect();
+        let l = proto::Outcome::Lost as i32;
+        assert_eq!(lost, vec![(5, l, Some(1)), (6, l, Some(1))], "started there: lost, the leader retries them");
+        assert_eq!(r[0].cores, 2);
+
+        // Tasks 7 and 8 never started: the head's own slots, which had asked for more, take them.
+        assert_eq!(ran_here(&closed), vec![7, 8]);
+    }
+
+    #[test]
+    fn shutdown_reaches_the_members_and_an_agent_without_members_is_its_machine() {
+        let mut h = head();
+        step(&mut h, 0, Input::ChildOpened(1));
+        step(&mut h, 1, Input::ChildFrame(Body::Hello(proto::Hello { agent_id: 1, cores: 2, ..Default::default() })));
+        let s = proto::Shutdown { abort: false, reason: "done".into(), agent: 0 };
+        let out = step(&mut h, 2, Input::Parent(Body::Shutdown(s)));
+        assert!(out.iter().any(|e| matches!(e, Effect::Down { child: 1, body: Body::Shutdown(s) } if s.agent == 1)));
+        assert!(out.iter().any(|e| matches!(e, Effect::Exec(Command::Finish))));
+
+        // Agent 1 is a member: it reports to its head as an agent reports to the leader.
+        let mut m = Instance::new(1, 2, Arc::new(Tree::instances(4, 2, 2)), "job");
+        let r = ups(&step(&mut m, 0, Input::Tick)).into_iter().cloned().collect::<Vec<_>>();
+        assert_eq!((r[0].agent, r[0].want, r[0].cores), (1, 32, 0));
+    }
+}
