@@ -126,6 +126,9 @@ pub mod htc {
             /// Cores per agent.
             #[arg(long, default_value_t = 24)]
             cores_per_agent: u32,
+            /// Agents per 2nd-level instance (its head takes work for all; default 1).
+            #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+            instance_agents: u32,
             /// hflow or even (default: the site file's, else hflow).
             #[arg(long)]
             partition: Option<Plan>,

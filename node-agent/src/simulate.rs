@@ -1,31 +1,38 @@
 //! `htc simulate`: a run of a task file on agents that are not there (say 1,000 nodes of 24
 //! cores), on a virtual clock. The leader's core (`leader::new_core`, over the real ledger) and
-//! every agent's machine (`agent::machine`) are the ones a real run uses; only time, the network
+//! every agent's machine (`agent::Instance`: an agent, or an instance head feeding its members)
+//! are the ones a real run uses; only time, the network
 //! (a fixed latency per frame), the leader's CPU (a cost per finished task, one input at a time)
 //! and the task processes (each ends after its `runtime` hint) are modelled. A plan's makespan on
 //! a large machine is so measured on a laptop, exactly and repeatably, in seconds.
 
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, VecDeque};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-use crate::agent::machine::{self, Effect, Machine};
+use htc_core::tree::Tree;
+
+use crate::agent::machine::{self, Effect};
+use crate::agent::Instance;
 use crate::executor::{Command, ExecEvent, Finished, TaskToRun};
 use crate::leader::core::{Core, Ending, Input, Outbox};
 use crate::leader::driver::LedgerTasks;
 use crate::leader::{new_core, Planned};
 use crate::ledger::{Ledger, Outcome, WriteTxn};
 use crate::load::TaskText;
-use crate::proto::frame::Body;
+use crate::proto::{self, frame::Body};
 use crate::rundir::RunDir;
 
 #[derive(Debug, Clone)]
 pub struct SimConfig {
-    /// Agents (each one instance of the partition).
+    /// Agents.
     pub agents: u32,
     pub cores_per_agent: u32,
+    /// Agents per 2nd-level instance: the first of each takes work for all of them.
+    pub instance_agents: u32,
     pub plan: Planned,
     /// One way, every frame.
     pub latency_us: u64,
@@ -148,10 +155,13 @@ pub fn simulate(run: &RunDir, cfg: &SimConfig) -> anyhow::Result<SimReport> {
     let ledger = Ledger::open(&run.ledger(), false).context("opening the ledger")?;
     let text = TaskText::open(&run.tasks()).context("mapping the run's task file")?;
     let planning = Instant::now();
-    let core = new_core(&ledger, &cfg.plan, &run.id(), 0)?;
-    let plan_s = planning.elapsed().as_secs_f64();
     let n = cfg.agents.max(1);
-    let mut fleet = Fleet::new(n, cfg);
+    // Every head talks to the leader itself (one level above the instances); members to their head.
+    let tree = Arc::new(Tree::instances(n, cfg.instance_agents, n));
+    let plan = Planned { instances: tree.heads().len(), ..cfg.plan.clone() };
+    let core = new_core(&ledger, &plan, &run.id(), 0)?.with_layout(tree.clone());
+    let plan_s = planning.elapsed().as_secs_f64();
+    let mut fleet = Fleet::new(tree, &run.id(), cfg);
     let mut leader = Leader {
         core,
         ledger: &ledger,
@@ -177,9 +187,15 @@ pub fn simulate(run: &RunDir, cfg: &SimConfig) -> anyhow::Result<SimReport> {
         events += 1;
         match ev {
             Ev::Join(a) => {
-                let joined =
-                    Input::Joined { agent: a, cores: cfg.cores_per_agent, mem_mb: 0, hostname: format!("sim{a}") };
-                w.at(at + cfg.latency_us, Ev::ToLeader(joined));
+                let (cores, head) = (cfg.cores_per_agent, fleet.tree.head(a));
+                if head == a {
+                    let joined = Input::Joined { agent: a, cores, mem_mb: 0, hostname: format!("sim{a}") };
+                    w.at(at + cfg.latency_us, Ev::ToLeader(joined));
+                } else {
+                    let hello = proto::Hello { agent_id: a, cores, ..Default::default() };
+                    w.at(at + cfg.latency_us, Ev::ToAgent(head, machine::Input::ChildOpened(a)));
+                    w.at(at + cfg.latency_us, Ev::ToAgent(head, machine::Input::ChildFrame(Body::Hello(hello))));
+                }
                 // Its first report goes out once the Welcome is back.
                 w.at(at + 2 * cfg.latency_us, Ev::Tick(a));
             }
@@ -283,21 +299,21 @@ impl Leader<'_> {
 
 /// The agents: their machines and simulated executors.
 struct Fleet {
-    machines: Vec<Machine>,
+    tree: Arc<Tree>,
+    machines: Vec<Instance>,
     execs: Vec<SimExec>,
     effects: Vec<Effect>,
     last_end: u64,
 }
 
 impl Fleet {
-    fn new(n: u32, cfg: &SimConfig) -> Fleet {
-        // Every simulated agent talks to the leader itself: one level.
-        let tree = std::sync::Arc::new(htc_core::tree::Tree::kary(n, n));
-        let c = cfg.cores_per_agent;
+    fn new(tree: Arc<Tree>, job_id: &str, cfg: &SimConfig) -> Fleet {
+        let (n, c) = (tree.len(), cfg.cores_per_agent);
         let exec =
             || SimExec { free: c, slots: c, queue: VecDeque::new(), finishing: false, stopped: false, told: false };
         Fleet {
-            machines: (0..n).map(|a| Machine::new(a, c as usize, tree.clone())).collect(),
+            machines: (0..n).map(|a| Instance::new(a, c as usize, tree.clone(), job_id)).collect(),
+            tree,
             execs: (0..n).map(|_| exec()).collect(),
             effects: Vec::new(),
             last_end: 0,
@@ -308,16 +324,18 @@ impl Fleet {
     fn step(&mut self, w: &mut World, cfg: &SimConfig, a: u32, input: machine::Input) {
         self.machines[a as usize].handle(w.now, input, &mut self.effects);
         let mut commands = Vec::new();
+        let head = self.tree.head(a);
+        let later = w.now + cfg.latency_us;
         for e in self.effects.drain(..) {
             match e {
-                Effect::Up(Body::Report(report)) => {
-                    w.at(w.now + cfg.latency_us, Ev::ToLeader(Input::Report { agent: a, report }))
-                }
-                Effect::Up(Body::Lost(l)) => {
-                    w.at(w.now + cfg.latency_us, Ev::ToLeader(Input::Lost { agent: l.agent, why: l.reason }))
-                }
-                // No relays: every simulated agent talks to the leader itself.
-                Effect::Up(_) | Effect::Relay(_) | Effect::Down { .. } | Effect::CloseUp => {}
+                Effect::Up(body) if head != a => w.at(later, Ev::ToAgent(head, machine::Input::ChildFrame(body))),
+                Effect::Up(Body::Report(report)) => w.at(later, Ev::ToLeader(Input::Report { agent: a, report })),
+                Effect::Up(Body::Lost(l)) => w.at(later, Ev::ToLeader(Input::Lost { agent: l.agent, why: l.reason })),
+                // A member's Welcome ends its join handshake, which `Ev::Join` models.
+                Effect::Down { body: Body::Welcome(_), .. } => {}
+                Effect::Down { child, body } => w.at(later, Ev::ToAgent(child, machine::Input::Parent(body))),
+                // No relays: every simulated head talks to the leader itself.
+                Effect::Up(_) | Effect::Relay(_) | Effect::CloseUp => {}
                 Effect::Exec(c) => commands.push(c),
             }
         }
@@ -416,12 +434,13 @@ fn bounds(ledger: &Ledger, cfg: &SimConfig) -> anyhow::Result<(f64, f64)> {
 /// The report as `htc simulate` prints it.
 pub fn text(cfg: &SimConfig, r: &SimReport) -> String {
     let mut t = format!(
-        "htc simulate: {} tasks on {} agents x {} cores ({}), latency {} us, leader {:.2} us/task\n\
+        "htc simulate: {} tasks on {} agents x {} cores in instances of {} ({}), latency {} us, leader {:.2} us/task\n\
          makespan     {:.3} s (virtual)\n\
          lower bound  {:.3} s ({:.1}% above)\n",
         r.tasks,
         cfg.agents,
         cfg.cores_per_agent,
+        cfg.instance_agents,
         cfg.plan.plan.name(),
         cfg.latency_us,
         cfg.leader_us_per_task,
@@ -454,6 +473,7 @@ pub fn json(cfg: &SimConfig, r: &SimReport) -> String {
         ("tasks", r.tasks.to_string()),
         ("agents", cfg.agents.to_string()),
         ("cores_per_agent", cfg.cores_per_agent.to_string()),
+        ("instance_agents", cfg.instance_agents.to_string()),
         ("partition", format!("\"{}\"", cfg.plan.plan.name())),
         ("latency_us", cfg.latency_us.to_string()),
         ("leader_us_per_task", cfg.leader_us_per_task.to_string()),

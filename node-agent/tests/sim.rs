@@ -208,6 +208,29 @@ fn simulate_runs_the_mixed_workload_on_a_virtual_clock_and_hflow_ends_near_the_b
     assert_eq!(run("hflow")["makespan_s"], hflow["makespan_s"], "a virtual clock repeats itself");
 }
 
+/// Instances of several agents on the virtual clock: only the heads deal with the leader, each
+/// handing its instance's tasks to its members, and the mix still ends near the bound.
+#[test]
+fn simulated_instances_of_several_agents_end_near_the_bound_too() {
+    let d = Dir::new("simulate-instances");
+    d.write("mix.txt", fig4b_mix(20_000));
+    let r = simulate(&d, "mix.txt", &["--agents", "100", "--cores-per-agent", "24", "--instance-agents", "10"]);
+    assert_eq!(
+        (r["tasks"].as_u64(), r["failed"].as_u64(), r["instance_agents"].as_u64()),
+        (Some(120_000), Some(0), Some(10))
+    );
+    assert!(r["above_bound"].as_f64().unwrap() < 0.05, "{r}");
+    // One instance of all 40 agents: the leader hands everything to one head, which must spread
+    // it over its members' cores; 960 one-second tasks on 960 cores fit in one round.
+    let d2 = Dir::new("simulate-instances-wide");
+    d2.write("t.txt", (1..=960).map(|i| format!("[runtime=1s] t {i}\n")).collect::<String>());
+    let r = simulate(&d2, "t.txt", &["--agents", "40", "--cores-per-agent", "24", "--instance-agents", "40"]);
+    assert!(
+        (r["makespan_s"].as_f64().unwrap() - 1.0).abs() < 0.05,
+        "one instance of 40 agents runs 960 x 1 s in one round: {r}"
+    );
+}
+
 #[test]
 fn simulate_gives_tasks_without_a_hint_the_site_s_runtime_and_refuses_a_bad_file() {
     let d = Dir::new("simulate-plain");

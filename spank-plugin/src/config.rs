@@ -24,6 +24,7 @@ pub const RETRIES_MAX: u32 = htc_core::taskfile::MAX_RETRIES;
 pub const FANOUT_MIN: u32 = 2;
 pub const FANOUT_MAX: u32 = 1024;
 pub const AGENTS_PER_NODE_MAX: u32 = 4096;
+pub const INSTANCE_NODES_MAX: u32 = 65536;
 
 /// Option `val`s given to `spank_option_register`.
 pub const OPT_FILE: i32 = 1;
@@ -32,6 +33,7 @@ pub const OPT_FANOUT: i32 = 3;
 pub const OPT_OUTPUT: i32 = 4;
 pub const OPT_PARTITION: i32 = 5;
 pub const OPT_AGENTS_PER_NODE: i32 = 6;
+pub const OPT_INSTANCE_NODES: i32 = 7;
 
 /// Names given to `spank_job_control_setenv` in sbatch. Slurm puts them into the job's
 /// environment with a `SLURM_SPANK_` prefix (and into prolog/epilog with `SPANK_`).
@@ -41,6 +43,7 @@ pub const JC_FANOUT: &str = "HTC_FANOUT";
 pub const JC_OUTPUT: &str = "HTC_OUTPUT";
 pub const JC_PARTITION: &str = "HTC_PARTITION";
 pub const JC_AGENTS_PER_NODE: &str = "HTC_AGENTS_PER_NODE";
+pub const JC_INSTANCE_NODES: &str = "HTC_INSTANCE_NODES";
 /// Prefix Slurm adds to job-control names in the job environment.
 pub const JOB_ENV_PREFIX: &str = "SLURM_SPANK_";
 
@@ -163,6 +166,11 @@ pub fn parse_agents_per_node(s: &str) -> Result<u32, String> {
     parse_number(s, 1, AGENTS_PER_NODE_MAX)
 }
 
+/// `--htc-instance-nodes=N`: nodes per 2nd-level instance, whose head takes work for all.
+pub fn parse_instance_nodes(s: &str) -> Result<u32, String> {
+    parse_number(s, 1, INSTANCE_NODES_MAX)
+}
+
 /// `--htc-partition=PLAN`: how the leader splits the tasks among the agents.
 pub fn parse_partition(s: &str) -> Result<Plan, String> {
     s.trim().parse::<Plan>().map_err(|_| format!("'{s}' is not a partition plan (hflow or even)"))
@@ -178,6 +186,7 @@ pub struct UserOptions {
     pub output: Option<OutputMode>,
     pub partition: Option<Plan>,
     pub agents_per_node: Option<u32>,
+    pub instance_nodes: Option<u32>,
 }
 
 impl UserOptions {
@@ -200,6 +209,9 @@ impl UserOptions {
             if self.agents_per_node.is_some() {
                 v.push("--htc-agents-per-node");
             }
+            if self.instance_nodes.is_some() {
+                v.push("--htc-instance-nodes");
+            }
         }
         v
     }
@@ -215,6 +227,7 @@ pub struct JobRequest {
     pub output: Option<OutputMode>,
     pub partition: Option<Plan>,
     pub agents_per_node: Option<u32>,
+    pub instance_nodes: Option<u32>,
 }
 
 impl JobRequest {
@@ -228,6 +241,7 @@ impl JobRequest {
             output: opts.output,
             partition: opts.partition,
             agents_per_node: opts.agents_per_node,
+            instance_nodes: opts.instance_nodes,
         })
     }
 
@@ -248,6 +262,9 @@ impl JobRequest {
         }
         if let Some(n) = self.agents_per_node {
             v.push((JC_AGENTS_PER_NODE, n.to_string().into()));
+        }
+        if let Some(n) = self.instance_nodes {
+            v.push((JC_INSTANCE_NODES, n.to_string().into()));
         }
         v
     }
@@ -284,7 +301,8 @@ impl JobRequest {
             ),
         };
         let agents_per_node = num(JC_AGENTS_PER_NODE, parse_agents_per_node)?;
-        Ok(Some(JobRequest { task_file, retries, fanout, output, partition, agents_per_node }))
+        let instance_nodes = num(JC_INSTANCE_NODES, parse_instance_nodes)?;
+        Ok(Some(JobRequest { task_file, retries, fanout, output, partition, agents_per_node, instance_nodes }))
     }
 
     /// Fallback when the job-control variables are missing: the values seen by the remote
@@ -302,6 +320,7 @@ impl JobRequest {
             output: opts.output,
             partition: opts.partition,
             agents_per_node: opts.agents_per_node,
+            instance_nodes: opts.instance_nodes,
         })
     }
 }
@@ -321,7 +340,7 @@ pub const SCRIPT_FLAG: &str = "--script";
 
 /// The agent's argv up to and including `--script`:
 /// `AGENT lead --task-file FILE [--retries N] [--fanout K] [--output MODE] [--partition PLAN]
-/// [--agents-per-node N] [--ledger-dir DIR] --script`.
+/// [--agents-per-node N] [--instance-nodes N] [--ledger-dir DIR] --script`.
 /// The batch script's own argv (script path, then its arguments) follows; with
 /// `spank_prepend_task_argv` Slurm appends it, with `execve` the plugin does.
 pub fn agent_argv_prefix(cfg: &PluginConfig, req: &JobRequest) -> Vec<OsString> {
@@ -345,6 +364,10 @@ pub fn agent_argv_prefix(cfg: &PluginConfig, req: &JobRequest) -> Vec<OsString> 
     }
     if let Some(n) = req.agents_per_node {
         v.push("--agents-per-node".into());
+        v.push(n.to_string().into());
+    }
+    if let Some(n) = req.instance_nodes {
+        v.push("--instance-nodes".into());
         v.push(n.to_string().into());
     }
     if let Some(d) = &cfg.ledger_dir {
@@ -711,6 +734,10 @@ mod tests {
         assert_eq!(o.orphans(), vec!["--htc-agents-per-node"]);
         assert_eq!(parse_agents_per_node("24"), Ok(24));
         assert!(parse_agents_per_node("0").unwrap_err().contains("from 1 to 4096"));
+        let o = UserOptions { instance_nodes: Some(4), ..Default::default() };
+        assert_eq!(o.orphans(), vec!["--htc-instance-nodes"]);
+        assert_eq!(parse_instance_nodes("8"), Ok(8));
+        assert!(parse_instance_nodes("0").unwrap_err().contains("from 1 to 65536"));
         let o = UserOptions { file: Some("/t".into()), retries: Some(1), ..Default::default() };
         assert!(o.orphans().is_empty());
     }
@@ -724,6 +751,7 @@ mod tests {
             output: Some(OutputMode::PerTask),
             partition: Some(Plan::Even),
             agents_per_node: Some(3),
+            instance_nodes: Some(2),
         };
         let req = JobRequest::from_allocator(&opts).unwrap();
         let vars = req.job_control_vars();
@@ -734,7 +762,8 @@ mod tests {
                 ("HTC_RETRIES", "4".into()),
                 ("HTC_OUTPUT", "per-task".into()),
                 ("HTC_PARTITION", "even".into()),
-                ("HTC_AGENTS_PER_NODE", "3".into())
+                ("HTC_AGENTS_PER_NODE", "3".into()),
+                ("HTC_INSTANCE_NODES", "2".into())
             ]
         );
         let env: Vec<(String, OsString)> = vars.iter().map(|(n, v)| (job_env_name(n), v.clone())).collect();
@@ -748,7 +777,11 @@ mod tests {
     fn job_env_corruption_is_an_error() {
         let e = JobRequest::from_job_env(|n| (n == "SLURM_SPANK_HTC_FILE").then(|| "rel.txt".into())).unwrap_err();
         assert!(e.contains("absolute"));
-        for (var, bad) in [("SLURM_SPANK_HTC_FANOUT", "1"), ("SLURM_SPANK_HTC_AGENTS_PER_NODE", "lots")] {
+        for (var, bad) in [
+            ("SLURM_SPANK_HTC_FANOUT", "1"),
+            ("SLURM_SPANK_HTC_AGENTS_PER_NODE", "lots"),
+            ("SLURM_SPANK_HTC_INSTANCE_NODES", "0"),
+        ] {
             let e = JobRequest::from_job_env(|n| match n {
                 "SLURM_SPANK_HTC_FILE" => Some("/t".into()),
                 _ if n == var => Some(bad.into()),
@@ -783,6 +816,7 @@ mod tests {
             output: None,
             partition: None,
             agents_per_node: None,
+            instance_nodes: None,
         };
         let argv = agent_argv(&cfg, &req, &os(&["/var/spool/slurmd/job00042/slurm_script"])).unwrap();
         assert_eq!(
@@ -810,6 +844,7 @@ mod tests {
             output: Some(OutputMode::None),
             partition: Some(Plan::Even),
             agents_per_node: Some(2),
+            instance_nodes: Some(3),
         };
         let argv = agent_argv(&cfg, &req, &os(&["/s", "arg1", "--flag"])).unwrap();
         assert_eq!(
@@ -829,6 +864,8 @@ mod tests {
                 "even",
                 "--agents-per-node",
                 "2",
+                "--instance-nodes",
+                "3",
                 "--ledger-dir",
                 "/tmp/l",
                 "--script",

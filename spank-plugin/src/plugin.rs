@@ -118,7 +118,15 @@ struct State {
 
 static STATE: Mutex<State> = Mutex::new(State {
     config: None,
-    opts: UserOptions { file: None, retries: None, fanout: None, output: None, partition: None, agents_per_node: None },
+    opts: UserOptions {
+        file: None,
+        retries: None,
+        fanout: None,
+        output: None,
+        partition: None,
+        agents_per_node: None,
+        instance_nodes: None,
+    },
 });
 
 fn state() -> MutexGuard<'static, State> {
@@ -161,7 +169,7 @@ fn guard(what: &str, f: impl FnOnce() -> c_int) -> c_int {
 
 // ---- options ----
 
-const OPTIONS: [OptionSpec; 6] = [
+const OPTIONS: [OptionSpec; 7] = [
     OptionSpec {
         name: b"htc\0",
         arginfo: Some(b"FILE\0"),
@@ -198,6 +206,12 @@ const OPTIONS: [OptionSpec; 6] = [
         usage: b"With --htc: agents on each node, splitting its CPUs (1-4096; default 1, whose spawn loop per CPU keeps them busy).\0",
         val: config::OPT_AGENTS_PER_NODE,
     },
+    OptionSpec {
+        name: b"htc-instance-nodes\0",
+        arginfo: Some(b"N\0"),
+        usage: b"With --htc: nodes per scheduling instance, whose first agent takes work from the leader for all of them (default 1: every node's agents on their own).\0",
+        val: config::OPT_INSTANCE_NODES,
+    },
 ];
 
 fn opt_name(val: c_int) -> &'static str {
@@ -208,6 +222,7 @@ fn opt_name(val: c_int) -> &'static str {
         config::OPT_OUTPUT => "--htc-output",
         config::OPT_PARTITION => "--htc-partition",
         config::OPT_AGENTS_PER_NODE => "--htc-agents-per-node",
+        config::OPT_INSTANCE_NODES => "--htc-instance-nodes",
         _ => "--htc-?",
     }
 }
@@ -262,6 +277,7 @@ fn remote_option(val: c_int, arg: OsString) {
         config::OPT_OUTPUT => st.opts.output = config::parse_output(&text).ok(),
         config::OPT_PARTITION => st.opts.partition = config::parse_partition(&text).ok(),
         config::OPT_AGENTS_PER_NODE => st.opts.agents_per_node = config::parse_agents_per_node(&text).ok(),
+        config::OPT_INSTANCE_NODES => st.opts.instance_nodes = config::parse_instance_nodes(&text).ok(),
         _ => {}
     }
 }
@@ -316,6 +332,9 @@ fn allocator_option(val: c_int, arg: &OsStr) -> c_int {
         config::OPT_PARTITION => keep(config::parse_partition(&text), |o, p| o.partition = Some(p), &fail),
         config::OPT_AGENTS_PER_NODE => {
             keep(config::parse_agents_per_node(&text), |o, n| o.agents_per_node = Some(n), &fail)
+        }
+        config::OPT_INSTANCE_NODES => {
+            keep(config::parse_instance_nodes(&text), |o, n| o.instance_nodes = Some(n), &fail)
         }
         _ => 0,
     }

@@ -47,6 +47,13 @@ run_many() { # NODES N [SBATCH OPTIONS...] -> checks on a job of N tasks recordi
         test "$(ls -d "$w/.htc/$j/out"/agent-* | wc -l)" = "$((${AGENTS_PER_NODE:-1} * nodes))"
     check "$nodes node(s): $((2 / ${AGENTS_PER_NODE:-1})) spawn loop(s) per agent" \
         test "$(ls "$w/.htc/$j/out"/agent-*/index* | wc -l)" = "$((2 * nodes))"
+    if [[ -n ${INSTANCE_NODES:-} ]]; then
+        # Only the heads join the leader; every other agent joins its head (agents log at info).
+        check "$nodes nodes: $((nodes / INSTANCE_NODES)) instance heads joined the leader" \
+            test "$(grep -c 'agent joined' "$w/slurm-$j.out")" = "$((nodes / INSTANCE_NODES))"
+        check "$nodes nodes: $((nodes - nodes / INSTANCE_NODES)) members joined their heads" \
+            test "$(grep -c 'member joined head=' "$w/slurm-$j.out")" = "$((nodes - nodes / INSTANCE_NODES))"
+    fi
     if [[ $nodes -gt 1 ]]; then
         check "$nodes nodes: distinct hostnames" test "$(cut -d' ' -f2 "$w/ids.txt" | sort -u | wc -l)" = "$nodes"
     fi
@@ -173,6 +180,8 @@ echo "-- fan-out 2: agents 2 and 3 reach the leader through agent 0 (PMI2 bootst
 run_many 4 3000 --htc-fanout=2
 echo "-- --htc-agents-per-node=2: two instances on each node, one CPU each"
 AGENTS_PER_NODE=2 run_many 4 2000 --htc-agents-per-node=2
+echo "-- --htc-instance-nodes=2: two instances of two nodes each, members fed by their head"
+INSTANCE_NODES=2 run_many 4 3000 --htc-instance-nodes=2 --export=ALL,HTC_LOG=info
 controller_cost
 long_tasks_spread
 

@@ -7,6 +7,7 @@
 //! ticks into it and carries out what it answers. `relay` serves the children.
 
 mod instance;
+pub use instance::Instance;
 pub mod machine;
 mod relay;
 mod spawners;
@@ -30,7 +31,7 @@ use crate::proto::{self, frame::Body};
 use crate::rundir::RunDir;
 use crate::simexec::{self, ExecKind};
 use crate::PROTOCOL_VERSION;
-use instance::Instance;
+
 use machine::{Effect, Input};
 use relay::Child;
 use spawners::Spread;

@@ -69,6 +69,7 @@ fn real_main() -> anyhow::Result<i32> {
             file,
             agents,
             cores_per_agent,
+            instance_agents,
             partition,
             latency_us,
             leader_us_per_task,
@@ -86,6 +87,7 @@ fn real_main() -> anyhow::Result<i32> {
             let cfg = SimConfig {
                 agents: agents.max(1),
                 cores_per_agent: cores_per_agent.max(1),
+                instance_agents,
                 plan,
                 latency_us,
                 leader_us_per_task: leader_us_per_task.max(0.0),
