@@ -23,7 +23,7 @@
 #    parse + ledger load and the leader's planning (ledger scan, grouping, eq. 10 shares) timed
 #    by `htc simulate` on 1000 x 24, then the plan simulated.
 #
-# Env: TASKS (2000000), LAYOUTS ("1000x24 100x24 10x24"), ROUNDS (3),
+# Env: TASKS (2000000), LAYOUTS ("1000x24 100x24 10x24"; AxC/M: M agents per instance), ROUNDS (3),
 #      SECTIONS ("1 1b 2 2b 3 4": which of the above to run), PLAN_SIZES (section 4's task counts,
 #      "1000 100000 1000000 10000000"),
 #      MIX_LAYOUTS ("100x24 1000x24"), MIX_SECONDS (5.25), MIX_STRETCH (1), SIM_LATENCY_US (100), REAL_LAYOUT (2x8), REAL_PER_CLASS (100),
@@ -87,22 +87,25 @@ if want 1; then
 echo "== 1. zero-length tasks: $TASKS per run, --exec none, median of $ROUNDS =="
 printf '%-10s %8s %14s %16s %18s %14s\n' layout cores 'tasks/s' 'leader CPU s' 'leader us/task' 'ceiling/s'
 for layout in $LAYOUTS; do
-    agents=${layout%x*} cores=${layout#*x}
-    : >"rate.$layout" >"cpu.$layout" >"per.$layout"
+    # AxC, or AxC/M: M agents per 2nd-level instance (only the heads talk to the leader).
+    inst=1
+    [[ $layout == */* ]] && inst=${layout#*/}
+    agents=${layout%%x*} cores=${layout#*x} cores=${cores%/*} key=${layout//\//-}
+    : >"rate.$key" >"cpu.$key" >"per.$key"
     for _ in $(seq "$ROUNDS"); do
         rm -rf .htc
         # Loading is measured by bench/ledger.sh; here only the leading.
         "$HTC" prepare zero.txt >/dev/null
-        "$HTC" run --resume --exec none --agents "$agents" --cores-per-agent "$cores" -q
+        "$HTC" run --resume --exec none --agents "$agents" --cores-per-agent "$cores" --instance-agents "$inst" -q
         [[ $(field "['counts']['done']") == "$TASKS" ]] || { echo "not every task done" >&2; exit 1; }
-        field "['rate']" >>"rate.$layout"
-        field "['leader_cpu_s']" >>"cpu.$layout"
-        field "['leader_cpu_us_per_task']" >>"per.$layout"
+        field "['rate']" >>"rate.$key"
+        field "['leader_cpu_s']" >>"cpu.$key"
+        field "['leader_cpu_us_per_task']" >>"per.$key"
     done
-    rate=$(median <"rate.$layout") cpu=$(median <"cpu.$layout") per=$(median <"per.$layout")
+    rate=$(median <"rate.$key") cpu=$(median <"cpu.$key") per=$(median <"per.$key")
     printf '%-10s %8d %14.0f %16.3f %18.3f %14.0f\n' "$layout" $((agents * cores)) "$rate" "$cpu" "$per" \
         "$(awk -v p="$per" 'BEGIN { print 1e6 / p }')"
-    echo "   rounds: tasks/s $(paste -sd' ' "rate.$layout"); us/task $(paste -sd' ' "per.$layout")"
+    echo "   rounds: tasks/s $(paste -sd' ' "rate.$key"); us/task $(paste -sd' ' "per.$key")"
 done
 echo
 fi
