@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use htc_core::tree::Tree;
 
-use super::machine::{destination, Effect, Input, Machine, REPORT_BATCH};
+use super::machine::{destination, queue_target, Effect, Input, Machine, REPORT_BATCH};
 use crate::proto::{self, frame::Body};
 
 /// A member as the head sees it (the head's own machine included).
@@ -298,11 +298,12 @@ impl Instance {
         }
     }
 
-    /// The instance's report to the leader: news, and enough work asked for to keep every slot
-    /// of the instance busy across a round trip (as an agent asks for its own).
+    /// The instance's report to the leader: news, and enough work asked for to fill what every
+    /// member keeps queued (`machine::queue_target`), so that members are fed at the pace they
+    /// ask and do not report every task for want of work.
     fn report(&mut self, last: bool, out: &mut Vec<Effect>) {
         let slots: u32 = self.members.values().map(|m| m.slots).sum();
-        let target = (slots as u64 * 8).max(32);
+        let target: u64 = self.members.values().map(|m| queue_target(m.slots as usize)).sum();
         let have = (self.queue.len() + self.held.len()) as u64 + self.asked;
         let want = if self.shutting_down || last { 0 } else { target.saturating_sub(have) };
         let want = if want >= target / 4 || have == 0 { want } else { 0 };

@@ -100,7 +100,7 @@ impl Machine {
             id,
             tree,
             slots,
-            target: (slots as u64 * 8).max(32),
+            target: queue_target(slots),
             outstanding: 0,
             asked: 0,
             seq: 0,
@@ -339,7 +339,13 @@ impl Machine {
     }
 }
 
-pub(super) fn to_run(t: proto::TaskSpec) -> TaskToRun {
+/// Tasks an agent with `slots` slots keeps queued: enough to keep every slot busy across one
+/// report round trip.
+pub fn queue_target(slots: usize) -> u64 {
+    (slots as u64 * 8).max(32)
+}
+
+fn to_run(t: proto::TaskSpec) -> TaskToRun {
     TaskToRun {
         id: t.id,
         attempt: t.attempt,
