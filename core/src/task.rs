@@ -109,6 +109,13 @@ pub struct Invalid {
 }
 
 impl Life {
+    /// The number of the attempt in flight (or of the last one), as tasks see it in
+    /// `$HTC_ATTEMPT`: every run counts, lost ones included, so that the re-run of a lost
+    /// attempt never shares its number (a late result of the lost run is then told apart).
+    pub fn attempt_no(&self) -> u32 {
+        self.attempts as u32 + self.losses as u32
+    }
+
     pub fn state(&self) -> State {
         // Records are only written through `step`, so the byte is always a valid state.
         State::from_u8(self.state).unwrap_or(State::Pending)
@@ -246,6 +253,9 @@ mod tests {
         let (l, fx) = run(life(State::Pending, 0, 0), &[Step::Dispatch, Step::Start, lost, Step::Dispatch, lost]);
         assert_eq!((l.state(), l.attempts, l.losses), (State::Pending, 0, 2));
         assert_eq!((fx[2], fx[4]), (Effect::Retry, Effect::Retry));
+        // Each run has its own number, though the losses used no retry.
+        let (next, _) = step(l, Step::Dispatch).unwrap();
+        assert_eq!(next.attempt_no(), 3, "runs 1 and 2 were lost; this is the third");
         // The third loss counts as a failure, and with no retries left it is final.
         let (l, fx) = run(l, &[Step::Dispatch, lost]);
         assert_eq!((l.state(), l.losses, fx[1]), (State::Failed, 3, Effect::Final));

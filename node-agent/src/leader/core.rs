@@ -408,7 +408,7 @@ impl<'a> Core<'a> {
     /// A start moves the attempt in memory only; its time travels with the result.
     fn on_started(&mut self, agent: u32, s: &proto::TaskStarted) {
         let Some(f) = self.in_flight.get(s.id) else { return };
-        if f.agent != agent || f.life.attempts as u32 != s.attempt {
+        if f.agent != agent || f.life.attempt_no() != s.attempt {
             return;
         }
         let Ok((life, _)) = task::step(f.life, Step::Start) else { return };
@@ -430,7 +430,7 @@ impl<'a> Core<'a> {
         // A result from an agent that no longer holds the task (it was lost and the task re-sent)
         // or for an old attempt is stale: the ledger already moved on.
         let Some(f) = self.in_flight.get(res.id) else { return Ok(()) };
-        if f.agent != agent || f.life.attempts as u32 != res.attempt {
+        if f.agent != agent || f.life.attempt_no() != res.attempt {
             return Ok(());
         }
         let Some(mut r) = t.get(res.id)? else { return Ok(()) };
@@ -475,7 +475,14 @@ impl<'a> Core<'a> {
         }
         r.end_us = end_us;
         if effect == Effect::Retry {
-            let a = Attempt { attempt: r.attempts, outcome, value, agent, start_us: r.start_us, end_us };
+            let a = Attempt {
+                attempt: f.life.attempt_no().min(255) as u8,
+                outcome,
+                value,
+                agent,
+                start_us: r.start_us,
+                end_us,
+            };
             t.put_attempt(id, &a)?;
             self.push_retry(id);
         }
@@ -628,7 +635,7 @@ impl<'a> Core<'a> {
         }
         specs.push(proto::TaskSpec {
             id,
-            attempt: life.attempts as u32,
+            attempt: life.attempt_no(),
             command: t.command(&r),
             shell: r.shell,
             cores: r.cores as u32,
@@ -808,7 +815,11 @@ mod tests {
         assert_eq!((m.state(5), m.records[&5].agent), (State::Done, 3), "the ledger names the member that ran it");
         assert_eq!(m.state(6), State::Pending, "lost with its member: retried");
         assert_eq!(m.records[&6].losses, 1);
-        assert_eq!(dispatched(&out), vec![(2, vec![(6, 1)])], "the retry goes back to the instance that asks");
+        assert_eq!(
+            dispatched(&out),
+            vec![(2, vec![(6, 2)])],
+            "the retry, a new attempt, goes back to the instance that asks"
+        );
         assert_eq!(c.agents[&2].cores, 4, "the head speaks for its members' slots too");
     }
 
@@ -996,8 +1007,9 @@ mod tests {
         assert_eq!(dispatched(&out), vec![(0, vec![(1, 1), (2, 1)])]);
         let lost = Input::Lost { agent: 0, why: "connection closed".into() };
         let (out, end) = feed(&mut c, &mut m, vec![lost, want(1, 4)]);
-        // Agent 1 takes the lost tasks first (retries are the oldest work), as attempt 1 again.
-        assert_eq!(dispatched(&out), vec![(1, vec![(1, 1), (2, 1), (3, 1), (4, 1)])]);
+        // Agent 1 takes the lost tasks first (retries are the oldest work). Task 1's run was
+        // lost: its re-run is attempt 2, while task 2 never started and goes as attempt 1 again.
+        assert_eq!(dispatched(&out), vec![(1, vec![(1, 2), (2, 1), (3, 1), (4, 1)])]);
         // Task 1 was running when its agent went: a loss. Task 2 never left the agent's queue.
         assert_eq!((m.records[&1].losses, m.records[&2].losses), (1, 0));
         assert_eq!(end, None);
@@ -1005,7 +1017,7 @@ mod tests {
         let (_, _) = feed(&mut c, &mut m, vec![result(0, 1, 1, 1, 0)]);
         assert_eq!(m.state(1), State::Pending);
         assert_eq!(c.counts().get(State::Dispatched), 4);
-        let (_, end) = feed(&mut c, &mut m, (1..=4).map(|id| result(1, id, id, 1, 0)).collect());
+        let (_, end) = feed(&mut c, &mut m, (1..=4).map(|id| result(1, id, id, 1 + (id == 1) as u32, 0)).collect());
         assert_eq!(end, Some(Ending::Complete));
         assert_eq!(m.counts().get(State::Done), 4);
     }
