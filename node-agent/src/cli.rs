@@ -235,6 +235,9 @@ pub mod agent {
         /// Agents per 2nd-level instance (consecutive ids; the first is the head).
         #[arg(long, default_value_t = 1)]
         pub instance_size: u32,
+        /// A peer silent this long is lost; the lease on the parent is half of it.
+        #[arg(long, default_value_t = 10_000)]
+        pub lost_after_ms: u64,
     }
 
     impl WorkArgs {
@@ -258,6 +261,7 @@ pub mod agent {
             opt("exec", self.exec.name().to_string());
             opt("spawners", self.spawners.to_string());
             opt("instance-size", self.instance_size.to_string());
+            opt("lost-after-ms", self.lost_after_ms.to_string());
             if self.slurm {
                 v.push("--slurm".into());
             }
@@ -328,6 +332,7 @@ mod tests {
             exec: ExecKind::Sleep,
             spawners: 0,
             instance_size: 4,
+            lost_after_ms: 2500,
         };
         assert_eq!(round_trip(&local), local);
         let slurm = WorkArgs {

@@ -11,6 +11,7 @@ pub mod executor;
 pub mod frame;
 pub mod leader;
 pub mod ledger;
+pub mod liveness;
 pub mod load;
 pub mod output;
 pub mod pmi;

@@ -92,6 +92,8 @@ enum Ev {
     ToLeader(Input),
     /// The leader takes the next input from its queue.
     LeaderWake,
+    /// The leader's timer (heartbeats, silent agents), as its driver's.
+    LeaderTick,
     /// An input for agent `a`'s machine.
     ToAgent(u32, machine::Input),
     /// Agent `a`'s report timer.
@@ -123,6 +125,9 @@ impl Ord for At {
         (o.at, o.seq).cmp(&(self.at, self.seq))
     }
 }
+
+/// How often the simulated leader's timer fires (`leader::driver`'s tick).
+const LEADER_TICK_US: u64 = 100_000;
 
 /// One agent's executor: slots, a FIFO queue, tasks that end after their hint.
 struct SimExec {
@@ -178,6 +183,7 @@ pub fn simulate(run: &RunDir, cfg: &SimConfig) -> anyhow::Result<SimReport> {
     for a in 0..n {
         w.at(cfg.join_spread_us * a as u64 / n as u64, Ev::Join(a));
     }
+    w.at(LEADER_TICK_US, Ev::LeaderTick);
     let mut events = 0u64;
     let ending = loop {
         let Some(At { at, ev, .. }) = w.heap.pop() else {
@@ -200,6 +206,13 @@ pub fn simulate(run: &RunDir, cfg: &SimConfig) -> anyhow::Result<SimReport> {
                 w.at(at + 2 * cfg.latency_us, Ev::Tick(a));
             }
             Ev::ToLeader(input) => leader.arrive(&mut w, input),
+            Ev::LeaderTick => {
+                leader.arrive(&mut w, Input::Tick);
+                // Only while something else may still happen: a stuck run ends for want of events.
+                if w.heap.len() > 1 {
+                    w.at(at + LEADER_TICK_US, Ev::LeaderTick);
+                }
+            }
             Ev::LeaderWake => {
                 if let Some(e) = leader.wake(&mut w, cfg)? {
                     break e;

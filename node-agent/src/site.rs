@@ -17,6 +17,8 @@ pub struct Site {
     pub params: Params,
     /// The plan used when `--partition` is not given.
     pub partition: Plan,
+    /// An agent silent this long is lost (`liveness`).
+    pub lost_after: std::time::Duration,
     /// The file these came from, if any.
     pub source: Option<PathBuf>,
 }
@@ -25,7 +27,12 @@ impl Default for Site {
     /// Measured by `htc calibrate` on a 2-core VM (bench/RESULTS.md §5): starting a local agent
     /// and dispatching a `true` through it. `t` is used only for tasks without a runtime hint.
     fn default() -> Self {
-        Site { params: Params { s: 0.002, d: 0.0005, t: 1.0 }, partition: Plan::Hflow, source: None }
+        Site {
+            params: Params { s: 0.002, d: 0.0005, t: 1.0 },
+            partition: Plan::Hflow,
+            lost_after: crate::liveness::DEFAULT_LOST_AFTER,
+            source: None,
+        }
     }
 }
 
@@ -95,9 +102,13 @@ impl Site {
                 "dispatch_s" => site.params.d = seconds()?,
                 "task_runtime_s" => site.params.t = seconds()?,
                 "partition" => site.partition = value.parse().map_err(bad)?,
+                "lost_after_s" => match seconds()? {
+                    v if v >= 0.1 => site.lost_after = std::time::Duration::from_secs_f64(v),
+                    _ => return Err(bad(format!("lost_after_s: at least 0.1 s, found {value:?}"))),
+                },
                 _ => {
                     return Err(bad(format!(
-                        "unknown key {key:?} (known: instance_start_s, dispatch_s, task_runtime_s, partition)"
+                        "unknown key {key:?} (known: instance_start_s, dispatch_s, task_runtime_s, partition, lost_after_s)"
                     )))
                 }
             }
@@ -114,6 +125,7 @@ impl Site {
         let Params { s: start, d, t } = self.params;
         s.push_str(&format!("instance_start_s = {start:.6}\ndispatch_s = {d:.9}\ntask_runtime_s = {t}\n"));
         s.push_str(&format!("partition = {}\n", self.partition.name()));
+        s.push_str(&format!("lost_after_s = {}\n", self.lost_after.as_secs_f64()));
         s
     }
 }
@@ -124,7 +136,12 @@ mod tests {
 
     #[test]
     fn parses_what_it_renders() {
-        let site = Site { params: Params { s: 0.5, d: 0.000125, t: 3.0 }, partition: Plan::Even, source: None };
+        let site = Site {
+            params: Params { s: 0.5, d: 0.000125, t: 3.0 },
+            partition: Plan::Even,
+            lost_after: std::time::Duration::from_millis(2500),
+            source: None,
+        };
         let text = site.render("htc calibrate\non host x");
         assert!(text.starts_with("# htc calibrate\n# on host x\n"));
         assert_eq!(Site::parse(&text, "f").unwrap(), site);

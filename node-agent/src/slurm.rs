@@ -112,6 +112,8 @@ pub struct Srun {
     pub fanout: u32,
     /// Agents per 2nd-level instance.
     pub instance_size: u32,
+    /// The site's bound on silent peers (`liveness`).
+    pub lost_after: std::time::Duration,
 }
 
 impl Srun {
@@ -151,6 +153,7 @@ impl Srun {
                     exec: ExecKind::Real,
                     spawners: self.spawners,
                     instance_size: self.instance_size,
+                    lost_after_ms: self.lost_after.as_millis() as u64,
                 }
                 .argv(),
             )

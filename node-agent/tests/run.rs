@@ -11,7 +11,7 @@ use std::time::Duration;
 use htc::ledger::{Ledger, State};
 
 mod common;
-use common::{text, wait_for, Dir, HTC};
+use common::{agent_pids, text, wait_for, Dir, HTC};
 
 fn id_counts(path: &Path) -> HashMap<u64, usize> {
     let mut m = HashMap::new();
@@ -324,29 +324,6 @@ fn check_prints_counts_classes_and_core_seconds() {
     assert!(s.contains("t.txt: 3 tasks"), "{s}");
     assert!(s.contains("classes: 2"), "{s}");
     assert!(s.contains("requested: 244.0 core-seconds"), "{s}");
-}
-
-/// Pids of the run's agent processes with the given id (found by their command line).
-fn agent_pids(run: &Path, agent: u32) -> Vec<i32> {
-    let mut pids = Vec::new();
-    for e in fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
-        let Ok(cmd) = fs::read(e.path().join("cmdline")) else { continue };
-        let args: Vec<&[u8]> = cmd.split(|&b| b == 0).collect();
-        let has = |a: &[u8], b: &[u8]| args.windows(2).any(|w| w[0] == a && w[1] == b);
-        if has(b"--run-dir", run.as_os_str().as_encoded_bytes()) && has(b"--agent-id", agent.to_string().as_bytes()) {
-            pids.push(pid);
-        }
-    }
-    // A task between posix_spawn's vfork and its exec still shows the agent's command line:
-    // keep only the processes whose parent is not one of the matches.
-    let ppid = |pid: i32| -> Option<i32> {
-        let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-        status.lines().find_map(|l| l.strip_prefix("PPid:")).and_then(|v| v.trim().parse().ok())
-    };
-    let all = pids.clone();
-    pids.retain(|&p| ppid(p).is_some_and(|pp| !all.contains(&pp)));
-    pids
 }
 
 #[test]

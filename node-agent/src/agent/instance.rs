@@ -17,6 +17,7 @@ use std::sync::Arc;
 use htc_core::tree::Tree;
 
 use super::machine::{destination, queue_target, Effect, Input, Machine, REPORT_BATCH};
+use crate::liveness::Liveness;
 use crate::proto::{self, frame::Body};
 
 /// A member as the head sees it (the head's own machine included).
@@ -29,6 +30,8 @@ struct Member {
     idle: u64,
     /// Tasks it holds (given and not finished).
     held: u64,
+    /// When it was last heard from.
+    heard_us: u64,
 }
 
 /// A task handed to a member and not finished.
@@ -61,13 +64,17 @@ pub struct Instance {
     shutting_down: bool,
     /// Members that joined and were lost since.
     left: u64,
+    live: Liveness,
+    /// When the head last reported to the leader, and last sent its members a heartbeat.
+    last_up_us: u64,
+    last_down_us: u64,
 }
 
 impl Instance {
     pub fn new(id: u32, slots: usize, tree: Arc<Tree>, job_id: &str) -> Instance {
         let heads = tree.head(id) == id && tree.instance_len(id) > 1;
         let own = Machine::new(id, slots, tree.clone());
-        let me = Member { slots: slots as u32, credit: 0, idle: 0, held: 0 };
+        let me = Member { slots: slots as u32, credit: 0, idle: 0, held: 0, heard_us: 0 };
         Instance {
             id,
             job_id: job_id.to_string(),
@@ -85,7 +92,17 @@ impl Instance {
             carried: VecDeque::new(),
             shutting_down: false,
             left: 0,
+            live: Liveness::default(),
+            last_up_us: 0,
+            last_down_us: 0,
         }
+    }
+
+    /// Heartbeats, the lease on the leader and the bound on silent members (`liveness`).
+    pub fn with_liveness(mut self, live: Liveness) -> Self {
+        self.own = self.own.with_liveness(live);
+        self.live = live;
+        self
     }
 
     /// `None` while running; then how the agent ended (its own machine's account).
@@ -101,7 +118,7 @@ impl Instance {
         match input {
             Input::Parent(body) if destination(&body) == Some(self.id) => self.on_parent(now_us, body, out),
             Input::ChildFrame(body) => match source(&body).filter(|&a| self.tree.is_member(a, self.id)) {
-                Some(member) => self.on_member(member, body, out),
+                Some(member) => self.on_member(now_us, member, body, out),
                 None => self.own(now_us, Input::ChildFrame(body), out),
             },
             Input::ChildClosed { child, agents: _, why } if self.tree.is_member(child, self.id) => {
@@ -112,12 +129,37 @@ impl Instance {
             Input::Tick => {
                 flush = true;
                 self.own(now_us, Input::Tick, out);
+                self.watch_members(now_us, out);
             }
             other => self.own(now_us, other, out),
         }
         self.distribute(now_us, out);
         if flush || self.results.len() >= REPORT_BATCH {
-            self.report(false, out);
+            self.report(now_us, false, out);
+        }
+    }
+
+    /// Heartbeats to the members, and members silent past the bound given up: their started
+    /// tasks are lost, and they are told to stop (a hung one does so when it resumes).
+    fn watch_members(&mut self, now_us: u64, out: &mut Vec<Effect>) {
+        let silent: Vec<u32> = self
+            .members
+            .iter()
+            .filter(|(&m, mem)| m != self.id && now_us.saturating_sub(mem.heard_us) >= self.live.lost_after_us)
+            .map(|(&m, _)| m)
+            .collect();
+        for m in silent {
+            let secs = now_us.saturating_sub(self.members[&m].heard_us) as f64 / 1e6;
+            let why = format!("silent for {secs:.1} s");
+            self.member_lost(m, &why);
+            let stop = proto::Shutdown { abort: true, reason: why, agent: m };
+            out.push(Effect::Down { child: m, body: Body::Shutdown(stop) });
+        }
+        if now_us.saturating_sub(self.last_down_us) >= self.live.heartbeat_us && !self.shutting_down {
+            self.last_down_us = now_us;
+            for &m in self.members.keys().filter(|&&m| m != self.id) {
+                out.push(Effect::Down { child: m, body: Body::Ack(proto::Ack { seq: 0, agent: m }) });
+            }
         }
     }
 
@@ -129,7 +171,7 @@ impl Instance {
             match e {
                 Effect::Up(Body::Report(r)) => self.merge(self.id, r),
                 Effect::CloseUp => {
-                    self.report(true, out);
+                    self.report(now_us, true, out);
                     out.push(Effect::CloseUp);
                 }
                 e => out.push(e),
@@ -175,15 +217,21 @@ impl Instance {
         }
     }
 
-    fn on_member(&mut self, member: u32, body: Body, out: &mut Vec<Effect>) {
+    fn on_member(&mut self, now_us: u64, member: u32, body: Body, out: &mut Vec<Effect>) {
         match body {
             Body::Hello(h) => {
                 tracing::info!(head = self.id, member, slots = h.cores, host = %h.hostname, "member joined");
-                self.members.insert(member, Member { slots: h.cores, credit: 0, idle: 0, held: 0 });
+                let heard_us = now_us;
+                self.members.insert(member, Member { slots: h.cores, credit: 0, idle: 0, held: 0, heard_us });
                 let welcome = proto::Welcome { job_id: self.job_id.clone(), agent_id: member };
                 out.push(Effect::Down { child: member, body: Body::Welcome(welcome) });
             }
-            Body::Report(r) => self.merge(member, r),
+            Body::Report(r) => {
+                if let Some(m) = self.members.get_mut(&member) {
+                    m.heard_us = now_us;
+                }
+                self.merge(member, r)
+            }
             _ => tracing::debug!(head = self.id, member, "unexpected frame from a member ignored"),
         }
     }
@@ -301,16 +349,18 @@ impl Instance {
     /// The instance's report to the leader: news, and enough work asked for to fill what every
     /// member keeps queued (`machine::queue_target`), so that members are fed at the pace they
     /// ask and do not report every task for want of work.
-    fn report(&mut self, last: bool, out: &mut Vec<Effect>) {
+    fn report(&mut self, now_us: u64, last: bool, out: &mut Vec<Effect>) {
         let slots: u32 = self.members.values().map(|m| m.slots).sum();
         let target: u64 = self.members.values().map(|m| queue_target(m.slots as usize)).sum();
         let have = (self.queue.len() + self.held.len()) as u64 + self.asked;
         let want = if self.shutting_down || last { 0 } else { target.saturating_sub(have) };
         let want = if want >= target / 4 || have == 0 { want } else { 0 };
         let news = !self.results.is_empty() || !self.started.is_empty();
-        if !(want > 0 || news || last) {
+        let beat = !self.shutting_down && now_us.saturating_sub(self.last_up_us) >= self.live.heartbeat_us;
+        if !(want > 0 || news || last || beat) {
             return;
         }
+        self.last_up_us = now_us;
         if !self.results.is_empty() {
             self.seq += 1;
             let seq = self.seq;
@@ -509,5 +559,40 @@ mod tests {
         let mut m = Instance::new(1, 2, Arc::new(Tree::instances(4, 2, 2)), "job");
         let r = ups(&step(&mut m, 0, Input::Tick)).into_iter().cloned().collect::<Vec<_>>();
         assert_eq!((r[0].agent, r[0].want, r[0].cores), (1, 32, 0));
+    }
+
+    #[test]
+    fn a_silent_member_is_given_up_and_the_members_hear_from_their_head() {
+        let live = Liveness::new(std::time::Duration::from_secs(10));
+        let mut h = head().with_liveness(live);
+        step(&mut h, 0, Input::ChildOpened(1));
+        step(&mut h, 0, Input::ChildFrame(Body::Hello(proto::Hello { agent_id: 1, cores: 2, ..Default::default() })));
+        let d = proto::Dispatch { tasks: (1..=8).map(spec).collect(), agent: 0 };
+        step(&mut h, 1, Input::Parent(Body::Dispatch(d)));
+        step(&mut h, 2, member_report(1, 0, 16, 2, &[], &[]));
+        // The head's own slots asked for nothing: the member got tasks 1-4, and started 1.
+        step(&mut h, 3, member_report(1, 0, 0, 0, &[1], &[]));
+        // A heartbeat a second to the member, an Ack of nothing.
+        let out = step(&mut h, 1_000_000, Input::Tick);
+        assert!(
+            out.iter().any(|e| matches!(e, Effect::Down { child: 1, body: Body::Ack(a) } if a.seq == 0)),
+            "{out:?}"
+        );
+        // Silent for the bound: lost, told to stop, its started task reported lost.
+        let out = step(&mut h, 10_000_002, Input::Tick);
+        assert!(!out.iter().any(|e| matches!(e, Effect::Down { child: 1, body: Body::Shutdown(_) })), "not yet");
+        let out = step(&mut h, 10_000_003, Input::Tick);
+        assert!(
+            out.iter().any(|e| matches!(e, Effect::Down { child: 1, body: Body::Shutdown(s) } if s.abort)),
+            "{out:?}"
+        );
+        let lost: Vec<u64> = ups(&out)
+            .iter()
+            .flat_map(|r| r.results.iter().filter(|r| r.outcome == proto::Outcome::Lost as i32).map(|r| r.id))
+            .collect();
+        assert_eq!(lost, vec![1]);
+        // Its late report changes nothing.
+        step(&mut h, 10_000_004, member_report(1, 1, 0, 0, &[], &[2]));
+        assert!(ups(&step(&mut h, 10_000_005, Input::Tick)).iter().all(|r| r.results.is_empty()));
     }
 }

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use htc_core::tree::Tree;
 
 use crate::executor::{Command, ExecEvent, TaskToRun};
+use crate::liveness::Liveness;
 use crate::proto::{self, frame::Body};
 
 /// Results buffered before a report goes out regardless of the timer.
@@ -92,6 +93,11 @@ pub struct Machine {
     /// When the executor stopped.
     exec_ended_at: Option<u64>,
     finished: bool,
+    live: Liveness,
+    /// When the parent was last heard from (the first input, before anything was).
+    last_heard_us: Option<u64>,
+    /// When this agent last sent its parent a report.
+    last_up_us: u64,
 }
 
 impl Machine {
@@ -112,7 +118,16 @@ impl Machine {
             shutting_down: false,
             exec_ended_at: None,
             finished: false,
+            live: Liveness::default(),
+            last_heard_us: None,
+            last_up_us: 0,
         }
+    }
+
+    /// Heartbeats and the lease on the parent (`liveness`).
+    pub fn with_liveness(mut self, live: Liveness) -> Self {
+        self.live = live;
+        self
     }
 
     /// `None` while running; then `Ok` for a normal end, or why the agent stopped early.
@@ -147,8 +162,12 @@ impl Machine {
         if self.finished {
             return;
         }
+        let heard = *self.last_heard_us.get_or_insert(now_us);
         let flush = match input {
-            Input::Parent(body) => self.on_parent(body, out),
+            Input::Parent(body) => {
+                self.last_heard_us = Some(now_us);
+                self.on_parent(body, out)
+            }
             Input::ParentEnded(why) => {
                 self.parent_ended(why, out);
                 false
@@ -177,6 +196,17 @@ impl Machine {
             Input::Exec(batch) => self.on_exec(batch),
             Input::ExecEnded => {
                 self.exec_ended_at = Some(now_us);
+                false
+            }
+            // Fencing: a parent silent past the lease may have given this agent up and sent its
+            // tasks elsewhere; stopping them first keeps any task from running twice.
+            Input::Tick
+                if self.parent == Parent::Open
+                    && !self.shutting_down
+                    && now_us.saturating_sub(heard) >= self.live.lease_us =>
+            {
+                let secs = now_us.saturating_sub(heard) as f64 / 1e6;
+                self.stop(format!("no word from its parent for {secs:.1} s (lease expired)"), out);
                 false
             }
             Input::Tick => true,
@@ -285,12 +315,12 @@ impl Machine {
                 // A relay stays until its children are done: their last reports pass through it.
                 if open && !self.children.is_empty() && now_us.saturating_sub(at) < CHILDREN_GRACE_US {
                     if flush && self.has_news() {
-                        self.report(0, true, 0, out);
+                        self.report(now_us, 0, true, 0, out);
                     }
                     return;
                 }
                 if open {
-                    self.report(0, true, 0, out);
+                    self.report(now_us, 0, true, 0, out);
                     out.push(Effect::CloseUp);
                 }
                 self.finished = true;
@@ -304,11 +334,12 @@ impl Machine {
         let want = if self.shutting_down { 0 } else { target.saturating_sub(self.outstanding + self.asked) };
         // Small requests cost a frame each; wait until at least a quarter of the target is due.
         let want = if want >= target / 4 || self.outstanding + self.asked == 0 { want } else { 0 };
-        if want > 0 || self.has_news() {
+        let beat = !self.shutting_down && now_us.saturating_sub(self.last_up_us) >= self.live.heartbeat_us;
+        if want > 0 || self.has_news() || beat {
             self.asked += want;
             let idle = self.slots.saturating_sub(self.outstanding as usize) as u32;
             let drained = self.outstanding == 0 && self.asked == 0;
-            self.report(want as u32, drained, idle, out);
+            self.report(now_us, want as u32, drained, idle, out);
         }
     }
 
@@ -316,7 +347,8 @@ impl Machine {
         !self.results.is_empty() || !self.started.is_empty()
     }
 
-    fn report(&mut self, want: u32, drained: bool, idle: u32, out: &mut Vec<Effect>) {
+    fn report(&mut self, now_us: u64, want: u32, drained: bool, idle: u32, out: &mut Vec<Effect>) {
+        self.last_up_us = now_us;
         if !self.results.is_empty() {
             self.seq += 1;
             self.unacked.push_back((self.seq, self.results.len()));
@@ -604,5 +636,27 @@ mod tests {
         let mut m = finished_relay();
         step(&mut m, 3, Input::ChildClosed { child: 2, agents: vec![2], why: "closed".into() });
         assert_eq!(m.outcome(), Some(Ok(())));
+    }
+
+    #[test]
+    fn an_agent_reports_at_least_every_heartbeat_and_fences_itself_when_its_parent_falls_silent() {
+        let live = Liveness::new(std::time::Duration::from_secs(10));
+        let mut m = Machine::new(0, 1, tree()).with_liveness(live);
+        step(&mut m, 0, Input::Tick);
+        step(&mut m, 1, dispatch(0, 0..32));
+        // Busy, nothing new: silent until a heartbeat is due, then an empty report.
+        assert!(reports(&step(&mut m, 900_000, Input::Tick)).is_empty());
+        let r = step(&mut m, 1_000_000, Input::Tick);
+        assert_eq!(reports(&r).len(), 1, "a heartbeat: {r:?}");
+        // The parent's heartbeats keep the lease; past it without one, the tasks are stopped.
+        step(&mut m, 4_000_000, Input::Parent(Body::Ack(proto::Ack { seq: 0, agent: 0 })));
+        let out = step(&mut m, 8_999_999, Input::Tick);
+        assert!(!out.iter().any(|e| matches!(e, Effect::Exec(Command::Abort))));
+        let out = step(&mut m, 9_000_000, Input::Tick);
+        assert!(out.iter().any(|e| matches!(e, Effect::Exec(Command::Abort))), "{out:?}");
+        assert!(reports(&out).is_empty(), "a fenced agent reports nothing more");
+        step(&mut m, 9_000_001, Input::ExecEnded);
+        let why = m.outcome().unwrap().unwrap_err();
+        assert!(why.contains("no word from its parent for 5.0 s (lease expired)"), "{why}");
     }
 }

@@ -70,6 +70,8 @@ pub struct AgentConfig {
     pub exec: ExecKind,
     /// Executors (spawn loops) splitting the slots; 0 = one per slot.
     pub spawners: usize,
+    /// Heartbeats, the lease on the parent, the bound on silent members.
+    pub live: crate::liveness::Liveness,
 }
 
 pub fn run(cfg: AgentConfig) -> anyhow::Result<()> {
@@ -141,7 +143,7 @@ async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
     });
 
     let start = tokio::time::Instant::now();
-    let mut m = Instance::new(cfg.agent_id, cfg.slots, cfg.tree.clone(), &job_id);
+    let mut m = Instance::new(cfg.agent_id, cfg.slots, cfg.tree.clone(), &job_id).with_liveness(cfg.live);
     let mut children: HashMap<u32, UnboundedSender<Vec<u8>>> = HashMap::new();
     let (mut parent_open, mut children_open, mut exec_open) = (true, true, true);
     let mut tick = tokio::time::interval(cfg.flush_every);

@@ -12,6 +12,7 @@ use htc::agent::{self, AgentConfig};
 use htc::bootstrap::{self, Kvs};
 use htc::cli::agent::{Cli, Cmd, LeadArgs, WorkArgs, DEFAULT_FANOUT};
 use htc::leader::{self, LeaderConfig};
+use htc::liveness::Liveness;
 use htc::load::{self, CreateError};
 use htc::pmi::Pmi;
 use htc::rundir::RunDir;
@@ -64,6 +65,7 @@ fn work(a: WorkArgs) -> anyhow::Result<()> {
         exec,
         spawners,
         instance_size,
+        lost_after_ms,
     } = a;
     let fanout = fanout.max(1);
     let mut cpus: Vec<usize> = cpus
@@ -130,6 +132,7 @@ fn work(a: WorkArgs) -> anyhow::Result<()> {
             flush_every: agent::FLUSH_EVERY,
             exec,
             spawners,
+            live: Liveness::new(Duration::from_millis(lost_after_ms)),
         });
     }
     if let Some(Kvs::Pmi(p)) = kvs {
@@ -222,6 +225,7 @@ fn lead(a: LeadArgs, script: Vec<OsString>) -> anyhow::Result<i32> {
         output: a.output,
         fanout,
         instance_size,
+        lost_after: site.lost_after,
     };
     let cfg = LeaderConfig {
         run: run.clone(),
@@ -237,6 +241,7 @@ fn lead(a: LeadArgs, script: Vec<OsString>) -> anyhow::Result<i32> {
         params: Params { s: 0.0, ..site.params },
         cores: slurm::job_cpus().unwrap_or(nodes as u64),
         layout,
+        live: Liveness::new(site.lost_after),
     };
     let lock = run.lock()?;
     let outcome = leader::run(cfg, |addr, tx| srun.start(&run, addr, tx))?;

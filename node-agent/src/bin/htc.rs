@@ -167,6 +167,7 @@ fn real_main() -> anyhow::Result<i32> {
                 exec,
                 spawners,
                 instance_size: instance_agents,
+                lost_after: site.lost_after,
             };
             let cfg = LeaderConfig {
                 run: run.clone(),
@@ -180,6 +181,7 @@ fn real_main() -> anyhow::Result<i32> {
                 params: Params { s: local.start_delay_s(site.params.s), ..site.params },
                 cores: (agents * slots) as u64,
                 layout: Arc::new(Tree::instances(agents as u32, instance_agents, fanout.max(1))),
+                live: htc::liveness::Liveness::new(site.lost_after),
             };
             let outcome = leader::run(cfg, |addr, tx| local.start(&run, addr, tx))?;
             let code = leader::finish(&run, &outcome, quiet);

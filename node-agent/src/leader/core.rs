@@ -16,6 +16,7 @@ use htc_core::task::{self, Effect, End, Life, Step};
 use htc_core::tree::Tree;
 
 use crate::ledger::{Attempt, Counts, LedgerError, Outcome, Record, State};
+use crate::liveness::Liveness;
 use crate::proto::{self, frame::Body};
 
 /// Where task records live: the ledger's write transaction in a real run, a map in tests. Reads
@@ -58,6 +59,8 @@ pub enum Input {
     Interrupt {
         signal: i32,
     },
+    /// Time passed: heartbeats are due, silent agents are given up.
+    Tick,
 }
 
 /// Hinted work per core an agent may hold before it gets only what it can start (`with_horizon`).
@@ -103,6 +106,8 @@ struct Agent {
     acked_seq: u64,
     alive: bool,
     hostname: String,
+    /// When it was last heard from (joined or reported).
+    heard_us: u64,
 }
 
 pub struct Core<'a> {
@@ -125,6 +130,9 @@ pub struct Core<'a> {
     horizon_ms: Option<u64>,
     /// Who heads which instance; without it every agent is an instance of its own.
     layout: Option<Arc<Tree>>,
+    live: Liveness,
+    /// When the agents were last sent a heartbeat.
+    beat_us: u64,
 }
 
 /// How an attempt ended, as reported (or decided, for a lost agent).
@@ -241,7 +249,15 @@ impl<'a> Core<'a> {
             started_us: now_us,
             horizon_ms: None,
             layout: None,
+            live: Liveness::default(),
+            beat_us: now_us,
         }
+    }
+
+    /// Heartbeats and the bound on silent agents (`liveness`).
+    pub fn with_liveness(mut self, live: Liveness) -> Self {
+        self.live = live;
+        self
     }
 
     /// Agents grouped into instances: only heads deal with the leader, each stands for its
@@ -354,6 +370,7 @@ impl<'a> Core<'a> {
                         acked_seq: 0,
                         alive: true,
                         hostname,
+                        heard_us: now_us,
                     },
                 );
             }
@@ -369,6 +386,7 @@ impl<'a> Core<'a> {
                     self.on_result(t, agent, r, now_us)?;
                 }
                 let a = self.agents.get_mut(&agent).unwrap();
+                a.heard_us = now_us;
                 a.last_seq = a.last_seq.max(report.seq);
                 if report.cores > 0 {
                     a.cores = report.cores;
@@ -383,16 +401,8 @@ impl<'a> Core<'a> {
                     self.dispatch_all(t, out)?;
                 }
             }
-            Input::Lost { agent, why } => {
-                if let Some(a) = self.agents.get_mut(&agent) {
-                    if a.alive {
-                        a.alive = false;
-                        tracing::warn!(job = %self.job_id, agent, host = %a.hostname, %why, "agent lost");
-                        self.requeue_agent(t, agent, now_us)?;
-                        self.dispatch_all(t, out)?;
-                    }
-                }
-            }
+            Input::Lost { agent, why } => self.lose(t, agent, &why, now_us, out)?,
+            Input::Tick => self.tick(t, now_us, out)?,
             Input::NeverJoined { agent, why } => {
                 // Members join their head, not the leader: their absence is the head's to tell.
                 if !self.agents.contains_key(&agent) && self.instance_of(agent).is_some() {
@@ -403,6 +413,40 @@ impl<'a> Core<'a> {
             Input::Interrupt { signal } => return Ok(Some(Ending::Interrupted(signal))),
         }
         Ok(None)
+    }
+
+    /// An agent is gone (its connection ended, or it fell silent): its tasks go to others.
+    fn lose(&mut self, t: &mut dyn Tasks, agent: u32, why: &str, now_us: u64, out: &mut Outbox) -> Result<()> {
+        let Some(a) = self.agents.get_mut(&agent).filter(|a| a.alive) else { return Ok(()) };
+        a.alive = false;
+        tracing::warn!(job = %self.job_id, agent, host = %a.hostname, %why, "agent lost");
+        self.requeue_agent(t, agent, now_us)?;
+        self.dispatch_all(t, out)
+    }
+
+    /// Agents silent past the bound are lost, and told to stop should they resume (a hung agent
+    /// reads it when it runs again; its lease has run out by then anyway). Every live agent hears
+    /// from the leader at least once a heartbeat: an Ack of what was already acknowledged.
+    fn tick(&mut self, t: &mut dyn Tasks, now_us: u64, out: &mut Outbox) -> Result<()> {
+        let mut silent: Vec<(u32, u64)> = self
+            .agents
+            .iter()
+            .filter(|(_, a)| a.alive && now_us.saturating_sub(a.heard_us) >= self.live.lost_after_us)
+            .map(|(&id, a)| (id, now_us.saturating_sub(a.heard_us)))
+            .collect();
+        silent.sort_unstable();
+        for (agent, quiet_us) in silent {
+            let why = format!("silent for {:.1} s", quiet_us as f64 / 1e6);
+            self.lose(t, agent, &why, now_us, out)?;
+            out.push((agent, Body::Shutdown(proto::Shutdown { abort: true, reason: why, agent })));
+        }
+        if now_us.saturating_sub(self.beat_us) >= self.live.heartbeat_us {
+            self.beat_us = now_us;
+            for (&agent, a) in self.agents.iter().filter(|(_, a)| a.alive) {
+                out.push((agent, Body::Ack(proto::Ack { seq: a.acked_seq, agent })));
+            }
+        }
+        Ok(())
     }
 
     /// A start moves the attempt in memory only; its time travels with the result.
@@ -1042,6 +1086,42 @@ mod tests {
         assert_eq!(dispatched(&out), vec![(0, vec![(1, 1)])]);
         assert_eq!(m.state(2), State::Failed);
         assert_eq!(Outcome::Unschedulable as u8, m.records[&2].outcome);
+    }
+
+    #[test]
+    fn a_silent_agent_is_lost_within_the_bound_and_everyone_else_hears_a_heartbeat() {
+        let mut m = Mem::with(4, 0, 1);
+        let mut c = core(&m, 2).with_liveness(Liveness::new(std::time::Duration::from_secs(10)));
+        let started = proto::TaskStarted { id: 1, attempt: 1, start_us: 5 };
+        let start = Input::Report {
+            agent: 0,
+            report: proto::Report { started: vec![started], agent: 0, ..Default::default() },
+        };
+        let mut out = Vec::new();
+        for (now, ev) in [(0, join(0, 1)), (0, join(1, 1)), (1, want(0, 1)), (2, start), (3, want(1, 1))] {
+            c.handle(now, &mut m, ev, &mut out).unwrap();
+        }
+        out.clear();
+        // A second on: both hear a heartbeat.
+        c.handle(1_000_003, &mut m, Input::Tick, &mut out).unwrap();
+        let beats: Vec<u32> = out.iter().filter(|(_, b)| matches!(b, Body::Ack(_))).map(|(a, _)| *a).collect();
+        assert_eq!(beats.len(), 2, "{out:?}");
+        // Agent 1 keeps reporting, agent 0 (task 1 running) falls silent.
+        c.handle(9_000_000, &mut m, want(1, 0), &mut out).unwrap();
+        out.clear();
+        c.handle(10_000_001, &mut m, Input::Tick, &mut out).unwrap();
+        assert!(!out.iter().any(|(_, b)| matches!(b, Body::Shutdown(_))), "not yet: {out:?}");
+        c.handle(10_000_002, &mut m, Input::Tick, &mut out).unwrap();
+        assert!(
+            out.iter().any(|(a, b)| *a == 0
+                && matches!(b, Body::Shutdown(s) if s.abort && s.reason.starts_with("silent for 10.0 s"))),
+            "{out:?}"
+        );
+        assert_eq!(m.records[&1].losses, 1, "its running task is lost");
+        assert_eq!(c.progress(0).agents, 1);
+        // Should it resume, its late result is stale.
+        c.handle(10_000_003, &mut m, result(0, 1, 1, 1, 0), &mut out).unwrap();
+        assert_eq!(m.state(1), State::Pending);
     }
 
     #[test]

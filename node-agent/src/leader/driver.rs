@@ -18,6 +18,9 @@ use htc_core::task::{self, Step};
 
 type Result<T> = std::result::Result<T, LedgerError>;
 
+/// How often the core hears that time passed (heartbeats, silent agents).
+const TICK_EVERY: Duration = Duration::from_millis(100);
+
 /// What the network tasks and the launcher tell the leader: the core's inputs, and with a join the
 /// link (encoded frames for the agent's connection) that the driver keeps out of the core.
 pub enum Event {
@@ -86,6 +89,7 @@ pub fn run(
     let mut last_commit = Instant::now();
     let mut last_sync = Instant::now();
     let mut last_progress = Instant::now();
+    let mut last_tick = Instant::now();
     let mut ending: Option<Ending> = None;
     // The cost of leading, not of loading the task file (a fresh `htc run` does both).
     let cpu_start = cpu_us();
@@ -135,6 +139,14 @@ pub fn run(
             }
             budget -= 1;
             next = if budget > 0 { rx.try_recv().ok() } else { None };
+        }
+        if ending.is_none() && last_tick.elapsed() >= TICK_EVERY {
+            last_tick = Instant::now();
+            let t = match txn.as_mut() {
+                Some(t) => t,
+                None => txn.insert(ledger.write()?),
+            };
+            ending = core.handle(now_us(), &mut LedgerTasks { txn: t, text }, Input::Tick, &mut out)?;
         }
         // Dispatches may go out before their commit: a lost dispatch is re-sent after a restart.
         send(&mut out, &links);

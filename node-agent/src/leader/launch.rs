@@ -72,6 +72,8 @@ pub struct Local {
     pub spawners: usize,
     /// Agents per 2nd-level instance.
     pub instance_size: u32,
+    /// The site's bound on silent peers (`liveness`).
+    pub lost_after: Duration,
 }
 
 impl Local {
@@ -127,6 +129,7 @@ impl Local {
                 exec: self.exec,
                 spawners: self.spawners,
                 instance_size: self.instance_size,
+                lost_after_ms: self.lost_after.as_millis() as u64,
             }
             .argv();
             let child = Command::new(&self.agent_bin)

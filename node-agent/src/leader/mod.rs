@@ -21,6 +21,7 @@ use htc_core::tree::Tree;
 use self::core::{Core, Ending, Progress, ProgressFn};
 use self::driver::{DriverConfig, Event};
 use crate::ledger::{Ledger, State};
+use crate::liveness::Liveness;
 use crate::load::TaskText;
 use crate::rundir::RunDir;
 use crate::status;
@@ -45,6 +46,8 @@ pub struct LeaderConfig {
     pub cores: u64,
     /// The agents' tree and instances, as the launcher lays them out.
     pub layout: Arc<Tree>,
+    /// Heartbeats and the bound on silent agents (the site's `lost_after_s`).
+    pub live: Liveness,
 }
 
 pub struct Outcome {
@@ -95,7 +98,9 @@ pub fn run(
         None
     };
     let plan = Planned { plan: cfg.partition, instances: expected, cores: cfg.cores, params: cfg.params };
-    let core = new_core(&ledger, &plan, &cfg.job_id, crate::rundir::now_us())?.with_layout(cfg.layout.clone());
+    let core = new_core(&ledger, &plan, &cfg.job_id, crate::rundir::now_us())?
+        .with_layout(cfg.layout.clone())
+        .with_liveness(cfg.live);
     let driver_cfg = DriverConfig { commit_interval: cfg.commit_interval, progress, progress_every };
     let net_cfg = Arc::new(net::NetConfig { secret, job_id: cfg.job_id.clone(), joined: Default::default() });
 

@@ -1,0 +1,51 @@
+//! How the job tells a live peer from a dead, hung (SIGSTOP) or cut-off one, without trusting
+//! TCP to notice (a dead peer's connection can stay open for minutes). Every link carries a frame
+//! at least every `heartbeat` in both directions (agents report, parents acknowledge; an Ack that
+//! acknowledges nothing new is the heartbeat). A parent that hears nothing from a child for
+//! `lost_after` declares it lost and re-dispatches its tasks; a child that hears nothing from its
+//! parent for `lease` (half of `lost_after`) stops its tasks and leaves first (fencing), so that
+//! no task runs both at the lost agent and at the one that re-runs it.
+
+use std::time::Duration;
+
+/// Default `lost_after`: the detection bound (the site file's `lost_after_s`).
+pub const DEFAULT_LOST_AFTER: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Liveness {
+    pub heartbeat_us: u64,
+    /// A child silent this long is lost.
+    pub lost_after_us: u64,
+    /// A parent silent this long: the child fences itself.
+    pub lease_us: u64,
+}
+
+impl Liveness {
+    /// For a detection bound of `lost_after`: heartbeats ten times as often (at most every
+    /// second), the lease half as long.
+    pub fn new(lost_after: Duration) -> Liveness {
+        let lost_after_us = (lost_after.as_micros() as u64).max(10_000);
+        Liveness { heartbeat_us: (lost_after_us / 10).min(1_000_000), lost_after_us, lease_us: lost_after_us / 2 }
+    }
+}
+
+impl Default for Liveness {
+    fn default() -> Liveness {
+        Liveness::new(DEFAULT_LOST_AFTER)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_lease_ends_before_the_parent_gives_up_and_heartbeats_come_well_within_both() {
+        for secs in [1, 10, 60, 600] {
+            let l = Liveness::new(Duration::from_secs(secs));
+            assert!(l.lease_us < l.lost_after_us, "{l:?}");
+            assert!(l.heartbeat_us * 4 <= l.lease_us, "{l:?}");
+        }
+        assert_eq!(Liveness::default().heartbeat_us, 1_000_000);
+    }
+}

@@ -1,0 +1,89 @@
+//! Faults at the instance level, end to end with real processes and signals: agents that hang
+//! (SIGSTOP) are noticed by their silence and their tasks run elsewhere; they stop themselves
+//! when they run again.
+
+mod common;
+
+use std::fs;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{agent_pids, text, wait_for, wait_some, Dir, HTC};
+use htc::ledger::{Attempt, Ledger, Outcome, State};
+
+/// Attempts recorded as lost in the run's ledger (readable while the leader writes).
+fn lost_attempts(run: &Path) -> Vec<(u64, Attempt)> {
+    let Ok(l) = Ledger::open(&run.join("ledger.mdb"), true) else { return Vec::new() };
+    let Ok(t) = l.read() else { return Vec::new() };
+    let mut lost = Vec::new();
+    let _ = t.for_each(|id, _| {
+        for a in t.attempts(id).unwrap_or_default() {
+            if a.outcome == Outcome::Lost {
+                lost.push((id, a));
+            }
+        }
+    });
+    lost
+}
+
+fn signal(pid: i32, sig: i32) {
+    // SAFETY: signalling a process this test started (through htc).
+    assert_eq!(unsafe { libc::kill(pid, sig) }, 0, "kill({pid}, {sig})");
+}
+
+fn alive(pid: i32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|s| !s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
+}
+
+/// A hung agent (SIGSTOP) is given up within the bound (`lost_after_s = 2` here); the task it
+/// was running is lost and re-run by another agent, the run completes, and when the agent runs
+/// again (SIGCONT) its lease has expired: it stops and leaves, changing nothing in the ledger.
+#[test]
+fn a_hung_agent_is_given_up_within_the_bound_and_fences_itself_when_it_resumes() {
+    let d = Dir::new("hung");
+    let site = d.write("site.conf", "lost_after_s = 2\n");
+    let ids = d.path("ids.txt");
+    let tasks: String = (0..600).map(|_| format!("sleep 0.02; echo $HTC_TASK_ID >> {}\n", ids.display())).collect();
+    d.write("tasks.txt", tasks);
+    let leader = Command::new(HTC)
+        .args(["run", "--agents", "3", "--cores-per-agent", "1", "tasks.txt"])
+        .current_dir(&d.0)
+        .env("HTC_SITE_CONFIG", &site)
+        .env("HTC_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(wait_for(|| fs::read_to_string(&ids).unwrap_or_default().lines().count() >= 60, Duration::from_secs(60)));
+    let run = d.run_dir();
+    let pid = agent_pids(&run, 1)[0];
+    signal(pid, libc::SIGSTOP);
+    let stopped = Instant::now();
+    let lost = wait_some(Duration::from_secs(30), || Some(lost_attempts(&run)).filter(|l| !l.is_empty()));
+    let given_up = stopped.elapsed();
+    let lost = lost.expect("the hung agent was never given up");
+    assert!(lost.iter().all(|(_, a)| a.agent == 1), "{lost:?}");
+    // The bound is 2 s from its last report; the ledger commits within a few ms after.
+    assert!(given_up < Duration::from_secs(6), "given up after {given_up:?}");
+    assert!(alive(pid), "still there, stopped");
+    signal(pid, libc::SIGCONT);
+    assert!(wait_for(|| !alive(pid), Duration::from_secs(10)), "the resumed agent did not leave");
+    let o = leader.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let l = Ledger::open(&run.join("ledger.mdb"), true).unwrap();
+    let t = l.read().unwrap();
+    t.for_each(|id, r| assert_eq!(r.state(), State::Done, "task {id}")).unwrap();
+    assert_eq!(lost_attempts(&run).len(), lost.len(), "nothing changed once it resumed");
+    // The re-run of a lost attempt is a new attempt.
+    for (id, a) in &lost {
+        let r = t.get(*id).unwrap().unwrap();
+        assert!(r.agent != 1 && r.attempts + r.losses > a.attempt, "task {id}: {r:?} after {a:?}");
+    }
+    let log = fs::read_to_string(run.join("log/agent-1.log")).unwrap();
+    assert!(log.contains("lease expired") || log.contains("silent for"), "{log}");
+    let leader_log = String::from_utf8_lossy(&o.stderr);
+    assert!(leader_log.contains("agent lost") && leader_log.contains("silent for"), "{leader_log}");
+}
