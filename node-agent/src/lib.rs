@@ -9,6 +9,7 @@ pub mod calibrate;
 pub mod cli;
 pub mod executor;
 pub mod frame;
+pub mod guard;
 pub mod leader;
 pub mod ledger;
 pub mod liveness;

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{agent_pids, text, wait_for, wait_some, Dir, HTC};
+use common::{agent_pids, guard_pids, text, wait_for, wait_some, Dir, HTC};
 use htc::ledger::{Attempt, Ledger, Outcome, State};
 
 /// Attempts recorded as lost in the run's ledger (readable while the leader writes).
@@ -86,4 +86,83 @@ fn a_hung_agent_is_given_up_within_the_bound_and_fences_itself_when_it_resumes()
     assert!(log.contains("lease expired") || log.contains("silent for"), "{log}");
     let leader_log = String::from_utf8_lossy(&o.stderr);
     assert!(leader_log.contains("agent lost") && leader_log.contains("silent for"), "{leader_log}");
+}
+
+/// Direct children of a process.
+fn children(pid: i32) -> Vec<i32> {
+    fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.flatten()
+                .flat_map(|t| {
+                    fs::read_to_string(t.path().join("children"))
+                        .unwrap_or_default()
+                        .split_whitespace()
+                        .map(String::from)
+                        .collect::<Vec<_>>()
+                })
+                .filter_map(|p| p.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Every process whose process group is one of `groups`.
+fn in_groups(groups: &[i32]) -> Vec<i32> {
+    let mut pids = Vec::new();
+    for e in fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let Ok(stat) = fs::read_to_string(e.path().join("stat")) else { continue };
+        // Fields after the command's closing parenthesis: state, ppid, pgrp, ...
+        let pgrp = stat.rsplit(')').next().and_then(|r| r.split_whitespace().nth(2)).and_then(|g| g.parse().ok());
+        if pgrp.is_some_and(|g| groups.contains(&g)) && alive(pid) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// The task processes (with what they started in the background) of an agent.
+fn tasks_of(agent: i32) -> Vec<i32> {
+    in_groups(&children(agent))
+}
+
+/// Tasks never outlive their agent: killed with SIGKILL, its guard stops what it left (each
+/// task's whole process group, background children included); and killing the guard instead
+/// makes the agent stop its tasks and leave.
+#[test]
+fn the_tasks_of_a_killed_agent_are_stopped_whichever_process_is_killed() {
+    let d = Dir::new("orphans");
+    d.write("tasks.txt", (1..=4).map(|i| format!("sleep 90{i}1 & sleep 90{i}2\n")).collect::<String>());
+    let mut leader = Command::new(HTC)
+        .args(["run", "--agents", "2", "--cores-per-agent", "1", "tasks.txt"])
+        .current_dir(&d.0)
+        .env("HTC_SITE_CONFIG", "/dev/null")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let run = wait_some(Duration::from_secs(30), || {
+        let run = fs::read_dir(d.path(".htc")).ok()?.flatten().next()?.path();
+        let ready = (0..2).all(|a| agent_pids(&run, a).len() == 1 && tasks_of(agent_pids(&run, a)[0]).len() == 3);
+        ready.then_some(run)
+    })
+    .expect("two agents, each running one task of three processes (sh and two sleeps)");
+
+    // SIGKILL to the agent itself: its guard stops the task it left.
+    let agent = agent_pids(&run, 0)[0];
+    let tasks = tasks_of(agent);
+    signal(agent, libc::SIGKILL);
+    assert!(wait_for(|| tasks.iter().all(|&p| !alive(p)), Duration::from_secs(5)), "left running: {tasks:?}");
+
+    // SIGKILL to the guard: the agent hears of it, stops its task and leaves.
+    let (guard, agent) = (guard_pids(&run, 1)[0], agent_pids(&run, 1)[0]);
+    let tasks = tasks_of(agent);
+    signal(guard, libc::SIGKILL);
+    assert!(wait_for(|| tasks.iter().all(|&p| !alive(p)), Duration::from_secs(5)), "left running: {tasks:?}");
+    assert!(wait_for(|| !alive(agent), Duration::from_secs(5)), "the agent stayed");
+
+    // With both agents gone the run stops, resumable.
+    let status = wait_some(Duration::from_secs(30), || leader.try_wait().unwrap()).expect("the leader did not end");
+    assert_eq!(status.code(), Some(2));
 }

@@ -50,6 +50,8 @@ fn main() -> ExitCode {
 }
 
 fn work(a: WorkArgs) -> anyhow::Result<()> {
+    // Before any thread: a guard process that stops the tasks should the agent die.
+    htc::guard::split().context("starting the agent's guard")?;
     let WorkArgs {
         leader,
         run_dir,

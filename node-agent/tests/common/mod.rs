@@ -89,25 +89,34 @@ pub fn wait_for(mut f: impl FnMut() -> bool, limit: Duration) -> bool {
     wait_some(limit, || f().then_some(())).is_some()
 }
 
-/// Pids of the run's agent processes with the given id (found by their command line).
-pub fn agent_pids(run: &std::path::Path, agent: u32) -> Vec<i32> {
-    let mut pids = Vec::new();
+/// Processes of the run whose command line says agent `agent` (its guard, the agent, and a task
+/// between posix_spawn's vfork and its exec), with their parents.
+fn agent_processes(run: &std::path::Path, agent: u32) -> Vec<(i32, i32)> {
+    let mut found = Vec::new();
     for e in fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
         let Ok(cmd) = fs::read(e.path().join("cmdline")) else { continue };
         let args: Vec<&[u8]> = cmd.split(|&b| b == 0).collect();
         let has = |a: &[u8], b: &[u8]| args.windows(2).any(|w| w[0] == a && w[1] == b);
         if has(b"--run-dir", run.as_os_str().as_encoded_bytes()) && has(b"--agent-id", agent.to_string().as_bytes()) {
-            pids.push(pid);
+            let status = fs::read_to_string(e.path().join("status")).unwrap_or_default();
+            let ppid = status.lines().find_map(|l| l.strip_prefix("PPid:")).and_then(|v| v.trim().parse().ok());
+            found.push((pid, ppid.unwrap_or(0)));
         }
     }
-    // A task between posix_spawn's vfork and its exec still shows the agent's command line:
-    // keep only the processes whose parent is not one of the matches.
-    let ppid = |pid: i32| -> Option<i32> {
-        let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-        status.lines().find_map(|l| l.strip_prefix("PPid:")).and_then(|v| v.trim().parse().ok())
-    };
-    let all = pids.clone();
-    pids.retain(|&p| ppid(p).is_some_and(|pp| !all.contains(&pp)));
-    pids
+    found
+}
+
+/// Pids of the guard processes of agent `agent` (`htc::guard`: the parent that stops the
+/// agent's tasks should the agent die): the matches whose parent is not one.
+pub fn guard_pids(run: &std::path::Path, agent: u32) -> Vec<i32> {
+    let found = agent_processes(run, agent);
+    let matched = |p: i32| found.iter().any(|&(q, _)| q == p);
+    found.iter().filter(|&&(_, pp)| !matched(pp)).map(|&(p, _)| p).collect()
+}
+
+/// Pids of agent `agent` itself: the child of its guard.
+pub fn agent_pids(run: &std::path::Path, agent: u32) -> Vec<i32> {
+    let guards = guard_pids(run, agent);
+    agent_processes(run, agent).into_iter().filter(|(_, pp)| guards.contains(pp)).map(|(p, _)| p).collect()
 }
