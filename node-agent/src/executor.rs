@@ -74,6 +74,9 @@ pub enum Command {
     Finish,
     /// Kill everything running, drop the queue, stop.
     Abort,
+    /// Start nothing more from the queue (`true`) until told otherwise (`false`): the agent has
+    /// not heard from its parent for a while, and what it starts now may be re-run elsewhere.
+    Hold(bool),
 }
 
 #[derive(Debug, Clone)]
@@ -422,6 +425,7 @@ impl Executor {
         epoll_add(&self.epoll, wake.as_raw_fd(), WAKE)?;
         let mut finishing = false;
         let mut aborting = false;
+        let mut held = false;
         let mut events = [libc::epoll_event { events: 0, u64: 0 }; 64];
         loop {
             loop {
@@ -429,6 +433,7 @@ impl Executor {
                     Ok(Command::Run(v)) if !aborting => self.queue.extend(v),
                     Ok(Command::Run(_)) => {}
                     Ok(Command::Finish) => finishing = true,
+                    Ok(Command::Hold(h)) => held = h,
                     Ok(Command::Abort) => {
                         aborting = true;
                         finishing = true;
@@ -451,7 +456,7 @@ impl Executor {
             self.reap_ready();
             self.reap_unwatched();
             self.enforce_deadlines();
-            if !aborting {
+            if !aborting && !held {
                 self.start_queued();
             }
             for fd in self.closing.drain(..) {

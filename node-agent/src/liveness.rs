@@ -2,9 +2,11 @@
 //! TCP to notice (a dead peer's connection can stay open for minutes). Every link carries a frame
 //! at least every `heartbeat` in both directions (agents report, parents acknowledge; an Ack that
 //! acknowledges nothing new is the heartbeat). A parent that hears nothing from a child for
-//! `lost_after` declares it lost and re-dispatches its tasks; a child that hears nothing from its
-//! parent for `lease` (half of `lost_after`) stops its tasks and leaves first (fencing), so that
-//! no task runs both at the lost agent and at the one that re-runs it.
+//! `lost_after` declares it lost and re-dispatches its tasks. A child that hears nothing from its
+//! parent for `hold` (a few heartbeats) starts nothing more from its queue until it does, and
+//! for `lease` (half of `lost_after`) stops its tasks and leaves (fencing): so that a task runs
+//! at both the lost agent and the one that re-runs it only if it was running at the fault (or
+//! started within `hold` of it).
 
 use std::time::Duration;
 
@@ -14,6 +16,8 @@ pub const DEFAULT_LOST_AFTER: Duration = Duration::from_secs(10);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Liveness {
     pub heartbeat_us: u64,
+    /// A parent silent this long: the child starts nothing more until it hears again.
+    pub hold_us: u64,
     /// A child silent this long is lost.
     pub lost_after_us: u64,
     /// A parent silent this long: the child fences itself.
@@ -21,11 +25,12 @@ pub struct Liveness {
 }
 
 impl Liveness {
-    /// For a detection bound of `lost_after`: heartbeats ten times as often (at most every
-    /// second), the lease half as long.
+    /// For a detection bound of `lost_after`: heartbeats 40 times as often (at most every
+    /// second), a hold after four heartbeats missed, the lease at half the bound.
     pub fn new(lost_after: Duration) -> Liveness {
         let lost_after_us = (lost_after.as_micros() as u64).max(10_000);
-        Liveness { heartbeat_us: (lost_after_us / 10).min(1_000_000), lost_after_us, lease_us: lost_after_us / 2 }
+        let heartbeat_us = (lost_after_us / 40).min(1_000_000);
+        Liveness { heartbeat_us, hold_us: 4 * heartbeat_us, lost_after_us, lease_us: lost_after_us / 2 }
     }
 }
 
@@ -44,8 +49,9 @@ mod tests {
         for secs in [1, 10, 60, 600] {
             let l = Liveness::new(Duration::from_secs(secs));
             assert!(l.lease_us < l.lost_after_us, "{l:?}");
-            assert!(l.heartbeat_us * 4 <= l.lease_us, "{l:?}");
+            assert!(l.heartbeat_us * 2 < l.hold_us && l.hold_us < l.lease_us, "{l:?}");
         }
-        assert_eq!(Liveness::default().heartbeat_us, 1_000_000);
+        let l = Liveness::default();
+        assert_eq!((l.heartbeat_us, l.hold_us, l.lease_us), (250_000, 1_000_000, 5_000_000));
     }
 }

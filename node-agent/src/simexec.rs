@@ -64,6 +64,7 @@ struct Sim {
 impl Sim {
     fn run(&mut self, rx: mpsc::Receiver<Command>, mut sink: impl FnMut(Vec<ExecEvent>)) {
         let mut finishing = false;
+        let mut held = false;
         loop {
             let next = self.running.peek().map(|r| r.0 .0);
             let cmd = match next {
@@ -78,29 +79,24 @@ impl Sim {
                     Err(_) => return,
                 },
             };
-            match cmd {
-                Some(Command::Run(v)) => self.queue.extend(v),
-                Some(Command::Finish) => finishing = true,
-                Some(Command::Abort) => return,
-                None => {}
-            }
             // Take whatever else is waiting, so one batch of events answers it.
-            while let Ok(c) = rx.try_recv() {
+            for c in cmd.into_iter().chain(std::iter::from_fn(|| rx.try_recv().ok())) {
                 match c {
                     Command::Run(v) => self.queue.extend(v),
                     Command::Finish => finishing = true,
+                    Command::Hold(h) => held = h,
                     Command::Abort => return,
                 }
             }
-            self.step(Instant::now());
+            self.step(Instant::now(), held);
             if !self.events.is_empty() {
                 sink(std::mem::take(&mut self.events));
             }
         }
     }
 
-    /// Ends what is due and starts what fits, in queue order.
-    fn step(&mut self, now: Instant) {
+    /// Ends what is due and starts what fits, in queue order (nothing new while `held`).
+    fn step(&mut self, now: Instant, held: bool) {
         while let Some(r) = self.running.peek() {
             let (end, id, attempt, cores, start_us) = r.0;
             if end > now {
@@ -109,6 +105,9 @@ impl Sim {
             self.running.pop();
             self.free += cores;
             self.events.push(finished(id, attempt, start_us));
+        }
+        if held {
+            return;
         }
         if self.instant {
             for t in self.queue.drain(..) {
@@ -131,7 +130,7 @@ impl Sim {
         }
         // Zero-length tasks end in the same step.
         if self.running.peek().is_some_and(|r| r.0 .0 <= now) {
-            self.step(now);
+            self.step(now, false);
         }
     }
 }

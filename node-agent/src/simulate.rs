@@ -361,6 +361,8 @@ impl Fleet {
                     x.queue.clear();
                     x.stopped = true;
                 }
+                // Nothing in the simulation falls silent long enough.
+                Command::Hold(_) => {}
             }
             self.start_queued(w, cfg, a);
         }

@@ -4,8 +4,9 @@
 //! own slots as each asks, so no task costs the leader a round trip per member. Members report
 //! to the head; it folds their starts and results into its own reports (each result naming the
 //! member that ran it), acknowledges a member's report once the leader acknowledged the report
-//! that carried it, and tells the leader of a lost member's started tasks as lost, while those
-//! the member had not started go back to the head's queue.
+//! that carried it, and tells the leader of a lost member's started tasks as lost, and gives
+//! back those it had not reported started (it may have started them after all: the leader
+//! re-dispatches them as new attempts).
 //!
 //! The head's own slots are run by an ordinary agent [`Machine`], treated as one more member: its
 //! reports and requests go to the instance instead of up. An agent that heads no members is its
@@ -38,8 +39,8 @@ struct Member {
 #[derive(Debug)]
 struct Held {
     holder: u32,
+    attempt: u32,
     started: bool,
-    spec: proto::TaskSpec,
 }
 
 pub struct Instance {
@@ -57,6 +58,8 @@ pub struct Instance {
     seq: u64,
     started: Vec<proto::TaskStarted>,
     results: Vec<proto::TaskResult>,
+    /// Tasks a lost member had not reported started, for the leader to take back.
+    returned: Vec<u64>,
     /// Member reports with results that wait for the next report of the head: (member, seq).
     pending: Vec<(u32, u64)>,
     /// Member reports carried by the head's reports not acknowledged yet: (head seq, member, seq).
@@ -88,6 +91,7 @@ impl Instance {
             seq: 0,
             started: Vec::new(),
             results: Vec::new(),
+            returned: Vec::new(),
             pending: Vec::new(),
             carried: VecDeque::new(),
             shutting_down: false,
@@ -242,7 +246,7 @@ impl Instance {
         m.credit += r.want as u64;
         m.idle = r.idle as u64;
         for s in r.started {
-            if let Some(h) = self.held.get_mut(&s.id).filter(|h| h.holder == member && h.spec.attempt == s.attempt) {
+            if let Some(h) = self.held.get_mut(&s.id).filter(|h| h.holder == member && h.attempt == s.attempt) {
                 h.started = true;
                 self.started.push(s);
             }
@@ -251,7 +255,7 @@ impl Instance {
             self.pending.push((member, r.seq));
         }
         for mut res in r.results {
-            if self.held.get(&res.id).is_some_and(|h| h.holder == member && h.spec.attempt == res.attempt) {
+            if self.held.get(&res.id).is_some_and(|h| h.holder == member && h.attempt == res.attempt) {
                 self.held.remove(&res.id);
                 if let Some(m) = self.members.get_mut(&member) {
                     m.held = m.held.saturating_sub(1);
@@ -263,7 +267,7 @@ impl Instance {
     }
 
     /// A member's connection ended: what it had started is lost (the leader decides the retry),
-    /// what it had not goes to the others.
+    /// what it had not reported started goes back to the leader.
     fn member_lost(&mut self, member: u32, why: &str) {
         if self.members.remove(&member).is_none() {
             return;
@@ -276,24 +280,19 @@ impl Instance {
         } else {
             tracing::warn!(head = self.id, member, tasks = ids.len(), %why, "member lost");
         }
-        let mut back = Vec::new();
         for id in ids {
             let h = self.held.remove(&id).unwrap();
             if h.started {
                 self.results.push(proto::TaskResult {
                     id,
-                    attempt: h.spec.attempt,
+                    attempt: h.attempt,
                     outcome: proto::Outcome::Lost as i32,
                     ran_on: Some(member),
                     ..Default::default()
                 });
             } else {
-                back.push(h.spec);
+                self.returned.push(id);
             }
-        }
-        // Ahead of the rest: they were the instance's oldest work.
-        for spec in back.into_iter().rev() {
-            self.queue.push_front(spec);
         }
     }
 
@@ -331,7 +330,7 @@ impl Instance {
     fn give(&mut self, now_us: u64, member: u32, n: usize, out: &mut Vec<Effect>) {
         let specs: Vec<proto::TaskSpec> = self.queue.drain(..n).collect();
         for s in &specs {
-            self.held.insert(s.id, Held { holder: member, started: false, spec: s.clone() });
+            self.held.insert(s.id, Held { holder: member, attempt: s.attempt, started: false });
         }
         let m = self.members.get_mut(&member).unwrap();
         m.credit -= n as u64;
@@ -355,7 +354,7 @@ impl Instance {
         let have = (self.queue.len() + self.held.len()) as u64 + self.asked;
         let want = if self.shutting_down || last { 0 } else { target.saturating_sub(have) };
         let want = if want >= target / 4 || have == 0 { want } else { 0 };
-        let news = !self.results.is_empty() || !self.started.is_empty();
+        let news = !self.results.is_empty() || !self.started.is_empty() || !self.returned.is_empty();
         let beat = !self.shutting_down && now_us.saturating_sub(self.last_up_us) >= self.live.heartbeat_us;
         if !(want > 0 || news || last || beat) {
             return;
@@ -379,6 +378,7 @@ impl Instance {
             agent: self.id,
             idle: idle as u32,
             cores: slots,
+            returned: std::mem::take(&mut self.returned),
         })));
     }
 }
@@ -521,7 +521,7 @@ mod tests {
     }
 
     #[test]
-    fn a_lost_member_s_started_tasks_are_reported_lost_and_its_queued_ones_run_elsewhere() {
+    fn a_lost_member_s_started_tasks_are_reported_lost_and_its_queued_ones_given_back() {
         let mut h = head();
         step(&mut h, 0, Input::Tick);
         step(&mut h, 1, Input::ChildOpened(1));
@@ -541,8 +541,9 @@ mod tests {
         assert_eq!(lost, vec![(5, l, Some(1)), (6, l, Some(1))], "started there: lost, the leader retries them");
         assert_eq!(r[0].cores, 2);
 
-        // Tasks 7 and 8 never started: the head's own slots, which had asked for more, take them.
-        assert_eq!(ran_here(&closed), vec![7, 8]);
+        // Tasks 7 and 8 were not reported started: back to the leader, to go out as new attempts.
+        assert!(ran_here(&closed).is_empty());
+        assert_eq!(r[0].returned, vec![7, 8]);
     }
 
     #[test]

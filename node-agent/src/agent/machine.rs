@@ -98,6 +98,8 @@ pub struct Machine {
     last_heard_us: Option<u64>,
     /// When this agent last sent its parent a report.
     last_up_us: u64,
+    /// The executor was told to start nothing more (the parent fell silent).
+    held: bool,
 }
 
 impl Machine {
@@ -121,6 +123,7 @@ impl Machine {
             live: Liveness::default(),
             last_heard_us: None,
             last_up_us: 0,
+            held: false,
         }
     }
 
@@ -166,6 +169,9 @@ impl Machine {
         let flush = match input {
             Input::Parent(body) => {
                 self.last_heard_us = Some(now_us);
+                if std::mem::take(&mut self.held) {
+                    out.push(Effect::Exec(Command::Hold(false)));
+                }
                 self.on_parent(body, out)
             }
             Input::ParentEnded(why) => {
@@ -209,7 +215,15 @@ impl Machine {
                 self.stop(format!("no word from its parent for {secs:.1} s (lease expired)"), out);
                 false
             }
-            Input::Tick => true,
+            Input::Tick => {
+                let quiet = now_us.saturating_sub(heard) >= self.live.hold_us;
+                if quiet && !self.held && self.parent == Parent::Open && !self.shutting_down {
+                    // What starts now might run again elsewhere if the parent is gone for good.
+                    self.held = true;
+                    out.push(Effect::Exec(Command::Hold(true)));
+                }
+                true
+            }
         };
         self.after(now_us, flush, out);
     }
@@ -367,6 +381,7 @@ impl Machine {
             agent: self.id,
             idle,
             cores: 0,
+            returned: Vec::new(),
         })));
     }
 }
@@ -645,11 +660,17 @@ mod tests {
         step(&mut m, 0, Input::Tick);
         step(&mut m, 1, dispatch(0, 0..32));
         // Busy, nothing new: silent until a heartbeat is due, then an empty report.
-        assert!(reports(&step(&mut m, 900_000, Input::Tick)).is_empty());
-        let r = step(&mut m, 1_000_000, Input::Tick);
+        assert!(reports(&step(&mut m, 249_999, Input::Tick)).is_empty());
+        let r = step(&mut m, 250_000, Input::Tick);
         assert_eq!(reports(&r).len(), 1, "a heartbeat: {r:?}");
-        // The parent's heartbeats keep the lease; past it without one, the tasks are stopped.
-        step(&mut m, 4_000_000, Input::Parent(Body::Ack(proto::Ack { seq: 0, agent: 0 })));
+        // A second without a word: nothing more starts until the parent speaks.
+        let out = step(&mut m, 1_000_001, Input::Tick);
+        assert!(out.iter().any(|e| matches!(e, Effect::Exec(Command::Hold(true)))), "{out:?}");
+        assert!(!step(&mut m, 1_500_000, Input::Tick).iter().any(|e| matches!(e, Effect::Exec(Command::Hold(_)))));
+        // The parent's heartbeats release the hold and keep the lease; past the lease without
+        // one, the tasks are stopped.
+        let out = step(&mut m, 4_000_000, Input::Parent(Body::Ack(proto::Ack { seq: 0, agent: 0 })));
+        assert!(out.iter().any(|e| matches!(e, Effect::Exec(Command::Hold(false)))), "{out:?}");
         let out = step(&mut m, 8_999_999, Input::Tick);
         assert!(!out.iter().any(|e| matches!(e, Effect::Exec(Command::Abort))));
         let out = step(&mut m, 9_000_000, Input::Tick);

@@ -341,6 +341,7 @@ impl Executors {
                 self.stopping = true;
                 self.handles.iter().for_each(|h| h.send(Command::Abort));
             }
+            Command::Hold(held) => self.handles.iter().for_each(|h| h.send(Command::Hold(held))),
         }
     }
 

@@ -133,6 +133,10 @@ pub struct Core<'a> {
     live: Liveness,
     /// When the agents were last sent a heartbeat.
     beat_us: u64,
+    /// Tasks given back unstarted by a lost agent (or a head for a lost member), and how often:
+    /// the agent may have started them after all, so their next dispatch is a new attempt
+    /// number without counting as a loss.
+    returned: HashMap<u64, u32>,
 }
 
 /// How an attempt ended, as reported (or decided, for a lost agent).
@@ -251,7 +255,28 @@ impl<'a> Core<'a> {
             layout: None,
             live: Liveness::default(),
             beat_us: now_us,
+            returned: HashMap::new(),
         }
+    }
+
+    /// The number on the wire of the attempt `life` has in flight (or had last).
+    fn attempt_no(&self, id: u64, life: Life) -> u32 {
+        life.attempt_no() + self.returned.get(&id).copied().unwrap_or(0)
+    }
+
+    /// Takes back a task sent to `agent` and not reported started: it waits for another.
+    fn take_back(&mut self, t: &dyn Tasks, agent: u32, id: u64) -> Result<()> {
+        let Some(f) = self.in_flight.get(id).filter(|f| f.agent == agent && f.life.state() != State::Running) else {
+            return Ok(());
+        };
+        self.in_flight.remove(id);
+        if let (Some(a), Some(r)) = (self.agents.get_mut(&agent), t.get(id)?) {
+            a.ahead_ms = a.ahead_ms.saturating_sub(r.runtime_ms as u64 * r.cores as u64);
+        }
+        self.counts.moved(f.life.state(), State::Pending);
+        *self.returned.entry(id).or_default() += 1;
+        self.push_retry(id);
+        Ok(())
     }
 
     /// Heartbeats and the bound on silent agents (`liveness`).
@@ -385,6 +410,9 @@ impl<'a> Core<'a> {
                 for r in &report.results {
                     self.on_result(t, agent, r, now_us)?;
                 }
+                for &id in &report.returned {
+                    self.take_back(t, agent, id)?;
+                }
                 let a = self.agents.get_mut(&agent).unwrap();
                 a.heard_us = now_us;
                 a.last_seq = a.last_seq.max(report.seq);
@@ -452,7 +480,7 @@ impl<'a> Core<'a> {
     /// A start moves the attempt in memory only; its time travels with the result.
     fn on_started(&mut self, agent: u32, s: &proto::TaskStarted) {
         let Some(f) = self.in_flight.get(s.id) else { return };
-        if f.agent != agent || f.life.attempt_no() != s.attempt {
+        if f.agent != agent || self.attempt_no(s.id, f.life) != s.attempt {
             return;
         }
         let Ok((life, _)) = task::step(f.life, Step::Start) else { return };
@@ -474,7 +502,7 @@ impl<'a> Core<'a> {
         // A result from an agent that no longer holds the task (it was lost and the task re-sent)
         // or for an old attempt is stale: the ledger already moved on.
         let Some(f) = self.in_flight.get(res.id) else { return Ok(()) };
-        if f.agent != agent || f.life.attempt_no() != res.attempt {
+        if f.agent != agent || self.attempt_no(res.id, f.life) != res.attempt {
             return Ok(());
         }
         let Some(mut r) = t.get(res.id)? else { return Ok(()) };
@@ -520,7 +548,7 @@ impl<'a> Core<'a> {
         r.end_us = end_us;
         if effect == Effect::Retry {
             let a = Attempt {
-                attempt: f.life.attempt_no().min(255) as u8,
+                attempt: self.attempt_no(id, f.life).min(255) as u8,
                 outcome,
                 value,
                 agent,
@@ -529,6 +557,9 @@ impl<'a> Core<'a> {
             };
             t.put_attempt(id, &a)?;
             self.push_retry(id);
+        }
+        if life.state().is_final() {
+            self.returned.remove(&id);
         }
         if life.state() == State::Failed {
             t.mark_failed(id)?;
@@ -549,8 +580,8 @@ impl<'a> Core<'a> {
                     self.finish_attempt(t, id, &mut r, f, lost)?;
                 }
             } else {
-                self.counts.moved(f.life.state(), State::Pending);
-                self.push_retry(id);
+                self.in_flight.insert(id, f);
+                self.take_back(t, agent, id)?;
             }
         }
         Ok(())
@@ -679,7 +710,7 @@ impl<'a> Core<'a> {
         }
         specs.push(proto::TaskSpec {
             id,
-            attempt: life.attempt_no(),
+            attempt: self.attempt_no(id, life),
             command: t.command(&r),
             shell: r.shell,
             cores: r.cores as u32,
@@ -865,6 +896,13 @@ mod tests {
             "the retry, a new attempt, goes back to the instance that asks"
         );
         assert_eq!(c.agents[&2].cores, 4, "the head speaks for its members' slots too");
+        // A head gives back what a lost member had not reported started: it goes out again as a
+        // new attempt, no loss counted.
+        let give_back =
+            Input::Report { agent: 2, report: proto::Report { returned: vec![7], agent: 2, ..Default::default() } };
+        let (out, _) = feed(&mut c, &mut m, vec![give_back]);
+        assert_eq!(dispatched(&out), vec![(2, vec![(7, 2)])], "the head still asks: to it again");
+        assert_eq!(m.records[&7].losses, 0);
     }
 
     fn report(agent: u32, want: u32, idle: u32, done: &[(u64, u32)]) -> Input {
@@ -1052,8 +1090,9 @@ mod tests {
         let lost = Input::Lost { agent: 0, why: "connection closed".into() };
         let (out, end) = feed(&mut c, &mut m, vec![lost, want(1, 4)]);
         // Agent 1 takes the lost tasks first (retries are the oldest work). Task 1's run was
-        // lost: its re-run is attempt 2, while task 2 never started and goes as attempt 1 again.
-        assert_eq!(dispatched(&out), vec![(1, vec![(1, 2), (2, 1), (3, 1), (4, 1)])]);
+        // lost; task 2 was not reported started, but the lost agent may have started it: both
+        // go out as attempt 2, and only task 1's loss counts.
+        assert_eq!(dispatched(&out), vec![(1, vec![(1, 2), (2, 2), (3, 1), (4, 1)])]);
         // Task 1 was running when its agent went: a loss. Task 2 never left the agent's queue.
         assert_eq!((m.records[&1].losses, m.records[&2].losses), (1, 0));
         assert_eq!(end, None);
@@ -1061,7 +1100,7 @@ mod tests {
         let (_, _) = feed(&mut c, &mut m, vec![result(0, 1, 1, 1, 0)]);
         assert_eq!(m.state(1), State::Pending);
         assert_eq!(c.counts().get(State::Dispatched), 4);
-        let (_, end) = feed(&mut c, &mut m, (1..=4).map(|id| result(1, id, id, 1 + (id == 1) as u32, 0)).collect());
+        let (_, end) = feed(&mut c, &mut m, (1..=4).map(|id| result(1, id, id, 1 + (id <= 2) as u32, 0)).collect());
         assert_eq!(end, Some(Ending::Complete));
         assert_eq!(m.counts().get(State::Done), 4);
     }

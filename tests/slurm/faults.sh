@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Faults during `sbatch --htc` jobs on a real 4-node Slurm cluster (network namespaces): one
+# node's agent killed with SIGKILL, and one node's network link taken down, mid-run. Each job
+# must still end COMPLETED with every task done, and leave no task process behind. Re-runs: a
+# killed agent's tasks die with it (its guard), so only what it was running re-runs; a node cut
+# off goes on for `hold` (1 s by default: four missed heartbeats) before it starts nothing more,
+# so what it was running plus what it started in that second may run twice.
+#
+#   tests/slurm/faults.sh          (as root, after cargo build --release --workspace)
+set -uo pipefail
+
+root=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd)
+export HTC_CLUSTER_DIR=${HTC_CLUSTER_DIR:-/var/lib/slurm-htc-test}
+# shellcheck source=/dev/null
+. "$root/tests/cluster/lib.sh"
+
+bin=$HTC_CLUSTER_DIR/htc-bin
+N=480
+TASK_S=0.3
+# The lost node's 2 CPUs: what they were running, and what they could start within the hold.
+MAX_RERUNS=$((2 + 2 * 4))
+
+submit() { # DIR ARGS... -> job id
+    local dir=$1 out
+    shift
+    out=$(as_user -C "$dir" sbatch --parsable "$@" 2>&1) || { echo "$out" >&2; return 1; }
+    echo "$out" | tail -n 1 | cut -d';' -f1
+}
+
+# The agent (not its guard) of job J on node NODE: an `htc-agent work` whose parent is one too
+# (the guard) while its grandparent is not (slurmstepd).
+agent_on() { # JOB NODE
+    local p pp ppp
+    for p in $(pgrep -f 'htc-agent work'); do
+        tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "SLURM_JOB_ID=$1" || continue
+        tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "SLURMD_NODENAME=$2" || continue
+        pp=$(awk '/^PPid:/ { print $2 }' "/proc/$p/status" 2>/dev/null) || continue
+        ppp=$(awk '/^PPid:/ { print $2 }' "/proc/$pp/status" 2>/dev/null) || continue
+        if tr '\0' ' ' <"/proc/$pp/cmdline" | grep -q 'htc-agent work' &&
+            ! tr '\0' ' ' <"/proc/$ppp/cmdline" | grep -q 'htc-agent work'; then
+            echo "$p"
+            return 0
+        fi
+    done
+    return 1
+}
+
+# A job of N short tasks recording "id node attempt"; waits until a tenth are done.
+start_job() { # NAME -> "workdir job"
+    local w j
+    w=$(cluster_workdir "$1")
+    seq 1 "$N" | sed "s|.*|sleep $TASK_S; echo \"\$HTC_TASK_ID \$SLURMD_NODENAME \$HTC_ATTEMPT\" >> ids.txt|" >"$w/tasks.txt"
+    chown -R "$HTC_CLUSTER_USER" "$w"
+    j=$(submit "$w" -N 4 --exclusive --htc=tasks.txt --wrap=:) || return 1
+    for _ in $(seq 600); do
+        [[ $(cat "$w/ids.txt" 2>/dev/null | wc -l) -ge $((N / 10)) ]] && break
+        sleep 0.1
+    done
+    echo "$w $j"
+}
+
+# What every fault job must show: COMPLETED, every task done by the ledger, each task's side
+# effect at least once and re-runs within MAX_RERUNS, no task process left.
+finished_well() { # LABEL WORKDIR JOB STATE
+    local label=$1 w=$2 j=$3 state=$4 done lines unique
+    check "$label: job $j COMPLETED (was $state)" test "$state" = COMPLETED
+    done=$(as_user -C "$w" "$bin/htc" status ".htc/$j" --json | grep -o '"done":[0-9]*' | cut -d: -f2)
+    check "$label: all $N tasks done by the ledger ($done)" test "$done" = "$N"
+    lines=$(wc -l <"$w/ids.txt")
+    unique=$(cut -d' ' -f1 "$w/ids.txt" | sort -u | wc -l)
+    check "$label: every task ran ($unique of $N)" test "$unique" = "$N"
+    check "$label: $((lines - unique)) re-run(s), at most $MAX_RERUNS" test $((lines - unique)) -le "$MAX_RERUNS"
+    check "$label: a re-run is a new attempt" \
+        test "$(sort -k1,1n -k3,3n "$w/ids.txt" | awk 'prev == $1 && pa == $3 { d++ } { prev = $1; pa = $3 } END { print d + 0 }')" = 0
+    check "$label: the leader said which agent it lost" grep -q 'agent lost' "$w/slurm-$j.out"
+    check "$label: no task process left" bash -c "! pgrep -u '$HTC_CLUSTER_USER' -f 'sleep $TASK_S' >/dev/null"
+    [[ $failed == 0 ]] || tail -n 20 "$w/slurm-$j.out"
+}
+
+killed_agent() {
+    local w j pid state
+    read -r w j < <(start_job killed) || { bad "killed agent: submit"; return; }
+    pid=$(agent_on "$j" n3) || { bad "killed agent: no agent found on n3"; return; }
+    kill -KILL "$pid"
+    ok "killed agent: SIGKILL to the agent on n3 (pid $pid) with $(wc -l <"$w/ids.txt") tasks done"
+    state=$(wait_job "$j" 180)
+    finished_well "killed agent" "$w" "$j" "$state"
+}
+
+link_down() {
+    local w j state ns=$HTC_CLUSTER_NETNS-n4
+    read -r w j < <(start_job linkdown) || { bad "link down: submit"; return; }
+    ip -n "$ns" link set eth0 down
+    ok "link down: n4's link down with $(wc -l <"$w/ids.txt") tasks done"
+    # The batch step ends once the others ran everything; slurmctld needs n4 back to finish.
+    for _ in $(seq 900); do
+        as_user -C "$w" "$bin/htc" status ".htc/$j" --json 2>/dev/null | grep -q '"state":"succeeded"' && break
+        sleep 0.2
+    done
+    ip -n "$ns" link set eth0 up
+    state=$(wait_job "$j" 300)
+    finished_well "link down" "$w" "$j" "$state"
+    check "link down: n4's agent stopped itself or was given up" \
+        grep -Eq 'silent for|lease expired' "$w/slurm-$j.out"
+}
+
+echo "== 4 nodes (network namespaces)"
+"$root/tests/cluster/start-cluster.sh" -n 4 -m netns -c 2 >/dev/null || { echo "cluster did not start"; exit 1; }
+cluster_env
+install_htc
+killed_agent
+link_down
+
+[[ $failed == 0 ]] || cluster_logs 20
+"$root/tests/cluster/stop-cluster.sh" >/dev/null 2>&1
+echo "$passed passed, $failed failed"
+[[ $failed == 0 ]]
