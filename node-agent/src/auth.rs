@@ -261,16 +261,45 @@ impl Refusals {
     }
 }
 
+/// The wait after `failures` accepts failed in a row (0: the first): 10 ms doubling, at most 1 s.
+pub fn accept_backoff(failures: u32) -> Duration {
+    Duration::from_millis(10u64 << failures.min(7)).min(Duration::from_secs(1))
+}
+
 /// Where strangers are turned away: bounds the connections in their handshake and logs refusals.
 pub struct Door {
     pending: Arc<Semaphore>,
     refusals: Mutex<Refusals>,
     job: String,
+    /// Accepts failed in a row (out of descriptors, say).
+    failing: std::sync::atomic::AtomicU32,
 }
 
 impl Door {
     pub fn new(job: &str) -> Arc<Door> {
-        Arc::new(Door { pending: Arc::new(Semaphore::new(MAX_PENDING)), refusals: Default::default(), job: job.into() })
+        Arc::new(Door {
+            pending: Arc::new(Semaphore::new(MAX_PENDING)),
+            refusals: Default::default(),
+            job: job.into(),
+            failing: Default::default(),
+        })
+    }
+
+    /// Waits before the next accept after a failed one, 10 ms doubling up to 1 s, and logs the
+    /// first failure of a streak only: a listener out of descriptors (EMFILE) neither spins nor
+    /// floods the log. Call `accepted` after a success.
+    pub async fn accept_failed(&self, e: &std::io::Error) {
+        let n = self.failing.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if n == 0 {
+            tracing::warn!(job = %self.job, error = %e, "accepting a connection failed; retrying with backoff");
+        }
+        tokio::time::sleep(accept_backoff(n)).await;
+    }
+
+    pub fn accepted(&self) {
+        if self.failing.swap(0, std::sync::atomic::Ordering::Relaxed) > 0 {
+            tracing::info!(job = %self.job, "accepting connections again");
+        }
     }
 
     /// A place for one more connection in its handshake, held until it has said Hello; `None`
@@ -428,5 +457,12 @@ mod tests {
         }
         assert_eq!(r.on_refusal(t0 + LOG_WINDOW), Some(5), "the next window's first line counts the quiet ones");
         assert_eq!(r.on_refusal(t0 + LOG_WINDOW), Some(0));
+    }
+
+    #[test]
+    fn a_failing_accept_backs_off_instead_of_spinning() {
+        let waits: Vec<u64> = (0..10).map(|n| accept_backoff(n).as_millis() as u64).collect();
+        assert_eq!(waits, [10, 20, 40, 80, 160, 320, 640, 1000, 1000, 1000]);
+        assert_eq!(accept_backoff(u32::MAX), Duration::from_secs(1));
     }
 }

@@ -34,7 +34,14 @@ pub fn listen(
     let door = auth::Door::new(job_id);
     tokio::spawn(async move {
         loop {
-            let Ok((s, peer)) = listener.accept().await else { continue };
+            let (s, peer) = match listener.accept().await {
+                Ok(a) => a,
+                Err(e) => {
+                    door.accept_failed(&e).await;
+                    continue;
+                }
+            };
+            door.accepted();
             let Some(permit) = door.enter(peer) else { continue };
             let (secret, door, up, place) = (secret.clone(), door.clone(), up.clone(), place.clone());
             tokio::spawn(async move {

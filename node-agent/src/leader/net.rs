@@ -5,7 +5,6 @@ use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
 
@@ -29,6 +28,7 @@ pub async fn serve(listener: TcpListener, cfg: Arc<NetConfig>, core: mpsc::Sende
     loop {
         match listener.accept().await {
             Ok((stream, peer)) => {
+                door.accepted();
                 let Some(permit) = door.enter(peer) else { continue };
                 let (cfg, core, door) = (cfg.clone(), core.clone(), door.clone());
                 tokio::spawn(async move {
@@ -37,10 +37,7 @@ pub async fn serve(listener: TcpListener, cfg: Arc<NetConfig>, core: mpsc::Sende
                     }
                 });
             }
-            Err(e) => {
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+            Err(e) => door.accept_failed(&e).await,
         }
     }
 }
