@@ -25,12 +25,49 @@ pub enum LedgerError {
     Corrupt { id: u64, len: usize },
     #[error("ledger is missing meta key '{0}'")]
     MissingMeta(&'static str),
+    /// Reading past a file's end through its memory map would kill the process (SIGBUS).
+    #[error("ledger {path} is damaged: {why}; it cannot be read safely")]
+    Damaged { path: String, why: String },
 }
 
 type Result<T> = std::result::Result<T, LedgerError>;
 
 use htc_core::task::Life;
 pub use htc_core::task::{Counts, State};
+
+/// Checks an existing ledger file against LMDB's own record of its size: the newer of the two
+/// meta pages names the last page in use, and a file shorter than that (truncated by a full disk,
+/// a bad copy) would turn reads into SIGBUS. A missing or empty file is a new ledger.
+fn check_size(path: &Path) -> std::result::Result<(), String> {
+    const MAGIC: u32 = 0xBEEF_C0DE;
+    let Ok(f) = std::fs::File::open(path) else { return Ok(()) };
+    let len = f.metadata().map_err(|e| e.to_string())?.len();
+    if len == 0 {
+        return Ok(());
+    }
+    use std::os::unix::fs::FileExt;
+    let u32_at = |off: u64| -> Option<u32> {
+        let mut b = [0u8; 4];
+        f.read_exact_at(&mut b, off).ok().map(|()| u32::from_le_bytes(b))
+    };
+    let u64_at = |off: u64| -> Option<u64> {
+        let mut b = [0u8; 8];
+        f.read_exact_at(&mut b, off).ok().map(|()| u64::from_le_bytes(b))
+    };
+    // Page header 16 bytes, then the meta: magic, version, address, map size, two DB records
+    // (the first's pad holds the page size), the last page number, the transaction id.
+    if u32_at(16) != Some(MAGIC) {
+        return Err(format!("not an LMDB file ({len} bytes, no LMDB signature)"));
+    }
+    let page = u32_at(40).filter(|p| p.is_power_of_two() && *p >= 512).ok_or("no page size in its header")? as u64;
+    let meta = |at: u64| Some((u64_at(at + 144)?, u64_at(at + 136)?)).filter(|_| u32_at(at + 16) == Some(MAGIC));
+    let newest = [meta(0), meta(page)].into_iter().flatten().max().ok_or("no readable meta page")?;
+    let needed = newest.1.saturating_add(1).saturating_mul(page);
+    if len < needed {
+        return Err(format!("the file is {len} bytes but its pages reach {needed} (truncated)"));
+    }
+    Ok(())
+}
 
 /// How an attempt ended; mirrors `proto::Outcome`, plus `Lost` for an attempt whose agent vanished.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -326,6 +363,7 @@ impl Ledger {
 
     fn open_env(path: &Path, read_only: bool) -> Result<Ledger> {
         let p = path.display().to_string();
+        check_size(path).map_err(|why| LedgerError::Damaged { path: p.clone(), why })?;
         let err = |source| LedgerError::Lmdb { path: p.clone(), source };
         // NO_SYNC: a commit reaches the page cache, which survives the leader's death (kill -9);
         // the leader calls `sync` on a timer so a machine crash loses at most that window.
@@ -623,5 +661,27 @@ mod tests {
             t.commit().unwrap();
         }
         assert!(matches!(Ledger::open(&p, false), Err(LedgerError::Schema { found: 99 })));
+    }
+
+    #[test]
+    fn a_truncated_or_foreign_file_is_refused_with_a_reason_instead_of_a_bus_error() {
+        let path = tmp("truncated");
+        {
+            let l = Ledger::create(&path).unwrap();
+            let mut t = l.write().unwrap();
+            for id in 1..=20_000 {
+                t.append(id, &Record::default()).unwrap();
+            }
+            t.commit().unwrap();
+        }
+        assert!(Ledger::open(&path, true).is_ok());
+        let len = std::fs::metadata(&path).unwrap().len();
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.set_len(len / 2).unwrap();
+        let e = Ledger::open(&path, true).err().expect("a truncated ledger must not open");
+        assert!(e.to_string().contains("truncated"), "{e}");
+        std::fs::write(&path, vec![7u8; 8192]).unwrap();
+        let e = Ledger::open(&path, true).err().expect("random bytes are no ledger");
+        assert!(e.to_string().contains("not an LMDB file"), "{e}");
     }
 }

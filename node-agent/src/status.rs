@@ -98,12 +98,58 @@ fn pid_alive(pid: u64) -> bool {
         && unsafe { libc::kill(pid as i32, 0) == 0 || *libc::__errno_location() == libc::EPERM }
 }
 
+/// What `htc status` knows of a run's leader.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Seen {
+    finished: bool,
+    failed: bool,
+    /// Since the leader's last heartbeat in the ledger; `None` if it never started.
+    heartbeat_age_us: Option<u64>,
+    /// Whether the leader's process exists, when it ran on this host.
+    leader_alive: Option<bool>,
+    leader_host: String,
+    /// The Slurm job id, for a run made by `sbatch --htc`.
+    slurm_job: Option<String>,
+    /// How long the leader may stay silent (it writes its heartbeat every second) before it is
+    /// taken for gone: the site's `lost_after_s`, at least 3 s.
+    silent_after_us: u64,
+}
+
+/// The run's state (a stable word, and words for people with what to do), from what is seen. A
+/// leader on another host (a Slurm job seen from a login node) is judged by its heartbeat alone;
+/// one on this host also by its process, so that a stopped leader is not advised to be resumed
+/// (the resume would find the run locked).
+fn judge(s: &Seen) -> (&'static str, String) {
+    let resume = match &s.slurm_job {
+        Some(j) => format!("scontrol requeue {j}, or `htc run --resume {j}` here"),
+        None => "htc run --resume RUN".to_string(),
+    };
+    let fresh = s.heartbeat_age_us.is_some_and(|a| a < s.silent_after_us);
+    let silent_s = s.heartbeat_age_us.unwrap_or(0) as f64 / 1e6;
+    match (s.finished, s.heartbeat_age_us, s.leader_alive) {
+        (true, _, _) if s.failed => ("failed", "finished with failures".into()),
+        (true, _, _) => ("succeeded", "finished, all tasks succeeded".into()),
+        (_, None, _) => ("not_started", "not started".into()),
+        (_, _, Some(true)) if fresh => ("running", "running".into()),
+        (_, _, None) if fresh => ("running", format!("running (leader on {})", s.leader_host)),
+        (_, _, Some(true)) => (
+            "not_responding",
+            format!("not responding: the leader's process is there but silent for {silent_s:.0} s (stopped?)"),
+        ),
+        _ => ("interrupted", format!("interrupted (continue with: {resume})")),
+    }
+}
+
 /// A run as `htc status` describes it, read from the ledger's counters and meta keys.
 pub struct Report {
     pub run: String,
     pub job: String,
     pub task_file: String,
-    pub state: &'static str,
+    /// One stable word (`state_key`): running, not_responding, succeeded, failed, interrupted,
+    /// not_started.
+    pub key: &'static str,
+    /// The same for people, with what to do.
+    pub state: String,
     pub counts: Counts,
     /// This session: seconds from its start to its end (or now, while running).
     pub elapsed_s: f64,
@@ -131,32 +177,31 @@ impl Report {
         let finished_us = t.meta_u64("finished_us")?;
         let heartbeat = t.meta_u64("heartbeat_us")?.unwrap_or(0);
         let leader = t.meta_u64("leader_pid")?.unwrap_or(0);
-        let fresh = now_us().saturating_sub(heartbeat) < 10_000_000;
-        let state = if finished_us.is_some() && c.unfinished() == 0 {
-            if c.get(State::Failed) == 0 {
-                "finished, all tasks succeeded"
-            } else {
-                "finished with failures"
-            }
-        } else if fresh && pid_alive(leader) {
-            "running"
-        } else if heartbeat == 0 {
-            "not started"
-        } else {
-            "interrupted (continue with: htc run --resume RUN)"
+        let host = text("leader_host")?;
+        let here = host.is_empty() || host == crate::agent::hostname();
+        let seen = Seen {
+            finished: finished_us.is_some() && c.unfinished() == 0,
+            failed: c.get(State::Failed) > 0,
+            heartbeat_age_us: (heartbeat > 0).then(|| now_us().saturating_sub(heartbeat)),
+            leader_alive: here.then(|| pid_alive(leader)),
+            leader_host: host,
+            slurm_job: run.id().bytes().all(|b| b.is_ascii_digit()).then(|| run.id()),
+            silent_after_us: (crate::site::Site::load().map(|s| s.lost_after).unwrap_or_default().as_micros() as u64)
+                .max(3_000_000),
         };
+        let (key, state) = judge(&seen);
         let start = t.meta_u64("session_start_us")?.unwrap_or(0);
         let f0 = t.meta_u64("session_finished_start")?.unwrap_or(0);
         let (mut elapsed_s, mut rate, mut eta_s) = (0.0, 0.0, None);
         let finished_this_session = (c.get(State::Done) + c.get(State::Failed)).saturating_sub(f0);
         if start > 0 {
-            let end = finished_us.unwrap_or(if state == "running" { now_us() } else { heartbeat });
+            let end = finished_us.unwrap_or(if key == "running" { now_us() } else { heartbeat });
             let elapsed = Duration::from_micros(end.saturating_sub(start));
             let finished = c.get(State::Done) + c.get(State::Failed);
             let (r, eta) = rate_eta(finished.saturating_sub(f0), elapsed, c.unfinished());
             elapsed_s = elapsed.as_secs_f64();
             rate = r;
-            eta_s = eta.filter(|_| state == "running").map(|e| e.as_secs_f64());
+            eta_s = eta.filter(|_| key == "running").map(|e| e.as_secs_f64());
         }
         let mut failures = Vec::new();
         let ids = t.failed_ids(failures_limit + 1)?;
@@ -170,6 +215,7 @@ impl Report {
             run: std::fs::canonicalize(&run.path).unwrap_or_else(|_| run.path.clone()).display().to_string(),
             job: text("job_id")?,
             task_file: text("task_file")?,
+            key,
             state,
             counts: c,
             elapsed_s,
@@ -223,13 +269,7 @@ impl Report {
 
     /// The state as one stable word.
     pub fn state_key(&self) -> &'static str {
-        match self.state {
-            "finished, all tasks succeeded" => "succeeded",
-            "finished with failures" => "failed",
-            "running" => "running",
-            "not started" => "not_started",
-            _ => "interrupted",
-        }
+        self.key
     }
 
     /// One JSON object; its fields are documented in `docs/status-json.md` and only ever added to.
@@ -299,4 +339,41 @@ fn json_str(v: &str) -> String {
 /// The `htc status` report.
 pub fn report(run: &RunDir, failures_limit: usize) -> anyhow::Result<String> {
     Ok(Report::read(run, failures_limit)?.text())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seen(age_s: Option<u64>, alive: Option<bool>) -> Seen {
+        Seen {
+            finished: false,
+            failed: false,
+            heartbeat_age_us: age_s.map(|s| s * 1_000_000),
+            leader_alive: alive,
+            leader_host: "n1".into(),
+            slurm_job: None,
+            silent_after_us: 10_000_000,
+        }
+    }
+
+    #[test]
+    fn a_live_leader_is_told_from_a_stopped_or_dead_one_from_any_host() {
+        assert_eq!(judge(&seen(Some(1), Some(true))).0, "running");
+        // Seen from another host (a login node): the heartbeat alone says it lives.
+        assert_eq!(judge(&seen(Some(1), None)), ("running", "running (leader on n1)".to_string()));
+        assert_eq!(judge(&seen(Some(60), None)).0, "interrupted");
+        // Here, its process gone: interrupted at once; there but silent: stopped, no resume advice.
+        assert_eq!(judge(&seen(Some(1), Some(false))).0, "interrupted");
+        let (key, text) = judge(&seen(Some(60), Some(true)));
+        assert_eq!(key, "not_responding");
+        assert!(!text.contains("resume"), "{text}");
+        assert_eq!(judge(&seen(None, None)).0, "not_started");
+        // A Slurm job's advice names what works for it.
+        let slurm = Seen { slurm_job: Some("42".into()), ..seen(Some(60), None) };
+        assert!(judge(&slurm).1.contains("scontrol requeue 42"), "{:?}", judge(&slurm));
+        let done = Seen { finished: true, ..seen(Some(600), None) };
+        assert_eq!(judge(&done).0, "succeeded");
+        assert_eq!(judge(&Seen { failed: true, ..done }).0, "failed");
+    }
 }

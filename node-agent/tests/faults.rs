@@ -166,3 +166,38 @@ fn the_tasks_of_a_killed_agent_are_stopped_whichever_process_is_killed() {
     let status = wait_some(Duration::from_secs(30), || leader.try_wait().unwrap()).expect("the leader did not end");
     assert_eq!(status.code(), Some(2));
 }
+
+/// A stopped leader: `htc status` says so without advising a resume (the run is locked), the
+/// agents stop their tasks when their lease runs out, and once the leader runs again and finds
+/// them gone, the run resumes to completion.
+#[test]
+fn a_stopped_leader_is_not_taken_for_dead_and_its_agents_fence_themselves() {
+    let d = Dir::new("leader-stopped");
+    let site = d.write("site.conf", "lost_after_s = 2\n");
+    let env = [("HTC_SITE_CONFIG", site.as_os_str())];
+    d.write("tasks.txt", (1..=40).map(|i| format!("sleep 0.3 # {i}\n")).collect::<String>());
+    let leader = Command::new(HTC)
+        .args(["run", "--agents", "2", "--cores-per-agent", "1", "tasks.txt"])
+        .current_dir(&d.0)
+        .env("HTC_SITE_CONFIG", &site)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = || String::from_utf8_lossy(&d.htc_env(&["status"], &env).stdout).into_owned();
+    assert!(wait_for(|| status().contains("state:    running"), Duration::from_secs(30)), "{}", status());
+    signal(leader.id() as i32, libc::SIGSTOP);
+    assert!(wait_for(|| status().contains("not responding"), Duration::from_secs(15)), "{}", status());
+    assert!(!status().contains("resume"), "{}", status());
+    // The agents' lease (1 s here) runs out: they stop their tasks and leave.
+    let run = d.run_dir();
+    assert!(wait_for(|| agent_pids(&run, 0).is_empty() && agent_pids(&run, 1).is_empty(), Duration::from_secs(15)));
+    signal(leader.id() as i32, libc::SIGCONT);
+    let o = leader.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(status().contains("interrupted (continue with: htc run --resume RUN)"), "{}", status());
+    let o = d.htc_env(&["run", "--resume", "-q"], &env);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(status().contains("finished, all tasks succeeded"), "{}", status());
+}

@@ -100,6 +100,7 @@ pub fn run(
         t.put_meta("session_start_us", &now_us().to_le_bytes())?;
         t.put_meta("session_finished_start", &core.finished_start().to_le_bytes())?;
         t.put_meta("job_id", job_id.as_bytes())?;
+        t.put_meta("leader_host", crate::agent::hostname().as_bytes())?;
         t.put_meta("heartbeat_us", &now_us().to_le_bytes())?;
         t.commit()?;
     }
