@@ -57,6 +57,10 @@ pub mod htc {
             /// Default retries for tasks that set none (the file's own `#HTC retries=` wins).
             #[arg(long, value_parser = clap::value_parser!(u8).range(0..=100))]
             retries: Option<u8>,
+            /// Fail fast: once N tasks have failed for good, start nothing more, let what runs
+            /// end, and stop (resumable).
+            #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+            max_fails: Option<u64>,
             /// No progress line and no summary.
             #[arg(long, short)]
             quiet: bool,
@@ -296,6 +300,9 @@ pub mod agent {
         /// own); an instance's head takes work for all of its agents.
         #[arg(long)]
         pub instance_nodes: Option<usize>,
+        /// Fail fast: start nothing more once this many tasks failed for good.
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+        pub max_fails: Option<u64>,
     }
 }
 

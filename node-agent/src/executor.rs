@@ -470,7 +470,8 @@ impl Executor {
                 }
                 sink(std::mem::take(&mut self.events));
             }
-            if finishing && self.queue.is_empty() && self.running.is_empty() {
+            // Held, the queue never starts: finishing ends with what runs.
+            if finishing && (self.queue.is_empty() || held) && self.running.is_empty() {
                 if let Some(ix) = self.index.as_mut() {
                     ix.flush()?;
                 }

@@ -187,7 +187,10 @@ mod tests {
     async fn roundtrip_and_limits() {
         let mut out = Vec::new();
         encode_into(Body::Ack(proto::Ack { seq: 7, agent: 0 }), &mut out);
-        encode_into(Body::Shutdown(proto::Shutdown { abort: true, reason: "x".into(), agent: 0 }), &mut out);
+        encode_into(
+            Body::Shutdown(proto::Shutdown { abort: true, reason: "x".into(), agent: 0, hold: false }),
+            &mut out,
+        );
         let mut r = &out[..];
         let mut buf = Vec::new();
         assert!(matches!(read_frame(&mut r, &mut buf).await.unwrap(), Body::Ack(proto::Ack { seq: 7, .. })));

@@ -68,7 +68,7 @@ impl Sim {
         loop {
             let next = self.running.peek().map(|r| r.0 .0);
             let cmd = match next {
-                _ if finishing && self.running.is_empty() && self.queue.is_empty() => return,
+                _ if finishing && self.running.is_empty() && (self.queue.is_empty() || held) => return,
                 Some(at) => match rx.recv_timeout(at.saturating_duration_since(Instant::now())) {
                     Ok(c) => Some(c),
                     Err(mpsc::RecvTimeoutError::Timeout) => None,

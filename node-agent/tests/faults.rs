@@ -201,3 +201,28 @@ fn a_stopped_leader_is_not_taken_for_dead_and_its_agents_fence_themselves() {
     assert!(o.status.success(), "{}", text(&o));
     assert!(status().contains("finished, all tasks succeeded"), "{}", status());
 }
+
+/// `--max-fails N`: after N tasks failed for good nothing more starts; the run stops, resumable.
+#[test]
+fn max_fails_stops_starting_tasks_after_that_many_failed() {
+    let d = Dir::new("max-fails");
+    let tasks: String =
+        (1..=200).map(|i| if i % 2 == 0 { "false\n".to_string() } else { format!("echo {i}\n") }).collect();
+    d.write("tasks.txt", tasks);
+    let o =
+        d.htc(&["run", "--agents", "1", "--cores-per-agent", "1", "--retries", "0", "--max-fails", "3", "tasks.txt"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("failed tasks (--max-fails)"), "{}", text(&o));
+    let s = d.htc(&["status", "--json"]);
+    let json: serde_json::Value = serde_json::from_slice(&s.stdout).unwrap();
+    let c = &json["counts"];
+    // The third failure stops it; what the agent started before it heard ran too (a few ms).
+    let (failed, pending) = (c["failed"].as_u64().unwrap(), c["pending"].as_u64().unwrap());
+    assert!((3..=10).contains(&failed), "{json}");
+    assert!(pending >= 180 && c["dispatched"] == 0 && c["running"] == 0, "{json}");
+    // Resumed without the limit, the rest runs.
+    let o = d.htc(&["run", "--resume", "-q"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let json: serde_json::Value = serde_json::from_slice(&d.htc(&["status", "--json"]).stdout).unwrap();
+    assert_eq!((json["counts"]["failed"].as_u64(), json["counts"]["done"].as_u64()), (Some(100), Some(100)), "{json}");
+}

@@ -25,6 +25,7 @@ pub const FANOUT_MIN: u32 = 2;
 pub const FANOUT_MAX: u32 = 1024;
 pub const AGENTS_PER_NODE_MAX: u32 = 4096;
 pub const INSTANCE_NODES_MAX: u32 = 65536;
+pub const MAX_FAILS_MAX: u32 = u32::MAX;
 
 /// Option `val`s given to `spank_option_register`.
 pub const OPT_FILE: i32 = 1;
@@ -34,6 +35,7 @@ pub const OPT_OUTPUT: i32 = 4;
 pub const OPT_PARTITION: i32 = 5;
 pub const OPT_AGENTS_PER_NODE: i32 = 6;
 pub const OPT_INSTANCE_NODES: i32 = 7;
+pub const OPT_MAX_FAILS: i32 = 8;
 
 /// Names given to `spank_job_control_setenv` in sbatch. Slurm puts them into the job's
 /// environment with a `SLURM_SPANK_` prefix (and into prolog/epilog with `SPANK_`).
@@ -44,6 +46,7 @@ pub const JC_OUTPUT: &str = "HTC_OUTPUT";
 pub const JC_PARTITION: &str = "HTC_PARTITION";
 pub const JC_AGENTS_PER_NODE: &str = "HTC_AGENTS_PER_NODE";
 pub const JC_INSTANCE_NODES: &str = "HTC_INSTANCE_NODES";
+pub const JC_MAX_FAILS: &str = "HTC_MAX_FAILS";
 /// Prefix Slurm adds to job-control names in the job environment.
 pub const JOB_ENV_PREFIX: &str = "SLURM_SPANK_";
 
@@ -171,6 +174,11 @@ pub fn parse_instance_nodes(s: &str) -> Result<u32, String> {
     parse_number(s, 1, INSTANCE_NODES_MAX)
 }
 
+/// `--htc-max-fails=N`: fail fast after N tasks failed for good.
+pub fn parse_max_fails(s: &str) -> Result<u32, String> {
+    parse_number(s, 1, MAX_FAILS_MAX)
+}
+
 /// `--htc-partition=PLAN`: how the leader splits the tasks among the agents.
 pub fn parse_partition(s: &str) -> Result<Plan, String> {
     s.trim().parse::<Plan>().map_err(|_| format!("'{s}' is not a partition plan (hflow or even)"))
@@ -187,6 +195,7 @@ pub struct UserOptions {
     pub partition: Option<Plan>,
     pub agents_per_node: Option<u32>,
     pub instance_nodes: Option<u32>,
+    pub max_fails: Option<u32>,
 }
 
 impl UserOptions {
@@ -212,6 +221,9 @@ impl UserOptions {
             if self.instance_nodes.is_some() {
                 v.push("--htc-instance-nodes");
             }
+            if self.max_fails.is_some() {
+                v.push("--htc-max-fails");
+            }
         }
         v
     }
@@ -228,6 +240,7 @@ pub struct JobRequest {
     pub partition: Option<Plan>,
     pub agents_per_node: Option<u32>,
     pub instance_nodes: Option<u32>,
+    pub max_fails: Option<u32>,
 }
 
 impl JobRequest {
@@ -242,6 +255,7 @@ impl JobRequest {
             partition: opts.partition,
             agents_per_node: opts.agents_per_node,
             instance_nodes: opts.instance_nodes,
+            max_fails: opts.max_fails,
         })
     }
 
@@ -265,6 +279,9 @@ impl JobRequest {
         }
         if let Some(n) = self.instance_nodes {
             v.push((JC_INSTANCE_NODES, n.to_string().into()));
+        }
+        if let Some(n) = self.max_fails {
+            v.push((JC_MAX_FAILS, n.to_string().into()));
         }
         v
     }
@@ -302,7 +319,17 @@ impl JobRequest {
         };
         let agents_per_node = num(JC_AGENTS_PER_NODE, parse_agents_per_node)?;
         let instance_nodes = num(JC_INSTANCE_NODES, parse_instance_nodes)?;
-        Ok(Some(JobRequest { task_file, retries, fanout, output, partition, agents_per_node, instance_nodes }))
+        let max_fails = num(JC_MAX_FAILS, parse_max_fails)?;
+        Ok(Some(JobRequest {
+            task_file,
+            retries,
+            fanout,
+            output,
+            partition,
+            agents_per_node,
+            instance_nodes,
+            max_fails,
+        }))
     }
 
     /// Fallback when the job-control variables are missing: the values seen by the remote
@@ -321,6 +348,7 @@ impl JobRequest {
             partition: opts.partition,
             agents_per_node: opts.agents_per_node,
             instance_nodes: opts.instance_nodes,
+            max_fails: opts.max_fails,
         })
     }
 }
@@ -340,7 +368,7 @@ pub const SCRIPT_FLAG: &str = "--script";
 
 /// The agent's argv up to and including `--script`:
 /// `AGENT lead --task-file FILE [--retries N] [--fanout K] [--output MODE] [--partition PLAN]
-/// [--agents-per-node N] [--instance-nodes N] [--ledger-dir DIR] --script`.
+/// [--agents-per-node N] [--instance-nodes N] [--max-fails N] [--ledger-dir DIR] --script`.
 /// The batch script's own argv (script path, then its arguments) follows; with
 /// `spank_prepend_task_argv` Slurm appends it, with `execve` the plugin does.
 pub fn agent_argv_prefix(cfg: &PluginConfig, req: &JobRequest) -> Vec<OsString> {
@@ -368,6 +396,10 @@ pub fn agent_argv_prefix(cfg: &PluginConfig, req: &JobRequest) -> Vec<OsString> 
     }
     if let Some(n) = req.instance_nodes {
         v.push("--instance-nodes".into());
+        v.push(n.to_string().into());
+    }
+    if let Some(n) = req.max_fails {
+        v.push("--max-fails".into());
         v.push(n.to_string().into());
     }
     if let Some(d) = &cfg.ledger_dir {
@@ -738,6 +770,10 @@ mod tests {
         assert_eq!(o.orphans(), vec!["--htc-instance-nodes"]);
         assert_eq!(parse_instance_nodes("8"), Ok(8));
         assert!(parse_instance_nodes("0").unwrap_err().contains("from 1 to 65536"));
+        let o = UserOptions { max_fails: Some(5), ..Default::default() };
+        assert_eq!(o.orphans(), vec!["--htc-max-fails"]);
+        assert_eq!(parse_max_fails("5"), Ok(5));
+        assert!(parse_max_fails("0").is_err() && parse_max_fails("many").is_err());
         let o = UserOptions { file: Some("/t".into()), retries: Some(1), ..Default::default() };
         assert!(o.orphans().is_empty());
     }
@@ -752,6 +788,7 @@ mod tests {
             partition: Some(Plan::Even),
             agents_per_node: Some(3),
             instance_nodes: Some(2),
+            max_fails: Some(9),
         };
         let req = JobRequest::from_allocator(&opts).unwrap();
         let vars = req.job_control_vars();
@@ -763,7 +800,8 @@ mod tests {
                 ("HTC_OUTPUT", "per-task".into()),
                 ("HTC_PARTITION", "even".into()),
                 ("HTC_AGENTS_PER_NODE", "3".into()),
-                ("HTC_INSTANCE_NODES", "2".into())
+                ("HTC_INSTANCE_NODES", "2".into()),
+                ("HTC_MAX_FAILS", "9".into())
             ]
         );
         let env: Vec<(String, OsString)> = vars.iter().map(|(n, v)| (job_env_name(n), v.clone())).collect();
@@ -817,6 +855,7 @@ mod tests {
             partition: None,
             agents_per_node: None,
             instance_nodes: None,
+            max_fails: None,
         };
         let argv = agent_argv(&cfg, &req, &os(&["/var/spool/slurmd/job00042/slurm_script"])).unwrap();
         assert_eq!(
@@ -845,6 +884,7 @@ mod tests {
             partition: Some(Plan::Even),
             agents_per_node: Some(2),
             instance_nodes: Some(3),
+            max_fails: Some(4),
         };
         let argv = agent_argv(&cfg, &req, &os(&["/s", "arg1", "--flag"])).unwrap();
         assert_eq!(
@@ -866,6 +906,8 @@ mod tests {
                 "2",
                 "--instance-nodes",
                 "3",
+                "--max-fails",
+                "4",
                 "--ledger-dir",
                 "/tmp/l",
                 "--script",

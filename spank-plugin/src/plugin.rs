@@ -126,6 +126,7 @@ static STATE: Mutex<State> = Mutex::new(State {
         partition: None,
         agents_per_node: None,
         instance_nodes: None,
+        max_fails: None,
     },
 });
 
@@ -169,7 +170,7 @@ fn guard(what: &str, f: impl FnOnce() -> c_int) -> c_int {
 
 // ---- options ----
 
-const OPTIONS: [OptionSpec; 7] = [
+const OPTIONS: [OptionSpec; 8] = [
     OptionSpec {
         name: b"htc\0",
         arginfo: Some(b"FILE\0"),
@@ -212,6 +213,12 @@ const OPTIONS: [OptionSpec; 7] = [
         usage: b"With --htc: nodes per scheduling instance, whose first agent takes work from the leader for all of them (default 1: every node's agents on their own).\0",
         val: config::OPT_INSTANCE_NODES,
     },
+    OptionSpec {
+        name: b"htc-max-fails\0",
+        arginfo: Some(b"N\0"),
+        usage: b"With --htc: fail fast: once N tasks have failed for good, start nothing more and end the job (resumable).\0",
+        val: config::OPT_MAX_FAILS,
+    },
 ];
 
 fn opt_name(val: c_int) -> &'static str {
@@ -223,6 +230,7 @@ fn opt_name(val: c_int) -> &'static str {
         config::OPT_PARTITION => "--htc-partition",
         config::OPT_AGENTS_PER_NODE => "--htc-agents-per-node",
         config::OPT_INSTANCE_NODES => "--htc-instance-nodes",
+        config::OPT_MAX_FAILS => "--htc-max-fails",
         _ => "--htc-?",
     }
 }
@@ -278,6 +286,7 @@ fn remote_option(val: c_int, arg: OsString) {
         config::OPT_PARTITION => st.opts.partition = config::parse_partition(&text).ok(),
         config::OPT_AGENTS_PER_NODE => st.opts.agents_per_node = config::parse_agents_per_node(&text).ok(),
         config::OPT_INSTANCE_NODES => st.opts.instance_nodes = config::parse_instance_nodes(&text).ok(),
+        config::OPT_MAX_FAILS => st.opts.max_fails = config::parse_max_fails(&text).ok(),
         _ => {}
     }
 }
@@ -336,6 +345,7 @@ fn allocator_option(val: c_int, arg: &OsStr) -> c_int {
         config::OPT_INSTANCE_NODES => {
             keep(config::parse_instance_nodes(&text), |o, n| o.instance_nodes = Some(n), &fail)
         }
+        config::OPT_MAX_FAILS => keep(config::parse_max_fails(&text), |o, n| o.max_fails = Some(n), &fail),
         _ => 0,
     }
 }

@@ -116,17 +116,18 @@ check "--htc-partition=fluxp" fails_with "htc: --htc-partition=fluxp: 'fluxp' is
     sbatch --htc=tasks.txt --htc-partition=fluxp --wrap=:
 check "--htc-agents-per-node=0" fails_with "htc: --htc-agents-per-node=0: '0' is not a whole number from 1 to 4096" \
     sbatch --htc=tasks.txt --htc-agents-per-node=0 --wrap=:
+check "--htc-max-fails=0" fails_with "htc: --htc-max-fails=0:" sbatch --htc=tasks.txt --htc-max-fails=0 --wrap=:
 check "--htc-instance-nodes=0" fails_with "htc: --htc-instance-nodes=0: '0' is not a whole number from 1 to 65536" \
     sbatch --htc=tasks.txt --htc-instance-nodes=0 --wrap=:
 check "salloc --htc" fails_with 'works with sbatch only' salloc --htc=tasks.txt true
 
 # --- batch step ---
-j=$(sub env FAKE_AGENT_SRUN=1 sbatch --parsable -N2 --htc=tasks.txt --htc-retries=3 --htc-output=per-task --htc-partition=even --htc-agents-per-node=3 --htc-instance-nodes=2 job.sh a1 "two words" --flag)
+j=$(sub env FAKE_AGENT_SRUN=1 sbatch --parsable -N2 --htc=tasks.txt --htc-retries=3 --htc-output=per-task --htc-partition=even --htc-agents-per-node=3 --htc-instance-nodes=2 --htc-max-fails=5 job.sh a1 "two words" --flag)
 finished "$j"
 check "htc job: exit code is the agent's (7)" test "$(job_exit_code "$j")" = 7
 check "htc job: batch script not run" test ! -e "$W/script-ran.$j"
 check "htc job: agent argv" argv_is "$W/agent.$j.argv" "$agent" lead --task-file "$W/tasks.txt" --retries 3 --output per-task \
-    --partition even --agents-per-node 3 --instance-nodes 2 --script "$dir/spool/slurmd-n1/job$(printf %05d "$j")/slurm_script" a1 "two words" --flag
+    --partition even --agents-per-node 3 --instance-nodes 2 --max-fails 5 --script "$dir/spool/slurmd-n1/job$(printf %05d "$j")/slurm_script" a1 "two words" --flag
 check "htc job: job env (SLURM_JOB_ID, SLURM_NODELIST, SLURM_SUBMIT_DIR)" grep -qx "SLURM_JOB_ID=$j" "$W/agent.$j.env"
 check "htc job: no private HTC vars in the agent env" no_private_env "$W/agent.$j.env"
 check "htc job: srun step inside is not hijacked" grep -qx 'step=0' "$W/agent.$j.srun"

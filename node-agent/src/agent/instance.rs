@@ -156,7 +156,7 @@ impl Instance {
             let secs = now_us.saturating_sub(self.members[&m].heard_us) as f64 / 1e6;
             let why = format!("silent for {secs:.1} s");
             self.member_lost(m, &why);
-            let stop = proto::Shutdown { abort: true, reason: why, agent: m };
+            let stop = proto::Shutdown { abort: true, reason: why, agent: m, hold: false };
             out.push(Effect::Down { child: m, body: Body::Shutdown(stop) });
         }
         if now_us.saturating_sub(self.last_down_us) >= self.live.heartbeat_us && !self.shutting_down {
@@ -551,7 +551,7 @@ mod tests {
         let mut h = head();
         step(&mut h, 0, Input::ChildOpened(1));
         step(&mut h, 1, Input::ChildFrame(Body::Hello(proto::Hello { agent_id: 1, cores: 2, ..Default::default() })));
-        let s = proto::Shutdown { abort: false, reason: "done".into(), agent: 0 };
+        let s = proto::Shutdown { abort: false, reason: "done".into(), agent: 0, hold: false };
         let out = step(&mut h, 2, Input::Parent(Body::Shutdown(s)));
         assert!(out.iter().any(|e| matches!(e, Effect::Down { child: 1, body: Body::Shutdown(s) } if s.agent == 1)));
         assert!(out.iter().any(|e| matches!(e, Effect::Exec(Command::Finish))));

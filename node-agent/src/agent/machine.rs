@@ -265,6 +265,9 @@ impl Machine {
             Body::Shutdown(s) => {
                 tracing::info!(agent = self.id, abort = s.abort, reason = %s.reason, "shutdown");
                 self.shutting_down = true;
+                if s.hold && !s.abort {
+                    out.push(Effect::Exec(Command::Hold(true)));
+                }
                 out.push(Effect::Exec(if s.abort { Command::Abort } else { Command::Finish }));
             }
             _ => tracing::warn!(agent = self.id, "unexpected frame from above ignored"),
@@ -523,7 +526,12 @@ mod tests {
         let out = step(
             &mut m,
             2,
-            Input::Parent(Body::Shutdown(proto::Shutdown { abort: false, reason: "done".into(), agent: 3 })),
+            Input::Parent(Body::Shutdown(proto::Shutdown {
+                abort: false,
+                reason: "done".into(),
+                agent: 3,
+                hold: false,
+            })),
         );
         assert!(matches!(out.as_slice(), [Effect::Exec(Command::Finish)]));
         let out = step(&mut m, 3, Input::Exec((0..2).map(done).collect()));
@@ -557,7 +565,11 @@ mod tests {
     #[test]
     fn the_parent_closing_after_shutdown_is_the_normal_end() {
         let mut m = Machine::new(0, 1, tree());
-        step(&mut m, 0, Input::Parent(Body::Shutdown(proto::Shutdown { abort: true, reason: "x".into(), agent: 0 })));
+        step(
+            &mut m,
+            0,
+            Input::Parent(Body::Shutdown(proto::Shutdown { abort: true, reason: "x".into(), agent: 0, hold: false })),
+        );
         assert!(step(&mut m, 1, Input::ParentEnded("closed".into())).is_empty());
         step(&mut m, 2, Input::ExecEnded);
         assert_eq!(m.outcome(), Some(Ok(())));
@@ -619,7 +631,12 @@ mod tests {
         step(
             &mut m,
             3,
-            Input::Parent(Body::Shutdown(proto::Shutdown { abort: false, reason: String::new(), agent: 0 })),
+            Input::Parent(Body::Shutdown(proto::Shutdown {
+                abort: false,
+                reason: String::new(),
+                agent: 0,
+                hold: false,
+            })),
         );
         let out = step(&mut m, 4, Input::ChildClosed { child: 3, agents: vec![3], why: "closed".into() });
         assert!(out.iter().all(|e| !matches!(e, Effect::Up(Body::Lost(_)))));
@@ -629,7 +646,7 @@ mod tests {
     fn finished_relay() -> Machine {
         let mut m = Machine::new(0, 1, tree());
         step(&mut m, 0, Input::ChildOpened(2));
-        let shutdown = proto::Shutdown { abort: false, reason: String::new(), agent: 0 };
+        let shutdown = proto::Shutdown { abort: false, reason: String::new(), agent: 0, hold: false };
         step(&mut m, 1, Input::Parent(Body::Shutdown(shutdown)));
         step(&mut m, 2, Input::ExecEnded);
         m

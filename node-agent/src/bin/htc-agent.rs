@@ -244,6 +244,7 @@ fn lead(a: LeadArgs, script: Vec<OsString>) -> anyhow::Result<i32> {
         cores: slurm::job_cpus().unwrap_or(nodes as u64),
         layout,
         live: Liveness::new(site.lost_after),
+        max_fails: a.max_fails,
     };
     let lock = run.lock()?;
     let outcome = leader::run(cfg, |addr, tx| srun.start(&run, addr, tx))?;

@@ -115,6 +115,7 @@ fn real_main() -> anyhow::Result<i32> {
             instance_agents,
             output,
             retries,
+            max_fails,
             quiet,
             exec,
             partition,
@@ -182,6 +183,7 @@ fn real_main() -> anyhow::Result<i32> {
                 cores: (agents * slots) as u64,
                 layout: Arc::new(Tree::instances(agents as u32, instance_agents, fanout.max(1))),
                 live: htc::liveness::Liveness::new(site.lost_after),
+                max_fails,
             };
             let outcome = leader::run(cfg, |addr, tx| local.start(&run, addr, tx))?;
             let code = leader::finish(&run, &outcome, quiet);

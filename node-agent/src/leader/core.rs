@@ -89,6 +89,9 @@ pub enum Ending {
     Interrupted(i32),
     /// No agent is left to run the remaining tasks.
     AgentsLost(String),
+    /// `--max-fails`: this many tasks failed for good, so nothing more was started and the
+    /// run stopped once what was running ended; it can be resumed.
+    TooManyFailures(u64),
 }
 
 struct Agent {
@@ -126,10 +129,16 @@ pub struct Core<'a> {
     in_flight: Flights,
     counts: Counts,
     finished_start: u64,
+    /// Tasks failed before this session started.
+    failed_start: u64,
     started_us: u64,
     horizon_ms: Option<u64>,
     /// Who heads which instance; without it every agent is an instance of its own.
     layout: Option<Arc<Tree>>,
+    /// Fail fast: stop starting tasks once this many failed for good in this session.
+    max_fails: Option<u64>,
+    /// The agents were told to start nothing more (`max_fails` reached).
+    told_to_hold: bool,
     live: Liveness,
     /// When the agents were last sent a heartbeat.
     beat_us: u64,
@@ -249,6 +258,7 @@ impl<'a> Core<'a> {
             scans: 0,
             in_flight: Flights::new(counts.total()),
             finished_start: counts.get(State::Done) + counts.get(State::Failed),
+            failed_start: counts.get(State::Failed),
             counts,
             started_us: now_us,
             horizon_ms: None,
@@ -256,7 +266,35 @@ impl<'a> Core<'a> {
             live: Liveness::default(),
             beat_us: now_us,
             returned: HashMap::new(),
+            max_fails: None,
+            told_to_hold: false,
         }
+    }
+
+    /// Fail fast (`--max-fails N`): once `n` tasks failed for good in this session, nothing more
+    /// starts, and the run ends when what runs has ended.
+    pub fn with_max_fails(mut self, n: u64) -> Self {
+        self.max_fails = Some(n.max(1));
+        self
+    }
+
+    /// Once `--max-fails` is reached: every agent finishes what runs, starts nothing more, and
+    /// leaves; what it had queued comes back when it does (as for any agent that leaves).
+    fn hold_if_failing(&mut self, out: &mut Outbox) {
+        let Some(failed) = self.failed_too_often().filter(|_| !self.told_to_hold) else { return };
+        self.told_to_hold = true;
+        tracing::warn!(job = %self.job_id, failed, "--max-fails reached: starting nothing more");
+        let reason = format!("{failed} tasks failed (--max-fails)");
+        for (&agent, _) in self.agents.iter().filter(|(_, a)| a.alive) {
+            let stop = proto::Shutdown { abort: false, hold: true, reason: reason.clone(), agent };
+            out.push((agent, Body::Shutdown(stop)));
+        }
+    }
+
+    /// Tasks failed for good in this session, when that reached `--max-fails`.
+    fn failed_too_often(&self) -> Option<u64> {
+        let failed = self.counts.get(State::Failed).saturating_sub(self.failed_start);
+        self.max_fails.filter(|&n| failed >= n).map(|_| failed)
     }
 
     /// The number on the wire of the attempt `life` has in flight (or had last).
@@ -333,6 +371,10 @@ impl<'a> Core<'a> {
         if self.counts.unfinished() == 0 {
             return Some(Ending::Complete);
         }
+        let in_flight = self.counts.get(State::Dispatched) + self.counts.get(State::Running);
+        if let Some(failed) = self.failed_too_often().filter(|_| in_flight == 0) {
+            return Some(Ending::TooManyFailures(failed));
+        }
         self.all_agents_gone().then(|| {
             Ending::AgentsLost(format!(
                 "all {} agents are gone with {} tasks unfinished",
@@ -348,10 +390,11 @@ impl<'a> Core<'a> {
             Ending::Complete => "all tasks finished".to_string(),
             Ending::Interrupted(s) => format!("leader got signal {s}"),
             Ending::AgentsLost(w) => w.clone(),
+            Ending::TooManyFailures(n) => format!("{n} tasks failed (--max-fails)"),
         };
         let abort = *ending != Ending::Complete;
         for (&agent, _) in self.agents.iter().filter(|(_, a)| a.alive) {
-            out.push((agent, Body::Shutdown(proto::Shutdown { agent, abort, reason: reason.clone() })));
+            out.push((agent, Body::Shutdown(proto::Shutdown { agent, abort, reason: reason.clone(), hold: false })));
         }
     }
 
@@ -428,6 +471,7 @@ impl<'a> Core<'a> {
                 if self.fresh_retries {
                     self.dispatch_all(t, out)?;
                 }
+                self.hold_if_failing(out);
             }
             Input::Lost { agent, why } => self.lose(t, agent, &why, now_us, out)?,
             Input::Tick => self.tick(t, now_us, out)?,
@@ -447,7 +491,11 @@ impl<'a> Core<'a> {
     fn lose(&mut self, t: &mut dyn Tasks, agent: u32, why: &str, now_us: u64, out: &mut Outbox) -> Result<()> {
         let Some(a) = self.agents.get_mut(&agent).filter(|a| a.alive) else { return Ok(()) };
         a.alive = false;
-        tracing::warn!(job = %self.job_id, agent, host = %a.hostname, %why, "agent lost");
+        if self.told_to_hold {
+            tracing::info!(job = %self.job_id, agent, host = %a.hostname, "agent left, as told");
+        } else {
+            tracing::warn!(job = %self.job_id, agent, host = %a.hostname, %why, "agent lost");
+        }
         self.requeue_agent(t, agent, now_us)?;
         self.dispatch_all(t, out)
     }
@@ -466,7 +514,7 @@ impl<'a> Core<'a> {
         for (agent, quiet_us) in silent {
             let why = format!("silent for {:.1} s", quiet_us as f64 / 1e6);
             self.lose(t, agent, &why, now_us, out)?;
-            out.push((agent, Body::Shutdown(proto::Shutdown { abort: true, reason: why, agent })));
+            out.push((agent, Body::Shutdown(proto::Shutdown { abort: true, reason: why, agent, hold: false })));
         }
         if now_us.saturating_sub(self.beat_us) >= self.live.heartbeat_us {
             self.beat_us = now_us;
@@ -628,6 +676,9 @@ impl<'a> Core<'a> {
     }
 
     fn dispatch(&mut self, t: &mut dyn Tasks, agent: u32, out: &mut Outbox) -> Result<()> {
+        if self.failed_too_often().is_some() {
+            return Ok(());
+        }
         let mut want = self.agents[&agent].credit;
         let mut specs: Vec<proto::TaskSpec> = Vec::new();
         // Retries first: they are the oldest work.
@@ -1161,6 +1212,21 @@ mod tests {
         // Should it resume, its late result is stale.
         c.handle(10_000_003, &mut m, result(0, 1, 1, 1, 0), &mut out).unwrap();
         assert_eq!(m.state(1), State::Pending);
+    }
+
+    #[test]
+    fn fail_fast_starts_nothing_more_after_max_fails_and_ends_once_the_running_ended() {
+        let mut m = Mem::with(10, 0, 1);
+        let mut c = core(&m, 1).with_max_fails(2);
+        let (out, _) = feed(&mut c, &mut m, vec![join(0, 3), want(0, 3)]);
+        assert_eq!(dispatched(&out).len(), 1);
+        // Two fail for good: no more dispatch, though the agent asks; task 3 still runs.
+        let (out, end) = feed(&mut c, &mut m, vec![result(0, 1, 1, 1, 1), result(0, 2, 2, 1, 1), want(0, 5)]);
+        assert!(dispatched(&out).is_empty(), "{out:?}");
+        assert_eq!(end, None, "task 3 is still running");
+        let (_, end) = feed(&mut c, &mut m, vec![result(0, 3, 3, 1, 0)]);
+        assert_eq!(end, Some(Ending::TooManyFailures(2)));
+        assert_eq!((m.state(3), m.state(4)), (State::Done, State::Pending), "the rest waits for a resume");
     }
 
     #[test]

@@ -48,6 +48,8 @@ pub struct LeaderConfig {
     pub layout: Arc<Tree>,
     /// Heartbeats and the bound on silent agents (the site's `lost_after_s`).
     pub live: Liveness,
+    /// Fail fast: start nothing more once this many tasks failed (`--max-fails`).
+    pub max_fails: Option<u64>,
 }
 
 pub struct Outcome {
@@ -98,9 +100,12 @@ pub fn run(
         None
     };
     let plan = Planned { plan: cfg.partition, instances: expected, cores: cfg.cores, params: cfg.params };
-    let core = new_core(&ledger, &plan, &cfg.job_id, crate::rundir::now_us())?
+    let mut core = new_core(&ledger, &plan, &cfg.job_id, crate::rundir::now_us())?
         .with_layout(cfg.layout.clone())
         .with_liveness(cfg.live);
+    if let Some(n) = cfg.max_fails {
+        core = core.with_max_fails(n);
+    }
     let driver_cfg = DriverConfig { commit_interval: cfg.commit_interval, progress, progress_every };
     let net_cfg = Arc::new(net::NetConfig { secret, job_id: cfg.job_id.clone(), joined: Default::default() });
 
@@ -193,6 +198,13 @@ pub fn finish(run: &RunDir, outcome: &Outcome, quiet: bool) -> anyhow::Result<i3
         Ending::Interrupted(sig) => {
             eprintln!("htc: interrupted; continue with: htc run --resume {}", run.path.display());
             128 + sig
+        }
+        Ending::TooManyFailures(n) => {
+            eprintln!(
+                "htc: stopped after {n} failed tasks (--max-fails); the rest did not run; continue with: htc run --resume {}",
+                run.path.display()
+            );
+            1
         }
         Ending::AgentsLost(why) => {
             eprintln!("htc: {why}; continue with: htc run --resume {}", run.path.display());
