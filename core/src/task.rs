@@ -73,6 +73,9 @@ pub enum Step {
     Interrupt,
     /// No instance of the job can ever run it (it asks for more than any node has).
     Refuse,
+    /// The attempt that last failed did so because of its node (a black hole: it fails every
+    /// task), not the task: it costs no retry, and a task it made fail for good runs again.
+    Refund,
 }
 
 /// Attempts lost with their agent before a loss counts as a failure: a task that takes agents
@@ -152,6 +155,10 @@ pub fn step(life: Life, s: Step) -> Result<(Life, Effect), Invalid> {
             Pending
         }
         (Pending, Step::Refuse) => Failed,
+        (Pending | Failed, Step::Refund) if life.attempts > 0 => {
+            next.attempts = life.attempts - 1;
+            Pending
+        }
         _ => return invalid,
     };
     next.state = to as u8;
@@ -262,6 +269,18 @@ mod tests {
     }
 
     #[test]
+    fn a_refunded_failure_costs_no_retry_and_reopens_a_task_it_failed() {
+        let fail = Step::Finish(End::Failed { permanent: false });
+        let (l, _) = run(life(State::Pending, 0, 0), &[Step::Dispatch, fail]);
+        assert_eq!(l.state(), State::Failed, "no retries: the failure was final");
+        let (l, fx) = run(l, &[Step::Refund]);
+        assert_eq!((l.state(), l.attempts, fx[0]), (State::Pending, 0, Effect::None));
+        let (l, _) = run(life(State::Pending, 0, 1), &[Step::Dispatch, fail, Step::Refund]);
+        assert_eq!((l.state(), l.attempts), (State::Pending, 0), "its retry is given back");
+        assert!(step(life(State::Pending, 0, 1), Step::Refund).is_err(), "nothing to refund");
+    }
+
+    #[test]
     fn an_interrupted_attempt_is_forgotten() {
         let (l, fx) = run(life(State::Pending, 0, 1), &[Step::Dispatch, Step::Start, Step::Interrupt]);
         assert_eq!((l.state(), l.attempts, fx[2]), (State::Pending, 0, Effect::None));
@@ -270,7 +289,9 @@ mod tests {
     #[test]
     fn steps_a_state_does_not_allow_change_nothing() {
         let done = life(State::Done, 1, 2);
-        for s in [Step::Dispatch, Step::Start, Step::Finish(End::Succeeded), Step::Interrupt, Step::Refuse] {
+        for s in
+            [Step::Dispatch, Step::Start, Step::Finish(End::Succeeded), Step::Interrupt, Step::Refuse, Step::Refund]
+        {
             assert_eq!(step(done, s), Err(Invalid { from: State::Done, step: s }));
         }
         // A stale start (the task was re-queued meanwhile) or result for a pending task.
@@ -294,6 +315,7 @@ mod tests {
             Step::Finish(End::Lost),
             Step::Interrupt,
             Step::Refuse,
+            Step::Refund,
         ];
         let mut counts = Counts::default();
         for from in State::ALL {
@@ -312,7 +334,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(counts.total(), 5 * 8 * 4 * MAX_LOSSES as u64);
+        assert_eq!(counts.total(), 5 * 9 * 4 * MAX_LOSSES as u64);
     }
 
     #[test]

@@ -471,6 +471,14 @@ impl<'l> WriteTxn<'l> {
         self.txn.put(self.l.failed, &key(id), &[], WriteFlags::empty()).map_err(|e| self.l.err(e))
     }
 
+    /// Takes the task out of the index of failed tasks (it runs again).
+    pub fn unmark_failed(&mut self, id: u64) -> Result<()> {
+        match self.txn.del(self.l.failed, &key(id), None) {
+            Ok(()) | Err(lmdb::Error::NotFound) => Ok(()),
+            Err(e) => Err(self.l.err(e)),
+        }
+    }
+
     pub fn put_meta(&mut self, k: &str, v: &[u8]) -> Result<()> {
         self.txn.put(self.l.meta, &k, &v, WriteFlags::empty()).map_err(|e| self.l.err(e))
     }

@@ -226,3 +226,25 @@ fn max_fails_stops_starting_tasks_after_that_many_failed() {
     let json: serde_json::Value = serde_json::from_slice(&d.htc(&["status", "--json"]).stdout).unwrap();
     assert_eq!((json["counts"]["failed"].as_u64(), json["counts"]["done"].as_u64()), (Some(100), Some(100)), "{json}");
 }
+
+/// A black hole (an agent on which every task fails fast, as with a full /tmp or a broken mount)
+/// is drained once it failed 8 in a row while others succeeded; the tasks it failed run again
+/// elsewhere without using up their retries (none here), and the run succeeds.
+#[test]
+fn a_black_hole_agent_is_drained_and_the_run_still_succeeds() {
+    let d = Dir::new("black-hole");
+    d.write("tasks.txt", "test \"$HTC_AGENT\" != 1 || exit 3; sleep 0.01\n".repeat(300));
+    let o = d.htc(&["run", "--agents", "2", "--cores-per-agent", "1", "--retries", "0", "tasks.txt"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("black hole") && err.contains("agent=1"), "{err}");
+    let l = Ledger::open(&d.run_dir().join("ledger.mdb"), true).unwrap();
+    let t = l.read().unwrap();
+    let mut failed_on_1 = 0;
+    t.for_each(|id, r| {
+        assert_eq!((r.state(), r.agent), (State::Done, 0), "task {id}");
+        failed_on_1 += t.attempts(id).unwrap().iter().filter(|a| a.agent == 1).count();
+    })
+    .unwrap();
+    assert!(failed_on_1 >= 8, "the failures on the black hole stay in the history: {failed_on_1}");
+}

@@ -30,6 +30,8 @@ pub trait Tasks {
     fn put_attempt(&mut self, id: u64, a: &Attempt) -> Result<()>;
     /// Adds the task to the index of failed tasks.
     fn mark_failed(&mut self, id: u64) -> Result<()>;
+    /// Takes the task out of that index.
+    fn unmark_failed(&mut self, id: u64) -> Result<()>;
     /// The task's command line.
     fn command(&self, r: &Record) -> Vec<u8>;
 }
@@ -62,6 +64,10 @@ pub enum Input {
     /// Time passed: heartbeats are due, silent agents are given up.
     Tick,
 }
+
+/// Failures in a row on one agent, while as many tasks succeed elsewhere, that make it a black
+/// hole (drained).
+pub const BLACK_HOLE_STREAK: usize = 8;
 
 /// Hinted work per core an agent may hold before it gets only what it can start (`with_horizon`).
 pub const HORIZON_MS: u64 = 1_000;
@@ -111,6 +117,12 @@ struct Agent {
     hostname: String,
     /// When it was last heard from (joined or reported).
     heard_us: u64,
+    /// Tasks that failed on it in a row since its last success, and the job's successes when
+    /// that began: a black hole fails everything while the others succeed.
+    streak: Vec<u64>,
+    oks_before_streak: u64,
+    /// Found to be a black hole: it gets nothing more.
+    drained: bool,
 }
 
 pub struct Core<'a> {
@@ -137,6 +149,8 @@ pub struct Core<'a> {
     layout: Option<Arc<Tree>>,
     /// Fail fast: stop starting tasks once this many failed for good in this session.
     max_fails: Option<u64>,
+    /// Tasks that succeeded in this session (black holes are judged against them).
+    oks: u64,
     /// The agents were told to start nothing more (`max_fails` reached).
     told_to_hold: bool,
     live: Liveness,
@@ -267,6 +281,7 @@ impl<'a> Core<'a> {
             beat_us: now_us,
             returned: HashMap::new(),
             max_fails: None,
+            oks: 0,
             told_to_hold: false,
         }
     }
@@ -439,6 +454,9 @@ impl<'a> Core<'a> {
                         alive: true,
                         hostname,
                         heard_us: now_us,
+                        streak: Vec::new(),
+                        oks_before_streak: 0,
+                        drained: false,
                     },
                 );
             }
@@ -472,6 +490,7 @@ impl<'a> Core<'a> {
                     self.dispatch_all(t, out)?;
                 }
                 self.hold_if_failing(out);
+                self.drain_if_black_hole(t, agent, out)?;
             }
             Input::Lost { agent, why } => self.lose(t, agent, &why, now_us, out)?,
             Input::Tick => self.tick(t, now_us, out)?,
@@ -488,10 +507,97 @@ impl<'a> Core<'a> {
     }
 
     /// An agent is gone (its connection ended, or it fell silent): its tasks go to others.
+    /// Keeps each agent's run of failures since its last success.
+    fn note_streak(&mut self, agent: u32, id: u64, end: End) {
+        match end {
+            End::Succeeded => {
+                self.oks += 1;
+                if let Some(a) = self.agents.get_mut(&agent) {
+                    a.streak.clear();
+                }
+            }
+            End::Failed { .. } => {
+                let oks = self.oks;
+                if let Some(a) = self.agents.get_mut(&agent) {
+                    if a.streak.is_empty() {
+                        a.oks_before_streak = oks;
+                    }
+                    a.streak.push(id);
+                }
+            }
+            End::Lost => {}
+        }
+    }
+
+    /// An agent that failed `BLACK_HOLE_STREAK` tasks in a row while as many succeeded
+    /// elsewhere meanwhile (a full /tmp, a broken mount) gets nothing more: it finishes what runs and
+    /// leaves, and the tasks it failed run again elsewhere without using up their retries.
+    fn drain_if_black_hole(&mut self, t: &mut dyn Tasks, agent: u32, out: &mut Outbox) -> Result<()> {
+        // Already drained: what it still fails (it was running when told) is its fault too.
+        if let Some(a) = self.agents.get_mut(&agent).filter(|a| a.drained) {
+            for id in std::mem::take(&mut a.streak) {
+                self.refund(t, id)?;
+            }
+            return Ok(());
+        }
+        let oks = self.oks;
+        // Never the last agent that still gets work: then the tasks themselves are failing.
+        if !self.agents.iter().any(|(&id, a)| id != agent && a.alive && !a.drained) {
+            return Ok(());
+        }
+        let Some(a) = self.agents.get_mut(&agent).filter(|a| {
+            a.alive
+                && !a.drained
+                && a.streak.len() >= BLACK_HOLE_STREAK
+                && oks - a.oks_before_streak >= BLACK_HOLE_STREAK as u64
+        }) else {
+            return Ok(());
+        };
+        a.drained = true;
+        a.credit = 0;
+        let failed = std::mem::take(&mut a.streak);
+        let reason = format!("failed {} tasks in a row while the others succeeded: drained", failed.len());
+        tracing::warn!(job = %self.job_id, agent, host = %a.hostname, %reason, "black hole");
+        for id in failed {
+            self.refund(t, id)?;
+        }
+        out.push((agent, Body::Shutdown(proto::Shutdown { abort: false, hold: true, reason, agent })));
+        self.dispatch_all(t, out)
+    }
+
+    /// A failure that was the node's fault: the task waits for another run, its retry given
+    /// back (and out of the failed index if it had failed for good).
+    fn refund(&mut self, t: &mut dyn Tasks, id: u64) -> Result<()> {
+        let Some(mut r) = t.get(id)? else { return Ok(()) };
+        if self.in_flight.contains(id) {
+            return Ok(()); // already out again
+        }
+        let from = r.state();
+        let Ok((life, _)) = task::step(r.life(), Step::Refund) else { return Ok(()) };
+        if from == State::Failed {
+            // The failure that was final stays in the history, as every ended attempt does.
+            let a = Attempt {
+                attempt: self.attempt_no(id, r.life()).min(255) as u8,
+                outcome: r.outcome(),
+                value: r.value,
+                agent: r.agent,
+                start_us: r.start_us,
+                end_us: r.end_us,
+            };
+            t.put_attempt(id, &a)?;
+            t.unmark_failed(id)?;
+        }
+        // Its attempts count goes back one, but its next run is a new attempt number.
+        *self.returned.entry(id).or_default() += 1;
+        self.apply(t, id, &mut r, from, life)?;
+        self.push_retry(id);
+        Ok(())
+    }
+
     fn lose(&mut self, t: &mut dyn Tasks, agent: u32, why: &str, now_us: u64, out: &mut Outbox) -> Result<()> {
         let Some(a) = self.agents.get_mut(&agent).filter(|a| a.alive) else { return Ok(()) };
         a.alive = false;
-        if self.told_to_hold {
+        if self.told_to_hold || a.drained {
             tracing::info!(job = %self.job_id, agent, host = %a.hostname, "agent left, as told");
         } else {
             tracing::warn!(job = %self.job_id, agent, host = %a.hostname, %why, "agent lost");
@@ -584,6 +690,7 @@ impl<'a> Core<'a> {
             },
         };
         let Ok((life, effect)) = task::step(f.life, Step::Finish(end)) else { return Ok(()) };
+        self.note_streak(f.agent, id, end);
         if end == End::Succeeded && start_us != 0 && end_us >= start_us {
             self.partition.observe(r.class, r.runtime_ms, (end_us - start_us) / 1000);
         }
@@ -676,7 +783,7 @@ impl<'a> Core<'a> {
     }
 
     fn dispatch(&mut self, t: &mut dyn Tasks, agent: u32, out: &mut Outbox) -> Result<()> {
-        if self.failed_too_often().is_some() {
+        if self.failed_too_often().is_some() || self.agents[&agent].drained {
             return Ok(());
         }
         let mut want = self.agents[&agent].credit;
@@ -825,6 +932,10 @@ mod tests {
         }
         fn mark_failed(&mut self, id: u64) -> Result<()> {
             self.failed.push(id);
+            Ok(())
+        }
+        fn unmark_failed(&mut self, id: u64) -> Result<()> {
+            self.failed.retain(|&f| f != id);
             Ok(())
         }
         fn command(&self, r: &Record) -> Vec<u8> {
@@ -1227,6 +1338,36 @@ mod tests {
         let (_, end) = feed(&mut c, &mut m, vec![result(0, 3, 3, 1, 0)]);
         assert_eq!(end, Some(Ending::TooManyFailures(2)));
         assert_eq!((m.state(3), m.state(4)), (State::Done, State::Pending), "the rest waits for a resume");
+    }
+
+    #[test]
+    fn a_black_hole_is_drained_and_what_it_failed_runs_elsewhere_without_using_a_retry() {
+        let mut m = Mem::with(40, 0, 1);
+        let mut c = core(&m, 2);
+        let (out, _) = feed(&mut c, &mut m, vec![join(0, 1), join(1, 1), want(0, 10), want(1, 10)]);
+        let sent = dispatched(&out);
+        let (to0, to1): (Vec<u64>, Vec<u64>) =
+            (sent[0].1.iter().map(|t| t.0).collect(), sent[1].1.iter().map(|t| t.0).collect());
+        // Agent 1 succeeds; agent 0 fails 7 in a row: failures, no retries left, final.
+        let ok: Vec<Input> = to1.iter().take(8).map(|&id| result(1, id, id, 1, 0)).collect();
+        let bad: Vec<Input> = to0.iter().take(7).map(|&id| result(0, id, id, 1, 1)).collect();
+        let (_, _) = feed(&mut c, &mut m, bad.into_iter().chain(ok).collect());
+        assert_eq!(m.state(to0[0]), State::Failed);
+        assert!(!c.agents[&0].drained);
+        // The eighth: a black hole. It is told to stop starting, and its failures run again.
+        let (out, _) = feed(&mut c, &mut m, vec![result(0, 8, to0[7], 1, 1)]);
+        assert!(c.agents[&0].drained);
+        assert!(out.iter().any(|(a, b)| *a == 0 && matches!(b, Body::Shutdown(s) if s.hold && !s.abort)), "{out:?}");
+        for &id in &to0[..8] {
+            assert!(matches!(m.state(id), State::Pending | State::Dispatched), "task {id}: {:?}", m.state(id));
+            assert_eq!(m.records[&id].attempts, 0, "task {id}: its retry given back");
+        }
+        assert!(m.failed.is_empty(), "nothing left in the failed index: {:?}", m.failed);
+        // It asks again: nothing. Agent 1 gets the refunded tasks, as new attempts.
+        let (out, _) = feed(&mut c, &mut m, vec![want(0, 10), want(1, 10)]);
+        let sent = dispatched(&out);
+        assert!(sent.iter().all(|(a, _)| *a == 1), "{sent:?}");
+        assert!(sent.iter().flat_map(|(_, t)| t).any(|&(id, attempt)| id == to0[0] && attempt == 2), "{sent:?}");
     }
 
     #[test]

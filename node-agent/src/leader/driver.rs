@@ -56,6 +56,9 @@ impl Tasks for LedgerTasks<'_, '_> {
     fn mark_failed(&mut self, id: u64) -> Result<()> {
         self.txn.mark_failed(id)
     }
+    fn unmark_failed(&mut self, id: u64) -> Result<()> {
+        self.txn.unmark_failed(id)
+    }
     fn command(&self, r: &Record) -> Vec<u8> {
         self.text.command(r).to_vec()
     }
