@@ -248,3 +248,97 @@ fn a_black_hole_agent_is_drained_and_the_run_still_succeeds() {
     .unwrap();
     assert!(failed_on_1 >= 8, "the failures on the black hole stay in the history: {failed_on_1}");
 }
+
+/// Task ids in `ids.txt` and how often each ran.
+fn runs_of(ids: &Path) -> std::collections::HashMap<u64, usize> {
+    let mut m = std::collections::HashMap::new();
+    for l in fs::read_to_string(ids).unwrap_or_default().lines() {
+        if let Ok(id) = l.trim().parse() {
+            *m.entry(id).or_insert(0) += 1;
+        }
+    }
+    m
+}
+
+/// Tasks the ledger records done.
+fn done_in_ledger(run: &Path) -> std::collections::HashSet<u64> {
+    let l = Ledger::open(&run.join("ledger.mdb"), true).unwrap();
+    let t = l.read().unwrap();
+    let mut done = std::collections::HashSet::new();
+    t.for_each(|id, r| {
+        if r.state() == State::Done {
+            done.insert(id);
+        }
+    })
+    .unwrap();
+    done
+}
+
+/// kill -9 at random moments, of the leader or of an agent or its guard, each followed by a
+/// resume: the ledger is never damaged, a task it recorded done never runs again, and in the
+/// end every task is done. The seed is printed, to replay a failure.
+#[test]
+fn random_kills_and_resumes_never_lose_or_repeat_a_recorded_task() {
+    let d = Dir::new("crashes");
+    let ids = d.path("ids.txt");
+    let n = 1500u64;
+    d.write(
+        "tasks.txt",
+        (0..n).map(|_| format!("sleep 0.005; echo $HTC_TASK_ID >> {}\n", ids.display())).collect::<String>(),
+    );
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1;
+    println!("seed {seed}");
+    let mut x = seed;
+    let mut next = move |m: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % m
+    };
+    let mut recorded: std::collections::HashMap<u64, usize> = Default::default();
+    for trial in 0..8 {
+        let args: Vec<&str> =
+            if trial == 0 { vec!["run", "--agents", "3", "tasks.txt"] } else { vec!["run", "--resume"] };
+        let mut leader = Command::new(HTC)
+            .args(&args)
+            .current_dir(&d.0)
+            .env("HTC_SITE_CONFIG", "/dev/null")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(150 + next(400)));
+        let run = d.run_dir();
+        let victim = match next(3) {
+            0 => Some(leader.id() as i32),
+            1 => agent_pids(&run, next(3) as u32).first().copied(),
+            _ => guard_pids(&run, next(3) as u32).first().copied(),
+        };
+        if let Some(pid) = victim {
+            // SAFETY: a process this test started (through htc); it may have exited already.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        if wait_some(Duration::from_secs(5), || leader.try_wait().unwrap()).is_none() {
+            signal(leader.id() as i32, libc::SIGKILL);
+            leader.wait().unwrap();
+        }
+        // Let the agents notice and stop, then check what the ledger vouches for.
+        assert!(wait_for(|| (0..3).all(|a| guard_pids(&run, a).is_empty()), Duration::from_secs(10)), "seed {seed}");
+        let runs = runs_of(&ids);
+        for (id, count) in &recorded {
+            assert_eq!(runs[id], *count, "seed {seed}: task {id} was recorded done, then ran again");
+        }
+        for id in done_in_ledger(&run) {
+            recorded.entry(id).or_insert(runs.get(&id).copied().unwrap_or(0));
+            assert!(runs.contains_key(&id), "seed {seed}: task {id} recorded done but never ran");
+        }
+    }
+    let o = d.htc(&["run", "--resume", "-q"]);
+    assert!(o.status.success(), "seed {seed}: {}", text(&o));
+    assert_eq!(done_in_ledger(&d.run_dir()).len() as u64, n, "seed {seed}");
+    let runs = runs_of(&ids);
+    for (id, count) in &recorded {
+        assert_eq!(runs[id], *count, "seed {seed}: task {id} was recorded done, then ran again");
+    }
+}
