@@ -351,14 +351,15 @@ fn agents_form_a_tree_of_relays_and_every_agent_runs_tasks() {
     assert!(!tree.join("htc-addr-6").exists());
 }
 
-#[test]
-fn losing_a_relay_requeues_its_subtree_and_the_run_still_completes() {
-    let d = Dir::new("relayloss");
+/// Runs `n` short tasks with `args`, kills agent `agent` with SIGKILL once 200 ran, and checks
+/// that the run still completes with every task run; returns the run directory.
+fn kill_agent_mid_run(d: &Dir, n: usize, args: &[&str], agent: u32) -> std::path::PathBuf {
     let ids = d.path("ids.txt");
-    let tasks: String = (0..1500).map(|_| format!("sleep 0.01; echo $HTC_TASK_ID >> {}\n", ids.display())).collect();
+    let tasks: String = (0..n).map(|_| format!("sleep 0.01; echo $HTC_TASK_ID >> {}\n", ids.display())).collect();
     d.write("tasks.txt", tasks);
     let leader = Command::new(HTC)
-        .args(["run", "--agents", "5", "--fanout", "2", "--cores-per-agent", "1", "tasks.txt"])
+        .args(args)
+        .arg("tasks.txt")
         .current_dir(&d.0)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -367,15 +368,21 @@ fn losing_a_relay_requeues_its_subtree_and_the_run_still_completes() {
         .unwrap();
     assert!(wait_for(|| id_counts(&ids).len() >= 200, Duration::from_secs(60)), "tasks did not start");
     let run = d.run_dir();
-    // Agent 0 relays for agents 2 and 3: killing it loses three agents at once.
-    let pids = agent_pids(&run, 0);
-    assert_eq!(pids.len(), 1, "agent 0 not found");
+    let pids = agent_pids(&run, agent);
+    assert_eq!(pids.len(), 1, "agent {agent} not found");
     // SAFETY: signalling a process this test started (through htc).
     unsafe { libc::kill(pids[0], libc::SIGKILL) };
     let o = leader.wait_with_output().unwrap();
     assert!(o.status.success(), "{}", text(&o));
-    let counts = id_counts(&ids);
-    assert_eq!(counts.len(), 1500, "some task never ran");
+    assert_eq!(id_counts(&ids).len(), n, "some task never ran");
+    run
+}
+
+#[test]
+fn losing_a_relay_requeues_its_subtree_and_the_run_still_completes() {
+    let d = Dir::new("relayloss");
+    // Agent 0 relays for agents 2 and 3: killing it loses three agents at once.
+    let run = kill_agent_mid_run(&d, 1500, &["run", "--agents", "5", "--fanout", "2", "--cores-per-agent", "1"], 0);
     let l = Ledger::open(&run.join("ledger.mdb"), true).unwrap();
     let t = l.read().unwrap();
     let mut lost = 0;
@@ -491,26 +498,8 @@ fn instances_of_several_agents_share_their_head_s_tasks_and_the_ledger_names_who
 #[test]
 fn a_killed_member_costs_its_started_tasks_which_run_again_and_its_head_carries_on() {
     let d = Dir::new("memberloss");
-    let ids = d.path("ids.txt");
-    let tasks: String = (0..1200).map(|_| format!("sleep 0.01; echo $HTC_TASK_ID >> {}\n", ids.display())).collect();
-    d.write("tasks.txt", tasks);
-    let leader = Command::new(HTC)
-        .args(["run", "--agents", "4", "--instance-agents", "2", "--cores-per-agent", "1", "tasks.txt"])
-        .current_dir(&d.0)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    assert!(wait_for(|| id_counts(&ids).len() >= 200, Duration::from_secs(60)), "tasks did not start");
-    let run = d.run_dir();
-    let pids = agent_pids(&run, 1);
-    assert_eq!(pids.len(), 1, "agent 1 not found");
-    // SAFETY: signalling a process this test started (through htc).
-    unsafe { libc::kill(pids[0], libc::SIGKILL) };
-    let o = leader.wait_with_output().unwrap();
-    assert!(o.status.success(), "{}", text(&o));
-    assert_eq!(id_counts(&ids).len(), 1200, "some task never ran");
+    let args = ["run", "--agents", "4", "--instance-agents", "2", "--cores-per-agent", "1"];
+    let run = kill_agent_mid_run(&d, 1200, &args, 1);
     let l = Ledger::open(&run.join("ledger.mdb"), true).unwrap();
     let t = l.read().unwrap();
     let (mut lost_on_1, mut after_by_0) = (0, 0);
