@@ -89,6 +89,16 @@ pub mod htc {
             #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
             sbatch: Vec<std::ffi::OsString>,
         },
+        /// Submit a new Slurm job that continues the run of an earlier one (cancelled, timed out,
+        /// its leader lost): only its unfinished tasks run; `htc status` and `htc output` work
+        /// with either job id. Run it in the directory the first job was submitted from.
+        Resume {
+            /// The earlier job's id.
+            job: String,
+            /// Options passed to sbatch as they are (default: -N as many nodes as before).
+            #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+            sbatch: Vec<std::ffi::OsString>,
+        },
         /// Check a task file: counts, classes and the first errors with file:line:column.
         Check {
             file: PathBuf,
@@ -303,6 +313,9 @@ pub mod agent {
         /// Fail fast: start nothing more once this many tasks failed for good.
         #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
         pub max_fails: Option<u64>,
+        /// Continue the run of this earlier job (its unfinished tasks) instead of a new run.
+        #[arg(long, value_name = "JOBID")]
+        pub resume_run: Option<u32>,
     }
 }
 

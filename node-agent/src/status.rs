@@ -121,7 +121,7 @@ struct Seen {
 /// (the resume would find the run locked).
 fn judge(s: &Seen) -> (&'static str, String) {
     let resume = match &s.slurm_job {
-        Some(j) => format!("scontrol requeue {j}, or `htc run --resume {j}` here"),
+        Some(j) => format!("htc resume {j}, from the directory the job was submitted from"),
         None => "htc run --resume RUN".to_string(),
     };
     let fresh = s.heartbeat_age_us.is_some_and(|a| a < s.silent_after_us);
@@ -371,7 +371,7 @@ mod tests {
         assert_eq!(judge(&seen(None, None)).0, "not_started");
         // A Slurm job's advice names what works for it.
         let slurm = Seen { slurm_job: Some("42".into()), ..seen(Some(60), None) };
-        assert!(judge(&slurm).1.contains("scontrol requeue 42"), "{:?}", judge(&slurm));
+        assert!(judge(&slurm).1.contains("htc resume 42"), "{:?}", judge(&slurm));
         let done = Seen { finished: true, ..seen(Some(600), None) };
         assert_eq!(judge(&done).0, "succeeded");
         assert_eq!(judge(&Seen { failed: true, ..done }).0, "failed");

@@ -36,6 +36,7 @@ pub const OPT_PARTITION: i32 = 5;
 pub const OPT_AGENTS_PER_NODE: i32 = 6;
 pub const OPT_INSTANCE_NODES: i32 = 7;
 pub const OPT_MAX_FAILS: i32 = 8;
+pub const OPT_RESUME: i32 = 9;
 
 /// Names given to `spank_job_control_setenv` in sbatch. Slurm puts them into the job's
 /// environment with a `SLURM_SPANK_` prefix (and into prolog/epilog with `SPANK_`).
@@ -47,6 +48,7 @@ pub const JC_PARTITION: &str = "HTC_PARTITION";
 pub const JC_AGENTS_PER_NODE: &str = "HTC_AGENTS_PER_NODE";
 pub const JC_INSTANCE_NODES: &str = "HTC_INSTANCE_NODES";
 pub const JC_MAX_FAILS: &str = "HTC_MAX_FAILS";
+pub const JC_RESUME: &str = "HTC_RESUME";
 /// Prefix Slurm adds to job-control names in the job environment.
 pub const JOB_ENV_PREFIX: &str = "SLURM_SPANK_";
 
@@ -179,6 +181,11 @@ pub fn parse_max_fails(s: &str) -> Result<u32, String> {
     parse_number(s, 1, MAX_FAILS_MAX)
 }
 
+/// `--htc-resume=JOBID`: continue the run of an earlier job (written by `htc resume`).
+pub fn parse_resume(s: &str) -> Result<u32, String> {
+    parse_number(s, 1, u32::MAX).map_err(|_| format!("'{s}' is not a job id"))
+}
+
 /// `--htc-partition=PLAN`: how the leader splits the tasks among the agents.
 pub fn parse_partition(s: &str) -> Result<Plan, String> {
     s.trim().parse::<Plan>().map_err(|_| format!("'{s}' is not a partition plan (hflow or even)"))
@@ -196,6 +203,7 @@ pub struct UserOptions {
     pub agents_per_node: Option<u32>,
     pub instance_nodes: Option<u32>,
     pub max_fails: Option<u32>,
+    pub resume: Option<u32>,
 }
 
 impl UserOptions {
@@ -224,6 +232,9 @@ impl UserOptions {
             if self.max_fails.is_some() {
                 v.push("--htc-max-fails");
             }
+            if self.resume.is_some() {
+                v.push("--htc-resume");
+            }
         }
         v
     }
@@ -241,6 +252,7 @@ pub struct JobRequest {
     pub agents_per_node: Option<u32>,
     pub instance_nodes: Option<u32>,
     pub max_fails: Option<u32>,
+    pub resume: Option<u32>,
 }
 
 impl JobRequest {
@@ -256,6 +268,7 @@ impl JobRequest {
             agents_per_node: opts.agents_per_node,
             instance_nodes: opts.instance_nodes,
             max_fails: opts.max_fails,
+            resume: opts.resume,
         })
     }
 
@@ -282,6 +295,9 @@ impl JobRequest {
         }
         if let Some(n) = self.max_fails {
             v.push((JC_MAX_FAILS, n.to_string().into()));
+        }
+        if let Some(j) = self.resume {
+            v.push((JC_RESUME, j.to_string().into()));
         }
         v
     }
@@ -320,6 +336,7 @@ impl JobRequest {
         let agents_per_node = num(JC_AGENTS_PER_NODE, parse_agents_per_node)?;
         let instance_nodes = num(JC_INSTANCE_NODES, parse_instance_nodes)?;
         let max_fails = num(JC_MAX_FAILS, parse_max_fails)?;
+        let resume = num(JC_RESUME, parse_resume)?;
         Ok(Some(JobRequest {
             task_file,
             retries,
@@ -329,6 +346,7 @@ impl JobRequest {
             agents_per_node,
             instance_nodes,
             max_fails,
+            resume,
         }))
     }
 
@@ -349,6 +367,7 @@ impl JobRequest {
             agents_per_node: opts.agents_per_node,
             instance_nodes: opts.instance_nodes,
             max_fails: opts.max_fails,
+            resume: opts.resume,
         })
     }
 }
@@ -368,7 +387,8 @@ pub const SCRIPT_FLAG: &str = "--script";
 
 /// The agent's argv up to and including `--script`:
 /// `AGENT lead --task-file FILE [--retries N] [--fanout K] [--output MODE] [--partition PLAN]
-/// [--agents-per-node N] [--instance-nodes N] [--max-fails N] [--ledger-dir DIR] --script`.
+/// [--agents-per-node N] [--instance-nodes N] [--max-fails N] [--resume-run JOBID] [--ledger-dir DIR]
+/// --script`.
 /// The batch script's own argv (script path, then its arguments) follows; with
 /// `spank_prepend_task_argv` Slurm appends it, with `execve` the plugin does.
 pub fn agent_argv_prefix(cfg: &PluginConfig, req: &JobRequest) -> Vec<OsString> {
@@ -401,6 +421,10 @@ pub fn agent_argv_prefix(cfg: &PluginConfig, req: &JobRequest) -> Vec<OsString> 
     if let Some(n) = req.max_fails {
         v.push("--max-fails".into());
         v.push(n.to_string().into());
+    }
+    if let Some(j) = req.resume {
+        v.push("--resume-run".into());
+        v.push(j.to_string().into());
     }
     if let Some(d) = &cfg.ledger_dir {
         v.push("--ledger-dir".into());
@@ -774,6 +798,8 @@ mod tests {
         assert_eq!(o.orphans(), vec!["--htc-max-fails"]);
         assert_eq!(parse_max_fails("5"), Ok(5));
         assert!(parse_max_fails("0").is_err() && parse_max_fails("many").is_err());
+        assert_eq!(parse_resume("4711"), Ok(4711));
+        assert!(parse_resume("../x").unwrap_err().contains("not a job id"));
         let o = UserOptions { file: Some("/t".into()), retries: Some(1), ..Default::default() };
         assert!(o.orphans().is_empty());
     }
@@ -789,6 +815,7 @@ mod tests {
             agents_per_node: Some(3),
             instance_nodes: Some(2),
             max_fails: Some(9),
+            resume: Some(77),
         };
         let req = JobRequest::from_allocator(&opts).unwrap();
         let vars = req.job_control_vars();
@@ -801,7 +828,8 @@ mod tests {
                 ("HTC_PARTITION", "even".into()),
                 ("HTC_AGENTS_PER_NODE", "3".into()),
                 ("HTC_INSTANCE_NODES", "2".into()),
-                ("HTC_MAX_FAILS", "9".into())
+                ("HTC_MAX_FAILS", "9".into()),
+                ("HTC_RESUME", "77".into())
             ]
         );
         let env: Vec<(String, OsString)> = vars.iter().map(|(n, v)| (job_env_name(n), v.clone())).collect();
@@ -856,6 +884,7 @@ mod tests {
             agents_per_node: None,
             instance_nodes: None,
             max_fails: None,
+            resume: None,
         };
         let argv = agent_argv(&cfg, &req, &os(&["/var/spool/slurmd/job00042/slurm_script"])).unwrap();
         assert_eq!(
@@ -885,6 +914,7 @@ mod tests {
             agents_per_node: Some(2),
             instance_nodes: Some(3),
             max_fails: Some(4),
+            resume: Some(12),
         };
         let argv = agent_argv(&cfg, &req, &os(&["/s", "arg1", "--flag"])).unwrap();
         assert_eq!(
@@ -908,6 +938,8 @@ mod tests {
                 "3",
                 "--max-fails",
                 "4",
+                "--resume-run",
+                "12",
                 "--ledger-dir",
                 "/tmp/l",
                 "--script",

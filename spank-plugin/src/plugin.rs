@@ -127,6 +127,7 @@ static STATE: Mutex<State> = Mutex::new(State {
         agents_per_node: None,
         instance_nodes: None,
         max_fails: None,
+        resume: None,
     },
 });
 
@@ -170,7 +171,7 @@ fn guard(what: &str, f: impl FnOnce() -> c_int) -> c_int {
 
 // ---- options ----
 
-const OPTIONS: [OptionSpec; 8] = [
+const OPTIONS: [OptionSpec; 9] = [
     OptionSpec {
         name: b"htc\0",
         arginfo: Some(b"FILE\0"),
@@ -219,6 +220,12 @@ const OPTIONS: [OptionSpec; 8] = [
         usage: b"With --htc: fail fast: once N tasks have failed for good, start nothing more and end the job (resumable).\0",
         val: config::OPT_MAX_FAILS,
     },
+    OptionSpec {
+        name: b"htc-resume\0",
+        arginfo: Some(b"JOBID\0"),
+        usage: b"With --htc: continue the run of job JOBID (its unfinished tasks) instead of starting a new one; `htc resume JOBID` submits this.\0",
+        val: config::OPT_RESUME,
+    },
 ];
 
 fn opt_name(val: c_int) -> &'static str {
@@ -231,6 +238,7 @@ fn opt_name(val: c_int) -> &'static str {
         config::OPT_AGENTS_PER_NODE => "--htc-agents-per-node",
         config::OPT_INSTANCE_NODES => "--htc-instance-nodes",
         config::OPT_MAX_FAILS => "--htc-max-fails",
+        config::OPT_RESUME => "--htc-resume",
         _ => "--htc-?",
     }
 }
@@ -287,6 +295,7 @@ fn remote_option(val: c_int, arg: OsString) {
         config::OPT_AGENTS_PER_NODE => st.opts.agents_per_node = config::parse_agents_per_node(&text).ok(),
         config::OPT_INSTANCE_NODES => st.opts.instance_nodes = config::parse_instance_nodes(&text).ok(),
         config::OPT_MAX_FAILS => st.opts.max_fails = config::parse_max_fails(&text).ok(),
+        config::OPT_RESUME => st.opts.resume = config::parse_resume(&text).ok(),
         _ => {}
     }
 }
@@ -346,6 +355,7 @@ fn allocator_option(val: c_int, arg: &OsStr) -> c_int {
             keep(config::parse_instance_nodes(&text), |o, n| o.instance_nodes = Some(n), &fail)
         }
         config::OPT_MAX_FAILS => keep(config::parse_max_fails(&text), |o, n| o.max_fails = Some(n), &fail),
+        config::OPT_RESUME => keep(config::parse_resume(&text), |o, j| o.resume = Some(j), &fail),
         _ => 0,
     }
 }

@@ -104,12 +104,47 @@ link_down() {
         grep -Eq 'silent for|lease expired' "$w/slurm-$j.out"
 }
 
+all_done() { # WORKDIR JOB
+    as_user -C "$1" "$bin/htc" status "$2" | grep -q "finished, all tasks succeeded"
+}
+
+# scancel mid-run leaves no task process; `htc resume JOBID` submits a job that runs only the
+# unfinished tasks, and both ids then show the finished run.
+cancelled_then_resumed() {
+    local w j j2 state out done_before lines unique
+    read -r w j < <(start_job cancelled) || { bad "cancel: submit"; return; }
+    cluster_cmd scancel "$j"
+    state=$(wait_job "$j" 120)
+    check "cancel: job $j CANCELLED (was $state)" test "$state" = CANCELLED
+    sleep 2
+    check "cancel: no task process left on any node" bash -c "! pgrep -u '$HTC_CLUSTER_USER' -f 'sleep $TASK_S' >/dev/null"
+    out=$(as_user -C "$w" "$bin/htc" status "$j")
+    check "cancel: htc status advises htc resume $j" grep -q "htc resume $j" <<<"$out"
+    done_before=$(as_user -C "$w" "$bin/htc" status "$j" --json | grep -o '"done":[0-9]*' | cut -d: -f2)
+    out=$(as_user -C "$w" "$bin/htc" resume "$j" 2>&1)
+    j2=$(grep -o 'Submitted batch job [0-9]*' <<<"$out" | awk '{ print $4 }')
+    check "resume: htc resume $j submitted job ${j2:-none} ($done_before of $N were done)" test -n "$j2"
+    [[ -n $j2 ]] || { echo "$out"; return; }
+    state=$(wait_job "$j2" 300)
+    check "resume: job $j2 COMPLETED (was $state)" test "$state" = COMPLETED
+    for id in "$j" "$j2"; do
+        check "resume: htc status $id shows every task done" all_done "$w" "$id"
+    done
+    lines=$(wc -l <"$w/ids.txt")
+    unique=$(cut -d' ' -f1 "$w/ids.txt" | sort -u | wc -l)
+    check "resume: every task ran ($unique of $N)" test "$unique" = "$N"
+    check "resume: $((lines - unique)) re-run(s), at most the 8 CPUs' tasks in flight at the cancel" test $((lines - unique)) -le 8
+    check "resume: the first job's output is kept" grep -q "job $j" "$w/slurm-$j.out"
+    check "resume: the new job says what it continues" grep -q "continues the run of job $j" "$w/slurm-$j2.out"
+}
+
 echo "== 4 nodes (network namespaces)"
 "$root/tests/cluster/start-cluster.sh" -n 4 -m netns -c 2 >/dev/null || { echo "cluster did not start"; exit 1; }
 cluster_env
 install_htc
 killed_agent
 link_down
+cancelled_then_resumed
 
 [[ $failed == 0 ]] || cluster_logs 20
 "$root/tests/cluster/stop-cluster.sh" >/dev/null 2>&1

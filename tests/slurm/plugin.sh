@@ -116,6 +116,7 @@ check "--htc-partition=fluxp" fails_with "htc: --htc-partition=fluxp: 'fluxp' is
     sbatch --htc=tasks.txt --htc-partition=fluxp --wrap=:
 check "--htc-agents-per-node=0" fails_with "htc: --htc-agents-per-node=0: '0' is not a whole number from 1 to 4096" \
     sbatch --htc=tasks.txt --htc-agents-per-node=0 --wrap=:
+check "--htc-resume=../x" fails_with "htc: --htc-resume=../x: '../x' is not a job id" sbatch --htc=tasks.txt --htc-resume=../x --wrap=:
 check "--htc-max-fails=0" fails_with "htc: --htc-max-fails=0:" sbatch --htc=tasks.txt --htc-max-fails=0 --wrap=:
 check "--htc-instance-nodes=0" fails_with "htc: --htc-instance-nodes=0: '0' is not a whole number from 1 to 65536" \
     sbatch --htc=tasks.txt --htc-instance-nodes=0 --wrap=:

@@ -147,6 +147,29 @@ fn work(a: WorkArgs) -> anyhow::Result<()> {
     }
 }
 
+/// `htc resume`'s job: continues the run of job `earlier` in `base/.htc`, reachable under this
+/// job's id too (a link), so that `htc status` and `htc output` work with either id.
+fn resume_run(base: &std::path::Path, earlier: u32, job_id: &str) -> anyhow::Result<Result<RunDir, String>> {
+    let runs = base.join(".htc");
+    let Ok(path) = std::fs::canonicalize(runs.join(earlier.to_string())) else {
+        return Ok(Err(format!("job {earlier} left no run in {} to resume", runs.display())));
+    };
+    let run = RunDir::new(path);
+    if !run.ledger().exists() || !run.secret().exists() {
+        return Ok(Err(format!("{} is not a complete run; nothing to resume", run.path.display())));
+    }
+    let n = {
+        let _lock = run.lock()?;
+        leader::driver::reset_interrupted(&htc::ledger::Ledger::open(&run.ledger(), false)?)?
+    };
+    let link = runs.join(job_id);
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(run.path.file_name().unwrap_or_default(), &link)
+        .with_context(|| format!("linking {} to the run", link.display()))?;
+    println!("htc: job {job_id} continues the run of job {earlier} ({n} interrupted tasks go back to pending)");
+    Ok(Ok(run))
+}
+
 /// The batch step: load the tasks, run the script as the prologue, start the agents with one
 /// srun, lead until every task is finished. The exit code is the job's.
 fn lead(a: LeadArgs, script: Vec<OsString>) -> anyhow::Result<i32> {
@@ -179,6 +202,14 @@ fn lead(a: LeadArgs, script: Vec<OsString>) -> anyhow::Result<i32> {
         let n = leader::driver::reset_interrupted(&ledger)?;
         println!("htc: job {job_id} restarted; continuing its run ({n} interrupted tasks go back to pending)");
         existing
+    } else if let Some(earlier) = a.resume_run {
+        match resume_run(&base, earlier, &job_id)? {
+            Ok(run) => run,
+            Err(why) => {
+                eprintln!("htc: {why}");
+                return Ok(2);
+            }
+        }
     } else {
         let mut defaults = TaskOptions::default();
         if let Some(r) = a.retries {
@@ -247,6 +278,13 @@ fn lead(a: LeadArgs, script: Vec<OsString>) -> anyhow::Result<i32> {
         max_fails: a.max_fails,
     };
     let lock = run.lock()?;
+    {
+        // What `htc resume` asks for when told nothing else.
+        let l = htc::ledger::Ledger::open(&run.ledger(), false)?;
+        let mut t = l.write()?;
+        t.put_meta("slurm_nodes", &(nodes as u64).to_le_bytes())?;
+        t.commit()?;
+    }
     let outcome = leader::run(cfg, |addr, tx| srun.start(&run, addr, tx))?;
     let code = leader::finish(&run, &outcome, false);
     drop(lock);

@@ -47,6 +47,7 @@ fn real_main() -> anyhow::Result<i32> {
                 .context("running sbatch (is Slurm's client installed?)")?;
             Ok(status.code().unwrap_or(1))
         }
+        Cmd::Resume { job, sbatch } => resume(&job, sbatch),
         Cmd::Prepare { file, output } => match create_run(&file, output, None)? {
             Ok(run) => {
                 println!("{}", run.path.display());
@@ -191,6 +192,46 @@ fn real_main() -> anyhow::Result<i32> {
             code
         }
     }
+}
+
+/// `htc resume JOBID`: checks that the job's run can be continued and submits the job that does.
+fn resume(job: &str, mut sbatch: Vec<std::ffi::OsString>) -> anyhow::Result<i32> {
+    let run = RunDir::locate(Some(job))?;
+    let path = std::fs::canonicalize(&run.path)?;
+    let first = path.file_name().unwrap_or_default().to_string_lossy().into_owned();
+    if !first.bytes().all(|b| b.is_ascii_digit()) {
+        bail!("{} is a local run, not a Slurm job's: continue it with `htc run --resume {job}`", run.path.display());
+    }
+    let report = status::Report::read(&run, 0)?;
+    match report.state_key() {
+        "running" | "not_responding" => {
+            eprintln!("htc: job {job}'s run is still going ({}); nothing to resume", report.state);
+            return Ok(1);
+        }
+        "succeeded" => {
+            eprintln!("htc: every task of job {job} succeeded; nothing to resume");
+            return Ok(0);
+        }
+        "failed" => {
+            eprintln!("htc: every task of job {job} finished (some failed); nothing is left to resume");
+            return Ok(0);
+        }
+        _ => {}
+    }
+    if sbatch.is_empty() {
+        let l = Ledger::open(&run.ledger(), true)?;
+        let nodes = l.read()?.meta_u64("slurm_nodes")?;
+        if let Some(n) = nodes {
+            sbatch = vec!["-N".into(), n.to_string().into()];
+        }
+    }
+    let mut file = std::ffi::OsString::from("--htc=");
+    file.push(path.join("tasks.txt"));
+    let mut cmd = std::process::Command::new("sbatch");
+    cmd.arg(file).arg(format!("--htc-resume={first}")).args(&sbatch).arg("--wrap=:");
+    eprintln!("htc: {} unfinished tasks of job {job}: {cmd:?}", report.counts.unfinished());
+    let status = cmd.status().context("running sbatch (is Slurm's client installed?)")?;
+    Ok(status.code().unwrap_or(1))
 }
 
 /// Creates a run in the current directory. A bad task file yields the exit code instead, after

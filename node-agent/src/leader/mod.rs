@@ -188,6 +188,12 @@ async fn forward_signals(tx: mpsc::Sender<Event>) {
 pub fn finish(run: &RunDir, outcome: &Outcome, quiet: bool) -> anyhow::Result<i32> {
     let c = outcome.progress.counts;
     let failed = c.get(State::Failed);
+    // A Slurm job's run is named by its job id: a new job continues it.
+    let resume = if run.id().bytes().all(|b| b.is_ascii_digit()) {
+        format!("htc resume {}", run.id())
+    } else {
+        format!("htc run --resume {}", run.path.display())
+    };
     if !quiet {
         let ledger = Ledger::open(&run.ledger(), true)?;
         eprint!("{}", status::summary(&ledger, run, &outcome.progress)?);
@@ -196,18 +202,17 @@ pub fn finish(run: &RunDir, outcome: &Outcome, quiet: bool) -> anyhow::Result<i3
         Ending::Complete if failed == 0 => 0,
         Ending::Complete => 1,
         Ending::Interrupted(sig) => {
-            eprintln!("htc: interrupted; continue with: htc run --resume {}", run.path.display());
+            eprintln!("htc: interrupted; continue with: {resume}");
             128 + sig
         }
         Ending::TooManyFailures(n) => {
             eprintln!(
-                "htc: stopped after {n} failed tasks (--max-fails); the rest did not run; continue with: htc run --resume {}",
-                run.path.display()
+                "htc: stopped after {n} failed tasks (--max-fails); the rest did not run; continue with: {resume}"
             );
             1
         }
         Ending::AgentsLost(why) => {
-            eprintln!("htc: {why}; continue with: htc run --resume {}", run.path.display());
+            eprintln!("htc: {why}; continue with: {resume}");
             2
         }
     })
