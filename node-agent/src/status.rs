@@ -105,6 +105,8 @@ struct Seen {
     failed: bool,
     /// Since the leader's last heartbeat in the ledger; `None` if it never started.
     heartbeat_age_us: Option<u64>,
+    /// The leader recorded the end of its session (a signal, agents lost, fail fast).
+    ended: bool,
     /// Whether the leader's process exists, when it ran on this host.
     leader_alive: Option<bool>,
     leader_host: String,
@@ -130,6 +132,7 @@ fn judge(s: &Seen) -> (&'static str, String) {
         (true, _, _) if s.failed => ("failed", "finished with failures".into()),
         (true, _, _) => ("succeeded", "finished, all tasks succeeded".into()),
         (_, None, _) => ("not_started", "not started".into()),
+        _ if s.ended => ("interrupted", format!("interrupted (continue with: {resume})")),
         (_, _, Some(true)) if fresh => ("running", "running".into()),
         (_, _, None) if fresh => ("running", format!("running (leader on {})", s.leader_host)),
         (_, _, Some(true)) => (
@@ -183,6 +186,7 @@ impl Report {
             finished: finished_us.is_some() && c.unfinished() == 0,
             failed: c.get(State::Failed) > 0,
             heartbeat_age_us: (heartbeat > 0).then(|| now_us().saturating_sub(heartbeat)),
+            ended: t.meta_u64("session_end_us")?.unwrap_or(0) >= t.meta_u64("session_start_us")?.unwrap_or(u64::MAX),
             leader_alive: here.then(|| pid_alive(leader)),
             leader_host: host,
             slurm_job: run.id().bytes().all(|b| b.is_ascii_digit()).then(|| run.id()),
@@ -350,6 +354,7 @@ mod tests {
             finished: false,
             failed: false,
             heartbeat_age_us: age_s.map(|s| s * 1_000_000),
+            ended: false,
             leader_alive: alive,
             leader_host: "n1".into(),
             slurm_job: None,
@@ -369,6 +374,8 @@ mod tests {
         assert_eq!(key, "not_responding");
         assert!(!text.contains("resume"), "{text}");
         assert_eq!(judge(&seen(None, None)).0, "not_started");
+        // The leader recorded its end (scancel): no need to wait for its heartbeat to age.
+        assert_eq!(judge(&Seen { ended: true, ..seen(Some(1), None) }).0, "interrupted");
         // A Slurm job's advice names what works for it.
         let slurm = Seen { slurm_job: Some("42".into()), ..seen(Some(60), None) };
         assert!(judge(&slurm).1.contains("htc resume 42"), "{:?}", judge(&slurm));

@@ -190,6 +190,13 @@ pub fn run(
             last_progress = now;
         }
     }
+    if let Some(t) = txn.take() {
+        t.commit()?;
+    }
+    // The session is over, however it ended: `htc status` need not wait for the heartbeat to age.
+    let mut t = ledger.write()?;
+    t.put_meta("session_end_us", &now_us().to_le_bytes())?;
+    t.commit()?;
     ledger.sync()?;
     let ending = ending.unwrap();
     core.shutdown(&ending, &mut out);
