@@ -205,8 +205,10 @@ impl Instance {
     }
 
     /// The leader recorded every head report up to `seq`: so are the member reports they carried.
+    /// The head's own machine hears every Ack (the leader's heartbeat), with what it acknowledges
+    /// of its reports or nothing: its lease is on the leader.
     fn acked(&mut self, now_us: u64, seq: u64, out: &mut Vec<Effect>) {
-        let mut last: BTreeMap<u32, u64> = BTreeMap::new();
+        let mut last: BTreeMap<u32, u64> = BTreeMap::from([(self.id, 0)]);
         while self.carried.front().is_some_and(|&(s, _, _)| s <= seq) {
             let (_, m, mseq) = self.carried.pop_front().unwrap();
             last.insert(m, mseq);
@@ -595,5 +597,25 @@ mod tests {
         // Its late report changes nothing.
         step(&mut h, 10_000_004, member_report(1, 1, 0, 0, &[], &[2]));
         assert!(ups(&step(&mut h, 10_000_005, Input::Tick)).iter().all(|r| r.results.is_empty()));
+    }
+
+    #[test]
+    fn the_head_s_own_slots_keep_their_lease_on_the_leader_s_heartbeats_alone() {
+        let live = Liveness::new(std::time::Duration::from_secs(10));
+        let mut h = head().with_liveness(live);
+        step(&mut h, 0, Input::Tick);
+        let d = proto::Dispatch { tasks: (1..=2).map(spec).collect(), agent: 0 };
+        step(&mut h, 1, Input::Parent(Body::Dispatch(d)));
+        // Long tasks: for 20 s the leader sends only its heartbeat, an Ack of nothing new.
+        for k in 1..=80u64 {
+            let now = k * 250_000;
+            step(&mut h, now, Input::Parent(Body::Ack(proto::Ack { seq: 0, agent: 0 })));
+            let out = step(&mut h, now + 1, Input::Tick);
+            assert!(
+                !out.iter().any(|e| matches!(e, Effect::Exec(Command::Abort | Command::Hold(true)))),
+                "at {now} µs: {out:?}"
+            );
+        }
+        assert!(h.outcome().is_none());
     }
 }
