@@ -61,6 +61,10 @@ pub mod htc {
             /// end, and stop (resumable).
             #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
             max_fails: Option<u64>,
+            /// Start no task whose `runtime` hint would not end within this many seconds from
+            /// the start; when only such tasks are left, stop (resumable).
+            #[arg(long, value_name = "SECS")]
+            time_limit: Option<u64>,
             /// No progress line and no summary.
             #[arg(long, short)]
             quiet: bool,

@@ -100,6 +100,29 @@ pub fn listen(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     }
 }
 
+/// The job's time left, from `squeue` (one controller RPC): `None` for no limit, or if it
+/// cannot be asked.
+pub fn time_left() -> Option<u64> {
+    let job = var("SLURM_JOB_ID").ok()?;
+    let out = Command::new("squeue").args(["-h", "-j", &job, "-o", "%L"]).output().ok()?;
+    parse_time_left(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+/// `squeue`'s `%L`: `[days-][hours:]minutes:seconds`, or `UNLIMITED`/`NOT_SET`; in µs.
+pub fn parse_time_left(s: &str) -> Option<u64> {
+    let (days, rest) = match s.split_once('-') {
+        Some((d, r)) => (d.parse::<u64>().ok()?, r),
+        None => (0, s),
+    };
+    let parts: Vec<u64> = rest.split(':').map(|p| p.parse().ok()).collect::<Option<_>>()?;
+    let secs = match parts.as_slice() {
+        [m, s] => m * 60 + s,
+        [h, m, s] => h * 3600 + m * 60 + s,
+        _ => return None,
+    };
+    Some((days * 86_400 + secs) * 1_000_000)
+}
+
 /// One `srun --overlap` step with `agents_per_node` agents on every allocated node: O(1)
 /// controller RPCs whatever the number of tasks or agents.
 pub struct Srun {
@@ -183,6 +206,17 @@ impl Srun {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn squeue_time_left_is_read_in_every_form_it_takes() {
+        assert_eq!(parse_time_left("59:58"), Some(3_598_000_000));
+        assert_eq!(parse_time_left("1:00:00"), Some(3_600_000_000));
+        assert_eq!(parse_time_left("2-03:04:05"), Some((2 * 86_400 + 3 * 3600 + 4 * 60 + 5) * 1_000_000));
+        for none in ["UNLIMITED", "NOT_SET", "", "1:2:3:4", "x-1:00"] {
+            assert_eq!(parse_time_left(none), None, "{none}");
+        }
+    }
+
     use super::*;
 
     #[test]

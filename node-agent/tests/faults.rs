@@ -342,3 +342,16 @@ fn random_kills_and_resumes_never_lose_or_repeat_a_recorded_task() {
         assert_eq!(runs[id], *count, "seed {seed}: task {id} was recorded done, then ran again");
     }
 }
+
+/// `--time-limit`: a task whose runtime hint cannot end in time does not start; the run stops
+/// with what is left pending, for a resume.
+#[test]
+fn no_task_starts_that_cannot_finish_before_the_time_limit() {
+    let d = Dir::new("time-limit");
+    d.write("tasks.txt", "[runtime=1s] true\n".repeat(4) + &"[runtime=1h] sleep 3600\n".repeat(2));
+    let o = d.htc(&["run", "--time-limit", "60", "tasks.txt"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("2 tasks cannot finish before the time limit"), "{}", text(&o));
+    let json: serde_json::Value = serde_json::from_slice(&d.htc(&["status", "--json"]).stdout).unwrap();
+    assert_eq!((json["counts"]["done"].as_u64(), json["counts"]["pending"].as_u64()), (Some(4), Some(2)), "{json}");
+}

@@ -138,6 +138,23 @@ cancelled_then_resumed() {
     check "resume: the new job says what it continues" grep -q "continues the run of job $j" "$w/slurm-$j2.out"
 }
 
+# Near the time limit: tasks whose runtime hint cannot end before the job does never start;
+# the job ends at once with them pending, for `htc resume` with more time.
+time_limit() {
+    local w j state done pending
+    w=$(cluster_workdir timelimit)
+    { printf '[runtime=1s] echo "$HTC_TASK_ID" >> ids.txt\n%.0s' $(seq 8); printf '[runtime=10m] sleep 600\n%.0s' 1 2; } >"$w/tasks.txt"
+    chown -R "$HTC_CLUSTER_USER" "$w"
+    j=$(submit "$w" -N 2 -t 3 --htc=tasks.txt --wrap=:) || { bad "time limit: submit"; return; }
+    state=$(wait_job "$j" 120)
+    check "time limit: job $j ended before its limit (was $state)" test "$state" = FAILED
+    done=$(as_user -C "$w" "$bin/htc" status "$j" --json | grep -o '"done":[0-9]*' | cut -d: -f2)
+    pending=$(as_user -C "$w" "$bin/htc" status "$j" --json | grep -o '"pending":[0-9]*' | cut -d: -f2)
+    check "time limit: the 8 short tasks done, the 2 of 10 minutes pending ($done, $pending)" test "$done $pending" = "8 2"
+    check "time limit: the output says why and what to do" \
+        grep -q "2 tasks cannot finish before the time limit.*htc resume $j" "$w/slurm-$j.out"
+}
+
 echo "== 4 nodes (network namespaces)"
 "$root/tests/cluster/start-cluster.sh" -n 4 -m netns -c 2 >/dev/null || { echo "cluster did not start"; exit 1; }
 cluster_env
@@ -145,6 +162,7 @@ install_htc
 killed_agent
 link_down
 cancelled_then_resumed
+time_limit
 
 [[ $failed == 0 ]] || cluster_logs 20
 "$root/tests/cluster/stop-cluster.sh" >/dev/null 2>&1

@@ -276,6 +276,8 @@ fn lead(a: LeadArgs, script: Vec<OsString>) -> anyhow::Result<i32> {
         layout,
         live: Liveness::new(site.lost_after),
         max_fails: a.max_fails,
+        // The job's end, less Slurm's default KillWait for the session to end well.
+        deadline_us: slurm::time_left().map(|left| htc::rundir::now_us() + left.saturating_sub(30_000_000)),
     };
     let lock = run.lock()?;
     {

@@ -117,6 +117,7 @@ fn real_main() -> anyhow::Result<i32> {
             output,
             retries,
             max_fails,
+            time_limit,
             quiet,
             exec,
             partition,
@@ -185,6 +186,7 @@ fn real_main() -> anyhow::Result<i32> {
                 layout: Arc::new(Tree::instances(agents as u32, instance_agents, fanout.max(1))),
                 live: htc::liveness::Liveness::new(site.lost_after),
                 max_fails,
+                deadline_us: time_limit.map(|s| rundir::now_us() + s * 1_000_000),
             };
             let outcome = leader::run(cfg, |addr, tx| local.start(&run, addr, tx))?;
             let code = leader::finish(&run, &outcome, quiet);

@@ -98,6 +98,9 @@ pub enum Ending {
     /// `--max-fails`: this many tasks failed for good, so nothing more was started and the
     /// run stopped once what was running ended; it can be resumed.
     TooManyFailures(u64),
+    /// What is left (this many tasks) cannot finish before the time limit, by their runtime
+    /// hints; it waits for a resume.
+    OutOfTime(u64),
 }
 
 struct Agent {
@@ -151,6 +154,12 @@ pub struct Core<'a> {
     max_fails: Option<u64>,
     /// Tasks that succeeded in this session (black holes are judged against them).
     oks: u64,
+    /// The time limit (the Slurm job's end, `--time-limit`): a task whose runtime hint would
+    /// not end before it is set aside for the next session.
+    deadline_us: Option<u64>,
+    late: std::collections::HashSet<u64>,
+    /// The time of the input being handled.
+    now_us: u64,
     /// The agents were told to start nothing more (`max_fails` reached).
     told_to_hold: bool,
     live: Liveness,
@@ -282,6 +291,9 @@ impl<'a> Core<'a> {
             returned: HashMap::new(),
             max_fails: None,
             oks: 0,
+            deadline_us: None,
+            late: Default::default(),
+            now_us,
             told_to_hold: false,
         }
     }
@@ -304,6 +316,17 @@ impl<'a> Core<'a> {
             let stop = proto::Shutdown { abort: false, hold: true, reason: reason.clone(), agent };
             out.push((agent, Body::Shutdown(stop)));
         }
+    }
+
+    /// Starts no task whose runtime hint would not end by `end_us`.
+    pub fn with_deadline(mut self, end_us: u64) -> Self {
+        self.deadline_us = Some(end_us);
+        self
+    }
+
+    /// Whether the task, started now, would run past the time limit by its hint.
+    fn too_late(&self, r: &Record) -> bool {
+        self.deadline_us.is_some_and(|d| r.runtime_ms > 0 && self.now_us + r.runtime_ms as u64 * 1000 > d)
     }
 
     /// Tasks failed for good in this session, when that reached `--max-fails`.
@@ -392,6 +415,9 @@ impl<'a> Core<'a> {
         if let Some(failed) = self.failed_too_often().filter(|_| in_flight == 0) {
             return Some(Ending::TooManyFailures(failed));
         }
+        if !self.late.is_empty() && in_flight == 0 && self.counts.unfinished() == self.late.len() as u64 {
+            return Some(Ending::OutOfTime(self.late.len() as u64));
+        }
         self.all_agents_gone().then(|| {
             Ending::AgentsLost(format!(
                 "all {} agents are gone with {} tasks unfinished",
@@ -408,6 +434,7 @@ impl<'a> Core<'a> {
             Ending::Interrupted(s) => format!("leader got signal {s}"),
             Ending::AgentsLost(w) => w.clone(),
             Ending::TooManyFailures(n) => format!("{n} tasks failed (--max-fails)"),
+            Ending::OutOfTime(n) => format!("{n} tasks cannot finish before the time limit"),
         };
         let abort = *ending != Ending::Complete;
         for (&agent, _) in self.agents.iter().filter(|(_, a)| a.alive) {
@@ -434,6 +461,7 @@ impl<'a> Core<'a> {
 
     /// Feeds one event; frames to send are appended to `out`. `Some` ends the run.
     pub fn handle(&mut self, now_us: u64, t: &mut dyn Tasks, ev: Input, out: &mut Outbox) -> Result<Option<Ending>> {
+        self.now_us = now_us;
         match ev {
             Input::Joined { agent, cores, mem_mb, hostname } => {
                 let Some(instance) = self.instance_of(agent) else {
@@ -798,7 +826,9 @@ impl<'a> Core<'a> {
             if r.state() != State::Pending || self.in_flight.contains(id) {
                 continue;
             }
-            if self.fits(agent, &r) {
+            if self.too_late(&r) {
+                self.late.insert(id);
+            } else if self.fits(agent, &r) {
                 self.take_task(t, agent, id, r, &mut specs)?;
                 want -= 1;
             } else if self.all_accounted() && !self.schedulable(&r) {
@@ -836,7 +866,9 @@ impl<'a> Core<'a> {
                 if r.state() != State::Pending || self.in_flight.contains(id) {
                     continue; // done in an earlier session, or out already
                 }
-                if self.fits(agent, &r) {
+                if self.too_late(&r) {
+                    self.late.insert(id);
+                } else if self.fits(agent, &r) {
                     self.take_task(t, agent, id, r, &mut specs)?;
                     want = want.saturating_sub(1);
                 } else {
@@ -1370,6 +1402,21 @@ mod tests {
         let sent = dispatched(&out);
         assert!(sent.iter().all(|(a, _)| *a == 1), "{sent:?}");
         assert!(sent.iter().flat_map(|(_, t)| t).any(|&(id, attempt)| id == to0[0] && attempt == 2), "{sent:?}");
+    }
+
+    #[test]
+    fn near_the_time_limit_no_task_starts_that_its_hint_says_cannot_finish() {
+        let mut m = Mem::with(6, 0, 1);
+        for id in 1..=6 {
+            m.records.get_mut(&id).unwrap().runtime_ms = if id % 2 == 0 { 100_000 } else { 1_000 };
+        }
+        let mut c = core(&m, 1).with_deadline(10_000_000);
+        let (out, end) = feed(&mut c, &mut m, vec![join(0, 6), want(0, 6)]);
+        assert_eq!(dispatched(&out), vec![(0, vec![(1, 1), (3, 1), (5, 1)])], "the 100 s tasks wait");
+        assert_eq!(end, None);
+        let (_, end) = feed(&mut c, &mut m, [1, 3, 5].into_iter().map(|id| result(0, id, id, 1, 0)).collect());
+        assert_eq!(end, Some(Ending::OutOfTime(3)));
+        assert_eq!(m.state(2), State::Pending, "left for the next session");
     }
 
     #[test]

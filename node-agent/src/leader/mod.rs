@@ -50,6 +50,8 @@ pub struct LeaderConfig {
     pub live: Liveness,
     /// Fail fast: start nothing more once this many tasks failed (`--max-fails`).
     pub max_fails: Option<u64>,
+    /// Start no task whose runtime hint would not end by then (unix µs): the job's end.
+    pub deadline_us: Option<u64>,
 }
 
 pub struct Outcome {
@@ -105,6 +107,9 @@ pub fn run(
         .with_liveness(cfg.live);
     if let Some(n) = cfg.max_fails {
         core = core.with_max_fails(n);
+    }
+    if let Some(end) = cfg.deadline_us {
+        core = core.with_deadline(end);
     }
     let driver_cfg = DriverConfig { commit_interval: cfg.commit_interval, progress, progress_every };
     let net_cfg = Arc::new(net::NetConfig { secret, job_id: cfg.job_id.clone(), joined: Default::default() });
@@ -210,6 +215,12 @@ pub fn finish(run: &RunDir, outcome: &Outcome, quiet: bool) -> anyhow::Result<i3
                 "htc: stopped after {n} failed tasks (--max-fails); the rest did not run; continue with: {resume}"
             );
             1
+        }
+        Ending::OutOfTime(n) => {
+            eprintln!(
+                "htc: {n} tasks cannot finish before the time limit (by their runtime hints); continue with: {resume}"
+            );
+            2
         }
         Ending::AgentsLost(why) => {
             eprintln!("htc: {why}; continue with: {resume}");
