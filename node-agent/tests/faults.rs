@@ -6,10 +6,9 @@ mod common;
 
 use std::fs;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{agent_pids, guard_pids, text, wait_for, wait_some, Dir, HTC};
+use common::{agent_pids, guard_pids, text, wait_for, wait_some, Dir};
 use htc::ledger::{Attempt, Ledger, Outcome, State};
 
 /// Attempts recorded as lost in the run's ledger (readable while the leader writes).
@@ -47,16 +46,8 @@ fn a_hung_agent_is_given_up_within_the_bound_and_fences_itself_when_it_resumes()
     let ids = d.path("ids.txt");
     let tasks: String = (0..600).map(|_| format!("sleep 0.02; echo $HTC_TASK_ID >> {}\n", ids.display())).collect();
     d.write("tasks.txt", tasks);
-    let leader = Command::new(HTC)
-        .args(["run", "--agents", "3", "--cores-per-agent", "1", "tasks.txt"])
-        .current_dir(&d.0)
-        .env("HTC_SITE_CONFIG", &site)
-        .env("HTC_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let env = [("HTC_SITE_CONFIG", site.as_os_str()), ("HTC_LOG", "info".as_ref())];
+    let leader = d.spawn_htc(&["run", "--agents", "3", "--cores-per-agent", "1", "tasks.txt"], &env);
     assert!(wait_for(|| fs::read_to_string(&ids).unwrap_or_default().lines().count() >= 60, Duration::from_secs(60)));
     let run = d.run_dir();
     let pid = agent_pids(&run, 1)[0];
@@ -133,15 +124,7 @@ fn tasks_of(agent: i32) -> Vec<i32> {
 fn the_tasks_of_a_killed_agent_are_stopped_whichever_process_is_killed() {
     let d = Dir::new("orphans");
     d.write("tasks.txt", (1..=4).map(|i| format!("sleep 90{i}1 & sleep 90{i}2\n")).collect::<String>());
-    let mut leader = Command::new(HTC)
-        .args(["run", "--agents", "2", "--cores-per-agent", "1", "tasks.txt"])
-        .current_dir(&d.0)
-        .env("HTC_SITE_CONFIG", "/dev/null")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut leader = d.spawn_htc(&["run", "--agents", "2", "--cores-per-agent", "1", "tasks.txt"], &[]);
     let run = wait_some(Duration::from_secs(30), || {
         let run = fs::read_dir(d.path(".htc")).ok()?.flatten().next()?.path();
         let ready = (0..2).all(|a| agent_pids(&run, a).len() == 1 && tasks_of(agent_pids(&run, a)[0]).len() == 3);
@@ -176,15 +159,7 @@ fn a_stopped_leader_is_not_taken_for_dead_and_its_agents_fence_themselves() {
     let site = d.write("site.conf", "lost_after_s = 2\n");
     let env = [("HTC_SITE_CONFIG", site.as_os_str())];
     d.write("tasks.txt", (1..=40).map(|i| format!("sleep 0.3 # {i}\n")).collect::<String>());
-    let leader = Command::new(HTC)
-        .args(["run", "--agents", "2", "--cores-per-agent", "1", "tasks.txt"])
-        .current_dir(&d.0)
-        .env("HTC_SITE_CONFIG", &site)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let leader = d.spawn_htc(&["run", "--agents", "2", "--cores-per-agent", "1", "tasks.txt"], &env);
     let status = || String::from_utf8_lossy(&d.htc_env(&["status"], &env).stdout).into_owned();
     assert!(wait_for(|| status().contains("state:    running"), Duration::from_secs(30)), "{}", status());
     signal(leader.id() as i32, libc::SIGSTOP);
@@ -299,15 +274,7 @@ fn random_kills_and_resumes_never_lose_or_repeat_a_recorded_task() {
     for trial in 0..8 {
         let args: Vec<&str> =
             if trial == 0 { vec!["run", "--agents", "3", "tasks.txt"] } else { vec!["run", "--resume"] };
-        let mut leader = Command::new(HTC)
-            .args(&args)
-            .current_dir(&d.0)
-            .env("HTC_SITE_CONFIG", "/dev/null")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        let mut leader = d.spawn_htc(&args, &[]);
         std::thread::sleep(Duration::from_millis(150 + next(400)));
         let run = d.run_dir();
         let victim = match next(3) {

@@ -357,15 +357,7 @@ fn kill_agent_mid_run(d: &Dir, n: usize, args: &[&str], agent: u32) -> std::path
     let ids = d.path("ids.txt");
     let tasks: String = (0..n).map(|_| format!("sleep 0.01; echo $HTC_TASK_ID >> {}\n", ids.display())).collect();
     d.write("tasks.txt", tasks);
-    let leader = Command::new(HTC)
-        .args(args)
-        .arg("tasks.txt")
-        .current_dir(&d.0)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let leader = d.spawn_htc(&[args, &["tasks.txt"]].concat(), &[]);
     assert!(wait_for(|| id_counts(&ids).len() >= 200, Duration::from_secs(60)), "tasks did not start");
     let run = d.run_dir();
     let pids = agent_pids(&run, agent);

@@ -146,11 +146,18 @@ pub fn run(
         }
         if ending.is_none() && last_tick.elapsed() >= TICK_EVERY {
             last_tick = Instant::now();
+            let fresh = txn.is_none();
+            let before = core.counts();
             let t = match txn.as_mut() {
                 Some(t) => t,
                 None => txn.insert(ledger.write()?),
             };
             ending = core.handle(now_us(), &mut LedgerTasks { txn: t, text }, Input::Tick, &mut out)?;
+            // A tick that gave up no agent wrote nothing: no commit for it (an idle leader would
+            // otherwise commit ten times a second).
+            if fresh && ending.is_none() && core.counts() == before {
+                txn = None;
+            }
         }
         // Dispatches may go out before their commit: a lost dispatch is re-sent after a restart.
         send(&mut out, &links);

@@ -41,6 +41,16 @@ impl Dir {
         }
         c.envs(env.iter().copied()).output().unwrap()
     }
+    /// `htc` started in the background (a run to disturb while it goes), with `htc_env`'s
+    /// environment; its stderr is piped for the assertion messages.
+    pub fn spawn_htc(&self, args: &[&str], env: &[(&str, &std::ffi::OsStr)]) -> std::process::Child {
+        let mut c = Command::new(HTC);
+        c.args(args).current_dir(&self.0).stdin(Stdio::null()).env("XDG_CONFIG_HOME", &self.0);
+        if !env.iter().any(|(k, _)| *k == "HTC_SITE_CONFIG") {
+            c.env("HTC_SITE_CONFIG", "/dev/null");
+        }
+        c.envs(env.iter().copied()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap()
+    }
     /// The only run directory under .htc/.
     pub fn run_dir(&self) -> PathBuf {
         let mut runs: Vec<PathBuf> = fs::read_dir(self.path(".htc")).unwrap().map(|e| e.unwrap().path()).collect();
