@@ -261,6 +261,9 @@ const SIGNAL: u64 = u64::MAX - 1;
 /// In the fallback, the first and the longest wait for an exit that SIGCHLD may not announce.
 const SCAN_FIRST: Duration = Duration::from_millis(1);
 const SCAN_MAX: Duration = Duration::from_millis(64);
+/// Free space is looked at this often while plentiful, and before every report once below `SPACE_LOW`.
+const SPACE_CHECK_EVERY: Duration = Duration::from_secs(2);
+const SPACE_LOW: u64 = 256 << 20;
 
 struct Running {
     task: TaskToRun,
@@ -305,6 +308,12 @@ struct Executor {
     serial: u64,
     events: Vec<ExecEvent>,
     index: Option<BufWriter<File>>,
+    /// Set when output storage failed (a full disk, a failed index write): the loop then stops
+    /// with it, reporting only what was recorded whole.
+    fault: Option<io::Error>,
+    /// When free space was last looked at, and whether it was low then.
+    space_checked: Option<Instant>,
+    space_low: bool,
     env: Vec<CString>,
     path_dirs: Vec<Vec<u8>>,
     resolved: HashMap<Vec<u8>, Option<CString>>,
@@ -360,7 +369,7 @@ impl Executor {
             for s in cfg.first_slot..cfg.first_slot + cfg.slots {
                 slots.push(Slot::new(open(format!("slot-{s}.out"))?, open(format!("slot-{s}.err"))?));
             }
-            index = Some(BufWriter::with_capacity(64 << 10, open(cfg.index_name())?));
+            index = Some(BufWriter::with_capacity(64 << 10, crate::output::open_index(&dir.join(cfg.index_name()))?));
         } else {
             if cfg.output == OutputMode::PerTask {
                 fs::create_dir_all(dir)?;
@@ -400,6 +409,9 @@ impl Executor {
             serial: 0,
             events: Vec::new(),
             index,
+            fault: None,
+            space_checked: None,
+            space_low: false,
             env,
             path_dirs,
             resolved: HashMap::new(),
@@ -455,6 +467,9 @@ impl Executor {
             }
             self.reap_ready();
             self.reap_unwatched();
+            if let Some(e) = self.fault.take() {
+                return Err(self.stop_on_fault(e));
+            }
             self.enforce_deadlines();
             if !aborting && !held {
                 self.start_queued();
@@ -465,17 +480,17 @@ impl Executor {
                 epoll_del(&self.epoll, fd.as_raw_fd());
             }
             if !self.events.is_empty() {
-                if let Some(ix) = self.index.as_mut() {
-                    ix.flush()?;
+                if let Some(e) = self.space_fault() {
+                    return Err(self.stop_on_fault(e));
+                }
+                if let Err(e) = self.flush_index() {
+                    return Err(self.stop_on_fault(e));
                 }
                 sink(std::mem::take(&mut self.events));
             }
             // Held, the queue never starts: finishing ends with what runs.
             if finishing && (self.queue.is_empty() || held) && self.running.is_empty() {
-                if let Some(ix) = self.index.as_mut() {
-                    ix.flush()?;
-                }
-                return Ok(());
+                return self.flush_index();
             }
             let mut timeout = self
                 .deadlines
@@ -640,7 +655,10 @@ impl Executor {
                         err_off,
                         err_len: msg.len() as u64,
                     };
-                    let _ = ix.write_all(&e.encode());
+                    if let Err(e) = ix.write_all(&e.encode()) {
+                        let e = this.storage_error("writing the output index", e);
+                        this.fault.get_or_insert(e);
+                    }
                 }
             }
             this.release(&slots, t.mem_mb);
@@ -852,9 +870,20 @@ impl Executor {
                 err_off: r.err_off,
                 err_len: ee.saturating_sub(r.err_off),
             };
-            let _ = ix.write_all(&e.encode());
+            if let Err(e) = ix.write_all(&e.encode()) {
+                let e = self.storage_error("writing the output index", e);
+                self.fault.get_or_insert(e);
+            }
         }
         self.release(&r.slots, r.task.mem_mb);
+        if outcome != Outcome::Exited || value != 0 {
+            if let Some(full) = self.disk_full() {
+                // Not the task's fault: its end is not reported, so it runs again on resume
+                // without using up a retry.
+                self.fault.get_or_insert(full);
+                return;
+            }
+        }
         self.events.push(ExecEvent::Finished(Finished {
             id: r.task.id,
             attempt: r.task.attempt,
@@ -888,6 +917,57 @@ impl Executor {
                 Some(_) => {}
             }
         }
+    }
+
+    fn flush_index(&mut self) -> io::Result<()> {
+        let Some(ix) = self.index.as_mut() else { return Ok(()) };
+        ix.flush().map_err(|e| self.storage_error("writing the output index", e))
+    }
+
+    /// Some(error) when the disk holding the output is full: tasks that fail then most likely
+    /// failed writing their output.
+    fn disk_full(&self) -> Option<io::Error> {
+        let dir = &self.cfg.out_dir;
+        let free = crate::storage::free_bytes(dir).filter(|&b| b < crate::storage::NEARLY_FULL)?;
+        Some(io::Error::new(
+            io::ErrorKind::StorageFull,
+            format!("the disk holding {} is full ({free} bytes free)", dir.display()),
+        ))
+    }
+
+    fn storage_error(&self, what: &str, e: io::Error) -> io::Error {
+        let path = self.cfg.out_dir.join(self.cfg.index_name());
+        io::Error::new(e.kind(), format!("{what} {}: {e}", path.display()))
+    }
+
+    /// Output storage failed: stop every task. The ends not yet reported are dropped (their
+    /// output may be cut short or unindexed), so those tasks run again on resume.
+    fn stop_on_fault(&mut self, e: io::Error) -> io::Error {
+        self.queue.clear();
+        self.abort_all();
+        self.events.clear();
+        // A full disk is the likeliest cause of any write error, and the most useful to name.
+        let e = self.disk_full().unwrap_or(e);
+        tracing::error!(agent = self.cfg.agent, error = %e, "output storage failed");
+        e
+    }
+
+    /// Before ends are reported: is the disk holding the output full? A task that wrote to a
+    /// full disk may still exit 0 (dash's printf does), its output cut short. Checked before
+    /// every report while space is low, and every few seconds otherwise (statfs can be a
+    /// server round trip on a network filesystem).
+    fn space_fault(&mut self) -> Option<io::Error> {
+        if self.cfg.output == OutputMode::None {
+            return None;
+        }
+        let now = Instant::now();
+        if !self.space_low && self.space_checked.is_some_and(|t| now.duration_since(t) < SPACE_CHECK_EVERY) {
+            return None;
+        }
+        self.space_checked = Some(now);
+        let free = crate::storage::free_bytes(&self.cfg.out_dir)?;
+        self.space_low = free < SPACE_LOW;
+        self.disk_full()
     }
 
     fn abort_all(&mut self) {

@@ -5,6 +5,7 @@
 //! the record points into the run's copy of the task file (`cmd_off`, `cmd_len`), which keeps
 //! disk per task at the record plus the line itself.
 
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use lmdb::{Cursor, Database, DatabaseFlags, Environment, EnvironmentFlags, RwTransaction, Transaction, WriteFlags};
@@ -17,8 +18,9 @@ const MAP_SIZE: usize = 1 << 40;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LedgerError {
-    #[error("ledger {path}: {source}")]
-    Lmdb { path: String, source: lmdb::Error },
+    // Not a `source`: the message already carries it, and a chain would print it twice.
+    #[error("ledger {path}: {error}")]
+    Lmdb { path: String, error: lmdb::Error },
     #[error("ledger schema version {found} is not supported (this build reads version {SCHEMA_VERSION})")]
     Schema { found: u32 },
     #[error("ledger record of task {id} is corrupt ({len} bytes)")]
@@ -328,6 +330,46 @@ fn close_on_exec(env: &Environment) -> std::io::Result<()> {
     Ok(())
 }
 
+/// LMDB reports a short write as EIO; on a full disk that is what it is, and the user should
+/// read "No space left on device", not suspect their hardware.
+fn name_full_disk(path: &Path, e: lmdb::Error) -> lmdb::Error {
+    if e != lmdb::Error::Other(libc::EIO) {
+        return e;
+    }
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    match crate::storage::free_bytes(dir) {
+        Some(free) if free < crate::storage::NEARLY_FULL => lmdb::Error::Other(libc::ENOSPC),
+        _ => e,
+    }
+}
+
+/// Room for LMDB's reader table (64-byte slots after a small header; 256 readers need 16.1 KiB).
+const LOCK_FILE_LEN: i64 = 64 << 10;
+
+/// LMDB sizes its lock file with `ftruncate` and writes it through a shared memory map: on a full
+/// disk the first write to a page the filesystem cannot back kills the process with SIGBUS. Giving
+/// the file real blocks first turns a full disk into ENOSPC here, with the ledger's name on it.
+fn reserve_lock_file(path: &Path) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let mut lock = path.as_os_str().to_owned();
+    lock.push("-lock");
+    let f =
+        match std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o600).open(&lock) {
+            Ok(f) => f,
+            // A reader without write access (a shared run directory) leaves the file to LMDB.
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => return Ok(()),
+            Err(e) => return Err(e),
+        };
+    if f.metadata()?.len() >= LOCK_FILE_LEN as u64 {
+        return Ok(());
+    }
+    // SAFETY: posix_fallocate on a descriptor we own; it returns the error number itself.
+    match unsafe { libc::posix_fallocate(f.as_raw_fd(), 0, LOCK_FILE_LEN) } {
+        0 => Ok(()),
+        e => Err(std::io::Error::from_raw_os_error(e)),
+    }
+}
+
 pub struct Ledger {
     env: Environment,
     path: String,
@@ -364,7 +406,8 @@ impl Ledger {
     fn open_env(path: &Path, read_only: bool) -> Result<Ledger> {
         let p = path.display().to_string();
         check_size(path).map_err(|why| LedgerError::Damaged { path: p.clone(), why })?;
-        let err = |source| LedgerError::Lmdb { path: p.clone(), source };
+        let err = |error| LedgerError::Lmdb { path: p.clone(), error: name_full_disk(path, error) };
+        reserve_lock_file(path).map_err(|e| err(lmdb::Error::from_err_code(e.raw_os_error().unwrap_or(libc::EIO))))?;
         // NO_SYNC: a commit reaches the page cache, which survives the leader's death (kill -9);
         // the leader calls `sync` on a timer so a machine crash loses at most that window.
         let mut flags = EnvironmentFlags::NO_SUB_DIR | EnvironmentFlags::NO_SYNC | EnvironmentFlags::NO_READAHEAD;
@@ -396,7 +439,7 @@ impl Ledger {
     }
 
     fn err(&self, source: lmdb::Error) -> LedgerError {
-        LedgerError::Lmdb { path: self.path.clone(), source }
+        LedgerError::Lmdb { path: self.path.clone(), error: name_full_disk(Path::new(&self.path), source) }
     }
 
     pub fn write(&self) -> Result<WriteTxn<'_>> {

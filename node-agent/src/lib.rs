@@ -23,6 +23,7 @@ pub mod simulate;
 pub mod site;
 pub mod slurm;
 pub mod status;
+pub mod storage;
 
 /// Generated from `proto/htc.proto`.
 pub mod proto {

@@ -162,21 +162,22 @@ pub fn create_run(
         t.commit()?;
         Ok::<_, LoadError>(loaded)
     })();
-    match result {
-        Ok(loaded) => {
-            run.write_secret().map_err(|e| CreateError::Io(format!("writing the job secret: {e}")))?;
-            Ok((run, loaded))
-        }
-        Err(e) => {
-            let _ = std::fs::remove_dir_all(&run.path);
-            Err(CreateError::Load(e))
-        }
+    // A run that cannot be made whole (a bad task file, a full disk) is removed, so that no
+    // half-made run is left for `htc status` or a resume to trip over.
+    let result = result.map_err(CreateError::Load).and_then(|loaded| {
+        run.write_secret()
+            .map_err(|e| CreateError::Io(format!("writing the job secret into {}: {e}", run.path.display())))?;
+        Ok(loaded)
+    });
+    if result.is_err() {
+        let _ = std::fs::remove_dir_all(&run.path);
     }
+    result.map(|loaded| (run, loaded))
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum CreateError {
-    #[error("{0}")]
+    #[error(transparent)]
     Load(#[from] LoadError),
     #[error("{0}")]
     Io(String),

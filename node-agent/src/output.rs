@@ -50,6 +50,21 @@ impl IndexEntry {
     }
 }
 
+/// Opens an output index for appending. A record cut short (a full disk, a crash mid-write) is
+/// dropped first: appending after it would shift every later record and make their output
+/// unreadable. Its task's end was never reported, so the task runs again anyway.
+pub fn open_index(path: &Path) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new().append(true).create(true).custom_flags(libc::O_CLOEXEC).open(path)?;
+    let len = f.metadata()?.len();
+    let torn = len % INDEX_ENTRY_LEN as u64;
+    if torn != 0 {
+        tracing::warn!(index = %path.display(), bytes = torn, "dropping a torn output-index record");
+        f.set_len(len - torn)?;
+    }
+    Ok(f)
+}
+
 pub fn read_index(path: &Path) -> io::Result<Vec<IndexEntry>> {
     let mut b = Vec::new();
     File::open(path)?.read_to_end(&mut b)?;
@@ -85,4 +100,24 @@ pub fn copy_range(path: &Path, off: u64, len: u64, w: &mut impl io::Write) -> io
     f.seek(SeekFrom::Start(off))?;
     io::copy(&mut f.take(len), w)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn a_torn_last_record_is_dropped_before_appending_so_later_records_stay_aligned() {
+        let path = std::env::temp_dir().join(format!("htc-index-torn-{}", std::process::id()));
+        let rec = |id| IndexEntry { id, attempt: 1, slot: 0, out_off: id * 10, out_len: 10, err_off: 0, err_len: 0 };
+        let mut bytes = [rec(1).encode(), rec(2).encode()].concat();
+        bytes.extend_from_slice(&rec(3).encode()[..20]); // cut short by a full disk
+        std::fs::write(&path, &bytes).unwrap();
+        open_index(&path).unwrap().write_all(&rec(4).encode()).unwrap();
+        let ids: Vec<u64> = read_index(&path).unwrap().iter().map(|e| e.id).collect();
+        assert_eq!(ids, [1, 2, 4]);
+        assert_eq!(find_entry(&path, 4, None).unwrap(), Some(rec(4)));
+        std::fs::remove_file(&path).unwrap();
+    }
 }

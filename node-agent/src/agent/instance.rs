@@ -238,6 +238,8 @@ impl Instance {
                 }
                 self.merge(member, r)
             }
+            // The member says why it stops; its connection closing follows and hands its tasks back.
+            Body::Lost(l) => tracing::warn!(head = self.id, member, why = %l.reason, "member stopping"),
             _ => tracing::debug!(head = self.id, member, "unexpected frame from a member ignored"),
         }
     }

@@ -185,6 +185,10 @@ impl Machine {
             // The agent goes away as a whole: its connection closes, and the leader gives its
             // tasks to others (those that had started count as lost), as for a lost agent.
             Input::ExecFailed(why) => {
+                // Said before the connection closes, so the leader can tell the user why.
+                if self.parent == Parent::Open {
+                    out.push(Effect::Up(Body::Lost(proto::Lost { agent: self.id, reason: why.clone() })));
+                }
                 self.stop(why, out);
                 false
             }
@@ -579,7 +583,11 @@ mod tests {
     fn a_failed_executor_stops_the_agent_without_reporting_what_it_killed() {
         let mut m = holding(2, 32);
         let out = step(&mut m, 2, Input::ExecFailed("spawn loop 1 stopped unexpectedly".into()));
-        assert!(matches!(out.as_slice(), [Effect::Exec(Command::Abort)]));
+        // The leader hears why before the connection closes.
+        assert!(
+            matches!(out.as_slice(), [Effect::Up(Body::Lost(l)), Effect::Exec(Command::Abort)] if l.agent == m.id && l.reason.contains("spawn loop 1")),
+            "{out:?}"
+        );
         // The killed tasks' ends go nowhere; the leader counts them lost with the agent.
         assert!(step(&mut m, 3, Input::Exec(vec![done(0)])).is_empty());
         assert!(step(&mut m, 4, Input::ExecEnded).is_empty());

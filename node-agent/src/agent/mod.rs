@@ -278,7 +278,7 @@ impl Drop for Sink {
 /// CPUs, with `Spread` choosing which runs each task.
 struct Executors {
     handles: Vec<Handle>,
-    threads: Vec<std::thread::JoinHandle<std::io::Result<()>>>,
+    threads: Vec<Option<std::thread::JoinHandle<std::io::Result<()>>>>,
     spread: Spread,
     /// Told to finish or abort: from then on a spawner that stops is expected to.
     stopping: bool,
@@ -294,7 +294,7 @@ impl Executors {
             let (h, t) = simexec::start(cfg.exec, cfg.slots, sink(0))?;
             return Ok(Executors {
                 handles: vec![h],
-                threads: vec![t],
+                threads: vec![Some(t)],
                 spread: Spread::new(vec![cfg.slots]),
                 stopping: false,
             });
@@ -316,7 +316,7 @@ impl Executors {
             let ec = ExecConfig { cpus, slots: n, spawner: i, first_slot: first, ..exec_config(cfg, job_id) };
             let (h, t) = executor::start(ec, sink(i))?;
             x.handles.push(h);
-            x.threads.push(t);
+            x.threads.push(Some(t));
             slots.push(n);
         }
         x.spread = Spread::new(slots);
@@ -346,13 +346,19 @@ impl Executors {
     }
 
     /// Spawner `i`'s thread ended. Unasked, that is a failure: the others are stopped too, and
-    /// the reason is returned for the agent.
+    /// the reason is returned for the agent (the thread's own error, when it returned one).
     fn ended(&mut self, i: usize) -> Option<String> {
         if self.stopping {
             return None;
         }
         self.send(Command::Abort);
-        Some(format!("spawn loop {i} stopped unexpectedly"))
+        // The thread dropped its sink on the way out: joining waits for its last instructions.
+        let why = match self.threads.get_mut(i).and_then(Option::take).map(|t| t.join()) {
+            Some(Ok(Err(e))) => format!("spawn loop {i} failed: {e}"),
+            Some(Err(_)) => format!("spawn loop {i} panicked"),
+            _ => format!("spawn loop {i} stopped unexpectedly"),
+        };
+        Some(why)
     }
 
     /// Spawner `i` reported these events.
@@ -363,6 +369,7 @@ impl Executors {
 
     fn join(self) {
         for (i, t) in self.threads.into_iter().enumerate() {
+            let Some(t) = t else { continue };
             match t.join() {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => tracing::error!(spawner = i, error = %e, "spawn loop failed"),

@@ -162,6 +162,8 @@ pub struct Core<'a> {
     now_us: u64,
     /// The agents were told to start nothing more (`max_fails` reached).
     told_to_hold: bool,
+    /// Why the last agent lost unexpectedly went (with its id and host), for the final message.
+    last_loss: Option<String>,
     live: Liveness,
     /// When the agents were last sent a heartbeat.
     beat_us: u64,
@@ -295,6 +297,7 @@ impl<'a> Core<'a> {
             late: Default::default(),
             now_us,
             told_to_hold: false,
+            last_loss: None,
         }
     }
 
@@ -419,8 +422,9 @@ impl<'a> Core<'a> {
             return Some(Ending::OutOfTime(self.late.len() as u64));
         }
         self.all_agents_gone().then(|| {
+            let last = self.last_loss.as_ref().map(|w| format!(" (the last: {w})")).unwrap_or_default();
             Ending::AgentsLost(format!(
-                "all {} agents are gone with {} tasks unfinished",
+                "all {} agents are gone with {} tasks unfinished{last}",
                 self.expected_agents,
                 self.counts.unfinished()
             ))
@@ -631,6 +635,7 @@ impl<'a> Core<'a> {
             tracing::info!(job = %self.job_id, agent, host = %a.hostname, "agent left, as told");
         } else {
             tracing::warn!(job = %self.job_id, agent, host = %a.hostname, %why, "agent lost");
+            self.last_loss = Some(format!("agent {agent} on {}: {why}", a.hostname));
         }
         self.requeue_agent(t, agent, now_us)?;
         self.dispatch_all(t, out)

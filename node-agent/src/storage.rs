@@ -1,0 +1,37 @@
+//! What the filesystems under a run can still take: a full disk must be an error with a name, not
+//! a task "failure" that uses up retries or a torn record that hides what was done.
+
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+/// Free space below this counts as a full disk: tasks that fail then are not blamed for it.
+pub const NEARLY_FULL: u64 = 1 << 20;
+
+/// Bytes an unprivileged writer may still use on the filesystem holding `dir`.
+pub fn free_bytes(dir: &Path) -> Option<u64> {
+    let c = CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs fills the zeroed struct for a NUL-terminated path.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    Some((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+}
+
+/// Whether the filesystem holding `dir` is (nearly) full.
+pub fn is_full(dir: &Path) -> bool {
+    free_bytes(dir).is_some_and(|b| b < NEARLY_FULL)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_space_of_a_real_directory_and_none_for_a_missing_one() {
+        assert!(free_bytes(Path::new("/")).is_some());
+        assert!(free_bytes(Path::new("/no/such/dir/here")).is_none());
+        assert!(!is_full(Path::new("/no/such/dir/here")), "unknown is not full");
+    }
+}

@@ -1,0 +1,149 @@
+//! Damaged and full storage, end to end: a disk that fills up before or during a run is a clear
+//! error that loses nothing done, and a resume once there is space again finishes the run with
+//! every task's output readable. The disks are real (tmpfs mounts of a fixed size; the tests run
+//! as root, as CI does).
+
+mod common;
+
+use std::ffi::CString;
+use std::fs;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use common::{text, Dir};
+use htc::ledger::{Ledger, State};
+
+/// A tmpfs of `size` mounted over a test directory, detached when dropped (before the directory
+/// itself is removed).
+struct Disk(PathBuf);
+
+impl Disk {
+    fn mount(at: &Path, size: &str) -> Disk {
+        let opts = format!("size={size},mode=0755");
+        mount_tmpfs(at, &opts, 0);
+        Disk(at.to_path_buf())
+    }
+
+    fn resize(&self, size: &str) {
+        mount_tmpfs(&self.0, &format!("size={size}"), libc::MS_REMOUNT);
+    }
+
+    /// Fills the disk up to `leave` bytes free with a file `fill`.
+    fn fill(&self, leave: u64) {
+        let free = htc::storage::free_bytes(&self.0).unwrap();
+        let n = free.saturating_sub(leave);
+        let f = fs::File::create(self.0.join("fill")).unwrap();
+        use std::io::Write;
+        let mut w = std::io::BufWriter::new(f);
+        let block = vec![0u8; 4096];
+        let mut written = 0;
+        while written + 4096 <= n {
+            w.write_all(&block).unwrap();
+            written += 4096;
+        }
+        w.flush().unwrap();
+    }
+}
+
+fn mount_tmpfs(at: &Path, opts: &str, flags: libc::c_ulong) {
+    let (src, ty) = (c"tmpfs", c"tmpfs");
+    let at_c = CString::new(at.as_os_str().as_bytes()).unwrap();
+    let o = CString::new(opts).unwrap();
+    // SAFETY: mount(2) with NUL-terminated strings that outlive the call.
+    let rc = unsafe { libc::mount(src.as_ptr(), at_c.as_ptr(), ty.as_ptr(), flags, o.as_ptr().cast()) };
+    assert_eq!(
+        rc,
+        0,
+        "mount tmpfs on {} ({opts}): {} — these tests need root",
+        at.display(),
+        std::io::Error::last_os_error()
+    );
+}
+
+impl Drop for Disk {
+    fn drop(&mut self) {
+        let c = CString::new(self.0.as_os_str().as_bytes()).unwrap();
+        // SAFETY: detaching the mount this test made; MNT_DETACH also works while it is busy.
+        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+/// Exited by itself (a code, not a signal).
+fn exited(o: &std::process::Output) -> Option<i32> {
+    o.status.code()
+}
+
+#[test]
+fn a_full_disk_at_the_start_is_a_clear_error_and_leaves_no_half_made_run() {
+    let d = Dir::new("full-at-start");
+    let disk = Disk::mount(&d.0, "2m");
+    d.write("tasks.txt", "echo a\necho b\n");
+    // Every amount of room too small for a run, from none to a few pages: never a signal.
+    for leave in [0u64, 8 << 10, 32 << 10, 96 << 10, 160 << 10] {
+        let _ = fs::remove_file(d.path("fill"));
+        disk.fill(leave);
+        for cmd in ["run", "prepare"] {
+            let o = d.htc(&[cmd, "tasks.txt"]);
+            if o.status.success() {
+                // The room sufficed after all: a real run, which is fine; clean up for the next.
+                let _ = fs::remove_dir_all(d.path(".htc"));
+                continue;
+            }
+            assert_eq!(exited(&o), Some(2), "{cmd} with {leave} bytes free: {}", text(&o));
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(
+                err.contains("No space left on device") || err.contains("is full"),
+                "{cmd} with {leave} bytes free: {err}"
+            );
+            // Either no run at all, or a whole one that stopped when its agent found the disk
+            // full, and says how to go on.
+            let runs = fs::read_dir(d.path(".htc")).map(|r| r.count()).unwrap_or(0);
+            if !err.contains("htc run --resume") {
+                assert_eq!(runs, 0, "{cmd} with {leave} bytes free left a half-made run behind: {err}");
+            }
+            let _ = fs::remove_dir_all(d.path(".htc"));
+        }
+    }
+}
+
+/// Tasks the ledger records done.
+fn done(run: &Path) -> usize {
+    let l = Ledger::open(&run.join("ledger.mdb"), true).unwrap();
+    let t = l.read().unwrap();
+    let mut n = 0;
+    t.for_each(|_, r| n += (r.state() == State::Done) as usize).unwrap();
+    n
+}
+
+#[test]
+fn a_disk_that_fills_mid_run_stops_it_cleanly_and_a_resume_finishes_with_all_output_readable() {
+    let n = 1500u64;
+    let tasks: String = (0..n).map(|_| "printf 'task %s %0300d\\n' $HTC_TASK_ID 0\n").collect();
+    // The disk fills at different moments: early (the ledger's pages), mid-way, late.
+    for leave in [400u64 << 10, 550 << 10, 700 << 10] {
+        let d = Dir::new(&format!("full-mid-run-{leave}"));
+        let disk = Disk::mount(&d.0, "3m");
+        d.write("tasks.txt", &tasks);
+        disk.fill(leave);
+        let o = d.htc(&["run", "--agents", "2", "tasks.txt"]);
+        assert_eq!(exited(&o), Some(2), "{leave} bytes free: the run cannot finish: {}", text(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("No space left on device") || err.contains("is full"), "{leave}: {err}");
+        let run = d.run_dir();
+        let before = done(&run);
+        assert!(before < n as usize, "{leave}: {before} done");
+
+        disk.resize("64m");
+        let o = d.htc(&["run", "--resume", "-q"]);
+        assert!(o.status.success(), "{leave}: the resume: {}", text(&o));
+        assert_eq!(done(&run), n as usize, "{leave}: every task done after the resume");
+        // Every task's output is there and is its own, whether it ran before the disk filled or
+        // after the resume.
+        let id = d.run_id();
+        for task in 1..=n {
+            let o = d.htc(&["output", &id, &task.to_string()]);
+            let want = format!("task {task} {:0300}\n", 0);
+            assert_eq!(String::from_utf8_lossy(&o.stdout), want, "{leave}: output of task {task}: {}", text(&o));
+        }
+    }
+}
