@@ -121,6 +121,12 @@ pub mod htc {
             #[arg(long)]
             json: bool,
         },
+        /// Read a run's whole ledger and say which tasks it can still vouch for (after a crash,
+        /// a full disk or damaged storage). Exit status 0 when intact, 1 when damaged.
+        Verify {
+            /// A run directory or id (default: the newest in ./.htc).
+            run: Option<String>,
+        },
         /// Measure what starting an agent and dispatching a task cost here (HFlow's s and d) and
         /// write them to the site file that plans partitions (docs/site-config.md).
         Calibrate {

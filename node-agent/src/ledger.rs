@@ -307,8 +307,41 @@ fn collect_attempts(c: &mut lmdb::RoCursor<'_>, id: u64) -> std::result::Result<
 }
 
 extern "C" {
-    // lmdb-rkv links LMDB but does not re-export its FFI; this is `mdb_env_get_fd` of lmdb.h.
+    // lmdb-rkv links LMDB but does not re-export its FFI; these are from lmdb.h.
     fn mdb_env_get_fd(env: *mut libc::c_void, fd: *mut libc::c_int) -> libc::c_int;
+    fn mdb_env_get_path(env: *mut libc::c_void, path: *mut *const libc::c_char) -> libc::c_int;
+    fn mdb_env_set_assert(
+        env: *mut libc::c_void,
+        func: Option<unsafe extern "C" fn(*mut libc::c_void, *const libc::c_char)>,
+    ) -> libc::c_int;
+}
+
+/// LMDB checks some of its invariants with assertions that end in abort(); a damaged page trips
+/// them. This runs first: the user reads which file is damaged, and htc exits with its error
+/// status instead of dumping core.
+unsafe extern "C" fn on_lmdb_assert(env: *mut libc::c_void, msg: *const libc::c_char) {
+    let put = |b: &[u8]| {
+        // SAFETY: writing a live buffer to stderr.
+        unsafe { libc::write(2, b.as_ptr().cast(), b.len()) };
+    };
+    let cstr = |p: *const libc::c_char| {
+        // SAFETY: LMDB passes NUL-terminated strings (or null, checked).
+        if p.is_null() {
+            &[][..]
+        } else {
+            unsafe { std::ffi::CStr::from_ptr(p) }.to_bytes()
+        }
+    };
+    let mut path: *const libc::c_char = std::ptr::null();
+    // SAFETY: env is the environment whose assertion failed; the path stays owned by LMDB.
+    unsafe { mdb_env_get_path(env, &mut path) };
+    put(b"htc: ledger ");
+    put(cstr(path));
+    put(b" is damaged: LMDB found a broken page (");
+    put(cstr(msg));
+    put(b"); it cannot be read safely (htc verify says which tasks it still vouches for)\n");
+    // SAFETY: leaving at once, as abort() would, but with htc's error status.
+    unsafe { libc::_exit(2) };
 }
 
 /// LMDB 0.9.24 opens its lock and meta-page files close-on-exec but the data file without
@@ -371,6 +404,8 @@ fn reserve_lock_file(path: &Path) -> std::io::Result<()> {
 }
 
 pub struct Ledger {
+    /// Declared before `env`, so it is unregistered before the map goes away.
+    _fault: Option<crate::mapfault::Registration>,
     env: Environment,
     path: String,
     tasks: Database,
@@ -421,6 +456,16 @@ impl Ledger {
             .set_max_readers(256)
             .open_with_permissions(path, 0o600)
             .map_err(err)?;
+        // A damaged page can point a read past the file's end: name the file instead of dying.
+        let _fault = crate::mapfault::find_map(path).and_then(|(base, len)| {
+            let what = format!(
+                "ledger {p} is damaged: a read through its memory map faulted; it cannot be read safely \
+                 (htc verify says which tasks it still vouches for)"
+            );
+            crate::mapfault::register_blaming_nulls(base, len, &what)
+        });
+        // SAFETY: installing a callback on the environment we just opened.
+        unsafe { mdb_env_set_assert(env.env().cast(), Some(on_lmdb_assert)) };
         close_on_exec(&env).map_err(|e| err(lmdb::Error::from_err_code(e.raw_os_error().unwrap_or(libc::EIO))))?;
         let db = |name| {
             if read_only {
@@ -435,7 +480,7 @@ impl Ledger {
             db("attempts").map_err(err)?,
             db("failed").map_err(err)?,
         );
-        Ok(Ledger { env, path: p, tasks, meta, attempts, failed })
+        Ok(Ledger { _fault, env, path: p, tasks, meta, attempts, failed })
     }
 
     fn err(&self, source: lmdb::Error) -> LedgerError {
@@ -612,6 +657,31 @@ impl ReadTxn<'_> {
     pub fn attempts(&self, id: u64) -> Result<Vec<Attempt>> {
         let mut c = self.txn.open_ro_cursor(self.l.attempts).map_err(|e| self.l.err(e))?;
         collect_attempts(&mut c, id).map_err(|e| self.l.err(e))
+    }
+
+    /// Visits the tasks from id `from` on, in id order, each with its record or why it cannot be
+    /// decoded; stops at the first error of the tree itself (a damaged page), which it returns.
+    pub fn walk_tasks(&self, from: u64, mut f: impl FnMut(u64, Result<Record>)) -> Result<()> {
+        let mut c = self.txn.open_ro_cursor(self.l.tasks).map_err(|e| self.l.err(e))?;
+        for item in c.iter_from(key(from)) {
+            let (k, v) = item.map_err(|e| self.l.err(e))?;
+            let damaged =
+                || LedgerError::Damaged { path: self.l.path.clone(), why: format!("a task key of {} bytes", k.len()) };
+            let id = u64::from_be_bytes(k.try_into().map_err(|_| damaged())?);
+            f(id, Record::decode(id, v));
+        }
+        Ok(())
+    }
+
+    /// Reads every entry of the attempt history and of the failed-task index; the first error.
+    pub fn check_history(&self) -> Result<()> {
+        for db in [self.l.attempts, self.l.failed] {
+            let mut c = self.txn.open_ro_cursor(db).map_err(|e| self.l.err(e))?;
+            for item in c.iter_start() {
+                item.map_err(|e| self.l.err(e))?;
+            }
+        }
+        Ok(())
     }
 
     /// Visits every task in id order.

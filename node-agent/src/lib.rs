@@ -14,6 +14,7 @@ pub mod leader;
 pub mod ledger;
 pub mod liveness;
 pub mod load;
+pub mod mapfault;
 pub mod output;
 pub mod pmi;
 pub mod prologue;
@@ -24,6 +25,7 @@ pub mod site;
 pub mod slurm;
 pub mod status;
 pub mod storage;
+pub mod verify;
 
 /// Generated from `proto/htc.proto`.
 pub mod proto {

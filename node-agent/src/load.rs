@@ -100,6 +100,7 @@ pub fn load(src: &Path, run: &RunDir, ledger: &Ledger, defaults: TaskOptions) ->
 pub struct TaskText {
     ptr: *const u8,
     len: usize,
+    fault: Option<crate::mapfault::Registration>,
 }
 
 // SAFETY: the mapping is read-only and lives until Drop.
@@ -112,7 +113,7 @@ impl TaskText {
         let f = File::open(path)?;
         let len = f.metadata()?.len() as usize;
         if len == 0 {
-            return Ok(TaskText { ptr: std::ptr::null(), len: 0 });
+            return Ok(TaskText { ptr: std::ptr::null(), len: 0, fault: None });
         }
         // SAFETY: mapping a regular file read-only and private; checked for MAP_FAILED.
         let ptr =
@@ -120,7 +121,8 @@ impl TaskText {
         if ptr == libc::MAP_FAILED {
             return Err(std::io::Error::last_os_error());
         }
-        Ok(TaskText { ptr: ptr as *const u8, len })
+        let what = format!("the run's copy of the task file {} was cut short while in use", path.display());
+        Ok(TaskText { ptr: ptr as *const u8, len, fault: crate::mapfault::register(ptr as usize, len, &what) })
     }
 
     /// The command of a record; empty if the record points outside the file (a truncated copy).
@@ -136,6 +138,7 @@ impl TaskText {
 
 impl Drop for TaskText {
     fn drop(&mut self) {
+        self.fault.take();
         if !self.ptr.is_null() {
             // SAFETY: unmapping exactly what open() mapped.
             unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };

@@ -27,7 +27,11 @@ fn main() -> ExitCode {
     match real_main() {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
         Err(e) => {
-            eprintln!("htc: {e:#}");
+            let msg = format!("{e:#}");
+            eprintln!("htc: {msg}");
+            if ["is damaged", "MDB_CORRUPTED", "MDB_PAGE_NOTFOUND", "is corrupt"].iter().any(|m| msg.contains(m)) {
+                eprintln!("htc: `htc verify RUN` reads the whole ledger and says which tasks it still vouches for");
+            }
             ExitCode::from(2)
         }
     }
@@ -65,6 +69,7 @@ fn real_main() -> anyhow::Result<i32> {
             }
             Ok(0)
         }
+        Cmd::Verify { run } => verify(&RunDir::locate(run.as_deref())?),
         Cmd::Calibrate { output, tasks, dry_run } => calibrate(output, tasks, dry_run),
         Cmd::Simulate {
             file,
@@ -403,4 +408,27 @@ fn local_layout(agents: Option<usize>, cores: Option<usize>, cpus: usize) -> (us
         (None, None) => 1,
     };
     (agents, cores.unwrap_or((cpus / agents).max(1)).max(1))
+}
+
+/// `htc verify`: the whole ledger read back, and what it still vouches for.
+fn verify(run: &RunDir) -> anyhow::Result<i32> {
+    let ledger = Ledger::open(&run.ledger(), true)?;
+    let text_len = std::fs::metadata(run.tasks()).map(|m| m.len()).unwrap_or(0);
+    let v = htc::verify::verify(&ledger, text_len)?;
+    let total = v.total.map(|t| t.to_string()).unwrap_or_else(|| "?".into());
+    let shown = run.ledger().display().to_string();
+    if v.intact() {
+        println!("ledger {shown}: intact, all {total} task records read back whole");
+        return Ok(0);
+    }
+    println!("ledger {shown}: damaged");
+    println!("  tasks it vouches for: {} of {total} ({})", v.good_count, htc::verify::spans(&v.good));
+    for (span, why) in &v.bad {
+        let n = span.end() - span.start() + 1;
+        println!("  not readable: {n} ({}): {why}", htc::verify::spans(std::slice::from_ref(span)));
+    }
+    for n in &v.notes {
+        println!("  {n}");
+    }
+    Ok(1)
 }

@@ -170,7 +170,8 @@ mod tests {
     fn htc_page_lists_every_subcommand_and_option() {
         let p = pages().into_iter().find(|p| p.file == "htc.1").unwrap();
         let t = render(&p).unwrap();
-        for s in ["run", "prepare", "submit", "resume", "check", "status", "output", "calibrate", "simulate"] {
+        for s in ["run", "prepare", "submit", "resume", "check", "status", "verify", "output", "calibrate", "simulate"]
+        {
             assert!(t.contains(&format!(".SS \"htc {s}\"")), "{s} missing");
         }
         assert!(t.contains("\\-\\-cores\\-per\\-agent"), "{t}");
