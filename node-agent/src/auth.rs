@@ -273,6 +273,11 @@ pub struct Door {
     job: String,
     /// Accepts failed in a row (out of descriptors, say).
     failing: std::sync::atomic::AtomicU32,
+    /// Failure lines, at most one a minute: a freed descriptor lets one accept through between
+    /// failures, which must not start a new line each time.
+    failure_log: Mutex<crate::throttle::Throttle>,
+    /// A failure line was written and no recovery line yet.
+    failure_logged: std::sync::atomic::AtomicBool,
 }
 
 impl Door {
@@ -282,22 +287,28 @@ impl Door {
             refusals: Default::default(),
             job: job.into(),
             failing: Default::default(),
+            failure_log: Mutex::new(crate::throttle::Throttle::new(Duration::from_secs(60))),
+            failure_logged: Default::default(),
         })
     }
 
-    /// Waits before the next accept after a failed one, 10 ms doubling up to 1 s, and logs the
-    /// first failure of a streak only: a listener out of descriptors (EMFILE) neither spins nor
-    /// floods the log. Call `accepted` after a success.
+    /// Waits before the next accept after a failed one, 10 ms doubling up to 1 s, and logs at
+    /// most one failure a minute: a listener out of descriptors (EMFILE) neither spins nor floods
+    /// the log. Call `accepted` after a success.
     pub async fn accept_failed(&self, e: &std::io::Error) {
         let n = self.failing.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if n == 0 {
-            tracing::warn!(job = %self.job, error = %e, "accepting a connection failed; retrying with backoff");
+        let allowed = self.failure_log.lock().unwrap_or_else(|e| e.into_inner()).allow(std::time::Instant::now());
+        if let Some(more) = allowed {
+            tracing::warn!(job = %self.job, error = %e, failures_not_logged = more, "accepting a connection failed; retrying with backoff");
+            self.failure_logged.store(true, std::sync::atomic::Ordering::Relaxed);
         }
         tokio::time::sleep(accept_backoff(n)).await;
     }
 
     pub fn accepted(&self) {
-        if self.failing.swap(0, std::sync::atomic::Ordering::Relaxed) > 0 {
+        if self.failing.swap(0, std::sync::atomic::Ordering::Relaxed) > 0
+            && self.failure_logged.swap(false, std::sync::atomic::Ordering::Relaxed)
+        {
             tracing::info!(job = %self.job, "accepting connections again");
         }
     }

@@ -314,6 +314,8 @@ struct Executor {
     /// When free space was last looked at, and whether it was low then.
     space_checked: Option<Instant>,
     space_low: bool,
+    /// "No pidfd" lines, at most one a minute (out of descriptors, every spawn would log).
+    pidfd_log: crate::throttle::Throttle,
     env: Vec<CString>,
     path_dirs: Vec<Vec<u8>>,
     resolved: HashMap<Vec<u8>, Option<CString>>,
@@ -412,6 +414,7 @@ impl Executor {
             fault: None,
             space_checked: None,
             space_low: false,
+            pidfd_log: crate::throttle::Throttle::new(Duration::from_secs(60)),
             env,
             path_dirs,
             resolved: HashMap::new(),
@@ -780,7 +783,9 @@ impl Executor {
         match r {
             Ok(fd) => Some(fd),
             Err(e) => {
-                tracing::warn!(agent = self.cfg.agent, pid, error = %e, "no pidfd for a task; it is reaped by polling");
+                if let Some(more) = self.pidfd_log.allow(Instant::now()) {
+                    tracing::warn!(agent = self.cfg.agent, pid, error = %e, not_logged = more, "no pidfd for a task; it is reaped by polling");
+                }
                 None
             }
         }

@@ -25,6 +25,7 @@ pub mod site;
 pub mod slurm;
 pub mod status;
 pub mod storage;
+pub mod throttle;
 pub mod verify;
 
 /// Generated from `proto/htc.proto`.

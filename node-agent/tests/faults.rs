@@ -322,3 +322,76 @@ fn no_task_starts_that_cannot_finish_before_the_time_limit() {
     let json: serde_json::Value = serde_json::from_slice(&d.htc(&["status", "--json"]).stdout).unwrap();
     assert_eq!((json["counts"]["done"].as_u64(), json["counts"]["pending"].as_u64()), (Some(4), Some(2)), "{json}");
 }
+
+/// CPU time (user + system) of a process so far, in clock ticks.
+fn cpu_ticks(pid: i32) -> u64 {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat.rsplit(')').next().unwrap().split_whitespace().collect();
+    // After the command: state is field 3, utime 14 and stime 15 (1-based, as in proc(5)).
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+fn set_fd_limit(pid: i32, soft: u64, hard: u64) {
+    let new = libc::rlimit { rlim_cur: soft, rlim_max: hard };
+    // SAFETY: prlimit on a process this test started, with a valid limit.
+    let rc = unsafe { libc::prlimit(pid, libc::RLIMIT_NOFILE, &new, std::ptr::null_mut()) };
+    assert_eq!(rc, 0, "prlimit: {}", std::io::Error::last_os_error());
+}
+
+/// A relay out of file descriptors (EMFILE on accept) waits and retries with a growing backoff,
+/// logs it once instead of once per try, and does not spin; given descriptors again it accepts
+/// again, and the run completes with every task once.
+#[test]
+fn a_relay_out_of_descriptors_backs_off_logs_once_and_recovers() {
+    let d = Dir::new("emfile");
+    let ids = d.path("ids.txt");
+    let n = 600;
+    d.write(
+        "tasks.txt",
+        (0..n).map(|_| format!("sleep 0.05; echo $HTC_TASK_ID >> {}\n", ids.display())).collect::<String>(),
+    );
+    // Fan-out 1: agent 0 talks to the leader and relays for agent 1.
+    let mut leader =
+        d.spawn_htc(&["run", "--agents", "3", "--fanout", "1", "--cores-per-agent", "1", "tasks.txt"], &[]);
+    let run =
+        wait_some(Duration::from_secs(20), || fs::read_dir(d.path(".htc")).ok()?.flatten().next().map(|e| e.path()))
+            .expect("a run directory");
+    let relay_at: std::net::SocketAddr =
+        wait_some(Duration::from_secs(20), || fs::read_to_string(run.join("tree/htc-addr-0")).ok())
+            .expect("relay 0's address")
+            .trim()
+            .parse()
+            .unwrap();
+    let relay = wait_some(Duration::from_secs(20), || agent_pids(&run, 0).first().copied()).expect("agent 0");
+    assert!(wait_for(|| fs::read_to_string(&ids).is_ok_and(|s| s.lines().count() > 20), Duration::from_secs(20)));
+
+    // No descriptor left: the next accept fails with EMFILE while strangers wait in the queue.
+    let mut old = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: reading the limit of a process this test started.
+    assert_eq!(unsafe { libc::prlimit(relay, libc::RLIMIT_NOFILE, std::ptr::null(), &mut old) }, 0);
+    let open = fs::read_dir(format!("/proc/{relay}/fd")).unwrap().count() as u64;
+    set_fd_limit(relay, open, old.rlim_max);
+    let strangers: Vec<_> = (0..3).map(|_| std::net::TcpStream::connect(relay_at).unwrap()).collect();
+    let before = cpu_ticks(relay);
+    std::thread::sleep(Duration::from_secs(2));
+    let spent = cpu_ticks(relay) - before;
+    set_fd_limit(relay, old.rlim_cur, old.rlim_max);
+    drop(strangers);
+    assert!(leader.try_wait().unwrap().is_none(), "the run ended during the test; make it longer");
+
+    let status = wait_some(Duration::from_secs(120), || leader.try_wait().unwrap()).expect("the run finishes");
+    let log = fs::read_to_string(run.join("log/agent-0.log")).unwrap();
+    assert!(status.success(), "{status:?}\nrelay log:\n{log}");
+    let failed: Vec<&str> = log.lines().filter(|l| l.contains("accepting a connection failed")).collect();
+    assert_eq!(failed.len(), 1, "logged once, not once per try:\n{log}");
+    assert!(failed[0].contains("Too many open files"), "{log}");
+    assert!(log.contains("accepting connections again"), "{log}");
+    // Spawning without a pidfd is logged once too.
+    assert!(log.lines().filter(|l| l.contains("no pidfd")).count() <= 1, "{log}");
+    println!("the relay spent {spent} CPU ticks in the 2 s without descriptors");
+    // A busy loop on accept would burn the whole 2 s (200 ticks); tasks and backoff cost little.
+    assert!(spent < 50, "the relay spent {spent} ticks of CPU in 2 s while out of descriptors:\n{log}");
+    let runs = runs_of(&ids);
+    assert_eq!(runs.len(), n, "every task ran");
+    assert!(runs.values().all(|&c| c == 1), "a task ran twice");
+}
