@@ -186,7 +186,7 @@ mod tests {
     #[tokio::test]
     async fn roundtrip_and_limits() {
         let mut out = Vec::new();
-        encode_into(Body::Ack(proto::Ack { seq: 7, agent: 0 }), &mut out);
+        encode_into(Body::Ack(proto::Ack { seq: 7, agent: 0, resync: false }), &mut out);
         encode_into(
             Body::Shutdown(proto::Shutdown { abort: true, reason: "x".into(), agent: 0, hold: false }),
             &mut out,

@@ -348,7 +348,7 @@ impl Fleet {
                 Effect::Down { body: Body::Welcome(_), .. } => {}
                 Effect::Down { child, body } => w.at(later, Ev::ToAgent(child, machine::Input::Parent(body))),
                 // No relays: every simulated head talks to the leader itself.
-                Effect::Up(_) | Effect::Relay(_) | Effect::CloseUp => {}
+                Effect::Up(_) | Effect::Relay(_) | Effect::CloseUp | Effect::Rejoin => {}
                 Effect::Exec(c) => commands.push(c),
             }
         }

@@ -71,6 +71,9 @@ pub struct Instance {
     /// When the head last reported to the leader, and last sent its members a heartbeat.
     last_up_us: u64,
     last_down_us: u64,
+    /// The leader asked for a resync (after a rejoin): the next report lists what the instance
+    /// holds.
+    resync: bool,
 }
 
 impl Instance {
@@ -99,6 +102,7 @@ impl Instance {
             live: Liveness::default(),
             last_up_us: 0,
             last_down_us: 0,
+            resync: false,
         }
     }
 
@@ -106,6 +110,12 @@ impl Instance {
     pub fn with_liveness(mut self, live: Liveness) -> Self {
         self.own = self.own.with_liveness(live);
         self.live = live;
+        self
+    }
+
+    /// See `Machine::with_rejoin`: the head's own machine handles its parent connection.
+    pub fn with_rejoin(mut self, can: bool) -> Self {
+        self.own = self.own.with_rejoin(can);
         self
     }
 
@@ -138,7 +148,7 @@ impl Instance {
             other => self.own(now_us, other, out),
         }
         self.distribute(now_us, out);
-        if flush || self.results.len() >= REPORT_BATCH {
+        if flush || self.resync || self.results.len() >= REPORT_BATCH {
             self.report(now_us, false, out);
         }
     }
@@ -162,7 +172,7 @@ impl Instance {
         if now_us.saturating_sub(self.last_down_us) >= self.live.heartbeat_us && !self.shutting_down {
             self.last_down_us = now_us;
             for &m in self.members.keys().filter(|&&m| m != self.id) {
-                out.push(Effect::Down { child: m, body: Body::Ack(proto::Ack { seq: 0, agent: m }) });
+                out.push(Effect::Down { child: m, body: Body::Ack(proto::Ack { seq: 0, agent: m, resync: false }) });
             }
         }
     }
@@ -189,7 +199,14 @@ impl Instance {
                 self.asked = self.asked.saturating_sub(d.tasks.len() as u64);
                 self.queue.extend(d.tasks);
             }
-            Body::Ack(a) => self.acked(now_us, a.seq, out),
+            Body::Ack(a) => {
+                if a.resync {
+                    // What was asked for may have died with the relay: ask afresh.
+                    self.resync = true;
+                    self.asked = 0;
+                }
+                self.acked(now_us, a.seq, out)
+            }
             Body::Shutdown(s) => {
                 self.shutting_down = true;
                 for &m in self.members.keys().filter(|&&m| m != self.id) {
@@ -214,7 +231,7 @@ impl Instance {
             last.insert(m, mseq);
         }
         for (m, mseq) in last {
-            let ack = Body::Ack(proto::Ack { seq: mseq, agent: m });
+            let ack = Body::Ack(proto::Ack { seq: mseq, agent: m, resync: false });
             if m == self.id {
                 self.own(now_us, Input::Parent(ack), out);
             } else if self.members.contains_key(&m) {
@@ -360,7 +377,7 @@ impl Instance {
         let want = if want >= target / 4 || have == 0 { want } else { 0 };
         let news = !self.results.is_empty() || !self.started.is_empty() || !self.returned.is_empty();
         let beat = !self.shutting_down && now_us.saturating_sub(self.last_up_us) >= self.live.heartbeat_us;
-        if !(want > 0 || news || last || beat) {
+        if !(want > 0 || news || last || beat || self.resync) {
             return;
         }
         self.last_up_us = now_us;
@@ -372,6 +389,13 @@ impl Instance {
             self.started.retain(|s| !done.contains(&s.id));
         }
         self.asked += want;
+        let resync = std::mem::take(&mut self.resync);
+        let mut holding: Vec<u64> = if resync {
+            self.queue.iter().map(|t| t.id).chain(self.held.keys().copied()).collect()
+        } else {
+            Vec::new()
+        };
+        holding.sort_unstable();
         let idle = self.members.values().map(|m| m.idle).sum::<u64>().saturating_sub(self.queue.len() as u64);
         out.push(Effect::Up(Body::Report(proto::Report {
             seq: self.seq,
@@ -383,6 +407,8 @@ impl Instance {
             idle: idle as u32,
             cores: slots,
             returned: std::mem::take(&mut self.returned),
+            resync,
+            holding,
         })));
     }
 }
@@ -516,7 +542,7 @@ mod tests {
         assert_eq!((r[0].seq, r[0].cores), (1, 4));
 
         // The leader recorded it: so is the member's report that it carried.
-        let out = step(&mut h, 8, Input::Parent(Body::Ack(proto::Ack { seq: 1, agent: 0 })));
+        let out = step(&mut h, 8, Input::Parent(Body::Ack(proto::Ack { seq: 1, agent: 0, resync: false })));
         assert!(
             out.iter()
                 .any(|e| matches!(e, Effect::Down { child: 1, body: Body::Ack(a) } if a.seq == 1 && a.agent == 1)),
@@ -611,7 +637,7 @@ mod tests {
         // Long tasks: for 20 s the leader sends only its heartbeat, an Ack of nothing new.
         for k in 1..=80u64 {
             let now = k * 250_000;
-            step(&mut h, now, Input::Parent(Body::Ack(proto::Ack { seq: 0, agent: 0 })));
+            step(&mut h, now, Input::Parent(Body::Ack(proto::Ack { seq: 0, agent: 0, resync: false })));
             let out = step(&mut h, now + 1, Input::Tick);
             assert!(
                 !out.iter().any(|e| matches!(e, Effect::Exec(Command::Abort | Command::Hold(true)))),

@@ -40,6 +40,8 @@ pub enum Input {
     ExecEnded,
     /// The report timer fired.
     Tick,
+    /// After `Effect::Rejoin`: the leader welcomed this agent on a new connection.
+    Rejoined,
 }
 
 /// What the driver must do.
@@ -57,6 +59,9 @@ pub enum Effect {
     Exec(Command),
     /// The last frame is out: close the sending side of the parent connection.
     CloseUp,
+    /// The relay above is gone: connect to the leader and say Hello with `rejoin`; then
+    /// `Input::Rejoined`.
+    Rejoin,
 }
 
 /// The parent connection as the machine knows it.
@@ -65,6 +70,9 @@ enum Parent {
     Open,
     /// Closed after it said Shutdown: the normal end.
     Closed,
+    /// The relay above was lost; the agent reconnects to the leader, keeping its tasks, until
+    /// its lease runs out.
+    Rejoining,
     /// Lost, or the agent stopped itself (a signal, a failed executor); the tasks were stopped.
     Cut {
         why: String,
@@ -100,6 +108,12 @@ pub struct Machine {
     last_up_us: u64,
     /// The executor was told to start nothing more (the parent fell silent).
     held: bool,
+    /// Tasks received and not finished (queued or running), for a resync.
+    holding: HashSet<u64>,
+    /// The leader asked for a resync: the next report lists `holding`.
+    resync: bool,
+    /// Whether a lost parent is worth reconnecting around (a relay: the leader is still there).
+    can_rejoin: bool,
 }
 
 impl Machine {
@@ -124,7 +138,16 @@ impl Machine {
             last_heard_us: None,
             last_up_us: 0,
             held: false,
+            holding: HashSet::new(),
+            resync: false,
+            can_rejoin: false,
         }
+    }
+
+    /// An agent below a relay: when the relay is lost it reconnects to the leader (`Rejoin`).
+    pub fn with_rejoin(mut self, can: bool) -> Self {
+        self.can_rejoin = can;
+        self
     }
 
     /// Heartbeats and the lease on the parent (`liveness`).
@@ -178,6 +201,14 @@ impl Machine {
                 self.parent_ended(why, out);
                 false
             }
+            Input::Rejoined => {
+                if self.parent == Parent::Rejoining {
+                    tracing::info!(agent = self.id, "rejoined the leader; tasks kept");
+                    self.parent = Parent::Open;
+                    self.last_heard_us = Some(now_us);
+                }
+                false
+            }
             Input::Signal(what) => {
                 self.stop(what.to_string(), out);
                 false
@@ -211,7 +242,7 @@ impl Machine {
             // Fencing: a parent silent past the lease may have given this agent up and sent its
             // tasks elsewhere; stopping them first keeps any task from running twice.
             Input::Tick
-                if self.parent == Parent::Open
+                if matches!(self.parent, Parent::Open | Parent::Rejoining)
                     && !self.shutting_down
                     && now_us.saturating_sub(heard) >= self.live.lease_us =>
             {
@@ -257,6 +288,7 @@ impl Machine {
         match body {
             Body::Dispatch(d) => {
                 let n = d.tasks.len() as u64;
+                self.holding.extend(d.tasks.iter().map(|t| t.id));
                 self.outstanding += n;
                 self.asked = self.asked.saturating_sub(n);
                 out.push(Effect::Exec(Command::Run(d.tasks.into_iter().map(to_run).collect())));
@@ -264,6 +296,12 @@ impl Machine {
             Body::Ack(a) => {
                 while self.unacked.front().is_some_and(|(seq, _)| *seq <= a.seq) {
                     self.unacked.pop_front();
+                }
+                if a.resync {
+                    // What was asked for may have died with the relay: ask afresh.
+                    self.resync = true;
+                    self.asked = 0;
+                    return true;
                 }
             }
             Body::Shutdown(s) => {
@@ -286,6 +324,15 @@ impl Machine {
         if self.shutting_down {
             // After Shutdown the leader may close first; that is the normal end.
             self.parent = Parent::Closed;
+        } else if self.can_rejoin {
+            // The relay is gone, not necessarily the leader: keep the tasks, start nothing new,
+            // and reconnect; the lease still bounds how long this may take.
+            tracing::warn!(agent = self.id, %why, "lost the relay above; rejoining the leader");
+            self.parent = Parent::Rejoining;
+            if !std::mem::replace(&mut self.held, true) {
+                out.push(Effect::Exec(Command::Hold(true)));
+            }
+            out.push(Effect::Rejoin);
         } else {
             // Without a leader nobody records results: stop the tasks rather than let them run
             // unaccounted. The resumed run re-runs them.
@@ -313,6 +360,7 @@ impl Machine {
                 }
                 ExecEvent::Finished(f) => {
                     self.outstanding = self.outstanding.saturating_sub(1);
+                    self.holding.remove(&f.id);
                     self.results.push(proto::TaskResult {
                         id: f.id,
                         attempt: f.attempt,
@@ -356,7 +404,7 @@ impl Machine {
         // Small requests cost a frame each; wait until at least a quarter of the target is due.
         let want = if want >= target / 4 || self.outstanding + self.asked == 0 { want } else { 0 };
         let beat = !self.shutting_down && now_us.saturating_sub(self.last_up_us) >= self.live.heartbeat_us;
-        if want > 0 || self.has_news() || beat {
+        if want > 0 || self.has_news() || beat || self.resync {
             self.asked += want;
             let idle = self.slots.saturating_sub(self.outstanding as usize) as u32;
             let drained = self.outstanding == 0 && self.asked == 0;
@@ -379,6 +427,9 @@ impl Machine {
                 self.started.retain(|s| !done.contains(&s.id));
             }
         }
+        let resync = std::mem::take(&mut self.resync);
+        let mut holding: Vec<u64> = if resync { self.holding.iter().copied().collect() } else { Vec::new() };
+        holding.sort_unstable();
         out.push(Effect::Up(Body::Report(proto::Report {
             seq: self.seq,
             started: std::mem::take(&mut self.started),
@@ -389,6 +440,8 @@ impl Machine {
             idle,
             cores: 0,
             returned: Vec::new(),
+            resync,
+            holding,
         })));
     }
 }
@@ -513,12 +566,12 @@ mod tests {
             assert_eq!(reports(&r)[0].seq, i as u64 + 1);
         }
         assert_eq!(m.unacked_results(), 3);
-        step(&mut m, 4, Input::Parent(Body::Ack(proto::Ack { seq: 2, agent: 0 })));
+        step(&mut m, 4, Input::Parent(Body::Ack(proto::Ack { seq: 2, agent: 0, resync: false })));
         assert_eq!(m.unacked_results(), 1);
         // An ack for another agent is not this one's.
-        step(&mut m, 5, Input::Parent(Body::Ack(proto::Ack { seq: 3, agent: 7 })));
+        step(&mut m, 5, Input::Parent(Body::Ack(proto::Ack { seq: 3, agent: 7, resync: false })));
         assert_eq!(m.unacked_results(), 1);
-        step(&mut m, 5, Input::Parent(Body::Ack(proto::Ack { seq: 3, agent: 0 })));
+        step(&mut m, 5, Input::Parent(Body::Ack(proto::Ack { seq: 3, agent: 0, resync: false })));
         assert_eq!(m.unacked_results(), 0);
     }
 
@@ -577,6 +630,41 @@ mod tests {
         assert!(step(&mut m, 1, Input::ParentEnded("closed".into())).is_empty());
         step(&mut m, 2, Input::ExecEnded);
         assert_eq!(m.outcome(), Some(Ok(())));
+    }
+
+    /// Agent 2 sits below relay 0. When the relay goes, it keeps its tasks, holds, and asks to
+    /// rejoin; once back it answers the leader's resync with what it holds, and asks afresh.
+    #[test]
+    fn an_agent_below_a_lost_relay_keeps_its_tasks_rejoins_and_resyncs() {
+        let live = Liveness::new(std::time::Duration::from_secs(10));
+        let mut m = Machine::new(2, 2, tree()).with_liveness(live).with_rejoin(true);
+        step(&mut m, 0, Input::Tick);
+        step(&mut m, 1, dispatch(2, 0..4));
+        let out = step(&mut m, 2, Input::ParentEnded("connection closed".into()));
+        assert!(matches!(out.as_slice(), [Effect::Exec(Command::Hold(true)), Effect::Rejoin]), "{out:?}");
+        // Nothing is stopped while it rejoins, and task 1 ends meanwhile.
+        assert!(step(&mut m, 3, Input::Exec(vec![done(1)])).iter().all(|e| !matches!(e, Effect::Exec(Command::Abort))));
+        step(&mut m, 4, Input::Rejoined);
+        let ack = Body::Ack(proto::Ack { seq: 0, agent: 2, resync: true });
+        let out = step(&mut m, 5, Input::Parent(ack));
+        let r = reports(&out);
+        assert_eq!(r.len(), 1, "{out:?}");
+        assert!(r[0].resync);
+        assert_eq!(r[0].holding, [0, 2, 3], "what it still has queued or running");
+        assert!(r[0].want > 0, "it asks afresh: what it had asked for may have died with the relay");
+        assert!(out.iter().any(|e| matches!(e, Effect::Exec(Command::Hold(false)))), "and starts tasks again");
+        assert_eq!(m.outcome(), None);
+    }
+
+    #[test]
+    fn an_agent_that_cannot_rejoin_within_its_lease_stops_its_tasks() {
+        let live = Liveness::new(std::time::Duration::from_secs(10));
+        let mut m = Machine::new(2, 2, tree()).with_liveness(live).with_rejoin(true);
+        step(&mut m, 0, Input::Tick);
+        step(&mut m, 1, dispatch(2, 0..4));
+        step(&mut m, 2, Input::ParentEnded("connection closed".into()));
+        let out = step(&mut m, 1 + live.lease_us, Input::Tick);
+        assert!(out.iter().any(|e| matches!(e, Effect::Exec(Command::Abort))), "{out:?}");
     }
 
     #[test]
@@ -694,7 +782,7 @@ mod tests {
         assert!(!step(&mut m, 1_500_000, Input::Tick).iter().any(|e| matches!(e, Effect::Exec(Command::Hold(_)))));
         // The parent's heartbeats release the hold and keep the lease; past the lease without
         // one, the tasks are stopped.
-        let out = step(&mut m, 4_000_000, Input::Parent(Body::Ack(proto::Ack { seq: 0, agent: 0 })));
+        let out = step(&mut m, 4_000_000, Input::Parent(Body::Ack(proto::Ack { seq: 0, agent: 0, resync: false })));
         assert!(out.iter().any(|e| matches!(e, Effect::Exec(Command::Hold(false)))), "{out:?}");
         let out = step(&mut m, 8_999_999, Input::Tick);
         assert!(!out.iter().any(|e| matches!(e, Effect::Exec(Command::Abort))));

@@ -53,6 +53,8 @@ pub const FLUSH_EVERY: Duration = Duration::from_millis(5);
 pub struct AgentConfig {
     /// Where to connect: the leader, or the parent agent in the tree.
     pub parent: SocketAddr,
+    /// The leader, to reconnect to when the relay above is lost.
+    pub leader: SocketAddr,
     pub run: RunDir,
     pub agent_id: u32,
     pub slots: usize,
@@ -116,7 +118,7 @@ async fn connect(addr: SocketAddr) -> anyhow::Result<TcpStream> {
 
 async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
     let secret = cfg.run.read_secret().context("reading the job secret")?;
-    let (job_id, stream) = join(&cfg, &secret).await?;
+    let (job_id, stream) = join(&JoinAs::of(&cfg), cfg.parent, &secret, None).await?;
 
     let (child_tx, mut child_rx) = unbounded_channel::<Child>();
     if let Some(listener) = cfg.relay.take() {
@@ -128,22 +130,17 @@ async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
     let (ev_tx, mut ev_rx) = unbounded_channel::<Spawned>();
     let mut execs = Executors::start(&cfg, &job_id, ev_tx)?;
 
-    let (mut rd, mut wr) = stream.into_split();
+    let (rd, mut wr) = stream.into_split();
     let (fr_tx, mut fr_rx) = unbounded_channel::<Result<Body, FrameError>>();
-    // Reading a frame is not cancel-safe, so it lives in its own task rather than in select!.
-    tokio::spawn(async move {
-        let mut buf = Vec::new();
-        loop {
-            let r = read_frame(&mut rd, &mut buf).await;
-            let end = r.is_err();
-            if fr_tx.send(r).is_err() || end {
-                break;
-            }
-        }
-    });
+    read_frames(rd, fr_tx.clone());
+    let (rejoin_tx, mut rejoin_rx) = unbounded_channel::<TcpStream>();
 
     let start = tokio::time::Instant::now();
-    let mut m = Instance::new(cfg.agent_id, cfg.slots, cfg.tree.clone(), &job_id).with_liveness(cfg.live);
+    // A head below a relay can go around the relay's loss: the leader is still there.
+    let can_rejoin = cfg.tree.parent(cfg.agent_id).is_some() && cfg.tree.head(cfg.agent_id) == cfg.agent_id;
+    let mut m = Instance::new(cfg.agent_id, cfg.slots, cfg.tree.clone(), &job_id)
+        .with_liveness(cfg.live)
+        .with_rejoin(can_rejoin);
     let mut children: HashMap<u32, UnboundedSender<Vec<u8>>> = HashMap::new();
     let (mut parent_open, mut children_open, mut exec_open) = (true, true, true);
     let mut tick = tokio::time::interval(cfg.flush_every);
@@ -182,6 +179,16 @@ async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
                 },
                 None => { exec_open = false; Input::ExecEnded }
             },
+            s = rejoin_rx.recv() => match s {
+                Some(stream) => {
+                    let (rd, w) = stream.into_split();
+                    read_frames(rd, fr_tx.clone());
+                    wr = w;
+                    parent_open = true;
+                    Input::Rejoined
+                }
+                None => continue,
+            },
             _ = tick.tick() => Input::Tick,
         };
         let now = start.elapsed().as_micros() as u64;
@@ -197,6 +204,7 @@ async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
                 }
                 Effect::Exec(c) => execs.send(c),
                 Effect::CloseUp => close = true,
+                Effect::Rejoin => rejoin(&cfg, &secret, cfg.live.lease_us, rejoin_tx.clone()),
             }
         }
         if !out.is_empty() {
@@ -224,31 +232,93 @@ async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
         .with_context(|| format!("agent {} under {}", cfg.agent_id, cfg.parent))
 }
 
-/// Connects to the parent, proves membership of the job and says Hello; returns the job id the
-/// parent welcomed us with and the connection.
-async fn join(cfg: &AgentConfig, secret: &[u8]) -> anyhow::Result<(String, TcpStream)> {
-    let mut stream = connect(cfg.parent).await?;
+/// Feeds the frames of a connection to the agent's loop; reading a frame is not cancel-safe, so
+/// it lives in its own task rather than in select!.
+fn read_frames(mut rd: tokio::net::tcp::OwnedReadHalf, tx: UnboundedSender<Result<Body, FrameError>>) {
+    tokio::spawn(async move {
+        let mut buf = Vec::new();
+        loop {
+            let r = read_frame(&mut rd, &mut buf).await;
+            let end = r.is_err();
+            if tx.send(r).is_err() || end {
+                break;
+            }
+        }
+    });
+}
+
+/// Reconnects to the leader around a lost relay, retrying (the leader may not have noticed the
+/// loss yet, and then still counts this agent as connected) until the lease is over; the
+/// machine fences the agent then anyway.
+fn rejoin(cfg: &AgentConfig, secret: &[u8], lease_us: u64, tx: UnboundedSender<TcpStream>) {
+    let below: Vec<u32> = (0..cfg.tree.len()).filter(|&a| cfg.tree.next_hop(Some(cfg.agent_id), a).is_some()).collect();
+    let (me, leader, secret) = (JoinAs::of(cfg), cfg.leader, secret.to_vec());
+    tokio::spawn(async move {
+        let deadline = tokio::time::Instant::now() + Duration::from_micros(lease_us);
+        // The leader notices the relay's loss at about the same moment; until it has, it still
+        // counts this agent as connected and refuses it.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        while tokio::time::Instant::now() < deadline {
+            match tokio::time::timeout_at(deadline, join(&me, leader, &secret, Some(below.clone()))).await {
+                Ok(Ok((_, stream))) => {
+                    let _ = tx.send(stream);
+                    return;
+                }
+                Ok(Err(e)) => tracing::debug!(agent = me.agent, error = %format!("{e:#}"), "rejoin attempt failed"),
+                Err(_) => break,
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        tracing::warn!(agent = me.agent, "could not rejoin the leader within the lease");
+    });
+}
+
+/// Who says Hello.
+#[derive(Clone)]
+struct JoinAs {
+    agent: u32,
+    slots: usize,
+    mem_mb: u64,
+}
+
+impl JoinAs {
+    fn of(cfg: &AgentConfig) -> JoinAs {
+        JoinAs { agent: cfg.agent_id, slots: cfg.slots, mem_mb: cfg.mem_mb }
+    }
+}
+
+/// Connects to `to` (the parent, or the leader for a rejoin), proves membership of the job and
+/// says Hello; returns the job id it welcomed us with and the connection.
+async fn join(
+    me: &JoinAs,
+    to: SocketAddr,
+    secret: &[u8],
+    rejoin: Option<Vec<u32>>,
+) -> anyhow::Result<(String, TcpStream)> {
+    let mut stream = connect(to).await?;
     frame::tune(&stream)?;
-    auth::connect(&mut stream, secret).await.with_context(|| format!("authenticating with {}", cfg.parent))?;
+    auth::connect(&mut stream, secret).await.with_context(|| format!("authenticating with {to}"))?;
     let hostname = hostname();
     let hello = proto::Hello {
-        agent_id: cfg.agent_id,
-        cores: cfg.slots as u32,
-        mem_mb: cfg.mem_mb,
+        agent_id: me.agent,
+        cores: me.slots as u32,
+        mem_mb: me.mem_mb,
         hostname: hostname.clone(),
         pid: std::process::id(),
         protocol: PROTOCOL_VERSION,
+        rejoin: rejoin.is_some(),
+        below: rejoin.unwrap_or_default(),
     };
     frame::write_frame(&mut stream, Body::Hello(hello)).await?;
     let mut buf = Vec::new();
     let job_id = match tokio::time::timeout(Duration::from_secs(30), read_frame(&mut stream, &mut buf)).await {
-        Err(_) => bail!("no answer from {} within 30 s", cfg.parent),
+        Err(_) => bail!("no answer from {} within 30 s", to),
         Ok(Ok(Body::Welcome(w))) => w.job_id,
-        Ok(Ok(Body::Reject(r))) => bail!("refused by {}: {}", cfg.parent, r.reason),
-        Ok(Ok(_)) => bail!("unexpected first frame from {}", cfg.parent),
-        Ok(Err(e)) => bail!("{} closed the connection during the handshake: {e}", cfg.parent),
+        Ok(Ok(Body::Reject(r))) => bail!("refused by {}: {}", to, r.reason),
+        Ok(Ok(_)) => bail!("unexpected first frame from {}", to),
+        Ok(Err(e)) => bail!("{} closed the connection during the handshake: {e}", to),
     };
-    tracing::info!(job = %job_id, agent = cfg.agent_id, slots = cfg.slots, %hostname, "joined");
+    tracing::info!(job = %job_id, agent = me.agent, slots = me.slots, %hostname, "joined");
     Ok((job_id, stream))
 }
 

@@ -122,6 +122,7 @@ fn work(a: WorkArgs) -> anyhow::Result<()> {
         };
         cfgs.push(AgentConfig {
             parent: place.parent,
+            leader,
             tree: tree.clone(),
             relay: place.relay,
             run: run.clone(),

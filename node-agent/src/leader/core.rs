@@ -8,7 +8,7 @@
 //! (`in_flight`), since a leader that dies loses them anyway (the next session re-runs what was
 //! not recorded finished), and the counts by state that `htc status` shows include them.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use htc_core::partition::{Block, Partition};
@@ -52,6 +52,15 @@ pub enum Input {
     Lost {
         agent: u32,
         why: String,
+    },
+    /// An agent whose relay was lost reconnected directly, with the agents it relays for.
+    Rejoined {
+        agent: u32,
+        below: Vec<u32>,
+    },
+    /// An agent's relay was lost: it may rejoin within its lease, or fall silent and be lost.
+    Detached {
+        agent: u32,
     },
     /// An agent process ended before it ever joined (local launcher), or could not be started.
     NeverJoined {
@@ -164,6 +173,9 @@ pub struct Core<'a> {
     told_to_hold: bool,
     /// Why the last agent lost unexpectedly went (with its id and host), for the final message.
     last_loss: Option<String>,
+    /// Rejoined agents asked to resync, with the tasks they held when asked: those they do not
+    /// list in their answer were lost on the way with the relay.
+    resyncs: HashMap<u32, Vec<u64>>,
     live: Liveness,
     /// When the agents were last sent a heartbeat.
     beat_us: u64,
@@ -298,6 +310,7 @@ impl<'a> Core<'a> {
             now_us,
             told_to_hold: false,
             last_loss: None,
+            resyncs: HashMap::new(),
         }
     }
 
@@ -458,7 +471,7 @@ impl<'a> Core<'a> {
         for (&id, a) in self.agents.iter_mut() {
             if a.alive && a.last_seq > a.acked_seq {
                 a.acked_seq = a.last_seq;
-                out.push((id, Body::Ack(proto::Ack { seq: a.last_seq, agent: id })));
+                out.push((id, Body::Ack(proto::Ack { seq: a.last_seq, agent: id, resync: false })));
             }
         }
     }
@@ -508,6 +521,9 @@ impl<'a> Core<'a> {
                 for &id in &report.returned {
                     self.take_back(t, agent, id)?;
                 }
+                if report.resync {
+                    self.resynced(t, agent, &report.holding, now_us)?;
+                }
                 let a = self.agents.get_mut(&agent).unwrap();
                 a.heard_us = now_us;
                 a.last_seq = a.last_seq.max(report.seq);
@@ -527,6 +543,12 @@ impl<'a> Core<'a> {
                 self.drain_if_black_hole(t, agent, out)?;
             }
             Input::Lost { agent, why } => self.lose(t, agent, &why, now_us, out)?,
+            Input::Rejoined { agent, below } => self.rejoined(agent, below, now_us, out),
+            Input::Detached { agent } => {
+                if let Some(a) = self.agents.get(&agent).filter(|a| a.alive) {
+                    tracing::warn!(job = %self.job_id, agent, host = %a.hostname, "cut off with its relay; waiting for it to rejoin");
+                }
+            }
             Input::Tick => self.tick(t, now_us, out)?,
             Input::NeverJoined { agent, why } => {
                 // Members join their head, not the leader: their absence is the head's to tell.
@@ -660,7 +682,7 @@ impl<'a> Core<'a> {
         if now_us.saturating_sub(self.beat_us) >= self.live.heartbeat_us {
             self.beat_us = now_us;
             for (&agent, a) in self.agents.iter().filter(|(_, a)| a.alive) {
-                out.push((agent, Body::Ack(proto::Ack { seq: a.acked_seq, agent })));
+                out.push((agent, Body::Ack(proto::Ack { seq: a.acked_seq, agent, resync: false })));
             }
         }
         Ok(())
@@ -763,17 +785,60 @@ impl<'a> Core<'a> {
     fn requeue_agent(&mut self, t: &mut dyn Tasks, agent: u32, now_us: u64) -> Result<()> {
         // In id order, so that the same events always give the same decisions.
         for id in self.in_flight.of_agent(agent) {
-            let Some(f) = self.in_flight.remove(id) else { continue };
-            if f.life.state() == State::Running {
-                if let Some(mut r) = t.get(id)? {
-                    let lost = Ended { outcome: Outcome::Lost, value: 0, start_us: 0, end_us: now_us, ran_on: agent };
-                    self.finish_attempt(t, id, &mut r, f, lost)?;
+            self.recall(t, agent, id, now_us)?;
+        }
+        Ok(())
+    }
+
+    /// Task `id`, in flight with `agent`, will not end there: a started attempt is lost (no
+    /// retry used unless it keeps happening), an unstarted one is taken back.
+    fn recall(&mut self, t: &mut dyn Tasks, agent: u32, id: u64, now_us: u64) -> Result<()> {
+        let Some(f) = self.in_flight.remove(id) else { return Ok(()) };
+        if f.life.state() == State::Running {
+            if let Some(mut r) = t.get(id)? {
+                let lost = Ended { outcome: Outcome::Lost, value: 0, start_us: 0, end_us: now_us, ran_on: agent };
+                self.finish_attempt(t, id, &mut r, f, lost)?;
+            }
+        } else {
+            self.in_flight.insert(id, f);
+            self.take_back(t, agent, id)?;
+        }
+        Ok(())
+    }
+
+    /// An agent (and those it relays for) came back around a lost relay: each is asked which
+    /// tasks it holds, since frames both ways may have died with the relay.
+    fn rejoined(&mut self, agent: u32, below: Vec<u32>, now_us: u64, out: &mut Outbox) {
+        for a in std::iter::once(agent).chain(below) {
+            let Some(x) = self.agents.get_mut(&a) else { continue };
+            if !x.alive {
+                if a == agent {
+                    // Given up already: its tasks run elsewhere, so it must not run them too.
+                    let why = "rejoined after it was given up".to_string();
+                    out.push((a, Body::Shutdown(proto::Shutdown { abort: true, reason: why, agent: a, hold: false })));
                 }
-            } else {
-                self.in_flight.insert(id, f);
-                self.take_back(t, agent, id)?;
+                continue;
+            }
+            tracing::info!(job = %self.job_id, agent = a, host = %x.hostname, "rejoined around a lost relay");
+            x.heard_us = now_us;
+            out.push((a, Body::Ack(proto::Ack { seq: x.acked_seq, agent: a, resync: true })));
+            self.resyncs.insert(a, self.in_flight.of_agent(a));
+        }
+    }
+
+    /// The answer to a resync: what was in flight with the agent when it was asked and is not in
+    /// its hands was lost on the way (a dispatch, or a result), and goes to be run again.
+    fn resynced(&mut self, t: &mut dyn Tasks, agent: u32, holding: &[u64], now_us: u64) -> Result<()> {
+        let Some(asked) = self.resyncs.remove(&agent) else { return Ok(()) };
+        let held: HashSet<u64> = holding.iter().copied().collect();
+        let mut lost = 0;
+        for id in asked.into_iter().filter(|id| !held.contains(id)) {
+            if self.in_flight.get(id).is_some_and(|f| f.agent == agent) {
+                self.recall(t, agent, id, now_us)?;
+                lost += 1;
             }
         }
+        tracing::info!(job = %self.job_id, agent, held = holding.len(), lost, "resynced after a rejoin");
         Ok(())
     }
 
@@ -1052,7 +1117,10 @@ mod tests {
         assert_eq!((c.counts().get(State::Running), c.counts().get(State::Dispatched)), (1, 1));
         let mut acks = Vec::new();
         c.acks(&mut acks);
-        assert!(matches!(acks.as_slice(), [(0, Body::Ack(proto::Ack { seq: 2, agent: 0 }))]), "{acks:?}");
+        assert!(
+            matches!(acks.as_slice(), [(0, Body::Ack(proto::Ack { seq: 2, agent: 0, resync: false }))]),
+            "{acks:?}"
+        );
         c.acks(&mut acks);
         assert_eq!(acks.len(), 1, "each report is acked once");
         let (_, _) = feed(&mut c, &mut m, vec![result(0, 3, 3, 1, 0), result(0, 4, 4, 1, 0)]);
@@ -1304,6 +1372,39 @@ mod tests {
         let (_, end) = feed(&mut c, &mut m, (1..=4).map(|id| result(1, id, id, 1 + (id <= 2) as u32, 0)).collect());
         assert_eq!(end, Some(Ending::Complete));
         assert_eq!(m.counts().get(State::Done), 4);
+    }
+
+    /// Agent 0's relay was lost: it is detached, not lost, and rejoins with its tasks. Asked to
+    /// resync, it holds task 1 (running) but not task 2, whose dispatch died with the relay:
+    /// task 2 goes out again, task 1 stays with agent 0, and nothing counts as a loss.
+    #[test]
+    fn a_rejoined_agent_keeps_what_it_holds_and_what_died_with_the_relay_goes_out_again() {
+        let mut m = Mem::with(4, 0, 1);
+        let mut c = core(&m, 2);
+        let started = proto::TaskStarted { id: 1, attempt: 1, start_us: 5 };
+        let start = Input::Report {
+            agent: 0,
+            report: proto::Report { started: vec![started], agent: 0, ..Default::default() },
+        };
+        let (out, _) = feed(&mut c, &mut m, vec![join(0, 1), join(1, 1), want(0, 2), start]);
+        assert_eq!(dispatched(&out), vec![(0, vec![(1, 1), (2, 1)])]);
+        let rejoin = vec![Input::Detached { agent: 0 }, Input::Rejoined { agent: 0, below: vec![7] }];
+        let (out, _) = feed(&mut c, &mut m, rejoin);
+        assert!(
+            matches!(out.as_slice(), [(0, Body::Ack(a))] if a.resync),
+            "asked to resync (agent 7 is unknown and left alone): {out:?}"
+        );
+        let answer = Input::Report {
+            agent: 0,
+            report: proto::Report { agent: 0, resync: true, holding: vec![1], ..Default::default() },
+        };
+        let (out, end) = feed(&mut c, &mut m, vec![answer, want(1, 4)]);
+        assert_eq!(dispatched(&out), vec![(1, vec![(2, 2), (3, 1), (4, 1)])], "task 2 again, as a new attempt");
+        assert_eq!((m.records[&1].losses, m.records[&2].losses), (0, 0));
+        assert_eq!(end, None);
+        let (_, end) = feed(&mut c, &mut m, vec![result(0, 1, 1, 1, 0)]);
+        assert_eq!(m.state(1), State::Done, "agent 0's result for the task it kept counts");
+        assert_eq!(end, None);
     }
 
     #[test]

@@ -129,8 +129,16 @@ pub fn run(
             };
             let input = match ev {
                 Event::Joined(input, tx) => {
-                    if let Input::Joined { agent, .. } = &input {
-                        links.insert(*agent, tx);
+                    match &input {
+                        Input::Joined { agent, .. } => {
+                            links.insert(*agent, tx);
+                        }
+                        Input::Rejoined { agent, below } => {
+                            for a in std::iter::once(agent).chain(below) {
+                                links.insert(*a, tx.clone());
+                            }
+                        }
+                        _ => {}
                     }
                     input
                 }

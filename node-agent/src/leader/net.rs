@@ -47,9 +47,14 @@ pub async fn serve(listener: TcpListener, cfg: Arc<NetConfig>, core: mpsc::Sende
 fn admit(h: &proto::Hello, cfg: &NetConfig) -> Result<(), String> {
     auth::check_hello(h, None)?;
     let mut joined = cfg.joined.lock().unwrap_or_else(|e| e.into_inner());
-    if !joined.insert(h.agent_id) {
-        return Err(format!("agent {} is already connected", h.agent_id));
+    // A rejoin brings the agents below it along: none of them may be connected still (the old
+    // relay's connection is closed first; until then the rejoining agent retries).
+    let below = if h.rejoin { &h.below[..] } else { &[] };
+    if let Some(a) = std::iter::once(&h.agent_id).chain(below).find(|a| joined.contains(a)) {
+        return Err(format!("agent {a} is already connected"));
     }
+    joined.insert(h.agent_id);
+    joined.extend(below);
     Ok(())
 }
 
@@ -84,16 +89,21 @@ async fn connection(
     let (mut rd, wr) = stream.into_split();
     let tx = frame::spawn_writer(wr);
     let mut agents: HashSet<u32> = HashSet::new();
+    // The agent at the other end; the others it relays for may rejoin around its loss.
+    let direct = hello.agent_id;
     let mut pending = Some(hello);
     let why = loop {
         if let Some(h) = pending.take() {
             let agent = h.agent_id;
             agents.insert(agent);
             let _ = tx.send(encoded(Body::Welcome(proto::Welcome { job_id: cfg.job_id.clone(), agent_id: agent })));
-            let joined = Event::Joined(
-                Input::Joined { agent, cores: h.cores, mem_mb: h.mem_mb, hostname: h.hostname },
-                tx.clone(),
-            );
+            let input = if h.rejoin {
+                agents.extend(&h.below);
+                Input::Rejoined { agent, below: h.below }
+            } else {
+                Input::Joined { agent, cores: h.cores, mem_mb: h.mem_mb, hostname: h.hostname }
+            };
+            let joined = Event::Joined(input, tx.clone());
             if core.send(joined).is_err() {
                 return Ok(());
             }
@@ -125,10 +135,12 @@ async fn connection(
             Err(e) => break e.to_string(),
         }
     };
+    // Held while the core hears of it, so a rejoin (admitted under this lock) comes after.
     let mut joined = cfg.joined.lock().unwrap_or_else(|e| e.into_inner());
     for agent in agents {
         joined.remove(&agent);
-        let _ = core.send(Event::Core(Input::Lost { agent, why: why.clone() }));
+        let input = if agent == direct { Input::Lost { agent, why: why.clone() } } else { Input::Detached { agent } };
+        let _ = core.send(Event::Core(input));
     }
     Ok(())
 }
