@@ -51,6 +51,33 @@ pub fn node_share(cpus: usize, agents: usize, local: usize) -> (usize, usize) {
     (first, (base + usize::from(local < extra)).max(1))
 }
 
+/// The fewest CPUs the job has on any of its nodes.
+pub fn min_cpus_per_node() -> Option<usize> {
+    cpu_runs(&std::env::var("SLURM_JOB_CPUS_PER_NODE").ok()?)?.iter().map(|&(n, _)| n).min()
+}
+
+/// The sbatch arguments that ask for this job's shape again (`htc resume` without arguments):
+/// as many nodes, as many CPUs on each, and the same `--htc-*` layout options.
+pub fn resume_args(nodes: usize, a: &crate::cli::agent::LeadArgs) -> Vec<String> {
+    let mut v = vec![format!("--nodes={nodes}")];
+    if let Some(c) = min_cpus_per_node() {
+        v.extend(["--ntasks-per-node=1".to_string(), format!("--cpus-per-task={c}")]);
+    }
+    let opt = |name: &str, x: Option<String>| x.map(|x| format!("--htc-{name}={x}"));
+    v.extend(
+        [
+            opt("agents-per-node", a.agents_per_node.map(|n| n.to_string())),
+            opt("fanout", a.fanout.map(|n| n.to_string())),
+            opt("instance-nodes", a.instance_nodes.map(|n| n.to_string())),
+            opt("max-fails", a.max_fails.map(|n| n.to_string())),
+            opt("partition", a.partition.map(|p| p.name().to_string())),
+        ]
+        .into_iter()
+        .flatten(),
+    );
+    v
+}
+
 /// The job's CPUs on all its nodes together.
 pub fn job_cpus() -> Option<u64> {
     let runs = cpu_runs(&std::env::var("SLURM_JOB_CPUS_PER_NODE").ok()?)?;
@@ -106,6 +133,18 @@ pub fn time_left() -> Option<u64> {
     let job = var("SLURM_JOB_ID").ok()?;
     let out = Command::new("squeue").args(["-h", "-j", &job, "-o", "%L"]).output().ok()?;
     parse_time_left(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+/// Whether Slurm says job `job` is over (any state but pending, configuring, running or
+/// suspended; or gone from its memory). None when `squeue` cannot be asked.
+pub fn job_over(job: &str) -> Option<bool> {
+    let out = Command::new("squeue").args(["-h", "-t", "all", "-j", job, "-o", "%T"]).output().ok()?;
+    let state = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if !out.status.success() {
+        // A purged job: "Invalid job id specified".
+        return String::from_utf8_lossy(&out.stderr).contains("Invalid job id").then_some(true);
+    }
+    Some(!matches!(state.as_str(), "PENDING" | "CONFIGURING" | "RUNNING" | "SUSPENDED" | "RESIZING"))
 }
 
 /// `squeue`'s `%L`: `[days-][hours:]minutes:seconds`, or `UNLIMITED`/`NOT_SET`; in µs.

@@ -112,6 +112,9 @@ struct Seen {
     leader_host: String,
     /// The Slurm job id, for a run made by `sbatch --htc`.
     slurm_job: Option<String>,
+    /// Slurm says the job of the leader's session is over (it was killed with its node, say):
+    /// a heartbeat that is still fresh then does not mean a live leader.
+    job_over: bool,
     /// How long the leader may stay silent (it writes its heartbeat every second) before it is
     /// taken for gone: the site's `lost_after_s`, at least 3 s.
     silent_after_us: u64,
@@ -132,7 +135,7 @@ fn judge(s: &Seen) -> (&'static str, String) {
         (true, _, _) if s.failed => ("failed", "finished with failures".into()),
         (true, _, _) => ("succeeded", "finished, all tasks succeeded".into()),
         (_, None, _) => ("not_started", "not started".into()),
-        _ if s.ended => ("interrupted", format!("interrupted (continue with: {resume})")),
+        _ if s.ended || s.job_over => ("interrupted", format!("interrupted (continue with: {resume})")),
         (_, _, Some(true)) if fresh => ("running", "running".into()),
         (_, _, None) if fresh => ("running", format!("running (leader on {})", s.leader_host)),
         (_, _, Some(true)) => (
@@ -182,6 +185,10 @@ impl Report {
         let leader = t.meta_u64("leader_pid")?.unwrap_or(0);
         let host = text("leader_host")?;
         let here = host.is_empty() || host == crate::agent::hostname();
+        let fresh = heartbeat > 0 && now_us().saturating_sub(heartbeat) < 60_000_000;
+        let session_job = text("session_slurm_job")?;
+        // Only when it matters: a leader elsewhere whose heartbeat looks alive.
+        let job_over = fresh && !here && !session_job.is_empty() && crate::slurm::job_over(&session_job) == Some(true);
         let seen = Seen {
             finished: finished_us.is_some() && c.unfinished() == 0,
             failed: c.get(State::Failed) > 0,
@@ -190,6 +197,7 @@ impl Report {
             leader_alive: here.then(|| pid_alive(leader)),
             leader_host: host,
             slurm_job: run.id().bytes().all(|b| b.is_ascii_digit()).then(|| run.id()),
+            job_over,
             silent_after_us: (crate::site::Site::load().map(|s| s.lost_after).unwrap_or_default().as_micros() as u64)
                 .max(3_000_000),
         };
@@ -358,6 +366,7 @@ mod tests {
             leader_alive: alive,
             leader_host: "n1".into(),
             slurm_job: None,
+            job_over: false,
             silent_after_us: 10_000_000,
         }
     }
@@ -368,6 +377,8 @@ mod tests {
         // Seen from another host (a login node): the heartbeat alone says it lives.
         assert_eq!(judge(&seen(Some(1), None)), ("running", "running (leader on n1)".to_string()));
         assert_eq!(judge(&seen(Some(60), None)).0, "interrupted");
+        // Its heartbeat still fresh, but Slurm says the job is over: the leader died with it.
+        assert_eq!(judge(&Seen { job_over: true, ..seen(Some(1), None) }).0, "interrupted");
         // Here, its process gone: interrupted at once; there but silent: stopped, no resume advice.
         assert_eq!(judge(&seen(Some(1), Some(false))).0, "interrupted");
         let (key, text) = judge(&seen(Some(60), Some(true)));

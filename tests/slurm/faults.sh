@@ -138,6 +138,36 @@ cancelled_then_resumed() {
     check "resume: the new job says what it continues" grep -q "continues the run of job $j" "$w/slurm-$j2.out"
 }
 
+# The leader killed with SIGKILL (as when its node dies): the job ends, `htc status` calls the
+# run interrupted at once although its heartbeat is fresh (Slurm says the job is over), and a
+# bare `htc resume JOBID` asks for the first job's shape again and finishes the run.
+leader_killed_then_resumed() {
+    local w j j2 state out pid cpus cpus2 lines unique
+    read -r w j < <(start_job leaderkill) || { bad "leader killed: submit"; return; }
+    pid=$(for p in $(pgrep -f 'htc-agent lead'); do
+        tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "SLURM_JOB_ID=$j" && echo "$p"
+    done | head -n 1)
+    [[ -n $pid ]] || { bad "leader killed: no leader process for job $j"; return; }
+    kill -KILL "$pid"
+    state=$(wait_job "$j" 120)
+    out=$(as_user -C "$w" "$bin/htc" status "$j")
+    check "leader killed: job $j ended ($state), htc status says interrupted at once" grep -q "interrupted (continue with: htc resume $j" <<<"$out"
+    out=$(as_user -C "$w" "$bin/htc" resume "$j" 2>&1)
+    j2=$(grep -o 'Submitted batch job [0-9]*' <<<"$out" | awk '{ print $4 }')
+    check "leader killed: a bare htc resume $j submitted job ${j2:-none}" test -n "$j2"
+    [[ -n $j2 ]] || { echo "$out"; return; }
+    check "leader killed: it asks for the first job's shape" grep -q -- "--cpus-per-task=2" <<<"$out"
+    state=$(wait_job "$j2" 300)
+    check "leader killed: job $j2 COMPLETED (was $state)" test "$state" = COMPLETED
+    cpus=$(_htc_field "$(_htc_job_record "$j")" NumCPUs)
+    cpus2=$(_htc_field "$(_htc_job_record "$j2")" NumCPUs)
+    check "leader killed: the resumed job has the first one's CPUs ($cpus2 vs $cpus)" test "$cpus2" = "$cpus"
+    lines=$(wc -l <"$w/ids.txt")
+    unique=$(cut -d' ' -f1 "$w/ids.txt" | sort -u | wc -l)
+    check "leader killed: every task ran ($unique of $N), $((lines - unique)) re-run(s)" test "$unique" = "$N"
+    check "leader killed: no task process left" bash -c "! pgrep -u '$HTC_CLUSTER_USER' -f 'sleep $TASK_S' >/dev/null"
+}
+
 # Near the time limit: tasks whose runtime hint cannot end before the job does never start;
 # the job ends at once with them pending, for `htc resume` with more time.
 time_limit() {
@@ -162,6 +192,7 @@ install_htc
 killed_agent
 link_down
 cancelled_then_resumed
+leader_killed_then_resumed
 time_limit
 
 [[ $failed == 0 ]] || cluster_logs 20

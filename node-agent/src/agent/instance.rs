@@ -71,9 +71,11 @@ pub struct Instance {
     /// When the head last reported to the leader, and last sent its members a heartbeat.
     last_up_us: u64,
     last_down_us: u64,
-    /// The leader asked for a resync (after a rejoin): the next report lists what the instance
-    /// holds.
+    /// The leader asked for a resync (after a rejoin, or its periodic audit): the next report
+    /// lists what the instance holds.
     resync: bool,
+    /// Rejoined and not resynced yet: requests for work may have died with the relay.
+    rejoined: bool,
 }
 
 impl Instance {
@@ -103,6 +105,7 @@ impl Instance {
             last_up_us: 0,
             last_down_us: 0,
             resync: false,
+            rejoined: false,
         }
     }
 
@@ -139,6 +142,10 @@ impl Instance {
                 self.member_lost(child, &why);
                 // The leader never knew the member: nothing to tell it beyond the lost tasks.
                 self.own(now_us, Input::ChildClosed { child, agents: Vec::new(), why }, out);
+            }
+            Input::Rejoined => {
+                self.rejoined = true;
+                self.own(now_us, Input::Rejoined, out);
             }
             Input::Tick => {
                 flush = true;
@@ -201,9 +208,11 @@ impl Instance {
             }
             Body::Ack(a) => {
                 if a.resync {
-                    // What was asked for may have died with the relay: ask afresh.
                     self.resync = true;
-                    self.asked = 0;
+                    if std::mem::take(&mut self.rejoined) {
+                        // What was asked for may have died with the relay: ask afresh.
+                        self.asked = 0;
+                    }
                 }
                 self.acked(now_us, a.seq, out)
             }

@@ -114,6 +114,8 @@ pub struct Machine {
     resync: bool,
     /// Whether a lost parent is worth reconnecting around (a relay: the leader is still there).
     can_rejoin: bool,
+    /// Rejoined and not resynced yet: requests for work may have died with the relay.
+    rejoined: bool,
 }
 
 impl Machine {
@@ -141,6 +143,7 @@ impl Machine {
             holding: HashSet::new(),
             resync: false,
             can_rejoin: false,
+            rejoined: false,
         }
     }
 
@@ -206,6 +209,7 @@ impl Machine {
                     tracing::info!(agent = self.id, "rejoined the leader; tasks kept");
                     self.parent = Parent::Open;
                     self.last_heard_us = Some(now_us);
+                    self.rejoined = true;
                 }
                 false
             }
@@ -298,9 +302,11 @@ impl Machine {
                     self.unacked.pop_front();
                 }
                 if a.resync {
-                    // What was asked for may have died with the relay: ask afresh.
                     self.resync = true;
-                    self.asked = 0;
+                    if std::mem::take(&mut self.rejoined) {
+                        // What was asked for may have died with the relay: ask afresh.
+                        self.asked = 0;
+                    }
                     return true;
                 }
             }

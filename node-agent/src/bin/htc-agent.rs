@@ -286,6 +286,7 @@ fn lead(a: LeadArgs, script: Vec<OsString>) -> anyhow::Result<i32> {
         let l = htc::ledger::Ledger::open(&run.ledger(), false)?;
         let mut t = l.write()?;
         t.put_meta("slurm_nodes", &(nodes as u64).to_le_bytes())?;
+        t.put_meta("resume_sbatch", slurm::resume_args(nodes, &a).join("\n").as_bytes())?;
         t.commit()?;
     }
     let outcome = leader::run(cfg, |addr, tx| srun.start(&run, addr, tx))?;

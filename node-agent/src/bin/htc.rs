@@ -226,9 +226,12 @@ fn resume(job: &str, mut sbatch: Vec<std::ffi::OsString>) -> anyhow::Result<i32>
         _ => {}
     }
     if sbatch.is_empty() {
+        // The first job's shape: nodes, CPUs on each, the --htc-* layout options.
         let l = Ledger::open(&run.ledger(), true)?;
-        let nodes = l.read()?.meta_u64("slurm_nodes")?;
-        if let Some(n) = nodes {
+        let t = l.read()?;
+        if let Some(args) = t.meta("resume_sbatch")?.filter(|a| !a.is_empty()) {
+            sbatch = String::from_utf8_lossy(args).lines().map(Into::into).collect();
+        } else if let Some(n) = t.meta_u64("slurm_nodes")? {
             sbatch = vec!["-N".into(), n.to_string().into()];
         }
     }

@@ -74,6 +74,10 @@ pub enum Input {
     Tick,
 }
 
+/// How often agents are asked what they hold (`Core::audit`), in units of the loss bound
+/// (`lost_after_s`): every minute by default.
+pub const AUDIT_EVERY_LOST_AFTER: u64 = 6;
+
 /// Failures in a row on one agent, while as many tasks succeed elsewhere, that make it a black
 /// hole (drained).
 pub const BLACK_HOLE_STREAK: usize = 8;
@@ -179,6 +183,8 @@ pub struct Core<'a> {
     live: Liveness,
     /// When the agents were last sent a heartbeat.
     beat_us: u64,
+    /// When every agent was last asked what it holds (`audit`).
+    audit_us: u64,
     /// Tasks given back unstarted by a lost agent (or a head for a lost member), and how often:
     /// the agent may have started them after all, so their next dispatch is a new attempt
     /// number without counting as a loss.
@@ -302,6 +308,7 @@ impl<'a> Core<'a> {
             layout: None,
             live: Liveness::default(),
             beat_us: now_us,
+            audit_us: now_us,
             returned: HashMap::new(),
             max_fails: None,
             oks: 0,
@@ -679,6 +686,10 @@ impl<'a> Core<'a> {
             self.lose(t, agent, &why, now_us, out)?;
             out.push((agent, Body::Shutdown(proto::Shutdown { abort: true, reason: why, agent, hold: false })));
         }
+        if now_us.saturating_sub(self.audit_us) >= AUDIT_EVERY_LOST_AFTER * self.live.lost_after_us {
+            self.audit_us = now_us;
+            self.audit(out);
+        }
         if now_us.saturating_sub(self.beat_us) >= self.live.heartbeat_us {
             self.beat_us = now_us;
             for (&agent, a) in self.agents.iter().filter(|(_, a)| a.alive) {
@@ -823,6 +834,27 @@ impl<'a> Core<'a> {
             x.heard_us = now_us;
             out.push((a, Body::Ack(proto::Ack { seq: x.acked_seq, agent: a, resync: true })));
             self.resyncs.insert(a, self.in_flight.of_agent(a));
+        }
+    }
+
+    /// Tasks lost in transit (HTDcr's T_loss): rather than guess from runtimes when a task is
+    /// overdue, which would re-run long tasks that are fine, every agent holding tasks is asked
+    /// now and then which it holds (one pass over the tasks in flight), and what it does not
+    /// hold is re-run (`resynced`). A lost dispatch or result thus costs at most this period.
+    fn audit(&mut self, out: &mut Outbox) {
+        let mut by_agent: HashMap<u32, Vec<u64>> = HashMap::new();
+        for (id, f) in self.in_flight.by_id.iter().enumerate() {
+            if f.agent != u32::MAX {
+                by_agent.entry(f.agent).or_default().push(id as u64);
+            }
+        }
+        for (agent, ids) in by_agent {
+            let Some(a) = self.agents.get(&agent).filter(|a| a.alive && !a.drained) else { continue };
+            if self.resyncs.contains_key(&agent) {
+                continue;
+            }
+            out.push((agent, Body::Ack(proto::Ack { seq: a.acked_seq, agent, resync: true })));
+            self.resyncs.insert(agent, ids);
         }
     }
 
@@ -1405,6 +1437,35 @@ mod tests {
         let (_, end) = feed(&mut c, &mut m, vec![result(0, 1, 1, 1, 0)]);
         assert_eq!(m.state(1), State::Done, "agent 0's result for the task it kept counts");
         assert_eq!(end, None);
+    }
+
+    /// A dispatch lost on the way to a live agent (HTDcr's task lost in transit): the periodic
+    /// audit asks the agent what it holds, and what it does not hold goes out again.
+    #[test]
+    fn the_audit_finds_a_task_lost_in_transit_and_sends_it_again() {
+        let mut m = Mem::with(4, 0, 1);
+        let mut c = core(&m, 2);
+        let (out, _) = feed(&mut c, &mut m, vec![join(0, 1), join(1, 1), want(0, 2)]);
+        assert_eq!(dispatched(&out), vec![(0, vec![(1, 1), (2, 1)])]);
+        // Agent 0 keeps heartbeating; time passes beyond the audit period.
+        let every = AUDIT_EVERY_LOST_AFTER * Liveness::default().lost_after_us;
+        let mut out = Vec::new();
+        c.handle(every + 2_000, &mut m, want(0, 0), &mut out).unwrap();
+        c.handle(every + 2_000, &mut m, want(1, 0), &mut out).unwrap();
+        c.handle(every + 2_001, &mut m, Input::Tick, &mut out).unwrap();
+        let asked: Vec<u32> =
+            out.iter().filter(|(_, b)| matches!(b, Body::Ack(a) if a.resync)).map(|(a, _)| *a).collect();
+        assert_eq!(asked, [0], "only the agent holding tasks is asked");
+        // It never got task 2.
+        let answer = Input::Report {
+            agent: 0,
+            report: proto::Report { agent: 0, resync: true, holding: vec![1], ..Default::default() },
+        };
+        let mut out = Vec::new();
+        c.handle(every + 3_000, &mut m, answer, &mut out).unwrap();
+        c.handle(every + 3_001, &mut m, want(1, 4), &mut out).unwrap();
+        assert_eq!(dispatched(&out), vec![(1, vec![(2, 2), (3, 1), (4, 1)])]);
+        assert_eq!(m.records[&2].losses, 0, "an unstarted task taken back is no loss");
     }
 
     #[test]
