@@ -638,14 +638,20 @@ mod tests {
         assert_eq!(m.outcome(), Some(Ok(())));
     }
 
-    /// Agent 2 sits below relay 0. When the relay goes, it keeps its tasks, holds, and asks to
-    /// rejoin; once back it answers the leader's resync with what it holds, and asks afresh.
-    #[test]
-    fn an_agent_below_a_lost_relay_keeps_its_tasks_rejoins_and_resyncs() {
+    /// Agent 2, below relay 0, with two slots and tasks 0..4; it may rejoin.
+    fn below_a_relay_holding_0_to_3() -> (Machine, Liveness) {
         let live = Liveness::new(std::time::Duration::from_secs(10));
         let mut m = Machine::new(2, 2, tree()).with_liveness(live).with_rejoin(true);
         step(&mut m, 0, Input::Tick);
         step(&mut m, 1, dispatch(2, 0..4));
+        (m, live)
+    }
+
+    /// Agent 2 sits below relay 0. When the relay goes, it keeps its tasks, holds, and asks to
+    /// rejoin; once back it answers the leader's resync with what it holds, and asks afresh.
+    #[test]
+    fn an_agent_below_a_lost_relay_keeps_its_tasks_rejoins_and_resyncs() {
+        let (mut m, _) = below_a_relay_holding_0_to_3();
         let out = step(&mut m, 2, Input::ParentEnded("connection closed".into()));
         assert!(matches!(out.as_slice(), [Effect::Exec(Command::Hold(true)), Effect::Rejoin]), "{out:?}");
         // Nothing is stopped while it rejoins, and task 1 ends meanwhile.
@@ -664,10 +670,7 @@ mod tests {
 
     #[test]
     fn an_agent_that_cannot_rejoin_within_its_lease_stops_its_tasks() {
-        let live = Liveness::new(std::time::Duration::from_secs(10));
-        let mut m = Machine::new(2, 2, tree()).with_liveness(live).with_rejoin(true);
-        step(&mut m, 0, Input::Tick);
-        step(&mut m, 1, dispatch(2, 0..4));
+        let (mut m, live) = below_a_relay_holding_0_to_3();
         step(&mut m, 2, Input::ParentEnded("connection closed".into()));
         let out = step(&mut m, 1 + live.lease_us, Input::Tick);
         assert!(out.iter().any(|e| matches!(e, Effect::Exec(Command::Abort))), "{out:?}");

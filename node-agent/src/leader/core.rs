@@ -1377,8 +1377,8 @@ mod tests {
         assert_eq!(c.counts().get(State::Failed), 1);
     }
 
-    #[test]
-    fn a_lost_agent_s_tasks_go_to_another_without_using_a_retry() {
+    /// Two agents of one core, four tasks; agent 0 got tasks 1 and 2 and started task 1.
+    fn task_1_running_and_2_queued_on_agent_0() -> (Mem, Core<'static>) {
         let mut m = Mem::with(4, 0, 1);
         let mut c = core(&m, 2);
         let started = proto::TaskStarted { id: 1, attempt: 1, start_us: 5 };
@@ -1388,6 +1388,12 @@ mod tests {
         };
         let (out, _) = feed(&mut c, &mut m, vec![join(0, 1), join(1, 1), want(0, 2), start]);
         assert_eq!(dispatched(&out), vec![(0, vec![(1, 1), (2, 1)])]);
+        (m, c)
+    }
+
+    #[test]
+    fn a_lost_agent_s_tasks_go_to_another_without_using_a_retry() {
+        let (mut m, mut c) = task_1_running_and_2_queued_on_agent_0();
         let lost = Input::Lost { agent: 0, why: "connection closed".into() };
         let (out, end) = feed(&mut c, &mut m, vec![lost, want(1, 4)]);
         // Agent 1 takes the lost tasks first (retries are the oldest work). Task 1's run was
@@ -1411,15 +1417,7 @@ mod tests {
     /// task 2 goes out again, task 1 stays with agent 0, and nothing counts as a loss.
     #[test]
     fn a_rejoined_agent_keeps_what_it_holds_and_what_died_with_the_relay_goes_out_again() {
-        let mut m = Mem::with(4, 0, 1);
-        let mut c = core(&m, 2);
-        let started = proto::TaskStarted { id: 1, attempt: 1, start_us: 5 };
-        let start = Input::Report {
-            agent: 0,
-            report: proto::Report { started: vec![started], agent: 0, ..Default::default() },
-        };
-        let (out, _) = feed(&mut c, &mut m, vec![join(0, 1), join(1, 1), want(0, 2), start]);
-        assert_eq!(dispatched(&out), vec![(0, vec![(1, 1), (2, 1)])]);
+        let (mut m, mut c) = task_1_running_and_2_queued_on_agent_0();
         let rejoin = vec![Input::Detached { agent: 0 }, Input::Rejoined { agent: 0, below: vec![7] }];
         let (out, _) = feed(&mut c, &mut m, rejoin);
         assert!(
