@@ -326,6 +326,10 @@ pub mod agent {
         /// Continue the run of this earlier job (its unfinished tasks) instead of a new run.
         #[arg(long, value_name = "JOBID")]
         pub resume_run: Option<u32>,
+        /// When the job ends at its time limit or loses every agent with tasks unfinished,
+        /// submit the job that continues the run; at most this many times for the run.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100))]
+        pub resubmit: Option<u32>,
     }
 }
 

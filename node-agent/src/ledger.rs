@@ -283,6 +283,18 @@ fn decode_counts(b: &[u8]) -> Option<Counts> {
     })
 }
 
+/// The id of a task key met while walking the tasks in order, checked: a key of the wrong size,
+/// or one not above the last, is a damaged tree (a page pointing back would loop for ever).
+fn walked_id(k: &[u8], last: &mut Option<u64>, path: &str) -> Result<u64> {
+    let damaged = |why: String| LedgerError::Damaged { path: path.to_string(), why };
+    let id = u64::from_be_bytes(k.try_into().map_err(|_| damaged(format!("a task key of {} bytes", k.len())))?);
+    if let Some(l) = last.filter(|&l| id <= l) {
+        return Err(damaged(format!("task keys out of order ({id} after {l})")));
+    }
+    *last = Some(id);
+    Ok(id)
+}
+
 pub fn key(id: u64) -> [u8; 8] {
     id.to_be_bytes()
 }
@@ -296,11 +308,14 @@ fn attempt_key(id: u64, attempt: u8) -> [u8; 9] {
 
 fn collect_attempts(c: &mut lmdb::RoCursor<'_>, id: u64) -> std::result::Result<Vec<Attempt>, lmdb::Error> {
     let mut out = Vec::new();
+    let mut last: Option<u8> = None;
     for item in c.iter_from(attempt_key(id, 0)) {
         let (k, v) = item?;
-        if k.len() != 9 || k[..8] != key(id) {
+        // A damaged tree can lead back to a key already seen: stop rather than loop.
+        if k.len() != 9 || k[..8] != key(id) || last.is_some_and(|l| k[8] <= l) {
             break;
         }
+        last = Some(k[8]);
         out.extend(Attempt::decode(v));
     }
     Ok(out)
@@ -483,6 +498,10 @@ impl Ledger {
         Ok(Ledger { _fault, env, path: p, tasks, meta, attempts, failed })
     }
 
+    pub fn path(&self) -> &Path {
+        Path::new(&self.path)
+    }
+
     fn err(&self, source: lmdb::Error) -> LedgerError {
         LedgerError::Lmdb { path: self.path.clone(), error: name_full_disk(Path::new(&self.path), source) }
     }
@@ -589,9 +608,10 @@ impl<'l> WriteTxn<'l> {
         let mut changed = Vec::new();
         {
             let mut c = self.txn.open_ro_cursor(self.l.tasks).map_err(|e| self.l.err(e))?;
+            let mut last = None;
             for item in c.iter_start() {
                 let (k, v) = item.map_err(|e| self.l.err(e))?;
-                let id = u64::from_be_bytes(k.try_into().map_err(|_| LedgerError::Corrupt { id: 0, len: k.len() })?);
+                let id = walked_id(k, &mut last, &self.l.path)?;
                 let mut r = Record::decode(id, v)?;
                 if f(id, &mut r) {
                     changed.push((id, r));
@@ -661,13 +681,13 @@ impl ReadTxn<'_> {
 
     /// Visits the tasks from id `from` on, in id order, each with its record or why it cannot be
     /// decoded; stops at the first error of the tree itself (a damaged page), which it returns.
+    /// Keys that do not grow mean a damaged tree (a page pointing back, which would loop).
     pub fn walk_tasks(&self, from: u64, mut f: impl FnMut(u64, Result<Record>)) -> Result<()> {
         let mut c = self.txn.open_ro_cursor(self.l.tasks).map_err(|e| self.l.err(e))?;
+        let mut last = from.checked_sub(1);
         for item in c.iter_from(key(from)) {
             let (k, v) = item.map_err(|e| self.l.err(e))?;
-            let damaged =
-                || LedgerError::Damaged { path: self.l.path.clone(), why: format!("a task key of {} bytes", k.len()) };
-            let id = u64::from_be_bytes(k.try_into().map_err(|_| damaged())?);
+            let id = walked_id(k, &mut last, &self.l.path)?;
             f(id, Record::decode(id, v));
         }
         Ok(())
@@ -675,10 +695,18 @@ impl ReadTxn<'_> {
 
     /// Reads every entry of the attempt history and of the failed-task index; the first error.
     pub fn check_history(&self) -> Result<()> {
+        let mut last: Vec<u8> = Vec::new();
         for db in [self.l.attempts, self.l.failed] {
             let mut c = self.txn.open_ro_cursor(db).map_err(|e| self.l.err(e))?;
+            last.clear();
             for item in c.iter_start() {
-                item.map_err(|e| self.l.err(e))?;
+                let (k, _) = item.map_err(|e| self.l.err(e))?;
+                if !last.is_empty() && k <= &last[..] {
+                    let why = "history keys out of order".to_string();
+                    return Err(LedgerError::Damaged { path: self.l.path.clone(), why });
+                }
+                last.clear();
+                last.extend_from_slice(k);
             }
         }
         Ok(())
@@ -687,9 +715,10 @@ impl ReadTxn<'_> {
     /// Visits every task in id order.
     pub fn for_each(&self, mut f: impl FnMut(u64, &Record)) -> Result<()> {
         let mut c = self.txn.open_ro_cursor(self.l.tasks).map_err(|e| self.l.err(e))?;
+        let mut last = None;
         for item in c.iter_start() {
             let (k, v) = item.map_err(|e| self.l.err(e))?;
-            let id = u64::from_be_bytes(k.try_into().map_err(|_| LedgerError::Corrupt { id: 0, len: k.len() })?);
+            let id = walked_id(k, &mut last, &self.l.path)?;
             f(id, &Record::decode(id, v)?);
         }
         Ok(())

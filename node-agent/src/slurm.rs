@@ -71,6 +71,7 @@ pub fn resume_args(nodes: usize, a: &crate::cli::agent::LeadArgs) -> Vec<String>
             opt("instance-nodes", a.instance_nodes.map(|n| n.to_string())),
             opt("max-fails", a.max_fails.map(|n| n.to_string())),
             opt("partition", a.partition.map(|p| p.name().to_string())),
+            opt("resubmit", a.resubmit.map(|n| n.to_string())),
         ]
         .into_iter()
         .flatten(),

@@ -26,6 +26,8 @@ pub const FANOUT_MAX: u32 = 1024;
 pub const AGENTS_PER_NODE_MAX: u32 = 4096;
 pub const INSTANCE_NODES_MAX: u32 = 65536;
 pub const MAX_FAILS_MAX: u32 = u32::MAX;
+/// Automatic resubmissions of one run, at most.
+pub const RESUBMIT_MAX: u32 = 100;
 
 /// Option `val`s given to `spank_option_register`.
 pub const OPT_FILE: i32 = 1;
@@ -37,6 +39,7 @@ pub const OPT_AGENTS_PER_NODE: i32 = 6;
 pub const OPT_INSTANCE_NODES: i32 = 7;
 pub const OPT_MAX_FAILS: i32 = 8;
 pub const OPT_RESUME: i32 = 9;
+pub const OPT_RESUBMIT: i32 = 10;
 
 /// Names given to `spank_job_control_setenv` in sbatch. Slurm puts them into the job's
 /// environment with a `SLURM_SPANK_` prefix (and into prolog/epilog with `SPANK_`).
@@ -48,6 +51,7 @@ pub const JC_PARTITION: &str = "HTC_PARTITION";
 pub const JC_AGENTS_PER_NODE: &str = "HTC_AGENTS_PER_NODE";
 pub const JC_INSTANCE_NODES: &str = "HTC_INSTANCE_NODES";
 pub const JC_MAX_FAILS: &str = "HTC_MAX_FAILS";
+pub const JC_RESUBMIT: &str = "HTC_RESUBMIT";
 pub const JC_RESUME: &str = "HTC_RESUME";
 /// Prefix Slurm adds to job-control names in the job environment.
 pub const JOB_ENV_PREFIX: &str = "SLURM_SPANK_";
@@ -181,6 +185,12 @@ pub fn parse_max_fails(s: &str) -> Result<u32, String> {
     parse_number(s, 1, MAX_FAILS_MAX)
 }
 
+/// `--htc-resubmit=N`: when the job ends at its time limit or loses all its agents, submit the
+/// job that continues it, up to N times.
+pub fn parse_resubmit(s: &str) -> Result<u32, String> {
+    parse_number(s, 1, RESUBMIT_MAX)
+}
+
 /// `--htc-resume=JOBID`: continue the run of an earlier job (written by `htc resume`).
 pub fn parse_resume(s: &str) -> Result<u32, String> {
     parse_number(s, 1, u32::MAX).map_err(|_| format!("'{s}' is not a job id"))
@@ -204,6 +214,7 @@ pub struct UserOptions {
     pub instance_nodes: Option<u32>,
     pub max_fails: Option<u32>,
     pub resume: Option<u32>,
+    pub resubmit: Option<u32>,
 }
 
 impl UserOptions {
@@ -235,6 +246,9 @@ impl UserOptions {
             if self.resume.is_some() {
                 v.push("--htc-resume");
             }
+            if self.resubmit.is_some() {
+                v.push("--htc-resubmit");
+            }
         }
         v
     }
@@ -253,6 +267,7 @@ pub struct JobRequest {
     pub instance_nodes: Option<u32>,
     pub max_fails: Option<u32>,
     pub resume: Option<u32>,
+    pub resubmit: Option<u32>,
 }
 
 impl JobRequest {
@@ -269,6 +284,7 @@ impl JobRequest {
             instance_nodes: opts.instance_nodes,
             max_fails: opts.max_fails,
             resume: opts.resume,
+            resubmit: opts.resubmit,
         })
     }
 
@@ -298,6 +314,9 @@ impl JobRequest {
         }
         if let Some(j) = self.resume {
             v.push((JC_RESUME, j.to_string().into()));
+        }
+        if let Some(n) = self.resubmit {
+            v.push((JC_RESUBMIT, n.to_string().into()));
         }
         v
     }
@@ -337,6 +356,7 @@ impl JobRequest {
         let instance_nodes = num(JC_INSTANCE_NODES, parse_instance_nodes)?;
         let max_fails = num(JC_MAX_FAILS, parse_max_fails)?;
         let resume = num(JC_RESUME, parse_resume)?;
+        let resubmit = num(JC_RESUBMIT, parse_resubmit)?;
         Ok(Some(JobRequest {
             task_file,
             retries,
@@ -347,6 +367,7 @@ impl JobRequest {
             instance_nodes,
             max_fails,
             resume,
+            resubmit,
         }))
     }
 
@@ -368,6 +389,7 @@ impl JobRequest {
             instance_nodes: opts.instance_nodes,
             max_fails: opts.max_fails,
             resume: opts.resume,
+            resubmit: opts.resubmit,
         })
     }
 }
@@ -387,7 +409,7 @@ pub const SCRIPT_FLAG: &str = "--script";
 
 /// The agent's argv up to and including `--script`:
 /// `AGENT lead --task-file FILE [--retries N] [--fanout K] [--output MODE] [--partition PLAN]
-/// [--agents-per-node N] [--instance-nodes N] [--max-fails N] [--resume-run JOBID] [--ledger-dir DIR]
+/// [--agents-per-node N] [--instance-nodes N] [--max-fails N] [--resume-run JOBID] [--resubmit N] [--ledger-dir DIR]
 /// --script`.
 /// The batch script's own argv (script path, then its arguments) follows; with
 /// `spank_prepend_task_argv` Slurm appends it, with `execve` the plugin does.
@@ -425,6 +447,10 @@ pub fn agent_argv_prefix(cfg: &PluginConfig, req: &JobRequest) -> Vec<OsString> 
     if let Some(j) = req.resume {
         v.push("--resume-run".into());
         v.push(j.to_string().into());
+    }
+    if let Some(n) = req.resubmit {
+        v.push("--resubmit".into());
+        v.push(n.to_string().into());
     }
     if let Some(d) = &cfg.ledger_dir {
         v.push("--ledger-dir".into());
@@ -816,6 +842,7 @@ mod tests {
             instance_nodes: Some(2),
             max_fails: Some(9),
             resume: Some(77),
+            resubmit: Some(3),
         };
         let req = JobRequest::from_allocator(&opts).unwrap();
         let vars = req.job_control_vars();
@@ -829,7 +856,8 @@ mod tests {
                 ("HTC_AGENTS_PER_NODE", "3".into()),
                 ("HTC_INSTANCE_NODES", "2".into()),
                 ("HTC_MAX_FAILS", "9".into()),
-                ("HTC_RESUME", "77".into())
+                ("HTC_RESUME", "77".into()),
+                ("HTC_RESUBMIT", "3".into())
             ]
         );
         let env: Vec<(String, OsString)> = vars.iter().map(|(n, v)| (job_env_name(n), v.clone())).collect();
@@ -885,6 +913,7 @@ mod tests {
             instance_nodes: None,
             max_fails: None,
             resume: None,
+            resubmit: None,
         };
         let argv = agent_argv(&cfg, &req, &os(&["/var/spool/slurmd/job00042/slurm_script"])).unwrap();
         assert_eq!(
@@ -915,6 +944,7 @@ mod tests {
             instance_nodes: Some(3),
             max_fails: Some(4),
             resume: Some(12),
+            resubmit: Some(2),
         };
         let argv = agent_argv(&cfg, &req, &os(&["/s", "arg1", "--flag"])).unwrap();
         assert_eq!(
@@ -940,6 +970,8 @@ mod tests {
                 "4",
                 "--resume-run",
                 "12",
+                "--resubmit",
+                "2",
                 "--ledger-dir",
                 "/tmp/l",
                 "--script",

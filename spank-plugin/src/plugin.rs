@@ -128,6 +128,7 @@ static STATE: Mutex<State> = Mutex::new(State {
         instance_nodes: None,
         max_fails: None,
         resume: None,
+        resubmit: None,
     },
 });
 
@@ -171,7 +172,7 @@ fn guard(what: &str, f: impl FnOnce() -> c_int) -> c_int {
 
 // ---- options ----
 
-const OPTIONS: [OptionSpec; 9] = [
+const OPTIONS: [OptionSpec; 10] = [
     OptionSpec {
         name: b"htc\0",
         arginfo: Some(b"FILE\0"),
@@ -226,6 +227,12 @@ const OPTIONS: [OptionSpec; 9] = [
         usage: b"With --htc: continue the run of job JOBID (its unfinished tasks) instead of starting a new one; `htc resume JOBID` submits this.\0",
         val: config::OPT_RESUME,
     },
+    OptionSpec {
+        name: b"htc-resubmit\0",
+        arginfo: Some(b"N\0"),
+        usage: b"With --htc: when the job ends at its time limit or loses every agent with tasks unfinished, submit the job that continues it, at most N times in all.\0",
+        val: config::OPT_RESUBMIT,
+    },
 ];
 
 fn opt_name(val: c_int) -> &'static str {
@@ -239,6 +246,7 @@ fn opt_name(val: c_int) -> &'static str {
         config::OPT_INSTANCE_NODES => "--htc-instance-nodes",
         config::OPT_MAX_FAILS => "--htc-max-fails",
         config::OPT_RESUME => "--htc-resume",
+        config::OPT_RESUBMIT => "--htc-resubmit",
         _ => "--htc-?",
     }
 }
@@ -296,6 +304,7 @@ fn remote_option(val: c_int, arg: OsString) {
         config::OPT_INSTANCE_NODES => st.opts.instance_nodes = config::parse_instance_nodes(&text).ok(),
         config::OPT_MAX_FAILS => st.opts.max_fails = config::parse_max_fails(&text).ok(),
         config::OPT_RESUME => st.opts.resume = config::parse_resume(&text).ok(),
+        config::OPT_RESUBMIT => st.opts.resubmit = config::parse_resubmit(&text).ok(),
         _ => {}
     }
 }
@@ -356,6 +365,7 @@ fn allocator_option(val: c_int, arg: &OsStr) -> c_int {
         }
         config::OPT_MAX_FAILS => keep(config::parse_max_fails(&text), |o, n| o.max_fails = Some(n), &fail),
         config::OPT_RESUME => keep(config::parse_resume(&text), |o, j| o.resume = Some(j), &fail),
+        config::OPT_RESUBMIT => keep(config::parse_resubmit(&text), |o, n| o.resubmit = Some(n), &fail),
         _ => 0,
     }
 }

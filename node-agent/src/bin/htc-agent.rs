@@ -161,7 +161,7 @@ fn resume_run(base: &std::path::Path, earlier: u32, job_id: &str) -> anyhow::Res
     }
     let n = {
         let _lock = run.lock()?;
-        leader::driver::reset_interrupted(&htc::ledger::Ledger::open(&run.ledger(), false)?)?
+        leader::driver::reset_interrupted(&htc::ledger::Ledger::open(&run.ledger(), false)?, &run)?
     };
     let link = runs.join(job_id);
     let _ = std::fs::remove_file(&link);
@@ -200,7 +200,7 @@ fn lead(a: LeadArgs, script: Vec<OsString>) -> anyhow::Result<i32> {
         let _lock = existing.lock()?;
         // A requeued job: continue from its ledger.
         let ledger = htc::ledger::Ledger::open(&existing.ledger(), false)?;
-        let n = leader::driver::reset_interrupted(&ledger)?;
+        let n = leader::driver::reset_interrupted(&ledger, &existing)?;
         println!("htc: job {job_id} restarted; continuing its run ({n} interrupted tasks go back to pending)");
         existing
     } else if let Some(earlier) = a.resume_run {
@@ -261,6 +261,8 @@ fn lead(a: LeadArgs, script: Vec<OsString>) -> anyhow::Result<i32> {
         instance_size,
         lost_after: site.lost_after,
     };
+    // The job's end, less Slurm's default KillWait for the session to end well.
+    let deadline_us = slurm::time_left().map(|left| htc::rundir::now_us() + left.saturating_sub(30_000_000));
     let cfg = LeaderConfig {
         run: run.clone(),
         job_id,
@@ -277,8 +279,7 @@ fn lead(a: LeadArgs, script: Vec<OsString>) -> anyhow::Result<i32> {
         layout,
         live: Liveness::new(site.lost_after),
         max_fails: a.max_fails,
-        // The job's end, less Slurm's default KillWait for the session to end well.
-        deadline_us: slurm::time_left().map(|left| htc::rundir::now_us() + left.saturating_sub(30_000_000)),
+        deadline_us,
     };
     let lock = run.lock()?;
     {
@@ -292,5 +293,57 @@ fn lead(a: LeadArgs, script: Vec<OsString>) -> anyhow::Result<i32> {
     let outcome = leader::run(cfg, |addr, tx| srun.start(&run, addr, tx))?;
     let code = leader::finish(&run, &outcome, false);
     drop(lock);
+    if let Some(max) = a.resubmit {
+        // SIGTERM past the deadline is the time limit; before it, someone cancelled the job.
+        let at_limit = deadline_us.is_some_and(|d| htc::rundir::now_us() >= d);
+        let due = match outcome.ending {
+            leader::Ending::OutOfTime(_) | leader::Ending::AgentsLost(_) => true,
+            leader::Ending::Interrupted(sig) => sig == libc::SIGTERM && at_limit,
+            _ => false,
+        };
+        if due {
+            if let Err(e) = resubmit(&run, max) {
+                println!("htc: could not resubmit: {e:#}");
+            }
+        }
+    }
     code
+}
+
+/// `--htc-resubmit=N`: submits the job that continues this run, as `htc resume` would, unless
+/// the run was resubmitted N times already (the count is kept in the ledger).
+fn resubmit(run: &RunDir, max: u32) -> anyhow::Result<()> {
+    let ledger = htc::ledger::Ledger::open(&run.ledger(), false)?;
+    let done = ledger.read()?.meta_u64("resubmits")?.unwrap_or(0);
+    if done >= max as u64 {
+        println!("htc: not resubmitting: the run was resubmitted {done} times already (--htc-resubmit={max})");
+        return Ok(());
+    }
+    let args: Vec<String> = ledger
+        .read()?
+        .meta("resume_sbatch")?
+        .map(|a| String::from_utf8_lossy(a).lines().map(String::from).collect())
+        .unwrap_or_default();
+    let mut t = ledger.write()?;
+    t.put_meta("resubmits", &(done + 1).to_le_bytes())?;
+    t.commit()?;
+    let mut file = OsString::from("--htc=");
+    file.push(run.tasks());
+    // From the submit directory (the run lives in its .htc/), without this job's variables.
+    let submit_dir = run.path.parent().and_then(|p| p.parent()).context("the run directory has no parent")?;
+    let mut cmd = std::process::Command::new("sbatch");
+    cmd.arg(file).arg(format!("--htc-resume={}", run.id())).args(&args).arg("--wrap=:").current_dir(submit_dir);
+    for (k, _) in std::env::vars_os() {
+        let k = k.to_string_lossy();
+        if (k.starts_with("SLURM_") || k.starts_with("SBATCH_")) && k != "SLURM_CONF" {
+            cmd.env_remove(k.as_ref());
+        }
+    }
+    let out = cmd.output().context("running sbatch")?;
+    let said = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if !out.status.success() {
+        bail!("sbatch: {}", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    println!("htc: resubmitted ({} of {max}): {said}", done + 1);
+    Ok(())
 }

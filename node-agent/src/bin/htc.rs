@@ -136,7 +136,7 @@ fn real_main() -> anyhow::Result<i32> {
                     lock = Some(run.lock()?);
                     let mode = stored_output_mode(&run)?.unwrap_or(output);
                     let ledger = Ledger::open(&run.ledger(), false)?;
-                    let n = leader::driver::reset_interrupted(&ledger)?;
+                    let n = leader::driver::reset_interrupted(&ledger, &run)?;
                     if !quiet {
                         eprintln!("htc: resuming {} ({n} interrupted tasks go back to pending)", run.path.display());
                     }
@@ -307,7 +307,16 @@ fn print_output(run: &str, task: u64, want_out: bool, want_err: bool) -> anyhow:
     let run = RunDir::locate(Some(run))?;
     let mode = stored_output_mode(&run)?.unwrap_or(OutputMode::Streams);
     let ledger = Ledger::open(&run.ledger(), true)?;
-    let r: Record = ledger.read()?.get(task)?.with_context(|| format!("no task {task} in {}", run.path.display()))?;
+    let txn = ledger.read()?;
+    let Some(r): Option<Record> = txn.get(task)? else {
+        // Ids run from 1 to the number loaded: a missing one inside that range is damage.
+        let total = txn.meta_u64("total")?.unwrap_or(0);
+        if (1..=total).contains(&task) {
+            bail!("ledger {} is damaged: it lost the record of task {task} (of {total})", run.ledger().display());
+        }
+        bail!("no task {task} in {} (it has {total})", run.path.display());
+    };
+    drop(txn);
     if r.attempts == 0 {
         bail!("task {task} has not run yet");
     }

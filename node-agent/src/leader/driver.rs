@@ -241,7 +241,18 @@ fn cpu_us() -> u64 {
 /// Prepares a ledger for another session after an interruption: tasks that were dispatched or
 /// running when the leader died go back to pending (they may run again: the ledger cannot know
 /// whether they finished). Done and failed tasks are never touched.
-pub fn reset_interrupted(ledger: &Ledger) -> Result<u64> {
+///
+/// The whole ledger is read back first (`verify`): writing into a damaged one would follow its
+/// broken pages, and a resume must not spread damage or re-run what it cannot vouch for.
+pub fn reset_interrupted(ledger: &Ledger, run: &crate::rundir::RunDir) -> Result<u64> {
+    let text_len = std::fs::metadata(run.tasks()).map(|m| m.len()).unwrap_or(0);
+    let v = crate::verify::verify(ledger, text_len)?;
+    // Counts are rewritten below; unreadable records are what a resume must not build on.
+    if !v.bad.is_empty() {
+        let bad: u64 = v.bad.iter().map(|(s, _)| s.end() - s.start() + 1).sum();
+        let why = format!("{bad} task records cannot be read; it is not resumed");
+        return Err(crate::ledger::LedgerError::Damaged { path: run.ledger().display().to_string(), why });
+    }
     let mut t = ledger.write()?;
     let mut counts = Counts::default();
     let mut n = 0;

@@ -18,7 +18,8 @@ use htc_core::hflow::Params;
 use htc_core::partition::Plan;
 use htc_core::tree::Tree;
 
-use self::core::{Core, Ending, Progress, ProgressFn};
+pub use self::core::Ending;
+use self::core::{Core, Progress, ProgressFn};
 use self::driver::{DriverConfig, Event};
 use crate::ledger::{Ledger, State};
 use crate::liveness::Liveness;
