@@ -30,6 +30,9 @@ pub enum LedgerError {
     /// Reading past a file's end through its memory map would kill the process (SIGBUS).
     #[error("ledger {path} is damaged: {why}; it cannot be read safely")]
     Damaged { path: String, why: String },
+    /// An error met by a child process that read the ledger (`verify::verify_apart`).
+    #[error("{0}")]
+    Apart(String),
 }
 
 type Result<T> = std::result::Result<T, LedgerError>;
@@ -353,7 +356,9 @@ unsafe extern "C" fn on_lmdb_assert(env: *mut libc::c_void, msg: *const libc::c_
     put(b"htc: ledger ");
     put(cstr(path));
     put(b" is damaged: LMDB found a broken page (");
-    put(cstr(msg));
+    // "mdb.c:5917: Assertion '…' failed in …()": the source's place means nothing to a user.
+    let msg = cstr(msg);
+    put(msg.windows(9).position(|w| w == b"Assertion").map_or(msg, |i| &msg[i..]));
     put(b"); it cannot be read safely (htc verify says which tasks it still vouches for)\n");
     // SAFETY: leaving at once, as abort() would, but with htc's error status.
     unsafe { libc::_exit(2) };

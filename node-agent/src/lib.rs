@@ -19,6 +19,7 @@ pub mod output;
 pub mod pmi;
 pub mod prologue;
 pub mod rundir;
+pub mod sessionlog;
 pub mod simexec;
 pub mod simulate;
 pub mod site;

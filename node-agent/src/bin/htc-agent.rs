@@ -150,7 +150,7 @@ fn work(a: WorkArgs) -> anyhow::Result<()> {
 
 /// `htc resume`'s job: continues the run of job `earlier` in `base/.htc`, reachable under this
 /// job's id too (a link), so that `htc status` and `htc output` work with either id.
-fn resume_run(base: &std::path::Path, earlier: u32, job_id: &str) -> anyhow::Result<Result<RunDir, String>> {
+fn resume_run(base: &std::path::Path, earlier: u32, job_id: &str) -> anyhow::Result<Result<(RunDir, String), String>> {
     let runs = base.join(".htc");
     let Ok(path) = std::fs::canonicalize(runs.join(earlier.to_string())) else {
         return Ok(Err(format!("job {earlier} left no run in {} to resume", runs.display())));
@@ -161,14 +161,15 @@ fn resume_run(base: &std::path::Path, earlier: u32, job_id: &str) -> anyhow::Res
     }
     let n = {
         let _lock = run.lock()?;
-        leader::driver::reset_interrupted(&htc::ledger::Ledger::open(&run.ledger(), false)?, &run)?
+        leader::driver::reset_interrupted(&run)?
     };
     let link = runs.join(job_id);
     let _ = std::fs::remove_file(&link);
     std::os::unix::fs::symlink(run.path.file_name().unwrap_or_default(), &link)
         .with_context(|| format!("linking {} to the run", link.display()))?;
-    println!("htc: job {job_id} continues the run of job {earlier} ({n} interrupted tasks go back to pending)");
-    Ok(Ok(run))
+    let said =
+        format!("htc: job {job_id} continues the run of job {earlier} ({n} interrupted tasks go back to pending)");
+    Ok(Ok((run, said)))
 }
 
 /// The batch step: load the tasks, run the script as the prologue, start the agents with one
@@ -196,13 +197,14 @@ fn lead(a: LeadArgs, script: Vec<OsString>) -> anyhow::Result<i32> {
         std::fs::remove_dir_all(&existing.path)
             .with_context(|| format!("removing the incomplete {}", existing.path.display()))?;
     }
-    let run = if complete {
+    let (run, said) = if complete {
         let _lock = existing.lock()?;
         // A requeued job: continue from its ledger.
-        let ledger = htc::ledger::Ledger::open(&existing.ledger(), false)?;
-        let n = leader::driver::reset_interrupted(&ledger, &existing)?;
-        println!("htc: job {job_id} restarted; continuing its run ({n} interrupted tasks go back to pending)");
-        existing
+        let n = leader::driver::reset_interrupted(&existing)?;
+        (
+            existing,
+            format!("htc: job {job_id} restarted; continuing its run ({n} interrupted tasks go back to pending)"),
+        )
     } else if let Some(earlier) = a.resume_run {
         match resume_run(&base, earlier, &job_id)? {
             Ok(run) => run,
@@ -217,10 +219,10 @@ fn lead(a: LeadArgs, script: Vec<OsString>) -> anyhow::Result<i32> {
             defaults.retries = r;
         }
         match load::create_run(&base, &job_id, &a.task_file, a.output, defaults) {
-            Ok((run, loaded)) => {
-                println!("htc: job {job_id}: {} tasks from {} on {nodes} node(s)", loaded.tasks, a.task_file.display());
-                run
-            }
+            Ok((run, loaded)) => (
+                run,
+                format!("htc: job {job_id}: {} tasks from {} on {nodes} node(s)", loaded.tasks, a.task_file.display()),
+            ),
             Err(CreateError::Load(e)) => {
                 eprintln!("htc: {e}");
                 return Ok(2);
@@ -228,7 +230,32 @@ fn lead(a: LeadArgs, script: Vec<OsString>) -> anyhow::Result<i32> {
             Err(e) => return Err(e.into()),
         }
     };
+    let restarts = std::env::var("SLURM_RESTART_COUNT").unwrap_or_else(|_| "0".into());
+    let header = format!(
+        "== job {job_id} (restart {restarts}) on {}, {}",
+        slurm::var("SLURMD_NODENAME").unwrap_or_default(),
+        htc::calibrate::utc_now()
+    );
+    let kept = htc::sessionlog::keep(&run.path.join("job.out"), &header)
+        .map_err(|e| tracing::warn!(error = %e, "the job's output is not kept in the run directory"))
+        .ok();
+    println!("{said}");
+    let code = lead_run(a, &job_id, nodes, &run, script, script_args);
+    if let Some(k) = kept {
+        k.end();
+    }
+    code
+}
 
+/// The session, once its run is ready: the batch script as the prologue, the agents, the tasks.
+fn lead_run(
+    a: LeadArgs,
+    job_id: &str,
+    nodes: usize,
+    run: &RunDir,
+    script: &OsString,
+    script_args: &[OsString],
+) -> anyhow::Result<i32> {
     let p = match prologue::run(std::path::Path::new(script), script_args, &run.path.join("prologue.env")) {
         Ok(p) => p,
         Err(e) => {
@@ -265,7 +292,7 @@ fn lead(a: LeadArgs, script: Vec<OsString>) -> anyhow::Result<i32> {
     let deadline_us = slurm::time_left().map(|left| htc::rundir::now_us() + left.saturating_sub(30_000_000));
     let cfg = LeaderConfig {
         run: run.clone(),
-        job_id,
+        job_id: job_id.to_string(),
         bind: std::net::SocketAddr::new(slurm::node_ip(), 0),
         advertise: Some(slurm::node_ip()),
         commit_interval: Duration::from_millis(10),

@@ -134,9 +134,9 @@ fn real_main() -> anyhow::Result<i32> {
                 (Some(r), None) => {
                     let run = RunDir::locate(if r.is_empty() { None } else { Some(&r) })?;
                     lock = Some(run.lock()?);
+                    // Verified (apart) before this process maps the ledger at all.
+                    let n = leader::driver::reset_interrupted(&run)?;
                     let mode = stored_output_mode(&run)?.unwrap_or(output);
-                    let ledger = Ledger::open(&run.ledger(), false)?;
-                    let n = leader::driver::reset_interrupted(&ledger, &run)?;
                     if !quiet {
                         eprintln!("htc: resuming {} ({n} interrupted tasks go back to pending)", run.path.display());
                     }
@@ -424,11 +424,21 @@ fn local_layout(agents: Option<usize>, cores: Option<usize>, cpus: usize) -> (us
 
 /// `htc verify`: the whole ledger read back, and what it still vouches for.
 fn verify(run: &RunDir) -> anyhow::Result<i32> {
-    let ledger = Ledger::open(&run.ledger(), true)?;
     let text_len = std::fs::metadata(run.tasks()).map(|m| m.len()).unwrap_or(0);
-    let v = htc::verify::verify(&ledger, text_len)?;
-    let total = v.total.map(|t| t.to_string()).unwrap_or_else(|| "?".into());
     let shown = run.ledger().display().to_string();
+    if !run.ledger().exists() {
+        bail!("{} has no ledger ({shown})", run.path.display());
+    }
+    let v = match htc::verify::verify_apart(&run.ledger(), text_len, htc::verify::STALL) {
+        Ok(v) => v,
+        Err(e) => {
+            // The file is there but does not open: nothing in it can be vouched for.
+            println!("ledger {shown}: damaged, it does not open: {e}");
+            println!("  tasks it vouches for: none");
+            return Ok(1);
+        }
+    };
+    let total = v.total.map(|t| t.to_string()).unwrap_or_else(|| "?".into());
     if v.intact() {
         println!("ledger {shown}: intact, all {total} task records read back whole");
         return Ok(0);

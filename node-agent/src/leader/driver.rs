@@ -242,17 +242,19 @@ fn cpu_us() -> u64 {
 /// running when the leader died go back to pending (they may run again: the ledger cannot know
 /// whether they finished). Done and failed tasks are never touched.
 ///
-/// The whole ledger is read back first (`verify`): writing into a damaged one would follow its
-/// broken pages, and a resume must not spread damage or re-run what it cannot vouch for.
-pub fn reset_interrupted(ledger: &Ledger, run: &crate::rundir::RunDir) -> Result<u64> {
+/// The whole ledger is read back first, in a child process (`verify_apart`), before this process
+/// opens it: writing into a damaged one would follow its broken pages, a resume must not spread
+/// damage or re-run what it cannot vouch for, and some damage crashes or hangs a read.
+pub fn reset_interrupted(run: &crate::rundir::RunDir) -> Result<u64> {
     let text_len = std::fs::metadata(run.tasks()).map(|m| m.len()).unwrap_or(0);
-    let v = crate::verify::verify(ledger, text_len)?;
-    // Counts are rewritten below; unreadable records are what a resume must not build on.
-    if !v.bad.is_empty() {
-        let bad: u64 = v.bad.iter().map(|(s, _)| s.end() - s.start() + 1).sum();
-        let why = format!("{bad} task records cannot be read; it is not resumed");
+    let v = crate::verify::verify_apart(&run.ledger(), text_len, crate::verify::STALL)?;
+    // Counts are rewritten below; unreadable records, a lost total or a broken history are what a
+    // resume must not build on.
+    if let Some(why) = v.unresumable() {
+        let why = format!("{why}; it is not resumed");
         return Err(crate::ledger::LedgerError::Damaged { path: run.ledger().display().to_string(), why });
     }
+    let ledger = Ledger::open(&run.ledger(), false)?;
     let mut t = ledger.write()?;
     let mut counts = Counts::default();
     let mut n = 0;
