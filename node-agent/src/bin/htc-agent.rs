@@ -317,8 +317,8 @@ fn lead_run(
         t.put_meta("resume_sbatch", slurm::resume_args(nodes, &a).join("\n").as_bytes())?;
         t.commit()?;
     }
-    let outcome = leader::run(cfg, |addr, tx| srun.start(&run, addr, tx))?;
-    let code = leader::finish(&run, &outcome, false);
+    let outcome = leader::run(cfg, |addr, tx| srun.start(run, addr, tx))?;
+    let code = leader::finish(run, &outcome, false);
     drop(lock);
     if let Some(max) = a.resubmit {
         // SIGTERM past the deadline is the time limit; before it, someone cancelled the job.
@@ -329,7 +329,7 @@ fn lead_run(
             _ => false,
         };
         if due {
-            if let Err(e) = resubmit(&run, max) {
+            if let Err(e) = resubmit(run, max) {
                 println!("htc: could not resubmit: {e:#}");
             }
         }
