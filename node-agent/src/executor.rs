@@ -63,8 +63,14 @@ pub struct Finished {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExecEvent {
-    Started { id: u64, attempt: u32, start_us: u64 },
+    Started {
+        id: u64,
+        attempt: u32,
+        start_us: u64,
+    },
     Finished(Finished),
+    /// After `Command::Reset`: nothing runs or waits any more.
+    Reset,
 }
 
 #[derive(Debug)]
@@ -74,6 +80,9 @@ pub enum Command {
     Finish,
     /// Kill everything running, drop the queue, stop.
     Abort,
+    /// Kill everything running and drop the queue, then say `ExecEvent::Reset` and go on: the
+    /// agent was given up and comes back empty.
+    Reset,
     /// Start nothing more from the queue (`true`) until told otherwise (`false`): the agent has
     /// not heard from its parent for a while, and what it starts now may be re-run elsewhere.
     Hold(bool),
@@ -440,6 +449,7 @@ impl Executor {
         epoll_add(&self.epoll, wake.as_raw_fd(), WAKE)?;
         let mut finishing = false;
         let mut aborting = false;
+        let mut resetting = false;
         let mut held = false;
         let mut events = [libc::epoll_event { events: 0, u64: 0 }; 64];
         loop {
@@ -452,6 +462,11 @@ impl Executor {
                     Ok(Command::Abort) => {
                         aborting = true;
                         finishing = true;
+                        self.queue.clear();
+                        self.abort_all();
+                    }
+                    Ok(Command::Reset) => {
+                        resetting = true;
                         self.queue.clear();
                         self.abort_all();
                     }
@@ -474,6 +489,10 @@ impl Executor {
                 return Err(self.stop_on_fault(e));
             }
             self.enforce_deadlines();
+            if resetting && self.running.is_empty() {
+                resetting = false;
+                self.events.push(ExecEvent::Reset);
+            }
             if !aborting && !held {
                 self.start_queued();
             }

@@ -188,7 +188,7 @@ mod tests {
         let mut out = Vec::new();
         encode_into(Body::Ack(proto::Ack { seq: 7, agent: 0, resync: false }), &mut out);
         encode_into(
-            Body::Shutdown(proto::Shutdown { abort: true, reason: "x".into(), agent: 0, hold: false }),
+            Body::Shutdown(proto::Shutdown { revive: false, abort: true, reason: "x".into(), agent: 0, hold: false }),
             &mut out,
         );
         let mut r = &out[..];

@@ -86,6 +86,12 @@ impl Sim {
                     Command::Finish => finishing = true,
                     Command::Hold(h) => held = h,
                     Command::Abort => return,
+                    // Simulated tasks have no processes: dropping them stops them.
+                    Command::Reset => {
+                        self.queue.clear();
+                        self.running.clear();
+                        self.events.push(ExecEvent::Reset);
+                    }
                 }
             }
             self.step(Instant::now(), held);

@@ -348,7 +348,7 @@ impl Fleet {
                 Effect::Down { body: Body::Welcome(_), .. } => {}
                 Effect::Down { child, body } => w.at(later, Ev::ToAgent(child, machine::Input::Parent(body))),
                 // No relays: every simulated head talks to the leader itself.
-                Effect::Up(_) | Effect::Relay(_) | Effect::CloseUp | Effect::Rejoin => {}
+                Effect::Up(_) | Effect::Relay(_) | Effect::CloseUp | Effect::Rejoin | Effect::Revive => {}
                 Effect::Exec(c) => commands.push(c),
             }
         }
@@ -361,8 +361,8 @@ impl Fleet {
                     x.queue.clear();
                     x.stopped = true;
                 }
-                // Nothing in the simulation falls silent long enough.
-                Command::Hold(_) => {}
+                // Nothing in the simulation falls silent long enough to be held or given up.
+                Command::Hold(_) | Command::Reset => {}
             }
             self.start_queued(w, cfg, a);
         }

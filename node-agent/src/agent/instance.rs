@@ -122,6 +122,13 @@ impl Instance {
         self
     }
 
+    /// See `Machine::with_revive`: only an agent that heads no members comes back fresh (its
+    /// members would be lost with it).
+    pub fn with_revive(mut self, can: bool) -> Self {
+        self.own = self.own.with_revive(can && !self.heads);
+        self
+    }
+
     /// `None` while running; then how the agent ended (its own machine's account).
     pub fn outcome(&self) -> Option<Result<(), String>> {
         self.own.outcome()
@@ -173,7 +180,7 @@ impl Instance {
             let secs = now_us.saturating_sub(self.members[&m].heard_us) as f64 / 1e6;
             let why = format!("silent for {secs:.1} s");
             self.member_lost(m, &why);
-            let stop = proto::Shutdown { abort: true, reason: why, agent: m, hold: false };
+            let stop = proto::Shutdown { revive: false, abort: true, reason: why, agent: m, hold: false };
             out.push(Effect::Down { child: m, body: Body::Shutdown(stop) });
         }
         if now_us.saturating_sub(self.last_down_us) >= self.live.heartbeat_us && !self.shutting_down {
@@ -221,7 +228,7 @@ impl Instance {
                 for &m in self.members.keys().filter(|&&m| m != self.id) {
                     out.push(Effect::Down {
                         child: m,
-                        body: Body::Shutdown(proto::Shutdown { agent: m, ..s.clone() }),
+                        body: Body::Shutdown(proto::Shutdown { revive: false, agent: m, ..s.clone() }),
                     });
                 }
                 self.own(now_us, Input::Parent(Body::Shutdown(s)), out);
@@ -590,7 +597,7 @@ mod tests {
         let mut h = head();
         step(&mut h, 0, Input::ChildOpened(1));
         step(&mut h, 1, Input::ChildFrame(Body::Hello(proto::Hello { agent_id: 1, cores: 2, ..Default::default() })));
-        let s = proto::Shutdown { abort: false, reason: "done".into(), agent: 0, hold: false };
+        let s = proto::Shutdown { revive: false, abort: false, reason: "done".into(), agent: 0, hold: false };
         let out = step(&mut h, 2, Input::Parent(Body::Shutdown(s)));
         assert!(out.iter().any(|e| matches!(e, Effect::Down { child: 1, body: Body::Shutdown(s) } if s.agent == 1)));
         assert!(out.iter().any(|e| matches!(e, Effect::Exec(Command::Finish))));

@@ -40,8 +40,13 @@ pub enum Input {
     ExecEnded,
     /// The report timer fired.
     Tick,
-    /// After `Effect::Rejoin`: the leader welcomed this agent on a new connection.
+    /// After `Effect::Rejoin` or `Effect::Revive`: the leader welcomed this agent on a new
+    /// connection.
     Rejoined,
+    /// After `Command::Reset`: every spawner stopped what it ran and dropped what it held.
+    ExecReset,
+    /// After `Effect::Revive`: the leader could not be reached again in time.
+    ReviveFailed(String),
 }
 
 /// What the driver must do.
@@ -62,6 +67,9 @@ pub enum Effect {
     /// The relay above is gone: connect to the leader and say Hello with `rejoin`; then
     /// `Input::Rejoined`.
     Rejoin,
+    /// Given up and emptied: drop the parent connection, connect to the leader and say Hello
+    /// with `fresh`; then `Input::Rejoined`, or `Input::ReviveFailed`.
+    Revive,
 }
 
 /// The parent connection as the machine knows it.
@@ -73,6 +81,11 @@ enum Parent {
     /// The relay above was lost; the agent reconnects to the leader, keeping its tasks, until
     /// its lease runs out.
     Rejoining,
+    /// Given up by the leader (or fenced by its lease): stopping every task, then reconnecting
+    /// to the leader as a fresh member (`reconnecting`).
+    Reviving {
+        reconnecting: bool,
+    },
     /// Lost, or the agent stopped itself (a signal, a failed executor); the tasks were stopped.
     Cut {
         why: String,
@@ -116,6 +129,9 @@ pub struct Machine {
     can_rejoin: bool,
     /// Rejoined and not resynced yet: requests for work may have died with the relay.
     rejoined: bool,
+    /// Whether this agent, given up, may come back as a fresh member (it knows the leader and
+    /// nothing depends on it: no agents below it).
+    can_revive: bool,
 }
 
 impl Machine {
@@ -144,12 +160,19 @@ impl Machine {
             resync: false,
             can_rejoin: false,
             rejoined: false,
+            can_revive: false,
         }
     }
 
     /// An agent below a relay: when the relay is lost it reconnects to the leader (`Rejoin`).
     pub fn with_rejoin(mut self, can: bool) -> Self {
         self.can_rejoin = can;
+        self
+    }
+
+    /// An agent that, given up, stops its tasks and comes back empty instead of leaving.
+    pub fn with_revive(mut self, can: bool) -> Self {
+        self.can_revive = can;
         self
     }
 
@@ -204,15 +227,42 @@ impl Machine {
                 self.parent_ended(why, out);
                 false
             }
-            Input::Rejoined => {
-                if self.parent == Parent::Rejoining {
+            Input::Rejoined => match self.parent {
+                Parent::Rejoining => {
                     tracing::info!(agent = self.id, "rejoined the leader; tasks kept");
                     self.parent = Parent::Open;
                     self.last_heard_us = Some(now_us);
                     self.rejoined = true;
+                    false
+                }
+                Parent::Reviving { reconnecting: true } => {
+                    tracing::info!(agent = self.id, "back with the leader as a fresh member");
+                    self.parent = Parent::Open;
+                    self.last_heard_us = Some(now_us);
+                    if std::mem::take(&mut self.held) {
+                        out.push(Effect::Exec(Command::Hold(false)));
+                    }
+                    true
+                }
+                _ => false,
+            },
+            Input::ExecReset => {
+                if self.parent == (Parent::Reviving { reconnecting: false }) {
+                    self.emptied();
+                    self.parent = Parent::Reviving { reconnecting: true };
+                    out.push(Effect::Revive);
                 }
                 false
             }
+            Input::ReviveFailed(why) => {
+                if matches!(self.parent, Parent::Reviving { .. }) {
+                    self.parent = Parent::Open;
+                    self.stop(format!("given up, and could not rejoin the leader: {why}"), out);
+                }
+                false
+            }
+            // While reviving, what the spawners report is the end of what they were told to stop.
+            Input::Exec(_) if matches!(self.parent, Parent::Reviving { .. }) => false,
             Input::Signal(what) => {
                 self.stop(what.to_string(), out);
                 false
@@ -251,7 +301,7 @@ impl Machine {
                     && now_us.saturating_sub(heard) >= self.live.lease_us =>
             {
                 let secs = now_us.saturating_sub(heard) as f64 / 1e6;
-                self.stop(format!("no word from its parent for {secs:.1} s (lease expired)"), out);
+                self.given_up(format!("no word from its parent for {secs:.1} s (lease expired)"), out);
                 false
             }
             Input::Tick => {
@@ -265,6 +315,29 @@ impl Machine {
             }
         };
         self.after(now_us, flush, out);
+    }
+
+    /// The leader gave this agent up, or may have (its lease ran out): what it holds runs
+    /// elsewhere, so it must stop all of it. Then it comes back empty if it can, or leaves.
+    fn given_up(&mut self, why: String, out: &mut Vec<Effect>) {
+        if !(self.can_revive && self.children.is_empty() && self.parent == Parent::Open) {
+            return self.stop(why, out);
+        }
+        tracing::warn!(agent = self.id, %why, "given up: stopping every task, then rejoining the leader fresh");
+        self.parent = Parent::Reviving { reconnecting: false };
+        out.push(Effect::Exec(Command::Reset));
+    }
+
+    /// After a reset nothing is held, asked for or owed: the leader forgot it all already.
+    fn emptied(&mut self) {
+        self.outstanding = 0;
+        self.asked = 0;
+        self.unacked.clear();
+        self.started.clear();
+        self.results.clear();
+        self.holding.clear();
+        self.resync = false;
+        self.rejoined = false;
     }
 
     /// Stops the tasks and stops reporting: what ran is not recorded, and runs again elsewhere.
@@ -309,6 +382,9 @@ impl Machine {
                     }
                     return true;
                 }
+            }
+            Body::Shutdown(s) if s.abort && s.revive => {
+                self.given_up(format!("given up by the leader: {}", s.reason), out)
             }
             Body::Shutdown(s) => {
                 tracing::info!(agent = self.id, abort = s.abort, reason = %s.reason, "shutdown");
@@ -364,6 +440,7 @@ impl Machine {
                 ExecEvent::Started { id, attempt, start_us } => {
                     self.started.push(proto::TaskStarted { id, attempt, start_us })
                 }
+                ExecEvent::Reset => {}
                 ExecEvent::Finished(f) => {
                     self.outstanding = self.outstanding.saturating_sub(1);
                     self.holding.remove(&f.id);
@@ -590,6 +667,7 @@ mod tests {
             &mut m,
             2,
             Input::Parent(Body::Shutdown(proto::Shutdown {
+                revive: false,
                 abort: false,
                 reason: "done".into(),
                 agent: 3,
@@ -631,7 +709,13 @@ mod tests {
         step(
             &mut m,
             0,
-            Input::Parent(Body::Shutdown(proto::Shutdown { abort: true, reason: "x".into(), agent: 0, hold: false })),
+            Input::Parent(Body::Shutdown(proto::Shutdown {
+                revive: false,
+                abort: true,
+                reason: "x".into(),
+                agent: 0,
+                hold: false,
+            })),
         );
         assert!(step(&mut m, 1, Input::ParentEnded("closed".into())).is_empty());
         step(&mut m, 2, Input::ExecEnded);
@@ -737,6 +821,7 @@ mod tests {
             &mut m,
             3,
             Input::Parent(Body::Shutdown(proto::Shutdown {
+                revive: false,
                 abort: false,
                 reason: String::new(),
                 agent: 0,
@@ -751,7 +836,7 @@ mod tests {
     fn finished_relay() -> Machine {
         let mut m = Machine::new(0, 1, tree());
         step(&mut m, 0, Input::ChildOpened(2));
-        let shutdown = proto::Shutdown { abort: false, reason: String::new(), agent: 0, hold: false };
+        let shutdown = proto::Shutdown { revive: false, abort: false, reason: String::new(), agent: 0, hold: false };
         step(&mut m, 1, Input::Parent(Body::Shutdown(shutdown)));
         step(&mut m, 2, Input::ExecEnded);
         m
@@ -801,5 +886,40 @@ mod tests {
         step(&mut m, 9_000_001, Input::ExecEnded);
         let why = m.outcome().unwrap().unwrap_err();
         assert!(why.contains("no word from its parent for 5.0 s (lease expired)"), "{why}");
+    }
+
+    /// With revival, a fenced agent (or one the leader gave up) stops every task and drops its
+    /// queue, says nothing of them, then comes back empty and asks for work afresh; if it cannot
+    /// reach the leader it leaves as before.
+    #[test]
+    fn a_given_up_agent_stops_everything_and_comes_back_empty() {
+        let live = Liveness::new(std::time::Duration::from_secs(10));
+        let mut m = Machine::new(0, 1, tree()).with_liveness(live).with_revive(true);
+        step(&mut m, 0, Input::Tick);
+        step(&mut m, 1, dispatch(0, 0..32));
+        step(&mut m, 2, Input::Exec(vec![done(0)]));
+        let out = step(&mut m, 5_000_002, Input::Tick);
+        assert!(out.iter().any(|e| matches!(e, Effect::Exec(Command::Reset))), "{out:?}");
+        assert!(!out.iter().any(|e| matches!(e, Effect::Exec(Command::Abort))), "{out:?}");
+        // What the reset kills is not reported, nor what ended before it.
+        assert!(reports(&step(&mut m, 5_000_003, Input::Exec(vec![done(1)]))).is_empty());
+        let out = step(&mut m, 5_000_004, Input::ExecReset);
+        assert!(matches!(out.as_slice(), [Effect::Revive]), "{out:?}");
+        assert!(m.outcome().is_none(), "still there");
+        let out = step(&mut m, 5_000_005, Input::Rejoined);
+        let r = reports(&out);
+        assert_eq!(r.len(), 1, "{out:?}");
+        assert!(r[0].results.is_empty() && r[0].started.is_empty());
+        assert_eq!(r[0].want as u64, queue_target(1), "asks for a full queue again");
+        // Given up by the leader again (a Shutdown that says so), and the leader is gone for good.
+        let stop = proto::Shutdown { revive: true, abort: true, reason: "silent".into(), agent: 0, hold: false };
+        let out = step(&mut m, 6_000_000, Input::Parent(Body::Shutdown(stop)));
+        assert!(out.iter().any(|e| matches!(e, Effect::Exec(Command::Reset))), "{out:?}");
+        step(&mut m, 6_000_001, Input::ExecReset);
+        let out = step(&mut m, 7_000_000, Input::ReviveFailed("refused".into()));
+        assert!(out.iter().any(|e| matches!(e, Effect::Exec(Command::Abort))), "{out:?}");
+        step(&mut m, 7_000_001, Input::ExecEnded);
+        let why = m.outcome().unwrap().unwrap_err();
+        assert!(why.contains("could not rejoin the leader: refused"), "{why}");
     }
 }

@@ -118,7 +118,7 @@ async fn connect(addr: SocketAddr) -> anyhow::Result<TcpStream> {
 
 async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
     let secret = cfg.run.read_secret().context("reading the job secret")?;
-    let (job_id, stream) = join(&JoinAs::of(&cfg), cfg.parent, &secret, None).await?;
+    let (job_id, stream) = join(&JoinAs::of(&cfg), cfg.parent, &secret, Joining::First).await?;
 
     let (child_tx, mut child_rx) = unbounded_channel::<Child>();
     if let Some(listener) = cfg.relay.take() {
@@ -131,16 +131,20 @@ async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
     let mut execs = Executors::start(&cfg, &job_id, ev_tx)?;
 
     let (rd, mut wr) = stream.into_split();
-    let (fr_tx, mut fr_rx) = unbounded_channel::<Result<Body, FrameError>>();
-    read_frames(rd, fr_tx.clone());
-    let (rejoin_tx, mut rejoin_rx) = unbounded_channel::<TcpStream>();
+    // Frames carry the generation of their connection: after a revival the old one may still
+    // deliver what it had read.
+    let mut gen = 0u32;
+    let (fr_tx, mut fr_rx) = unbounded_channel::<(u32, Result<Body, FrameError>)>();
+    read_frames(rd, gen, fr_tx.clone());
+    let (rejoin_tx, mut rejoin_rx) = unbounded_channel::<Result<TcpStream, String>>();
 
     let start = tokio::time::Instant::now();
     // A head below a relay can go around the relay's loss: the leader is still there.
     let can_rejoin = cfg.tree.parent(cfg.agent_id).is_some() && cfg.tree.head(cfg.agent_id) == cfg.agent_id;
     let mut m = Instance::new(cfg.agent_id, cfg.slots, cfg.tree.clone(), &job_id)
         .with_liveness(cfg.live)
-        .with_rejoin(can_rejoin);
+        .with_rejoin(can_rejoin)
+        .with_revive(true);
     let mut children: HashMap<u32, UnboundedSender<Vec<u8>>> = HashMap::new();
     let (mut parent_open, mut children_open, mut exec_open) = (true, true, true);
     let mut tick = tokio::time::interval(cfg.flush_every);
@@ -158,8 +162,9 @@ async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
             _ = sigterm.recv() => Input::Signal("terminated by a signal"),
             _ = sigint.recv() => Input::Signal("interrupted"),
             f = fr_rx.recv(), if parent_open => match f {
-                Some(Ok(body)) => Input::Parent(body),
-                Some(Err(e)) => { parent_open = false; Input::ParentEnded(e.to_string()) }
+                Some((g, _)) if g != gen => continue,
+                Some((_, Ok(body))) => Input::Parent(body),
+                Some((_, Err(e))) => { parent_open = false; Input::ParentEnded(e.to_string()) }
                 None => { parent_open = false; Input::ParentEnded("connection closed".into()) }
             },
             c = child_rx.recv(), if children_open => match c {
@@ -172,7 +177,7 @@ async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
                 None => { children_open = false; continue }
             },
             batch = ev_rx.recv(), if exec_open => match batch {
-                Some((i, Some(batch))) => { execs.ran(i, &batch); Input::Exec(batch) }
+                Some((i, Some(batch))) => if execs.ran(i, &batch) { Input::ExecReset } else { Input::Exec(batch) },
                 Some((i, None)) => match execs.ended(i) {
                     Some(why) => Input::ExecFailed(why),
                     None => continue,
@@ -180,20 +185,22 @@ async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
                 None => { exec_open = false; Input::ExecEnded }
             },
             s = rejoin_rx.recv() => match s {
-                Some(stream) => {
+                Some(Ok(stream)) => {
                     let (rd, w) = stream.into_split();
-                    read_frames(rd, fr_tx.clone());
+                    gen += 1;
+                    read_frames(rd, gen, fr_tx.clone());
                     wr = w;
                     parent_open = true;
                     Input::Rejoined
                 }
+                Some(Err(why)) => Input::ReviveFailed(why),
                 None => continue,
             },
             _ = tick.tick() => Input::Tick,
         };
         let now = start.elapsed().as_micros() as u64;
         m.handle(now, input, &mut effects);
-        let mut close = false;
+        let (mut close, mut revive) = (false, false);
         for e in effects.drain(..) {
             match e {
                 Effect::Up(body) | Effect::Relay(body) => frame::encode_into(body, &mut out),
@@ -205,6 +212,7 @@ async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
                 Effect::Exec(c) => execs.send(c),
                 Effect::CloseUp => close = true,
                 Effect::Rejoin => rejoin(&cfg, &secret, cfg.live.lease_us, rejoin_tx.clone()),
+                Effect::Revive => revive = true,
             }
         }
         if !out.is_empty() {
@@ -219,8 +227,14 @@ async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
                 });
             }
         }
-        if close {
+        if close || revive {
             let _ = wr.shutdown().await;
+        }
+        if revive {
+            // What the old connection still delivers is of no account now.
+            gen += 1;
+            parent_open = true;
+            revive_fresh(&cfg, &secret, rejoin_tx.clone());
         }
         if let Some(outcome) = m.outcome() {
             break outcome;
@@ -234,13 +248,13 @@ async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
 
 /// Feeds the frames of a connection to the agent's loop; reading a frame is not cancel-safe, so
 /// it lives in its own task rather than in select!.
-fn read_frames(mut rd: tokio::net::tcp::OwnedReadHalf, tx: UnboundedSender<Result<Body, FrameError>>) {
+fn read_frames(mut rd: tokio::net::tcp::OwnedReadHalf, gen: u32, tx: UnboundedSender<(u32, Result<Body, FrameError>)>) {
     tokio::spawn(async move {
         let mut buf = Vec::new();
         loop {
             let r = read_frame(&mut rd, &mut buf).await;
             let end = r.is_err();
-            if tx.send(r).is_err() || end {
+            if tx.send((gen, r)).is_err() || end {
                 break;
             }
         }
@@ -250,7 +264,7 @@ fn read_frames(mut rd: tokio::net::tcp::OwnedReadHalf, tx: UnboundedSender<Resul
 /// Reconnects to the leader around a lost relay, retrying (the leader may not have noticed the
 /// loss yet, and then still counts this agent as connected) until the lease is over; the
 /// machine fences the agent then anyway.
-fn rejoin(cfg: &AgentConfig, secret: &[u8], lease_us: u64, tx: UnboundedSender<TcpStream>) {
+fn rejoin(cfg: &AgentConfig, secret: &[u8], lease_us: u64, tx: UnboundedSender<Result<TcpStream, String>>) {
     let below: Vec<u32> = (0..cfg.tree.len()).filter(|&a| cfg.tree.next_hop(Some(cfg.agent_id), a).is_some()).collect();
     let (me, leader, secret) = (JoinAs::of(cfg), cfg.leader, secret.to_vec());
     tokio::spawn(async move {
@@ -259,9 +273,9 @@ fn rejoin(cfg: &AgentConfig, secret: &[u8], lease_us: u64, tx: UnboundedSender<T
         // counts this agent as connected and refuses it.
         tokio::time::sleep(Duration::from_millis(50)).await;
         while tokio::time::Instant::now() < deadline {
-            match tokio::time::timeout_at(deadline, join(&me, leader, &secret, Some(below.clone()))).await {
+            match tokio::time::timeout_at(deadline, join(&me, leader, &secret, Joining::Rejoin(below.clone()))).await {
                 Ok(Ok((_, stream))) => {
-                    let _ = tx.send(stream);
+                    let _ = tx.send(Ok(stream));
                     return;
                 }
                 Ok(Err(e)) => tracing::debug!(agent = me.agent, error = %format!("{e:#}"), "rejoin attempt failed"),
@@ -271,6 +285,41 @@ fn rejoin(cfg: &AgentConfig, secret: &[u8], lease_us: u64, tx: UnboundedSender<T
         }
         tracing::warn!(agent = me.agent, "could not rejoin the leader within the lease");
     });
+}
+
+/// How long an agent given up keeps trying to come back: the leader may be hung for a while
+/// (and the agent's tasks are stopped already, so waiting costs nothing but the node).
+const REVIVE_FOR: Duration = Duration::from_secs(60);
+
+/// Comes back to the leader as a fresh member after being given up, retrying (until the leader
+/// has seen the old connection close it refuses the id) for `REVIVE_FOR`.
+fn revive_fresh(cfg: &AgentConfig, secret: &[u8], tx: UnboundedSender<Result<TcpStream, String>>) {
+    let (me, leader, secret) = (JoinAs::of(cfg), cfg.leader, secret.to_vec());
+    tokio::spawn(async move {
+        let deadline = tokio::time::Instant::now() + REVIVE_FOR;
+        let mut last = String::from("no attempt finished");
+        while tokio::time::Instant::now() < deadline {
+            match tokio::time::timeout_at(deadline, join(&me, leader, &secret, Joining::Fresh)).await {
+                Ok(Ok((_, stream))) => {
+                    let _ = tx.send(Ok(stream));
+                    return;
+                }
+                Ok(Err(e)) => last = format!("{e:#}"),
+                Err(_) => break,
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let _ = tx.send(Err(format!("for {} s; the last attempt: {last}", REVIVE_FOR.as_secs())));
+    });
+}
+
+/// Which Hello.
+enum Joining {
+    First,
+    /// Around a lost relay, with the agents below.
+    Rejoin(Vec<u32>),
+    /// After being given up, empty.
+    Fresh,
 }
 
 /// Who says Hello.
@@ -289,12 +338,7 @@ impl JoinAs {
 
 /// Connects to `to` (the parent, or the leader for a rejoin), proves membership of the job and
 /// says Hello; returns the job id it welcomed us with and the connection.
-async fn join(
-    me: &JoinAs,
-    to: SocketAddr,
-    secret: &[u8],
-    rejoin: Option<Vec<u32>>,
-) -> anyhow::Result<(String, TcpStream)> {
+async fn join(me: &JoinAs, to: SocketAddr, secret: &[u8], how: Joining) -> anyhow::Result<(String, TcpStream)> {
     let mut stream = connect(to).await?;
     frame::tune(&stream)?;
     auth::connect(&mut stream, secret).await.with_context(|| format!("authenticating with {to}"))?;
@@ -306,8 +350,12 @@ async fn join(
         hostname: hostname.clone(),
         pid: std::process::id(),
         protocol: PROTOCOL_VERSION,
-        rejoin: rejoin.is_some(),
-        below: rejoin.unwrap_or_default(),
+        rejoin: matches!(how, Joining::Rejoin(_)),
+        fresh: matches!(how, Joining::Fresh),
+        below: match how {
+            Joining::Rejoin(below) => below,
+            _ => Vec::new(),
+        },
     };
     frame::write_frame(&mut stream, Body::Hello(hello)).await?;
     let mut buf = Vec::new();
@@ -352,6 +400,8 @@ struct Executors {
     spread: Spread,
     /// Told to finish or abort: from then on a spawner that stops is expected to.
     stopping: bool,
+    /// Spawners told to reset that have not said so yet.
+    resetting: usize,
 }
 
 impl Executors {
@@ -367,6 +417,7 @@ impl Executors {
                 threads: vec![Some(t)],
                 spread: Spread::new(vec![cfg.slots]),
                 stopping: false,
+                resetting: 0,
             });
         }
         // A memory budget is not split among spawn loops (a task that fits the agent would not
@@ -377,8 +428,13 @@ impl Executors {
             n => n,
         }
         .clamp(1, cfg.slots.max(1));
-        let mut x =
-            Executors { handles: Vec::new(), threads: Vec::new(), spread: Spread::new(Vec::new()), stopping: false };
+        let mut x = Executors {
+            handles: Vec::new(),
+            threads: Vec::new(),
+            spread: Spread::new(Vec::new()),
+            stopping: false,
+            resetting: 0,
+        };
         let mut slots = Vec::new();
         for i in 0..k {
             let (first, n) = crate::slurm::node_share(cfg.slots, k, i);
@@ -412,6 +468,10 @@ impl Executors {
                 self.handles.iter().for_each(|h| h.send(Command::Abort));
             }
             Command::Hold(held) => self.handles.iter().for_each(|h| h.send(Command::Hold(held))),
+            Command::Reset => {
+                self.resetting = self.handles.len();
+                self.handles.iter().for_each(|h| h.send(Command::Reset));
+            }
         }
     }
 
@@ -431,10 +491,17 @@ impl Executors {
         Some(why)
     }
 
-    /// Spawner `i` reported these events.
-    fn ran(&mut self, i: usize, batch: &[ExecEvent]) {
+    /// Spawner `i` reported these events. True when that completes a reset: every spawner
+    /// stopped what it ran and dropped its queue.
+    fn ran(&mut self, i: usize, batch: &[ExecEvent]) -> bool {
+        if batch.contains(&ExecEvent::Reset) {
+            self.spread.emptied(i);
+            self.resetting = self.resetting.saturating_sub(1);
+            return self.resetting == 0;
+        }
         let ended = batch.iter().filter(|e| matches!(e, ExecEvent::Finished(_))).count();
         self.spread.finished(i, ended);
+        false
     }
 
     fn join(self) {
@@ -496,8 +563,13 @@ mod tests {
         assert!(matches!(rx.try_recv(), Ok((1, None))));
         assert!(rx.try_recv().is_err(), "and then the channel is closed");
 
-        let idle =
-            || Executors { handles: Vec::new(), threads: Vec::new(), spread: Spread::new(Vec::new()), stopping: false };
+        let idle = || Executors {
+            handles: Vec::new(),
+            threads: Vec::new(),
+            spread: Spread::new(Vec::new()),
+            stopping: false,
+            resetting: 0,
+        };
         let mut x = idle();
         assert_eq!(x.ended(1).as_deref(), Some("spawn loop 1 stopped unexpectedly"));
         assert!(x.ended(0).is_none(), "the others were told to stop");

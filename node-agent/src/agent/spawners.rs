@@ -38,6 +38,13 @@ impl Spread {
         }
     }
 
+    /// Spawner `i` dropped everything it held (a reset).
+    pub fn emptied(&mut self, i: usize) {
+        if let Some(h) = self.held.get_mut(i) {
+            *h = 0;
+        }
+    }
+
     fn pick(&self, cores: usize) -> usize {
         let fits = (0..self.slots.len()).filter(|&i| self.slots[i] >= cores);
         // held / slots compared without division: a/b < c/d  <=>  a*d < c*b.

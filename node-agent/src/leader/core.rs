@@ -54,6 +54,14 @@ pub enum Input {
         why: String,
     },
     /// An agent whose relay was lost reconnected directly, with the agents it relays for.
+    /// An agent given up (hung, cut off) came back, having stopped everything it held: a new
+    /// member from here on.
+    Revived {
+        agent: u32,
+        cores: u32,
+        mem_mb: u64,
+        hostname: String,
+    },
     Rejoined {
         agent: u32,
         below: Vec<u32>,
@@ -177,6 +185,8 @@ pub struct Core<'a> {
     told_to_hold: bool,
     /// Why the last agent lost unexpectedly went (with its id and host), for the final message.
     last_loss: Option<String>,
+    /// When an agent was last given up: for a while after, it may come back (`revived`).
+    lost_at_us: u64,
     /// Rejoined agents asked to resync, with the tasks they held when asked: those they do not
     /// list in their answer were lost on the way with the relay.
     resyncs: HashMap<u32, Vec<u64>>,
@@ -317,6 +327,7 @@ impl<'a> Core<'a> {
             now_us,
             told_to_hold: false,
             last_loss: None,
+            lost_at_us: 0,
             resyncs: HashMap::new(),
         }
     }
@@ -336,7 +347,7 @@ impl<'a> Core<'a> {
         tracing::warn!(job = %self.job_id, failed, "--max-fails reached: starting nothing more");
         let reason = format!("{failed} tasks failed (--max-fails)");
         for (&agent, _) in self.agents.iter().filter(|(_, a)| a.alive) {
-            let stop = proto::Shutdown { abort: false, hold: true, reason: reason.clone(), agent };
+            let stop = proto::Shutdown { revive: false, abort: false, hold: true, reason: reason.clone(), agent };
             out.push((agent, Body::Shutdown(stop)));
         }
     }
@@ -441,7 +452,10 @@ impl<'a> Core<'a> {
         if !self.late.is_empty() && in_flight == 0 && self.counts.unfinished() == self.late.len() as u64 {
             return Some(Ending::OutOfTime(self.late.len() as u64));
         }
-        self.all_agents_gone().then(|| {
+        // An agent given up may come back empty (a hung node that runs again, a leader that was
+        // stopped itself): the run waits one loss bound for that before it gives up.
+        let waited = self.now_us.saturating_sub(self.lost_at_us) >= self.live.lost_after_us;
+        (self.all_agents_gone() && waited).then(|| {
             let last = self.last_loss.as_ref().map(|w| format!(" (the last: {w})")).unwrap_or_default();
             Ending::AgentsLost(format!(
                 "all {} agents are gone with {} tasks unfinished{last}",
@@ -462,7 +476,10 @@ impl<'a> Core<'a> {
         };
         let abort = *ending != Ending::Complete;
         for (&agent, _) in self.agents.iter().filter(|(_, a)| a.alive) {
-            out.push((agent, Body::Shutdown(proto::Shutdown { agent, abort, reason: reason.clone(), hold: false })));
+            out.push((
+                agent,
+                Body::Shutdown(proto::Shutdown { revive: false, agent, abort, reason: reason.clone(), hold: false }),
+            ));
         }
     }
 
@@ -551,6 +568,9 @@ impl<'a> Core<'a> {
             }
             Input::Lost { agent, why } => self.lose(t, agent, &why, now_us, out)?,
             Input::Rejoined { agent, below } => self.rejoined(agent, below, now_us, out),
+            Input::Revived { agent, cores, mem_mb, hostname } => {
+                self.revived(t, agent, cores, mem_mb, hostname, now_us, out)?
+            }
             Input::Detached { agent } => {
                 if let Some(a) = self.agents.get(&agent).filter(|a| a.alive) {
                     tracing::warn!(job = %self.job_id, agent, host = %a.hostname, "cut off with its relay; waiting for it to rejoin");
@@ -624,7 +644,7 @@ impl<'a> Core<'a> {
         for id in failed {
             self.refund(t, id)?;
         }
-        out.push((agent, Body::Shutdown(proto::Shutdown { abort: false, hold: true, reason, agent })));
+        out.push((agent, Body::Shutdown(proto::Shutdown { revive: false, abort: false, hold: true, reason, agent })));
         self.dispatch_all(t, out)
     }
 
@@ -660,6 +680,7 @@ impl<'a> Core<'a> {
     fn lose(&mut self, t: &mut dyn Tasks, agent: u32, why: &str, now_us: u64, out: &mut Outbox) -> Result<()> {
         let Some(a) = self.agents.get_mut(&agent).filter(|a| a.alive) else { return Ok(()) };
         a.alive = false;
+        self.lost_at_us = now_us;
         if self.told_to_hold || a.drained {
             tracing::info!(job = %self.job_id, agent, host = %a.hostname, "agent left, as told");
         } else {
@@ -684,7 +705,10 @@ impl<'a> Core<'a> {
         for (agent, quiet_us) in silent {
             let why = format!("silent for {:.1} s", quiet_us as f64 / 1e6);
             self.lose(t, agent, &why, now_us, out)?;
-            out.push((agent, Body::Shutdown(proto::Shutdown { abort: true, reason: why, agent, hold: false })));
+            out.push((
+                agent,
+                Body::Shutdown(proto::Shutdown { revive: true, abort: true, reason: why, agent, hold: false }),
+            ));
         }
         if now_us.saturating_sub(self.audit_us) >= AUDIT_EVERY_LOST_AFTER * self.live.lost_after_us {
             self.audit_us = now_us;
@@ -826,7 +850,16 @@ impl<'a> Core<'a> {
                 if a == agent {
                     // Given up already: its tasks run elsewhere, so it must not run them too.
                     let why = "rejoined after it was given up".to_string();
-                    out.push((a, Body::Shutdown(proto::Shutdown { abort: true, reason: why, agent: a, hold: false })));
+                    out.push((
+                        a,
+                        Body::Shutdown(proto::Shutdown {
+                            revive: true,
+                            abort: true,
+                            reason: why,
+                            agent: a,
+                            hold: false,
+                        }),
+                    ));
                 }
                 continue;
             }
@@ -835,6 +868,48 @@ impl<'a> Core<'a> {
             out.push((a, Body::Ack(proto::Ack { seq: x.acked_seq, agent: a, resync: true })));
             self.resyncs.insert(a, self.in_flight.of_agent(a));
         }
+    }
+
+    /// A given-up agent back, empty. Should the leader not have given it up yet (the agent's
+    /// lease ran out first), it does so now: the agent stopped what it held. A black hole stays
+    /// drained; an agent that never joined is not a member to revive.
+    #[allow(clippy::too_many_arguments)]
+    fn revived(
+        &mut self,
+        t: &mut dyn Tasks,
+        agent: u32,
+        cores: u32,
+        mem_mb: u64,
+        hostname: String,
+        now_us: u64,
+        out: &mut Outbox,
+    ) -> Result<()> {
+        let Some(a) = self.agents.get(&agent) else {
+            let reason = "never joined this session".to_string();
+            out.push((
+                agent,
+                Body::Shutdown(proto::Shutdown { revive: false, abort: true, reason, agent, hold: false }),
+            ));
+            return Ok(());
+        };
+        if a.drained || self.told_to_hold {
+            let reason = if a.drained { "drained as a black hole" } else { "the run starts nothing more" }.to_string();
+            out.push((
+                agent,
+                Body::Shutdown(proto::Shutdown { revive: false, abort: false, reason, agent, hold: true }),
+            ));
+            return Ok(());
+        }
+        if a.alive {
+            self.lose(t, agent, "came back empty after its lease ran out", now_us, out)?;
+        }
+        let a = self.agents.get_mut(&agent).expect("checked above");
+        tracing::info!(job = %self.job_id, agent, %hostname, "given up before, back as a fresh member");
+        (a.alive, a.heard_us, a.cores, a.mem_mb, a.hostname) = (true, now_us, cores, mem_mb, hostname);
+        (a.credit, a.idle, a.ahead_ms) = (0, 0, 0);
+        a.streak.clear();
+        self.resyncs.remove(&agent);
+        Ok(())
     }
 
     /// Tasks lost in transit (HTDcr's T_loss): rather than guess from runtimes when a task is
@@ -1592,7 +1667,7 @@ mod tests {
         assert_eq!(end, Some(Ending::Interrupted(2)));
         let mut out = Vec::new();
         c.shutdown(&Ending::Interrupted(2), &mut out);
-        assert!(matches!(out.as_slice(), [(0, Body::Shutdown(proto::Shutdown { abort: true, .. }))]));
+        assert!(matches!(out.as_slice(), [(0, Body::Shutdown(proto::Shutdown { revive: false, abort: true, .. }))]));
 
         let mut c = core(&m, 2);
         let gone = vec![
@@ -1601,6 +1676,48 @@ mod tests {
             Input::Lost { agent: 0, why: "killed".into() },
         ];
         let (_, end) = feed(&mut c, &mut m, gone);
+        assert_eq!(end, None, "for one loss bound a given-up agent may come back");
+        let later = 1_002 + c.live.lost_after_us;
+        c.handle(later, &mut m, Input::Tick, &mut Vec::new()).unwrap();
+        let end = c.ending();
         assert!(matches!(end, Some(Ending::AgentsLost(ref w)) if w.contains("3 tasks unfinished")), "{end:?}");
+    }
+
+    /// Agent 0 was given up (hung) and comes back having stopped what it held: its tasks ran
+    /// elsewhere already; it is a member again and gets new work, and what it reports of its old
+    /// attempts changes nothing.
+    #[test]
+    fn a_given_up_agent_back_empty_is_a_fresh_member() {
+        let (mut m, mut c) = task_1_running_and_2_queued_on_agent_0();
+        let lost = Input::Lost { agent: 0, why: "silent for 10.0 s".into() };
+        let (out, _) = feed(&mut c, &mut m, vec![lost, want(1, 2)]);
+        assert_eq!(dispatched(&out), vec![(1, vec![(1, 2), (2, 2)])]);
+        let back = Input::Revived { agent: 0, cores: 1, mem_mb: 0, hostname: "node0".into() };
+        // Idle, it may take from any instance's share.
+        let ask =
+            Input::Report { agent: 0, report: proto::Report { want: 2, idle: 1, agent: 0, ..Default::default() } };
+        let (out, end) = feed(&mut c, &mut m, vec![back, ask]);
+        assert_eq!(dispatched(&out), vec![(0, vec![(4, 1)])], "new work for the fresh member (its idle slot)");
+        assert_eq!(end, None);
+        let (_, _) = feed(&mut c, &mut m, vec![result(0, 1, 1, 1, 0)]);
+        assert_eq!(m.state(1), State::Pending, "its old attempt of task 1 is not recorded");
+        let mut results: Vec<Input> = (1..=2).map(|id| result(1, id, id, 2, 0)).collect();
+        let ask =
+            Input::Report { agent: 0, report: proto::Report { want: 1, idle: 1, agent: 0, ..Default::default() } };
+        results.extend([result(0, 2, 4, 1, 0), ask, result(0, 3, 3, 1, 0)]);
+        let (_, end) = feed(&mut c, &mut m, results);
+        assert_eq!(end, Some(Ending::Complete));
+        assert_eq!((m.records[&1].losses, m.records[&2].losses), (1, 0));
+    }
+
+    /// An agent that comes back before the leader gave it up (its lease ran out first) is given
+    /// up then: what it held goes out again. A black hole stays drained.
+    #[test]
+    fn an_agent_back_before_it_was_given_up_loses_its_tasks_first() {
+        let (mut m, mut c) = task_1_running_and_2_queued_on_agent_0();
+        let back = Input::Revived { agent: 0, cores: 1, mem_mb: 0, hostname: "node0".into() };
+        let (out, _) = feed(&mut c, &mut m, vec![back, want(1, 2)]);
+        assert_eq!(dispatched(&out), vec![(1, vec![(1, 2), (2, 2)])]);
+        assert_eq!(m.records[&1].losses, 1);
     }
 }

@@ -133,7 +133,7 @@ pub fn run(
             let input = match ev {
                 Event::Joined(input, tx) => {
                     match &input {
-                        Input::Joined { agent, .. } => {
+                        Input::Joined { agent, .. } | Input::Revived { agent, .. } => {
                             links.insert(*agent, tx);
                         }
                         Input::Rejoined { agent, below } => {

@@ -100,6 +100,8 @@ async fn connection(
             let input = if h.rejoin {
                 agents.extend(&h.below);
                 Input::Rejoined { agent, below: h.below }
+            } else if h.fresh {
+                Input::Revived { agent, cores: h.cores, mem_mb: h.mem_mb, hostname: h.hostname }
             } else {
                 Input::Joined { agent, cores: h.cores, mem_mb: h.mem_mb, hostname: h.hostname }
             };
