@@ -291,20 +291,39 @@ fn rejoin(cfg: &AgentConfig, secret: &[u8], lease_us: u64, tx: UnboundedSender<R
 /// (and the agent's tasks are stopped already, so waiting costs nothing but the node).
 const REVIVE_FOR: Duration = Duration::from_secs(60);
 
+/// A leader whose port refuses connections this long is gone (a stopped one still accepts).
+const REFUSED_FOR: Duration = Duration::from_secs(2);
+
 /// Comes back to the leader as a fresh member after being given up, retrying (until the leader
-/// has seen the old connection close it refuses the id) for `REVIVE_FOR`.
+/// has seen the old connection close it refuses the id) for `REVIVE_FOR`, or until the leader's
+/// port has refused connections for `REFUSED_FOR`: then the leader is gone, and waiting would
+/// only leave the agent behind it.
 fn revive_fresh(cfg: &AgentConfig, secret: &[u8], tx: UnboundedSender<Result<TcpStream, String>>) {
     let (me, leader, secret) = (JoinAs::of(cfg), cfg.leader, secret.to_vec());
     tokio::spawn(async move {
         let deadline = tokio::time::Instant::now() + REVIVE_FOR;
         let mut last = String::from("no attempt finished");
+        let mut refused_since = None;
         while tokio::time::Instant::now() < deadline {
             match tokio::time::timeout_at(deadline, join(&me, leader, &secret, Joining::Fresh)).await {
                 Ok(Ok((_, stream))) => {
                     let _ = tx.send(Ok(stream));
                     return;
                 }
-                Ok(Err(e)) => last = format!("{e:#}"),
+                Ok(Err(e)) => {
+                    let refused = e.chain().any(|c| {
+                        c.downcast_ref::<std::io::Error>()
+                            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
+                    });
+                    let since = *refused_since.get_or_insert_with(tokio::time::Instant::now);
+                    if !refused {
+                        refused_since = None;
+                    } else if since.elapsed() >= REFUSED_FOR {
+                        let _ = tx.send(Err(format!("the leader is gone ({e:#})")));
+                        return;
+                    }
+                    last = format!("{e:#}");
+                }
                 Err(_) => break,
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -339,7 +358,11 @@ impl JoinAs {
 /// Connects to `to` (the parent, or the leader for a rejoin), proves membership of the job and
 /// says Hello; returns the job id it welcomed us with and the connection.
 async fn join(me: &JoinAs, to: SocketAddr, secret: &[u8], how: Joining) -> anyhow::Result<(String, TcpStream)> {
-    let mut stream = connect(to).await?;
+    let mut stream = match how {
+        // The caller retries, and wants to see each refusal.
+        Joining::Fresh => TcpStream::connect(to).await.with_context(|| format!("connecting to {to}"))?,
+        _ => connect(to).await?,
+    };
     frame::tune(&stream)?;
     auth::connect(&mut stream, secret).await.with_context(|| format!("authenticating with {to}"))?;
     let hostname = hostname();
