@@ -328,11 +328,25 @@ extern "C" {
     // lmdb-rkv links LMDB but does not re-export its FFI; these are from lmdb.h.
     fn mdb_env_get_fd(env: *mut libc::c_void, fd: *mut libc::c_int) -> libc::c_int;
     fn mdb_env_get_path(env: *mut libc::c_void, path: *mut *const libc::c_char) -> libc::c_int;
+    fn mdb_cursor_open(txn: *mut libc::c_void, dbi: libc::c_uint, cursor: *mut *mut libc::c_void) -> libc::c_int;
+    fn mdb_cursor_get(cursor: *mut libc::c_void, key: *mut MdbVal, data: *mut MdbVal, op: libc::c_int) -> libc::c_int;
+    fn mdb_cursor_close(cursor: *mut libc::c_void);
     fn mdb_env_set_assert(
         env: *mut libc::c_void,
         func: Option<unsafe extern "C" fn(*mut libc::c_void, *const libc::c_char)>,
     ) -> libc::c_int;
 }
+
+/// lmdb.h's MDB_val.
+#[repr(C)]
+struct MdbVal {
+    size: libc::size_t,
+    data: *mut libc::c_void,
+}
+
+/// lmdb.h: MDB_NEXT of MDB_cursor_op, and MDB_NOTFOUND.
+const MDB_NEXT: libc::c_int = 8;
+const MDB_NOTFOUND: libc::c_int = -30798;
 
 /// LMDB checks some of its invariants with assertions that end in abort(); a damaged page trips
 /// them. This runs first: the user reads which file is damaged, and htc exits with its error
@@ -717,6 +731,57 @@ impl ReadTxn<'_> {
         Ok(())
     }
 
+    /// Reads LMDB's list of free pages (its database 0, which the crate does not open): a write
+    /// reuses those pages, so a damaged list would have a resume write over pages in use. Each
+    /// entry is a count and that many page numbers, in descending order, past the two meta
+    /// pages and not past the last page in use.
+    pub fn check_freelist(&self) -> Result<()> {
+        use lmdb::Transaction;
+        let last = self.l.env.info().map_err(|e| self.l.err(e))?.last_pgno() as u64;
+        let damaged =
+            |why: &str| LedgerError::Damaged { path: self.l.path.clone(), why: format!("its free-page list {why}") };
+        let mut c = std::ptr::null_mut();
+        // SAFETY: a cursor on database 0 of this live read transaction, closed below.
+        let rc = unsafe { mdb_cursor_open(self.txn.txn().cast(), 0, &mut c) };
+        if rc != 0 {
+            return Err(self.l.err(lmdb::Error::from_err_code(rc)));
+        }
+        let walk = || -> Result<()> {
+            loop {
+                let mut k = MdbVal { size: 0, data: std::ptr::null_mut() };
+                let mut v = MdbVal { size: 0, data: std::ptr::null_mut() };
+                // SAFETY: an open cursor and two out-parameters.
+                match unsafe { mdb_cursor_get(c, &mut k, &mut v, MDB_NEXT) } {
+                    0 => {}
+                    MDB_NOTFOUND => return Ok(()),
+                    rc => return Err(self.l.err(lmdb::Error::from_err_code(rc))),
+                }
+                if v.data.is_null() || !v.size.is_multiple_of(8) || v.size == 0 {
+                    return Err(damaged("has an entry of the wrong size"));
+                }
+                // SAFETY: LMDB returned a value of this size inside the map, alive until the
+                // transaction ends.
+                let bytes = unsafe { std::slice::from_raw_parts(v.data as *const u8, v.size) };
+                let words: Vec<u64> =
+                    bytes.chunks_exact(8).map(|w| u64::from_ne_bytes(w.try_into().unwrap())).collect();
+                let pages = &words[1..];
+                if words[0] != pages.len() as u64 {
+                    return Err(damaged("has an entry whose count is wrong"));
+                }
+                if pages.iter().any(|&p| p < 2 || p > last) {
+                    return Err(damaged("names a page outside the file"));
+                }
+                if pages.windows(2).any(|w| w[0] <= w[1]) {
+                    return Err(damaged("is out of order"));
+                }
+            }
+        };
+        let r = walk();
+        // SAFETY: the cursor opened above, not used after.
+        unsafe { mdb_cursor_close(c) };
+        r
+    }
+
     /// Visits every task in id order.
     pub fn for_each(&self, mut f: impl FnMut(u64, &Record)) -> Result<()> {
         let mut c = self.txn.open_ro_cursor(self.l.tasks).map_err(|e| self.l.err(e))?;
@@ -804,6 +869,21 @@ mod tests {
         let mut n = 0;
         t.for_each(|_, _| n += 1).unwrap();
         assert_eq!(n, 1000);
+    }
+
+    #[test]
+    fn a_real_free_page_list_reads_as_whole() {
+        let p = tmp("freelist");
+        let l = Ledger::create(&p).unwrap();
+        for round in 0..20u32 {
+            let mut t = l.write().unwrap();
+            for id in 1..=2000 {
+                t.put(id, &Record { line: round, ..Default::default() }).unwrap();
+            }
+            t.commit().unwrap();
+        }
+        assert!(l.env.freelist().unwrap() > 0, "rewrites free pages");
+        l.read().unwrap().check_freelist().unwrap();
     }
 
     #[test]

@@ -163,6 +163,10 @@ fn verify_ticking(
     if let Err(e) = l.read().and_then(|t| t.check_history()) {
         v.notes.push(format!("the attempt history is damaged: {e}"));
     }
+    // Not a task's, but what a resume's first write would follow.
+    if let Err(e) = l.read().and_then(|t| t.check_freelist()) {
+        v.notes.push(e.to_string());
+    }
     // Stored counts are checked against a whole walk only.
     match l.read().and_then(|t| t.counts()) {
         Ok(stored) if start.id == 1 && v.bad_count == 0 && stored != w.counts => {
