@@ -54,27 +54,16 @@ impl Verdict {
         self.total.is_none().then(|| "the number of tasks cannot be read".into())
     }
 
-    fn mark(spans: &mut Vec<Span>, id: u64) {
-        match spans.last_mut() {
-            Some(s) if *s.end() + 1 == id => *s = *s.start()..=id,
-            _ => spans.push(id..=id),
-        }
-    }
-
     fn good(&mut self, id: u64) {
-        Self::mark(&mut self.good, id);
-        self.good_count += 1;
+        self.add_good(id..=id);
     }
 
     fn bad(&mut self, id: u64, why: impl FnOnce() -> String) {
-        self.bad_count += 1;
-        match self.bad.last_mut() {
-            Some((s, _)) if *s.end() + 1 == id => *s = *s.start()..=id,
-            _ => self.bad.push((id..=id, why())),
-        }
+        self.add_bad(id..=id, why);
     }
 
-    /// Adds spans read in another process, merged with those before them.
+    /// Adds consecutive good ids (one, or a span another process read), merged with the span
+    /// before them.
     fn add_good(&mut self, s: Span) {
         self.good_count += s.end() - s.start() + 1;
         match self.good.last_mut() {
@@ -83,11 +72,12 @@ impl Verdict {
         }
     }
 
-    fn add_bad(&mut self, s: Span, why: String) {
+    /// As `add_good`; a merged span keeps its first reason (`why` is asked only for a new one).
+    fn add_bad(&mut self, s: Span, why: impl FnOnce() -> String) {
         self.bad_count += s.end() - s.start() + 1;
         match self.bad.last_mut() {
             Some((last, _)) if *last.end() + 1 == *s.start() => *last = *last.start()..=*s.end(),
-            _ => self.bad.push((s, why)),
+            _ => self.bad.push((s, why())),
         }
     }
 }
@@ -236,14 +226,14 @@ pub fn verify_apart(path: &Path, text_len: u64, stall: Duration) -> Result<Verdi
             }
         };
         if readers >= MOST_READERS || stalls >= MOST_STALLS {
-            v.add_bad(at..=total, format!("{why}; not read after that"));
+            v.add_bad(at..=total, || format!("{why}; not read after that"));
             return Ok(heard.v);
         }
         start = if start.probe && at == start.id {
             // Even the first lookup failed: give up a stretch, longer each time.
             let last = at.saturating_add((1u64 << in_row.min(40)) - 1).min(total);
             in_row += 1;
-            v.add_bad(at..=last, why);
+            v.add_bad(at..=last, || why);
             if last == total {
                 return Ok(heard.v);
             }
@@ -431,7 +421,7 @@ impl Heard {
             }
             "bad" => {
                 if let (Some(a), Some(b)) = (num(), num()) {
-                    self.v.add_bad(a..=b, nums.next().unwrap_or_default().to_string());
+                    self.v.add_bad(a..=b, || nums.next().unwrap_or_default().to_string());
                 }
             }
             "at" => self.at = num().unwrap_or(self.at),
