@@ -30,6 +30,9 @@ pub enum LedgerError {
     /// Reading past a file's end through its memory map would kill the process (SIGBUS).
     #[error("ledger {path} is damaged: {why}; it cannot be read safely")]
     Damaged { path: String, why: String },
+    /// The journal on shared storage could not be written.
+    #[error("the ledger's journal: {0}")]
+    Replica(String),
     /// An error met by a child process that read the ledger (`verify::verify_apart`).
     #[error("{0}")]
     Apart(String),
@@ -446,6 +449,8 @@ pub struct Ledger {
     meta: Database,
     attempts: Database,
     failed: Database,
+    /// The copy on shared storage (`replica`), when the ledger itself is on a node's local disk.
+    journal: Option<std::sync::Mutex<crate::replica::Journal>>,
 }
 
 impl Ledger {
@@ -514,7 +519,40 @@ impl Ledger {
             db("attempts").map_err(err)?,
             db("failed").map_err(err)?,
         );
-        Ok(Ledger { _fault, env, path: p, tasks, meta, attempts, failed })
+        Ok(Ledger { _fault, env, path: p, tasks, meta, attempts, failed, journal: None })
+    }
+
+    /// From now on every commit first writes what it changed to `j` (see `replica`).
+    pub fn attach_journal(&mut self, j: crate::replica::Journal) {
+        self.journal = Some(std::sync::Mutex::new(j));
+    }
+
+    /// Whether the journal has grown enough for a new snapshot (`replica::Replica::begin`).
+    pub fn journal_wants_snapshot(&self) -> bool {
+        self.journal.as_ref().is_some_and(|j| j.lock().unwrap_or_else(|e| e.into_inner()).wants_snapshot())
+    }
+
+    fn db(&self, id: u8) -> Database {
+        match id {
+            crate::replica::DB_TASKS => self.tasks,
+            crate::replica::DB_META => self.meta,
+            crate::replica::DB_ATTEMPTS => self.attempts,
+            _ => self.failed,
+        }
+    }
+
+    /// Hands every entry of every database to `f`, in key order, from one read transaction.
+    pub fn dump(&self, mut f: impl FnMut(u8, &[u8], &[u8])) -> Result<()> {
+        use crate::replica::{DB_ATTEMPTS, DB_FAILED, DB_META, DB_TASKS};
+        let txn = self.env.begin_ro_txn().map_err(|e| self.err(e))?;
+        for id in [DB_META, DB_TASKS, DB_ATTEMPTS, DB_FAILED] {
+            let mut c = txn.open_ro_cursor(self.db(id)).map_err(|e| self.err(e))?;
+            for item in c.iter_start() {
+                let (k, v) = item.map_err(|e| self.err(e))?;
+                f(id, k, v);
+            }
+        }
+        Ok(())
     }
 
     pub fn path(&self) -> &Path {
@@ -527,7 +565,7 @@ impl Ledger {
 
     pub fn write(&self) -> Result<WriteTxn<'_>> {
         let txn = self.env.begin_rw_txn().map_err(|e| self.err(e))?;
-        Ok(WriteTxn { l: self, txn })
+        Ok(WriteTxn { l: self, txn, log: self.journal.as_ref().map(|_| Default::default()) })
     }
 
     pub fn read(&self) -> Result<ReadTxn<'_>> {
@@ -544,6 +582,8 @@ impl Ledger {
 pub struct WriteTxn<'l> {
     l: &'l Ledger,
     txn: RwTransaction<'l>,
+    /// What this transaction changed, for the journal; `None` when there is none.
+    log: Option<crate::replica::Log>,
 }
 
 impl<'l> WriteTxn<'l> {
@@ -574,17 +614,42 @@ impl<'l> WriteTxn<'l> {
     }
 
     pub fn put(&mut self, id: u64, r: &Record) -> Result<()> {
+        self.log_task(id, r);
         self.txn.put(self.l.tasks, &key(id), &r.encode(), WriteFlags::empty()).map_err(|e| self.l.err(e))
     }
 
     /// Adds a task with an id larger than every id so far (the loader's fast path).
     pub fn append(&mut self, id: u64, r: &Record) -> Result<()> {
+        self.log_task(id, r);
         self.txn.put(self.l.tasks, &key(id), &r.encode(), WriteFlags::APPEND).map_err(|e| self.l.err(e))
+    }
+
+    /// Journals the records a restore needs: tasks that ended (and ones that stopped being
+    /// failed). Dispatched and running states are not kept: a resume runs those tasks again.
+    fn log_task(&mut self, id: u64, r: &Record) {
+        if let Some(log) = self.log.as_mut() {
+            if r.state >= State::Done as u8 || log.reopened.contains(&id) {
+                log.put(crate::replica::DB_TASKS, &key(id), &r.encode());
+            }
+        }
+    }
+
+    /// Writes a replica's entry as it is, unjournaled (`replica::Replica::restore`).
+    pub fn apply(&mut self, put: bool, db: u8, k: &[u8], v: &[u8]) -> Result<()> {
+        let db = self.l.db(db);
+        let r = if put { self.txn.put(db, &k, &v, WriteFlags::empty()) } else { self.txn.del(db, &k, None) };
+        match r {
+            Ok(()) | Err(lmdb::Error::NotFound) => Ok(()),
+            Err(e) => Err(self.l.err(e)),
+        }
     }
 
     /// Appends to the task's attempt history.
     pub fn put_attempt(&mut self, id: u64, a: &Attempt) -> Result<()> {
         let n = self.attempts_of(id)?.len().min(255) as u8;
+        if let Some(log) = self.log.as_mut() {
+            log.put(crate::replica::DB_ATTEMPTS, &attempt_key(id, n), &a.encode());
+        }
         self.txn.put(self.l.attempts, &attempt_key(id, n), &a.encode(), WriteFlags::empty()).map_err(|e| self.l.err(e))
     }
 
@@ -594,11 +659,18 @@ impl<'l> WriteTxn<'l> {
     }
 
     pub fn mark_failed(&mut self, id: u64) -> Result<()> {
+        if let Some(log) = self.log.as_mut() {
+            log.put(crate::replica::DB_FAILED, &key(id), &[]);
+        }
         self.txn.put(self.l.failed, &key(id), &[], WriteFlags::empty()).map_err(|e| self.l.err(e))
     }
 
     /// Takes the task out of the index of failed tasks (it runs again).
     pub fn unmark_failed(&mut self, id: u64) -> Result<()> {
+        if let Some(log) = self.log.as_mut() {
+            log.del(crate::replica::DB_FAILED, &key(id));
+            log.reopened.push(id);
+        }
         match self.txn.del(self.l.failed, &key(id), None) {
             Ok(()) | Err(lmdb::Error::NotFound) => Ok(()),
             Err(e) => Err(self.l.err(e)),
@@ -606,6 +678,9 @@ impl<'l> WriteTxn<'l> {
     }
 
     pub fn put_meta(&mut self, k: &str, v: &[u8]) -> Result<()> {
+        if let Some(log) = self.log.as_mut() {
+            log.meta(k, v);
+        }
         self.txn.put(self.l.meta, &k, &v, WriteFlags::empty()).map_err(|e| self.l.err(e))
     }
 
@@ -643,8 +718,14 @@ impl<'l> WriteTxn<'l> {
         Ok(())
     }
 
+    /// Commits; with a journal, what changed is written to it first, so that nothing is
+    /// acknowledged that only this node's disk holds.
     pub fn commit(self) -> Result<()> {
         let l = self.l;
+        if let (Some(j), Some(log)) = (&l.journal, self.log) {
+            let mut j = j.lock().unwrap_or_else(|e| e.into_inner());
+            j.append(log).map_err(|e| LedgerError::Replica(e.to_string()))?;
+        }
         self.txn.commit().map_err(|e| l.err(e))
     }
 }

@@ -18,6 +18,7 @@ pub mod mapfault;
 pub mod output;
 pub mod pmi;
 pub mod prologue;
+pub mod replica;
 pub mod rundir;
 pub mod sessionlog;
 pub mod simexec;
