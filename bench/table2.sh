@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # HFlow's Table 2 (papers/000 §4.3) on the 4-node test cluster: the same job of short tasks four
-# times — no fault; the leader killed mid-run, then `htc resume`; 10% of the agents killed
-# mid-run, one of them a relay of a deeper tree; 10% of the running tasks killed. Per run:
+# times — no fault; the leader killed mid-run and its node-local ledger removed, then `htc
+# resume`; 10% of the agents killed mid-run, one of them a relay of a deeper tree; 10% of the
+# running tasks killed. Per run:
 # submitted, re-submitted (starts beyond one per task), successful, lost (must be 0), the tasks
 # running at the fault, and re-runs of tasks that had ended before it.
 #
@@ -114,13 +115,17 @@ read -r w j < <(start_job nofault) || exit 1
 state=$(wait_job "$j" 3600)
 row "no fault ($state)" "$w" "$j" - "" "$t0"
 
-# 2. The leader killed mid-run (kill -9), then `htc resume JOBID`.
+# 2. The leader's node lost: the leader killed mid-run (kill -9) and its node-local ledger
+# removed, then `htc resume JOBID`, which rebuilds the ledger from the run directory's replica.
 t0=$(_htc_usec)
 read -r w j < <(start_job leader) || exit 1
 wait_for_share "$w" 30
 running=$(running_tasks)
 snapshot_ended "$w" "$w/ended.txt"
+local_ledger=$(sed -n 2p "$w/.htc/$j/ledger/where")
 kill -KILL $(of_job "$j" 'htc-agent lead') 2>/dev/null
+rm -rf "$(dirname "$local_ledger")"
+echo "leader killed; its node-local ledger $local_ledger removed"
 state=$(wait_job "$j" 300)
 o=$(as_user -C "$w" "$bin/htc" resume "$j" 2>&1)
 j2=$(grep -o 'Submitted batch job [0-9]*' <<<"$o" | awk '{ print $4 }')

@@ -532,6 +532,17 @@ impl Ledger {
         self.journal.as_ref().is_some_and(|j| j.lock().unwrap_or_else(|e| e.into_inner()).wants_snapshot())
     }
 
+    /// Starts the replica's next generation: a snapshot of the ledger as committed now (no
+    /// write transaction may be open) and a fresh journal. Nothing without a journal.
+    pub fn new_generation(&self) -> Result<()> {
+        let Some(j) = &self.journal else { return Ok(()) };
+        let dir = j.lock().unwrap_or_else(|e| e.into_inner()).path().parent().map(Path::to_path_buf);
+        let replica = crate::replica::Replica { dir: dir.unwrap_or_default() };
+        let next = replica.begin(self).map_err(|e| LedgerError::Replica(e.to_string()))?;
+        *j.lock().unwrap_or_else(|e| e.into_inner()) = next;
+        Ok(())
+    }
+
     fn db(&self, id: u8) -> Database {
         match id {
             crate::replica::DB_TASKS => self.tasks,

@@ -146,17 +146,22 @@ impl Drop for TaskText {
     }
 }
 
-/// Creates the run directory `base/.htc/id`, loads `file` into its ledger, records the output
-/// mode and writes the job secret. A bad task file removes the run again, so nothing can run.
+/// Creates the run directory `base/.htc/id`, loads `file` into its ledger (in the run directory,
+/// or at `ledger` on a node's local disk), records the output mode and writes the job secret. A
+/// bad task file removes the run again, so nothing can run.
 pub fn create_run(
     base: &Path,
     id: &str,
     file: &Path,
     output: crate::output::OutputMode,
     defaults: TaskOptions,
+    ledger: Option<std::path::PathBuf>,
 ) -> Result<(RunDir, Loaded), CreateError> {
-    let run =
+    let mut run =
         RunDir::create(base, id).map_err(|e| CreateError::Io(format!("creating {}/.htc/{id}: {e}", base.display())))?;
+    if let Some(l) = ledger {
+        run = run.with_ledger(l);
+    }
     let result = (|| {
         let ledger = Ledger::create(&run.ledger())?;
         let loaded = load(file, &run, &ledger, defaults)?;
@@ -174,6 +179,10 @@ pub fn create_run(
     });
     if result.is_err() {
         let _ = std::fs::remove_dir_all(&run.path);
+        if run.replicated() {
+            let _ = std::fs::remove_file(run.ledger());
+            let _ = std::fs::remove_file(crate::replica::lock_path(&run.ledger()));
+        }
     }
     result.map(|loaded| (run, loaded))
 }

@@ -401,6 +401,45 @@ impl Replica {
     }
 }
 
+/// Where a Slurm job's leader keeps the ledger: `DIR/htc-UID-JOBID/ledger.mdb` on this node's
+/// local disk, DIR being the admin's `ledger_dir` or the job's temporary directory (`$TMPDIR`,
+/// which Slurm points at the node's `TmpFS`). The directory is this user's alone; a shared
+/// filesystem is refused, since LMDB's lock and map are not safe there.
+pub fn node_local(dir: Option<&Path>, job_id: &str) -> std::result::Result<PathBuf, String> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    let base = dir.map(Path::to_path_buf).unwrap_or_else(std::env::temp_dir);
+    if let Some(kind) = crate::storage::network_fs(&base) {
+        return Err(format!(
+            "the ledger directory {} is on {kind}; the ledger needs node-local storage (plugin argument ledger_dir=)",
+            base.display()
+        ));
+    }
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let own = base.join(format!("htc-{uid}-{job_id}"));
+    match fs::DirBuilder::new().mode(0o700).create(&own) {
+        Ok(()) => {}
+        // A requeued job on the same node finds its directory; anyone else's is refused.
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            let m = fs::symlink_metadata(&own).map_err(|e| format!("{}: {e}", own.display()))?;
+            if !m.is_dir() || m.uid() != uid || m.mode() & 0o077 != 0 {
+                return Err(format!("{} exists and is not this user's private directory", own.display()));
+            }
+        }
+        Err(e) => return Err(format!("creating the ledger directory {}: {e}", own.display())),
+    }
+    Ok(own.join("ledger.mdb"))
+}
+
+/// Removes the node-local ledger (and its directory) once its replica holds everything.
+pub fn remove_node_local(ledger: &Path) {
+    let _ = fs::remove_file(ledger);
+    let _ = fs::remove_file(lock_path(ledger));
+    if let Some(dir) = ledger.parent() {
+        let _ = fs::remove_dir(dir);
+    }
+}
+
 pub fn lock_path(ledger: &Path) -> PathBuf {
     let mut p = ledger.as_os_str().to_owned();
     p.push("-lock");

@@ -11,11 +11,70 @@ pub const SECRET_LEN: usize = 32;
 #[derive(Debug, Clone)]
 pub struct RunDir {
     pub path: PathBuf,
+    /// The ledger: in the run directory, or (a Slurm job's) on the leader's node-local disk, with
+    /// a replica in the run directory (`replica`).
+    ledger: PathBuf,
+    /// A copy of the ledger restored from the replica for reading, removed with the last clone.
+    _restored: Option<std::sync::Arc<Restored>>,
+}
+
+/// A ledger file rebuilt in this host's temporary directory; removed when dropped.
+#[derive(Debug)]
+struct Restored(PathBuf);
+
+impl Drop for Restored {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.0);
+        let _ = fs::remove_file(crate::replica::lock_path(&self.0));
+    }
+}
+
+/// Whether `dir` holds a run: its ledger, or a replica of one kept elsewhere.
+fn is_run(dir: &Path) -> bool {
+    dir.join("ledger.mdb").exists() || crate::replica::Replica::of(dir).exists()
 }
 
 impl RunDir {
     pub fn new(path: impl Into<PathBuf>) -> Self {
-        RunDir { path: path.into() }
+        let path = path.into();
+        RunDir { ledger: path.join("ledger.mdb"), path, _restored: None }
+    }
+
+    /// The same run with its ledger at `ledger` (a node-local path).
+    pub fn with_ledger(mut self, ledger: PathBuf) -> Self {
+        self.ledger = ledger;
+        self
+    }
+
+    /// Whether the ledger lives outside the run directory, which then holds its replica.
+    pub fn replicated(&self) -> bool {
+        self.ledger != self.path.join("ledger.mdb")
+    }
+
+    /// The run at `path`, with a ledger to read: its own, the live node-local one when this is
+    /// the leader's host, or else a copy rebuilt from the replica (any host that sees the run).
+    pub fn open_for_reading(path: PathBuf) -> io::Result<RunDir> {
+        let run = RunDir::new(path);
+        let replica = crate::replica::Replica::of(&run.path);
+        if run.ledger.exists() || !replica.exists() {
+            return Ok(run);
+        }
+        if let Some(live) = replica.local_ledger() {
+            return Ok(run.with_ledger(live));
+        }
+        // SAFETY: getuid cannot fail.
+        let dir = std::env::temp_dir().join(format!("htc-{}", unsafe { libc::getuid() }));
+        match fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(io::Error::new(e.kind(), format!("{}: {e}", dir.display()))),
+        }
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let copy = dir.join(format!("{}-{}-{n}.mdb", run.id(), std::process::id()));
+        let restored = Restored(copy.clone());
+        replica.restore(&copy).map_err(|e| io::Error::other(format!("reading the run's ledger replica: {e}")))?;
+        Ok(RunDir { _restored: Some(std::sync::Arc::new(restored)), ..run.with_ledger(copy) })
     }
 
     /// Creates a fresh run directory (0700: it holds the secret) under `base/.htc/`.
@@ -24,19 +83,19 @@ impl RunDir {
         fs::DirBuilder::new().recursive(true).mode(0o700).create(path.parent().unwrap())?;
         fs::DirBuilder::new().mode(0o700).create(&path)?;
         fs::DirBuilder::new().mode(0o700).create(path.join("out"))?;
-        Ok(RunDir { path })
+        Ok(RunDir::new(path))
     }
 
     /// Finds a run by directory path, by id under `./.htc/`, or (no argument) the newest run there.
     pub fn locate(arg: Option<&str>) -> io::Result<RunDir> {
         let runs = Path::new(".htc");
         let path = match arg {
-            Some(a) if Path::new(a).join("ledger.mdb").exists() => PathBuf::from(a),
-            Some(a) if runs.join(a).join("ledger.mdb").exists() => runs.join(a),
+            Some(a) if is_run(Path::new(a)) => PathBuf::from(a),
+            Some(a) if is_run(&runs.join(a)) => runs.join(a),
             Some(a) => {
                 return Err(io::Error::new(
                     io::ErrorKind::NotFound,
-                    format!("no run '{a}' (looked for {a}/ledger.mdb and .htc/{a}/ledger.mdb)"),
+                    format!("no run '{a}' (looked for a ledger.mdb or ledger/ in {a}/ and .htc/{a}/)"),
                 ))
             }
             None => {
@@ -45,7 +104,7 @@ impl RunDir {
                     fs::read_dir(runs).map_err(|e| io::Error::new(e.kind(), format!("no runs here (.htc/: {e})")))?
                 {
                     let e = e?;
-                    if !e.path().join("ledger.mdb").exists() {
+                    if !is_run(&e.path()) {
                         continue;
                     }
                     let t = e.metadata()?.modified()?;
@@ -56,14 +115,14 @@ impl RunDir {
                 best.map(|(_, p)| p).ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no runs in .htc/"))?
             }
         };
-        Ok(RunDir { path })
+        RunDir::open_for_reading(path)
     }
 
     pub fn id(&self) -> String {
         self.path.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default()
     }
     pub fn ledger(&self) -> PathBuf {
-        self.path.join("ledger.mdb")
+        self.ledger.clone()
     }
     pub fn tasks(&self) -> PathBuf {
         self.path.join("tasks.txt")

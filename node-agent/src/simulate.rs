@@ -515,7 +515,7 @@ pub fn simulate_file(file: &std::path::Path, cfg: &SimConfig) -> anyhow::Result<
     let r = (|| {
         let defaults = htc_core::taskfile::TaskOptions::default();
         let loading = Instant::now();
-        let (run, _) = crate::load::create_run(&scratch, "sim", file, crate::output::OutputMode::None, defaults)?;
+        let (run, _) = crate::load::create_run(&scratch, "sim", file, crate::output::OutputMode::None, defaults, None)?;
         let load_s = loading.elapsed().as_secs_f64();
         simulate(&run, cfg).map(|r| SimReport { load_s, ..r })
     })();

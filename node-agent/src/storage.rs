@@ -19,6 +19,28 @@ pub fn free_bytes(dir: &Path) -> Option<u64> {
     Some((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
 }
 
+/// The kind of shared filesystem holding `dir`, if it is one: LMDB's lock file and memory map are
+/// not safe there, and every page it writes would cross the network.
+pub fn network_fs(dir: &Path) -> Option<&'static str> {
+    let c = CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statfs fills the zeroed struct for a NUL-terminated path.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    // Magic numbers from statfs(2) and the filesystems' own headers.
+    match st.f_type as u64 {
+        0x6969 => Some("NFS"),
+        0x0BD0_0BD0 => Some("Lustre"),
+        0x4750_4653 => Some("GPFS"),
+        0xFF53_4D42 | 0xFE53_4D42 => Some("SMB"),
+        0x1983_0326 => Some("BeeGFS"),
+        0x00C3_6400 => Some("CephFS"),
+        0x6573_5546 => Some("FUSE"),
+        _ => None,
+    }
+}
+
 /// Whether the filesystem holding `dir` is (nearly) full.
 pub fn is_full(dir: &Path) -> bool {
     free_bytes(dir).is_some_and(|b| b < NEARLY_FULL)
@@ -33,5 +55,6 @@ mod tests {
         assert!(free_bytes(Path::new("/")).is_some());
         assert!(free_bytes(Path::new("/no/such/dir/here")).is_none());
         assert!(!is_full(Path::new("/no/such/dir/here")), "unknown is not full");
+        assert_eq!(network_fs(Path::new("/proc")), None);
     }
 }

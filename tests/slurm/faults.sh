@@ -167,17 +167,26 @@ requeued() {
     check "requeue: no task process left" bash -c "! pgrep -u '$HTC_CLUSTER_USER' -f 'sleep $TASK_S' >/dev/null"
 }
 
-# The leader killed with SIGKILL (as when its node dies): the job ends, `htc status` calls the
-# run interrupted at once although its heartbeat is fresh (Slurm says the job is over), and a
-# bare `htc resume JOBID` asks for the first job's shape again and finishes the run.
+# The leader's node lost: the leader killed with SIGKILL and its node-local ledger removed. The
+# job ends, `htc status` (on the submit host, from the run directory's replica) calls the run
+# interrupted at once although its heartbeat is fresh (Slurm says the job is over), and a bare
+# `htc resume JOBID` asks for the first job's shape again and finishes the run from the replica:
+# nothing whose end was acknowledged runs again, only what was in flight on the 8 CPUs (each
+# agent goes on for its 1 s hold).
 leader_killed_then_resumed() {
-    local w j j2 state out pid cpus cpus2 lines unique
+    local w j j2 state out pid cpus cpus2 lines unique local
     read -r w j < <(start_job leaderkill) || { bad "leader killed: submit"; return; }
     pid=$(for p in $(pgrep -f 'htc-agent lead'); do
         tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "SLURM_JOB_ID=$j" && echo "$p"
     done | head -n 1)
     [[ -n $pid ]] || { bad "leader killed: no leader process for job $j"; return; }
+    local=$(sed -n 2p "$w/.htc/$j/ledger/where" 2>/dev/null)
+    check "leader killed: the ledger is on the node (${local:-nowhere}), not in the run directory" \
+        test -f "$local" -a ! -e "$w/.htc/$j/ledger.mdb"
+    check "leader killed: the run directory holds the ledger's snapshot and journal" \
+        bash -c "ls '$w/.htc/$j/ledger' | grep -q '^snapshot\.' && ls '$w/.htc/$j/ledger' | grep -q '^journal\.'"
     kill -KILL "$pid"
+    rm -rf "$(dirname "${local:-/nonexistent/x}")"
     state=$(wait_job "$j" 120)
     out=$(as_user -C "$w" "$bin/htc" status "$j")
     check "leader killed: job $j ended ($state), htc status says interrupted at once" grep -q "interrupted (continue with: htc resume $j" <<<"$out"
@@ -193,7 +202,11 @@ leader_killed_then_resumed() {
     check "leader killed: the resumed job has the first one's CPUs ($cpus2 vs $cpus)" test "$cpus2" = "$cpus"
     lines=$(wc -l <"$w/ids.txt")
     unique=$(cut -d' ' -f1 "$w/ids.txt" | sort -u | wc -l)
-    check "leader killed: every task ran ($unique of $N), $((lines - unique)) re-run(s)" test "$unique" = "$N"
+    check "leader killed: every task ran ($unique of $N)" test "$unique" = "$N"
+    check "leader killed: $((lines - unique)) re-run(s), at most the 4 nodes' in flight ($((4 * MAX_RERUNS)))" \
+        test $((lines - unique)) -le $((4 * MAX_RERUNS))
+    check "leader killed: the resumed job left no ledger on its node" \
+        bash -c "! ls -d /tmp/htc-*-$j2 2>/dev/null | grep -q ."
     check "leader killed: no task process left" bash -c "! pgrep -u '$HTC_CLUSTER_USER' -f 'sleep $TASK_S' >/dev/null"
 }
 

@@ -150,18 +150,25 @@ fn work(a: WorkArgs) -> anyhow::Result<()> {
 
 /// `htc resume`'s job: continues the run of job `earlier` in `base/.htc`, reachable under this
 /// job's id too (a link), so that `htc status` and `htc output` work with either id.
-fn resume_run(base: &std::path::Path, earlier: u32, job_id: &str) -> anyhow::Result<Result<(RunDir, String), String>> {
+fn resume_run(
+    base: &std::path::Path,
+    earlier: u32,
+    job_id: &str,
+    local: &std::path::Path,
+) -> anyhow::Result<Result<(RunDir, String), String>> {
     let runs = base.join(".htc");
     let Ok(path) = std::fs::canonicalize(runs.join(earlier.to_string())) else {
         return Ok(Err(format!("job {earlier} left no run in {} to resume", runs.display())));
     };
     let run = RunDir::new(path);
-    if !run.ledger().exists() || !run.secret().exists() {
+    if !is_complete(&run) {
         return Ok(Err(format!("{} is not a complete run; nothing to resume", run.path.display())));
     }
-    let n = {
+    let (run, n) = {
         let _lock = run.lock()?;
-        leader::driver::reset_interrupted(&run)?
+        let run = adopt(run, local)?;
+        let n = leader::driver::reset_interrupted(&run)?;
+        (run, n)
     };
     let link = runs.join(job_id);
     let _ = std::fs::remove_file(&link);
@@ -170,6 +177,42 @@ fn resume_run(base: &std::path::Path, earlier: u32, job_id: &str) -> anyhow::Res
     let said =
         format!("htc: job {job_id} continues the run of job {earlier} ({n} interrupted tasks go back to pending)");
     Ok(Ok((run, said)))
+}
+
+/// Writes the replica's first generation of a run just loaded.
+fn snapshot(run: RunDir) -> anyhow::Result<RunDir> {
+    let ledger = htc::ledger::Ledger::open(&run.ledger(), true)?;
+    htc::replica::Replica::of(&run.path)
+        .begin(&ledger)
+        .with_context(|| format!("writing the ledger's snapshot into {}", run.path.display()))?;
+    Ok(run)
+}
+
+/// Whether a Slurm job's run finished loading: its replica has a snapshot (written once the
+/// tasks are in), or, in a run directory from before the ledger moved to the node, the ledger in
+/// it has its total.
+fn is_complete(run: &RunDir) -> bool {
+    let legacy = || {
+        run.ledger().exists()
+            && htc::ledger::Ledger::open(&run.ledger(), true)
+                .ok()
+                .and_then(|l| l.read().ok()?.meta_u64("total").ok()?)
+                .is_some()
+    };
+    run.secret().exists() && (htc::replica::Replica::of(&run.path).exists() || legacy())
+}
+
+/// Takes over a run whose leader is gone: its ledger rebuilt from the replica on this node's
+/// local disk at `local` (the old one went with its node, or is behind the journal), or, in a
+/// run directory from before, its ledger where it is.
+fn adopt(run: RunDir, local: &std::path::Path) -> anyhow::Result<RunDir> {
+    if run.ledger().exists() {
+        return Ok(run);
+    }
+    htc::replica::Replica::of(&run.path)
+        .restore(local)
+        .with_context(|| format!("rebuilding the ledger of {} on this node", run.path.display()))?;
+    Ok(run.with_ledger(local.to_path_buf()))
 }
 
 /// The batch step: load the tasks, run the script as the prologue, start the agents with one
@@ -181,18 +224,18 @@ fn lead(a: LeadArgs, script: Vec<OsString>) -> anyhow::Result<i32> {
     let job_id = slurm::var("SLURM_JOB_ID")?;
     let nodes: usize =
         slurm::var("SLURM_JOB_NUM_NODES").or_else(|_| slurm::var("SLURM_NNODES"))?.parse().context("node count")?;
-    if let Some(d) = &a.ledger_dir {
-        tracing::warn!(dir = %d.display(), "ledger_dir is not supported yet; the ledger stays in the run directory");
-    }
+    // The ledger on this node's disk; the run directory (shared) keeps its replica.
+    let local = match htc::replica::node_local(a.ledger_dir.as_deref(), &job_id) {
+        Ok(p) => p,
+        Err(why) => {
+            eprintln!("htc: {why}");
+            return Ok(2);
+        }
+    };
     let base = std::env::current_dir()?;
     let existing = RunDir::new(base.join(".htc").join(&job_id));
-    // A requeue that interrupted the first load finds a ledger without its total: start over.
-    let complete = existing.ledger().exists()
-        && htc::ledger::Ledger::open(&existing.ledger(), true)
-            .ok()
-            .and_then(|l| l.read().ok()?.meta_u64("total").ok()?)
-            .is_some()
-        && existing.secret().exists();
+    // A requeue that interrupted the first load finds no snapshot: start over.
+    let complete = is_complete(&existing);
     if existing.path.exists() && !complete {
         std::fs::remove_dir_all(&existing.path)
             .with_context(|| format!("removing the incomplete {}", existing.path.display()))?;
@@ -200,13 +243,11 @@ fn lead(a: LeadArgs, script: Vec<OsString>) -> anyhow::Result<i32> {
     let (run, said) = if complete {
         let _lock = existing.lock()?;
         // A requeued job: continue from its ledger.
-        let n = leader::driver::reset_interrupted(&existing)?;
-        (
-            existing,
-            format!("htc: job {job_id} restarted; continuing its run ({n} interrupted tasks go back to pending)"),
-        )
+        let run = adopt(existing, &local)?;
+        let n = leader::driver::reset_interrupted(&run)?;
+        (run, format!("htc: job {job_id} restarted; continuing its run ({n} interrupted tasks go back to pending)"))
     } else if let Some(earlier) = a.resume_run {
-        match resume_run(&base, earlier, &job_id)? {
+        match resume_run(&base, earlier, &job_id, &local)? {
             Ok(run) => run,
             Err(why) => {
                 eprintln!("htc: {why}");
@@ -218,9 +259,10 @@ fn lead(a: LeadArgs, script: Vec<OsString>) -> anyhow::Result<i32> {
         if let Some(r) = a.retries {
             defaults.retries = r;
         }
-        match load::create_run(&base, &job_id, &a.task_file, a.output, defaults) {
+        match load::create_run(&base, &job_id, &a.task_file, a.output, defaults, Some(local.clone())) {
+            // Its first snapshot: from now on the run survives this node.
             Ok((run, loaded)) => (
-                run,
+                snapshot(run)?,
                 format!("htc: job {job_id}: {} tasks from {} on {nodes} node(s)", loaded.tasks, a.task_file.display()),
             ),
             Err(CreateError::Load(e)) => {
@@ -243,6 +285,10 @@ fn lead(a: LeadArgs, script: Vec<OsString>) -> anyhow::Result<i32> {
     let code = lead_run(a, &job_id, nodes, &run, script, script_args);
     if let Some(k) = kept {
         k.end();
+    }
+    // The replica holds everything now (its last snapshot); the node's disk is the admin's.
+    if run.replicated() && htc::replica::Replica::of(&run.path).exists() {
+        htc::replica::remove_node_local(&run.ledger());
     }
     code
 }
@@ -340,7 +386,10 @@ fn lead_run(
 /// `--htc-resubmit=N`: submits the job that continues this run, as `htc resume` would, unless
 /// the run was resubmitted N times already (the count is kept in the ledger).
 fn resubmit(run: &RunDir, max: u32) -> anyhow::Result<()> {
-    let ledger = htc::ledger::Ledger::open(&run.ledger(), false)?;
+    let mut ledger = htc::ledger::Ledger::open(&run.ledger(), false)?;
+    if run.replicated() {
+        ledger.attach_journal(htc::replica::Replica::of(&run.path).writer()?);
+    }
     let done = ledger.read()?.meta_u64("resubmits")?.unwrap_or(0);
     if done >= max as u64 {
         println!("htc: not resubmitting: the run was resubmitted {done} times already (--htc-resubmit={max})");

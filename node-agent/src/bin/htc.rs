@@ -251,7 +251,7 @@ fn create_run(file: &std::path::Path, output: OutputMode, retries: Option<u8>) -
     if let Some(r) = retries {
         defaults.retries = r;
     }
-    match load::create_run(&std::env::current_dir()?, &rundir::new_run_id(), file, output, defaults) {
+    match load::create_run(&std::env::current_dir()?, &rundir::new_run_id(), file, output, defaults, None) {
         Ok((run, _)) => Ok(Ok(run)),
         Err(CreateError::Load(e @ (LoadError::TaskFile(_) | LoadError::Copy { .. } | LoadError::TooMany { .. }))) => {
             eprintln!("htc: {e}");

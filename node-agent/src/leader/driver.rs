@@ -188,6 +188,10 @@ pub fn run(
             last_commit = now;
             core.acks(&mut out);
             send(&mut out, &links);
+            // Amortized: a snapshot as large as what the journal wrote since the last one.
+            if ledger.journal_wants_snapshot() {
+                ledger.new_generation()?;
+            }
         } else if txn.is_none() && now - last_commit >= Duration::from_secs(1) {
             // Heartbeat for `htc status` while nothing changes.
             let mut t = ledger.write()?;

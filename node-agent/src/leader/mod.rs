@@ -66,7 +66,14 @@ pub fn run(
     cfg: LeaderConfig,
     launch: impl FnOnce(SocketAddr, mpsc::Sender<Event>) -> anyhow::Result<launch::Agents>,
 ) -> anyhow::Result<Outcome> {
-    let ledger = Ledger::open(&cfg.run.ledger(), false).context("opening the ledger")?;
+    let mut ledger = Ledger::open(&cfg.run.ledger(), false).context("opening the ledger")?;
+    if cfg.run.replicated() {
+        // This session's generation starts with the ledger as it is now (loaded, or resumed).
+        let replica = crate::replica::Replica::of(&cfg.run.path);
+        let journal = replica.begin(&ledger).context("writing the ledger's snapshot into the run directory")?;
+        ledger.attach_journal(journal);
+        replica.set_where(&cfg.run.ledger())?;
+    }
     let text = TaskText::open(&cfg.run.tasks()).context("mapping the run's task file")?;
     let secret = cfg.run.read_secret().context("reading the job secret")?;
 
@@ -119,6 +126,10 @@ pub fn run(
         let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
         let core_thread = s.spawn(move || {
             let r = driver::run(core, &ledger, &text, &cfg.job_id, rx, driver_cfg);
+            // The journal already holds everything; a last snapshot makes reading it back quick.
+            if let Err(e) = ledger.new_generation() {
+                tracing::warn!(error = %e, "no final snapshot of the ledger");
+            }
             let _ = done_tx.send(());
             r
         });
