@@ -112,12 +112,22 @@ pub enum Tail {
     Torn,
 }
 
-/// Reads the frames of `path` (`len` bytes), handing each change to `f` and returning the header's
-/// generation and how the file ended. A bad frame with more bytes after it is damage, not a tear.
-pub fn read_frames(path: &Path, mut f: impl FnMut(Entry) -> Result<()>) -> Result<(u64, Tail)> {
+/// Reads the frames of the file at `path`, handing each change to `f` and returning the header's
+/// generation and how the file ended.
+pub fn read_frames(path: &Path, f: impl FnMut(Entry) -> Result<()>) -> Result<(u64, Tail)> {
     let file = File::open(path).map_err(io_err(path))?;
     let len = file.metadata().map_err(io_err(path))?.len();
-    let mut r = BufReader::with_capacity(1 << 20, file);
+    decode_frames(BufReader::with_capacity(1 << 20, file), len, path, f)
+}
+
+/// Decodes `len` bytes of frames from `r` (named `path` in errors). A bad frame with more bytes
+/// after it is damage, not a tear.
+pub fn decode_frames(
+    mut r: impl Read,
+    len: u64,
+    path: &Path,
+    mut f: impl FnMut(Entry) -> Result<()>,
+) -> Result<(u64, Tail)> {
     let damaged = |at: u64, why: &str| ReplicaError::Damaged { path: path.display().to_string(), at, why: why.into() };
     let mut at = 0u64;
     let mut gen = None;
@@ -182,7 +192,8 @@ fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
     Ok(got)
 }
 
-fn header(gen: u64) -> Vec<u8> {
+/// The first frame of every snapshot and journal: the format and the generation.
+pub fn header(gen: u64) -> Vec<u8> {
     let mut b = Vec::new();
     encode(&mut b, OP_HEADER, 0, MAGIC, &gen.to_le_bytes());
     b

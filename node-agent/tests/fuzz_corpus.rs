@@ -1,4 +1,4 @@
-//! The fuzz targets' committed corpora (`fuzz/corpus/{taskfile,frame,pmi}/`: hand-written seeds
+//! The fuzz targets' committed corpora (`fuzz/corpus/{taskfile,frame,pmi,replica}/`: hand-written seeds
 //! and what libFuzzer kept or found) replayed through the targets' own checks
 //! (`fuzz/checks/*.rs`), so every `cargo test` makes the fuzzer's assertions on them without
 //! a nightly toolchain. The plugin's target is replayed in `spank-plugin/tests/`.
@@ -9,6 +9,8 @@ mod frame;
 mod pmi;
 #[path = "../../fuzz/checks/replay.rs"]
 mod replay;
+#[path = "../../fuzz/checks/replica.rs"]
+mod replica;
 #[path = "../../fuzz/checks/taskfile.rs"]
 mod taskfile;
 
@@ -27,4 +29,9 @@ fn frame_corpus() {
 #[test]
 fn pmi_corpus() {
     replay("pmi", pmi::check);
+}
+
+#[test]
+fn replica_corpus() {
+    replay("replica", replica::check);
 }
