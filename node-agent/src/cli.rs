@@ -79,6 +79,10 @@ pub mod htc {
             /// Group-commit interval of the ledger, in milliseconds.
             #[arg(long, default_value_t = 10, hide = true)]
             commit_ms: u64,
+            /// Keep the ledger in this node-local directory (e.g. /tmp when the current directory
+            /// is on NFS), with its replica in the run directory; a resume rebuilds it from there.
+            #[arg(long, value_name = "DIR")]
+            ledger_dir: Option<PathBuf>,
         },
         /// Load a task file into a new run without starting it (start it with `htc run --resume RUN`).
         Prepare {

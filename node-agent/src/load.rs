@@ -24,6 +24,8 @@ pub enum LoadError {
     Copy { path: String, source: std::io::Error },
     #[error("{path}: more than {max} tasks")]
     TooMany { path: String, max: u64 },
+    #[error("{0}")]
+    Replica(String),
 }
 
 #[derive(Debug, Clone)]
@@ -168,6 +170,12 @@ pub fn create_run(
         let mut t = ledger.write()?;
         t.put_meta("output", output.name().as_bytes())?;
         t.commit()?;
+        if run.replicated() {
+            // Its first snapshot: from now on the run survives the node that holds its ledger.
+            crate::replica::Replica::of(&run.path)
+                .begin(&ledger)
+                .map_err(|e| LoadError::Replica(format!("writing the ledger's snapshot: {e}")))?;
+        }
         Ok::<_, LoadError>(loaded)
     })();
     // A run that cannot be made whole (a bad task file, a full disk) is removed, so that no

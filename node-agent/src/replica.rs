@@ -442,6 +442,17 @@ pub fn node_local(dir: Option<&Path>, job_id: &str) -> std::result::Result<PathB
     Ok(own.join("ledger.mdb"))
 }
 
+/// Takes over a run whose leader is gone: with a replica, its ledger rebuilt from it at `local`
+/// on this node's disk (the old one went with its node, or is behind the journal); a run whose
+/// ledger is in its directory (a local run, or a Slurm run from before) is taken as it is.
+pub fn take_over(run: crate::rundir::RunDir, local: &Path) -> Result<crate::rundir::RunDir> {
+    if run.ledger().exists() {
+        return Ok(run);
+    }
+    Replica::of(&run.path).restore(local)?;
+    Ok(run.with_ledger(local.to_path_buf()))
+}
+
 /// Removes the node-local ledger (and its directory) once its replica holds everything.
 pub fn remove_node_local(ledger: &Path) {
     let _ = fs::remove_file(ledger);

@@ -86,8 +86,14 @@ impl RunDir {
         Ok(RunDir::new(path))
     }
 
-    /// Finds a run by directory path, by id under `./.htc/`, or (no argument) the newest run there.
+    /// Finds a run by directory path, by id under `./.htc/`, or (no argument) the newest run
+    /// there, with a ledger to read (`open_for_reading`).
     pub fn locate(arg: Option<&str>) -> io::Result<RunDir> {
+        RunDir::open_for_reading(RunDir::find(arg)?)
+    }
+
+    /// The directory `locate` finds, its ledger not opened.
+    pub fn find(arg: Option<&str>) -> io::Result<PathBuf> {
         let runs = Path::new(".htc");
         let path = match arg {
             Some(a) if is_run(Path::new(a)) => PathBuf::from(a),
@@ -115,7 +121,7 @@ impl RunDir {
                 best.map(|(_, p)| p).ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no runs in .htc/"))?
             }
         };
-        RunDir::open_for_reading(path)
+        Ok(path)
     }
 
     pub fn id(&self) -> String {

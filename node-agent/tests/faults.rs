@@ -251,9 +251,15 @@ fn runs_of(ids: &Path) -> std::collections::HashMap<u64, usize> {
     m
 }
 
-/// Tasks the ledger records done.
+/// Tasks the ledger records done: the run's own, or one rebuilt from its replica when the ledger
+/// was kept on a "node" (`--ledger-dir`).
 fn done_in_ledger(run: &Path) -> std::collections::HashSet<u64> {
-    let l = Ledger::open(&run.join("ledger.mdb"), true).unwrap();
+    let l = if run.join("ledger.mdb").exists() {
+        Ledger::open(&run.join("ledger.mdb"), true).unwrap()
+    } else {
+        let copy = run.parent().unwrap().parent().unwrap().join("restored.mdb");
+        htc::replica::Replica::of(run).restore(&copy).unwrap()
+    };
     let t = l.read().unwrap();
     let mut done = std::collections::HashSet::new();
     t.for_each(|id, r| {
@@ -270,12 +276,28 @@ fn done_in_ledger(run: &Path) -> std::collections::HashSet<u64> {
 /// end every task is done. The seed is printed, to replay a failure.
 #[test]
 fn random_kills_and_resumes_never_lose_or_repeat_a_recorded_task() {
-    let d = Dir::new("crashes");
+    random_kills_and_resumes("crashes", false);
+}
+
+/// The same with the ledger on a "node" (`--ledger-dir`) that is lost with every kill: each
+/// resume rebuilds the ledger from the run directory's replica alone, and still nothing it
+/// recorded done runs again and nothing is lost.
+#[test]
+fn random_kills_with_the_ledger_s_node_lost_each_time_resume_from_the_replica() {
+    random_kills_and_resumes("crashes-replica", true);
+}
+
+fn random_kills_and_resumes(name: &str, node_lost: bool) {
+    let d = Dir::new(name);
+    let node = d.path("node");
+    let node_arg = node.display().to_string();
+    let ledger_args: Vec<&str> = if node_lost { vec!["--ledger-dir", &node_arg] } else { Vec::new() };
     let ids = d.path("ids.txt");
-    let n = 1500u64;
+    // With the node lost, tasks long enough for every trial to kill a run in progress.
+    let (n, sleep) = if node_lost { (600u64, "0.05") } else { (1500, "0.005") };
     d.write(
         "tasks.txt",
-        (0..n).map(|_| format!("sleep 0.005; echo $HTC_TASK_ID >> {}\n", ids.display())).collect::<String>(),
+        (0..n).map(|_| format!("sleep {sleep}; echo $HTC_TASK_ID >> {}\n", ids.display())).collect::<String>(),
     );
     let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1;
     println!("seed {seed}");
@@ -288,8 +310,10 @@ fn random_kills_and_resumes_never_lose_or_repeat_a_recorded_task() {
     };
     let mut recorded: std::collections::HashMap<u64, usize> = Default::default();
     for trial in 0..8 {
-        let args: Vec<&str> =
+        fs::create_dir_all(&node).unwrap();
+        let mut args: Vec<&str> =
             if trial == 0 { vec!["run", "--agents", "3", "tasks.txt"] } else { vec!["run", "--resume"] };
+        args.extend(&ledger_args);
         let mut leader = d.spawn_htc(&args, &[]);
         std::thread::sleep(Duration::from_millis(150 + next(400)));
         let run = d.run_dir();
@@ -308,18 +332,32 @@ fn random_kills_and_resumes_never_lose_or_repeat_a_recorded_task() {
         }
         // Let the agents notice and stop, then check what the ledger vouches for.
         assert!(wait_for(|| (0..3).all(|a| guard_pids(&run, a).is_empty()), Duration::from_secs(10)), "seed {seed}");
+        if node_lost {
+            fs::remove_dir_all(&node).unwrap();
+        }
         let runs = runs_of(&ids);
         for (id, count) in &recorded {
             assert_eq!(runs[id], *count, "seed {seed}: task {id} was recorded done, then ran again");
         }
+        // What a kill re-runs is what was in flight: the 3 agents' running tasks and the ends
+        // not yet acknowledged (a lost acknowledged end would re-run a whole session's work).
+        let again: usize = runs.values().map(|c| c - 1).sum();
+        let per_kill = if node_lost { 6 } else { 8 };
+        assert!(again <= per_kill * (trial + 1), "seed {seed}: {again} re-runs after {} kills", trial + 1);
         for id in done_in_ledger(&run) {
             recorded.entry(id).or_insert(runs.get(&id).copied().unwrap_or(0));
             assert!(runs.contains_key(&id), "seed {seed}: task {id} recorded done but never ran");
         }
     }
-    let o = d.htc(&["run", "--resume", "-q"]);
+    fs::create_dir_all(&node).unwrap();
+    let o = d.htc(&[&["run", "--resume", "-q"][..], &ledger_args].concat());
     assert!(o.status.success(), "seed {seed}: {}", text(&o));
     assert_eq!(done_in_ledger(&d.run_dir()).len() as u64, n, "seed {seed}");
+    if node_lost {
+        assert_eq!(fs::read_dir(&node).unwrap().count(), 0, "the node-local ledger is removed at the end");
+        let o = d.htc(&["status", "--json"]);
+        assert!(text(&o).contains(&format!("\"done\":{n}")), "status from the replica: {}", text(&o));
+    }
     let runs = runs_of(&ids);
     for (id, count) in &recorded {
         assert_eq!(runs[id], *count, "seed {seed}: task {id} was recorded done, then ran again");

@@ -179,15 +179,6 @@ fn resume_run(
     Ok(Ok((run, said)))
 }
 
-/// Writes the replica's first generation of a run just loaded.
-fn snapshot(run: RunDir) -> anyhow::Result<RunDir> {
-    let ledger = htc::ledger::Ledger::open(&run.ledger(), true)?;
-    htc::replica::Replica::of(&run.path)
-        .begin(&ledger)
-        .with_context(|| format!("writing the ledger's snapshot into {}", run.path.display()))?;
-    Ok(run)
-}
-
 /// Whether a Slurm job's run finished loading: its replica has a snapshot (written once the
 /// tasks are in), or, in a run directory from before the ledger moved to the node, the ledger in
 /// it has its total.
@@ -202,17 +193,11 @@ fn is_complete(run: &RunDir) -> bool {
     run.secret().exists() && (htc::replica::Replica::of(&run.path).exists() || legacy())
 }
 
-/// Takes over a run whose leader is gone: its ledger rebuilt from the replica on this node's
-/// local disk at `local` (the old one went with its node, or is behind the journal), or, in a
-/// run directory from before, its ledger where it is.
+/// `replica::take_over`, with the run named in its error.
 fn adopt(run: RunDir, local: &std::path::Path) -> anyhow::Result<RunDir> {
-    if run.ledger().exists() {
-        return Ok(run);
-    }
-    htc::replica::Replica::of(&run.path)
-        .restore(local)
-        .with_context(|| format!("rebuilding the ledger of {} on this node", run.path.display()))?;
-    Ok(run.with_ledger(local.to_path_buf()))
+    let path = run.path.clone();
+    htc::replica::take_over(run, local)
+        .with_context(|| format!("rebuilding the ledger of {} on this node", path.display()))
 }
 
 /// The batch step: load the tasks, run the script as the prologue, start the agents with one
@@ -260,9 +245,8 @@ fn lead(a: LeadArgs, script: Vec<OsString>) -> anyhow::Result<i32> {
             defaults.retries = r;
         }
         match load::create_run(&base, &job_id, &a.task_file, a.output, defaults, Some(local.clone())) {
-            // Its first snapshot: from now on the run survives this node.
             Ok((run, loaded)) => (
-                snapshot(run)?,
+                run,
                 format!("htc: job {job_id}: {} tasks from {} on {nodes} node(s)", loaded.tasks, a.task_file.display()),
             ),
             Err(CreateError::Load(e)) => {

@@ -52,7 +52,7 @@ fn real_main() -> anyhow::Result<i32> {
             Ok(status.code().unwrap_or(1))
         }
         Cmd::Resume { job, sbatch } => resume(&job, sbatch),
-        Cmd::Prepare { file, output } => match create_run(&file, output, None)? {
+        Cmd::Prepare { file, output } => match create_run(&file, output, None, None)? {
             Ok(run) => {
                 println!("{}", run.path.display());
                 Ok(0)
@@ -127,13 +127,19 @@ fn real_main() -> anyhow::Result<i32> {
             exec,
             partition,
             commit_ms,
+            ledger_dir,
         } => {
             let site = Site::load()?;
             let lock;
             let (run, output) = match (resume, file) {
                 (Some(r), None) => {
-                    let run = RunDir::locate(if r.is_empty() { None } else { Some(&r) })?;
+                    let run = RunDir::new(RunDir::find(if r.is_empty() { None } else { Some(&r) })?);
                     lock = Some(run.lock()?);
+                    // A run whose ledger was on a node: rebuilt from its replica, here.
+                    let local =
+                        || htc::replica::node_local(ledger_dir.as_deref(), &run.id()).map_err(anyhow::Error::msg);
+                    let run =
+                        if run.ledger().exists() { run } else { htc::replica::take_over(run.clone(), &local()?)? };
                     // Verified (apart) before this process maps the ledger at all.
                     let n = leader::driver::reset_interrupted(&run)?;
                     let mode = stored_output_mode(&run)?.unwrap_or(output);
@@ -144,7 +150,7 @@ fn real_main() -> anyhow::Result<i32> {
                 }
                 (Some(_), Some(_)) => bail!("give either a task file or --resume, not both"),
                 (None, None) => bail!("missing task file (or --resume)"),
-                (None, Some(file)) => match create_run(&file, output, retries)? {
+                (None, Some(file)) => match create_run(&file, output, retries, ledger_dir.as_deref())? {
                     Ok(run) => {
                         lock = Some(run.lock()?);
                         (run, output)
@@ -195,6 +201,9 @@ fn real_main() -> anyhow::Result<i32> {
             };
             let outcome = leader::run(cfg, |addr, tx| local.start(&run, addr, tx))?;
             let code = leader::finish(&run, &outcome, quiet);
+            if run.replicated() {
+                htc::replica::remove_node_local(&run.ledger());
+            }
             drop(lock);
             code
         }
@@ -244,14 +253,22 @@ fn resume(job: &str, mut sbatch: Vec<std::ffi::OsString>) -> anyhow::Result<i32>
     Ok(status.code().unwrap_or(1))
 }
 
-/// Creates a run in the current directory. A bad task file yields the exit code instead, after
-/// the error was printed; nothing ran.
-fn create_run(file: &std::path::Path, output: OutputMode, retries: Option<u8>) -> anyhow::Result<Result<RunDir, i32>> {
+/// Creates a run in the current directory, its ledger there or in `ledger_dir` (then with its
+/// replica in the run directory). A bad task file yields the exit code instead, after the error
+/// was printed; nothing ran.
+fn create_run(
+    file: &std::path::Path,
+    output: OutputMode,
+    retries: Option<u8>,
+    ledger_dir: Option<&std::path::Path>,
+) -> anyhow::Result<Result<RunDir, i32>> {
     let mut defaults = TaskOptions::default();
     if let Some(r) = retries {
         defaults.retries = r;
     }
-    match load::create_run(&std::env::current_dir()?, &rundir::new_run_id(), file, output, defaults, None) {
+    let id = rundir::new_run_id();
+    let ledger = ledger_dir.map(|d| htc::replica::node_local(Some(d), &id)).transpose().map_err(anyhow::Error::msg)?;
+    match load::create_run(&std::env::current_dir()?, &id, file, output, defaults, ledger) {
         Ok((run, _)) => Ok(Ok(run)),
         Err(CreateError::Load(e @ (LoadError::TaskFile(_) | LoadError::Copy { .. } | LoadError::TooMany { .. }))) => {
             eprintln!("htc: {e}");
