@@ -533,13 +533,21 @@ impl Ledger {
     }
 
     /// Starts the replica's next generation: a snapshot of the ledger as committed now (no
-    /// write transaction may be open) and a fresh journal. Nothing without a journal.
+    /// write transaction may be open) and a fresh journal. Nothing without a journal. A snapshot
+    /// that cannot be written costs nothing but time: the journal goes on, and it is tried again
+    /// once the journal doubled.
     pub fn new_generation(&self) -> Result<()> {
         let Some(j) = &self.journal else { return Ok(()) };
-        let dir = j.lock().unwrap_or_else(|e| e.into_inner()).path().parent().map(Path::to_path_buf);
+        let lock = || j.lock().unwrap_or_else(|e| e.into_inner());
+        let dir = lock().path().parent().map(Path::to_path_buf);
         let replica = crate::replica::Replica { dir: dir.unwrap_or_default() };
-        let next = replica.begin(self).map_err(|e| LedgerError::Replica(e.to_string()))?;
-        *j.lock().unwrap_or_else(|e| e.into_inner()) = next;
+        match replica.begin(self) {
+            Ok(next) => *lock() = next,
+            Err(e) => {
+                tracing::warn!(error = %e, "no new snapshot of the ledger; its journal goes on");
+                lock().defer_snapshot();
+            }
+        }
         Ok(())
     }
 

@@ -268,27 +268,13 @@ impl Replica {
         fs::create_dir_all(&self.dir).map_err(io_err(&self.dir))?;
         let gen = self.latest()?.map_or(1, |g| g + 1);
         let tmp = self.dir.join(format!("snapshot.{gen}.tmp"));
-        let file = OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp);
-        let mut w = BufWriter::with_capacity(1 << 20, file.map_err(io_err(&tmp))?);
-        let mut buf = header(gen);
-        let mut count = 0u64;
-        let mut failed = None;
-        ledger.dump(|db, k, v| {
-            encode(&mut buf, OP_PUT, db, k, v);
-            count += 1;
-            if buf.len() >= 1 << 16 && failed.is_none() {
-                failed = w.write_all(&buf).err();
-                buf.clear();
+        let snapshot_bytes = match write_snapshot(&tmp, gen, ledger) {
+            Ok(n) => n,
+            Err(e) => {
+                let _ = fs::remove_file(&tmp);
+                return Err(e);
             }
-        })?;
-        encode(&mut buf, OP_END, 0, &[], &count.to_le_bytes());
-        if let Some(e) = failed {
-            return Err(io_err(&tmp)(e));
-        }
-        w.write_all(&buf).map_err(io_err(&tmp))?;
-        let file = w.into_inner().map_err(|e| io_err(&tmp)(e.into_error()))?;
-        file.sync_all().map_err(io_err(&tmp))?;
-        let snapshot_bytes = file.metadata().map_err(io_err(&tmp))?.len();
+        };
         let journal = self.create_journal(gen)?;
         fs::rename(&tmp, self.snapshot(gen)).map_err(io_err(&tmp))?;
         sync_dir(&self.dir)?;
@@ -417,7 +403,6 @@ impl Replica {
 /// which Slurm points at the node's `TmpFS`). The directory is this user's alone; a shared
 /// filesystem is refused, since LMDB's lock and map are not safe there.
 pub fn node_local(dir: Option<&Path>, job_id: &str) -> std::result::Result<PathBuf, String> {
-    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
     let base = dir.map(Path::to_path_buf).unwrap_or_else(std::env::temp_dir);
     if let Some(kind) = crate::storage::network_fs(&base) {
         return Err(format!(
@@ -426,20 +411,52 @@ pub fn node_local(dir: Option<&Path>, job_id: &str) -> std::result::Result<PathB
         ));
     }
     // SAFETY: getuid cannot fail.
-    let uid = unsafe { libc::getuid() };
-    let own = base.join(format!("htc-{uid}-{job_id}"));
-    match fs::DirBuilder::new().mode(0o700).create(&own) {
-        Ok(()) => {}
-        // A requeued job on the same node finds its directory; anyone else's is refused.
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-            let m = fs::symlink_metadata(&own).map_err(|e| format!("{}: {e}", own.display()))?;
-            if !m.is_dir() || m.uid() != uid || m.mode() & 0o077 != 0 {
-                return Err(format!("{} exists and is not this user's private directory", own.display()));
-            }
-        }
-        Err(e) => return Err(format!("creating the ledger directory {}: {e}", own.display())),
-    }
+    let own = base.join(format!("htc-{}-{job_id}", unsafe { libc::getuid() }));
+    private_dir(&own)?;
     Ok(own.join("ledger.mdb"))
+}
+
+/// Creates `dir` (0700), or accepts it if it is already this user's private directory: in a
+/// shared `/tmp` anyone could have made it first, or put a symlink there.
+pub fn private_dir(dir: &Path) -> std::result::Result<(), String> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    match fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            let m = fs::symlink_metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            // SAFETY: getuid cannot fail.
+            if !m.is_dir() || m.uid() != unsafe { libc::getuid() } || m.mode() & 0o077 != 0 {
+                return Err(format!("{} exists and is not this user's private directory", dir.display()));
+            }
+            Ok(())
+        }
+        Err(e) => Err(format!("creating {}: {e}", dir.display())),
+    }
+}
+
+/// Writes every entry of `ledger` to `tmp` as snapshot `gen`, flushed; its size.
+fn write_snapshot(tmp: &Path, gen: u64, ledger: &Ledger) -> Result<u64> {
+    let file = OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(tmp);
+    let mut w = BufWriter::with_capacity(1 << 20, file.map_err(io_err(tmp))?);
+    let mut buf = header(gen);
+    let mut count = 0u64;
+    let mut failed = None;
+    ledger.dump(|db, k, v| {
+        encode(&mut buf, OP_PUT, db, k, v);
+        count += 1;
+        if buf.len() >= 1 << 16 && failed.is_none() {
+            failed = w.write_all(&buf).err();
+            buf.clear();
+        }
+    })?;
+    encode(&mut buf, OP_END, 0, &[], &count.to_le_bytes());
+    if let Some(e) = failed {
+        return Err(io_err(tmp)(e));
+    }
+    w.write_all(&buf).map_err(io_err(tmp))?;
+    let file = w.into_inner().map_err(|e| io_err(tmp)(e.into_error()))?;
+    file.sync_all().map_err(io_err(tmp))?;
+    Ok(file.metadata().map_err(io_err(tmp))?.len())
 }
 
 /// Takes over a run whose leader is gone: with a replica, its ledger rebuilt from it at `local`
@@ -550,6 +567,11 @@ impl Journal {
     /// Whether the journal has grown enough that a new snapshot is cheaper to restore from.
     pub fn wants_snapshot(&self) -> bool {
         self.bytes > self.snapshot_bytes.max(JOURNAL_FLOOR)
+    }
+
+    /// A snapshot could not be written: go on with this journal, and try again once it doubled.
+    pub fn defer_snapshot(&mut self) {
+        self.snapshot_bytes = self.bytes.saturating_mul(2);
     }
 }
 
@@ -662,6 +684,38 @@ mod tests {
         f.write_all(&[9, 0, 0]).unwrap();
         let copy = replica.restore(&d.join("copy.mdb")).unwrap();
         assert_eq!(copy.read().unwrap().get(6).unwrap().unwrap().state(), State::Done);
+    }
+
+    #[test]
+    fn a_snapshot_that_cannot_be_written_leaves_the_journal_going() {
+        let d = tempdir();
+        let mut live = Ledger::create(&d.join("live.mdb")).unwrap();
+        let replica = Replica::of(&d);
+        live.attach_journal(replica.begin(&live).unwrap());
+        // Generation 2's snapshot cannot be created (a directory is in its way).
+        fs::create_dir_all(d.join("ledger/snapshot.2.tmp/x")).unwrap();
+        live.new_generation().unwrap();
+        assert_eq!(replica.latest().unwrap(), Some(1));
+        {
+            let mut t = live.write().unwrap();
+            t.put(1, &record(State::Done, 0)).unwrap();
+            t.commit().unwrap();
+        }
+        let copy = replica.restore(&d.join("copy.mdb")).unwrap();
+        assert_eq!(copy.read().unwrap().get(1).unwrap().unwrap().state(), State::Done);
+    }
+
+    #[test]
+    fn a_private_directory_is_made_or_refused_when_someone_else_could_use_it() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempdir();
+        private_dir(&d.join("mine")).unwrap();
+        private_dir(&d.join("mine")).unwrap();
+        fs::create_dir(d.join("open")).unwrap();
+        fs::set_permissions(d.join("open"), fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(private_dir(&d.join("open")).unwrap_err().contains("not this user's private directory"));
+        std::os::unix::fs::symlink(d.join("mine"), d.join("link")).unwrap();
+        assert!(private_dir(&d.join("link")).is_err(), "a symlink is not followed");
     }
 
     fn tempdir() -> PathBuf {

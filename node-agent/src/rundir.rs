@@ -64,11 +64,7 @@ impl RunDir {
         }
         // SAFETY: getuid cannot fail.
         let dir = std::env::temp_dir().join(format!("htc-{}", unsafe { libc::getuid() }));
-        match fs::DirBuilder::new().mode(0o700).create(&dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(io::Error::new(e.kind(), format!("{}: {e}", dir.display()))),
-        }
+        crate::replica::private_dir(&dir).map_err(io::Error::other)?;
         static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let copy = dir.join(format!("{}-{}-{n}.mdb", run.id(), std::process::id()));
