@@ -4,9 +4,13 @@
 # must still end COMPLETED with every task done, and leave no task process behind. Re-runs: a
 # killed agent's tasks die with it (its guard), so only what it was running re-runs; a node cut
 # off goes on for `hold` (1 s by default: four missed heartbeats) before it starts nothing more,
-# so what it was running plus what it started in that second may run twice.
+# so what it was running plus what it started in that second may run twice. Then the job-level
+# faults: scancel, scontrol requeue, a node Slurm declares down, the leader's node lost with its
+# ledger, the time limit (with and without --htc-resubmit); each continued run re-runs only what
+# was in flight.
 #
 #   tests/slurm/faults.sh          (as root, after cargo build --release --workspace)
+#   FAULTS_ONLY="node_failed ..."  (some of them)
 set -uo pipefail
 
 root=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -49,7 +53,7 @@ agent_on() { # JOB NODE
 job_procs() { # JOB
     local p
     for p in $(pgrep -u "$HTC_CLUSTER_USER"); do
-        tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "SLURM_JOB_ID=$1" && echo "$p"
+        { tr '\0' '\n' <"/proc/$p/environ"; } 2>/dev/null | grep -qx "SLURM_JOB_ID=$1" && echo "$p"
     done
 }
 
@@ -210,6 +214,35 @@ leader_killed_then_resumed() {
     check "leader killed: no task process left" bash -c "! pgrep -u '$HTC_CLUSTER_USER' -f 'sleep $TASK_S' >/dev/null"
 }
 
+# A node fails as Slurm sees it (`scontrol update state=down`): slurmctld ends the job on every
+# node (NODE_FAIL) and requeues it. Within KillWait no task process is left on any node; once the
+# node is back, the requeued session continues the run from the replica and re-runs only what
+# was in flight.
+node_failed() {
+    local w j state lines unique
+    read -r w j < <(start_job nodefail) || { bad "node failed: submit"; return; }
+    cluster_cmd scontrol update nodename=n4 state=down reason=htc-node-failed-test
+    for _ in $(seq 600); do
+        [[ $(job_state "$j") == RUNNING ]] || break
+        sleep 0.1
+    done
+    for _ in $(seq 350); do
+        [[ -z $(job_procs "$j") ]] && break
+        sleep 0.1
+    done
+    check "node failed: job $j stopped ($(job_state "$j")), no process of it left on any node within KillWait" \
+        test -z "$(job_procs "$j")"
+    # Its slurmd still answers, so ReturnToService=2 may have brought it back already.
+    [[ $(cluster_cmd sinfo -h -n n4 -o %T) == idle ]] || cluster_cmd scontrol update nodename=n4 state=resume
+    state=$(wait_job "$j" 400)
+    check "node failed: the requeued job $j COMPLETED (was $state)" test "$state" = COMPLETED
+    check "node failed: htc status $j shows every task done" all_done "$w" "$j"
+    lines=$(wc -l <"$w/ids.txt")
+    unique=$(cut -d' ' -f1 "$w/ids.txt" | sort -u | wc -l)
+    check "node failed: every task ran ($unique of $N)" test "$unique" = "$N"
+    check "node failed: $((lines - unique)) re-run(s), at most the 8 CPUs' tasks in flight" test $((lines - unique)) -le 8
+}
+
 # Near the time limit: tasks whose runtime hint cannot end before the job does never start;
 # the job ends at once with them pending, for `htc resume` with more time.
 time_limit() {
@@ -261,7 +294,7 @@ echo "== 4 nodes (network namespaces)"
 cluster_env
 install_htc
 # FAULTS_ONLY="name ..." runs some of them (while working on one).
-for t in ${FAULTS_ONLY:-killed_agent link_down cancelled_then_resumed requeued leader_killed_then_resumed time_limit resubmitted_at_time_limit}; do
+for t in ${FAULTS_ONLY:-killed_agent link_down cancelled_then_resumed requeued node_failed leader_killed_then_resumed time_limit resubmitted_at_time_limit}; do
     "$t"
 done
 
