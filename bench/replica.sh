@@ -31,7 +31,7 @@ exec > >(tee "$OUT") 2>&1
 
 [[ -x $HTC ]] || (cd "$ROOT" && cargo build --release -p node-agent)
 now() { date +%s.%N; }
-calc() { awk "BEGIN { printf \"%.2f\", $1 }"; }
+calc() { awk "BEGIN { printf \"%.3f\", $1 }"; }
 field() { grep -o "\"$1\":[0-9.e+-]*" | head -n 1 | cut -d: -f2; }
 
 echo "date: $(date -u +%FT%TZ)  host: $(hostname)  nproc: $(nproc)  commit: $(git -C "$ROOT" rev-parse --short HEAD)"

@@ -11,7 +11,8 @@
 //!
 //! Both files are sequences of frames `[len u32][crc32 u32][op db klen key value]`, so a torn
 //! tail (the leader died mid-write) is told from damage (a bad frame with more after it).
-//! Generation `g` is `snapshot.g` plus `journal.g`; a new snapshot starts a new generation.
+//! Generation `g` is `snapshot.g` plus `journal.g`; a new snapshot starts a new generation and
+//! removes the older ones, so the replica holds at most twice the snapshot's size.
 //! `restore` rebuilds a ledger from the newest snapshot and its journal, on any host.
 
 use std::fs::{self, File, OpenOptions};
@@ -262,8 +263,7 @@ impl Replica {
     }
 
     /// Starts a new generation: a snapshot of `ledger` as it is now (no write transaction may be
-    /// open), and an empty journal after it. Older generations are removed, but the one before,
-    /// which a reader may be restoring from.
+    /// open), and an empty journal after it. Older generations are removed.
     pub fn begin(&self, ledger: &Ledger) -> Result<Journal> {
         fs::create_dir_all(&self.dir).map_err(io_err(&self.dir))?;
         let gen = self.latest()?.map_or(1, |g| g + 1);
@@ -278,7 +278,8 @@ impl Replica {
         let journal = self.create_journal(gen)?;
         fs::rename(&tmp, self.snapshot(gen)).map_err(io_err(&tmp))?;
         sync_dir(&self.dir)?;
-        for old in 1..gen.saturating_sub(1) {
+        // A reader still restoring an older generation finds it gone and starts again (`restore`).
+        for old in 1..gen {
             let _ = fs::remove_file(self.snapshot(old));
             let _ = fs::remove_file(self.journal(old));
         }
@@ -703,6 +704,43 @@ mod tests {
         }
         let copy = replica.restore(&d.join("copy.mdb")).unwrap();
         assert_eq!(copy.read().unwrap().get(1).unwrap().unwrap().state(), State::Done);
+    }
+
+    #[test]
+    fn readers_restore_while_the_leader_starts_generation_after_generation() {
+        let d = tempdir();
+        let mut live = Ledger::create(&d.join("live.mdb")).unwrap();
+        let replica = Replica::of(&d);
+        live.attach_journal(replica.begin(&live).unwrap());
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reader = {
+            let (replica, stop, dest) = (replica.clone(), stop.clone(), d.join("copy.mdb"));
+            std::thread::spawn(move || {
+                let (mut reads, mut last) = (0, 0);
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) || reads == 0 {
+                    let copy = replica.restore(&dest).expect("a restore during rotations");
+                    let mut done = 0;
+                    copy.read().unwrap().for_each(|_, r| done += (r.state() == State::Done) as usize).unwrap();
+                    assert!(done >= last, "a later restore saw less done ({done} < {last})");
+                    (reads, last) = (reads + 1, done);
+                }
+                reads
+            })
+        };
+        for id in 0..300u64 {
+            let mut t = live.write().unwrap();
+            t.put(id, &record(State::Done, 0)).unwrap();
+            t.commit().unwrap();
+            if id % 10 == 0 {
+                live.new_generation().unwrap();
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let reads = reader.join().unwrap();
+        println!("{reads} restores during 30 generations");
+        assert!(reads > 0);
+        let left: Vec<_> = fs::read_dir(&replica.dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(left.len(), 2, "one generation left: {left:?}");
     }
 
     #[test]
