@@ -535,8 +535,8 @@ impl Journal {
         self.gen
     }
 
-    /// Writes what a transaction changed, before it commits. Changes to tasks are flushed to
-    /// disk; periodic meta alone (counts, heartbeat) is written at most once a second.
+    /// Writes what a transaction changed, flushed, before it commits; periodic meta alone
+    /// (counts, heartbeat) at most once a second.
     pub fn append(&mut self, log: Log) -> Result<()> {
         let Log { mut buf, durable, meta, .. } = log;
         let mut forced = durable;
@@ -557,11 +557,10 @@ impl Journal {
         if buf.is_empty() {
             return Ok(());
         }
-        self.file.write_all(&buf).map_err(io_err(&self.path))?;
+        // Flushed every time: what ended must be on disk before it is acknowledged, and on NFS
+        // other hosts see a heartbeat only once the server has it.
+        self.file.write_all(&buf).and_then(|()| self.file.sync_data()).map_err(io_err(&self.path))?;
         self.bytes += buf.len() as u64;
-        if forced {
-            self.file.sync_data().map_err(io_err(&self.path))?;
-        }
         Ok(())
     }
 
