@@ -310,7 +310,8 @@ pub mod agent {
         pub fanout: Option<u32>,
         #[arg(long, default_value = "streams")]
         pub output: OutputMode,
-        /// Node-local directory for the ledger (admin setting).
+        /// Node-local directory for the ledger (admin setting; default: $TMPDIR, else /tmp).
+        /// The run directory keeps its replica.
         #[arg(long)]
         pub ledger_dir: Option<PathBuf>,
         /// How tasks are split among agents (hflow or even; default: the site file's, else hflow).
