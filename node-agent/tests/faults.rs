@@ -171,7 +171,9 @@ fn a_stopped_leader_is_not_taken_for_dead_and_its_agents_fence_themselves_then_c
     let d = Dir::new("leader-stopped");
     let site = d.write("site.conf", "lost_after_s = 2\n");
     let env = [("HTC_SITE_CONFIG", site.as_os_str()), ("HTC_LOG", "info".as_ref())];
-    d.write("tasks.txt", (1..=40).map(|i| format!("sleep 0.3 # {i}\n")).collect::<String>());
+    // 12 s of work on the 2 agents: on a loaded machine `htc status` may take seconds to say
+    // "running", and the leader must still be mid-run when it is stopped.
+    d.write("tasks.txt", (1..=80).map(|i| format!("sleep 0.3 # {i}\n")).collect::<String>());
     let leader = d.spawn_htc(&["run", "--agents", "2", "--cores-per-agent", "1", "tasks.txt"], &env);
     let status = || String::from_utf8_lossy(&d.htc_env(&["status"], &env).stdout).into_owned();
     assert!(wait_for(|| status().contains("state:    running"), Duration::from_secs(30)), "{}", status());
