@@ -318,6 +318,16 @@ impl Replica {
             Err(e) if e.kind() == io::ErrorKind::NotFound => self.create_journal(gen)?,
             Err(e) => return Err(io_err(&path)(e)),
         };
+        // A torn last write (its writer died) is cut off first: frames after it would make it
+        // look like damage.
+        let mut whole = header(gen).len() as u64;
+        let (_, tail) = read_frames(&path, |e| {
+            whole += 12 + (e.key.len() + e.val.len()) as u64;
+            Ok(())
+        })?;
+        if tail == Tail::Torn {
+            file.set_len(whole).map_err(io_err(&path))?;
+        }
         let bytes = file.metadata().map_err(io_err(&path))?.len();
         Ok(Journal { file, path, gen, bytes, snapshot_bytes, meta_at: None, meta: Vec::new() })
     }
@@ -683,6 +693,16 @@ mod tests {
         let mut f = OpenOptions::new().append(true).open(replica.journal(2)).unwrap();
         f.write_all(&[9, 0, 0]).unwrap();
         let copy = replica.restore(&d.join("copy.mdb")).unwrap();
+        assert_eq!(copy.read().unwrap().get(6).unwrap().unwrap().state(), State::Done);
+        // A later writer cuts the torn write off before it appends.
+        drop((live, copy));
+        let mut live = Ledger::open(&d.join("live.mdb"), false).unwrap();
+        live.attach_journal(replica.writer().unwrap());
+        let mut t = live.write().unwrap();
+        t.put_meta("resubmits", &1u64.to_le_bytes()).unwrap();
+        t.commit().unwrap();
+        let copy = replica.restore(&d.join("copy.mdb")).unwrap();
+        assert_eq!(copy.read().unwrap().meta_u64("resubmits").unwrap(), Some(1));
         assert_eq!(copy.read().unwrap().get(6).unwrap().unwrap().state(), State::Done);
     }
 
