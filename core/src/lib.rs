@@ -4,6 +4,7 @@
 pub mod hflow;
 pub mod output;
 pub mod partition;
+pub mod shellsyntax;
 pub mod task;
 pub mod taskfile;
 pub mod tree;

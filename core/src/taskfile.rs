@@ -8,7 +8,10 @@ use std::fmt;
 use std::io::{self, BufRead};
 
 /// Longest accepted line, in bytes, including options. Longer lines are an error, not a truncation.
-pub const MAX_LINE: usize = 64 * 1024;
+pub const MAX_LINE: usize = 128 * 1024;
+/// The longest command `sh -c` can be given: the kernel's limit for one argument
+/// (`MAX_ARG_STRLEN`, 128 KiB with its terminating NUL).
+pub const MAX_COMMAND: usize = 128 * 1024 - 1;
 /// Most distinct task classes in one file (class ids are `u16`).
 pub const MAX_CLASSES: usize = 4096;
 pub const MAX_CORES: u32 = 4096;
@@ -58,9 +61,16 @@ pub enum ErrorKind {
     MissingCommand,
     BadOptionSyntax(String),
     UnknownOption(String),
-    BadValue { key: &'static str, value: String, why: &'static str },
+    BadValue {
+        key: &'static str,
+        value: String,
+        why: &'static str,
+    },
     TooManyClasses,
     InvalidDirective,
+    /// Something the shell would refuse (`shellsyntax`).
+    ShellSyntax(&'static str),
+    CommandTooLong(usize),
 }
 
 impl fmt::Display for ErrorKind {
@@ -79,6 +89,11 @@ impl fmt::Display for ErrorKind {
             ErrorKind::BadValue { key, value, why } => write!(f, "bad value '{value}' for {key}: {why}"),
             ErrorKind::TooManyClasses => write!(f, "more than {MAX_CLASSES} distinct classes"),
             ErrorKind::InvalidDirective => write!(f, "'#HTC' directive needs key=value options"),
+            ErrorKind::ShellSyntax(why) => write!(f, "shell syntax: {why}"),
+            ErrorKind::CommandTooLong(n) => write!(
+                f,
+                "command of {n} bytes; the longest a shell can be given is {MAX_COMMAND} bytes (the kernel's limit for one argument)"
+            ),
         }
     }
 }
@@ -263,10 +278,17 @@ impl<R: BufRead> Parser<R> {
                     return Err(self.err(close + 1, ErrorKind::MissingCommand));
                 }
             }
-            self.tasks += 1;
             let command = &self.buf[cmd_start..end];
+            if command.len() > MAX_COMMAND {
+                return Err(self.err(cmd_start + 1, ErrorKind::CommandTooLong(command.len())));
+            }
+            let shell = needs_shell(command);
+            if let Err((at, why)) = if shell { crate::shellsyntax::check(command) } else { Ok(()) } {
+                return Err(self.err(cmd_start + at + 1, ErrorKind::ShellSyntax(why)));
+            }
+            self.tasks += 1;
             let offset = self.line_start + cmd_start as u64;
-            return Ok(Some(Task { line: self.line_no, offset, options, command, shell: needs_shell(command) }));
+            return Ok(Some(Task { line: self.line_no, offset, options, command, shell }));
         }
     }
 

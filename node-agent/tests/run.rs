@@ -200,7 +200,19 @@ fn malformed_task_files_are_rejected_with_their_place_and_nothing_runs() {
         garbage.push((x >> 16) as u8);
     }
     let cases: Vec<(&str, Vec<u8>, &str)> = vec![
-        ("long.txt", long, "long.txt:2: line longer than 65536 bytes"),
+        ("long.txt", long, "long.txt:2: line longer than 131072 bytes"),
+        (
+            "toolong.txt",
+            format!("{touch}echo {}\n", "x".repeat(131_067)).into_bytes(),
+            "toolong.txt:2:1: command of 131072 bytes; the longest a shell can be given is 131071 bytes",
+        ),
+        ("quote.txt", format!("{touch}echo 'it''s\n").into_bytes(), "quote.txt:2:10: shell syntax: single quote"),
+        ("subst.txt", format!("{touch}echo $(date\n").into_bytes(), "subst.txt:2:6: shell syntax: '$(' is not closed"),
+        (
+            "cont.txt",
+            format!("{touch}echo a \\\n").into_bytes(),
+            "cont.txt:2:8: shell syntax: the line ends with a backslash",
+        ),
         ("garbage.txt", garbage, "garbage.txt:"),
         ("badopt.txt", format!("{touch}[cores=zero] x\n").into_bytes(), "badopt.txt:2:2: bad value 'zero' for cores"),
         ("unknown.txt", format!("{touch}[colour=red] x\n").into_bytes(), "unknown.txt:2:2: unknown option 'colour'"),
@@ -231,6 +243,33 @@ fn malformed_task_files_are_rejected_with_their_place_and_nothing_runs() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("missing.txt"), "{}", text(&o));
     // Rejected runs leave no run directory behind.
     assert_eq!(fs::read_dir(d.path(".htc")).map(|r| r.count()).unwrap_or(0), 0);
+}
+
+/// Lines that look like shell syntax errors but are not, and a command of the longest length a
+/// shell can be given: accepted, and each task's output is what `sh -c` prints for its line.
+#[test]
+fn tricky_but_valid_lines_run_as_sh_runs_them() {
+    let d = Dir::new("tricky");
+    let long = format!("echo {}", "y".repeat(131_071 - 5));
+    let lines = [
+        r#"echo "a'b""#,
+        r"echo \$\(",
+        "echo a#b # in a word, then a comment",
+        r#"echo "${HOME:+set}" ${x:-"}"} `echo hi` $(echo "(")"#,
+        "case a in a) echo matched;; esac",
+        &long,
+    ];
+    d.write("tasks.txt", lines.join("\n") + "\n");
+    let o = d.htc(&["check", "tasks.txt"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = d.htc(&["run", "-q", "tasks.txt"]);
+    assert!(o.status.success(), "{}", text(&o));
+    for (i, line) in lines.iter().enumerate() {
+        let want = std::process::Command::new("/bin/sh").args(["-c", line]).output().unwrap();
+        let got = d.htc(&["output", &d.run_id(), &(i + 1).to_string()]);
+        assert!(got.status.success(), "{}", text(&got));
+        assert_eq!(got.stdout, want.stdout, "task {}: {line:.80}", i + 1);
+    }
 }
 
 #[test]

@@ -75,6 +75,7 @@ W=$(cluster_workdir e2e)
 printf '# two tasks\necho 1\necho 2\n' >"$W/tasks.txt"
 printf 'echo ok\n[nope=1] x\n' >"$W/bad.txt"
 : >"$W/empty.txt"
+printf 'echo ok\necho "unclosed\n' >"$W/quote.txt"
 cat >"$W/job.sh" <<'EOF'
 #!/bin/sh
 touch script-ran.$SLURM_JOB_ID
@@ -110,6 +111,8 @@ check "sbatch --help lists --htc" help_lists_htc
 check "--htc=/nonexistent: exit 255, no job" fails_with 'htc: /nonexistent: cannot read: No such file' sbatch --htc=/nonexistent --wrap=:
 check "malformed file: file:line:col" fails_with 'htc: bad.txt:2:2: unknown option' sbatch --htc=bad.txt --wrap=:
 check "empty file" fails_with 'htc: empty.txt: no tasks' sbatch --htc=empty.txt --wrap=:
+check "shell syntax error: file:line:col, at submit" fails_with "htc: quote.txt:2:6: shell syntax: double quote" \
+    sbatch --htc=quote.txt --wrap=:
 check "--htc-retries=abc" fails_with 'htc: --htc-retries=abc:' sbatch --htc=tasks.txt --htc-retries=abc --wrap=:
 check "--htc-output=files" fails_with 'htc: --htc-output=files:' sbatch --htc=tasks.txt --htc-output=files --wrap=:
 check "--htc-partition=fluxp" fails_with "htc: --htc-partition=fluxp: 'fluxp' is not a partition plan \\(hflow or even\\)" \
