@@ -68,6 +68,8 @@ pub enum ErrorKind {
     },
     TooManyClasses,
     InvalidDirective,
+    /// A FIFO would block the reader and a device such as `/dev/zero` never end.
+    NotAFile(&'static str),
     /// Something the shell would refuse (`shellsyntax`).
     ShellSyntax(&'static str),
     CommandTooLong(usize),
@@ -90,6 +92,7 @@ impl fmt::Display for ErrorKind {
             ErrorKind::TooManyClasses => write!(f, "more than {MAX_CLASSES} distinct classes"),
             ErrorKind::InvalidDirective => write!(f, "'#HTC' directive needs key=value options"),
             ErrorKind::ShellSyntax(why) => write!(f, "shell syntax: {why}"),
+            ErrorKind::NotAFile(what) => write!(f, "is {what}; a task file must be a regular file"),
             ErrorKind::CommandTooLong(n) => write!(
                 f,
                 "command of {n} bytes; the longest a shell can be given is {MAX_COMMAND} bytes (the kernel's limit for one argument)"
@@ -599,20 +602,34 @@ pub fn check<R: BufRead>(reader: R, file: &str, max_errors: usize) -> Result<Sum
     Ok(s)
 }
 
+/// Refuses what is not a regular file before opening it (opening a FIFO blocks), by what it is.
+pub fn require_regular(path: &std::path::Path) -> Result<(), TaskFileError> {
+    use std::os::unix::fs::FileTypeExt;
+    let err = |kind| TaskFileError { file: path.display().to_string(), line: 0, column: 0, kind };
+    let t = std::fs::metadata(path).map_err(|e| err(ErrorKind::Io(e.to_string())))?.file_type();
+    let what = if t.is_file() {
+        return Ok(());
+    } else if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO (named pipe)"
+    } else if t.is_char_device() || t.is_block_device() {
+        "a device"
+    } else if t.is_socket() {
+        "a socket"
+    } else {
+        "not a regular file"
+    };
+    Err(err(ErrorKind::NotAFile(what)))
+}
+
 /// Opens and checks a file by path; errors name the path as given.
 pub fn check_path(path: &std::path::Path, max_errors: usize) -> Result<Summary, Vec<TaskFileError>> {
     let name = path.display().to_string();
+    require_regular(path).map_err(|e| vec![e])?;
     let f = std::fs::File::open(path).map_err(|e| {
         vec![TaskFileError { file: name.clone(), line: 0, column: 0, kind: ErrorKind::Io(e.to_string()) }]
     })?;
-    if f.metadata().map(|m| m.is_dir()).unwrap_or(false) {
-        return Err(vec![TaskFileError {
-            file: name,
-            line: 0,
-            column: 0,
-            kind: ErrorKind::Io("is a directory".into()),
-        }]);
-    }
     check(io::BufReader::with_capacity(1 << 16, f), &name, max_errors)
 }
 

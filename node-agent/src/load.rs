@@ -45,6 +45,7 @@ pub fn widest_task(ledger: &Ledger) -> Result<u64, LedgerError> {
 /// Copies `src` into the run and loads it into `ledger`. Errors name `src` as the user wrote it.
 pub fn load(src: &Path, run: &RunDir, ledger: &Ledger, defaults: TaskOptions) -> Result<Loaded, LoadError> {
     let shown = src.display().to_string();
+    htc_core::taskfile::require_regular(src)?;
     std::fs::copy(src, run.tasks()).map_err(|source| LoadError::Copy { path: shown.clone(), source })?;
     let f = File::open(run.tasks()).map_err(|source| LoadError::Copy { path: shown.clone(), source })?;
     let mut p = Parser::new(BufReader::with_capacity(1 << 20, f), shown.clone()).with_defaults(defaults);

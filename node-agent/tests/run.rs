@@ -272,6 +272,42 @@ fn tricky_but_valid_lines_run_as_sh_runs_them() {
     }
 }
 
+/// As with other Unix tools: a reader that stops early ends `htc output` quietly, and a device
+/// or FIFO given as the task file is refused at once instead of read for ever or waited on.
+#[test]
+fn pipes_and_odd_files_behave_as_in_other_unix_tools() {
+    use std::io::Read;
+    let d = Dir::new("pipes");
+    d.write("tasks.txt", "seq 1 300000\n");
+    assert!(d.htc(&["run", "-q", "tasks.txt"]).status.success());
+    let mut out = std::process::Command::new(common::HTC)
+        .args(["output", &d.run_id(), "1"])
+        .current_dir(&d.0)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = [0u8; 2];
+    out.stdout.take().unwrap().read_exact(&mut first).unwrap();
+    // The pipe is closed here, with most of the output unread (like `| head -c 2`).
+    let o = out.wait_with_output().unwrap();
+    assert_eq!(&first, b"1\n");
+    assert!(o.status.success() && o.stderr.is_empty(), "{}", text(&o));
+
+    let fifo = d.path("fifo.txt");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: mkfifo with a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    for (file, what) in [("/dev/zero", "is a device"), (fifo.to_str().unwrap(), "is a FIFO")] {
+        for cmd in ["check", "run"] {
+            let o = d.htc(&[cmd, file]);
+            assert!(!o.status.success(), "{cmd} {file}");
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(err.contains(&format!("{file}: {what}")) && err.contains("regular file"), "{cmd} {file}: {err}");
+        }
+    }
+}
+
 #[test]
 fn kill_9_of_the_leader_then_resume_runs_every_task_and_no_done_task_twice() {
     let d = Dir::new("kill9");

@@ -20,12 +20,20 @@ use htc::{agent, calibrate, executor, status};
 use htc_core::hflow::Params;
 use htc_core::taskfile::TaskOptions;
 use htc_core::tree::Tree;
+use std::io::ErrorKind;
 use std::sync::Arc;
 
 fn main() -> ExitCode {
     htc::init_logging("warn");
     match real_main() {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+        // The reader went away (`htc output … | head`): as for any Unix filter, nothing to say.
+        Err(e)
+            if e.chain()
+                .any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == ErrorKind::BrokenPipe)) =>
+        {
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             let msg = format!("{e:#}");
             eprintln!("htc: {msg}");
