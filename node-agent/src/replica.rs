@@ -709,9 +709,7 @@ mod tests {
     #[test]
     fn a_snapshot_that_cannot_be_written_leaves_the_journal_going() {
         let d = tempdir();
-        let mut live = Ledger::create(&d.join("live.mdb")).unwrap();
-        let replica = Replica::of(&d);
-        live.attach_journal(replica.begin(&live).unwrap());
+        let (live, replica) = journaled(&d);
         // Generation 2's snapshot cannot be created (a directory is in its way).
         fs::create_dir_all(d.join("ledger/snapshot.2.tmp/x")).unwrap();
         live.new_generation().unwrap();
@@ -728,9 +726,7 @@ mod tests {
     #[test]
     fn readers_restore_while_the_leader_starts_generation_after_generation() {
         let d = tempdir();
-        let mut live = Ledger::create(&d.join("live.mdb")).unwrap();
-        let replica = Replica::of(&d);
-        live.attach_journal(replica.begin(&live).unwrap());
+        let (live, replica) = journaled(&d);
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let reader = {
             let (replica, stop, dest) = (replica.clone(), stop.clone(), d.join("copy.mdb"));
@@ -773,6 +769,14 @@ mod tests {
         assert!(private_dir(&d.join("open")).unwrap_err().contains("not this user's private directory"));
         std::os::unix::fs::symlink(d.join("mine"), d.join("link")).unwrap();
         assert!(private_dir(&d.join("link")).is_err(), "a symlink is not followed");
+    }
+
+    /// A new ledger in `d` whose replica has its first generation.
+    fn journaled(d: &Path) -> (Ledger, Replica) {
+        let mut live = Ledger::create(&d.join("live.mdb")).unwrap();
+        let replica = Replica::of(d);
+        live.attach_journal(replica.begin(&live).unwrap());
+        (live, replica)
     }
 
     fn tempdir() -> PathBuf {
