@@ -150,20 +150,26 @@ cancelled_then_resumed() {
     check "resume: the new job says what it continues" grep -q "continues the run of job $j" "$w/slurm-$j2.out"
 }
 
+# What a job continued under its own id (a requeue) must show: COMPLETED, every task done by the
+# ledger and run, re-runs only the 8 CPUs' tasks in flight.
+continued_well() { # LABEL WORKDIR JOB STATE
+    local label=$1 w=$2 j=$3 state=$4 lines unique
+    check "$label: job $j COMPLETED (was $state)" test "$state" = COMPLETED
+    check "$label: htc status $j shows every task done" all_done "$w" "$j"
+    lines=$(wc -l <"$w/ids.txt")
+    unique=$(cut -d' ' -f1 "$w/ids.txt" | sort -u | wc -l)
+    check "$label: every task ran ($unique of $N)" test "$unique" = "$N"
+    check "$label: $((lines - unique)) re-run(s), at most the 8 CPUs' tasks in flight" test $((lines - unique)) -le 8
+}
+
 # `scontrol requeue` mid-run: Slurm stops the job and starts it again under the same id; the new
 # session continues the run (only the tasks in flight run again), and what the first session
 # printed, gone from the truncated slurm-JOBID.out, is kept in the run's job.out.
 requeued() {
-    local w j state lines unique sessions
+    local w j sessions
     read -r w j < <(start_job requeue) || { bad "requeue: submit"; return; }
     cluster_cmd scontrol requeue "$j"
-    state=$(wait_job "$j" 400)
-    check "requeue: job $j COMPLETED (was $state)" test "$state" = COMPLETED
-    check "requeue: htc status $j shows every task done" all_done "$w" "$j"
-    lines=$(wc -l <"$w/ids.txt")
-    unique=$(cut -d' ' -f1 "$w/ids.txt" | sort -u | wc -l)
-    check "requeue: every task ran ($unique of $N)" test "$unique" = "$N"
-    check "requeue: $((lines - unique)) re-run(s), at most the 8 CPUs' tasks in flight" test $((lines - unique)) -le 8
+    continued_well requeue "$w" "$j" "$(wait_job "$j" 400)"
     check "requeue: the new session says it continues the run" grep -q "job $j restarted; continuing its run" "$w/slurm-$j.out"
     sessions=$(grep -c "^== job $j (restart" "$w/.htc/$j/job.out")
     check "requeue: the run's job.out has both sessions ($sessions)" test "$sessions" = 2
@@ -219,7 +225,7 @@ leader_killed_then_resumed() {
 # node is back, the requeued session continues the run from the replica and re-runs only what
 # was in flight.
 node_failed() {
-    local w j state lines unique
+    local w j
     read -r w j < <(start_job nodefail) || { bad "node failed: submit"; return; }
     cluster_cmd scontrol update nodename=n4 state=down reason=htc-node-failed-test
     for _ in $(seq 600); do
@@ -234,13 +240,7 @@ node_failed() {
         test -z "$(job_procs "$j")"
     # Its slurmd still answers, so ReturnToService=2 may have brought it back already.
     [[ $(cluster_cmd sinfo -h -n n4 -o %T) == idle ]] || cluster_cmd scontrol update nodename=n4 state=resume
-    state=$(wait_job "$j" 400)
-    check "node failed: the requeued job $j COMPLETED (was $state)" test "$state" = COMPLETED
-    check "node failed: htc status $j shows every task done" all_done "$w" "$j"
-    lines=$(wc -l <"$w/ids.txt")
-    unique=$(cut -d' ' -f1 "$w/ids.txt" | sort -u | wc -l)
-    check "node failed: every task ran ($unique of $N)" test "$unique" = "$N"
-    check "node failed: $((lines - unique)) re-run(s), at most the 8 CPUs' tasks in flight" test $((lines - unique)) -le 8
+    continued_well "node failed" "$w" "$j" "$(wait_job "$j" 400)"
 }
 
 # Near the time limit: tasks whose runtime hint cannot end before the job does never start;
