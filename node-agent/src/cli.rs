@@ -125,6 +125,15 @@ pub mod htc {
             #[arg(long)]
             json: bool,
         },
+        /// A live dashboard of a run (progress, rate, ETA, every node, recent failures); for a
+        /// Slurm job, from the directory it was submitted from. q quits.
+        Watch {
+            /// A run directory or id, or a Slurm job id (default: the newest in ./.htc).
+            run: Option<String>,
+            /// Seconds between refreshes.
+            #[arg(long, default_value_t = 1.0)]
+            interval: f64,
+        },
         /// Read a run's whole ledger and say which tasks it can still vouch for (after a crash,
         /// a full disk or damaged storage). Exit status 0 when intact, 1 when damaged.
         Verify {

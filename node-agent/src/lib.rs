@@ -12,6 +12,7 @@ pub mod frame;
 pub mod guard;
 pub mod leader;
 pub mod ledger;
+pub mod live;
 pub mod liveness;
 pub mod load;
 pub mod mapfault;
@@ -29,6 +30,7 @@ pub mod status;
 pub mod storage;
 pub mod throttle;
 pub mod verify;
+pub mod watch;
 
 /// Generated from `proto/htc.proto`.
 pub mod proto {

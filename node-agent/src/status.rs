@@ -43,6 +43,32 @@ pub fn progress_line(p: &Progress) -> String {
     )
 }
 
+/// The progress bar of `htc run` on a terminal (the plain `progress_line` elsewhere).
+pub fn progress_bar() -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
+    let style = indicatif::ProgressStyle::with_template("[htc] {wide_bar} {pos}/{len} ({percent}%) {msg}")
+        .expect("a valid template")
+        .progress_chars("=> ");
+    bar.set_style(style);
+    bar
+}
+
+pub fn show_progress(bar: &indicatif::ProgressBar, p: &Progress) {
+    let c = p.counts;
+    let finished = c.get(State::Done) + c.get(State::Failed);
+    let (rate, eta) = rate_eta(p.finished_this_session, p.elapsed, c.total() - finished);
+    bar.set_length(c.total());
+    bar.set_position(finished);
+    let failed = c.get(State::Failed);
+    bar.set_message(format!(
+        "{rate:.0} tasks/s, ETA {}{} | running {} on {} agents",
+        eta.map(fmt_duration).unwrap_or_else(|| "-".into()),
+        if failed > 0 { format!(" | {failed} failed") } else { String::new() },
+        c.get(State::Dispatched) + c.get(State::Running),
+        p.agents
+    ));
+}
+
 /// Describes why each of the first `limit` failed tasks failed.
 fn failures(t: &ReadTxn<'_>, limit: usize, out: &mut String) -> anyhow::Result<()> {
     let ids = t.failed_ids(limit + 1)?;

@@ -77,6 +77,12 @@ fn real_main() -> anyhow::Result<i32> {
             }
             Ok(0)
         }
+        Cmd::Watch { run, interval } => {
+            let dir = RunDir::find(run.as_deref())?;
+            let silent = Site::load()?.lost_after.max(Duration::from_secs(3));
+            htc::watch::run(&dir, Duration::from_secs_f64(interval.clamp(0.1, 3600.0)), silent)?;
+            Ok(0)
+        }
         Cmd::Verify { run } => verify(&RunDir::locate(run.as_deref())?),
         Cmd::Calibrate { output, tasks, dry_run } => calibrate(output, tasks, dry_run),
         Cmd::Simulate {

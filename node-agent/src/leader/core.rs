@@ -16,6 +16,7 @@ use htc_core::task::{self, Effect, End, Life, Step};
 use htc_core::tree::Tree;
 
 use crate::ledger::{Attempt, Counts, LedgerError, Outcome, Record, State};
+use crate::live;
 use crate::liveness::Liveness;
 use crate::proto::{self, frame::Body};
 
@@ -147,6 +148,11 @@ struct Agent {
     oks_before_streak: u64,
     /// Found to be a black hole: it gets nothing more.
     drained: bool,
+    /// Its slots running a task, as it last reported (for the live view).
+    busy: u32,
+    /// Attempts it ended: successes, and failures (retried or not).
+    done: u64,
+    failed: u64,
 }
 
 pub struct Core<'a> {
@@ -199,6 +205,8 @@ pub struct Core<'a> {
     /// the agent may have started them after all, so their next dispatch is a new attempt
     /// number without counting as a loss.
     returned: HashMap<u64, u32>,
+    /// The latest failed attempts, newest last, for the live view.
+    recent_failures: VecDeque<live::Failure>,
 }
 
 /// How an attempt ended, as reported (or decided, for a lost agent).
@@ -320,6 +328,7 @@ impl<'a> Core<'a> {
             beat_us: now_us,
             audit_us: now_us,
             returned: HashMap::new(),
+            recent_failures: VecDeque::new(),
             max_fails: None,
             oks: 0,
             deadline_us: None,
@@ -528,6 +537,9 @@ impl<'a> Core<'a> {
                         streak: Vec::new(),
                         oks_before_streak: 0,
                         drained: false,
+                        busy: 0,
+                        done: 0,
+                        failed: 0,
                     },
                 );
             }
@@ -556,6 +568,7 @@ impl<'a> Core<'a> {
                 }
                 a.credit += report.want as u64;
                 a.idle = report.idle as u64;
+                a.busy = a.cores.saturating_sub(report.idle);
                 self.dispatch(t, agent, out)?;
                 // New retries can go to any agent with credit, not only the one that reported;
                 // older ones wait for an agent that fits to report (its dispatch takes retries
@@ -805,6 +818,7 @@ impl<'a> Core<'a> {
             t.put_attempt(id, &a)?;
             self.push_retry(id);
         }
+        self.tally(f.agent, id, r, end, life.state().is_final());
         if life.state().is_final() {
             self.returned.remove(&id);
         }
@@ -813,6 +827,63 @@ impl<'a> Core<'a> {
             tracing::debug!(job = %self.job_id, task = id, attempts = life.attempts, outcome = %outcome.describe(value), "task failed");
         }
         self.apply(t, id, r, f.life.state(), life)
+    }
+
+    /// Counts an ended attempt on the instance that ran it, and keeps it if it failed.
+    fn tally(&mut self, agent: u32, id: u64, r: &Record, end: End, last: bool) {
+        let Some(a) = self.agents.get_mut(&agent) else { return };
+        if end == End::Succeeded {
+            a.done += 1;
+            return;
+        }
+        a.failed += 1;
+        if self.recent_failures.len() == live::RECENT_FAILURES {
+            self.recent_failures.pop_front();
+        }
+        self.recent_failures.push_back(live::Failure {
+            task: id,
+            line: r.line,
+            host: a.hostname.clone(),
+            at_us: r.end_us,
+            reason: r.outcome().describe(r.value),
+            retrying: !last,
+        });
+    }
+
+    /// What `htc watch` shows: the counts, every instance, the latest failures.
+    pub fn live_view(&self, now_us: u64, state: &str) -> live::View {
+        let mut nodes: Vec<live::Node> = self
+            .agents
+            .iter()
+            .map(|(&agent, a)| live::Node {
+                agent,
+                host: a.hostname.clone(),
+                cores: a.cores,
+                busy: if a.alive { a.busy } else { 0 },
+                done: a.done,
+                failed: a.failed,
+                heard_us: a.heard_us,
+                state: (if a.drained {
+                    "drained"
+                } else if a.alive {
+                    "up"
+                } else {
+                    "lost"
+                })
+                .into(),
+            })
+            .collect();
+        nodes.sort_by_key(|n| n.agent);
+        live::View {
+            job: self.job_id.clone(),
+            now_us,
+            session_start_us: self.started_us,
+            state: state.into(),
+            counts: self.counts,
+            finished_start: self.finished_start,
+            nodes,
+            failures: self.recent_failures.iter().cloned().collect(),
+        }
     }
 
     /// A lost agent's attempts: those that had started count as lost (the task may be what
@@ -906,7 +977,7 @@ impl<'a> Core<'a> {
         let a = self.agents.get_mut(&agent).expect("checked above");
         tracing::info!(job = %self.job_id, agent, %hostname, "given up before, back as a fresh member");
         (a.alive, a.heard_us, a.cores, a.mem_mb, a.hostname) = (true, now_us, cores, mem_mb, hostname);
-        (a.credit, a.idle, a.ahead_ms) = (0, 0, 0);
+        (a.credit, a.idle, a.ahead_ms, a.busy) = (0, 0, 0, 0);
         a.streak.clear();
         self.resyncs.remove(&agent);
         Ok(())
@@ -1450,6 +1521,27 @@ mod tests {
         let (_, end) = feed(&mut c, &mut m, vec![result(0, 2, 1, 2, 3)]);
         assert_eq!((m.state(1), m.failed.clone(), end), (State::Failed, vec![1], Some(Ending::Complete)));
         assert_eq!(c.counts().get(State::Failed), 1);
+    }
+
+    #[test]
+    fn the_live_view_counts_per_node_and_keeps_the_latest_failures() {
+        let mut m = Mem::with(3, 1, 1);
+        let mut c = core(&m, 1);
+        let feeds = vec![join(0, 4), want(0, 3), result(0, 1, 1, 1, 0), result(0, 2, 2, 1, 3), report(0, 0, 3, &[])];
+        feed(&mut c, &mut m, feeds);
+        let v = c.live_view(7, "running");
+        assert_eq!((v.job.as_str(), v.now_us, v.state.as_str()), ("job", 7, "running"));
+        let n = &v.nodes[..];
+        assert_eq!(n.len(), 1);
+        assert_eq!((n[0].host.as_str(), n[0].cores, n[0].busy, n[0].done, n[0].failed), ("node0", 4, 1, 1, 1));
+        assert_eq!(v.failures.len(), 1);
+        let f = &v.failures[0];
+        assert_eq!((f.task, f.host.as_str(), f.reason.as_str(), f.retrying), (2, "node0", "exit 3", true));
+        // Its retry fails too, for good; the node lost, it shows as such.
+        feed(&mut c, &mut m, vec![want(0, 1), result(0, 3, 2, 2, 4), Input::Lost { agent: 0, why: "x".into() }]);
+        let v = c.live_view(8, "running");
+        assert_eq!((v.failures.len(), v.failures[1].reason.as_str(), v.failures[1].retrying), (2, "exit 4", false));
+        assert_eq!((v.nodes[0].state.as_str(), v.nodes[0].busy), ("lost", 0));
     }
 
     /// Two agents of one core, four tasks; agent 0 got tasks 1 and 2 and started task 1.

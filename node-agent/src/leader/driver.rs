@@ -32,6 +32,28 @@ pub struct DriverConfig {
     pub commit_interval: Duration,
     pub progress: Option<ProgressFn>,
     pub progress_every: Duration,
+    /// The run directory the live view (`live.rs`) is written into every second, if any.
+    pub live_dir: Option<std::path::PathBuf>,
+}
+
+/// How a session ended, in the live view's words.
+fn ending_state(e: &Ending) -> String {
+    match e {
+        Ending::Complete => "complete".into(),
+        Ending::Interrupted(sig) => format!("interrupted by signal {sig}"),
+        Ending::AgentsLost(why) => format!("stopped: {why}"),
+        Ending::TooManyFailures(n) => format!("stopped: {n} tasks failed (--max-fails)"),
+        Ending::OutOfTime(n) => format!("stopped: {n} tasks cannot finish before the time limit"),
+    }
+}
+
+/// Rewrites the live view; a failure to is logged once, and never stops the run.
+fn write_live(cfg: &mut DriverConfig, core: &Core<'_>, state: &str) {
+    let Some(dir) = cfg.live_dir.as_ref() else { return };
+    if let Err(e) = crate::live::write(dir, &core.live_view(now_us(), state)) {
+        tracing::warn!(error = %e, "no live view for htc watch");
+        cfg.live_dir = None;
+    }
 }
 
 /// The ledger's write transaction and the run's task text, as the core's `Tasks`.
@@ -93,6 +115,7 @@ pub fn run(
     let mut last_sync = Instant::now();
     let mut last_progress = Instant::now();
     let mut last_tick = Instant::now();
+    let mut last_live: Option<Instant> = None;
     let mut ending: Option<Ending> = None;
     // The cost of leading, not of loading the task file (a fresh `htc run` does both).
     let cpu_start = cpu_us();
@@ -204,6 +227,10 @@ pub fn run(
             ledger.sync()?;
             last_sync = now;
         }
+        if last_live.is_none_or(|t| now - t >= Duration::from_secs(1)) {
+            write_live(&mut cfg, &core, "running");
+            last_live = Some(now);
+        }
         if now - last_progress >= cfg.progress_every {
             let p = core.progress(now_us());
             if let Some(f) = cfg.progress.as_mut() {
@@ -221,6 +248,7 @@ pub fn run(
     t.commit()?;
     ledger.sync()?;
     let ending = ending.unwrap();
+    write_live(&mut cfg, &core, &ending_state(&ending));
     core.shutdown(&ending, &mut out);
     send(&mut out, &links);
     let p = core.progress(now_us());

@@ -97,17 +97,14 @@ pub fn run(
     let progress_every =
         if tty { Duration::from_millis(250) } else { cfg.plain_progress_every.unwrap_or(Duration::from_secs(3600)) };
     let plain = !tty && cfg.plain_progress_every.is_some() && !cfg.quiet;
-    let progress: Option<ProgressFn> = if tty || plain {
-        Some(Box::new(move |p: &Progress| {
-            let line = status::progress_line(p);
-            if tty {
-                eprint!("\r\x1b[K{line}");
-            } else {
-                eprintln!("{line}");
-            }
-        }))
-    } else {
-        None
+    let bar = tty.then(status::progress_bar);
+    let progress: Option<ProgressFn> = match &bar {
+        Some(bar) => {
+            let bar = bar.clone();
+            Some(Box::new(move |p: &Progress| status::show_progress(&bar, p)))
+        }
+        None if plain => Some(Box::new(|p: &Progress| eprintln!("{}", status::progress_line(p)))),
+        None => None,
     };
     let plan = Planned { plan: cfg.partition, instances: expected, cores: cfg.cores, params: cfg.params };
     let mut core = new_core(&ledger, &plan, &cfg.job_id, crate::rundir::now_us())?
@@ -119,7 +116,12 @@ pub fn run(
     if let Some(end) = cfg.deadline_us {
         core = core.with_deadline(end);
     }
-    let driver_cfg = DriverConfig { commit_interval: cfg.commit_interval, progress, progress_every };
+    let driver_cfg = DriverConfig {
+        commit_interval: cfg.commit_interval,
+        progress,
+        progress_every,
+        live_dir: Some(cfg.run.path.clone()),
+    };
     let net_cfg = Arc::new(net::NetConfig { secret, job_id: cfg.job_id.clone(), joined: Default::default() });
 
     let result = std::thread::scope(|s| {
@@ -145,8 +147,8 @@ pub fn run(
         });
         core_thread.join().expect("leader core thread panicked")
     })?;
-    if tty {
-        eprintln!();
+    if let Some(bar) = bar {
+        bar.finish();
     }
     let (ending, progress) = result;
     Ok(Outcome { ending, progress })
