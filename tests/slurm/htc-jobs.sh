@@ -162,6 +162,43 @@ long_tasks_spread() {
     check "long tasks: one round, ${elapsed} s (bound 5 s; before: 20 s)" awk -v e="$elapsed" 'BEGIN { exit !(e < 7.5) }'
 }
 
+# `htc watch JOBID` from the submit directory while a 4-node job runs: a real terminal (tmux, as
+# the job's user) shows the job's progress, a row per node with its hostname, and a failure.
+watched_job() {
+    local w j s i sock=htc-watch-$$
+    w=$(cluster_workdir watch)
+    { seq 1 300 | sed 's/.*/sleep 0.1/'; echo 'echo no >&2; exit 9'; } >"$w/tasks.txt"
+    sed -i '1i #HTC retries=0' "$w/tasks.txt"
+    chown -R "$HTC_CLUSTER_USER" "$w"
+    j=$(submit "$w" -N 4 --exclusive --htc=tasks.txt --wrap=:) || { bad "watch: submit"; return; }
+    for ((i = 0; i < 300; i++)); do
+        [[ -e $w/.htc/$j/live ]] && break
+        sleep 0.1
+    done
+    as_user -C "$w" tmux -L "$sock" new-session -d -x 120 -y 40 "$bin/htc watch $j"
+    screen() { as_user tmux -L "$sock" capture-pane -p; }
+    s=
+    for ((i = 0; i < 100; i++)); do
+        s=$(screen)
+        grep -q "^htc watch  run $j  running" <<<"$s" && grep -q 'nodes 4 up of 4' <<<"$s" && break
+        sleep 0.2
+    done
+    check "watch: job $j shown running" grep -q "^htc watch  run $j  running" <<<"$s"
+    check "watch: its progress" grep -q '/301 (' <<<"$s"
+    check "watch: a row per node, each its own host" \
+        test "$(grep -cE '^│[0-3] +[^ ]+ +[0-9]+/2 ' <<<"$s")" = 4 -a "$(grep -E '^│[0-3] ' <<<"$s" | awk '{print $2}' | sort -u | wc -l)" = 4
+    for ((i = 0; i < 300; i++)); do
+        s=$(screen)
+        grep -q complete <<<"$s" && break
+        sleep 0.2
+    done
+    check "watch: the job's end, all 301 counted" grep -q '301/301 (100.0%)' <<<"$s"
+    check "watch: the failure with its reason" grep -q 'task 301 (line 302) on .*: exit 9' <<<"$s"
+    [[ $failed == 0 ]] || printf '%s\n' "$s"
+    as_user tmux -L "$sock" kill-server 2>/dev/null
+    wait_job "$j" 60 >/dev/null
+}
+
 echo "== 1 node (loopback)"
 "$root/tests/cluster/start-cluster.sh" -n 1 -c 2 >/dev/null || { echo "cluster did not start"; exit 1; }
 cluster_env
@@ -184,6 +221,7 @@ echo "-- --htc-instance-nodes=2: two instances of two nodes each, members fed by
 INSTANCE_NODES=2 run_many 4 3000 --htc-instance-nodes=2 --export=ALL,HTC_LOG=info
 controller_cost
 long_tasks_spread
+watched_job
 
 [[ $failed == 0 ]] || cluster_logs 20
 "$root/tests/cluster/stop-cluster.sh" >/dev/null 2>&1
