@@ -182,18 +182,34 @@ pub mod htc {
             #[arg(long)]
             json: bool,
         },
-        /// Print one task's output (stdout to stdout, stderr to stderr).
+        /// Print task output: one task's, or every task's in task order (its last attempt's);
+        /// stdout to stdout, stderr to stderr.
         Output {
-            /// A run directory or id.
+            /// A run directory or id, or a Slurm job id.
             run: String,
-            /// The task id (1 = the first task of the file).
-            task: u64,
+            /// The task id (1 = the first task of the file); none: every task.
+            task: Option<u64>,
             /// Only stdout.
             #[arg(long, conflicts_with = "stderr")]
             stdout: bool,
             /// Only stderr.
             #[arg(long)]
             stderr: bool,
+            /// Every task: prefix each line with the task id and a tab (as parallel --tag).
+            #[arg(long, conflicts_with = "task")]
+            tag: bool,
+            /// Every task: only the tasks that failed.
+            #[arg(long, conflicts_with = "task")]
+            failed: bool,
+        },
+        /// One row per attempt (task id, host, start, runtime, exit value, signal, command): a
+        /// TSV with the columns of GNU parallel's --joblog, or JSON lines with the attempt too.
+        Log {
+            /// A run directory or id, or a Slurm job id (default: the newest in ./.htc).
+            run: Option<String>,
+            /// tsv or json.
+            #[arg(long, default_value = "tsv")]
+            format: crate::joblog::Format,
         },
     }
 }

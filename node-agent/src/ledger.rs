@@ -798,6 +798,28 @@ impl ReadTxn<'_> {
         collect_attempts(&mut c, id).map_err(|e| self.l.err(e))
     }
 
+    /// Visits every earlier attempt of every task, by task id then attempt.
+    pub fn for_each_attempt(&self, mut f: impl FnMut(u64, Attempt)) -> Result<()> {
+        let mut c = self.txn.open_ro_cursor(self.l.attempts).map_err(|e| self.l.err(e))?;
+        let mut last: Option<[u8; 9]> = None;
+        for item in c.iter_start() {
+            let (k, v) = item.map_err(|e| self.l.err(e))?;
+            let k: [u8; 9] = k.try_into().map_err(|_| LedgerError::Damaged {
+                path: self.l.path.clone(),
+                why: format!("an attempt key of {} bytes", k.len()),
+            })?;
+            if last.is_some_and(|l| k <= l) {
+                let why = "attempt keys out of order".to_string();
+                return Err(LedgerError::Damaged { path: self.l.path.clone(), why });
+            }
+            last = Some(k);
+            if let Some(a) = Attempt::decode(v) {
+                f(u64::from_be_bytes(k[..8].try_into().unwrap()), a);
+            }
+        }
+        Ok(())
+    }
+
     /// Visits the tasks from id `from` on, in id order, each with its record or why it cannot be
     /// decoded; stops at the first error of the tree itself (a damaged page), which it returns.
     /// Keys that do not grow mean a damaged tree (a page pointing back, which would loop).

@@ -354,7 +354,7 @@ impl Report {
 }
 
 /// A JSON string literal.
-fn json_str(v: &str) -> String {
+pub fn json_str(v: &str) -> String {
     let mut out = String::with_capacity(v.len() + 2);
     out.push('"');
     for ch in v.chars() {

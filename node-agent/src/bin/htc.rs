@@ -1,7 +1,6 @@
 //! `htc`: the user's command. `htc run tasks.txt` runs a task file on this machine through the
 //! same leader, agents and ledger that `sbatch --htc` uses on a cluster.
 
-use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -10,9 +9,9 @@ use anyhow::{bail, Context};
 use clap::Parser;
 use htc::cli::htc::{Cli, Cmd};
 use htc::leader::{self, launch, LeaderConfig, Planned};
-use htc::ledger::{Ledger, Record};
+use htc::ledger::Ledger;
 use htc::load::{self, CreateError, LoadError};
-use htc::output::{self, OutputMode};
+use htc::output::OutputMode;
 use htc::rundir::{self, RunDir};
 use htc::simulate::{self, SimConfig};
 use htc::site::Site;
@@ -124,7 +123,24 @@ fn real_main() -> anyhow::Result<i32> {
             print!("{}", if json { simulate::json(&cfg, &r) } else { simulate::text(&cfg, &r) });
             Ok(0)
         }
-        Cmd::Output { run, task, stdout, stderr } => print_output(&run, task, !stderr, !stdout),
+        Cmd::Output { run, task, stdout, stderr, tag, failed } => {
+            let run = RunDir::locate(Some(&run))?;
+            match task {
+                Some(task) => htc::output_view::print_one(&run, task, !stderr, !stdout)?,
+                None => {
+                    let sel = htc::output_view::Select { stdout: !stderr, stderr: !stdout, failed_only: failed, tag };
+                    htc::output_view::print_all(&run, sel)?;
+                }
+            }
+            Ok(0)
+        }
+        Cmd::Log { run, format } => {
+            let run = RunDir::locate(run.as_deref())?;
+            let ledger = Ledger::open(&run.ledger(), true)?;
+            let text = htc::load::TaskText::open(&run.tasks()).context("mapping the run's task file")?;
+            htc::joblog::write(&ledger, &text, format, &mut std::io::BufWriter::new(std::io::stdout().lock()))?;
+            Ok(0)
+        }
         Cmd::Run {
             file,
             resume,
@@ -332,65 +348,6 @@ fn check(file: PathBuf, max_errors: usize) -> anyhow::Result<i32> {
             Ok(1)
         }
     }
-}
-
-fn print_output(run: &str, task: u64, want_out: bool, want_err: bool) -> anyhow::Result<i32> {
-    let run = RunDir::locate(Some(run))?;
-    let mode = stored_output_mode(&run)?.unwrap_or(OutputMode::Streams);
-    let ledger = Ledger::open(&run.ledger(), true)?;
-    let txn = ledger.read()?;
-    let Some(r): Option<Record> = txn.get(task)? else {
-        // Ids run from 1 to the number loaded: a missing one inside that range is damage.
-        let total = txn.meta_u64("total")?.unwrap_or(0);
-        if (1..=total).contains(&task) {
-            bail!("ledger {} is damaged: it lost the record of task {task} (of {total})", run.ledger().display());
-        }
-        bail!("no task {task} in {} (it has {total})", run.path.display());
-    };
-    drop(txn);
-    if r.attempts == 0 {
-        bail!("task {task} has not run yet");
-    }
-    let (mut so, mut se) = (std::io::stdout().lock(), std::io::stderr().lock());
-    match mode {
-        OutputMode::None => bail!("this run discarded task output (--output none)"),
-        OutputMode::PerTask => {
-            let dir = run.out().join("tasks");
-            if want_out {
-                so.write_all(&std::fs::read(dir.join(format!("{task}.out")))?)?;
-            }
-            if want_err {
-                se.write_all(&std::fs::read(dir.join(format!("{task}.err")))?)?;
-            }
-        }
-        OutputMode::Streams => {
-            let dir = run.agent_out(r.agent);
-            let e = find_output(&dir, task, r.attempts as u32)?
-                .with_context(|| format!("no output recorded for task {task} (it may still be running)"))?;
-            if want_out {
-                output::copy_range(&dir.join(format!("slot-{}.out", e.slot)), e.out_off, e.out_len, &mut so)?;
-            }
-            if want_err {
-                output::copy_range(&dir.join(format!("slot-{}.err", e.slot)), e.err_off, e.err_len, &mut se)?;
-            }
-        }
-    }
-    so.flush()?;
-    Ok(0)
-}
-
-/// The index entry of `task` in an agent's output directory: its attempt, else its newest, in
-/// any of the agent's spawners' index files.
-fn find_output(dir: &std::path::Path, task: u64, attempt: u32) -> anyhow::Result<Option<output::IndexEntry>> {
-    let indexes: Vec<PathBuf> = (0..).map(|i| dir.join(executor::index_name(i))).take_while(|p| p.exists()).collect();
-    for want in [Some(attempt), None] {
-        for ix in &indexes {
-            if let Some(e) = output::find_entry(ix, task, want)? {
-                return Ok(Some(e));
-            }
-        }
-    }
-    Ok(None)
 }
 
 /// `htc calibrate`: measure s and d, then write (or print) the site file.

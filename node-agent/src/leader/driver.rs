@@ -156,8 +156,10 @@ pub fn run(
             let input = match ev {
                 Event::Joined(input, tx) => {
                     match &input {
-                        Input::Joined { agent, .. } | Input::Revived { agent, .. } => {
+                        Input::Joined { agent, hostname, .. } | Input::Revived { agent, hostname, .. } => {
                             links.insert(*agent, tx);
+                            // For `htc log`: which host each attempt's agent was.
+                            t.put_meta(&format!("host.{agent}"), hostname.as_bytes())?;
                         }
                         Input::Rejoined { agent, below } => {
                             for a in std::iter::once(agent).chain(below) {

@@ -1,0 +1,227 @@
+//! `htc log RUN`: one row per attempt, from the ledger. The TSV has exactly the columns of GNU
+//! parallel's `--joblog` (Seq Host Starttime JobRuntime Send Receive Exitval Signal Command), with
+//! its number formats and its exit value and signal conventions, so scripts written for one read
+//! the other; JSON lines use the same names (as parallel's `--results x.json`) plus what only htc
+//! knows (Attempt, Line, Outcome).
+
+use std::collections::HashMap;
+use std::io::Write;
+
+use crate::ledger::{Attempt, Ledger, Outcome, ReadTxn, Record, State};
+use crate::load::TaskText;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Tsv,
+    Json,
+}
+
+impl std::str::FromStr for Format {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Format, String> {
+        match s {
+            "tsv" => Ok(Format::Tsv),
+            "json" => Ok(Format::Json),
+            _ => Err(format!("'{s}' is not a log format (tsv or json)")),
+        }
+    }
+}
+
+pub const TSV_HEADER: &str = "Seq\tHost\tStarttime\tJobRuntime\tSend\tReceive\tExitval\tSignal\tCommand";
+
+/// One attempt of one task.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Row<'a> {
+    pub task: u64,
+    pub line: u32,
+    pub attempt: u32,
+    pub host: &'a str,
+    pub start_us: u64,
+    pub end_us: u64,
+    pub outcome: Outcome,
+    pub value: i32,
+    pub command: &'a [u8],
+}
+
+/// Parallel's Exitval and Signal: a signal's death is exit 0 and its number (as `$? >> 8` and
+/// `$? & 127`), a killed job's exit -1; what could not start is the shell's 126 or 127.
+pub fn exit_and_signal(outcome: Outcome, value: i32) -> (i32, i32) {
+    match outcome {
+        Outcome::Exited => (value, 0),
+        Outcome::Signaled => (0, value),
+        Outcome::TimedOut => (-1, libc::SIGTERM),
+        Outcome::SpawnFailed => (if value == libc::EACCES || value == libc::ENOEXEC { 126 } else { 127 }, 0),
+        Outcome::Lost | Outcome::Unschedulable | Outcome::None => (-1, 0),
+    }
+}
+
+fn secs(us: u64) -> String {
+    format!("{}.{:03}", us / 1_000_000, us % 1_000_000 / 1000)
+}
+
+impl Row<'_> {
+    fn runtime_s(&self) -> f64 {
+        self.end_us.saturating_sub(self.start_us) as f64 / 1e6
+    }
+
+    /// Parallel replaces newlines in commands by NUL to keep a row a line; task lines have none.
+    pub fn tsv(&self) -> Vec<u8> {
+        let (exit, sig) = exit_and_signal(self.outcome, self.value);
+        let mut b = format!(
+            "{}\t{}\t{}\t{:10.3}\t0\t0\t{exit}\t{sig}\t",
+            self.task,
+            self.host,
+            secs(self.start_us),
+            self.runtime_s()
+        )
+        .into_bytes();
+        b.extend(self.command.iter().map(|&c| if c == b'\n' { 0 } else { c }));
+        b.push(b'\n');
+        b
+    }
+
+    pub fn json(&self) -> String {
+        let (exit, sig) = exit_and_signal(self.outcome, self.value);
+        format!(
+            concat!(
+                r#"{{"Seq":{},"Host":{},"Starttime":{},"JobRuntime":{:.3},"Send":0,"Receive":0,"#,
+                r#""Exitval":{},"Signal":{},"Command":{},"Attempt":{},"Line":{},"Outcome":{}}}"#
+            ),
+            self.task,
+            crate::status::json_str(self.host),
+            secs(self.start_us),
+            self.runtime_s(),
+            exit,
+            sig,
+            crate::status::json_str(&String::from_utf8_lossy(self.command)),
+            self.attempt,
+            self.line,
+            crate::status::json_str(&self.outcome.describe(self.value)),
+        )
+    }
+}
+
+/// Hostnames by agent id, as the leader recorded them when the agents joined (`host.N`).
+struct Hosts<'t, 'l> {
+    txn: &'t ReadTxn<'l>,
+    known: HashMap<u32, String>,
+}
+
+impl Hosts<'_, '_> {
+    fn of(&mut self, agent: u32) -> &str {
+        let txn = self.txn;
+        self.known.entry(agent).or_insert_with(|| match txn.meta(&format!("host.{agent}")) {
+            Ok(Some(h)) => String::from_utf8_lossy(h).into_owned(),
+            _ => format!("agent-{agent}"),
+        })
+    }
+}
+
+/// Writes every ended attempt, by task id then attempt: the retried and lost ones from the
+/// attempt history, then each finished task's last. Returns the rows written.
+pub fn write(ledger: &Ledger, text: &TaskText, format: Format, out: &mut impl Write) -> anyhow::Result<u64> {
+    let txn = ledger.read()?;
+    let mut earlier: Vec<(u64, Attempt)> = Vec::new();
+    txn.for_each_attempt(|id, a| earlier.push((id, a)))?;
+    let mut hosts = Hosts { txn: &txn, known: HashMap::new() };
+    if format == Format::Tsv {
+        writeln!(out, "{TSV_HEADER}")?;
+    }
+    let mut rows = 0u64;
+    let mut next = 0usize;
+    let mut err: Option<std::io::Error> = None;
+    txn.for_each(|id, r: &Record| {
+        if err.is_some() {
+            return;
+        }
+        let command = text.command(r);
+        let mut mine = Vec::new();
+        while next < earlier.len() && earlier[next].0 <= id {
+            if earlier[next].0 == id {
+                mine.push(earlier[next].1);
+            }
+            next += 1;
+        }
+        if matches!(r.state(), State::Done | State::Failed) && r.attempts > 0 {
+            mine.push(Attempt {
+                attempt: r.attempts,
+                outcome: r.outcome(),
+                value: r.value,
+                agent: r.agent,
+                start_us: r.start_us,
+                end_us: r.end_us,
+            });
+        }
+        for a in mine {
+            let host = hosts.of(a.agent).to_string();
+            let row = attempt_row(id, r.line, &a, &host, command);
+            let written = match format {
+                Format::Tsv => out.write_all(&row.tsv()),
+                Format::Json => writeln!(out, "{}", row.json()),
+            };
+            if let Err(e) = written {
+                err = Some(e);
+                return;
+            }
+            rows += 1;
+        }
+    })?;
+    if let Some(e) = err {
+        return Err(e.into());
+    }
+    out.flush()?;
+    Ok(rows)
+}
+
+fn attempt_row<'a>(task: u64, line: u32, a: &Attempt, host: &'a str, command: &'a [u8]) -> Row<'a> {
+    Row {
+        task,
+        line,
+        attempt: a.attempt as u32,
+        host,
+        start_us: a.start_us,
+        end_us: a.end_us,
+        outcome: a.outcome,
+        value: a.value,
+        command,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(outcome: Outcome, value: i32) -> Row<'static> {
+        Row {
+            task: 3,
+            line: 4,
+            attempt: 2,
+            host: "n1",
+            start_us: 1_700_000_000_123_456,
+            end_us: 1_700_000_001_623_456,
+            outcome,
+            value,
+            command: b"echo \"a\tb\"",
+        }
+    }
+
+    #[test]
+    fn tsv_rows_read_as_parallels_joblog() {
+        let r = row(Outcome::Exited, 3).tsv();
+        assert_eq!(String::from_utf8(r).unwrap(), "3\tn1\t1700000000.123\t     1.500\t0\t0\t3\t0\techo \"a\tb\"\n");
+        assert_eq!(TSV_HEADER.split('\t').count(), 9);
+        // Parallel: a job killed by a signal exits 0 with that signal; one it killed, -1.
+        assert_eq!(exit_and_signal(Outcome::Signaled, 9), (0, 9));
+        assert_eq!(exit_and_signal(Outcome::TimedOut, 0), (-1, 15));
+        assert_eq!(exit_and_signal(Outcome::SpawnFailed, libc::ENOENT), (127, 0));
+    }
+
+    #[test]
+    fn json_rows_carry_parallels_names_and_the_attempt() {
+        let j = row(Outcome::Signaled, 9).json();
+        assert_eq!(
+            j,
+            r#"{"Seq":3,"Host":"n1","Starttime":1700000000.123,"JobRuntime":1.500,"Send":0,"Receive":0,"Exitval":0,"Signal":9,"Command":"echo \"a\tb\"","Attempt":2,"Line":4,"Outcome":"killed by signal 9 (KILL)"}"#
+        );
+    }
+}

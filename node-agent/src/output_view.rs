@@ -1,0 +1,288 @@
+//! `htc output`: a run's task output read back, one task's or every task's in task order (the
+//! last attempt of each), as `sh -c` run serially would have printed it.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{self, BufWriter, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+
+use crate::executor;
+use crate::ledger::{Ledger, Record, State};
+use crate::output::{self, IndexEntry, OutputMode};
+use crate::rundir::RunDir;
+
+/// What `htc output RUN` (every task) prints.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Select {
+    pub stdout: bool,
+    pub stderr: bool,
+    /// Only tasks that failed for good.
+    pub failed_only: bool,
+    /// Each line prefixed with the task id and a tab (as `parallel --tag`).
+    pub tag: bool,
+}
+
+pub fn stored_mode(ledger: &Ledger) -> anyhow::Result<OutputMode> {
+    let t = ledger.read()?;
+    Ok(t.meta("output")?.and_then(|b| std::str::from_utf8(b).ok()?.parse().ok()).unwrap_or(OutputMode::Streams))
+}
+
+/// Every index entry of the run's agents, sorted by task, then attempt: one pass over the indexes
+/// instead of a search per task.
+fn all_entries(run: &RunDir) -> io::Result<Vec<(IndexEntry, u32)>> {
+    let mut all = Vec::new();
+    let dir = match std::fs::read_dir(run.out()) {
+        Ok(d) => d,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(all),
+        Err(e) => return Err(e),
+    };
+    for e in dir {
+        let e = e?;
+        let name = e.file_name();
+        let Some(agent) = name.to_str().and_then(|n| n.strip_prefix("agent-")).and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        for i in 0.. {
+            let ix = e.path().join(executor::index_name(i));
+            if !ix.exists() {
+                break;
+            }
+            all.extend(output::read_index(&ix)?.into_iter().map(|x| (x, agent)));
+        }
+    }
+    all.sort_by_key(|(x, _)| (x.id, x.attempt));
+    Ok(all)
+}
+
+/// The entry of a task's last attempt among its entries: that attempt on that agent, else that
+/// attempt, else its newest.
+fn pick(entries: &[(IndexEntry, u32)], r: &Record) -> Option<(IndexEntry, u32)> {
+    let want = r.attempts as u32;
+    entries
+        .iter()
+        .rev()
+        .find(|(x, a)| x.attempt == want && *a == r.agent)
+        .or_else(|| entries.iter().rev().find(|(x, _)| x.attempt == want))
+        .or(entries.last())
+        .copied()
+}
+
+/// Copies bytes to `out`, prefixing every line with `tag` when there is one.
+struct Tagged<W: Write> {
+    out: W,
+    at_line_start: bool,
+}
+
+impl<W: Write> Tagged<W> {
+    fn copy(&mut self, mut bytes: &[u8], tag: Option<&[u8]>) -> io::Result<()> {
+        let Some(tag) = tag else { return self.out.write_all(bytes) };
+        while !bytes.is_empty() {
+            if self.at_line_start {
+                self.out.write_all(tag)?;
+            }
+            let end = bytes.iter().position(|&b| b == b'\n').map_or(bytes.len(), |i| i + 1);
+            self.out.write_all(&bytes[..end])?;
+            self.at_line_start = bytes[end - 1] == b'\n';
+            bytes = &bytes[end..];
+        }
+        Ok(())
+    }
+
+    /// A task's tagged output that did not end its last line: end it, so the next tag starts one.
+    fn end_task(&mut self, tagged: bool) -> io::Result<()> {
+        if tagged && !self.at_line_start {
+            self.out.write_all(b"\n")?;
+        }
+        self.at_line_start = true;
+        Ok(())
+    }
+}
+
+/// Open stream files, a bounded number at a time (a big run has two per core).
+struct Files(HashMap<PathBuf, File>);
+
+impl Files {
+    fn read(&mut self, path: &Path, off: u64, len: u64, buf: &mut Vec<u8>) -> io::Result<()> {
+        if !self.0.contains_key(path) {
+            if self.0.len() >= 256 {
+                self.0.clear();
+            }
+            self.0.insert(path.to_path_buf(), File::open(path)?);
+        }
+        buf.resize(len as usize, 0);
+        self.0[path].read_exact_at(buf, off)
+    }
+}
+
+/// Prints every task's output in task order; returns how many tasks had output to print.
+pub fn print_all(run: &RunDir, sel: Select) -> anyhow::Result<u64> {
+    let ledger = Ledger::open(&run.ledger(), true)?;
+    let mode = stored_mode(&ledger)?;
+    if mode == OutputMode::None {
+        bail!("this run discarded task output (--output none)");
+    }
+    let entries = if mode == OutputMode::Streams { all_entries(run)? } else { Vec::new() };
+    let stdout: Box<dyn Write> = Box::new(BufWriter::with_capacity(1 << 16, io::stdout().lock()));
+    let stderr: Box<dyn Write> = Box::new(BufWriter::new(io::stderr().lock()));
+    let (mut so, mut se) = (Tagged { out: stdout, at_line_start: true }, Tagged { out: stderr, at_line_start: true });
+    let (mut files, mut buf) = (Files(HashMap::new()), Vec::new());
+    let mut next = 0usize;
+    let mut printed = 0u64;
+    let mut result: anyhow::Result<()> = Ok(());
+    let txn = ledger.read()?;
+    txn.for_each(|id, r| {
+        if result.is_err() {
+            return;
+        }
+        let start = next;
+        while next < entries.len() && entries[next].0.id <= id {
+            next += 1;
+        }
+        let group = &entries[start..next];
+        let group = &group[group.iter().position(|(x, _)| x.id == id).unwrap_or(group.len())..];
+        if r.attempts == 0 || (sel.failed_only && r.state() != State::Failed) {
+            return;
+        }
+        let tag = format!("{id}\t");
+        let tag = sel.tag.then_some(tag.as_bytes());
+        result = (|| -> anyhow::Result<()> {
+            let mut any = false;
+            let mut emit = |path: PathBuf, off: u64, len: u64, to: &mut dyn FnMut(&[u8]) -> io::Result<()>| {
+                files.read(&path, off, len, &mut buf).with_context(|| format!("reading {}", path.display()))?;
+                any = true;
+                to(&buf).map_err(anyhow::Error::from)
+            };
+            match mode {
+                OutputMode::Streams => {
+                    let Some((x, agent)) = pick(group, r) else { return Ok(()) };
+                    let dir = run.agent_out(agent);
+                    if sel.stdout {
+                        emit(dir.join(format!("slot-{}.out", x.slot)), x.out_off, x.out_len, &mut |b| so.copy(b, tag))?;
+                    }
+                    if sel.stderr {
+                        emit(dir.join(format!("slot-{}.err", x.slot)), x.err_off, x.err_len, &mut |b| se.copy(b, tag))?;
+                    }
+                }
+                OutputMode::PerTask => {
+                    let dir = run.out().join("tasks");
+                    for (want, ext) in [(sel.stdout, "out"), (sel.stderr, "err")] {
+                        let path = dir.join(format!("{id}.{ext}"));
+                        let len = match std::fs::metadata(&path) {
+                            Ok(m) => m.len(),
+                            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                            Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+                        };
+                        if want {
+                            let to = if ext == "out" { &mut so } else { &mut se };
+                            emit(path, 0, len, &mut |b| to.copy(b, tag))?;
+                        }
+                    }
+                }
+                OutputMode::None => {}
+            }
+            so.end_task(sel.tag)?;
+            se.end_task(sel.tag)?;
+            printed += any as u64;
+            Ok(())
+        })();
+    })?;
+    result?;
+    so.out.flush()?;
+    se.out.flush()?;
+    Ok(printed)
+}
+
+/// Prints one task's output (its last attempt's): stdout to stdout, stderr to stderr.
+pub fn print_one(run: &RunDir, task: u64, want_out: bool, want_err: bool) -> anyhow::Result<()> {
+    let ledger = Ledger::open(&run.ledger(), true)?;
+    let mode = stored_mode(&ledger)?;
+    let txn = ledger.read()?;
+    let Some(r): Option<Record> = txn.get(task)? else {
+        // Ids run from 1 to the number loaded: a missing one inside that range is damage.
+        let total = txn.meta_u64("total")?.unwrap_or(0);
+        if (1..=total).contains(&task) {
+            bail!("ledger {} is damaged: it lost the record of task {task} (of {total})", run.ledger().display());
+        }
+        bail!("no task {task} in {} (it has {total})", run.path.display());
+    };
+    drop(txn);
+    if r.attempts == 0 {
+        bail!("task {task} has not run yet");
+    }
+    let (mut so, mut se) = (io::stdout().lock(), io::stderr().lock());
+    match mode {
+        OutputMode::None => bail!("this run discarded task output (--output none)"),
+        OutputMode::PerTask => {
+            let dir = run.out().join("tasks");
+            if want_out {
+                so.write_all(&std::fs::read(dir.join(format!("{task}.out")))?)?;
+            }
+            if want_err {
+                se.write_all(&std::fs::read(dir.join(format!("{task}.err")))?)?;
+            }
+        }
+        OutputMode::Streams => {
+            let dir = run.agent_out(r.agent);
+            let e = find_output(&dir, task, r.attempts as u32)?
+                .with_context(|| format!("no output recorded for task {task} (it may still be running)"))?;
+            if want_out {
+                output::copy_range(&dir.join(format!("slot-{}.out", e.slot)), e.out_off, e.out_len, &mut so)?;
+            }
+            if want_err {
+                output::copy_range(&dir.join(format!("slot-{}.err", e.slot)), e.err_off, e.err_len, &mut se)?;
+            }
+        }
+    }
+    so.flush()?;
+    Ok(())
+}
+
+/// The index entry of `task` in an agent's output directory: its attempt, else its newest, in
+/// any of the agent's spawners' index files.
+fn find_output(dir: &Path, task: u64, attempt: u32) -> anyhow::Result<Option<IndexEntry>> {
+    let indexes: Vec<PathBuf> = (0..).map(|i| dir.join(executor::index_name(i))).take_while(|p| p.exists()).collect();
+    for want in [Some(attempt), None] {
+        for ix in &indexes {
+            if let Some(e) = output::find_entry(ix, task, want)? {
+                return Ok(Some(e));
+            }
+        }
+    }
+    Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tags_start_every_line_and_end_a_task_s_last() {
+        let mut t = Tagged { out: Vec::new(), at_line_start: true };
+        t.copy(b"a\nb", Some(b"7\t")).unwrap();
+        t.copy(b"c\nd\n", Some(b"7\t")).unwrap();
+        t.end_task(true).unwrap();
+        t.copy(b"e", Some(b"8\t")).unwrap();
+        t.end_task(true).unwrap();
+        assert_eq!(String::from_utf8(t.out).unwrap(), "7\ta\n7\tbc\n7\td\n8\te\n");
+        let mut plain = Tagged { out: Vec::new(), at_line_start: true };
+        plain.copy(b"x", None).unwrap();
+        plain.end_task(false).unwrap();
+        plain.copy(b"y\n", None).unwrap();
+        assert_eq!(plain.out, b"xy\n");
+    }
+
+    #[test]
+    fn the_last_attempt_s_entry_is_picked() {
+        let e = |attempt, slot| IndexEntry { id: 1, attempt, slot, out_off: 0, out_len: 0, err_off: 0, err_len: 0 };
+        let r = Record { attempts: 2, agent: 1, ..Default::default() };
+        let group = [(e(1, 0), 0), (e(2, 1), 0), (e(2, 2), 1), (e(3, 3), 0)];
+        assert_eq!(pick(&group, &r).map(|(x, a)| (x.slot, a)), Some((2, 1)));
+        let r = Record { attempts: 9, agent: 1, ..Default::default() };
+        assert_eq!(pick(&group, &r).map(|(x, _)| x.slot), Some(3), "none of that attempt: the newest");
+        assert_eq!(pick(&[], &r), None);
+    }
+}
