@@ -2,6 +2,7 @@
 //! Pure logic with no runtime, shared by the node agent and the SPANK plugin.
 
 pub mod hflow;
+pub mod idset;
 pub mod output;
 pub mod partition;
 pub mod shellsyntax;

@@ -76,6 +76,9 @@ pub enum Step {
     /// The attempt that last failed did so because of its node (a black hole: it fails every
     /// task), not the task: it costs no retry, and a task it made fail for good runs again.
     Refund,
+    /// A user asked for a finished task to run again (`htc retry`): a new round of attempts,
+    /// numbered after the earlier ones, with this many retries of its own.
+    Rerun { retries: u8 },
 }
 
 /// Attempts lost with their agent before a loss counts as a failure: a task that takes agents
@@ -155,6 +158,11 @@ pub fn step(life: Life, s: Step) -> Result<(Life, Effect), Invalid> {
             Pending
         }
         (Pending, Step::Refuse) => Failed,
+        (Done | Failed, Step::Rerun { retries }) => {
+            // The budget counts all attempts so far (`retry_or_fail`): the new round's starts here.
+            next.retries = life.attempts.saturating_add(retries);
+            Pending
+        }
         (Pending | Failed, Step::Refund) if life.attempts > 0 => {
             next.attempts = life.attempts - 1;
             Pending
@@ -246,6 +254,23 @@ mod tests {
         // No retries at all: the first failure is final.
         let (l, _) = run(life(State::Pending, 0, 0), &[Step::Dispatch, fail]);
         assert_eq!(l.state(), State::Failed);
+    }
+
+    #[test]
+    fn a_rerun_is_a_new_round_numbered_after_the_old_one() {
+        let fail = Step::Finish(End::Failed { permanent: false });
+        let (l, _) = run(life(State::Pending, 0, 1), &[Step::Dispatch, fail, Step::Dispatch, fail]);
+        assert_eq!((l.state(), l.attempts), (State::Failed, 2));
+        // Once, no retries: the third attempt, final whatever its end.
+        let (l, fx) = run(l, &[Step::Rerun { retries: 0 }, Step::Dispatch]);
+        assert_eq!((l.state(), l.attempt_no(), fx[0]), (State::Dispatched, 3, Effect::None));
+        assert_eq!(step(l, fail).unwrap().0.state(), State::Failed);
+        // With one retry: two more attempts; a done task can be rerun too.
+        let (l, _) = run(l, &[Step::Finish(End::Succeeded), Step::Rerun { retries: 1 }, Step::Dispatch, fail]);
+        assert_eq!((l.state(), l.attempts), (State::Pending, 4));
+        // Only finished tasks: a pending or running one is left as it is.
+        assert!(step(life(State::Running, 1, 0), Step::Rerun { retries: 0 }).is_err());
+        assert!(step(life(State::Pending, 0, 0), Step::Rerun { retries: 0 }).is_err());
     }
 
     #[test]

@@ -107,6 +107,25 @@ pub mod htc {
             #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
             sbatch: Vec<std::ffi::OsString>,
         },
+        /// Run finished tasks of a run again, as new attempts of the same run (the rest stays
+        /// done): locally through `htc run --resume`, for a Slurm job as a new job (`htc resume`).
+        Retry {
+            /// A run directory or id, or a Slurm job id.
+            run: String,
+            /// Every task that failed.
+            #[arg(long, required_unless_present = "tasks")]
+            failed: bool,
+            /// These tasks, e.g. 5,17-20 (done or failed ones; unfinished ones run anyway).
+            #[arg(long, value_name = "IDS")]
+            tasks: Option<String>,
+            /// Retries of each task in this round (default 0: one more attempt each).
+            #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=100))]
+            retries: u8,
+            /// Options for `htc run --resume` (a local run, e.g. --agents 4) or for sbatch (a
+            /// Slurm job; default: as many nodes as before), after `--`.
+            #[arg(last = true, allow_hyphen_values = true)]
+            args: Vec<std::ffi::OsString>,
+        },
         /// Check a task file: counts, classes and the first errors with file:line:column.
         Check {
             file: PathBuf,

@@ -144,7 +144,7 @@ pub fn write(ledger: &Ledger, text: &TaskText, format: Format, out: &mut impl Wr
         }
         if matches!(r.state(), State::Done | State::Failed) && r.attempts > 0 {
             mine.push(Attempt {
-                attempt: r.attempts,
+                attempt: r.life().attempt_no().min(255) as u8,
                 outcome: r.outcome(),
                 value: r.value,
                 agent: r.agent,

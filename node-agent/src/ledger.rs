@@ -279,7 +279,7 @@ fn encode_counts(c: &Counts) -> [u8; 40] {
     b
 }
 
-fn decode_counts(b: &[u8]) -> Option<Counts> {
+pub fn decode_counts(b: &[u8]) -> Option<Counts> {
     (b.len() == 40).then(|| {
         let mut c = [0u64; 5];
         for (i, v) in c.iter_mut().enumerate() {

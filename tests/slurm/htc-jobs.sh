@@ -107,6 +107,29 @@ failing_tasks() {
     check "failing task: htc status shows it" bash -c "cd '$w' && '$bin/htc' status $j | grep -q 'done=1 failed=1'"
 }
 
+# `htc retry JOBID --failed` after a job with a failure: a new job runs the failed task again as
+# its 2nd attempt, from the replica the first job left in the submit directory.
+retried_job() {
+    local w j j2 state out
+    w=$(cluster_workdir retried)
+    printf '#HTC retries=0\necho one\ntest -e fixed || exit 4; echo fixed\n' >"$w/tasks.txt"
+    chown -R "$HTC_CLUSTER_USER" "$w"
+    j=$(submit "$w" --htc=tasks.txt --wrap=:) || { bad "retry: submit"; return; }
+    state=$(wait_job "$j" 120)
+    check "retry: job $j had its failure (was $state)" grep -q "task 2 (line 3): exit 4 after 1 attempt" "$w/slurm-$j.out"
+    as_user -C "$w" touch fixed
+    out=$(as_user -C "$w" "$bin/htc" retry "$j" --failed 2>&1)
+    j2=$(grep -o 'Submitted batch job [0-9]*' <<<"$out" | grep -o '[0-9]*$')
+    check "retry: a new job ($j2) continues job $j" test -n "$j2"
+    [[ -n $j2 ]] || { echo "$out"; return; }
+    state=$(wait_job "$j2" 120)
+    check "retry: job $j2 COMPLETED (was $state)" test "$state" = COMPLETED
+    check "retry: htc status $j: both done" bash -c "cd '$w' && '$bin/htc' status $j | grep -q 'done=2 failed=0'"
+    check "retry: htc log $j: task 2's two attempts" \
+        test "$(as_user -C "$w" "$bin/htc" log "$j" | awk -F'\t' '$1 == 2 { print $7 }' | xargs)" = "4 0"
+    check "retry: task 2's output is its new attempt's" test "$(as_user -C "$w" "$bin/htc" output "$j" 2)" = fixed
+}
+
 # Waits for a job's end by reading slurmctld's log: polling with squeue/scontrol would itself
 # add controller RPCs to what is being measured.
 wait_in_log() { # JOBID TIMEOUT
@@ -207,6 +230,7 @@ run_many 1 10000
 bad_file_rejected
 failing_prologue
 failing_tasks
+retried_job
 
 echo "== 4 nodes (network namespaces)"
 "$root/tests/cluster/start-cluster.sh" -n 4 -m netns -c 2 >/dev/null || { echo "cluster did not start"; exit 1; }

@@ -59,6 +59,7 @@ fn real_main() -> anyhow::Result<i32> {
             Ok(status.code().unwrap_or(1))
         }
         Cmd::Resume { job, sbatch } => resume(&job, sbatch),
+        Cmd::Retry { run, failed, tasks, retries, args } => retry(&run, failed, tasks.as_deref(), retries, args),
         Cmd::Prepare { file, output } => match create_run(&file, output, None, None)? {
             Ok(run) => {
                 println!("{}", run.path.display());
@@ -281,6 +282,57 @@ fn resume(job: &str, mut sbatch: Vec<std::ffi::OsString>) -> anyhow::Result<i32>
     eprintln!("htc: {} unfinished tasks of job {job}: {cmd:?}", report.counts.unfinished());
     let status = cmd.status().context("running sbatch (is Slurm's client installed?)")?;
     Ok(status.code().unwrap_or(1))
+}
+
+/// `htc retry`: the picked tasks back to pending in the run's ledger (or replica), then the run
+/// continued: here by `htc run --resume`, for a Slurm job by a new job.
+fn retry(
+    arg: &str,
+    failed: bool,
+    tasks: Option<&str>,
+    retries: u8,
+    args: Vec<std::ffi::OsString>,
+) -> anyhow::Result<i32> {
+    use htc::rerun::{self, Pick};
+    let pick = match tasks {
+        Some(t) => Pick::Tasks(htc_core::idset::parse(t).map_err(|e| anyhow::anyhow!("--tasks: {e}"))?),
+        None if failed => Pick::Failed,
+        None => bail!("say which tasks: --failed or --tasks IDS"),
+    };
+    let dir = std::fs::canonicalize(RunDir::find(Some(arg))?)?;
+    let lock = RunDir::new(&dir).lock()?;
+    let report = status::Report::read(&RunDir::open_for_reading(dir.clone())?, 0)?;
+    if matches!(report.state_key(), "running" | "not_responding") {
+        eprintln!("htc: {arg} is still running ({}); retry it once it ended", report.state);
+        return Ok(1);
+    }
+    let n = rerun::reopen_run(&dir, &pick, retries)?;
+    drop(lock);
+    let picked =
+        if pick == Pick::Failed { "failed tasks".to_string() } else { format!("tasks {}", tasks.unwrap_or("")) };
+    if n.total() == 0 && n.unfinished == 0 {
+        eprintln!("htc: no {picked} to run again in {}", dir.display());
+        return Ok(0);
+    }
+    eprintln!(
+        "htc: {} tasks ({} failed, {} done) go back to pending as new attempts{}",
+        n.total(),
+        n.failed,
+        n.done,
+        if n.unfinished > 0 {
+            format!("; {} chosen were not finished and run anyway", n.unfinished)
+        } else {
+            String::new()
+        }
+    );
+    let id = dir.file_name().unwrap_or_default().to_string_lossy().into_owned();
+    if id.bytes().all(|b| b.is_ascii_digit()) {
+        return resume(&id, args);
+    }
+    use std::os::unix::process::CommandExt;
+    let exe = std::env::current_exe().context("locating the htc binary")?;
+    let err = std::process::Command::new(exe).arg("run").arg("--resume").arg(&dir).args(&args).exec();
+    Err(anyhow::Error::from(err).context("continuing the run with htc run --resume"))
 }
 
 /// Creates a run in the current directory, its ledger there or in `ledger_dir` (then with its

@@ -1,0 +1,190 @@
+//! `htc retry`: finished tasks put back to pending as a new round of attempts of the same run,
+//! in the ledger the next session reads: the run directory's own, or, for a run whose ledger
+//! lived on a node, its replica (rebuilt, changed, and written back as a new generation).
+
+use std::ops::RangeInclusive;
+use std::path::Path;
+
+use anyhow::{bail, Context};
+use htc_core::task::{self, Step};
+
+use crate::ledger::{Attempt, Ledger, State, WriteTxn};
+use crate::replica::Replica;
+use crate::rundir::RunDir;
+
+/// Which tasks run again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Pick {
+    /// Every task that failed for good.
+    Failed,
+    /// These ids (those not finished are left as they are: they run anyway).
+    Tasks(Vec<RangeInclusive<u64>>),
+}
+
+/// What a reopening did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Reopened {
+    pub done: u64,
+    pub failed: u64,
+    /// Chosen, but not finished (pending): left to run as they are.
+    pub unfinished: u64,
+    /// Chosen ids without a record (a damaged ledger).
+    pub missing: u64,
+}
+
+impl Reopened {
+    pub fn total(&self) -> u64 {
+        self.done + self.failed
+    }
+}
+
+/// Puts the picked finished tasks back to pending, each with `retries` retries of its own.
+pub fn reopen(t: &mut WriteTxn<'_>, ids: impl Iterator<Item = u64>, retries: u8) -> anyhow::Result<Reopened> {
+    let mut counts = t.meta("counts")?.and_then(|b| crate::ledger::decode_counts(&b)).unwrap_or_default();
+    let mut n = Reopened::default();
+    for id in ids {
+        let Some(mut r) = t.get(id)? else {
+            n.missing += 1;
+            continue;
+        };
+        let from = r.state();
+        let Ok((life, _)) = task::step(r.life(), Step::Rerun { retries }) else {
+            n.unfinished += 1;
+            continue;
+        };
+        // The record holds the last attempt only: into the history with it, as a retry does.
+        let last = Attempt {
+            attempt: r.life().attempt_no().min(255) as u8,
+            outcome: r.outcome(),
+            value: r.value,
+            agent: r.agent,
+            start_us: r.start_us,
+            end_us: r.end_us,
+        };
+        t.put_attempt(id, &last)?;
+        r.set_life(life);
+        r.retries = life.retries;
+        if from == State::Failed {
+            t.unmark_failed(id)?;
+            n.failed += 1;
+        } else {
+            n.done += 1;
+        }
+        t.put(id, &r)?;
+        counts.moved(from, State::Pending);
+    }
+    t.put_counts(&counts)?;
+    Ok(n)
+}
+
+/// The ids `pick` names in `ledger`, in order.
+fn picked(ledger: &Ledger, pick: &Pick) -> anyhow::Result<Vec<u64>> {
+    let t = ledger.read()?;
+    Ok(match pick {
+        Pick::Failed => t.failed_ids(usize::MAX)?,
+        Pick::Tasks(ranges) => {
+            let total = t.meta_u64("total")?.unwrap_or(0);
+            if let Some(r) = ranges.iter().find(|r| *r.end() > total) {
+                bail!("no task {}: the run has {total} tasks", if *r.start() > total { *r.start() } else { total + 1 });
+            }
+            let mut v: Vec<u64> = ranges.iter().flat_map(|r| r.clone()).collect();
+            v.sort_unstable();
+            v.dedup();
+            v
+        }
+    })
+}
+
+fn reopen_in(path: &Path, pick: &Pick, retries: u8) -> anyhow::Result<(Ledger, Reopened)> {
+    let ledger = Ledger::open(path, false).with_context(|| format!("opening {}", path.display()))?;
+    let ids = picked(&ledger, pick)?;
+    let mut t = ledger.write()?;
+    let n = reopen(&mut t, ids.into_iter(), retries)?;
+    t.commit()?;
+    ledger.sync()?;
+    Ok((ledger, n))
+}
+
+/// Reopens the picked tasks of the run at `dir`, whose leader must not be running (the caller
+/// holds the run's lock). A replicated ledger is rebuilt from its replica in a private scratch
+/// directory and written back as the replica's next generation.
+pub fn reopen_run(dir: &Path, pick: &Pick, retries: u8) -> anyhow::Result<Reopened> {
+    let run = RunDir::new(dir);
+    if run.ledger().exists() {
+        return Ok(reopen_in(&run.ledger(), pick, retries)?.1);
+    }
+    let replica = Replica::of(dir);
+    if !replica.exists() {
+        bail!("{} has no ledger (neither ledger.mdb nor a replica in ledger/)", dir.display());
+    }
+    // SAFETY: getuid cannot fail.
+    let scratch = std::env::temp_dir().join(format!("htc-{}", unsafe { libc::getuid() }));
+    crate::replica::private_dir(&scratch).map_err(anyhow::Error::msg)?;
+    let copy = scratch.join(format!("retry-{}-{}.mdb", run.id(), std::process::id()));
+    let result = (|| {
+        drop(replica.restore(&copy)?);
+        let (ledger, n) = reopen_in(&copy, pick, retries)?;
+        // The journal it starts is empty: nothing more is written to this copy.
+        drop(replica.begin(&ledger).context("writing the ledger's new snapshot into the run directory")?);
+        Ok(n)
+    })();
+    crate::replica::remove_node_local(&copy);
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::{Counts, Record};
+
+    fn ledger_with(states: &[State]) -> (Ledger, std::path::PathBuf) {
+        let d = std::env::temp_dir().join(format!("htc-rerun-{}-{}", std::process::id(), states.len()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        let l = Ledger::create(&d.join("ledger.mdb")).unwrap();
+        let mut t = l.write().unwrap();
+        let mut c = Counts::default();
+        for (i, &s) in states.iter().enumerate() {
+            let mut r = Record { retries: 2, attempts: if s == State::Pending { 0 } else { 3 }, ..Default::default() };
+            r.set_state(s);
+            t.append(i as u64 + 1, &r).unwrap();
+            if s == State::Failed {
+                t.mark_failed(i as u64 + 1).unwrap();
+            }
+            c.add(s);
+        }
+        t.put_counts(&c).unwrap();
+        t.put_meta("total", &(states.len() as u64).to_le_bytes()).unwrap();
+        t.commit().unwrap();
+        (l, d)
+    }
+
+    #[test]
+    fn failed_tasks_go_back_to_pending_with_a_round_of_their_own() {
+        use State::*;
+        let (l, d) = ledger_with(&[Done, Failed, Pending, Failed]);
+        let ids = picked(&l, &Pick::Failed).unwrap();
+        assert_eq!(ids, [2, 4]);
+        let mut t = l.write().unwrap();
+        let n = reopen(&mut t, ids.into_iter(), 0).unwrap();
+        t.commit().unwrap();
+        assert_eq!(n, Reopened { done: 0, failed: 2, unfinished: 0, missing: 0 });
+        let r = l.read().unwrap();
+        assert_eq!(r.counts().unwrap(), Counts([3, 0, 0, 1, 0]));
+        assert!(r.failed_ids(10).unwrap().is_empty());
+        let rec = r.get(2).unwrap().unwrap();
+        assert_eq!((rec.state(), rec.attempts, rec.retries), (Pending, 3, 3), "one more attempt, the 4th");
+        assert_eq!(r.attempts(2).unwrap().last().map(|a| a.attempt), Some(3), "the 3rd kept in the history");
+        drop(r);
+        // By id: a done one reruns, a pending one is left, an id past the end is not there.
+        let e = picked(&l, &Pick::Tasks(htc_core::idset::parse("1,3-9").unwrap())).unwrap_err();
+        assert_eq!(e.to_string(), "no task 5: the run has 4 tasks");
+        let ids = picked(&l, &Pick::Tasks(htc_core::idset::parse("3,1,1-1").unwrap())).unwrap();
+        assert_eq!(ids, [1, 3]);
+        let mut t = l.write().unwrap();
+        let n = reopen(&mut t, [1, 3, 9].into_iter(), 2).unwrap();
+        assert_eq!(n, Reopened { done: 1, failed: 0, unfinished: 1, missing: 1 });
+        drop(t);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}
