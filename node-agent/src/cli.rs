@@ -107,6 +107,16 @@ pub mod htc {
             #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
             sbatch: Vec<std::ffi::OsString>,
         },
+        /// Write a report of a run: one self-contained HTML page (figures, cores busy over time
+        /// for the job and per node, tasks per second, runtimes per class, failures by reason,
+        /// nodes) and each chart as an SVG file.
+        Report {
+            /// A run directory or id, or a Slurm job id (default: the newest in ./.htc).
+            run: Option<String>,
+            /// Directory to write into (default: htc-report-RUN in the current directory).
+            #[arg(long, short)]
+            output: Option<PathBuf>,
+        },
         /// Run finished tasks of a run again, as new attempts of the same run (the rest stays
         /// done): locally through `htc run --resume`, for a Slurm job as a new job (`htc resume`).
         Retry {

@@ -22,6 +22,7 @@ pub mod output_view;
 pub mod pmi;
 pub mod prologue;
 pub mod replica;
+pub mod report;
 pub mod rerun;
 pub mod rundir;
 pub mod sessionlog;

@@ -135,6 +135,25 @@ fn real_main() -> anyhow::Result<i32> {
             }
             Ok(0)
         }
+        Cmd::Report { run, output } => {
+            let run = RunDir::locate(run.as_deref())?;
+            let dir = output.unwrap_or_else(|| PathBuf::from(format!("htc-report-{}", run.id())));
+            let t = std::time::Instant::now();
+            let w = htc::report::write(&run, &dir)?;
+            println!("{}", w.html.display());
+            eprintln!(
+                "htc: report of {} tasks in {:.1} s: {} (charts: {})",
+                w.tasks,
+                t.elapsed().as_secs_f64(),
+                w.html.display(),
+                w.svgs
+                    .iter()
+                    .map(|p| p.file_name().unwrap_or_default().to_string_lossy())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            Ok(0)
+        }
         Cmd::Log { run, format } => {
             let run = RunDir::locate(run.as_deref())?;
             let ledger = Ledger::open(&run.ledger(), true)?;

@@ -156,10 +156,12 @@ pub fn run(
             let input = match ev {
                 Event::Joined(input, tx) => {
                     match &input {
-                        Input::Joined { agent, hostname, .. } | Input::Revived { agent, hostname, .. } => {
+                        Input::Joined { agent, hostname, cores, .. }
+                        | Input::Revived { agent, hostname, cores, .. } => {
                             links.insert(*agent, tx);
-                            // For `htc log`: which host each attempt's agent was.
+                            // For `htc log` and `htc report`: each agent's host and cores.
                             t.put_meta(&format!("host.{agent}"), hostname.as_bytes())?;
+                            t.put_meta(&format!("cores.{agent}"), &(*cores as u64).to_le_bytes())?;
                         }
                         Input::Rejoined { agent, below } => {
                             for a in std::iter::once(agent).chain(below) {
