@@ -30,11 +30,21 @@ pub struct TaskOptions {
     pub retries: u8,
     pub class: u16,
     pub runtime_ms: u32,
+    /// `max_output=`: bytes kept of each of stdout and stderr, as stored (`output_cap`); 0 = all.
+    pub max_output: u16,
 }
 
 impl Default for TaskOptions {
     fn default() -> Self {
-        TaskOptions { cores: 1, mem_mb: 0, timeout_ms: 0, retries: DEFAULT_RETRIES, class: 0, runtime_ms: 0 }
+        TaskOptions {
+            cores: 1,
+            mem_mb: 0,
+            timeout_ms: 0,
+            retries: DEFAULT_RETRIES,
+            class: 0,
+            runtime_ms: 0,
+            max_output: 0,
+        }
     }
 }
 
@@ -336,6 +346,11 @@ impl<R: BufRead> Parser<R> {
                     opts.runtime_ms = parse_duration_ms(value)
                         .ok_or_else(|| self.err(col, bad("runtime", "a duration like 2s, 5m, 1h")))?
                 }
+                "max_output" => {
+                    opts.max_output = parse_bytes(value).and_then(output_cap::encode).ok_or_else(|| {
+                        self.err(col, bad("max_output", "a size like 100K, 10M, 2G (below 32G; 0 = all)"))
+                    })?
+                }
                 "retries" => {
                     opts.retries = parse_uint(value)
                         .filter(|&n| n <= MAX_RETRIES as u64)
@@ -377,6 +392,40 @@ fn parse_uint(s: &str) -> Option<u64> {
         return None;
     }
     s.parse().ok()
+}
+
+/// `4096`, `100K`, `10M`, `2G` (binary units; a bare number is bytes). Result in bytes.
+pub fn parse_bytes(s: &str) -> Option<u64> {
+    let (num, mult): (&str, u64) = match s.as_bytes().last()? {
+        b'K' | b'k' => (&s[..s.len() - 1], 1 << 10),
+        b'M' | b'm' => (&s[..s.len() - 1], 1 << 20),
+        b'G' | b'g' => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    parse_uint(num)?.checked_mul(mult)
+}
+
+/// A per-task output cap in the two bytes a task record has for it: KiB up to 32 MiB, MiB
+/// above (up to 32 GiB), rounded up; 0 is no cap.
+pub mod output_cap {
+    const MIB_FLAG: u16 = 0x8000;
+
+    pub fn encode(bytes: u64) -> Option<u16> {
+        let kib = bytes.div_ceil(1024);
+        if kib < MIB_FLAG as u64 {
+            return Some(kib as u16);
+        }
+        let mib = bytes.div_ceil(1 << 20);
+        (mib < MIB_FLAG as u64).then_some(MIB_FLAG | mib as u16)
+    }
+
+    pub fn bytes(code: u16) -> u64 {
+        if code & MIB_FLAG != 0 {
+            ((code & !MIB_FLAG) as u64) << 20
+        } else {
+            (code as u64) << 10
+        }
+    }
 }
 
 /// `512`, `512M`, `4G`, `100K`, `1T` (binary units; a bare number is MiB). Result in MiB.
@@ -663,6 +712,18 @@ mod tests {
     }
 
     #[test]
+    fn output_caps_parse_and_keep_at_least_what_was_asked() {
+        let v = all(b"[max_output=10M] a\n[max_output=100K] b\n[max_output=0] c\n[max_output=3000] d\n").unwrap();
+        let caps: Vec<u64> = v.iter().map(|t| output_cap::bytes(t.1.max_output)).collect();
+        assert_eq!(caps, [10 << 20, 100 << 10, 0, 3072]);
+        assert_eq!(output_cap::bytes(output_cap::encode(32 << 30).unwrap_or(0)), 0, "over 32G: refused");
+        assert_eq!(output_cap::bytes(output_cap::encode((32 << 30) - (1 << 20)).unwrap()), (32 << 30) - (1 << 20));
+        assert_eq!(output_cap::bytes(output_cap::encode((1 << 25) + 1).unwrap()), (1 << 25) + (1 << 20), "MiB, up");
+        let e = all(b"[max_output=lots] a\n").unwrap_err().to_string();
+        assert!(e.contains("t.txt:1:2: bad value 'lots' for max_output"), "{e}");
+    }
+
+    #[test]
     fn last_line_without_newline() {
         let v = all(b"a\nb").unwrap();
         assert_eq!(v[1].2, b"b");
@@ -673,7 +734,15 @@ mod tests {
         let v = all(b"#HTC cores=2 timeout=1m retries=1\n[class=long,runtime=30s mem=2G] ./sim 1\n./sim 2\n#HTC class=short\n[cores=1] x\n").unwrap();
         assert_eq!(
             v[0].1,
-            TaskOptions { cores: 2, mem_mb: 2048, timeout_ms: 60_000, retries: 1, class: 1, runtime_ms: 30_000 }
+            TaskOptions {
+                cores: 2,
+                mem_mb: 2048,
+                timeout_ms: 60_000,
+                retries: 1,
+                class: 1,
+                runtime_ms: 30_000,
+                max_output: 0
+            }
         );
         assert_eq!(v[0].2, b"./sim 1");
         assert_eq!(v[1].1.class, 0);

@@ -49,6 +49,8 @@ pub struct TaskToRun {
     pub timeout_ms: u32,
     /// The task file's `runtime` hint (0 = none); only the `sleep` simulation uses it.
     pub runtime_ms: u32,
+    /// Bytes of each of stdout and stderr kept (`max_output=`); 0 = all.
+    pub max_output: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -881,6 +883,9 @@ impl Executor {
                 (Outcome::Lost, e.raw_os_error().unwrap_or(0))
             }
         };
+        if r.task.max_output > 0 {
+            self.cut_output(&r);
+        }
         if let (Some(ix), OutputMode::Streams) = (self.index.as_mut(), self.cfg.output) {
             let s = &mut self.slots[r.slots[0]];
             let (oe, ee) = (end_of(s.out.as_raw_fd()), end_of(s.err.as_raw_fd()));
@@ -940,6 +945,48 @@ impl Executor {
                 },
                 Some(_) => {}
             }
+        }
+    }
+
+    /// `max_output=`: what an ended task wrote past its cap on stdout or stderr is cut off (only
+    /// its own tasks write to a slot's files, one at a time, so the cut touches no other task's
+    /// output), and the cut is noted in the spawner's `cuts` file for `htc output`.
+    fn cut_output(&mut self, r: &Running) {
+        let cap = r.task.max_output;
+        let mut cuts = Vec::new();
+        match self.cfg.output {
+            OutputMode::Streams => {
+                let s = &self.slots[r.slots[0]];
+                for (name, f, off) in [("stdout", &s.out, r.out_off), ("stderr", &s.err, r.err_off)] {
+                    let written = end_of(f.as_raw_fd()).saturating_sub(off);
+                    if written > cap && f.set_len(off + cap).is_ok() {
+                        cuts.push((name, written));
+                    }
+                }
+            }
+            OutputMode::PerTask => {
+                for (name, ext) in [("stdout", "out"), ("stderr", "err")] {
+                    let p = self.cfg.out_dir.join(format!("{}.{ext}", r.task.id));
+                    let Ok(f) = OpenOptions::new().write(true).custom_flags(libc::O_CLOEXEC).open(&p) else { continue };
+                    let written = f.metadata().map(|m| m.len()).unwrap_or(0);
+                    if written > cap && f.set_len(cap).is_ok() {
+                        cuts.push((name, written));
+                    }
+                }
+            }
+            OutputMode::None => {}
+        }
+        if cuts.is_empty() {
+            return;
+        }
+        let mut line = String::new();
+        for (name, written) in cuts {
+            line.push_str(&format!("{}\t{}\t{name}\t{written}\t{cap}\n", r.task.id, r.task.attempt));
+        }
+        let path = self.cfg.out_dir.join(crate::output::cuts_name(self.cfg.agent, self.cfg.spawner));
+        let w = OpenOptions::new().append(true).create(true).custom_flags(libc::O_CLOEXEC).open(&path);
+        if let Err(e) = w.and_then(|mut f| f.write_all(line.as_bytes())) {
+            tracing::warn!(agent = self.cfg.agent, task = r.task.id, error = %e, "the cut of its output is not recorded");
         }
     }
 

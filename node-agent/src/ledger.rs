@@ -154,6 +154,8 @@ pub struct Record {
     pub attempts: u8,
     /// Attempts lost with their agent (they cost no retry until `task::MAX_LOSSES`).
     pub losses: u8,
+    /// `max_output=`, encoded (`htc_core::taskfile::output_cap`); 0 = no cap.
+    pub max_output: u16,
     pub outcome: u8,
     pub value: i32,
     pub agent: u32,
@@ -197,6 +199,7 @@ impl Record {
         b[32..36].copy_from_slice(&self.runtime_ms.to_le_bytes());
         b[36] = self.outcome;
         b[37] = self.losses;
+        b[38..40].copy_from_slice(&self.max_output.to_le_bytes());
         b[40..44].copy_from_slice(&self.value.to_le_bytes());
         b[44..48].copy_from_slice(&self.agent.to_le_bytes());
         b[48..56].copy_from_slice(&self.start_us.to_le_bytes());
@@ -226,6 +229,7 @@ impl Record {
             runtime_ms: u32_at(32),
             outcome: b[36],
             losses: b[37],
+            max_output: u16_at(38),
             value: u32_at(40) as i32,
             agent: u32_at(44),
             start_us: u64_at(48),

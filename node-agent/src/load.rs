@@ -76,6 +76,7 @@ pub fn load(src: &Path, run: &RunDir, ledger: &Ledger, defaults: TaskOptions) ->
             retries: o.retries,
             shell: t.shell,
             timeout_ms: o.timeout_ms,
+            max_output: o.max_output,
             mem_mb: o.mem_mb,
             class: o.class,
             runtime_ms: o.runtime_ms,

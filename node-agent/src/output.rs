@@ -94,6 +94,48 @@ pub fn find_entry(index: &Path, id: u64, attempt: Option<u32>) -> io::Result<Opt
     Ok(None)
 }
 
+/// The file in which a spawner notes the outputs it cut (`max_output=`), in its output directory.
+pub fn cuts_name(agent: u32, spawner: usize) -> String {
+    format!("cuts.{agent}.{spawner}")
+}
+
+/// A task output cut at its `max_output=`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cut {
+    pub id: u64,
+    pub attempt: u32,
+    pub stream: String,
+    pub written: u64,
+    pub kept: u64,
+}
+
+/// Every cut noted in `dir` (any agent's, any spawner's), by (task, attempt, stream).
+pub fn read_cuts(dir: &Path) -> io::Result<Vec<Cut>> {
+    let mut cuts = Vec::new();
+    let entries = match std::fs::read_dir(dir) {
+        Ok(d) => d,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(cuts),
+        Err(e) => return Err(e),
+    };
+    for e in entries {
+        let e = e?;
+        if !e.file_name().to_string_lossy().starts_with("cuts.") {
+            continue;
+        }
+        for l in std::fs::read_to_string(e.path())?.lines() {
+            let f: Vec<&str> = l.split('\t').collect();
+            let n = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok());
+            if let (Some(id), Some(attempt), Some(stream), Some(written), Some(kept)) =
+                (n(0), n(1), f.get(2), n(3), n(4))
+            {
+                cuts.push(Cut { id, attempt: attempt as u32, stream: stream.to_string(), written, kept });
+            }
+        }
+    }
+    cuts.sort_by(|a, b| (a.id, a.attempt, &a.stream).cmp(&(b.id, b.attempt, &b.stream)));
+    Ok(cuts)
+}
+
 /// Copies `len` bytes at `off` of `path` to `w`.
 pub fn copy_range(path: &Path, off: u64, len: u64, w: &mut impl io::Write) -> io::Result<()> {
     let mut f = File::open(path)?;

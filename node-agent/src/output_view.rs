@@ -118,6 +118,24 @@ impl Files {
     }
 }
 
+/// Every output cut at its `max_output=` in the run, by task.
+pub fn all_cuts(run: &RunDir) -> io::Result<Vec<output::Cut>> {
+    let mut cuts = output::read_cuts(&run.out().join("tasks"))?;
+    if let Ok(dir) = std::fs::read_dir(run.out()) {
+        for e in dir.flatten() {
+            if e.file_name().to_string_lossy().starts_with("agent-") {
+                cuts.extend(output::read_cuts(&e.path())?);
+            }
+        }
+    }
+    cuts.sort_by_key(|c| (c.id, c.attempt));
+    Ok(cuts)
+}
+
+fn cut_note(c: &output::Cut) -> String {
+    format!("task {} {}: cut at {} bytes of {} written (max_output)", c.id, c.stream, c.kept, c.written)
+}
+
 /// Prints every task's output in task order; returns how many tasks had output to print.
 pub fn print_all(run: &RunDir, sel: Select) -> anyhow::Result<u64> {
     let ledger = Ledger::open(&run.ledger(), true)?;
@@ -193,6 +211,24 @@ pub fn print_all(run: &RunDir, sel: Select) -> anyhow::Result<u64> {
     result?;
     so.out.flush()?;
     se.out.flush()?;
+    drop((so, se));
+    // The cuts of the attempts shown, after the output rather than inside it.
+    let mut cut = Vec::new();
+    for c in all_cuts(run)? {
+        let r = txn.get(c.id)?;
+        if r.is_some_and(|r| r.life().attempt_no() == c.attempt && (!sel.failed_only || r.state() == State::Failed)) {
+            cut.push(c);
+        }
+    }
+    if !cut.is_empty() {
+        let first: Vec<String> = cut.iter().take(10).map(cut_note).collect();
+        eprintln!(
+            "htc: {} outputs were cut at their max_output: {}{}",
+            cut.len(),
+            first.join("; "),
+            if cut.len() > 10 { "; …" } else { "" }
+        );
+    }
     Ok(printed)
 }
 
@@ -238,6 +274,9 @@ pub fn print_one(run: &RunDir, task: u64, want_out: bool, want_err: bool) -> any
         }
     }
     so.flush()?;
+    for c in all_cuts(run)?.iter().filter(|c| c.id == task && c.attempt == r.life().attempt_no()) {
+        eprintln!("htc: {}", cut_note(c));
+    }
     Ok(())
 }
 

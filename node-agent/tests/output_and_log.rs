@@ -98,6 +98,55 @@ fn every_task_s_output_in_order_equals_a_serial_sh_run() {
 }
 
 #[test]
+fn outputs_past_max_output_are_cut_and_the_cut_is_shown() {
+    // Task i writes 3000 + 100 i bytes to stdout and half that to stderr; the cap is 4K.
+    let lines: Vec<String> = (1..=30)
+        .map(|i| {
+            format!(
+                "head -c {} /dev/zero | tr '\\0' o; head -c {} /dev/zero | tr '\\0' e >&2",
+                3000 + 100 * i,
+                1500 + 50 * i
+            )
+        })
+        .collect();
+    let cap = 4096;
+    let (mut want_out, mut want_err, mut cut) = (Vec::new(), Vec::new(), 0);
+    for i in 1..=30usize {
+        let (o, e) = (3000 + 100 * i, 1500 + 50 * i);
+        want_out.extend(std::iter::repeat_n(b'o', o.min(cap)));
+        want_err.extend(std::iter::repeat_n(b'e', e.min(cap)));
+        cut += (o > cap) as usize + (e > cap) as usize;
+    }
+    for mode in ["streams", "per-task"] {
+        let d = Dir::new(&format!("max-output-{mode}"));
+        d.write("tasks.txt", format!("#HTC max_output=4K\n{}\n", lines.join("\n")));
+        let o = d.htc(&["run", "tasks.txt", "--agents", "2", "--output", mode, "-q"]);
+        assert!(o.status.success(), "{}", text(&o));
+        let run = d.run_id();
+        let o = d.htc(&["output", &run]);
+        assert!(o.status.success(), "{}", text(&o));
+        assert!(o.stdout == want_out, "{mode}: {} bytes of stdout, want {}", o.stdout.len(), want_out.len());
+        let err = String::from_utf8_lossy(&o.stderr);
+        let (body, note) = err.split_at(err.find("htc: ").unwrap_or_else(|| panic!("no note: {err}")));
+        assert!(body.as_bytes() == want_err, "{mode}: stderr");
+        assert!(
+            note.starts_with(&format!(
+                "htc: {cut} outputs were cut at their max_output: task 11 stdout: cut at 4096 bytes of 4100 written"
+            )),
+            "{note}"
+        );
+        let o = d.htc(&["output", &run, "30", "--stdout"]);
+        assert_eq!(o.stdout.len(), cap);
+        assert_eq!(
+            String::from_utf8_lossy(&o.stderr),
+            "htc: task 30 stdout: cut at 4096 bytes of 6000 written (max_output)\n"
+        );
+        let o = d.htc(&["output", &run, "2"]);
+        assert!(o.stdout.len() == 3200 && o.stderr.len() == 1600, "under the cap: whole, no note: {}", text(&o));
+    }
+}
+
+#[test]
 fn htc_log_reads_like_parallels_joblog_of_the_same_commands() {
     let d = Dir::new("joblog");
     let lines: Vec<String> = (1..=40)

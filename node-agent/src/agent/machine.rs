@@ -545,6 +545,7 @@ fn to_run(t: proto::TaskSpec) -> TaskToRun {
         mem_mb: t.mem_mb,
         timeout_ms: t.timeout_ms,
         runtime_ms: t.runtime_ms,
+        max_output: t.max_output,
     }
 }
 

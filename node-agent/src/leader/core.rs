@@ -1157,6 +1157,7 @@ impl<'a> Core<'a> {
             mem_mb: r.mem_mb,
             timeout_ms: r.timeout_ms,
             runtime_ms: r.runtime_ms,
+            max_output: htc_core::taskfile::output_cap::bytes(r.max_output),
         });
         Ok(())
     }

@@ -76,6 +76,8 @@ pub struct Gathered {
     pub nodes: BTreeMap<u32, Node>,
     pub reasons: BTreeMap<String, Reason>,
     pub leader_cpu_us: Option<u64>,
+    /// Tasks with an output cut at their `max_output=` (from the agents' notes, not the ledger).
+    pub outputs_cut: u64,
 }
 
 impl Gathered {

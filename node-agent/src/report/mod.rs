@@ -120,6 +120,9 @@ pub fn html(g: &Gathered, charts: &[(&'static str, String)]) -> String {
         figure(&mut s, "unfinished", "not finished", &g.unfinished.to_string());
     }
     figure(&mut s, "attempts", "attempts", &g.attempts.to_string());
+    if g.outputs_cut > 0 {
+        figure(&mut s, "outputs_cut", "tasks whose output was cut (max_output)", &g.outputs_cut.to_string());
+    }
     figure(&mut s, "cores", "cores", &g.cores().map_or("-".into(), |c| c.to_string()));
     figure(&mut s, "busy", "core-seconds of tasks", &format!("{:.1}", g.busy_core_s()));
     if let Some(cpu) = g.leader_cpu_us.filter(|_| g.attempts > 0) {
@@ -198,7 +201,9 @@ fn nodes_table(s: &mut String, g: &Gathered) {
 /// Writes `report.html` and the charts' SVG files into `dir`.
 pub fn write(run: &RunDir, dir: &Path) -> anyhow::Result<Written> {
     let ledger = Ledger::open(&run.ledger(), true)?;
-    let g = gather::gather(&ledger, &run.id())?;
+    let mut g = gather::gather(&ledger, &run.id())?;
+    g.outputs_cut =
+        crate::output_view::all_cuts(run)?.iter().map(|c| c.id).collect::<std::collections::BTreeSet<_>>().len() as u64;
     drop(ledger);
     let charts = charts(&g);
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
