@@ -1309,6 +1309,7 @@ mod tests {
             cores: 1,
             mem_mb: 0,
             runtime_ms: 0,
+            max_output: 0,
             timeout_ms,
         }
     }

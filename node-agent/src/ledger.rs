@@ -942,6 +942,7 @@ mod tests {
             retries: 2,
             shell: true,
             timeout_ms: 5,
+            max_output: 0x8003,
             mem_mb: 6,
             class: 7,
             runtime_ms: 8,

@@ -150,7 +150,17 @@ mod tests {
     use super::*;
 
     fn task(id: u64, cores: u32, runtime_ms: u32) -> TaskToRun {
-        TaskToRun { id, attempt: 1, command: b"x".to_vec(), shell: false, cores, mem_mb: 0, timeout_ms: 0, runtime_ms }
+        TaskToRun {
+            id,
+            attempt: 1,
+            command: b"x".to_vec(),
+            shell: false,
+            cores,
+            mem_mb: 0,
+            timeout_ms: 0,
+            runtime_ms,
+            max_output: 0,
+        }
     }
 
     fn run(kind: ExecKind, slots: usize, tasks: Vec<TaskToRun>) -> (Vec<Finished>, Duration) {

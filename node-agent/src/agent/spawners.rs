@@ -70,6 +70,7 @@ mod tests {
                 mem_mb: 0,
                 timeout_ms: 0,
                 runtime_ms: 0,
+                max_output: 0,
             })
             .collect()
     }
