@@ -6,6 +6,7 @@ pub mod idset;
 pub mod output;
 pub mod partition;
 pub mod shellsyntax;
+pub mod sweep;
 pub mod task;
 pub mod taskfile;
 pub mod tree;

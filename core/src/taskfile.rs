@@ -7,6 +7,8 @@
 use std::fmt;
 use std::io::{self, BufRead};
 
+use crate::sweep::{Sweep, Template};
+
 /// Longest accepted line, in bytes, including options. Longer lines are an error, not a truncation.
 pub const MAX_LINE: usize = 128 * 1024;
 /// The longest command `sh -c` can be given: the kernel's limit for one argument
@@ -59,6 +61,9 @@ pub struct Task<'a> {
     pub command: &'a [u8],
     /// True when the command needs `/bin/sh -c`; false when it can be exec'd directly.
     pub shell: bool,
+    /// Made from a sweep's template (`sweep`): `command` is not in the file, `offset` is the
+    /// template's.
+    pub generated: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,6 +88,8 @@ pub enum ErrorKind {
     /// Something the shell would refuse (`shellsyntax`).
     ShellSyntax(&'static str),
     CommandTooLong(usize),
+    /// A bad `#HTC sweep` line, or a sweep that could not be made.
+    Sweep(String),
 }
 
 impl fmt::Display for ErrorKind {
@@ -103,6 +110,7 @@ impl fmt::Display for ErrorKind {
             ErrorKind::InvalidDirective => write!(f, "'#HTC' directive needs key=value options"),
             ErrorKind::ShellSyntax(why) => write!(f, "shell syntax: {why}"),
             ErrorKind::NotAFile(what) => write!(f, "is {what}; a task file must be a regular file"),
+            ErrorKind::Sweep(why) => write!(f, "sweep: {why}"),
             ErrorKind::CommandTooLong(n) => write!(
                 f,
                 "command of {n} bytes; the longest a shell can be given is {MAX_COMMAND} bytes (the kernel's limit for one argument)"
@@ -145,6 +153,26 @@ pub struct Parser<R> {
     classes: Vec<String>,
     tasks: u64,
     eof: bool,
+    /// Where `rows=` files of sweeps are looked for (the task file's directory).
+    dir: Option<std::path::PathBuf>,
+    /// A `#HTC sweep` line waiting for its template: (sweep, line, column).
+    pending: Option<(Sweep, u64, usize)>,
+    active: Option<Active>,
+    /// The command of the last generated task.
+    generated: Vec<u8>,
+    /// (line of the template, tasks it makes) of every sweep so far.
+    sweeps: Vec<(u64, u64)>,
+}
+
+/// A sweep making its tasks.
+struct Active {
+    sweep: Sweep,
+    template: Template,
+    options: TaskOptions,
+    line: u64,
+    offset: u64,
+    /// The next combination is the first.
+    first: bool,
 }
 
 impl<R: BufRead> Parser<R> {
@@ -160,7 +188,24 @@ impl<R: BufRead> Parser<R> {
             classes: vec!["default".to_string()],
             tasks: 0,
             eof: false,
+            dir: None,
+            pending: None,
+            active: None,
+            generated: Vec::new(),
+            sweeps: Vec::new(),
         }
+    }
+
+    /// Looks for sweeps' `rows=` files relative to `dir` (the task file's directory) instead of
+    /// the current directory.
+    pub fn with_dir(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
+        self.dir = Some(dir.into());
+        self
+    }
+
+    /// (line of the template, tasks it makes) of every sweep met so far.
+    pub fn sweeps(&self) -> &[(u64, u64)] {
+        &self.sweeps
     }
 
     /// Starts from other defaults than `TaskOptions::default()` (e.g. a site's or the user's
@@ -240,9 +285,20 @@ impl<R: BufRead> Parser<R> {
     /// Returns the next task, `Ok(None)` at the end, or the error of the current line. After an
     /// error the parser can go on with the next line, so a checker can list several errors.
     pub fn next_task(&mut self) -> Result<Option<Task<'_>>, TaskFileError> {
+        if self.advance_sweep()? {
+            return Ok(Some(self.generated_task()));
+        }
         loop {
             if self.eof || !self.read_line()? {
                 self.eof = true;
+                if let Some((_, line, col)) = self.pending.take() {
+                    return Err(TaskFileError {
+                        file: self.file.clone(),
+                        line,
+                        column: col,
+                        kind: ErrorKind::Sweep("no task line after it to be its template".into()),
+                    });
+                }
                 if self.tasks == 0 {
                     return Err(TaskFileError { file: self.file.clone(), line: 0, column: 0, kind: ErrorKind::Empty });
                 }
@@ -260,6 +316,14 @@ impl<R: BufRead> Parser<R> {
                 let rest = &self.buf[start..end];
                 if rest.starts_with(b"#HTC") && rest.get(4).is_none_or(|b| is_blank(*b)) {
                     let (s, e) = (start + 4, end);
+                    let words = String::from_utf8_lossy(&self.buf[s..e]).into_owned();
+                    if let Some(args) =
+                        words.trim_start().strip_prefix("sweep").filter(|a| a.is_empty() || a.starts_with([' ', '\t']))
+                    {
+                        let at = s + (words.len() - words.trim_start().len()) + 5;
+                        self.sweep_directive(args, at, start)?;
+                        continue;
+                    }
                     let mut opts = self.defaults;
                     let any = self.parse_options(s, e, &mut opts)?;
                     if !any {
@@ -291,18 +355,91 @@ impl<R: BufRead> Parser<R> {
                     return Err(self.err(close + 1, ErrorKind::MissingCommand));
                 }
             }
-            let command = &self.buf[cmd_start..end];
-            if command.len() > MAX_COMMAND {
-                return Err(self.err(cmd_start + 1, ErrorKind::CommandTooLong(command.len())));
-            }
-            let shell = needs_shell(command);
-            if let Err((at, why)) = if shell { crate::shellsyntax::check(command) } else { Ok(()) } {
-                return Err(self.err(cmd_start + at + 1, ErrorKind::ShellSyntax(why)));
+            let shell = {
+                let command = &self.buf[cmd_start..end];
+                if command.len() > MAX_COMMAND {
+                    return Err(self.err(cmd_start + 1, ErrorKind::CommandTooLong(command.len())));
+                }
+                let shell = needs_shell(command);
+                if let Err((at, why)) = if shell { crate::shellsyntax::check(command) } else { Ok(()) } {
+                    return Err(self.err(cmd_start + at + 1, ErrorKind::ShellSyntax(why)));
+                }
+                shell
+            };
+            let offset = self.line_start + cmd_start as u64;
+            if self.pending.is_some() {
+                self.start_sweep(cmd_start, end, options, offset)?;
+                if self.advance_sweep()? {
+                    return Ok(Some(self.generated_task()));
+                }
+                continue;
             }
             self.tasks += 1;
-            let offset = self.line_start + cmd_start as u64;
-            return Ok(Some(Task { line: self.line_no, offset, options, command, shell }));
+            let command = &self.buf[cmd_start..end];
+            return Ok(Some(Task { line: self.line_no, offset, options, command, shell, generated: false }));
         }
+    }
+
+    /// The task line after `#HTC sweep` (`buf[cmd_start..end]`) becomes the sweep's template.
+    fn start_sweep(
+        &mut self,
+        cmd_start: usize,
+        end: usize,
+        options: TaskOptions,
+        offset: u64,
+    ) -> Result<(), TaskFileError> {
+        let (sweep, _, _) = self.pending.take().expect("a sweep is pending");
+        let template = sweep.compile(&self.buf[cmd_start..end]);
+        if !template.uses_params() {
+            let names = sweep.names().iter().map(|n| format!("{{{n}}}")).collect::<Vec<_>>().join(", ");
+            let why = format!("this template after `#HTC sweep` uses none of {names}");
+            return Err(self.err(cmd_start + 1, ErrorKind::Sweep(why)));
+        }
+        self.sweeps.push((self.line_no, sweep.tasks().unwrap_or(0)));
+        self.active = Some(Active { sweep, template, options, line: self.line_no, offset, first: true });
+        Ok(())
+    }
+
+    /// `#HTC sweep WORDS` at byte `at` of the line (the directive at `start`): parsed, it waits
+    /// for the task line that is its template.
+    fn sweep_directive(&mut self, words: &str, at: usize, start: usize) -> Result<(), TaskFileError> {
+        if self.pending.is_some() {
+            self.pending = None;
+            return Err(
+                self.err(start + 1, ErrorKind::Sweep("a second `#HTC sweep` before the first's task line".into()))
+            );
+        }
+        let sweep = Sweep::parse(words, self.dir.as_deref())
+            .map_err(|(col, why)| self.err(at + col + 1, ErrorKind::Sweep(why)))?;
+        self.pending = Some((sweep, self.line_no, start + 1));
+        Ok(())
+    }
+
+    /// Moves the active sweep to its next task (false, and the sweep ended, after its last; false
+    /// without one).
+    fn advance_sweep(&mut self) -> Result<bool, TaskFileError> {
+        let Some(a) = self.active.as_mut() else { return Ok(false) };
+        let file = &self.file;
+        let err = |column, kind| TaskFileError { file: file.clone(), line: a.line, column, kind };
+        let more = if a.first { a.sweep.start().map(|_| true) } else { a.sweep.advance() };
+        a.first = false;
+        if !more.map_err(|e| err(0, ErrorKind::Sweep(e)))? {
+            self.active = None;
+            return Ok(false);
+        }
+        a.template.fill(&a.sweep.values(), &mut self.generated);
+        if self.generated.len() > MAX_COMMAND {
+            return Err(err(0, ErrorKind::CommandTooLong(self.generated.len())));
+        }
+        self.tasks += 1;
+        Ok(true)
+    }
+
+    /// The task `advance_sweep` made.
+    fn generated_task(&self) -> Task<'_> {
+        let a = self.active.as_ref().expect("a sweep is active");
+        let shell = needs_shell(&self.generated);
+        Task { line: a.line, offset: a.offset, options: a.options, command: &self.generated, shell, generated: true }
     }
 
     /// Parses `key=value` words (separated by blanks or commas) in `buf[s..e]` into `opts`.
@@ -579,6 +716,8 @@ pub struct Summary {
     pub classes: Vec<ClassSummary>,
     pub shell_tasks: u64,
     pub max_cores: u16,
+    /// (line of the template, tasks it makes) of each `#HTC sweep`.
+    pub sweeps: Vec<(u64, u64)>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -597,7 +736,10 @@ impl Summary {
 
 /// Checks a whole file. Returns the summary, or up to `max_errors` errors (at least one).
 pub fn check<R: BufRead>(reader: R, file: &str, max_errors: usize) -> Result<Summary, Vec<TaskFileError>> {
-    let mut p = Parser::new(reader, file);
+    check_in(Parser::new(reader, file), max_errors)
+}
+
+fn check_in<R: BufRead>(mut p: Parser<R>, max_errors: usize) -> Result<Summary, Vec<TaskFileError>> {
     let mut errors = Vec::new();
     let mut per_class: Vec<(u64, f64, u64)> = vec![(0, 0.0, 0)];
     let mut s = Summary::default();
@@ -636,6 +778,7 @@ pub fn check<R: BufRead>(reader: R, file: &str, max_errors: usize) -> Result<Sum
     if !errors.is_empty() {
         return Err(errors);
     }
+    s.sweeps = p.sweeps().to_vec();
     s.classes = p
         .classes()
         .iter()
@@ -679,7 +822,8 @@ pub fn check_path(path: &std::path::Path, max_errors: usize) -> Result<Summary, 
     let f = std::fs::File::open(path).map_err(|e| {
         vec![TaskFileError { file: name.clone(), line: 0, column: 0, kind: ErrorKind::Io(e.to_string()) }]
     })?;
-    check(io::BufReader::with_capacity(1 << 16, f), &name, max_errors)
+    let p = Parser::new(io::BufReader::with_capacity(1 << 16, f), &name);
+    check_in(p.with_dir(path.parent().unwrap_or(std::path::Path::new("."))), max_errors)
 }
 
 #[cfg(test)]
@@ -721,6 +865,43 @@ mod tests {
         assert_eq!(output_cap::bytes(output_cap::encode((1 << 25) + 1).unwrap()), (1 << 25) + (1 << 20), "MiB, up");
         let e = all(b"[max_output=lots] a\n").unwrap_err().to_string();
         assert!(e.contains("t.txt:1:2: bad value 'lots' for max_output"), "{e}");
+    }
+
+    #[test]
+    fn a_sweep_makes_its_tasks_from_the_line_after_it() {
+        let text = b"echo first\n#HTC sweep x=1..3 +y=a,b,c n=1,2\n[cores=2] run {x} {y} {n} '{z}'\necho last\n";
+        let mut p = Parser::new(&text[..], "t.txt");
+        let mut got = Vec::new();
+        while let Some(t) = p.next_task().unwrap() {
+            got.push((t.line, String::from_utf8(t.command.to_vec()).unwrap(), t.options.cores, t.generated));
+        }
+        assert_eq!(got.len(), 8);
+        assert_eq!(got[0], (1, "echo first".into(), 1, false));
+        assert_eq!(got[1], (3, "run 1 a 1 '{z}'".into(), 2, true));
+        assert_eq!(got[6], (3, "run 3 c 2 '{z}'".into(), 2, true));
+        assert_eq!(got[7], (4, "echo last".into(), 1, false));
+        assert_eq!(p.sweeps(), [(3, 6)]);
+        let s = check(&text[..], "t.txt", 5).unwrap();
+        assert_eq!((s.tasks, s.sweeps.clone()), (8, vec![(3, 6)]));
+    }
+
+    #[test]
+    fn bad_sweeps_are_refused_with_their_place() {
+        let e = |t: &[u8]| check(t, "t.txt", 5).unwrap_err().iter().map(|e| e.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            e(b"#HTC sweep x=1..3 +y=1,2\necho {x}\n"),
+            ["t.txt:1:19: sweep: y has 2 values, x linked to it has 3"]
+        );
+        assert_eq!(e(b"echo a\n#HTC sweep x=1,2\n"), ["t.txt:2:1: sweep: no task line after it to be its template"]);
+        assert_eq!(
+            e(b"#HTC sweep x=1,2\necho {y}\n"),
+            ["t.txt:2:1: sweep: this template after `#HTC sweep` uses none of {x}"]
+        );
+        assert_eq!(
+            e(b"#HTC sweep x=1,2\n#HTC sweep y=1\necho {y}\n"),
+            ["t.txt:2:1: sweep: a second `#HTC sweep` before the first's task line"]
+        );
+        assert_eq!(e(b"#HTC sweep rows=nope.csv\necho {y}\n").len(), 1);
     }
 
     #[test]

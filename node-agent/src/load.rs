@@ -3,7 +3,7 @@
 //! append one record per task, committing in large batches. Memory stays flat whatever the size.
 
 use std::fs::File;
-use std::io::BufReader;
+use std::io::{BufReader, Write};
 use std::path::Path;
 
 use htc_core::partition::group_key;
@@ -13,6 +13,9 @@ use crate::ledger::{Counts, Ledger, LedgerError, Record};
 use crate::rundir::RunDir;
 
 const BATCH: u64 = 200_000;
+
+/// The commands sweeps made, in the run directory beside the copy of the task file.
+pub const GENERATED: &str = "generated.txt";
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
@@ -48,7 +51,12 @@ pub fn load(src: &Path, run: &RunDir, ledger: &Ledger, defaults: TaskOptions) ->
     htc_core::taskfile::require_regular(src)?;
     std::fs::copy(src, run.tasks()).map_err(|source| LoadError::Copy { path: shown.clone(), source })?;
     let f = File::open(run.tasks()).map_err(|source| LoadError::Copy { path: shown.clone(), source })?;
-    let mut p = Parser::new(BufReader::with_capacity(1 << 20, f), shown.clone()).with_defaults(defaults);
+    let text_len = f.metadata().map_err(|source| LoadError::Copy { path: shown.clone(), source })?.len();
+    let dir = src.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let mut p = Parser::new(BufReader::with_capacity(1 << 20, f), shown.clone()).with_defaults(defaults).with_dir(dir);
+    // Commands made by sweeps are not in the file: they go to `generated.txt`, read as if it
+    // followed the copy (`TaskText`).
+    let mut generated: Option<(std::io::BufWriter<File>, u64)> = None;
     let mut txn = ledger.write()?;
     let mut id: u64 = 0;
     let (mut max_cores, mut max_mem_mb) = (1u16, 0u32);
@@ -68,8 +76,26 @@ pub fn load(src: &Path, run: &RunDir, ledger: &Ledger, defaults: TaskOptions) ->
             groups.insert(group_key(o.class, o.runtime_ms));
             last = Some((o.class, o.runtime_ms));
         }
+        let cmd_off = if t.generated {
+            let (w, at) = match generated.as_mut() {
+                Some(g) => g,
+                None => {
+                    let f = File::create(run.path.join(GENERATED))
+                        .map_err(|source| LoadError::Copy { path: shown.clone(), source })?;
+                    generated.insert((std::io::BufWriter::with_capacity(1 << 20, f), 0))
+                }
+            };
+            let off = text_len + *at;
+            w.write_all(t.command)
+                .and_then(|_| w.write_all(b"\n"))
+                .map_err(|source| LoadError::Copy { path: shown.clone(), source })?;
+            *at += t.command.len() as u64 + 1;
+            off
+        } else {
+            t.offset
+        };
         let r = Record {
-            cmd_off: t.offset,
+            cmd_off,
             cmd_len: t.command.len() as u32,
             line: t.line as u32,
             cores: o.cores,
@@ -92,6 +118,11 @@ pub fn load(src: &Path, run: &RunDir, ledger: &Ledger, defaults: TaskOptions) ->
     txn.put_meta("max_cores", &(max_cores as u64).to_le_bytes())?;
     txn.put_meta("hinted", &hinted.to_le_bytes())?;
     txn.put_meta("groups", &(groups.len() as u64).to_le_bytes())?;
+    if let Some((mut w, _)) = generated {
+        w.flush()
+            .and_then(|_| w.get_ref().sync_all())
+            .map_err(|source| LoadError::Copy { path: shown.clone(), source })?;
+    }
     txn.put_meta("classes", p.classes().join("\n").as_bytes())?;
     txn.put_meta("task_file", shown.as_bytes())?;
     txn.put_counts(&Counts([id, 0, 0, 0, 0]))?;
@@ -99,25 +130,40 @@ pub fn load(src: &Path, run: &RunDir, ledger: &Ledger, defaults: TaskOptions) ->
     Ok(Loaded { tasks: id, classes: p.classes().to_vec(), max_cores, max_mem_mb })
 }
 
-/// The run's copy of the task file, mapped read-only: commands are read straight from the page
-/// cache at dispatch instead of living on the heap.
+/// Bytes of command text records may point into: the copy of the task file, then the commands
+/// its sweeps made.
+pub fn text_len(run: &RunDir) -> u64 {
+    let len = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+    len(&run.tasks()) + len(&run.path.join(GENERATED))
+}
+
+/// The run's copy of the task file, and the commands its sweeps made (`GENERATED`), mapped
+/// read-only: commands are read straight from the page cache at dispatch instead of living on the
+/// heap. A record's offset past the copy's end is in the generated commands.
 pub struct TaskText {
+    text: Mapped,
+    generated: Mapped,
+}
+
+struct Mapped {
     ptr: *const u8,
     len: usize,
     fault: Option<crate::mapfault::Registration>,
 }
 
-// SAFETY: the mapping is read-only and lives until Drop.
+// SAFETY: the mappings are read-only and live until Drop.
 unsafe impl Send for TaskText {}
 unsafe impl Sync for TaskText {}
 
-impl TaskText {
-    pub fn open(path: &Path) -> std::io::Result<TaskText> {
+impl Mapped {
+    const NONE: Mapped = Mapped { ptr: std::ptr::null(), len: 0, fault: None };
+
+    fn open(path: &Path) -> std::io::Result<Mapped> {
         use std::os::fd::AsRawFd;
         let f = File::open(path)?;
         let len = f.metadata()?.len() as usize;
         if len == 0 {
-            return Ok(TaskText { ptr: std::ptr::null(), len: 0, fault: None });
+            return Ok(Mapped::NONE);
         }
         // SAFETY: mapping a regular file read-only and private; checked for MAP_FAILED.
         let ptr =
@@ -126,12 +172,10 @@ impl TaskText {
             return Err(std::io::Error::last_os_error());
         }
         let what = format!("the run's copy of the task file {} was cut short while in use", path.display());
-        Ok(TaskText { ptr: ptr as *const u8, len, fault: crate::mapfault::register(ptr as usize, len, &what) })
+        Ok(Mapped { ptr: ptr as *const u8, len, fault: crate::mapfault::register(ptr as usize, len, &what) })
     }
 
-    /// The command of a record; empty if the record points outside the file (a truncated copy).
-    pub fn command(&self, r: &Record) -> &[u8] {
-        let (off, len) = (r.cmd_off as usize, r.cmd_len as usize);
+    fn get(&self, off: usize, len: usize) -> &[u8] {
         if self.ptr.is_null() || off.checked_add(len).is_none_or(|e| e > self.len) {
             return &[];
         }
@@ -140,12 +184,31 @@ impl TaskText {
     }
 }
 
-impl Drop for TaskText {
+impl Drop for Mapped {
     fn drop(&mut self) {
         self.fault.take();
         if !self.ptr.is_null() {
             // SAFETY: unmapping exactly what open() mapped.
             unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+        }
+    }
+}
+
+impl TaskText {
+    /// Maps the copy at `path`, and the generated commands beside it if there are any.
+    pub fn open(path: &Path) -> std::io::Result<TaskText> {
+        let text = Mapped::open(path)?;
+        let gen = path.with_file_name(GENERATED);
+        let generated = if gen.exists() { Mapped::open(&gen)? } else { Mapped::NONE };
+        Ok(TaskText { text, generated })
+    }
+
+    /// The command of a record; empty if the record points outside the files (a truncated copy).
+    pub fn command(&self, r: &Record) -> &[u8] {
+        let (off, len) = (r.cmd_off as usize, r.cmd_len as usize);
+        match off.checked_sub(self.text.len) {
+            Some(g) => self.generated.get(g, len),
+            None => self.text.get(off, len),
         }
     }
 }

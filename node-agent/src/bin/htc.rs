@@ -294,8 +294,21 @@ fn resume(job: &str, mut sbatch: Vec<std::ffi::OsString>) -> anyhow::Result<i32>
             sbatch = vec!["-N".into(), n.to_string().into()];
         }
     }
+    // sbatch checks the file it is given; the new job continues the ledger and loads nothing.
+    // A run with sweeps is checked through its original file, whose `rows=` tables resolve
+    // beside it (the run's copy has them elsewhere).
+    let mut checked = path.join("tasks.txt");
+    if path.join(htc::load::GENERATED).exists() {
+        let l = Ledger::open(&run.ledger(), true)?;
+        let t = l.read()?;
+        if let Some(orig) = t.meta("task_file")?.map(|b| PathBuf::from(String::from_utf8_lossy(b).into_owned())) {
+            if orig.is_file() {
+                checked = orig;
+            }
+        }
+    }
     let mut file = std::ffi::OsString::from("--htc=");
-    file.push(path.join("tasks.txt"));
+    file.push(&checked);
     let mut cmd = std::process::Command::new("sbatch");
     cmd.arg(file).arg(format!("--htc-resume={first}")).args(&sbatch).arg("--wrap=:");
     eprintln!("htc: {} unfinished tasks of job {job}: {cmd:?}", report.counts.unfinished());
@@ -395,6 +408,9 @@ fn check(file: PathBuf, max_errors: usize) -> anyhow::Result<i32> {
                 s.shell_tasks,
                 s.tasks - s.shell_tasks
             );
+            for (line, n) in &s.sweeps {
+                println!("sweep: line {line} makes {n} tasks");
+            }
             println!("classes: {}", s.classes.len());
             for c in &s.classes {
                 let hint = if c.without_runtime > 0 {
@@ -483,7 +499,7 @@ fn local_layout(agents: Option<usize>, cores: Option<usize>, cpus: usize) -> (us
 
 /// `htc verify`: the whole ledger read back, and what it still vouches for.
 fn verify(run: &RunDir) -> anyhow::Result<i32> {
-    let text_len = std::fs::metadata(run.tasks()).map(|m| m.len()).unwrap_or(0);
+    let text_len = htc::load::text_len(run);
     let shown = run.ledger().display().to_string();
     if !run.ledger().exists() {
         bail!("{} has no ledger ({shown})", run.path.display());

@@ -282,7 +282,7 @@ fn cpu_us() -> u64 {
 /// opens it: writing into a damaged one would follow its broken pages, a resume must not spread
 /// damage or re-run what it cannot vouch for, and some damage crashes or hangs a read.
 pub fn reset_interrupted(run: &crate::rundir::RunDir) -> Result<u64> {
-    let text_len = std::fs::metadata(run.tasks()).map(|m| m.len()).unwrap_or(0);
+    let text_len = crate::load::text_len(run);
     let v = crate::verify::verify_apart(&run.ledger(), text_len, crate::verify::STALL)?;
     // Counts are rewritten below; unreadable records, a lost total or a broken history are what a
     // resume must not build on.
