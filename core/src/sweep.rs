@@ -165,6 +165,9 @@ impl Rows {
             }
             self.line += 1;
             let t = l.trim_end_matches(['\n', '\r']);
+            if t.contains('\0') {
+                return Err(format!("{}:{}: a NUL byte (a binary file?)", self.shown, self.line));
+            }
             if !t.trim().is_empty() {
                 return split_row(t, self.delim).map(Some).map_err(|e| format!("{}:{}: {e}", self.shown, self.line));
             }
@@ -321,6 +324,9 @@ impl Sweep {
                     }
                     names.push(name.to_string());
                     vs.push(values);
+                }
+                Some(Dim::Rows { .. }) if linked => {
+                    return Err(e(format!("'+{name}' cannot link to a table's rows (put its values in the table)")))
                 }
                 _ if linked => return Err(e(format!("'+{name}' links to the parameter before it, and there is none"))),
                 _ => dims.push(Dim::Linked { names: vec![name.to_string()], values: vec![values], at: 0 }),

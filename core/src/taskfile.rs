@@ -103,7 +103,7 @@ impl fmt::Display for ErrorKind {
             ErrorKind::MissingCommand => write!(f, "options but no command"),
             ErrorKind::BadOptionSyntax(s) => write!(f, "expected key=value, found '{s}'"),
             ErrorKind::UnknownOption(k) => {
-                write!(f, "unknown option '{k}' (known: cores, mem, timeout, retries, class, runtime)")
+                write!(f, "unknown option '{k}' (known: cores, mem, timeout, retries, class, runtime, max_output)")
             }
             ErrorKind::BadValue { key, value, why } => write!(f, "bad value '{value}' for {key}: {why}"),
             ErrorKind::TooManyClasses => write!(f, "more than {MAX_CLASSES} distinct classes"),
@@ -162,6 +162,9 @@ pub struct Parser<R> {
     generated: Vec<u8>,
     /// (line of the template, tasks it makes) of every sweep so far.
     sweeps: Vec<(u64, u64)>,
+    /// The line of the last error returned: a sweep whose template was refused is not also
+    /// said to have none.
+    last_error: std::cell::Cell<u64>,
 }
 
 /// A sweep making its tasks.
@@ -193,6 +196,7 @@ impl<R: BufRead> Parser<R> {
             active: None,
             generated: Vec::new(),
             sweeps: Vec::new(),
+            last_error: std::cell::Cell::new(0),
         }
     }
 
@@ -226,6 +230,7 @@ impl<R: BufRead> Parser<R> {
     }
 
     fn err(&self, column: usize, kind: ErrorKind) -> TaskFileError {
+        self.last_error.set(self.line_no);
         TaskFileError { file: self.file.clone(), line: self.line_no, column, kind }
     }
 
@@ -291,7 +296,7 @@ impl<R: BufRead> Parser<R> {
         loop {
             if self.eof || !self.read_line()? {
                 self.eof = true;
-                if let Some((_, line, col)) = self.pending.take() {
+                if let Some((_, line, col)) = self.pending.take().filter(|p| self.last_error.get() < p.1) {
                     return Err(TaskFileError {
                         file: self.file.clone(),
                         line,

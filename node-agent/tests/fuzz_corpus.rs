@@ -1,4 +1,4 @@
-//! The fuzz targets' committed corpora (`fuzz/corpus/{taskfile,frame,pmi,replica}/`: hand-written seeds
+//! The fuzz targets' committed corpora (`fuzz/corpus/{taskfile,frame,pmi,replica,user_input}/`: hand-written seeds
 //! and what libFuzzer kept or found) replayed through the targets' own checks
 //! (`fuzz/checks/*.rs`), so every `cargo test` makes the fuzzer's assertions on them without
 //! a nightly toolchain. The plugin's target is replayed in `spank-plugin/tests/`.
@@ -13,6 +13,8 @@ mod replay;
 mod replica;
 #[path = "../../fuzz/checks/taskfile.rs"]
 mod taskfile;
+#[path = "../../fuzz/checks/user_input.rs"]
+mod user_input;
 
 use replay::replay;
 
@@ -34,4 +36,9 @@ fn pmi_corpus() {
 #[test]
 fn replica_corpus() {
     replay("replica", replica::check);
+}
+
+#[test]
+fn user_input_corpus() {
+    replay("user_input", user_input::check);
 }

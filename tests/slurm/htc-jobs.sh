@@ -130,6 +130,26 @@ retried_job() {
     check "retry: task 2's output is its new attempt's" test "$(as_user -C "$w" "$bin/htc" output "$j" 2)" = fixed
 }
 
+# A sweep under sbatch: the plugin checks it at submit (its table found beside the task file), the
+# leader makes its tasks; htc output shows them in order.
+swept_job() {
+    local w j state
+    w=$(cluster_workdir swept)
+    mkdir -p "$w/in"
+    printf 'a,b\n1,x\n2,"y z"\n' >"$w/in/p.csv"
+    printf '#HTC sweep rows=p.csv n=1..3\necho {a} {b} {n}\n' >"$w/in/tasks.txt"
+    chown -R "$HTC_CLUSTER_USER" "$w"
+    j=$(submit "$w" --htc=in/tasks.txt --wrap=:) || { bad "sweep: submit"; return; }
+    state=$(wait_job "$j" 120)
+    check "sweep: job $j COMPLETED (was $state)" test "$state" = COMPLETED
+    check "sweep: its 6 tasks in the summary" grep -q "6 tasks: 6 done, 0 failed" "$w/slurm-$j.out"
+    check "sweep: htc output in task order" test "$(as_user -C "$w" "$bin/htc" output "$j" | xargs)" = "1 x 1 1 x 2 1 x 3 2 y z 1 2 y z 2 2 y z 3"
+    printf '#HTC sweep rows=p.csv +n=1..3\necho {a} {n}\n' >"$w/in/bad.txt"
+    chown -R "$HTC_CLUSTER_USER" "$w"
+    check "sweep: a bad one is refused at submit with its place" \
+        grep -q "in/bad.txt:1:23: sweep: '+n' cannot link to a table's rows" <<<"$(as_user -C "$w" sbatch --htc=in/bad.txt --wrap=: 2>&1)"
+}
+
 # Waits for a job's end by reading slurmctld's log: polling with squeue/scontrol would itself
 # add controller RPCs to what is being measured.
 wait_in_log() { # JOBID TIMEOUT
@@ -231,6 +251,7 @@ bad_file_rejected
 failing_prologue
 failing_tasks
 retried_job
+swept_job
 
 echo "== 4 nodes (network namespaces)"
 "$root/tests/cluster/start-cluster.sh" -n 4 -m netns -c 2 >/dev/null || { echo "cluster did not start"; exit 1; }
