@@ -70,8 +70,11 @@ impl Range {
         if step == 0 || (end - start).signum() * step.signum() < 0 {
             return Err(format!("'{s}': the step never reaches the end"));
         }
-        let count = ((end - start) / step) as u64 + 1;
-        Ok(Range { start, step, count, decimals })
+        let count = (end - start) / step + 1;
+        if count > MAX_TASKS as i128 {
+            return Err(format!("'{s}' has more than {MAX_TASKS} values"));
+        }
+        Ok(Range { start, step, count: count as u64, decimals })
     }
 
     fn value(&self, i: u64) -> String {
@@ -94,7 +97,8 @@ enum Values {
 
 impl Values {
     fn parse(s: &str) -> Result<Values, String> {
-        if s.contains("..") {
+        // A range starts with a number (`../a.txt,../b.txt` is a list of paths).
+        if !s.contains(',') && s.contains("..") && s.starts_with(|c: char| c.is_ascii_digit() || c == '-' || c == '.') {
             return Range::parse(s).map(Values::Range);
         }
         let items: Vec<String> = s.split(',').map(str::to_string).collect();
@@ -294,6 +298,9 @@ impl Sweep {
             at += w.len() + 1;
             if w.is_empty() {
                 continue;
+            }
+            if w.starts_with('#') {
+                break; // a comment to the end of the line
             }
             let e = |m: String| (col, m);
             let (linked, word) = w.strip_prefix('+').map_or((false, w), |r| (true, r));
@@ -498,6 +505,10 @@ mod tests {
             ["-1 {m} {} awk '{print}'", "0 {m} {} awk '{print}'", "1 {m} {} awk '{print}'"]
         );
         assert_eq!(all("k=1..10:4", "{k}", None), ["1", "5", "9"]);
+        assert_eq!(
+            all("f=../a.txt,../b.txt   # paths, not a range", "cat {f}", None),
+            ["cat ../a.txt", "cat ../b.txt"]
+        );
     }
 
     #[test]
@@ -530,6 +541,10 @@ mod tests {
         assert_eq!(err("x").1, "expected name=values, found 'x'");
         assert_eq!(err("").1, "a sweep needs parameters, e.g. `#HTC sweep seed=1..100`");
         assert_eq!(err("a=1..100000 b=1..100000").1, format!("more than {MAX_TASKS} combinations"));
+        assert_eq!(
+            err("x=0..18446744073.709551616:0.000000001").1,
+            format!("'0..18446744073.709551616:0.000000001' has more than {MAX_TASKS} values")
+        );
         assert!(err("rows=/nonexistent.csv").1.starts_with("/nonexistent.csv: No such file"));
     }
 }

@@ -85,6 +85,9 @@ pub enum Step {
 /// down with it is probably their cause.
 pub const MAX_LOSSES: u8 = 3;
 
+/// Attempts a task can have in all (its count is a byte): rounds of `htc retry` included.
+pub const MAX_ATTEMPTS: u8 = 255;
+
 /// The part of a task's record that its life changes or depends on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Life {
@@ -158,9 +161,10 @@ pub fn step(life: Life, s: Step) -> Result<(Life, Effect), Invalid> {
             Pending
         }
         (Pending, Step::Refuse) => Failed,
-        (Done | Failed, Step::Rerun { retries }) => {
-            // The budget counts all attempts so far (`retry_or_fail`): the new round's starts here.
-            next.retries = life.attempts.saturating_add(retries);
+        // The budget counts all attempts so far (`retry_or_fail`): the new round's starts here,
+        // and must fit in the count (a task has at most `MAX_ATTEMPTS`).
+        (Done | Failed, Step::Rerun { retries }) if (life.attempts as u16 + retries as u16) < MAX_ATTEMPTS as u16 => {
+            next.retries = life.attempts + retries;
             Pending
         }
         (Pending | Failed, Step::Refund) if life.attempts > 0 => {
@@ -179,7 +183,7 @@ pub fn step(life: Life, s: Step) -> Result<(Life, Effect), Invalid> {
 }
 
 fn retry_or_fail(life: Life, permanent: bool) -> State {
-    if !permanent && life.attempts <= life.retries {
+    if !permanent && life.attempts <= life.retries && life.attempts < MAX_ATTEMPTS {
         State::Pending
     } else {
         State::Failed
@@ -268,6 +272,13 @@ mod tests {
         // With one retry: two more attempts; a done task can be rerun too.
         let (l, _) = run(l, &[Step::Finish(End::Succeeded), Step::Rerun { retries: 1 }, Step::Dispatch, fail]);
         assert_eq!((l.state(), l.attempts), (State::Pending, 4));
+        // Not past the count: a task that used up its attempts is not rerun.
+        let worn = Life { state: State::Failed as u8, attempts: 250, retries: 250, losses: 0 };
+        assert!(step(worn, Step::Rerun { retries: 4 }).is_ok());
+        assert!(step(worn, Step::Rerun { retries: 5 }).is_err());
+        let (at_max, _) =
+            step(Life { state: State::Pending as u8, attempts: 254, retries: 255, losses: 0 }, Step::Dispatch).unwrap();
+        assert_eq!(step(at_max, fail).unwrap().0.state(), State::Failed, "the 255th attempt is the last");
         // Only finished tasks: a pending or running one is left as it is.
         assert!(step(life(State::Running, 1, 0), Step::Rerun { retries: 0 }).is_err());
         assert!(step(life(State::Pending, 0, 0), Step::Rerun { retries: 0 }).is_err());

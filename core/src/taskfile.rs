@@ -309,6 +309,11 @@ impl<R: BufRead> Parser<R> {
                 }
                 return Ok(None);
             }
+            // The line after a sweep's directive was refused: it was the template, and the sweep
+            // goes with it (the next line is not taken for one).
+            if self.pending.as_ref().is_some_and(|p| self.last_error.get() > p.1) {
+                self.pending = None;
+            }
             if let Some(i) = self.buf.iter().position(|&b| b == 0) {
                 return Err(self.err(i + 1, ErrorKind::NulByte));
             }
@@ -435,6 +440,14 @@ impl<R: BufRead> Parser<R> {
         a.template.fill(&a.sweep.values(), &mut self.generated);
         if self.generated.len() > MAX_COMMAND {
             return Err(err(0, ErrorKind::CommandTooLong(self.generated.len())));
+        }
+        // A value is one word, but a template that puts it inside quotes of its own (`'{x}'`)
+        // can still make a line the shell refuses.
+        if needs_shell(&self.generated) {
+            if let Err((_, why)) = crate::shellsyntax::check(&self.generated) {
+                let values = a.sweep.values().join(" ");
+                return Err(err(0, ErrorKind::Sweep(format!("with the values {values} the command is not valid shell ({why}); write {{name}} outside quotes"))));
+            }
         }
         self.tasks += 1;
         Ok(true)
@@ -888,6 +901,20 @@ mod tests {
         assert_eq!(p.sweeps(), [(3, 6)]);
         let s = check(&text[..], "t.txt", 5).unwrap();
         assert_eq!((s.tasks, s.sweeps.clone()), (8, vec![(3, 6)]));
+    }
+
+    #[test]
+    fn a_sweep_goes_with_its_refused_template_and_made_commands_are_checked() {
+        let e = |t: &[u8]| check(t, "t.txt", 5).unwrap_err().iter().map(|e| e.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            e(b"#HTC sweep x=1,2\n[cores=0] echo {x}\necho plain\n"),
+            ["t.txt:2:2: bad value '0' for cores: an integer from 1 to 4096"]
+        );
+        assert_eq!(
+            e(b"#HTC sweep x=a,it's\necho '{x}'\n"),
+            ["t.txt:2: sweep: with the values it's the command is not valid shell (single quote ' is not closed); write {name} outside quotes"]
+        );
+        assert_eq!(check(&b"#HTC sweep x=1..3 # three\necho {x}\n"[..], "t.txt", 5).unwrap().tasks, 3);
     }
 
     #[test]

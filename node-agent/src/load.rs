@@ -56,7 +56,8 @@ pub fn load(src: &Path, run: &RunDir, ledger: &Ledger, defaults: TaskOptions) ->
     let mut p = Parser::new(BufReader::with_capacity(1 << 20, f), shown.clone()).with_defaults(defaults).with_dir(dir);
     // Commands made by sweeps are not in the file: they go to `generated.txt`, read as if it
     // followed the copy (`TaskText`).
-    let mut generated: Option<(std::io::BufWriter<File>, u64)> = None;
+    let mut generated: Option<Generated> = None;
+    let copy_err = |source| LoadError::Copy { path: shown.clone(), source };
     let mut txn = ledger.write()?;
     let mut id: u64 = 0;
     let (mut max_cores, mut max_mem_mb) = (1u16, 0u32);
@@ -64,8 +65,9 @@ pub fn load(src: &Path, run: &RunDir, ledger: &Ledger, defaults: TaskOptions) ->
     let (mut groups, mut last, mut hinted) = (std::collections::HashSet::new(), None, 0u64);
     while let Some(t) = p.next_task()? {
         id += 1;
-        if t.line > u32::MAX as u64 {
-            return Err(LoadError::TooMany { path: shown, max: u32::MAX as u64 });
+        // Sweeps can make more tasks than lines: the count is bounded as the lines are.
+        if t.line > u32::MAX as u64 || id > u32::MAX as u64 {
+            return Err(LoadError::TooMany { path: shown.clone(), max: u32::MAX as u64 });
         }
         let o = t.options;
         max_cores = max_cores.max(o.cores);
@@ -77,20 +79,11 @@ pub fn load(src: &Path, run: &RunDir, ledger: &Ledger, defaults: TaskOptions) ->
             last = Some((o.class, o.runtime_ms));
         }
         let cmd_off = if t.generated {
-            let (w, at) = match generated.as_mut() {
+            let g = match generated.as_mut() {
                 Some(g) => g,
-                None => {
-                    let f = File::create(run.path.join(GENERATED))
-                        .map_err(|source| LoadError::Copy { path: shown.clone(), source })?;
-                    generated.insert((std::io::BufWriter::with_capacity(1 << 20, f), 0))
-                }
+                None => generated.insert(Generated::create(&run.path.join(GENERATED), text_len).map_err(copy_err)?),
             };
-            let off = text_len + *at;
-            w.write_all(t.command)
-                .and_then(|_| w.write_all(b"\n"))
-                .map_err(|source| LoadError::Copy { path: shown.clone(), source })?;
-            *at += t.command.len() as u64 + 1;
-            off
+            g.push(t.command).map_err(copy_err)?
         } else {
             t.offset
         };
@@ -118,10 +111,8 @@ pub fn load(src: &Path, run: &RunDir, ledger: &Ledger, defaults: TaskOptions) ->
     txn.put_meta("max_cores", &(max_cores as u64).to_le_bytes())?;
     txn.put_meta("hinted", &hinted.to_le_bytes())?;
     txn.put_meta("groups", &(groups.len() as u64).to_le_bytes())?;
-    if let Some((mut w, _)) = generated {
-        w.flush()
-            .and_then(|_| w.get_ref().sync_all())
-            .map_err(|source| LoadError::Copy { path: shown.clone(), source })?;
+    if let Some(g) = generated {
+        g.finish().map_err(copy_err)?;
     }
     txn.put_meta("classes", p.classes().join("\n").as_bytes())?;
     txn.put_meta("task_file", shown.as_bytes())?;
@@ -130,11 +121,78 @@ pub fn load(src: &Path, run: &RunDir, ledger: &Ledger, defaults: TaskOptions) ->
     Ok(Loaded { tasks: id, classes: p.classes().to_vec(), max_cores, max_mem_mb })
 }
 
+/// The commands sweeps made, written as they are made. Its first line says the offset records
+/// use for its first byte (the copy's size at load), so a copy that changed size later cannot
+/// shift them onto other bytes.
+struct Generated {
+    w: std::io::BufWriter<File>,
+    base: u64,
+    at: u64,
+}
+
+const GENERATED_HEAD: &str = "# htc: commands made by sweeps; offsets from ";
+
+impl Generated {
+    fn create(path: &Path, base: u64) -> std::io::Result<Generated> {
+        let mut w = std::io::BufWriter::with_capacity(1 << 20, File::create(path)?);
+        let head = format!("{GENERATED_HEAD}{base:020}\n");
+        w.write_all(head.as_bytes())?;
+        Ok(Generated { w, base, at: head.len() as u64 })
+    }
+
+    /// Appends a command; its offset for the record.
+    fn push(&mut self, cmd: &[u8]) -> std::io::Result<u64> {
+        self.w.write_all(cmd)?;
+        self.w.write_all(b"\n")?;
+        let off = self.base + self.at;
+        self.at += cmd.len() as u64 + 1;
+        Ok(off)
+    }
+
+    fn finish(mut self) -> std::io::Result<()> {
+        self.w.flush()?;
+        self.w.get_ref().sync_all()
+    }
+}
+
+/// The base a `Generated` file's first line gives.
+fn generated_base(head: &[u8]) -> Option<u64> {
+    let line = head.split(|&b| b == b'\n').next()?;
+    std::str::from_utf8(line).ok()?.strip_prefix(GENERATED_HEAD)?.parse().ok()
+}
+
+/// The task file to give sbatch when a new job continues `run` (sbatch checks it; the job loads
+/// nothing): the run's copy, or, for a run with sweeps, the original file while it is there, whose
+/// `rows=` tables resolve beside it (they are not beside the copy).
+pub fn file_for_sbatch(run: &RunDir, ledger: &Ledger) -> Result<std::path::PathBuf, LedgerError> {
+    if run.path.join(GENERATED).exists() {
+        let t = ledger.read()?;
+        if let Some(orig) =
+            t.meta("task_file")?.map(|b| std::path::PathBuf::from(String::from_utf8_lossy(b).into_owned()))
+        {
+            if orig.is_absolute() && orig.is_file() {
+                return Ok(orig);
+            }
+        }
+    }
+    Ok(run.tasks())
+}
+
 /// Bytes of command text records may point into: the copy of the task file, then the commands
 /// its sweeps made.
 pub fn text_len(run: &RunDir) -> u64 {
+    use std::os::unix::fs::FileExt;
     let len = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
-    len(&run.tasks()) + len(&run.path.join(GENERATED))
+    let gen = run.path.join(GENERATED);
+    let mut head = [0u8; 80];
+    let base = File::open(&gen).ok().and_then(|f| {
+        let n = f.read_at(&mut head, 0).ok()?;
+        generated_base(&head[..n])
+    });
+    match base {
+        Some(b) => b + len(&gen),
+        None => len(&run.tasks()),
+    }
 }
 
 /// The run's copy of the task file, and the commands its sweeps made (`GENERATED`), mapped
@@ -143,6 +201,8 @@ pub fn text_len(run: &RunDir) -> u64 {
 pub struct TaskText {
     text: Mapped,
     generated: Mapped,
+    /// The offset at which records point into `generated` (the copy's size at load).
+    base: usize,
 }
 
 struct Mapped {
@@ -200,13 +260,14 @@ impl TaskText {
         let text = Mapped::open(path)?;
         let gen = path.with_file_name(GENERATED);
         let generated = if gen.exists() { Mapped::open(&gen)? } else { Mapped::NONE };
-        Ok(TaskText { text, generated })
+        let base = generated_base(generated.get(0, generated.len.min(80))).map_or(usize::MAX, |b| b as usize);
+        Ok(TaskText { text, generated, base })
     }
 
     /// The command of a record; empty if the record points outside the files (a truncated copy).
     pub fn command(&self, r: &Record) -> &[u8] {
         let (off, len) = (r.cmd_off as usize, r.cmd_len as usize);
-        match off.checked_sub(self.text.len) {
+        match off.checked_sub(self.base) {
             Some(g) => self.generated.get(g, len),
             None => self.text.get(off, len),
         }

@@ -61,7 +61,8 @@ fn all_entries(run: &RunDir) -> io::Result<Vec<(IndexEntry, u32)>> {
 /// The entry of a task's last attempt among its entries: that attempt on that agent, else that
 /// attempt, else its newest.
 fn pick(entries: &[(IndexEntry, u32)], r: &Record) -> Option<(IndexEntry, u32)> {
-    let want = r.attempts as u32;
+    // Numbered as the agent was told ($HTC_ATTEMPT): lost runs count too.
+    let want = r.life().attempt_no();
     entries
         .iter()
         .rev()
@@ -106,15 +107,31 @@ impl<W: Write> Tagged<W> {
 struct Files(HashMap<PathBuf, File>);
 
 impl Files {
-    fn read(&mut self, path: &Path, off: u64, len: u64, buf: &mut Vec<u8>) -> io::Result<()> {
+    /// Hands `len` bytes at `off` of `path` to `to`, a block at a time (a task may have written
+    /// gigabytes).
+    fn copy(
+        &mut self,
+        path: &Path,
+        mut off: u64,
+        len: u64,
+        buf: &mut Vec<u8>,
+        to: &mut dyn FnMut(&[u8]) -> io::Result<()>,
+    ) -> io::Result<()> {
         if !self.0.contains_key(path) {
             if self.0.len() >= 256 {
                 self.0.clear();
             }
             self.0.insert(path.to_path_buf(), File::open(path)?);
         }
-        buf.resize(len as usize, 0);
-        self.0[path].read_exact_at(buf, off)
+        let f = &self.0[path];
+        let end = off + len;
+        while off < end {
+            buf.resize(((end - off) as usize).min(1 << 20), 0);
+            f.read_exact_at(buf, off)?;
+            to(buf)?;
+            off += buf.len() as u64;
+        }
+        Ok(())
     }
 }
 
@@ -170,9 +187,8 @@ pub fn print_all(run: &RunDir, sel: Select) -> anyhow::Result<u64> {
         result = (|| -> anyhow::Result<()> {
             let mut any = false;
             let mut emit = |path: PathBuf, off: u64, len: u64, to: &mut dyn FnMut(&[u8]) -> io::Result<()>| {
-                files.read(&path, off, len, &mut buf).with_context(|| format!("reading {}", path.display()))?;
                 any = true;
-                to(&buf).map_err(anyhow::Error::from)
+                files.copy(&path, off, len, &mut buf, to).with_context(|| format!("reading {}", path.display()))
             };
             match mode {
                 OutputMode::Streams => {
@@ -263,7 +279,7 @@ pub fn print_one(run: &RunDir, task: u64, want_out: bool, want_err: bool) -> any
         }
         OutputMode::Streams => {
             let dir = run.agent_out(r.agent);
-            let e = find_output(&dir, task, r.attempts as u32)?
+            let e = find_output(&dir, task, r.life().attempt_no())?
                 .with_context(|| format!("no output recorded for task {task} (it may still be running)"))?;
             if want_out {
                 output::copy_range(&dir.join(format!("slot-{}.out", e.slot)), e.out_off, e.out_len, &mut so)?;
@@ -323,5 +339,8 @@ mod tests {
         let r = Record { attempts: 9, agent: 1, ..Default::default() };
         assert_eq!(pick(&group, &r).map(|(x, _)| x.slot), Some(3), "none of that attempt: the newest");
         assert_eq!(pick(&[], &r), None);
+        // A lost run counts in the numbers agents are given: after a loss, attempt 1 is run 2.
+        let r = Record { attempts: 1, losses: 1, agent: 0, ..Default::default() };
+        assert_eq!(pick(&group, &r).map(|(x, a)| (x.slot, a)), Some((1, 0)));
     }
 }

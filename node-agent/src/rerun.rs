@@ -30,6 +30,8 @@ pub struct Reopened {
     pub unfinished: u64,
     /// Chosen ids without a record (a damaged ledger).
     pub missing: u64,
+    /// Finished, but with no attempts left to give (`task::MAX_ATTEMPTS`).
+    pub worn_out: u64,
 }
 
 impl Reopened {
@@ -49,10 +51,15 @@ pub fn reopen(t: &mut WriteTxn<'_>, ids: impl Iterator<Item = u64>, retries: u8)
         };
         let from = r.state();
         let Ok((life, _)) = task::step(r.life(), Step::Rerun { retries }) else {
-            n.unfinished += 1;
+            if from.is_final() {
+                n.worn_out += 1;
+            } else {
+                n.unfinished += 1;
+            }
             continue;
         };
-        // The record holds the last attempt only: into the history with it, as a retry does.
+        // The record holds the last attempt only: into the history with it, as a retry does
+        // (not a task that never started: it needed more than any node has).
         let last = Attempt {
             attempt: r.life().attempt_no().min(255) as u8,
             outcome: r.outcome(),
@@ -61,7 +68,9 @@ pub fn reopen(t: &mut WriteTxn<'_>, ids: impl Iterator<Item = u64>, retries: u8)
             start_us: r.start_us,
             end_us: r.end_us,
         };
-        t.put_attempt(id, &last)?;
+        if r.start_us != 0 || r.outcome() != crate::ledger::Outcome::Unschedulable {
+            t.put_attempt(id, &last)?;
+        }
         r.set_life(life);
         r.retries = life.retries;
         if from == State::Failed {
@@ -168,7 +177,7 @@ mod tests {
         let mut t = l.write().unwrap();
         let n = reopen(&mut t, ids.into_iter(), 0).unwrap();
         t.commit().unwrap();
-        assert_eq!(n, Reopened { done: 0, failed: 2, unfinished: 0, missing: 0 });
+        assert_eq!(n, Reopened { done: 0, failed: 2, ..Default::default() });
         let r = l.read().unwrap();
         assert_eq!(r.counts().unwrap(), Counts([3, 0, 0, 1, 0]));
         assert!(r.failed_ids(10).unwrap().is_empty());
@@ -183,7 +192,7 @@ mod tests {
         assert_eq!(ids, [1, 3]);
         let mut t = l.write().unwrap();
         let n = reopen(&mut t, [1, 3, 9].into_iter(), 2).unwrap();
-        assert_eq!(n, Reopened { done: 1, failed: 0, unfinished: 1, missing: 1 });
+        assert_eq!(n, Reopened { done: 1, failed: 0, unfinished: 1, missing: 1, worn_out: 0 });
         drop(t);
         std::fs::remove_dir_all(&d).unwrap();
     }

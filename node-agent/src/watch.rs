@@ -41,7 +41,7 @@ impl Model {
         if self.samples.back().is_none_or(|&(t, _)| v.now_us > t) {
             self.samples.push_back((v.now_us, v.finished()));
         }
-        while self.samples.len() > 2 && v.now_us - self.samples[1].0 >= RATE_WINDOW_US {
+        while self.samples.len() > 2 && v.now_us.saturating_sub(self.samples[1].0) >= RATE_WINDOW_US {
             self.samples.pop_front();
         }
         self.view = Some(v);

@@ -52,6 +52,12 @@ fn a_sweep_runs_one_task_per_combination_as_ordinary_tasks() {
     assert_eq!(String::from_utf8_lossy(&o.stdout), "0.5/b\n");
     let o = d.htc(&["verify", &run]);
     assert!(o.status.success(), "{}", text(&o));
+    // The made commands are found by the offset recorded at load, whatever the copy's size now.
+    let before = d.htc(&["log", &run]).stdout;
+    let copy = d.run_dir().join("tasks.txt");
+    let mut f = std::fs::OpenOptions::new().append(true).open(&copy).unwrap();
+    std::io::Write::write_all(&mut f, b"# a longer copy\n").unwrap();
+    assert_eq!(d.htc(&["log", &run]).stdout, before);
 }
 
 #[test]

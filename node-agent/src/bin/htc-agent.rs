@@ -388,7 +388,7 @@ fn resubmit(run: &RunDir, max: u32) -> anyhow::Result<()> {
     t.put_meta("resubmits", &(done + 1).to_le_bytes())?;
     t.commit()?;
     let mut file = OsString::from("--htc=");
-    file.push(run.tasks());
+    file.push(htc::load::file_for_sbatch(run, &ledger)?);
     // From the submit directory (the run lives in its .htc/), without this job's variables.
     let submit_dir = run.path.parent().and_then(|p| p.parent()).context("the run directory has no parent")?;
     let mut cmd = std::process::Command::new("sbatch");

@@ -297,16 +297,7 @@ fn resume(job: &str, mut sbatch: Vec<std::ffi::OsString>) -> anyhow::Result<i32>
     // sbatch checks the file it is given; the new job continues the ledger and loads nothing.
     // A run with sweeps is checked through its original file, whose `rows=` tables resolve
     // beside it (the run's copy has them elsewhere).
-    let mut checked = path.join("tasks.txt");
-    if path.join(htc::load::GENERATED).exists() {
-        let l = Ledger::open(&run.ledger(), true)?;
-        let t = l.read()?;
-        if let Some(orig) = t.meta("task_file")?.map(|b| PathBuf::from(String::from_utf8_lossy(b).into_owned())) {
-            if orig.is_file() {
-                checked = orig;
-            }
-        }
-    }
+    let checked = htc::load::file_for_sbatch(&RunDir::new(&path), &Ledger::open(&run.ledger(), true)?)?;
     let mut file = std::ffi::OsString::from("--htc=");
     file.push(&checked);
     let mut cmd = std::process::Command::new("sbatch");
@@ -342,9 +333,16 @@ fn retry(
     drop(lock);
     let picked =
         if pick == Pick::Failed { "failed tasks".to_string() } else { format!("tasks {}", tasks.unwrap_or("")) };
+    if n.worn_out > 0 {
+        eprintln!(
+            "htc: {} of the {picked} used up the {} attempts a task can have; left as they are",
+            n.worn_out,
+            htc_core::task::MAX_ATTEMPTS
+        );
+    }
     if n.total() == 0 && n.unfinished == 0 {
         eprintln!("htc: no {picked} to run again in {}", dir.display());
-        return Ok(0);
+        return Ok(if n.worn_out > 0 { 1 } else { 0 });
     }
     eprintln!(
         "htc: {} tasks ({} failed, {} done) go back to pending as new attempts{}",
@@ -359,7 +357,8 @@ fn retry(
     );
     let id = dir.file_name().unwrap_or_default().to_string_lossy().into_owned();
     if id.bytes().all(|b| b.is_ascii_digit()) {
-        return resume(&id, args);
+        // By its path: the run just changed, whatever the current directory holds.
+        return resume(&dir.to_string_lossy(), args);
     }
     use std::os::unix::process::CommandExt;
     let exe = std::env::current_exe().context("locating the htc binary")?;

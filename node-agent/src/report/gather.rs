@@ -117,6 +117,9 @@ impl Gathered {
     /// One ended attempt of a task of `cores` cores; `last` when it ended the task.
     fn attempt(&mut self, a: &Attempt, cores: u16, last: bool) {
         self.attempts += 1;
+        if a.outcome == Outcome::Unschedulable {
+            return; // no node ever ran it
+        }
         let ok = a.outcome == Outcome::Exited && a.value == 0;
         let n = self.node(a.agent);
         if ok {
@@ -124,8 +127,9 @@ impl Gathered {
         } else {
             n.failed += 1;
         }
-        if a.start_us == 0 || a.end_us < a.start_us {
-            return; // never started (unschedulable), or no times
+        // Never started, or times no clock gives (a damaged record): not on the timeline.
+        if a.start_us == 0 || a.end_us < a.start_us || a.end_us > i64::MAX as u64 / 4 {
+            return;
         }
         self.place(a.start_us, a.end_us);
         self.first_start_us = if self.first_start_us == 0 { a.start_us } else { self.first_start_us.min(a.start_us) };

@@ -125,13 +125,8 @@ pub fn html(g: &Gathered, charts: &[(&'static str, String)]) -> String {
     }
     figure(&mut s, "cores", "cores", &g.cores().map_or("-".into(), |c| c.to_string()));
     figure(&mut s, "busy", "core-seconds of tasks", &format!("{:.1}", g.busy_core_s()));
-    if let Some(cpu) = g.leader_cpu_us.filter(|_| g.attempts > 0) {
-        figure(
-            &mut s,
-            "leader_cpu",
-            "leader CPU per attempt (last session)",
-            &format!("{:.1} µs", cpu as f64 / g.attempts as f64),
-        );
+    if let Some(cpu) = g.leader_cpu_us {
+        figure(&mut s, "leader_cpu", "leader CPU (its last session)", &format!("{:.2} s", cpu as f64 / 1e6));
     }
     s.push_str("</div>");
     for (name, svg) in charts {

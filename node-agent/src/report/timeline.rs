@@ -3,7 +3,8 @@
 //! them without knowing the run's span beforehand. Rebinning merges neighbour pairs: sums stay
 //! exact, only the resolution halves.
 
-/// Bins per series; after the last doubling at least a quarter of them cover the run.
+/// Bins per series. The run covers at least a quarter of them when it grew one way, and most
+/// often far more; the charts draw only the bins it covers.
 pub const BINS: usize = 1024;
 
 /// The shared time axis of several series (each a `Vec<f64>` of `BINS` sums).
