@@ -143,14 +143,7 @@ pub fn write(ledger: &Ledger, text: &TaskText, format: Format, out: &mut impl Wr
             next += 1;
         }
         if matches!(r.state(), State::Done | State::Failed) && r.attempts > 0 {
-            mine.push(Attempt {
-                attempt: r.life().attempt_no().min(255) as u8,
-                outcome: r.outcome(),
-                value: r.value,
-                agent: r.agent,
-                start_us: r.start_us,
-                end_us: r.end_us,
-            });
+            mine.push(r.last_attempt());
         }
         for a in mine {
             let host = hosts.of(a.agent).to_string();

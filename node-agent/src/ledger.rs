@@ -183,6 +183,18 @@ impl Record {
         Outcome::from_u8(self.outcome)
     }
 
+    /// The attempt the record holds (its last), numbered as its agent was told.
+    pub fn last_attempt(&self) -> Attempt {
+        Attempt {
+            attempt: self.life().attempt_no().min(255) as u8,
+            outcome: self.outcome(),
+            value: self.value,
+            agent: self.agent,
+            start_us: self.start_us,
+            end_us: self.end_us,
+        }
+    }
+
     pub fn encode(&self) -> [u8; RECORD_LEN] {
         let mut b = [0u8; RECORD_LEN];
         b[0..8].copy_from_slice(&self.cmd_off.to_le_bytes());

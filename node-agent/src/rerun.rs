@@ -8,7 +8,7 @@ use std::path::Path;
 use anyhow::{bail, Context};
 use htc_core::task::{self, Step};
 
-use crate::ledger::{Attempt, Ledger, State, WriteTxn};
+use crate::ledger::{Ledger, State, WriteTxn};
 use crate::replica::Replica;
 use crate::rundir::RunDir;
 
@@ -60,16 +60,8 @@ pub fn reopen(t: &mut WriteTxn<'_>, ids: impl Iterator<Item = u64>, retries: u8)
         };
         // The record holds the last attempt only: into the history with it, as a retry does
         // (not a task that never started: it needed more than any node has).
-        let last = Attempt {
-            attempt: r.life().attempt_no().min(255) as u8,
-            outcome: r.outcome(),
-            value: r.value,
-            agent: r.agent,
-            start_us: r.start_us,
-            end_us: r.end_us,
-        };
         if r.start_us != 0 || r.outcome() != crate::ledger::Outcome::Unschedulable {
-            t.put_attempt(id, &last)?;
+            t.put_attempt(id, &r.last_attempt())?;
         }
         r.set_life(life);
         r.retries = life.retries;

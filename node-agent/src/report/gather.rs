@@ -161,15 +161,7 @@ impl Gathered {
         if r.attempts == 0 && r.outcome() == Outcome::None {
             return;
         }
-        let last = Attempt {
-            attempt: r.attempts,
-            outcome: r.outcome(),
-            value: r.value,
-            agent: r.agent,
-            start_us: r.start_us,
-            end_us: r.end_us,
-        };
-        self.attempt(&last, r.cores, true);
+        self.attempt(&r.last_attempt(), r.cores, true);
         if r.state() == State::Failed {
             let reason = self.reasons.entry(r.outcome().describe(r.value)).or_default();
             reason.tasks += 1;
