@@ -89,7 +89,9 @@ EOF
     wait_job "$j" 120 >/dev/null
     echo "sbatch state=$(job_state "$j") exit=$(job_exit_code "$j")" >"$out/$label.codes"
     numbers <"$w/slurm-$j.out" >"$out/$label.job.out"
-    as_user -C "$w" srun -N1 bash -c 'env > env.srun; echo srun-out; exit 4' >"$out/$label.srun.out" 2>&1
+    # srun relays the step's stdout and writes its own error line on stderr: two streams whose
+    # order relative to each other is timing (seen in CI, 2026-11-24), so they are kept apart.
+    as_user -C "$w" srun -N1 bash -c 'env > env.srun; echo srun-out; exit 4' >"$out/$label.srun.out" 2>"$out/$label.srun.err"
     echo "srun rc=$?" >>"$out/$label.codes"
     as_user -C "$w" salloc -N1 bash -c 'env > env.salloc; srun bash -c "env > env.salloc-srun"; exit 5' >"$out/$label.salloc.raw" 2>&1
     echo "salloc rc=$?" >>"$out/$label.codes"
@@ -122,6 +124,7 @@ check "plain sbatch: argv identical" cmp -s "$out/none.argv" "$out/other.argv"
 check "plain sbatch: nothing printed by sbatch" test ! -s "$out/other.sbatch.err"
 check "plain sbatch: job output identical" diff -u "$out/none.job.out" "$out/other.job.out"
 check "plain srun: output identical" diff -u "$out/none.srun.out" "$out/other.srun.out"
+check "plain srun: its messages identical" diff -u "$out/none.srun.err" "$out/other.srun.err"
 # salloc reports waiting for a node that the previous job still holds, and sometimes hears the
 # controller revoke the allocation it just relinquished before it exits; that is timing, not the
 # plugin (seen once in CI, 2026-11-23: "Job allocation N has been revoked." in one run only).
