@@ -68,6 +68,14 @@ pub mod htc {
             /// No progress line and no summary.
             #[arg(long, short)]
             quiet: bool,
+            /// Memory each agent hands out to tasks that declare `mem=` (e.g. 4G; 0: memory is
+            /// not accounted). Default: what the machine has available, shared by the agents.
+            #[arg(long, value_name = "SIZE", value_parser = super::parse_size_mb)]
+            mem_per_agent: Option<u64>,
+            /// How memory decides what starts: backfill (a task that waits keeps a node, smaller
+            /// ones fill around it without delaying it), fcfs (strict order), ignore.
+            #[arg(long, default_value = "backfill", value_name = "backfill|fcfs|ignore")]
+            mem_policy: htc_core::backfill::Policy,
             /// How agents run tasks: real processes, or a simulation of the scheduling path alone
             /// (none: every task succeeds at once; sleep: after its `runtime` hint, on its cores).
             #[arg(long, default_value = "real")]
@@ -293,9 +301,10 @@ pub mod agent {
         /// CPUs to bind slots to, e.g. 0,1,2,3 (empty: no binding).
         #[arg(long, default_value = "")]
         pub cpus: String,
-        /// Memory handed out to tasks that declare mem=, in MiB (0: not accounted).
-        #[arg(long, default_value_t = 0)]
-        pub mem_mb: u64,
+        /// Memory handed out to tasks that declare mem=, in MiB (0: not accounted). Default:
+        /// learned from the node (the Slurm allocation, else the machine; see `memory.rs`).
+        #[arg(long)]
+        pub mem_mb: Option<u64>,
         #[arg(long, default_value = "streams")]
         pub output: OutputMode,
         /// Tree fan-out: agents per parent (the leader included).
@@ -333,7 +342,9 @@ pub mod agent {
                 opt("slots", n.to_string());
             }
             opt("cpus", self.cpus.clone());
-            opt("mem-mb", self.mem_mb.to_string());
+            if let Some(m) = self.mem_mb {
+                opt("mem-mb", m.to_string());
+            }
             opt("output", self.output.name().to_string());
             opt("fanout", self.fanout.to_string());
             opt("agents", self.agents.to_string());
@@ -392,6 +403,14 @@ pub mod agent {
     }
 }
 
+/// A size as task files write it (`512M`, `4G`), in MiB; `0` is allowed.
+fn parse_size_mb(s: &str) -> Result<u64, String> {
+    if s.trim() == "0" {
+        return Ok(0);
+    }
+    htc_core::taskfile::parse_mem_mb(s).map(u64::from).ok_or_else(|| format!("'{s}' is not a size like 512M or 4G"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::agent::{Cli, Cmd, WorkArgs};
@@ -417,7 +436,7 @@ mod tests {
             slurm: false,
             slots: Some(4),
             cpus: "0,1,2,3".into(),
-            mem_mb: 512,
+            mem_mb: Some(512),
             output: OutputMode::PerTask,
             fanout: 8,
             agents: 16,

@@ -97,8 +97,6 @@ pub struct ExecConfig {
     /// CPU of each slot; empty means no binding. Its length is the number of slots otherwise.
     pub cpus: Vec<usize>,
     pub slots: usize,
-    /// Memory the agent hands out to tasks that declare `mem`, 0 = not accounted.
-    pub mem_mb: u64,
     pub out_dir: PathBuf,
     pub output: OutputMode,
     /// The tasks' base environment (HTC_* are added per task).
@@ -311,7 +309,6 @@ struct Executor {
     slots: Vec<Slot>,
     free: Vec<bool>,
     free_count: usize,
-    mem_free: u64,
     queue: VecDeque<TaskToRun>,
     running: HashMap<libc::pid_t, Running>,
     /// (when, pid, spawn serial): the serial tells a stale entry from a new task that reused the pid.
@@ -413,7 +410,6 @@ impl Executor {
         Ok(Executor {
             free: vec![true; cfg.slots],
             free_count: cfg.slots,
-            mem_free: cfg.mem_mb,
             binding: !cfg.cpus.is_empty(),
             slots,
             queue: VecDeque::new(),
@@ -562,10 +558,10 @@ impl Executor {
 
     fn start_queued(&mut self) {
         while let Some(t) = self.queue.front() {
+            // Memory is the leader's to commit (`htc_core::backfill`): it never sends more than
+            // the agent's budget, and releases it only once the result is back.
             let cores = (t.cores as usize).max(1);
-            let mem = t.mem_mb as u64;
-            let accounted_mem = self.cfg.mem_mb > 0 && mem > 0;
-            if cores > self.cfg.slots || (accounted_mem && mem > self.cfg.mem_mb) {
+            if cores > self.cfg.slots {
                 // The leader only sends tasks that fit this agent; refuse rather than wait forever.
                 let t = self.queue.pop_front().unwrap();
                 let now = now_us();
@@ -579,7 +575,7 @@ impl Executor {
                 }));
                 continue;
             }
-            if cores > self.free_count || (accounted_mem && mem > self.mem_free) {
+            if cores > self.free_count {
                 return;
             }
             let t = self.queue.pop_front().unwrap();
@@ -591,21 +587,15 @@ impl Executor {
                 }
             }
             self.free_count -= cores;
-            if accounted_mem {
-                self.mem_free -= mem;
-            }
             self.spawn(t, slots);
         }
     }
 
-    fn release(&mut self, slots: &[usize], mem_mb: u32) {
+    fn release(&mut self, slots: &[usize]) {
         for &s in slots {
             self.free[s] = true;
         }
         self.free_count += slots.len();
-        if self.cfg.mem_mb > 0 && mem_mb > 0 {
-            self.mem_free += mem_mb as u64;
-        }
     }
 
     fn resolve(&mut self, prog: &[u8]) -> Option<CString> {
@@ -685,7 +675,7 @@ impl Executor {
                     }
                 }
             }
-            this.release(&slots, t.mem_mb);
+            this.release(&slots);
             this.events.push(ExecEvent::Finished(Finished {
                 id: t.id,
                 attempt: t.attempt,
@@ -904,7 +894,7 @@ impl Executor {
                 self.fault.get_or_insert(e);
             }
         }
-        self.release(&r.slots, r.task.mem_mb);
+        self.release(&r.slots);
         if outcome != Outcome::Exited || value != 0 {
             if let Some(full) = self.disk_full() {
                 // Not the task's fault: its end is not reported, so it runs again on resume
@@ -1242,7 +1232,6 @@ mod tests {
             agent: 0,
             cpus: vec![],
             slots,
-            mem_mb: 0,
             out_dir: dir.clone(),
             output: OutputMode::Streams,
             env: std::env::vars_os().collect(),

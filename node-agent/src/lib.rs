@@ -17,6 +17,7 @@ pub mod live;
 pub mod liveness;
 pub mod load;
 pub mod mapfault;
+pub mod memory;
 pub mod output;
 pub mod output_view;
 pub mod pmi;

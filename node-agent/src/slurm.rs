@@ -208,7 +208,7 @@ impl Srun {
                     slurm: true,
                     slots: None,
                     cpus: String::new(),
-                    mem_mb: 0,
+                    mem_mb: None,
                     output: self.output,
                     fanout: self.fanout,
                     agents: 1,

@@ -443,10 +443,7 @@ impl Executors {
                 resetting: 0,
             });
         }
-        // A memory budget is not split among spawn loops (a task that fits the agent would not
-        // fit a loop's share): one loop then.
         let k = match cfg.spawners {
-            _ if cfg.mem_mb > 0 => 1,
             0 => cfg.slots,
             n => n,
         }
@@ -545,7 +542,6 @@ fn exec_config(cfg: &AgentConfig, job_id: &str) -> ExecConfig {
         agent: cfg.agent_id,
         cpus: cfg.cpus.clone(),
         slots: cfg.slots,
-        mem_mb: cfg.mem_mb,
         out_dir: match cfg.output {
             OutputMode::PerTask => cfg.run.out().join("tasks"),
             _ => cfg.run.agent_out(cfg.agent_id),

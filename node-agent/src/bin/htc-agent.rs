@@ -75,6 +75,8 @@ fn work(a: WorkArgs) -> anyhow::Result<()> {
         .filter(|s| !s.is_empty())
         .map(|s| s.trim().parse().with_context(|| format!("bad CPU number '{s}' in --cpus")))
         .collect::<anyhow::Result<_>>()?;
+    // The node's memory is shared by the agents on it: all of them locally.
+    let (mut cpus_on_node, mut agents_on_node) = (executor::allowed_cpus().len(), agents as usize);
     if slurm {
         agent_id = slurm::var("SLURM_PROCID")?.parse().context("$SLURM_PROCID")?;
         agents = slurm::var("SLURM_NTASKS")?.parse().context("$SLURM_NTASKS")?;
@@ -87,6 +89,7 @@ fn work(a: WorkArgs) -> anyhow::Result<()> {
         let tasks_spec = slurm::var("SLURM_STEP_TASKS_PER_NODE").or_else(|_| slurm::var("SLURM_TASKS_PER_NODE"));
         let on_node = tasks_spec.ok().and_then(|t| slurm::cpus_on_node(&t, node)).unwrap_or(1);
         let (first, mine) = slurm::node_share(n, on_node, local);
+        (cpus_on_node, agents_on_node) = (n, on_node);
         slots = Some(slots.unwrap_or(mine));
         if cpus.is_empty() {
             let allowed = executor::allowed_cpus();
@@ -95,6 +98,12 @@ fn work(a: WorkArgs) -> anyhow::Result<()> {
     }
     let slots =
         slots.unwrap_or_else(|| if cpus.is_empty() { executor::allowed_cpus().len() } else { cpus.len() }).max(1);
+    let mem_mb = mem_mb.unwrap_or_else(|| {
+        let facts = htc::memory::detect(slurm, cpus_on_node as u64, agents_on_node as u64);
+        let (mb, from) = htc::memory::budget_mb(&facts);
+        tracing::info!(agent = agent_id, mem_mb = mb, from, "memory for tasks");
+        mb
+    });
     let run = RunDir::new(run_dir);
     let count = count.max(1);
     if agent_id.saturating_add(count) > agents.max(count) {
@@ -337,6 +346,7 @@ fn lead_run(
         live: Liveness::new(site.lost_after),
         max_fails: a.max_fails,
         deadline_us,
+        mem_policy: Default::default(),
     };
     let lock = run.lock()?;
     {

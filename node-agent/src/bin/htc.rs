@@ -178,6 +178,8 @@ fn real_main() -> anyhow::Result<i32> {
             partition,
             commit_ms,
             ledger_dir,
+            mem_per_agent,
+            mem_policy,
         } => {
             let site = Site::load()?;
             let lock;
@@ -232,6 +234,10 @@ fn real_main() -> anyhow::Result<i32> {
                 spawners,
                 instance_size: instance_agents,
                 lost_after: site.lost_after,
+                mem_mb: match mem_policy {
+                    htc_core::backfill::Policy::Ignore => Some(0),
+                    _ => mem_per_agent,
+                },
             };
             let cfg = LeaderConfig {
                 run: run.clone(),
@@ -248,6 +254,7 @@ fn real_main() -> anyhow::Result<i32> {
                 live: htc::liveness::Liveness::new(site.lost_after),
                 max_fails,
                 deadline_us: time_limit.map(|s| rundir::now_us() + s * 1_000_000),
+                mem_policy,
             };
             let outcome = leader::run(cfg, |addr, tx| local.start(&run, addr, tx))?;
             let code = leader::finish(&run, &outcome, quiet);

@@ -11,6 +11,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
+use htc_core::backfill::{self, Memory, Need};
 use htc_core::partition::{Block, Partition};
 use htc_core::task::{self, Effect, End, Life, Step};
 use htc_core::tree::Tree;
@@ -207,6 +208,8 @@ pub struct Core<'a> {
     returned: HashMap<u64, u32>,
     /// The latest failed attempts, newest last, for the live view.
     recent_failures: VecDeque<live::Failure>,
+    /// Memory committed on each agent, tasks waiting for it, reservations (`backfill`).
+    mem: Memory,
 }
 
 /// How an attempt ended, as reported (or decided, for a lost agent).
@@ -338,7 +341,21 @@ impl<'a> Core<'a> {
             last_loss: None,
             lost_at_us: 0,
             resyncs: HashMap::new(),
+            mem: Memory::new(backfill::Policy::default()),
         }
+    }
+
+    /// How memory decides what starts (`--mem-policy`).
+    pub fn with_memory_policy(mut self, policy: backfill::Policy) -> Self {
+        self.mem = Memory::new(policy);
+        self
+    }
+
+    /// Takes an attempt out of flight, and its memory off its agent.
+    fn land(&mut self, id: u64) -> Option<Flight> {
+        let f = self.in_flight.remove(id)?;
+        self.mem.ended(f.agent, id);
+        Some(f)
     }
 
     /// Fail fast (`--max-fails N`): once `n` tasks failed for good in this session, nothing more
@@ -390,7 +407,7 @@ impl<'a> Core<'a> {
         let Some(f) = self.in_flight.get(id).filter(|f| f.agent == agent && f.life.state() != State::Running) else {
             return Ok(());
         };
-        self.in_flight.remove(id);
+        self.land(id);
         if let (Some(a), Some(r)) = (self.agents.get_mut(&agent), t.get(id)?) {
             a.ahead_ms = a.ahead_ms.saturating_sub(r.runtime_ms as u64 * r.cores as u64);
         }
@@ -518,8 +535,9 @@ impl<'a> Core<'a> {
                     tracing::warn!(job = %self.job_id, agent, %hostname, "an agent that heads no instance joined; ignored");
                     return Ok(None);
                 };
-                tracing::info!(job = %self.job_id, agent, cores, %hostname, "agent joined");
+                tracing::info!(job = %self.job_id, agent, cores, mem_mb, %hostname, "agent joined");
                 self.ever_seen += 1;
+                self.mem.join(agent, mem_mb, cores);
                 self.agents.insert(
                     agent,
                     Agent {
@@ -651,6 +669,7 @@ impl<'a> Core<'a> {
         };
         a.drained = true;
         a.credit = 0;
+        self.mem.leave(agent);
         let failed = std::mem::take(&mut a.streak);
         let reason = format!("failed {} tasks in a row while the others succeeded: drained", failed.len());
         tracing::warn!(job = %self.job_id, agent, host = %a.hostname, %reason, "black hole");
@@ -701,7 +720,26 @@ impl<'a> Core<'a> {
             self.last_loss = Some(format!("agent {agent} on {}: {why}", a.hostname));
         }
         self.requeue_agent(t, agent, now_us)?;
+        self.mem.leave(agent);
+        self.fail_unfit_waiting(t)?;
         self.dispatch_all(t, out)
+    }
+
+    /// Tasks waiting for memory that no live agent can ever run (the only big enough one left)
+    /// fail as unschedulable rather than wait for ever.
+    fn fail_unfit_waiting(&mut self, t: &mut dyn Tasks) -> Result<()> {
+        if self.mem.waiting() == 0 || !self.all_accounted() {
+            return Ok(());
+        }
+        let ids: Vec<u64> = self.mem.waiting_tasks().map(|n| n.task).collect();
+        for id in ids {
+            let Some(r) = t.get(id)? else { continue };
+            if !self.schedulable(&r) {
+                self.mem.forget(id, self.now_us);
+                self.fail_unschedulable(t, id, r)?;
+            }
+        }
+        Ok(())
     }
 
     /// Agents silent past the bound are lost, and told to stop should they resume (a hung agent
@@ -765,7 +803,7 @@ impl<'a> Core<'a> {
             return Ok(());
         }
         let Some(mut r) = t.get(res.id)? else { return Ok(()) };
-        self.in_flight.remove(res.id);
+        self.land(res.id);
         if let Some(a) = self.agents.get_mut(&agent) {
             a.ahead_ms = a.ahead_ms.saturating_sub(r.runtime_ms as u64 * r.cores as u64);
         }
@@ -899,7 +937,7 @@ impl<'a> Core<'a> {
     /// Task `id`, in flight with `agent`, will not end there: a started attempt is lost (no
     /// retry used unless it keeps happening), an unstarted one is taken back.
     fn recall(&mut self, t: &mut dyn Tasks, agent: u32, id: u64, now_us: u64) -> Result<()> {
-        let Some(f) = self.in_flight.remove(id) else { return Ok(()) };
+        let Some(f) = self.land(id) else { return Ok(()) };
         if f.life.state() == State::Running {
             if let Some(mut r) = t.get(id)? {
                 let lost = Ended { outcome: Outcome::Lost, value: 0, start_us: 0, end_us: now_us, ran_on: agent };
@@ -977,6 +1015,7 @@ impl<'a> Core<'a> {
         let a = self.agents.get_mut(&agent).expect("checked above");
         tracing::info!(job = %self.job_id, agent, %hostname, "given up before, back as a fresh member");
         (a.alive, a.heard_us, a.cores, a.mem_mb, a.hostname) = (true, now_us, cores, mem_mb, hostname);
+        self.mem.join(agent, mem_mb, cores);
         (a.credit, a.idle, a.ahead_ms, a.busy) = (0, 0, 0, 0);
         a.streak.clear();
         self.resyncs.remove(&agent);
@@ -1077,8 +1116,10 @@ impl<'a> Core<'a> {
             if self.too_late(&r) {
                 self.late.insert(id);
             } else if self.fits(agent, &r) {
-                self.take_task(t, agent, id, r, &mut specs)?;
-                want -= 1;
+                if self.admit(agent, id, &r) {
+                    self.take_task(t, agent, id, r, &mut specs)?;
+                    want -= 1;
+                }
             } else if self.all_accounted() && !self.schedulable(&r) {
                 self.fail_unschedulable(t, id, r)?;
             } else {
@@ -1087,7 +1128,21 @@ impl<'a> Core<'a> {
         }
         skipped.append(&mut self.retry);
         self.retry = skipped;
+        // Then what waits for memory, oldest first, where it may start now.
         while want > 0 {
+            let Some(need) = self.mem.take_waiting(agent, self.now_us) else { break };
+            match t.get(need.task)? {
+                Some(r) if r.state() == State::Pending && !self.in_flight.contains(need.task) => {
+                    self.take_task(t, agent, need.task, r, &mut specs)?;
+                    want -= 1;
+                }
+                _ => self.mem.ended(agent, need.task),
+            }
+        }
+        // Tasks refused for memory in this offer: past a core's worth each, the rest of the
+        // partition is left for later offers rather than pulled into the waiting queue.
+        let mut refused = 0u64;
+        while want > 0 && refused < self.agents[&agent].cores.max(1) as u64 {
             let a = &self.agents[&agent];
             // Its last report's idle slots, less what was sent since; and never more than its
             // cores minus what it holds: reports sent before a dispatch arrived still say idle.
@@ -1117,8 +1172,12 @@ impl<'a> Core<'a> {
                 if self.too_late(&r) {
                     self.late.insert(id);
                 } else if self.fits(agent, &r) {
-                    self.take_task(t, agent, id, r, &mut specs)?;
-                    want = want.saturating_sub(1);
+                    if self.admit(agent, id, &r) {
+                        self.take_task(t, agent, id, r, &mut specs)?;
+                        want = want.saturating_sub(1);
+                    } else {
+                        refused += 1;
+                    }
                 } else {
                     self.push_retry(id);
                 }
@@ -1132,6 +1191,18 @@ impl<'a> Core<'a> {
         }
         out.extend(crate::frame::dispatches(agent, specs).into_iter().map(|d| (agent, Body::Dispatch(d))));
         Ok(())
+    }
+
+    /// Whether `agent` has the memory for task `id` now (then it is committed there); if not,
+    /// the task waits for memory (`backfill`).
+    fn admit(&mut self, agent: u32, id: u64, r: &Record) -> bool {
+        let need =
+            Need { task: id, mem_mb: r.mem_mb as u64, cores: r.cores as u32, runtime_us: r.runtime_ms as u64 * 1000 };
+        if self.mem.admit(agent, need, self.now_us).is_ok() {
+            return true;
+        }
+        self.mem.wait(need, self.now_us);
+        false
     }
 
     fn take_task(
@@ -1269,6 +1340,60 @@ mod tests {
                 _ => None,
             })
             .collect()
+    }
+
+    #[test]
+    fn memory_is_committed_per_agent_and_a_big_task_waits_for_its_reservation() {
+        // Tasks 1-4: 400 MiB; task 5: 900 MiB; 6-8: 100 MiB, no hints. One agent, 1000 MiB,
+        // 4 cores. Even partition of one instance: all in one block.
+        let mut m = Mem::with(8, 0, 1);
+        for (id, r) in m.records.iter_mut() {
+            r.mem_mb = match id {
+                1..=4 => 400,
+                5 => 900,
+                _ => 100,
+            };
+        }
+        let mut c = core(&m, 1);
+        let joined = Input::Joined { agent: 0, cores: 4, mem_mb: 1000, hostname: "n0".into() };
+        let (out, _) = feed(&mut c, &mut m, vec![joined, want(0, 4)]);
+        // 1, 2 fit (800); 3, 4 and 5 wait; 6 and 7 would fit, but the node is kept for 3
+        // (the oldest waiting) and unhinted small tasks could delay it.
+        assert_eq!(dispatched(&out), vec![(0, vec![(1, 1), (2, 1)])]);
+        assert_eq!(c.mem.committed(0), Some((800, 1000)));
+        assert_eq!(c.mem.reservation(0), Some(3));
+        // 1 ends: 3 starts (400 + 400); then 2 ends: 4 starts; then both end: 5 (900) starts
+        // alone, and 6 fits beside it.
+        let (out, _) = feed(&mut c, &mut m, vec![report(0, 1, 0, &[(1, 1)])]);
+        assert_eq!(dispatched(&out), vec![(0, vec![(3, 1)])]);
+        let (out, _) = feed(&mut c, &mut m, vec![report(0, 1, 0, &[(2, 1)])]);
+        assert_eq!(dispatched(&out), vec![(0, vec![(4, 1)])]);
+        let (out, _) = feed(&mut c, &mut m, vec![report(0, 1, 0, &[(3, 1)])]);
+        assert_eq!(dispatched(&out), vec![], "5 needs 900: 4's 400 is still out");
+        let (out, _) = feed(&mut c, &mut m, vec![report(0, 2, 1, &[(4, 1)])]);
+        assert_eq!(dispatched(&out), vec![(0, vec![(5, 1), (6, 1)])]);
+        assert_eq!(c.mem.committed(0), Some((1000, 1000)));
+        let (out, _) = feed(&mut c, &mut m, vec![report(0, 2, 2, &[(5, 1), (6, 1)])]);
+        assert_eq!(dispatched(&out), vec![(0, vec![(7, 1), (8, 1)])]);
+        let (_, end) = feed(&mut c, &mut m, vec![report(0, 2, 2, &[(7, 1), (8, 1)])]);
+        assert_eq!(end, Some(Ending::Complete));
+        assert_eq!(c.mem.committed(0), Some((0, 1000)));
+    }
+
+    #[test]
+    fn a_task_waiting_for_memory_fails_as_unschedulable_when_the_only_big_agent_is_lost() {
+        let mut m = Mem::with(2, 0, 1);
+        m.records.get_mut(&1).unwrap().mem_mb = 1500;
+        m.records.get_mut(&2).unwrap().mem_mb = 1500;
+        let mut c = core(&m, 2);
+        let big = Input::Joined { agent: 0, cores: 1, mem_mb: 2000, hostname: "big".into() };
+        let small = Input::Joined { agent: 1, cores: 1, mem_mb: 1000, hostname: "small".into() };
+        let (out, _) = feed(&mut c, &mut m, vec![big, small, want(0, 1), want(1, 1)]);
+        assert_eq!(dispatched(&out), vec![(0, vec![(1, 1)])]);
+        let lost = Input::Lost { agent: 0, why: "gone".into() };
+        let (_, end) = feed(&mut c, &mut m, vec![lost]);
+        assert_eq!(end, Some(Ending::Complete), "nothing can run them any more");
+        assert_eq!(m.records[&2].outcome(), Outcome::Unschedulable);
     }
 
     #[test]

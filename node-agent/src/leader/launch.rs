@@ -74,6 +74,8 @@ pub struct Local {
     pub instance_size: u32,
     /// The site's bound on silent peers (`liveness`).
     pub lost_after: Duration,
+    /// Memory each agent hands out to tasks, in MiB (`None`: learned from the machine).
+    pub mem_mb: Option<u64>,
 }
 
 impl Local {
@@ -121,7 +123,7 @@ impl Local {
                 slurm: false,
                 slots: Some(self.slots_per_agent),
                 cpus: cpus.join(","),
-                mem_mb: 0,
+                mem_mb: self.mem_mb,
                 output: self.output,
                 fanout: self.fanout,
                 agents: self.agents as u32,

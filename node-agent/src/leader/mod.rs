@@ -53,6 +53,8 @@ pub struct LeaderConfig {
     pub max_fails: Option<u64>,
     /// Start no task whose runtime hint would not end by then (unix µs): the job's end.
     pub deadline_us: Option<u64>,
+    /// How memory decides what starts (`--mem-policy`).
+    pub mem_policy: htc_core::backfill::Policy,
 }
 
 pub struct Outcome {
@@ -109,7 +111,8 @@ pub fn run(
     let plan = Planned { plan: cfg.partition, instances: expected, cores: cfg.cores, params: cfg.params };
     let mut core = new_core(&ledger, &plan, &cfg.job_id, crate::rundir::now_us())?
         .with_layout(cfg.layout.clone())
-        .with_liveness(cfg.live);
+        .with_liveness(cfg.live)
+        .with_memory_policy(cfg.mem_policy);
     if let Some(n) = cfg.max_fails {
         core = core.with_max_fails(n);
     }

@@ -1,0 +1,480 @@
+//! Memory-aware placement with backfill, after the backfill patent's S1 (papers/001): a task
+//! starts on a node only when its `mem=` fits beside what the node already runs. A task that
+//! cannot start waits, oldest first, and gets a reservation on the node where it can start
+//! earliest (at most one reservation per node). A smaller task then runs on a reserved node only
+//! when it does not delay the reservation: it fits beside the reserved task, or its runtime hint
+//! ends before the memory the reservation needs is expected free. So a big task is never starved
+//! by a stream of small ones, while cores do not idle in front of it.
+//!
+//! Pure bookkeeping: the leader feeds it nodes (their budget), commits (a task sent to a node),
+//! starts and ends, and asks what may start where. Times are microseconds, sizes MiB. Tasks
+//! without `mem=`, and nodes without a budget, are not accounted.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// How memory decides what starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Policy {
+    /// Reservations for tasks that wait, smaller tasks around them (S1).
+    #[default]
+    Backfill,
+    /// Strict arrival order: while a task waits for memory, no later task that declares memory
+    /// starts anywhere.
+    Fcfs,
+    /// Memory is not looked at (tasks start as cores allow): for comparisons.
+    Ignore,
+}
+
+impl std::str::FromStr for Policy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Policy, String> {
+        match s {
+            "backfill" => Ok(Policy::Backfill),
+            "fcfs" => Ok(Policy::Fcfs),
+            "ignore" => Ok(Policy::Ignore),
+            _ => Err(format!("'{s}' is not a memory policy (backfill, fcfs, ignore)")),
+        }
+    }
+}
+
+/// What a task asks for, as placement sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Need {
+    pub task: u64,
+    pub mem_mb: u64,
+    pub cores: u32,
+    /// The `runtime` hint; 0 = unknown.
+    pub runtime_us: u64,
+}
+
+/// A task holding memory on a node, and when it is expected to end (`u64::MAX`: unknown).
+#[derive(Debug, Clone, Copy)]
+struct Hold {
+    mem: u64,
+    end_us: u64,
+}
+
+#[derive(Debug)]
+struct Node {
+    budget: u64,
+    cores: u32,
+    used: u64,
+    holds: HashMap<u64, Hold>,
+    /// The waiting task this node is kept for.
+    reserved: Option<Need>,
+}
+
+impl Node {
+    /// When `mem` is expected free here: now if it is, else when enough of what runs has
+    /// ended by its hints; `u64::MAX` when that depends on a task without a hint.
+    fn free_at(&self, mem: u64, now_us: u64) -> u64 {
+        let mut free = self.budget.saturating_sub(self.used);
+        if free >= mem {
+            return now_us;
+        }
+        let mut ends: Vec<Hold> = self.holds.values().copied().collect();
+        ends.sort_unstable_by_key(|h| h.end_us);
+        for h in ends {
+            if h.end_us == u64::MAX {
+                return u64::MAX;
+            }
+            free += h.mem;
+            if free >= mem {
+                return h.end_us.max(now_us);
+            }
+        }
+        u64::MAX
+    }
+
+    fn fits_now(&self, mem: u64) -> bool {
+        self.used + mem <= self.budget
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct Memory {
+    policy: Policy,
+    nodes: BTreeMap<u32, Node>,
+    /// Tasks waiting for memory, by id (arrival order), and the same grouped by size: a node
+    /// looks at the oldest of each size only, since an older task of the same size that does
+    /// not fit means a younger one does not either.
+    waiting: BTreeMap<u64, Need>,
+    by_size: BTreeMap<u64, BTreeSet<u64>>,
+    /// Which node each reserved task is kept on.
+    reserved_on: HashMap<u64, u32>,
+}
+
+/// Why a task did not start on the node offered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// Not enough memory free.
+    Full,
+    /// It would delay the task the node is reserved for.
+    Reserved,
+    /// An older task waits (FCFS).
+    Behind,
+}
+
+impl Memory {
+    pub fn new(policy: Policy) -> Memory {
+        Memory { policy, ..Memory::default() }
+    }
+
+    pub fn policy(&self) -> Policy {
+        self.policy
+    }
+
+    /// A node joined (or came back empty) with `budget_mb` for tasks (0: not accounted).
+    pub fn join(&mut self, node: u32, budget_mb: u64, cores: u32) {
+        self.leave(node);
+        let n = Node { budget: budget_mb, cores, used: 0, holds: HashMap::new(), reserved: None };
+        self.nodes.insert(node, n);
+    }
+
+    /// A node is gone (or drained): what it held is forgotten, its reservation given up.
+    pub fn leave(&mut self, node: u32) {
+        if let Some(n) = self.nodes.remove(&node) {
+            if let Some(r) = n.reserved {
+                self.reserved_on.remove(&r.task);
+            }
+        }
+    }
+
+    /// Whether `need` is accounted on `node` at all.
+    fn accounted(&self, node: u32, need: &Need) -> bool {
+        self.policy != Policy::Ignore && need.mem_mb > 0 && self.nodes.get(&node).is_some_and(|n| n.budget > 0)
+    }
+
+    /// Offers `need` (a task that is not waiting) to `node`: `Ok` commits its memory there; on
+    /// `Err` the caller hands it to `wait`.
+    pub fn admit(&mut self, node: u32, need: Need, now_us: u64) -> Result<(), Refusal> {
+        if !self.accounted(node, &need) {
+            return Ok(());
+        }
+        if self.policy == Policy::Fcfs && self.waiting.keys().next().is_some_and(|&w| w < need.task) {
+            return Err(Refusal::Behind);
+        }
+        self.check(node, &need, now_us)?;
+        self.commit(node, need, now_us);
+        Ok(())
+    }
+
+    fn check(&self, node: u32, need: &Need, now_us: u64) -> Result<(), Refusal> {
+        let n = &self.nodes[&node];
+        if !n.fits_now(need.mem_mb) {
+            return Err(Refusal::Full);
+        }
+        match n.reserved {
+            Some(r) if r.task != need.task => {
+                let beside = n.used + need.mem_mb + r.mem_mb <= n.budget;
+                let at = n.free_at(r.mem_mb, now_us);
+                let before = need.runtime_us > 0 && at != u64::MAX && now_us.saturating_add(need.runtime_us) <= at;
+                if beside || before {
+                    Ok(())
+                } else {
+                    Err(Refusal::Reserved)
+                }
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn commit(&mut self, node: u32, need: Need, now_us: u64) {
+        if let Some(kept) = self.reserved_on.remove(&need.task) {
+            if let Some(k) = self.nodes.get_mut(&kept) {
+                k.reserved = None;
+            }
+        }
+        let n = self.nodes.get_mut(&node).expect("committed on a known node");
+        n.used += need.mem_mb;
+        let end_us = if need.runtime_us > 0 { now_us.saturating_add(need.runtime_us) } else { u64::MAX };
+        n.holds.insert(need.task, Hold { mem: need.mem_mb, end_us });
+    }
+
+    /// `need` could not start where it was offered: it waits, and under `Backfill` gets a
+    /// reservation if a node is free of one.
+    pub fn wait(&mut self, need: Need, now_us: u64) {
+        if self.waiting.insert(need.task, need).is_none() {
+            self.by_size.entry(need.mem_mb).or_default().insert(need.task);
+        }
+        self.reserve_waiting(now_us);
+    }
+
+    /// Tasks waiting for memory.
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// The oldest waiting task that may start on `node` now, committed there and no longer
+    /// waiting.
+    pub fn take_waiting(&mut self, node: u32, now_us: u64) -> Option<Need> {
+        let n = self.nodes.get(&node).filter(|n| n.budget > 0)?;
+        let fits = |need: &Need| need.cores <= n.cores && need.mem_mb <= n.budget;
+        // The task this node is kept for comes first; then the oldest that may start here.
+        let own = n.reserved.filter(|r| self.check(node, r, now_us).is_ok());
+        let candidate = if let Some(own) = own {
+            Some(own)
+        } else if self.policy == Policy::Fcfs {
+            self.waiting.values().next().copied().filter(|w| fits(w) && self.check(node, w, now_us).is_ok())
+        } else {
+            self.by_size
+                .values()
+                .filter_map(|ids| ids.iter().map(|id| self.waiting[id]).find(fits))
+                .filter(|w| self.check(node, w, now_us).is_ok())
+                .min_by_key(|w| w.task)
+        }?;
+        self.unwait(candidate.task);
+        self.commit(node, candidate, now_us);
+        self.reserve_waiting(now_us);
+        Some(candidate)
+    }
+
+    /// Stops waiting for a task (it failed, or was found done), giving up its reservation.
+    pub fn forget(&mut self, task: u64, now_us: u64) {
+        if self.unwait(task) {
+            if let Some(node) = self.reserved_on.remove(&task) {
+                if let Some(n) = self.nodes.get_mut(&node) {
+                    n.reserved = None;
+                }
+            }
+            self.reserve_waiting(now_us);
+        }
+    }
+
+    fn unwait(&mut self, task: u64) -> bool {
+        let Some(need) = self.waiting.remove(&task) else { return false };
+        if let Some(ids) = self.by_size.get_mut(&need.mem_mb) {
+            ids.remove(&task);
+            if ids.is_empty() {
+                self.by_size.remove(&need.mem_mb);
+            }
+        }
+        true
+    }
+
+    /// The waiting tasks, oldest first (to find those no node can ever run).
+    pub fn waiting_tasks(&self) -> impl Iterator<Item = &Need> {
+        self.waiting.values()
+    }
+
+    /// Gives waiting tasks without a reservation one, oldest first, on the node where each can
+    /// start earliest among those not reserved yet.
+    fn reserve_waiting(&mut self, now_us: u64) {
+        if self.policy != Policy::Backfill || self.reserved_on.len() >= self.nodes.len() {
+            return;
+        }
+        let unreserved: Vec<Need> =
+            self.waiting.values().filter(|w| !self.reserved_on.contains_key(&w.task)).copied().collect();
+        for need in unreserved {
+            let best = self
+                .nodes
+                .iter()
+                .filter(|(_, n)| n.reserved.is_none() && n.budget >= need.mem_mb && n.cores >= need.cores)
+                .map(|(&id, n)| (n.free_at(need.mem_mb, now_us), u64::MAX - n.budget.saturating_sub(n.used), id))
+                .min();
+            let Some((_, _, node)) = best else {
+                if self.reserved_on.len() >= self.nodes.len() {
+                    return;
+                }
+                continue; // too big for the free nodes; a younger, smaller one may fit one
+            };
+            self.nodes.get_mut(&node).unwrap().reserved = Some(need);
+            self.reserved_on.insert(need.task, node);
+        }
+    }
+
+    /// The task reached its node's executor: its expected end counts from now.
+    pub fn started(&mut self, node: u32, task: u64, now_us: u64, runtime_us: u64) {
+        if let Some(h) = self.nodes.get_mut(&node).and_then(|n| n.holds.get_mut(&task)) {
+            if runtime_us > 0 {
+                h.end_us = now_us.saturating_add(runtime_us);
+            }
+        }
+    }
+
+    /// The task's attempt ended (or came back): its memory is free.
+    pub fn ended(&mut self, node: u32, task: u64) {
+        if let Some(n) = self.nodes.get_mut(&node) {
+            if let Some(h) = n.holds.remove(&task) {
+                n.used -= h.mem;
+            }
+        }
+    }
+
+    /// Memory committed on a node, and its budget.
+    pub fn committed(&self, node: u32) -> Option<(u64, u64)> {
+        self.nodes.get(&node).map(|n| (n.used, n.budget))
+    }
+
+    /// The task a node is kept for.
+    pub fn reservation(&self, node: u32) -> Option<u64> {
+        self.nodes.get(&node).and_then(|n| n.reserved.map(|r| r.task))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000;
+
+    fn need(task: u64, mem_mb: u64, runtime_s: u64) -> Need {
+        Need { task, mem_mb, cores: 1, runtime_us: runtime_s * S }
+    }
+
+    fn two_nodes(policy: Policy) -> Memory {
+        let mut m = Memory::new(policy);
+        m.join(0, 1000, 4);
+        m.join(1, 1000, 4);
+        m
+    }
+
+    #[test]
+    fn commits_never_pass_the_budget() {
+        let mut m = two_nodes(Policy::Backfill);
+        assert_eq!(m.admit(0, need(1, 600, 0), 0), Ok(()));
+        assert_eq!(m.admit(0, need(2, 600, 0), 0), Err(Refusal::Full));
+        assert_eq!(m.admit(0, need(3, 400, 0), 0), Ok(()));
+        assert_eq!(m.committed(0), Some((1000, 1000)));
+        m.ended(0, 1);
+        assert_eq!(m.committed(0), Some((400, 1000)));
+        m.ended(0, 1);
+        assert_eq!(m.committed(0), Some((400, 1000)), "an end counted once");
+    }
+
+    #[test]
+    fn unaccounted_tasks_and_nodes_pass() {
+        let mut m = two_nodes(Policy::Backfill);
+        m.join(2, 0, 4);
+        assert_eq!(m.admit(2, need(1, 5000, 0), 0), Ok(()), "a node without a budget");
+        assert_eq!(m.admit(0, need(2, 0, 0), 0), Ok(()), "a task without mem=");
+        let mut m = two_nodes(Policy::Ignore);
+        assert_eq!(m.admit(0, need(1, 900, 0), 0), Ok(()));
+        assert_eq!(m.admit(0, need(2, 900, 0), 0), Ok(()), "ignored");
+    }
+
+    #[test]
+    fn a_waiting_task_reserves_the_node_that_frees_first_and_small_ones_fill_only_before_it() {
+        let mut m = two_nodes(Policy::Backfill);
+        // Node 0: 700 MiB until t=10 s; node 1: 700 MiB until t=20 s.
+        m.admit(0, need(1, 700, 10), 0).unwrap();
+        m.admit(1, need(2, 700, 20), 0).unwrap();
+        // A 950 MiB task fits neither now: it waits, kept on node 0 (free at 10 s).
+        assert_eq!(m.admit(0, need(3, 950, 5), S), Err(Refusal::Full));
+        m.wait(need(3, 950, 5), S);
+        assert_eq!(m.reservation(0), Some(3));
+        // A small task that ends by 10 s runs on node 0; one that would not, does not.
+        assert_eq!(m.admit(0, need(4, 100, 8), S), Ok(()));
+        assert_eq!(m.admit(0, need(5, 100, 30), S), Err(Refusal::Reserved));
+        assert_eq!(m.admit(0, need(6, 100, 0), S), Err(Refusal::Reserved), "no hint: could be long");
+        // Node 1 has no reservation: the long one runs there.
+        assert_eq!(m.admit(1, need(5, 100, 30), S), Ok(()));
+        // Task 1 ends; task 4 still holds 100: 950 is free only after it.
+        m.ended(0, 1);
+        assert_eq!(m.take_waiting(0, 2 * S), None);
+        m.ended(0, 4);
+        assert_eq!(m.take_waiting(0, 3 * S).map(|n| n.task), Some(3));
+        assert_eq!(m.reservation(0), None, "started: the node is free of it");
+        assert_eq!(m.waiting(), 0);
+    }
+
+    #[test]
+    fn a_big_task_is_not_starved_by_a_stream_of_small_ones() {
+        // One node, 1000 MiB; small tasks of 300 MiB without hints keep coming. FCFS order of
+        // arrival: small 1-3 run, big 4 (800) arrives, then smalls keep arriving.
+        let mut m = Memory::new(Policy::Backfill);
+        m.join(0, 1000, 8);
+        for t in 1..=3 {
+            m.admit(0, need(t, 300, 0), 0).unwrap();
+        }
+        assert!(m.admit(0, need(4, 800, 0), 0).is_err());
+        m.wait(need(4, 800, 0), 0);
+        let mut next = 5;
+        let mut running: Vec<u64> = vec![1, 2, 3];
+        let mut big_started = false;
+        for step in 1..20 {
+            // The oldest running ends; the node offers itself to the waiting, then to new ones.
+            let done = running.remove(0);
+            m.ended(0, done);
+            if m.take_waiting(0, step * S).is_some() {
+                big_started = true;
+                break;
+            }
+            if m.admit(0, need(next, 300, 0), step * S).is_ok() {
+                running.push(next);
+            }
+            next += 1;
+        }
+        assert!(big_started, "the big task started once the running small ones ended");
+        assert!(next <= 8, "no small task started after the big one arrived ({next})");
+    }
+
+    #[test]
+    fn fcfs_holds_every_later_task_with_memory() {
+        let mut m = two_nodes(Policy::Fcfs);
+        m.admit(0, need(1, 700, 10), 0).unwrap();
+        m.admit(1, need(2, 700, 10), 0).unwrap();
+        assert!(m.admit(0, need(3, 900, 1), 0).is_err());
+        m.wait(need(3, 900, 1), 0);
+        assert_eq!(m.reservation(0), None, "no reservations under FCFS");
+        assert_eq!(m.admit(1, need(4, 100, 1), 0), Err(Refusal::Behind));
+        m.ended(1, 2);
+        assert_eq!(m.take_waiting(1, S).map(|n| n.task), Some(3));
+        assert_eq!(m.admit(1, need(4, 100, 1), S), Ok(()), "nothing waits now");
+    }
+
+    #[test]
+    fn one_reservation_per_node_and_the_next_gets_it_when_freed() {
+        let mut m = two_nodes(Policy::Backfill);
+        m.admit(0, need(1, 900, 10), 0).unwrap();
+        m.admit(1, need(2, 900, 20), 0).unwrap();
+        for t in 3..=5 {
+            m.wait(need(t, 500, 1), 0);
+        }
+        assert_eq!((m.reservation(0), m.reservation(1)), (Some(3), Some(4)));
+        m.ended(0, 1);
+        assert_eq!(m.take_waiting(0, S).map(|n| n.task), Some(3));
+        assert_eq!(m.reservation(0), Some(5), "the next waiting one takes the freed reservation");
+        // 5 fits beside 3 (500 + 500): it starts too.
+        assert_eq!(m.take_waiting(0, S).map(|n| n.task), Some(5));
+    }
+
+    #[test]
+    fn a_lost_node_gives_up_its_reservation_and_waiting_tasks_can_be_forgotten() {
+        let mut m = two_nodes(Policy::Backfill);
+        m.admit(0, need(1, 900, 10), 0).unwrap();
+        m.admit(1, need(2, 900, 20), 0).unwrap();
+        m.wait(need(3, 500, 1), 0);
+        assert_eq!(m.reservation(0), Some(3));
+        m.leave(0);
+        assert_eq!(m.waiting(), 1);
+        m.wait(need(4, 500, 1), 0); // a new arrival re-runs the reservations
+        assert_eq!(m.reservation(1), Some(3));
+        m.forget(3, 0);
+        assert_eq!(m.reservation(1), Some(4));
+        m.forget(4, 0);
+        assert_eq!((m.waiting(), m.reservation(1)), (0, None));
+    }
+
+    #[test]
+    fn only_tasks_that_fit_the_node_are_taken_and_the_oldest_of_those() {
+        let mut m = Memory::new(Policy::Backfill);
+        m.join(0, 1000, 2);
+        m.join(1, 4000, 8);
+        m.admit(0, need(1, 800, 0), 0).unwrap();
+        m.admit(1, need(2, 3900, 0), 0).unwrap();
+        m.wait(need(3, 3000, 0), 0);
+        m.wait(Need { cores: 4, ..need(4, 100, 0) }, 0);
+        m.wait(need(5, 150, 0), 0);
+        m.ended(0, 1);
+        // Node 0 is kept for nobody (3 needs node 1's size, 4 its cores): 5 is the one.
+        assert_eq!(m.take_waiting(0, S).map(|n| n.task), Some(5));
+        assert_eq!(m.take_waiting(0, S), None);
+    }
+
+    #[test]
+    fn policies_parse() {
+        assert_eq!("fcfs".parse::<Policy>(), Ok(Policy::Fcfs));
+        assert!("lifo".parse::<Policy>().unwrap_err().contains("backfill, fcfs, ignore"));
+    }
+}
