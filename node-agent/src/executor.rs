@@ -281,6 +281,8 @@ struct Running {
     out_off: u64,
     err_off: u64,
     timed_out: bool,
+    /// Killed for passing its `mem=`, with the resident MiB seen then.
+    oom_mb: Option<u64>,
     /// Set when SIGTERM went out; SIGKILL follows at this instant.
     kill_at: Option<Instant>,
     serial: u64,
@@ -322,6 +324,8 @@ struct Executor {
     /// When free space was last looked at, and whether it was low then.
     space_checked: Option<Instant>,
     space_low: bool,
+    /// When running tasks' memory was last looked at (`None`: none is watched).
+    mem_checked: Option<Instant>,
     /// "No pidfd" lines, at most one a minute (out of descriptors, every spawn would log).
     pidfd_log: crate::throttle::Throttle,
     env: Vec<CString>,
@@ -421,6 +425,7 @@ impl Executor {
             fault: None,
             space_checked: None,
             space_low: false,
+            mem_checked: None,
             pidfd_log: crate::throttle::Throttle::new(Duration::from_secs(60)),
             env,
             path_dirs,
@@ -487,6 +492,7 @@ impl Executor {
                 return Err(self.stop_on_fault(e));
             }
             self.enforce_deadlines();
+            self.enforce_memory();
             if resetting && self.running.is_empty() {
                 resetting = false;
                 self.events.push(ExecEvent::Reset);
@@ -771,6 +777,7 @@ impl Executor {
                         out_off,
                         err_off,
                         timed_out: false,
+                        oom_mb: None,
                         kill_at: None,
                         serial,
                         pidfd,
@@ -860,7 +867,9 @@ impl Executor {
             Ok(info) => {
                 // SAFETY: waitid filled the SIGCHLD fields of info.
                 let v = unsafe { info.si_status() };
-                if r.timed_out {
+                if let Some(mb) = r.oom_mb {
+                    (Outcome::OutOfMemory, mb.min(i32::MAX as u64) as i32)
+                } else if r.timed_out {
                     (Outcome::TimedOut, v)
                 } else if info.si_code == libc::CLD_EXITED {
                     (Outcome::Exited, v)
@@ -911,6 +920,29 @@ impl Executor {
             start_us: r.start_us,
             end_us,
         }));
+    }
+
+    /// Tasks past their `mem=` (resident, their whole process group) are killed, and end as
+    /// out of memory; looked at every `memwatch::EVERY` while any such task runs.
+    fn enforce_memory(&mut self) {
+        let now = Instant::now();
+        if self.mem_checked.is_some_and(|t| now.duration_since(t) < crate::memwatch::EVERY) {
+            return;
+        }
+        let groups: Vec<libc::pid_t> =
+            self.running.iter().filter(|(_, r)| r.task.mem_mb > 0 && r.oom_mb.is_none()).map(|(&p, _)| p).collect();
+        if groups.is_empty() {
+            self.mem_checked = None;
+            return;
+        }
+        self.mem_checked = Some(now);
+        for (pid, mb) in crate::memwatch::group_rss_mb(&groups) {
+            let Some(r) = self.running.get_mut(&pid).filter(|r| mb > r.task.mem_mb as u64) else { continue };
+            tracing::warn!(job = %self.cfg.job_id, task = r.task.id, rss_mb = mb, mem_mb = r.task.mem_mb, "out of memory: killed");
+            r.oom_mb = Some(mb);
+            // SAFETY: signalling the task's own process group.
+            unsafe { libc::kill(-pid, libc::SIGKILL) };
+        }
     }
 
     fn enforce_deadlines(&mut self) {
@@ -1329,6 +1361,26 @@ mod tests {
         let out = fs::read(dir.join(format!("slot-{}.out", e.slot))).unwrap();
         assert_eq!(&out[e.out_off as usize..(e.out_off + e.out_len) as usize], b"out-6\n");
         assert_eq!(e.err_len, 4);
+    }
+
+    #[test]
+    fn a_task_past_its_mem_is_killed_as_out_of_memory_and_the_others_are_not() {
+        // Task 1 holds 200 MiB (in a child of the shell: the group counts) against mem=50M;
+        // task 2 holds 20 MiB against mem=100M; task 3 declares nothing.
+        let hold = |mb: u32| format!("perl -e '$x = \"a\" x ({mb} << 20); sleep 2'; true");
+        let with_mem = |mut t: TaskToRun, mem_mb| {
+            t.mem_mb = mem_mb;
+            t
+        };
+        let tasks =
+            vec![with_mem(task(1, &hold(200), 0), 50), with_mem(task(2, &hold(20), 0), 100), task(3, &hold(30), 0)];
+        let (f, dir) = run_tasks(tasks, 3, "oom", Reaping::detect());
+        assert_eq!(f[0].outcome, Outcome::OutOfMemory, "{:?}", f[0]);
+        assert!((50..400).contains(&f[0].value), "resident MiB seen: {}", f[0].value);
+        assert!(f[0].end_us - f[0].start_us < 1_900_000, "killed before its sleep ended");
+        assert_eq!((f[1].outcome, f[1].value), (Outcome::Exited, 0));
+        assert_eq!((f[2].outcome, f[2].value), (Outcome::Exited, 0));
+        fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]

@@ -34,6 +34,7 @@ impl From<Outcome> for proto::Outcome {
             Outcome::Exited => proto::Outcome::Exited,
             Outcome::Signaled => proto::Outcome::Signaled,
             Outcome::TimedOut => proto::Outcome::TimedOut,
+            Outcome::OutOfMemory => proto::Outcome::OutOfMemory,
             Outcome::SpawnFailed => proto::Outcome::SpawnFailed,
             // Decided by an instance head when a member is gone.
             Outcome::Lost => proto::Outcome::Lost,
@@ -49,6 +50,7 @@ impl From<proto::Outcome> for Outcome {
             proto::Outcome::Exited => Outcome::Exited,
             proto::Outcome::Signaled => Outcome::Signaled,
             proto::Outcome::TimedOut => Outcome::TimedOut,
+            proto::Outcome::OutOfMemory => Outcome::OutOfMemory,
             proto::Outcome::SpawnFailed => Outcome::SpawnFailed,
             proto::Outcome::Lost => Outcome::Lost,
             proto::Outcome::Unspecified => Outcome::None,

@@ -50,6 +50,8 @@ pub fn exit_and_signal(outcome: Outcome, value: i32) -> (i32, i32) {
         Outcome::Exited => (value, 0),
         Outcome::Signaled => (0, value),
         Outcome::TimedOut => (-1, libc::SIGTERM),
+        // Killed by htc with SIGKILL, as a timed-out job is killed by parallel.
+        Outcome::OutOfMemory => (-1, libc::SIGKILL),
         Outcome::SpawnFailed => (if value == libc::EACCES || value == libc::ENOEXEC { 126 } else { 127 }, 0),
         Outcome::Lost | Outcome::Unschedulable | Outcome::None => (-1, 0),
     }

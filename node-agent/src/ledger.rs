@@ -89,6 +89,8 @@ pub enum Outcome {
     Lost = 5,
     /// Needs more cores or memory than any agent has.
     Unschedulable = 6,
+    /// Killed for using more memory than its `mem=`; the value is the resident MiB seen.
+    OutOfMemory = 7,
 }
 
 impl Outcome {
@@ -100,6 +102,7 @@ impl Outcome {
             4 => Outcome::SpawnFailed,
             5 => Outcome::Lost,
             6 => Outcome::Unschedulable,
+            7 => Outcome::OutOfMemory,
             _ => Outcome::None,
         }
     }
@@ -120,6 +123,7 @@ impl Outcome {
             }
             Outcome::Lost => "lost with its agent".into(),
             Outcome::Unschedulable => "needs more cores or memory than any agent has".into(),
+            Outcome::OutOfMemory => format!("out of memory ({value} MiB resident, past its mem=)"),
         }
     }
 }

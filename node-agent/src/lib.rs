@@ -18,6 +18,7 @@ pub mod liveness;
 pub mod load;
 pub mod mapfault;
 pub mod memory;
+pub mod memwatch;
 pub mod output;
 pub mod output_view;
 pub mod pmi;
