@@ -1,0 +1,151 @@
+//! Resources end to end with real processes: tasks that really hold memory (perl touching the
+//! pages it asks for), agents with a memory budget, and the policies side by side.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{text, Dir};
+
+/// A command that holds `mb` MiB resident for `secs`, marked so the sampler can find it.
+fn hold(mb: u32, secs: f64, mark: &str) -> String {
+    format!("perl -e 'my $x; vec($x, ({mb} << 20) - 1, 8) = 1; select(undef, undef, undef, {secs})' {mark}")
+}
+
+/// The largest sum of resident memory of the processes whose command line holds `mark`,
+/// sampled every 10 ms until `stop`.
+fn sample_peak_mb(mark: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<u64> {
+    std::thread::spawn(move || {
+        let mut peak = 0;
+        while !stop.load(Ordering::Relaxed) {
+            let mut kb = 0;
+            for e in std::fs::read_dir("/proc").unwrap().flatten() {
+                let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else { continue };
+                if !cmd.windows(mark.len()).any(|w| w == mark.as_bytes()) {
+                    continue;
+                }
+                let status = std::fs::read_to_string(e.path().join("status")).unwrap_or_default();
+                kb += status
+                    .lines()
+                    .find_map(|l| l.strip_prefix("VmRSS:"))
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+                    .unwrap_or(0);
+            }
+            peak = peak.max(kb / 1024);
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        peak
+    })
+}
+
+struct Row {
+    task: u64,
+    start: f64,
+    end: f64,
+    exit: i64,
+}
+
+fn rows(d: &Dir, run: &str) -> Vec<Row> {
+    let o = d.htc(&["log", run, "--format", "json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    String::from_utf8(o.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            let start = v["Starttime"].as_f64().unwrap();
+            Row {
+                task: v["Seq"].as_u64().unwrap(),
+                start,
+                end: start + v["JobRuntime"].as_f64().unwrap(),
+                exit: v["Exitval"].as_i64().unwrap(),
+            }
+        })
+        .collect()
+}
+
+/// Runs the mixed file under `policy`; returns the rows and the sampled peak.
+fn mixed_run(policy: &str) -> (Vec<Row>, u64) {
+    let d = Dir::new(&format!("mixed-memory-{policy}"));
+    let mark = format!("htc-mem-{}-{policy}", std::process::id());
+    // Four long small tasks, then a big one that cannot start beside them (400 + 1024 > 1200),
+    // then a stream of short small ones.
+    let mut t = String::from("#HTC retries=0\n");
+    for _ in 0..4 {
+        t.push_str(&format!("[mem=100M runtime=2s] {}\n", hold(60, 2.0, &mark)));
+    }
+    t.push_str(&format!("[mem=1G runtime=1s] {}\n", hold(700, 1.0, &mark)));
+    for _ in 0..16 {
+        t.push_str(&format!("[mem=100M runtime=300ms] {}\n", hold(60, 0.2, &mark)));
+    }
+    let file = format!("{policy}.txt");
+    d.write(&file, t);
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = sample_peak_mb(mark, stop.clone());
+    let o = d.htc(&["run", &file, "-q", "--cores-per-agent", "6", "--mem-per-agent", "1200M", "--mem-policy", policy]);
+    stop.store(true, Ordering::Relaxed);
+    let peak = sampler.join().unwrap();
+    assert!(o.status.success(), "{policy}: {}", text(&o));
+    let run = d.run_id();
+    (rows(&d, &run), peak)
+}
+
+#[test]
+fn mixed_memory_never_passes_the_budget_and_the_big_task_is_not_delayed_by_the_small_ones_filling_around_it() {
+    let (fcfs, fcfs_peak) = mixed_run("fcfs");
+    let (bf, bf_peak) = mixed_run("backfill");
+    for (name, rows, peak) in [("fcfs", &fcfs, fcfs_peak), ("backfill", &bf, bf_peak)] {
+        assert_eq!(rows.len(), 21, "{name}: every task ran once");
+        assert!(rows.iter().all(|r| r.exit == 0), "{name}: every task done");
+        // 1200 MiB for tasks, and each perl's own few MiB beyond what it holds.
+        assert!(peak <= 1200 + 6 * 8, "{name}: peak {peak} MiB resident against 1200 MiB");
+        assert!(peak >= 700, "{name}: the sampler saw the big task ({peak} MiB)");
+    }
+    let big = |rows: &[Row]| rows.iter().find(|r| r.task == 5).map(|r| (r.start, r.end)).unwrap();
+    let first = |rows: &[Row]| rows.iter().map(|r| r.start).fold(f64::MAX, f64::min);
+    let (bf_big, fcfs_big) = (big(&bf), big(&fcfs));
+    let (bf_end, fcfs_end) = (bf_big.1 - first(&bf), fcfs_big.1 - first(&fcfs));
+    let shorts_before = |rows: &[Row], big_start: f64| rows.iter().filter(|r| r.task > 5 && r.end <= big_start).count();
+    eprintln!(
+        "peak {fcfs_peak} / {bf_peak} MiB; big task ends at {fcfs_end:.2} / {bf_end:.2} s; short tasks before it: {} / {} (FCFS / backfill)",
+        shorts_before(&fcfs, fcfs_big.0),
+        shorts_before(&bf, bf_big.0)
+    );
+    // The big task waits for the long ones (2 s) in both; backfill may not delay it.
+    assert!(bf_end <= fcfs_end + 0.5, "big task ends at {bf_end:.2} s with backfill, {fcfs_end:.2} s with FCFS");
+    assert_eq!(shorts_before(&fcfs, fcfs_big.0), 0, "FCFS starts nothing after the waiting big task");
+    assert!(
+        shorts_before(&bf, bf_big.0) >= 4,
+        "backfill runs short tasks on the idle cores meanwhile ({} did)",
+        shorts_before(&bf, bf_big.0)
+    );
+}
+
+#[test]
+fn a_task_past_its_mem_is_stopped_as_out_of_memory_and_nothing_else_is_affected() {
+    let d = Dir::new("oom");
+    let mark = format!("htc-oom-{}", std::process::id());
+    let t = format!(
+        "#HTC retries=0\n[mem=50M] {}\n[mem=200M] {}\n{}\n",
+        hold(300, 5.0, &mark),
+        hold(100, 0.5, &mark),
+        hold(100, 0.5, &mark)
+    );
+    d.write("tasks.txt", t);
+    let o = d.htc(&["run", "tasks.txt", "-q"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let run = d.run_id();
+    let rows = rows(&d, &run);
+    let of = |task| rows.iter().find(|r| r.task == task).unwrap();
+    assert_eq!(of(1).exit, -1, "killed");
+    assert!(of(1).end - of(1).start < 4.0, "stopped well before its 5 s");
+    assert_eq!((of(2).exit, of(3).exit), (0, 0));
+    let o = d.htc(&["status", &run]);
+    let s = String::from_utf8_lossy(&o.stdout);
+    assert!(s.contains("task 1 (line 2): out of memory ("), "{s}");
+    assert!(s.contains("MiB resident, past its mem=)"), "{s}");
+    let o = d.htc(&["log", &run, "--format", "json"]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("\"Signal\":9"), "{}", text(&o));
+}
