@@ -6,9 +6,12 @@
 //! ends before the memory the reservation needs is expected free. So a big task is never starved
 //! by a stream of small ones, while cores do not idle in front of it.
 //!
+//! GPUs (`gpus=`) are committed the same way, so a node never gets more GPU tasks than it has
+//! devices; a task waiting for GPUs only waits its turn (reservations are for memory).
+//!
 //! Pure bookkeeping: the leader feeds it nodes (their budget), commits (a task sent to a node),
 //! starts and ends, and asks what may start where. Times are microseconds, sizes MiB. Tasks
-//! without `mem=`, and nodes without a budget, are not accounted.
+//! without `mem=`, and nodes without a budget, are not accounted for memory.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -43,14 +46,27 @@ pub struct Need {
     pub task: u64,
     pub mem_mb: u64,
     pub cores: u32,
+    pub gpus: u32,
     /// The `runtime` hint; 0 = unknown.
     pub runtime_us: u64,
+    /// Tasks of one group (class and hint) run alike: their runtimes so far refine the hint.
+    pub group: u64,
+}
+
+/// What a group's tasks took so far, as TCP estimates a round trip (RFC 6298): a smoothed mean
+/// and a smoothed deviation, in µs.
+#[derive(Debug, Clone, Copy, Default)]
+struct Learned {
+    mean: f64,
+    dev: f64,
+    n: u64,
 }
 
 /// A task holding memory on a node, and when it is expected to end (`u64::MAX`: unknown).
 #[derive(Debug, Clone, Copy)]
 struct Hold {
     mem: u64,
+    gpus: u32,
     end_us: u64,
 }
 
@@ -58,7 +74,9 @@ struct Hold {
 struct Node {
     budget: u64,
     cores: u32,
+    gpus: u32,
     used: u64,
+    gpus_used: u32,
     holds: HashMap<u64, Hold>,
     /// The waiting task this node is kept for.
     reserved: Option<Need>,
@@ -86,8 +104,13 @@ impl Node {
         u64::MAX
     }
 
-    fn fits_now(&self, mem: u64) -> bool {
-        self.used + mem <= self.budget
+    fn fits_now(&self, mem: u64, gpus: u32) -> bool {
+        self.used + mem <= self.budget && self.gpus_used + gpus <= self.gpus
+    }
+
+    /// Whether the node could ever hold the task.
+    fn could_hold(&self, need: &Need, mem: u64) -> bool {
+        need.cores <= self.cores && need.gpus <= self.gpus && mem <= self.budget
     }
 }
 
@@ -99,9 +122,10 @@ pub struct Memory {
     /// looks at the oldest of each size only, since an older task of the same size that does
     /// not fit means a younger one does not either.
     waiting: BTreeMap<u64, Need>,
-    by_size: BTreeMap<u64, BTreeSet<u64>>,
+    by_size: BTreeMap<(u64, u32), BTreeSet<u64>>,
     /// Which node each reserved task is kept on.
     reserved_on: HashMap<u64, u32>,
+    learned: HashMap<u64, Learned>,
 }
 
 /// Why a task did not start on the node offered.
@@ -124,10 +148,11 @@ impl Memory {
         self.policy
     }
 
-    /// A node joined (or came back empty) with `budget_mb` for tasks (0: not accounted).
-    pub fn join(&mut self, node: u32, budget_mb: u64, cores: u32) {
+    /// A node joined (or came back empty) with `budget_mb` for tasks (0: not accounted), and
+    /// `gpus` devices.
+    pub fn join(&mut self, node: u32, budget_mb: u64, cores: u32, gpus: u32) {
         self.leave(node);
-        let n = Node { budget: budget_mb, cores, used: 0, holds: HashMap::new(), reserved: None };
+        let n = Node { budget: budget_mb, cores, gpus, used: 0, gpus_used: 0, holds: HashMap::new(), reserved: None };
         self.nodes.insert(node, n);
     }
 
@@ -140,18 +165,48 @@ impl Memory {
         }
     }
 
-    /// Whether `need` is accounted on `node` at all.
-    fn accounted(&self, node: u32, need: &Need) -> bool {
-        self.policy != Policy::Ignore && need.mem_mb > 0 && self.nodes.get(&node).is_some_and(|n| n.budget > 0)
+    /// A task of `group` ran `ran_us` (it succeeded).
+    pub fn observe(&mut self, group: u64, ran_us: u64) {
+        let l = self.learned.entry(group).or_default();
+        let x = ran_us as f64;
+        if l.n == 0 {
+            (l.mean, l.dev) = (x, x / 2.0);
+        } else {
+            l.dev += ((x - l.mean).abs() - l.dev) / 4.0;
+            l.mean += (x - l.mean) / 8.0;
+        }
+        l.n += 1;
     }
 
-    /// Offers `need` (a task that is not waiting) to `node`: `Ok` commits its memory there; on
-    /// `Err` the caller hands it to `wait`.
+    /// When a task like `need` is expected to end, from `now_us`: its hint, or what its group
+    /// took when that was longer; `u64::MAX` when unknown.
+    fn expected_end(&self, need: &Need, now_us: u64, margin: f64) -> u64 {
+        let learned = self.learned.get(&need.group).map(|l| l.mean + margin * l.dev).unwrap_or(0.0);
+        match need.runtime_us.max(learned as u64) {
+            0 => u64::MAX,
+            run => now_us.saturating_add(run),
+        }
+    }
+
+    /// The memory `need` is accounted for on a node with `budget`: none for a task without
+    /// `mem=`, on a node without a budget, or when memory is ignored.
+    fn mem_of(&self, budget: u64, need: &Need) -> u64 {
+        if self.policy == Policy::Ignore || budget == 0 {
+            0
+        } else {
+            need.mem_mb
+        }
+    }
+
+    /// Offers `need` (a task that is not waiting) to `node`: `Ok` commits its memory and GPUs
+    /// there; on `Err` the caller hands it to `wait`.
     pub fn admit(&mut self, node: u32, need: Need, now_us: u64) -> Result<(), Refusal> {
-        if !self.accounted(node, &need) {
+        let Some(n) = self.nodes.get(&node) else { return Ok(()) };
+        let mem = self.mem_of(n.budget, &need);
+        if mem == 0 && need.gpus == 0 {
             return Ok(());
         }
-        if self.policy == Policy::Fcfs && self.waiting.keys().next().is_some_and(|&w| w < need.task) {
+        if mem > 0 && self.policy == Policy::Fcfs && self.waiting.keys().next().is_some_and(|&w| w < need.task) {
             return Err(Refusal::Behind);
         }
         self.check(node, &need, now_us)?;
@@ -161,14 +216,19 @@ impl Memory {
 
     fn check(&self, node: u32, need: &Need, now_us: u64) -> Result<(), Refusal> {
         let n = &self.nodes[&node];
-        if !n.fits_now(need.mem_mb) {
+        let mem = self.mem_of(n.budget, need);
+        if !n.fits_now(mem, need.gpus) {
             return Err(Refusal::Full);
+        }
+        if mem == 0 {
+            return Ok(()); // reservations keep memory only
         }
         match n.reserved {
             Some(r) if r.task != need.task => {
                 let beside = n.used + need.mem_mb + r.mem_mb <= n.budget;
                 let at = n.free_at(r.mem_mb, now_us);
-                let before = need.runtime_us > 0 && at != u64::MAX && now_us.saturating_add(need.runtime_us) <= at;
+                // It must end before, even if it runs as long as its group's slow ones.
+                let before = need.runtime_us > 0 && at != u64::MAX && self.expected_end(need, now_us, 4.0) <= at;
                 if beside || before {
                     Ok(())
                 } else {
@@ -185,17 +245,19 @@ impl Memory {
                 k.reserved = None;
             }
         }
+        let mem = self.mem_of(self.nodes[&node].budget, &need);
+        let end_us = if need.runtime_us > 0 { self.expected_end(&need, now_us, 0.0) } else { u64::MAX };
         let n = self.nodes.get_mut(&node).expect("committed on a known node");
-        n.used += need.mem_mb;
-        let end_us = if need.runtime_us > 0 { now_us.saturating_add(need.runtime_us) } else { u64::MAX };
-        n.holds.insert(need.task, Hold { mem: need.mem_mb, end_us });
+        n.used += mem;
+        n.gpus_used += need.gpus;
+        n.holds.insert(need.task, Hold { mem, gpus: need.gpus, end_us });
     }
 
     /// `need` could not start where it was offered: it waits, and under `Backfill` gets a
     /// reservation if a node is free of one.
     pub fn wait(&mut self, need: Need, now_us: u64) {
         if self.waiting.insert(need.task, need).is_none() {
-            self.by_size.entry(need.mem_mb).or_default().insert(need.task);
+            self.by_size.entry((need.mem_mb, need.gpus)).or_default().insert(need.task);
         }
         self.reserve_waiting(now_us);
     }
@@ -208,8 +270,8 @@ impl Memory {
     /// The oldest waiting task that may start on `node` now, committed there and no longer
     /// waiting.
     pub fn take_waiting(&mut self, node: u32, now_us: u64) -> Option<Need> {
-        let n = self.nodes.get(&node).filter(|n| n.budget > 0)?;
-        let fits = |need: &Need| need.cores <= n.cores && need.mem_mb <= n.budget;
+        let n = self.nodes.get(&node)?;
+        let fits = |need: &Need| n.could_hold(need, self.mem_of(n.budget, need));
         // The task this node is kept for comes first; then the oldest that may start here.
         let own = n.reserved.filter(|r| self.check(node, r, now_us).is_ok());
         let candidate = if let Some(own) = own {
@@ -243,10 +305,11 @@ impl Memory {
 
     fn unwait(&mut self, task: u64) -> bool {
         let Some(need) = self.waiting.remove(&task) else { return false };
-        if let Some(ids) = self.by_size.get_mut(&need.mem_mb) {
+        let key = (need.mem_mb, need.gpus);
+        if let Some(ids) = self.by_size.get_mut(&key) {
             ids.remove(&task);
             if ids.is_empty() {
-                self.by_size.remove(&need.mem_mb);
+                self.by_size.remove(&key);
             }
         }
         true
@@ -263,13 +326,17 @@ impl Memory {
         if self.policy != Policy::Backfill || self.reserved_on.len() >= self.nodes.len() {
             return;
         }
-        let unreserved: Vec<Need> =
-            self.waiting.values().filter(|w| !self.reserved_on.contains_key(&w.task)).copied().collect();
+        let unreserved: Vec<Need> = self
+            .waiting
+            .values()
+            .filter(|w| w.mem_mb > 0 && !self.reserved_on.contains_key(&w.task))
+            .copied()
+            .collect();
         for need in unreserved {
             let best = self
                 .nodes
                 .iter()
-                .filter(|(_, n)| n.reserved.is_none() && n.budget >= need.mem_mb && n.cores >= need.cores)
+                .filter(|(_, n)| n.reserved.is_none() && n.budget > 0 && n.could_hold(&need, need.mem_mb))
                 .map(|(&id, n)| (n.free_at(need.mem_mb, now_us), u64::MAX - n.budget.saturating_sub(n.used), id))
                 .min();
             let Some((_, _, node)) = best else {
@@ -283,22 +350,19 @@ impl Memory {
         }
     }
 
-    /// The task reached its node's executor: its expected end counts from now.
-    pub fn started(&mut self, node: u32, task: u64, now_us: u64, runtime_us: u64) {
-        if let Some(h) = self.nodes.get_mut(&node).and_then(|n| n.holds.get_mut(&task)) {
-            if runtime_us > 0 {
-                h.end_us = now_us.saturating_add(runtime_us);
-            }
-        }
-    }
-
     /// The task's attempt ended (or came back): its memory is free.
     pub fn ended(&mut self, node: u32, task: u64) {
         if let Some(n) = self.nodes.get_mut(&node) {
             if let Some(h) = n.holds.remove(&task) {
                 n.used -= h.mem;
+                n.gpus_used -= h.gpus;
             }
         }
+    }
+
+    /// GPUs committed on a node, and its devices.
+    pub fn gpus_committed(&self, node: u32) -> Option<(u32, u32)> {
+        self.nodes.get(&node).map(|n| (n.gpus_used, n.gpus))
     }
 
     /// Memory committed on a node, and its budget.
@@ -319,13 +383,13 @@ mod tests {
     const S: u64 = 1_000_000;
 
     fn need(task: u64, mem_mb: u64, runtime_s: u64) -> Need {
-        Need { task, mem_mb, cores: 1, runtime_us: runtime_s * S }
+        Need { task, mem_mb, cores: 1, gpus: 0, runtime_us: runtime_s * S, group: runtime_s }
     }
 
     fn two_nodes(policy: Policy) -> Memory {
         let mut m = Memory::new(policy);
-        m.join(0, 1000, 4);
-        m.join(1, 1000, 4);
+        m.join(0, 1000, 4, 0);
+        m.join(1, 1000, 4, 0);
         m
     }
 
@@ -345,7 +409,7 @@ mod tests {
     #[test]
     fn unaccounted_tasks_and_nodes_pass() {
         let mut m = two_nodes(Policy::Backfill);
-        m.join(2, 0, 4);
+        m.join(2, 0, 4, 0);
         assert_eq!(m.admit(2, need(1, 5000, 0), 0), Ok(()), "a node without a budget");
         assert_eq!(m.admit(0, need(2, 0, 0), 0), Ok(()), "a task without mem=");
         let mut m = two_nodes(Policy::Ignore);
@@ -383,7 +447,7 @@ mod tests {
         // One node, 1000 MiB; small tasks of 300 MiB without hints keep coming. FCFS order of
         // arrival: small 1-3 run, big 4 (800) arrives, then smalls keep arriving.
         let mut m = Memory::new(Policy::Backfill);
-        m.join(0, 1000, 8);
+        m.join(0, 1000, 8, 0);
         for t in 1..=3 {
             m.admit(0, need(t, 300, 0), 0).unwrap();
         }
@@ -459,8 +523,8 @@ mod tests {
     #[test]
     fn only_tasks_that_fit_the_node_are_taken_and_the_oldest_of_those() {
         let mut m = Memory::new(Policy::Backfill);
-        m.join(0, 1000, 2);
-        m.join(1, 4000, 8);
+        m.join(0, 1000, 2, 0);
+        m.join(1, 4000, 8, 0);
         m.admit(0, need(1, 800, 0), 0).unwrap();
         m.admit(1, need(2, 3900, 0), 0).unwrap();
         m.wait(need(3, 3000, 0), 0);
@@ -470,6 +534,53 @@ mod tests {
         // Node 0 is kept for nobody (3 needs node 1's size, 4 its cores): 5 is the one.
         assert_eq!(m.take_waiting(0, S).map(|n| n.task), Some(5));
         assert_eq!(m.take_waiting(0, S), None);
+    }
+
+    #[test]
+    fn gpus_are_committed_whatever_the_memory_policy_and_waiting_ones_start_in_turn() {
+        let mut m = Memory::new(Policy::Ignore);
+        m.join(0, 0, 8, 2);
+        let gpu = |task| Need { gpus: 1, ..need(task, 0, 0) };
+        assert_eq!(m.admit(0, gpu(1), 0), Ok(()));
+        assert_eq!(m.admit(0, gpu(2), 0), Ok(()));
+        assert_eq!(m.admit(0, gpu(3), 0), Err(Refusal::Full), "two devices");
+        m.wait(gpu(3), 0);
+        m.wait(gpu(4), 0);
+        assert_eq!(m.admit(0, need(5, 0, 0), 0), Ok(()), "a task without GPUs is not held");
+        assert_eq!(m.reservation(0), None, "no reservation for GPUs alone");
+        m.ended(0, 2);
+        assert_eq!(m.take_waiting(0, S).map(|n| n.task), Some(3));
+        assert_eq!(m.take_waiting(0, S), None);
+        assert_eq!(m.gpus_committed(0), Some((2, 2)));
+        m.ended(0, 1);
+        m.ended(0, 3);
+        assert_eq!(m.take_waiting(0, S).map(|n| n.task), Some(4));
+        assert_eq!(m.gpus_committed(0), Some((1, 2)));
+        // A node without devices never takes a GPU task.
+        m.join(1, 0, 8, 0);
+        m.wait(gpu(6), 0);
+        assert_eq!(m.take_waiting(1, S), None);
+    }
+
+    #[test]
+    fn small_tasks_that_ran_longer_than_their_hint_are_judged_by_what_they_took() {
+        let mut m = Memory::new(Policy::Backfill);
+        m.join(0, 1000, 8, 0);
+        m.admit(0, need(1, 600, 10), 0).unwrap();
+        m.wait(need(2, 900, 1), 0);
+        // Hinted 2 s, a task of that group fits before the reservation at 10 s...
+        assert_eq!(m.admit(0, need(3, 100, 2), 0), Ok(()));
+        m.ended(0, 3);
+        // ...but its group took 9 s each time: 9 + 4 x deviation passes 10 s.
+        for _ in 0..5 {
+            m.observe(2, 9 * S);
+        }
+        assert_eq!(m.admit(0, need(4, 100, 2), 0), Err(Refusal::Reserved));
+        // A group that keeps to its hint still fills.
+        for _ in 0..5 {
+            m.observe(1, S);
+        }
+        assert_eq!(m.admit(0, need(5, 100, 1), 0), Ok(()));
     }
 
     #[test]

@@ -18,6 +18,8 @@ pub const MAX_COMMAND: usize = 128 * 1024 - 1;
 pub const MAX_CLASSES: usize = 4096;
 pub const MAX_CORES: u32 = 4096;
 pub const MAX_RETRIES: u32 = 100;
+/// Devices one task may ask for (`gpus=`).
+pub const MAX_GPUS: u32 = 64;
 /// Durations are kept in milliseconds in a `u32`: about 49 days.
 pub const MAX_DURATION_MS: u64 = u32::MAX as u64;
 /// Default retries for a task whose attempt fails (non-zero exit, signal, timeout).
@@ -34,6 +36,8 @@ pub struct TaskOptions {
     pub runtime_ms: u32,
     /// `max_output=`: bytes kept of each of stdout and stderr, as stored (`output_cap`); 0 = all.
     pub max_output: u16,
+    /// `gpus=`: devices the task gets to itself.
+    pub gpus: u8,
 }
 
 impl Default for TaskOptions {
@@ -46,6 +50,7 @@ impl Default for TaskOptions {
             class: 0,
             runtime_ms: 0,
             max_output: 0,
+            gpus: 0,
         }
     }
 }
@@ -103,7 +108,7 @@ impl fmt::Display for ErrorKind {
             ErrorKind::MissingCommand => write!(f, "options but no command"),
             ErrorKind::BadOptionSyntax(s) => write!(f, "expected key=value, found '{s}'"),
             ErrorKind::UnknownOption(k) => {
-                write!(f, "unknown option '{k}' (known: cores, mem, timeout, retries, class, runtime, max_output)")
+                write!(f, "unknown option '{k}' (known: cores, mem, gpus, timeout, retries, class, runtime, max_output)")
             }
             ErrorKind::BadValue { key, value, why } => write!(f, "bad value '{value}' for {key}: {why}"),
             ErrorKind::TooManyClasses => write!(f, "more than {MAX_CLASSES} distinct classes"),
@@ -491,6 +496,12 @@ impl<R: BufRead> Parser<R> {
                 "mem" => {
                     opts.mem_mb = parse_mem_mb(value)
                         .ok_or_else(|| self.err(col, bad("mem", "a size like 512M, 4G (max 4096T)")))?
+                }
+                "gpus" => {
+                    opts.gpus = parse_uint(value)
+                        .filter(|&n| n <= MAX_GPUS as u64)
+                        .ok_or_else(|| self.err(col, bad("gpus", "an integer from 0 to 64")))?
+                        as u8
                 }
                 "timeout" => {
                     opts.timeout_ms = parse_duration_ms(value).ok_or_else(|| {
@@ -944,7 +955,7 @@ mod tests {
 
     #[test]
     fn options_and_defaults() {
-        let v = all(b"#HTC cores=2 timeout=1m retries=1\n[class=long,runtime=30s mem=2G] ./sim 1\n./sim 2\n#HTC class=short\n[cores=1] x\n").unwrap();
+        let v = all(b"#HTC cores=2 timeout=1m retries=1\n[class=long,runtime=30s mem=2G gpus=2] ./sim 1\n./sim 2\n#HTC class=short\n[cores=1] x\n").unwrap();
         assert_eq!(
             v[0].1,
             TaskOptions {
@@ -954,7 +965,8 @@ mod tests {
                 retries: 1,
                 class: 1,
                 runtime_ms: 30_000,
-                max_output: 0
+                max_output: 0,
+                gpus: 2,
             }
         );
         assert_eq!(v[0].2, b"./sim 1");

@@ -76,6 +76,10 @@ pub mod htc {
             /// ones fill around it without delaying it), fcfs (strict order), ignore.
             #[arg(long, default_value = "backfill", value_name = "backfill|fcfs|ignore")]
             mem_policy: htc_core::backfill::Policy,
+            /// The GPUs tasks may be given (`gpus=`), e.g. 0,1,2,3, shared by the agents; for
+            /// testing without GPUs too. Default: CUDA_VISIBLE_DEVICES, else nvidia-smi.
+            #[arg(long, value_name = "LIST")]
+            gpus: Option<String>,
             /// How agents run tasks: real processes, or a simulation of the scheduling path alone
             /// (none: every task succeeds at once; sleep: after its `runtime` hint, on its cores).
             #[arg(long, default_value = "real")]
@@ -305,6 +309,10 @@ pub mod agent {
         /// learned from the node (the Slurm allocation, else the machine; see `memory.rs`).
         #[arg(long)]
         pub mem_mb: Option<u64>,
+        /// GPUs of this node for tasks that ask for them (`gpus=`), e.g. 0,1,2,3; the agents on
+        /// the node share them. Default: the step's (CUDA_VISIBLE_DEVICES, ...), else nvidia-smi.
+        #[arg(long, value_name = "LIST")]
+        pub gpus: Option<String>,
         #[arg(long, default_value = "streams")]
         pub output: OutputMode,
         /// Tree fan-out: agents per parent (the leader included).
@@ -344,6 +352,9 @@ pub mod agent {
             opt("cpus", self.cpus.clone());
             if let Some(m) = self.mem_mb {
                 opt("mem-mb", m.to_string());
+            }
+            if let Some(g) = &self.gpus {
+                opt("gpus", g.clone());
             }
             opt("output", self.output.name().to_string());
             opt("fanout", self.fanout.to_string());
@@ -437,6 +448,7 @@ mod tests {
             slots: Some(4),
             cpus: "0,1,2,3".into(),
             mem_mb: Some(512),
+            gpus: Some("0,1".into()),
             output: OutputMode::PerTask,
             fanout: 8,
             agents: 16,

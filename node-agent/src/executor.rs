@@ -51,6 +51,8 @@ pub struct TaskToRun {
     pub runtime_ms: u32,
     /// Bytes of each of stdout and stderr kept (`max_output=`); 0 = all.
     pub max_output: u64,
+    /// Devices it gets to itself (`gpus=`).
+    pub gpus: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,6 +109,8 @@ pub struct ExecConfig {
     /// `first_slot` in the output directory they share, and it keeps its own index file.
     pub spawner: usize,
     pub first_slot: usize,
+    /// The agent's GPUs, shared by its spawn loops.
+    pub gpus: crate::gpu::Pool,
 }
 
 impl ExecConfig {
@@ -333,6 +337,8 @@ struct Executor {
     resolved: HashMap<Vec<u8>, Option<CString>>,
     bound_mask: Option<Vec<usize>>,
     binding: bool,
+    /// The CPUs the thread may use when it binds nothing.
+    unbound: Vec<usize>,
     attr: SpawnAttr,
     reaping: Reaping,
     epoll: OwnedFd,
@@ -415,6 +421,7 @@ impl Executor {
             free: vec![true; cfg.slots],
             free_count: cfg.slots,
             binding: !cfg.cpus.is_empty(),
+            unbound: allowed_cpus(),
             slots,
             queue: VecDeque::new(),
             running: HashMap::new(),
@@ -564,10 +571,10 @@ impl Executor {
 
     fn start_queued(&mut self) {
         while let Some(t) = self.queue.front() {
-            // Memory is the leader's to commit (`htc_core::backfill`): it never sends more than
-            // the agent's budget, and releases it only once the result is back.
+            // Memory and GPUs are the leader's to commit (`htc_core::backfill`): it never sends
+            // more than the agent has, and releases them only once the result is back.
             let cores = (t.cores as usize).max(1);
-            if cores > self.cfg.slots {
+            if cores > self.cfg.slots || t.gpus as usize > self.cfg.gpus.len() {
                 // The leader only sends tasks that fit this agent; refuse rather than wait forever.
                 let t = self.queue.pop_front().unwrap();
                 let now = now_us();
@@ -584,6 +591,13 @@ impl Executor {
             if cores > self.free_count {
                 return;
             }
+            let devices = match t.gpus {
+                0 => Vec::new(),
+                n => match self.cfg.gpus.take(t.id, n as usize) {
+                    Some(d) => d,
+                    None => return,
+                },
+            };
             let t = self.queue.pop_front().unwrap();
             let mut slots = Vec::with_capacity(cores);
             for (i, f) in self.free.iter_mut().enumerate() {
@@ -593,15 +607,18 @@ impl Executor {
                 }
             }
             self.free_count -= cores;
-            self.spawn(t, slots);
+            self.spawn(t, slots, devices);
         }
     }
 
-    fn release(&mut self, slots: &[usize]) {
+    fn release(&mut self, t: &TaskToRun, slots: &[usize]) {
         for &s in slots {
             self.free[s] = true;
         }
         self.free_count += slots.len();
+        if t.gpus > 0 {
+            self.cfg.gpus.give_back(t.id);
+        }
     }
 
     fn resolve(&mut self, prog: &[u8]) -> Option<CString> {
@@ -628,11 +645,16 @@ impl Executor {
         found
     }
 
-    fn bind(&mut self, slots: &[usize]) {
-        if !self.binding {
-            return;
-        }
-        let cpus: Vec<usize> = slots.iter().map(|&s| self.cfg.cpus[s % self.cfg.cpus.len()]).collect();
+    /// Binds the spawning thread (and so the next child) to the slots' CPUs, or to `near` (the
+    /// CPUs nearest the task's GPUs) when known.
+    fn bind(&mut self, slots: &[usize], near: Option<Vec<usize>>) {
+        let cpus: Vec<usize> = match near {
+            Some(c) => c,
+            None if self.binding => slots.iter().map(|&s| self.cfg.cpus[s % self.cfg.cpus.len()]).collect(),
+            // Not binding, but a GPU task was bound: back to the CPUs the thread started with.
+            None if self.bound_mask.is_some() => self.unbound.clone(),
+            None => return,
+        };
         if self.bound_mask.as_deref() == Some(&cpus[..]) {
             return;
         }
@@ -655,7 +677,7 @@ impl Executor {
         }
     }
 
-    fn spawn(&mut self, t: TaskToRun, slots: Vec<usize>) {
+    fn spawn(&mut self, t: TaskToRun, slots: Vec<usize>, devices: Vec<crate::gpu::Device>) {
         let slot = slots[0];
         let start_us = now_us();
         let fail = |this: &mut Self, t: TaskToRun, slots: Vec<usize>, errno: i32, msg: String| {
@@ -681,7 +703,7 @@ impl Executor {
                     }
                 }
             }
-            this.release(&slots);
+            this.release(&t, &slots);
             this.events.push(ExecEvent::Finished(Finished {
                 id: t.id,
                 attempt: t.attempt,
@@ -711,15 +733,31 @@ impl Executor {
         let mut argv: Vec<*const libc::c_char> = argv_owned.iter().map(|a| a.as_ptr()).collect();
         argv.push(std::ptr::null());
 
-        let extra = [
+        let mut extra = vec![
             CString::new(format!("HTC_TASK_ID={}", t.id)).unwrap(),
             CString::new(format!("HTC_ATTEMPT={}", t.attempt)).unwrap(),
             CString::new(format!("HTC_CORES={}", slots.len())).unwrap(),
             CString::new(format!("HTC_JOB_ID={}", self.cfg.job_id)).unwrap_or_default(),
             CString::new(format!("HTC_AGENT={}", self.cfg.agent)).unwrap(),
         ];
+        // On an agent with GPUs every task sees exactly its own: none unless it asked.
+        let gpu_env = !self.cfg.gpus.is_empty();
+        if gpu_env {
+            let ids = crate::gpu::visible(&devices);
+            for var in crate::gpu::VISIBLE_VARS {
+                extra.push(CString::new(format!("{var}={ids}")).unwrap_or_default());
+            }
+            if !devices.is_empty() {
+                self.note_devices(&t, &ids);
+            }
+        }
         let mut envp: Vec<*const libc::c_char> = Vec::with_capacity(self.env.len() + extra.len() + 1);
-        envp.extend(self.env.iter().map(|e| e.as_ptr()));
+        envp.extend(
+            self.env
+                .iter()
+                .filter(|e| !gpu_env || !crate::gpu::VISIBLE_VARS.iter().any(|v| crate::gpu::sets(e.as_bytes(), v)))
+                .map(|e| e.as_ptr()),
+        );
         envp.extend(extra.iter().map(|e| e.as_ptr()));
         envp.push(std::ptr::null());
 
@@ -749,7 +787,7 @@ impl Executor {
             (0, 0)
         };
 
-        self.bind(&slots);
+        self.bind(&slots, crate::gpu::nearest_cpus(&devices));
         match self.attr.spawn(&prog, &argv, &envp, out_fd, err_fd) {
             Ok(pid) => {
                 drop(per_task);
@@ -903,7 +941,7 @@ impl Executor {
                 self.fault.get_or_insert(e);
             }
         }
-        self.release(&r.slots);
+        self.release(&r.task, &r.slots);
         if outcome != Outcome::Exited || value != 0 {
             if let Some(full) = self.disk_full() {
                 // Not the task's fault: its end is not reported, so it runs again on resume
@@ -967,6 +1005,16 @@ impl Executor {
                 },
                 Some(_) => {}
             }
+        }
+    }
+
+    /// Notes which devices the task got in the spawner's `devices` file (`htc log` shows them).
+    fn note_devices(&self, t: &TaskToRun, ids: &str) {
+        let line = format!("{}\t{}\t{ids}\n", t.id, t.attempt);
+        let path = self.cfg.out_dir.join(crate::output::devices_name(self.cfg.agent, self.cfg.spawner));
+        let w = OpenOptions::new().append(true).create(true).custom_flags(libc::O_CLOEXEC).open(&path);
+        if let Err(e) = w.and_then(|mut f| f.write_all(line.as_bytes())) {
+            tracing::warn!(agent = self.cfg.agent, task = t.id, error = %e, "its devices are not recorded");
         }
     }
 
@@ -1270,6 +1318,7 @@ mod tests {
             kill_grace: Duration::from_millis(300),
             spawner: 0,
             first_slot: 0,
+            gpus: crate::gpu::Pool::default(),
         };
         (cfg, dir)
     }
@@ -1331,6 +1380,7 @@ mod tests {
             mem_mb: 0,
             runtime_ms: 0,
             max_output: 0,
+            gpus: 0,
             timeout_ms,
         }
     }

@@ -41,6 +41,8 @@ pub struct Row<'a> {
     pub outcome: Outcome,
     pub value: i32,
     pub command: &'a [u8],
+    /// The GPUs the attempt was given (`gpus=`), as the task saw them.
+    pub devices: Option<&'a str>,
 }
 
 /// Parallel's Exitval and Signal: a signal's death is exit 0 and its number (as `$? >> 8` and
@@ -84,7 +86,7 @@ impl Row<'_> {
 
     pub fn json(&self) -> String {
         let (exit, sig) = exit_and_signal(self.outcome, self.value);
-        format!(
+        let mut j = format!(
             concat!(
                 r#"{{"Seq":{},"Host":{},"Starttime":{},"JobRuntime":{:.3},"Send":0,"Receive":0,"#,
                 r#""Exitval":{},"Signal":{},"Command":{},"Attempt":{},"Line":{},"Outcome":{}}}"#
@@ -99,7 +101,11 @@ impl Row<'_> {
             self.attempt,
             self.line,
             crate::status::json_str(&self.outcome.describe(self.value)),
-        )
+        );
+        if let Some(d) = self.devices {
+            j.insert_str(j.len() - 1, &format!(r#","Devices":{}"#, crate::status::json_str(d)));
+        }
+        j
     }
 }
 
@@ -120,8 +126,15 @@ impl Hosts<'_, '_> {
 }
 
 /// Writes every ended attempt, by task id then attempt: the retried and lost ones from the
-/// attempt history, then each finished task's last. Returns the rows written.
-pub fn write(ledger: &Ledger, text: &TaskText, format: Format, out: &mut impl Write) -> anyhow::Result<u64> {
+/// attempt history, then each finished task's last; `devices` are the GPUs attempts were given
+/// (JSON only: the TSV keeps parallel's columns). Returns the rows written.
+pub fn write(
+    ledger: &Ledger,
+    text: &TaskText,
+    format: Format,
+    devices: &HashMap<(u64, u32), String>,
+    out: &mut impl Write,
+) -> anyhow::Result<u64> {
     let txn = ledger.read()?;
     let mut earlier: Vec<(u64, Attempt)> = Vec::new();
     txn.for_each_attempt(|id, a| earlier.push((id, a)))?;
@@ -149,7 +162,8 @@ pub fn write(ledger: &Ledger, text: &TaskText, format: Format, out: &mut impl Wr
         }
         for a in mine {
             let host = hosts.of(a.agent).to_string();
-            let row = attempt_row(id, r.line, &a, &host, command);
+            let mut row = attempt_row(id, r.line, &a, &host, command);
+            row.devices = devices.get(&(id, row.attempt)).map(String::as_str);
             let written = match format {
                 Format::Tsv => out.write_all(&row.tsv()),
                 Format::Json => writeln!(out, "{}", row.json()),
@@ -179,6 +193,7 @@ fn attempt_row<'a>(task: u64, line: u32, a: &Attempt, host: &'a str, command: &'
         outcome: a.outcome,
         value: a.value,
         command,
+        devices: None,
     }
 }
 
@@ -197,6 +212,7 @@ mod tests {
             outcome,
             value,
             command: b"echo \"a\tb\"",
+            devices: None,
         }
     }
 

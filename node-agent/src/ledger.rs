@@ -12,7 +12,9 @@ use lmdb::{Cursor, Database, DatabaseFlags, Environment, EnvironmentFlags, RwTra
 
 /// Bump when the record layout or the meta keys change; `open` refuses other versions.
 pub const SCHEMA_VERSION: u32 = 2;
-pub const RECORD_LEN: usize = 64;
+pub const RECORD_LEN: usize = 72;
+/// Records written before GPUs, priorities, flags and affinity (those read as zero).
+const RECORD_LEN_V1: usize = 64;
 /// Virtual size of the map; the file only grows as far as it is used.
 const MAP_SIZE: usize = 1 << 40;
 
@@ -122,7 +124,7 @@ impl Outcome {
                 format!("exit {code}: could not start: {err}")
             }
             Outcome::Lost => "lost with its agent".into(),
-            Outcome::Unschedulable => "needs more cores or memory than any agent has".into(),
+            Outcome::Unschedulable => "needs more cores, memory or GPUs than any agent has".into(),
             Outcome::OutOfMemory => format!("out of memory ({value} MiB resident, past its mem=)"),
         }
     }
@@ -165,9 +167,22 @@ pub struct Record {
     pub agent: u32,
     pub start_us: u64,
     pub end_us: u64,
+    /// `gpus=`: devices the task gets to itself.
+    pub gpus: u8,
+    /// `Record::EXCLUSIVE`, `Record::PREEMPTIBLE`.
+    pub flags: u8,
+    /// `priority=`: higher starts first.
+    pub priority: i16,
+    /// `affinity=KEY`, hashed (`htc_core::taskfile::affinity_hash`); 0 = none.
+    pub affinity: u32,
 }
 
 impl Record {
+    /// The task wants a node to itself.
+    pub const EXCLUSIVE: u8 = 1;
+    /// The task may be stopped and requeued for higher-priority work.
+    pub const PREEMPTIBLE: u8 = 2;
+
     pub fn state(&self) -> State {
         State::from_u8(self.state).unwrap_or(State::Pending)
     }
@@ -220,11 +235,15 @@ impl Record {
         b[44..48].copy_from_slice(&self.agent.to_le_bytes());
         b[48..56].copy_from_slice(&self.start_us.to_le_bytes());
         b[56..64].copy_from_slice(&self.end_us.to_le_bytes());
+        b[64] = self.gpus;
+        b[65] = self.flags;
+        b[66..68].copy_from_slice(&self.priority.to_le_bytes());
+        b[68..72].copy_from_slice(&self.affinity.to_le_bytes());
         b
     }
 
     pub fn decode(id: u64, b: &[u8]) -> Result<Record> {
-        if b.len() != RECORD_LEN || b[30] > State::Failed as u8 {
+        if (b.len() != RECORD_LEN && b.len() != RECORD_LEN_V1) || b[30] > State::Failed as u8 {
             return Err(LedgerError::Corrupt { id, len: b.len() });
         }
         let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
@@ -250,6 +269,10 @@ impl Record {
             agent: u32_at(44),
             start_us: u64_at(48),
             end_us: u64_at(56),
+            gpus: b.get(64).copied().unwrap_or(0),
+            flags: b.get(65).copied().unwrap_or(0),
+            priority: if b.len() >= 68 { u16_at(66) as i16 } else { 0 },
+            affinity: if b.len() >= 72 { u32_at(68) } else { 0 },
         })
     }
 }
@@ -970,9 +993,16 @@ mod tests {
             agent: 11,
             start_us: 12,
             end_us: 13,
+            gpus: 2,
+            flags: Record::EXCLUSIVE,
+            priority: -5,
+            affinity: 0xdead_beef,
         };
         assert_eq!(Record::decode(1, &r.encode()).unwrap(), r);
         assert!(Record::decode(1, &[0u8; 10]).is_err());
+        // A record written before the resource fields: those are zero.
+        let old = Record::decode(1, &r.encode()[..RECORD_LEN_V1]).unwrap();
+        assert_eq!(old, Record { gpus: 0, flags: 0, priority: 0, affinity: 0, ..r });
     }
 
     #[test]

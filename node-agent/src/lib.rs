@@ -9,6 +9,7 @@ pub mod calibrate;
 pub mod cli;
 pub mod executor;
 pub mod frame;
+pub mod gpu;
 pub mod guard;
 pub mod joblog;
 pub mod leader;

@@ -99,6 +99,7 @@ pub fn load(src: &Path, run: &RunDir, ledger: &Ledger, defaults: TaskOptions) ->
             mem_mb: o.mem_mb,
             class: o.class,
             runtime_ms: o.runtime_ms,
+            gpus: o.gpus,
             ..Default::default()
         };
         txn.append(id, &r)?;

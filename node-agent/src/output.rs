@@ -99,6 +99,35 @@ pub fn cuts_name(agent: u32, spawner: usize) -> String {
     format!("cuts.{agent}.{spawner}")
 }
 
+/// The file in which a spawner notes the GPUs it gave each attempt (`gpus=`).
+pub fn devices_name(agent: u32, spawner: usize) -> String {
+    format!("devices.{agent}.{spawner}")
+}
+
+/// Every attempt's devices noted in `dir`: (task, attempt) -> "0,1".
+pub fn read_devices(dir: &Path) -> io::Result<std::collections::HashMap<(u64, u32), String>> {
+    let mut out = std::collections::HashMap::new();
+    let entries = match std::fs::read_dir(dir) {
+        Ok(d) => d,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(e),
+    };
+    for e in entries {
+        let e = e?;
+        if !e.file_name().to_string_lossy().starts_with("devices.") {
+            continue;
+        }
+        for l in std::fs::read_to_string(e.path())?.lines() {
+            let mut f = l.splitn(3, '\t');
+            let (Some(id), Some(attempt), Some(ids)) = (f.next(), f.next(), f.next()) else { continue };
+            if let (Ok(id), Ok(attempt)) = (id.parse(), attempt.parse()) {
+                out.insert((id, attempt), ids.to_string());
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// A task output cut at its `max_output=`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cut {

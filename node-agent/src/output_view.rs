@@ -135,6 +135,19 @@ impl Files {
     }
 }
 
+/// The GPUs each attempt in the run was given: (task, attempt) -> "0,1".
+pub fn all_devices(run: &RunDir) -> io::Result<std::collections::HashMap<(u64, u32), String>> {
+    let mut all = output::read_devices(&run.out().join("tasks"))?;
+    if let Ok(dir) = std::fs::read_dir(run.out()) {
+        for e in dir.flatten() {
+            if e.file_name().to_string_lossy().starts_with("agent-") {
+                all.extend(output::read_devices(&e.path())?);
+            }
+        }
+    }
+    Ok(all)
+}
+
 /// Every output cut at its `max_output=` in the run, by task.
 pub fn all_cuts(run: &RunDir) -> io::Result<Vec<output::Cut>> {
     let mut cuts = output::read_cuts(&run.out().join("tasks"))?;

@@ -160,6 +160,7 @@ mod tests {
             timeout_ms: 0,
             runtime_ms,
             max_output: 0,
+            gpus: 0,
         }
     }
 

@@ -195,7 +195,7 @@ pub fn simulate(run: &RunDir, cfg: &SimConfig) -> anyhow::Result<SimReport> {
             Ev::Join(a) => {
                 let (cores, head) = (cfg.cores_per_agent, fleet.tree.head(a));
                 if head == a {
-                    let joined = Input::Joined { agent: a, cores, mem_mb: 0, hostname: format!("sim{a}") };
+                    let joined = Input::Joined { agent: a, cores, mem_mb: 0, gpus: 0, hostname: format!("sim{a}") };
                     w.at(at + cfg.latency_us, Ev::ToLeader(joined));
                 } else {
                     let hello = proto::Hello { agent_id: a, cores, ..Default::default() };

@@ -209,6 +209,7 @@ impl Srun {
                     slots: None,
                     cpus: String::new(),
                     mem_mb: None,
+                    gpus: None,
                     output: self.output,
                     fanout: self.fanout,
                     agents: 1,

@@ -149,3 +149,71 @@ fn a_task_past_its_mem_is_stopped_as_out_of_memory_and_nothing_else_is_affected(
     let o = d.htc(&["log", &run, "--format", "json"]);
     assert!(String::from_utf8_lossy(&o.stdout).contains("\"Signal\":9"), "{}", text(&o));
 }
+
+#[test]
+fn gpu_tasks_get_distinct_devices_at_most_as_many_at_once_as_the_agent_has_and_the_assignment_is_recorded() {
+    let d = Dir::new("gpus");
+    let mut t = String::new();
+    for _ in 0..12 {
+        t.push_str("[gpus=1] echo $CUDA_VISIBLE_DEVICES $ROCR_VISIBLE_DEVICES $HIP_VISIBLE_DEVICES; sleep 0.4\n");
+    }
+    t.push_str("echo \"none:[$CUDA_VISIBLE_DEVICES]\"\n");
+    t.push_str("[gpus=2] echo $CUDA_VISIBLE_DEVICES\n");
+    t.push_str("[gpus=5 retries=0] echo too many\n");
+    d.write("tasks.txt", t);
+    // The step's own variable is not what the tasks see: each sees its devices only.
+    let o = d.htc_env(
+        &["run", "tasks.txt", "-q", "--gpus", "0,1,2,3", "--cores-per-agent", "8"],
+        &[("CUDA_VISIBLE_DEVICES", std::ffi::OsStr::new("7"))],
+    );
+    assert_eq!(o.status.code(), Some(1), "task 15 cannot run: {}", text(&o));
+    let run = d.run_id();
+    let o = d.htc(&["log", &run, "--format", "json"]);
+    let rows: Vec<serde_json::Value> =
+        String::from_utf8(o.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let gpu_rows: Vec<(String, f64, f64)> = rows
+        .iter()
+        .filter(|r| r["Seq"].as_u64().unwrap() <= 12)
+        .map(|r| {
+            let s = r["Starttime"].as_f64().unwrap();
+            (
+                r["Devices"].as_str().expect("the assignment is recorded").to_string(),
+                s,
+                s + r["JobRuntime"].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(gpu_rows.len(), 12);
+    // Never two tasks on one device at once (1 ms: the log's resolution), and never more than 4.
+    for (i, (dev, s, e)) in gpu_rows.iter().enumerate() {
+        assert!(["0", "1", "2", "3"].contains(&dev.as_str()), "{dev}");
+        for (dev2, s2, e2) in &gpu_rows[i + 1..] {
+            assert!(dev != dev2 || s2 >= &(e - 0.001) || s >= &(e2 - 0.001), "device {dev} shared");
+        }
+    }
+    // Running at each start (an end within 1 ms of it taken as before it).
+    let most = gpu_rows
+        .iter()
+        .map(|(_, s, _)| gpu_rows.iter().filter(|(_, s2, e2)| s2 <= s && *s < e2 - 0.001).count())
+        .max()
+        .unwrap();
+    assert_eq!(most, 4, "four devices: four at a time");
+    // Each saw its own device, under the three names.
+    for task in 1..=12u64 {
+        let dev = &gpu_rows[task as usize - 1].0;
+        let o = d.htc(&["output", &run, &task.to_string()]);
+        assert_eq!(String::from_utf8_lossy(&o.stdout), format!("{dev} {dev} {dev}\n"), "task {task}");
+    }
+    let o = d.htc(&["output", &run, "13"]);
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "none:[]\n", "a task without gpus= sees none");
+    let two = rows.iter().find(|r| r["Seq"] == 14).unwrap();
+    let o = d.htc(&["output", &run, "14"]);
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), two["Devices"].as_str().unwrap());
+    assert_eq!(two["Devices"].as_str().unwrap().split(',').count(), 2);
+    let o = d.htc(&["status", &run]);
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("task 15 (line 15): needs more cores, memory or GPUs"),
+        "{}",
+        text(&o)
+    );
+}

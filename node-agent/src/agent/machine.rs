@@ -546,6 +546,7 @@ fn to_run(t: proto::TaskSpec) -> TaskToRun {
         timeout_ms: t.timeout_ms,
         runtime_ms: t.runtime_ms,
         max_output: t.max_output,
+        gpus: t.gpus,
     }
 }
 

@@ -60,6 +60,8 @@ pub struct AgentConfig {
     pub slots: usize,
     pub cpus: Vec<usize>,
     pub mem_mb: u64,
+    /// The GPUs the agent hands to tasks (`gpu`).
+    pub gpus: Vec<crate::gpu::Device>,
     pub output: OutputMode,
     pub kill_grace: Duration,
     /// How often buffered results go up when the buffer is not full (`FLUSH_EVERY`).
@@ -347,11 +349,12 @@ struct JoinAs {
     agent: u32,
     slots: usize,
     mem_mb: u64,
+    gpus: u32,
 }
 
 impl JoinAs {
     fn of(cfg: &AgentConfig) -> JoinAs {
-        JoinAs { agent: cfg.agent_id, slots: cfg.slots, mem_mb: cfg.mem_mb }
+        JoinAs { agent: cfg.agent_id, slots: cfg.slots, mem_mb: cfg.mem_mb, gpus: cfg.gpus.len() as u32 }
     }
 }
 
@@ -370,6 +373,7 @@ async fn join(me: &JoinAs, to: SocketAddr, secret: &[u8], how: Joining) -> anyho
         agent_id: me.agent,
         cores: me.slots as u32,
         mem_mb: me.mem_mb,
+        gpus: me.gpus,
         hostname: hostname.clone(),
         pid: std::process::id(),
         protocol: PROTOCOL_VERSION,
@@ -455,11 +459,20 @@ impl Executors {
             stopping: false,
             resetting: 0,
         };
+        // One pool for all the spawn loops: a task gets devices whichever loop runs it.
+        let gpus = crate::gpu::Pool::new(cfg.gpus.clone());
         let mut slots = Vec::new();
         for i in 0..k {
             let (first, n) = crate::slurm::node_share(cfg.slots, k, i);
             let cpus = if cfg.cpus.is_empty() { Vec::new() } else { cfg.cpus[first..first + n].to_vec() };
-            let ec = ExecConfig { cpus, slots: n, spawner: i, first_slot: first, ..exec_config(cfg, job_id) };
+            let ec = ExecConfig {
+                cpus,
+                slots: n,
+                spawner: i,
+                first_slot: first,
+                gpus: gpus.clone(),
+                ..exec_config(cfg, job_id)
+            };
             let (h, t) = executor::start(ec, sink(i))?;
             x.handles.push(h);
             x.threads.push(Some(t));
@@ -551,6 +564,7 @@ fn exec_config(cfg: &AgentConfig, job_id: &str) -> ExecConfig {
         kill_grace: cfg.kill_grace,
         spawner: 0,
         first_slot: 0,
+        gpus: crate::gpu::Pool::default(),
     }
 }
 

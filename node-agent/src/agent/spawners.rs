@@ -71,6 +71,7 @@ mod tests {
                 timeout_ms: 0,
                 runtime_ms: 0,
                 max_output: 0,
+                gpus: 0,
             })
             .collect()
     }

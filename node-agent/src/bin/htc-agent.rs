@@ -60,6 +60,7 @@ fn work(a: WorkArgs) -> anyhow::Result<()> {
         mut slots,
         cpus,
         mem_mb,
+        gpus,
         output,
         fanout,
         mut agents,
@@ -77,6 +78,7 @@ fn work(a: WorkArgs) -> anyhow::Result<()> {
         .collect::<anyhow::Result<_>>()?;
     // The node's memory is shared by the agents on it: all of them locally.
     let (mut cpus_on_node, mut agents_on_node) = (executor::allowed_cpus().len(), agents as usize);
+    let mut local_index = 0;
     if slurm {
         agent_id = slurm::var("SLURM_PROCID")?.parse().context("$SLURM_PROCID")?;
         agents = slurm::var("SLURM_NTASKS")?.parse().context("$SLURM_NTASKS")?;
@@ -89,7 +91,7 @@ fn work(a: WorkArgs) -> anyhow::Result<()> {
         let tasks_spec = slurm::var("SLURM_STEP_TASKS_PER_NODE").or_else(|_| slurm::var("SLURM_TASKS_PER_NODE"));
         let on_node = tasks_spec.ok().and_then(|t| slurm::cpus_on_node(&t, node)).unwrap_or(1);
         let (first, mine) = slurm::node_share(n, on_node, local);
-        (cpus_on_node, agents_on_node) = (n, on_node);
+        (cpus_on_node, agents_on_node, local_index) = (n, on_node, local);
         slots = Some(slots.unwrap_or(mine));
         if cpus.is_empty() {
             let allowed = executor::allowed_cpus();
@@ -104,6 +106,10 @@ fn work(a: WorkArgs) -> anyhow::Result<()> {
         tracing::info!(agent = agent_id, mem_mb = mb, from, "memory for tasks");
         mb
     });
+    let (devices, from) = htc::gpu::detect(gpus.as_deref());
+    if !devices.is_empty() {
+        tracing::info!(agent = agent_id, gpus = %htc::gpu::visible(&devices), from, "GPUs of the node");
+    }
     let run = RunDir::new(run_dir);
     let count = count.max(1);
     if agent_id.saturating_add(count) > agents.max(count) {
@@ -139,6 +145,8 @@ fn work(a: WorkArgs) -> anyhow::Result<()> {
             slots,
             cpus: cpus.clone(),
             mem_mb,
+            // Locally all agents share the machine; under Slurm those of this node do.
+            gpus: htc::gpu::share(&devices, agents_on_node, if slurm { local_index } else { id as usize }),
             output,
             kill_grace: Duration::from_secs(3),
             flush_every: agent::FLUSH_EVERY,

@@ -158,7 +158,14 @@ fn real_main() -> anyhow::Result<i32> {
             let run = RunDir::locate(run.as_deref())?;
             let ledger = Ledger::open(&run.ledger(), true)?;
             let text = htc::load::TaskText::open(&run.tasks()).context("mapping the run's task file")?;
-            htc::joblog::write(&ledger, &text, format, &mut std::io::BufWriter::new(std::io::stdout().lock()))?;
+            let devices = htc::output_view::all_devices(&run)?;
+            htc::joblog::write(
+                &ledger,
+                &text,
+                format,
+                &devices,
+                &mut std::io::BufWriter::new(std::io::stdout().lock()),
+            )?;
             Ok(0)
         }
         Cmd::Run {
@@ -180,6 +187,7 @@ fn real_main() -> anyhow::Result<i32> {
             ledger_dir,
             mem_per_agent,
             mem_policy,
+            gpus,
         } => {
             let site = Site::load()?;
             let lock;
@@ -234,6 +242,7 @@ fn real_main() -> anyhow::Result<i32> {
                 spawners,
                 instance_size: instance_agents,
                 lost_after: site.lost_after,
+                gpus,
                 mem_mb: match mem_policy {
                     htc_core::backfill::Policy::Ignore => Some(0),
                     _ => mem_per_agent,

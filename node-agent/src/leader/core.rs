@@ -45,6 +45,7 @@ pub enum Input {
         agent: u32,
         cores: u32,
         mem_mb: u64,
+        gpus: u32,
         hostname: String,
     },
     Report {
@@ -62,6 +63,7 @@ pub enum Input {
         agent: u32,
         cores: u32,
         mem_mb: u64,
+        gpus: u32,
         hostname: String,
     },
     Rejoined {
@@ -132,6 +134,7 @@ struct Agent {
     /// Slots of its instance (all its members').
     cores: u32,
     mem_mb: u64,
+    gpus: u32,
     credit: u64,
     /// Slots the agent last said it had nothing for, less what was sent since.
     idle: u64,
@@ -530,20 +533,21 @@ impl<'a> Core<'a> {
     pub fn handle(&mut self, now_us: u64, t: &mut dyn Tasks, ev: Input, out: &mut Outbox) -> Result<Option<Ending>> {
         self.now_us = now_us;
         match ev {
-            Input::Joined { agent, cores, mem_mb, hostname } => {
+            Input::Joined { agent, cores, mem_mb, gpus, hostname } => {
                 let Some(instance) = self.instance_of(agent) else {
                     tracing::warn!(job = %self.job_id, agent, %hostname, "an agent that heads no instance joined; ignored");
                     return Ok(None);
                 };
                 tracing::info!(job = %self.job_id, agent, cores, mem_mb, %hostname, "agent joined");
                 self.ever_seen += 1;
-                self.mem.join(agent, mem_mb, cores);
+                self.mem.join(agent, mem_mb, cores, gpus);
                 self.agents.insert(
                     agent,
                     Agent {
                         instance,
                         cores,
                         mem_mb,
+                        gpus,
                         credit: 0,
                         idle: 0,
                         ahead_ms: 0,
@@ -599,8 +603,8 @@ impl<'a> Core<'a> {
             }
             Input::Lost { agent, why } => self.lose(t, agent, &why, now_us, out)?,
             Input::Rejoined { agent, below } => self.rejoined(agent, below, now_us, out),
-            Input::Revived { agent, cores, mem_mb, hostname } => {
-                self.revived(t, agent, cores, mem_mb, hostname, now_us, out)?
+            Input::Revived { agent, cores, mem_mb, gpus, hostname } => {
+                self.revived(t, agent, (cores, mem_mb, gpus), hostname, now_us, out)?
             }
             Input::Detached { agent } => {
                 if let Some(a) = self.agents.get(&agent).filter(|a| a.alive) {
@@ -836,6 +840,9 @@ impl<'a> Core<'a> {
         self.note_streak(f.agent, id, end);
         if end == End::Succeeded && start_us != 0 && end_us >= start_us {
             self.partition.observe(r.class, r.runtime_ms, (end_us - start_us) / 1000);
+            if r.mem_mb > 0 || r.gpus > 0 {
+                self.mem.observe(group_of(r), end_us - start_us);
+            }
         }
         r.outcome = outcome as u8;
         r.value = value;
@@ -987,8 +994,7 @@ impl<'a> Core<'a> {
         &mut self,
         t: &mut dyn Tasks,
         agent: u32,
-        cores: u32,
-        mem_mb: u64,
+        (cores, mem_mb, gpus): (u32, u64, u32),
         hostname: String,
         now_us: u64,
         out: &mut Outbox,
@@ -1014,8 +1020,8 @@ impl<'a> Core<'a> {
         }
         let a = self.agents.get_mut(&agent).expect("checked above");
         tracing::info!(job = %self.job_id, agent, %hostname, "given up before, back as a fresh member");
-        (a.alive, a.heard_us, a.cores, a.mem_mb, a.hostname) = (true, now_us, cores, mem_mb, hostname);
-        self.mem.join(agent, mem_mb, cores);
+        (a.alive, a.heard_us, a.cores, a.mem_mb, a.gpus, a.hostname) = (true, now_us, cores, mem_mb, gpus, hostname);
+        self.mem.join(agent, mem_mb, cores, gpus);
         (a.credit, a.idle, a.ahead_ms, a.busy) = (0, 0, 0, 0);
         a.streak.clear();
         self.resyncs.remove(&agent);
@@ -1078,7 +1084,9 @@ impl<'a> Core<'a> {
 
     fn fits(&self, agent: u32, r: &Record) -> bool {
         let a = &self.agents[&agent];
-        r.cores as u32 <= a.cores && (a.mem_mb == 0 || r.mem_mb == 0 || r.mem_mb as u64 <= a.mem_mb)
+        r.cores as u32 <= a.cores
+            && r.gpus as u32 <= a.gpus
+            && (a.mem_mb == 0 || r.mem_mb == 0 || r.mem_mb as u64 <= a.mem_mb)
     }
 
     /// Whether some live agent could ever run the task. Meaningful only once every agent the
@@ -1092,7 +1100,7 @@ impl<'a> Core<'a> {
     }
 
     fn fail_unschedulable(&mut self, t: &mut dyn Tasks, id: u64, mut r: Record) -> Result<()> {
-        tracing::warn!(job = %self.job_id, task = id, cores = r.cores, mem_mb = r.mem_mb, "task needs more than any agent has");
+        tracing::warn!(job = %self.job_id, task = id, cores = r.cores, mem_mb = r.mem_mb, gpus = r.gpus, "task needs more than any agent has");
         let Ok((life, _)) = task::step(r.life(), Step::Refuse) else { return Ok(()) };
         t.mark_failed(id)?;
         r.outcome = Outcome::Unschedulable as u8;
@@ -1196,8 +1204,14 @@ impl<'a> Core<'a> {
     /// Whether `agent` has the memory for task `id` now (then it is committed there); if not,
     /// the task waits for memory (`backfill`).
     fn admit(&mut self, agent: u32, id: u64, r: &Record) -> bool {
-        let need =
-            Need { task: id, mem_mb: r.mem_mb as u64, cores: r.cores as u32, runtime_us: r.runtime_ms as u64 * 1000 };
+        let need = Need {
+            task: id,
+            mem_mb: r.mem_mb as u64,
+            cores: r.cores as u32,
+            gpus: r.gpus as u32,
+            runtime_us: r.runtime_ms as u64 * 1000,
+            group: group_of(r),
+        };
         if self.mem.admit(agent, need, self.now_us).is_ok() {
             return true;
         }
@@ -1229,9 +1243,15 @@ impl<'a> Core<'a> {
             timeout_ms: r.timeout_ms,
             runtime_ms: r.runtime_ms,
             max_output: htc_core::taskfile::output_cap::bytes(r.max_output),
+            gpus: r.gpus as u32,
         });
         Ok(())
     }
+}
+
+/// Tasks that run alike, for placement's runtime estimates: one class with one hint.
+fn group_of(r: &Record) -> u64 {
+    (r.class as u64) << 32 | r.runtime_ms as u64
 }
 
 #[cfg(test)]
@@ -1303,7 +1323,7 @@ mod tests {
     }
 
     fn join(agent: u32, cores: u32) -> Input {
-        Input::Joined { agent, cores, mem_mb: 0, hostname: format!("node{agent}") }
+        Input::Joined { agent, cores, mem_mb: 0, gpus: 0, hostname: format!("node{agent}") }
     }
 
     fn want(agent: u32, n: u32) -> Input {
@@ -1355,7 +1375,7 @@ mod tests {
             };
         }
         let mut c = core(&m, 1);
-        let joined = Input::Joined { agent: 0, cores: 4, mem_mb: 1000, hostname: "n0".into() };
+        let joined = Input::Joined { agent: 0, cores: 4, mem_mb: 1000, gpus: 0, hostname: "n0".into() };
         let (out, _) = feed(&mut c, &mut m, vec![joined, want(0, 4)]);
         // 1, 2 fit (800); 3, 4 and 5 wait; 6 and 7 would fit, but the node is kept for 3
         // (the oldest waiting) and unhinted small tasks could delay it.
@@ -1386,8 +1406,8 @@ mod tests {
         m.records.get_mut(&1).unwrap().mem_mb = 1500;
         m.records.get_mut(&2).unwrap().mem_mb = 1500;
         let mut c = core(&m, 2);
-        let big = Input::Joined { agent: 0, cores: 1, mem_mb: 2000, hostname: "big".into() };
-        let small = Input::Joined { agent: 1, cores: 1, mem_mb: 1000, hostname: "small".into() };
+        let big = Input::Joined { agent: 0, cores: 1, mem_mb: 2000, gpus: 0, hostname: "big".into() };
+        let small = Input::Joined { agent: 1, cores: 1, mem_mb: 1000, gpus: 0, hostname: "small".into() };
         let (out, _) = feed(&mut c, &mut m, vec![big, small, want(0, 1), want(1, 1)]);
         assert_eq!(dispatched(&out), vec![(0, vec![(1, 1)])]);
         let lost = Input::Lost { agent: 0, why: "gone".into() };
@@ -1910,7 +1930,7 @@ mod tests {
         let lost = Input::Lost { agent: 0, why: "silent for 10.0 s".into() };
         let (out, _) = feed(&mut c, &mut m, vec![lost, want(1, 2)]);
         assert_eq!(dispatched(&out), vec![(1, vec![(1, 2), (2, 2)])]);
-        let back = Input::Revived { agent: 0, cores: 1, mem_mb: 0, hostname: "node0".into() };
+        let back = Input::Revived { agent: 0, cores: 1, mem_mb: 0, gpus: 0, hostname: "node0".into() };
         // Idle, it may take from any instance's share.
         let ask =
             Input::Report { agent: 0, report: proto::Report { want: 2, idle: 1, agent: 0, ..Default::default() } };
@@ -1933,7 +1953,7 @@ mod tests {
     #[test]
     fn an_agent_back_before_it_was_given_up_loses_its_tasks_first() {
         let (mut m, mut c) = task_1_running_and_2_queued_on_agent_0();
-        let back = Input::Revived { agent: 0, cores: 1, mem_mb: 0, hostname: "node0".into() };
+        let back = Input::Revived { agent: 0, cores: 1, mem_mb: 0, gpus: 0, hostname: "node0".into() };
         let (out, _) = feed(&mut c, &mut m, vec![back, want(1, 2)]);
         assert_eq!(dispatched(&out), vec![(1, vec![(1, 2), (2, 2)])]);
         assert_eq!(m.records[&1].losses, 1);

@@ -76,6 +76,8 @@ pub struct Local {
     pub lost_after: Duration,
     /// Memory each agent hands out to tasks, in MiB (`None`: learned from the machine).
     pub mem_mb: Option<u64>,
+    /// The machine's GPUs for tasks (`--gpus`), which the agents share (`None`: detected).
+    pub gpus: Option<String>,
 }
 
 impl Local {
@@ -124,6 +126,7 @@ impl Local {
                 slots: Some(self.slots_per_agent),
                 cpus: cpus.join(","),
                 mem_mb: self.mem_mb,
+                gpus: self.gpus.clone(),
                 output: self.output,
                 fanout: self.fanout,
                 agents: self.agents as u32,

@@ -101,9 +101,9 @@ async fn connection(
                 agents.extend(&h.below);
                 Input::Rejoined { agent, below: h.below }
             } else if h.fresh {
-                Input::Revived { agent, cores: h.cores, mem_mb: h.mem_mb, hostname: h.hostname }
+                Input::Revived { agent, cores: h.cores, mem_mb: h.mem_mb, gpus: h.gpus, hostname: h.hostname }
             } else {
-                Input::Joined { agent, cores: h.cores, mem_mb: h.mem_mb, hostname: h.hostname }
+                Input::Joined { agent, cores: h.cores, mem_mb: h.mem_mb, gpus: h.gpus, hostname: h.hostname }
             };
             let joined = Event::Joined(input, tx.clone());
             if core.send(joined).is_err() {
