@@ -146,6 +146,11 @@ impl Shares {
     fn remaining(&self) -> u64 {
         self.blocks.iter().map(|b| b.end - b.start).sum()
     }
+
+    /// Whether `instance` has positions of its own left.
+    fn has_own(&self, instance: usize) -> bool {
+        self.blocks.get(instance).is_some_and(|b| !b.is_empty())
+    }
 }
 
 /// Even split: instance i owns the i-th of n contiguous blocks of ids.
@@ -194,7 +199,8 @@ pub fn group_key(class: u16, runtime_ms: u32) -> u32 {
     ((class as u32) << 8) | bucket.min(255)
 }
 
-/// Tasks of one runtime group: their ids in increasing order and their mean runtime hint.
+/// Tasks of one runtime group and priority: their ids in increasing order and their mean
+/// runtime hint.
 #[derive(Debug, Clone, Default)]
 pub struct Group {
     pub ids: Vec<u64>,
@@ -202,17 +208,19 @@ pub struct Group {
     pub runtime_s: Option<f64>,
     /// `group_key` of its tasks.
     pub key: u32,
+    /// `priority=` of its tasks: higher goes first, whatever the runtimes.
+    pub priority: i16,
 }
 
 /// Collects tasks into runtime groups, one `add` per task in id order.
 #[derive(Debug, Default)]
 pub struct Grouper {
-    groups: std::collections::BTreeMap<u32, (Vec<u64>, u64)>,
+    groups: std::collections::BTreeMap<(i16, u32), (Vec<u64>, u64)>,
 }
 
 impl Grouper {
-    pub fn add(&mut self, id: u64, class: u16, runtime_ms: u32) {
-        let g = self.groups.entry(group_key(class, runtime_ms)).or_default();
+    pub fn add(&mut self, id: u64, priority: i16, class: u16, runtime_ms: u32) {
+        let g = self.groups.entry((priority, group_key(class, runtime_ms))).or_default();
         g.0.push(id);
         g.1 += runtime_ms as u64;
     }
@@ -220,10 +228,10 @@ impl Grouper {
     pub fn finish(self) -> Vec<Group> {
         self.groups
             .into_iter()
-            .map(|(key, (ids, ms))| {
+            .map(|((priority, key), (ids, ms))| {
                 let hinted = key & 0xff != 0;
                 let runtime_s = hinted.then(|| ms as f64 / 1000.0 / ids.len() as f64);
-                Group { ids, runtime_s, key }
+                Group { ids, runtime_s, key, priority }
             })
             .collect()
     }
@@ -247,6 +255,7 @@ struct ClassGroup {
     ids: Vec<u64>,
     shares: Shares,
     key: u32,
+    priority: i16,
     /// The hint's mean, in seconds, if the tasks have one.
     hinted_s: Option<f64>,
     /// Successful runs seen: their count and total seconds.
@@ -286,6 +295,7 @@ impl Classes {
                     ids: g.ids,
                     shares: Shares::of_sizes(&sizes),
                     key: g.key,
+                    priority: g.priority,
                     hinted_s: g.runtime_s,
                     seen: (0, 0.0),
                 }
@@ -296,9 +306,18 @@ impl Classes {
         c
     }
 
-    /// Longest first; equal runtimes keep their key order (class, then runtime bucket).
+    /// Highest priority first; within a priority longest first; equal runtimes keep their key
+    /// order (class, then runtime bucket).
     fn sort(&mut self) {
-        self.groups.sort_by(|a, b| b.runtime_s().total_cmp(&a.runtime_s()).then(a.key.cmp(&b.key)));
+        self.groups.sort_by(|a, b| {
+            b.priority.cmp(&a.priority).then(b.runtime_s().total_cmp(&a.runtime_s())).then(a.key.cmp(&b.key))
+        });
+    }
+
+    /// Whether `instance` still has its own share of a group of lower priority than group `i`.
+    fn owns_lower_than(&self, instance: usize, i: usize) -> bool {
+        let p = self.groups[i].priority;
+        self.groups[i + 1..].iter().any(|g| g.priority < p && g.shares.has_own(instance))
     }
 }
 
@@ -308,10 +327,27 @@ impl Partition for Classes {
             return None;
         }
         // Its own shares first, longest group first: a core it cannot fill with its own long
-        // tasks runs its own shorter ones (the victim would start its long tasks as soon).
-        let own = self.groups.iter_mut().find_map(|g| Some((&*g.ids, g.shares.take_own(instance, max)?)));
+        // tasks runs its own shorter ones (the victim would start its long tasks as soon). But
+        // higher-priority work left anywhere goes before its own lower-priority share: it steals
+        // that first, as much as it can start.
+        let mut own = None;
+        for i in 0..self.groups.len() {
+            if let Some(r) = self.groups[i].shares.take_own(instance, max) {
+                own = Some((i, r));
+                break;
+            }
+            if self.groups[i].shares.remaining() > 0 && self.owns_lower_than(instance, i) {
+                let g = &mut self.groups[i];
+                if let Some(r) =
+                    g.shares.steal_into(instance, steal).then(|| g.shares.take_own(instance, max)).flatten()
+                {
+                    own = Some((i, r));
+                    break;
+                }
+            }
+        }
         let (ids, r) = match own {
-            Some(found) => found,
+            Some((i, r)) => (&*self.groups[i].ids, r),
             // Drained: steal, longest group first, no more than it can start now.
             None => self.groups.iter_mut().find_map(|g| {
                 g.shares
@@ -336,9 +372,12 @@ impl Partition for Classes {
             return; // the hint orders its group
         }
         let key = group_key(class, hint_ms);
-        let Some(g) = self.groups.iter_mut().find(|g| g.key == key && g.hinted_s.is_none()) else { return };
-        g.seen = (g.seen.0 + 1, g.seen.1 + ran_ms as f64 / 1000.0);
-        let sorted = self.groups.windows(2).all(|w| w[0].runtime_s() >= w[1].runtime_s());
+        // The class's groups of every priority learn alike.
+        for g in self.groups.iter_mut().filter(|g| g.key == key && g.hinted_s.is_none()) {
+            g.seen = (g.seen.0 + 1, g.seen.1 + ran_ms as f64 / 1000.0);
+        }
+        let sorted =
+            self.groups.windows(2).all(|w| w[0].priority > w[1].priority || w[0].runtime_s() >= w[1].runtime_s());
         if !sorted {
             self.sort();
         }
@@ -415,7 +454,7 @@ mod tests {
         let mut g = Grouper::default();
         for id in 1..=8 {
             // Odd ids run 10 ms, even ids 320 ms.
-            g.add(id, 0, if id % 2 == 1 { 10 } else { 320 });
+            g.add(id, 0, 0, if id % 2 == 1 { 10 } else { 320 });
         }
         let groups = g.finish();
         assert_eq!(groups.len(), 2);
@@ -433,13 +472,37 @@ mod tests {
         assert_eq!(p.take(1, 10, 10), None);
     }
 
+    /// Priorities before runtimes, and across instances: an instance whose own high-priority
+    /// share is drained steals another's before it runs its own low-priority share.
+    #[test]
+    fn higher_priority_goes_first_everywhere() {
+        let mut g = Grouper::default();
+        for id in 1..=8 {
+            // Ids 1-4: priority 0, long; 5-8: priority 3, short.
+            if id <= 4 {
+                g.add(id, 0, 0, 60_000);
+            } else {
+                g.add(id, 3, 0, 10);
+            }
+        }
+        let p0 = hflow::Params { s: 0.0, d: 0.0, t: 0.0 };
+        let mut p = Classes::new(g.finish(), 2, 2, p0);
+        assert_eq!(ids(p.take(0, 1, 1)), vec![5], "the high priority first, short as it is");
+        assert_eq!(ids(p.take(0, 1, 1)), vec![6]);
+        // Instance 0's high share is drained, instance 1's is not: it steals from it first.
+        assert_eq!(ids(p.take(0, 1, 1)), vec![8]);
+        assert_eq!(ids(p.take(0, 1, 1)), vec![7]);
+        assert_eq!(ids(p.take(0, 1, 1)), vec![1], "then its own low-priority share");
+        assert_eq!(ids(p.take(1, 4, 0)), vec![3, 4], "instance 1 has only low priority left");
+    }
+
     #[test]
     fn groups_keep_hintless_tasks_apart_and_first() {
         let mut g = Grouper::default();
-        g.add(1, 0, 0);
-        g.add(2, 0, 1100);
-        g.add(3, 0, 1150); // the same quarter octave as 1100 ms
-        g.add(4, 1, 1000); // another class
+        g.add(1, 0, 0, 0);
+        g.add(2, 0, 0, 1100);
+        g.add(3, 0, 0, 1150); // the same quarter octave as 1100 ms
+        g.add(4, 0, 1, 1000); // another class
         let groups = g.finish();
         assert_eq!(groups.len(), 3);
         assert!(groups.iter().any(|g| g.ids == vec![2, 3] && g.runtime_s == Some(1.125)));
@@ -450,7 +513,7 @@ mod tests {
     #[test]
     fn hint_less_classes_take_their_place_once_their_runtimes_are_seen() {
         let mut g = Grouper::default();
-        (1..=100).for_each(|id| g.add(id, if id <= 50 { 1 } else { 2 }, 0));
+        (1..=100).for_each(|id| g.add(id, 0, if id <= 50 { 1 } else { 2 }, 0));
         let mut p = Classes::new(g.finish(), 1, 1, hflow::Params { s: 0.0, d: 0.0, t: 1.0 });
         let class = |b: Option<Block>| if ids(b)[0] <= 50 { 1 } else { 2 };
         assert_eq!(class(p.take(0, 1, 0)), 1, "both unknown: in class order");
@@ -479,7 +542,7 @@ mod tests {
             let n = next(2_000);
             let mut g = Grouper::default();
             for id in 1..=n {
-                g.add(id, next(3) as u16, [0, 5, 40, 900, 20_000][next(5) as usize]);
+                g.add(id, next(3) as i16 - 1, next(3) as u16, [0, 5, 40, 900, 20_000][next(5) as usize]);
             }
             let x = 1 + next(9) as usize;
             let params = hflow::Params { s: next(100) as f64 / 100.0, d: 0.001, t: 1.0 };

@@ -38,6 +38,8 @@ pub struct TaskOptions {
     pub max_output: u16,
     /// `gpus=`: devices the task gets to itself.
     pub gpus: u8,
+    /// `priority=`: higher starts first (file order within a priority).
+    pub priority: i16,
 }
 
 impl Default for TaskOptions {
@@ -51,6 +53,7 @@ impl Default for TaskOptions {
             runtime_ms: 0,
             max_output: 0,
             gpus: 0,
+            priority: 0,
         }
     }
 }
@@ -108,7 +111,7 @@ impl fmt::Display for ErrorKind {
             ErrorKind::MissingCommand => write!(f, "options but no command"),
             ErrorKind::BadOptionSyntax(s) => write!(f, "expected key=value, found '{s}'"),
             ErrorKind::UnknownOption(k) => {
-                write!(f, "unknown option '{k}' (known: cores, mem, gpus, timeout, retries, class, runtime, max_output)")
+                write!(f, "unknown option '{k}' (known: cores, mem, gpus, priority, timeout, retries, class, runtime, max_output)")
             }
             ErrorKind::BadValue { key, value, why } => write!(f, "bad value '{value}' for {key}: {why}"),
             ErrorKind::TooManyClasses => write!(f, "more than {MAX_CLASSES} distinct classes"),
@@ -502,6 +505,13 @@ impl<R: BufRead> Parser<R> {
                         .filter(|&n| n <= MAX_GPUS as u64)
                         .ok_or_else(|| self.err(col, bad("gpus", "an integer from 0 to 64")))?
                         as u8
+                }
+                "priority" => {
+                    opts.priority = value
+                        .parse::<i16>()
+                        .ok()
+                        .filter(|_| value.bytes().all(|b| b.is_ascii_digit() || b == b'-'))
+                        .ok_or_else(|| self.err(col, bad("priority", "an integer from -32768 to 32767")))?
                 }
                 "timeout" => {
                     opts.timeout_ms = parse_duration_ms(value).ok_or_else(|| {
@@ -955,7 +965,7 @@ mod tests {
 
     #[test]
     fn options_and_defaults() {
-        let v = all(b"#HTC cores=2 timeout=1m retries=1\n[class=long,runtime=30s mem=2G gpus=2] ./sim 1\n./sim 2\n#HTC class=short\n[cores=1] x\n").unwrap();
+        let v = all(b"#HTC cores=2 timeout=1m retries=1\n[class=long,runtime=30s mem=2G gpus=2 priority=-3] ./sim 1\n./sim 2\n#HTC class=short\n[cores=1] x\n").unwrap();
         assert_eq!(
             v[0].1,
             TaskOptions {
@@ -967,6 +977,7 @@ mod tests {
                 runtime_ms: 30_000,
                 max_output: 0,
                 gpus: 2,
+                priority: -3,
             }
         );
         assert_eq!(v[0].2, b"./sim 1");

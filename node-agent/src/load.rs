@@ -74,9 +74,9 @@ pub fn load(src: &Path, run: &RunDir, ledger: &Ledger, defaults: TaskOptions) ->
         max_mem_mb = max_mem_mb.max(o.mem_mb);
         hinted += (o.runtime_ms > 0) as u64;
         // Consecutive tasks mostly share their options: key only on a change.
-        if last != Some((o.class, o.runtime_ms)) {
-            groups.insert(group_key(o.class, o.runtime_ms));
-            last = Some((o.class, o.runtime_ms));
+        if last != Some((o.priority, o.class, o.runtime_ms)) {
+            groups.insert((o.priority, group_key(o.class, o.runtime_ms)));
+            last = Some((o.priority, o.class, o.runtime_ms));
         }
         let cmd_off = if t.generated {
             let g = match generated.as_mut() {
@@ -100,6 +100,7 @@ pub fn load(src: &Path, run: &RunDir, ledger: &Ledger, defaults: TaskOptions) ->
             class: o.class,
             runtime_ms: o.runtime_ms,
             gpus: o.gpus,
+            priority: o.priority,
             ..Default::default()
         };
         txn.append(id, &r)?;

@@ -217,3 +217,44 @@ fn gpu_tasks_get_distinct_devices_at_most_as_many_at_once_as_the_agent_has_and_t
         text(&o)
     );
 }
+
+/// (task, start) of each attempt of the run, in start order.
+fn starts(d: &Dir, run: &str) -> Vec<(u64, f64)> {
+    let mut v: Vec<(u64, f64)> = rows(d, run).iter().map(|r| (r.task, r.start)).collect();
+    v.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+    v
+}
+
+#[test]
+fn higher_priority_tasks_start_first_on_every_agent_and_file_order_holds_within_a_priority() {
+    // Odd lines priority 0, even lines priority 5, and two of priority -1 at the top.
+    let mut t = String::from("[priority=-1] sleep 0.05\n[priority=-1] sleep 0.05\n");
+    for i in 1..=8 {
+        let p = if i % 2 == 0 { 5 } else { 0 };
+        t.push_str(&format!("[priority={p} runtime=1s] sleep 0.3\n"));
+    }
+    let prio = |task: u64| match task {
+        1 | 2 => -1,
+        t if t % 2 == 0 => 5,
+        _ => 0,
+    };
+    // One agent, one core: strictly by priority, then by line.
+    let d = Dir::new("priority-1");
+    d.write("tasks.txt", &t);
+    let o = d.htc(&["run", "tasks.txt", "-q", "--agents", "1", "--cores-per-agent", "1"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let order: Vec<u64> = starts(&d, &d.run_id()).iter().map(|s| s.0).collect();
+    assert_eq!(order, [4, 6, 8, 10, 3, 5, 7, 9, 1, 2]);
+    // Two agents (instances): every priority-5 task starts before any other.
+    let d = Dir::new("priority-2");
+    d.write("tasks.txt", &t);
+    let o = d.htc(&["run", "tasks.txt", "-q", "--agents", "2", "--cores-per-agent", "1"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let s = starts(&d, &d.run_id());
+    let last_high = s.iter().filter(|(t, _)| prio(*t) == 5).map(|s| s.1).fold(0.0, f64::max);
+    let first_other = s.iter().filter(|(t, _)| prio(*t) != 5).map(|s| s.1).fold(f64::MAX, f64::min);
+    assert!(last_high < first_other, "order across the agents: {s:?}");
+    let last_mid = s.iter().filter(|(t, _)| prio(*t) == 0).map(|s| s.1).fold(0.0, f64::max);
+    let first_low = s.iter().filter(|(t, _)| prio(*t) == -1).map(|s| s.1).fold(f64::MAX, f64::min);
+    assert!(last_mid < first_low, "priority 0 before -1: {s:?}");
+}

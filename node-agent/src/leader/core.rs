@@ -1551,7 +1551,7 @@ mod tests {
         let mut g = Grouper::default();
         for (id, r) in m.records.iter_mut() {
             r.runtime_ms = if id % 2 == 0 { 320 } else { 10 };
-            g.add(*id, 0, r.runtime_ms);
+            g.add(*id, 0, 0, r.runtime_ms);
         }
         let params = htc_core::hflow::Params { s: 0.0, d: 0.0, t: 1.0 };
         let plan = Classes::new(g.finish(), 2, 4, params);
@@ -1614,7 +1614,7 @@ mod tests {
         let mut g = Grouper::default();
         for (id, r) in m.records.iter_mut() {
             r.class = if *id <= 20 { 1 } else { 2 };
-            g.add(*id, r.class, 0);
+            g.add(*id, 0, r.class, 0);
         }
         let plan = Classes::new(g.finish(), 1, 1, htc_core::hflow::Params { s: 0.0, d: 0.0, t: 1.0 });
         let mut c = Core::new(Box::new(plan), "job".into(), 1, m.counts(), 0);

@@ -28,7 +28,7 @@ pub fn partition(
     let mut grouper = Grouper::default();
     read.for_each(|id, r| {
         if r.state() == State::Pending {
-            grouper.add(id, r.class, r.runtime_ms);
+            grouper.add(id, r.priority, r.class, r.runtime_ms);
         }
     })?;
     let groups = grouper.finish();
