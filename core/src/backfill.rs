@@ -9,6 +9,11 @@
 //! GPUs (`gpus=`) are committed the same way, so a node never gets more GPU tasks than it has
 //! devices; a task waiting for GPUs only waits its turn (reservations are for memory).
 //!
+//! An `exclusive` task needs a node with nothing else on it, and nothing starts beside it. For
+//! runs that have such tasks every task is committed, and a waiting exclusive task reserves the
+//! node expected to empty first (whatever the memory policy): on it, only tasks that should end
+//! before it empties start, so the node drains instead of being refilled for ever.
+//!
 //! Pure bookkeeping: the leader feeds it nodes (their budget), commits (a task sent to a node),
 //! starts and ends, and asks what may start where. Times are microseconds, sizes MiB. Tasks
 //! without `mem=`, and nodes without a budget, are not accounted for memory.
@@ -51,6 +56,8 @@ pub struct Need {
     pub runtime_us: u64,
     /// Tasks of one group (class and hint) run alike: their runtimes so far refine the hint.
     pub group: u64,
+    /// Nothing else may run on its node meanwhile.
+    pub exclusive: bool,
 }
 
 /// What a group's tasks took so far, as TCP estimates a round trip (RFC 6298): a smoothed mean
@@ -80,6 +87,8 @@ struct Node {
     holds: HashMap<u64, Hold>,
     /// The waiting task this node is kept for.
     reserved: Option<Need>,
+    /// The exclusive task running here.
+    exclusive: Option<u64>,
 }
 
 impl Node {
@@ -104,6 +113,11 @@ impl Node {
         u64::MAX
     }
 
+    /// When everything here is expected to have ended (`u64::MAX`: unknown).
+    fn empty_at(&self, now_us: u64) -> u64 {
+        self.holds.values().map(|h| h.end_us).max().unwrap_or(now_us).max(now_us)
+    }
+
     fn fits_now(&self, mem: u64, gpus: u32) -> bool {
         self.used + mem <= self.budget && self.gpus_used + gpus <= self.gpus
     }
@@ -122,10 +136,12 @@ pub struct Memory {
     /// looks at the oldest of each size only, since an older task of the same size that does
     /// not fit means a younger one does not either.
     waiting: BTreeMap<u64, Need>,
-    by_size: BTreeMap<(u64, u32), BTreeSet<u64>>,
+    by_size: BTreeMap<(u64, u32, bool), BTreeSet<u64>>,
     /// Which node each reserved task is kept on.
     reserved_on: HashMap<u64, u32>,
     learned: HashMap<u64, Learned>,
+    /// Every task is committed, not only those with memory or GPUs: the run has exclusive tasks.
+    whole_nodes: bool,
 }
 
 /// Why a task did not start on the node offered.
@@ -148,11 +164,35 @@ impl Memory {
         self.policy
     }
 
+    pub fn set_policy(&mut self, policy: Policy) {
+        self.policy = policy;
+    }
+
+    /// The run has exclusive tasks: every task is committed on its node from now on.
+    pub fn with_whole_nodes(mut self) -> Memory {
+        self.whole_nodes = true;
+        self
+    }
+
+    /// Whether an exclusive task runs on `node` (nothing else goes there meanwhile).
+    pub fn runs_exclusive(&self, node: u32) -> bool {
+        self.nodes.get(&node).is_some_and(|n| n.exclusive.is_some())
+    }
+
     /// A node joined (or came back empty) with `budget_mb` for tasks (0: not accounted), and
     /// `gpus` devices.
     pub fn join(&mut self, node: u32, budget_mb: u64, cores: u32, gpus: u32) {
         self.leave(node);
-        let n = Node { budget: budget_mb, cores, gpus, used: 0, gpus_used: 0, holds: HashMap::new(), reserved: None };
+        let n = Node {
+            budget: budget_mb,
+            cores,
+            gpus,
+            used: 0,
+            gpus_used: 0,
+            holds: HashMap::new(),
+            reserved: None,
+            exclusive: None,
+        };
         self.nodes.insert(node, n);
     }
 
@@ -203,7 +243,7 @@ impl Memory {
     pub fn admit(&mut self, node: u32, need: Need, now_us: u64) -> Result<(), Refusal> {
         let Some(n) = self.nodes.get(&node) else { return Ok(()) };
         let mem = self.mem_of(n.budget, &need);
-        if mem == 0 && need.gpus == 0 {
+        if mem == 0 && need.gpus == 0 && !self.whole_nodes {
             return Ok(());
         }
         if mem > 0 && self.policy == Policy::Fcfs && self.waiting.keys().next().is_some_and(|&w| w < need.task) {
@@ -217,14 +257,22 @@ impl Memory {
     fn check(&self, node: u32, need: &Need, now_us: u64) -> Result<(), Refusal> {
         let n = &self.nodes[&node];
         let mem = self.mem_of(n.budget, need);
-        if !n.fits_now(mem, need.gpus) {
+        if !n.fits_now(mem, need.gpus) || n.exclusive.is_some() || (need.exclusive && !n.holds.is_empty()) {
             return Err(Refusal::Full);
         }
-        if mem == 0 {
-            return Ok(()); // reservations keep memory only
-        }
         match n.reserved {
-            Some(r) if r.task != need.task => {
+            Some(r) if r.task != need.task && r.exclusive => {
+                // Kept for an exclusive task: only what should end before the node empties.
+                let at = n.empty_at(now_us);
+                let before = need.runtime_us > 0 && at != u64::MAX && self.expected_end(need, now_us, 4.0) <= at;
+                if before {
+                    Ok(())
+                } else {
+                    Err(Refusal::Reserved)
+                }
+            }
+            // Memory reservations keep memory only.
+            Some(r) if r.task != need.task && mem > 0 => {
                 let beside = n.used + need.mem_mb + r.mem_mb <= n.budget;
                 let at = n.free_at(r.mem_mb, now_us);
                 // It must end before, even if it runs as long as its group's slow ones.
@@ -251,13 +299,16 @@ impl Memory {
         n.used += mem;
         n.gpus_used += need.gpus;
         n.holds.insert(need.task, Hold { mem, gpus: need.gpus, end_us });
+        if need.exclusive {
+            n.exclusive = Some(need.task);
+        }
     }
 
     /// `need` could not start where it was offered: it waits, and under `Backfill` gets a
     /// reservation if a node is free of one.
     pub fn wait(&mut self, need: Need, now_us: u64) {
         if self.waiting.insert(need.task, need).is_none() {
-            self.by_size.entry((need.mem_mb, need.gpus)).or_default().insert(need.task);
+            self.by_size.entry((need.mem_mb, need.gpus, need.exclusive)).or_default().insert(need.task);
         }
         self.reserve_waiting(now_us);
     }
@@ -305,7 +356,7 @@ impl Memory {
 
     fn unwait(&mut self, task: u64) -> bool {
         let Some(need) = self.waiting.remove(&task) else { return false };
-        let key = (need.mem_mb, need.gpus);
+        let key = (need.mem_mb, need.gpus, need.exclusive);
         if let Some(ids) = self.by_size.get_mut(&key) {
             ids.remove(&task);
             if ids.is_empty() {
@@ -323,21 +374,29 @@ impl Memory {
     /// Gives waiting tasks without a reservation one, oldest first, on the node where each can
     /// start earliest among those not reserved yet.
     fn reserve_waiting(&mut self, now_us: u64) {
-        if self.policy != Policy::Backfill || self.reserved_on.len() >= self.nodes.len() {
+        if self.reserved_on.len() >= self.nodes.len() {
             return;
         }
+        let backfill = self.policy == Policy::Backfill;
         let unreserved: Vec<Need> = self
             .waiting
             .values()
-            .filter(|w| w.mem_mb > 0 && !self.reserved_on.contains_key(&w.task))
+            .filter(|w| (w.exclusive || (backfill && w.mem_mb > 0)) && !self.reserved_on.contains_key(&w.task))
             .copied()
             .collect();
         for need in unreserved {
             let best = self
                 .nodes
                 .iter()
-                .filter(|(_, n)| n.reserved.is_none() && n.budget > 0 && n.could_hold(&need, need.mem_mb))
-                .map(|(&id, n)| (n.free_at(need.mem_mb, now_us), u64::MAX - n.budget.saturating_sub(n.used), id))
+                .filter(|(_, n)| {
+                    n.reserved.is_none()
+                        && (need.exclusive || n.budget > 0)
+                        && n.could_hold(&need, self.mem_of(n.budget, &need))
+                })
+                .map(|(&id, n)| {
+                    let at = if need.exclusive { n.empty_at(now_us) } else { n.free_at(need.mem_mb, now_us) };
+                    (at, u64::MAX - n.budget.saturating_sub(n.used), id)
+                })
                 .min();
             let Some((_, _, node)) = best else {
                 if self.reserved_on.len() >= self.nodes.len() {
@@ -356,6 +415,9 @@ impl Memory {
             if let Some(h) = n.holds.remove(&task) {
                 n.used -= h.mem;
                 n.gpus_used -= h.gpus;
+            }
+            if n.exclusive == Some(task) {
+                n.exclusive = None;
             }
         }
     }
@@ -383,7 +445,7 @@ mod tests {
     const S: u64 = 1_000_000;
 
     fn need(task: u64, mem_mb: u64, runtime_s: u64) -> Need {
-        Need { task, mem_mb, cores: 1, gpus: 0, runtime_us: runtime_s * S, group: runtime_s }
+        Need { task, mem_mb, cores: 1, gpus: 0, runtime_us: runtime_s * S, group: runtime_s, exclusive: false }
     }
 
     fn two_nodes(policy: Policy) -> Memory {
@@ -581,6 +643,33 @@ mod tests {
             m.observe(1, S);
         }
         assert_eq!(m.admit(0, need(5, 100, 1), 0), Ok(()));
+    }
+
+    #[test]
+    fn an_exclusive_task_drains_a_node_runs_alone_and_short_tasks_fill_only_before_it() {
+        let mut m = Memory::new(Policy::Ignore).with_whole_nodes();
+        m.join(0, 0, 4, 0);
+        m.join(1, 0, 4, 0);
+        // Node 0 runs tasks ending at 5 s and 8 s; node 1 one ending at 20 s.
+        m.admit(0, need(1, 0, 5), 0).unwrap();
+        m.admit(0, need(2, 0, 8), 0).unwrap();
+        m.admit(1, need(3, 0, 20), 0).unwrap();
+        let ex = Need { exclusive: true, ..need(4, 0, 2) };
+        assert_eq!(m.admit(1, ex, 0), Err(Refusal::Full), "not beside anything");
+        m.wait(ex, 0);
+        assert_eq!(m.reservation(0), Some(4), "node 0 empties first (8 s)");
+        assert_eq!(m.admit(0, need(5, 0, 1), 0), Ok(()), "ends before the node empties");
+        assert_eq!(m.admit(0, need(6, 0, 0), 0), Err(Refusal::Reserved), "unknown end: could keep it busy");
+        assert_eq!(m.admit(1, need(6, 0, 0), 0), Ok(()), "node 1 is not kept");
+        for t in [1, 2, 5] {
+            m.ended(0, t);
+        }
+        assert_eq!(m.take_waiting(0, 9 * S).map(|n| n.task), Some(4));
+        assert!(m.runs_exclusive(0));
+        assert_eq!(m.admit(0, need(7, 0, 0), 9 * S), Err(Refusal::Full), "nothing beside it");
+        m.ended(0, 4);
+        assert!(!m.runs_exclusive(0));
+        assert_eq!(m.admit(0, need(7, 0, 0), 10 * S), Ok(()));
     }
 
     #[test]

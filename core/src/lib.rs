@@ -1,6 +1,7 @@
 //! slurm-htc domain core: what a task file says and how tasks are split among instances.
 //! Pure logic with no runtime, shared by the node agent and the SPANK plugin.
 
+pub mod affinity;
 pub mod backfill;
 pub mod hflow;
 pub mod idset;

@@ -40,6 +40,10 @@ pub struct TaskOptions {
     pub gpus: u8,
     /// `priority=`: higher starts first (file order within a priority).
     pub priority: i16,
+    /// `exclusive`: nothing else runs on the task's node meanwhile.
+    pub exclusive: bool,
+    /// `affinity=KEY`, hashed (`affinity::key_hash`); 0 = none.
+    pub affinity: u32,
 }
 
 impl Default for TaskOptions {
@@ -54,6 +58,8 @@ impl Default for TaskOptions {
             max_output: 0,
             gpus: 0,
             priority: 0,
+            exclusive: false,
+            affinity: 0,
         }
     }
 }
@@ -111,7 +117,7 @@ impl fmt::Display for ErrorKind {
             ErrorKind::MissingCommand => write!(f, "options but no command"),
             ErrorKind::BadOptionSyntax(s) => write!(f, "expected key=value, found '{s}'"),
             ErrorKind::UnknownOption(k) => {
-                write!(f, "unknown option '{k}' (known: cores, mem, gpus, priority, timeout, retries, class, runtime, max_output)")
+                write!(f, "unknown option '{k}' (known: cores, mem, gpus, priority, exclusive, affinity, timeout, retries, class, runtime, max_output)")
             }
             ErrorKind::BadValue { key, value, why } => write!(f, "bad value '{value}' for {key}: {why}"),
             ErrorKind::TooManyClasses => write!(f, "more than {MAX_CLASSES} distinct classes"),
@@ -485,6 +491,12 @@ impl<R: BufRead> Parser<R> {
             }
             let word = String::from_utf8_lossy(&self.buf[w_start..i]).into_owned();
             let col = w_start + 1;
+            // Flags are bare words.
+            if word == "exclusive" {
+                opts.exclusive = true;
+                any = true;
+                continue;
+            }
             let Some((key, value)) = word.split_once('=') else {
                 return Err(self.err(col, ErrorKind::BadOptionSyntax(word)));
             };
@@ -512,6 +524,12 @@ impl<R: BufRead> Parser<R> {
                         .ok()
                         .filter(|_| value.bytes().all(|b| b.is_ascii_digit() || b == b'-'))
                         .ok_or_else(|| self.err(col, bad("priority", "an integer from -32768 to 32767")))?
+                }
+                "affinity" => {
+                    if value.is_empty() || value.len() > 256 {
+                        return Err(self.err(col, bad("affinity", "a key of 1 to 256 characters")));
+                    }
+                    opts.affinity = crate::affinity::key_hash(value.as_bytes());
                 }
                 "timeout" => {
                     opts.timeout_ms = parse_duration_ms(value).ok_or_else(|| {
@@ -965,7 +983,7 @@ mod tests {
 
     #[test]
     fn options_and_defaults() {
-        let v = all(b"#HTC cores=2 timeout=1m retries=1\n[class=long,runtime=30s mem=2G gpus=2 priority=-3] ./sim 1\n./sim 2\n#HTC class=short\n[cores=1] x\n").unwrap();
+        let v = all(b"#HTC cores=2 timeout=1m retries=1\n[class=long,runtime=30s mem=2G gpus=2 priority=-3 exclusive affinity=sample-7] ./sim 1\n./sim 2\n#HTC class=short\n[cores=1] x\n").unwrap();
         assert_eq!(
             v[0].1,
             TaskOptions {
@@ -978,6 +996,8 @@ mod tests {
                 max_output: 0,
                 gpus: 2,
                 priority: -3,
+                exclusive: true,
+                affinity: crate::affinity::key_hash(b"sample-7"),
             }
         );
         assert_eq!(v[0].2, b"./sim 1");

@@ -36,6 +36,8 @@ pub struct Row<'a> {
     pub line: u32,
     pub attempt: u32,
     pub host: &'a str,
+    /// The agent that ran it (several may share a host).
+    pub agent: u32,
     pub start_us: u64,
     pub end_us: u64,
     pub outcome: Outcome,
@@ -89,7 +91,7 @@ impl Row<'_> {
         let mut j = format!(
             concat!(
                 r#"{{"Seq":{},"Host":{},"Starttime":{},"JobRuntime":{:.3},"Send":0,"Receive":0,"#,
-                r#""Exitval":{},"Signal":{},"Command":{},"Attempt":{},"Line":{},"Outcome":{}}}"#
+                r#""Exitval":{},"Signal":{},"Command":{},"Attempt":{},"Line":{},"Outcome":{},"Agent":{}}}"#
             ),
             self.task,
             crate::status::json_str(self.host),
@@ -101,6 +103,7 @@ impl Row<'_> {
             self.attempt,
             self.line,
             crate::status::json_str(&self.outcome.describe(self.value)),
+            self.agent,
         );
         if let Some(d) = self.devices {
             j.insert_str(j.len() - 1, &format!(r#","Devices":{}"#, crate::status::json_str(d)));
@@ -188,6 +191,7 @@ fn attempt_row<'a>(task: u64, line: u32, a: &Attempt, host: &'a str, command: &'
         line,
         attempt: a.attempt as u32,
         host,
+        agent: a.agent,
         start_us: a.start_us,
         end_us: a.end_us,
         outcome: a.outcome,
@@ -207,6 +211,7 @@ mod tests {
             line: 4,
             attempt: 2,
             host: "n1",
+            agent: 5,
             start_us: 1_700_000_000_123_456,
             end_us: 1_700_000_001_623_456,
             outcome,
@@ -232,7 +237,7 @@ mod tests {
         let j = row(Outcome::Signaled, 9).json();
         assert_eq!(
             j,
-            r#"{"Seq":3,"Host":"n1","Starttime":1700000000.123,"JobRuntime":1.500,"Send":0,"Receive":0,"Exitval":0,"Signal":9,"Command":"echo \"a\tb\"","Attempt":2,"Line":4,"Outcome":"killed by signal 9 (KILL)"}"#
+            r#"{"Seq":3,"Host":"n1","Starttime":1700000000.123,"JobRuntime":1.500,"Send":0,"Receive":0,"Exitval":0,"Signal":9,"Command":"echo \"a\tb\"","Attempt":2,"Line":4,"Outcome":"killed by signal 9 (KILL)","Agent":5}"#
         );
     }
 }

@@ -62,7 +62,7 @@ pub fn load(src: &Path, run: &RunDir, ledger: &Ledger, defaults: TaskOptions) ->
     let mut id: u64 = 0;
     let (mut max_cores, mut max_mem_mb) = (1u16, 0u32);
     // Runtime groups (HFlow's classes): the leader reads them back only when there are several.
-    let (mut groups, mut last, mut hinted) = (std::collections::HashSet::new(), None, 0u64);
+    let (mut groups, mut last, mut hinted, mut exclusive) = (std::collections::HashSet::new(), None, 0u64, 0u64);
     while let Some(t) = p.next_task()? {
         id += 1;
         // Sweeps can make more tasks than lines: the count is bounded as the lines are.
@@ -73,6 +73,7 @@ pub fn load(src: &Path, run: &RunDir, ledger: &Ledger, defaults: TaskOptions) ->
         max_cores = max_cores.max(o.cores);
         max_mem_mb = max_mem_mb.max(o.mem_mb);
         hinted += (o.runtime_ms > 0) as u64;
+        exclusive += o.exclusive as u64;
         // Consecutive tasks mostly share their options: key only on a change.
         if last != Some((o.priority, o.class, o.runtime_ms)) {
             groups.insert((o.priority, group_key(o.class, o.runtime_ms)));
@@ -101,6 +102,8 @@ pub fn load(src: &Path, run: &RunDir, ledger: &Ledger, defaults: TaskOptions) ->
             runtime_ms: o.runtime_ms,
             gpus: o.gpus,
             priority: o.priority,
+            flags: if o.exclusive { Record::EXCLUSIVE } else { 0 },
+            affinity: o.affinity,
             ..Default::default()
         };
         txn.append(id, &r)?;
@@ -112,6 +115,7 @@ pub fn load(src: &Path, run: &RunDir, ledger: &Ledger, defaults: TaskOptions) ->
     txn.put_meta("total", &id.to_le_bytes())?;
     txn.put_meta("max_cores", &(max_cores as u64).to_le_bytes())?;
     txn.put_meta("hinted", &hinted.to_le_bytes())?;
+    txn.put_meta("exclusive", &exclusive.to_le_bytes())?;
     txn.put_meta("groups", &(groups.len() as u64).to_le_bytes())?;
     if let Some(g) = generated {
         g.finish().map_err(copy_err)?;

@@ -258,3 +258,74 @@ fn higher_priority_tasks_start_first_on_every_agent_and_file_order_holds_within_
     let first_low = s.iter().filter(|(t, _)| prio(*t) == -1).map(|s| s.1).fold(f64::MAX, f64::min);
     assert!(last_mid < first_low, "priority 0 before -1: {s:?}");
 }
+
+#[test]
+fn an_exclusive_task_has_its_agent_to_itself_and_the_others_keep_running() {
+    let d = Dir::new("exclusive");
+    let mut t = String::new();
+    for i in 1..=24 {
+        if i == 6 || i == 16 {
+            t.push_str("[exclusive] sleep 0.6\n");
+        } else {
+            t.push_str("sleep 0.15\n");
+        }
+    }
+    d.write("tasks.txt", t);
+    let o = d.htc(&["run", "tasks.txt", "-q", "--agents", "2", "--cores-per-agent", "2"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let run = d.run_id();
+    let o = d.htc(&["log", &run, "--format", "json"]);
+    let rows: Vec<(u64, u64, f64, f64)> = String::from_utf8(o.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            let s = v["Starttime"].as_f64().unwrap();
+            (v["Seq"].as_u64().unwrap(), v["Agent"].as_u64().unwrap(), s, s + v["JobRuntime"].as_f64().unwrap())
+        })
+        .collect();
+    assert_eq!(rows.len(), 24, "every task ran once");
+    for &(task, agent, s, e) in rows.iter().filter(|r| r.0 == 6 || r.0 == 16) {
+        let beside: Vec<u64> = rows
+            .iter()
+            .filter(|r| r.0 != task && r.1 == agent && r.2 < e - 0.001 && s < r.3 - 0.001)
+            .map(|r| r.0)
+            .collect();
+        assert!(beside.is_empty(), "task {task} on agent {agent} ran beside {beside:?}");
+        // The other agent kept running meanwhile.
+        assert!(rows.iter().any(|r| r.1 != agent && r.2 < e && s < r.3), "the other agent idled during {task}");
+    }
+}
+
+#[test]
+fn tasks_sharing_an_affinity_key_run_where_the_key_ran_before_and_no_agent_idles() {
+    let d = Dir::new("affinity");
+    let mut t = String::new();
+    for i in 0..48 {
+        t.push_str(&format!("[affinity=sample-{}] sleep 0.05\n", ["a", "b", "c", "d"][i % 4]));
+    }
+    d.write("tasks.txt", t);
+    let o = d.htc(&["run", "tasks.txt", "-q", "--agents", "2", "--cores-per-agent", "1"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let run = d.run_id();
+    let o = d.htc(&["log", &run, "--format", "json"]);
+    let rows: Vec<(u64, u64)> = String::from_utf8(o.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            (v["Seq"].as_u64().unwrap(), v["Agent"].as_u64().unwrap())
+        })
+        .collect();
+    assert_eq!(rows.len(), 48);
+    let mut homes = Vec::new();
+    for key in 0..4u64 {
+        let agents: Vec<u64> = rows.iter().filter(|r| (r.0 - 1) % 4 == key).map(|r| r.1).collect();
+        let on0 = agents.iter().filter(|&&a| a == 0).count();
+        let most = on0.max(agents.len() - on0);
+        assert!(most * 4 >= agents.len() * 3, "key {key}: agents {agents:?}");
+        homes.push(if on0 * 2 >= agents.len() { 0 } else { 1 });
+    }
+    homes.sort_unstable();
+    assert_eq!(homes, [0, 0, 1, 1], "two keys on each agent");
+}

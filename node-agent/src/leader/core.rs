@@ -11,6 +11,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
+use htc_core::affinity::{Affinity, Route};
 use htc_core::backfill::{self, Memory, Need};
 use htc_core::partition::{Block, Partition};
 use htc_core::task::{self, Effect, End, Life, Step};
@@ -213,6 +214,11 @@ pub struct Core<'a> {
     recent_failures: VecDeque<live::Failure>,
     /// Memory committed on each agent, tasks waiting for it, reservations (`backfill`).
     mem: Memory,
+    /// Which agent each `affinity=` key runs on, and the tasks handed to each (`affinity`).
+    affinity: Affinity,
+    /// Tasks were handed to other agents' affinity queues since agents were last all offered
+    /// work: an idle one may take them.
+    fresh_handoffs: bool,
 }
 
 /// How an attempt ended, as reported (or decided, for a lost agent).
@@ -345,12 +351,21 @@ impl<'a> Core<'a> {
             lost_at_us: 0,
             resyncs: HashMap::new(),
             mem: Memory::new(backfill::Policy::default()),
+            affinity: Affinity::expecting(0..expected_agents as u32),
+            fresh_handoffs: false,
         }
     }
 
     /// How memory decides what starts (`--mem-policy`).
     pub fn with_memory_policy(mut self, policy: backfill::Policy) -> Self {
-        self.mem = Memory::new(policy);
+        self.mem.set_policy(policy);
+        self
+    }
+
+    /// The run has exclusive tasks: every task is committed on its agent, so that an agent is
+    /// known empty (`backfill`).
+    pub fn with_exclusive_tasks(mut self) -> Self {
+        self.mem = std::mem::take(&mut self.mem).with_whole_nodes();
         self
     }
 
@@ -429,6 +444,7 @@ impl<'a> Core<'a> {
     /// Agents grouped into instances: only heads deal with the leader, each stands for its
     /// instance's index in the partition, and `expected_agents` counts instances.
     pub fn with_layout(mut self, tree: Arc<Tree>) -> Self {
+        self.affinity = Affinity::expecting(tree.heads().iter().copied());
         self.layout = Some(tree);
         self
     }
@@ -541,6 +557,7 @@ impl<'a> Core<'a> {
                 tracing::info!(job = %self.job_id, agent, cores, mem_mb, %hostname, "agent joined");
                 self.ever_seen += 1;
                 self.mem.join(agent, mem_mb, cores, gpus);
+                self.affinity.join(agent);
                 self.agents.insert(
                     agent,
                     Agent {
@@ -595,7 +612,7 @@ impl<'a> Core<'a> {
                 // New retries can go to any agent with credit, not only the one that reported;
                 // older ones wait for an agent that fits to report (its dispatch takes retries
                 // first), so a retry nobody can take does not cost a scan of every agent per report.
-                if self.fresh_retries {
+                if self.fresh_retries || self.fresh_handoffs {
                     self.dispatch_all(t, out)?;
                 }
                 self.hold_if_failing(out);
@@ -617,6 +634,9 @@ impl<'a> Core<'a> {
                 if !self.agents.contains_key(&agent) && self.instance_of(agent).is_some() {
                     tracing::warn!(job = %self.job_id, agent, %why, "agent never joined");
                     self.never_joined += 1;
+                    for id in self.affinity.leave(agent) {
+                        self.push_retry(id);
+                    }
                 }
             }
             Input::Interrupt { signal } => return Ok(Some(Ending::Interrupted(signal))),
@@ -674,6 +694,10 @@ impl<'a> Core<'a> {
         a.drained = true;
         a.credit = 0;
         self.mem.leave(agent);
+        for id in self.affinity.leave(agent) {
+            self.retry.push_back(id);
+            self.fresh_retries = true;
+        }
         let failed = std::mem::take(&mut a.streak);
         let reason = format!("failed {} tasks in a row while the others succeeded: drained", failed.len());
         tracing::warn!(job = %self.job_id, agent, host = %a.hostname, %reason, "black hole");
@@ -725,6 +749,9 @@ impl<'a> Core<'a> {
         }
         self.requeue_agent(t, agent, now_us)?;
         self.mem.leave(agent);
+        for id in self.affinity.leave(agent) {
+            self.push_retry(id);
+        }
         self.fail_unfit_waiting(t)?;
         self.dispatch_all(t, out)
     }
@@ -1022,6 +1049,7 @@ impl<'a> Core<'a> {
         tracing::info!(job = %self.job_id, agent, %hostname, "given up before, back as a fresh member");
         (a.alive, a.heard_us, a.cores, a.mem_mb, a.gpus, a.hostname) = (true, now_us, cores, mem_mb, gpus, hostname);
         self.mem.join(agent, mem_mb, cores, gpus);
+        self.affinity.join(agent);
         (a.credit, a.idle, a.ahead_ms, a.busy) = (0, 0, 0, 0);
         a.streak.clear();
         self.resyncs.remove(&agent);
@@ -1072,6 +1100,7 @@ impl<'a> Core<'a> {
 
     fn dispatch_all(&mut self, t: &mut dyn Tasks, out: &mut Outbox) -> Result<()> {
         self.fresh_retries = false;
+        self.fresh_handoffs = false;
         self.scans += 1;
         let mut ids: Vec<u32> =
             self.agents.iter().filter(|(_, a)| a.alive && a.credit > 0).map(|(id, _)| *id).collect();
@@ -1108,7 +1137,7 @@ impl<'a> Core<'a> {
     }
 
     fn dispatch(&mut self, t: &mut dyn Tasks, agent: u32, out: &mut Outbox) -> Result<()> {
-        if self.failed_too_often().is_some() || self.agents[&agent].drained {
+        if self.failed_too_often().is_some() || self.agents[&agent].drained || self.mem.runs_exclusive(agent) {
             return Ok(());
         }
         let mut want = self.agents[&agent].credit;
@@ -1147,10 +1176,20 @@ impl<'a> Core<'a> {
                 _ => self.mem.ended(agent, need.task),
             }
         }
+        // Then what other agents handed over for its affinity keys.
+        while want > 0 {
+            let Some(id) = self.affinity.take_own(agent) else { break };
+            if self.offer(t, agent, id, &mut specs)? {
+                want -= 1;
+            }
+        }
         // Tasks refused for memory in this offer: past a core's worth each, the rest of the
-        // partition is left for later offers rather than pulled into the waiting queue.
-        let mut refused = 0u64;
-        while want > 0 && refused < self.agents[&agent].cores.max(1) as u64 {
+        // partition is left for later offers rather than pulled into the waiting queue; so are
+        // tasks handed to other agents for their affinity keys, past a few per core.
+        let (mut refused, mut handed) = (0u64, 0u64);
+        let cores = self.agents[&agent].cores.max(1) as u64;
+        let mut drained = false;
+        while want > 0 && refused < cores && handed < 8 * cores + 32 {
             let a = &self.agents[&agent];
             // Its last report's idle slots, less what was sent since; and never more than its
             // cores minus what it holds: reports sent before a dispatch arrived still say idle.
@@ -1165,7 +1204,10 @@ impl<'a> Core<'a> {
             if room == 0 {
                 break;
             }
-            let Some(block) = self.partition.take(a.instance, room, steal) else { break };
+            let Some(block) = self.partition.take(a.instance, room, steal) else {
+                drained = true;
+                break;
+            };
             let records = match block {
                 Block::Range(r) => t.range(r)?,
                 Block::Ids(ids) => ids
@@ -1176,6 +1218,18 @@ impl<'a> Core<'a> {
             for (id, r) in records {
                 if r.state() != State::Pending || self.in_flight.contains(id) {
                     continue; // done in an earlier session, or out already
+                }
+                // Keys spread over every agent expected, joined yet or not: one that joins late
+                // finds its keys' tasks waiting for it.
+                if r.affinity != 0 {
+                    if let Route::To(other) = self.affinity.route(r.affinity, agent) {
+                        if self.agents.get(&other).is_none_or(|a| a.alive && !a.drained) {
+                            self.affinity.defer(other, id);
+                            self.fresh_handoffs = true;
+                            handed += 1;
+                            continue;
+                        }
+                    }
                 }
                 if self.too_late(&r) {
                     self.late.insert(id);
@@ -1191,6 +1245,20 @@ impl<'a> Core<'a> {
                 }
             }
         }
+        // Nothing else for it: rather than idle, it runs what waits for busy agents' keys, as
+        // much as it can start now.
+        if drained || specs.is_empty() {
+            let a = &self.agents[&agent];
+            let free = (a.cores as u64).saturating_sub(self.in_flight.held(agent));
+            let mut can_start = a.idle.saturating_sub(specs.len() as u64).min(free);
+            while want > 0 && can_start > 0 {
+                let Some(id) = self.affinity.steal(agent) else { break };
+                if self.offer(t, agent, id, &mut specs)? {
+                    want -= 1;
+                    can_start -= 1;
+                }
+            }
+        }
         let a = self.agents.get_mut(&agent).unwrap();
         a.credit = want;
         a.idle = a.idle.saturating_sub(specs.len() as u64);
@@ -1199,6 +1267,24 @@ impl<'a> Core<'a> {
         }
         out.extend(crate::frame::dispatches(agent, specs).into_iter().map(|d| (agent, Body::Dispatch(d))));
         Ok(())
+    }
+
+    /// Offers a task that was set aside (an affinity queue) to `agent`: sent if it fits and may
+    /// start; true when it was taken.
+    fn offer(&mut self, t: &mut dyn Tasks, agent: u32, id: u64, specs: &mut Vec<proto::TaskSpec>) -> Result<bool> {
+        let Some(r) = t.get(id)? else { return Ok(false) };
+        if r.state() != State::Pending || self.in_flight.contains(id) {
+            return Ok(false);
+        }
+        if !self.fits(agent, &r) {
+            self.push_retry(id);
+            return Ok(false);
+        }
+        if !self.admit(agent, id, &r) {
+            return Ok(false);
+        }
+        self.take_task(t, agent, id, r, specs)?;
+        Ok(true)
     }
 
     /// Whether `agent` has the memory for task `id` now (then it is committed there); if not,
@@ -1211,6 +1297,7 @@ impl<'a> Core<'a> {
             gpus: r.gpus as u32,
             runtime_us: r.runtime_ms as u64 * 1000,
             group: group_of(r),
+            exclusive: r.flags & Record::EXCLUSIVE != 0,
         };
         if self.mem.admit(agent, need, self.now_us).is_ok() {
             return true;

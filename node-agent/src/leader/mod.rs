@@ -171,9 +171,9 @@ pub struct Planned {
 /// The scheduling core for the run in `ledger`: its partition, counts and horizon. Every driver
 /// (a real run, and `htc simulate`) builds it here, so they all decide alike.
 pub fn new_core(ledger: &Ledger, p: &Planned, job_id: &str, now_us: u64) -> anyhow::Result<Core<'static>> {
-    let (total, counts, hinted) = {
+    let (total, counts, hinted, exclusive) = {
         let r = ledger.read()?;
-        (r.meta_u64("total")?.unwrap_or(0), r.counts()?, r.meta_u64("hinted")?)
+        (r.meta_u64("total")?.unwrap_or(0), r.counts()?, r.meta_u64("hinted")?, r.meta_u64("exclusive")?)
     };
     let partition = plan::partition(ledger, total, p.plan, p.instances.max(1), p.cores, p.params)
         .context("planning the partition")?;
@@ -181,6 +181,9 @@ pub fn new_core(ledger: &Ledger, p: &Planned, job_id: &str, now_us: u64) -> anyh
     // Runs loaded before the count was kept: assume hints, the safe side for long tasks.
     if hinted.is_none_or(|n| n > 0) {
         core = core.with_horizon(self::core::HORIZON_MS);
+    }
+    if exclusive.is_some_and(|n| n > 0) {
+        core = core.with_exclusive_tasks();
     }
     Ok(core)
 }
