@@ -205,6 +205,24 @@ long_tasks_spread() {
     check "long tasks: one round, ${elapsed} s (bound 5 s; before: 20 s)" awk -v e="$elapsed" 'BEGIN { exit !(e < 7.5) }'
 }
 
+# Memory under Slurm: the agents take their budget from the job's --mem (SLURM_MEM_PER_NODE,
+# 600 MiB a node here) and never run two 400 MiB tasks at once on a node, though each node has
+# two CPUs; every task records its agent and when it held its memory.
+memory_job() {
+    local w j state most
+    w=$(cluster_workdir memory)
+    seq 1 8 | sed 's|.*|[mem=400M runtime=1s] echo "$HTC_AGENT $(date +%s.%N) 1" >> held.txt; perl -e '"'"'my $x; vec($x, (300 << 20) - 1, 8) = 1; select(undef, undef, undef, 0.5)'"'"'; echo "$HTC_AGENT $(date +%s.%N) -1" >> held.txt|' >"$w/tasks.txt"
+    chown -R "$HTC_CLUSTER_USER" "$w"
+    j=$(submit "$w" -N 2 --exclusive --mem=600M --htc=tasks.txt --wrap=:) || { bad "memory: submit"; return; }
+    state=$(wait_job "$j" 120)
+    check "memory: job $j COMPLETED (was $state)" test "$state" = COMPLETED
+    check "memory: 8 tasks done" grep -q "8 tasks: 8 done, 0 failed" "$w/slurm-$j.out"
+    # The most tasks holding memory at once on any agent (an end before a start at one instant).
+    most=$(sort -k1,1n -k2,2n -k3,3n "$w/held.txt" | awk '$1 != a { a = $1; n = 0 } { n += $3; if (n > m) m = n } END { print m + 0 }')
+    check "memory: at most one 400 MiB task at a time on a node with 600 MiB (saw $most)" test "$most" = 1
+    check "memory: both nodes ran tasks" test "$(cut -d' ' -f1 "$w/held.txt" | sort -u | wc -l)" = 2
+}
+
 # `htc watch JOBID` from the submit directory while a 4-node job runs: a real terminal (tmux, as
 # the job's user) shows the job's progress, a row per node with its hostname, and a failure.
 watched_job() {
@@ -267,6 +285,7 @@ INSTANCE_NODES=2 run_many 4 3000 --htc-instance-nodes=2 --export=ALL,HTC_LOG=inf
 controller_cost
 long_tasks_spread
 watched_job
+memory_job
 
 [[ $failed == 0 ]] || cluster_logs 20
 "$root/tests/cluster/stop-cluster.sh" >/dev/null 2>&1
