@@ -39,6 +39,11 @@ pub trait Partition: Send {
     fn take(&mut self, instance: usize, max: u64, steal: u64) -> Option<Block>;
     /// Ids not yet handed out, over all instances.
     fn remaining(&self) -> u64;
+    /// The highest `priority=` among the ids not handed out yet, and how many have it; `None`
+    /// for a plan without priorities, or when nothing is left.
+    fn top_priority(&self) -> Option<(i16, u64)> {
+        None
+    }
     /// A task of `class` with runtime hint `hint_ms` (0: none) ran `ran_ms` and succeeded. A
     /// plan that orders work by runtime learns the runtimes the task file did not give.
     fn observe(&mut self, _class: u16, _hint_ms: u32, _ran_ms: u64) {}
@@ -364,6 +369,12 @@ impl Partition for Classes {
         self.groups.iter().map(|g| g.shares.remaining()).sum()
     }
 
+    fn top_priority(&self) -> Option<(i16, u64)> {
+        // Groups are sorted highest priority first.
+        let p = self.groups.iter().find(|g| g.shares.remaining() > 0)?.priority;
+        Some((p, self.groups.iter().filter(|g| g.priority == p).map(|g| g.shares.remaining()).sum()))
+    }
+
     /// Hint-less groups learn their runtime from their first successful runs, and take their
     /// place in the longest-first order once `LEARN_AFTER` have ended (and again whenever their
     /// mean moves past another group's).
@@ -493,6 +504,7 @@ mod tests {
         assert_eq!(ids(p.take(0, 1, 1)), vec![8]);
         assert_eq!(ids(p.take(0, 1, 1)), vec![7]);
         assert_eq!(ids(p.take(0, 1, 1)), vec![1], "then its own low-priority share");
+        assert_eq!(p.top_priority(), Some((0, 3)));
         assert_eq!(ids(p.take(1, 4, 0)), vec![3, 4], "instance 1 has only low priority left");
     }
 

@@ -57,6 +57,9 @@ pub enum End {
     },
     /// Its agent vanished while it ran: not the task's fault, unless it keeps happening.
     Lost,
+    /// Stopped for higher-priority work: it runs again later, and that costs it nothing (its
+    /// budget of retries grows by the attempt, so attempt numbers stay distinct).
+    Preempted,
 }
 
 /// Something that happens to a task.
@@ -156,6 +159,11 @@ pub fn step(life: Life, s: Step) -> Result<(Life, Effect), Invalid> {
             retry_or_fail(life, false)
         }
         (Dispatched | Running, Step::Finish(End::Failed { permanent })) => retry_or_fail(life, permanent),
+        (Dispatched | Running, Step::Finish(End::Preempted)) if life.attempts < MAX_ATTEMPTS => {
+            next.retries = life.retries.saturating_add(1);
+            Pending
+        }
+        (Dispatched | Running, Step::Finish(End::Preempted)) => Failed,
         (Dispatched | Running, Step::Interrupt) => {
             next.attempts = life.attempts.saturating_sub(1);
             Pending
@@ -258,6 +266,21 @@ mod tests {
         // No retries at all: the first failure is final.
         let (l, _) = run(life(State::Pending, 0, 0), &[Step::Dispatch, fail]);
         assert_eq!(l.state(), State::Failed);
+    }
+
+    #[test]
+    fn preemption_costs_no_retry_however_often() {
+        let pre = Step::Finish(End::Preempted);
+        let mut steps = Vec::new();
+        for _ in 0..10 {
+            steps.extend([Step::Dispatch, Step::Start, pre]);
+        }
+        let (l, fx) = run(life(State::Pending, 0, 0), &steps);
+        assert_eq!((l.state(), l.attempts, l.retries, l.losses), (State::Pending, 10, 10, 0));
+        assert_eq!(fx[2], Effect::Retry, "the preempted attempt is kept in the history");
+        // Its own retries (none) are still whole: the first failure after is final.
+        let (l, _) = run(l, &[Step::Dispatch, Step::Finish(End::Failed { permanent: false })]);
+        assert_eq!((l.state(), l.attempt_no()), (State::Failed, 11));
     }
 
     #[test]

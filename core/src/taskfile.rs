@@ -44,6 +44,8 @@ pub struct TaskOptions {
     pub exclusive: bool,
     /// `affinity=KEY`, hashed (`affinity::key_hash`); 0 = none.
     pub affinity: u32,
+    /// `preemptible`: may be stopped (and run again later) for higher-priority work.
+    pub preemptible: bool,
 }
 
 impl Default for TaskOptions {
@@ -60,6 +62,7 @@ impl Default for TaskOptions {
             priority: 0,
             exclusive: false,
             affinity: 0,
+            preemptible: false,
         }
     }
 }
@@ -117,7 +120,7 @@ impl fmt::Display for ErrorKind {
             ErrorKind::MissingCommand => write!(f, "options but no command"),
             ErrorKind::BadOptionSyntax(s) => write!(f, "expected key=value, found '{s}'"),
             ErrorKind::UnknownOption(k) => {
-                write!(f, "unknown option '{k}' (known: cores, mem, gpus, priority, exclusive, affinity, timeout, retries, class, runtime, max_output)")
+                write!(f, "unknown option '{k}' (known: cores, mem, gpus, priority, exclusive, preemptible, affinity, timeout, retries, class, runtime, max_output)")
             }
             ErrorKind::BadValue { key, value, why } => write!(f, "bad value '{value}' for {key}: {why}"),
             ErrorKind::TooManyClasses => write!(f, "more than {MAX_CLASSES} distinct classes"),
@@ -492,8 +495,12 @@ impl<R: BufRead> Parser<R> {
             let word = String::from_utf8_lossy(&self.buf[w_start..i]).into_owned();
             let col = w_start + 1;
             // Flags are bare words.
-            if word == "exclusive" {
-                opts.exclusive = true;
+            if word == "exclusive" || word == "preemptible" {
+                if word == "exclusive" {
+                    opts.exclusive = true;
+                } else {
+                    opts.preemptible = true;
+                }
                 any = true;
                 continue;
             }
@@ -983,7 +990,7 @@ mod tests {
 
     #[test]
     fn options_and_defaults() {
-        let v = all(b"#HTC cores=2 timeout=1m retries=1\n[class=long,runtime=30s mem=2G gpus=2 priority=-3 exclusive affinity=sample-7] ./sim 1\n./sim 2\n#HTC class=short\n[cores=1] x\n").unwrap();
+        let v = all(b"#HTC cores=2 timeout=1m retries=1\n[class=long,runtime=30s mem=2G gpus=2 priority=-3 exclusive affinity=sample-7 preemptible] ./sim 1\n./sim 2\n#HTC class=short\n[cores=1] x\n").unwrap();
         assert_eq!(
             v[0].1,
             TaskOptions {
@@ -998,6 +1005,7 @@ mod tests {
                 priority: -3,
                 exclusive: true,
                 affinity: crate::affinity::key_hash(b"sample-7"),
+                preemptible: true,
             }
         );
         assert_eq!(v[0].2, b"./sim 1");

@@ -123,6 +123,7 @@ fn name(b: &Body) -> &'static str {
         Body::Lost(_) => "Lost",
         Body::Challenge(_) => "Challenge",
         Body::Proof(_) => "Proof",
+        Body::Preempt(_) => "Preempt",
     }
 }
 

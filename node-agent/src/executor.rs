@@ -53,6 +53,10 @@ pub struct TaskToRun {
     pub max_output: u64,
     /// Devices it gets to itself (`gpus=`).
     pub gpus: u32,
+    /// `priority=`: the queue runs higher first.
+    pub priority: i16,
+    /// `preemptible`: stopped when a higher-priority task in the queue needs its cores.
+    pub preemptible: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,6 +94,9 @@ pub enum Command {
     /// Start nothing more from the queue (`true`) until told otherwise (`false`): the agent has
     /// not heard from its parent for a while, and what it starts now may be re-run elsewhere.
     Hold(bool),
+    /// Stop these tasks (preempted): running ones get SIGTERM then SIGKILL, queued ones are
+    /// dropped; each ends as `Outcome::Preempted`.
+    Stop(Vec<u64>),
 }
 
 #[derive(Debug, Clone)]
@@ -285,6 +292,8 @@ struct Running {
     out_off: u64,
     err_off: u64,
     timed_out: bool,
+    /// Stopped for higher-priority work.
+    preempted: bool,
     /// Killed for passing its `mem=`, with the resident MiB seen then.
     oom_mb: Option<u64>,
     /// Set when SIGTERM went out; SIGKILL follows at this instant.
@@ -465,10 +474,18 @@ impl Executor {
         loop {
             loop {
                 match rx.try_recv() {
-                    Ok(Command::Run(v)) if !aborting => self.queue.extend(v),
+                    Ok(Command::Run(v)) if !aborting => {
+                        let ordered = v.iter().all(|t| t.priority == 0) && self.queue.iter().all(|t| t.priority == 0);
+                        self.queue.extend(v);
+                        if !ordered {
+                            // Stable: the leader's order within a priority.
+                            self.queue.make_contiguous().sort_by_key(|t| std::cmp::Reverse(t.priority));
+                        }
+                    }
                     Ok(Command::Run(_)) => {}
                     Ok(Command::Finish) => finishing = true,
                     Ok(Command::Hold(h)) => held = h,
+                    Ok(Command::Stop(ids)) => self.stop(&ids),
                     Ok(Command::Abort) => {
                         aborting = true;
                         finishing = true;
@@ -589,6 +606,8 @@ impl Executor {
                 continue;
             }
             if cores > self.free_count {
+                let (priority, short) = (t.priority, cores - self.free_count);
+                self.preempt_for(priority, short);
                 return;
             }
             let devices = match t.gpus {
@@ -815,6 +834,7 @@ impl Executor {
                         out_off,
                         err_off,
                         timed_out: false,
+                        preempted: false,
                         oom_mb: None,
                         kill_at: None,
                         serial,
@@ -905,7 +925,9 @@ impl Executor {
             Ok(info) => {
                 // SAFETY: waitid filled the SIGCHLD fields of info.
                 let v = unsafe { info.si_status() };
-                if let Some(mb) = r.oom_mb {
+                if r.preempted {
+                    (Outcome::Preempted, v)
+                } else if let Some(mb) = r.oom_mb {
                     (Outcome::OutOfMemory, mb.min(i32::MAX as u64) as i32)
                 } else if r.timed_out {
                     (Outcome::TimedOut, v)
@@ -958,6 +980,66 @@ impl Executor {
             start_us: r.start_us,
             end_us,
         }));
+    }
+
+    /// The task at the head of the queue has `priority` and lacks `short` cores: preemptible
+    /// tasks of lower priority are stopped, lowest priority and newest first, until enough
+    /// cores are on their way (those already stopping count).
+    fn preempt_for(&mut self, priority: i16, short: usize) {
+        let stopping: usize = self.running.values().filter(|r| r.preempted).map(|r| r.slots.len()).sum();
+        if stopping >= short {
+            return;
+        }
+        let mut victims: Vec<(i16, std::cmp::Reverse<u64>, u64)> = self
+            .running
+            .values()
+            .filter(|r| r.task.preemptible && !r.preempted && r.kill_at.is_none() && r.task.priority < priority)
+            .map(|r| (r.task.priority, std::cmp::Reverse(r.start_us), r.task.id))
+            .collect();
+        victims.sort_unstable();
+        let mut freed = stopping;
+        let mut ids = Vec::new();
+        for (_, _, id) in victims {
+            if freed >= short {
+                break;
+            }
+            freed += self.running.values().find(|r| r.task.id == id).map_or(0, |r| r.slots.len());
+            ids.push(id);
+        }
+        if !ids.is_empty() {
+            self.stop(&ids);
+        }
+    }
+
+    /// Preempted tasks: a queued one ends at once, a running one gets SIGTERM now and SIGKILL
+    /// after the grace (as a timeout), and ends as preempted.
+    fn stop(&mut self, ids: &[u64]) {
+        let now = now_us();
+        let events = &mut self.events;
+        self.queue.retain(|t| {
+            let keep = !ids.contains(&t.id);
+            if !keep {
+                let f = Finished {
+                    id: t.id,
+                    attempt: t.attempt,
+                    outcome: Outcome::Preempted,
+                    value: 0,
+                    start_us: now,
+                    end_us: now,
+                };
+                events.push(ExecEvent::Finished(f));
+            }
+            keep
+        });
+        let grace = self.cfg.kill_grace;
+        for (&pid, r) in self.running.iter_mut().filter(|(_, r)| ids.contains(&r.task.id) && r.kill_at.is_none()) {
+            tracing::info!(job = %self.cfg.job_id, task = r.task.id, "preempted");
+            r.preempted = true;
+            r.kill_at = Some(Instant::now() + grace);
+            // SAFETY: signalling the task's own process group.
+            unsafe { libc::kill(-pid, libc::SIGTERM) };
+            self.deadlines.push(std::cmp::Reverse((Instant::now() + grace, pid, r.serial)));
+        }
     }
 
     /// Tasks past their `mem=` (resident, their whole process group) are killed, and end as
@@ -1381,6 +1463,8 @@ mod tests {
             runtime_ms: 0,
             max_output: 0,
             gpus: 0,
+            priority: 0,
+            preemptible: false,
             timeout_ms,
         }
     }

@@ -35,6 +35,7 @@ impl From<Outcome> for proto::Outcome {
             Outcome::Signaled => proto::Outcome::Signaled,
             Outcome::TimedOut => proto::Outcome::TimedOut,
             Outcome::OutOfMemory => proto::Outcome::OutOfMemory,
+            Outcome::Preempted => proto::Outcome::Preempted,
             Outcome::SpawnFailed => proto::Outcome::SpawnFailed,
             // Decided by an instance head when a member is gone.
             Outcome::Lost => proto::Outcome::Lost,
@@ -51,6 +52,7 @@ impl From<proto::Outcome> for Outcome {
             proto::Outcome::Signaled => Outcome::Signaled,
             proto::Outcome::TimedOut => Outcome::TimedOut,
             proto::Outcome::OutOfMemory => Outcome::OutOfMemory,
+            proto::Outcome::Preempted => Outcome::Preempted,
             proto::Outcome::SpawnFailed => Outcome::SpawnFailed,
             proto::Outcome::Lost => Outcome::Lost,
             proto::Outcome::Unspecified => Outcome::None,

@@ -93,6 +93,8 @@ pub enum Outcome {
     Unschedulable = 6,
     /// Killed for using more memory than its `mem=`; the value is the resident MiB seen.
     OutOfMemory = 7,
+    /// Stopped for higher-priority work; it runs again without using a retry.
+    Preempted = 8,
 }
 
 impl Outcome {
@@ -105,6 +107,7 @@ impl Outcome {
             5 => Outcome::Lost,
             6 => Outcome::Unschedulable,
             7 => Outcome::OutOfMemory,
+            8 => Outcome::Preempted,
             _ => Outcome::None,
         }
     }
@@ -126,6 +129,7 @@ impl Outcome {
             Outcome::Lost => "lost with its agent".into(),
             Outcome::Unschedulable => "needs more cores, memory or GPUs than any agent has".into(),
             Outcome::OutOfMemory => format!("out of memory ({value} MiB resident, past its mem=)"),
+            Outcome::Preempted => "preempted for higher-priority work".into(),
         }
     }
 }
@@ -196,6 +200,7 @@ impl Record {
     pub fn set_life(&mut self, l: Life) {
         self.state = l.state;
         self.attempts = l.attempts;
+        self.retries = l.retries;
         self.losses = l.losses;
     }
     pub fn outcome(&self) -> Outcome {

@@ -102,7 +102,8 @@ pub fn load(src: &Path, run: &RunDir, ledger: &Ledger, defaults: TaskOptions) ->
             runtime_ms: o.runtime_ms,
             gpus: o.gpus,
             priority: o.priority,
-            flags: if o.exclusive { Record::EXCLUSIVE } else { 0 },
+            flags: if o.exclusive { Record::EXCLUSIVE } else { 0 }
+                | if o.preemptible { Record::PREEMPTIBLE } else { 0 },
             affinity: o.affinity,
             ..Default::default()
         };

@@ -85,6 +85,8 @@ impl Sim {
                     Command::Run(v) => self.queue.extend(v),
                     Command::Finish => finishing = true,
                     Command::Hold(h) => held = h,
+                    // Simulated tasks are not preempted: they end as they would.
+                    Command::Stop(_) => {}
                     Command::Abort => return,
                     // Simulated tasks have no processes: dropping them stops them.
                     Command::Reset => {
@@ -161,6 +163,8 @@ mod tests {
             runtime_ms,
             max_output: 0,
             gpus: 0,
+            priority: 0,
+            preemptible: false,
         }
     }
 

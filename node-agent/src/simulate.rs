@@ -361,8 +361,9 @@ impl Fleet {
                     x.queue.clear();
                     x.stopped = true;
                 }
-                // Nothing in the simulation falls silent long enough to be held or given up.
-                Command::Hold(_) | Command::Reset => {}
+                // Nothing in the simulation falls silent long enough to be held or given up,
+                // and simulated tasks are not preempted.
+                Command::Hold(_) | Command::Reset | Command::Stop(_) => {}
             }
             self.start_queued(w, cfg, a);
         }

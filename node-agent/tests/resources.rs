@@ -329,3 +329,41 @@ fn tasks_sharing_an_affinity_key_run_where_the_key_ran_before_and_no_agent_idles
     homes.sort_unstable();
     assert_eq!(homes, [0, 0, 1, 1], "two keys on each agent");
 }
+
+#[test]
+fn a_preemptible_task_is_stopped_for_higher_priority_work_and_runs_again_without_using_a_retry() {
+    let d = Dir::new("preempt");
+    // The high-priority task fails once after 0.5 s; its retry then finds both cores taken by
+    // preemptible tasks of priority 0 (they have no retries to spare).
+    let t = "[priority=5 retries=1] test -e marker || { touch marker; sleep 0.5; exit 1; }; echo high\n\
+             [preemptible retries=0] sleep 2; echo low\n\
+             [preemptible retries=0] sleep 2; echo low\n";
+    d.write("tasks.txt", t);
+    let o = d.htc(&["run", "tasks.txt", "-q", "--agents", "1", "--cores-per-agent", "2", "--spawners", "1"]);
+    assert!(o.status.success(), "every task done in the end: {}", text(&o));
+    let run = d.run_id();
+    let o = d.htc(&["log", &run, "--format", "json"]);
+    let rows: Vec<serde_json::Value> =
+        String::from_utf8(o.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let of = |task: u64| rows.iter().filter(|r| r["Seq"] == task).collect::<Vec<_>>();
+    let outcome = |r: &serde_json::Value| r["Outcome"].as_str().unwrap().to_string();
+    let (high, low2, low3) = (of(1), of(2), of(3));
+    assert_eq!(high.iter().map(|r| outcome(r)).collect::<Vec<_>>(), ["exit 1", "exit 0"]);
+    // One of the low tasks was preempted (the newest), then ran again to the end.
+    let (preempted, other) = if low3.len() == 2 { (low3, low2) } else { (low2, low3) };
+    assert_eq!(
+        preempted.iter().map(|r| outcome(r)).collect::<Vec<_>>(),
+        ["preempted for higher-priority work", "exit 0"],
+        "{rows:?}"
+    );
+    assert_eq!(other.iter().map(|r| outcome(r)).collect::<Vec<_>>(), ["exit 0"]);
+    // The retry of the high task started while the preempted one would still have run.
+    let start = |r: &serde_json::Value| r["Starttime"].as_f64().unwrap();
+    let end = |r: &serde_json::Value| start(r) + r["JobRuntime"].as_f64().unwrap();
+    assert!(end(preempted[0]) - start(preempted[0]) < 1.5, "stopped early");
+    assert!(start(high[1]) < start(preempted[0]) + 1.5, "the high task did not wait for it");
+    assert_eq!(preempted[0]["Attempt"], 1);
+    assert_eq!(preempted[1]["Attempt"], 2, "a new attempt number");
+    let o = d.htc(&["status", &run]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("done=3 failed=0"), "{}", text(&o));
+}

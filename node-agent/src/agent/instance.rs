@@ -223,6 +223,7 @@ impl Instance {
                 }
                 self.acked(now_us, a.seq, out)
             }
+            Body::Preempt(p) => self.preempt(now_us, p.ids, out),
             Body::Shutdown(s) => {
                 self.shutting_down = true;
                 for &m in self.members.keys().filter(|&&m| m != self.id) {
@@ -234,6 +235,29 @@ impl Instance {
                 self.own(now_us, Input::Parent(Body::Shutdown(s)), out);
             }
             other => self.own(now_us, Input::Parent(other), out),
+        }
+    }
+
+    /// Stops preempted tasks where they are: one still in the queue goes back to the leader
+    /// (never started); one handed out is stopped by its holder, the head's own machine or a
+    /// member.
+    fn preempt(&mut self, now_us: u64, ids: Vec<u64>, out: &mut Vec<Effect>) {
+        let mut by_holder: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+        for id in ids {
+            if let Some(i) = self.queue.iter().position(|t| t.id == id) {
+                self.queue.remove(i);
+                self.returned.push(id);
+            } else if let Some(h) = self.held.get(&id) {
+                by_holder.entry(h.holder).or_default().push(id);
+            }
+        }
+        for (holder, ids) in by_holder {
+            let body = Body::Preempt(proto::Preempt { agent: holder, ids });
+            if holder == self.id {
+                self.own(now_us, Input::Parent(body), out);
+            } else {
+                out.push(Effect::Down { child: holder, body });
+            }
         }
     }
 

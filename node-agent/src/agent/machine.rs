@@ -370,6 +370,7 @@ impl Machine {
                 self.asked = self.asked.saturating_sub(n);
                 out.push(Effect::Exec(Command::Run(d.tasks.into_iter().map(to_run).collect())));
             }
+            Body::Preempt(p) => out.push(Effect::Exec(Command::Stop(p.ids))),
             Body::Ack(a) => {
                 while self.unacked.front().is_some_and(|(seq, _)| *seq <= a.seq) {
                     self.unacked.pop_front();
@@ -547,6 +548,8 @@ fn to_run(t: proto::TaskSpec) -> TaskToRun {
         runtime_ms: t.runtime_ms,
         max_output: t.max_output,
         gpus: t.gpus,
+        priority: t.priority.clamp(i16::MIN as i32, i16::MAX as i32) as i16,
+        preemptible: t.preemptible,
     }
 }
 
@@ -554,6 +557,7 @@ fn to_run(t: proto::TaskSpec) -> TaskToRun {
 pub(super) fn destination(b: &Body) -> Option<u32> {
     match b {
         Body::Dispatch(d) => Some(d.agent),
+        Body::Preempt(p) => Some(p.agent),
         Body::Ack(a) => Some(a.agent),
         Body::Shutdown(s) => Some(s.agent),
         Body::Welcome(w) => Some(w.agent_id),

@@ -501,6 +501,8 @@ impl Executors {
                 self.handles.iter().for_each(|h| h.send(Command::Abort));
             }
             Command::Hold(held) => self.handles.iter().for_each(|h| h.send(Command::Hold(held))),
+            // Each spawner stops those it has and ignores the others.
+            Command::Stop(ids) => self.handles.iter().for_each(|h| h.send(Command::Stop(ids.clone()))),
             Command::Reset => {
                 self.resetting = self.handles.len();
                 self.handles.iter().for_each(|h| h.send(Command::Reset));

@@ -72,6 +72,8 @@ mod tests {
                 runtime_ms: 0,
                 max_output: 0,
                 gpus: 0,
+                priority: 0,
+                preemptible: false,
             })
             .collect()
     }

@@ -8,7 +8,7 @@
 //! (`in_flight`), since a leader that dies loses them anyway (the next session re-runs what was
 //! not recorded finished), and the counts by state that `htc status` shows include them.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use htc_core::affinity::{Affinity, Route};
@@ -219,6 +219,13 @@ pub struct Core<'a> {
     /// Tasks were handed to other agents' affinity queues since agents were last all offered
     /// work: an idle one may take them.
     fresh_handoffs: bool,
+    /// Preemptible tasks in flight, lowest priority and then newest first (the first to stop
+    /// for higher-priority work), with the priority of each; those told to stop.
+    preemptible: BTreeSet<(i16, std::cmp::Reverse<u64>)>,
+    preemptible_of: HashMap<u64, i16>,
+    preempting: HashSet<u64>,
+    /// Preempted tasks, to run again once no higher-priority work waits.
+    preempted: VecDeque<u64>,
 }
 
 /// How an attempt ended, as reported (or decided, for a lost agent).
@@ -353,6 +360,10 @@ impl<'a> Core<'a> {
             mem: Memory::new(backfill::Policy::default()),
             affinity: Affinity::expecting(0..expected_agents as u32),
             fresh_handoffs: false,
+            preemptible: BTreeSet::new(),
+            preemptible_of: HashMap::new(),
+            preempting: HashSet::new(),
+            preempted: VecDeque::new(),
         }
     }
 
@@ -373,6 +384,12 @@ impl<'a> Core<'a> {
     fn land(&mut self, id: u64) -> Option<Flight> {
         let f = self.in_flight.remove(id)?;
         self.mem.ended(f.agent, id);
+        if !self.preemptible_of.is_empty() {
+            if let Some(p) = self.preemptible_of.remove(&id) {
+                self.preemptible.remove(&(p, std::cmp::Reverse(id)));
+                self.preempting.remove(&id);
+            }
+        }
         Some(f)
     }
 
@@ -663,7 +680,7 @@ impl<'a> Core<'a> {
                     a.streak.push(id);
                 }
             }
-            End::Lost => {}
+            End::Lost | End::Preempted => {}
         }
     }
 
@@ -796,6 +813,7 @@ impl<'a> Core<'a> {
             self.audit_us = now_us;
             self.audit(out);
         }
+        self.preempt_for_waiting(t, out)?;
         if now_us.saturating_sub(self.beat_us) >= self.live.heartbeat_us {
             self.beat_us = now_us;
             for (&agent, a) in self.agents.iter().filter(|(_, a)| a.alive) {
@@ -855,6 +873,7 @@ impl<'a> Core<'a> {
         let end = match outcome {
             Outcome::Exited if value == 0 => End::Succeeded,
             Outcome::Lost => End::Lost,
+            Outcome::Preempted => End::Preempted,
             // Exit 126/127 and spawn failures mean "not executable / not found": deterministic,
             // so retrying only burns time.
             _ => End::Failed {
@@ -888,7 +907,12 @@ impl<'a> Core<'a> {
                 end_us,
             };
             t.put_attempt(id, &a)?;
-            self.push_retry(id);
+            if end == End::Preempted {
+                self.preempted.push_back(id);
+                self.fresh_retries = true;
+            } else {
+                self.push_retry(id);
+            }
         }
         self.tally(f.agent, id, r, end, life.state().is_final());
         if life.state().is_final() {
@@ -907,6 +931,9 @@ impl<'a> Core<'a> {
         if end == End::Succeeded {
             a.done += 1;
             return;
+        }
+        if end == End::Preempted {
+            return; // not a failure
         }
         a.failed += 1;
         if self.recent_failures.len() == live::RECENT_FAILURES {
@@ -1176,6 +1203,21 @@ impl<'a> Core<'a> {
                 _ => self.mem.ended(agent, need.task),
             }
         }
+        // Then what was preempted, unless higher-priority work is still to be handed out.
+        while want > 0 {
+            let Some(&id) = self.preempted.front() else { break };
+            let Some(r) = t.get(id)? else {
+                self.preempted.pop_front();
+                continue;
+            };
+            if self.partition.top_priority().is_some_and(|(p, _)| p > r.priority) {
+                break;
+            }
+            self.preempted.pop_front();
+            if self.offer(t, agent, id, &mut specs)? {
+                want -= 1;
+            }
+        }
         // Then what other agents handed over for its affinity keys.
         while want > 0 {
             let Some(id) = self.affinity.take_own(agent) else { break };
@@ -1269,6 +1311,50 @@ impl<'a> Core<'a> {
         Ok(())
     }
 
+    /// Higher-priority work that no agent can take now (every one is busy) stops preemptible
+    /// tasks of lower priority, lowest and newest first, one per waiting task; they run again
+    /// later without using a retry. Tasks already handed to an agent are its executor's to
+    /// preempt (it knows what waits in its queue).
+    fn preempt_for_waiting(&mut self, t: &dyn Tasks, out: &mut Outbox) -> Result<()> {
+        if self.preemptible.len() <= self.preempting.len() {
+            return Ok(());
+        }
+        let mut top = self.partition.top_priority();
+        for &id in self.retry.iter().take(64) {
+            let Some(r) = t.get(id)? else { continue };
+            top = match top {
+                Some((p, n)) if p == r.priority => Some((p, n + 1)),
+                Some((p, _)) if p > r.priority => top,
+                _ => Some((r.priority, 1)),
+            };
+        }
+        let Some((p, waiting)) = top else { return Ok(()) };
+        if self.agents.values().any(|a| a.alive && !a.drained && a.idle > 0) {
+            return Ok(()); // an agent can take it: no need to stop anything
+        }
+        let n = (waiting as usize).min(64).saturating_sub(self.preempting.len());
+        let victims: Vec<u64> = self
+            .preemptible
+            .iter()
+            .take_while(|(q, _)| *q < p)
+            .map(|(_, id)| id.0)
+            .filter(|id| !self.preempting.contains(id))
+            .take(n)
+            .collect();
+        let mut by_agent: HashMap<u32, Vec<u64>> = HashMap::new();
+        for id in victims {
+            if let Some(f) = self.in_flight.get(id) {
+                self.preempting.insert(id);
+                by_agent.entry(f.agent).or_default().push(id);
+            }
+        }
+        for (agent, ids) in by_agent {
+            tracing::info!(job = %self.job_id, agent, tasks = ?ids, priority = p, "preempting for higher-priority work");
+            out.push((agent, Body::Preempt(proto::Preempt { agent, ids })));
+        }
+        Ok(())
+    }
+
     /// Offers a task that was set aside (an affinity queue) to `agent`: sent if it fits and may
     /// start; true when it was taken.
     fn offer(&mut self, t: &mut dyn Tasks, agent: u32, id: u64, specs: &mut Vec<proto::TaskSpec>) -> Result<bool> {
@@ -1320,6 +1406,10 @@ impl<'a> Core<'a> {
         if let Some(a) = self.agents.get_mut(&agent) {
             a.ahead_ms += r.runtime_ms as u64 * r.cores as u64;
         }
+        if r.flags & Record::PREEMPTIBLE != 0 {
+            self.preemptible.insert((r.priority, std::cmp::Reverse(id)));
+            self.preemptible_of.insert(id, r.priority);
+        }
         specs.push(proto::TaskSpec {
             id,
             attempt: self.attempt_no(id, life),
@@ -1331,6 +1421,8 @@ impl<'a> Core<'a> {
             runtime_ms: r.runtime_ms,
             max_output: htc_core::taskfile::output_cap::bytes(r.max_output),
             gpus: r.gpus as u32,
+            priority: r.priority as i32,
+            preemptible: r.flags & Record::PREEMPTIBLE != 0,
         });
         Ok(())
     }
@@ -1447,6 +1539,56 @@ mod tests {
                 _ => None,
             })
             .collect()
+    }
+
+    #[test]
+    fn higher_priority_work_that_no_agent_can_take_preempts_a_lower_preemptible_task() {
+        // Task 1: preemptible, priority 0; task 2: priority 5 with a retry. One agent, 2 cores.
+        let mut m = Mem::with(2, 0, 1);
+        m.records.get_mut(&1).unwrap().flags = Record::PREEMPTIBLE;
+        let r2 = m.records.get_mut(&2).unwrap();
+        (r2.priority, r2.retries) = (5, 1);
+        let mut c = core(&m, 1);
+        let (out, _) = feed(&mut c, &mut m, vec![join(0, 2), want(0, 2)]);
+        assert_eq!(dispatched(&out), vec![(0, vec![(1, 1), (2, 1)])]);
+        // Task 2 fails; the agent is busy (no idle slot): its retry waits at the leader.
+        let busy = |results| Input::Report {
+            agent: 0,
+            report: proto::Report { seq: 1, results, idle: 0, agent: 0, ..Default::default() },
+        };
+        let failed = proto::TaskResult {
+            id: 2,
+            attempt: 1,
+            outcome: proto::Outcome::Exited as i32,
+            value: 1,
+            ..Default::default()
+        };
+        let (out, _) = feed(&mut c, &mut m, vec![busy(vec![failed]), Input::Tick]);
+        let preempts: Vec<_> = out
+            .iter()
+            .filter_map(|(a, b)| match b {
+                Body::Preempt(p) => Some((*a, p.ids.clone())),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(preempts, vec![(0, vec![1])], "task 1 is told to stop for task 2");
+        let (out, _) = feed(&mut c, &mut m, vec![Input::Tick]);
+        assert!(!out.iter().any(|(_, b)| matches!(b, Body::Preempt(_))), "not twice");
+        // It ends preempted: no retry used, a new attempt number; task 2 runs first.
+        let pre =
+            proto::TaskResult { id: 1, attempt: 1, outcome: proto::Outcome::Preempted as i32, ..Default::default() };
+        let rep = Input::Report {
+            agent: 0,
+            report: proto::Report { seq: 2, results: vec![pre], want: 2, idle: 2, agent: 0, ..Default::default() },
+        };
+        let (out, _) = feed(&mut c, &mut m, vec![rep]);
+        assert_eq!(dispatched(&out), vec![(0, vec![(2, 2), (1, 2)])]);
+        // The ledger holds it as before this dispatch (flights live in memory), a retry richer.
+        assert_eq!((m.records[&1].state(), m.records[&1].retries), (State::Pending, 1));
+        assert_eq!(
+            m.attempts.iter().filter(|(id, _)| *id == 1).map(|(_, a)| a.outcome).collect::<Vec<_>>(),
+            [Outcome::Preempted]
+        );
     }
 
     #[test]
