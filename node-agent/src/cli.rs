@@ -80,6 +80,10 @@ pub mod htc {
             /// testing without GPUs too. Default: CUDA_VISIBLE_DEVICES, else nvidia-smi.
             #[arg(long, value_name = "LIST")]
             gpus: Option<String>,
+            /// No agent takes work from another's share, even when idle (for measuring what
+            /// balancing gains: bench/balance.sh).
+            #[arg(long, hide = true)]
+            no_steal: bool,
             /// How agents run tasks: real processes, or a simulation of the scheduling path alone
             /// (none: every task succeeds at once; sleep: after its `runtime` hint, on its cores).
             #[arg(long, default_value = "real")]

@@ -184,17 +184,18 @@ fn gpu_tasks_get_distinct_devices_at_most_as_many_at_once_as_the_agent_has_and_t
         })
         .collect();
     assert_eq!(gpu_rows.len(), 12);
-    // Never two tasks on one device at once (1 ms: the log's resolution), and never more than 4.
+    // Never two tasks on one device at once, and never more than 4. The log has millisecond
+    // times, start and runtime each rounded: an end up to 2 ms after a start is the same instant.
     for (i, (dev, s, e)) in gpu_rows.iter().enumerate() {
         assert!(["0", "1", "2", "3"].contains(&dev.as_str()), "{dev}");
         for (dev2, s2, e2) in &gpu_rows[i + 1..] {
-            assert!(dev != dev2 || s2 >= &(e - 0.001) || s >= &(e2 - 0.001), "device {dev} shared");
+            assert!(dev != dev2 || s2 >= &(e - 0.002) || s >= &(e2 - 0.002), "device {dev} shared");
         }
     }
-    // Running at each start (an end within 1 ms of it taken as before it).
+    // Running at each start (an end within 2 ms of it taken as before it).
     let most = gpu_rows
         .iter()
-        .map(|(_, s, _)| gpu_rows.iter().filter(|(_, s2, e2)| s2 <= s && *s < e2 - 0.001).count())
+        .map(|(_, s, _)| gpu_rows.iter().filter(|(_, s2, e2)| s2 <= s && *s < e2 - 0.002).count())
         .max()
         .unwrap();
     assert_eq!(most, 4, "four devices: four at a time");
@@ -288,7 +289,7 @@ fn an_exclusive_task_has_its_agent_to_itself_and_the_others_keep_running() {
     for &(task, agent, s, e) in rows.iter().filter(|r| r.0 == 6 || r.0 == 16) {
         let beside: Vec<u64> = rows
             .iter()
-            .filter(|r| r.0 != task && r.1 == agent && r.2 < e - 0.001 && s < r.3 - 0.001)
+            .filter(|r| r.0 != task && r.1 == agent && r.2 < e - 0.002 && s < r.3 - 0.002)
             .map(|r| r.0)
             .collect();
         assert!(beside.is_empty(), "task {task} on agent {agent} ran beside {beside:?}");

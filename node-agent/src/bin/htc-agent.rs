@@ -355,6 +355,7 @@ fn lead_run(
         max_fails: a.max_fails,
         deadline_us,
         mem_policy: Default::default(),
+        no_steal: false,
     };
     let lock = run.lock()?;
     {

@@ -188,6 +188,7 @@ fn real_main() -> anyhow::Result<i32> {
             mem_per_agent,
             mem_policy,
             gpus,
+            no_steal,
         } => {
             let site = Site::load()?;
             let lock;
@@ -264,6 +265,7 @@ fn real_main() -> anyhow::Result<i32> {
                 max_fails,
                 deadline_us: time_limit.map(|s| rundir::now_us() + s * 1_000_000),
                 mem_policy,
+                no_steal,
             };
             let outcome = leader::run(cfg, |addr, tx| local.start(&run, addr, tx))?;
             let code = leader::finish(&run, &outcome, quiet);

@@ -226,6 +226,9 @@ pub struct Core<'a> {
     preempting: HashSet<u64>,
     /// Preempted tasks, to run again once no higher-priority work waits.
     preempted: VecDeque<u64>,
+    /// Instances never take from another's share (`--no-steal`, for measuring what moving
+    /// work from a loaded instance to an idle one gains).
+    no_steal: bool,
 }
 
 /// How an attempt ended, as reported (or decided, for a lost agent).
@@ -364,12 +367,19 @@ impl<'a> Core<'a> {
             preemptible_of: HashMap::new(),
             preempting: HashSet::new(),
             preempted: VecDeque::new(),
+            no_steal: false,
         }
     }
 
     /// How memory decides what starts (`--mem-policy`).
     pub fn with_memory_policy(mut self, policy: backfill::Policy) -> Self {
         self.mem.set_policy(policy);
+        self
+    }
+
+    /// No instance takes from another's share: each runs its own and no more.
+    pub fn without_stealing(mut self) -> Self {
+        self.no_steal = true;
         self
     }
 
@@ -1246,6 +1256,7 @@ impl<'a> Core<'a> {
             if room == 0 {
                 break;
             }
+            let steal = if self.no_steal { 0 } else { steal };
             let Some(block) = self.partition.take(a.instance, room, steal) else {
                 drained = true;
                 break;

@@ -55,6 +55,8 @@ pub struct LeaderConfig {
     pub deadline_us: Option<u64>,
     /// How memory decides what starts (`--mem-policy`).
     pub mem_policy: htc_core::backfill::Policy,
+    /// No instance takes from another's share (`--no-steal`, for measurements).
+    pub no_steal: bool,
 }
 
 pub struct Outcome {
@@ -113,6 +115,9 @@ pub fn run(
         .with_layout(cfg.layout.clone())
         .with_liveness(cfg.live)
         .with_memory_policy(cfg.mem_policy);
+    if cfg.no_steal {
+        core = core.without_stealing();
+    }
     if let Some(n) = cfg.max_fails {
         core = core.with_max_fails(n);
     }
