@@ -13,7 +13,9 @@
 #   bench/memory.sh                       # 3 repeats
 #   REPEAT=5 bench/memory.sh
 #
-# Env: REPEAT (3), SMALL (150), BIG (3), HTC (target/release/htc), OUT (bench/results/memory-<date>.txt).
+# Env: REPEAT (3), SMALL (150), BIG (3), SMALL_HOLD (150: MiB each small task touches; touching
+#      costs CPU, which 8 slots on a 2-CPU machine share), HTC (target/release/htc), OUT
+#      (bench/results/memory-<date>.txt).
 set -euo pipefail
 
 BENCH=$(cd "$(dirname "$0")" && pwd)
@@ -23,6 +25,7 @@ BUDGET=4G
 CORES=8
 SMALL=${SMALL:-150}
 BIG=${BIG:-3}
+SMALL_HOLD=${SMALL_HOLD:-150}
 HTC=${HTC:-$ROOT/target/release/htc}
 STAMP=$(date +%Y%m%d-%H%M%S)
 mkdir -p "$BENCH/results"
@@ -36,13 +39,13 @@ median() { sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] 
 
 echo "date: $(date -u +%FT%TZ)  host: $(hostname)  nproc: $(nproc)  commit: $(git -C "$ROOT" rev-parse --short HEAD)"
 echo "workload: 1 long task (mem=2G, holds 1000 MiB for 10 s), $BIG big ones (mem=3G, hold 1500 MiB for"
-echo "3 s), $SMALL small ones (mem=256M, hold 150 MiB for 0.5 s), in that order, with those runtime hints;"
+echo "3 s), $SMALL small ones (mem=256M, hold $SMALL_HOLD MiB for 0.5 s), in that order, with those runtime hints;"
 echo "one agent, --cores-per-agent $CORES (the tasks mostly sleep), --mem-per-agent $BUDGET"
 hold() { echo "perl -e 'my \$x; vec(\$x, ($1 << 20) - 1, 8) = 1; select(undef, undef, undef, $2)' htc-membench"; }
 {
     echo "[mem=2G runtime=10s] $(hold 1000 10)"
     for ((i = 0; i < BIG; i++)); do echo "[mem=3G runtime=3s] $(hold 1500 3)"; done
-    for ((i = 0; i < SMALL; i++)); do echo "[mem=256M runtime=500ms] $(hold 150 0.5)"; done
+    for ((i = 0; i < SMALL; i++)); do echo "[mem=256M runtime=500ms] $(hold "$SMALL_HOLD" 0.5)"; done
 } >"$WORK/tasks.txt"
 
 # Sums the resident memory of the workload's processes every 50 ms; prints the peak in MiB.
