@@ -378,10 +378,12 @@ impl Memory {
             return;
         }
         let backfill = self.policy == Policy::Backfill;
+        // The oldest few: a long backlog of big tasks must not make every wait a scan of it.
         let unreserved: Vec<Need> = self
             .waiting
             .values()
             .filter(|w| (w.exclusive || (backfill && w.mem_mb > 0)) && !self.reserved_on.contains_key(&w.task))
+            .take(self.nodes.len().saturating_sub(self.reserved_on.len()) + 8)
             .copied()
             .collect();
         for need in unreserved {

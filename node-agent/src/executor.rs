@@ -337,8 +337,11 @@ struct Executor {
     /// When free space was last looked at, and whether it was low then.
     space_checked: Option<Instant>,
     space_low: bool,
-    /// When running tasks' memory was last looked at (`None`: none is watched).
+    /// When running tasks' memory was last looked at.
     mem_checked: Option<Instant>,
+    /// Running tasks that may be preempted; tasks with a priority were queued at some point.
+    preemptible_running: usize,
+    prioritized: bool,
     /// "No pidfd" lines, at most one a minute (out of descriptors, every spawn would log).
     pidfd_log: crate::throttle::Throttle,
     env: Vec<CString>,
@@ -442,6 +445,8 @@ impl Executor {
             space_checked: None,
             space_low: false,
             mem_checked: None,
+            preemptible_running: 0,
+            prioritized: false,
             pidfd_log: crate::throttle::Throttle::new(Duration::from_secs(60)),
             env,
             path_dirs,
@@ -475,9 +480,9 @@ impl Executor {
             loop {
                 match rx.try_recv() {
                     Ok(Command::Run(v)) if !aborting => {
-                        let ordered = v.iter().all(|t| t.priority == 0) && self.queue.iter().all(|t| t.priority == 0);
+                        self.prioritized |= v.iter().any(|t| t.priority != 0);
                         self.queue.extend(v);
-                        if !ordered {
+                        if self.prioritized {
                             // Stable: the leader's order within a priority.
                             self.queue.make_contiguous().sort_by_key(|t| std::cmp::Reverse(t.priority));
                         }
@@ -820,6 +825,7 @@ impl Executor {
                         serial,
                     )));
                 }
+                self.preemptible_running += t.preemptible as usize;
                 let pidfd = self.watch(pid);
                 if pidfd.is_none() {
                     self.unwatched += 1;
@@ -916,6 +922,7 @@ impl Executor {
             Some(e) => Err(e),
         };
         let Some(mut r) = r else { return };
+        self.preemptible_running -= r.task.preemptible as usize;
         match r.pidfd.take() {
             Some(fd) => self.closing.push(fd),
             None => self.unwatched -= 1,
@@ -925,10 +932,10 @@ impl Executor {
             Ok(info) => {
                 // SAFETY: waitid filled the SIGCHLD fields of info.
                 let v = unsafe { info.si_status() };
-                if r.preempted {
-                    (Outcome::Preempted, v)
-                } else if let Some(mb) = r.oom_mb {
+                if let Some(mb) = r.oom_mb {
                     (Outcome::OutOfMemory, mb.min(i32::MAX as u64) as i32)
+                } else if r.preempted {
+                    (Outcome::Preempted, v)
                 } else if r.timed_out {
                     (Outcome::TimedOut, v)
                 } else if info.si_code == libc::CLD_EXITED {
@@ -986,14 +993,18 @@ impl Executor {
     /// tasks of lower priority are stopped, lowest priority and newest first, until enough
     /// cores are on their way (those already stopping count).
     fn preempt_for(&mut self, priority: i16, short: usize) {
-        let stopping: usize = self.running.values().filter(|r| r.preempted).map(|r| r.slots.len()).sum();
+        if self.preemptible_running == 0 {
+            return;
+        }
+        // Tasks being killed (preempted, timed out, out of memory) free their cores soon.
+        let stopping: usize = self.running.values().filter(|r| r.kill_at.is_some()).map(|r| r.slots.len()).sum();
         if stopping >= short {
             return;
         }
         let mut victims: Vec<(i16, std::cmp::Reverse<u64>, u64)> = self
             .running
             .values()
-            .filter(|r| r.task.preemptible && !r.preempted && r.kill_at.is_none() && r.task.priority < priority)
+            .filter(|r| r.task.preemptible && r.kill_at.is_none() && r.oom_mb.is_none() && r.task.priority < priority)
             .map(|r| (r.task.priority, std::cmp::Reverse(r.start_us), r.task.id))
             .collect();
         victims.sort_unstable();
@@ -1051,15 +1062,16 @@ impl Executor {
         }
         let groups: Vec<libc::pid_t> =
             self.running.iter().filter(|(_, r)| r.task.mem_mb > 0 && r.oom_mb.is_none()).map(|(&p, _)| p).collect();
+        self.mem_checked = Some(now);
         if groups.is_empty() {
-            self.mem_checked = None;
             return;
         }
-        self.mem_checked = Some(now);
         for (pid, mb) in crate::memwatch::group_rss_mb(&groups) {
             let Some(r) = self.running.get_mut(&pid).filter(|r| mb > r.task.mem_mb as u64) else { continue };
             tracing::warn!(job = %self.cfg.job_id, task = r.task.id, rss_mb = mb, mem_mb = r.task.mem_mb, "out of memory: killed");
             r.oom_mb = Some(mb);
+            // Being killed: neither preempted nor timed out on top of it.
+            r.kill_at = Some(now);
             // SAFETY: signalling the task's own process group.
             unsafe { libc::kill(-pid, libc::SIGKILL) };
         }

@@ -100,15 +100,17 @@ type Holders = Vec<(Device, Option<u64>)>;
 
 /// The agent's devices and which task holds each, shared by its spawn loops.
 #[derive(Debug, Clone, Default)]
-pub struct Pool(Arc<Mutex<Holders>>);
+pub struct Pool(Arc<Mutex<Holders>>, usize);
 
 impl Pool {
     pub fn new(devices: Vec<Device>) -> Pool {
-        Pool(Arc::new(Mutex::new(devices.into_iter().map(|d| (d, None)).collect())))
+        let n = devices.len();
+        Pool(Arc::new(Mutex::new(devices.into_iter().map(|d| (d, None)).collect())), n)
     }
 
+    /// Devices in the pool (fixed: no lock on the spawn path).
     pub fn len(&self) -> usize {
-        self.0.lock().map(|p| p.len()).unwrap_or(0)
+        self.1
     }
 
     pub fn is_empty(&self) -> bool {

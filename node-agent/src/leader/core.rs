@@ -95,6 +95,10 @@ pub const AUDIT_EVERY_LOST_AFTER: u64 = 6;
 /// hole (drained).
 pub const BLACK_HOLE_STREAK: usize = 8;
 
+/// Times the leader stops one task for higher-priority work in a session; after that it runs to
+/// its end (what waits may need another agent than the one it is on).
+pub const MAX_PREEMPTIONS: u8 = 3;
+
 /// Hinted work per core an agent may hold before it gets only what it can start (`with_horizon`).
 pub const HORIZON_MS: u64 = 1_000;
 
@@ -224,6 +228,8 @@ pub struct Core<'a> {
     preemptible: BTreeSet<(i16, std::cmp::Reverse<u64>)>,
     preemptible_of: HashMap<u64, i16>,
     preempting: HashSet<u64>,
+    /// How often the leader stopped each task in this session (`MAX_PREEMPTIONS`).
+    times_preempted: HashMap<u64, u8>,
     /// Preempted tasks, to run again once no higher-priority work waits.
     preempted: VecDeque<u64>,
     /// Instances never take from another's share (`--no-steal`, for measuring what moving
@@ -366,6 +372,7 @@ impl<'a> Core<'a> {
             preemptible: BTreeSet::new(),
             preemptible_of: HashMap::new(),
             preempting: HashSet::new(),
+            times_preempted: HashMap::new(),
             preempted: VecDeque::new(),
             no_steal: false,
         }
@@ -731,6 +738,7 @@ impl<'a> Core<'a> {
         for id in failed {
             self.refund(t, id)?;
         }
+        self.fail_unfit_waiting(t)?;
         out.push((agent, Body::Shutdown(proto::Shutdown { revive: false, abort: false, hold: true, reason, agent })));
         self.dispatch_all(t, out)
     }
@@ -1158,7 +1166,8 @@ impl<'a> Core<'a> {
     /// Whether some live agent could ever run the task. Meaningful only once every agent the
     /// launcher started has joined or is known gone (`all_accounted`): a big node may join last.
     fn schedulable(&self, r: &Record) -> bool {
-        self.agents.values().any(|a| a.alive) && self.agents.iter().any(|(id, a)| a.alive && self.fits(*id, r))
+        self.agents.values().any(|a| a.alive && !a.drained)
+            && self.agents.iter().any(|(id, a)| a.alive && !a.drained && self.fits(*id, r))
     }
 
     fn all_accounted(&self) -> bool {
@@ -1220,7 +1229,7 @@ impl<'a> Core<'a> {
                 self.preempted.pop_front();
                 continue;
             };
-            if self.partition.top_priority().is_some_and(|(p, _)| p > r.priority) {
+            if self.top_waiting(t)?.is_some_and(|(p, _)| p > r.priority) {
                 break;
             }
             self.preempted.pop_front();
@@ -1330,6 +1339,41 @@ impl<'a> Core<'a> {
         if self.preemptible.len() <= self.preempting.len() {
             return Ok(());
         }
+        let Some((p, waiting)) = self.top_waiting(t)? else { return Ok(()) };
+        if self.agents.values().any(|a| a.alive && !a.drained && a.idle > 0) {
+            return Ok(()); // an agent can take it: no need to stop anything
+        }
+        let n = (waiting as usize).min(64).saturating_sub(self.preempting.len());
+        // A task preempted this often already runs to its end: the waiting work may need
+        // another agent than the one it is on, and it must not be stopped for ever.
+        let victims: Vec<u64> = self
+            .preemptible
+            .iter()
+            .take_while(|(q, _)| *q < p)
+            .map(|(_, id)| id.0)
+            .filter(|id| {
+                !self.preempting.contains(id) && self.times_preempted.get(id).is_none_or(|&k| k < MAX_PREEMPTIONS)
+            })
+            .take(n)
+            .collect();
+        let mut by_agent: HashMap<u32, Vec<u64>> = HashMap::new();
+        for id in victims {
+            if let Some(f) = self.in_flight.get(id) {
+                self.preempting.insert(id);
+                *self.times_preempted.entry(id).or_default() += 1;
+                by_agent.entry(f.agent).or_default().push(id);
+            }
+        }
+        for (agent, ids) in by_agent {
+            tracing::info!(job = %self.job_id, agent, tasks = ?ids, priority = p, "preempting for higher-priority work");
+            out.push((agent, Body::Preempt(proto::Preempt { agent, ids })));
+        }
+        Ok(())
+    }
+
+    /// The highest priority of work waiting to be handed out (the partition's, the retries'),
+    /// and how many tasks have it.
+    fn top_waiting(&self, t: &dyn Tasks) -> Result<Option<(i16, u64)>> {
         let mut top = self.partition.top_priority();
         for &id in self.retry.iter().take(64) {
             let Some(r) = t.get(id)? else { continue };
@@ -1339,31 +1383,7 @@ impl<'a> Core<'a> {
                 _ => Some((r.priority, 1)),
             };
         }
-        let Some((p, waiting)) = top else { return Ok(()) };
-        if self.agents.values().any(|a| a.alive && !a.drained && a.idle > 0) {
-            return Ok(()); // an agent can take it: no need to stop anything
-        }
-        let n = (waiting as usize).min(64).saturating_sub(self.preempting.len());
-        let victims: Vec<u64> = self
-            .preemptible
-            .iter()
-            .take_while(|(q, _)| *q < p)
-            .map(|(_, id)| id.0)
-            .filter(|id| !self.preempting.contains(id))
-            .take(n)
-            .collect();
-        let mut by_agent: HashMap<u32, Vec<u64>> = HashMap::new();
-        for id in victims {
-            if let Some(f) = self.in_flight.get(id) {
-                self.preempting.insert(id);
-                by_agent.entry(f.agent).or_default().push(id);
-            }
-        }
-        for (agent, ids) in by_agent {
-            tracing::info!(job = %self.job_id, agent, tasks = ?ids, priority = p, "preempting for higher-priority work");
-            out.push((agent, Body::Preempt(proto::Preempt { agent, ids })));
-        }
-        Ok(())
+        Ok(top)
     }
 
     /// Offers a task that was set aside (an affinity queue) to `agent`: sent if it fits and may
