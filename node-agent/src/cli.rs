@@ -80,6 +80,10 @@ pub mod htc {
             /// testing without GPUs too. Default: CUDA_VISIBLE_DEVICES, else nvidia-smi.
             #[arg(long, value_name = "LIST")]
             gpus: Option<String>,
+            /// How a task's `mem=` is enforced: auto (a memory cgroup per slot where the agents
+            /// may make them, else watching the resident memory), cgroup (required), watch.
+            #[arg(long, default_value = "auto", value_name = "auto|cgroup|watch")]
+            mem_limit: crate::memcg::Enforce,
             /// No agent takes work from another's share, even when idle (for measuring what
             /// balancing gains: bench/balance.sh).
             #[arg(long, hide = true)]
@@ -317,6 +321,10 @@ pub mod agent {
         /// the node share them. Default: the step's (CUDA_VISIBLE_DEVICES, ...), else nvidia-smi.
         #[arg(long, value_name = "LIST")]
         pub gpus: Option<String>,
+        /// How a task's `mem=` is enforced: auto, cgroup (a memory cgroup per slot, required),
+        /// watch (the resident memory of its process group).
+        #[arg(long, default_value = "auto", value_name = "auto|cgroup|watch")]
+        pub mem_limit: crate::memcg::Enforce,
         #[arg(long, default_value = "streams")]
         pub output: OutputMode,
         /// Tree fan-out: agents per parent (the leader included).
@@ -360,6 +368,7 @@ pub mod agent {
             if let Some(g) = &self.gpus {
                 opt("gpus", g.clone());
             }
+            opt("mem-limit", self.mem_limit.name().to_string());
             opt("output", self.output.name().to_string());
             opt("fanout", self.fanout.to_string());
             opt("agents", self.agents.to_string());
@@ -453,6 +462,7 @@ mod tests {
             cpus: "0,1,2,3".into(),
             mem_mb: Some(512),
             gpus: Some("0,1".into()),
+            mem_limit: crate::memcg::Enforce::Cgroup,
             output: OutputMode::PerTask,
             fanout: 8,
             agents: 16,

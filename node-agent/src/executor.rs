@@ -118,6 +118,8 @@ pub struct ExecConfig {
     pub first_slot: usize,
     /// The agent's GPUs, shared by its spawn loops.
     pub gpus: crate::gpu::Pool,
+    /// Where slots get memory cgroups for tasks with `mem=`; None: the RSS watch enforces it.
+    pub memcg: Option<std::sync::Arc<crate::memcg::Root>>,
 }
 
 impl ExecConfig {
@@ -296,6 +298,8 @@ struct Running {
     preempted: bool,
     /// Killed for passing its `mem=`, with the resident MiB seen then.
     oom_mb: Option<u64>,
+    /// In its slot's memory cgroup: the cgroup's count of OOM kills when the task started.
+    oom_kills_before: Option<u64>,
     /// Set when SIGTERM went out; SIGKILL follows at this instant.
     kill_at: Option<Instant>,
     serial: u64,
@@ -339,6 +343,8 @@ struct Executor {
     space_low: bool,
     /// When running tasks' memory was last looked at.
     mem_checked: Option<Instant>,
+    /// Each slot's memory cgroup, made when it first runs a task with `mem=` (`cfg.memcg`).
+    cgroups: Vec<Option<crate::memcg::Slot>>,
     /// Running tasks that may be preempted; tasks with a priority were queued at some point.
     preemptible_running: usize,
     prioritized: bool,
@@ -445,6 +451,7 @@ impl Executor {
             space_checked: None,
             space_low: false,
             mem_checked: None,
+            cgroups: Vec::new(),
             preemptible_running: 0,
             prioritized: false,
             pidfd_log: crate::throttle::Throttle::new(Duration::from_secs(60)),
@@ -812,7 +819,17 @@ impl Executor {
         };
 
         self.bind(&slots, crate::gpu::nearest_cpus(&devices));
-        match self.attr.spawn(&prog, &argv, &envp, out_fd, err_fd) {
+        let oom_kills_before = self.limit_memory(slot, t.mem_mb);
+        let (prog, argv, _wrapper) = match oom_kills_before.and(self.cgroup_wrapper(slot)) {
+            Some(w) => (CString::from(c"/bin/sh"), w.argv(&argv), Some(w)),
+            None => (prog, argv, None),
+        };
+        let inside = oom_kills_before.is_some() && self.enter_cgroup(slot);
+        let spawned = self.attr.spawn(&prog, &argv, &envp, out_fd, err_fd);
+        if inside {
+            self.leave_cgroup();
+        }
+        match spawned {
             Ok(pid) => {
                 drop(per_task);
                 self.events.push(ExecEvent::Started { id: t.id, attempt: t.attempt, start_us });
@@ -842,6 +859,7 @@ impl Executor {
                         timed_out: false,
                         preempted: false,
                         oom_mb: None,
+                        oom_kills_before,
                         kill_at: None,
                         serial,
                         pidfd,
@@ -923,6 +941,10 @@ impl Executor {
         };
         let Some(mut r) = r else { return };
         self.preemptible_running -= r.task.preemptible as usize;
+        if let (None, Some(before)) = (r.oom_mb, r.oom_kills_before) {
+            // The kernel's kill usually ends the task before the next look.
+            r.oom_mb = self.cgroup_oom(r.slots[0], before);
+        }
         match r.pidfd.take() {
             Some(fd) => self.closing.push(fd),
             None => self.unwatched -= 1,
@@ -1053,21 +1075,38 @@ impl Executor {
         }
     }
 
-    /// Tasks past their `mem=` (resident, their whole process group) are killed, and end as
-    /// out of memory; looked at every `memwatch::EVERY` while any such task runs.
+    /// Tasks past their `mem=` are killed, and end as out of memory; looked at every
+    /// `memwatch::EVERY` while any such task runs. A task in a memory cgroup was stopped by the
+    /// kernel (one process of it): the rest of its group goes. Others are watched: the resident
+    /// memory of their whole process group.
     fn enforce_memory(&mut self) {
         let now = Instant::now();
         if self.mem_checked.is_some_and(|t| now.duration_since(t) < crate::memwatch::EVERY) {
             return;
         }
-        let groups: Vec<libc::pid_t> =
-            self.running.iter().filter(|(_, r)| r.task.mem_mb > 0 && r.oom_mb.is_none()).map(|(&p, _)| p).collect();
         self.mem_checked = Some(now);
-        if groups.is_empty() {
-            return;
+        let mut groups = Vec::new();
+        let mut killed = Vec::new();
+        for (&pid, r) in self.running.iter().filter(|(_, r)| r.task.mem_mb > 0 && r.oom_mb.is_none()) {
+            let v1 = self.cfg.memcg.as_ref().is_some_and(|r| r.version() == crate::memcg::Version::V1);
+            match r.oom_kills_before {
+                Some(before) => match self.cgroup_oom(r.slots[0], before) {
+                    Some(mb) => killed.push((pid, mb)),
+                    // v2 tasks moved themselves in, or tried to: the watch backs them up.
+                    None if !v1 => groups.push(pid),
+                    None => {}
+                },
+                None => groups.push(pid),
+            }
         }
-        for (pid, mb) in crate::memwatch::group_rss_mb(&groups) {
-            let Some(r) = self.running.get_mut(&pid).filter(|r| mb > r.task.mem_mb as u64) else { continue };
+        if !groups.is_empty() {
+            let watched = crate::memwatch::group_rss_mb(&groups);
+            let over =
+                |&(pid, mb): &(libc::pid_t, u64)| self.running.get(&pid).is_some_and(|r| mb > r.task.mem_mb as u64);
+            killed.extend(watched.into_iter().filter(over));
+        }
+        for (pid, mb) in killed {
+            let Some(r) = self.running.get_mut(&pid) else { continue };
             tracing::warn!(job = %self.cfg.job_id, task = r.task.id, rss_mb = mb, mem_mb = r.task.mem_mb, "out of memory: killed");
             r.oom_mb = Some(mb);
             // Being killed: neither preempted nor timed out on top of it.
@@ -1075,6 +1114,72 @@ impl Executor {
             // SAFETY: signalling the task's own process group.
             unsafe { libc::kill(-pid, libc::SIGKILL) };
         }
+    }
+
+    /// Sets slot `slot`'s memory cgroup up for a task of `mem_mb` (none: 0), and returns its
+    /// count of OOM kills so far; None when the task is to be watched instead.
+    fn limit_memory(&mut self, slot: usize, mem_mb: u32) -> Option<u64> {
+        let root = self.cfg.memcg.as_ref().filter(|_| mem_mb > 0)?;
+        if self.cgroups.len() <= slot {
+            self.cgroups.resize_with(slot + 1, || None);
+        }
+        let n = self.cfg.first_slot + slot;
+        let made = match self.cgroups[slot].take() {
+            Some(cg) => Ok(cg),
+            None => root.slot(n),
+        };
+        let r = made.and_then(|mut cg| {
+            cg.limit(mem_mb)?;
+            let before = cg.oom_kills()?;
+            self.cgroups[slot] = Some(cg);
+            Ok(before)
+        });
+        match r {
+            Ok(before) => Some(before),
+            Err(e) => {
+                tracing::warn!(job = %self.cfg.job_id, slot = n, error = %e, "memory cgroup unusable: this task's mem= is watched instead");
+                None
+            }
+        }
+    }
+
+    /// v1: moves this thread into slot `slot`'s memory cgroup, so the task it spawns next is
+    /// born there; true if it did (then `leave_cgroup` after the spawn).
+    fn enter_cgroup(&mut self, slot: usize) -> bool {
+        let Some(cg) = self.cgroups.get(slot).and_then(Option::as_ref) else { return false };
+        if self.cfg.memcg.as_ref().is_some_and(|r| r.version() != crate::memcg::Version::V1) {
+            return false;
+        }
+        match cg.enter_thread() {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(job = %self.cfg.job_id, error = %e, "cannot spawn into the slot's memory cgroup");
+                false
+            }
+        }
+    }
+
+    fn leave_cgroup(&mut self) {
+        let Some(root) = self.cfg.memcg.as_ref() else { return };
+        if let Err(e) = root.leave_thread() {
+            // Tasks spawned from here on would be born under a slot's limit.
+            tracing::error!(job = %self.cfg.job_id, error = %e, "the spawn loop cannot leave a task's memory cgroup; memory cgroups are off for it");
+            self.cfg.memcg = None;
+        }
+    }
+
+    /// v2: the command that moves the task into slot `slot`'s cgroup before it runs.
+    fn cgroup_wrapper(&self, slot: usize) -> Option<crate::memcg::Wrapper> {
+        self.cfg.memcg.as_ref().filter(|r| r.version() == crate::memcg::Version::V2)?;
+        let cg = self.cgroups.get(slot)?.as_ref()?;
+        crate::memcg::Wrapper::new(cg)
+    }
+
+    /// The peak MiB of slot `slot`'s cgroup if the kernel killed there for memory since its
+    /// count was `before`.
+    fn cgroup_oom(&self, slot: usize, before: u64) -> Option<u64> {
+        let cg = self.cgroups.get(slot)?.as_ref()?;
+        (cg.oom_kills().ok()? > before).then(|| cg.peak_mb())
     }
 
     fn enforce_deadlines(&mut self) {
@@ -1413,6 +1518,7 @@ mod tests {
             spawner: 0,
             first_slot: 0,
             gpus: crate::gpu::Pool::default(),
+            memcg: None,
         };
         (cfg, dir)
     }

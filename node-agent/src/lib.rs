@@ -18,6 +18,7 @@ pub mod live;
 pub mod liveness;
 pub mod load;
 pub mod mapfault;
+pub mod memcg;
 pub mod memory;
 pub mod memwatch;
 pub mod output;

@@ -210,6 +210,7 @@ impl Srun {
                     cpus: String::new(),
                     mem_mb: None,
                     gpus: None,
+                    mem_limit: Default::default(),
                     output: self.output,
                     fanout: self.fanout,
                     agents: 1,

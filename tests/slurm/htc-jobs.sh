@@ -209,14 +209,21 @@ long_tasks_spread() {
 # 600 MiB a node here) and never run two 400 MiB tasks at once on a node, though each node has
 # two CPUs; every task records its agent and when it held its memory.
 memory_job() {
-    local w j state most
+    local w j state most oom
     w=$(cluster_workdir memory)
     seq 1 8 | sed 's|.*|[mem=400M runtime=1s] echo "$HTC_AGENT $(date +%s.%N) 1" >> held.txt; perl -e '"'"'my $x; vec($x, (300 << 20) - 1, 8) = 1; select(undef, undef, undef, 0.5)'"'"'; echo "$HTC_AGENT $(date +%s.%N) -1" >> held.txt|' >"$w/tasks.txt"
+    # A task past its mem= is stopped: the agents run as the job's user, who may not make
+    # memory cgroups here, so they watch resident memory instead, and see it past 50 MiB (a
+    # cgroup would have stopped it at 50).
+    echo "[mem=50M retries=0] perl -e 'my \$x; vec(\$x, (300 << 20) - 1, 8) = 1; sleep 20'" >>"$w/tasks.txt"
     chown -R "$HTC_CLUSTER_USER" "$w"
     j=$(submit "$w" -N 2 --exclusive --mem=600M --htc=tasks.txt --wrap=:) || { bad "memory: submit"; return; }
     state=$(wait_job "$j" 120)
-    check "memory: job $j COMPLETED (was $state)" test "$state" = COMPLETED
-    check "memory: 8 tasks done" grep -q "8 tasks: 8 done, 0 failed" "$w/slurm-$j.out"
+    check "memory: job $j FAILED for its one failed task (was $state)" test "$state" = FAILED
+    check "memory: 8 tasks done, the 9th out of memory" grep -q "9 tasks: 8 done, 1 failed" "$w/slurm-$j.out"
+    oom=$(cd "$w" && "$bin/htc" status "$j" | grep -o 'task 9 (line 9): out of memory ([0-9]* MiB resident, past its mem=)')
+    check "memory: htc status says out of memory ($oom)" test -n "$oom"
+    check "memory: seen by the RSS watch, past the limit" test "$(grep -o '([0-9]*' <<<"$oom" | tr -d '(')" -gt 50
     # The most tasks holding memory at once on any agent (an end before a start at one instant).
     most=$(sort -k1,1n -k2,2n -k3,3n "$w/held.txt" | awk '$1 != a { a = $1; n = 0 } { n += $3; if (n > m) m = n } END { print m + 0 }')
     check "memory: at most one 400 MiB task at a time on a node with 600 MiB (saw $most)" test "$most" = 1

@@ -62,6 +62,8 @@ pub struct AgentConfig {
     pub mem_mb: u64,
     /// The GPUs the agent hands to tasks (`gpu`).
     pub gpus: Vec<crate::gpu::Device>,
+    /// How tasks' `mem=` is enforced (`memcg`).
+    pub mem_limit: crate::memcg::Enforce,
     pub output: OutputMode,
     pub kill_grace: Duration,
     /// How often buffered results go up when the buffer is not full (`FLUSH_EVERY`).
@@ -461,6 +463,7 @@ impl Executors {
         };
         // One pool for all the spawn loops: a task gets devices whichever loop runs it.
         let gpus = crate::gpu::Pool::new(cfg.gpus.clone());
+        let memcg = memory_cgroups(cfg)?;
         let mut slots = Vec::new();
         for i in 0..k {
             let (first, n) = crate::slurm::node_share(cfg.slots, k, i);
@@ -471,6 +474,7 @@ impl Executors {
                 spawner: i,
                 first_slot: first,
                 gpus: gpus.clone(),
+                memcg: memcg.clone(),
                 ..exec_config(cfg, job_id)
             };
             let (h, t) = executor::start(ec, sink(i))?;
@@ -567,6 +571,26 @@ fn exec_config(cfg: &AgentConfig, job_id: &str) -> ExecConfig {
         spawner: 0,
         first_slot: 0,
         gpus: crate::gpu::Pool::default(),
+        memcg: None,
+    }
+}
+
+/// The agent's memory cgroups for its slots, shared by its spawn loops, per `--mem-limit`.
+fn memory_cgroups(cfg: &AgentConfig) -> anyhow::Result<Option<Arc<crate::memcg::Root>>> {
+    use crate::memcg::{Enforce, Root};
+    if cfg.mem_limit == Enforce::Watch {
+        return Ok(None);
+    }
+    match Root::create() {
+        Ok(root) => {
+            tracing::info!(agent = cfg.agent_id, dir = %root.dir().display(), version = ?root.version(), "tasks' mem= enforced by memory cgroups");
+            Ok(Some(Arc::new(root)))
+        }
+        Err(why) if cfg.mem_limit == Enforce::Cgroup => anyhow::bail!("--mem-limit cgroup: {why}"),
+        Err(why) => {
+            tracing::info!(agent = cfg.agent_id, why, "tasks' mem= enforced by watching their resident memory");
+            Ok(None)
+        }
     }
 }
 

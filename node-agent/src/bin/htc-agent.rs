@@ -61,6 +61,7 @@ fn work(a: WorkArgs) -> anyhow::Result<()> {
         cpus,
         mem_mb,
         gpus,
+        mem_limit,
         output,
         fanout,
         mut agents,
@@ -145,6 +146,7 @@ fn work(a: WorkArgs) -> anyhow::Result<()> {
             slots,
             cpus: cpus.clone(),
             mem_mb,
+            mem_limit,
             // Locally all agents share the machine; under Slurm those of this node do.
             gpus: htc::gpu::share(&devices, agents_on_node, if slurm { local_index } else { id as usize }),
             output,

@@ -188,6 +188,7 @@ fn real_main() -> anyhow::Result<i32> {
             mem_per_agent,
             mem_policy,
             gpus,
+            mem_limit,
             no_steal,
         } => {
             let site = Site::load()?;
@@ -244,6 +245,7 @@ fn real_main() -> anyhow::Result<i32> {
                 instance_size: instance_agents,
                 lost_after: site.lost_after,
                 gpus,
+                mem_limit,
                 mem_mb: match mem_policy {
                     htc_core::backfill::Policy::Ignore => Some(0),
                     _ => mem_per_agent,

@@ -78,6 +78,8 @@ pub struct Local {
     pub mem_mb: Option<u64>,
     /// The machine's GPUs for tasks (`--gpus`), which the agents share (`None`: detected).
     pub gpus: Option<String>,
+    /// How the agents enforce tasks' `mem=` (`--mem-limit`).
+    pub mem_limit: crate::memcg::Enforce,
 }
 
 impl Local {
@@ -127,6 +129,7 @@ impl Local {
                 cpus: cpus.join(","),
                 mem_mb: self.mem_mb,
                 gpus: self.gpus.clone(),
+                mem_limit: self.mem_limit,
                 output: self.output,
                 fanout: self.fanout,
                 agents: self.agents as u32,
