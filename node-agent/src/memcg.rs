@@ -84,6 +84,7 @@ impl Root {
                 own_dir.parent().map(Path::to_path_buf).ok_or("the agent is in the root cgroup")?
             }
         };
+        remove_stale(&parent);
         let dir = parent.join(format!("htc-{}", std::process::id()));
         fs::create_dir(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
         let root = Root { dir, version, home: own_dir };
@@ -125,15 +126,32 @@ impl Root {
 
 impl Drop for Root {
     fn drop(&mut self) {
-        // Only empty cgroups go: a slot with a process left in it stays, as does its parent.
-        if let Ok(entries) = fs::read_dir(&self.dir) {
-            for e in entries.flatten() {
-                if e.file_type().is_ok_and(|t| t.is_dir()) {
-                    let _ = fs::remove_dir(e.path());
-                }
+        remove_tree(&self.dir);
+    }
+}
+
+/// Removes a directory of slot cgroups. Only empty cgroups go: a slot with a process left in it
+/// stays, as does its parent.
+fn remove_tree(dir: &Path) {
+    if let Ok(entries) = fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                let _ = fs::remove_dir(e.path());
             }
         }
-        let _ = fs::remove_dir(&self.dir);
+    }
+    let _ = fs::remove_dir(dir);
+}
+
+/// Removes what agents that were killed left in `parent` (`htc-PID` of a process that is gone).
+fn remove_stale(parent: &Path) {
+    let Ok(entries) = fs::read_dir(parent) else { return };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let pid = name.to_str().and_then(|n| n.strip_prefix("htc-")).and_then(|p| p.parse::<u32>().ok());
+        if pid.is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists()) {
+            remove_tree(&e.path());
+        }
     }
 }
 
