@@ -411,6 +411,73 @@ impl Memory {
         }
     }
 
+    /// Where waiting `task` could start if some running tasks were stopped (preempted): the
+    /// node, and the fewest tasks to stop there, largest first, among those `may_stop` allows.
+    /// Tasks already being stopped (`stopping`) count as gone, so a node they make room on
+    /// needs none more (an empty list). None if the task is not waiting, could start now, is
+    /// exclusive (it waits for a node to drain), or no node has room even so.
+    pub fn room_for(
+        &self,
+        task: u64,
+        may_stop: &dyn Fn(u64) -> bool,
+        stopping: &dyn Fn(u64) -> bool,
+    ) -> Option<(u32, Vec<u64>)> {
+        let need = self.waiting.get(&task).filter(|w| !w.exclusive)?;
+        let mut best: Option<(u32, Vec<u64>)> = None;
+        for (&id, n) in &self.nodes {
+            let mem = self.mem_of(n.budget, need);
+            if !n.could_hold(need, mem) || n.exclusive.is_some() {
+                continue;
+            }
+            if n.fits_now(mem, need.gpus) {
+                return None; // it starts as soon as it is offered
+            }
+            let (mut free, mut gpus) = (n.budget.saturating_sub(n.used), n.gpus.saturating_sub(n.gpus_used));
+            let mut stoppable = Vec::new();
+            for (&t, h) in &n.holds {
+                if stopping(t) {
+                    (free, gpus) = (free + h.mem, gpus + h.gpus);
+                } else if may_stop(t) {
+                    stoppable.push((h.mem, h.gpus, t));
+                }
+            }
+            stoppable.sort_unstable_by(|a, b| b.cmp(a));
+            let mut victims = Vec::new();
+            for (m, g, t) in stoppable {
+                if free >= mem && gpus >= need.gpus {
+                    break;
+                }
+                (free, gpus) = (free + m, gpus + g);
+                victims.push(t);
+            }
+            let room = free >= mem && gpus >= need.gpus;
+            if room && best.as_ref().is_none_or(|(_, v)| victims.len() < v.len()) {
+                best = Some((id, victims));
+            }
+        }
+        best
+    }
+
+    /// Keeps `node` for waiting `task` (room is being made there for it), taking the node's
+    /// reservation from whatever task held it (it gets another in turn).
+    pub fn reserve_on(&mut self, task: u64, node: u32, now_us: u64) {
+        let Some(&need) = self.waiting.get(&task) else { return };
+        if self.reserved_on.get(&task) == Some(&node) || !self.nodes.contains_key(&node) {
+            return;
+        }
+        if let Some(old) = self.reserved_on.remove(&task) {
+            if let Some(n) = self.nodes.get_mut(&old) {
+                n.reserved = None;
+            }
+        }
+        let n = self.nodes.get_mut(&node).expect("a known node");
+        if let Some(other) = n.reserved.replace(need) {
+            self.reserved_on.remove(&other.task);
+        }
+        self.reserved_on.insert(task, node);
+        self.reserve_waiting(now_us);
+    }
+
     /// The task's attempt ended (or came back): its memory is free.
     pub fn ended(&mut self, node: u32, task: u64) {
         if let Some(n) = self.nodes.get_mut(&node) {
@@ -672,6 +739,36 @@ mod tests {
         m.ended(0, 4);
         assert!(!m.runs_exclusive(0));
         assert_eq!(m.admit(0, need(7, 0, 0), 10 * S), Ok(()));
+    }
+
+    #[test]
+    fn room_is_made_with_the_fewest_stops_and_stops_under_way_count() {
+        let mut m = two_nodes(Policy::Backfill);
+        for (task, node, mem) in [(1, 0, 300), (2, 0, 300), (3, 0, 300), (4, 1, 600), (5, 1, 300)] {
+            assert_eq!(m.admit(node, need(task, mem, 0), 0), Ok(()));
+        }
+        m.wait(need(9, 700, 0), 0);
+        let any = |_: u64| true;
+        let none = |_: u64| false;
+        // Node 0 needs two stops (100 + 300 + 300), node 1 one (100 + 600).
+        assert_eq!(m.room_for(9, &any, &none), Some((1, vec![4])));
+        // Only the small ones may be stopped: node 0, two of them.
+        let small = |t: u64| t <= 3;
+        let (node, v) = m.room_for(9, &small, &none).unwrap();
+        assert_eq!((node, v.len()), (0, 2));
+        // Once those two are being stopped nothing more is needed.
+        let stopping = |t: u64| v.contains(&t);
+        assert_eq!(m.room_for(9, &none, &stopping), Some((0, vec![])));
+        assert_eq!(m.room_for(9, &none, &none), None, "nothing may be stopped");
+        assert_eq!(m.room_for(8, &any, &none), None, "not waiting");
+        // The node is kept for it, and it starts there once the two have ended.
+        m.reserve_on(9, 0, 0);
+        assert_eq!(m.reservation(0), Some(9));
+        assert_eq!(m.admit(0, need(10, 200, 0), 0), Err(Refusal::Full));
+        for t in v {
+            m.ended(0, t);
+        }
+        assert_eq!(m.take_waiting(0, 0).map(|n| n.task), Some(9));
     }
 
     #[test]

@@ -391,3 +391,36 @@ fn a_preemptible_task_is_stopped_for_higher_priority_work_and_runs_again_without
     let o = d.htc(&["status", &run]);
     assert!(String::from_utf8_lossy(&o.stdout).contains("done=3 failed=0"), "{}", text(&o));
 }
+
+#[test]
+fn a_task_waiting_for_memory_stops_preemptible_lower_priority_tasks_holding_it() {
+    let d = Dir::new("preempt-mem");
+    // 1000 MiB for tasks and 4 cores: cores are never short. The high-priority task fails once
+    // after 0.5 s; meanwhile the two preemptible ones took 800 MiB, so its retry (600 MiB)
+    // waits for memory, and one of them must make room.
+    let t = "[priority=5 retries=1 mem=600M] test -e marker || { touch marker; sleep 0.5; exit 1; }; echo high\n\
+             [preemptible retries=0 mem=400M] sleep 3; echo low\n\
+             [preemptible retries=0 mem=400M] sleep 3; echo low\n";
+    d.write("tasks.txt", t);
+    let o = d.htc(&["run", "tasks.txt", "-q", "--agents", "1", "--cores-per-agent", "4", "--mem-per-agent", "1000M"]);
+    assert!(o.status.success(), "every task done in the end: {}", text(&o));
+    let run = d.run_id();
+    let o = d.htc(&["log", &run, "--format", "json"]);
+    let rows: Vec<serde_json::Value> =
+        String::from_utf8(o.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let of = |task: u64| rows.iter().filter(|r| r["Seq"] == task).collect::<Vec<_>>();
+    let outcome = |r: &serde_json::Value| r["Outcome"].as_str().unwrap().to_string();
+    let (high, low2, low3) = (of(1), of(2), of(3));
+    assert_eq!(high.iter().map(|r| outcome(r)).collect::<Vec<_>>(), ["exit 1", "exit 0"], "{rows:?}");
+    let preempted: Vec<_> = [&low2, &low3].into_iter().filter(|l| l.len() == 2).collect();
+    assert_eq!(preempted.len(), 1, "exactly one low task made room: {rows:?}");
+    let p = preempted[0];
+    assert_eq!(outcome(p[0]), "preempted for higher-priority work");
+    assert_eq!(outcome(p[1]), "exit 0", "and ran again to its end");
+    let start = |r: &serde_json::Value| r["Starttime"].as_f64().unwrap();
+    let end = |r: &serde_json::Value| start(r) + r["JobRuntime"].as_f64().unwrap();
+    assert!(start(high[1]) - end(high[0]) < 1.5, "the retry did not wait for a low task's end: {rows:?}");
+    assert!(start(high[1]) >= end(p[0]) - 0.05, "it started once the memory was free: {rows:?}");
+    let o = d.htc(&["status", &run]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("done=3 failed=0"), "{}", text(&o));
+}

@@ -1339,6 +1339,7 @@ impl<'a> Core<'a> {
         if self.preemptible.len() <= self.preempting.len() {
             return Ok(());
         }
+        self.preempt_for_memory(t, out)?;
         let Some((p, waiting)) = self.top_waiting(t)? else { return Ok(()) };
         if self.agents.values().any(|a| a.alive && !a.drained && a.idle > 0) {
             return Ok(()); // an agent can take it: no need to stop anything
@@ -1366,6 +1367,37 @@ impl<'a> Core<'a> {
         }
         for (agent, ids) in by_agent {
             tracing::info!(job = %self.job_id, agent, tasks = ?ids, priority = p, "preempting for higher-priority work");
+            out.push((agent, Body::Preempt(proto::Preempt { agent, ids })));
+        }
+        Ok(())
+    }
+
+    /// Tasks waiting for memory or GPUs (the oldest few) stop preemptible tasks of lower
+    /// priority on the agent where the fewest stops make room, which is then kept for them.
+    fn preempt_for_memory(&mut self, t: &dyn Tasks, out: &mut Outbox) -> Result<()> {
+        let waiting: Vec<u64> = self.mem.waiting_tasks().take(8).map(|n| n.task).collect();
+        for w in waiting {
+            let Some(r) = t.get(w)? else { continue };
+            let stoppable: HashSet<u64> = self
+                .preemptible
+                .iter()
+                .take_while(|(q, _)| *q < r.priority)
+                .map(|(_, id)| id.0)
+                .filter(|id| {
+                    !self.preempting.contains(id) && self.times_preempted.get(id).is_none_or(|&k| k < MAX_PREEMPTIONS)
+                })
+                .collect();
+            let stopping = |id: u64| self.preempting.contains(&id);
+            let Some((agent, ids)) = self.mem.room_for(w, &|id| stoppable.contains(&id), &stopping) else { continue };
+            self.mem.reserve_on(w, agent, self.now_us);
+            if ids.is_empty() {
+                continue;
+            }
+            for &id in &ids {
+                self.preempting.insert(id);
+                *self.times_preempted.entry(id).or_default() += 1;
+            }
+            tracing::info!(job = %self.job_id, agent, tasks = ?ids, task = w, priority = r.priority, "preempting to make room for a task waiting for memory or GPUs");
             out.push((agent, Body::Preempt(proto::Preempt { agent, ids })));
         }
         Ok(())
