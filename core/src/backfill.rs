@@ -79,9 +79,11 @@ struct Hold {
 
 #[derive(Debug)]
 struct Node {
+    /// Memory and GPUs for tasks; an instance of several agents has the sums of its members'.
     budget: u64,
-    cores: u32,
     gpus: u32,
+    /// The most one task may have: the node's, or the largest member's of an instance.
+    largest: Size,
     used: u64,
     gpus_used: u32,
     holds: HashMap<u64, Hold>,
@@ -124,8 +126,16 @@ impl Node {
 
     /// Whether the node could ever hold the task.
     fn could_hold(&self, need: &Need, mem: u64) -> bool {
-        need.cores <= self.cores && need.gpus <= self.gpus && mem <= self.budget
+        need.cores <= self.largest.cores && need.gpus <= self.largest.gpus && mem <= self.largest.mem_mb
     }
+}
+
+/// What one task may have at most on a node (its largest member's, for an instance).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Size {
+    pub mem_mb: u64,
+    pub cores: u32,
+    pub gpus: u32,
 }
 
 #[derive(Debug, Default)]
@@ -185,8 +195,8 @@ impl Memory {
         self.leave(node);
         let n = Node {
             budget: budget_mb,
-            cores,
             gpus,
+            largest: Size { mem_mb: budget_mb, cores, gpus },
             used: 0,
             gpus_used: 0,
             holds: HashMap::new(),
@@ -194,6 +204,14 @@ impl Memory {
             exclusive: None,
         };
         self.nodes.insert(node, n);
+    }
+
+    /// An instance's members joined or were lost: it has `budget_mb` and `gpus` in all, and
+    /// `largest` for one task. What it holds stays committed.
+    pub fn resize(&mut self, node: u32, budget_mb: u64, gpus: u32, largest: Size) {
+        if let Some(n) = self.nodes.get_mut(&node) {
+            (n.budget, n.gpus, n.largest) = (budget_mb, gpus, largest);
+        }
     }
 
     /// A node is gone (or drained): what it held is forgotten, its reservation given up.
@@ -769,6 +787,21 @@ mod tests {
             m.ended(0, t);
         }
         assert_eq!(m.take_waiting(0, 0).map(|n| n.task), Some(9));
+    }
+
+    #[test]
+    fn an_instance_is_committed_against_its_sums_and_holds_no_task_larger_than_its_largest_member() {
+        let mut m = Memory::new(Policy::Backfill);
+        m.join(0, 1000, 2, 0);
+        m.resize(0, 2000, 4, Size { mem_mb: 1000, cores: 2, gpus: 2 });
+        assert_eq!(m.admit(0, need(1, 600, 0), 0), Ok(()));
+        assert_eq!(m.admit(0, need(2, 600, 0), 0), Ok(()), "the second member's share");
+        // By the sums a third fits (the head keeps it until a member has room for it).
+        assert_eq!(m.admit(0, need(3, 600, 0), 0), Ok(()));
+        assert_eq!(m.admit(0, need(4, 600, 0), 0), Err(Refusal::Full));
+        m.wait(need(5, 1200, 0), 0);
+        assert_eq!(m.reservation(0), None, "no member could ever hold 1200");
+        assert_eq!(m.committed(0), Some((1800, 2000)));
     }
 
     #[test]

@@ -424,3 +424,67 @@ fn a_task_waiting_for_memory_stops_preemptible_lower_priority_tasks_holding_it()
     let o = d.htc(&["status", &run]);
     assert!(String::from_utf8_lossy(&o.stdout).contains("done=3 failed=0"), "{}", text(&o));
 }
+
+/// The most rows of `rows` that overlap at one instant, in all and on one agent, from
+/// (agent, start, end) intervals.
+fn most_at_once(rows: &[(u64, f64, f64)]) -> (usize, usize) {
+    let at = |t: f64, agent: Option<u64>| {
+        rows.iter().filter(|r| agent.is_none_or(|a| r.0 == a) && r.1 <= t && t < r.2).count()
+    };
+    let mut most = (0, 0);
+    for r in rows {
+        let t = r.1 + 0.001;
+        most = (most.0.max(at(t, None)), most.1.max(at(t, Some(r.0))));
+    }
+    most
+}
+
+fn agent_rows(d: &Dir) -> Vec<serde_json::Value> {
+    let o = d.htc(&["log", &d.run_id(), "--format", "json"]);
+    String::from_utf8(o.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+fn intervals(rows: &[serde_json::Value]) -> Vec<(u64, f64, f64)> {
+    rows.iter()
+        .filter(|r| r["Exitval"] == 0)
+        .map(|r| {
+            let s = r["Starttime"].as_f64().unwrap();
+            (r["Agent"].as_u64().unwrap(), s, s + r["JobRuntime"].as_f64().unwrap())
+        })
+        .collect()
+}
+
+#[test]
+fn an_instance_of_two_agents_places_memory_and_gpu_tasks_on_the_member_they_fit() {
+    // One instance of two agents (its head takes the work for both), 1000 MiB and two of the
+    // four devices each. A task of 600 MiB fits one agent at a time: two run at once, one on
+    // each; before, the instance was held to its head's 1000 MiB.
+    let d = Dir::new("instance-memory");
+    let mark = format!("htc-inst-{}", std::process::id());
+    let mut t = String::from("#HTC retries=0\n");
+    for _ in 0..6 {
+        t.push_str(&format!("[mem=600M] {}\n", hold(100, 0.6, &mark)));
+    }
+    for _ in 0..6 {
+        t.push_str("[gpus=2] echo $CUDA_VISIBLE_DEVICES; sleep 0.6\n");
+    }
+    t.push_str("[gpus=3] echo no agent has three\n");
+    d.write("tasks.txt", t);
+    let args = ["--agents", "2", "--instance-agents", "2", "--cores-per-agent", "2", "--spawners", "1"];
+    let res = ["--mem-per-agent", "1000M", "--gpus", "0,1,2,3"];
+    let o = d.htc(&[&["run", "tasks.txt", "-q"][..], &args[..], &res[..]].concat());
+    assert_eq!(o.status.code(), Some(1), "all but the gpus=3 task: {}", text(&o));
+    let rows = agent_rows(&d);
+    let seq = |r: &serde_json::Value| r["Seq"].as_u64().unwrap();
+    let (mem_rows, gpu_rows): (Vec<_>, Vec<_>) =
+        rows.iter().filter(|r| seq(r) <= 12).cloned().partition(|r| seq(r) <= 6);
+    assert_eq!(mem_rows.len() + gpu_rows.len(), 12, "each ran once: {rows:?}");
+    let (all, one) = most_at_once(&intervals(&mem_rows));
+    assert_eq!((all, one), (2, 1), "two at once, never two on one agent: {mem_rows:?}");
+    let (all, one) = most_at_once(&intervals(&gpu_rows));
+    assert_eq!((all, one), (2, 1), "{gpu_rows:?}");
+    // Three devices would fit the instance's four, but no one agent has them.
+    let o = d.htc(&["status", &d.run_id()]);
+    let status = String::from_utf8_lossy(&o.stdout);
+    assert!(status.contains("task 13 (line 14): needs more cores, memory or GPUs than any agent has"), "{status}");
+}

@@ -11,6 +11,12 @@
 //! The head's own slots are run by an ordinary agent [`Machine`], treated as one more member: its
 //! reports and requests go to the instance instead of up. An agent that heads no members is its
 //! machine and nothing else.
+//!
+//! Memory and GPUs: the head tells the leader what its instance has (sums, and the largest
+//! member's, as members join and are lost), and the leader commits tasks against that. The head
+//! places each task with `mem=` or `gpus=` on a member where it fits beside what that member
+//! holds; one that fits nowhere now keeps the member with the most memory free for itself
+//! (smaller tasks go there only beside it), as the leader's backfill keeps an agent.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -25,6 +31,11 @@ use crate::proto::{self, frame::Body};
 #[derive(Debug)]
 struct Member {
     slots: u32,
+    /// Memory (MiB; 0: not accounted) and GPUs for tasks, and what tasks it holds have of them.
+    mem_mb: u64,
+    gpus: u32,
+    mem_used: u64,
+    gpus_used: u32,
     /// Tasks it asked for and was not given yet.
     credit: u64,
     /// Slots it last said had nothing to run, less what it was given since.
@@ -41,6 +52,38 @@ struct Held {
     holder: u32,
     attempt: u32,
     started: bool,
+    /// What it has of its holder's memory and GPUs.
+    mem_mb: u64,
+    gpus: u32,
+}
+
+impl Member {
+    fn new(slots: u32, mem_mb: u64, gpus: u32, heard_us: u64) -> Member {
+        Member { slots, mem_mb, gpus, mem_used: 0, gpus_used: 0, credit: 0, idle: 0, held: 0, heard_us }
+    }
+
+    /// What `t` takes of this member's memory and GPUs.
+    fn cost(&self, t: &proto::TaskSpec) -> (u64, u32) {
+        (if self.mem_mb == 0 { 0 } else { t.mem_mb as u64 }, t.gpus)
+    }
+
+    /// Whether `t` fits beside what it holds, with `keep` kept free besides.
+    fn fits(&self, t: &proto::TaskSpec, keep: (u64, u32)) -> bool {
+        let (mem, gpus) = self.cost(t);
+        (mem == 0 || self.mem_used + mem + keep.0 <= self.mem_mb)
+            && (gpus == 0 || self.gpus_used + gpus + keep.1 <= self.gpus)
+    }
+
+    /// Whether it could ever hold `t`.
+    fn could_hold(&self, t: &proto::TaskSpec) -> bool {
+        let (mem, gpus) = self.cost(t);
+        mem <= self.mem_mb && gpus <= self.gpus && t.cores.max(1) <= self.slots
+    }
+}
+
+/// Whether a task needs placing by memory or GPUs.
+fn sized(t: &proto::TaskSpec) -> bool {
+    t.mem_mb > 0 || t.gpus > 0
 }
 
 pub struct Instance {
@@ -52,6 +95,12 @@ pub struct Instance {
     heads: bool,
     members: BTreeMap<u32, Member>,
     queue: VecDeque<proto::TaskSpec>,
+    /// Queued tasks with `mem=` or `gpus=` (none: the queue is handed out in order, unlooked at).
+    sized: usize,
+    /// A queued task that fit no member, and the member kept for it.
+    kept: Option<(u64, u32)>,
+    /// The instance's resources as last told to the leader.
+    told: Option<proto::Capacity>,
     held: HashMap<u64, Held>,
     /// Requested from the leader and not yet received.
     asked: u64,
@@ -82,7 +131,7 @@ impl Instance {
     pub fn new(id: u32, slots: usize, tree: Arc<Tree>, job_id: &str) -> Instance {
         let heads = tree.head(id) == id && tree.instance_len(id) > 1;
         let own = Machine::new(id, slots, tree.clone());
-        let me = Member { slots: slots as u32, credit: 0, idle: 0, held: 0, heard_us: 0 };
+        let me = Member::new(slots as u32, 0, 0, 0);
         Instance {
             id,
             job_id: job_id.to_string(),
@@ -91,6 +140,9 @@ impl Instance {
             heads,
             members: BTreeMap::from([(id, me)]),
             queue: VecDeque::new(),
+            sized: 0,
+            kept: None,
+            told: None,
             held: HashMap::new(),
             asked: 0,
             seq: 0,
@@ -107,6 +159,13 @@ impl Instance {
             resync: false,
             rejoined: false,
         }
+    }
+
+    /// The head's own memory and GPUs for tasks (as in its Hello).
+    pub fn with_resources(mut self, mem_mb: u64, gpus: u32) -> Self {
+        let me = self.members.get_mut(&self.id).expect("the head is a member");
+        (me.mem_mb, me.gpus) = (mem_mb, gpus);
+        self
     }
 
     /// Heartbeats, the lease on the leader and the bound on silent members (`liveness`).
@@ -211,6 +270,7 @@ impl Instance {
         match body {
             Body::Dispatch(d) => {
                 self.asked = self.asked.saturating_sub(d.tasks.len() as u64);
+                self.sized += d.tasks.iter().filter(|t| sized(t)).count();
                 self.queue.extend(d.tasks);
             }
             Body::Ack(a) => {
@@ -245,7 +305,8 @@ impl Instance {
         let mut by_holder: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
         for id in ids {
             if let Some(i) = self.queue.iter().position(|t| t.id == id) {
-                self.queue.remove(i);
+                let t = self.queue.remove(i).expect("found");
+                self.sized -= sized(&t) as usize;
                 self.returned.push(id);
             } else if let Some(h) = self.held.get(&id) {
                 by_holder.entry(h.holder).or_default().push(id);
@@ -285,7 +346,7 @@ impl Instance {
             Body::Hello(h) => {
                 tracing::info!(head = self.id, member, slots = h.cores, host = %h.hostname, "member joined");
                 let heard_us = now_us;
-                self.members.insert(member, Member { slots: h.cores, credit: 0, idle: 0, held: 0, heard_us });
+                self.members.insert(member, Member::new(h.cores, h.mem_mb, h.gpus, heard_us));
                 let welcome = proto::Welcome { job_id: self.job_id.clone(), agent_id: member };
                 out.push(Effect::Down { child: member, body: Body::Welcome(welcome) });
             }
@@ -317,9 +378,11 @@ impl Instance {
         }
         for mut res in r.results {
             if self.held.get(&res.id).is_some_and(|h| h.holder == member && h.attempt == res.attempt) {
-                self.held.remove(&res.id);
+                let h = self.held.remove(&res.id).expect("checked");
                 if let Some(m) = self.members.get_mut(&member) {
                     m.held = m.held.saturating_sub(1);
+                    m.mem_used = m.mem_used.saturating_sub(h.mem_mb);
+                    m.gpus_used = m.gpus_used.saturating_sub(h.gpus);
                 }
                 res.ran_on = (member != self.id).then_some(member);
                 self.results.push(res);
@@ -362,6 +425,7 @@ impl Instance {
     /// (members not joined yet counted with the head's slots), so that one member's queue does
     /// not hold what another could start. Shares of members that never join go to idle slots.
     fn distribute(&mut self, now_us: u64, out: &mut Vec<Effect>) {
+        self.keep_for_waiting();
         let own_slots = self.members[&self.id].slots as u64;
         let joined = self.members.len() as u64 + self.left;
         let missing = (self.tree.instance_len(self.id) as u64).saturating_sub(joined);
@@ -389,11 +453,17 @@ impl Instance {
     }
 
     fn give(&mut self, now_us: u64, member: u32, n: usize, out: &mut Vec<Effect>) {
-        let specs: Vec<proto::TaskSpec> = self.queue.drain(..n).collect();
-        for s in &specs {
-            self.held.insert(s.id, Held { holder: member, attempt: s.attempt, started: false });
+        let specs = self.take_for(member, n);
+        if specs.is_empty() {
+            return;
         }
+        let n = specs.len();
         let m = self.members.get_mut(&member).unwrap();
+        for s in &specs {
+            let (mem_mb, gpus) = m.cost(s);
+            (m.mem_used, m.gpus_used) = (m.mem_used + mem_mb, m.gpus_used + gpus);
+            self.held.insert(s.id, Held { holder: member, attempt: s.attempt, started: false, mem_mb, gpus });
+        }
         m.credit -= n as u64;
         m.idle = m.idle.saturating_sub(n as u64);
         m.held += n as u64;
@@ -403,6 +473,82 @@ impl Instance {
             } else {
                 out.push(Effect::Down { child: member, body: Body::Dispatch(d) });
             }
+        }
+    }
+
+    /// Up to `n` queued tasks for `member`, in order: those with `mem=` or `gpus=` only where
+    /// they fit beside what it holds (and beside the task it is kept for).
+    fn take_for(&mut self, member: u32, n: usize) -> Vec<proto::TaskSpec> {
+        if self.sized == 0 {
+            return self.queue.drain(..n).collect();
+        }
+        let m = &self.members[&member];
+        let kept = self.kept.filter(|&(_, on)| on == member).map(|(id, _)| id);
+        let keep = kept.and_then(|id| self.queue.iter().find(|t| t.id == id)).map_or((0, 0), |t| m.cost(t));
+        let (mut mem_used, mut gpus_used) = (m.mem_used, m.gpus_used);
+        let mut picked = Vec::new();
+        for (i, t) in self.queue.iter().enumerate() {
+            if picked.len() == n {
+                break;
+            }
+            if sized(t) {
+                let own = kept == Some(t.id);
+                let room = Member { mem_used, gpus_used, ..Member::new(m.slots, m.mem_mb, m.gpus, 0) };
+                if !room.fits(t, if own { (0, 0) } else { keep }) {
+                    continue;
+                }
+                let (mem, gpus) = m.cost(t);
+                (mem_used, gpus_used) = (mem_used + mem, gpus_used + gpus);
+            }
+            picked.push(i);
+        }
+        let mut taken = Vec::with_capacity(picked.len());
+        for i in picked.into_iter().rev() {
+            let t = self.queue.remove(i).expect("picked from the queue");
+            self.sized -= sized(&t) as usize;
+            if self.kept.is_some_and(|(id, _)| id == t.id) {
+                self.kept = None;
+            }
+            taken.push(t);
+        }
+        taken.reverse();
+        taken
+    }
+
+    /// The first queued task that fits no member now keeps the member that could hold it with
+    /// the most memory free, until it is given out: smaller ones go there only beside it, so a
+    /// stream of them does not keep it waiting for ever.
+    fn keep_for_waiting(&mut self) {
+        if self.sized == 0 {
+            self.kept = None;
+            return;
+        }
+        if let Some((id, on)) = self.kept {
+            if self.members.contains_key(&on) && self.queue.iter().any(|t| t.id == id) {
+                return;
+            }
+            self.kept = None;
+        }
+        let none = (0, 0);
+        let waiting = self.queue.iter().filter(|t| sized(t)).find(|t| !self.members.values().any(|m| m.fits(t, none)));
+        let Some(t) = waiting else { return };
+        let best = self
+            .members
+            .iter()
+            .filter(|(_, m)| m.could_hold(t))
+            .max_by_key(|(_, m)| (m.mem_mb.saturating_sub(m.mem_used), m.gpus.saturating_sub(m.gpus_used)));
+        self.kept = best.map(|(&on, _)| (t.id, on));
+    }
+
+    /// What the instance has for tasks now: sums, and the largest member's.
+    fn capacity(&self) -> proto::Capacity {
+        let ms = self.members.values();
+        proto::Capacity {
+            mem_mb: ms.clone().map(|m| m.mem_mb).sum(),
+            largest_mem_mb: ms.clone().map(|m| m.mem_mb).max().unwrap_or(0),
+            gpus: ms.clone().map(|m| m.gpus).sum(),
+            largest_gpus: ms.clone().map(|m| m.gpus).max().unwrap_or(0),
+            largest_cores: ms.map(|m| m.slots).max().unwrap_or(0),
         }
     }
 
@@ -417,8 +563,12 @@ impl Instance {
         let want = if want >= target / 4 || have == 0 { want } else { 0 };
         let news = !self.results.is_empty() || !self.started.is_empty() || !self.returned.is_empty();
         let beat = !self.shutting_down && now_us.saturating_sub(self.last_up_us) >= self.live.heartbeat_us;
-        if !(want > 0 || news || last || beat || self.resync) {
+        let capacity = Some(self.capacity()).filter(|c| self.resync || self.told.as_ref() != Some(c));
+        if !(want > 0 || news || last || beat || self.resync || capacity.is_some()) {
             return;
+        }
+        if capacity.is_some() {
+            self.told = capacity;
         }
         self.last_up_us = now_us;
         if !self.results.is_empty() {
@@ -449,6 +599,7 @@ impl Instance {
             returned: std::mem::take(&mut self.returned),
             resync,
             holding,
+            capacity,
         })));
     }
 }
@@ -588,6 +739,60 @@ mod tests {
                 .any(|e| matches!(e, Effect::Down { child: 1, body: Body::Ack(a) } if a.seq == 1 && a.agent == 1)),
             "{out:?}"
         );
+    }
+
+    #[test]
+    fn tasks_with_memory_go_to_members_they_fit_and_the_leader_hears_the_instance_s_sums() {
+        let mut h = head().with_resources(1000, 0);
+        let r = step(&mut h, 0, Input::Tick);
+        let c = ups(&r)[0].capacity.expect("the head's own at first");
+        assert_eq!((c.mem_mb, c.largest_mem_mb, c.largest_cores), (1000, 1000, 2));
+        step(&mut h, 1, Input::ChildOpened(1));
+        let hello = proto::Hello { agent_id: 1, cores: 2, mem_mb: 1000, ..Default::default() };
+        step(&mut h, 2, Input::ChildFrame(Body::Hello(hello)));
+        let r = step(&mut h, 3, Input::Tick);
+        let c = ups(&r)[0].capacity.expect("changed: the member joined");
+        assert_eq!((c.mem_mb, c.largest_mem_mb), (2000, 1000));
+        assert_eq!(ups(&step(&mut h, 4, Input::Tick)).first().and_then(|r| r.capacity), None, "said once");
+
+        // Three tasks of 600 MiB and one without mem=: the head's machine can hold one of them.
+        let big = |id| proto::TaskSpec { mem_mb: 600, ..spec(id) };
+        let d = proto::Dispatch { tasks: vec![big(1), big(2), big(3), spec(4)], agent: 0 };
+        let out = step(&mut h, 5, Input::Parent(Body::Dispatch(d)));
+        assert_eq!(ran_here(&out), vec![1, 4], "2 and 3 do not fit beside 1");
+        let out = step(&mut h, 6, member_report(1, 0, 16, 2, &[], &[]));
+        assert_eq!(sent_to(&out, 1), vec![2], "one fits the member; 3 fits nowhere now");
+        // Task 1 ends: 3 fits the head's machine.
+        let done = ExecEvent::Finished(Finished {
+            id: 1,
+            attempt: 1,
+            outcome: Outcome::Exited,
+            value: 0,
+            start_us: 1,
+            end_us: 2,
+        });
+        let out = step(&mut h, 7, Input::Exec(vec![done]));
+        assert_eq!(ran_here(&out), vec![3]);
+    }
+
+    #[test]
+    fn a_task_that_fits_no_member_keeps_one_and_smaller_ones_go_there_only_beside_it() {
+        let mut h = head().with_resources(1000, 0);
+        step(&mut h, 0, Input::Tick);
+        step(&mut h, 1, Input::ChildOpened(1));
+        let hello = proto::Hello { agent_id: 1, cores: 2, mem_mb: 1000, ..Default::default() };
+        step(&mut h, 2, Input::ChildFrame(Body::Hello(hello)));
+        let sized = |id, mem_mb| proto::TaskSpec { mem_mb, ..spec(id) };
+        // 600 on each member, then a task of 800 that fits neither, then small ones of 300.
+        let d = proto::Dispatch { tasks: vec![sized(1, 600), sized(2, 600)], agent: 0 };
+        step(&mut h, 3, Input::Parent(Body::Dispatch(d)));
+        step(&mut h, 4, member_report(1, 0, 16, 2, &[], &[]));
+        let d = proto::Dispatch { tasks: vec![sized(3, 800), sized(4, 300), sized(5, 300)], agent: 0 };
+        let out = step(&mut h, 5, Input::Parent(Body::Dispatch(d)));
+        let (here, there) = (ran_here(&out), sent_to(&out, 1));
+        // One member is kept for task 3: only the other takes a small one (600 + 300 fits).
+        assert_eq!(here.len() + there.len(), 1, "{here:?} {there:?}");
+        assert!(!here.contains(&3) && !there.contains(&3));
     }
 
     #[test]

@@ -526,6 +526,7 @@ impl Machine {
             returned: Vec::new(),
             resync,
             holding,
+            capacity: None,
         })));
     }
 }

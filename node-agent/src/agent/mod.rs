@@ -146,6 +146,7 @@ async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
     // A head below a relay can go around the relay's loss: the leader is still there.
     let can_rejoin = cfg.tree.parent(cfg.agent_id).is_some() && cfg.tree.head(cfg.agent_id) == cfg.agent_id;
     let mut m = Instance::new(cfg.agent_id, cfg.slots, cfg.tree.clone(), &job_id)
+        .with_resources(cfg.mem_mb, cfg.gpus.len() as u32)
         .with_liveness(cfg.live)
         .with_rejoin(can_rejoin)
         .with_revive(true);

@@ -138,6 +138,7 @@ struct Agent {
     instance: usize,
     /// Slots of its instance (all its members').
     cores: u32,
+    /// The most memory and GPUs one task may have on it (its largest member's).
     mem_mb: u64,
     gpus: u32,
     credit: u64,
@@ -638,6 +639,14 @@ impl<'a> Core<'a> {
                 a.last_seq = a.last_seq.max(report.seq);
                 if report.cores > 0 {
                     a.cores = report.cores;
+                }
+                if let Some(c) = report.capacity {
+                    // An instance's members: tasks are committed against their sums, and none is
+                    // sent that the largest cannot hold (`fits`).
+                    (a.mem_mb, a.gpus) = (c.largest_mem_mb, c.largest_gpus);
+                    let largest =
+                        backfill::Size { mem_mb: c.largest_mem_mb, cores: c.largest_cores, gpus: c.largest_gpus };
+                    self.mem.resize(agent, c.mem_mb, c.gpus, largest);
                 }
                 a.credit += report.want as u64;
                 a.idle = report.idle as u64;
