@@ -208,16 +208,16 @@ long_tasks_spread() {
 # Memory under Slurm: the agents take their budget from the job's --mem (SLURM_MEM_PER_NODE,
 # 600 MiB a node here) and never run two 400 MiB tasks at once on a node, though each node has
 # two CPUs; every task records its agent and when it held its memory.
-memory_job() {
-    local w j state most oom
-    w=$(cluster_workdir memory)
+memory_job() { # [SBATCH OPTIONS...]
+    local w j state most both oom
+    w=$(cluster_workdir "memory$*")
     seq 1 8 | sed 's|.*|[mem=400M runtime=1s] echo "$HTC_AGENT $(date +%s.%N) 1" >> held.txt; perl -e '"'"'my $x; vec($x, (300 << 20) - 1, 8) = 1; select(undef, undef, undef, 0.5)'"'"'; echo "$HTC_AGENT $(date +%s.%N) -1" >> held.txt|' >"$w/tasks.txt"
     # A task past its mem= is stopped: the agents run as the job's user, who may not make
     # memory cgroups here, so they watch resident memory instead, and see it past 50 MiB (a
     # cgroup would have stopped it at 50).
     echo "[mem=50M retries=0] perl -e 'my \$x; vec(\$x, (300 << 20) - 1, 8) = 1; sleep 20'" >>"$w/tasks.txt"
     chown -R "$HTC_CLUSTER_USER" "$w"
-    j=$(submit "$w" -N 2 --exclusive --mem=600M --htc=tasks.txt --wrap=:) || { bad "memory: submit"; return; }
+    j=$(submit "$w" -N 2 --exclusive --mem=600M "$@" --htc=tasks.txt --wrap=:) || { bad "memory: submit"; return; }
     state=$(wait_job "$j" 120)
     check "memory: job $j FAILED for its one failed task (was $state)" test "$state" = FAILED
     check "memory: 8 tasks done, the 9th out of memory" grep -q "9 tasks: 8 done, 1 failed" "$w/slurm-$j.out"
@@ -228,6 +228,8 @@ memory_job() {
     most=$(sort -k1,1n -k2,2n -k3,3n "$w/held.txt" | awk '$1 != a { a = $1; n = 0 } { n += $3; if (n > m) m = n } END { print m + 0 }')
     check "memory: at most one 400 MiB task at a time on a node with 600 MiB (saw $most)" test "$most" = 1
     check "memory: both nodes ran tasks" test "$(cut -d' ' -f1 "$w/held.txt" | sort -u | wc -l)" = 2
+    both=$(sort -k2,2n -k3,3n "$w/held.txt" | awk '{ n += $3; if (n > m) m = n } END { print m + 0 }')
+    check "memory: two at once, one on each node (saw $both)" test "$both" = 2
 }
 
 # `htc watch JOBID` from the submit directory while a 4-node job runs: a real terminal (tmux, as
@@ -293,6 +295,8 @@ controller_cost
 long_tasks_spread
 watched_job
 memory_job
+echo "-- one instance of both nodes: its head places the tasks on the node each fits"
+memory_job --htc-instance-nodes=2
 
 [[ $failed == 0 ]] || cluster_logs 20
 "$root/tests/cluster/stop-cluster.sh" >/dev/null 2>&1
