@@ -1087,10 +1087,16 @@ impl Executor {
         self.mem_checked = Some(now);
         let mut groups = Vec::new();
         let mut killed = Vec::new();
-        for (&pid, r) in self.running.iter().filter(|(_, r)| r.task.mem_mb > 0 && r.oom_mb.is_none()) {
-            let v1 = self.cfg.memcg.as_ref().is_some_and(|r| r.version() == crate::memcg::Version::V1);
-            match r.oom_kills_before {
-                Some(before) => match self.cgroup_oom(r.slots[0], before) {
+        let v1 = self.cfg.memcg.as_ref().is_some_and(|r| r.version() == crate::memcg::Version::V1);
+        let limited: Vec<(libc::pid_t, usize, Option<u64>)> = self
+            .running
+            .iter()
+            .filter(|(_, r)| r.task.mem_mb > 0 && r.oom_mb.is_none())
+            .map(|(&pid, r)| (pid, r.slots[0], r.oom_kills_before))
+            .collect();
+        for (pid, slot, before) in limited {
+            match before {
+                Some(before) => match self.cgroup_oom(slot, before) {
                     Some(mb) => killed.push((pid, mb)),
                     // v2 tasks moved themselves in, or tried to: the watch backs them up.
                     None if !v1 => groups.push(pid),
@@ -1130,7 +1136,7 @@ impl Executor {
         };
         let r = made.and_then(|mut cg| {
             cg.limit(mem_mb)?;
-            let before = cg.oom_kills()?;
+            let before = cg.kills();
             self.cgroups[slot] = Some(cg);
             Ok(before)
         });
@@ -1177,9 +1183,8 @@ impl Executor {
 
     /// The peak MiB of slot `slot`'s cgroup if the kernel killed there for memory since its
     /// count was `before`.
-    fn cgroup_oom(&self, slot: usize, before: u64) -> Option<u64> {
-        let cg = self.cgroups.get(slot)?.as_ref()?;
-        (cg.oom_kills().ok()? > before).then(|| cg.peak_mb())
+    fn cgroup_oom(&mut self, slot: usize, before: u64) -> Option<u64> {
+        self.cgroups.get_mut(slot)?.as_mut()?.oom_since(before)
     }
 
     fn enforce_deadlines(&mut self) {

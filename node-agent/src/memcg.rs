@@ -61,8 +61,9 @@ pub enum Version {
 pub struct Root {
     dir: PathBuf,
     version: Version,
-    /// The agent's own cgroup, where a spawning thread goes back to (v1).
-    home: PathBuf,
+    /// The agent's own cgroup's `tasks` file, where a spawning thread goes back to (v1; kept
+    /// open: a spawn costs one write to enter and one to leave).
+    home: Option<fs::File>,
 }
 
 impl Root {
@@ -87,7 +88,11 @@ impl Root {
         remove_stale(&parent);
         let dir = parent.join(format!("htc-{}", std::process::id()));
         fs::create_dir(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-        let root = Root { dir, version, home: own_dir };
+        let home = match version {
+            Version::V1 => Some(open_w(&own_dir.join("tasks")).map_err(|e| format!("{}: {e}", own_dir.display()))?),
+            Version::V2 => None,
+        };
+        let root = Root { dir, version, home };
         if version == Version::V2 {
             write(&root.dir.join("cgroup.subtree_control"), "+memory")
                 .map_err(|e| format!("{}: enabling memory: {e}", root.dir.display()))?;
@@ -105,7 +110,8 @@ impl Root {
 
     /// Moves the calling thread back to the agent's own cgroup (v1), after `Slot::enter_thread`.
     pub fn leave_thread(&self) -> io::Result<()> {
-        write(&self.home.join("tasks"), &gettid().to_string())
+        let home = self.home.as_ref().ok_or(io::ErrorKind::Unsupported)?;
+        write_to(home, gettid())
     }
 
     /// The cgroup of slot `n`, made if new.
@@ -120,7 +126,13 @@ impl Root {
             let _ = write(&dir.join("memory.oom.group"), "1");
             let _ = write(&dir.join("memory.swap.max"), "0");
         }
-        Ok(Slot { dir, version: self.version, limit_mb: 0 })
+        let tasks = match self.version {
+            Version::V1 => Some(open_w(&dir.join("tasks"))?),
+            Version::V2 => None,
+        };
+        let mut slot = Slot { dir, version: self.version, limit_mb: 0, tasks, kills: 0 };
+        slot.kills = slot.read_kills()?;
+        Ok(slot)
     }
 }
 
@@ -162,10 +174,16 @@ pub struct Slot {
     version: Version,
     /// The limit written last, MiB (0: none yet).
     limit_mb: u32,
+    /// Its `tasks` file (v1), kept open.
+    tasks: Option<fs::File>,
+    /// Its count of OOM kills when last read: nothing runs in it between tasks, so this is the
+    /// count before the next one.
+    kills: u64,
 }
 
 impl Slot {
-    /// Sets the limit for the next task, and forgets the last one's peak.
+    /// Sets the limit for the next task (when it changes, forgetting the peak so far: it may
+    /// be past the new limit).
     pub fn limit(&mut self, mb: u32) -> io::Result<()> {
         let bytes = (mb as u64) << 20;
         match self.version {
@@ -182,8 +200,8 @@ impl Slot {
                     if swap {
                         write(&memsw, &bytes.to_string())?;
                     }
+                    let _ = write(&self.dir.join("memory.max_usage_in_bytes"), "0");
                 }
-                let _ = write(&self.dir.join("memory.max_usage_in_bytes"), "0");
             }
             Version::V2 if mb != self.limit_mb => write(&self.dir.join("memory.max"), &bytes.to_string())?,
             Version::V2 => {}
@@ -195,7 +213,7 @@ impl Slot {
     /// Moves the calling thread alone into the cgroup (v1), so that what it spawns is born
     /// there; `Root::leave_thread` takes it back.
     pub fn enter_thread(&self) -> io::Result<()> {
-        write(&self.dir.join("tasks"), &gettid().to_string())
+        write_to(self.tasks.as_ref().ok_or(io::ErrorKind::Unsupported)?, gettid())
     }
 
     /// The file a process writes `0` to to move itself in.
@@ -203,8 +221,19 @@ impl Slot {
         self.dir.join("cgroup.procs")
     }
 
+    /// The count of OOM kills before the next task (see `kills`).
+    pub fn kills(&self) -> u64 {
+        self.kills
+    }
+
+    /// The peak MiB if the kernel killed here for memory since the count was `before`.
+    pub fn oom_since(&mut self, before: u64) -> Option<u64> {
+        self.kills = self.read_kills().ok()?;
+        (self.kills > before).then(|| self.peak_mb())
+    }
+
     /// How many times the kernel killed a process here for memory, since the cgroup was made.
-    pub fn oom_kills(&self) -> io::Result<u64> {
+    fn read_kills(&self) -> io::Result<u64> {
         let file = match self.version {
             Version::V1 => "memory.oom_control",
             Version::V2 => "memory.events",
@@ -251,6 +280,16 @@ impl Wrapper {
 fn gettid() -> libc::pid_t {
     // SAFETY: gettid has no preconditions.
     unsafe { libc::gettid() }
+}
+
+fn open_w(path: &Path) -> io::Result<fs::File> {
+    fs::OpenOptions::new().write(true).open(path)
+}
+
+/// One write(2) of a number to an open cgroup file (each write is one value).
+fn write_to(mut file: &fs::File, n: libc::pid_t) -> io::Result<()> {
+    use std::io::Write;
+    file.write_all(n.to_string().as_bytes())
 }
 
 fn write(path: &Path, value: &str) -> io::Result<()> {
@@ -363,7 +402,7 @@ mod tests {
         };
         let mut slot = root.slot(0).unwrap();
         slot.limit(40).unwrap();
-        let before = slot.oom_kills().unwrap();
+        let before = slot.kills();
         let mut cmd = std::process::Command::new("sh");
         // The shell's child is the one killed; the shell goes on.
         cmd.args(["-c", "perl -e '$x = \"a\" x (200 << 20)'; echo $?"]).stdout(std::process::Stdio::piped());
@@ -385,8 +424,10 @@ mod tests {
         };
         let out = child.expect("sh runs").wait_with_output().unwrap();
         assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "137", "perl killed by SIGKILL");
-        assert_eq!(slot.oom_kills().unwrap(), before + 1);
-        assert!(slot.peak_mb() <= 40, "{} MiB", slot.peak_mb());
+        let peak = slot.oom_since(before).expect("counted");
+        assert!(peak <= 40, "{peak} MiB");
+        assert_eq!(slot.kills(), before + 1);
+        assert_eq!(slot.oom_since(before + 1), None, "counted once");
         let dir = root.dir().to_path_buf();
         drop(slot);
         drop(root);

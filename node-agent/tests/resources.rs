@@ -426,10 +426,11 @@ fn a_task_waiting_for_memory_stops_preemptible_lower_priority_tasks_holding_it()
 }
 
 /// The most rows of `rows` that overlap at one instant, in all and on one agent, from
-/// (agent, start, end) intervals.
+/// (agent, start, end) intervals. The log's times are rounded to the millisecond: one that
+/// starts within 2 ms of another's end on its slot is not taken for overlapping it.
 fn most_at_once(rows: &[(u64, f64, f64)]) -> (usize, usize) {
     let at = |t: f64, agent: Option<u64>| {
-        rows.iter().filter(|r| agent.is_none_or(|a| r.0 == a) && r.1 <= t && t < r.2).count()
+        rows.iter().filter(|r| agent.is_none_or(|a| r.0 == a) && r.1 <= t && t < r.2 - 0.002).count()
     };
     let mut most = (0, 0);
     for r in rows {
