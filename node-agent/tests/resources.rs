@@ -66,6 +66,13 @@ fn rows(d: &Dir, run: &str) -> Vec<Row> {
         .collect()
 }
 
+/// The run's `htc log --format json` rows.
+fn json_rows(d: &Dir) -> Vec<serde_json::Value> {
+    let o = d.htc(&["log", &d.run_id(), "--format", "json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    String::from_utf8(o.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
 /// Runs the mixed file under `policy`; returns the rows and the sampled peak.
 fn mixed_run(policy: &str) -> (Vec<Row>, u64) {
     let d = Dir::new(&format!("mixed-memory-{policy}"));
@@ -191,9 +198,7 @@ fn gpu_tasks_get_distinct_devices_at_most_as_many_at_once_as_the_agent_has_and_t
     );
     assert_eq!(o.status.code(), Some(1), "task 15 cannot run: {}", text(&o));
     let run = d.run_id();
-    let o = d.htc(&["log", &run, "--format", "json"]);
-    let rows: Vec<serde_json::Value> =
-        String::from_utf8(o.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let rows = json_rows(&d);
     let gpu_rows: Vec<(String, f64, f64)> = rows
         .iter()
         .filter(|r| r["Seq"].as_u64().unwrap() <= 12)
@@ -366,9 +371,7 @@ fn a_preemptible_task_is_stopped_for_higher_priority_work_and_runs_again_without
     let o = d.htc(&["run", "tasks.txt", "-q", "--agents", "1", "--cores-per-agent", "2", "--spawners", "1"]);
     assert!(o.status.success(), "every task done in the end: {}", text(&o));
     let run = d.run_id();
-    let o = d.htc(&["log", &run, "--format", "json"]);
-    let rows: Vec<serde_json::Value> =
-        String::from_utf8(o.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let rows = json_rows(&d);
     let of = |task: u64| rows.iter().filter(|r| r["Seq"] == task).collect::<Vec<_>>();
     let outcome = |r: &serde_json::Value| r["Outcome"].as_str().unwrap().to_string();
     let (high, low2, low3) = (of(1), of(2), of(3));
@@ -405,9 +408,7 @@ fn a_task_waiting_for_memory_stops_preemptible_lower_priority_tasks_holding_it()
     let o = d.htc(&["run", "tasks.txt", "-q", "--agents", "1", "--cores-per-agent", "4", "--mem-per-agent", "1000M"]);
     assert!(o.status.success(), "every task done in the end: {}", text(&o));
     let run = d.run_id();
-    let o = d.htc(&["log", &run, "--format", "json"]);
-    let rows: Vec<serde_json::Value> =
-        String::from_utf8(o.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let rows = json_rows(&d);
     let of = |task: u64| rows.iter().filter(|r| r["Seq"] == task).collect::<Vec<_>>();
     let outcome = |r: &serde_json::Value| r["Outcome"].as_str().unwrap().to_string();
     let (high, low2, low3) = (of(1), of(2), of(3));
@@ -440,11 +441,6 @@ fn most_at_once(rows: &[(u64, f64, f64)]) -> (usize, usize) {
     most
 }
 
-fn agent_rows(d: &Dir) -> Vec<serde_json::Value> {
-    let o = d.htc(&["log", &d.run_id(), "--format", "json"]);
-    String::from_utf8(o.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
-}
-
 fn intervals(rows: &[serde_json::Value]) -> Vec<(u64, f64, f64)> {
     rows.iter()
         .filter(|r| r["Exitval"] == 0)
@@ -475,7 +471,7 @@ fn an_instance_of_two_agents_places_memory_and_gpu_tasks_on_the_member_they_fit(
     let res = ["--mem-per-agent", "1000M", "--gpus", "0,1,2,3"];
     let o = d.htc(&[&["run", "tasks.txt", "-q"][..], &args[..], &res[..]].concat());
     assert_eq!(o.status.code(), Some(1), "all but the gpus=3 task: {}", text(&o));
-    let rows = agent_rows(&d);
+    let rows = json_rows(&d);
     let seq = |r: &serde_json::Value| r["Seq"].as_u64().unwrap();
     let (mem_rows, gpu_rows): (Vec<_>, Vec<_>) =
         rows.iter().filter(|r| seq(r) <= 12).cloned().partition(|r| seq(r) <= 6);

@@ -624,6 +624,11 @@ mod tests {
         proto::TaskSpec { id, attempt: 1, command: b"sleep 9".to_vec(), ..Default::default() }
     }
 
+    /// Task `id`'s first attempt ended well on the head's own machine.
+    fn finished(id: u64) -> ExecEvent {
+        ExecEvent::Finished(Finished { id, attempt: 1, outcome: Outcome::Exited, value: 0, start_us: 1, end_us: 2 })
+    }
+
     fn step(i: &mut Instance, now: u64, input: Input) -> Vec<Effect> {
         let mut out = Vec::new();
         i.handle(now, input, &mut out);
@@ -714,14 +719,7 @@ mod tests {
 
         // Its starts and results go up in the head's next report, each result naming it.
         step(&mut h, 5, member_report(1, 1, 0, 0, &[5], &[6]));
-        let own_done = ExecEvent::Finished(Finished {
-            id: 1,
-            attempt: 1,
-            outcome: Outcome::Exited,
-            value: 0,
-            start_us: 1,
-            end_us: 2,
-        });
+        let own_done = finished(1);
         step(&mut h, 6, Input::Exec(vec![own_done]));
         let out = step(&mut h, 7, Input::Tick);
         let r = ups(&out);
@@ -763,14 +761,7 @@ mod tests {
         let out = step(&mut h, 6, member_report(1, 0, 16, 2, &[], &[]));
         assert_eq!(sent_to(&out, 1), vec![2], "one fits the member; 3 fits nowhere now");
         // Task 1 ends: 3 fits the head's machine.
-        let done = ExecEvent::Finished(Finished {
-            id: 1,
-            attempt: 1,
-            outcome: Outcome::Exited,
-            value: 0,
-            start_us: 1,
-            end_us: 2,
-        });
+        let done = finished(1);
         let out = step(&mut h, 7, Input::Exec(vec![done]));
         assert_eq!(ran_here(&out), vec![3]);
     }
