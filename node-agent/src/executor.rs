@@ -331,7 +331,7 @@ struct Executor {
     queue: VecDeque<TaskToRun>,
     running: HashMap<libc::pid_t, Running>,
     /// (when, pid, spawn serial): the serial tells a stale entry from a new task that reused the pid.
-    deadlines: BinaryHeap<std::cmp::Reverse<(Instant, libc::pid_t, u64)>>,
+    deadlines: Deadlines,
     serial: u64,
     events: Vec<ExecEvent>,
     index: Option<BufWriter<File>>,
@@ -1064,14 +1064,11 @@ impl Executor {
             }
             keep
         });
-        let grace = self.cfg.kill_grace;
+        let kill_at = Instant::now() + self.cfg.kill_grace;
         for (&pid, r) in self.running.iter_mut().filter(|(_, r)| ids.contains(&r.task.id) && r.kill_at.is_none()) {
             tracing::info!(job = %self.cfg.job_id, task = r.task.id, "preempted");
             r.preempted = true;
-            r.kill_at = Some(Instant::now() + grace);
-            // SAFETY: signalling the task's own process group.
-            unsafe { libc::kill(-pid, libc::SIGTERM) };
-            self.deadlines.push(std::cmp::Reverse((Instant::now() + grace, pid, r.serial)));
+            terminate(pid, r, kill_at, &mut self.deadlines);
         }
     }
 
@@ -1199,10 +1196,7 @@ impl Executor {
             match r.kill_at {
                 None => {
                     r.timed_out = true;
-                    r.kill_at = Some(now + grace);
-                    // SAFETY: signalling the task's own process group.
-                    unsafe { libc::kill(-pid, libc::SIGTERM) };
-                    self.deadlines.push(std::cmp::Reverse((now + grace, pid, serial)));
+                    terminate(pid, r, now + grace, &mut self.deadlines);
                 }
                 Some(k) if k <= now => unsafe {
                     libc::kill(-pid, libc::SIGKILL);
@@ -1457,6 +1451,17 @@ impl SpawnAttr {
             }
         }
     }
+}
+
+/// When to act on a running task (its timeout, or SIGKILL after SIGTERM): (when, pid, serial).
+type Deadlines = BinaryHeap<std::cmp::Reverse<(Instant, libc::pid_t, u64)>>;
+
+/// SIGTERM to a task's process group now, and SIGKILL at `kill_at` (a deadline) unless it ended.
+fn terminate(pid: libc::pid_t, r: &mut Running, kill_at: Instant, deadlines: &mut Deadlines) {
+    r.kill_at = Some(kill_at);
+    // SAFETY: signalling the task's own process group.
+    unsafe { libc::kill(-pid, libc::SIGTERM) };
+    deadlines.push(std::cmp::Reverse((kill_at, pid, r.serial)));
 }
 
 /// Every signal for POSIX_SPAWN_SETSIGDEF. glibc's `sigfillset` leaves out its two internal

@@ -107,25 +107,31 @@ pub fn devices_name(agent: u32, spawner: usize) -> String {
 /// Every attempt's devices noted in `dir`: (task, attempt) -> "0,1".
 pub fn read_devices(dir: &Path) -> io::Result<std::collections::HashMap<(u64, u32), String>> {
     let mut out = std::collections::HashMap::new();
+    for_lines(dir, "devices.", |l| {
+        let mut f = l.splitn(3, '\t');
+        let (Some(id), Some(attempt), Some(ids)) = (f.next(), f.next(), f.next()) else { return };
+        if let (Ok(id), Ok(attempt)) = (id.parse(), attempt.parse()) {
+            out.insert((id, attempt), ids.to_string());
+        }
+    })?;
+    Ok(out)
+}
+
+/// Feeds `f` every line of the files in `dir` whose names start with `prefix` (one per spawn
+/// loop); a missing directory has none.
+fn for_lines(dir: &Path, prefix: &str, mut f: impl FnMut(&str)) -> io::Result<()> {
     let entries = match std::fs::read_dir(dir) {
         Ok(d) => d,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(e),
     };
     for e in entries {
         let e = e?;
-        if !e.file_name().to_string_lossy().starts_with("devices.") {
-            continue;
-        }
-        for l in std::fs::read_to_string(e.path())?.lines() {
-            let mut f = l.splitn(3, '\t');
-            let (Some(id), Some(attempt), Some(ids)) = (f.next(), f.next(), f.next()) else { continue };
-            if let (Ok(id), Ok(attempt)) = (id.parse(), attempt.parse()) {
-                out.insert((id, attempt), ids.to_string());
-            }
+        if e.file_name().to_string_lossy().starts_with(prefix) {
+            std::fs::read_to_string(e.path())?.lines().for_each(&mut f);
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// A task output cut at its `max_output=`.
@@ -141,26 +147,13 @@ pub struct Cut {
 /// Every cut noted in `dir` (any agent's, any spawner's), by (task, attempt, stream).
 pub fn read_cuts(dir: &Path) -> io::Result<Vec<Cut>> {
     let mut cuts = Vec::new();
-    let entries = match std::fs::read_dir(dir) {
-        Ok(d) => d,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(cuts),
-        Err(e) => return Err(e),
-    };
-    for e in entries {
-        let e = e?;
-        if !e.file_name().to_string_lossy().starts_with("cuts.") {
-            continue;
+    for_lines(dir, "cuts.", |l| {
+        let f: Vec<&str> = l.split('\t').collect();
+        let n = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok());
+        if let (Some(id), Some(attempt), Some(stream), Some(written), Some(kept)) = (n(0), n(1), f.get(2), n(3), n(4)) {
+            cuts.push(Cut { id, attempt: attempt as u32, stream: stream.to_string(), written, kept });
         }
-        for l in std::fs::read_to_string(e.path())?.lines() {
-            let f: Vec<&str> = l.split('\t').collect();
-            let n = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok());
-            if let (Some(id), Some(attempt), Some(stream), Some(written), Some(kept)) =
-                (n(0), n(1), f.get(2), n(3), n(4))
-            {
-                cuts.push(Cut { id, attempt: attempt as u32, stream: stream.to_string(), written, kept });
-            }
-        }
-    }
+    })?;
     cuts.sort_by(|a, b| (a.id, a.attempt, &a.stream).cmp(&(b.id, b.attempt, &b.stream)));
     Ok(cuts)
 }

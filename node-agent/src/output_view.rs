@@ -137,29 +137,31 @@ impl Files {
 
 /// The GPUs each attempt in the run was given: (task, attempt) -> "0,1".
 pub fn all_devices(run: &RunDir) -> io::Result<std::collections::HashMap<(u64, u32), String>> {
-    let mut all = output::read_devices(&run.out().join("tasks"))?;
-    if let Ok(dir) = std::fs::read_dir(run.out()) {
-        for e in dir.flatten() {
-            if e.file_name().to_string_lossy().starts_with("agent-") {
-                all.extend(output::read_devices(&e.path())?);
-            }
-        }
+    let mut all = std::collections::HashMap::new();
+    for dir in output_dirs(run) {
+        all.extend(output::read_devices(&dir)?);
     }
     Ok(all)
 }
 
 /// Every output cut at its `max_output=` in the run, by task.
 pub fn all_cuts(run: &RunDir) -> io::Result<Vec<output::Cut>> {
-    let mut cuts = output::read_cuts(&run.out().join("tasks"))?;
-    if let Ok(dir) = std::fs::read_dir(run.out()) {
-        for e in dir.flatten() {
-            if e.file_name().to_string_lossy().starts_with("agent-") {
-                cuts.extend(output::read_cuts(&e.path())?);
-            }
-        }
+    let mut cuts = Vec::new();
+    for dir in output_dirs(run) {
+        cuts.extend(output::read_cuts(&dir)?);
     }
     cuts.sort_by_key(|c| (c.id, c.attempt));
     Ok(cuts)
+}
+
+/// The directories agents write their notes to: per-task output's, and each agent's.
+fn output_dirs(run: &RunDir) -> Vec<std::path::PathBuf> {
+    let mut dirs = vec![run.out().join("tasks")];
+    if let Ok(dir) = std::fs::read_dir(run.out()) {
+        let agents = dir.flatten().filter(|e| e.file_name().to_string_lossy().starts_with("agent-"));
+        dirs.extend(agents.map(|e| e.path()));
+    }
+    dirs
 }
 
 fn cut_note(c: &output::Cut) -> String {

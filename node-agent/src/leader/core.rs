@@ -591,8 +591,7 @@ impl<'a> Core<'a> {
                 };
                 tracing::info!(job = %self.job_id, agent, cores, mem_mb, %hostname, "agent joined");
                 self.ever_seen += 1;
-                self.mem.join(agent, mem_mb, cores, gpus);
-                self.affinity.join(agent);
+                self.place(agent, cores, mem_mb, gpus);
                 self.agents.insert(
                     agent,
                     Agent {
@@ -1102,12 +1101,18 @@ impl<'a> Core<'a> {
         let a = self.agents.get_mut(&agent).expect("checked above");
         tracing::info!(job = %self.job_id, agent, %hostname, "given up before, back as a fresh member");
         (a.alive, a.heard_us, a.cores, a.mem_mb, a.gpus, a.hostname) = (true, now_us, cores, mem_mb, gpus, hostname);
-        self.mem.join(agent, mem_mb, cores, gpus);
-        self.affinity.join(agent);
         (a.credit, a.idle, a.ahead_ms, a.busy) = (0, 0, 0, 0);
         a.streak.clear();
+        self.place(agent, cores, mem_mb, gpus);
         self.resyncs.remove(&agent);
         Ok(())
+    }
+
+    /// An agent (or one given up, back empty) takes part in placement: memory and GPUs to
+    /// commit, and a share of the affinity keys.
+    fn place(&mut self, agent: u32, cores: u32, mem_mb: u64, gpus: u32) {
+        self.mem.join(agent, mem_mb, cores, gpus);
+        self.affinity.join(agent);
     }
 
     /// Tasks lost in transit (HTDcr's T_loss): rather than guess from runtimes when a task is
