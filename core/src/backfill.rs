@@ -289,9 +289,10 @@ impl Memory {
                     Err(Refusal::Reserved)
                 }
             }
-            // Memory reservations keep memory only.
-            Some(r) if r.task != need.task && mem > 0 => {
-                let beside = n.used + need.mem_mb + r.mem_mb <= n.budget;
+            // Reservations keep memory and GPUs: what uses neither passes.
+            Some(r) if r.task != need.task && (mem > 0 || need.gpus > 0) => {
+                let mem_beside = mem == 0 || n.used + mem + self.mem_of(n.budget, &r) <= n.budget;
+                let beside = mem_beside && (need.gpus == 0 || n.gpus_used + need.gpus + r.gpus <= n.gpus);
                 let at = n.free_at(r.mem_mb, now_us);
                 // It must end before, even if it runs as long as its group's slow ones.
                 let before = need.runtime_us > 0 && at != u64::MAX && self.expected_end(need, now_us, 4.0) <= at;
@@ -431,14 +432,17 @@ impl Memory {
 
     /// Where waiting `task` could start if some running tasks were stopped (preempted): the
     /// node, and the fewest tasks to stop there, largest first, among those `may_stop` allows.
-    /// Tasks already being stopped (`stopping`) count as gone, so a node they make room on
-    /// needs none more (an empty list). None if the task is not waiting, could start now, is
-    /// exclusive (it waits for a node to drain), or no node has room even so.
+    /// Tasks already being stopped for it (`stopping`) count as gone, so a node they make room
+    /// on needs none more (an empty list). None if the task is not waiting, may start now, is
+    /// exclusive (it waits for a node to drain), or no node has room even so. On an instance
+    /// (sums of several members) the room must be on one member: only what is freed beyond all
+    /// the other members' memory and GPUs counts.
     pub fn room_for(
         &self,
         task: u64,
         may_stop: &dyn Fn(u64) -> bool,
         stopping: &dyn Fn(u64) -> bool,
+        now_us: u64,
     ) -> Option<(u32, Vec<u64>)> {
         let need = self.waiting.get(&task).filter(|w| !w.exclusive)?;
         let mut best: Option<(u32, Vec<u64>)> = None;
@@ -447,9 +451,12 @@ impl Memory {
             if !n.could_hold(need, mem) || n.exclusive.is_some() {
                 continue;
             }
-            if n.fits_now(mem, need.gpus) {
+            if self.check(id, need, now_us).is_ok() {
                 return None; // it starts as soon as it is offered
             }
+            let slack = (n.budget.saturating_sub(n.largest.mem_mb), n.gpus.saturating_sub(n.largest.gpus));
+            let mem = if mem > 0 { mem + slack.0 } else { 0 };
+            let want_gpus = if need.gpus > 0 { need.gpus + slack.1 } else { 0 };
             let (mut free, mut gpus) = (n.budget.saturating_sub(n.used), n.gpus.saturating_sub(n.gpus_used));
             let mut stoppable = Vec::new();
             for (&t, h) in &n.holds {
@@ -462,13 +469,13 @@ impl Memory {
             stoppable.sort_unstable_by(|a, b| b.cmp(a));
             let mut victims = Vec::new();
             for (m, g, t) in stoppable {
-                if free >= mem && gpus >= need.gpus {
+                if free >= mem && gpus >= want_gpus {
                     break;
                 }
                 (free, gpus) = (free + m, gpus + g);
                 victims.push(t);
             }
-            let room = free >= mem && gpus >= need.gpus;
+            let room = free >= mem && gpus >= want_gpus;
             if room && best.as_ref().is_none_or(|(_, v)| victims.len() < v.len()) {
                 best = Some((id, victims));
             }
@@ -769,16 +776,16 @@ mod tests {
         let any = |_: u64| true;
         let none = |_: u64| false;
         // Node 0 needs two stops (100 + 300 + 300), node 1 one (100 + 600).
-        assert_eq!(m.room_for(9, &any, &none), Some((1, vec![4])));
+        assert_eq!(m.room_for(9, &any, &none, 0), Some((1, vec![4])));
         // Only the small ones may be stopped: node 0, two of them.
         let small = |t: u64| t <= 3;
-        let (node, v) = m.room_for(9, &small, &none).unwrap();
+        let (node, v) = m.room_for(9, &small, &none, 0).unwrap();
         assert_eq!((node, v.len()), (0, 2));
         // Once those two are being stopped nothing more is needed.
         let stopping = |t: u64| v.contains(&t);
-        assert_eq!(m.room_for(9, &none, &stopping), Some((0, vec![])));
-        assert_eq!(m.room_for(9, &none, &none), None, "nothing may be stopped");
-        assert_eq!(m.room_for(8, &any, &none), None, "not waiting");
+        assert_eq!(m.room_for(9, &none, &stopping, 0), Some((0, vec![])));
+        assert_eq!(m.room_for(9, &none, &none, 0), None, "nothing may be stopped");
+        assert_eq!(m.room_for(8, &any, &none, 0), None, "not waiting");
         // The node is kept for it, and it starts there once the two have ended.
         m.reserve_on(9, 0, 0);
         assert_eq!(m.reservation(0), Some(9));
@@ -802,6 +809,39 @@ mod tests {
         m.wait(need(5, 1200, 0), 0);
         assert_eq!(m.reservation(0), None, "no member could ever hold 1200");
         assert_eq!(m.committed(0), Some((1800, 2000)));
+    }
+
+    #[test]
+    fn a_reservation_keeps_gpus_too() {
+        let mut m = Memory::new(Policy::Backfill);
+        m.join(0, 1000, 4, 2);
+        let gpus = |task, n| Need { gpus: n, ..need(task, 0, 0) };
+        assert_eq!(m.admit(0, gpus(1, 2), 0), Ok(()));
+        m.wait(gpus(2, 2), 0);
+        m.reserve_on(2, 0, 0);
+        m.ended(0, 1);
+        // A younger GPU task may not take the devices kept for task 2; one without GPUs may.
+        assert_eq!(m.admit(0, gpus(3, 1), 0), Err(Refusal::Reserved));
+        assert_eq!(m.admit(0, need(4, 100, 0), 0), Ok(()));
+        assert_eq!(m.take_waiting(0, 0).map(|n| n.task), Some(2));
+    }
+
+    #[test]
+    fn room_on_an_instance_is_room_on_one_member() {
+        // Two members of 1000 MiB, each running 600 + 400: stopping both 600s frees 1200 in all,
+        // but 600 on each member, and 700 fits neither.
+        let mut m = Memory::new(Policy::Backfill);
+        m.join(0, 1000, 2, 0);
+        m.resize(0, 2000, 0, Size { mem_mb: 1000, cores: 2, gpus: 0 });
+        for (task, mem) in [(1, 600), (2, 400), (3, 600), (4, 400)] {
+            assert_eq!(m.admit(0, need(task, mem, 0), 0), Ok(()));
+        }
+        m.wait(need(9, 700, 0), 0);
+        let none = |_: u64| false;
+        assert_eq!(m.room_for(9, &|t| t == 1 || t == 3, &none, 0), None);
+        // Whatever may be stopped: enough that one member surely has room, not knowing which.
+        let (_, v) = m.room_for(9, &|_| true, &none, 0).unwrap();
+        assert_eq!(v.len(), 4);
     }
 
     #[test]

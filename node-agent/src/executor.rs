@@ -824,10 +824,13 @@ impl Executor {
             Some(w) => (CString::from(c"/bin/sh"), w.argv(&argv), Some(w)),
             None => (prog, argv, None),
         };
-        let inside = oom_kills_before.is_some() && self.enter_cgroup(slot);
+        let v1 = self.cfg.memcg.as_ref().is_some_and(|r| r.version() == crate::memcg::Version::V1);
+        let inside = v1 && oom_kills_before.is_some() && self.enter_cgroup(slot);
+        // Not born in its cgroup (v1): the watch enforces its mem= instead.
+        let oom_kills_before = oom_kills_before.filter(|_| inside || !v1);
         let spawned = self.attr.spawn(&prog, &argv, &envp, out_fd, err_fd);
         if inside {
-            self.leave_cgroup();
+            self.leave_cgroup(slot);
         }
         match spawned {
             Ok(pid) => {
@@ -941,9 +944,11 @@ impl Executor {
         };
         let Some(mut r) = r else { return };
         self.preemptible_running -= r.task.preemptible as usize;
-        if let (None, Some(before)) = (r.oom_mb, r.oom_kills_before) {
-            // The kernel's kill usually ends the task before the next look.
-            r.oom_mb = self.cgroup_oom(r.slots[0], before);
+        if let Some(before) = r.oom_kills_before {
+            // The kernel's kill usually ends the task before the next look. Read even when the
+            // watch killed it, so the next task in the slot starts from the count as it is.
+            let oom = self.cgroup_oom(r.slots[0], before);
+            r.oom_mb = r.oom_mb.or(oom);
         }
         match r.pidfd.take() {
             Some(fd) => self.closing.push(fd),
@@ -1150,9 +1155,6 @@ impl Executor {
     /// born there; true if it did (then `leave_cgroup` after the spawn).
     fn enter_cgroup(&mut self, slot: usize) -> bool {
         let Some(cg) = self.cgroups.get(slot).and_then(Option::as_ref) else { return false };
-        if self.cfg.memcg.as_ref().is_some_and(|r| r.version() != crate::memcg::Version::V1) {
-            return false;
-        }
         match cg.enter_thread() {
             Ok(()) => true,
             Err(e) => {
@@ -1162,11 +1164,15 @@ impl Executor {
         }
     }
 
-    fn leave_cgroup(&mut self) {
+    fn leave_cgroup(&mut self, slot: usize) {
         let Some(root) = self.cfg.memcg.as_ref() else { return };
         if let Err(e) = root.leave_thread() {
-            // Tasks spawned from here on would be born under a slot's limit.
-            tracing::error!(job = %self.cfg.job_id, error = %e, "the spawn loop cannot leave a task's memory cgroup; memory cgroups are off for it");
+            // Tasks spawned from here on are born in this slot's cgroup: it must not limit
+            // them, and its count of kills must not be read as theirs.
+            tracing::error!(job = %self.cfg.job_id, error = %e, "the spawn loop cannot leave a task's memory cgroup; memory cgroups are off for it, their mem= is watched");
+            if let Some(Err(e)) = self.cgroups.get_mut(slot).and_then(Option::as_mut).map(|cg| cg.unlimit()) {
+                tracing::error!(job = %self.cfg.job_id, error = %e, "and its limit could not be lifted");
+            }
             self.cfg.memcg = None;
         }
     }

@@ -85,6 +85,11 @@ impl Root {
                 own_dir.parent().map(Path::to_path_buf).ok_or("the agent is in the root cgroup")?
             }
         };
+        // Without the kernel's count of OOM kills (before 4.13) a kill could not be told.
+        let events = own_dir.join(if version == Version::V1 { "memory.oom_control" } else { "memory.events" });
+        if oom_kill_count(&fs::read_to_string(&events).unwrap_or_default()).is_none() {
+            return Err(format!("{}: the kernel keeps no count of OOM kills", events.display()));
+        }
         remove_stale(&parent);
         let dir = parent.join(format!("htc-{}", std::process::id()));
         fs::create_dir(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
@@ -210,6 +215,22 @@ impl Slot {
         Ok(())
     }
 
+    /// Lifts the limit (no task's `mem=` holds any more).
+    pub fn unlimit(&mut self) -> io::Result<()> {
+        match self.version {
+            Version::V1 => {
+                let memsw = self.dir.join("memory.memsw.limit_in_bytes");
+                if memsw.exists() {
+                    write(&memsw, "-1")?;
+                }
+                write(&self.dir.join("memory.limit_in_bytes"), "-1")?;
+            }
+            Version::V2 => write(&self.dir.join("memory.max"), "max")?,
+        }
+        self.limit_mb = 0;
+        Ok(())
+    }
+
     /// Moves the calling thread alone into the cgroup (v1), so that what it spawns is born
     /// there; `Root::leave_thread` takes it back.
     pub fn enter_thread(&self) -> io::Result<()> {
@@ -242,8 +263,8 @@ impl Slot {
         Ok(oom_kill_count(&text).unwrap_or(0))
     }
 
-    /// The most memory used since the limit was set, MiB; the limit where the kernel does not
-    /// keep a peak (v2 before Linux 5.19).
+    /// The most memory used since the limit was set, MiB, and no more than the limit (v2's
+    /// peak is never reset); the limit where the kernel keeps no peak (v2 before Linux 5.19).
     pub fn peak_mb(&self) -> u64 {
         let file = match self.version {
             Version::V1 => "memory.max_usage_in_bytes",
@@ -252,7 +273,7 @@ impl Slot {
         fs::read_to_string(self.dir.join(file))
             .ok()
             .and_then(|s| s.trim().parse::<u64>().ok())
-            .map(|b| b >> 20)
+            .map(|b: u64| (b >> 20).min(self.limit_mb as u64))
             .unwrap_or(self.limit_mb as u64)
     }
 }
@@ -267,7 +288,7 @@ impl Wrapper {
         use std::os::unix::ffi::OsStrExt;
         let procs = std::ffi::CString::new(slot.procs().as_os_str().as_bytes()).ok()?;
         // If the move fails the command still runs (the RSS watch covers it).
-        let script = std::ffi::CString::new("echo 0 >\"$0\" 2>/dev/null; exec \"$@\"").ok()?;
+        let script = std::ffi::CString::new("{ echo 0 >\"$0\"; } 2>/dev/null; exec \"$@\"").ok()?;
         Some(Wrapper { words: [c"/bin/sh".into(), c"-c".into(), script, procs] })
     }
 

@@ -81,9 +81,9 @@ impl Member {
     }
 }
 
-/// Whether a task needs placing by memory or GPUs.
+/// Whether a task needs placing: by memory, GPUs, or more cores than one.
 fn sized(t: &proto::TaskSpec) -> bool {
-    t.mem_mb > 0 || t.gpus > 0
+    t.mem_mb > 0 || t.gpus > 0 || t.cores > 1
 }
 
 pub struct Instance {
@@ -494,7 +494,7 @@ impl Instance {
             if sized(t) {
                 let own = kept == Some(t.id);
                 let room = Member { mem_used, gpus_used, ..Member::new(m.slots, m.mem_mb, m.gpus, 0) };
-                if !room.fits(t, if own { (0, 0) } else { keep }) {
+                if !m.could_hold(t) || !room.fits(t, if own { (0, 0) } else { keep }) {
                     continue;
                 }
                 let (mem, gpus) = m.cost(t);
@@ -523,6 +523,7 @@ impl Instance {
             self.kept = None;
             return;
         }
+        self.return_unfit();
         if let Some((id, on)) = self.kept {
             if self.members.contains_key(&on) && self.queue.iter().any(|t| t.id == id) {
                 return;
@@ -530,7 +531,8 @@ impl Instance {
             self.kept = None;
         }
         let none = (0, 0);
-        let waiting = self.queue.iter().filter(|t| sized(t)).find(|t| !self.members.values().any(|m| m.fits(t, none)));
+        let unfit = |t: &&proto::TaskSpec| !self.members.values().any(|m| m.could_hold(t) && m.fits(t, none));
+        let waiting = self.queue.iter().filter(|t| sized(t)).find(unfit);
         let Some(t) = waiting else { return };
         let best = self
             .members
@@ -538,6 +540,20 @@ impl Instance {
             .filter(|(_, m)| m.could_hold(t))
             .max_by_key(|(_, m)| (m.mem_mb.saturating_sub(m.mem_used), m.gpus.saturating_sub(m.gpus_used)));
         self.kept = best.map(|(&on, _)| (t.id, on));
+    }
+
+    /// Queued tasks that no member can ever hold (the only one that could was lost) go back to
+    /// the leader, which sends them elsewhere or fails them as unschedulable.
+    fn return_unfit(&mut self) {
+        let members = &self.members;
+        let holdable = |t: &proto::TaskSpec| !sized(t) || members.values().any(|m| m.could_hold(t));
+        if self.queue.iter().all(holdable) {
+            return;
+        }
+        let (keep, back): (VecDeque<_>, VecDeque<_>) = self.queue.drain(..).partition(holdable);
+        self.queue = keep;
+        self.sized -= back.len();
+        self.returned.extend(back.iter().map(|t| t.id));
     }
 
     /// What the instance has for tasks now: sums, and the largest member's.
@@ -784,6 +800,25 @@ mod tests {
         // One member is kept for task 3: only the other takes a small one (600 + 300 fits).
         assert_eq!(here.len() + there.len(), 1, "{here:?} {there:?}");
         assert!(!here.contains(&3) && !there.contains(&3));
+    }
+
+    #[test]
+    fn a_task_only_a_lost_member_could_hold_goes_back_to_the_leader() {
+        let mut h = head().with_resources(500, 0);
+        step(&mut h, 0, Input::Tick);
+        step(&mut h, 1, Input::ChildOpened(1));
+        let hello = proto::Hello { agent_id: 1, cores: 2, mem_mb: 1000, ..Default::default() };
+        step(&mut h, 2, Input::ChildFrame(Body::Hello(hello)));
+        let r = ups(&step(&mut h, 2, Input::Tick)).into_iter().cloned().collect::<Vec<_>>();
+        assert_eq!(r[0].capacity.map(|c| c.largest_mem_mb), Some(1000));
+        let d = proto::Dispatch { tasks: vec![proto::TaskSpec { mem_mb: 800, ..spec(1) }], agent: 0 };
+        let out = step(&mut h, 3, Input::Parent(Body::Dispatch(d)));
+        assert!(ran_here(&out).is_empty(), "800 MiB never fits the head's 500");
+        step(&mut h, 4, Input::ChildClosed { child: 1, agents: vec![1], why: "gone".into() });
+        let r = ups(&step(&mut h, 5, Input::Tick)).into_iter().cloned().collect::<Vec<_>>();
+        assert_eq!(r[0].returned, vec![1]);
+        let c = r[0].capacity.expect("the instance shrank");
+        assert_eq!((c.mem_mb, c.largest_mem_mb), (500, 500));
     }
 
     #[test]

@@ -138,9 +138,10 @@ struct Agent {
     instance: usize,
     /// Slots of its instance (all its members').
     cores: u32,
-    /// The most memory and GPUs one task may have on it (its largest member's).
+    /// The most memory, GPUs and cores one task may have on it (its largest member's).
     mem_mb: u64,
     gpus: u32,
+    widest: u32,
     credit: u64,
     /// Slots the agent last said it had nothing for, less what was sent since.
     idle: u64,
@@ -231,6 +232,8 @@ pub struct Core<'a> {
     preempting: HashSet<u64>,
     /// How often the leader stopped each task in this session (`MAX_PREEMPTIONS`).
     times_preempted: HashMap<u64, u8>,
+    /// Tasks being preempted to make room for a task waiting for memory or GPUs: which one.
+    preempted_for: HashMap<u64, u64>,
     /// Preempted tasks, to run again once no higher-priority work waits.
     preempted: VecDeque<u64>,
     /// Instances never take from another's share (`--no-steal`, for measuring what moving
@@ -374,6 +377,7 @@ impl<'a> Core<'a> {
             preemptible_of: HashMap::new(),
             preempting: HashSet::new(),
             times_preempted: HashMap::new(),
+            preempted_for: HashMap::new(),
             preempted: VecDeque::new(),
             no_steal: false,
         }
@@ -406,6 +410,7 @@ impl<'a> Core<'a> {
             if let Some(p) = self.preemptible_of.remove(&id) {
                 self.preemptible.remove(&(p, std::cmp::Reverse(id)));
                 self.preempting.remove(&id);
+                self.preempted_for.remove(&id);
             }
         }
         Some(f)
@@ -599,6 +604,7 @@ impl<'a> Core<'a> {
                         cores,
                         mem_mb,
                         gpus,
+                        widest: cores,
                         credit: 0,
                         idle: 0,
                         ahead_ms: 0,
@@ -639,17 +645,19 @@ impl<'a> Core<'a> {
                 if report.cores > 0 {
                     a.cores = report.cores;
                 }
-                if let Some(c) = report.capacity {
-                    // An instance's members: tasks are committed against their sums, and none is
-                    // sent that the largest cannot hold (`fits`).
-                    (a.mem_mb, a.gpus) = (c.largest_mem_mb, c.largest_gpus);
-                    let largest =
-                        backfill::Size { mem_mb: c.largest_mem_mb, cores: c.largest_cores, gpus: c.largest_gpus };
-                    self.mem.resize(agent, c.mem_mb, c.gpus, largest);
-                }
                 a.credit += report.want as u64;
                 a.idle = report.idle as u64;
                 a.busy = a.cores.saturating_sub(report.idle);
+                if let Some(c) = report.capacity {
+                    // An instance's members: tasks are committed against their sums, and none is
+                    // sent that the largest cannot hold (`fits`).
+                    (a.mem_mb, a.gpus, a.widest) = (c.largest_mem_mb, c.largest_gpus, c.largest_cores.max(1));
+                    let largest =
+                        backfill::Size { mem_mb: c.largest_mem_mb, cores: c.largest_cores, gpus: c.largest_gpus };
+                    self.mem.resize(agent, c.mem_mb, c.gpus, largest);
+                    // It may have lost the only member that could hold some waiting task.
+                    self.fail_unfit_waiting(t)?;
+                }
                 self.dispatch(t, agent, out)?;
                 // New retries can go to any agent with credit, not only the one that reported;
                 // older ones wait for an agent that fits to report (its dispatch takes retries
@@ -1101,6 +1109,7 @@ impl<'a> Core<'a> {
         let a = self.agents.get_mut(&agent).expect("checked above");
         tracing::info!(job = %self.job_id, agent, %hostname, "given up before, back as a fresh member");
         (a.alive, a.heard_us, a.cores, a.mem_mb, a.gpus, a.hostname) = (true, now_us, cores, mem_mb, gpus, hostname);
+        a.widest = cores;
         (a.credit, a.idle, a.ahead_ms, a.busy) = (0, 0, 0, 0);
         a.streak.clear();
         self.place(agent, cores, mem_mb, gpus);
@@ -1172,7 +1181,7 @@ impl<'a> Core<'a> {
 
     fn fits(&self, agent: u32, r: &Record) -> bool {
         let a = &self.agents[&agent];
-        r.cores as u32 <= a.cores
+        r.cores as u32 <= a.widest
             && r.gpus as u32 <= a.gpus
             && (a.mem_mb == 0 || r.mem_mb == 0 || r.mem_mb as u64 <= a.mem_mb)
     }
@@ -1401,14 +1410,24 @@ impl<'a> Core<'a> {
                     !self.preempting.contains(id) && self.times_preempted.get(id).is_none_or(|&k| k < MAX_PREEMPTIONS)
                 })
                 .collect();
-            let stopping = |id: u64| self.preempting.contains(&id);
-            let Some((agent, ids)) = self.mem.room_for(w, &|id| stoppable.contains(&id), &stopping) else { continue };
+            // Only what is stopped for this task makes room for it: room made for another
+            // waiting task is that one's.
+            let stopping = |id: u64| self.preempted_for.get(&id) == Some(&w);
+            let may_stop = |id: u64| stoppable.contains(&id);
+            let Some((agent, ids)) = self.mem.room_for(w, &may_stop, &stopping, self.now_us) else { continue };
+            // A node kept for a task of the same or higher priority stays kept for it.
+            if let Some(kept) = self.mem.reservation(agent).filter(|&k| k != w) {
+                if t.get(kept)?.is_none_or(|k| k.priority >= r.priority) {
+                    continue;
+                }
+            }
             self.mem.reserve_on(w, agent, self.now_us);
             if ids.is_empty() {
                 continue;
             }
             for &id in &ids {
                 self.preempting.insert(id);
+                self.preempted_for.insert(id, w);
                 *self.times_preempted.entry(id).or_default() += 1;
             }
             tracing::info!(job = %self.job_id, agent, tasks = ?ids, task = w, priority = r.priority, "preempting to make room for a task waiting for memory or GPUs");
