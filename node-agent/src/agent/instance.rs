@@ -656,6 +656,17 @@ mod tests {
         Instance::new(0, 2, Arc::new(Tree::instances(4, 2, 2)), "job")
     }
 
+    /// Head 0 with `head_mb` MiB for tasks, after a first tick, and member 1 (2 slots, `member_mb`)
+    /// joined.
+    fn head_and_member(head_mb: u64, member_mb: u64) -> Instance {
+        let mut h = head().with_resources(head_mb, 0);
+        step(&mut h, 0, Input::Tick);
+        step(&mut h, 1, Input::ChildOpened(1));
+        let hello = proto::Hello { agent_id: 1, cores: 2, mem_mb: member_mb, ..Default::default() };
+        step(&mut h, 2, Input::ChildFrame(Body::Hello(hello)));
+        h
+    }
+
     fn member_report(agent: u32, seq: u64, want: u32, idle: u32, started: &[u64], done: &[u64]) -> Input {
         let started = started.iter().map(|&id| proto::TaskStarted { id, attempt: 1, start_us: 5 }).collect();
         let results = done
@@ -784,11 +795,7 @@ mod tests {
 
     #[test]
     fn a_task_that_fits_no_member_keeps_one_and_smaller_ones_go_there_only_beside_it() {
-        let mut h = head().with_resources(1000, 0);
-        step(&mut h, 0, Input::Tick);
-        step(&mut h, 1, Input::ChildOpened(1));
-        let hello = proto::Hello { agent_id: 1, cores: 2, mem_mb: 1000, ..Default::default() };
-        step(&mut h, 2, Input::ChildFrame(Body::Hello(hello)));
+        let mut h = head_and_member(1000, 1000);
         let sized = |id, mem_mb| proto::TaskSpec { mem_mb, ..spec(id) };
         // 600 on each member, then a task of 800 that fits neither, then small ones of 300.
         let d = proto::Dispatch { tasks: vec![sized(1, 600), sized(2, 600)], agent: 0 };
@@ -804,11 +811,7 @@ mod tests {
 
     #[test]
     fn a_task_only_a_lost_member_could_hold_goes_back_to_the_leader() {
-        let mut h = head().with_resources(500, 0);
-        step(&mut h, 0, Input::Tick);
-        step(&mut h, 1, Input::ChildOpened(1));
-        let hello = proto::Hello { agent_id: 1, cores: 2, mem_mb: 1000, ..Default::default() };
-        step(&mut h, 2, Input::ChildFrame(Body::Hello(hello)));
+        let mut h = head_and_member(500, 1000);
         let r = ups(&step(&mut h, 2, Input::Tick)).into_iter().cloned().collect::<Vec<_>>();
         assert_eq!(r[0].capacity.map(|c| c.largest_mem_mb), Some(1000));
         let d = proto::Dispatch { tasks: vec![proto::TaskSpec { mem_mb: 800, ..spec(1) }], agent: 0 };

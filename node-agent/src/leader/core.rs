@@ -1605,14 +1605,13 @@ mod tests {
         Input::Report { agent, report: proto::Report { want: n, agent, ..Default::default() } }
     }
 
+    /// Attempt `attempt` of task `id` exited with `exit`.
+    fn exited(id: u64, attempt: u32, exit: i32) -> proto::TaskResult {
+        proto::TaskResult { id, attempt, outcome: proto::Outcome::Exited as i32, value: exit, ..Default::default() }
+    }
+
     fn result(agent: u32, seq: u64, id: u64, attempt: u32, exit: i32) -> Input {
-        let r = proto::TaskResult {
-            id,
-            attempt,
-            outcome: proto::Outcome::Exited as i32,
-            value: exit,
-            ..Default::default()
-        };
+        let r = exited(id, attempt, exit);
         Input::Report { agent, report: proto::Report { seq, results: vec![r], agent, ..Default::default() } }
     }
 
@@ -1652,13 +1651,7 @@ mod tests {
             agent: 0,
             report: proto::Report { seq: 1, results, idle: 0, agent: 0, ..Default::default() },
         };
-        let failed = proto::TaskResult {
-            id: 2,
-            attempt: 1,
-            outcome: proto::Outcome::Exited as i32,
-            value: 1,
-            ..Default::default()
-        };
+        let failed = exited(2, 1, 1);
         let (out, _) = feed(&mut c, &mut m, vec![busy(vec![failed]), Input::Tick]);
         let preempts: Vec<_> = out
             .iter()
@@ -1907,13 +1900,7 @@ mod tests {
         }
         assert_eq!(c.scans, scans);
         // A new retry is offered to every agent with credit at once, with one scan.
-        let failed = proto::TaskResult {
-            id: 1,
-            attempt: 1,
-            outcome: proto::Outcome::Exited as i32,
-            value: 1,
-            ..Default::default()
-        };
+        let failed = exited(1, 1, 1);
         let who = dispatched(&out_of(
             &mut c,
             &mut m,
