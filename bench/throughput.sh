@@ -4,6 +4,7 @@
 #   bench/throughput.sh                 # 100,000 tasks, 5 rounds
 #   TASKS=20000 ROUNDS=3 bench/throughput.sh
 #   HQ=/path/to/hq bench/throughput.sh  # also HyperQueue
+#   HTC_BASE=/path/to/old/htc bench/throughput.sh   # also an older build, side by side
 #
 # Env: TASKS (100000), ROUNDS (5), PAR (2: concurrency for every contender),
 #      CONTENDERS (default: all; space-separated subset of the names below, raw-spawn is
@@ -95,6 +96,7 @@ c_raw_spawn() { "$WORK/rawloop" -P "$PAR" -o "$WORK/o-raw" "$WORK/tasks.txt"; }
 c_raw_pin()   { "$WORK/rawloop" -a -P "$PAR" -o "$WORK/o-pin" "$WORK/tasks.txt"; }
 c_raw_fork()  { "$WORK/rawloop" -f -P "$PAR" -o "$WORK/o-fork" "$WORK/tasks.txt"; }
 c_htc_def()   { cd "$WORK/htc" && "$HTC" run "$WORK/tasks.txt"; }
+c_htc_base()  { cd "$WORK/htc" && "$HTC_BASE" run "$WORK/tasks.txt"; }
 c_htc_1x()    { cd "$WORK/htc" && "$HTC" run --agents 1 --cores-per-agent "$PAR" "$WORK/tasks.txt"; }
 c_htc_1l()    { cd "$WORK/htc" && "$HTC" run --agents 1 --cores-per-agent "$PAR" --spawners 1 "$WORK/tasks.txt"; }
 c_htc_2x()    { cd "$WORK/htc" && "$HTC" run --agents "$PAR" --cores-per-agent 1 "$WORK/tasks.txt"; }
@@ -125,6 +127,13 @@ declare -A desc=(
     [xargs]="xargs -P $PAR -L 1 true"
     [parallel]="parallel -j $PAR ($PAR_TASKS tasks)"
 )
+
+# An older build of htc (its htc-agent beside it), for before/after figures in one run.
+HTC_BASE=${HTC_BASE:-}
+if [[ -n $HTC_BASE ]]; then
+    names+=(htc-base); fn[htc-base]=c_htc_base; ntask[htc-base]=$TASKS
+    desc[htc-base]="htc run, the build at $HTC_BASE (defaults)"
+fi
 
 if [[ -n ${CONTENDERS:-} ]]; then
     sel=(raw-spawn)
@@ -197,7 +206,7 @@ run_one() {  # round name
         u=$(awk -v a="$c0" -v b="$c1" 'BEGIN { print b - a }'); s=0   # user+sys together
     else
         t0=$($MONO)
-        $TIME -f '%U %S' -o "$WORK/time.txt" bash -c "$(declare -f "${fn[$n]}"); $(declare -p WORK PAR HTC); ${fn[$n]}" \
+        $TIME -f '%U %S' -o "$WORK/time.txt" bash -c "$(declare -f "${fn[$n]}"); $(declare -p WORK PAR HTC HTC_BASE); ${fn[$n]}" \
             > "$WORK/log-$n.txt" 2>&1 || rc=$?
         t1=$($MONO)
         read -r u s < <(tail -1 "$WORK/time.txt")

@@ -35,17 +35,17 @@ pub mod htc {
             resume: Option<String>,
             /// Number of node agents (processes) to start. Default: one, with every CPU and a
             /// spawn loop per CPU (see --spawners).
-            #[arg(long)]
+            #[arg(long, value_parser = super::positive)]
             agents: Option<usize>,
             /// Cores (task slots) per agent; default: this machine's CPUs divided among the agents.
-            #[arg(long)]
+            #[arg(long, value_parser = super::positive)]
             cores_per_agent: Option<usize>,
             /// Spawn loops (executor threads) per agent, splitting its cores; 0 = one per core.
             /// Default: one per core, or one when a task needs several cores.
             #[arg(long)]
             spawners: Option<usize>,
             /// Tree fan-out: agents per parent; more agents than this form a tree of relays.
-            #[arg(long, default_value_t = 32)]
+            #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..))]
             fanout: u32,
             /// Agents per 2nd-level instance: the first of each group (its head) takes work from
             /// the leader for all of them and hands it out (default 1: every agent an instance).
@@ -78,7 +78,7 @@ pub mod htc {
             mem_policy: htc_core::backfill::Policy,
             /// The GPUs tasks may be given (`gpus=`), e.g. 0,1,2,3, shared by the agents; for
             /// testing without GPUs too. Default: CUDA_VISIBLE_DEVICES, else nvidia-smi.
-            #[arg(long, value_name = "LIST")]
+            #[arg(long, value_name = "LIST", value_parser = super::gpu_list)]
             gpus: Option<String>,
             /// How a task's `mem=` is enforced: auto (a memory cgroup per slot where the agents
             /// may make them, else watching the resident memory), cgroup (required), watch.
@@ -428,6 +428,28 @@ pub mod agent {
 }
 
 /// A size as task files write it (`512M`, `4G`), in MiB; `0` is allowed.
+/// A count of at least one.
+fn positive(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// `--gpus`: device indexes (`0,1`) or device UUIDs (`GPU-…`, `MIG-…`), comma-separated, or
+/// empty for none.
+fn gpu_list(s: &str) -> Result<String, String> {
+    for id in s.split(',').map(str::trim).filter(|id| !id.is_empty()) {
+        let uuid = ["GPU-", "MIG-"].iter().any(|p| id.starts_with(p))
+            && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if !uuid && !id.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(format!("'{id}' is not a device index (0, 1, …) or a device UUID (GPU-…)"));
+        }
+    }
+    Ok(s.to_string())
+}
+
 fn parse_size_mb(s: &str) -> Result<u64, String> {
     if s.trim() == "0" {
         return Ok(0);

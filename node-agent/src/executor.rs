@@ -2,8 +2,8 @@
 //!
 //! Spawning uses `posix_spawn` (glibc's is a vfork-style clone: no page-table copy, which is most
 //! of the cost of a fork+exec loop). Each task gets its own process group, stdin from /dev/null,
-//! and stdout/stderr appended to its slot's stream file; since a slot runs one task at a time, the
-//! file offsets before and after the task delimit its output without any copying. CPU binding is
+//! and stdout/stderr in capture files of its own (`capture`), appended to its slot's stream files
+//! when it ends, so no task can touch another's bytes. CPU binding is
 //! inherited: the thread pins itself to the task's cores right before spawning. Nothing else is:
 //! a task starts with descriptors 0, 1 and 2 only, every signal at its default disposition and
 //! an empty signal mask, as it would from a shell on a terminal, whatever the agent inherited.
@@ -291,8 +291,6 @@ struct Running {
     task: TaskToRun,
     slots: Vec<usize>,
     start_us: u64,
-    out_off: u64,
-    err_off: u64,
     timed_out: bool,
     /// Stopped for higher-priority work.
     preempted: bool,
@@ -310,16 +308,18 @@ struct Running {
 struct Slot {
     out: File,
     err: File,
-    /// Where the next task's output starts: only this slot's tasks write to its files, and the
-    /// ends are re-read after each task, so no seek is needed before a spawn.
+    /// Where the next task's output starts: only the executor appends to a slot's files.
     out_end: u64,
     err_end: u64,
+    /// The running task's stdout and stderr captures (streams mode): descriptors whose numbers
+    /// stay, pointed at fresh files before each spawn.
+    capture: Option<(crate::capture::Capture, crate::capture::Capture)>,
 }
 
 impl Slot {
-    fn new(out: File, err: File) -> Slot {
+    fn new(out: File, err: File, capture: Option<(crate::capture::Capture, crate::capture::Capture)>) -> Slot {
         let (out_end, err_end) = (end_of(out.as_raw_fd()), end_of(err.as_raw_fd()));
-        Slot { out, err, out_end, err_end }
+        Slot { out, err, out_end, err_end, capture }
     }
 }
 
@@ -358,6 +358,11 @@ struct Executor {
     /// The CPUs the thread may use when it binds nothing.
     unbound: Vec<usize>,
     attr: SpawnAttr,
+    /// Where tasks' capture files are made.
+    scratch: crate::capture::Scratch,
+    copy_buf: Vec<u8>,
+    /// "No new capture" lines, at most one a minute.
+    capture_log: crate::throttle::Throttle,
     reaping: Reaping,
     epoll: OwnedFd,
     /// SIGCHLD of the fallback.
@@ -399,13 +404,16 @@ impl Executor {
         let dir = &cfg.out_dir;
         let mut slots = Vec::new();
         let mut index = None;
+        let scratch = crate::capture::Scratch::find();
         if cfg.output == OutputMode::Streams {
             fs::create_dir_all(dir)?;
             let open = |name: String| {
                 OpenOptions::new().append(true).create(true).custom_flags(libc::O_CLOEXEC).open(dir.join(name))
             };
             for s in cfg.first_slot..cfg.first_slot + cfg.slots {
-                slots.push(Slot::new(open(format!("slot-{s}.out"))?, open(format!("slot-{s}.err"))?));
+                use crate::capture::Capture;
+                let capture = Some((Capture::new(&scratch)?, Capture::new(&scratch)?));
+                slots.push(Slot::new(open(format!("slot-{s}.out"))?, open(format!("slot-{s}.err"))?, capture));
             }
             index = Some(BufWriter::with_capacity(64 << 10, crate::output::open_index(&dir.join(cfg.index_name()))?));
         } else {
@@ -414,7 +422,7 @@ impl Executor {
             }
             for _ in 0..cfg.slots {
                 let null = || OpenOptions::new().write(true).custom_flags(libc::O_CLOEXEC).open("/dev/null");
-                slots.push(Slot::new(null()?, null()?));
+                slots.push(Slot::new(null()?, null()?, None));
             }
         }
         let mut env = Vec::new();
@@ -460,6 +468,9 @@ impl Executor {
             resolved: HashMap::new(),
             bound_mask: None,
             attr: SpawnAttr::new()?,
+            scratch,
+            copy_buf: Vec::new(),
+            capture_log: crate::throttle::Throttle::new(Duration::from_secs(60)),
             cfg,
             reaping,
             epoll,
@@ -715,7 +726,8 @@ impl Executor {
             // The reason goes where the task's stderr would have gone, so `htc output` shows it.
             if let Some(s) = this.slots.get_mut(slot) {
                 let (out_off, err_off) = (s.out_end, s.err_end);
-                if (&s.err).write_all(msg.as_bytes()).is_ok() {
+                let kept = (&s.err).write_all(msg.as_bytes()).is_ok();
+                if kept {
                     s.err_end += msg.len() as u64;
                 }
                 if let Some(ix) = this.index.as_mut() {
@@ -726,7 +738,10 @@ impl Executor {
                         out_off,
                         out_len: 0,
                         err_off,
-                        err_len: msg.len() as u64,
+                        err_len: if kept { msg.len() as u64 } else { 0 },
+                        start_us,
+                        out_crc: 0,
+                        err_crc: if kept { crc32fast::hash(msg.as_bytes()) } else { 0 },
                     };
                     if let Err(e) = ix.write_all(&e.encode()) {
                         let e = this.storage_error("writing the output index", e);
@@ -810,12 +825,18 @@ impl Executor {
                     }
                 }
             }
-            _ => (self.slots[slot].out.as_raw_fd(), self.slots[slot].err.as_raw_fd(), None),
-        };
-        let (out_off, err_off) = if self.cfg.output == OutputMode::Streams {
-            (self.slots[slot].out_end, self.slots[slot].err_end)
-        } else {
-            (0, 0)
+            OutputMode::Streams => {
+                let Some((out, err)) = &self.slots[slot].capture else { unreachable!("streams mode has captures") };
+                let (out, err) = (out.task_fd(), err.task_fd());
+                if let Err((e, usable)) = self.renew_captures(slot) {
+                    if !usable {
+                        let errno = e.raw_os_error().unwrap_or(libc::EIO);
+                        return fail(self, t, slots, errno, format!("htc: cannot make its output capture: {e}\n"));
+                    }
+                }
+                (out, err, None)
+            }
+            OutputMode::None => (self.slots[slot].out.as_raw_fd(), self.slots[slot].err.as_raw_fd(), None),
         };
 
         self.bind(&slots, crate::gpu::nearest_cpus(&devices));
@@ -857,8 +878,6 @@ impl Executor {
                         task: t,
                         slots,
                         start_us,
-                        out_off,
-                        err_off,
                         timed_out: false,
                         preempted: false,
                         oom_mb: None,
@@ -976,26 +995,10 @@ impl Executor {
                 (Outcome::Lost, e.raw_os_error().unwrap_or(0))
             }
         };
-        if r.task.max_output > 0 {
-            self.cut_output(&r);
-        }
-        if let (Some(ix), OutputMode::Streams) = (self.index.as_mut(), self.cfg.output) {
-            let s = &mut self.slots[r.slots[0]];
-            let (oe, ee) = (end_of(s.out.as_raw_fd()), end_of(s.err.as_raw_fd()));
-            (s.out_end, s.err_end) = (oe, ee);
-            let e = IndexEntry {
-                id: r.task.id,
-                attempt: r.task.attempt,
-                slot: (self.cfg.first_slot + r.slots[0]) as u32,
-                out_off: r.out_off,
-                out_len: oe.saturating_sub(r.out_off),
-                err_off: r.err_off,
-                err_len: ee.saturating_sub(r.err_off),
-            };
-            if let Err(e) = ix.write_all(&e.encode()) {
-                let e = self.storage_error("writing the output index", e);
-                self.fault.get_or_insert(e);
-            }
+        match self.cfg.output {
+            OutputMode::Streams => self.store_capture(&r),
+            OutputMode::PerTask if r.task.max_output > 0 => self.cut_per_task(&r),
+            _ => {}
         }
         self.release(&r.task, &r.slots);
         if outcome != Outcome::Exited || value != 0 {
@@ -1222,37 +1225,89 @@ impl Executor {
         }
     }
 
-    /// `max_output=`: what an ended task wrote past its cap on stdout or stderr is cut off (only
-    /// its own tasks write to a slot's files, one at a time, so the cut touches no other task's
-    /// output), and the cut is noted in the spawner's `cuts` file for `htc output`.
-    fn cut_output(&mut self, r: &Running) {
+    /// Fresh capture files for the task about to start in `slot`; where none can be made, the
+    /// old ones emptied (logged at most once a minute).
+    fn renew_captures(&mut self, slot: usize) -> Result<(), (io::Error, bool)> {
+        let Some((out, err)) = &mut self.slots[slot].capture else { return Ok(()) };
+        let r = out.renew(&self.scratch).and(err.renew(&self.scratch));
+        if let Err((e, true)) = &r {
+            if let Some(more) = self.capture_log.allow(Instant::now()) {
+                tracing::warn!(agent = self.cfg.agent, error = %e, not_logged = more, "no new output capture; the slot's last one is emptied and reused");
+            }
+        }
+        r
+    }
+
+    /// Appends an ended task's captures to its slot's streams (at most its `max_output=` of
+    /// each) and indexes them with their checksums; a cut is noted for `htc output`.
+    fn store_capture(&mut self, r: &Running) {
+        let s = &mut self.slots[r.slots[0]];
+        let Some((cap_out, cap_err)) = &s.capture else { return };
+        let (out_off, err_off) = (s.out_end, s.err_end);
+        let cap = r.task.max_output;
+        let copied = cap_out.append_to(&mut &s.out, cap, &mut self.copy_buf).and_then(|o| {
+            s.out_end += o.kept;
+            let e = cap_err.append_to(&mut &s.err, cap, &mut self.copy_buf)?;
+            s.err_end += e.kept;
+            Ok((o, e))
+        });
+        let (o, e) = match copied {
+            Ok(oe) => oe,
+            Err(e) => {
+                // Re-read the ends: a partial append must not shift the next task's offsets.
+                (s.out_end, s.err_end) = (end_of(s.out.as_raw_fd()), end_of(s.err.as_raw_fd()));
+                let e = self.storage_error("appending a task's output", e);
+                self.fault.get_or_insert(e);
+                return;
+            }
+        };
+        let entry = IndexEntry {
+            id: r.task.id,
+            attempt: r.task.attempt,
+            slot: (self.cfg.first_slot + r.slots[0]) as u32,
+            out_off,
+            out_len: o.kept,
+            err_off,
+            err_len: e.kept,
+            start_us: r.start_us,
+            out_crc: o.crc,
+            err_crc: e.crc,
+        };
+        if let Some(ix) = self.index.as_mut() {
+            if let Err(e) = ix.write_all(&entry.encode()) {
+                let e = self.storage_error("writing the output index", e);
+                self.fault.get_or_insert(e);
+            }
+        }
+        let cuts: Vec<(&str, u64)> = [("stdout", o), ("stderr", e)]
+            .into_iter()
+            .filter(|(_, a)| a.written > a.kept)
+            .map(|(n, a)| (n, a.written))
+            .collect();
+        self.note_cuts(r, &cuts);
+    }
+
+    /// `max_output=` with a file per task: what the task wrote past its cap is cut off.
+    fn cut_per_task(&mut self, r: &Running) {
         let cap = r.task.max_output;
         let mut cuts = Vec::new();
-        match self.cfg.output {
-            OutputMode::Streams => {
-                let s = &self.slots[r.slots[0]];
-                for (name, f, off) in [("stdout", &s.out, r.out_off), ("stderr", &s.err, r.err_off)] {
-                    let written = end_of(f.as_raw_fd()).saturating_sub(off);
-                    if written > cap && f.set_len(off + cap).is_ok() {
-                        cuts.push((name, written));
-                    }
-                }
+        for (name, ext) in [("stdout", "out"), ("stderr", "err")] {
+            let p = self.cfg.out_dir.join(format!("{}.{ext}", r.task.id));
+            let Ok(f) = OpenOptions::new().write(true).custom_flags(libc::O_CLOEXEC).open(&p) else { continue };
+            let written = f.metadata().map(|m| m.len()).unwrap_or(0);
+            if written > cap && f.set_len(cap).is_ok() {
+                cuts.push((name, written));
             }
-            OutputMode::PerTask => {
-                for (name, ext) in [("stdout", "out"), ("stderr", "err")] {
-                    let p = self.cfg.out_dir.join(format!("{}.{ext}", r.task.id));
-                    let Ok(f) = OpenOptions::new().write(true).custom_flags(libc::O_CLOEXEC).open(&p) else { continue };
-                    let written = f.metadata().map(|m| m.len()).unwrap_or(0);
-                    if written > cap && f.set_len(cap).is_ok() {
-                        cuts.push((name, written));
-                    }
-                }
-            }
-            OutputMode::None => {}
         }
+        self.note_cuts(r, &cuts);
+    }
+
+    /// Notes outputs cut at their cap in the spawner's `cuts` file, for `htc output`.
+    fn note_cuts(&self, r: &Running, cuts: &[(&str, u64)]) {
         if cuts.is_empty() {
             return;
         }
+        let cap = r.task.max_output;
         let mut line = String::new();
         for (name, written) in cuts {
             line.push_str(&format!("{}\t{}\t{name}\t{written}\t{cap}\n", r.task.id, r.task.attempt));

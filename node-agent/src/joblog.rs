@@ -67,8 +67,18 @@ fn secs(us: u64) -> String {
 }
 
 impl Row<'_> {
+    /// An attempt lost with its agent has no known start (0): it shows as starting and ending
+    /// when it was given up, not at the epoch.
+    fn start_us(&self) -> u64 {
+        if self.start_us == 0 {
+            self.end_us
+        } else {
+            self.start_us
+        }
+    }
+
     fn runtime_s(&self) -> f64 {
-        self.end_us.saturating_sub(self.start_us) as f64 / 1e6
+        self.end_us.saturating_sub(self.start_us()) as f64 / 1e6
     }
 
     /// Parallel replaces newlines in commands by NUL to keep a row a line; task lines have none.
@@ -78,7 +88,7 @@ impl Row<'_> {
             "{}\t{}\t{}\t{:10.3}\t0\t0\t{exit}\t{sig}\t",
             self.task,
             self.host,
-            secs(self.start_us),
+            secs(self.start_us()),
             self.runtime_s()
         )
         .into_bytes();
@@ -96,7 +106,7 @@ impl Row<'_> {
             ),
             self.task,
             crate::status::json_str(self.host),
-            secs(self.start_us),
+            secs(self.start_us()),
             self.runtime_s(),
             exit,
             sig,
@@ -140,6 +150,8 @@ pub fn write(
     out: &mut impl Write,
 ) -> anyhow::Result<u64> {
     let txn = ledger.read()?;
+    // Every record is read anyway: check the pages that lead to them too.
+    txn.check_structure(None)?;
     let mut earlier: Vec<(u64, Attempt)> = Vec::new();
     txn.for_each_attempt(|id, a| earlier.push((id, a)))?;
     let mut hosts = Hosts { txn: &txn, known: HashMap::new() };
@@ -231,6 +243,9 @@ mod tests {
         assert_eq!(exit_and_signal(Outcome::Signaled, 9), (0, 9));
         assert_eq!(exit_and_signal(Outcome::TimedOut, 0), (-1, 15));
         assert_eq!(exit_and_signal(Outcome::SpawnFailed, libc::ENOENT), (127, 0));
+        // Lost with its agent, start unknown: shown at the loss, not at the epoch.
+        let lost = Row { start_us: 0, ..row(Outcome::Lost, 0) }.tsv();
+        assert_eq!(String::from_utf8(lost).unwrap(), "3\tn1\t1700000001.623\t     0.000\t0\t0\t-1\t0\techo \"a\tb\"\n");
     }
 
     #[test]

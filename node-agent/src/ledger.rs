@@ -1,9 +1,15 @@
 //! The task ledger: every task's state in LMDB, written only by the leader.
 //!
-//! One fixed 64-byte record per task, keyed by the task id as a big-endian u64 so ids sort in
+//! One fixed 76-byte record per task, keyed by the task id as a big-endian u64 so ids sort in
 //! order and loading is a sequence of appends. The command text is not copied into the ledger:
 //! the record points into the run's copy of the task file (`cmd_off`, `cmd_len`), which keeps
 //! disk per task at the record plus the line itself.
+//!
+//! LMDB keeps no checksums, so every value the ledger stores (task records, attempts, the
+//! failed-task index, meta entries) ends in a CRC-32 of its key and the rest of the value, checked
+//! on every read: a flipped bit reads back as damage, never as a plausible task. The key is in the
+//! sum so that a record under the wrong key (a flipped key byte) is caught too. Every commit also
+//! stores its LMDB transaction id, so that a damaged meta page that revives an older tree shows.
 
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
@@ -11,10 +17,14 @@ use std::path::Path;
 use lmdb::{Cursor, Database, DatabaseFlags, Environment, EnvironmentFlags, RwTransaction, Transaction, WriteFlags};
 
 /// Bump when the record layout or the meta keys change; `open` refuses other versions.
-pub const SCHEMA_VERSION: u32 = 2;
-pub const RECORD_LEN: usize = 72;
-/// Records written before GPUs, priorities, flags and affinity (those read as zero).
-const RECORD_LEN_V1: usize = 64;
+pub const SCHEMA_VERSION: u32 = 3;
+/// The fields, then their checksum.
+pub const RECORD_LEN: usize = FIELDS_LEN + SUM_LEN;
+const FIELDS_LEN: usize = 76;
+const ATTEMPT_LEN: usize = 28 + SUM_LEN;
+const SUM_LEN: usize = 4;
+/// The meta key under which each commit stores its LMDB transaction id.
+const TXN_KEY: &str = "txn";
 /// Virtual size of the map; the file only grows as far as it is used.
 const MAP_SIZE: usize = 1 << 40;
 
@@ -27,6 +37,9 @@ pub enum LedgerError {
     Schema { found: u32 },
     #[error("ledger record of task {id} is corrupt ({len} bytes)")]
     Corrupt { id: u64, len: usize },
+    /// A stored value whose checksum does not match: `what` names it ("task 17", "meta 'total'").
+    #[error("ledger {path}: the entry of {what} is damaged (its checksum does not match)")]
+    Sum { path: String, what: String },
     #[error("ledger is missing meta key '{0}'")]
     MissingMeta(&'static str),
     /// Reading past a file's end through its memory map would kill the process (SIGBUS).
@@ -70,8 +83,22 @@ fn check_size(path: &Path) -> std::result::Result<(), String> {
         return Err(format!("not an LMDB file ({len} bytes, no LMDB signature)"));
     }
     let page = u32_at(40).filter(|p| p.is_power_of_two() && *p >= 512).ok_or("no page size in its header")? as u64;
+    // Both meta pages name the page size; LMDB may go by either.
+    if u32_at(page + 40) != Some(page as u32) {
+        return Err("its two meta pages disagree on the page size".into());
+    }
     let meta = |at: u64| Some((u64_at(at + 144)?, u64_at(at + 136)?)).filter(|_| u32_at(at + 16) == Some(MAGIC));
-    let newest = [meta(0), meta(page)].into_iter().flatten().max().ok_or("no readable meta page")?;
+    let (m0, m1) = (meta(0), meta(page));
+    // LMDB writes commit n's meta to page n % 2, so the two hold consecutive commits, each on
+    // the page of its parity. Anything else is a damaged meta page that could make LMDB read an
+    // older tree as if it were the newest.
+    if let (Some((t0, _)), Some((t1, _))) = (m0, m1) {
+        let fresh = t0 == 0 && t1 == 0;
+        if !fresh && (t0 % 2 != 0 || t1 % 2 != 1 || t0.abs_diff(t1) != 1) {
+            return Err(format!("its two meta pages name commits {t0} and {t1}, which cannot both be true"));
+        }
+    }
+    let newest = [m0, m1].into_iter().flatten().max().ok_or("no readable meta page")?;
     let needed = newest.1.saturating_add(1).saturating_mul(page);
     if len < needed {
         return Err(format!("the file is {len} bytes but its pages reach {needed} (truncated)"));
@@ -179,6 +206,9 @@ pub struct Record {
     pub priority: i16,
     /// `affinity=KEY`, hashed (`htc_core::taskfile::affinity_hash`); 0 = none.
     pub affinity: u32,
+    /// Dispatches that came back unstarted (a lost agent's queue, a refund): each took an
+    /// attempt number of its own, so `$HTC_ATTEMPT` of the last attempt counts them too.
+    pub returns: u8,
 }
 
 impl Record {
@@ -207,10 +237,15 @@ impl Record {
         Outcome::from_u8(self.outcome)
     }
 
+    /// The number of the attempt the record holds (its last), as its task saw it in `$HTC_ATTEMPT`.
+    pub fn attempt_no(&self) -> u32 {
+        self.life().attempt_no() + self.returns as u32
+    }
+
     /// The attempt the record holds (its last), numbered as its agent was told.
     pub fn last_attempt(&self) -> Attempt {
         Attempt {
-            attempt: self.life().attempt_no().min(255) as u8,
+            attempt: self.attempt_no().min(255) as u8,
             outcome: self.outcome(),
             value: self.value,
             agent: self.agent,
@@ -219,7 +254,8 @@ impl Record {
         }
     }
 
-    pub fn encode(&self) -> [u8; RECORD_LEN] {
+    /// The stored form of task `id`'s record, its checksum last.
+    pub fn encode(&self, id: u64) -> [u8; RECORD_LEN] {
         let mut b = [0u8; RECORD_LEN];
         b[0..8].copy_from_slice(&self.cmd_off.to_le_bytes());
         b[8..12].copy_from_slice(&self.cmd_len.to_le_bytes());
@@ -244,11 +280,16 @@ impl Record {
         b[65] = self.flags;
         b[66..68].copy_from_slice(&self.priority.to_le_bytes());
         b[68..72].copy_from_slice(&self.affinity.to_le_bytes());
+        b[72] = self.returns;
+        let s = sum(&key(id), &b[..FIELDS_LEN]);
+        b[FIELDS_LEN..].copy_from_slice(&s);
         b
     }
 
+    /// Task `id`'s record from its stored form: one of the wrong size, whose checksum does not
+    /// match, or whose state is none is refused.
     pub fn decode(id: u64, b: &[u8]) -> Result<Record> {
-        if (b.len() != RECORD_LEN && b.len() != RECORD_LEN_V1) || b[30] > State::Failed as u8 {
+        if b.len() != RECORD_LEN || unseal(&key(id), b).is_none() || b[30] > State::Failed as u8 {
             return Err(LedgerError::Corrupt { id, len: b.len() });
         }
         let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
@@ -274,10 +315,11 @@ impl Record {
             agent: u32_at(44),
             start_us: u64_at(48),
             end_us: u64_at(56),
-            gpus: b.get(64).copied().unwrap_or(0),
-            flags: b.get(65).copied().unwrap_or(0),
-            priority: if b.len() >= 68 { u16_at(66) as i16 } else { 0 },
-            affinity: if b.len() >= 72 { u32_at(68) } else { 0 },
+            gpus: b[64],
+            flags: b[65],
+            priority: u16_at(66) as i16,
+            affinity: u32_at(68),
+            returns: b[72],
         })
     }
 }
@@ -296,18 +338,21 @@ pub struct Attempt {
 }
 
 impl Attempt {
-    fn encode(&self) -> [u8; 28] {
-        let mut b = [0u8; 28];
+    fn encode(&self, k: &[u8; 9]) -> [u8; ATTEMPT_LEN] {
+        let mut b = [0u8; ATTEMPT_LEN];
         b[0] = self.outcome as u8;
         b[1] = self.attempt;
         b[4..8].copy_from_slice(&self.value.to_le_bytes());
         b[8..12].copy_from_slice(&self.agent.to_le_bytes());
         b[12..20].copy_from_slice(&self.start_us.to_le_bytes());
         b[20..28].copy_from_slice(&self.end_us.to_le_bytes());
+        let s = sum(k, &b[..28]);
+        b[28..].copy_from_slice(&s);
         b
     }
-    fn decode(b: &[u8]) -> Option<Attempt> {
-        (b.len() == 28).then(|| Attempt {
+    /// None when the stored form is damaged.
+    fn decode(k: &[u8], b: &[u8]) -> Option<Attempt> {
+        (b.len() == ATTEMPT_LEN && unseal(k, b).is_some()).then(|| Attempt {
             attempt: b[1],
             outcome: Outcome::from_u8(b[0]),
             value: i32::from_le_bytes(b[4..8].try_into().unwrap()),
@@ -337,6 +382,29 @@ pub fn decode_counts(b: &[u8]) -> Option<Counts> {
     })
 }
 
+/// The CRC-32 of a key and a value, as stored at the value's end.
+fn sum(k: &[u8], v: &[u8]) -> [u8; SUM_LEN] {
+    let mut h = crc32fast::Hasher::new();
+    h.update(k);
+    h.update(v);
+    h.finalize().to_le_bytes()
+}
+
+/// `v` followed by its checksum under key `k`.
+fn seal(k: &[u8], v: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(v.len() + SUM_LEN);
+    out.extend_from_slice(v);
+    out.extend_from_slice(&sum(k, v));
+    out
+}
+
+/// The value stored under `k` without its checksum, or None if the checksum does not match.
+pub fn unseal<'a>(k: &[u8], stored: &'a [u8]) -> Option<&'a [u8]> {
+    let n = stored.len().checked_sub(SUM_LEN)?;
+    let (v, s) = stored.split_at(n);
+    (sum(k, v) == s).then_some(v)
+}
+
 /// The id of a task key met while walking the tasks in order, checked: a key of the wrong size,
 /// or one not above the last, is a damaged tree (a page pointing back would loop for ever).
 fn walked_id(k: &[u8], last: &mut Option<u64>, path: &str) -> Result<u64> {
@@ -360,17 +428,27 @@ fn attempt_key(id: u64, attempt: u8) -> [u8; 9] {
     k
 }
 
-fn collect_attempts(c: &mut lmdb::RoCursor<'_>, id: u64) -> std::result::Result<Vec<Attempt>, lmdb::Error> {
+/// The task id of an entry of the failed-task index, its checksum checked.
+fn failed_id(l: &Ledger, k: &[u8], v: &[u8]) -> Result<u64> {
+    let id = k.try_into().map(u64::from_be_bytes);
+    match id {
+        Ok(id) if v == sum(k, &[]) => Ok(id),
+        _ => Err(l.sum_err(format!("the failed-task index (key {k:02x?})"))),
+    }
+}
+
+/// The earlier attempts of task `id`, oldest first; a damaged one is an error, not left out.
+fn collect_attempts(l: &Ledger, c: &mut lmdb::RoCursor<'_>, id: u64) -> Result<Vec<Attempt>> {
     let mut out = Vec::new();
     let mut last: Option<u8> = None;
     for item in c.iter_from(attempt_key(id, 0)) {
-        let (k, v) = item?;
+        let (k, v) = item.map_err(|e| l.err(e))?;
         // A damaged tree can lead back to a key already seen: stop rather than loop.
         if k.len() != 9 || k[..8] != key(id) || last.is_some_and(|l| k[8] <= l) {
             break;
         }
         last = Some(k[8]);
-        out.extend(Attempt::decode(v));
+        out.push(Attempt::decode(k, v).ok_or_else(|| l.sum_err(format!("attempt {} of task {id}", k[8])))?);
     }
     Ok(out)
 }
@@ -382,6 +460,7 @@ extern "C" {
     fn mdb_cursor_open(txn: *mut libc::c_void, dbi: libc::c_uint, cursor: *mut *mut libc::c_void) -> libc::c_int;
     fn mdb_cursor_get(cursor: *mut libc::c_void, key: *mut MdbVal, data: *mut MdbVal, op: libc::c_int) -> libc::c_int;
     fn mdb_cursor_close(cursor: *mut libc::c_void);
+    fn mdb_txn_id(txn: *mut libc::c_void) -> libc::size_t;
     fn mdb_env_set_assert(
         env: *mut libc::c_void,
         func: Option<unsafe extern "C" fn(*mut libc::c_void, *const libc::c_char)>,
@@ -521,6 +600,12 @@ impl Ledger {
         if found != SCHEMA_VERSION {
             return Err(LedgerError::Schema { found });
         }
+        txn.check_commit()?;
+        // Readers look meta entries up by name: one whose key or size a flip damaged would read
+        // as missing, and its default as the truth. The meta is small, so check all of it, and
+        // the pages that hold it.
+        txn.check_meta()?;
+        txn.check_structure(Some(&["meta"]))?;
         drop(txn);
         Ok(l)
     }
@@ -630,6 +715,15 @@ impl Ledger {
         LedgerError::Lmdb { path: self.path.clone(), error: name_full_disk(Path::new(&self.path), source) }
     }
 
+    fn sum_err(&self, what: String) -> LedgerError {
+        LedgerError::Sum { path: self.path.clone(), what }
+    }
+
+    /// A stored meta value, its checksum checked and taken off.
+    fn meta_value<'a>(&self, k: &str, stored: &'a [u8]) -> Result<&'a [u8]> {
+        unseal(k.as_bytes(), stored).ok_or_else(|| self.sum_err(format!("meta '{k}'")))
+    }
+
     pub fn write(&self) -> Result<WriteTxn<'_>> {
         let txn = self.env.begin_rw_txn().map_err(|e| self.err(e))?;
         Ok(WriteTxn { l: self, txn, log: self.journal.as_ref().map(|_| Default::default()) })
@@ -681,22 +775,24 @@ impl<'l> WriteTxn<'l> {
     }
 
     pub fn put(&mut self, id: u64, r: &Record) -> Result<()> {
-        self.log_task(id, r);
-        self.txn.put(self.l.tasks, &key(id), &r.encode(), WriteFlags::empty()).map_err(|e| self.l.err(e))
+        let b = r.encode(id);
+        self.log_task(id, r.state, &b);
+        self.txn.put(self.l.tasks, &key(id), &b, WriteFlags::empty()).map_err(|e| self.l.err(e))
     }
 
     /// Adds a task with an id larger than every id so far (the loader's fast path).
     pub fn append(&mut self, id: u64, r: &Record) -> Result<()> {
-        self.log_task(id, r);
-        self.txn.put(self.l.tasks, &key(id), &r.encode(), WriteFlags::APPEND).map_err(|e| self.l.err(e))
+        let b = r.encode(id);
+        self.log_task(id, r.state, &b);
+        self.txn.put(self.l.tasks, &key(id), &b, WriteFlags::APPEND).map_err(|e| self.l.err(e))
     }
 
     /// Journals the records a restore needs: tasks that ended (and ones that stopped being
     /// failed). Dispatched and running states are not kept: a resume runs those tasks again.
-    fn log_task(&mut self, id: u64, r: &Record) {
+    fn log_task(&mut self, id: u64, state: u8, stored: &[u8]) {
         if let Some(log) = self.log.as_mut() {
-            if r.state >= State::Done as u8 || log.reopened.contains(&id) {
-                log.put(crate::replica::DB_TASKS, &key(id), &r.encode());
+            if state >= State::Done as u8 || log.reopened.contains(&id) {
+                log.put(crate::replica::DB_TASKS, &key(id), stored);
             }
         }
     }
@@ -714,22 +810,25 @@ impl<'l> WriteTxn<'l> {
     /// Appends to the task's attempt history.
     pub fn put_attempt(&mut self, id: u64, a: &Attempt) -> Result<()> {
         let n = self.attempts_of(id)?.len().min(255) as u8;
+        let k = attempt_key(id, n);
+        let b = a.encode(&k);
         if let Some(log) = self.log.as_mut() {
-            log.put(crate::replica::DB_ATTEMPTS, &attempt_key(id, n), &a.encode());
+            log.put(crate::replica::DB_ATTEMPTS, &k, &b);
         }
-        self.txn.put(self.l.attempts, &attempt_key(id, n), &a.encode(), WriteFlags::empty()).map_err(|e| self.l.err(e))
+        self.txn.put(self.l.attempts, &k, &b, WriteFlags::empty()).map_err(|e| self.l.err(e))
     }
 
     pub fn attempts_of(&self, id: u64) -> Result<Vec<Attempt>> {
         let mut c = self.txn.open_ro_cursor(self.l.attempts).map_err(|e| self.l.err(e))?;
-        collect_attempts(&mut c, id).map_err(|e| self.l.err(e))
+        collect_attempts(self.l, &mut c, id)
     }
 
     pub fn mark_failed(&mut self, id: u64) -> Result<()> {
+        let v = sum(&key(id), &[]);
         if let Some(log) = self.log.as_mut() {
-            log.put(crate::replica::DB_FAILED, &key(id), &[]);
+            log.put(crate::replica::DB_FAILED, &key(id), &v);
         }
-        self.txn.put(self.l.failed, &key(id), &[], WriteFlags::empty()).map_err(|e| self.l.err(e))
+        self.txn.put(self.l.failed, &key(id), &v, WriteFlags::empty()).map_err(|e| self.l.err(e))
     }
 
     /// Takes the task out of the index of failed tasks (it runs again).
@@ -745,10 +844,11 @@ impl<'l> WriteTxn<'l> {
     }
 
     pub fn put_meta(&mut self, k: &str, v: &[u8]) -> Result<()> {
+        let stored = seal(k.as_bytes(), v);
         if let Some(log) = self.log.as_mut() {
-            log.meta(k, v);
+            log.meta(k, &stored);
         }
-        self.txn.put(self.l.meta, &k, &v, WriteFlags::empty()).map_err(|e| self.l.err(e))
+        self.txn.put(self.l.meta, &k, &stored, WriteFlags::empty()).map_err(|e| self.l.err(e))
     }
 
     pub fn put_counts(&mut self, c: &Counts) -> Result<()> {
@@ -757,7 +857,7 @@ impl<'l> WriteTxn<'l> {
 
     pub fn meta(&self, k: &str) -> Result<Option<Vec<u8>>> {
         match self.txn.get(self.l.meta, &k) {
-            Ok(b) => Ok(Some(b.to_vec())),
+            Ok(b) => Ok(Some(self.l.meta_value(k, b)?.to_vec())),
             Err(lmdb::Error::NotFound) => Ok(None),
             Err(e) => Err(self.l.err(e)),
         }
@@ -787,7 +887,12 @@ impl<'l> WriteTxn<'l> {
 
     /// Commits; with a journal, what changed is written to it first, so that nothing is
     /// acknowledged that only this node's disk holds.
-    pub fn commit(self) -> Result<()> {
+    pub fn commit(mut self) -> Result<()> {
+        // Not journaled: a restored ledger has transaction ids of its own.
+        // SAFETY: the id of this live transaction.
+        let id = unsafe { mdb_txn_id(self.txn.txn().cast()) } as u64;
+        let stored = seal(TXN_KEY.as_bytes(), &id.to_le_bytes());
+        self.txn.put(self.l.meta, &TXN_KEY, &stored, WriteFlags::empty()).map_err(|e| self.l.err(e))?;
         let l = self.l;
         if let (Some(j), Some(log)) = (&l.journal, self.log) {
             let mut j = j.lock().unwrap_or_else(|e| e.into_inner());
@@ -813,10 +918,30 @@ impl ReadTxn<'_> {
 
     pub fn meta(&self, k: &str) -> Result<Option<&[u8]>> {
         match self.txn.get(self.l.meta, &k) {
-            Ok(b) => Ok(Some(b)),
+            Ok(b) => Ok(Some(self.l.meta_value(k, b)?)),
             Err(lmdb::Error::NotFound) => Ok(None),
             Err(e) => Err(self.l.err(e)),
         }
+    }
+
+    /// Checks that the tree read is the one the newest commit wrote: each commit stores its
+    /// transaction id, so a damaged meta page that names an older tree (whose pages may since
+    /// have been reused) or another id is caught.
+    pub fn check_commit(&self) -> Result<()> {
+        use lmdb::Transaction;
+        // SAFETY: the id of this live transaction.
+        let id = unsafe { mdb_txn_id(self.txn.txn().cast()) } as u64;
+        let stored = self.meta_u64(TXN_KEY)?;
+        if stored != Some(id) {
+            let why = match stored {
+                Some(s) => format!(
+                    "its newest meta page names commit {id}, but the tree it points to was written by commit {s}"
+                ),
+                None => format!("its newest meta page names commit {id}, but the tree it points to records no commit"),
+            };
+            return Err(LedgerError::Damaged { path: self.l.path.clone(), why });
+        }
+        Ok(())
     }
 
     pub fn meta_u64(&self, k: &str) -> Result<Option<u64>> {
@@ -832,9 +957,19 @@ impl ReadTxn<'_> {
         let mut c = self.txn.open_ro_cursor(self.l.failed).map_err(|e| self.l.err(e))?;
         let mut out = Vec::new();
         for item in c.iter_start().take(limit) {
-            let (k, _) = item.map_err(|e| self.l.err(e))?;
-            if let Ok(b) = k.try_into() {
-                out.push(u64::from_be_bytes(b));
+            let (k, v) = item.map_err(|e| self.l.err(e))?;
+            out.push(failed_id(self.l, k, v)?);
+        }
+        // The index, the counts and the records are written in one transaction: if they
+        // disagree, a damaged page hides failed tasks or invents some.
+        let damaged = |why: String| LedgerError::Damaged { path: self.l.path.clone(), why };
+        let failed = self.counts()?.get(State::Failed);
+        if (out.len() as u64) < failed.min(limit as u64) {
+            return Err(damaged(format!("its failed-task index holds {} of {failed} failed tasks", out.len())));
+        }
+        for &id in &out {
+            if self.get(id)?.is_none_or(|r| r.state() != State::Failed) {
+                return Err(damaged(format!("its failed-task index names task {id}, which has not failed")));
             }
         }
         Ok(out)
@@ -843,7 +978,7 @@ impl ReadTxn<'_> {
     /// Earlier attempts of a task, oldest first.
     pub fn attempts(&self, id: u64) -> Result<Vec<Attempt>> {
         let mut c = self.txn.open_ro_cursor(self.l.attempts).map_err(|e| self.l.err(e))?;
-        collect_attempts(&mut c, id).map_err(|e| self.l.err(e))
+        collect_attempts(self.l, &mut c, id)
     }
 
     /// Visits every earlier attempt of every task, by task id then attempt.
@@ -861,9 +996,9 @@ impl ReadTxn<'_> {
                 return Err(LedgerError::Damaged { path: self.l.path.clone(), why });
             }
             last = Some(k);
-            if let Some(a) = Attempt::decode(v) {
-                f(u64::from_be_bytes(k[..8].try_into().unwrap()), a);
-            }
+            let id = u64::from_be_bytes(k[..8].try_into().unwrap());
+            let a = Attempt::decode(&k, v).ok_or_else(|| self.l.sum_err(format!("attempt {} of task {id}", k[8])))?;
+            f(id, a);
         }
         Ok(())
     }
@@ -884,19 +1019,47 @@ impl ReadTxn<'_> {
 
     /// Reads every entry of the attempt history and of the failed-task index; the first error.
     pub fn check_history(&self) -> Result<()> {
+        self.for_each_attempt(|_, _| {})?;
+        self.walk_sorted(self.l.failed, |k, v| failed_id(self.l, k, v).map(drop))?;
+        self.check_meta()?;
+        self.check_commit()
+    }
+
+    /// Walks the pages of the named databases (all: None) from the file itself (`pagecheck`):
+    /// a damaged page pointer or node offset that leads to an intact value elsewhere in the file
+    /// reads back whole through LMDB, and only this sees it. Costs a read of the pages walked.
+    pub fn check_structure(&self, only: Option<&[&str]>) -> Result<()> {
+        use lmdb::Transaction;
+        // SAFETY: the id of this live transaction.
+        let id = unsafe { mdb_txn_id(self.txn.txn().cast()) } as u64;
+        crate::pagecheck::check_file(self.l.path(), only, Some(id)).map(drop).map_err(|why| LedgerError::Damaged {
+            path: self.l.path.clone(),
+            why: format!("its page structure: {why}"),
+        })
+    }
+
+    /// Reads every meta entry, checking its checksum.
+    pub fn check_meta(&self) -> Result<()> {
+        self.walk_sorted(self.l.meta, |k, v| {
+            let name = String::from_utf8_lossy(k);
+            self.l.meta_value(&name, v).map(drop)
+        })
+    }
+
+    /// Hands every entry of `db` to `f`, checking that keys grow (a damaged page pointing back
+    /// would loop); the first error.
+    fn walk_sorted(&self, db: Database, mut f: impl FnMut(&[u8], &[u8]) -> Result<()>) -> Result<()> {
         let mut last: Vec<u8> = Vec::new();
-        for db in [self.l.attempts, self.l.failed] {
-            let mut c = self.txn.open_ro_cursor(db).map_err(|e| self.l.err(e))?;
-            last.clear();
-            for item in c.iter_start() {
-                let (k, _) = item.map_err(|e| self.l.err(e))?;
-                if !last.is_empty() && k <= &last[..] {
-                    let why = "history keys out of order".to_string();
-                    return Err(LedgerError::Damaged { path: self.l.path.clone(), why });
-                }
-                last.clear();
-                last.extend_from_slice(k);
+        let mut c = self.txn.open_ro_cursor(db).map_err(|e| self.l.err(e))?;
+        for item in c.iter_start() {
+            let (k, v) = item.map_err(|e| self.l.err(e))?;
+            if !last.is_empty() && k <= &last[..] {
+                let why = "keys out of order".to_string();
+                return Err(LedgerError::Damaged { path: self.l.path.clone(), why });
             }
+            f(k, v)?;
+            last.clear();
+            last.extend_from_slice(k);
         }
         Ok(())
     }
@@ -1002,12 +1165,72 @@ mod tests {
             flags: Record::EXCLUSIVE,
             priority: -5,
             affinity: 0xdead_beef,
+            returns: 4,
         };
-        assert_eq!(Record::decode(1, &r.encode()).unwrap(), r);
+        assert_eq!(Record::decode(1, &r.encode(1)).unwrap(), r);
         assert!(Record::decode(1, &[0u8; 10]).is_err());
-        // A record written before the resource fields: those are zero.
-        let old = Record::decode(1, &r.encode()[..RECORD_LEN_V1]).unwrap();
-        assert_eq!(old, Record { gpus: 0, flags: 0, priority: 0, affinity: 0, ..r });
+        // Under another task's key, or with any bit flipped, it is refused.
+        assert!(Record::decode(2, &r.encode(1)).is_err());
+        for bit in 0..RECORD_LEN * 8 {
+            let mut b = r.encode(1);
+            b[bit / 8] ^= 1 << (bit % 8);
+            assert!(Record::decode(1, &b).is_err(), "bit {bit}");
+        }
+    }
+
+    #[test]
+    fn a_damaged_attempt_meta_entry_or_failed_mark_is_an_error_not_a_gap() {
+        let p = tmp("sums");
+        let l = Ledger::create(&p).unwrap();
+        let mut t = l.write().unwrap();
+        t.append(1, &Record { state: State::Failed as u8, ..Default::default() }).unwrap();
+        t.put_counts(&Counts([0, 0, 0, 0, 1])).unwrap();
+        let a = Attempt { attempt: 1, outcome: Outcome::Exited, value: 3, agent: 0, start_us: 1, end_us: 2 };
+        t.put_attempt(1, &a).unwrap();
+        t.put_meta("total", &1u64.to_le_bytes()).unwrap();
+        t.mark_failed(1).unwrap();
+        t.commit().unwrap();
+        let r = l.read().unwrap();
+        assert_eq!(r.attempts(1).unwrap(), [a]);
+        assert_eq!(r.meta_u64("total").unwrap(), Some(1));
+        assert_eq!(r.failed_ids(10).unwrap(), [1]);
+        r.check_history().unwrap();
+        drop(r);
+        // Damage each stored value in place, as a flipped bit on disk would.
+        let mut t = l.write().unwrap();
+        let mut bad = a.encode(&attempt_key(1, 0));
+        bad[4] ^= 1;
+        t.apply(true, crate::replica::DB_ATTEMPTS, &attempt_key(1, 0), &bad).unwrap();
+        let mut m = seal(b"total", &1u64.to_le_bytes());
+        m[0] ^= 0x80;
+        t.apply(true, crate::replica::DB_META, b"total", &m).unwrap();
+        t.apply(true, crate::replica::DB_FAILED, &key(1), &[0, 0, 0, 0]).unwrap();
+        t.commit().unwrap();
+        let r = l.read().unwrap();
+        for e in [r.attempts(1).err(), r.meta_u64("total").err(), r.failed_ids(10).err(), r.check_history().err()] {
+            let e = e.expect("damage must be an error").to_string();
+            assert!(e.contains("checksum does not match"), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_tree_that_is_not_the_newest_commits_is_refused() {
+        let p = tmp("txn");
+        let l = Ledger::create(&p).unwrap();
+        let mut t = l.write().unwrap();
+        t.append(1, &Record::default()).unwrap();
+        t.commit().unwrap();
+        l.read().unwrap().check_commit().unwrap();
+        // A commit id that is not the transaction's, as a revived older tree would have.
+        {
+            let mut t = l.write().unwrap();
+            t.txn.put(l.meta, &TXN_KEY, &seal(TXN_KEY.as_bytes(), &1u64.to_le_bytes()), WriteFlags::empty()).unwrap();
+            t.txn.commit().unwrap();
+        }
+        let e = l.read().unwrap().check_commit().unwrap_err().to_string();
+        assert!(e.contains("names commit"), "{e}");
+        drop(l);
+        assert!(Ledger::open(&p, true).is_err());
     }
 
     #[test]

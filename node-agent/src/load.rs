@@ -320,9 +320,12 @@ pub fn create_run(
     });
     if result.is_err() {
         let _ = std::fs::remove_dir_all(&run.path);
+        // The folders made for it too, when nothing else is in them (remove_dir refuses then).
+        if let Some(htc_dir) = run.path.parent() {
+            let _ = std::fs::remove_dir(htc_dir);
+        }
         if run.replicated() {
-            let _ = std::fs::remove_file(run.ledger());
-            let _ = std::fs::remove_file(crate::replica::lock_path(&run.ledger()));
+            crate::replica::remove_node_local(&run.ledger());
         }
     }
     result.map(|loaded| (run, loaded))

@@ -1,6 +1,9 @@
 //! Task output: a few stream files per agent (one stdout and one stderr per slot) plus an index of
-//! fixed 48-byte records `(task, attempt, slot, out_off, out_len, err_off, err_len)`. Millions of
-//! small files would hurt a parallel filesystem; this keeps it at 2 files per core.
+//! fixed 64-byte records `(task, attempt, slot, out_off, out_len, err_off, err_len, start_us,
+//! out_crc, err_crc)`. Millions of small files would hurt a parallel filesystem; this keeps it at
+//! 2 files per core. The attempt's start time ties an entry to the attempt the ledger recorded
+//! (a killed session and its resume can both leave an entry for the same attempt number), and
+//! the checksums let `htc output` and `htc verify` catch damaged bytes.
 
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};
@@ -9,7 +12,7 @@ use std::path::Path;
 
 pub use htc_core::output::OutputMode;
 
-pub const INDEX_ENTRY_LEN: usize = 48;
+pub const INDEX_ENTRY_LEN: usize = 64;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IndexEntry {
@@ -20,6 +23,10 @@ pub struct IndexEntry {
     pub out_len: u64,
     pub err_off: u64,
     pub err_len: u64,
+    /// When the attempt started, as reported to the leader (the ledger's `start_us`).
+    pub start_us: u64,
+    pub out_crc: u32,
+    pub err_crc: u32,
 }
 
 impl IndexEntry {
@@ -32,6 +39,9 @@ impl IndexEntry {
         b[24..32].copy_from_slice(&self.out_len.to_le_bytes());
         b[32..40].copy_from_slice(&self.err_off.to_le_bytes());
         b[40..48].copy_from_slice(&self.err_len.to_le_bytes());
+        b[48..56].copy_from_slice(&self.start_us.to_le_bytes());
+        b[56..60].copy_from_slice(&self.out_crc.to_le_bytes());
+        b[60..64].copy_from_slice(&self.err_crc.to_le_bytes());
         b
     }
 
@@ -46,7 +56,15 @@ impl IndexEntry {
             out_len: u64_at(24),
             err_off: u64_at(32),
             err_len: u64_at(40),
+            start_us: u64_at(48),
+            out_crc: u32_at(56),
+            err_crc: u32_at(60),
         }
+    }
+
+    /// Whether this entry is of the attempt a ledger record holds: same attempt number and start.
+    pub fn is_of(&self, attempt: u32, start_us: u64) -> bool {
+        self.attempt == attempt && self.start_us == start_us
     }
 }
 
@@ -71,9 +89,9 @@ pub fn read_index(path: &Path) -> io::Result<Vec<IndexEntry>> {
     Ok(b.chunks_exact(INDEX_ENTRY_LEN).map(IndexEntry::decode).collect())
 }
 
-/// Finds the newest index entry of `id` (and `attempt`, when given) by scanning the index from its
-/// end in large blocks: the newest runs are where `htc output` is usually pointed.
-pub fn find_entry(index: &Path, id: u64, attempt: Option<u32>) -> io::Result<Option<IndexEntry>> {
+/// Finds the newest index entry of `id` that `want` accepts by scanning the index from its end in
+/// large blocks: the newest runs are where `htc output` is usually pointed.
+pub fn find_entry(index: &Path, id: u64, want: impl Fn(&IndexEntry) -> bool) -> io::Result<Option<IndexEntry>> {
     let mut f = File::open(index)?;
     let len = f.seek(SeekFrom::End(0))? / INDEX_ENTRY_LEN as u64 * INDEX_ENTRY_LEN as u64;
     const BLOCK: u64 = (1 << 20) / INDEX_ENTRY_LEN as u64 * INDEX_ENTRY_LEN as u64;
@@ -85,7 +103,7 @@ pub fn find_entry(index: &Path, id: u64, attempt: Option<u32>) -> io::Result<Opt
         f.read_exact_at(&mut buf[..n], start)?;
         for chunk in buf[..n].chunks_exact(INDEX_ENTRY_LEN).rev() {
             let e = IndexEntry::decode(chunk);
-            if e.id == id && attempt.is_none_or(|a| a == e.attempt) {
+            if e.id == id && want(&e) {
                 return Ok(Some(e));
             }
         }
@@ -158,14 +176,6 @@ pub fn read_cuts(dir: &Path) -> io::Result<Vec<Cut>> {
     Ok(cuts)
 }
 
-/// Copies `len` bytes at `off` of `path` to `w`.
-pub fn copy_range(path: &Path, off: u64, len: u64, w: &mut impl io::Write) -> io::Result<()> {
-    let mut f = File::open(path)?;
-    f.seek(SeekFrom::Start(off))?;
-    io::copy(&mut f.take(len), w)?;
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,14 +184,27 @@ mod tests {
     #[test]
     fn a_torn_last_record_is_dropped_before_appending_so_later_records_stay_aligned() {
         let path = std::env::temp_dir().join(format!("htc-index-torn-{}", std::process::id()));
-        let rec = |id| IndexEntry { id, attempt: 1, slot: 0, out_off: id * 10, out_len: 10, err_off: 0, err_len: 0 };
+        let rec = |id| IndexEntry {
+            id,
+            attempt: 1,
+            slot: 0,
+            out_off: id * 10,
+            out_len: 10,
+            err_off: 0,
+            err_len: 0,
+            start_us: id,
+            out_crc: 7,
+            err_crc: 0,
+        };
         let mut bytes = [rec(1).encode(), rec(2).encode()].concat();
         bytes.extend_from_slice(&rec(3).encode()[..20]); // cut short by a full disk
         std::fs::write(&path, &bytes).unwrap();
         open_index(&path).unwrap().write_all(&rec(4).encode()).unwrap();
         let ids: Vec<u64> = read_index(&path).unwrap().iter().map(|e| e.id).collect();
         assert_eq!(ids, [1, 2, 4]);
-        assert_eq!(find_entry(&path, 4, None).unwrap(), Some(rec(4)));
+        assert_eq!(find_entry(&path, 4, |_| true).unwrap(), Some(rec(4)));
+        assert_eq!(find_entry(&path, 2, |e| e.is_of(1, 2)).unwrap(), Some(rec(2)));
+        assert_eq!(find_entry(&path, 2, |e| e.is_of(1, 3)).unwrap(), None);
         std::fs::remove_file(&path).unwrap();
     }
 }

@@ -58,18 +58,13 @@ fn all_entries(run: &RunDir) -> io::Result<Vec<(IndexEntry, u32)>> {
     Ok(all)
 }
 
-/// The entry of a task's last attempt among its entries: that attempt on that agent, else that
-/// attempt, else its newest.
+/// The entry of the attempt the ledger recorded among a task's entries: the same attempt number,
+/// start time and agent. Never another one: an attempt killed with its session (and run again
+/// under the same number) left only a fragment.
 fn pick(entries: &[(IndexEntry, u32)], r: &Record) -> Option<(IndexEntry, u32)> {
     // Numbered as the agent was told ($HTC_ATTEMPT): lost runs count too.
-    let want = r.life().attempt_no();
-    entries
-        .iter()
-        .rev()
-        .find(|(x, a)| x.attempt == want && *a == r.agent)
-        .or_else(|| entries.iter().rev().find(|(x, _)| x.attempt == want))
-        .or(entries.last())
-        .copied()
+    let want = r.attempt_no();
+    entries.iter().rev().find(|(x, a)| x.is_of(want, r.start_us) && *a == r.agent).copied()
 }
 
 /// Copies bytes to `out`, prefixing every line with `tag` when there is one.
@@ -108,12 +103,14 @@ struct Files(HashMap<PathBuf, File>);
 
 impl Files {
     /// Hands `len` bytes at `off` of `path` to `to`, a block at a time (a task may have written
-    /// gigabytes).
+    /// gigabytes), once they match their checksum `crc` when there is one: damaged bytes are an
+    /// error, never printed.
     fn copy(
         &mut self,
         path: &Path,
         mut off: u64,
         len: u64,
+        crc: Option<u32>,
         buf: &mut Vec<u8>,
         to: &mut dyn FnMut(&[u8]) -> io::Result<()>,
     ) -> io::Result<()> {
@@ -124,9 +121,23 @@ impl Files {
             self.0.insert(path.to_path_buf(), File::open(path)?);
         }
         let f = &self.0[path];
+        let damaged =
+            || io::Error::new(io::ErrorKind::InvalidData, format!("{len} bytes at {off}: damaged (checksum)"));
+        const BLOCK: u64 = 1 << 20;
+        if len <= BLOCK {
+            buf.resize(len as usize, 0);
+            f.read_exact_at(buf, off)?;
+            if crc.is_some_and(|c| c != crc32fast::hash(buf)) {
+                return Err(damaged());
+            }
+            return to(buf);
+        }
+        if crc.is_some_and(|c| crate::capture::crc_of(f, off, len).is_ok_and(|got| got != c)) {
+            return Err(damaged());
+        }
         let end = off + len;
         while off < end {
-            buf.resize(((end - off) as usize).min(1 << 20), 0);
+            buf.resize(((end - off) as usize).min(BLOCK as usize), 0);
             f.read_exact_at(buf, off)?;
             to(buf)?;
             off += buf.len() as u64;
@@ -184,6 +195,8 @@ pub fn print_all(run: &RunDir, sel: Select) -> anyhow::Result<u64> {
     let mut printed = 0u64;
     let mut result: anyhow::Result<()> = Ok(());
     let txn = ledger.read()?;
+    // Every record is read anyway: check the pages that lead to them too.
+    txn.check_structure(None)?;
     txn.for_each(|id, r| {
         if result.is_err() {
             return;
@@ -201,19 +214,24 @@ pub fn print_all(run: &RunDir, sel: Select) -> anyhow::Result<u64> {
         let tag = sel.tag.then_some(tag.as_bytes());
         result = (|| -> anyhow::Result<()> {
             let mut any = false;
-            let mut emit = |path: PathBuf, off: u64, len: u64, to: &mut dyn FnMut(&[u8]) -> io::Result<()>| {
-                any = true;
-                files.copy(&path, off, len, &mut buf, to).with_context(|| format!("reading {}", path.display()))
-            };
+            let mut emit =
+                |path: PathBuf, off: u64, len: u64, crc: Option<u32>, to: &mut dyn FnMut(&[u8]) -> io::Result<()>| {
+                    any = true;
+                    files
+                        .copy(&path, off, len, crc, &mut buf, to)
+                        .with_context(|| format!("task {id}'s output in {}", path.display()))
+                };
             match mode {
                 OutputMode::Streams => {
                     let Some((x, agent)) = pick(group, r) else { return Ok(()) };
                     let dir = run.agent_out(agent);
                     if sel.stdout {
-                        emit(dir.join(format!("slot-{}.out", x.slot)), x.out_off, x.out_len, &mut |b| so.copy(b, tag))?;
+                        let path = dir.join(format!("slot-{}.out", x.slot));
+                        emit(path, x.out_off, x.out_len, Some(x.out_crc), &mut |b| so.copy(b, tag))?;
                     }
                     if sel.stderr {
-                        emit(dir.join(format!("slot-{}.err", x.slot)), x.err_off, x.err_len, &mut |b| se.copy(b, tag))?;
+                        let path = dir.join(format!("slot-{}.err", x.slot));
+                        emit(path, x.err_off, x.err_len, Some(x.err_crc), &mut |b| se.copy(b, tag))?;
                     }
                 }
                 OutputMode::PerTask => {
@@ -227,7 +245,7 @@ pub fn print_all(run: &RunDir, sel: Select) -> anyhow::Result<u64> {
                         };
                         if want {
                             let to = if ext == "out" { &mut so } else { &mut se };
-                            emit(path, 0, len, &mut |b| to.copy(b, tag))?;
+                            emit(path, 0, len, None, &mut |b| to.copy(b, tag))?;
                         }
                     }
                 }
@@ -247,7 +265,7 @@ pub fn print_all(run: &RunDir, sel: Select) -> anyhow::Result<u64> {
     let mut cut = Vec::new();
     for c in all_cuts(run)? {
         let r = txn.get(c.id)?;
-        if r.is_some_and(|r| r.life().attempt_no() == c.attempt && (!sel.failed_only || r.state() == State::Failed)) {
+        if r.is_some_and(|r| r.attempt_no() == c.attempt && (!sel.failed_only || r.state() == State::Failed)) {
             cut.push(c);
         }
     }
@@ -261,6 +279,51 @@ pub fn print_all(run: &RunDir, sel: Select) -> anyhow::Result<u64> {
         );
     }
     Ok(printed)
+}
+
+/// What `htc verify` found of a run's output: each finished task's recorded attempt, its bytes
+/// read back against their checksums.
+#[derive(Debug, Default)]
+pub struct OutputCheck {
+    pub checked: u64,
+    /// Finished tasks whose recorded attempt has no index entry.
+    pub missing: Vec<u64>,
+    /// Tasks whose bytes are damaged or unreadable, with why.
+    pub damaged: Vec<(u64, String)>,
+}
+
+/// Reads back the output of every finished task's recorded attempt (streams mode; None for the
+/// other modes, which keep no checksums).
+pub fn check_all(run: &RunDir) -> anyhow::Result<Option<OutputCheck>> {
+    let ledger = Ledger::open(&run.ledger(), true)?;
+    if stored_mode(&ledger)? != OutputMode::Streams {
+        return Ok(None);
+    }
+    let entries = all_entries(run)?;
+    let mut c = OutputCheck::default();
+    let (mut files, mut buf, mut next) = (Files(HashMap::new()), Vec::new(), 0usize);
+    ledger.read()?.for_each(|id, r| {
+        let start = next;
+        while next < entries.len() && entries[next].0.id <= id {
+            next += 1;
+        }
+        let finished = matches!(r.state(), State::Done | State::Failed);
+        if !finished || r.attempts == 0 || r.outcome() == crate::ledger::Outcome::Lost {
+            return;
+        }
+        let Some((x, agent)) = pick(&entries[start..next], r) else { return c.missing.push(id) };
+        c.checked += 1;
+        let dir = run.agent_out(agent);
+        for (ext, off, len, crc) in [("out", x.out_off, x.out_len, x.out_crc), ("err", x.err_off, x.err_len, x.err_crc)]
+        {
+            let path = dir.join(format!("slot-{}.{ext}", x.slot));
+            if let Err(e) = files.copy(&path, off, len, Some(crc), &mut buf, &mut |_| Ok(())) {
+                c.damaged.push((id, format!("{}: {e}", path.display())));
+                break;
+            }
+        }
+    })?;
+    Ok(Some(c))
 }
 
 /// Prints one task's output (its last attempt's): stdout to stdout, stderr to stderr.
@@ -294,32 +357,38 @@ pub fn print_one(run: &RunDir, task: u64, want_out: bool, want_err: bool) -> any
         }
         OutputMode::Streams => {
             let dir = run.agent_out(r.agent);
-            let e = find_output(&dir, task, r.life().attempt_no())?
-                .with_context(|| format!("no output recorded for task {task} (it may still be running)"))?;
-            if want_out {
-                output::copy_range(&dir.join(format!("slot-{}.out", e.slot)), e.out_off, e.out_len, &mut so)?;
-            }
-            if want_err {
-                output::copy_range(&dir.join(format!("slot-{}.err", e.slot)), e.err_off, e.err_len, &mut se)?;
+            let attempt = r.attempt_no();
+            let e = find_output(&dir, task, attempt, r.start_us)?.with_context(|| {
+                format!("no output recorded for attempt {attempt} of task {task} (it may still be running)")
+            })?;
+            let (mut files, mut buf) = (Files(HashMap::new()), Vec::new());
+            for (want, ext, off, len, crc, to) in [
+                (want_out, "out", e.out_off, e.out_len, e.out_crc, &mut so as &mut dyn Write),
+                (want_err, "err", e.err_off, e.err_len, e.err_crc, &mut se),
+            ] {
+                if want {
+                    let path = dir.join(format!("slot-{}.{ext}", e.slot));
+                    files
+                        .copy(&path, off, len, Some(crc), &mut buf, &mut |b| to.write_all(b))
+                        .with_context(|| format!("task {task}'s output in {}", path.display()))?;
+                }
             }
         }
     }
     so.flush()?;
-    for c in all_cuts(run)?.iter().filter(|c| c.id == task && c.attempt == r.life().attempt_no()) {
+    for c in all_cuts(run)?.iter().filter(|c| c.id == task && c.attempt == r.attempt_no()) {
         eprintln!("htc: {}", cut_note(c));
     }
     Ok(())
 }
 
-/// The index entry of `task` in an agent's output directory: its attempt, else its newest, in
-/// any of the agent's spawners' index files.
-fn find_output(dir: &Path, task: u64, attempt: u32) -> anyhow::Result<Option<IndexEntry>> {
-    let indexes: Vec<PathBuf> = (0..).map(|i| dir.join(executor::index_name(i))).take_while(|p| p.exists()).collect();
-    for want in [Some(attempt), None] {
-        for ix in &indexes {
-            if let Some(e) = output::find_entry(ix, task, want)? {
-                return Ok(Some(e));
-            }
+/// The index entry of the recorded attempt of `task` (number and start time) in an agent's
+/// output directory, in any of the agent's spawners' index files.
+fn find_output(dir: &Path, task: u64, attempt: u32, start_us: u64) -> anyhow::Result<Option<IndexEntry>> {
+    let indexes = (0..).map(|i| dir.join(executor::index_name(i))).take_while(|p| p.exists());
+    for ix in indexes {
+        if let Some(e) = output::find_entry(&ix, task, |e| e.is_of(attempt, start_us))? {
+            return Ok(Some(e));
         }
     }
     Ok(None)
@@ -346,16 +415,29 @@ mod tests {
     }
 
     #[test]
-    fn the_last_attempt_s_entry_is_picked() {
-        let e = |attempt, slot| IndexEntry { id: 1, attempt, slot, out_off: 0, out_len: 0, err_off: 0, err_len: 0 };
-        let r = Record { attempts: 2, agent: 1, ..Default::default() };
-        let group = [(e(1, 0), 0), (e(2, 1), 0), (e(2, 2), 1), (e(3, 3), 0)];
+    fn the_recorded_attempt_s_entry_is_picked_and_no_other() {
+        let e = |attempt, slot, start_us| IndexEntry {
+            id: 1,
+            attempt,
+            slot,
+            out_off: 0,
+            out_len: 0,
+            err_off: 0,
+            err_len: 0,
+            start_us,
+            out_crc: 0,
+            err_crc: 0,
+        };
+        // Attempt 2 ran twice on agent 1: in a session that was killed (start 20), then again (30).
+        let group = [(e(1, 0, 10), 0), (e(2, 1, 20), 0), (e(2, 2, 20), 1), (e(2, 4, 30), 1), (e(3, 3, 40), 0)];
+        let r = Record { attempts: 2, agent: 1, start_us: 30, ..Default::default() };
+        assert_eq!(pick(&group, &r).map(|(x, a)| (x.slot, a)), Some((4, 1)));
+        let r = Record { attempts: 2, agent: 1, start_us: 20, ..Default::default() };
         assert_eq!(pick(&group, &r).map(|(x, a)| (x.slot, a)), Some((2, 1)));
-        let r = Record { attempts: 9, agent: 1, ..Default::default() };
-        assert_eq!(pick(&group, &r).map(|(x, _)| x.slot), Some(3), "none of that attempt: the newest");
-        assert_eq!(pick(&[], &r), None);
+        let r = Record { attempts: 9, agent: 1, start_us: 30, ..Default::default() };
+        assert_eq!(pick(&group, &r), None, "none of that attempt: nothing, not another attempt's");
         // A lost run counts in the numbers agents are given: after a loss, attempt 1 is run 2.
-        let r = Record { attempts: 1, losses: 1, agent: 0, ..Default::default() };
+        let r = Record { attempts: 1, losses: 1, agent: 0, start_us: 20, ..Default::default() };
         assert_eq!(pick(&group, &r).map(|(x, a)| (x.slot, a)), Some((1, 0)));
     }
 }

@@ -34,6 +34,9 @@ pub struct Verdict {
     pub notes: Vec<String>,
 }
 
+/// How the note about a record past the last task begins.
+const BEYOND: &str = "a task record lies past the last task";
+
 /// How the note about stored counts begins: the one damage a resume mends (it counts again).
 const COUNTS_DIFFER: &str = "the stored counts differ";
 
@@ -112,9 +115,9 @@ fn verify_ticking(
         Err(e) => v.notes.push(format!("the ledger's meta cannot be read: {e}")),
     }
     drop(txn);
-    let mut w = Walk { expect: start.id, last_line: 0, counts: Counts::default(), text_len };
-    tick.now(&mut v, start.id);
     let end = v.total.unwrap_or(most);
+    let mut w = Walk { expect: start.id, last_line: 0, counts: Counts::default(), text_len, end };
+    tick.now(&mut v, start.id);
     let mut from = start.id;
     if start.probe {
         from = probe(l, &mut v, &mut tick, from, end);
@@ -124,7 +127,7 @@ fn verify_ticking(
         let Err(e) = l.read().and_then(|t| {
             t.walk_tasks(from, |id, r| {
                 w.see(&mut v, id, r);
-                tick.maybe(&mut v, id + 1);
+                tick.maybe(&mut v, w.expect);
             })
         }) else {
             break;
@@ -151,7 +154,13 @@ fn verify_ticking(
     let at = v.total.map_or(w.expect, |t| t + 1);
     tick.now(&mut v, at);
     if let Err(e) = l.read().and_then(|t| t.check_history()) {
-        v.notes.push(format!("the attempt history is damaged: {e}"));
+        v.notes.push(format!("the attempt history, failed-task index or meta is damaged: {e}"));
+    }
+    // Damage LMDB does not see: a pointer that leads to an intact value in the wrong place.
+    if start.id == 1 {
+        if let Err(e) = l.read().and_then(|t| t.check_structure(None)) {
+            v.notes.push(e.to_string());
+        }
     }
     // Not a task's, but what a resume's first write would follow.
     if let Err(e) = l.read().and_then(|t| t.check_freelist()) {
@@ -464,16 +473,25 @@ impl Ticker<'_> {
     }
 }
 
-/// Where the walk is: the id it should see next, the last good line, the states seen.
+/// Where the walk is: the id it should see next, the last good line, the states seen, the last
+/// id there can be.
 struct Walk {
     expect: u64,
     last_line: u32,
     counts: Counts,
     text_len: u64,
+    end: u64,
 }
 
 impl Walk {
     fn see(&mut self, v: &mut Verdict, id: u64, r: Result<Record, LedgerError>) {
+        if id > self.end {
+            // A damaged key: the ids it skipped are counted as missing at the end of the walk.
+            if !v.notes.iter().any(|n| n.starts_with(BEYOND)) {
+                v.notes.push(format!("{BEYOND} (id {id}, the last is {})", self.end));
+            }
+            return;
+        }
         for missing in self.expect..id {
             v.bad(missing, || "no record".into());
         }

@@ -195,6 +195,34 @@ fn a_stopped_leader_is_not_taken_for_dead_and_its_agents_fence_themselves_then_c
     assert!(status().contains("finished, all tasks succeeded"), "{}", status());
 }
 
+/// A leader stopped for three times the loss bound reads what its agents sent meanwhile before it
+/// judges their silence: no finished task runs again (finding 3 of issue 24: 28 did, when the
+/// leader gave its agents up before reading their reports).
+#[test]
+fn a_leader_stopped_past_the_loss_bound_runs_no_finished_task_again() {
+    let d = Dir::new("leader-stalled");
+    let site = d.write("site.conf", "lost_after_s = 2\n");
+    let env = [("HTC_SITE_CONFIG", site.as_os_str()), ("HTC_LOG", "info".as_ref())];
+    let ids = d.path("ids.txt");
+    let n = 300;
+    d.write(
+        "tasks.txt",
+        (0..n).map(|_| format!("sleep 0.1; echo $HTC_TASK_ID >> {}\n", ids.display())).collect::<String>(),
+    );
+    let leader = d.spawn_htc(&["run", "--agents", "2", "--cores-per-agent", "2", "tasks.txt"], &env);
+    assert!(wait_for(|| runs_of(&ids).len() >= 40, Duration::from_secs(30)), "the run did not get going");
+    signal(leader.id() as i32, libc::SIGSTOP);
+    std::thread::sleep(Duration::from_secs(6));
+    signal(leader.id() as i32, libc::SIGCONT);
+    let o = leader.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let runs = runs_of(&ids);
+    assert_eq!(runs.len(), n, "every task ran");
+    let twice: Vec<_> = runs.iter().filter(|(_, &c)| c > 1).map(|(id, _)| id).collect();
+    assert!(twice.is_empty(), "tasks that had finished ran again: {twice:?}\n{}", text(&o));
+    assert!(!String::from_utf8_lossy(&o.stderr).contains("silent for"), "an agent was blamed: {}", text(&o));
+}
+
 /// `--max-fails N`: after N tasks failed for good nothing more starts; the run stops, resumable.
 #[test]
 fn max_fails_stops_starting_tasks_after_that_many_failed() {

@@ -1,10 +1,12 @@
-//! The fuzz targets' committed corpora (`fuzz/corpus/{taskfile,frame,pmi,replica,user_input}/`: hand-written seeds
+//! The fuzz targets' committed corpora (`fuzz/corpus/{taskfile,frame,pmi,replica,ledger_record,user_input}/`: hand-written seeds
 //! and what libFuzzer kept or found) replayed through the targets' own checks
 //! (`fuzz/checks/*.rs`), so every `cargo test` makes the fuzzer's assertions on them without
 //! a nightly toolchain. The plugin's target is replayed in `spank-plugin/tests/`.
 
 #[path = "../../fuzz/checks/frame.rs"]
 mod frame;
+#[path = "../../fuzz/checks/ledger_record.rs"]
+mod ledger_record;
 #[path = "../../fuzz/checks/pmi.rs"]
 mod pmi;
 #[path = "../../fuzz/checks/replay.rs"]
@@ -36,6 +38,11 @@ fn pmi_corpus() {
 #[test]
 fn replica_corpus() {
     replay("replica", replica::check);
+}
+
+#[test]
+fn ledger_record_corpus() {
+    replay("ledger_record", ledger_record::check);
 }
 
 #[test]

@@ -597,3 +597,39 @@ fn a_killed_member_costs_its_started_tasks_which_run_again_and_its_head_carries_
     let log = fs::read_to_string(run.join("log/agent-0.log")).unwrap();
     assert!(log.contains("member lost head=0 member=1"), "{log}");
 }
+
+#[test]
+fn options_that_make_no_sense_are_refused_by_name_and_leave_no_run_behind() {
+    let d = Dir::new("bad-options");
+    d.write("tasks.txt", "echo a\n");
+    let ledgers = d.path("ledgers");
+    let ledger_dir = ledgers.to_str().unwrap();
+    for (args, says) in [
+        (vec!["--agents", "0"], "--agents"),
+        (vec!["--cores-per-agent", "0"], "--cores-per-agent"),
+        (vec!["--fanout", "0"], "--fanout"),
+        (vec!["--spawners", "99999", "--cores-per-agent", "2"], "--spawners 99999"),
+        (vec!["--gpus", "x,y"], "'x' is not a device index"),
+    ] {
+        let mut all = vec!["run", "tasks.txt", "--ledger-dir", ledger_dir];
+        all.extend(&args);
+        let o = d.htc(&all);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert!(!d.path(".htc").exists(), "{args:?} left .htc/ behind");
+        assert!(fs::read_dir(&ledgers).map_or(true, |mut r| r.next().is_none()), "{args:?} left a ledger folder");
+    }
+    // A task file with an error is refused the same way, leaving nothing behind either.
+    d.write("bad.txt", "[cores=x] echo a\n");
+    let o = d.htc(&["run", "bad.txt", "--ledger-dir", ledger_dir]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(!d.path(".htc").exists(), "a refused task file left .htc/ behind");
+    assert!(
+        fs::read_dir(&ledgers).map_or(true, |mut r| r.next().is_none()),
+        "a refused task file left a ledger folder"
+    );
+    // GPU UUIDs are device names too.
+    let o = d.htc(&["run", "-q", "tasks.txt", "--gpus", "GPU-8f2a1c3e-0000-1111-2222-333344445555"]);
+    assert!(o.status.success(), "{}", text(&o));
+}

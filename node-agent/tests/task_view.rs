@@ -109,6 +109,10 @@ fn fd_line(line: &str) -> Option<String> {
         format!("{}:[…]", &target[..i])
     } else if fs::metadata(target).is_ok_and(|m| m.is_file()) {
         "regular file".to_string()
+    } else if target.ends_with(" (deleted)") && (target.contains("/#") || target.starts_with("/memfd:")) {
+        // A task's stdout and stderr: an unnamed regular file of its own (the agent's capture),
+        // which /proc names by its inode.
+        "regular file".to_string()
     } else {
         target.to_string()
     };

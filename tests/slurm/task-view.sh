@@ -48,7 +48,9 @@ EOF
 # `ls -l /proc/self/fd` on stdin -> one "fd mode target" line per descriptor, by fd. The mode is
 # the link's permission bits, i.e. how the descriptor was opened (r-x read, -wx write). Targets
 # that necessarily differ are reduced to their kind: stdout and stderr are regular files in both
-# (the task's are its slot's stream files, the reference's are files of this test), the
+# (the task's are unnamed files of its own, which /proc shows as "/tmp/#INODE (deleted)" or
+# "/memfd:… (deleted)", and which the agent appends to its slot's stream files when the task
+# ends; the reference's are files of this test), the
 # directory `ls` reads is /proc/<its pid>/fd, and pipes, sockets and anonymous inodes differ in
 # their inode number only. Every other target, /dev/null included, is kept as it is.
 fd_view() {
@@ -59,6 +61,7 @@ fd_view() {
         case $target in
             /proc/[0-9]*/fd) kind=/proc/PID/fd ;;
             *:\[*\]) kind="${target%%:\[*}:[…]" ;;
+            */\#*' (deleted)'|/memfd:*' (deleted)') kind="regular file" ;;
             *) if [[ -f $target ]]; then kind="regular file"; else kind=$target; fi ;;
         esac
         printf '%s %s %s\n' "${left##* }" "${left%% *}" "$kind"

@@ -192,6 +192,15 @@ fn real_main() -> anyhow::Result<i32> {
             no_steal,
         } => {
             let site = Site::load()?;
+            // Options are checked before a run is made, so a refused one leaves nothing behind.
+            let cpus = executor::allowed_cpus();
+            let (agents, slots) = local_layout(agents, cores_per_agent, cpus.len());
+            if spawners.is_some_and(|s| s > slots) {
+                bail!(
+                    "--spawners {}: more spawn loops than the agent's {slots} cores (0: one per core)",
+                    spawners.unwrap_or(0)
+                );
+            }
             let lock;
             let (run, output) = match (resume, file) {
                 (Some(r), None) => {
@@ -220,8 +229,6 @@ fn real_main() -> anyhow::Result<i32> {
                     Err(code) => return Ok(code),
                 },
             };
-            let cpus = executor::allowed_cpus();
-            let (agents, slots) = local_layout(agents, cores_per_agent, cpus.len());
             let widest = load::widest_task(&Ledger::open(&run.ledger(), true)?)?;
             let spawners = spawners.unwrap_or(agent::default_spawners(widest));
             // A spawn loop runs a task on its own slots only: one too narrow would refuse it.
@@ -516,6 +523,28 @@ fn local_layout(agents: Option<usize>, cores: Option<usize>, cpus: usize) -> (us
     (agents, cores.unwrap_or((cpus / agents).max(1)).max(1))
 }
 
+/// `htc verify`'s second half, on an intact ledger: every finished task's output against its
+/// checksums.
+fn verify_output(run: &RunDir) -> anyhow::Result<i32> {
+    let Some(c) = htc::output_view::check_all(run)? else { return Ok(0) };
+    if c.damaged.is_empty() && c.missing.is_empty() {
+        println!("output: intact, {} tasks' output read back whole", c.checked);
+        return Ok(0);
+    }
+    println!("output: damaged ({} tasks' output read back whole)", c.checked - c.damaged.len() as u64);
+    for (id, why) in c.damaged.iter().take(20) {
+        println!("  task {id}: {why}");
+    }
+    if c.damaged.len() > 20 {
+        println!("  … and {} more damaged", c.damaged.len() - 20);
+    }
+    if !c.missing.is_empty() {
+        let spans = htc::verify::spans(&c.missing.iter().map(|&i| i..=i).collect::<Vec<_>>());
+        println!("  no output recorded for {} finished tasks: {spans}", c.missing.len());
+    }
+    Ok(1)
+}
+
 /// `htc verify`: the whole ledger read back, and what it still vouches for.
 fn verify(run: &RunDir) -> anyhow::Result<i32> {
     let text_len = htc::load::text_len(run);
@@ -535,7 +564,7 @@ fn verify(run: &RunDir) -> anyhow::Result<i32> {
     let total = v.total.map(|t| t.to_string()).unwrap_or_else(|| "?".into());
     if v.intact() {
         println!("ledger {shown}: intact, all {total} task records read back whole");
-        return Ok(0);
+        return verify_output(run);
     }
     println!("ledger {shown}: damaged");
     println!("  tasks it vouches for: {} of {total} ({})", v.good_count, htc::verify::spans(&v.good));

@@ -212,6 +212,9 @@ pub struct Core<'a> {
     beat_us: u64,
     /// When every agent was last asked what it holds (`audit`).
     audit_us: u64,
+    /// When time last passed (`Input::Tick`, every 100 ms from the driver): a longer gap is the
+    /// leader's own stall, not its agents' silence.
+    ticked_us: u64,
     /// Tasks given back unstarted by a lost agent (or a head for a lost member), and how often:
     /// the agent may have started them after all, so their next dispatch is a new attempt
     /// number without counting as a loss.
@@ -359,6 +362,7 @@ impl<'a> Core<'a> {
             live: Liveness::default(),
             beat_us: now_us,
             audit_us: now_us,
+            ticked_us: now_us,
             returned: HashMap::new(),
             recent_failures: VecDeque::new(),
             max_fails: None,
@@ -824,10 +828,30 @@ impl<'a> Core<'a> {
         Ok(())
     }
 
+    /// Time passed without a tick for longer than a hold: the leader itself stood still (SIGSTOP,
+    /// a starved or swapped-out process, a long disk stall). What its agents sent meanwhile waits
+    /// unread in its sockets, so the stall is not counted as their silence: an agent is judged
+    /// only on time the leader was there to hear it.
+    fn excuse_own_stall(&mut self, now_us: u64) {
+        let gap = now_us.saturating_sub(self.ticked_us);
+        self.ticked_us = now_us;
+        if gap <= self.live.hold_us {
+            return;
+        }
+        tracing::warn!(
+            stalled_s = gap as f64 / 1e6,
+            "the leader stood still; its agents' silence in that time is excused"
+        );
+        for a in self.agents.values_mut() {
+            a.heard_us = a.heard_us.saturating_add(gap).min(now_us);
+        }
+    }
+
     /// Agents silent past the bound are lost, and told to stop should they resume (a hung agent
     /// reads it when it runs again; its lease has run out by then anyway). Every live agent hears
     /// from the leader at least once a heartbeat: an Ack of what was already acknowledged.
     fn tick(&mut self, t: &mut dyn Tasks, now_us: u64, out: &mut Outbox) -> Result<()> {
+        self.excuse_own_stall(now_us);
         let mut silent: Vec<(u32, u64)> = self
             .agents
             .iter()
@@ -927,6 +951,7 @@ impl<'a> Core<'a> {
         r.outcome = outcome as u8;
         r.value = value;
         r.agent = agent;
+        r.returns = self.returned.get(&id).copied().unwrap_or(0).min(255) as u8;
         if start_us != 0 {
             r.start_us = start_us;
         }
@@ -2114,6 +2139,29 @@ mod tests {
     }
 
     #[test]
+    fn the_leader_s_own_stall_is_not_its_agents_silence() {
+        let mut m = Mem::with(4, 0, 1);
+        let mut c = core(&m, 2).with_liveness(Liveness::new(std::time::Duration::from_secs(10)));
+        let mut out = Vec::new();
+        for (now, ev) in [(0, join(0, 1)), (0, join(1, 1)), (1, want(0, 1)), (2, Input::Tick)] {
+            c.handle(now, &mut m, ev, &mut out).unwrap();
+        }
+        // SIGSTOP for 30 s: the first tick after it finds both agents heard 30 s ago.
+        out.clear();
+        c.handle(30_000_000, &mut m, Input::Tick, &mut out).unwrap();
+        assert!(!out.iter().any(|(_, b)| matches!(b, Body::Shutdown(_))), "no agent is lost: {out:?}");
+        assert_eq!(c.progress(0).agents, 2);
+        // The reports that waited in the sockets are read; one agent then really falls silent.
+        c.handle(30_000_100, &mut m, want(1, 0), &mut out).unwrap();
+        for now in (30_500_000..=40_500_000).step_by(500_000) {
+            c.handle(now, &mut m, Input::Tick, &mut out).unwrap();
+            c.handle(now + 1, &mut m, want(1, 0), &mut out).unwrap();
+        }
+        assert!(out.iter().any(|(a, b)| *a == 0 && matches!(b, Body::Shutdown(_))), "silent since the stall: {out:?}");
+        assert_eq!(c.progress(0).agents, 1);
+    }
+
+    #[test]
     fn a_silent_agent_is_lost_within_the_bound_and_everyone_else_hears_a_heartbeat() {
         let mut m = Mem::with(4, 0, 1);
         let mut c = core(&m, 2).with_liveness(Liveness::new(std::time::Duration::from_secs(10)));
@@ -2127,12 +2175,16 @@ mod tests {
             c.handle(now, &mut m, ev, &mut out).unwrap();
         }
         out.clear();
-        // A second on: both hear a heartbeat.
-        c.handle(1_000_003, &mut m, Input::Tick, &mut out).unwrap();
+        // Most of a second on: both hear a heartbeat.
+        c.handle(900_000, &mut m, Input::Tick, &mut out).unwrap();
         let beats: Vec<u32> = out.iter().filter(|(_, b)| matches!(b, Body::Ack(_))).map(|(a, _)| *a).collect();
         assert_eq!(beats.len(), 2, "{out:?}");
-        // Agent 1 keeps reporting, agent 0 (task 1 running) falls silent.
+        // Agent 1 keeps reporting, agent 0 (task 1 running) falls silent; the leader ticks on.
+        for now in (1_400_000..9_000_000).step_by(500_000) {
+            c.handle(now, &mut m, Input::Tick, &mut out).unwrap();
+        }
         c.handle(9_000_000, &mut m, want(1, 0), &mut out).unwrap();
+        c.handle(9_500_000, &mut m, Input::Tick, &mut out).unwrap();
         out.clear();
         c.handle(10_000_001, &mut m, Input::Tick, &mut out).unwrap();
         assert!(!out.iter().any(|(_, b)| matches!(b, Body::Shutdown(_))), "not yet: {out:?}");

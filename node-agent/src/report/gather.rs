@@ -194,6 +194,8 @@ impl Gathered {
 /// Reads the ledger once into a `Gathered`.
 pub fn gather(ledger: &Ledger, run: &str) -> anyhow::Result<Gathered> {
     let t = ledger.read()?;
+    // Every record is read anyway: check the pages that lead to them too.
+    t.check_structure(None)?;
     let mut g = Gathered { run: run.into(), busy: vec![0.0; BINS], finished: vec![0.0; BINS], ..Default::default() };
     let text = |k: &str| -> anyhow::Result<String> {
         Ok(t.meta(k)?.map(|b| String::from_utf8_lossy(b).into_owned()).unwrap_or_default())

@@ -1,0 +1,207 @@
+//! A task's stdout and stderr, captured apart from every other task's: each task writes to fresh
+//! anonymous files of its own, which the agent appends to its slot's stream files once the task
+//! has ended. Whatever a task does with its descriptors (truncate them, reopen `/dev/stdout`,
+//! seek, write after its end from a process it left behind) reaches only its own capture, never
+//! the bytes of the tasks before it. The copy also yields each stream's checksum for the index.
+
+use std::fs::File;
+use std::io::{self, Write};
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+/// Where capture files are made: unnamed files in a node-local directory (`O_TMPFILE`: gone the
+/// moment their last descriptor closes, so nothing is left behind by a killed agent), or, where
+/// that directory's file system lacks them, memory files.
+#[derive(Debug, Clone)]
+pub enum Scratch {
+    Dir(PathBuf),
+    Memory,
+}
+
+impl Scratch {
+    /// The node-local temporary directory (`$TMPDIR`, else `/tmp`) if it can hold unnamed files.
+    pub fn find() -> Scratch {
+        let dir = std::env::temp_dir();
+        match unnamed_in(&dir) {
+            Ok(_) => Scratch::Dir(dir),
+            Err(e) => {
+                tracing::info!(dir = %dir.display(), error = %e, "task output is captured in memory files");
+                Scratch::Memory
+            }
+        }
+    }
+
+    /// A new empty capture file, in append mode as a task's output file usually is: what a
+    /// task writes after truncating its own output lands at the start, not after a hole.
+    pub fn file(&self) -> io::Result<File> {
+        let f = match self {
+            Scratch::Dir(d) => unnamed_in(d),
+            Scratch::Memory => memory_file(),
+        }?;
+        // SAFETY: fcntl on a descriptor we own.
+        if unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETFL, libc::O_APPEND) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(f)
+    }
+}
+
+fn unnamed_in(dir: &Path) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_TMPFILE | libc::O_CLOEXEC)
+        .mode(0o600)
+        .open(dir)
+}
+
+fn memory_file() -> io::Result<File> {
+    // SAFETY: a NUL-terminated name and valid flags; the result is checked.
+    let fd = unsafe { libc::memfd_create(c"htc-task-output".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor we just opened and own.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// One stream (stdout or stderr) of a slot: the descriptor its tasks write to, write-only as a
+/// shell's redirection would give them and kept at one number (the spawn file actions name
+/// numbers), and the agent's own read-write handle on the same file.
+pub struct Capture {
+    task: File,
+    file: File,
+}
+
+impl Capture {
+    pub fn new(scratch: &Scratch) -> io::Result<Capture> {
+        let file = scratch.file()?;
+        Ok(Capture { task: write_only(&file)?, file })
+    }
+
+    /// The descriptor the task writes to.
+    pub fn task_fd(&self) -> std::os::fd::RawFd {
+        self.task.as_raw_fd()
+    }
+
+    /// A fresh file for the next task. Where none can be made (out of descriptors, a full
+    /// scratch disk), the old one is emptied instead: its bytes are in the stream already, and
+    /// only a process the last task left behind could still write into it. Err(why) then, for a
+    /// log line, with whether the capture is usable all the same.
+    pub fn renew(&mut self, scratch: &Scratch) -> Result<(), (io::Error, bool)> {
+        let fresh = scratch.file().and_then(|file| {
+            let w = write_only(&file)?;
+            // SAFETY: both descriptors are open; dup3 atomically replaces what `task` referred to.
+            if unsafe { libc::dup3(w.as_raw_fd(), self.task.as_raw_fd(), libc::O_CLOEXEC) } < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(file)
+        });
+        match fresh {
+            Ok(file) => {
+                self.file = file;
+                Ok(())
+            }
+            Err(e) => Err((e, self.file.set_len(0).is_ok())),
+        }
+    }
+
+    /// Appends at most `cap` bytes (0: all) of what the task wrote to `stream`.
+    pub fn append_to(&self, stream: &mut impl Write, cap: u64, buf: &mut Vec<u8>) -> io::Result<Appended> {
+        append(&self.file, stream, cap, buf)
+    }
+}
+
+/// A write-only, appending descriptor of `file` (reopened through /proc, which works for
+/// unnamed and memory files alike).
+fn write_only(file: &File) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .append(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(format!("/proc/self/fd/{}", file.as_raw_fd()))
+}
+
+/// What one capture added to its stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Appended {
+    /// Bytes the task wrote.
+    pub written: u64,
+    /// Bytes kept in the stream (at most the cap).
+    pub kept: u64,
+    /// CRC-32 of the bytes kept.
+    pub crc: u32,
+}
+
+/// Appends at most `cap` bytes (0: all) of capture `from` to `stream`, a block at a time.
+pub fn append(from: &File, stream: &mut impl Write, cap: u64, buf: &mut Vec<u8>) -> io::Result<Appended> {
+    let written = from.metadata()?.len();
+    let keep = if cap > 0 { written.min(cap) } else { written };
+    let mut h = crc32fast::Hasher::new();
+    let mut at = 0u64;
+    while at < keep {
+        buf.resize(((keep - at) as usize).min(1 << 16), 0);
+        let n = from.read_at(buf, at)?;
+        if n == 0 {
+            break; // shrunk meanwhile (something it left behind truncated it)
+        }
+        h.update(&buf[..n]);
+        stream.write_all(&buf[..n])?;
+        at += n as u64;
+    }
+    Ok(Appended { written, kept: at, crc: h.finalize() })
+}
+
+/// CRC-32 of `len` bytes at `off` of `f` (`htc output`, `htc verify`).
+pub fn crc_of(f: &File, mut off: u64, len: u64) -> io::Result<u32> {
+    let mut h = crc32fast::Hasher::new();
+    let mut buf = vec![0u8; (len as usize).min(1 << 20)];
+    let end = off + len;
+    while off < end {
+        let n = ((end - off) as usize).min(buf.len());
+        f.read_exact_at(&mut buf[..n], off)?;
+        h.update(&buf[..n]);
+        off += n as u64;
+    }
+    Ok(h.finalize())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_capture_truncated_by_its_task_costs_only_its_own_bytes() {
+        for scratch in [Scratch::find(), Scratch::Memory] {
+            let mut stream = b"earlier task\n".to_vec();
+            let mut c = Capture::new(&scratch).unwrap();
+            c.renew(&scratch).map_err(|(e, _)| e).unwrap();
+            let task = &c.task;
+            (&*task).write_all(b"lost\n").unwrap();
+            c.file.set_len(0).unwrap(); // the task truncates its stdout, and writes on
+            (&*task).write_all(b"x\n").unwrap();
+            let a = c.append_to(&mut stream, 0, &mut Vec::new()).unwrap();
+            assert_eq!(stream, b"earlier task\nx\n");
+            assert_eq!(a, Appended { written: 2, kept: 2, crc: crc32fast::hash(b"x\n") });
+            // The task's descriptor is write-only; the next task starts from an empty capture.
+            // SAFETY: fcntl(F_GETFL) on an open descriptor.
+            let flags = unsafe { libc::fcntl(c.task_fd(), libc::F_GETFL) };
+            assert_eq!(flags & libc::O_ACCMODE, libc::O_WRONLY);
+            c.renew(&scratch).map_err(|(e, _)| e).unwrap();
+            assert_eq!(c.file.metadata().unwrap().len(), 0);
+        }
+    }
+
+    #[test]
+    fn a_cap_keeps_the_first_bytes() {
+        let scratch = Scratch::Memory;
+        let f = scratch.file().unwrap();
+        (&f).write_all(b"0123456789").unwrap();
+        let mut out = Vec::new();
+        let a = append(&f, &mut out, 4, &mut Vec::new()).unwrap();
+        assert_eq!((out.as_slice(), a.written, a.kept), (&b"0123"[..], 10, 4));
+        assert_eq!(crc_of(&f, 0, 4).unwrap(), a.crc);
+    }
+}
