@@ -59,21 +59,9 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> ReplicaError + '_ {
     move |source| ReplicaError::Io { path: path.display().to_string(), source }
 }
 
-/// CRC-32 (IEEE), table-driven: a torn or flipped frame must not pass for a good one.
+/// CRC-32 (IEEE): a torn or flipped frame must not pass for a good one.
 fn crc32(data: &[u8]) -> u32 {
-    static TABLE: std::sync::OnceLock<[u32; 256]> = std::sync::OnceLock::new();
-    let table = TABLE.get_or_init(|| {
-        let mut t = [0u32; 256];
-        for (i, e) in t.iter_mut().enumerate() {
-            let mut c = i as u32;
-            for _ in 0..8 {
-                c = if c & 1 != 0 { 0xEDB8_8320 ^ (c >> 1) } else { c >> 1 };
-            }
-            *e = c;
-        }
-        t
-    });
-    !data.iter().fold(!0u32, |c, &b| table[((c ^ b as u32) & 0xff) as usize] ^ (c >> 8))
+    crc32fast::hash(data)
 }
 
 /// One change to one of the ledger's databases.

@@ -155,6 +155,10 @@ pub fn run(
             };
             let input = match ev {
                 Event::Joined(input, tx) => {
+                    // Frames the core made so far were for the agents as they were: a Dispatch
+                    // for an agent that was then lost must not reach it once it has come back
+                    // fresh (its tasks were taken back already; it would run them a second time).
+                    send(&mut out, &links);
                     match &input {
                         Input::Joined { agent, hostname, cores, .. }
                         | Input::Revived { agent, hostname, cores, .. } => {
