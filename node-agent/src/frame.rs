@@ -134,6 +134,34 @@ pub fn spawn_writer(mut wr: tokio::net::tcp::OwnedWriteHalf) -> tokio::sync::mps
     tx
 }
 
+/// As `spawn_writer`, and when nothing was written for `every`, writes `keepalive`: the leader's
+/// heartbeat to a child comes from its network side too, so a leader thread held up by a slow
+/// commit or disk sync does not let its agents' leases run out.
+pub fn spawn_writer_with_keepalive(
+    mut wr: tokio::net::tcp::OwnedWriteHalf,
+    every: std::time::Duration,
+    keepalive: Vec<u8>,
+) -> tokio::sync::mpsc::UnboundedSender<Vec<u8>> {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
+    tokio::spawn(async move {
+        loop {
+            let mut out = match tokio::time::timeout(every, rx.recv()).await {
+                Ok(Some(out)) => out,
+                Ok(None) => break,
+                Err(_) => keepalive.clone(),
+            };
+            while let Ok(more) = rx.try_recv() {
+                out.extend_from_slice(&more);
+            }
+            if wr.write_all(&out).await.is_err() {
+                break;
+            }
+        }
+        let _ = wr.shutdown().await;
+    });
+    tx
+}
+
 /// Socket options for every leader/agent connection: no Nagle delay for small frames, and TCP
 /// keepalive so a peer whose node hangs or vanishes without a reset is noticed in about a
 /// minute (the connection then fails and the agent counts as lost) instead of never.

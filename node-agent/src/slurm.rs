@@ -79,6 +79,88 @@ pub fn resume_args(nodes: usize, a: &crate::cli::agent::LeadArgs) -> Vec<String>
     v
 }
 
+/// The sbatch options of job `line` (`scontrol show job -o`) that a continuation of its run must
+/// keep as the user asked for them: name, time limit, partition, account, QOS, memory,
+/// constraints, exclusivity, reservation, GPUs and other generic resources, mail, comment,
+/// licenses. Values Slurm shows for "none" are left out.
+pub fn job_options(line: &str) -> Vec<String> {
+    let fields = scontrol_fields(line);
+    let get = |k: &str| {
+        fields
+            .iter()
+            .find(|(fk, _)| *fk == k)
+            .map(|(_, v)| v.as_str())
+            .filter(|v| !v.is_empty() && !["(null)", "N/A", "NONE", "None"].contains(v))
+    };
+    let mut v = Vec::new();
+    let mut opt = |name: &str, val: Option<&str>| {
+        if let Some(val) = val {
+            v.push(format!("--{name}={val}"));
+        }
+    };
+    opt("job-name", get("JobName"));
+    opt("time", get("TimeLimit"));
+    opt("partition", get("Partition"));
+    opt("account", get("Account"));
+    opt("qos", get("QOS"));
+    opt("mem", get("MinMemoryNode").filter(|m| *m != "0"));
+    opt("mem-per-cpu", get("MinMemoryCPU").filter(|m| *m != "0"));
+    opt("constraint", get("Features"));
+    opt("reservation", get("Reservation"));
+    opt(
+        "gres",
+        get("TresPerNode")
+            .map(|t| t.split(',').map(|g| g.strip_prefix("gres:").unwrap_or(g)).collect::<Vec<_>>().join(","))
+            .as_deref(),
+    );
+    opt("mail-user", get("MailUser"));
+    opt("mail-type", get("MailType"));
+    opt("comment", get("Comment"));
+    opt("licenses", get("Licenses"));
+    match get("OverSubscribe") {
+        Some("NO") => v.push("--exclusive".into()),
+        Some("USER") => v.push("--exclusive=user".into()),
+        Some("MCS") => v.push("--exclusive=mcs".into()),
+        _ => {}
+    }
+    v
+}
+
+/// `Key=Value` pairs of a one-line `scontrol show` record; a value may hold spaces (a job
+/// name), so a word without `=` belongs to the value before it.
+fn scontrol_fields(line: &str) -> Vec<(&str, String)> {
+    let mut out: Vec<(&str, String)> = Vec::new();
+    for word in line.split_whitespace() {
+        match word.split_once('=') {
+            Some((k, val))
+                if !k.is_empty() && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'/' || b == b':') =>
+            {
+                out.push((k, val.to_string()))
+            }
+            _ => {
+                if let Some((_, val)) = out.last_mut() {
+                    val.push(' ');
+                    val.push_str(word);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// This job's own options as the user gave them (`job_options`), from one `scontrol show job`
+/// (one controller RPC per session); none when Slurm cannot be asked.
+pub fn own_job_options() -> Vec<String> {
+    let Ok(job) = var("SLURM_JOB_ID") else { return Vec::new() };
+    match Command::new("scontrol").args(["show", "job", "-o", &job]).stderr(Stdio::null()).output() {
+        Ok(o) if o.status.success() => job_options(String::from_utf8_lossy(&o.stdout).lines().next().unwrap_or("")),
+        _ => {
+            tracing::warn!(job, "scontrol show job failed: a continuation job gets only the run's shape");
+            Vec::new()
+        }
+    }
+}
+
 /// The job's CPUs on all its nodes together.
 pub fn job_cpus() -> Option<u64> {
     let runs = cpu_runs(&std::env::var("SLURM_JOB_CPUS_PER_NODE").ok()?)?;
@@ -248,6 +330,38 @@ impl Srun {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_continuation_keeps_the_options_the_user_gave_the_first_job() {
+        let line = "JobId=17 JobName=my long name UserId=u(1000) GroupId=u(1000) MCS_label=N/A Priority=1 \
+            Nice=0 Account=proj QOS=normal JobState=RUNNING Reason=None Dependency=(null) TimeLimit=00:01:00 \
+            Partition=debug NodeList=n[1-4] NumNodes=4 NumCPUs=8 CPUs/Task=1 ReqB:S:C:T=0:0:*:* \
+            TRES=cpu=8,mem=1200M,node=4 MinCPUsNode=1 MinMemoryNode=300M MinTmpDiskNode=0 Features=fast&big \
+            OverSubscribe=NO Reservation=(null) Contiguous=0 Licenses=(null) Comment=a run TresPerNode=gres:gpu:2 \
+            MailUser=u@x MailType=END Command=(null)";
+        assert_eq!(
+            super::job_options(line),
+            [
+                "--job-name=my long name",
+                "--time=00:01:00",
+                "--partition=debug",
+                "--account=proj",
+                "--qos=normal",
+                "--mem=300M",
+                "--constraint=fast&big",
+                "--gres=gpu:2",
+                "--mail-user=u@x",
+                "--mail-type=END",
+                "--comment=a run",
+                "--exclusive",
+            ]
+        );
+        let shared = "JobId=3 JobName=wrap Account=(null) QOS=(null) TimeLimit=UNLIMITED Partition=p \
+            MinMemoryCPU=1G OverSubscribe=OK";
+        assert_eq!(
+            super::job_options(shared),
+            ["--job-name=wrap", "--time=UNLIMITED", "--partition=p", "--mem-per-cpu=1G"]
+        );
+    }
 
     #[test]
     fn squeue_time_left_is_read_in_every_form_it_takes() {

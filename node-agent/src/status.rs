@@ -33,11 +33,12 @@ pub fn progress_line(p: &Progress) -> String {
     let (rate, eta) = rate_eta(p.finished_this_session, p.elapsed, remaining);
     let pct = if c.total() > 0 { 100.0 * finished as f64 / c.total() as f64 } else { 100.0 };
     format!(
-        "[htc] {finished}/{} ({pct:.1}%) done={} failed={} running={} | {rate:.0} tasks/s | ETA {} | {} agents",
+        "[htc] {finished}/{} ({pct:.1}%) done={} failed={} running={} queued={} | {rate:.0} tasks/s | ETA {} | {} agents",
         c.total(),
         c.get(State::Done),
         c.get(State::Failed),
-        c.get(State::Dispatched) + c.get(State::Running),
+        c.get(State::Running),
+        c.get(State::Dispatched),
         eta.map(fmt_duration).unwrap_or_else(|| "-".into()),
         p.agents
     )
@@ -61,10 +62,11 @@ pub fn show_progress(bar: &indicatif::ProgressBar, p: &Progress) {
     bar.set_position(finished);
     let failed = c.get(State::Failed);
     bar.set_message(format!(
-        "{rate:.0} tasks/s, ETA {}{} | running {} on {} agents",
+        "{rate:.0} tasks/s, ETA {}{} | running {} (queued {}) on {} agents",
         eta.map(fmt_duration).unwrap_or_else(|| "-".into()),
         if failed > 0 { format!(" | {failed} failed") } else { String::new() },
-        c.get(State::Dispatched) + c.get(State::Running),
+        c.get(State::Running),
+        c.get(State::Dispatched),
         p.agents
     ));
 }

@@ -224,6 +224,13 @@ pub fn run(run_dir: &Path, every: Duration, silent_after: Duration) -> anyhow::R
     let name = run_dir.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
     let mut m = Model::new(name, silent_after);
     let mut table = TableState::default();
+    use std::io::IsTerminal;
+    if !std::io::stdout().is_terminal() || !std::io::stdin().is_terminal() {
+        anyhow::bail!(
+            "htc watch draws a dashboard and needs a terminal; without one, `htc status {}` (or --json) says the same",
+            run_dir.display()
+        );
+    }
     let mut term = ratatui::try_init()?;
     let r = event_loop(&mut term, run_dir.to_path_buf(), every, &mut m, &mut table);
     ratatui::restore();

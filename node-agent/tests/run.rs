@@ -633,3 +633,14 @@ fn options_that_make_no_sense_are_refused_by_name_and_leave_no_run_behind() {
     let o = d.htc(&["run", "-q", "tasks.txt", "--gpus", "GPU-8f2a1c3e-0000-1111-2222-333344445555"]);
     assert!(o.status.success(), "{}", text(&o));
 }
+
+#[test]
+fn htc_watch_without_a_terminal_says_so_and_what_to_use_instead() {
+    let d = Dir::new("watch-no-tty");
+    d.write("tasks.txt", "echo a\n");
+    assert!(d.htc(&["run", "-q", "tasks.txt"]).status.success());
+    let o = d.htc(&["watch", &d.run_id()]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("needs a terminal") && err.contains("htc status"), "{err}");
+}

@@ -260,6 +260,21 @@ time_limit() {
         grep -q "2 tasks cannot finish before the time limit.*htc resume $j" "$w/slurm-$j.out"
 }
 
+# The options a user gives sbatch, as `scontrol show job` tells them (issue 24, finding 8: a
+# continuation ran as JobName=wrap TimeLimit=UNLIMITED MinMemoryNode=0 OverSubscribe=OK).
+job_opts() {
+    local rec k out=""
+    rec=$(_htc_job_record "$1") || return 1
+    for k in JobName TimeLimit Partition Account QOS MinMemoryNode OverSubscribe NumNodes; do
+        out+="$k=$(_htc_field "$rec" "$k") "
+    done
+    printf '%s\n' "$out"
+}
+
+same() { # LABEL EXPECTED ACTUAL
+    if [[ $2 == "$3" ]]; then ok "$1"; else bad "$1"; printf -- '--- expected: %s\n--- got:      %s\n' "$2" "$3"; fi
+}
+
 # The time limit with --htc-resubmit: Slurm stops the job at its limit (SIGTERM), the leader
 # stops the tasks and submits the job that continues the run itself, and that job finishes it;
 # nobody types `htc resume`. The work (150 x 3 s on 4 CPUs, ~113 s) outlasts the first job's
@@ -269,7 +284,8 @@ resubmitted_at_time_limit() {
     w=$(cluster_workdir resubmit)
     seq 1 150 | sed "s|.*|sleep 3; echo \"\$HTC_TASK_ID \$SLURMD_NODENAME \$HTC_ATTEMPT\" >> ids.txt|" >"$w/tasks.txt"
     chown -R "$HTC_CLUSTER_USER" "$w"
-    j=$(submit "$w" -N 2 --exclusive -t 1 --htc=tasks.txt --htc-resubmit=2 --wrap=:) || { bad "resubmit: submit"; return; }
+    j=$(submit "$w" -N 2 --exclusive -t 1 -J tlname --mem=300 --htc=tasks.txt --htc-resubmit=2 --wrap=:) || { bad "resubmit: submit"; return; }
+    local want_opts; want_opts=$(job_opts "$j")
     state=$(wait_job "$j" 240)
     check "resubmit: job $j stopped at its time limit (was $state)" test "$state" = TIMEOUT
     sleep 2
@@ -278,6 +294,7 @@ resubmitted_at_time_limit() {
     j2=$(grep -o 'resubmitted (1 of 2): Submitted batch job [0-9]*' "$w/slurm-$j.out" | awk '{ print $NF }')
     check "resubmit: the leader submitted the next job (${j2:-none}) itself" test -n "$j2"
     [[ -n $j2 ]] || { tail -n 20 "$w/slurm-$j.out"; return; }
+    same "resubmit: job $j2 keeps the options job $j was given" "$want_opts" "$(job_opts "$j2")"
     state=$(wait_job "$j2" 240)
     check "resubmit: job $j2 COMPLETED (was $state)" test "$state" = COMPLETED
     check "resubmit: htc status $j shows every task done" all_done "$w" "$j"

@@ -194,7 +194,7 @@ fn resume_run(
     std::os::unix::fs::symlink(run.path.file_name().unwrap_or_default(), &link)
         .with_context(|| format!("linking {} to the run", link.display()))?;
     let said =
-        format!("htc: job {job_id} continues the run of job {earlier} ({n} interrupted tasks go back to pending)");
+        format!("htc: job {job_id} continues the run of job {earlier} ({n} tasks left to run, those in flight when it stopped among them)");
     Ok(Ok((run, said)))
 }
 
@@ -249,7 +249,7 @@ fn lead(a: LeadArgs, script: Vec<OsString>) -> anyhow::Result<i32> {
         // A requeued job: continue from its ledger.
         let run = adopt(existing, &local)?;
         let n = leader::driver::reset_interrupted(&run)?;
-        (run, format!("htc: job {job_id} restarted; continuing its run ({n} interrupted tasks go back to pending)"))
+        (run, format!("htc: job {job_id} restarted; continuing its run ({n} tasks left to run, those in flight when it stopped among them)"))
     } else if let Some(earlier) = a.resume_run {
         match resume_run(&base, earlier, &job_id, &local)? {
             Ok(run) => run,
@@ -365,7 +365,11 @@ fn lead_run(
         let l = htc::ledger::Ledger::open(&run.ledger(), false)?;
         let mut t = l.write()?;
         t.put_meta("slurm_nodes", &(nodes as u64).to_le_bytes())?;
-        t.put_meta("resume_sbatch", slurm::resume_args(nodes, &a).join("\n").as_bytes())?;
+        // The run's shape, and the job's own options as the user gave them (an `htc resume
+        // -- OPTIONS` or resubmission puts what it is told after them, and sbatch takes the last).
+        let mut args = slurm::own_job_options();
+        args.extend(slurm::resume_args(nodes, &a));
+        t.put_meta("resume_sbatch", args.join("\n").as_bytes())?;
         t.commit()?;
     }
     let outcome = leader::run(cfg, |addr, tx| srun.start(run, addr, tx))?;

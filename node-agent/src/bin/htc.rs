@@ -215,7 +215,10 @@ fn real_main() -> anyhow::Result<i32> {
                     let n = leader::driver::reset_interrupted(&run)?;
                     let mode = stored_output_mode(&run)?.unwrap_or(output);
                     if !quiet {
-                        eprintln!("htc: resuming {} ({n} interrupted tasks go back to pending)", run.path.display());
+                        eprintln!(
+                            "htc: resuming {} ({n} tasks left to run, those in flight when it stopped among them)",
+                            run.path.display()
+                        );
                     }
                     (run, mode)
                 }

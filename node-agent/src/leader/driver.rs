@@ -34,6 +34,9 @@ pub struct DriverConfig {
     pub progress_every: Duration,
     /// The run directory the live view (`live.rs`) is written into every second, if any.
     pub live_dir: Option<std::path::PathBuf>,
+    /// Told of each agent the core gives up (`net::NetConfig::give_up`), so that its old
+    /// connection does not keep it from coming back.
+    pub given_up: Option<Box<dyn Fn(u32) + Send>>,
 }
 
 /// How a session ended, in the live view's words.
@@ -86,10 +89,16 @@ impl Tasks for LedgerTasks<'_, '_> {
     }
 }
 
-/// Encodes and sends the core's frames to the agents' connections.
-fn send(out: &mut Outbox, links: &HashMap<u32, UnboundedSender<Vec<u8>>>) {
+/// Encodes and sends the core's frames to the agents' connections. A Shutdown that says "you
+/// were given up" (abort + revive) goes to `given_up` as well.
+fn send(out: &mut Outbox, links: &HashMap<u32, UnboundedSender<Vec<u8>>>, given_up: &Option<Box<dyn Fn(u32) + Send>>) {
     let mut by_agent: HashMap<u32, Vec<u8>> = HashMap::new();
     for (agent, body) in out.drain(..) {
+        if let (Some(f), crate::proto::frame::Body::Shutdown(s)) = (given_up, &body) {
+            if s.abort && s.revive {
+                f(agent);
+            }
+        }
         frame::encode_into(body, by_agent.entry(agent).or_default());
     }
     for (agent, bytes) in by_agent {
@@ -158,7 +167,7 @@ pub fn run(
                     // Frames the core made so far were for the agents as they were: a Dispatch
                     // for an agent that was then lost must not reach it once it has come back
                     // fresh (its tasks were taken back already; it would run them a second time).
-                    send(&mut out, &links);
+                    send(&mut out, &links, &cfg.given_up);
                     match &input {
                         Input::Joined { agent, hostname, cores, .. }
                         | Input::Revived { agent, hostname, cores, .. } => {
@@ -202,7 +211,7 @@ pub fn run(
             }
         }
         // Dispatches may go out before their commit: a lost dispatch is re-sent after a restart.
-        send(&mut out, &links);
+        send(&mut out, &links, &cfg.given_up);
         if ending.is_none() {
             ending = core.ending();
         }
@@ -218,7 +227,7 @@ pub fn run(
             t.commit()?;
             last_commit = now;
             core.acks(&mut out);
-            send(&mut out, &links);
+            send(&mut out, &links, &cfg.given_up);
             // Amortized: a snapshot as large as what the journal wrote since the last one.
             if ledger.journal_wants_snapshot() {
                 ledger.new_generation()?;
@@ -258,7 +267,7 @@ pub fn run(
     let ending = ending.unwrap();
     write_live(&mut cfg, &core, &ending_state(&ending));
     core.shutdown(&ending, &mut out);
-    send(&mut out, &links);
+    send(&mut out, &links, &cfg.given_up);
     let p = core.progress(now_us());
     if let Some(f) = cfg.progress.as_mut() {
         f(&p);
@@ -280,7 +289,8 @@ fn cpu_us() -> u64 {
 
 /// Prepares a ledger for another session after an interruption: tasks that were dispatched or
 /// running when the leader died go back to pending (they may run again: the ledger cannot know
-/// whether they finished). Done and failed tasks are never touched.
+/// whether they finished; most are recorded pending already, as in flight is the leader's memory,
+/// not its disk). Done and failed tasks are never touched. Returns the tasks left to run.
 ///
 /// The whole ledger is read back first, in a child process (`verify_apart`), before this process
 /// opens it: writing into a damaged one would follow its broken pages, a resume must not spread
@@ -297,13 +307,11 @@ pub fn reset_interrupted(run: &crate::rundir::RunDir) -> Result<u64> {
     let ledger = Ledger::open(&run.ledger(), false)?;
     let mut t = ledger.write()?;
     let mut counts = Counts::default();
-    let mut n = 0;
     t.update_all(|_, r| {
         // The interrupted attempt is not a failure of the task: it does not use up a retry.
         let changed = match task::step(r.life(), Step::Interrupt) {
             Ok((life, _)) => {
                 r.set_life(life);
-                n += 1;
                 true
             }
             Err(_) => false,
@@ -313,5 +321,5 @@ pub fn reset_interrupted(run: &crate::rundir::RunDir) -> Result<u64> {
     })?;
     t.put_counts(&counts)?;
     t.commit()?;
-    Ok(n)
+    Ok(counts.unfinished())
 }

@@ -124,13 +124,16 @@ pub fn run(
     if let Some(end) = cfg.deadline_us {
         core = core.with_deadline(end);
     }
+    let heartbeat = Duration::from_micros(cfg.live.heartbeat_us);
+    let net_cfg = Arc::new(net::NetConfig::new(secret, cfg.job_id.clone(), heartbeat));
+    let evict = net_cfg.clone();
     let driver_cfg = DriverConfig {
         commit_interval: cfg.commit_interval,
         progress,
         progress_every,
         live_dir: Some(cfg.run.path.clone()),
+        given_up: Some(Box::new(move |agent| evict.give_up(agent))),
     };
-    let net_cfg = Arc::new(net::NetConfig { secret, job_id: cfg.job_id.clone(), joined: Default::default() });
 
     let result = std::thread::scope(|s| {
         let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();

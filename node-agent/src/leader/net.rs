@@ -1,8 +1,9 @@
 //! The leader's network side: accepts agent connections, authenticates them (`auth`), then
 //! shuttles frames between the socket and the core thread.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
@@ -17,8 +18,34 @@ use crate::proto::{self, frame::Body};
 pub struct NetConfig {
     pub secret: Vec<u8>,
     pub job_id: String,
-    /// Agents connected now, directly or through a relay; a second Hello for one is refused.
-    pub joined: Mutex<HashSet<u32>>,
+    /// Agents connected now, directly or through a relay, with the connection they came over; a
+    /// second Hello for one is refused.
+    joined: Mutex<HashMap<u32, u64>>,
+    next_connection: AtomicU64,
+    /// How often each child hears from the leader at least (`Liveness::heartbeat_us`).
+    heartbeat: std::time::Duration,
+}
+
+impl NetConfig {
+    pub fn new(secret: Vec<u8>, job_id: String, heartbeat: std::time::Duration) -> NetConfig {
+        NetConfig { secret, job_id, joined: Default::default(), next_connection: AtomicU64::new(1), heartbeat }
+    }
+
+    /// The core gave `agent` up: its connection (often still open, its network cut or its
+    /// process stopped) no longer holds its place, so the agent can come back fresh at once. The
+    /// old connection stops carrying its reports and ends without telling the core again.
+    pub fn give_up(&self, agent: u32) {
+        self.lock().remove(&agent);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u32, u64>> {
+        self.joined.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether `agent` is still joined over connection `conn`.
+    fn holds(&self, agent: u32, conn: u64) -> bool {
+        self.lock().get(&agent) == Some(&conn)
+    }
 }
 
 /// Accepts connections until the process ends; each connection runs in its own task, so a slow
@@ -44,17 +71,18 @@ pub async fn serve(listener: TcpListener, cfg: Arc<NetConfig>, core: mpsc::Sende
 
 /// Checks a Hello (the connecting agent's own, or one relayed from below it). The connection it
 /// came over is authenticated; this guards against two agents claiming one id.
-fn admit(h: &proto::Hello, cfg: &NetConfig) -> Result<(), String> {
+fn admit(h: &proto::Hello, cfg: &NetConfig, conn: u64) -> Result<(), String> {
     auth::check_hello(h, None)?;
-    let mut joined = cfg.joined.lock().unwrap_or_else(|e| e.into_inner());
+    let mut joined = cfg.lock();
     // A rejoin brings the agents below it along: none of them may be connected still (the old
     // relay's connection is closed first; until then the rejoining agent retries).
     let below = if h.rejoin { &h.below[..] } else { &[] };
-    if let Some(a) = std::iter::once(&h.agent_id).chain(below).find(|a| joined.contains(a)) {
+    if let Some(a) = std::iter::once(&h.agent_id).chain(below).find(|a| joined.contains_key(a)) {
         return Err(format!("agent {a} is already connected"));
     }
-    joined.insert(h.agent_id);
-    joined.extend(below);
+    for &a in std::iter::once(&h.agent_id).chain(below) {
+        joined.insert(a, conn);
+    }
     Ok(())
 }
 
@@ -76,7 +104,8 @@ async fn connection(
     frame::tune(&stream).map_err(|e| e.to_string())?;
     let hello = auth::accept_hello(&mut stream, &cfg.secret).await.map_err(|e| e.to_string())?;
     drop(permit);
-    if let Err(why) = admit(&hello, cfg) {
+    let conn = cfg.next_connection.fetch_add(1, Ordering::Relaxed);
+    if let Err(why) = admit(&hello, cfg, conn) {
         let _ = frame::write_frame(
             &mut stream,
             Body::Reject(proto::Reject { reason: why.clone(), agent_id: hello.agent_id }),
@@ -87,7 +116,9 @@ async fn connection(
     tracing::debug!(job = %cfg.job_id, %peer, agent = hello.agent_id, "agent authenticated");
     let mut buf = Vec::new();
     let (mut rd, wr) = stream.into_split();
-    let tx = frame::spawn_writer(wr);
+    // An Ack of nothing new is a heartbeat: sent from here when the core thread sent nothing.
+    let keepalive = encoded(Body::Ack(proto::Ack { seq: 0, agent: hello.agent_id, resync: false }));
+    let tx = frame::spawn_writer_with_keepalive(wr, cfg.heartbeat, keepalive);
     let mut agents: HashSet<u32> = HashSet::new();
     // The agent at the other end; the others it relays for may rejoin around its loss.
     let direct = hello.agent_id;
@@ -112,6 +143,13 @@ async fn connection(
         }
         match read_frame(&mut rd, &mut buf).await {
             Ok(Body::Report(report)) if agents.contains(&report.agent) => {
+                if !cfg.holds(report.agent, conn) {
+                    // Given up: what it says over this connection is stale.
+                    if report.agent == direct {
+                        break "given up".to_string();
+                    }
+                    continue;
+                }
                 if core.send(Event::Core(Input::Report { agent: report.agent, report })).is_err() {
                     return Ok(());
                 }
@@ -119,7 +157,7 @@ async fn connection(
             Ok(Body::Report(report)) => {
                 tracing::warn!(agent = report.agent, "report for an agent not behind this connection dropped")
             }
-            Ok(Body::Hello(h)) => match admit(&h, cfg) {
+            Ok(Body::Hello(h)) => match admit(&h, cfg, conn) {
                 Ok(()) => pending = Some(h),
                 Err(why) => {
                     tracing::warn!(job = %cfg.job_id, agent = h.agent_id, %why, "relayed agent refused");
@@ -127,8 +165,8 @@ async fn connection(
                 }
             },
             Ok(Body::Lost(l)) => {
-                if agents.remove(&l.agent) {
-                    cfg.joined.lock().unwrap_or_else(|e| e.into_inner()).remove(&l.agent);
+                if agents.remove(&l.agent) && cfg.holds(l.agent, conn) {
+                    cfg.lock().remove(&l.agent);
                     let _ = core.send(Event::Core(Input::Lost { agent: l.agent, why: l.reason }));
                 }
             }
@@ -137,12 +175,38 @@ async fn connection(
             Err(e) => break e.to_string(),
         }
     };
-    // Held while the core hears of it, so a rejoin (admitted under this lock) comes after.
-    let mut joined = cfg.joined.lock().unwrap_or_else(|e| e.into_inner());
+    // Held while the core hears of it, so a rejoin (admitted under this lock) comes after. An
+    // agent given up, or joined again over another connection since, is not this one's to lose.
+    let mut joined = cfg.lock();
     for agent in agents {
+        if joined.get(&agent) != Some(&conn) {
+            continue;
+        }
         joined.remove(&agent);
         let input = if agent == direct { Input::Lost { agent, why: why.clone() } } else { Input::Detached { agent } };
         let _ = core.send(Event::Core(input));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hello(agent: u32) -> proto::Hello {
+        proto::Hello { protocol: crate::PROTOCOL_VERSION, agent_id: agent, ..Default::default() }
+    }
+
+    #[test]
+    fn an_agent_given_up_can_come_back_at_once_and_its_old_connection_speaks_for_it_no_more() {
+        let cfg = NetConfig::new(b"secret".to_vec(), "job".into(), std::time::Duration::from_millis(250));
+        admit(&hello(2), &cfg, 1).unwrap();
+        assert!(cfg.holds(2, 1));
+        // Still connected: a second Hello for it is refused.
+        assert_eq!(admit(&hello(2), &cfg, 2).unwrap_err(), "agent 2 is already connected");
+        // Given up while its old connection stays open (a cut link): it is admitted again.
+        cfg.give_up(2);
+        admit(&hello(2), &cfg, 3).unwrap();
+        assert!(cfg.holds(2, 3) && !cfg.holds(2, 1), "only the new connection speaks for it");
+    }
 }
