@@ -265,8 +265,12 @@ time_limit() {
 job_opts() {
     local rec k out=""
     rec=$(_htc_job_record "$1") || return 1
+    local v
     for k in JobName TimeLimit Partition Account QOS MinMemoryNode OverSubscribe NumNodes; do
-        out+="$k=$(_htc_field "$rec" "$k") "
+        v=$(_htc_field "$rec" "$k")
+        # A pending job shows its node count as the range asked for ("2-2"), a running one as "2".
+        [[ $k == NumNodes && $v == *-* && ${v%-*} == "${v#*-}" ]] && v=${v%-*}
+        out+="$k=$v "
     done
     printf '%s\n' "$out"
 }
