@@ -10,9 +10,13 @@ use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-/// Where capture files are made: unnamed files in a node-local directory (`O_TMPFILE`: gone the
-/// moment their last descriptor closes, so nothing is left behind by a killed agent), or, where
-/// that directory's file system lacks them, memory files.
+/// Where capture files are made: unnamed files (`O_TMPFILE`: gone the moment their last
+/// descriptor closes, so nothing is left behind by a killed agent) in a memory file system
+/// (`/dev/shm`) where there is one, else in the node-local temporary directory, else memory
+/// files. A new file on a disk's file system costs a journaled inode per stream and task, which
+/// took 10% of the throughput of `true` tasks on ext4 (bench/RESULTS.md §12); in memory a
+/// task's output stays in RAM only while it runs (it counts against the task's memory, as its
+/// cgroup sees it), then goes to the stream files. `HTC_CAPTURE_DIR` chooses the directory.
 #[derive(Debug, Clone)]
 pub enum Scratch {
     Dir(PathBuf),
@@ -20,41 +24,42 @@ pub enum Scratch {
 }
 
 impl Scratch {
-    /// The node-local temporary directory (`$TMPDIR`, else `/tmp`) if it can hold unnamed files.
+    /// The first of `$HTC_CAPTURE_DIR`, `/dev/shm`, the node-local temporary directory (`$TMPDIR`,
+    /// else `/tmp`) that can hold unnamed files; else memory files.
     pub fn find() -> Scratch {
-        let dir = std::env::temp_dir();
-        match unnamed_in(&dir) {
-            Ok(_) => Scratch::Dir(dir),
-            Err(e) => {
-                tracing::info!(dir = %dir.display(), error = %e, "task output is captured in memory files");
-                Scratch::Memory
+        let mut dirs: Vec<PathBuf> = std::env::var_os("HTC_CAPTURE_DIR").map(PathBuf::from).into_iter().collect();
+        dirs.extend([PathBuf::from("/dev/shm"), std::env::temp_dir()]);
+        for dir in dirs {
+            if unnamed_in(&dir).is_ok() {
+                return Scratch::Dir(dir);
             }
         }
+        tracing::info!("task output is captured in memory files (no directory here holds unnamed files)");
+        Scratch::Memory
     }
 
-    /// A new empty capture file, in append mode as a task's output file usually is: what a
-    /// task writes after truncating its own output lands at the start, not after a hole.
+    /// A new empty capture file for a task to write to, in append mode as a task's output file
+    /// usually is (what a task writes after truncating its own output lands at the start, not
+    /// after a hole), and write-only as a shell's redirection would give it (memory files are
+    /// always readable too).
     pub fn file(&self) -> io::Result<File> {
-        let f = match self {
+        match self {
             Scratch::Dir(d) => unnamed_in(d),
-            Scratch::Memory => memory_file(),
-        }?;
-        // SAFETY: fcntl on a descriptor we own.
-        if unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETFL, libc::O_APPEND) } < 0 {
-            return Err(io::Error::last_os_error());
+            Scratch::Memory => {
+                let f = memory_file()?;
+                // SAFETY: fcntl on a descriptor we own.
+                if unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETFL, libc::O_APPEND) } < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(f)
+            }
         }
-        Ok(f)
     }
 }
 
 fn unnamed_in(dir: &Path) -> io::Result<File> {
     use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(libc::O_TMPFILE | libc::O_CLOEXEC)
-        .mode(0o600)
-        .open(dir)
+    std::fs::OpenOptions::new().append(true).custom_flags(libc::O_TMPFILE | libc::O_CLOEXEC).mode(0o600).open(dir)
 }
 
 fn memory_file() -> io::Result<File> {
@@ -67,18 +72,17 @@ fn memory_file() -> io::Result<File> {
     Ok(unsafe { File::from_raw_fd(fd) })
 }
 
-/// One stream (stdout or stderr) of a slot: the descriptor its tasks write to, write-only as a
-/// shell's redirection would give them and kept at one number (the spawn file actions name
-/// numbers), and the agent's own read-write handle on the same file.
+/// One stream (stdout or stderr) of a slot: the descriptor its tasks write to, kept at one
+/// number (the spawn file actions name numbers) and pointed at a fresh file before each task.
+/// The agent reads a capture back through /proc only when the task wrote something, so a task
+/// that prints nothing costs two system calls a stream (a new file, and moving it into place).
 pub struct Capture {
     task: File,
-    file: File,
 }
 
 impl Capture {
     pub fn new(scratch: &Scratch) -> io::Result<Capture> {
-        let file = scratch.file()?;
-        Ok(Capture { task: write_only(&file)?, file })
+        Ok(Capture { task: scratch.file()? })
     }
 
     /// The descriptor the task writes to.
@@ -92,36 +96,24 @@ impl Capture {
     /// log line, with whether the capture is usable all the same.
     pub fn renew(&mut self, scratch: &Scratch) -> Result<(), (io::Error, bool)> {
         let fresh = scratch.file().and_then(|file| {
-            let w = write_only(&file)?;
-            // SAFETY: both descriptors are open; dup3 atomically replaces what `task` referred to.
-            if unsafe { libc::dup3(w.as_raw_fd(), self.task.as_raw_fd(), libc::O_CLOEXEC) } < 0 {
+            // SAFETY: both descriptors are open; dup3 atomically replaces what `task` referred
+            // to (the old file goes with its last descriptor).
+            if unsafe { libc::dup3(file.as_raw_fd(), self.task.as_raw_fd(), libc::O_CLOEXEC) } < 0 {
                 return Err(io::Error::last_os_error());
             }
-            Ok(file)
+            Ok(())
         });
-        match fresh {
-            Ok(file) => {
-                self.file = file;
-                Ok(())
-            }
-            Err(e) => Err((e, self.file.set_len(0).is_ok())),
-        }
+        fresh.map_err(|e| (e, self.task.set_len(0).is_ok()))
     }
 
     /// Appends at most `cap` bytes (0: all) of what the task wrote to `stream`.
     pub fn append_to(&self, stream: &mut impl Write, cap: u64, buf: &mut Vec<u8>) -> io::Result<Appended> {
-        append(&self.file, stream, cap, buf)
+        if self.task.metadata()?.len() == 0 {
+            return Ok(Appended::default());
+        }
+        let file = std::fs::File::open(format!("/proc/self/fd/{}", self.task.as_raw_fd()))?;
+        append(&file, stream, cap, buf)
     }
-}
-
-/// A write-only, appending descriptor of `file` (reopened through /proc, which works for
-/// unnamed and memory files alike).
-fn write_only(file: &File) -> io::Result<File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new()
-        .append(true)
-        .custom_flags(libc::O_CLOEXEC)
-        .open(format!("/proc/self/fd/{}", file.as_raw_fd()))
 }
 
 /// What one capture added to its stream.
@@ -171,6 +163,7 @@ pub fn crc_of(f: &File, mut off: u64, len: u64) -> io::Result<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::MetadataExt;
 
     #[test]
     fn a_capture_truncated_by_its_task_costs_only_its_own_bytes() {
@@ -180,17 +173,30 @@ mod tests {
             c.renew(&scratch).map_err(|(e, _)| e).unwrap();
             let task = &c.task;
             (&*task).write_all(b"lost\n").unwrap();
-            c.file.set_len(0).unwrap(); // the task truncates its stdout, and writes on
+            task.set_len(0).unwrap(); // the task truncates its stdout, and writes on
             (&*task).write_all(b"x\n").unwrap();
             let a = c.append_to(&mut stream, 0, &mut Vec::new()).unwrap();
             assert_eq!(stream, b"earlier task\nx\n");
             assert_eq!(a, Appended { written: 2, kept: 2, crc: crc32fast::hash(b"x\n") });
-            // The task's descriptor is write-only; the next task starts from an empty capture.
+            // The next task starts from an empty capture; nothing written, nothing appended.
+            c.renew(&scratch).map_err(|(e, _)| e).unwrap();
+            assert_eq!(c.task.metadata().unwrap().len(), 0);
+            assert_eq!(c.append_to(&mut stream, 0, &mut Vec::new()).unwrap(), Appended::default());
+            // A process the last task left behind still holds its file: what it writes now is
+            // nobody's output.
+            let straggler = c.task.try_clone().unwrap();
+            let before = c.task.metadata().unwrap().ino();
+            c.renew(&scratch).map_err(|(e, _)| e).unwrap();
+            (&straggler).write_all(b"late\n").unwrap();
+            assert_ne!(c.task.metadata().unwrap().ino(), before, "a fresh file");
+            assert_eq!(c.task.metadata().unwrap().len(), 0);
+        }
+        // In a directory, the task's descriptor is write-only, as a redirection's.
+        if let Scratch::Dir(d) = Scratch::find() {
+            let c = Capture::new(&Scratch::Dir(d)).unwrap();
             // SAFETY: fcntl(F_GETFL) on an open descriptor.
             let flags = unsafe { libc::fcntl(c.task_fd(), libc::F_GETFL) };
             assert_eq!(flags & libc::O_ACCMODE, libc::O_WRONLY);
-            c.renew(&scratch).map_err(|(e, _)| e).unwrap();
-            assert_eq!(c.file.metadata().unwrap().len(), 0);
         }
     }
 
