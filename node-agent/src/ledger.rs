@@ -924,13 +924,18 @@ impl ReadTxn<'_> {
         }
     }
 
+    /// The LMDB transaction id of the commit this transaction reads.
+    fn txn_id(&self) -> u64 {
+        use lmdb::Transaction;
+        // SAFETY: the id of this live transaction.
+        unsafe { mdb_txn_id(self.txn.txn().cast()) as u64 }
+    }
+
     /// Checks that the tree read is the one the newest commit wrote: each commit stores its
     /// transaction id, so a damaged meta page that names an older tree (whose pages may since
     /// have been reused) or another id is caught.
     pub fn check_commit(&self) -> Result<()> {
-        use lmdb::Transaction;
-        // SAFETY: the id of this live transaction.
-        let id = unsafe { mdb_txn_id(self.txn.txn().cast()) } as u64;
+        let id = self.txn_id();
         let stored = self.meta_u64(TXN_KEY)?;
         if stored != Some(id) {
             let why = match stored {
@@ -1029,9 +1034,7 @@ impl ReadTxn<'_> {
     /// a damaged page pointer or node offset that leads to an intact value elsewhere in the file
     /// reads back whole through LMDB, and only this sees it. Costs a read of the pages walked.
     pub fn check_structure(&self, only: Option<&[&str]>) -> Result<()> {
-        use lmdb::Transaction;
-        // SAFETY: the id of this live transaction.
-        let id = unsafe { mdb_txn_id(self.txn.txn().cast()) } as u64;
+        let id = self.txn_id();
         crate::pagecheck::check_file(self.l.path(), only, Some(id)).map(drop).map_err(|why| LedgerError::Damaged {
             path: self.l.path.clone(),
             why: format!("its page structure: {why}"),

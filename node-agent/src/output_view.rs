@@ -58,6 +58,17 @@ fn all_entries(run: &RunDir) -> io::Result<Vec<(IndexEntry, u32)>> {
     Ok(all)
 }
 
+/// Task `id`'s entries among all (sorted by task), walking on from `next`: the ledger visits tasks
+/// in id order, so one pass over the entries serves every task.
+fn entries_of<'e>(entries: &'e [(IndexEntry, u32)], next: &mut usize, id: u64) -> &'e [(IndexEntry, u32)] {
+    let start = *next;
+    while *next < entries.len() && entries[*next].0.id <= id {
+        *next += 1;
+    }
+    let group = &entries[start..*next];
+    &group[group.iter().position(|(x, _)| x.id == id).unwrap_or(group.len())..]
+}
+
 /// The entry of the attempt the ledger recorded among a task's entries: the same attempt number,
 /// start time and agent. Never another one: an attempt killed with its session (and run again
 /// under the same number) left only a fragment.
@@ -201,12 +212,7 @@ pub fn print_all(run: &RunDir, sel: Select) -> anyhow::Result<u64> {
         if result.is_err() {
             return;
         }
-        let start = next;
-        while next < entries.len() && entries[next].0.id <= id {
-            next += 1;
-        }
-        let group = &entries[start..next];
-        let group = &group[group.iter().position(|(x, _)| x.id == id).unwrap_or(group.len())..];
+        let group = entries_of(&entries, &mut next, id);
         if r.attempts == 0 || (sel.failed_only && r.state() != State::Failed) {
             return;
         }
@@ -303,15 +309,12 @@ pub fn check_all(run: &RunDir) -> anyhow::Result<Option<OutputCheck>> {
     let mut c = OutputCheck::default();
     let (mut files, mut buf, mut next) = (Files(HashMap::new()), Vec::new(), 0usize);
     ledger.read()?.for_each(|id, r| {
-        let start = next;
-        while next < entries.len() && entries[next].0.id <= id {
-            next += 1;
-        }
+        let group = entries_of(&entries, &mut next, id);
         let finished = matches!(r.state(), State::Done | State::Failed);
         if !finished || r.attempts == 0 || r.outcome() == crate::ledger::Outcome::Lost {
             return;
         }
-        let Some((x, agent)) = pick(&entries[start..next], r) else { return c.missing.push(id) };
+        let Some((x, agent)) = pick(group, r) else { return c.missing.push(id) };
         c.checked += 1;
         let dir = run.agent_out(agent);
         for (ext, off, len, crc) in [("out", x.out_off, x.out_len, x.out_crc), ("err", x.err_off, x.err_len, x.err_crc)]
