@@ -7,6 +7,7 @@ pub mod hflow;
 pub mod idset;
 pub mod output;
 pub mod partition;
+pub mod recall;
 pub mod shellsyntax;
 pub mod sweep;
 pub mod task;

@@ -124,6 +124,7 @@ fn name(b: &Body) -> &'static str {
         Body::Challenge(_) => "Challenge",
         Body::Proof(_) => "Proof",
         Body::Preempt(_) => "Preempt",
+        Body::Recall(_) => "Recall",
     }
 }
 

@@ -227,6 +227,10 @@ pub mod htc {
             /// Agents join one after another over this many milliseconds.
             #[arg(long, default_value_t = 0)]
             join_spread_ms: u64,
+            /// Tasks last their runtime hints, but the run never sees them: what a run of the same
+            /// file without hints would do (write the hints for the simulation only).
+            #[arg(long)]
+            hide_hints: bool,
             /// Print a JSON object instead of text.
             #[arg(long)]
             json: bool,

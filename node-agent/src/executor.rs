@@ -77,6 +77,11 @@ pub enum ExecEvent {
         start_us: u64,
     },
     Finished(Finished),
+    /// Taken out of the queue unstarted on `Command::Recall`: it never ran here.
+    Recalled {
+        id: u64,
+        attempt: u32,
+    },
     /// After `Command::Reset`: nothing runs or waits any more.
     Reset,
 }
@@ -97,6 +102,22 @@ pub enum Command {
     /// Stop these tasks (preempted): running ones get SIGTERM then SIGKILL, queued ones are
     /// dropped; each ends as `Outcome::Preempted`.
     Stop(Vec<u64>),
+    /// Give back those of these tasks that have not started (`ExecEvent::Recalled`); a started
+    /// one runs on as if never asked for.
+    Recall(Vec<u64>),
+}
+
+/// Takes the tasks named in `ids` out of `queue`, each said as `ExecEvent::Recalled`: every
+/// executor's (real or simulated) answer to `Command::Recall`.
+pub fn recall_from(queue: &mut std::collections::VecDeque<TaskToRun>, ids: &[u64], events: &mut Vec<ExecEvent>) {
+    let ids: std::collections::HashSet<u64> = ids.iter().copied().collect();
+    queue.retain(|t| {
+        let keep = !ids.contains(&t.id);
+        if !keep {
+            events.push(ExecEvent::Recalled { id: t.id, attempt: t.attempt });
+        }
+        keep
+    });
 }
 
 #[derive(Debug, Clone)]
@@ -509,6 +530,7 @@ impl Executor {
                     Ok(Command::Finish) => finishing = true,
                     Ok(Command::Hold(h)) => held = h,
                     Ok(Command::Stop(ids)) => self.stop(&ids),
+                    Ok(Command::Recall(ids)) => recall_from(&mut self.queue, &ids, &mut self.events),
                     Ok(Command::Abort) => {
                         aborting = true;
                         finishing = true;

@@ -48,7 +48,7 @@ pub mod proto {
 }
 
 /// Bumped on any incompatible change to `proto/htc.proto`; the leader refuses other versions.
-pub const PROTOCOL_VERSION: u32 = 6;
+pub const PROTOCOL_VERSION: u32 = 7;
 
 /// Logs to stderr; `HTC_LOG` takes a tracing filter (e.g. `info`, `htc=debug`).
 pub fn init_logging(default: &str) {

@@ -87,6 +87,7 @@ impl Sim {
                     Command::Hold(h) => held = h,
                     // Simulated tasks are not preempted: they end as they would.
                     Command::Stop(_) => {}
+                    Command::Recall(ids) => crate::executor::recall_from(&mut self.queue, &ids, &mut self.events),
                     Command::Abort => return,
                     // Simulated tasks have no processes: dropping them stops them.
                     Command::Reset => {

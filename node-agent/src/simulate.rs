@@ -21,7 +21,7 @@ use crate::executor::{Command, ExecEvent, Finished, TaskToRun};
 use crate::leader::core::{Core, Ending, Input, Outbox};
 use crate::leader::driver::LedgerTasks;
 use crate::leader::{new_core, Planned};
-use crate::ledger::{Ledger, Outcome, WriteTxn};
+use crate::ledger::{Ledger, Outcome, Record, WriteTxn};
 use crate::load::TaskText;
 use crate::proto::{self, frame::Body};
 use crate::rundir::RunDir;
@@ -42,6 +42,9 @@ pub struct SimConfig {
     pub join_spread_us: u64,
     /// The agents' report timer (`agent::FLUSH_EVERY`).
     pub flush_every_us: u64,
+    /// Tasks last their runtime hints, but the leader and agents never see them: a run of the
+    /// same file without hints, whose tasks take as long as the hints say.
+    pub hide_hints: bool,
 }
 
 impl SimConfig {
@@ -73,6 +76,8 @@ pub struct SimReport {
     pub plan_s: f64,
     pub events: u64,
     pub wall: Duration,
+    /// Tasks asked back from an agent's queue for idle slots elsewhere.
+    pub moved_back: u64,
 }
 
 impl SimReport {
@@ -164,9 +169,12 @@ pub fn simulate(run: &RunDir, cfg: &SimConfig) -> anyhow::Result<SimReport> {
     // Every head talks to the leader itself (one level above the instances); members to their head.
     let tree = Arc::new(Tree::instances(n, cfg.instance_agents, n));
     let plan = Planned { instances: tree.heads().len(), ..cfg.plan.clone() };
+    let (bound_s, bound_joined_s) = bounds(&ledger, cfg)?;
+    let truth = if cfg.hide_hints { Some(hide_hints(&ledger)?) } else { None };
     let core = new_core(&ledger, &plan, &run.id(), 0)?.with_layout(tree.clone());
     let plan_s = planning.elapsed().as_secs_f64();
     let mut fleet = Fleet::new(tree, &run.id(), cfg);
+    fleet.truth = truth;
     let mut leader = Leader {
         core,
         ledger: &ledger,
@@ -235,7 +243,6 @@ pub fn simulate(run: &RunDir, cfg: &SimConfig) -> anyhow::Result<SimReport> {
         anyhow::bail!("the simulated run did not complete: {ending:?}");
     }
     let counts = leader.core.counts();
-    let (bound_s, bound_joined_s) = bounds(&ledger, cfg)?;
     Ok(SimReport {
         tasks: counts.total(),
         failed: counts.get(crate::ledger::State::Failed),
@@ -247,6 +254,7 @@ pub fn simulate(run: &RunDir, cfg: &SimConfig) -> anyhow::Result<SimReport> {
         plan_s,
         events,
         wall: wall.elapsed(),
+        moved_back: leader.core.moved_back(),
     })
 }
 
@@ -317,6 +325,8 @@ struct Fleet {
     execs: Vec<SimExec>,
     effects: Vec<Effect>,
     last_end: u64,
+    /// Each task's runtime hint by id, where the ledger's were hidden (`hide_hints`).
+    truth: Option<Vec<u32>>,
 }
 
 impl Fleet {
@@ -330,6 +340,7 @@ impl Fleet {
             execs: (0..n).map(|_| exec()).collect(),
             effects: Vec::new(),
             last_end: 0,
+            truth: None,
         }
     }
 
@@ -337,6 +348,7 @@ impl Fleet {
     fn step(&mut self, w: &mut World, cfg: &SimConfig, a: u32, input: machine::Input) {
         self.machines[a as usize].handle(w.now, input, &mut self.effects);
         let mut commands = Vec::new();
+        let mut recalled = Vec::new();
         let head = self.tree.head(a);
         let later = w.now + cfg.latency_us;
         for e in self.effects.drain(..) {
@@ -364,8 +376,12 @@ impl Fleet {
                 // Nothing in the simulation falls silent long enough to be held or given up,
                 // and simulated tasks are not preempted.
                 Command::Hold(_) | Command::Reset | Command::Stop(_) => {}
+                Command::Recall(ids) => crate::executor::recall_from(&mut x.queue, &ids, &mut recalled),
             }
             self.start_queued(w, cfg, a);
+        }
+        if !recalled.is_empty() {
+            self.step(w, cfg, a, machine::Input::Exec(recalled));
         }
     }
 
@@ -393,7 +409,8 @@ impl Fleet {
             }
             let t = x.queue.pop_front().unwrap();
             x.free -= cores;
-            let end = w.now + cfg.runtime_us(t.runtime_ms);
+            let hint = self.truth.as_ref().and_then(|v| v.get(t.id as usize).copied()).unwrap_or(t.runtime_ms);
+            let end = w.now + cfg.runtime_us(hint);
             let done = Finished {
                 id: t.id,
                 attempt: t.attempt,
@@ -418,6 +435,27 @@ impl Fleet {
             self.step(w, cfg, a, machine::Input::ExecEnded);
         }
     }
+}
+
+/// Takes the runtime hints out of the ledger's records; returns them by task id.
+fn hide_hints(ledger: &Ledger) -> anyhow::Result<Vec<u32>> {
+    let mut truth = Vec::new();
+    let mut hinted = Vec::new();
+    ledger.read()?.for_each(|id, r| {
+        if truth.len() <= id as usize {
+            truth.resize(id as usize + 1, 0);
+        }
+        truth[id as usize] = r.runtime_ms;
+        if r.runtime_ms > 0 {
+            hinted.push((id, Record { runtime_ms: 0, ..*r }));
+        }
+    })?;
+    let mut txn = ledger.write()?;
+    for (id, r) in &hinted {
+        txn.put(*id, r)?;
+    }
+    txn.commit()?;
+    Ok(truth)
 }
 
 /// The lower bound max(Σ runtime × cores / C, longest runtime) over the run's tasks, and the
@@ -464,6 +502,9 @@ pub fn text(cfg: &SimConfig, r: &SimReport) -> String {
         r.bound_s,
         r.above_bound() * 100.0,
     );
+    if cfg.hide_hints {
+        t += "  (runtime hints hidden from the run: each task lasts its hint, unannounced)\n";
+    }
     if cfg.join_spread_us > 0 {
         let above = (r.makespan_s / r.bound_joined_s - 1.0) * 100.0;
         t += &format!(
@@ -472,9 +513,10 @@ pub fn text(cfg: &SimConfig, r: &SimReport) -> String {
         );
     }
     t + &format!(
-        "leader busy  {:.3} s\nfailed       {}\nloaded in    {:.2} s, planned in {:.2} s, simulated in {:.1} s ({} events)\n",
+        "leader busy  {:.3} s\nfailed       {}\nmoved back   {} (queued tasks asked back for idle slots)\nloaded in    {:.2} s, planned in {:.2} s, simulated in {:.1} s ({} events)\n",
         r.leader_busy_s,
         r.failed,
+        r.moved_back,
         r.load_s,
         r.plan_s,
         r.wall.as_secs_f64(),
@@ -500,6 +542,8 @@ pub fn json(cfg: &SimConfig, r: &SimReport) -> String {
         ("leader_busy_s", f(r.leader_busy_s)),
         ("failed", r.failed.to_string()),
         ("events", r.events.to_string()),
+        ("moved_back", r.moved_back.to_string()),
+        ("hide_hints", cfg.hide_hints.to_string()),
         ("wall_s", format!("{:.3}", r.wall.as_secs_f64())),
         ("load_s", format!("{:.3}", r.load_s)),
         ("plan_s", format!("{:.3}", r.plan_s)),

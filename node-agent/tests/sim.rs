@@ -250,3 +250,27 @@ fn simulate_gives_tasks_without_a_hint_the_site_s_runtime_and_refuses_a_bad_file
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("bad.txt:2"), "{}", text(&o));
 }
+
+/// Issue 24's finding 7 on the virtual clock: 16 tasks of 5 s ahead of 200 of 0.1 s, on 4
+/// agents of 2 cores, with the hints hidden from the run (as in a file without them). Every
+/// agent queues its even share's front, so one holds every long task; idle agents take what
+/// waits unstarted in its queue, and the run ends near the bound of 12.5 s, not at 40 s. With
+/// instances of several agents the tail is coarser (a head answers for its members), but never
+/// worse than a list schedule: the bound plus one long task.
+#[test]
+fn long_tasks_queued_at_one_agent_move_to_idle_ones_when_the_run_cannot_know_their_length() {
+    let d = Dir::new("simulate-hidden-hints");
+    let mut file = "[runtime=5s] sleep 5\n".repeat(16);
+    file += &"[runtime=100ms] sleep 0.1\n".repeat(200);
+    d.write("t.txt", &file);
+    let layout = ["--agents", "4", "--cores-per-agent", "2"];
+    for (extra, within_s) in [(&[][..], 1.25), (&["--partition", "even"], 1.25), (&["--instance-agents", "2"], 5.0)] {
+        let r = simulate(&d, "t.txt", &[&layout[..], &["--hide-hints"], extra].concat());
+        assert!((r["bound_s"].as_f64().unwrap() - 12.5).abs() < 1e-6, "{r}");
+        assert!(r["makespan_s"].as_f64().unwrap() < 12.5 + within_s, "{extra:?}: {r}");
+        assert!(r["moved_back"].as_u64().unwrap() > 0, "{r}");
+    }
+    // Seen, the hints keep long tasks from piling up in the first place.
+    let r = simulate(&d, "t.txt", &layout);
+    assert!(r["above_bound"].as_f64().unwrap() < 0.05, "{r}");
+}

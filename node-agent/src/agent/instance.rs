@@ -18,7 +18,7 @@
 //! holds; one that fits nowhere now keeps the member with the most memory free for itself
 //! (smaller tasks go there only beside it), as the leader's backfill keeps an agent.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use htc_core::tree::Tree;
@@ -109,6 +109,8 @@ pub struct Instance {
     results: Vec<proto::TaskResult>,
     /// Tasks a lost member had not reported started, for the leader to take back.
     returned: Vec<u64>,
+    /// Tasks given back unstarted on the leader's Recall (from the queue, or by their holder).
+    recalled: Vec<u64>,
     /// Member reports with results that wait for the next report of the head: (member, seq).
     pending: Vec<(u32, u64)>,
     /// Member reports carried by the head's reports not acknowledged yet: (head seq, member, seq).
@@ -149,6 +151,7 @@ impl Instance {
             started: Vec::new(),
             results: Vec::new(),
             returned: Vec::new(),
+            recalled: Vec::new(),
             pending: Vec::new(),
             carried: VecDeque::new(),
             shutting_down: false,
@@ -221,7 +224,8 @@ impl Instance {
             other => self.own(now_us, other, out),
         }
         self.distribute(now_us, out);
-        if flush || self.resync || self.results.len() >= REPORT_BATCH {
+        // Recalled tasks are wanted now by idle slots elsewhere.
+        if flush || self.resync || self.results.len() >= REPORT_BATCH || !self.recalled.is_empty() {
             self.report(now_us, false, out);
         }
     }
@@ -284,6 +288,7 @@ impl Instance {
                 self.acked(now_us, a.seq, out)
             }
             Body::Preempt(p) => self.preempt(now_us, p.ids, out),
+            Body::Recall(r) => self.recall(now_us, r.ids, out),
             Body::Shutdown(s) => {
                 self.shutting_down = true;
                 for &m in self.members.keys().filter(|&&m| m != self.id) {
@@ -314,6 +319,38 @@ impl Instance {
         }
         for (holder, ids) in by_holder {
             let body = Body::Preempt(proto::Preempt { agent: holder, ids });
+            if holder == self.id {
+                self.own(now_us, Input::Parent(body), out);
+            } else {
+                out.push(Effect::Down { child: holder, body });
+            }
+        }
+    }
+
+    /// The leader wants these tasks back if they have not started: those still in the queue
+    /// come out at once, those handed out are asked of their holder (which gives back what it
+    /// has not started).
+    fn recall(&mut self, now_us: u64, ids: Vec<u64>, out: &mut Vec<Effect>) {
+        let wanted: HashSet<u64> = ids.iter().copied().collect();
+        let mut sized_out = 0;
+        let recalled = &mut self.recalled;
+        self.queue.retain(|t| {
+            let keep = !wanted.contains(&t.id);
+            if !keep {
+                sized_out += sized(t) as usize;
+                recalled.push(t.id);
+            }
+            keep
+        });
+        self.sized -= sized_out;
+        let mut by_holder: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+        for id in ids {
+            if let Some(h) = self.held.get(&id).filter(|h| !h.started) {
+                by_holder.entry(h.holder).or_default().push(id);
+            }
+        }
+        for (holder, ids) in by_holder {
+            let body = Body::Recall(proto::Recall { agent: holder, ids });
             if holder == self.id {
                 self.own(now_us, Input::Parent(body), out);
             } else {
@@ -376,17 +413,28 @@ impl Instance {
         if !r.results.is_empty() {
             self.pending.push((member, r.seq));
         }
+        for id in r.recalled {
+            if self.held.get(&id).is_some_and(|h| h.holder == member && !h.started) {
+                self.release(member, id);
+                self.recalled.push(id);
+            }
+        }
         for mut res in r.results {
             if self.held.get(&res.id).is_some_and(|h| h.holder == member && h.attempt == res.attempt) {
-                let h = self.held.remove(&res.id).expect("checked");
-                if let Some(m) = self.members.get_mut(&member) {
-                    m.held = m.held.saturating_sub(1);
-                    m.mem_used = m.mem_used.saturating_sub(h.mem_mb);
-                    m.gpus_used = m.gpus_used.saturating_sub(h.gpus);
-                }
+                self.release(member, res.id);
                 res.ran_on = (member != self.id).then_some(member);
                 self.results.push(res);
             }
+        }
+    }
+
+    /// Task `id` is no longer `member`'s: what it held of the member's room is free again.
+    fn release(&mut self, member: u32, id: u64) {
+        let Some(h) = self.held.remove(&id) else { return };
+        if let Some(m) = self.members.get_mut(&member) {
+            m.held = m.held.saturating_sub(1);
+            m.mem_used = m.mem_used.saturating_sub(h.mem_mb);
+            m.gpus_used = m.gpus_used.saturating_sub(h.gpus);
         }
     }
 
@@ -577,7 +625,10 @@ impl Instance {
         let have = (self.queue.len() + self.held.len()) as u64 + self.asked;
         let want = if self.shutting_down || last { 0 } else { target.saturating_sub(have) };
         let want = if want >= target / 4 || have == 0 { want } else { 0 };
-        let news = !self.results.is_empty() || !self.started.is_empty() || !self.returned.is_empty();
+        let news = !self.results.is_empty()
+            || !self.started.is_empty()
+            || !self.returned.is_empty()
+            || !self.recalled.is_empty();
         let beat = !self.shutting_down && now_us.saturating_sub(self.last_up_us) >= self.live.heartbeat_us;
         let capacity = Some(self.capacity()).filter(|c| self.resync || self.told.as_ref() != Some(c));
         if !(want > 0 || news || last || beat || self.resync || capacity.is_some()) {
@@ -616,6 +667,7 @@ impl Instance {
             resync,
             holding,
             capacity,
+            recalled: std::mem::take(&mut self.recalled),
         })));
     }
 }
@@ -719,6 +771,41 @@ mod tests {
             })
             .flatten()
             .collect()
+    }
+
+    /// A Recall reaches each task where it is: the head's queue gives it back at once, a member
+    /// or the head's own executor is asked; only what they did not start goes up as recalled.
+    #[test]
+    fn a_recall_takes_tasks_out_of_the_head_s_queue_and_asks_their_holders() {
+        let mut h = head_and_member(0, 0);
+        let d = proto::Dispatch { tasks: (1..=12).map(spec).collect(), agent: 0 };
+        let out = step(&mut h, 3, Input::Parent(Body::Dispatch(d)));
+        assert_eq!(ran_here(&out), vec![1, 2, 3, 4, 5, 6]);
+        let out = step(&mut h, 4, member_report(1, 0, 4, 2, &[], &[]));
+        assert_eq!(sent_to(&out, 1), vec![7, 8, 9, 10]);
+        // 11 and 12 wait in the head's queue; 6 at its own executor; 9 and 10 at the member.
+        let recall = proto::Recall { agent: 0, ids: vec![6, 9, 10, 11, 12] };
+        let out = step(&mut h, 5, Input::Parent(Body::Recall(recall)));
+        let asked: Vec<(Option<u32>, Vec<u64>)> = out
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Exec(Command::Recall(ids)) => Some((None, ids.clone())),
+                Effect::Down { child, body: Body::Recall(r) } => Some((Some(*child), r.ids.clone())),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(asked, vec![(None, vec![6]), (Some(1), vec![9, 10])]);
+        assert_eq!(ups(&out)[0].recalled, [11, 12], "the queue's at once");
+        // The member had started 9; it gives back 10. The head's executor gives back 6.
+        let back = proto::Report { agent: 1, recalled: vec![10], ..Default::default() };
+        let out = step(&mut h, 6, Input::ChildFrame(Body::Report(back)));
+        assert_eq!(ups(&out)[0].recalled, [10]);
+        let out = step(&mut h, 7, Input::Exec(vec![ExecEvent::Recalled { id: 6, attempt: 1 }]));
+        assert_eq!(ups(&out)[0].recalled, [6]);
+        // A task the member gave back is no longer the instance's: a resync does not list it.
+        let mut out = step(&mut h, 8, Input::Parent(Body::Ack(proto::Ack { seq: 0, agent: 0, resync: true })));
+        out.extend(step(&mut h, 9, Input::Tick));
+        assert_eq!(ups(&out)[0].holding, [1, 2, 3, 4, 5, 7, 8, 9]);
     }
 
     #[test]

@@ -108,6 +108,8 @@ pub struct Machine {
     unacked: VecDeque<(u64, usize)>,
     started: Vec<proto::TaskStarted>,
     results: Vec<proto::TaskResult>,
+    /// Taken out of the queue unstarted on a Recall, for the next report.
+    recalled: Vec<u64>,
     children: HashSet<u32>,
     parent: Parent,
     shutting_down: bool,
@@ -147,6 +149,7 @@ impl Machine {
             unacked: VecDeque::new(),
             started: Vec::new(),
             results: Vec::new(),
+            recalled: Vec::new(),
             children: HashSet::new(),
             parent: Parent::Open,
             shutting_down: false,
@@ -371,6 +374,7 @@ impl Machine {
                 out.push(Effect::Exec(Command::Run(d.tasks.into_iter().map(to_run).collect())));
             }
             Body::Preempt(p) => out.push(Effect::Exec(Command::Stop(p.ids))),
+            Body::Recall(r) => out.push(Effect::Exec(Command::Recall(r.ids))),
             Body::Ack(a) => {
                 while self.unacked.front().is_some_and(|(seq, _)| *seq <= a.seq) {
                     self.unacked.pop_front();
@@ -442,6 +446,11 @@ impl Machine {
                     self.started.push(proto::TaskStarted { id, attempt, start_us })
                 }
                 ExecEvent::Reset => {}
+                ExecEvent::Recalled { id, .. } => {
+                    self.outstanding = self.outstanding.saturating_sub(1);
+                    self.holding.remove(&id);
+                    self.recalled.push(id);
+                }
                 ExecEvent::Finished(f) => {
                     self.outstanding = self.outstanding.saturating_sub(1);
                     self.holding.remove(&f.id);
@@ -457,7 +466,8 @@ impl Machine {
                 }
             }
         }
-        self.results.len() >= REPORT_BATCH || self.outstanding < self.target / 4
+        // Recalled tasks are wanted elsewhere now, where slots are idle.
+        self.results.len() >= REPORT_BATCH || self.outstanding < self.target / 4 || !self.recalled.is_empty()
     }
 
     /// After every input: the end of the agent, or a report when one is due.
@@ -497,7 +507,7 @@ impl Machine {
     }
 
     fn has_news(&self) -> bool {
-        !self.results.is_empty() || !self.started.is_empty()
+        !self.results.is_empty() || !self.started.is_empty() || !self.recalled.is_empty()
     }
 
     fn report(&mut self, now_us: u64, want: u32, drained: bool, idle: u32, out: &mut Vec<Effect>) {
@@ -527,6 +537,7 @@ impl Machine {
             resync,
             holding,
             capacity: None,
+            recalled: std::mem::take(&mut self.recalled),
         })));
     }
 }
@@ -559,6 +570,7 @@ pub(super) fn destination(b: &Body) -> Option<u32> {
     match b {
         Body::Dispatch(d) => Some(d.agent),
         Body::Preempt(p) => Some(p.agent),
+        Body::Recall(r) => Some(r.agent),
         Body::Ack(a) => Some(a.agent),
         Body::Shutdown(s) => Some(s.agent),
         Body::Welcome(w) => Some(w.agent_id),
@@ -636,6 +648,22 @@ mod tests {
         assert_eq!(r.started.iter().map(|s| s.id).collect::<Vec<_>>(), [3]);
         assert_eq!((r.seq, r.want, r.idle), (1, 0, 0), "29 queued: not yet a quarter of the target to ask for");
         assert_eq!(m.unacked_results(), 3);
+    }
+
+    #[test]
+    fn a_recall_gives_back_what_has_not_started_at_once() {
+        let mut m = holding(1, 8);
+        let recall = Body::Recall(proto::Recall { agent: 0, ids: vec![6, 7] });
+        let out = step(&mut m, 2, Input::Parent(recall));
+        assert!(matches!(out.as_slice(), [Effect::Exec(Command::Recall(ids))] if ids == &[6, 7]));
+        // The executor had started 7 already: only 6 comes back, in a report of its own.
+        let out = step(&mut m, 3, Input::Exec(vec![ExecEvent::Recalled { id: 6, attempt: 1 }]));
+        let r = reports(&out);
+        assert_eq!((r.len(), r[0].recalled.as_slice()), (1, &[6][..]));
+        // It is no longer held: a resync does not list it.
+        let mut out = step(&mut m, 4, Input::Parent(Body::Ack(proto::Ack { seq: 0, agent: 0, resync: true })));
+        out.extend(step(&mut m, 5, Input::Tick));
+        assert_eq!(reports(&out)[0].holding, [0, 1, 2, 3, 4, 5, 7]);
     }
 
     #[test]

@@ -508,6 +508,7 @@ impl Executors {
             Command::Hold(held) => self.handles.iter().for_each(|h| h.send(Command::Hold(held))),
             // Each spawner stops those it has and ignores the others.
             Command::Stop(ids) => self.handles.iter().for_each(|h| h.send(Command::Stop(ids.clone()))),
+            Command::Recall(ids) => self.handles.iter().for_each(|h| h.send(Command::Recall(ids.clone()))),
             Command::Reset => {
                 self.resetting = self.handles.len();
                 self.handles.iter().for_each(|h| h.send(Command::Reset));
@@ -539,7 +540,7 @@ impl Executors {
             self.resetting = self.resetting.saturating_sub(1);
             return self.resetting == 0;
         }
-        let ended = batch.iter().filter(|e| matches!(e, ExecEvent::Finished(_))).count();
+        let ended = batch.iter().filter(|e| matches!(e, ExecEvent::Finished(_) | ExecEvent::Recalled { .. })).count();
         self.spread.finished(i, ended);
         false
     }

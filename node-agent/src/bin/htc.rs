@@ -94,6 +94,7 @@ fn real_main() -> anyhow::Result<i32> {
             latency_us,
             leader_us_per_task,
             join_spread_ms,
+            hide_hints,
             json,
         } => {
             let site = Site::load()?;
@@ -113,6 +114,7 @@ fn real_main() -> anyhow::Result<i32> {
                 leader_us_per_task: leader_us_per_task.max(0.0),
                 join_spread_us: join_spread_ms * 1000,
                 flush_every_us: htc::agent::FLUSH_EVERY.as_micros() as u64,
+                hide_hints,
             };
             let r = match simulate::simulate_file(&file, &cfg) {
                 Err(e) if e.downcast_ref::<CreateError>().is_some_and(|e| matches!(e, CreateError::Load(_))) => {

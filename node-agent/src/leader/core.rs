@@ -14,6 +14,7 @@ use std::sync::Arc;
 use htc_core::affinity::{Affinity, Route};
 use htc_core::backfill::{self, Memory, Need};
 use htc_core::partition::{Block, Partition};
+use htc_core::recall::{self, Recalls};
 use htc_core::task::{self, Effect, End, Life, Step};
 use htc_core::tree::Tree;
 
@@ -240,8 +241,10 @@ pub struct Core<'a> {
     /// Preempted tasks, to run again once no higher-priority work waits.
     preempted: VecDeque<u64>,
     /// Instances never take from another's share (`--no-steal`, for measuring what moving
-    /// work from a loaded instance to an idle one gains).
+    /// work from a loaded instance to an idle one gains), nor ask queued tasks back.
     no_steal: bool,
+    /// Queued tasks asked back from agents that are behind, for agents that sit idle.
+    recalls: Recalls,
 }
 
 /// How an attempt ended, as reported (or decided, for a lost agent).
@@ -324,6 +327,28 @@ impl Flights {
         self.per_agent.get(&agent).copied().unwrap_or(0)
     }
 
+    /// Up to `n` tasks `agent` holds and has not said it started, highest ids first (the last
+    /// handed out within a share), leaving out those `skip` names. A scan from the top, only at
+    /// the tail of a run (`ask_back`).
+    fn unstarted_of(&self, agent: u32, n: u64, skip: impl Fn(u64) -> bool) -> Vec<u64> {
+        let mut left = self.held(agent);
+        let mut ids = Vec::new();
+        for id in (0..self.by_id.len() as u64).rev() {
+            if ids.len() as u64 == n || left == 0 {
+                break;
+            }
+            let f = self.by_id[id as usize];
+            if f.agent != agent {
+                continue;
+            }
+            left -= 1;
+            if f.life.state() != State::Running && !skip(id) {
+                ids.push(id);
+            }
+        }
+        ids
+    }
+
     /// The ids an agent holds, in id order: a scan, but only on the rare loss of an agent.
     fn of_agent(&self, agent: u32) -> Vec<u64> {
         if !self.per_agent.contains_key(&agent) {
@@ -384,6 +409,7 @@ impl<'a> Core<'a> {
             preempted_for: HashMap::new(),
             preempted: VecDeque::new(),
             no_steal: false,
+            recalls: Recalls::default(),
         }
     }
 
@@ -466,17 +492,95 @@ impl<'a> Core<'a> {
 
     /// Takes back a task sent to `agent` and not reported started: it waits for another.
     fn take_back(&mut self, t: &dyn Tasks, agent: u32, id: u64) -> Result<()> {
+        if self.unsend(t, agent, id)? {
+            *self.returned.entry(id).or_default() += 1;
+            self.push_retry(id);
+        }
+        Ok(())
+    }
+
+    /// A task `agent` gave back unstarted when asked (a Recall): it never ran, so its next
+    /// dispatch is the same attempt; it goes to an agent that can start it now.
+    fn came_back(&mut self, t: &dyn Tasks, agent: u32, id: u64) -> Result<()> {
+        if self.unsend(t, agent, id)? {
+            self.recalls.came_back(id);
+        }
+        Ok(())
+    }
+
+    /// Task `id`, sent to `agent` and not reported started, is pending again. False when it is
+    /// not (any more) in flight there unstarted.
+    fn unsend(&mut self, t: &dyn Tasks, agent: u32, id: u64) -> Result<bool> {
         let Some(f) = self.in_flight.get(id).filter(|f| f.agent == agent && f.life.state() != State::Running) else {
-            return Ok(());
+            return Ok(false);
         };
         self.land(id);
         if let (Some(a), Some(r)) = (self.agents.get_mut(&agent), t.get(id)?) {
             a.ahead_ms = a.ahead_ms.saturating_sub(r.runtime_ms as u64 * r.cores as u64);
         }
         self.counts.moved(f.life.state(), State::Pending);
-        *self.returned.entry(id).or_default() += 1;
-        self.push_retry(id);
-        Ok(())
+        Ok(true)
+    }
+
+    /// Slots `agent` said were idle, less `sent` since. A lone agent's report may predate
+    /// what it holds now, so never more than its slots less what it holds; a head's idle
+    /// members are idle whatever the busy ones hold.
+    fn can_start(&self, agent: u32, sent: u64) -> u64 {
+        let a = &self.agents[&agent];
+        let idle = a.idle.saturating_sub(sent);
+        if self.heads_members(agent) {
+            idle
+        } else {
+            idle.min((a.cores as u64).saturating_sub(self.in_flight.held(agent)))
+        }
+    }
+
+    /// Tasks `agent` holds that wait unstarted: beyond its slots for a lone agent; beyond what
+    /// runs for a head, whose members' queues may hold work while another member is idle.
+    fn queued_at(&self, agent: u32) -> u64 {
+        let a = &self.agents[&agent];
+        let running = if self.heads_members(agent) { a.busy } else { a.cores };
+        self.in_flight.held(agent).saturating_sub(running as u64)
+    }
+
+    fn heads_members(&self, agent: u32) -> bool {
+        self.layout.as_ref().is_some_and(|t| t.instance_len(agent) > 1)
+    }
+
+    /// Nothing is left to hand out and slots are idle: asks agents with tasks queued beyond
+    /// their slots for some back (`recall`), as many as the idle slots can start and are not
+    /// already on their way.
+    fn ask_back(&mut self, out: &mut Outbox) {
+        let flights = &self.in_flight;
+        self.recalls
+            .prune(|id, agent| flights.get(id).is_some_and(|f| f.agent == agent && f.life.state() != State::Running));
+        let live = |a: &Agent| a.alive && !a.drained;
+        let idle: u64 = self.agents.iter().filter(|(_, a)| live(a)).map(|(&id, _)| self.can_start(id, 0)).sum();
+        let demand = idle.saturating_sub(self.recalls.underway());
+        if demand == 0 {
+            return;
+        }
+        let asked = self.recalls.asked_of();
+        let queued: Vec<(u32, u64)> = self
+            .agents
+            .iter()
+            .filter(|(_, a)| live(a))
+            .map(|(&id, _)| (id, self.queued_at(id).saturating_sub(asked.get(&id).copied().unwrap_or(0))))
+            .collect();
+        for (agent, n) in recall::plan(demand, &queued) {
+            let ids = self.in_flight.unstarted_of(agent, n, |id| self.recalls.is_asked(id));
+            if ids.is_empty() {
+                continue;
+            }
+            tracing::debug!(job = %self.job_id, agent, tasks = ids.len(), "queued tasks asked back for idle slots");
+            self.recalls.ask(agent, &ids);
+            out.push((agent, Body::Recall(proto::Recall { agent, ids })));
+        }
+    }
+
+    /// Tasks moved from an agent that was behind to idle slots, in this session.
+    pub fn moved_back(&self) -> u64 {
+        self.recalls.moved
     }
 
     /// Heartbeats and the bound on silent agents (`liveness`).
@@ -640,6 +744,9 @@ impl<'a> Core<'a> {
                 for &id in &report.returned {
                     self.take_back(t, agent, id)?;
                 }
+                for &id in &report.recalled {
+                    self.came_back(t, agent, id)?;
+                }
                 if report.resync {
                     self.resynced(t, agent, &report.holding, now_us)?;
                 }
@@ -666,7 +773,7 @@ impl<'a> Core<'a> {
                 // New retries can go to any agent with credit, not only the one that reported;
                 // older ones wait for an agent that fits to report (its dispatch takes retries
                 // first), so a retry nobody can take does not cost a scan of every agent per report.
-                if self.fresh_retries || self.fresh_handoffs {
+                if self.fresh_retries || self.fresh_handoffs || !report.recalled.is_empty() {
                     self.dispatch_all(t, out)?;
                 }
                 self.hold_if_failing(out);
@@ -1298,6 +1405,7 @@ impl<'a> Core<'a> {
         let (mut refused, mut handed) = (0u64, 0u64);
         let cores = self.agents[&agent].cores.max(1) as u64;
         let mut drained = false;
+        let mut ask = false;
         while want > 0 && refused < cores && handed < 8 * cores + 32 {
             let a = &self.agents[&agent];
             // Its last report's idle slots, less what was sent since; and never more than its
@@ -1358,9 +1466,7 @@ impl<'a> Core<'a> {
         // Nothing else for it: rather than idle, it runs what waits for busy agents' keys, as
         // much as it can start now.
         if drained || specs.is_empty() {
-            let a = &self.agents[&agent];
-            let free = (a.cores as u64).saturating_sub(self.in_flight.held(agent));
-            let mut can_start = a.idle.saturating_sub(specs.len() as u64).min(free);
+            let mut can_start = self.can_start(agent, specs.len() as u64);
             while want > 0 && can_start > 0 {
                 let Some(id) = self.affinity.steal(agent) else { break };
                 if self.offer(t, agent, id, &mut specs)? {
@@ -1368,10 +1474,23 @@ impl<'a> Core<'a> {
                     can_start -= 1;
                 }
             }
+            // Then what agents that are behind gave back; if slots are still idle, more of
+            // their queues is asked back.
+            while want > 0 && can_start > 0 {
+                let Some(id) = self.recalls.take() else { break };
+                if self.offer(t, agent, id, &mut specs)? {
+                    want -= 1;
+                    can_start -= 1;
+                }
+            }
+            ask = drained && can_start > 0 && !self.no_steal && self.partition.remaining() == 0;
         }
         let a = self.agents.get_mut(&agent).unwrap();
         a.credit = want;
         a.idle = a.idle.saturating_sub(specs.len() as u64);
+        if ask {
+            self.ask_back(out);
+        }
         if specs.is_empty() {
             return Ok(());
         }
@@ -1883,6 +2002,67 @@ mod tests {
         // Agent 3 joins late and still finds the rest of its share.
         let (out, _) = feed(&mut c, &mut m, vec![join(3, 2), report(3, 200, 2, &[])]);
         assert_eq!(dispatched(&out), vec![(3, (301..=398).map(|id| (id, 1)).collect())]);
+    }
+
+    fn recalls(out: &Outbox) -> Vec<(u32, Vec<u64>)> {
+        out.iter()
+            .filter_map(|(a, b)| match b {
+                Body::Recall(r) => Some((*a, r.ids.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Finding 7 of issue 24: with nothing left to hand out, an idle agent's slots are filled
+    /// from the queue of an agent that is behind, not left idle while that queue waits.
+    #[test]
+    fn idle_slots_get_what_waits_unstarted_in_a_busy_agent_s_queue() {
+        let mut m = Mem::with(40, 0, 1);
+        let mut c = core(&m, 2);
+        let (out, _) = feed(&mut c, &mut m, vec![join(0, 2), join(1, 2), report(0, 32, 2, &[]), report(1, 32, 2, &[])]);
+        let got: Vec<(u32, usize)> = dispatched(&out).iter().map(|(a, t)| (*a, t.len())).collect();
+        assert_eq!(got, vec![(0, 20), (1, 20)]);
+        // Agent 0 runs tasks 1 and 2 (long ones); agent 1 is done with its share and idle.
+        let running = Input::Report {
+            agent: 0,
+            report: proto::Report {
+                started: vec![
+                    proto::TaskStarted { id: 1, attempt: 1, start_us: 5 },
+                    proto::TaskStarted { id: 2, attempt: 1, start_us: 5 },
+                ],
+                agent: 0,
+                ..Default::default()
+            },
+        };
+        let done: Vec<(u64, u32)> = (21..=40).map(|id| (id, 1)).collect();
+        let (out, _) = feed(&mut c, &mut m, vec![running, report(1, 20, 2, &done)]);
+        assert!(dispatched(&out).is_empty());
+        assert_eq!(recalls(&out), vec![(0, vec![20, 19])], "as many as it can start, from the back of the queue");
+        // Said idle again before the answer: what is on its way is not asked for twice.
+        let (out, _) = feed(&mut c, &mut m, vec![report(1, 0, 2, &[])]);
+        assert!(recalls(&out).is_empty());
+        // Agent 0 gives back 20; 19 had started. 20 goes to agent 1, as the same attempt.
+        let back = Input::Report {
+            agent: 0,
+            report: proto::Report {
+                started: vec![proto::TaskStarted { id: 19, attempt: 1, start_us: 6 }],
+                recalled: vec![20],
+                agent: 0,
+                ..Default::default()
+            },
+        };
+        // Its other slot is still idle: one more is asked for, skipping what agent 0 runs.
+        let (out, _) = feed(&mut c, &mut m, vec![back]);
+        assert_eq!(dispatched(&out), vec![(1, vec![(20, 1)])]);
+        assert_eq!(recalls(&out), vec![(0, vec![18])]);
+        assert_eq!(c.moved_back(), 1);
+        // Without stealing, nothing is asked back.
+        let mut m = Mem::with(40, 0, 1);
+        let mut c = core(&m, 2).without_stealing();
+        let (out, _) = feed(&mut c, &mut m, vec![join(0, 2), join(1, 2), report(0, 32, 2, &[]), report(1, 32, 2, &[])]);
+        assert_eq!(dispatched(&out).len(), 2);
+        let (out, _) = feed(&mut c, &mut m, vec![report(1, 20, 2, &done)]);
+        assert!(recalls(&out).is_empty());
     }
 
     /// HFlow's plan through the core: tasks of two runtimes alternate in the file; each of two
