@@ -409,10 +409,38 @@ pub fn node_local(dir: Option<&Path>, job_id: &str) -> std::result::Result<PathB
             base.display()
         ));
     }
-    // SAFETY: getuid cannot fail.
-    let own = base.join(format!("htc-{}-{job_id}", unsafe { libc::getuid() }));
+    let own = node_local_dir(&base, job_id);
     private_dir(&own)?;
     Ok(own.join("ledger.mdb"))
+}
+
+/// Where `node_local` keeps job `job_id`'s ledger under `base`.
+fn node_local_dir(base: &Path, job_id: &str) -> PathBuf {
+    // SAFETY: getuid cannot fail.
+    base.join(format!("htc-{}-{job_id}", unsafe { libc::getuid() }))
+}
+
+/// Removes the node-local ledgers that earlier sessions of a run (`job_ids`) left on this
+/// node's disk: a leader that was killed never removed its own. The run's new leader calls it
+/// with the run locked, so no leader uses them, and once the replica was rebuilt here: they are
+/// behind it. A folder that is not this user's private one is left alone. Returns those removed.
+pub fn remove_stale_node_local(dir: Option<&Path>, job_ids: &[String]) -> Vec<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let base = dir.map(Path::to_path_buf).unwrap_or_else(std::env::temp_dir);
+    let mut removed = Vec::new();
+    for id in job_ids {
+        let d = node_local_dir(&base, id);
+        let Ok(m) = fs::symlink_metadata(&d) else { continue };
+        // SAFETY: getuid cannot fail.
+        if !m.is_dir() || m.uid() != unsafe { libc::getuid() } || m.mode() & 0o077 != 0 {
+            continue;
+        }
+        remove_node_local(&d.join("ledger.mdb"));
+        if !d.exists() {
+            removed.push(d);
+        }
+    }
+    removed
 }
 
 /// Creates `dir` (0700), or accepts it if it is already this user's private directory: in a
@@ -765,6 +793,25 @@ mod tests {
         let replica = Replica::of(d);
         live.attach_journal(replica.begin(&live).unwrap());
         (live, replica)
+    }
+
+    /// Finding 12 of issue 24: a killed leader's node-local ledger is removed by the leader that
+    /// continues its run, and nothing else is.
+    #[test]
+    fn earlier_sessions_node_local_ledgers_are_removed_and_nothing_else() {
+        use std::os::unix::fs::PermissionsExt;
+        let base = tempdir();
+        let killed = node_local(Some(&base), "101").unwrap();
+        fs::write(&killed, b"ledger").unwrap();
+        fs::write(lock_path(&killed), b"").unwrap();
+        // Not this user's private folder (anyone may have made it in a shared /tmp): left alone.
+        let open = node_local_dir(&base, "102");
+        fs::create_dir(&open).unwrap();
+        fs::set_permissions(&open, fs::Permissions::from_mode(0o755)).unwrap();
+        let removed = remove_stale_node_local(Some(&base), &["101".into(), "102".into(), "103".into()]);
+        assert_eq!(removed, vec![killed.parent().unwrap().to_path_buf()]);
+        assert!(!killed.parent().unwrap().exists() && open.exists());
+        let _ = fs::remove_dir_all(&base);
     }
 
     fn tempdir() -> PathBuf {

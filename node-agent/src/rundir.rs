@@ -123,6 +123,22 @@ impl RunDir {
     pub fn id(&self) -> String {
         self.path.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default()
     }
+
+    /// Every id the run is known by: its own (the first job's), and those of the jobs that
+    /// continued it (`htc resume`), each a link beside it naming it.
+    pub fn job_ids(&self) -> Vec<String> {
+        let own = self.id();
+        let mut ids = vec![own.clone()];
+        let Some(Ok(entries)) = self.path.parent().map(fs::read_dir) else { return ids };
+        for e in entries.flatten() {
+            let link = fs::read_link(e.path());
+            if link.is_ok_and(|l| l.as_os_str() == own.as_str()) {
+                ids.push(e.file_name().to_string_lossy().into_owned());
+            }
+        }
+        ids.sort();
+        ids
+    }
     pub fn ledger(&self) -> PathBuf {
         self.ledger.clone()
     }
@@ -217,5 +233,17 @@ mod tests {
         assert_eq!(civil_from_days(0), (1970, 1, 1));
         assert_eq!(civil_from_days(20_779), (2026, 11, 22));
         assert_eq!(civil_from_days(11_016), (2000, 2, 29));
+    }
+
+    #[test]
+    fn a_run_is_known_by_its_own_id_and_its_continuations_links() {
+        let runs = std::env::temp_dir().join(format!("htc-rundir-test-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&runs);
+        fs::create_dir_all(runs.join("11")).unwrap();
+        fs::create_dir_all(runs.join("12")).unwrap();
+        std::os::unix::fs::symlink("11", runs.join("13")).unwrap();
+        std::os::unix::fs::symlink("12", runs.join("14")).unwrap();
+        assert_eq!(RunDir::new(runs.join("11")).job_ids(), ["11", "13"]);
+        let _ = fs::remove_dir_all(&runs);
     }
 }

@@ -75,7 +75,10 @@ impl Model {
     pub fn state(&self, now_us: u64) -> String {
         match &self.view {
             None => "waiting for the leader to start (no live view yet)".into(),
-            Some(v) if v.state != "running" => v.state.clone(),
+            Some(v) if v.state == "complete" && v.counts.get(State::Failed) > 0 => {
+                format!("complete, {} tasks failed (htc output --failed)", v.counts.get(State::Failed))
+            }
+            Some(v) if v.state != "running" => format!("{} (the run has ended)", v.state),
             Some(v) => {
                 let age = now_us.saturating_sub(v.now_us);
                 if age > self.silent_after_us {
@@ -126,6 +129,10 @@ pub fn draw(f: &mut Frame, m: &Model, now_us: u64, table: &mut TableState) {
     let Some(v) = &m.view else { return };
     let (total, finished) = (v.counts.total(), v.finished());
     let ratio = if total > 0 { finished as f64 / total as f64 } else { 1.0 };
+    // The count beside the bar, not over it: a label drawn on the bar is cut by its edge.
+    let label = format!(" {finished}/{total} ({:.1}%)", ratio * 100.0);
+    let [bar, count] =
+        Layout::horizontal([Constraint::Fill(1), Constraint::Length(label.chars().count() as u16)]).areas(gauge);
     f.render_widget(
         Gauge::default()
             .gauge_style(Style::default().fg(if v.counts.get(State::Failed) > 0 {
@@ -134,9 +141,10 @@ pub fn draw(f: &mut Frame, m: &Model, now_us: u64, table: &mut TableState) {
                 Color::Green
             }))
             .ratio(ratio.clamp(0.0, 1.0))
-            .label(format!("{finished}/{total} ({:.1}%)", ratio * 100.0)),
-        gauge,
+            .label(""),
+        bar,
     );
+    f.render_widget(Paragraph::new(label), count);
     let up = v.nodes.iter().filter(|n| n.state == "up").count();
     f.render_widget(
         Paragraph::new(format!(
@@ -155,13 +163,17 @@ pub fn draw(f: &mut Frame, m: &Model, now_us: u64, table: &mut TableState) {
         stats,
     );
     draw_nodes(f, v, now_us, nodes, table);
-    draw_failures(f, v, fails);
+    draw_failures(f, v, now_us, fails);
 }
 
 fn draw_nodes(f: &mut Frame, v: &View, now_us: u64, area: ratatui::layout::Rect, table: &mut TableState) {
+    // Once the run has ended, its agents have too: the last view's "up" is history.
+    let ended = v.state != "running";
     let rows = v.nodes.iter().map(|n| {
-        let style = match n.state.as_str() {
+        let state = if ended && n.state == "up" { "ended".to_string() } else { n.state.clone() };
+        let style = match state.as_str() {
             "up" => Style::default(),
+            "ended" => Style::default().fg(Color::DarkGray),
             "drained" => Style::default().fg(Color::Yellow),
             _ => Style::default().fg(Color::Red),
         };
@@ -172,7 +184,7 @@ fn draw_nodes(f: &mut Frame, v: &View, now_us: u64, area: ratatui::layout::Rect,
             n.done.to_string(),
             n.failed.to_string(),
             ago(now_us, n.heard_us),
-            n.state.clone(),
+            state,
         ])
         .style(style)
     });
@@ -182,11 +194,12 @@ fn draw_nodes(f: &mut Frame, v: &View, now_us: u64, area: ratatui::layout::Rect,
         Constraint::Length(host_width + 1),
         Constraint::Length(10),
         Constraint::Length(10),
-        Constraint::Length(8),
+        Constraint::Length(16),
         Constraint::Length(12),
         Constraint::Fill(1),
     ];
-    let header = Row::new(vec!["agent", "host", "busy", "done", "failed", "heard", "state"])
+    // Per node, attempts: a task retried elsewhere failed here and may be done there.
+    let header = Row::new(vec!["agent", "host", "busy", "done", "failed attempts", "heard", "state"])
         .style(Style::default().add_modifier(Modifier::BOLD));
     let t = Table::new(rows, widths)
         .header(header)
@@ -195,7 +208,7 @@ fn draw_nodes(f: &mut Frame, v: &View, now_us: u64, area: ratatui::layout::Rect,
     f.render_stateful_widget(t, area, table);
 }
 
-fn draw_failures(f: &mut Frame, v: &View, area: ratatui::layout::Rect) {
+fn draw_failures(f: &mut Frame, v: &View, now_us: u64, area: ratatui::layout::Rect) {
     let lines: Vec<Line> = if v.failures.is_empty() {
         vec![Line::from("none")]
     } else {
@@ -205,7 +218,7 @@ fn draw_failures(f: &mut Frame, v: &View, area: ratatui::layout::Rect) {
             .map(|x| {
                 Line::from(format!(
                     "{:>9}  task {} (line {}) on {}: {}{}",
-                    ago(v.now_us, x.at_us),
+                    ago(now_us, x.at_us),
                     x.task,
                     x.line,
                     x.host,
@@ -305,7 +318,11 @@ mod tests {
         assert_eq!(m.eta(), Some(Duration::from_secs(440)));
         m.update(view(21, 1000, "complete"));
         assert_eq!(m.eta(), None);
-        assert_eq!(m.state(21_000_000), "complete");
+        assert_eq!(m.state(21_000_000), "complete (the run has ended)");
+        let mut failed = view(22, 990, "complete");
+        failed.counts = Counts([0, 0, 0, 990, 10]);
+        m.update(failed);
+        assert_eq!(m.state(22_000_000), "complete, 10 tasks failed (htc output --failed)");
     }
 
     #[test]

@@ -100,7 +100,17 @@ fn watch_shows_progress_nodes_and_failures_of_a_running_run() {
 
     // To the end: both failures listed with their reasons, everything counted.
     let s = t.wait_screen("watch", Duration::from_secs(60), "the finished run", |s| s.contains("complete"));
+    assert!(s.contains("complete, 2 tasks failed"), "a run with failures is not said plainly complete: {s}");
     assert!(s.contains("240/240 (100.0%)"), "{s}");
+    // The count stands beside the bar, not drawn through it.
+    let pct = s.lines().find(|l| l.contains("240/240 (")).unwrap();
+    assert!(pct.rfind('█').unwrap() < pct.find("240/240").unwrap(), "{pct}");
+    // The agents ended with the run: no row still says "up".
+    for agent in ["0", "1"] {
+        let row = s.lines().find(|l| l.trim_start_matches('│').starts_with(&format!("{agent}      {host}"))).unwrap();
+        assert!(row.contains("ended") && !row.contains(" up"), "{row}");
+    }
+    assert!(s.contains("failed attempts"), "the per-node column says what it counts: {s}");
     assert!(s.contains("done 238  failed 2"), "{s}");
     assert!(s.contains("killed by signal 9 (KILL)") && s.contains("exit 7"), "{s}");
     assert!(s.contains("recent failures (tasks failed: 2)"), "{s}");

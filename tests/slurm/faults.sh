@@ -177,12 +177,12 @@ requeued() {
     check "requeue: no task process left" bash -c "! pgrep -u '$HTC_CLUSTER_USER' -f 'sleep $TASK_S' >/dev/null"
 }
 
-# The leader's node lost: the leader killed with SIGKILL and its node-local ledger removed. The
-# job ends, `htc status` (on the submit host, from the run directory's replica) calls the run
+# The leader killed with SIGKILL: it never removes its node-local ledger. The job ends, `htc status` (on the submit host, from the run directory's replica) calls the run
 # interrupted at once although its heartbeat is fresh (Slurm says the job is over), and a bare
 # `htc resume JOBID` asks for the first job's shape again and finishes the run from the replica:
 # nothing whose end was acknowledged runs again, only what was in flight on the 8 CPUs (each
-# agent goes on for its 1 s hold).
+# agent goes on for its 1 s hold). The resumed leader rebuilds the ledger from the replica and
+# removes the one the killed leader left (the test nodes share /tmp, so it is on "its" node).
 leader_killed_then_resumed() {
     local w j j2 state out pid cpus cpus2 lines unique local
     read -r w j < <(start_job leaderkill) || { bad "leader killed: submit"; return; }
@@ -196,8 +196,8 @@ leader_killed_then_resumed() {
     check "leader killed: the run directory holds the ledger's snapshot and journal" \
         bash -c "ls '$w/.htc/$j/ledger' | grep -q '^snapshot\.' && ls '$w/.htc/$j/ledger' | grep -q '^journal\.'"
     kill -KILL "$pid"
-    rm -rf "$(dirname "${local:-/nonexistent/x}")"
     state=$(wait_job "$j" 120)
+    check "leader killed: its node-local ledger is left behind" test -f "$local"
     out=$(as_user -C "$w" "$bin/htc" status "$j")
     check "leader killed: job $j ended ($state), htc status says interrupted at once" grep -q "interrupted (continue with: htc resume $j" <<<"$out"
     out=$(as_user -C "$w" "$bin/htc" resume "$j" 2>&1)
@@ -217,6 +217,7 @@ leader_killed_then_resumed() {
         test $((lines - unique)) -le $((4 * MAX_RERUNS))
     check "leader killed: the resumed job left no ledger on its node" \
         bash -c "! ls -d /tmp/htc-*-$j2 2>/dev/null | grep -q ."
+    check "leader killed: nor the killed leader's ($(dirname "$local"))" test ! -e "$(dirname "$local")"
     check "leader killed: no task process left" bash -c "! pgrep -u '$HTC_CLUSTER_USER' -f 'sleep $TASK_S' >/dev/null"
 }
 

@@ -174,6 +174,7 @@ fn resume_run(
     earlier: u32,
     job_id: &str,
     local: &std::path::Path,
+    ledger_dir: Option<&std::path::Path>,
 ) -> anyhow::Result<Result<(RunDir, String), String>> {
     let runs = base.join(".htc");
     let Ok(path) = std::fs::canonicalize(runs.join(earlier.to_string())) else {
@@ -187,6 +188,11 @@ fn resume_run(
         let _lock = run.lock()?;
         let run = adopt(run, local)?;
         let n = leader::driver::reset_interrupted(&run)?;
+        // What a killed leader of this run left on this node's disk is behind the replica now.
+        let earlier: Vec<String> = run.job_ids().into_iter().filter(|id| id != job_id).collect();
+        for d in htc::replica::remove_stale_node_local(ledger_dir, &earlier) {
+            tracing::info!(job = job_id, dir = %d.display(), "removed an earlier session's node-local ledger");
+        }
         (run, n)
     };
     let link = runs.join(job_id);
@@ -251,7 +257,7 @@ fn lead(a: LeadArgs, script: Vec<OsString>) -> anyhow::Result<i32> {
         let n = leader::driver::reset_interrupted(&run)?;
         (run, format!("htc: job {job_id} restarted; continuing its run ({n} tasks left to run, those in flight when it stopped among them)"))
     } else if let Some(earlier) = a.resume_run {
-        match resume_run(&base, earlier, &job_id, &local)? {
+        match resume_run(&base, earlier, &job_id, &local, a.ledger_dir.as_deref())? {
             Ok(run) => run,
             Err(why) => {
                 eprintln!("htc: {why}");
