@@ -103,6 +103,11 @@ pub mod htc {
             /// is on NFS), with its replica in the run directory; a resume rebuilds it from there.
             #[arg(long, value_name = "DIR")]
             ledger_dir: Option<PathBuf>,
+            /// Leave what a task starts outside its process group (setsid, a double-forked
+            /// daemon) running after the task ends, until the agent ends; by default it is killed
+            /// with its task. Under Slurm: HTC_KEEP_DAEMONS=1 in the job's environment.
+            #[arg(long)]
+            keep_daemons: bool,
         },
         /// Load a task file into a new run without starting it (start it with `htc run --resume RUN`).
         Prepare {
@@ -353,6 +358,10 @@ pub mod agent {
         /// A peer silent this long is lost; the lease on the parent is half of it.
         #[arg(long, default_value_t = 10_000)]
         pub lost_after_ms: u64,
+        /// Leave what tasks start outside their process group running until the agent ends
+        /// (also HTC_KEEP_DAEMONS=1).
+        #[arg(long)]
+        pub keep_daemons: bool,
     }
 
     impl WorkArgs {
@@ -383,6 +392,9 @@ pub mod agent {
             opt("spawners", self.spawners.to_string());
             opt("instance-size", self.instance_size.to_string());
             opt("lost-after-ms", self.lost_after_ms.to_string());
+            if self.keep_daemons {
+                v.push("--keep-daemons".into());
+            }
             if self.slurm {
                 v.push("--slurm".into());
             }
@@ -497,6 +509,7 @@ mod tests {
             spawners: 0,
             instance_size: 4,
             lost_after_ms: 2500,
+            keep_daemons: true,
         };
         assert_eq!(round_trip(&local), local);
         let slurm = WorkArgs {
@@ -506,6 +519,7 @@ mod tests {
             count: 1,
             exec: ExecKind::Real,
             spawners: 3,
+            keep_daemons: false,
             ..local
         };
         assert_eq!(round_trip(&slurm), slurm);

@@ -24,9 +24,10 @@ pub fn split() -> io::Result<()> {
         match libc::fork() {
             -1 => Err(io::Error::last_os_error()),
             0 => {
-                // The agent: not a subreaper itself (its tasks' orphans should reach the guard
-                // only when it is gone), and told when the guard goes.
-                libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0);
+                // The agent: a subreaper itself, so that what its tasks leave outside their
+                // process groups comes to it (`leftovers`), and reaches the guard only when the
+                // agent is gone; and told when the guard goes.
+                crate::leftovers::become_subreaper()?;
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM, 0, 0, 0) != 0 {
                     return Err(io::Error::last_os_error());
                 }

@@ -15,6 +15,7 @@ pub mod guard;
 pub mod joblog;
 pub mod leader;
 pub mod ledger;
+pub mod leftovers;
 pub mod live;
 pub mod liveness;
 pub mod load;

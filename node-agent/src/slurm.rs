@@ -301,6 +301,8 @@ impl Srun {
                     spawners: self.spawners,
                     instance_size: self.instance_size,
                     lost_after_ms: self.lost_after.as_millis() as u64,
+                    // The agents read HTC_KEEP_DAEMONS from the job's environment.
+                    keep_daemons: false,
                 }
                 .argv(),
             )

@@ -644,3 +644,41 @@ fn htc_watch_without_a_terminal_says_so_and_what_to_use_instead() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("needs a terminal") && err.contains("htc status"), "{err}");
 }
+
+/// Issue 24, D7: a process a task starts outside its process group (`setsid`, as a daemon
+/// does) ends with its task, while the agent goes on: a later task of the same run no longer
+/// finds it. With `--keep-daemons` it lives until the agent ends, and not past that.
+#[test]
+fn what_a_task_leaves_outside_its_group_ends_with_it_unless_daemons_are_kept() {
+    let n = std::process::id() % 100 + 100;
+    // The task looks for "slee[p] 30N", which matches the daemon and not its own command line.
+    let (marker, pattern) = (format!("sleep 30{n}"), format!("slee[p] 30{n}"));
+    let alive = || {
+        let o = Command::new("pgrep").args(["-f", &marker]).output().unwrap();
+        !o.stdout.is_empty()
+    };
+    let d = Dir::new("leftovers");
+    d.write(
+        "t.txt",
+        format!(
+            "setsid {marker} & sleep 0.3; echo started\n\
+             sleep 1.5; if pgrep -f '{pattern}' >/dev/null; then echo alive; else echo gone; fi\n"
+        ),
+    );
+    for (keep, seen) in [(false, "gone"), (true, "alive")] {
+        let _ = fs::remove_dir_all(d.path(".htc"));
+        let mut args = vec!["run", "t.txt", "--agents", "1", "--cores-per-agent", "1", "-q"];
+        if keep {
+            args.push("--keep-daemons");
+        }
+        let o = d.htc(&args);
+        assert!(o.status.success(), "{}", text(&o));
+        let out = d.htc(&["output", &d.run_id(), "2"]);
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), seen, "keep_daemons={keep}: {}", text(&out));
+        assert!(wait_for(|| !alive(), Duration::from_secs(5)), "{marker} outlived the agent (keep_daemons={keep})");
+        if !keep {
+            let log = fs::read_to_string(d.run_dir().join("log/agent-0.log")).unwrap();
+            assert!(log.contains("killed a process the task left behind") && log.contains("task=1"), "{log}");
+        }
+    }
+}

@@ -192,6 +192,11 @@ impl Instance {
     }
 
     /// `None` while running; then how the agent ended (its own machine's account).
+    /// Whether this agent's own executor holds task `id` (queued or running).
+    pub fn holds(&self, id: u64) -> bool {
+        self.own.holds(id)
+    }
+
     pub fn outcome(&self) -> Option<Result<(), String>> {
         self.own.outcome()
     }

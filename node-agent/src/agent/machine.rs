@@ -209,6 +209,11 @@ impl Machine {
     }
 
     /// Results reported but not yet acknowledged as recorded.
+    /// Whether task `id` was received and has not ended here (queued or running).
+    pub fn holds(&self, id: u64) -> bool {
+        self.holding.contains(&id)
+    }
+
     pub fn unacked_results(&self) -> usize {
         self.unacked.iter().map(|(_, n)| n).sum()
     }

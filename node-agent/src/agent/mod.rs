@@ -26,6 +26,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 use crate::auth;
 use crate::executor::{self, Command, ExecConfig, ExecEvent, Handle};
 use crate::frame::{self, read_frame, FrameError};
+use crate::leftovers::Sweeper;
 use crate::output::OutputMode;
 use crate::proto::{self, frame::Body};
 use crate::rundir::RunDir;
@@ -49,6 +50,10 @@ pub fn default_spawners(widest_task: u64) -> usize {
 /// The agents' report timer: short enough that a slot waits little for work, long enough that a
 /// busy agent's results travel in batches. `htc simulate` uses it too.
 pub const FLUSH_EVERY: Duration = Duration::from_millis(5);
+
+/// How often the agent looks for processes its tasks left behind (`leftovers`): what a task
+/// leaves ends within about this long of the task.
+const SWEEP_EVERY: Duration = Duration::from_millis(100);
 
 pub struct AgentConfig {
     /// Where to connect: the leader, or the parent agent in the tree.
@@ -78,6 +83,8 @@ pub struct AgentConfig {
     pub spawners: usize,
     /// Heartbeats, the lease on the parent, the bound on silent members.
     pub live: crate::liveness::Liveness,
+    /// What tasks leave outside their process group lives until the agent ends (`leftovers`).
+    pub keep_daemons: bool,
 }
 
 pub fn run(cfg: AgentConfig) -> anyhow::Result<()> {
@@ -160,6 +167,9 @@ async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
     );
     let mut effects = Vec::new();
     let mut out = Vec::new();
+    // Real tasks only: simulated ones leave nothing behind.
+    let mut leftovers = (cfg.exec == ExecKind::Real).then(|| Sweeper::new(cfg.agent_id, cfg.keep_daemons));
+    let mut swept = std::time::Instant::now();
     let outcome = loop {
         let input = tokio::select! {
             // Killed from outside (scancel, kill): stop the tasks, which live in their own
@@ -240,6 +250,12 @@ async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
             gen += 1;
             parent_open = true;
             revive_fresh(&cfg, &secret, rejoin_tx.clone());
+        }
+        if let Some(sweeper) = leftovers.as_mut().filter(|_| swept.elapsed() >= SWEEP_EVERY) {
+            swept = std::time::Instant::now();
+            for (pid, task) in sweeper.sweep(|id| m.holds(id)) {
+                tracing::info!(job = %job_id, agent = cfg.agent_id, task, pid, "killed a process the task left behind");
+            }
         }
         if let Some(outcome) = m.outcome() {
             break outcome;

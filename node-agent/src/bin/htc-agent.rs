@@ -70,7 +70,9 @@ fn work(a: WorkArgs) -> anyhow::Result<()> {
         spawners,
         instance_size,
         lost_after_ms,
+        keep_daemons,
     } = a;
+    let keep_daemons = keep_daemons || std::env::var_os("HTC_KEEP_DAEMONS").is_some_and(|v| v == "1");
     let fanout = fanout.max(1);
     let mut cpus: Vec<usize> = cpus
         .split(',')
@@ -155,6 +157,7 @@ fn work(a: WorkArgs) -> anyhow::Result<()> {
             exec,
             spawners,
             live: Liveness::new(Duration::from_millis(lost_after_ms)),
+            keep_daemons,
         });
     }
     if let Some(Kvs::Pmi(p)) = kvs {

@@ -192,6 +192,7 @@ fn real_main() -> anyhow::Result<i32> {
             gpus,
             mem_limit,
             no_steal,
+            keep_daemons,
         } => {
             let site = Site::load()?;
             // Options are checked before a run is made, so a refused one leaves nothing behind.
@@ -258,6 +259,7 @@ fn real_main() -> anyhow::Result<i32> {
                 lost_after: site.lost_after,
                 gpus,
                 mem_limit,
+                keep_daemons,
                 mem_mb: match mem_policy {
                     htc_core::backfill::Policy::Ignore => Some(0),
                     _ => mem_per_agent,

@@ -78,6 +78,8 @@ pub struct Local {
     pub mem_mb: Option<u64>,
     /// The machine's GPUs for tasks (`--gpus`), which the agents share (`None`: detected).
     pub gpus: Option<String>,
+    /// What tasks leave outside their process group lives until the agent ends (`leftovers`).
+    pub keep_daemons: bool,
     /// How the agents enforce tasks' `mem=` (`--mem-limit`).
     pub mem_limit: crate::memcg::Enforce,
 }
@@ -138,6 +140,7 @@ impl Local {
                 spawners: self.spawners,
                 instance_size: self.instance_size,
                 lost_after_ms: self.lost_after.as_millis() as u64,
+                keep_daemons: self.keep_daemons,
             }
             .argv();
             let child = Command::new(&self.agent_bin)
