@@ -295,6 +295,13 @@ pub fn create_run(
     let mut run =
         RunDir::create(base, id).map_err(|e| CreateError::Io(format!("creating {}/.htc/{id}: {e}", base.display())))?;
     if let Some(l) = ledger {
+        // A new run's node-local ledger is new: one found at its path is a dead job's of the
+        // same id (ids start over when a cluster's controller does), never a live run's.
+        if l.exists() {
+            tracing::warn!(ledger = %l.display(), "removing a ledger a dead job of the same id left on this node");
+            crate::replica::remove_node_local(&l);
+            crate::replica::private_dir(l.parent().unwrap_or(base)).map_err(CreateError::Io)?;
+        }
         run = run.with_ledger(l);
     }
     let result = (|| {

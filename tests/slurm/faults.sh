@@ -58,12 +58,13 @@ job_procs() { # JOB
 }
 
 # A job of N short tasks recording "id node attempt"; waits until a tenth are done.
-start_job() { # NAME -> "workdir job"
+start_job() { # NAME [SBATCH OPTIONS...] -> "workdir job"
     local w j
     w=$(cluster_workdir "$1")
+    shift
     seq 1 "$N" | sed "s|.*|sleep $TASK_S; echo \"\$HTC_TASK_ID \$SLURMD_NODENAME \$HTC_ATTEMPT\" >> ids.txt|" >"$w/tasks.txt"
     chown -R "$HTC_CLUSTER_USER" "$w"
-    j=$(submit "$w" -N 4 --exclusive --htc=tasks.txt --wrap=:) || return 1
+    j=$(submit "$w" -N 4 --exclusive "$@" --htc=tasks.txt --wrap=:) || return 1
     for _ in $(seq 600); do
         [[ $(cat "$w/ids.txt" 2>/dev/null | wc -l) -ge $((N / 10)) ]] && break
         sleep 0.1
@@ -114,6 +115,37 @@ link_down() {
     finished_well "link down" "$w" "$j" "$state"
     check "link down: n4's agent stopped itself or was given up" \
         grep -Eq 'silent for|lease expired' "$w/slurm-$j.out"
+    rerun_at_most "link down" "$w" 4
+}
+
+# Issue 24, findings 4 and 9: n4's link is cut for 12 s (past the 10 s loss bound) in the middle
+# of the run and comes back. n4's agent starts nothing more once a report of its has gone a
+# heartbeat (250 ms) without an ack, so what runs again is what n4 was running at the cut and, at
+# most, the task each slot started when that one ended before the missing ack was noticed: twice
+# its 2 slots (8 before, when only a second of silence held it). Once the link is back, the agent
+# the leader gave up joins again as a fresh member and gets work.
+link_cut_and_back() {
+    local w j state ns=$HTC_CLUSTER_NETNS-n4
+    read -r w j < <(start_job linkback --export=ALL,HTC_LOG=info) || { bad "link back: submit"; return; }
+    ip -n "$ns" link set eth0 down
+    ok "link back: n4's link down with $(wc -l <"$w/ids.txt") tasks done"
+    sleep 12
+    # Fenced by now (its lease is 5 s): what n4 ran so far stays as it is.
+    awk '$2 == "n4"' "$w/ids.txt" | wc -l >"$w/n4-before"
+    ip -n "$ns" link set eth0 up
+    state=$(wait_job "$j" 300)
+    finished_well "link back" "$w" "$j" "$state"
+    rerun_at_most "link back" "$w" 4
+    check "link back: n4's agent came back as a fresh member" grep -q 'back as a fresh member' "$w/slurm-$j.out"
+    check "link back: it ran tasks after it came back" \
+        test "$(awk '$2 == "n4"' "$w/ids.txt" | wc -l)" -gt "$(cat "$w/n4-before" 2>/dev/null || echo 0)"
+}
+
+rerun_at_most() { # LABEL WORKDIR N
+    local lines unique
+    lines=$(wc -l <"$2/ids.txt")
+    unique=$(cut -d' ' -f1 "$2/ids.txt" | sort -u | wc -l)
+    check "$1: $((lines - unique)) re-run(s), at most $3 (twice n4's slots)" test $((lines - unique)) -le "$3"
 }
 
 all_done() { # WORKDIR JOB
@@ -216,7 +248,7 @@ leader_killed_then_resumed() {
     check "leader killed: $((lines - unique)) re-run(s), at most the 4 nodes' in flight ($((4 * MAX_RERUNS)))" \
         test $((lines - unique)) -le $((4 * MAX_RERUNS))
     check "leader killed: the resumed job left no ledger on its node" \
-        bash -c "! ls -d /tmp/htc-*-$j2 2>/dev/null | grep -q ."
+        test ! -e "/tmp/htc-$(id -u "$HTC_CLUSTER_USER")-$j2"
     check "leader killed: nor the killed leader's ($(dirname "$local"))" test ! -e "$(dirname "$local")"
     check "leader killed: no task process left" bash -c "! pgrep -u '$HTC_CLUSTER_USER' -f 'sleep $TASK_S' >/dev/null"
 }
@@ -316,7 +348,7 @@ echo "== 4 nodes (network namespaces)"
 cluster_env
 install_htc
 # FAULTS_ONLY="name ..." runs some of them (while working on one).
-for t in ${FAULTS_ONLY:-killed_agent link_down cancelled_then_resumed requeued node_failed leader_killed_then_resumed time_limit resubmitted_at_time_limit}; do
+for t in ${FAULTS_ONLY:-killed_agent link_down link_cut_and_back cancelled_then_resumed requeued node_failed leader_killed_then_resumed time_limit resubmitted_at_time_limit}; do
     "$t"
 done
 

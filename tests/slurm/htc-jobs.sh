@@ -229,6 +229,25 @@ unhinted_long_tasks_move() {
     echo "   htc status: $elapsed s; long tasks per node: $nodes"
 }
 
+# Issue 24, D7: under Slurm too, a process a task starts outside its process group (`setsid`,
+# as a daemon does) ends with its task, while the job goes on; HTC_KEEP_DAEMONS=1 keeps it until
+# the agents end. Task 2 looks for task 1's daemon after task 1 has ended.
+daemons_end_with_their_task() {
+    local w j state keep seen
+    for keep in 0 1; do
+        w=$(cluster_workdir "daemons-$keep")
+        printf '%s\n' 'setsid sleep 3097 & sleep 0.3' \
+            "sleep 2; if pgrep -f 'slee[p] 3097' >/dev/null; then echo alive; else echo gone; fi > seen.txt" >"$w/tasks.txt"
+        chown -R "$HTC_CLUSTER_USER" "$w"
+        j=$(submit "$w" -N 1 --export=ALL,HTC_KEEP_DAEMONS=$keep --htc=tasks.txt --wrap=:) || { bad "daemons: submit"; return; }
+        state=$(wait_job "$j" 60)
+        seen=$(cat "$w/seen.txt" 2>/dev/null)
+        check "daemons (keep=$keep): job $j COMPLETED (was $state)" test "$state" = COMPLETED
+        check "daemons (keep=$keep): task 2 found task 1's daemon $seen" test "$seen" = "$([[ $keep == 1 ]] && echo alive || echo gone)"
+        check "daemons (keep=$keep): nothing left after the job" bash -c "! pgrep -f 'slee[p] 3097' >/dev/null"
+    done
+}
+
 # Memory under Slurm: the agents take their budget from the job's --mem (SLURM_MEM_PER_NODE,
 # 600 MiB a node here) and never run two 400 MiB tasks at once on a node, though each node has
 # two CPUs; every task records its agent and when it held its memory.
@@ -327,6 +346,7 @@ INSTANCE_NODES=2 run_many 4 3000 --htc-instance-nodes=2 --export=ALL,HTC_LOG=inf
 controller_cost
 long_tasks_spread
 unhinted_long_tasks_move
+daemons_end_with_their_task
 watched_job
 memory_job
 echo "-- one instance of both nodes: its head places the tasks on the node each fits"

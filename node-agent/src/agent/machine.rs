@@ -104,8 +104,8 @@ pub struct Machine {
     /// Requested and not yet received.
     asked: u64,
     seq: u64,
-    /// Reports with results the parent has not acknowledged yet: (seq, results).
-    unacked: VecDeque<(u64, usize)>,
+    /// Reports with results the parent has not acknowledged yet: (seq, results, when sent).
+    unacked: VecDeque<(u64, usize, u64)>,
     started: Vec<proto::TaskStarted>,
     results: Vec<proto::TaskResult>,
     /// Taken out of the queue unstarted on a Recall, for the next report.
@@ -215,7 +215,15 @@ impl Machine {
     }
 
     pub fn unacked_results(&self) -> usize {
-        self.unacked.iter().map(|(_, n)| n).sum()
+        self.unacked.iter().map(|(_, n, _)| n).sum()
+    }
+
+    /// Whether what starts now might run again elsewhere: the parent has been silent for the
+    /// hold, or has not acknowledged results for a heartbeat (acks follow each commit within
+    /// milliseconds; a cut link stops them at once, while heartbeats take a while to be missed).
+    fn unsure(&self, now_us: u64, heard: u64) -> bool {
+        now_us.saturating_sub(heard) >= self.live.hold_us
+            || self.unacked.front().is_some_and(|&(_, _, at)| now_us.saturating_sub(at) >= self.live.heartbeat_us)
     }
 
     pub fn handle(&mut self, now_us: u64, input: Input, out: &mut Vec<Effect>) {
@@ -226,10 +234,12 @@ impl Machine {
         let flush = match input {
             Input::Parent(body) => {
                 self.last_heard_us = Some(now_us);
-                if std::mem::take(&mut self.held) {
+                let flush = self.on_parent(body, out);
+                if self.held && !self.unsure(now_us, now_us) {
+                    self.held = false;
                     out.push(Effect::Exec(Command::Hold(false)));
                 }
-                self.on_parent(body, out)
+                flush
             }
             Input::ParentEnded(why) => {
                 self.parent_ended(why, out);
@@ -313,8 +323,7 @@ impl Machine {
                 false
             }
             Input::Tick => {
-                let quiet = now_us.saturating_sub(heard) >= self.live.hold_us;
-                if quiet && !self.held && self.parent == Parent::Open && !self.shutting_down {
+                if self.unsure(now_us, heard) && !self.held && self.parent == Parent::Open && !self.shutting_down {
                     // What starts now might run again elsewhere if the parent is gone for good.
                     self.held = true;
                     out.push(Effect::Exec(Command::Hold(true)));
@@ -381,7 +390,7 @@ impl Machine {
             Body::Preempt(p) => out.push(Effect::Exec(Command::Stop(p.ids))),
             Body::Recall(r) => out.push(Effect::Exec(Command::Recall(r.ids))),
             Body::Ack(a) => {
-                while self.unacked.front().is_some_and(|(seq, _)| *seq <= a.seq) {
+                while self.unacked.front().is_some_and(|(seq, _, _)| *seq <= a.seq) {
                     self.unacked.pop_front();
                 }
                 if a.resync {
@@ -519,7 +528,7 @@ impl Machine {
         self.last_up_us = now_us;
         if !self.results.is_empty() {
             self.seq += 1;
-            self.unacked.push_back((self.seq, self.results.len()));
+            self.unacked.push_back((self.seq, self.results.len(), now_us));
             // A start whose result travels in the same report needs no separate ledger write.
             if !self.started.is_empty() {
                 let done: HashSet<u64> = self.results.iter().map(|r| r.id).collect();
@@ -926,6 +935,27 @@ mod tests {
         step(&mut m, 9_000_001, Input::ExecEnded);
         let why = m.outcome().unwrap().unwrap_err();
         assert!(why.contains("no word from its parent for 5.0 s (lease expired)"), "{why}");
+    }
+
+    /// Issue 24, finding 4: a cut link stops the acks at once, while heartbeats take a second to
+    /// be missed. Results unacknowledged for a heartbeat hold the queue even while heartbeats
+    /// still arrive (a leader that commits slowly); the ack releases it.
+    #[test]
+    fn results_left_unacknowledged_for_a_heartbeat_hold_the_queue_until_acked() {
+        let live = Liveness::new(std::time::Duration::from_secs(10));
+        let mut m = Machine::new(0, 1, tree()).with_liveness(live);
+        step(&mut m, 0, Input::Tick);
+        step(&mut m, 1, dispatch(0, 0..32));
+        step(&mut m, 2, Input::Exec(vec![done(0)]));
+        assert_eq!(reports(&step(&mut m, 10, Input::Tick))[0].seq, 1);
+        let held =
+            |out: &[Effect], on: bool| out.iter().any(|e| matches!(e, Effect::Exec(Command::Hold(h)) if *h == on));
+        assert!(!held(&step(&mut m, 249_999, Input::Tick), true));
+        assert!(held(&step(&mut m, 250_010, Input::Tick), true), "a heartbeat without the ack");
+        let beat = Input::Parent(Body::Ack(proto::Ack { seq: 0, agent: 0, resync: false }));
+        assert!(!held(&step(&mut m, 300_000, beat), false), "a heartbeat acknowledges nothing");
+        let ack = Input::Parent(Body::Ack(proto::Ack { seq: 1, agent: 0, resync: false }));
+        assert!(held(&step(&mut m, 310_000, ack), false));
     }
 
     /// With revival, a fenced agent (or one the leader gave up) stops every task and drops its
