@@ -233,8 +233,8 @@ pub fn check_hello(h: &proto::Hello, relay: Option<&RelayPlace>) -> Result<(), S
     Ok(())
 }
 
-/// Refusal lines logged per window; past that, refusals are counted and summed up in the next
-/// line, so a flood of strangers cannot fill the job's log.
+/// Refusal lines logged per window; past that, refusals are counted and summed up when the
+/// window ends, so a flood of strangers cannot fill the job's log and none goes unmentioned.
 const LOG_PER_WINDOW: u32 = 20;
 const LOG_WINDOW: Duration = Duration::from_secs(60);
 
@@ -247,6 +247,17 @@ pub struct Refusals {
 }
 
 impl Refusals {
+    /// When the window whose refusals go unlogged ends: its summary is due then (`summary`).
+    /// `Some` only for the first refusal past the window's lines, so one summary is scheduled.
+    pub fn summary_due(&self) -> Option<Instant> {
+        (self.quiet == 1).then_some(self.window?.checked_add(LOG_WINDOW)?)
+    }
+
+    /// At a window's end: how many refusals went unlogged in it (taken), if any.
+    pub fn summary(&mut self) -> Option<u64> {
+        Some(std::mem::take(&mut self.quiet)).filter(|&n| n > 0)
+    }
+
     /// `Some(n)`: log this refusal, and say that `n` others went unlogged before it.
     pub fn on_refusal(&mut self, now: Instant) -> Option<u64> {
         if self.window.is_none_or(|start| now.duration_since(start) >= LOG_WINDOW) {
@@ -317,7 +328,7 @@ impl Door {
 
     /// A place for one more connection in its handshake, held until it has said Hello; `None`
     /// when `MAX_PENDING` are already waiting (the caller closes the connection).
-    pub fn enter(&self, peer: SocketAddr) -> Option<OwnedSemaphorePermit> {
+    pub fn enter(self: &Arc<Self>, peer: SocketAddr) -> Option<OwnedSemaphorePermit> {
         let permit = self.pending.clone().try_acquire_owned().ok();
         if permit.is_none() {
             self.refused(peer, &format!("{MAX_PENDING} connections already in their handshake"));
@@ -325,9 +336,24 @@ impl Door {
         permit
     }
 
-    /// Logs one refused connection (rate-limited).
-    pub fn refused(&self, peer: SocketAddr, why: &dyn Display) {
-        let verdict = self.refusals.lock().unwrap_or_else(|e| e.into_inner()).on_refusal(Instant::now());
+    /// Logs one refused connection (rate-limited; what is not logged is summed up at the end of
+    /// its window).
+    pub fn refused(self: &Arc<Self>, peer: SocketAddr, why: &dyn Display) {
+        let (verdict, due) = {
+            let mut r = self.refusals.lock().unwrap_or_else(|e| e.into_inner());
+            let v = r.on_refusal(Instant::now());
+            (v, r.summary_due())
+        };
+        if let (Some(at), Ok(rt)) = (due, tokio::runtime::Handle::try_current()) {
+            let door = self.clone();
+            rt.spawn(async move {
+                tokio::time::sleep_until(at.into()).await;
+                let n = door.refusals.lock().unwrap_or_else(|e| e.into_inner()).summary();
+                if let Some(n) = n {
+                    tracing::warn!(job = %door.job, unlogged = n, "{n} more connections were refused in the last minute");
+                }
+            });
+        }
         match verdict {
             Some(0) => tracing::warn!(job = %self.job, %peer, reason = %why, "connection refused"),
             Some(quiet) => {
@@ -465,11 +491,19 @@ mod tests {
         for _ in 0..LOG_PER_WINDOW {
             assert_eq!(r.on_refusal(t0), Some(0));
         }
-        for _ in 0..5 {
+        assert_eq!(r.summary_due(), None);
+        for i in 0..5 {
             assert_eq!(r.on_refusal(t0 + Duration::from_secs(1)), None);
+            // The first refusal past the lines schedules the window's summary, the others not.
+            assert_eq!(r.summary_due(), (i == 0).then_some(t0 + LOG_WINDOW));
         }
         assert_eq!(r.on_refusal(t0 + LOG_WINDOW), Some(5), "the next window's first line counts the quiet ones");
         assert_eq!(r.on_refusal(t0 + LOG_WINDOW), Some(0));
+        // Without a next refusal, the summary at the window's end says them.
+        for _ in 0..LOG_PER_WINDOW + 3 {
+            r.on_refusal(t0 + 2 * LOG_WINDOW);
+        }
+        assert_eq!((r.summary(), r.summary()), (Some(3), None));
     }
 
     #[test]
