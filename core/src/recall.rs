@@ -68,11 +68,6 @@ impl Recalls {
         self.asked.extend(ids.iter().map(|&id| (id, agent)));
         self.frames += 1;
     }
-
-    /// Everything asked of `agent` is moot (it was lost, or it holds nothing any more).
-    pub fn forget(&mut self, agent: u32) {
-        self.asked.retain(|_, a| *a != agent);
-    }
 }
 
 /// Whom to ask for how many tasks, to fill `demand` idle slots: each task is asked of the agent

@@ -17,8 +17,14 @@
 use std::collections::HashMap;
 use std::io;
 
-/// Makes this process a child subreaper: processes its tasks leave behind come to it.
+/// Makes this process a child subreaper: processes its tasks leave behind come to it. Not where
+/// the kernel cannot list a thread's children (no `CONFIG_PROC_CHILDREN`): the sweeper could
+/// neither find nor reap them, so they go on to the guard as before.
 pub fn become_subreaper() -> io::Result<()> {
+    let me = std::process::id();
+    if !std::path::Path::new(&format!("/proc/{me}/task/{me}/children")).exists() {
+        return Ok(());
+    }
     // SAFETY: prctl with constant arguments.
     if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
         return Err(io::Error::last_os_error());
@@ -39,8 +45,9 @@ enum Seen {
 pub struct Sweeper {
     agent: u32,
     keep: bool,
-    /// Orphans seen alive, by pid: their environment is read once.
-    seen: HashMap<libc::pid_t, Seen>,
+    /// Orphans seen alive, by pid, with their start time (a pid another agent of the process
+    /// reaped may come back as another process): their environment is read once.
+    seen: HashMap<libc::pid_t, (u64, Seen)>,
     /// Orphans killed, by task, for the log.
     pub killed: u64,
 }
@@ -58,15 +65,23 @@ impl Sweeper {
         self.seen.retain(|pid, _| orphans.contains(pid));
         let mut killed = Vec::new();
         for pid in orphans {
-            if is_zombie(pid) {
+            let Some((zombie, started)) = stat(pid) else { continue };
+            if zombie {
                 reap(pid);
                 self.seen.remove(&pid);
                 continue;
             }
-            let seen = *self.seen.entry(pid).or_insert_with(|| match task_of(pid) {
-                Some((agent, task)) if agent == self.agent => Seen::Task(task),
-                _ => Seen::Other,
-            });
+            let seen = match self.seen.get(&pid) {
+                Some(&(at, seen)) if at == started => seen,
+                _ => {
+                    let seen = match task_of(pid) {
+                        Some((agent, task)) if agent == self.agent => Seen::Task(task),
+                        _ => Seen::Other,
+                    };
+                    self.seen.insert(pid, (started, seen));
+                    seen
+                }
+            };
             let Seen::Task(task) = seen else { continue };
             if self.keep || held(task) {
                 continue;
@@ -96,11 +111,19 @@ fn orphans() -> Vec<libc::pid_t> {
         .collect()
 }
 
-fn is_zombie(pid: libc::pid_t) -> bool {
-    let stat = std::fs::read(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // "pid (comm) S ...": the state follows the last ')' (comm may hold anything).
-    let state = stat.iter().rposition(|&b| b == b')').and_then(|i| stat.get(i + 2));
-    matches!(state, Some(b'Z') | None)
+/// Whether `pid` is a zombie, and when it started (clock ticks since boot); `None` when gone.
+fn stat(pid: libc::pid_t) -> Option<(bool, u64)> {
+    parse_stat(&std::fs::read(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// "pid (comm) S ppid … starttime …": the fields after the last ')' (comm may hold anything);
+/// the state is the first of them, the start time the 20th.
+fn parse_stat(stat: &[u8]) -> Option<(bool, u64)> {
+    let rest = &stat[stat.iter().rposition(|&b| b == b')')? + 1..];
+    let mut fields = std::str::from_utf8(rest).ok()?.split_whitespace();
+    let state = fields.next()?;
+    let started = fields.nth(18)?.parse().ok()?;
+    Some((state == "Z", started))
 }
 
 fn reap(pid: libc::pid_t) {
@@ -136,5 +159,16 @@ mod tests {
         assert_eq!(parse_environ(b"HTC_TASK_ID=42\0"), None, "no agent");
         assert_eq!(parse_environ(b"HTC_AGENT=1\0HTC_TASK_ID=x\0"), None);
         assert_eq!(parse_environ(b"XHTC_TASK_ID=4\0HTC_AGENT=1\0"), None, "a longer name is not it");
+    }
+
+    #[test]
+    fn the_state_and_start_time_are_read_past_any_command_name() {
+        let line = b"4242 (a) b) (c) S 1 4242 4242 0 -1 4194560 90 0 0 0 0 0 0 0 20 0 1 0 987654 1 2 3";
+        assert_eq!(parse_stat(line), Some((false, 987654)));
+        let zombie = b"7 (sh) Z 1 7 7 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 55 0 0";
+        assert_eq!(parse_stat(zombie), Some((true, 55)));
+        assert_eq!(parse_stat(b"7 (sh) Z 1 7"), None, "cut short");
+        let own = std::fs::read(format!("/proc/{}/stat", std::process::id())).unwrap();
+        assert!(matches!(parse_stat(&own), Some((false, t)) if t > 0));
     }
 }

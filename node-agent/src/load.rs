@@ -298,6 +298,9 @@ pub fn create_run(
         // A new run's node-local ledger is new: one found at its path is a dead job's of the
         // same id (ids start over when a cluster's controller does), never a live run's.
         if l.exists() {
+            if crate::replica::in_use(&l) {
+                return Err(CreateError::Io(format!("{} is in use by a live process", l.display())));
+            }
             tracing::warn!(ledger = %l.display(), "removing a ledger a dead job of the same id left on this node");
             crate::replica::remove_node_local(&l);
             crate::replica::private_dir(l.parent().unwrap_or(base)).map_err(CreateError::Io)?;

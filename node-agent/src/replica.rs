@@ -435,7 +435,12 @@ pub fn remove_stale_node_local(dir: Option<&Path>, job_ids: &[String]) -> Vec<Pa
         if !m.is_dir() || m.uid() != unsafe { libc::getuid() } || m.mode() & 0o077 != 0 {
             continue;
         }
-        remove_node_local(&d.join("ledger.mdb"));
+        // Job ids start over with the controller: an old id of this run may be a live run's now.
+        let ledger = d.join("ledger.mdb");
+        if in_use(&ledger) {
+            continue;
+        }
+        remove_node_local(&ledger);
         if !d.exists() {
             removed.push(d);
         }
@@ -495,6 +500,22 @@ pub fn take_over(run: crate::rundir::RunDir, local: &Path) -> Result<crate::rund
     }
     Replica::of(&run.path).restore(local)?;
     Ok(run.with_ledger(local.to_path_buf()))
+}
+
+/// Whether a process has the LMDB environment at `ledger` open: LMDB holds a shared lock on the
+/// first byte of its lock file for as long as it has the environment open.
+pub fn in_use(ledger: &Path) -> bool {
+    use std::os::fd::AsRawFd;
+    let Ok(f) = OpenOptions::new().read(true).write(true).open(lock_path(ledger)) else { return false };
+    // SAFETY: a zeroed flock filled in below; F_GETLK on our own open descriptor.
+    unsafe {
+        let mut l: libc::flock = std::mem::zeroed();
+        l.l_type = libc::F_WRLCK as libc::c_short;
+        l.l_whence = libc::SEEK_SET as libc::c_short;
+        l.l_start = 0;
+        l.l_len = 1;
+        libc::fcntl(f.as_raw_fd(), libc::F_GETLK, &mut l) == 0 && l.l_type != libc::F_UNLCK as libc::c_short
+    }
 }
 
 /// Removes the node-local ledger (and its directory) once its replica holds everything.

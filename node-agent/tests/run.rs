@@ -682,3 +682,17 @@ fn what_a_task_leaves_outside_its_group_ends_with_it_unless_daemons_are_kept() {
         }
     }
 }
+
+/// A node-local ledger is removed only when no process has it open (a job id of an old session
+/// may be a live run's after the controller started ids over): a live run's ledger is in use,
+/// a finished run's is not.
+#[test]
+fn a_ledger_a_live_run_has_open_is_seen_in_use() {
+    let d = Dir::new("in-use");
+    d.write("t.txt", "sleep 3\n");
+    let mut leader = d.spawn_htc(&["run", "t.txt", "-q"], &[]);
+    let ledger = || fs::read_dir(d.path(".htc")).ok()?.flatten().next().map(|e| e.path().join("ledger.mdb"));
+    assert!(wait_for(|| ledger().is_some_and(|l| htc::replica::in_use(&l)), Duration::from_secs(10)));
+    assert!(leader.wait().unwrap().success());
+    assert!(!htc::replica::in_use(&ledger().unwrap()), "the run ended: nobody holds it");
+}

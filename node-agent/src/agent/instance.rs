@@ -192,13 +192,13 @@ impl Instance {
     }
 
     /// `None` while running; then how the agent ended (its own machine's account).
+    pub fn outcome(&self) -> Option<Result<(), String>> {
+        self.own.outcome()
+    }
+
     /// Whether this agent's own executor holds task `id` (queued or running).
     pub fn holds(&self, id: u64) -> bool {
         self.own.holds(id)
-    }
-
-    pub fn outcome(&self) -> Option<Result<(), String>> {
-        self.own.outcome()
     }
 
     pub fn handle(&mut self, now_us: u64, input: Input, out: &mut Vec<Effect>) {

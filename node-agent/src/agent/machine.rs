@@ -123,6 +123,8 @@ pub struct Machine {
     last_up_us: u64,
     /// The executor was told to start nothing more (the parent fell silent).
     held: bool,
+    /// The parent said to start nothing more (Shutdown with `hold`): for good.
+    told_to_hold: bool,
     /// Tasks received and not finished (queued or running), for a resync.
     holding: HashSet<u64>,
     /// The leader asked for a resync: the next report lists `holding`.
@@ -159,6 +161,7 @@ impl Machine {
             last_heard_us: None,
             last_up_us: 0,
             held: false,
+            told_to_hold: false,
             holding: HashSet::new(),
             resync: false,
             can_rejoin: false,
@@ -208,12 +211,12 @@ impl Machine {
         })
     }
 
-    /// Results reported but not yet acknowledged as recorded.
     /// Whether task `id` was received and has not ended here (queued or running).
     pub fn holds(&self, id: u64) -> bool {
         self.holding.contains(&id)
     }
 
+    /// Results reported but not yet acknowledged as recorded.
     pub fn unacked_results(&self) -> usize {
         self.unacked.iter().map(|(_, n, _)| n).sum()
     }
@@ -235,7 +238,8 @@ impl Machine {
             Input::Parent(body) => {
                 self.last_heard_us = Some(now_us);
                 let flush = self.on_parent(body, out);
-                if self.held && !self.unsure(now_us, now_us) {
+                // A Shutdown that said to start nothing more is never undone by an ack.
+                if self.held && !self.told_to_hold && !self.unsure(now_us, now_us) {
                     self.held = false;
                     out.push(Effect::Exec(Command::Hold(false)));
                 }
@@ -409,6 +413,7 @@ impl Machine {
                 tracing::info!(agent = self.id, abort = s.abort, reason = %s.reason, "shutdown");
                 self.shutting_down = true;
                 if s.hold && !s.abort {
+                    self.told_to_hold = true;
                     out.push(Effect::Exec(Command::Hold(true)));
                 }
                 out.push(Effect::Exec(if s.abort { Command::Abort } else { Command::Finish }));
@@ -956,6 +961,15 @@ mod tests {
         assert!(!held(&step(&mut m, 300_000, beat), false), "a heartbeat acknowledges nothing");
         let ack = Input::Parent(Body::Ack(proto::Ack { seq: 1, agent: 0, resync: false }));
         assert!(held(&step(&mut m, 310_000, ack), false));
+        // Held again, then told to start nothing more (--max-fails): the ack that follows does
+        // not undo that.
+        step(&mut m, 320_000, Input::Exec(vec![done(1)]));
+        step(&mut m, 330_000, Input::Tick);
+        assert!(held(&step(&mut m, 600_000, Input::Tick), true));
+        let stop = proto::Shutdown { revive: false, abort: false, reason: "max fails".into(), agent: 0, hold: true };
+        assert!(held(&step(&mut m, 610_000, Input::Parent(Body::Shutdown(stop))), true));
+        let ack = Input::Parent(Body::Ack(proto::Ack { seq: 2, agent: 0, resync: false }));
+        assert!(!held(&step(&mut m, 620_000, ack), false), "a Shutdown's hold is for good");
     }
 
     /// With revival, a fenced agent (or one the leader gave up) stops every task and drops its

@@ -519,6 +519,11 @@ impl<'a> Core<'a> {
             a.ahead_ms = a.ahead_ms.saturating_sub(r.runtime_ms as u64 * r.cores as u64);
         }
         self.counts.moved(f.life.state(), State::Pending);
+        // Back from the agent: a resync it answers later must not take it back again (it may
+        // be out with it once more by then, as a new dispatch the answer predates).
+        if let Some(asked) = self.resyncs.get_mut(&agent) {
+            asked.retain(|&x| x != id);
+        }
         Ok(true)
     }
 
@@ -1483,18 +1488,26 @@ impl<'a> Core<'a> {
                     can_start -= 1;
                 }
             }
-            ask = drained && can_start > 0 && !self.no_steal && self.partition.remaining() == 0;
+            // Only when nothing else waits anywhere: a task that came back and fits no idle slot
+            // (too wide, no memory there) goes to the retries, and asking for more would only
+            // churn the busy agent's queue.
+            ask = drained
+                && can_start > 0
+                && !self.no_steal
+                && self.partition.remaining() == 0
+                && self.retry.is_empty()
+                && self.mem.waiting() == 0;
         }
         let a = self.agents.get_mut(&agent).unwrap();
         a.credit = want;
         a.idle = a.idle.saturating_sub(specs.len() as u64);
+        // A head counts what was just sent as running: it goes to members' idle slots.
+        a.busy = a.busy.saturating_add(specs.len() as u32).min(a.cores);
+        // The Dispatch goes first: a Recall of a task must never overtake the task itself.
+        out.extend(crate::frame::dispatches(agent, specs).into_iter().map(|d| (agent, Body::Dispatch(d))));
         if ask {
             self.ask_back(out);
         }
-        if specs.is_empty() {
-            return Ok(());
-        }
-        out.extend(crate::frame::dispatches(agent, specs).into_iter().map(|d| (agent, Body::Dispatch(d))));
         Ok(())
     }
 
