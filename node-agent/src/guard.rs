@@ -91,7 +91,8 @@ fn reap(agent: libc::pid_t) -> Option<i32> {
 /// died; each task leads its own group) and waits for them, briefly.
 fn stop_orphans() {
     for _ in 0..50 {
-        let children = children();
+        // The guard has one thread: its main thread's children are all of its children.
+        let children = crate::leftovers::orphans();
         if children.is_empty() {
             return;
         }
@@ -105,14 +106,4 @@ fn stop_orphans() {
         std::thread::sleep(std::time::Duration::from_millis(20));
         reap(0);
     }
-}
-
-/// This process's children, from /proc (the guard has one thread).
-fn children() -> Vec<libc::pid_t> {
-    let me = std::process::id();
-    std::fs::read_to_string(format!("/proc/{me}/task/{me}/children"))
-        .unwrap_or_default()
-        .split_whitespace()
-        .filter_map(|p| p.parse().ok())
-        .collect()
 }

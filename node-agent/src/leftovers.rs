@@ -101,8 +101,8 @@ impl Sweeper {
     }
 }
 
-/// Children of this process's main thread, where orphans are re-parented.
-fn orphans() -> Vec<libc::pid_t> {
+/// Children of this process's main thread, where orphans are re-parented (the guard's too).
+pub fn orphans() -> Vec<libc::pid_t> {
     let me = std::process::id();
     std::fs::read_to_string(format!("/proc/{me}/task/{me}/children"))
         .unwrap_or_default()

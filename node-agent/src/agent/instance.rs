@@ -323,12 +323,16 @@ impl Instance {
             }
         }
         for (holder, ids) in by_holder {
-            let body = Body::Preempt(proto::Preempt { agent: holder, ids });
-            if holder == self.id {
-                self.own(now_us, Input::Parent(body), out);
-            } else {
-                out.push(Effect::Down { child: holder, body });
-            }
+            self.send_holder(now_us, holder, Body::Preempt(proto::Preempt { agent: holder, ids }), out);
+        }
+    }
+
+    /// A frame about tasks `holder` holds: to the head's own machine, or down to the member.
+    fn send_holder(&mut self, now_us: u64, holder: u32, body: Body, out: &mut Vec<Effect>) {
+        if holder == self.id {
+            self.own(now_us, Input::Parent(body), out);
+        } else {
+            out.push(Effect::Down { child: holder, body });
         }
     }
 
@@ -355,12 +359,7 @@ impl Instance {
             }
         }
         for (holder, ids) in by_holder {
-            let body = Body::Recall(proto::Recall { agent: holder, ids });
-            if holder == self.id {
-                self.own(now_us, Input::Parent(body), out);
-            } else {
-                out.push(Effect::Down { child: holder, body });
-            }
+            self.send_holder(now_us, holder, Body::Recall(proto::Recall { agent: holder, ids }), out);
         }
     }
 
