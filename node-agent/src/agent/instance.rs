@@ -23,7 +23,8 @@ use std::sync::Arc;
 
 use htc_core::tree::Tree;
 
-use super::machine::{destination, queue_target, Effect, Input, Machine, REPORT_BATCH};
+use super::machine::{destination, queue_target, Effect, Input, Machine};
+use super::pace::{Pace, REPORT_BATCH, REPORT_GAP_US};
 use crate::liveness::Liveness;
 use crate::proto::{self, frame::Body};
 
@@ -119,8 +120,9 @@ pub struct Instance {
     /// Members that joined and were lost since.
     left: u64,
     live: Liveness,
-    /// When the head last reported to the leader, and last sent its members a heartbeat.
-    last_up_us: u64,
+    /// When the head reports to the leader (`pace`), and how much work the instance keeps.
+    pace: Pace,
+    /// When the head last sent its members a heartbeat.
     last_down_us: u64,
     /// The leader asked for a resync (after a rejoin, or its periodic audit): the next report
     /// lists what the instance holds.
@@ -132,7 +134,9 @@ pub struct Instance {
 impl Instance {
     pub fn new(id: u32, slots: usize, tree: Arc<Tree>, job_id: &str) -> Instance {
         let heads = tree.head(id) == id && tree.instance_len(id) > 1;
-        let own = Machine::new(id, slots, tree.clone());
+        // The head's own reports go to the instance in-process, at once: the head's pace is the
+        // one that counts.
+        let own = Machine::new(id, slots, tree.clone()).with_report_gap(0);
         let me = Member::new(slots as u32, 0, 0, 0);
         Instance {
             id,
@@ -157,11 +161,21 @@ impl Instance {
             shutting_down: false,
             left: 0,
             live: Liveness::default(),
-            last_up_us: 0,
+            pace: Pace::new(queue_target(slots), REPORT_GAP_US).for_head(),
             last_down_us: 0,
             resync: false,
             rejoined: false,
         }
+    }
+
+    /// The least time between reports to the parent under load (`pace`).
+    pub fn with_report_gap(mut self, gap_us: u64) -> Self {
+        if self.heads {
+            self.pace = Pace::new(queue_target(self.members[&self.id].slots as usize), gap_us).for_head();
+        } else {
+            self.own = self.own.with_report_gap(gap_us);
+        }
+        self
     }
 
     /// The head's own memory and GPUs for tasks (as in its Hello).
@@ -205,7 +219,6 @@ impl Instance {
         if !self.heads {
             return self.own.handle(now_us, input, out);
         }
-        let mut flush = false;
         match input {
             Input::Parent(body) if destination(&body) == Some(self.id) => self.on_parent(now_us, body, out),
             Input::ChildFrame(body) => match source(&body).filter(|&a| self.tree.is_member(a, self.id)) {
@@ -222,17 +235,13 @@ impl Instance {
                 self.own(now_us, Input::Rejoined, out);
             }
             Input::Tick => {
-                flush = true;
                 self.own(now_us, Input::Tick, out);
                 self.watch_members(now_us, out);
             }
             other => self.own(now_us, other, out),
         }
         self.distribute(now_us, out);
-        // Recalled tasks are wanted now by idle slots elsewhere.
-        if flush || self.resync || self.results.len() >= REPORT_BATCH || !self.recalled.is_empty() {
-            self.report(now_us, false, out);
-        }
+        self.report(now_us, false, out);
     }
 
     /// Heartbeats to the members, and members silent past the bound given up: their started
@@ -265,7 +274,7 @@ impl Instance {
         self.own.handle(now_us, input, &mut mine);
         for e in mine {
             match e {
-                Effect::Up(Body::Report(r)) => self.merge(self.id, r),
+                Effect::Up(Body::Report(r)) => self.merge(now_us, self.id, r),
                 Effect::CloseUp => {
                     self.report(now_us, true, out);
                     out.push(Effect::CloseUp);
@@ -395,7 +404,7 @@ impl Instance {
                 if let Some(m) = self.members.get_mut(&member) {
                     m.heard_us = now_us;
                 }
-                self.merge(member, r)
+                self.merge(now_us, member, r)
             }
             // The member says why it stops; its connection closing follows and hands its tasks back.
             Body::Lost(l) => tracing::warn!(head = self.id, member, why = %l.reason, "member stopping"),
@@ -404,7 +413,7 @@ impl Instance {
     }
 
     /// A member's (or the head's own) report: its news joins the head's next report.
-    fn merge(&mut self, member: u32, r: proto::Report) {
+    fn merge(&mut self, now_us: u64, member: u32, r: proto::Report) {
         let Some(m) = self.members.get_mut(&member) else { return };
         m.credit += r.want as u64;
         m.idle = r.idle as u64;
@@ -423,6 +432,7 @@ impl Instance {
                 self.recalled.push(id);
             }
         }
+        let before = self.results.len();
         for mut res in r.results {
             if self.held.get(&res.id).is_some_and(|h| h.holder == member && h.attempt == res.attempt) {
                 self.release(member, res.id);
@@ -430,6 +440,7 @@ impl Instance {
                 self.results.push(res);
             }
         }
+        self.pace.finished(now_us, (self.results.len() - before) as u64);
     }
 
     /// Task `id` is no longer `member`'s: what it held of the member's room is free again.
@@ -620,12 +631,14 @@ impl Instance {
         }
     }
 
-    /// The instance's report to the leader: news, and enough work asked for to fill what every
-    /// member keeps queued (`machine::queue_target`), so that members are fed at the pace they
-    /// ask and do not report every task for want of work.
+    /// The instance's report to the leader, when one is due (`pace`): news, and enough work
+    /// asked for to fill what every member keeps queued (`machine::queue_target`, or more at
+    /// the instance's rate), so that members are fed at the pace they ask and do not report
+    /// every task for want of work.
     fn report(&mut self, now_us: u64, last: bool, out: &mut Vec<Effect>) {
         let slots: u32 = self.members.values().map(|m| m.slots).sum();
-        let target: u64 = self.members.values().map(|m| queue_target(m.slots as usize)).sum();
+        self.pace.set_base(self.members.values().map(|m| queue_target(m.slots as usize)).sum());
+        let target = self.pace.target();
         let have = (self.queue.len() + self.held.len()) as u64 + self.asked;
         let want = if self.shutting_down || last { 0 } else { target.saturating_sub(have) };
         let want = if want >= target / 4 || have == 0 { want } else { 0 };
@@ -633,15 +646,24 @@ impl Instance {
             || !self.started.is_empty()
             || !self.returned.is_empty()
             || !self.recalled.is_empty();
-        let beat = !self.shutting_down && now_us.saturating_sub(self.last_up_us) >= self.live.heartbeat_us;
+        let beat = !self.shutting_down && now_us.saturating_sub(self.pace.last_up_us()) >= self.live.heartbeat_us;
         let capacity = Some(self.capacity()).filter(|c| self.resync || self.told.as_ref() != Some(c));
-        if !(want > 0 || news || last || beat || self.resync || capacity.is_some()) {
+        // Recalled tasks are wanted now by idle slots elsewhere; members about to run dry cannot
+        // wait for the gap.
+        let urgent = last
+            || beat
+            || self.resync
+            || capacity.is_some()
+            || !self.recalled.is_empty()
+            || self.results.len() >= REPORT_BATCH
+            || (want > 0 && have < target / 4);
+        if !(want > 0 || news || urgent) || !self.pace.due(now_us, news || want > 0, urgent) {
             return;
         }
         if capacity.is_some() {
             self.told = capacity;
         }
-        self.last_up_us = now_us;
+        self.pace.sent(now_us);
         if !self.results.is_empty() {
             self.seq += 1;
             let seq = self.seq;
@@ -691,6 +713,9 @@ mod tests {
     use super::*;
     use crate::executor::{Command, ExecEvent, Finished};
     use crate::ledger::Outcome;
+
+    /// The least time between the head's reports (`pace`).
+    const GAP: u64 = REPORT_GAP_US;
 
     fn spec(id: u64) -> proto::TaskSpec {
         proto::TaskSpec { id, attempt: 1, command: b"sleep 9".to_vec(), ..Default::default() }
@@ -835,11 +860,12 @@ mod tests {
         let out = step(&mut h, 4, member_report(1, 0, 16, 2, &[], &[]));
         assert_eq!(sent_to(&out, 1), vec![5, 6, 7, 8]);
 
-        // Its starts and results go up in the head's next report, each result naming it.
+        // Its starts and results go up in the head's next report, a gap after that one, each
+        // result naming it.
         step(&mut h, 5, member_report(1, 1, 0, 0, &[5], &[6]));
         let own_done = finished(1);
-        step(&mut h, 6, Input::Exec(vec![own_done]));
-        let out = step(&mut h, 7, Input::Tick);
+        assert!(ups(&step(&mut h, 6, Input::Exec(vec![own_done]))).is_empty(), "waits for the gap");
+        let out = step(&mut h, 4 + GAP, Input::Tick);
         let r = ups(&out);
         assert_eq!(r.len(), 1);
         assert_eq!(r[0].started.iter().map(|s| s.id).collect::<Vec<_>>(), vec![5]);
@@ -849,7 +875,7 @@ mod tests {
         assert_eq!((r[0].seq, r[0].cores), (1, 4));
 
         // The leader recorded it: so is the member's report that it carried.
-        let out = step(&mut h, 8, Input::Parent(Body::Ack(proto::Ack { seq: 1, agent: 0, resync: false })));
+        let out = step(&mut h, 5 + GAP, Input::Parent(Body::Ack(proto::Ack { seq: 1, agent: 0, resync: false })));
         assert!(
             out.iter()
                 .any(|e| matches!(e, Effect::Down { child: 1, body: Body::Ack(a) } if a.seq == 1 && a.agent == 1)),
@@ -865,9 +891,8 @@ mod tests {
         assert_eq!((c.mem_mb, c.largest_mem_mb, c.largest_cores), (1000, 1000, 2));
         step(&mut h, 1, Input::ChildOpened(1));
         let hello = proto::Hello { agent_id: 1, cores: 2, mem_mb: 1000, ..Default::default() };
-        step(&mut h, 2, Input::ChildFrame(Body::Hello(hello)));
-        let r = step(&mut h, 3, Input::Tick);
-        let c = ups(&r)[0].capacity.expect("changed: the member joined");
+        let r = step(&mut h, 2, Input::ChildFrame(Body::Hello(hello)));
+        let c = ups(&r)[0].capacity.expect("changed: the member joined; said at once");
         assert_eq!((c.mem_mb, c.largest_mem_mb), (2000, 1000));
         assert_eq!(ups(&step(&mut h, 4, Input::Tick)).first().and_then(|r| r.capacity), None, "said once");
 
@@ -902,15 +927,18 @@ mod tests {
 
     #[test]
     fn a_task_only_a_lost_member_could_hold_goes_back_to_the_leader() {
-        let mut h = head_and_member(500, 1000);
-        let r = ups(&step(&mut h, 2, Input::Tick)).into_iter().cloned().collect::<Vec<_>>();
-        assert_eq!(r[0].capacity.map(|c| c.largest_mem_mb), Some(1000));
+        let mut h = head().with_resources(500, 0);
+        step(&mut h, 0, Input::Tick);
+        step(&mut h, 1, Input::ChildOpened(1));
+        let hello = proto::Hello { agent_id: 1, cores: 2, mem_mb: 1000, ..Default::default() };
+        let r = ups(&step(&mut h, 2, Input::ChildFrame(Body::Hello(hello)))).into_iter().cloned().collect::<Vec<_>>();
+        assert_eq!(r[0].capacity.map(|c| c.largest_mem_mb), Some(1000), "said when the member joined");
         let d = proto::Dispatch { tasks: vec![proto::TaskSpec { mem_mb: 800, ..spec(1) }], agent: 0 };
         let out = step(&mut h, 3, Input::Parent(Body::Dispatch(d)));
         assert!(ran_here(&out).is_empty(), "800 MiB never fits the head's 500");
-        step(&mut h, 4, Input::ChildClosed { child: 1, agents: vec![1], why: "gone".into() });
-        let r = ups(&step(&mut h, 5, Input::Tick)).into_iter().cloned().collect::<Vec<_>>();
-        assert_eq!(r[0].returned, vec![1]);
+        let out = step(&mut h, 4, Input::ChildClosed { child: 1, agents: vec![1], why: "gone".into() });
+        let r = ups(&out).into_iter().cloned().collect::<Vec<_>>();
+        assert_eq!(r[0].returned, vec![1], "the instance shrank: said at once");
         let c = r[0].capacity.expect("the instance shrank");
         assert_eq!((c.mem_mb, c.largest_mem_mb), (500, 500));
     }
@@ -929,7 +957,7 @@ mod tests {
 
         let closed = step(&mut h, 7, Input::ChildClosed { child: 1, agents: vec![1], why: "gone".into() });
         assert!(!closed.iter().any(|e| matches!(e, Effect::Up(Body::Lost(_)))), "the leader never knew agent 1");
-        let out = step(&mut h, 8, Input::Tick);
+        let out = step(&mut h, 8 + GAP, Input::Tick);
         let r = ups(&out);
         let lost: Vec<(u64, i32, Option<u32>)> = r[0].results.iter().map(|r| (r.id, r.outcome, r.ran_on)).collect();
         let l = proto::Outcome::Lost as i32;
@@ -965,9 +993,9 @@ mod tests {
         step(&mut h, 0, Input::ChildFrame(Body::Hello(proto::Hello { agent_id: 1, cores: 2, ..Default::default() })));
         let d = proto::Dispatch { tasks: (1..=8).map(spec).collect(), agent: 0 };
         step(&mut h, 1, Input::Parent(Body::Dispatch(d)));
-        step(&mut h, 2, member_report(1, 0, 16, 2, &[], &[]));
-        // The head's own slots asked for nothing: the member got tasks 1-4, and started 1.
-        step(&mut h, 3, member_report(1, 0, 0, 0, &[1], &[]));
+        // The head's own slots asked first: they run 1-4; the member gets 5-8, and starts 5.
+        assert_eq!(sent_to(&step(&mut h, 2, member_report(1, 0, 16, 2, &[], &[])), 1), vec![5, 6, 7, 8]);
+        step(&mut h, 3, member_report(1, 0, 0, 0, &[5], &[]));
         // A heartbeat a second to the member, an Ack of nothing.
         let out = step(&mut h, 1_000_000, Input::Tick);
         assert!(
@@ -982,14 +1010,16 @@ mod tests {
             out.iter().any(|e| matches!(e, Effect::Down { child: 1, body: Body::Shutdown(s) } if s.abort)),
             "{out:?}"
         );
+        // Its started task goes up as lost with the head's next report, a gap after the last.
+        let out = step(&mut h, 10_000_003 + GAP, Input::Tick);
         let lost: Vec<u64> = ups(&out)
             .iter()
             .flat_map(|r| r.results.iter().filter(|r| r.outcome == proto::Outcome::Lost as i32).map(|r| r.id))
             .collect();
-        assert_eq!(lost, vec![1]);
+        assert_eq!(lost, vec![5]);
         // Its late report changes nothing.
-        step(&mut h, 10_000_004, member_report(1, 1, 0, 0, &[], &[2]));
-        assert!(ups(&step(&mut h, 10_000_005, Input::Tick)).iter().all(|r| r.results.is_empty()));
+        step(&mut h, 10_000_004 + GAP, member_report(1, 1, 0, 0, &[], &[6]));
+        assert!(ups(&step(&mut h, 10_000_005 + 2 * GAP, Input::Tick)).iter().all(|r| r.results.is_empty()));
     }
 
     #[test]

@@ -12,8 +12,8 @@ use crate::executor::{Command, ExecEvent, TaskToRun};
 use crate::liveness::Liveness;
 use crate::proto::{self, frame::Body};
 
-/// Results buffered before a report goes out regardless of the timer.
-pub const REPORT_BATCH: usize = 512;
+pub use super::pace::REPORT_BATCH;
+use super::pace::{Pace, REPORT_GAP_US};
 /// How long a finished relay waits for its children to close before it exits anyway.
 pub const CHILDREN_GRACE_US: u64 = 30_000_000;
 
@@ -97,8 +97,9 @@ pub struct Machine {
     id: u32,
     tree: Arc<Tree>,
     slots: usize,
-    /// Enough queued work to keep every slot busy across one report round trip.
-    target: u64,
+    /// When to report, and how much queued work keeps every slot busy across a report's round
+    /// trip.
+    pace: Pace,
     /// Received and not yet finished.
     outstanding: u64,
     /// Requested and not yet received.
@@ -119,8 +120,6 @@ pub struct Machine {
     live: Liveness,
     /// When the parent was last heard from (the first input, before anything was).
     last_heard_us: Option<u64>,
-    /// When this agent last sent its parent a report.
-    last_up_us: u64,
     /// The executor was told to start nothing more (the parent fell silent).
     held: bool,
     /// The parent said to start nothing more (Shutdown with `hold`): for good.
@@ -144,7 +143,7 @@ impl Machine {
             id,
             tree,
             slots,
-            target: queue_target(slots),
+            pace: Pace::new(queue_target(slots), REPORT_GAP_US),
             outstanding: 0,
             asked: 0,
             seq: 0,
@@ -159,7 +158,6 @@ impl Machine {
             finished: false,
             live: Liveness::default(),
             last_heard_us: None,
-            last_up_us: 0,
             held: false,
             told_to_hold: false,
             holding: HashSet::new(),
@@ -185,6 +183,12 @@ impl Machine {
     /// Heartbeats and the lease on the parent (`liveness`).
     pub fn with_liveness(mut self, live: Liveness) -> Self {
         self.live = live;
+        self
+    }
+
+    /// The least time between reports under load (`pace`).
+    pub fn with_report_gap(mut self, gap_us: u64) -> Self {
+        self.pace = Pace::new(queue_target(self.slots), gap_us);
         self
     }
 
@@ -234,16 +238,17 @@ impl Machine {
             return;
         }
         let heard = *self.last_heard_us.get_or_insert(now_us);
-        let flush = match input {
+        // Whether a report must go now, whatever its age (`pace`).
+        let urgent = match input {
             Input::Parent(body) => {
                 self.last_heard_us = Some(now_us);
-                let flush = self.on_parent(body, out);
+                let urgent = self.on_parent(body, out);
                 // A Shutdown that said to start nothing more is never undone by an ack.
                 if self.held && !self.told_to_hold && !self.unsure(now_us, now_us) {
                     self.held = false;
                     out.push(Effect::Exec(Command::Hold(false)));
                 }
-                flush
+                urgent
             }
             Input::ParentEnded(why) => {
                 self.parent_ended(why, out);
@@ -310,7 +315,7 @@ impl Machine {
                 false
             }
             Input::ChildClosed { child, agents, why } => self.child_closed(child, agents, why, out),
-            Input::Exec(batch) => self.on_exec(batch),
+            Input::Exec(batch) => self.on_exec(now_us, batch),
             Input::ExecEnded => {
                 self.exec_ended_at = Some(now_us);
                 false
@@ -332,10 +337,11 @@ impl Machine {
                     self.held = true;
                     out.push(Effect::Exec(Command::Hold(true)));
                 }
-                true
+                // What waits goes when its gap has passed (`after`).
+                false
             }
         };
-        self.after(now_us, flush, out);
+        self.after(now_us, urgent, out);
     }
 
     /// The leader gave this agent up, or may have (its lease ran out): what it holds runs
@@ -458,7 +464,8 @@ impl Machine {
         true
     }
 
-    fn on_exec(&mut self, batch: Vec<ExecEvent>) -> bool {
+    fn on_exec(&mut self, now_us: u64, batch: Vec<ExecEvent>) -> bool {
+        let before = self.results.len();
         for e in batch {
             match e {
                 ExecEvent::Started { id, attempt, start_us } => {
@@ -485,18 +492,19 @@ impl Machine {
                 }
             }
         }
+        self.pace.finished(now_us, (self.results.len() - before) as u64);
         // Recalled tasks are wanted elsewhere now, where slots are idle.
-        self.results.len() >= REPORT_BATCH || self.outstanding < self.target / 4 || !self.recalled.is_empty()
+        self.results.len() >= REPORT_BATCH || !self.recalled.is_empty()
     }
 
     /// After every input: the end of the agent, or a report when one is due.
-    fn after(&mut self, now_us: u64, flush: bool, out: &mut Vec<Effect>) {
+    fn after(&mut self, now_us: u64, urgent: bool, out: &mut Vec<Effect>) {
         let open = self.parent == Parent::Open;
         if let Some(at) = self.exec_ended_at {
             if !open || self.shutting_down {
                 // A relay stays until its children are done: their last reports pass through it.
                 if open && !self.children.is_empty() && now_us.saturating_sub(at) < CHILDREN_GRACE_US {
-                    if flush && self.has_news() {
+                    if self.pace.due(now_us, self.has_news(), urgent && self.has_news()) {
                         self.report(now_us, 0, true, 0, out);
                     }
                     return;
@@ -509,15 +517,18 @@ impl Machine {
                 return;
             }
         }
-        if !(flush && open) {
+        if !open {
             return;
         }
-        let target = self.target;
+        let target = self.pace.target();
         let want = if self.shutting_down { 0 } else { target.saturating_sub(self.outstanding + self.asked) };
         // Small requests cost a frame each; wait until at least a quarter of the target is due.
         let want = if want >= target / 4 || self.outstanding + self.asked == 0 { want } else { 0 };
-        let beat = !self.shutting_down && now_us.saturating_sub(self.last_up_us) >= self.live.heartbeat_us;
-        if want > 0 || self.has_news() || beat || self.resync {
+        // Slots about to run dry cannot wait for the gap.
+        let dry = want > 0 && self.outstanding < target / 4;
+        let beat = !self.shutting_down && now_us.saturating_sub(self.pace.last_up_us()) >= self.live.heartbeat_us;
+        let news = want > 0 || self.has_news();
+        if (news || beat || self.resync) && self.pace.due(now_us, news, urgent || dry || beat || self.resync) {
             self.asked += want;
             let idle = self.slots.saturating_sub(self.outstanding as usize) as u32;
             let drained = self.outstanding == 0 && self.asked == 0;
@@ -530,7 +541,7 @@ impl Machine {
     }
 
     fn report(&mut self, now_us: u64, want: u32, drained: bool, idle: u32, out: &mut Vec<Effect>) {
-        self.last_up_us = now_us;
+        self.pace.sent(now_us);
         if !self.results.is_empty() {
             self.seq += 1;
             self.unacked.push_back((self.seq, self.results.len(), now_us));
@@ -604,6 +615,9 @@ mod tests {
     use crate::executor::Finished;
     use crate::ledger::Outcome;
 
+    /// The least time between reports (`pace`).
+    const GAP: u64 = REPORT_GAP_US;
+
     fn spec(id: u64) -> proto::TaskSpec {
         proto::TaskSpec { id, attempt: 1, command: b"true".to_vec(), ..Default::default() }
     }
@@ -657,16 +671,60 @@ mod tests {
         assert!(matches!(out.as_slice(), [Effect::Exec(Command::Run(t))] if t.len() == 32 && t[5].id == 5));
 
         let started = (0..4).map(|id| ExecEvent::Started { id, attempt: 1, start_us: 5 });
-        assert!(step(&mut m, 3, Input::Exec(started.collect())).is_empty(), "a queue this full reports on the timer");
+        assert!(step(&mut m, 3, Input::Exec(started.collect())).is_empty(), "news waits for the gap");
         let out = step(&mut m, 4, Input::Exec((0..3).map(done).collect()));
         assert!(out.is_empty());
-        let out = step(&mut m, 5, Input::Tick);
+        assert!(step(&mut m, GAP - 1, Input::Tick).is_empty());
+        let out = step(&mut m, GAP, Input::Tick);
         let r = reports(&out)[0];
         // Task 3 started and is still running: only its start goes up.
         assert_eq!(r.results.iter().map(|r| r.id).collect::<Vec<_>>(), [0, 1, 2]);
         assert_eq!(r.started.iter().map(|s| s.id).collect::<Vec<_>>(), [3]);
         assert_eq!((r.seq, r.want, r.idle), (1, 0, 0), "29 queued: not yet a quarter of the target to ask for");
         assert_eq!(m.unacked_results(), 3);
+    }
+
+    /// Issue 25: under load results travel in batches, one report per gap; a lone result after
+    /// a quiet spell goes at once; a full batch does not wait; the queue grows with the rate, so
+    /// that waiting for the gap never leaves a slot without work.
+    #[test]
+    fn results_go_up_by_count_and_age_and_the_queue_follows_the_rate() {
+        let mut m = holding(2, 32);
+        let mut next = 0u64;
+        let mut sent = Vec::new();
+        // A task ends every 250 µs for half a second: 4,000 a second.
+        for k in 1..=2_000u64 {
+            let now = k * 250;
+            let mut out = step(&mut m, now, Input::Exec(vec![done(next)]));
+            next += 1;
+            if k % 20 == 0 {
+                out.extend(step(&mut m, now, Input::Tick));
+            }
+            for r in reports(&out) {
+                sent.push((now, r.results.len(), r.want));
+            }
+            // The parent answers each request at once.
+            let want: u64 = reports(&out).iter().map(|r| r.want as u64).sum();
+            if want > 0 {
+                step(&mut m, now, dispatch(0, 10_000 + next * 10..10_000 + next * 10 + want));
+            }
+        }
+        let last = reports(&step(&mut m, 500_000 + GAP, Input::Tick)).iter().map(|r| r.results.len()).sum::<usize>();
+        let results: usize = sent.iter().map(|s| s.1).sum();
+        assert_eq!(results + last, 2_000, "every result went up, the last a gap after the one before");
+        assert!(sent.len() <= 500_000 / GAP as usize + 2, "{} reports in 0.5 s: at most one a gap", sent.len());
+        // Until the rate shows (10 ms), the queue of 32 runs low and asks at once; then never
+        // two reports within a gap.
+        assert!(sent[..2].iter().all(|s| s.0 <= 10_000), "{sent:?}");
+        assert!(sent[2..].windows(2).all(|w| w[1].0 - w[0].0 >= GAP), "never two within a gap: {sent:?}");
+        assert!(m.pace.target() > 320, "the queue covers the gap at 4,000/s: {}", m.pace.target());
+        // Quiet for a while, then one result: it goes at once.
+        let out = step(&mut m, 2_000_000, Input::Exec(vec![done(next)]));
+        assert_eq!(reports(&out).len(), 1);
+        // A full batch does not wait for the gap.
+        let batch = (0..REPORT_BATCH as u64).map(|i| done(100_000 + i)).collect();
+        let out = step(&mut m, 2_000_001, Input::Exec(batch));
+        assert_eq!(reports(&out)[0].results.len(), REPORT_BATCH);
     }
 
     #[test]
@@ -698,8 +756,8 @@ mod tests {
     fn acks_release_what_the_leader_recorded() {
         let mut m = holding(1, 32);
         for (i, id) in (0..3).enumerate() {
-            step(&mut m, 2, Input::Exec(vec![done(id)]));
-            let r = step(&mut m, 3, Input::Tick);
+            // A gap since the last report: the result goes at once.
+            let r = step(&mut m, (i as u64 + 1) * GAP, Input::Exec(vec![done(id)]));
             assert_eq!(reports(&r)[0].seq, i as u64 + 1);
         }
         assert_eq!(m.unacked_results(), 3);
@@ -729,29 +787,28 @@ mod tests {
             })),
         );
         assert!(matches!(out.as_slice(), [Effect::Exec(Command::Finish)]));
-        let out = step(&mut m, 3, Input::Exec((0..2).map(done).collect()));
+        let out = step(&mut m, GAP, Input::Exec((0..2).map(done).collect()));
         let r = reports(&out);
         assert_eq!((r[0].results.len(), r[0].want), (2, 0), "a shutting-down agent asks for nothing");
         assert!(m.outcome().is_none());
-        let out = step(&mut m, 4, Input::ExecEnded);
+        let out = step(&mut m, GAP + 1, Input::ExecEnded);
         let r = reports(&out);
         assert_eq!((r.len(), r[0].results.len(), r[0].drained, r[0].want), (1, 0, true, 0));
         assert!(matches!(out.last(), Some(Effect::CloseUp)));
         assert_eq!(m.outcome(), Some(Ok(())));
         // Nothing after the end.
-        assert!(step(&mut m, 5, Input::Tick).is_empty());
+        assert!(step(&mut m, GAP + 2, Input::Tick).is_empty());
     }
 
     #[test]
     fn losing_the_parent_stops_the_tasks_and_says_what_was_not_recorded() {
         let mut m = holding(1, 32);
-        step(&mut m, 2, Input::Exec(vec![done(0)]));
-        step(&mut m, 3, Input::Tick);
-        let out = step(&mut m, 4, Input::ParentEnded("connection reset".into()));
+        assert_eq!(reports(&step(&mut m, GAP, Input::Exec(vec![done(0)]))).len(), 1);
+        let out = step(&mut m, GAP + 1, Input::ParentEnded("connection reset".into()));
         assert!(matches!(out.as_slice(), [Effect::Exec(Command::Abort)]));
         // What the executor still says goes nowhere: there is nobody to record it.
-        assert!(step(&mut m, 5, Input::Exec(vec![done(1)])).is_empty());
-        let out = step(&mut m, 6, Input::ExecEnded);
+        assert!(step(&mut m, 2 * GAP, Input::Exec(vec![done(1)])).is_empty());
+        let out = step(&mut m, 2 * GAP + 1, Input::ExecEnded);
         assert!(out.is_empty(), "{out:?}");
         let err = m.outcome().unwrap().unwrap_err();
         assert!(err.contains("connection reset") && err.contains("1 results"), "{err}");
@@ -948,11 +1005,11 @@ mod tests {
     #[test]
     fn results_left_unacknowledged_for_a_heartbeat_hold_the_queue_until_acked() {
         let live = Liveness::new(std::time::Duration::from_secs(10));
-        let mut m = Machine::new(0, 1, tree()).with_liveness(live);
+        // Reporting at once: this is about acks, not the pace.
+        let mut m = Machine::new(0, 1, tree()).with_liveness(live).with_report_gap(0);
         step(&mut m, 0, Input::Tick);
         step(&mut m, 1, dispatch(0, 0..32));
-        step(&mut m, 2, Input::Exec(vec![done(0)]));
-        assert_eq!(reports(&step(&mut m, 10, Input::Tick))[0].seq, 1);
+        assert_eq!(reports(&step(&mut m, 10, Input::Exec(vec![done(0)])))[0].seq, 1);
         let held =
             |out: &[Effect], on: bool| out.iter().any(|e| matches!(e, Effect::Exec(Command::Hold(h)) if *h == on));
         assert!(!held(&step(&mut m, 249_999, Input::Tick), true));

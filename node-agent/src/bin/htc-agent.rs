@@ -154,6 +154,7 @@ fn work(a: WorkArgs) -> anyhow::Result<()> {
             output,
             kill_grace: Duration::from_secs(3),
             flush_every: agent::FLUSH_EVERY,
+            report_gap: agent::report_gap(),
             exec,
             spawners,
             live: Liveness::new(Duration::from_millis(lost_after_ms)),

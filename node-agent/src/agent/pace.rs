@@ -1,0 +1,136 @@
+//! When an agent (or an instance head) reports, and how much work it keeps queued so that its
+//! reporting pace never leaves a slot waiting.
+//!
+//! Every report costs the leader a wakeup, a read, a ledger write and an ack, whatever it
+//! carries: the leader's cost per task is mostly its cost per report divided by the results in
+//! one. So reports go out by count and age, with a leading edge: news goes up at once when the
+//! last report left at least `gap` ago (a lone result at a low rate reaches the leader without
+//! waiting), and otherwise waits until `gap` has passed since the last one, unless it is urgent
+//! (a full batch, slots about to run dry, a recall answered). Under load a report so carries
+//! `gap` worth of results, and the leader hears from each reporter at most once per `gap`.
+//!
+//! The queue must then last a gap and a round trip: the target grows with the rate at which
+//! tasks finish here, measured over windows of `RATE_WINDOW_US`.
+
+/// The least time between two reports under load.
+pub const REPORT_GAP_US: u64 = 20_000;
+/// Results that make a report urgent whatever its age.
+pub const REPORT_BATCH: usize = 512;
+/// What a dispatch takes to arrive after the report that asked for it, allowed for in the
+/// queue's size: the leader's commit interval and the network, with room to spare.
+const ROUND_TRIP_US: u64 = 20_000;
+const RATE_WINDOW_US: u64 = 200_000;
+const RATE_RISE_US: u64 = 10_000;
+/// A queue longer than this gains nothing and holds back work the tail could use elsewhere.
+const MAX_TARGET: u64 = 8 * REPORT_BATCH as u64;
+
+#[derive(Debug, Clone)]
+pub struct Pace {
+    gap_us: u64,
+    /// The queue's least target, from the slots alone (`queue_target`).
+    base: u64,
+    last_up_us: Option<u64>,
+    window_start_us: u64,
+    window_done: u64,
+    /// Tasks finished per second here, over the last full window.
+    rate: f64,
+    /// Queues this pace's target fills: 2 for an instance head, whose queue feeds its members'
+    /// own (each paced as well).
+    levels: u64,
+}
+
+impl Pace {
+    pub fn new(base: u64, gap_us: u64) -> Pace {
+        Pace { gap_us, base, last_up_us: None, window_start_us: 0, window_done: 0, rate: 0.0, levels: 1 }
+    }
+
+    /// An instance head's: its queue feeds members that keep their own.
+    pub fn for_head(mut self) -> Pace {
+        self.levels = 2;
+        self
+    }
+
+    /// The least target, as members come and go.
+    pub fn set_base(&mut self, base: u64) {
+        self.base = base;
+    }
+
+    /// Whether a report is due now: urgent news goes at once, other news once the gap since the
+    /// last report has passed (at once, after a quiet spell).
+    pub fn due(&self, now_us: u64, news: bool, urgent: bool) -> bool {
+        urgent || (news && self.last_up_us.is_none_or(|t| now_us.saturating_sub(t) >= self.gap_us))
+    }
+
+    /// A report went up.
+    pub fn sent(&mut self, now_us: u64) {
+        self.last_up_us = Some(now_us);
+    }
+
+    /// When the last report went up (0: none yet).
+    pub fn last_up_us(&self) -> u64 {
+        self.last_up_us.unwrap_or(0)
+    }
+
+    /// `n` tasks finished here at `now_us`.
+    pub fn finished(&mut self, now_us: u64, n: u64) {
+        let span = now_us.saturating_sub(self.window_start_us);
+        if span >= RATE_WINDOW_US {
+            // A window with nothing in it after a quiet spell says the rate is low, and it is.
+            self.rate = self.window_done as f64 * 1e6 / span as f64;
+            self.window_start_us = now_us;
+            self.window_done = 0;
+        }
+        self.window_done += n;
+        // A rate that rises shows within the window (the queue must grow before it runs dry);
+        // one that falls, at the window's end.
+        if span >= RATE_RISE_US {
+            self.rate = self.rate.max(self.window_done as f64 * 1e6 / span as f64);
+        }
+    }
+
+    /// Tasks to keep queued (received, not finished): enough for the slots, and at the rate
+    /// measured, for four gaps and round trips, so that asking at three quarters of it (and
+    /// the ask waiting up to a gap) leaves a quarter to cover the wait.
+    pub fn target(&self) -> u64 {
+        let need = self.rate * 4.0 * (self.gap_us + ROUND_TRIP_US) as f64 / 1e6;
+        ((need.ceil() as u64).min(MAX_TARGET) * self.levels).max(self.base)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lone_result_goes_at_once_and_news_under_load_waits_for_the_gap() {
+        let mut p = Pace::new(32, 20_000);
+        assert!(p.due(1_000, true, false), "the first news goes at once");
+        p.sent(1_000);
+        assert!(!p.due(5_000, true, false), "4 ms later: waits");
+        assert!(p.due(5_000, true, true), "unless urgent");
+        assert!(!p.due(21_000, false, false), "nothing to say: no report");
+        assert!(p.due(21_000, true, false), "a gap later: goes");
+        p.sent(21_000);
+        assert!(p.due(1_000_000, true, false), "after a quiet spell: at once again");
+    }
+
+    #[test]
+    fn the_queue_target_follows_the_rate_and_keeps_the_slots_floor() {
+        let mut p = Pace::new(32, 20_000);
+        assert_eq!(p.target(), 32);
+        // 4,000 tasks a second, in 5 ms batches of 20, for a second.
+        for i in 1..=200 {
+            p.finished(i * 5_000, 20);
+        }
+        // 4,000/s x 4 x 40 ms = 640.
+        assert!((630..=650).contains(&p.target()), "target {}", p.target());
+        // Quiet for a second: the next window says so.
+        p.finished(2_000_000, 1);
+        assert_eq!(p.target(), 32);
+        // Far beyond what a queue needs: capped.
+        let mut fast = Pace::new(32, 20_000);
+        fast.finished(200_000, 1_000_000);
+        fast.finished(400_000, 1);
+        assert_eq!(fast.target(), MAX_TARGET);
+    }
+}
