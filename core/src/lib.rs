@@ -8,6 +8,7 @@ pub mod idset;
 pub mod output;
 pub mod partition;
 pub mod recall;
+pub mod reportsize;
 pub mod shellsyntax;
 pub mod sweep;
 pub mod task;

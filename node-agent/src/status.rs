@@ -194,6 +194,8 @@ pub struct Report {
     pub leader_cpu_s: f64,
     /// Tasks finished (done or failed) in this session.
     pub finished_this_session: u64,
+    /// The agents' reports the leader handled in this session, and the results they carried.
+    pub reports: htc_core::reportsize::Summary,
     /// (task id, line, attempts, reason) of the first failed tasks.
     pub failures: Vec<(u64, u32, u8, String)>,
     /// More tasks failed than `failures` lists.
@@ -263,6 +265,7 @@ impl Report {
             eta_s,
             leader_cpu_s: t.meta_u64("leader_cpu_us")?.unwrap_or(0) as f64 / 1e6,
             finished_this_session,
+            reports: t.meta("reports")?.and_then(htc_core::reportsize::Summary::from_bytes).unwrap_or_default(),
             failures,
             more_failures,
         })
@@ -294,7 +297,14 @@ impl Report {
             );
         }
         if self.leader_cpu_s > 0.0 {
-            let _ = writeln!(s, "leader:   {:.2} CPU s this session", self.leader_cpu_s);
+            let reports = match self.reports.mean() {
+                Some(mean) => format!(
+                    ", {} reports of {mean:.1} results on average (99% at most {})",
+                    self.reports.reports, self.reports.p99
+                ),
+                None => String::new(),
+            };
+            let _ = writeln!(s, "leader:   {:.2} CPU s this session{reports}", self.leader_cpu_s);
         }
         if !self.failures.is_empty() {
             let first = if self.more_failures { format!(" (first {})", self.failures.len()) } else { String::new() };
@@ -328,7 +338,8 @@ impl Report {
                 r#"{{"version":1,"run":{},"job":{},"task_file":{},"state":{},"#,
                 r#""counts":{{"total":{},"done":{},"failed":{},"pending":{},"dispatched":{},"running":{}}},"#,
                 r#""elapsed_s":{},"rate":{},"eta_s":{},"leader_cpu_s":{},"#,
-                r#""leader_cpu_us_per_task":{},"failures":[{}],"more_failures":{}}}"#
+                r#""leader_cpu_us_per_task":{},"reports":{},"results_per_report":{},"#,
+                r#""results_per_report_p99":{},"failures":[{}],"more_failures":{}}}"#
             ),
             json_str(&self.run),
             json_str(&self.job),
@@ -349,6 +360,9 @@ impl Report {
             } else {
                 "null".into()
             },
+            self.reports.reports,
+            self.reports.mean().map(num).unwrap_or_else(|| "null".into()),
+            self.reports.p99,
             failures.join(","),
             self.more_failures
         )

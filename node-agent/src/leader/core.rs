@@ -15,6 +15,7 @@ use htc_core::affinity::{Affinity, Route};
 use htc_core::backfill::{self, Memory, Need};
 use htc_core::partition::{Block, Partition};
 use htc_core::recall::{self, Recalls};
+use htc_core::reportsize::{ReportSizes, Summary};
 use htc_core::task::{self, Effect, End, Life, Step};
 use htc_core::tree::Tree;
 
@@ -180,6 +181,8 @@ pub struct Core<'a> {
     fresh_retries: bool,
     /// Offers of work to every agent with credit (`dispatch_all`), for tests.
     scans: u64,
+    /// Results per report, for `htc status` (what the leader's cost per task depends on).
+    report_sizes: ReportSizes,
     in_flight: Flights,
     counts: Counts,
     finished_start: u64,
@@ -368,6 +371,7 @@ impl<'a> Core<'a> {
         now_us: u64,
     ) -> Core<'a> {
         Core {
+            report_sizes: ReportSizes::default(),
             partition,
             expected_agents,
             job_id,
@@ -583,6 +587,11 @@ impl<'a> Core<'a> {
         }
     }
 
+    /// Reports handled in this session and the results they carried.
+    pub fn report_sizes(&self) -> Summary {
+        self.report_sizes.summary()
+    }
+
     /// Tasks moved from an agent that was behind to idle slots, in this session.
     pub fn moved_back(&self) -> u64 {
         self.recalls.moved
@@ -739,6 +748,7 @@ impl<'a> Core<'a> {
                 if !self.agents.get(&agent).is_some_and(|a| a.alive) {
                     return Ok(None);
                 }
+                self.report_sizes.add(report.results.len());
                 // Agents leave out the start of a task whose result is in the same report.
                 for s in &report.started {
                     self.on_started(agent, s);

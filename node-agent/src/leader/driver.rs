@@ -20,6 +20,10 @@ type Result<T> = std::result::Result<T, LedgerError>;
 
 /// How often the core hears that time passed (heartbeats, silent agents).
 const TICK_EVERY: Duration = Duration::from_millis(100);
+/// How often the ledger goes to disk (between, commits reach the page cache and the replica).
+const SYNC_EVERY: Duration = Duration::from_secs(2);
+/// How often the live view for `htc watch` is rewritten.
+const LIVE_EVERY: Duration = Duration::from_secs(1);
 
 /// What the network tasks and the launcher tell the leader: the core's inputs, and with a join the
 /// link (encoded frames for the agent's connection) that the driver keeps out of the core.
@@ -146,7 +150,16 @@ pub fn run(
         ending = Some(Ending::Complete);
     }
     while ending.is_none() {
-        let wait = cfg.commit_interval.min(Duration::from_millis(200));
+        // Asleep until an event or the next thing due: each wakeup of an idle leader costs it
+        // more than handling a report (caches gone cold; bench/RESULTS.md §14).
+        let due = [
+            last_tick + TICK_EVERY,
+            last_commit + if txn.is_some() { cfg.commit_interval } else { Duration::from_secs(1) },
+            last_sync + SYNC_EVERY,
+            last_live.map_or(Instant::now(), |t| t + LIVE_EVERY),
+            last_progress + cfg.progress_every,
+        ];
+        let wait = due.into_iter().min().unwrap().saturating_duration_since(Instant::now());
         let mut next = match rx.recv_timeout(wait) {
             Ok(e) => Some(e),
             Err(mpsc::RecvTimeoutError::Timeout) => None,
@@ -210,8 +223,6 @@ pub fn run(
                 txn = None;
             }
         }
-        // Dispatches may go out before their commit: a lost dispatch is re-sent after a restart.
-        send(&mut out, &links, &cfg.given_up);
         if ending.is_none() {
             ending = core.ending();
         }
@@ -221,13 +232,13 @@ pub fn run(
             t.put_counts(&core.counts())?;
             t.put_meta("heartbeat_us", &now_us().to_le_bytes())?;
             t.put_meta("leader_cpu_us", &led_us().to_le_bytes())?;
+            t.put_meta("reports", &core.report_sizes().to_bytes())?;
             if matches!(ending, Some(Ending::Complete)) {
                 t.put_meta("finished_us", &now_us().to_le_bytes())?;
             }
             t.commit()?;
             last_commit = now;
             core.acks(&mut out);
-            send(&mut out, &links, &cfg.given_up);
             // Amortized: a snapshot as large as what the journal wrote since the last one.
             if ledger.journal_wants_snapshot() {
                 ledger.new_generation()?;
@@ -240,11 +251,14 @@ pub fn run(
             t.commit()?;
             last_commit = now;
         }
-        if now - last_sync >= Duration::from_secs(2) {
+        // One write per agent per turn: its dispatches (which may go out before their commit: a
+        // lost dispatch is re-sent after a restart) and its ack, which must not.
+        send(&mut out, &links, &cfg.given_up);
+        if now - last_sync >= SYNC_EVERY {
             ledger.sync()?;
             last_sync = now;
         }
-        if last_live.is_none_or(|t| now - t >= Duration::from_secs(1)) {
+        if last_live.is_none_or(|t| now - t >= LIVE_EVERY) {
             write_live(&mut cfg, &core, "running");
             last_live = Some(now);
         }
