@@ -24,7 +24,7 @@ use std::sync::Arc;
 use htc_core::tree::Tree;
 
 use super::machine::{destination, queue_target, Effect, Input, Machine};
-use super::pace::{Pace, REPORT_BATCH, REPORT_GAP_US};
+use super::pace::{self, Pace, REPORT_BATCH};
 use crate::liveness::Liveness;
 use crate::proto::{self, frame::Body};
 
@@ -122,6 +122,8 @@ pub struct Instance {
     live: Liveness,
     /// When the head reports to the leader (`pace`), and how much work the instance keeps.
     pace: Pace,
+    /// The gap between the head's reports, when not the layout's (`pace::gap_for`).
+    report_gap: Option<u64>,
     /// When the head last sent its members a heartbeat.
     last_down_us: u64,
     /// The leader asked for a resync (after a rejoin, or its periodic audit): the next report
@@ -136,8 +138,10 @@ impl Instance {
         let heads = tree.head(id) == id && tree.instance_len(id) > 1;
         // The head's own reports go to the instance in-process, at once: the head's pace is the
         // one that counts.
-        let own = Machine::new(id, slots, tree.clone()).with_report_gap(0);
+        let own = Machine::new(id, slots, tree.clone());
+        let own = if heads { own.with_report_gap(0) } else { own };
         let me = Member::new(slots as u32, 0, 0, 0);
+        let gap = pace::gap_for(tree.heads().len(), Liveness::default().heartbeat_us);
         Instance {
             id,
             job_id: job_id.to_string(),
@@ -161,7 +165,8 @@ impl Instance {
             shutting_down: false,
             left: 0,
             live: Liveness::default(),
-            pace: Pace::new(queue_target(slots), REPORT_GAP_US).for_head(),
+            pace: Pace::new(queue_target(slots), gap).for_head(),
+            report_gap: None,
             last_down_us: 0,
             resync: false,
             rejoined: false,
@@ -171,7 +176,8 @@ impl Instance {
     /// The least time between reports to the parent under load (`pace`).
     pub fn with_report_gap(mut self, gap_us: u64) -> Self {
         if self.heads {
-            self.pace = Pace::new(queue_target(self.members[&self.id].slots as usize), gap_us).for_head();
+            self.report_gap = Some(gap_us);
+            self.pace.set_gap(gap_us);
         } else {
             self.own = self.own.with_report_gap(gap_us);
         }
@@ -189,6 +195,8 @@ impl Instance {
     pub fn with_liveness(mut self, live: Liveness) -> Self {
         self.own = self.own.with_liveness(live);
         self.live = live;
+        let gap = self.report_gap.unwrap_or_else(|| pace::gap_for(self.tree.heads().len(), live.heartbeat_us));
+        self.pace.set_gap(gap);
         self
     }
 
@@ -648,9 +656,11 @@ impl Instance {
             || !self.recalled.is_empty();
         let beat = !self.shutting_down && now_us.saturating_sub(self.pace.last_up_us()) >= self.live.heartbeat_us;
         let capacity = Some(self.capacity()).filter(|c| self.resync || self.told.as_ref() != Some(c));
-        // Recalled tasks are wanted now by idle slots elsewhere; members about to run dry cannot
-        // wait for the gap.
+        let idle = self.members.values().map(|m| m.idle).sum::<u64>().saturating_sub(self.queue.len() as u64);
+        // Recalled tasks are wanted now by idle slots elsewhere; members about to run dry, or
+        // with a slot the instance has nothing for, cannot wait for the gap.
         let urgent = last
+            || idle > 0
             || beat
             || self.resync
             || capacity.is_some()
@@ -679,7 +689,6 @@ impl Instance {
             Vec::new()
         };
         holding.sort_unstable();
-        let idle = self.members.values().map(|m| m.idle).sum::<u64>().saturating_sub(self.queue.len() as u64);
         out.push(Effect::Up(Body::Report(proto::Report {
             seq: self.seq,
             started: std::mem::take(&mut self.started),
@@ -715,7 +724,7 @@ mod tests {
     use crate::ledger::Outcome;
 
     /// The least time between the head's reports (`pace`).
-    const GAP: u64 = REPORT_GAP_US;
+    const GAP: u64 = pace::REPORT_GAP_US;
 
     fn spec(id: u64) -> proto::TaskSpec {
         proto::TaskSpec { id, attempt: 1, command: b"sleep 9".to_vec(), ..Default::default() }
@@ -848,9 +857,12 @@ mod tests {
         let hello = proto::Hello { agent_id: 1, cores: 2, ..Default::default() };
         let out = step(&mut h, 2, Input::ChildFrame(Body::Hello(hello)));
         assert!(
-            matches!(out.as_slice(), [Effect::Down { child: 1, body: Body::Welcome(w) }] if w.agent_id == 1 && w.job_id == "job"),
-            "the head admits its member; the leader never hears of it: {out:?}"
+            matches!(&out[0], Effect::Down { child: 1, body: Body::Welcome(w) } if w.agent_id == 1 && w.job_id == "job"),
+            "the head admits its member: {out:?}"
         );
+        // The leader never hears of the member, only of the instance's slots, idle, to fill now.
+        let r = ups(&out);
+        assert_eq!((out.len(), r[0].agent, r[0].cores, r[0].idle, r[0].want), (2, 0, 4, 2, 32));
 
         // Eight tasks for the instance: the head's two idle slots, then its share of 4 (of 4 slots).
         let d = proto::Dispatch { tasks: (1..=8).map(spec).collect(), agent: 0 };

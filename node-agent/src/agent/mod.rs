@@ -52,11 +52,11 @@ pub fn default_spawners(widest_task: u64) -> usize {
 /// busy agent's results travel in batches. `htc simulate` uses it too.
 pub const FLUSH_EVERY: Duration = Duration::from_millis(5);
 
-/// The least time between reports under load: `pace::REPORT_GAP_US`, or HTC_REPORT_MS from the
-/// job's environment (for measuring what the gap costs and gains: bench/leader-cost.sh).
-pub fn report_gap() -> Duration {
+/// The least time between reports under load when not the layout's (`pace::gap_for`):
+/// HTC_REPORT_MS from the job's environment, for measuring what the gap costs and gains.
+pub fn report_gap() -> Option<Duration> {
     let ms = std::env::var("HTC_REPORT_MS").ok().and_then(|v| v.parse::<u64>().ok());
-    ms.map_or(Duration::from_micros(pace::REPORT_GAP_US), Duration::from_millis)
+    ms.map(Duration::from_millis)
 }
 
 /// How often the agent looks for processes its tasks left behind (`leftovers`): what a task
@@ -81,8 +81,8 @@ pub struct AgentConfig {
     pub kill_grace: Duration,
     /// How often the agent looks whether a report is due (`FLUSH_EVERY`).
     pub flush_every: Duration,
-    /// The least time between reports under load (`pace`; `report_gap()`).
-    pub report_gap: Duration,
+    /// The least time between reports under load, when not the layout's (`report_gap()`).
+    pub report_gap: Option<Duration>,
     /// The job's tree (shared by the agents of one process).
     pub tree: Arc<Tree>,
     /// Set when this agent has children to serve: the bound listener.
@@ -166,8 +166,10 @@ async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
         .with_resources(cfg.mem_mb, cfg.gpus.len() as u32)
         .with_liveness(cfg.live)
         .with_rejoin(can_rejoin)
-        .with_revive(true)
-        .with_report_gap(cfg.report_gap.as_micros() as u64);
+        .with_revive(true);
+    if let Some(gap) = cfg.report_gap {
+        m = m.with_report_gap(gap.as_micros() as u64);
+    }
     let mut children: HashMap<u32, UnboundedSender<Vec<u8>>> = HashMap::new();
     let (mut parent_open, mut children_open, mut exec_open) = (true, true, true);
     let mut tick = tokio::time::interval(cfg.flush_every);

@@ -3,17 +3,25 @@
 //!
 //! Every report costs the leader a wakeup, a read, a ledger write and an ack, whatever it
 //! carries: the leader's cost per task is mostly its cost per report divided by the results in
-//! one. So reports go out by count and age, with a leading edge: news goes up at once when the
+//! one (a mostly idle leader pays 100-200 µs a report in wakeups and cold caches; bench/RESULTS.md
+//! §14). So reports go out by count and age, with a leading edge: news goes up at once when the
 //! last report left at least `gap` ago (a lone result at a low rate reaches the leader without
 //! waiting), and otherwise waits until `gap` has passed since the last one, unless it is urgent
-//! (a full batch, slots about to run dry, a recall answered). Under load a report so carries
-//! `gap` worth of results, and the leader hears from each reporter at most once per `gap`.
+//! (a full batch, a slot with nothing to start, work about to run out, a recall answered).
+//! Under load a report so carries `gap` worth of results, and the parent hears from each
+//! reporter at most once per `gap`.
+//!
+//! The gap grows with the reporters a parent has (`gap_for`), so that the leader handles about
+//! `1 s / PER_REPORTER_US` reports a second under load however many instances there are, up to
+//! the heartbeat, which a report is anyway.
 //!
 //! The queue must then last a gap and a round trip: the target grows with the rate at which
 //! tasks finish here, measured over windows of `RATE_WINDOW_US`.
 
-/// The least time between two reports under load.
-pub const REPORT_GAP_US: u64 = 20_000;
+/// The least time between two reports under load, with few reporters.
+pub const REPORT_GAP_US: u64 = 100_000;
+/// The gap per reporter beside this one at its parent.
+const PER_REPORTER_US: u64 = 25_000;
 /// Results that make a report urgent whatever its age.
 pub const REPORT_BATCH: usize = 512;
 /// What a dispatch takes to arrive after the report that asked for it, allowed for in the
@@ -39,6 +47,22 @@ pub struct Pace {
     levels: u64,
 }
 
+/// The gap for one of `reporters` that report to one parent, heartbeats every `heartbeat_us`.
+pub fn gap_for(reporters: usize, heartbeat_us: u64) -> u64 {
+    (reporters as u64 * PER_REPORTER_US).max(REPORT_GAP_US).min(heartbeat_us)
+}
+
+/// How many report to the parent of `agent`, itself included: the instance heads (to the
+/// leader, directly or through relays, which fold nothing), or the head's other members.
+pub fn reporters(tree: &htc_core::tree::Tree, agent: u32) -> usize {
+    let head = tree.head(agent);
+    if head == agent {
+        tree.heads().len()
+    } else {
+        tree.instance_len(head).saturating_sub(1)
+    }
+}
+
 impl Pace {
     pub fn new(base: u64, gap_us: u64) -> Pace {
         Pace { gap_us, base, last_up_us: None, window_start_us: 0, window_done: 0, rate: 0.0, levels: 1 }
@@ -48,6 +72,11 @@ impl Pace {
     pub fn for_head(mut self) -> Pace {
         self.levels = 2;
         self
+    }
+
+    /// The least time between reports under load.
+    pub fn set_gap(&mut self, gap_us: u64) {
+        self.gap_us = gap_us;
     }
 
     /// The least target, as members come and go.
@@ -112,6 +141,14 @@ mod tests {
         assert!(p.due(21_000, true, false), "a gap later: goes");
         p.sent(21_000);
         assert!(p.due(1_000_000, true, false), "after a quiet spell: at once again");
+    }
+
+    #[test]
+    fn the_gap_grows_with_the_reporters_up_to_the_heartbeat() {
+        assert_eq!(gap_for(1, 250_000), REPORT_GAP_US);
+        assert_eq!(gap_for(8, 250_000), 200_000);
+        assert_eq!(gap_for(1_000, 250_000), 250_000);
+        assert_eq!(gap_for(1, 25_000), 25_000, "a short heartbeat is a report anyway");
     }
 
     #[test]
