@@ -4,11 +4,11 @@
 pub mod affinity;
 pub mod backfill;
 pub mod hflow;
+pub mod hist;
 pub mod idset;
 pub mod output;
 pub mod partition;
 pub mod recall;
-pub mod reportsize;
 pub mod shellsyntax;
 pub mod sweep;
 pub mod task;

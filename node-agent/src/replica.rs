@@ -36,7 +36,7 @@ const MAGIC: &[u8] = b"htc-replica-1";
 /// No frame is larger (keys are short, values at most a task record or a meta value).
 const MAX_FRAME: u32 = 1 << 20;
 /// Meta keys rewritten at every commit: the journal takes them at most this often.
-const PERIODIC_META: [&str; 4] = ["counts", "heartbeat_us", "leader_cpu_us", "reports"];
+const PERIODIC_META: [&str; 5] = ["counts", "heartbeat_us", "leader_cpu_us", "reports", "result_delays"];
 const META_EVERY: Duration = Duration::from_secs(1);
 /// A journal this much larger than its snapshot (or than this floor) starts a new generation.
 const JOURNAL_FLOOR: u64 = 64 << 20;

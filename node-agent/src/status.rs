@@ -1,6 +1,7 @@
 //! What users see of a run: the live progress line, the final summary, and `htc status`.
 //! Everything is computed from the ledger's counters and meta keys, so it costs no scan.
 
+use htc_core::hist::Summary;
 use std::fmt::Write as _;
 use std::time::Duration;
 
@@ -194,8 +195,10 @@ pub struct Report {
     pub leader_cpu_s: f64,
     /// Tasks finished (done or failed) in this session.
     pub finished_this_session: u64,
-    /// The agents' reports the leader handled in this session, and the results they carried.
-    pub reports: htc_core::reportsize::Summary,
+    /// The agents' reports the leader handled in this session: results per report.
+    pub reports: Summary,
+    /// How long results took from their end to the leader in this session, in microseconds.
+    pub result_delays: Summary,
     /// (task id, line, attempts, reason) of the first failed tasks.
     pub failures: Vec<(u64, u32, u8, String)>,
     /// More tasks failed than `failures` lists.
@@ -265,7 +268,8 @@ impl Report {
             eta_s,
             leader_cpu_s: t.meta_u64("leader_cpu_us")?.unwrap_or(0) as f64 / 1e6,
             finished_this_session,
-            reports: t.meta("reports")?.and_then(htc_core::reportsize::Summary::from_bytes).unwrap_or_default(),
+            reports: t.meta("reports")?.and_then(Summary::from_bytes).unwrap_or_default(),
+            result_delays: t.meta("result_delays")?.and_then(Summary::from_bytes).unwrap_or_default(),
             failures,
             more_failures,
         })
@@ -299,8 +303,12 @@ impl Report {
         if self.leader_cpu_s > 0.0 {
             let reports = match self.reports.mean() {
                 Some(mean) => format!(
-                    ", {} reports of {mean:.1} results on average (99% at most {})",
-                    self.reports.reports, self.reports.p99
+                    ", {} reports of {mean:.1} results on average (99% at most {}); results reached it \
+                     {:.1} ms after their end (99% within {:.1} ms)",
+                    self.reports.n,
+                    self.reports.p99,
+                    self.result_delays.p50 as f64 / 1e3,
+                    self.result_delays.p99 as f64 / 1e3
                 ),
                 None => String::new(),
             };
@@ -339,7 +347,8 @@ impl Report {
                 r#""counts":{{"total":{},"done":{},"failed":{},"pending":{},"dispatched":{},"running":{}}},"#,
                 r#""elapsed_s":{},"rate":{},"eta_s":{},"leader_cpu_s":{},"#,
                 r#""leader_cpu_us_per_task":{},"reports":{},"results_per_report":{},"#,
-                r#""results_per_report_p99":{},"failures":[{}],"more_failures":{}}}"#
+                r#""results_per_report_p99":{},"result_delay_ms_p50":{},"result_delay_ms_p99":{},"#,
+                r#""failures":[{}],"more_failures":{}}}"#
             ),
             json_str(&self.run),
             json_str(&self.job),
@@ -360,9 +369,11 @@ impl Report {
             } else {
                 "null".into()
             },
-            self.reports.reports,
+            self.reports.n,
             self.reports.mean().map(num).unwrap_or_else(|| "null".into()),
             self.reports.p99,
+            num(self.result_delays.p50 as f64 / 1e3),
+            num(self.result_delays.p99 as f64 / 1e3),
             failures.join(","),
             self.more_failures
         )

@@ -13,9 +13,9 @@ use std::sync::Arc;
 
 use htc_core::affinity::{Affinity, Route};
 use htc_core::backfill::{self, Memory, Need};
+use htc_core::hist::{Hist, Summary};
 use htc_core::partition::{Block, Partition};
 use htc_core::recall::{self, Recalls};
-use htc_core::reportsize::{ReportSizes, Summary};
 use htc_core::task::{self, Effect, End, Life, Step};
 use htc_core::tree::Tree;
 
@@ -182,7 +182,9 @@ pub struct Core<'a> {
     /// Offers of work to every agent with credit (`dispatch_all`), for tests.
     scans: u64,
     /// Results per report, for `htc status` (what the leader's cost per task depends on).
-    report_sizes: ReportSizes,
+    report_sizes: Hist,
+    /// How long after its end each result reached the leader, in microseconds.
+    result_delays: Hist,
     in_flight: Flights,
     counts: Counts,
     finished_start: u64,
@@ -371,7 +373,8 @@ impl<'a> Core<'a> {
         now_us: u64,
     ) -> Core<'a> {
         Core {
-            report_sizes: ReportSizes::default(),
+            report_sizes: Hist::default(),
+            result_delays: Hist::default(),
             partition,
             expected_agents,
             job_id,
@@ -592,6 +595,11 @@ impl<'a> Core<'a> {
         self.report_sizes.summary()
     }
 
+    /// How long results took from their end to the leader, in microseconds, in this session.
+    pub fn result_delays(&self) -> Summary {
+        self.result_delays.summary()
+    }
+
     /// Tasks moved from an agent that was behind to idle slots, in this session.
     pub fn moved_back(&self) -> u64 {
         self.recalls.moved
@@ -748,12 +756,16 @@ impl<'a> Core<'a> {
                 if !self.agents.get(&agent).is_some_and(|a| a.alive) {
                     return Ok(None);
                 }
-                self.report_sizes.add(report.results.len());
+                self.report_sizes.record(report.results.len() as u64);
                 // Agents leave out the start of a task whose result is in the same report.
                 for s in &report.started {
                     self.on_started(agent, s);
                 }
                 for r in &report.results {
+                    // Clocks of other nodes may differ: only what looks plausible counts.
+                    if r.end_us > 0 && r.end_us <= now_us {
+                        self.result_delays.record(now_us - r.end_us);
+                    }
                     self.on_result(t, agent, r, now_us)?;
                 }
                 for &id in &report.returned {

@@ -233,6 +233,7 @@ pub fn run(
             t.put_meta("heartbeat_us", &now_us().to_le_bytes())?;
             t.put_meta("leader_cpu_us", &led_us().to_le_bytes())?;
             t.put_meta("reports", &core.report_sizes().to_bytes())?;
+            t.put_meta("result_delays", &core.result_delays().to_bytes())?;
             if matches!(ending, Some(Ending::Complete)) {
                 t.put_meta("finished_us", &now_us().to_le_bytes())?;
             }
