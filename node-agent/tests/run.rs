@@ -447,7 +447,8 @@ fn kill_agent_mid_run(d: &Dir, n: usize, args: &[&str], agent: u32) -> std::path
 
 /// The tree heals: agent 0 relays for agents 2 and 3; when it is killed they reconnect to the
 /// leader within their lease, keeping their running tasks, and go on working. Only what was in
-/// flight runs again, and every re-run is accounted for by a lost attempt in the ledger.
+/// flight runs again: the relay's running task (a lost attempt in the ledger) and what had ended
+/// there but was not reported yet (at most a report gap's worth).
 #[test]
 fn losing_a_relay_its_children_rejoin_the_leader_and_keep_working() {
     let d = Dir::new("relayloss");
@@ -473,7 +474,8 @@ fn losing_a_relay_its_children_rejoin_the_leader_and_keep_working() {
     }
     let runs = id_counts(&d.path("ids.txt"));
     let again: usize = runs.values().map(|&c| c - 1).sum();
-    assert!(again <= lost, "{again} re-runs but only {lost} lost attempts recorded");
+    // Five instances: a report gap of 125 ms, of 10 ms tasks on agent 0's one slot.
+    assert!(again <= lost + 125 / 10 + 1, "{again} re-runs but only {lost} lost attempts recorded");
 }
 
 /// The agents that ran the finished tasks, from the ledger.
