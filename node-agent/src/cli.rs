@@ -226,9 +226,13 @@ pub mod htc {
             /// One-way network latency per frame, microseconds (assumed, not measured).
             #[arg(long, default_value_t = 100)]
             latency_us: u64,
-            /// Leader CPU per finished task, microseconds (bench/RESULTS.md section 4: 0.78 here).
-            #[arg(long, default_value_t = 0.8)]
-            leader_us_per_task: f64,
+            /// Leader CPU per report it handles, microseconds (default: the site's, which `htc
+            /// calibrate` measures).
+            #[arg(long)]
+            leader_us_per_report: Option<f64>,
+            /// Leader CPU per task, microseconds, on top of its report's (default: the site's).
+            #[arg(long)]
+            leader_us_per_task: Option<f64>,
             /// Agents join one after another over this many milliseconds.
             #[arg(long, default_value_t = 0)]
             join_spread_ms: u64,

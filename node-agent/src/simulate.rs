@@ -2,7 +2,8 @@
 //! cores), on a virtual clock. The leader's core (`leader::new_core`, over the real ledger) and
 //! every agent's machine (`agent::Instance`: an agent, or an instance head feeding its members)
 //! are the ones a real run uses; only time, the network
-//! (a fixed latency per frame), the leader's CPU (a cost per finished task, one input at a time)
+//! (a fixed latency per frame), the leader's CPU (a cost per input and per result in it, as
+//! `htc calibrate` measures them; one input at a time)
 //! and the task processes (each ends after its `runtime` hint) are modelled. A plan's makespan on
 //! a large machine is so measured on a laptop, exactly and repeatably, in seconds.
 
@@ -36,8 +37,8 @@ pub struct SimConfig {
     pub plan: Planned,
     /// One way, every frame.
     pub latency_us: u64,
-    /// The leader's CPU per finished task; while it is busy, inputs wait their turn.
-    pub leader_us_per_task: f64,
+    /// The leader's CPU per input and per result; while it is busy, inputs wait their turn.
+    pub leader: crate::site::LeaderCost,
     /// Agents join one after another over this long (a launcher's start-up).
     pub join_spread_us: u64,
     /// The agents' report timer (`agent::FLUSH_EVERY`).
@@ -258,7 +259,8 @@ pub fn simulate(run: &RunDir, cfg: &SimConfig) -> anyhow::Result<SimReport> {
     })
 }
 
-/// The leader: its core over the real ledger, and one input at a time at a cost per task.
+/// The leader: its core over the real ledger, and one input at a time at a cost per input and
+/// per result.
 struct Leader<'l> {
     core: Core<'static>,
     ledger: &'l Ledger,
@@ -301,7 +303,7 @@ impl Leader<'_> {
             self.since_commit = 0;
         }
         self.core.acks(&mut self.outbox);
-        let cost = (results as f64 * cfg.leader_us_per_task).round() as u64;
+        let cost = cfg.leader.of(results).round() as u64;
         self.busy_us += cost;
         self.free_at = w.now + cost;
         for (agent, body) in self.outbox.drain(..) {
@@ -488,7 +490,8 @@ fn bounds(ledger: &Ledger, cfg: &SimConfig) -> anyhow::Result<(f64, f64)> {
 /// The report as `htc simulate` prints it.
 pub fn text(cfg: &SimConfig, r: &SimReport) -> String {
     let mut t = format!(
-        "htc simulate: {} tasks on {} agents x {} cores in instances of {} ({}), latency {} us, leader {:.2} us/task\n\
+        "htc simulate: {} tasks on {} agents x {} cores in instances of {} ({}), latency {} us, \
+         leader {:.2} us/report + {:.2} us/task\n\
          makespan     {:.3} s (virtual)\n\
          lower bound  {:.3} s ({:.1}% above)\n",
         r.tasks,
@@ -497,7 +500,8 @@ pub fn text(cfg: &SimConfig, r: &SimReport) -> String {
         cfg.instance_agents,
         cfg.plan.plan.name(),
         cfg.latency_us,
-        cfg.leader_us_per_task,
+        cfg.leader.per_report_us,
+        cfg.leader.per_task_us,
         r.makespan_s,
         r.bound_s,
         r.above_bound() * 100.0,
@@ -534,7 +538,8 @@ pub fn json(cfg: &SimConfig, r: &SimReport) -> String {
         ("instance_agents", cfg.instance_agents.to_string()),
         ("partition", format!("\"{}\"", cfg.plan.plan.name())),
         ("latency_us", cfg.latency_us.to_string()),
-        ("leader_us_per_task", cfg.leader_us_per_task.to_string()),
+        ("leader_us_per_report", cfg.leader.per_report_us.to_string()),
+        ("leader_us_per_task", cfg.leader.per_task_us.to_string()),
         ("makespan_s", f(r.makespan_s)),
         ("bound_s", f(r.bound_s)),
         ("above_bound", f(r.above_bound())),

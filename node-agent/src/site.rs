@@ -19,6 +19,8 @@ pub struct Site {
     pub partition: Plan,
     /// An agent silent this long is lost (`liveness`).
     pub lost_after: std::time::Duration,
+    /// What the leader's CPU costs per report and per task (`htc simulate` charges it).
+    pub leader: LeaderCost,
     /// The file these came from, if any.
     pub source: Option<PathBuf>,
 }
@@ -31,8 +33,35 @@ impl Default for Site {
             params: Params { s: 0.002, d: 0.0005, t: 1.0 },
             partition: Plan::Hflow,
             lost_after: crate::liveness::DEFAULT_LOST_AFTER,
+            leader: LeaderCost::default(),
             source: None,
         }
+    }
+}
+
+/// The leader's CPU per report it handles (whatever the report carries: reading, decoding, the
+/// ledger transaction, the ack) and per task (its records, its dispatch), busy: what `htc
+/// calibrate` measures from two `--exec none` runs whose reports differ in size.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LeaderCost {
+    pub per_report_us: f64,
+    pub per_task_us: f64,
+}
+
+impl Default for LeaderCost {
+    /// `htc calibrate` on the 2-core VM of bench/RESULTS.md §14.
+    fn default() -> Self {
+        LeaderCost { per_report_us: DEFAULT_PER_REPORT_US, per_task_us: DEFAULT_PER_TASK_US }
+    }
+}
+
+const DEFAULT_PER_REPORT_US: f64 = 36.3;
+const DEFAULT_PER_TASK_US: f64 = 0.549;
+
+impl LeaderCost {
+    /// The leader's CPU for one input carrying `results` results, in microseconds.
+    pub fn of(&self, results: u64) -> f64 {
+        self.per_report_us + self.per_task_us * results as f64
     }
 }
 
@@ -102,13 +131,16 @@ impl Site {
                 "dispatch_s" => site.params.d = seconds()?,
                 "task_runtime_s" => site.params.t = seconds()?,
                 "partition" => site.partition = value.parse().map_err(bad)?,
+                "leader_per_report_s" => site.leader.per_report_us = seconds()? * 1e6,
+                "leader_per_task_s" => site.leader.per_task_us = seconds()? * 1e6,
                 "lost_after_s" => match seconds()? {
                     v if v >= 0.1 => site.lost_after = std::time::Duration::from_secs_f64(v),
                     _ => return Err(bad(format!("lost_after_s: at least 0.1 s, found {value:?}"))),
                 },
                 _ => {
                     return Err(bad(format!(
-                        "unknown key {key:?} (known: instance_start_s, dispatch_s, task_runtime_s, partition, lost_after_s)"
+                        "unknown key {key:?} (known: instance_start_s, dispatch_s, task_runtime_s, partition, \
+                         lost_after_s, leader_per_report_s, leader_per_task_s)"
                     )))
                 }
             }
@@ -126,6 +158,9 @@ impl Site {
         s.push_str(&format!("instance_start_s = {start:.6}\ndispatch_s = {d:.9}\ntask_runtime_s = {t}\n"));
         s.push_str(&format!("partition = {}\n", self.partition.name()));
         s.push_str(&format!("lost_after_s = {}\n", self.lost_after.as_secs_f64()));
+        let LeaderCost { per_report_us, per_task_us } = self.leader;
+        s.push_str(&format!("leader_per_report_s = {:.9}\n", per_report_us / 1e6));
+        s.push_str(&format!("leader_per_task_s = {:.9}\n", per_task_us / 1e6));
         s
     }
 }
@@ -140,11 +175,16 @@ mod tests {
             params: Params { s: 0.5, d: 0.000125, t: 3.0 },
             partition: Plan::Even,
             lost_after: std::time::Duration::from_millis(2500),
+            leader: LeaderCost { per_report_us: 21.5, per_task_us: 0.75 },
             source: None,
         };
         let text = site.render("htc calibrate\non host x");
         assert!(text.starts_with("# htc calibrate\n# on host x\n"));
-        assert_eq!(Site::parse(&text, "f").unwrap(), site);
+        let back = Site::parse(&text, "f").unwrap();
+        // Kept in seconds: microseconds come back to within rounding.
+        let l = back.leader;
+        assert!((l.per_report_us - 21.5).abs() < 1e-6 && (l.per_task_us - 0.75).abs() < 1e-6, "{l:?}");
+        assert_eq!(Site { leader: site.leader, ..back }, site);
     }
 
     #[test]

@@ -92,6 +92,7 @@ fn real_main() -> anyhow::Result<i32> {
             instance_agents,
             partition,
             latency_us,
+            leader_us_per_report,
             leader_us_per_task,
             join_spread_ms,
             hide_hints,
@@ -111,7 +112,10 @@ fn real_main() -> anyhow::Result<i32> {
                 instance_agents,
                 plan,
                 latency_us,
-                leader_us_per_task: leader_us_per_task.max(0.0),
+                leader: htc::site::LeaderCost {
+                    per_report_us: leader_us_per_report.unwrap_or(site.leader.per_report_us).max(0.0),
+                    per_task_us: leader_us_per_task.unwrap_or(site.leader.per_task_us).max(0.0),
+                },
                 join_spread_us: join_spread_ms * 1000,
                 flush_every_us: htc::agent::FLUSH_EVERY.as_micros() as u64,
                 hide_hints,
@@ -476,18 +480,21 @@ fn calibrate(output: Option<PathBuf>, tasks: u64, dry_run: bool) -> anyhow::Resu
     let htc = std::env::current_exe().context("locating the htc binary")?;
     let cpus = executor::allowed_cpus().len().max(1);
     eprintln!(
-        "htc: calibrating: {tasks} `true` tasks on one agent of {cpus} cores, then agent start-up (3 rounds each)"
+        "htc: calibrating: {tasks} `true` tasks on one agent of {cpus} cores, agent start-up, then the \
+         leader's cost with --exec none (3 rounds each)"
     );
     let m = calibrate::measure(&htc, &std::env::temp_dir(), tasks, cpus)?;
     let site = calibrate::site(&base, &m);
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
     let header = format!(
         "slurm-htc site calibration: htc calibrate, {} on {} ({cpus} CPUs)\n\
-         instance_start_s rounds: {}\ndispatch_s rounds: {}",
+         instance_start_s rounds: {}\ndispatch_s rounds: {}\n\
+         leader (us per task, results per report; medians): {}",
         calibrate::utc_now(),
         host.trim(),
         rounds(&m.s_rounds),
-        rounds(&m.d_rounds)
+        rounds(&m.d_rounds),
+        m.leader_runs.iter().map(|(c, n)| format!("{c:.3} at {n:.1}")).collect::<Vec<_>>().join(", ")
     );
     let text = site.render(&header);
     if dry_run {
@@ -505,9 +512,12 @@ fn calibrate(output: Option<PathBuf>, tasks: u64, dry_run: bool) -> anyhow::Resu
     std::fs::write(&tmp, &text).with_context(|| format!("writing {}", tmp.display()))?;
     std::fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()))?;
     eprintln!(
-        "htc: s = {:.4} s per agent start, d = {:.1} us per dispatch; written to {}",
+        "htc: s = {:.4} s per agent start, d = {:.1} us per dispatch, leader {:.2} us per report + {:.3} us \
+         per task; written to {}",
         m.s,
         m.d * 1e6,
+        m.leader.per_report_us,
+        m.leader.per_task_us,
         path.display()
     );
     Ok(0)
