@@ -8,7 +8,12 @@
 #
 # 1. Zero-length tasks (--exec none): TASKS tasks through each layout of LAYOUTS (AGENTSxCORES);
 #    tasks/s (wall, leader and agents sharing this machine) and the leader's CPU per task
-#    (`htc status --json`: leader_cpu_us_per_task), whose inverse is the leader's ceiling.
+#    (`htc status --json`: leader_cpu_us_per_task), whose inverse is the leader's ceiling, beside
+#    the results per report seen (mean, p99): what that cost depends on.
+# 1s. Tasks of SLEEP_MS (--exec sleep, each lasting its runtime hint) on SLEEP_LAYOUTS: agents
+#    report as real ones do, so reports carry what ends within a report gap. Asked rate (cores /
+#    runtime), achieved rate, leader us/task, results per report; then `htc simulate` of the same
+#    file with the leader cost `htc calibrate` measures (the site's, or the built-in one).
 # 2. A mixed workload like HFlow's Fig. 4(b) (--exec sleep): equal numbers of tasks of 0.01,
 #    0.02, 0.04, 0.08, 0.16, 0.32 s, shuffled, on each of MIX_LAYOUTS, as many as make the lower
 #    bound max(sum t / C, max t) MIX_SECONDS; makespan of --partition even and hflow side by side.
@@ -24,7 +29,8 @@
 #    by `htc simulate` on 1000 x 24, then the plan simulated.
 #
 # Env: TASKS (2000000), LAYOUTS ("1000x24 100x24 10x24"; AxC/M: M agents per instance), ROUNDS (3),
-#      SECTIONS ("1 1b 2 2b 3 4": which of the above to run), PLAN_SIZES (section 4's task counts,
+#      SECTIONS ("1 1b 1s 2 2b 3 4": which of the above to run), SLEEP_MS (24), SLEEP_TASKS
+#      (1000000), SLEEP_LAYOUTS ("1000x24"), PLAN_SIZES (section 4's task counts,
 #      "1000 100000 1000000 10000000"),
 #      MIX_LAYOUTS ("100x24 1000x24"), MIX_SECONDS (5.25), MIX_STRETCH (1), SIM_LATENCY_US (100), REAL_LAYOUT (2x8), REAL_PER_CLASS (100),
 #      HTC (target/release/htc), WORK (scratch dir, deleted unless KEEP=1), OUT (report;
@@ -42,7 +48,10 @@ MIX_LAYOUTS=${MIX_LAYOUTS:-"100x24 1000x24"}
 MIX_SECONDS=${MIX_SECONDS:-5.25}
 MIX_STRETCH=${MIX_STRETCH:-1}
 SIM_LATENCY_US=${SIM_LATENCY_US:-100}
-SECTIONS=${SECTIONS:-"1 1b 2 2b 3 4"}
+SECTIONS=${SECTIONS:-"1 1b 1s 2 2b 3 4"}
+SLEEP_MS=${SLEEP_MS:-24}
+SLEEP_TASKS=${SLEEP_TASKS:-1000000}
+SLEEP_LAYOUTS=${SLEEP_LAYOUTS:-"1000x24"}
 PLAN_SIZES=${PLAN_SIZES:-"1000 100000 1000000 10000000"}
 REAL_LAYOUT=${REAL_LAYOUT:-2x8}
 REAL_PER_CLASS=${REAL_PER_CLASS:-100}
@@ -85,13 +94,14 @@ seq 1 "$TASKS" | sed 's/^/true /' >zero.txt
 
 if want 1; then
 echo "== 1. zero-length tasks: $TASKS per run, --exec none, median of $ROUNDS =="
-printf '%-10s %8s %14s %16s %18s %14s\n' layout cores 'tasks/s' 'leader CPU s' 'leader us/task' 'ceiling/s'
+printf '%-10s %8s %14s %16s %18s %14s %16s\n' layout cores 'tasks/s' 'leader CPU s' 'leader us/task' 'ceiling/s' \
+    'results/report'
 for layout in $LAYOUTS; do
     # AxC, or AxC/M: M agents per 2nd-level instance (only the heads talk to the leader).
     inst=1
     [[ $layout == */* ]] && inst=${layout#*/}
     agents=${layout%%x*} cores=${layout#*x} cores=${cores%/*} key=${layout//\//-}
-    : >"rate.$key" >"cpu.$key" >"per.$key"
+    : >"rate.$key" >"cpu.$key" >"per.$key" >"size.$key" >"p99.$key"
     for _ in $(seq "$ROUNDS"); do
         rm -rf .htc
         # Loading is measured by bench/ledger.sh; here only the leading.
@@ -101,10 +111,12 @@ for layout in $LAYOUTS; do
         field "['rate']" >>"rate.$key"
         field "['leader_cpu_s']" >>"cpu.$key"
         field "['leader_cpu_us_per_task']" >>"per.$key"
+        field "['results_per_report']" >>"size.$key"
+        field "['results_per_report_p99']" >>"p99.$key"
     done
     rate=$(median <"rate.$key") cpu=$(median <"cpu.$key") per=$(median <"per.$key")
-    printf '%-10s %8d %14.0f %16.3f %18.3f %14.0f\n' "$layout" $((agents * cores)) "$rate" "$cpu" "$per" \
-        "$(awk -v p="$per" 'BEGIN { print 1e6 / p }')"
+    printf '%-10s %8d %14.0f %16.3f %18.3f %14.0f %8.0f p99 %s\n' "$layout" $((agents * cores)) "$rate" "$cpu" "$per" \
+        "$(awk -v p="$per" 'BEGIN { print 1e6 / p }')" "$(median <"size.$key")" "$(median <"p99.$key")"
     echo "   rounds: tasks/s $(paste -sd' ' "rate.$key"); us/task $(paste -sd' ' "per.$key")"
 done
 echo
@@ -147,6 +159,33 @@ if [[ -n $HQ_ZERO ]] && want 1b; then
     echo "   rounds: tasks/s $(paste -sd' ' hq.rate); server us/task $(paste -sd' ' hq.per)"
     echo "   (server CPU: utime + stime of the hq server process; the wall rate includes submit)"
     echo
+fi
+
+if want 1s; then
+echo "== 1s. tasks of $SLEEP_MS ms: $SLEEP_TASKS per run, --exec sleep (reports as real agents make them), median of $ROUNDS =="
+printf '%-10s %10s %10s %12s %16s %18s\n' layout 'asked/s' 'tasks/s' 'leader us/task' 'results/report' 'simulate tasks/s'
+awk -v n="$SLEEP_TASKS" -v ms="$SLEEP_MS" 'BEGIN { for (i = 0; i < n; i++) printf "[runtime=%dms] t%d\n", ms, i }' >sleep.txt
+for layout in $SLEEP_LAYOUTS; do
+    agents=${layout%x*} cores=${layout#*x}
+    : >s.rate >s.per >s.size >s.p99
+    for _ in $(seq "$ROUNDS"); do
+        rm -rf .htc
+        "$HTC" prepare sleep.txt >/dev/null
+        "$HTC" run --resume --exec sleep --agents "$agents" --cores-per-agent "$cores" -q
+        [[ $(field "['counts']['done']") == "$SLEEP_TASKS" ]] || { echo "not every task done" >&2; exit 1; }
+        field "['rate']" >>s.rate
+        field "['leader_cpu_us_per_task']" >>s.per
+        field "['results_per_report']" >>s.size
+        field "['results_per_report_p99']" >>s.p99
+    done
+    asked=$(awk -v c=$((agents * cores)) -v ms="$SLEEP_MS" 'BEGIN { print c * 1000 / ms }')
+    sim=$("$HTC" simulate sleep.txt --agents "$agents" --cores-per-agent "$cores" --json |
+        python3 -c "import json,sys; j=json.load(sys.stdin); print(j['tasks'] / j['makespan_s'])")
+    printf '%-10s %10.0f %10.0f %12.3f %9.0f p99 %-4s %12.0f (%.1f%% of asked)\n' "$layout" "$asked" "$(median <s.rate)" \
+        "$(median <s.per)" "$(median <s.size)" "$(median <s.p99)" "$sim" "$(awk -v s="$sim" -v a="$asked" 'BEGIN { print 100 * s / a }')"
+    echo "   rounds: tasks/s $(paste -sd' ' s.rate); us/task $(paste -sd' ' s.per)"
+done
+echo
 fi
 
 # Tasks of 0.01 .. 0.32 s, equal numbers of each, shuffled; $2 = command template.

@@ -7,8 +7,8 @@
 #   HTC_BASE=/path/to/old/htc bench/throughput.sh   # also an older build, side by side
 #
 # Env: TASKS (100000), ROUNDS (5), PAR (2: concurrency for every contender),
-#      CONTENDERS (default: all; space-separated subset of the names below, raw-spawn is
-#      always added as the baseline), PAR_TASKS (10000: GNU parallel runs only this many; its tasks/s is per task so it
+#      CONTENDERS (default: all; space-separated subset of the names below; raw-multi, the
+#      limit, and raw-spawn, the single spawn loop, are always added), PAR_TASKS (10000: GNU parallel runs only this many; its tasks/s is per task so it
 #      compares directly), HTC / HTC_AGENT (default target/release/{htc,htc-agent}),
 #      HQ (path to an `hq` binary; skipped if unset), WORK (scratch dir, default mktemp
 #      under /tmp, deleted at the end unless KEEP=1), OUT (report file; default
@@ -17,7 +17,10 @@
 #      for the whole benchmark to reproduce a shared machine under control).
 #
 # Contenders run side by side: in every round each runs once, in an order rotated by one
-# each round, so background noise hits all of them alike. Reported: medians over rounds.
+# each round, so background noise hits all of them alike. Reported: medians over rounds, as a
+# share of the limit: PAR independent spawn loops (`rawloop -P 1`), each on 1/PAR of the file,
+# all at once (one spawner per CPU, as a node's agents could be), and of the single spawn loop
+# (`rawloop -P PAR`) beside it.
 set -euo pipefail
 
 BENCH=$(cd "$(dirname "$0")" && pwd)
@@ -64,6 +67,8 @@ TIME=/usr/bin/time
 # ---- inputs ----
 awk -v n="$TASKS" 'BEGIN { for (i = 0; i < n; i++) print "true" }' > "$WORK/tasks.txt"
 head -n "$PAR_TASKS" "$WORK/tasks.txt" > "$WORK/tasks-parallel.txt"
+# raw-multi's shares: line i goes to share i mod PAR.
+awk -v p="$PAR" -v w="$WORK" '{ print > (w "/share." (NR % p)) }' "$WORK/tasks.txt"
 seq "$TASKS" > "$WORK/xargs-input.txt"
 
 # ---- machine facts ----
@@ -93,6 +98,11 @@ export HTC_SITE_CONFIG=/dev/null
 # ---- contenders ----
 # Each prints nothing on stdout; the runner measures it. Output of the tasks goes to files.
 c_raw_spawn() { "$WORK/rawloop" -P "$PAR" -o "$WORK/o-raw" "$WORK/tasks.txt"; }
+c_raw_multi() {
+    local i
+    for ((i = 0; i < PAR; i++)); do "$WORK/rawloop" -P 1 -o "$WORK/o-multi.$i" "$WORK/share.$i" & done
+    wait
+}
 c_raw_pin()   { "$WORK/rawloop" -a -P "$PAR" -o "$WORK/o-pin" "$WORK/tasks.txt"; }
 c_raw_fork()  { "$WORK/rawloop" -f -P "$PAR" -o "$WORK/o-fork" "$WORK/tasks.txt"; }
 c_htc_def()   { cd "$WORK/htc" && "$HTC" run "$WORK/tasks.txt"; }
@@ -107,14 +117,15 @@ c_htc_16x()   { cd "$WORK/htc" && "$HTC" run --agents 16 --cores-per-agent 1 "$W
 c_xargs()     { xargs -P "$PAR" -L 1 true < "$WORK/xargs-input.txt" > "$WORK/xargs.out" 2>&1; }
 c_parallel()  { parallel --will-cite -j "$PAR" < "$WORK/tasks-parallel.txt" > "$WORK/parallel.out" 2>&1; }
 
-names=(raw-spawn raw-pinned raw-fork htc htc-1agent htc-1loop htc-2agents htc-4agents htc-16agents xargs parallel)
-declare -A fn=( [raw-spawn]=c_raw_spawn [raw-pinned]=c_raw_pin [raw-fork]=c_raw_fork [htc]=c_htc_def
+names=(raw-multi raw-spawn raw-pinned raw-fork htc htc-1agent htc-1loop htc-2agents htc-4agents htc-16agents xargs parallel)
+declare -A fn=( [raw-multi]=c_raw_multi [raw-spawn]=c_raw_spawn [raw-pinned]=c_raw_pin [raw-fork]=c_raw_fork [htc]=c_htc_def
                 [htc-1agent]=c_htc_1x [htc-1loop]=c_htc_1l [htc-2agents]=c_htc_2x [htc-4agents]=c_htc_4x [htc-16agents]=c_htc_16x
                 [xargs]=c_xargs [parallel]=c_parallel )
-declare -A ntask=( [raw-spawn]=$TASKS [raw-pinned]=$TASKS [raw-fork]=$TASKS [htc]=$TASKS [htc-1agent]=$TASKS [htc-1loop]=$TASKS
+declare -A ntask=( [raw-multi]=$TASKS [raw-spawn]=$TASKS [raw-pinned]=$TASKS [raw-fork]=$TASKS [htc]=$TASKS [htc-1agent]=$TASKS [htc-1loop]=$TASKS
                    [htc-2agents]=$TASKS [htc-4agents]=$TASKS [htc-16agents]=$TASKS [xargs]=$TASKS
                    [parallel]=$PAR_TASKS )
 declare -A desc=(
+    [raw-multi]="$PAR x rawloop -P 1, 1/$PAR of the file each"
     [raw-spawn]="rawloop -P $PAR (posix_spawn)"
     [raw-pinned]="rawloop -a -P $PAR (posix_spawn, slot i on CPU i)"
     [raw-fork]="rawloop -f -P $PAR (fork+exec)"
@@ -136,11 +147,11 @@ if [[ -n $HTC_BASE ]]; then
 fi
 
 if [[ -n ${CONTENDERS:-} ]]; then
-    sel=(raw-spawn)
+    sel=(raw-multi raw-spawn)
     for n in $CONTENDERS; do
         [[ $n == hq ]] && continue   # hq is added below when HQ is set
         [[ -n ${fn[$n]:-} ]] || { echo "unknown contender: $n (known: ${names[*]})" >&2; exit 2; }
-        [[ $n == raw-spawn ]] || sel+=("$n")
+        [[ $n == raw-spawn || $n == raw-multi ]] || sel+=("$n")
     done
     names=("${sel[@]}")
 fi
@@ -191,7 +202,7 @@ if ((BG_LOAD > 0)); then
 fi
 trap 'stop_bg; stop_hq; cleanup' EXIT
 
-reset_outputs() { rm -rf "$WORK/htc" "$WORK/o-raw" "$WORK/o-pin" "$WORK/o-fork" "$WORK"/*.out; mkdir -p "$WORK/htc"; }
+reset_outputs() { rm -rf "$WORK/htc" "$WORK/o-raw" "$WORK"/o-multi.* "$WORK/o-pin" "$WORK/o-fork" "$WORK"/*.out; mkdir -p "$WORK/htc"; }
 
 RAW=$WORK/raw.tsv
 printf 'round\tcontender\ttasks\twall_s\tuser_s\tsys_s\trc\n' > "$RAW"
@@ -243,15 +254,16 @@ for n in "${names[@]}"; do
     med_wall[$n]=$(awk -F'\t' -v n="$n" '$2 == n { print $4 }' "$RAW" | median)
     nfail[$n]=$(awk -F'\t' -v n="$n" '$2 == n && $7 != 0' "$RAW" | wc -l)
 done
-base=${med_rate[raw-spawn]}
+base=${med_rate[raw-multi]}
+one=${med_rate[raw-spawn]}
 echo "== medians over $ROUNDS rounds ($TASKS true tasks; concurrency $PAR) =="
-printf '| %-12s | %-46s | %10s | %10s | %12s | %14s | %6s |\n' contender command "wall s" "tasks/s" "CPU ms/task" "vs raw-spawn" "failed"
-printf '|%s|%s|%s|%s|%s|%s|%s|\n' "$(printf -- '-%.0s' {1..14})" "$(printf -- '-%.0s' {1..48})" "$(printf -- '-%.0s' {1..12})" \
-    "$(printf -- '-%.0s' {1..12})" "$(printf -- '-%.0s' {1..14})" "$(printf -- '-%.0s' {1..16})" "$(printf -- '-%.0s' {1..8})"
+printf '| %-12s | %-46s | %10s | %10s | %12s | %13s | %13s | %6s |\n' contender command "wall s" "tasks/s" "CPU ms/task" "vs raw-multi" "vs raw-spawn" "failed"
+printf '|%s|%s|%s|%s|%s|%s|%s|%s|\n' "$(printf -- '-%.0s' {1..14})" "$(printf -- '-%.0s' {1..48})" "$(printf -- '-%.0s' {1..12})" \
+    "$(printf -- '-%.0s' {1..12})" "$(printf -- '-%.0s' {1..14})" "$(printf -- '-%.0s' {1..15})" "$(printf -- '-%.0s' {1..15})" "$(printf -- '-%.0s' {1..8})"
 for n in "${names[@]}"; do
     awk -v n="$n" -v d="${desc[$n]}" -v w="${med_wall[$n]}" -v t="${med_rate[$n]}" -v c="${med_cpu[$n]}" \
-        -v b="$base" -v f="${nfail[$n]}" 'BEGIN {
-        printf "| %-12s | %-46s | %10.2f | %10.0f | %12.3f | %13.1f%% | %6d |\n", n, d, w, t, c, 100 * t / b, f }'
+        -v b="$base" -v o="$one" -v f="${nfail[$n]}" 'BEGIN {
+        printf "| %-12s | %-46s | %10.2f | %10.0f | %12.3f | %12.1f%% | %12.1f%% | %6d |\n", n, d, w, t, c, 100 * t / b, 100 * t / o, f }'
 done
 echo
 if [[ " ${names[*]} " == *" parallel "* ]]; then
