@@ -115,15 +115,16 @@ link_down() {
     finished_well "link down" "$w" "$j" "$state"
     check "link down: n4's agent stopped itself or was given up" \
         grep -Eq 'silent for|lease expired' "$w/slurm-$j.out"
-    rerun_at_most "link down" "$w" 4
+    rerun_at_most "link down" "$w" 6
 }
 
 # Issue 24, findings 4 and 9: n4's link is cut for 12 s (past the 10 s loss bound) in the middle
 # of the run and comes back. n4's agent starts nothing more once a report of its has gone a
 # heartbeat (250 ms) without an ack, so what runs again is what n4 was running at the cut and, at
 # most, the task each slot started when that one ended before the missing ack was noticed: twice
-# its 2 slots (8 before, when only a second of silence held it). Once the link is back, the agent
-# the leader gave up joins again as a fresh member and gets work.
+# its 2 slots (8 before, when only a second of silence held it); and a result each slot had not
+# reported yet (under load reports go once per 100 ms gap, issue 25; tasks here take 0.3 s): 6.
+# Once the link is back, the agent the leader gave up joins again as a fresh member and gets work.
 link_cut_and_back() {
     local w j state ns=$HTC_CLUSTER_NETNS-n4
     read -r w j < <(start_job linkback --export=ALL,HTC_LOG=info) || { bad "link back: submit"; return; }
@@ -135,7 +136,7 @@ link_cut_and_back() {
     ip -n "$ns" link set eth0 up
     state=$(wait_job "$j" 300)
     finished_well "link back" "$w" "$j" "$state"
-    rerun_at_most "link back" "$w" 4
+    rerun_at_most "link back" "$w" 6
     check "link back: n4's agent came back as a fresh member" grep -q 'back as a fresh member' "$w/slurm-$j.out"
     check "link back: it ran tasks after it came back" \
         test "$(awk '$2 == "n4"' "$w/ids.txt" | wc -l)" -gt "$(cat "$w/n4-before" 2>/dev/null || echo 0)"
@@ -145,7 +146,7 @@ rerun_at_most() { # LABEL WORKDIR N
     local lines unique
     lines=$(wc -l <"$2/ids.txt")
     unique=$(cut -d' ' -f1 "$2/ids.txt" | sort -u | wc -l)
-    check "$1: $((lines - unique)) re-run(s), at most $3 (twice n4's slots)" test $((lines - unique)) -le "$3"
+    check "$1: $((lines - unique)) re-run(s), at most $3 (three times n4's slots)" test $((lines - unique)) -le "$3"
 }
 
 all_done() { # WORKDIR JOB

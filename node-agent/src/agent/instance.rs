@@ -895,6 +895,46 @@ mod tests {
         );
     }
 
+    /// Issue 25: what the members report within a gap goes up in one report of the head's, so
+    /// the leader hears from an instance once per gap however many members it has.
+    #[test]
+    fn a_head_folds_its_members_reports_into_one_per_gap() {
+        let mut h = Instance::new(0, 2, Arc::new(Tree::instances(3, 3, 2)), "job");
+        step(&mut h, 0, Input::Tick);
+        for m in [1, 2] {
+            step(&mut h, 1, Input::ChildOpened(m));
+            step(
+                &mut h,
+                1,
+                Input::ChildFrame(Body::Hello(proto::Hello { agent_id: m, cores: 2, ..Default::default() })),
+            );
+        }
+        let d = proto::Dispatch { tasks: (1..=12).map(spec).collect(), agent: 0 };
+        step(&mut h, 2, Input::Parent(Body::Dispatch(d)));
+        let mut got = Vec::new();
+        for m in [1, 2] {
+            got.push(sent_to(&step(&mut h, 3, member_report(m, 0, 16, 2, &[], &[])), m));
+        }
+        // A gap later the first result goes at once (the leading edge); the next three, from
+        // both members and the head's own slots, wait and go up together a gap after it.
+        let t = 3 + GAP;
+        let (a, b) = (got[0].clone(), got[1].clone());
+        let inputs = vec![
+            member_report(1, 1, 0, 0, &[], &a[..1]),
+            member_report(2, 1, 0, 0, &[], &b[..1]),
+            Input::Exec(vec![finished(1)]),
+            member_report(1, 2, 0, 0, &[], &a[1..2]),
+        ];
+        let mut sizes = Vec::new();
+        for (k, input) in inputs.into_iter().enumerate() {
+            sizes.extend(ups(&step(&mut h, t + k as u64, input)).iter().map(|r| r.results.len()));
+        }
+        assert_eq!(sizes, [1], "the first at once, the rest wait");
+        assert!(ups(&step(&mut h, t + GAP - 1, Input::Tick)).is_empty());
+        let r = ups(&step(&mut h, t + GAP, Input::Tick)).into_iter().cloned().collect::<Vec<_>>();
+        assert_eq!((r.len(), r[0].results.len()), (1, 3), "three results of three agents in one report");
+    }
+
     #[test]
     fn tasks_with_memory_go_to_members_they_fit_and_the_leader_hears_the_instance_s_sums() {
         let mut h = head().with_resources(1000, 0);
