@@ -29,8 +29,9 @@ pub const REPORT_BATCH: usize = 512;
 const ROUND_TRIP_US: u64 = 20_000;
 const RATE_WINDOW_US: u64 = 200_000;
 const RATE_RISE_US: u64 = 10_000;
-/// A queue longer than this gains nothing and holds back work the tail could use elsewhere.
-const MAX_TARGET: u64 = 8 * REPORT_BATCH as u64;
+/// A queue longer than this gains nothing (a full batch goes at once anyway) and holds back
+/// work that idle slots elsewhere could use.
+const MAX_TARGET: u64 = 2 * REPORT_BATCH as u64;
 
 #[derive(Debug, Clone)]
 pub struct Pace {

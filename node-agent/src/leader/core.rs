@@ -101,6 +101,9 @@ pub const BLACK_HOLE_STREAK: usize = 8;
 /// its end (what waits may need another agent than the one it is on).
 pub const MAX_PREEMPTIONS: u8 = 3;
 
+/// How often at most the leader looks for queued work to ask back for idle slots (`ask_back`).
+const ASK_EVERY_US: u64 = 10_000;
+
 /// Hinted work per core an agent may hold before it gets only what it can start (`with_horizon`).
 pub const HORIZON_MS: u64 = 1_000;
 
@@ -181,6 +184,8 @@ pub struct Core<'a> {
     fresh_retries: bool,
     /// Offers of work to every agent with credit (`dispatch_all`), for tests.
     scans: u64,
+    /// When queued work was last asked back for idle slots (`ask_back`).
+    last_ask_us: Option<u64>,
     /// Results per report, for `htc status` (what the leader's cost per task depends on).
     report_sizes: Hist,
     /// How long after its end each result reached the leader, in microseconds.
@@ -276,7 +281,9 @@ struct Flight {
 /// side in memory. (A hash map here cost a cache miss per result: most of the leader's time.)
 struct Flights {
     by_id: Vec<Flight>,
-    per_agent: HashMap<u32, u64>,
+    /// Per agent: tasks held, and the highest id handed to it since it last held none (where a
+    /// scan for its queued tasks starts: `unstarted_of`).
+    per_agent: HashMap<u32, (u64, u64)>,
 }
 
 impl Flights {
@@ -308,7 +315,9 @@ impl Flights {
         if old.agent != u32::MAX {
             self.leave(old.agent);
         }
-        *self.per_agent.entry(f.agent).or_default() += 1;
+        let (n, top) = self.per_agent.entry(f.agent).or_default();
+        *n += 1;
+        *top = (*top).max(id);
     }
 
     fn remove(&mut self, id: u64) -> Option<Flight> {
@@ -319,7 +328,7 @@ impl Flights {
     }
 
     fn leave(&mut self, agent: u32) {
-        if let Some(n) = self.per_agent.get_mut(&agent) {
+        if let Some((n, _)) = self.per_agent.get_mut(&agent) {
             *n -= 1;
             if *n == 0 {
                 self.per_agent.remove(&agent);
@@ -329,16 +338,16 @@ impl Flights {
 
     /// How many tasks an agent holds (sent to it and not finished, in transit included).
     fn held(&self, agent: u32) -> u64 {
-        self.per_agent.get(&agent).copied().unwrap_or(0)
+        self.per_agent.get(&agent).map_or(0, |&(n, _)| n)
     }
 
     /// Up to `n` tasks `agent` holds and has not said it started, highest ids first (the last
     /// handed out within a share), leaving out those `skip` names. A scan from the top, only at
     /// the tail of a run (`ask_back`).
     fn unstarted_of(&self, agent: u32, n: u64, skip: impl Fn(u64) -> bool) -> Vec<u64> {
-        let mut left = self.held(agent);
+        let Some(&(mut left, top)) = self.per_agent.get(&agent) else { return Vec::new() };
         let mut ids = Vec::new();
-        for id in (0..self.by_id.len() as u64).rev() {
+        for id in (0..=top.min(self.by_id.len() as u64 - 1)).rev() {
             if ids.len() as u64 == n || left == 0 {
                 break;
             }
@@ -375,6 +384,7 @@ impl<'a> Core<'a> {
         Core {
             report_sizes: Hist::default(),
             result_delays: Hist::default(),
+            last_ask_us: None,
             partition,
             expected_agents,
             job_id,
@@ -563,6 +573,12 @@ impl<'a> Core<'a> {
     /// their slots for some back (`recall`), as many as the idle slots can start and are not
     /// already on their way.
     fn ask_back(&mut self, out: &mut Outbox) {
+        // It looks at every agent: once per ASK_EVERY at most, not for each idle report (with a
+        // thousand agents idle at the tail, that was seconds per turn).
+        if self.last_ask_us.is_some_and(|t| self.now_us.saturating_sub(t) < ASK_EVERY_US) {
+            return;
+        }
+        self.last_ask_us = Some(self.now_us);
         let flights = &self.in_flight;
         self.recalls
             .prune(|id, agent| flights.get(id).is_some_and(|f| f.agent == agent && f.life.state() != State::Running));
@@ -1796,9 +1812,14 @@ mod tests {
 
     /// Feeds events in order; returns the frames sent and the ending, if any.
     fn feed(c: &mut Core<'_>, m: &mut Mem, events: Vec<Input>) -> (Outbox, Option<Ending>) {
+        feed_at(c, m, 1_000, events)
+    }
+
+    /// As `feed`, the first event at `t0` µs.
+    fn feed_at(c: &mut Core<'_>, m: &mut Mem, t0: u64, events: Vec<Input>) -> (Outbox, Option<Ending>) {
         let mut out = Vec::new();
         for (i, ev) in events.into_iter().enumerate() {
-            if let Some(e) = c.handle(1_000 + i as u64, m, ev, &mut out).unwrap() {
+            if let Some(e) = c.handle(t0 + i as u64, m, ev, &mut out).unwrap() {
                 return (out, Some(e));
             }
         }
@@ -2086,8 +2107,9 @@ mod tests {
                 ..Default::default()
             },
         };
-        // Its other slot is still idle: one more is asked for, skipping what agent 0 runs.
-        let (out, _) = feed(&mut c, &mut m, vec![back]);
+        // Its other slot is still idle: one more is asked for (the leader looks at most every
+        // 10 ms), skipping what agent 0 runs.
+        let (out, _) = feed_at(&mut c, &mut m, 2_000 + ASK_EVERY_US, vec![back]);
         assert_eq!(dispatched(&out), vec![(1, vec![(20, 1)])]);
         assert_eq!(recalls(&out), vec![(0, vec![18])]);
         assert_eq!(c.moved_back(), 1);
