@@ -25,12 +25,9 @@ HTC=${HTC:-$ROOT/target/release/htc}
 HTC_BASE=${HTC_BASE:-}
 EXEC_NONE=${EXEC_NONE:-0}
 LOW_TASKS=${LOW_TASKS:-30}
-mkdir -p "$BENCH/results"
-OUT=${OUT:-$BENCH/results/leader-cost-$(date +%Y%m%d-%H%M%S).txt}
-WORK=$(mktemp -d /tmp/htc-leader-cost.XXXXXX)
-trap 'rm -rf "$WORK"' EXIT
-exec > >(tee "$OUT") 2>&1
-[[ -x $HTC ]] || (cd "$ROOT" && cargo build --release -p node-agent)
+# shellcheck source=bench/lib.sh
+. "$BENCH/lib.sh"
+bench_setup leader-cost
 
 echo "date: $(date -u +%FT%TZ)  host: $(hostname)  nproc: $(nproc)  commit: $(git -C "$ROOT" rev-parse --short HEAD)"
 echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"

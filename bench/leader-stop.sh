@@ -16,12 +16,9 @@ ROOT=$(cd "$BENCH/.." && pwd)
 STOP=${STOP:-30}
 TASKS=${TASKS:-2400}
 HTC=${HTC:-$ROOT/target/release/htc}
-mkdir -p "$BENCH/results"
-OUT=${OUT:-$BENCH/results/leader-stop-$(date +%Y%m%d-%H%M%S).txt}
-WORK=$(mktemp -d /tmp/htc-leader-stop.XXXXXX)
-trap 'rm -rf "$WORK"' EXIT
-exec > >(tee "$OUT") 2>&1
-[[ -x $HTC ]] || (cd "$ROOT" && cargo build --release -p node-agent)
+# shellcheck source=bench/lib.sh
+. "$BENCH/lib.sh"
+bench_setup leader-stop
 
 cd "$WORK"
 echo "date: $(date -u +%FT%TZ)  host: $(hostname)  nproc: $(nproc)  commit: $(git -C "$ROOT" rev-parse --short HEAD)"

@@ -925,7 +925,7 @@ impl ReadTxn<'_> {
     }
 
     /// The LMDB transaction id of the commit this transaction reads.
-    fn txn_id(&self) -> u64 {
+    pub fn txn_id(&self) -> u64 {
         use lmdb::Transaction;
         // SAFETY: the id of this live transaction.
         unsafe { mdb_txn_id(self.txn.txn().cast()) as u64 }

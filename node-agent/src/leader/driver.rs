@@ -338,3 +338,114 @@ pub fn reset_interrupted(run: &crate::rundir::RunDir) -> Result<u64> {
     t.commit()?;
     Ok(counts.unfinished())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::leader::{new_core, Planned};
+    use crate::proto::{self, frame::Body};
+
+    /// Frames sent so far on an agent's link.
+    fn frames(rx: &mut tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>) -> Vec<Body> {
+        let mut out = Vec::new();
+        while let Ok(bytes) = rx.try_recv() {
+            let mut b = &bytes[..];
+            while b.len() >= 4 {
+                let len = u32::from_be_bytes(b[..4].try_into().unwrap()) as usize;
+                out.push(frame::decode(&b[4..4 + len]).unwrap());
+                b = &b[4 + len..];
+            }
+        }
+        out
+    }
+
+    /// Group commit (issue 25): the results of several agents' reports go into one write
+    /// transaction, and each agent's ack leaves only after it is committed.
+    #[test]
+    fn reports_of_several_agents_are_committed_together_and_acked_after() {
+        let dir = std::env::temp_dir().join(format!("htc-driver-test.{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("t.txt");
+        std::fs::write(&file, "true\n".repeat(4)).unwrap();
+        let defaults = htc_core::taskfile::TaskOptions::default();
+        let (rd, _) =
+            crate::load::create_run(&dir, "job", &file, crate::output::OutputMode::None, defaults, None).unwrap();
+        let ledger = Ledger::open(&rd.ledger(), false).unwrap();
+        let text = TaskText::open(&rd.tasks()).unwrap();
+        let site = crate::site::Site::default();
+        let planned = Planned { plan: site.partition, instances: 2, cores: 4, params: site.params };
+        let core = new_core(&ledger, &planned, "job", now_us()).unwrap();
+        let (tx, rx) = mpsc::channel();
+        // A commit interval no turn reaches: only the end of the run commits what came.
+        let cfg = DriverConfig {
+            commit_interval: Duration::from_secs(600),
+            progress: None,
+            progress_every: Duration::from_secs(3600),
+            live_dir: None,
+            given_up: None,
+        };
+        let mut links = Vec::new();
+        let before = ledger.read().unwrap().txn_id();
+        std::thread::scope(|s| {
+            let driver = s.spawn(|| run(core, &ledger, &text, "job", rx, cfg));
+            for agent in 0..2u32 {
+                let (link, link_rx) = tokio::sync::mpsc::unbounded_channel();
+                links.push(link_rx);
+                let hello = Input::Joined { agent, cores: 2, mem_mb: 0, gpus: 0, hostname: "h".into() };
+                tx.send(Event::Joined(hello, link)).unwrap();
+                let want = proto::Report { want: 2, idle: 2, agent, ..Default::default() };
+                tx.send(Event::Core(Input::Report { agent, report: want })).unwrap();
+            }
+            // Each agent gets its two tasks, and nothing is acked yet.
+            let mut sent = Vec::new();
+            for link in links.iter_mut() {
+                let deadline = Instant::now() + Duration::from_secs(10);
+                let ids = loop {
+                    let ids: Vec<u64> = frames(link)
+                        .into_iter()
+                        .flat_map(|b| match b {
+                            Body::Dispatch(d) => d.tasks.into_iter().map(|t| t.id).collect(),
+                            Body::Ack(a) => panic!("an ack before any result: {a:?}"),
+                            _ => Vec::new(),
+                        })
+                        .collect();
+                    if !ids.is_empty() || Instant::now() > deadline {
+                        break ids;
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                };
+                assert_eq!(ids.len(), 2);
+                sent.push(ids);
+            }
+            for (agent, ids) in sent.iter().enumerate() {
+                let results = ids
+                    .iter()
+                    .map(|&id| proto::TaskResult {
+                        id,
+                        attempt: 1,
+                        outcome: proto::Outcome::Exited as i32,
+                        end_us: now_us(),
+                        ..Default::default()
+                    })
+                    .collect();
+                let report = proto::Report { seq: 1, results, agent: agent as u32, ..Default::default() };
+                tx.send(Event::Core(Input::Report { agent: agent as u32, report })).unwrap();
+            }
+            let (ending, _) = driver.join().unwrap().unwrap();
+            assert_eq!(ending, Ending::Complete);
+        });
+        // The session's start, one transaction for the joins, the dispatches and both reports,
+        // the session's end.
+        let t = ledger.read().unwrap();
+        assert_eq!(t.txn_id() - before, 3, "one commit for both reports");
+        assert_eq!(t.counts().unwrap().get(crate::ledger::State::Done), 4);
+        for link in links.iter_mut() {
+            let acks: Vec<u64> = frames(link)
+                .into_iter()
+                .filter_map(|b| if let Body::Ack(a) = b { Some(a.seq) } else { None })
+                .collect();
+            assert_eq!(acks, [1], "one ack, after the commit");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
