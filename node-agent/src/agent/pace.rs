@@ -41,7 +41,8 @@ pub struct Pace {
     last_up_us: Option<u64>,
     window_start_us: u64,
     window_done: u64,
-    /// Tasks finished per second here, over the last full window.
+    /// Tasks finished per second here: the last full window's, or more as soon as the current
+    /// one shows more.
     rate: f64,
     /// Queues this pace's target fills: 2 for an instance head, whose queue feeds its members'
     /// own (each paced as well).

@@ -101,8 +101,10 @@ pub const BLACK_HOLE_STREAK: usize = 8;
 /// its end (what waits may need another agent than the one it is on).
 pub const MAX_PREEMPTIONS: u8 = 3;
 
-/// How often at most the leader looks for queued work to ask back for idle slots (`ask_back`).
-const ASK_EVERY_US: u64 = 10_000;
+/// How often at most the leader looks for queued work to ask back for idle slots (`ask_back`),
+/// per agent it looks at: so that doing so costs a bounded share of its time however many
+/// there are (10 ms with a thousand), and a few agents are asked at once.
+const ASK_EVERY_US_PER_AGENT: u64 = 10;
 
 /// Hinted work per core an agent may hold before it gets only what it can start (`with_horizon`).
 pub const HORIZON_MS: u64 = 1_000;
@@ -184,8 +186,10 @@ pub struct Core<'a> {
     fresh_retries: bool,
     /// Offers of work to every agent with credit (`dispatch_all`), for tests.
     scans: u64,
-    /// When queued work was last asked back for idle slots (`ask_back`).
+    /// When queued work was last asked back for idle slots (`ask_back`), and whether an ask
+    /// was put off since.
     last_ask_us: Option<u64>,
+    ask_pending: bool,
     /// Results per report, for `htc status` (what the leader's cost per task depends on).
     report_sizes: Hist,
     /// How long after its end each result reached the leader, in microseconds.
@@ -385,6 +389,7 @@ impl<'a> Core<'a> {
             report_sizes: Hist::default(),
             result_delays: Hist::default(),
             last_ask_us: None,
+            ask_pending: false,
             partition,
             expected_agents,
             job_id,
@@ -565,6 +570,13 @@ impl<'a> Core<'a> {
         self.in_flight.held(agent).saturating_sub(running as u64)
     }
 
+    /// Only when nothing else waits anywhere: a task that came back and fits no idle slot (too
+    /// wide, no memory there) goes to the retries, and asking for more would only churn the
+    /// busy agent's queue.
+    fn may_ask_back(&self) -> bool {
+        !self.no_steal && self.partition.remaining() == 0 && self.retry.is_empty() && self.mem.waiting() == 0
+    }
+
     fn heads_members(&self, agent: u32) -> bool {
         self.layout.as_ref().is_some_and(|t| t.instance_len(agent) > 1)
     }
@@ -574,11 +586,15 @@ impl<'a> Core<'a> {
     /// already on their way.
     fn ask_back(&mut self, out: &mut Outbox) {
         // It looks at every agent: once per ASK_EVERY at most, not for each idle report (with a
-        // thousand agents idle at the tail, that was seconds per turn).
-        if self.last_ask_us.is_some_and(|t| self.now_us.saturating_sub(t) < ASK_EVERY_US) {
+        // thousand agents idle at the tail, that was seconds per turn); what was put off is
+        // done with the first input after (`handle`).
+        let every = self.agents.len() as u64 * ASK_EVERY_US_PER_AGENT;
+        if self.last_ask_us.is_some_and(|t| self.now_us.saturating_sub(t) < every) {
+            self.ask_pending = true;
             return;
         }
         self.last_ask_us = Some(self.now_us);
+        self.ask_pending = false;
         let flights = &self.in_flight;
         self.recalls
             .prune(|id, agent| flights.get(id).is_some_and(|f| f.agent == agent && f.life.state() != State::Running));
@@ -844,6 +860,9 @@ impl<'a> Core<'a> {
                 }
             }
             Input::Interrupt { signal } => return Ok(Some(Ending::Interrupted(signal))),
+        }
+        if self.ask_pending && self.may_ask_back() {
+            self.ask_back(out);
         }
         Ok(None)
     }
@@ -1526,15 +1545,7 @@ impl<'a> Core<'a> {
                     can_start -= 1;
                 }
             }
-            // Only when nothing else waits anywhere: a task that came back and fits no idle slot
-            // (too wide, no memory there) goes to the retries, and asking for more would only
-            // churn the busy agent's queue.
-            ask = drained
-                && can_start > 0
-                && !self.no_steal
-                && self.partition.remaining() == 0
-                && self.retry.is_empty()
-                && self.mem.waiting() == 0;
+            ask = drained && can_start > 0 && self.may_ask_back();
         }
         let a = self.agents.get_mut(&agent).unwrap();
         a.credit = want;
@@ -2107,9 +2118,9 @@ mod tests {
                 ..Default::default()
             },
         };
-        // Its other slot is still idle: one more is asked for (the leader looks at most every
-        // 10 ms), skipping what agent 0 runs.
-        let (out, _) = feed_at(&mut c, &mut m, 2_000 + ASK_EVERY_US, vec![back]);
+        // Its other slot is still idle: one more is asked for, skipping what agent 0 runs (a
+        // moment later: the leader looks at most every 10 us per agent).
+        let (out, _) = feed_at(&mut c, &mut m, 2_000, vec![back]);
         assert_eq!(dispatched(&out), vec![(1, vec![(20, 1)])]);
         assert_eq!(recalls(&out), vec![(0, vec![18])]);
         assert_eq!(c.moved_back(), 1);
