@@ -102,6 +102,10 @@ pub struct Instance {
     kept: Option<(u64, u32)>,
     /// The instance's resources as last told to the leader.
     told: Option<proto::Capacity>,
+    /// Slots, and idle member slots, as the last report said (the leader remembers them:
+    /// `Machine`'s `told_idle`).
+    told_slots: u32,
+    told_idle: u64,
     held: HashMap<u64, Held>,
     /// Requested from the leader and not yet received.
     asked: u64,
@@ -153,6 +157,8 @@ impl Instance {
             sized: 0,
             kept: None,
             told: None,
+            told_slots: 0,
+            told_idle: 0,
             held: HashMap::new(),
             asked: 0,
             seq: 0,
@@ -188,6 +194,13 @@ impl Instance {
     pub fn with_resources(mut self, mem_mb: u64, gpus: u32) -> Self {
         let me = self.members.get_mut(&self.id).expect("the head is a member");
         (me.mem_mb, me.gpus) = (mem_mb, gpus);
+        self
+    }
+
+    /// See `Machine::with_clock`: the head's reports, or its own machine's when it heads no one.
+    pub fn with_clock(mut self, phase_us: u64) -> Self {
+        self.own = self.own.with_clock(phase_us);
+        self.pace.align(phase_us);
         self
     }
 
@@ -240,6 +253,7 @@ impl Instance {
             }
             Input::Rejoined => {
                 self.rejoined = true;
+                (self.told_slots, self.told_idle) = (0, 0);
                 self.own(now_us, Input::Rejoined, out);
             }
             Input::Tick => {
@@ -659,8 +673,10 @@ impl Instance {
         let idle = self.members.values().map(|m| m.idle).sum::<u64>().saturating_sub(self.queue.len() as u64);
         // Recalled tasks are wanted now by idle slots elsewhere; members about to run dry, or
         // with a slot the instance has nothing for, cannot wait for the gap.
+        let idle_news = idle > 0 && (idle > self.told_idle || !self.results.is_empty());
         let urgent = last
-            || idle > 0
+            || idle_news
+            || slots != self.told_slots
             || beat
             || self.resync
             || capacity.is_some()
@@ -673,6 +689,7 @@ impl Instance {
         if capacity.is_some() {
             self.told = capacity;
         }
+        (self.told_slots, self.told_idle) = (slots, idle);
         self.pace.sent(now_us);
         if !self.results.is_empty() {
             self.seq += 1;
@@ -1009,8 +1026,8 @@ mod tests {
 
         let closed = step(&mut h, 7, Input::ChildClosed { child: 1, agents: vec![1], why: "gone".into() });
         assert!(!closed.iter().any(|e| matches!(e, Effect::Up(Body::Lost(_)))), "the leader never knew agent 1");
-        let out = step(&mut h, 8 + GAP, Input::Tick);
-        let r = ups(&out);
+        // The instance shrank: said at once, with what the member held.
+        let r = ups(&closed);
         let lost: Vec<(u64, i32, Option<u32>)> = r[0].results.iter().map(|r| (r.id, r.outcome, r.ran_on)).collect();
         let l = proto::Outcome::Lost as i32;
         assert_eq!(lost, vec![(5, l, Some(1)), (6, l, Some(1))], "started there: lost, the leader retries them");
@@ -1062,8 +1079,7 @@ mod tests {
             out.iter().any(|e| matches!(e, Effect::Down { child: 1, body: Body::Shutdown(s) } if s.abort)),
             "{out:?}"
         );
-        // Its started task goes up as lost with the head's next report, a gap after the last.
-        let out = step(&mut h, 10_000_003 + GAP, Input::Tick);
+        // Its started task goes up as lost at once: the instance shrank.
         let lost: Vec<u64> = ups(&out)
             .iter()
             .flat_map(|r| r.results.iter().filter(|r| r.outcome == proto::Outcome::Lost as i32).map(|r| r.id))

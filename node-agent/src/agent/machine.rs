@@ -106,6 +106,9 @@ pub struct Machine {
     outstanding: u64,
     /// Requested and not yet received.
     asked: u64,
+    /// Idle slots as the last report said: the parent remembers them, so saying it again is
+    /// no news (an idle agent at the tail answered every ack with a report: a ping-pong).
+    told_idle: u32,
     seq: u64,
     /// Reports with results the parent has not acknowledged yet: (seq, results, when sent).
     unacked: VecDeque<(u64, usize, u64)>,
@@ -150,6 +153,7 @@ impl Machine {
             report_gap: None,
             outstanding: 0,
             asked: 0,
+            told_idle: 0,
             seq: 0,
             unacked: VecDeque::new(),
             started: Vec::new(),
@@ -188,6 +192,15 @@ impl Machine {
     pub fn with_liveness(mut self, live: Liveness) -> Self {
         self.live = live;
         self.pace.set_gap(self.gap());
+        self
+    }
+
+    /// The shared clock is `now_us + phase_us` (wall-clock µs): an agent that reports to the
+    /// leader keeps to its windows, as the other heads do (`Pace::align`).
+    pub fn with_clock(mut self, phase_us: u64) -> Self {
+        if self.tree.head(self.id) == self.id {
+            self.pace.align(phase_us);
+        }
         self
     }
 
@@ -270,6 +283,8 @@ impl Machine {
                     self.parent = Parent::Open;
                     self.last_heard_us = Some(now_us);
                     self.rejoined = true;
+                    // The leader may have reset what it knew of this agent's slots.
+                    self.told_idle = 0;
                     false
                 }
                 Parent::Reviving { reconnecting: true } => {
@@ -369,6 +384,7 @@ impl Machine {
     fn emptied(&mut self) {
         self.outstanding = 0;
         self.asked = 0;
+        self.told_idle = 0;
         self.unacked.clear();
         self.started.clear();
         self.results.clear();
@@ -534,14 +550,16 @@ impl Machine {
         let want = if self.shutting_down { 0 } else { target.saturating_sub(self.outstanding + self.asked) };
         // Small requests cost a frame each; wait until at least a quarter of the target is due.
         let want = if want >= target / 4 || self.outstanding + self.asked == 0 { want } else { 0 };
-        // Work about to run out, or a slot with nothing to start (the tail, the end), cannot
-        // wait for the gap: the parent must hear of the idle slot to fill it.
-        let dry = (want > 0 && self.outstanding < target / 4) || self.outstanding < self.slots as u64;
+        // Work about to run out, or a slot newly with nothing to start (the tail, the end),
+        // cannot wait for the gap: the parent must hear of the idle slot to fill it. A result
+        // is such news too: the parent counted that slot busy since it sent the task.
+        let idle = self.slots.saturating_sub(self.outstanding as usize) as u32;
+        let idle_news = idle > 0 && (idle > self.told_idle || !self.results.is_empty());
+        let dry = (want > 0 && self.outstanding < target / 4) || idle_news;
         let beat = !self.shutting_down && now_us.saturating_sub(self.pace.last_up_us()) >= self.live.heartbeat_us;
         let news = want > 0 || self.has_news();
         if (news || beat || self.resync) && self.pace.due(now_us, news, urgent || dry || beat || self.resync) {
             self.asked += want;
-            let idle = self.slots.saturating_sub(self.outstanding as usize) as u32;
             let drained = self.outstanding == 0 && self.asked == 0;
             self.report(now_us, want as u32, drained, idle, out);
         }
@@ -553,6 +571,7 @@ impl Machine {
 
     fn report(&mut self, now_us: u64, want: u32, drained: bool, idle: u32, out: &mut Vec<Effect>) {
         self.pace.sent(now_us);
+        self.told_idle = idle;
         if !self.results.is_empty() {
             self.seq += 1;
             self.unacked.push_back((self.seq, self.results.len(), now_us));
@@ -763,6 +782,26 @@ mod tests {
         let r = reports(&out);
         assert_eq!(r.len(), 1, "7 left of a target of 32: below a quarter");
         assert_eq!((r[0].want, r[0].results.len()), (25, 25));
+    }
+
+    /// An idle slot is news once: the parent remembers it. An idle agent at the tail answered
+    /// every ack with another report saying the same (a ping-pong at network speed).
+    #[test]
+    fn an_idle_slot_is_said_once_and_a_result_that_frees_one_at_once() {
+        let mut m = holding(2, 2);
+        step(&mut m, 2, Input::Exec((0..2).map(|id| ExecEvent::Started { id, attempt: 1, start_us: 2 }).collect()));
+        let out = step(&mut m, 3, Input::Exec(vec![done(0)]));
+        let r = reports(&out);
+        assert_eq!((r.len(), r[0].idle, r[0].results.len()), (1, 1, 1), "a slot freed: said at once");
+        // The leader has nothing for it: its ack, and ticks, bring no report until the gap.
+        for now in 4..20 {
+            let mut out = step(&mut m, now, Input::Parent(Body::Ack(proto::Ack { seq: 1, agent: 0, resync: false })));
+            out.extend(step(&mut m, now, Input::Tick));
+            assert!(reports(&out).is_empty(), "at {now}: {out:?}");
+        }
+        // The other slot frees: news again, at once.
+        let r = step(&mut m, 20, Input::Exec(vec![done(1)]));
+        assert_eq!(reports(&r)[0].idle, 2);
     }
 
     #[test]

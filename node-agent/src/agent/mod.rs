@@ -160,11 +160,14 @@ async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
     let (rejoin_tx, mut rejoin_rx) = unbounded_channel::<Result<TcpStream, String>>();
 
     let start = tokio::time::Instant::now();
+    let wall_us =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64);
     // A head below a relay can go around the relay's loss: the leader is still there.
     let can_rejoin = cfg.tree.parent(cfg.agent_id).is_some() && cfg.tree.head(cfg.agent_id) == cfg.agent_id;
     let mut m = Instance::new(cfg.agent_id, cfg.slots, cfg.tree.clone(), &job_id)
         .with_resources(cfg.mem_mb, cfg.gpus.len() as u32)
         .with_liveness(cfg.live)
+        .with_clock(wall_us)
         .with_rejoin(can_rejoin)
         .with_revive(true);
     if let Some(gap) = cfg.report_gap {
