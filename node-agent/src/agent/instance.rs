@@ -690,7 +690,7 @@ impl Instance {
             self.told = capacity;
         }
         (self.told_slots, self.told_idle) = (slots, idle);
-        self.pace.sent(now_us);
+        self.pace.sent(now_us, want == 0 && !news && !self.resync);
         if !self.results.is_empty() {
             self.seq += 1;
             let seq = self.seq;

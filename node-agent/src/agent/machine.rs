@@ -570,7 +570,7 @@ impl Machine {
     }
 
     fn report(&mut self, now_us: u64, want: u32, drained: bool, idle: u32, out: &mut Vec<Effect>) {
-        self.pace.sent(now_us);
+        self.pace.sent(now_us, want == 0 && !self.has_news() && !self.resync);
         self.told_idle = idle;
         if !self.results.is_empty() {
             self.seq += 1;

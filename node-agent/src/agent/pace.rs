@@ -45,6 +45,9 @@ pub struct Pace {
     /// The queue's least target, from the slots alone (`queue_target`).
     base: u64,
     last_up_us: Option<u64>,
+    /// When the last report that was more than a heartbeat went up: the gap is counted from
+    /// it, so a heartbeat in between does not hold back a lone result at a low rate.
+    last_news_us: Option<u64>,
     /// What turns the caller's clock into the shared one (wall-clock µs), when aligned.
     phase_us: Option<u64>,
     window_start_us: u64,
@@ -79,6 +82,7 @@ impl Pace {
             gap_us,
             base,
             last_up_us: None,
+            last_news_us: None,
             phase_us: None,
             window_start_us: 0,
             window_done: 0,
@@ -117,12 +121,15 @@ impl Pace {
             Some(p) if self.gap_us > 0 => (now_us + p) / self.gap_us > (t + p) / self.gap_us,
             _ => now_us.saturating_sub(t) >= self.gap_us,
         };
-        urgent || (news && self.last_up_us.is_none_or(waited))
+        urgent || (news && self.last_news_us.is_none_or(waited))
     }
 
-    /// A report went up.
-    pub fn sent(&mut self, now_us: u64) {
+    /// A report went up: news, or only a heartbeat.
+    pub fn sent(&mut self, now_us: u64, beat_only: bool) {
         self.last_up_us = Some(now_us);
+        if !beat_only {
+            self.last_news_us = Some(now_us);
+        }
     }
 
     /// When the last report went up (0: none yet).
@@ -164,13 +171,17 @@ mod tests {
     fn a_lone_result_goes_at_once_and_news_under_load_waits_for_the_gap() {
         let mut p = Pace::new(32, 20_000);
         assert!(p.due(1_000, true, false), "the first news goes at once");
-        p.sent(1_000);
+        p.sent(1_000, false);
         assert!(!p.due(5_000, true, false), "4 ms later: waits");
         assert!(p.due(5_000, true, true), "unless urgent");
         assert!(!p.due(21_000, false, false), "nothing to say: no report");
         assert!(p.due(21_000, true, false), "a gap later: goes");
-        p.sent(21_000);
+        p.sent(21_000, false);
         assert!(p.due(1_000_000, true, false), "after a quiet spell: at once again");
+        // A heartbeat in between does not hold the next result back.
+        p.sent(1_000_000, false);
+        p.sent(1_200_000, true);
+        assert!(p.due(1_210_000, true, false));
     }
 
     #[test]
@@ -179,14 +190,14 @@ mod tests {
         let (mut a, mut b) = (Pace::new(32, 100_000), Pace::new(32, 100_000));
         a.align(1_000_000);
         b.align(1_030_000);
-        a.sent(10_000); // shared 1,010,000
-        b.sent(5_000); // shared 1,035,000
+        a.sent(10_000, false); // shared 1,010,000
+        b.sent(5_000, false); // shared 1,035,000
         assert!(!a.due(99_000, true, false), "shared 1,099,000: the window has not turned");
         assert!(a.due(100_000, true, false), "shared 1,100,000: it has");
         assert!(!b.due(69_000, true, false));
         assert!(b.due(70_000, true, false), "the same moment on the shared clock");
         // An urgent report mid-window does not move the next one off the windows' start.
-        a.sent(130_000); // shared 1,130,000
+        a.sent(130_000, false); // shared 1,130,000
         assert!(!a.due(199_000, true, false), "a gap after it, but the window has not turned");
         assert!(a.due(200_000, true, false), "shared 1,200,000");
     }
