@@ -337,7 +337,8 @@ impl Fleet {
         let exec =
             || SimExec { free: c, slots: c, queue: VecDeque::new(), finishing: false, stopped: false, told: false };
         Fleet {
-            machines: (0..n).map(|a| Instance::new(a, c as usize, tree.clone(), job_id)).collect(),
+            // One clock for all, as the wall clock is for real agents: reports keep to its windows.
+            machines: (0..n).map(|a| Instance::new(a, c as usize, tree.clone(), job_id).with_clock(0)).collect(),
             tree,
             execs: (0..n).map(|_| exec()).collect(),
             effects: Vec::new(),
