@@ -101,6 +101,11 @@ pub const BLACK_HOLE_STREAK: usize = 8;
 /// its end (what waits may need another agent than the one it is on).
 pub const MAX_PREEMPTIONS: u8 = 3;
 
+/// Queued tasks an idle slot gets at most with the one it starts, when work is asked back: each
+/// moved task costs the leader a recall, a return and a dispatch, so the tail's queues are not
+/// moved wholesale; eight per slot cut the tail's reports eightfold.
+const RECALL_SHARE_MAX: u64 = 7;
+
 /// How often at most the leader looks for queued work to ask back for idle slots (`ask_back`),
 /// per agent it looks at: so that doing so costs a bounded share of its time however many
 /// there are (10 ms with a thousand), and a few agents are asked at once.
@@ -190,6 +195,11 @@ pub struct Core<'a> {
     /// was put off since.
     last_ask_us: Option<u64>,
     ask_pending: bool,
+    /// Queued tasks per slot, across the agents, when work was last asked back (at most
+    /// `RECALL_SHARE_MAX`): an idle slot gets one to start and this many more, so the queues
+    /// even out in a few rounds, not one task per round trip (16 one-slot agents at the tail of
+    /// tiny tasks reported about once per task).
+    recall_share: u64,
     /// Results per report, for `htc status` (what the leader's cost per task depends on).
     report_sizes: Hist,
     /// How long after its end each result reached the leader, in microseconds.
@@ -390,6 +400,7 @@ impl<'a> Core<'a> {
             result_delays: Hist::default(),
             last_ask_us: None,
             ask_pending: false,
+            recall_share: 0,
             partition,
             expected_agents,
             job_id,
@@ -582,8 +593,9 @@ impl<'a> Core<'a> {
     }
 
     /// Nothing is left to hand out and slots are idle: asks agents with tasks queued beyond
-    /// their slots for some back (`recall`), as many as the idle slots can start and are not
-    /// already on their way.
+    /// their slots for some back (`recall`), as many as the idle slots can start and queue at
+    /// the even share (`recall_share`), less what is already on its way: stealing half, as
+    /// work stealing does, so the tail takes a few rounds, not one per task.
     fn ask_back(&mut self, out: &mut Outbox) {
         // It looks at every agent: once per ASK_EVERY at most, not for each idle report (with a
         // thousand agents idle at the tail, that was seconds per turn); what was put off is
@@ -600,8 +612,8 @@ impl<'a> Core<'a> {
             .prune(|id, agent| flights.get(id).is_some_and(|f| f.agent == agent && f.life.state() != State::Running));
         let live = |a: &Agent| a.alive && !a.drained;
         let idle: u64 = self.agents.iter().filter(|(_, a)| live(a)).map(|(&id, _)| self.can_start(id, 0)).sum();
-        let demand = idle.saturating_sub(self.recalls.underway());
-        if demand == 0 {
+        // Enough on its way already, at the last share: no need to look at every agent's queue.
+        if idle * (1 + self.recall_share) <= self.recalls.underway() {
             return;
         }
         let asked = self.recalls.asked_of();
@@ -611,6 +623,13 @@ impl<'a> Core<'a> {
             .filter(|(_, a)| live(a))
             .map(|(&id, _)| (id, self.queued_at(id).saturating_sub(asked.get(&id).copied().unwrap_or(0))))
             .collect();
+        let slots: u64 = self.agents.values().filter(|a| live(a)).map(|a| a.cores as u64).sum();
+        let even = queued.iter().map(|(_, n)| n).sum::<u64>() / slots.max(1);
+        self.recall_share = even.min(RECALL_SHARE_MAX);
+        let demand = (idle * (1 + self.recall_share)).saturating_sub(self.recalls.underway());
+        if demand == 0 {
+            return;
+        }
         for (agent, n) in recall::plan(demand, &queued) {
             let ids = self.in_flight.unstarted_of(agent, n, |id| self.recalls.is_asked(id));
             if ids.is_empty() {
@@ -1536,15 +1555,18 @@ impl<'a> Core<'a> {
                     can_start -= 1;
                 }
             }
-            // Then what agents that are behind gave back; if slots are still idle, more of
-            // their queues is asked back.
-            while want > 0 && can_start > 0 {
+            // Then what agents that are behind gave back, with its share of queue; if slots
+            // are still idle, more of their queues is asked back.
+            let mut room = can_start.saturating_mul(1 + self.recall_share);
+            let before = specs.len();
+            while want > 0 && room > 0 {
                 let Some(id) = self.recalls.take() else { break };
                 if self.offer(t, agent, id, &mut specs)? {
                     want -= 1;
-                    can_start -= 1;
+                    room -= 1;
                 }
             }
+            can_start = can_start.saturating_sub((specs.len() - before) as u64);
             ask = drained && can_start > 0 && self.may_ask_back();
         }
         let a = self.agents.get_mut(&agent).unwrap();
@@ -2104,26 +2126,32 @@ mod tests {
         let done: Vec<(u64, u32)> = (21..=40).map(|id| (id, 1)).collect();
         let (out, _) = feed(&mut c, &mut m, vec![running, report(1, 20, 2, &done)]);
         assert!(dispatched(&out).is_empty());
-        assert_eq!(recalls(&out), vec![(0, vec![20, 19])], "as many as it can start, from the back of the queue");
+        // Agent 0 queues 18 beyond its 2 slots: 4.5 per slot of the 4. Agent 1's 2 idle slots
+        // are asked one task each to start and 4 each to queue, from the back of the queue:
+        // both agents then hold 10.
+        let ten: Vec<u64> = (11..=20).rev().collect();
+        assert_eq!(recalls(&out), vec![(0, ten)], "the even share, from the back of the queue");
         // Said idle again before the answer: what is on its way is not asked for twice.
         let (out, _) = feed(&mut c, &mut m, vec![report(1, 0, 2, &[])]);
         assert!(recalls(&out).is_empty());
-        // Agent 0 gives back 20; 19 had started. 20 goes to agent 1, as the same attempt.
+        // Agent 0 gives back all but 19, which had started; agent 1 gets the nine at once, as
+        // the same attempts, and has no slot left idle to ask more for.
+        let nine: Vec<u64> = (11..=20).rev().filter(|&id| id != 19).collect();
         let back = Input::Report {
             agent: 0,
             report: proto::Report {
                 started: vec![proto::TaskStarted { id: 19, attempt: 1, start_us: 6 }],
-                recalled: vec![20],
+                recalled: nine.clone(),
                 agent: 0,
                 ..Default::default()
             },
         };
-        // Its other slot is still idle: one more is asked for, skipping what agent 0 runs (a
-        // moment later: the leader looks at most every 10 us per agent).
         let (out, _) = feed_at(&mut c, &mut m, 2_000, vec![back]);
-        assert_eq!(dispatched(&out), vec![(1, vec![(20, 1)])]);
-        assert_eq!(recalls(&out), vec![(0, vec![18])]);
-        assert_eq!(c.moved_back(), 1);
+        let mut got = dispatched(&out);
+        got.iter_mut().for_each(|(_, t)| t.sort_unstable());
+        assert_eq!(got, vec![(1, nine.iter().rev().map(|&id| (id, 1)).collect())]);
+        assert!(recalls(&out).is_empty());
+        assert_eq!(c.moved_back(), 9);
         // Without stealing, nothing is asked back.
         let mut m = Mem::with(40, 0, 1);
         let mut c = core(&m, 2).without_stealing();
