@@ -7,7 +7,7 @@
 //! §14). So reports go out by count and age, with a leading edge: news goes up at once when the
 //! last report left at least `gap` ago (a lone result at a low rate reaches the leader without
 //! waiting), and otherwise waits until `gap` has passed since the last one, unless it is urgent
-//! (a full batch, a slot with nothing to start, work about to run out, a recall answered).
+//! (a full batch, a slot newly with nothing to start, work about to run out, a recall answered).
 //! Under load a report so carries `gap` worth of results, and the parent hears from each
 //! reporter at most once per `gap`.
 //!
@@ -16,7 +16,7 @@
 //! two heartbeats (a report is a heartbeat too: a reporter whose gap is longer than the
 //! heartbeat beats at its gap, still twenty times within the bound on silent agents).
 //!
-//! Reporters to the leader keep to windows of the shared clock (`aligned`): under load each
+//! Reporters to the leader keep to windows of the shared clock (`Pace::align`): under load each
 //! reports once per window, at its start, so the leader's reports come together and it pays
 //! its wakeups and its commit once for all of them, not once per reporter (16 one-slot agents
 //! reporting each at its own moment cost it 100-200 µs a report). A head's members are not
