@@ -251,11 +251,16 @@ async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
             out.clear();
             if written.is_err() {
                 m.handle(now, Input::ParentEnded("write failed".into()), &mut effects);
-                effects.drain(..).for_each(|e| {
-                    if let Effect::Exec(c) = e {
-                        execs.send(c)
+                // Nothing more goes up this connection, but an agent below a lost relay must
+                // still go around it: the machine hears of the end once, here, and ignores the
+                // reader's word of it after (a Rejoin dropped here was never asked again).
+                for e in effects.drain(..) {
+                    match e {
+                        Effect::Exec(c) => execs.send(c),
+                        Effect::Rejoin => rejoin(&cfg, &secret, cfg.live.lease_us, rejoin_tx.clone()),
+                        _ => {}
                     }
-                });
+                }
             }
         }
         if close || revive {
