@@ -447,8 +447,10 @@ fn kill_agent_mid_run(d: &Dir, n: usize, args: &[&str], agent: u32) -> std::path
 
 /// The tree heals: agent 0 relays for agents 2 and 3; when it is killed they reconnect to the
 /// leader within their lease, keeping their running tasks, and go on working. Only what was in
-/// flight runs again: the relay's running task (a lost attempt in the ledger) and what had ended
-/// there but was not reported yet (at most a report gap's worth).
+/// flight runs again: the relay's running task (a lost attempt in the ledger), what had ended
+/// there but was not reported yet (at most a report gap's worth), and the reports of its
+/// children that it had not passed on (a gap's worth each: a relay starved of CPU reads them
+/// late, and their starts travel with their results, so the leader never saw those run).
 #[test]
 fn losing_a_relay_its_children_rejoin_the_leader_and_keep_working() {
     let d = Dir::new("relayloss");
@@ -474,8 +476,9 @@ fn losing_a_relay_its_children_rejoin_the_leader_and_keep_working() {
     }
     let runs = id_counts(&d.path("ids.txt"));
     let again: usize = runs.values().map(|&c| c - 1).sum();
-    // Five instances: a report gap of 125 ms, of 10 ms tasks on agent 0's one slot.
-    if again > lost + 125 / 10 + 1 {
+    // Five instances: a report gap of 125 ms, of 10 ms tasks on each one-slot agent: the
+    // relay's own and one report of each of its two children.
+    if again > lost + 3 * (125 / 10 + 1) {
         // Where the re-runs came from: which agents ran them last, and what the relay's
         // children said of their way around it.
         let mut by: std::collections::BTreeMap<u32, usize> = Default::default();
