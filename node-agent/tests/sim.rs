@@ -97,28 +97,30 @@ fn hflow_runs_the_long_class_first_and_even_runs_the_file_in_order() {
     assert_eq!(run("even"), (1..=12).collect::<Vec<_>>());
 }
 
-/// Real processes, classes without runtime hints: 120 short tasks, then 3 long ones. `hflow`
+/// Real processes, classes without runtime hints: 300 short tasks, then 3 long ones. `hflow`
 /// runs the short class first (both unknown: class order), learns from its first 8 runs that it
-/// is short, and from then on gives the unknown long class its place first; `even` keeps the
-/// file's order.
+/// is short, and from then on gives the unknown long class its place first, after what the
+/// agent had queued by then (its queue follows its rate: the long class started 32nd here
+/// alone, 80th with 120 short tasks in a loaded CI run, which failed a bound of 80 of 123);
+/// `even` keeps the file's order.
 #[test]
 fn hflow_learns_which_class_is_short_and_runs_the_other_first() {
-    let mut tasks: String = (1..=120).map(|_| "[class=a] sleep 0.005\n").collect();
+    let mut tasks: String = (1..=300).map(|_| "[class=a] sleep 0.005\n").collect();
     tasks += &"[class=b] sleep 0.1\n".repeat(3);
     let run = |plan: &str| {
         let d = Dir::new(&format!("learn-{plan}"));
         d.write("t.txt", &tasks);
         let o = d.htc(&["run", "t.txt", "--agents", "1", "--cores-per-agent", "1", "-q", "--partition", plan]);
         assert!(o.status.success(), "{}", text(&o));
-        // Where the long class's tasks (121-123) started among all 123.
+        // Where the long class's tasks (301-303) started among all 303.
         let order = start_order(&d);
-        let mut at: Vec<usize> = (121..=123).map(|id| order.iter().position(|&x| x == id).unwrap()).collect();
+        let mut at: Vec<usize> = (301..=303).map(|id| order.iter().position(|&x| x == id).unwrap()).collect();
         at.sort();
         at
     };
     let learned = run("hflow");
-    assert!(learned[2] < 80, "the long class started at {learned:?} of 123: before most short tasks");
-    assert_eq!(run("even"), vec![120, 121, 122], "the file's order");
+    assert!(learned[2] < 150, "the long class started at {learned:?} of 303: before most short tasks");
+    assert_eq!(run("even"), vec![300, 301, 302], "the file's order");
 }
 
 #[test]
