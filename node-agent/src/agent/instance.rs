@@ -668,8 +668,7 @@ impl Instance {
             || !self.started.is_empty()
             || !self.returned.is_empty()
             || !self.recalled.is_empty();
-        let beat = !self.shutting_down
-            && now_us.saturating_sub(self.pace.last_up_us()) >= self.live.heartbeat_us.max(self.pace.gap());
+        let beat = !self.shutting_down && self.pace.beat_due(now_us, self.live.heartbeat_us);
         let capacity = Some(self.capacity()).filter(|c| self.resync || self.told.as_ref() != Some(c));
         let idle = self.members.values().map(|m| m.idle).sum::<u64>().saturating_sub(self.queue.len() as u64);
         // Recalled tasks are wanted now by idle slots elsewhere; members about to run dry, or

@@ -556,8 +556,7 @@ impl Machine {
         let idle = self.slots.saturating_sub(self.outstanding as usize) as u32;
         let idle_news = idle > 0 && (idle > self.told_idle || !self.results.is_empty());
         let dry = (want > 0 && self.outstanding < target / 4) || idle_news;
-        let beat = !self.shutting_down
-            && now_us.saturating_sub(self.pace.last_up_us()) >= self.live.heartbeat_us.max(self.pace.gap());
+        let beat = !self.shutting_down && self.pace.beat_due(now_us, self.live.heartbeat_us);
         let news = want > 0 || self.has_news();
         if (news || beat || self.resync) && self.pace.due(now_us, news, urgent || dry || beat || self.resync) {
             self.asked += want;

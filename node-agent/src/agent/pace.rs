@@ -107,11 +107,6 @@ impl Pace {
     }
 
     /// The least time between reports under load.
-    pub fn gap(&self) -> u64 {
-        self.gap_us
-    }
-
-    /// Sets the least time between reports under load.
     pub fn set_gap(&mut self, gap_us: u64) {
         self.gap_us = gap_us;
     }
@@ -130,6 +125,12 @@ impl Pace {
             _ => now_us.saturating_sub(t) >= self.gap_us,
         };
         urgent || (news && self.last_news_us.is_none_or(waited))
+    }
+
+    /// Whether a heartbeat is due: nothing went up for a heartbeat, or for the gap when that is
+    /// longer (a report is a heartbeat too).
+    pub fn beat_due(&self, now_us: u64, heartbeat_us: u64) -> bool {
+        now_us.saturating_sub(self.last_up_us()) >= heartbeat_us.max(self.gap_us)
     }
 
     /// A report went up: news, or only a heartbeat.
