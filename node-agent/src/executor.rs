@@ -1,14 +1,15 @@
 //! Runs tasks as processes on this node: one OS thread that spawns, reaps and times out.
 //!
-//! Spawning uses `posix_spawn` (glibc's is a vfork-style clone: no page-table copy, which is most
-//! of the cost of a fork+exec loop). Each task gets its own process group, stdin from /dev/null,
+//! Spawning is a vfork-style clone (`spawn`: no page-table copy, which is most of the cost of a
+//! fork+exec loop, and no stack mapped per child as glibc's `posix_spawn` does). Each task gets its own process group, stdin from /dev/null,
 //! and stdout/stderr in capture files of its own (`capture`), appended to its slot's stream files
 //! when it ends, so no task can touch another's bytes. CPU binding is
 //! inherited: the thread pins itself to the task's cores right before spawning. Nothing else is:
 //! a task starts with descriptors 0, 1 and 2 only, every signal at its default disposition and
 //! an empty signal mask, as it would from a shell on a terminal, whatever the agent inherited.
 //!
-//! Each child is watched through its own pidfd (Linux >= 5.4: `pidfd_open` and `waitid(P_PIDFD)`)
+//! Each child is watched through its own pidfd (Linux >= 5.4: from its clone, else `pidfd_open`;
+//! `waitid(P_PIDFD)`)
 //! in the thread's epoll set, and only the executor's own children are ever waited for. So several
 //! executors can live in one process, next to anything else that starts and waits for processes,
 //! and nothing depends on the process-wide SIGCHLD (it may be blocked or not, handled or not;
@@ -34,6 +35,7 @@ use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use crate::handoff::{Handoff, When};
 use crate::ledger::Outcome;
 use crate::output::{IndexEntry, OutputMode};
 use crate::rundir::now_us;
@@ -361,6 +363,8 @@ struct Executor {
     fault: Option<io::Error>,
     /// When free space was last looked at, and whether it was low then.
     space_checked: Option<Instant>,
+    /// When what happened goes to the agent's main thread.
+    handoff: Handoff,
     space_low: bool,
     /// When running tasks' memory was last looked at.
     mem_checked: Option<Instant>,
@@ -378,7 +382,7 @@ struct Executor {
     binding: bool,
     /// The CPUs the thread may use when it binds nothing.
     unbound: Vec<usize>,
-    attr: SpawnAttr,
+    spawner: crate::spawn::Spawner,
     /// Where tasks' capture files are made.
     scratch: crate::capture::Scratch,
     copy_buf: Vec<u8>,
@@ -478,6 +482,7 @@ impl Executor {
             index,
             fault: None,
             space_checked: None,
+            handoff: Handoff::default(),
             space_low: false,
             mem_checked: None,
             cgroups: Vec::new(),
@@ -488,7 +493,7 @@ impl Executor {
             path_dirs,
             resolved: HashMap::new(),
             bound_mask: None,
-            attr: SpawnAttr::new()?,
+            spawner: crate::spawn::Spawner::new(reaping == Reaping::Pidfd)?,
             scratch,
             copy_buf: Vec::new(),
             capture_log: crate::throttle::Throttle::new(Duration::from_secs(60)),
@@ -574,14 +579,24 @@ impl Executor {
                 // hold a copy of the descriptor until its exec, which would keep it registered.
                 epoll_del(&self.epoll, fd.as_raw_fd());
             }
+            let mut hand_off_at = None;
             if !self.events.is_empty() {
-                if let Some(e) = self.space_fault() {
-                    return Err(self.stop_on_fault(e));
+                let urgent =
+                    finishing || resetting || held || self.queue.is_empty() || self.events.iter().any(needs_answer);
+                let now = Instant::now();
+                match self.handoff.when(now, urgent) {
+                    When::Now => {
+                        if let Some(e) = self.space_fault() {
+                            return Err(self.stop_on_fault(e));
+                        }
+                        if let Err(e) = self.flush_index() {
+                            return Err(self.stop_on_fault(e));
+                        }
+                        sink(std::mem::take(&mut self.events));
+                        self.handoff.handed(now);
+                    }
+                    When::At(t) => hand_off_at = Some(t),
                 }
-                if let Err(e) = self.flush_index() {
-                    return Err(self.stop_on_fault(e));
-                }
-                sink(std::mem::take(&mut self.events));
             }
             // Held, the queue never starts: finishing ends with what runs.
             if finishing && (self.queue.is_empty() || held) && self.running.is_empty() {
@@ -595,6 +610,9 @@ impl Executor {
                 .min(Duration::from_millis(100));
             if self.unwatched > 0 {
                 timeout = timeout.min(self.scan_wait);
+            }
+            if let Some(t) = hand_off_at {
+                timeout = timeout.min(t.saturating_duration_since(Instant::now()));
             }
             // SAFETY: events is a valid array of its length; the reads drain nonblocking fds we own.
             let n = unsafe {
@@ -871,12 +889,12 @@ impl Executor {
         let inside = v1 && oom_kills_before.is_some() && self.enter_cgroup(slot);
         // Not born in its cgroup (v1): the watch enforces its mem= instead.
         let oom_kills_before = oom_kills_before.filter(|_| inside || !v1);
-        let spawned = self.attr.spawn(&prog, &argv, &envp, out_fd, err_fd);
+        let spawned = self.spawner.spawn(&prog, &argv, &envp, out_fd, err_fd);
         if inside {
             self.leave_cgroup(slot);
         }
         match spawned {
-            Ok(pid) => {
+            Ok(crate::spawn::Child { pid, pidfd }) => {
                 drop(per_task);
                 self.events.push(ExecEvent::Started { id: t.id, attempt: t.attempt, start_us });
                 self.serial += 1;
@@ -889,7 +907,7 @@ impl Executor {
                     )));
                 }
                 self.preemptible_running += t.preemptible as usize;
-                let pidfd = self.watch(pid);
+                let pidfd = self.watch(pid, pidfd);
                 if pidfd.is_none() {
                     self.unwatched += 1;
                     self.scan_wait = SCAN_FIRST;
@@ -918,12 +936,17 @@ impl Executor {
         }
     }
 
-    /// A pidfd for `pid` in the epoll set, or None if the fallback's scan must find it.
-    fn watch(&mut self, pid: libc::pid_t) -> Option<OwnedFd> {
+    /// The pidfd of `pid` (the one its clone gave, else a new one) in the epoll set, or None if
+    /// the fallback's scan must find it.
+    fn watch(&mut self, pid: libc::pid_t, pidfd: Option<OwnedFd>) -> Option<OwnedFd> {
         if self.reaping != Reaping::Pidfd {
             return None;
         }
-        let r = pidfd_open(pid).and_then(|fd| epoll_add(&self.epoll, fd.as_raw_fd(), pid as u64).map(|()| fd));
+        let fd = match pidfd {
+            Some(fd) => Ok(fd),
+            None => pidfd_open(pid),
+        };
+        let r = fd.and_then(|fd| epoll_add(&self.epoll, fd.as_raw_fd(), pid as u64).map(|()| fd));
         match r {
             Ok(fd) => Some(fd),
             Err(e) => {
@@ -1405,6 +1428,12 @@ impl Executor {
     }
 }
 
+/// Events the agent waits on, so they are handed off at once: recalls answer the leader,
+/// a reset ends a rejoin.
+fn needs_answer(e: &ExecEvent) -> bool {
+    matches!(e, ExecEvent::Recalled { .. } | ExecEvent::Reset)
+}
+
 fn epoll_add(epoll: &OwnedFd, fd: RawFd, token: u64) -> io::Result<()> {
     let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: token };
     // SAFETY: both descriptors are open; ev is a valid event.
@@ -1433,109 +1462,6 @@ fn end_of(fd: RawFd) -> u64 {
     off.max(0) as u64
 }
 
-/// `posix_spawn_file_actions_addclosefrom_np`, glibc >= 2.34.
-type AddCloseFrom = unsafe extern "C" fn(*mut libc::posix_spawn_file_actions_t, libc::c_int) -> libc::c_int;
-
-/// posix_spawn attributes shared by every spawn: new process group, clean signal state.
-struct SpawnAttr {
-    attr: Box<libc::posix_spawnattr_t>,
-    /// File actions by (stdout fd, stderr fd). They name fd numbers, not files, so one set serves
-    /// every task of a slot; building them per spawn cost glibc five fd checks (prlimit) each.
-    actions: HashMap<(RawFd, RawFd), Box<libc::posix_spawn_file_actions_t>>,
-    close_from: Option<AddCloseFrom>,
-}
-
-impl Drop for SpawnAttr {
-    fn drop(&mut self) {
-        // SAFETY: attr was initialised in new(); each file action set in actions().
-        unsafe {
-            libc::posix_spawnattr_destroy(&mut *self.attr);
-            for fa in self.actions.values_mut() {
-                libc::posix_spawn_file_actions_destroy(&mut **fa);
-            }
-        }
-    }
-}
-
-// SAFETY: only used from the executor thread that owns it.
-unsafe impl Send for SpawnAttr {}
-
-impl SpawnAttr {
-    fn new() -> io::Result<SpawnAttr> {
-        // SAFETY: initialising a boxed attr; sigsets are plain data.
-        unsafe {
-            let mut attr: Box<libc::posix_spawnattr_t> = Box::new(std::mem::zeroed());
-            if libc::posix_spawnattr_init(&mut *attr) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            let mut none: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut none);
-            libc::posix_spawnattr_setsigmask(&mut *attr, &none);
-            libc::posix_spawnattr_setsigdefault(&mut *attr, &every_signal());
-            libc::posix_spawnattr_setpgroup(&mut *attr, 0);
-            let flags = libc::POSIX_SPAWN_SETPGROUP | libc::POSIX_SPAWN_SETSIGMASK | libc::POSIX_SPAWN_SETSIGDEF;
-            libc::posix_spawnattr_setflags(&mut *attr, flags as libc::c_short);
-            // Looked up at run time, not linked: the binary must still build and start on older
-            // glibc (RHEL 8 has 2.28), where inherited descriptors are marked instead.
-            let sym = libc::dlsym(libc::RTLD_DEFAULT, c"posix_spawn_file_actions_addclosefrom_np".as_ptr());
-            let close_from = (!sym.is_null()).then(|| std::mem::transmute::<*mut libc::c_void, AddCloseFrom>(sym));
-            if close_from.is_none() {
-                mark_inherited_cloexec();
-            }
-            Ok(SpawnAttr { attr, actions: HashMap::new(), close_from })
-        }
-    }
-
-    /// Spawns `prog` with stdin from /dev/null and the given stdout/stderr. Errors are errnos,
-    /// including exec failures, which glibc reports from the child before returning.
-    fn spawn(
-        &mut self,
-        prog: &CString,
-        argv: &[*const libc::c_char],
-        envp: &[*const libc::c_char],
-        out_fd: RawFd,
-        err_fd: RawFd,
-    ) -> Result<libc::pid_t, i32> {
-        let close_from = self.close_from;
-        let fa: *const libc::posix_spawn_file_actions_t =
-            &**self.actions.entry((out_fd, err_fd)).or_insert_with(|| {
-                // SAFETY: initialising a boxed file action set; destroyed in Drop.
-                unsafe {
-                    let mut fa: Box<libc::posix_spawn_file_actions_t> = Box::new(std::mem::zeroed());
-                    libc::posix_spawn_file_actions_init(&mut *fa);
-                    libc::posix_spawn_file_actions_addopen(&mut *fa, 0, c"/dev/null".as_ptr(), libc::O_RDONLY, 0);
-                    libc::posix_spawn_file_actions_adddup2(&mut *fa, out_fd, 1);
-                    libc::posix_spawn_file_actions_adddup2(&mut *fa, err_fd, 2);
-                    // Whatever this process holds without close-on-exec — a descriptor its own
-                    // parent leaked to it (slurmstepd, a shell, a test harness), or one a library
-                    // opened — stops here: a task starts with exactly 0, 1 and 2.
-                    if let Some(close_from) = close_from {
-                        close_from(&mut *fa, 3);
-                    }
-                    fa
-                }
-            });
-        // SAFETY: argv/envp are NULL-terminated arrays of pointers into CStrings that outlive the
-        // call; fa points into a Box owned by self.actions, untouched during the call.
-        unsafe {
-            let mut pid: libc::pid_t = 0;
-            let rc = libc::posix_spawn(
-                &mut pid,
-                prog.as_ptr(),
-                fa,
-                &*self.attr,
-                argv.as_ptr() as *const *mut libc::c_char,
-                envp.as_ptr() as *const *mut libc::c_char,
-            );
-            if rc == 0 {
-                Ok(pid)
-            } else {
-                Err(rc)
-            }
-        }
-    }
-}
-
 /// When to act on a running task (its timeout, or SIGKILL after SIGTERM): (when, pid, serial).
 type Deadlines = BinaryHeap<std::cmp::Reverse<(Instant, libc::pid_t, u64)>>;
 
@@ -1545,38 +1471,6 @@ fn terminate(pid: libc::pid_t, r: &mut Running, kill_at: Instant, deadlines: &mu
     // SAFETY: signalling the task's own process group.
     unsafe { libc::kill(-pid, libc::SIGTERM) };
     deadlines.push(std::cmp::Reverse((kill_at, pid, r.serial)));
-}
-
-/// Every signal for POSIX_SPAWN_SETSIGDEF. glibc's `sigfillset` leaves out its two internal
-/// signals (32 and 33, used for thread cancellation and setxid), and its posix_spawn sets any
-/// signal not in this set to SIG_IGN in the child if it is internal, so tasks started with
-/// `sigfillset` ran with 32 and 33 ignored, unlike anything started from a shell. The bits are
-/// set directly; SIGKILL and SIGSTOP cannot be changed and are left out.
-fn every_signal() -> libc::sigset_t {
-    // SAFETY: sigset_t is plain data; sigdelset of the two standard signals is always valid.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        std::ptr::write_bytes(&mut set as *mut libc::sigset_t as *mut u8, 0xff, std::mem::size_of::<libc::sigset_t>());
-        libc::sigdelset(&mut set, libc::SIGKILL);
-        libc::sigdelset(&mut set, libc::SIGSTOP);
-        set
-    }
-}
-
-/// Without `posix_spawn_file_actions_addclosefrom_np`, marks every descriptor above 2 that this
-/// process holds now close-on-exec (the engine's own are already; these came from its parent).
-fn mark_inherited_cloexec() {
-    let Ok(dir) = fs::read_dir("/proc/self/fd") else { return };
-    let fds: Vec<RawFd> = dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).filter(|&fd| fd > 2).collect();
-    for fd in fds {
-        // SAFETY: only descriptor flags change; a number that is no longer open fails harmlessly.
-        unsafe {
-            let flags = libc::fcntl(fd, libc::F_GETFD);
-            if flags >= 0 {
-                libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
-            }
-        }
-    }
 }
 
 /// CPUs this process may run on, in order.
