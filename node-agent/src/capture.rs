@@ -72,10 +72,10 @@ fn memory_file() -> io::Result<File> {
     Ok(unsafe { File::from_raw_fd(fd) })
 }
 
-/// One stream (stdout or stderr) of a slot: the descriptor its tasks write to, kept at one
-/// number (the spawn file actions name numbers) and pointed at a fresh file before each task.
-/// The agent reads a capture back through /proc only when the task wrote something, so a task
-/// that prints nothing costs two system calls a stream (a new file, and moving it into place).
+/// One stream (stdout or stderr) of a slot: the file its next task writes to, a fresh one
+/// before each task. The agent reads a capture back through /proc only when the task wrote
+/// something, so a task that prints nothing costs two system calls a stream (a new file, and
+/// closing the last one).
 pub struct Capture {
     task: File,
 }
@@ -95,15 +95,14 @@ impl Capture {
     /// only a process the last task left behind could still write into it. Err(why) then, for a
     /// log line, with whether the capture is usable all the same.
     pub fn renew(&mut self, scratch: &Scratch) -> Result<(), (io::Error, bool)> {
-        let fresh = scratch.file().and_then(|file| {
-            // SAFETY: both descriptors are open; dup3 atomically replaces what `task` referred
-            // to (the old file goes with its last descriptor).
-            if unsafe { libc::dup3(file.as_raw_fd(), self.task.as_raw_fd(), libc::O_CLOEXEC) } < 0 {
-                return Err(io::Error::last_os_error());
+        match scratch.file() {
+            // The old file goes with its descriptor (and any the last task left behind).
+            Ok(file) => {
+                self.task = file;
+                Ok(())
             }
-            Ok(())
-        });
-        fresh.map_err(|e| (e, self.task.set_len(0).is_ok()))
+            Err(e) => Err((e, self.task.set_len(0).is_ok())),
+        }
     }
 
     /// Appends at most `cap` bytes (0: all) of what the task wrote to `stream`.

@@ -574,11 +574,9 @@ impl Executor {
             if !aborting && !held {
                 self.start_queued();
             }
-            for fd in self.closing.drain(..) {
-                // Removed before the close: a child another thread is spawning right now may
-                // hold a copy of the descriptor until its exec, which would keep it registered.
-                epoll_del(&self.epoll, fd.as_raw_fd());
-            }
+            // Closed without taking them out of the epoll set: their watches have fired and fire
+            // no more, even while a child another thread is spawning holds a copy until its exec.
+            self.closing.clear();
             let mut hand_off_at = None;
             if !self.events.is_empty() {
                 let urgent =
@@ -866,15 +864,14 @@ impl Executor {
                 }
             }
             OutputMode::Streams => {
-                let Some((out, err)) = &self.slots[slot].capture else { unreachable!("streams mode has captures") };
-                let (out, err) = (out.task_fd(), err.task_fd());
                 if let Err((e, usable)) = self.renew_captures(slot) {
                     if !usable {
                         let errno = e.raw_os_error().unwrap_or(libc::EIO);
                         return fail(self, t, slots, errno, format!("htc: cannot make its output capture: {e}\n"));
                     }
                 }
-                (out, err, None)
+                let Some((out, err)) = &self.slots[slot].capture else { unreachable!("streams mode has captures") };
+                (out.task_fd(), err.task_fd(), None)
             }
             OutputMode::None => (self.slots[slot].out.as_raw_fd(), self.slots[slot].err.as_raw_fd(), None),
         };
@@ -946,7 +943,7 @@ impl Executor {
             Some(fd) => Ok(fd),
             None => pidfd_open(pid),
         };
-        let r = fd.and_then(|fd| epoll_add(&self.epoll, fd.as_raw_fd(), pid as u64).map(|()| fd));
+        let r = fd.and_then(|fd| epoll_watch(&self.epoll, fd.as_raw_fd(), pid, libc::EPOLL_CTL_ADD).map(|()| fd));
         match r {
             Ok(fd) => Some(fd),
             Err(e) => {
@@ -966,7 +963,10 @@ impl Executor {
             let options = libc::WEXITED | libc::WNOHANG | libc::WNOWAIT;
             match wait_info(libc::P_PIDFD, fd.as_raw_fd() as libc::id_t, options) {
                 // SAFETY: waitid filled the SIGCHLD fields of info.
-                Ok(info) if unsafe { info.si_pid() } == 0 => {}
+                Ok(info) if unsafe { info.si_pid() } == 0 => {
+                    // Not gone after all: watch it again (the watch fires once).
+                    let _ = epoll_watch(&self.epoll, fd.as_raw_fd(), pid, libc::EPOLL_CTL_MOD);
+                }
                 Ok(_) => self.finish(pid, None),
                 Err(e) => self.finish(pid, Some(e)),
             }
@@ -1434,6 +1434,16 @@ fn needs_answer(e: &ExecEvent) -> bool {
     matches!(e, ExecEvent::Recalled { .. } | ExecEvent::Reset)
 }
 
+/// A child's pidfd in the epoll set (`op`: add, or re-arm), reported once: when it has exited.
+fn epoll_watch(epoll: &OwnedFd, fd: RawFd, pid: libc::pid_t, op: libc::c_int) -> io::Result<()> {
+    let mut ev = libc::epoll_event { events: (libc::EPOLLIN | libc::EPOLLONESHOT) as u32, u64: pid as u64 };
+    // SAFETY: both descriptors are open; ev is a valid event.
+    if unsafe { libc::epoll_ctl(epoll.as_raw_fd(), op, fd, &mut ev) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 fn epoll_add(epoll: &OwnedFd, fd: RawFd, token: u64) -> io::Result<()> {
     let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: token };
     // SAFETY: both descriptors are open; ev is a valid event.
@@ -1441,11 +1451,6 @@ fn epoll_add(epoll: &OwnedFd, fd: RawFd, token: u64) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
-}
-
-fn epoll_del(epoll: &OwnedFd, fd: RawFd) {
-    // SAFETY: both descriptors are open; the event argument is ignored for a deletion.
-    unsafe { libc::epoll_ctl(epoll.as_raw_fd(), libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) };
 }
 
 /// Variables a task must not inherit from its agent: the per-task HTC_* set (added fresh),
