@@ -10,13 +10,15 @@ use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-/// Where capture files are made: unnamed files (`O_TMPFILE`: gone the moment their last
-/// descriptor closes, so nothing is left behind by a killed agent) in a memory file system
-/// (`/dev/shm`) where there is one, else in the node-local temporary directory, else memory
-/// files. A new file on a disk's file system costs a journaled inode per stream and task, which
-/// took 10% of the throughput of `true` tasks on ext4 (bench/RESULTS.md §12); in memory a
+/// Where capture files are made: memory files (`memfd_create`), else unnamed files (`O_TMPFILE`)
+/// in `/dev/shm` or the node-local temporary directory; `HTC_CAPTURE_DIR` names a directory to
+/// use instead (a disk, for tasks whose output would not fit in memory). Either kind is gone
+/// the moment its last descriptor closes, so nothing is left behind by a killed agent. A new
+/// file on a disk's file system costs a journaled inode per stream and task, which took 10% of
+/// the throughput of `true` tasks on ext4 (bench/RESULTS.md §12); a memory file costs less to
+/// make than a file in `/dev/shm` (no directory to lock: 4.7 against 6.3 µs, §14d). In memory a
 /// task's output stays in RAM only while it runs (it counts against the task's memory, as its
-/// cgroup sees it), then goes to the stream files. `HTC_CAPTURE_DIR` chooses the directory.
+/// cgroup sees it), then goes to the stream files.
 #[derive(Debug, Clone)]
 pub enum Scratch {
     Dir(PathBuf),
@@ -24,24 +26,34 @@ pub enum Scratch {
 }
 
 impl Scratch {
-    /// The first of `$HTC_CAPTURE_DIR`, `/dev/shm`, the node-local temporary directory (`$TMPDIR`,
-    /// else `/tmp`) that can hold unnamed files; else memory files.
+    /// `$HTC_CAPTURE_DIR` if it can hold unnamed files; else memory files where they can be
+    /// made; else the first of `/dev/shm` and the node-local temporary directory (`$TMPDIR`,
+    /// else `/tmp`) that can hold unnamed files.
     pub fn find() -> Scratch {
-        let mut dirs: Vec<PathBuf> = std::env::var_os("HTC_CAPTURE_DIR").map(PathBuf::from).into_iter().collect();
-        dirs.extend([PathBuf::from("/dev/shm"), std::env::temp_dir()]);
-        for dir in dirs {
+        if let Some(dir) = std::env::var_os("HTC_CAPTURE_DIR").map(PathBuf::from) {
+            match unnamed_in(&dir) {
+                Ok(_) => return Scratch::Dir(dir),
+                Err(e) => {
+                    tracing::warn!(dir = %dir.display(), error = %e, "HTC_CAPTURE_DIR cannot hold unnamed files: task output is captured elsewhere")
+                }
+            }
+        }
+        if memory_file().is_ok() {
+            return Scratch::Memory;
+        }
+        for dir in [PathBuf::from("/dev/shm"), std::env::temp_dir()] {
             if unnamed_in(&dir).is_ok() {
                 return Scratch::Dir(dir);
             }
         }
-        tracing::info!("task output is captured in memory files (no directory here holds unnamed files)");
+        tracing::warn!("no memory files and no directory for unnamed files: tasks cannot start");
         Scratch::Memory
     }
 
     /// A new empty capture file for a task to write to, in append mode as a task's output file
     /// usually is (what a task writes after truncating its own output lands at the start, not
-    /// after a hole), and write-only as a shell's redirection would give it (memory files are
-    /// always readable too).
+    /// after a hole); in a directory write-only as a shell's redirection would give it (memory
+    /// files are always readable too).
     pub fn file(&self) -> io::Result<File> {
         match self {
             Scratch::Dir(d) => unnamed_in(d),
@@ -166,7 +178,7 @@ mod tests {
 
     #[test]
     fn a_capture_truncated_by_its_task_costs_only_its_own_bytes() {
-        for scratch in [Scratch::find(), Scratch::Memory] {
+        for scratch in [Scratch::Dir(std::env::temp_dir()), Scratch::Memory] {
             let mut stream = b"earlier task\n".to_vec();
             let mut c = Capture::new(&scratch).unwrap();
             c.renew(&scratch).map_err(|(e, _)| e).unwrap();
@@ -191,8 +203,8 @@ mod tests {
             assert_eq!(c.task.metadata().unwrap().len(), 0);
         }
         // In a directory, the task's descriptor is write-only, as a redirection's.
-        if let Scratch::Dir(d) = Scratch::find() {
-            let c = Capture::new(&Scratch::Dir(d)).unwrap();
+        {
+            let c = Capture::new(&Scratch::Dir(std::env::temp_dir())).unwrap();
             // SAFETY: fcntl(F_GETFL) on an open descriptor.
             let flags = unsafe { libc::fcntl(c.task_fd(), libc::F_GETFL) };
             assert_eq!(flags & libc::O_ACCMODE, libc::O_WRONLY);

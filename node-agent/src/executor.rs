@@ -233,23 +233,12 @@ fn start_with(
     let wake_r = wake.try_clone()?;
     let mut ex = Executor::new(cfg, reaping)?;
     let join = std::thread::Builder::new().name("executor".into()).spawn(move || {
-        if ex.reaping == Reaping::ThreadChildren {
-            // Only this thread's mask: the signalfd then sees SIGCHLD, whatever the others do.
-            block_sigchld_here();
-        }
+        // Only this thread's mask: signals are the main thread's to take, the fallback's
+        // signalfd sees SIGCHLD whatever the others do, and a spawn need not block them itself.
+        crate::spawn::block_signals_in_this_thread();
         ex.run(rx, wake_r, sink)
     })?;
     Ok((Handle { tx, wake: Some(wake) }, join))
-}
-
-fn block_sigchld_here() {
-    // SAFETY: plain sigset manipulation on a local.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGCHLD);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-    }
 }
 
 fn sigchld_ignored() -> bool {

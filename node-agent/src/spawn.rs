@@ -10,8 +10,10 @@
 //!
 //! The child shares this process's memory until its `execve`, with this thread suspended
 //! (`CLONE_VFORK`): it may only make raw system calls, and every signal stays blocked until
-//! its handlers are reset, so none of this process's handlers can run in it.
+//! its handlers are reset, so none of this process's handlers can run in it. A spawner thread
+//! blocks signals once (`block_signals_in_this_thread`), which saves two system calls a spawn.
 
+use std::cell::Cell;
 use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -20,6 +22,21 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 const STACK_BYTES: usize = 64 << 10;
 /// Linux's signal numbers run from 1 to 64.
 const LAST_SIGNAL: libc::c_int = 64;
+
+thread_local! {
+    /// Whether this thread blocks every signal a child could take before its handlers reset.
+    static BLOCKED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Blocks every signal in the calling thread for good, but glibc's two internal ones (32 and
+/// 33: thread cancellation and the set*id broadcast, which would wait forever on a thread that
+/// blocks it). Those two go to this process's threads only, never to a child.
+pub fn block_signals_in_this_thread() {
+    let all_but_internal: u64 = !((1 << 31) | (1 << 32));
+    // SAFETY: changes only this thread's mask.
+    unsafe { sigprocmask(libc::SIG_BLOCK, &all_but_internal, std::ptr::null_mut()) };
+    BLOCKED.with(|b| b.set(true));
+}
 
 /// A started child: its pid, and its pidfd where the kernel gives one.
 #[derive(Debug)]
@@ -100,16 +117,21 @@ impl Spawner {
         }
         let all: u64 = !0;
         let mut old: u64 = 0;
+        let blocked = BLOCKED.with(|b| b.get());
         // SAFETY: the stack is ours and unused while this thread waits (CLONE_VFORK); the plan
         // outlives the child's use of it; signals are blocked around the clone (raw syscall,
-        // so glibc's own two are too) and restored after.
+        // so glibc's own two are too) unless this thread blocks them for good.
         let pid = unsafe {
             let top = self.stack.as_mut_ptr().add(self.stack.len()) as *mut libc::c_void;
-            sigprocmask(libc::SIG_SETMASK, &all, &mut old);
+            if !blocked {
+                sigprocmask(libc::SIG_SETMASK, &all, &mut old);
+            }
             let pid =
                 libc::clone(child, top, flags, plan as *mut Plan as *mut libc::c_void, &mut fd as *mut libc::c_int);
             let e = io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
-            sigprocmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+            if !blocked {
+                sigprocmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+            }
             if pid < 0 {
                 return Err(e);
             }
@@ -242,7 +264,18 @@ mod tests {
 
     #[test]
     fn signals_start_at_their_defaults_and_unblocked() {
-        // This process ignores SIGPIPE (Rust's start-up does); a task must not.
+        // This process ignores SIGPIPE (Rust's start-up does); a task must not. Also from a
+        // thread that blocks signals for good, as the executor's do.
+        std::thread::spawn(signals_at_default).join().unwrap();
+        std::thread::spawn(|| {
+            block_signals_in_this_thread();
+            signals_at_default();
+        })
+        .join()
+        .unwrap();
+    }
+
+    fn signals_at_default() {
         let mut sp = Spawner::new(true).unwrap();
         let mut f = tempfile_in_memory();
         let c =
