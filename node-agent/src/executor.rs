@@ -235,7 +235,7 @@ fn start_with(
     let join = std::thread::Builder::new().name("executor".into()).spawn(move || {
         // Only this thread's mask: signals are the main thread's to take, the fallback's
         // signalfd sees SIGCHLD whatever the others do, and a spawn need not block them itself.
-        crate::spawn::block_signals_in_this_thread();
+        crate::spawn::block_signals_in_this_thread(ex.reaping == Reaping::ThreadChildren);
         ex.run(rx, wake_r, sink)
     })?;
     Ok((Handle { tx, wake: Some(wake) }, join))

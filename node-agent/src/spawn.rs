@@ -30,11 +30,17 @@ thread_local! {
 
 /// Blocks every signal in the calling thread for good, but glibc's two internal ones (32 and
 /// 33: thread cancellation and the set*id broadcast, which would wait forever on a thread that
-/// blocks it). Those two go to this process's threads only, never to a child.
-pub fn block_signals_in_this_thread() {
-    let all_but_internal: u64 = !((1 << 31) | (1 << 32));
+/// blocks it) and, unless `sigchld`, SIGCHLD. Those two go to this process's threads only, and
+/// SIGCHLD to the thread whose child ended, never to a child. A SIGCHLD at its default
+/// (ignored) is dropped at once only where that thread does not block it; blocked, it waits for
+/// another thread to take it, which woke the agent's main thread for every task.
+pub fn block_signals_in_this_thread(sigchld: bool) {
+    let mut set: u64 = !((1 << 31) | (1 << 32));
+    if !sigchld {
+        set &= !(1 << (libc::SIGCHLD - 1));
+    }
     // SAFETY: changes only this thread's mask.
-    unsafe { sigprocmask(libc::SIG_BLOCK, &all_but_internal, std::ptr::null_mut()) };
+    unsafe { sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
     BLOCKED.with(|b| b.set(true));
 }
 
@@ -268,7 +274,7 @@ mod tests {
         // thread that blocks signals for good, as the executor's do.
         std::thread::spawn(signals_at_default).join().unwrap();
         std::thread::spawn(|| {
-            block_signals_in_this_thread();
+            block_signals_in_this_thread(true);
             signals_at_default();
         })
         .join()
