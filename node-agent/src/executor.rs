@@ -1,19 +1,21 @@
 //! Runs tasks as processes on this node: one OS thread that spawns, reaps and times out.
 //!
 //! Spawning is a vfork-style clone (`spawn`: no page-table copy, which is most of the cost of a
-//! fork+exec loop, and no stack mapped per child as glibc's `posix_spawn` does). Each task gets its own process group, stdin from /dev/null,
-//! and stdout/stderr in capture files of its own (`capture`), appended to its slot's stream files
-//! when it ends, so no task can touch another's bytes. CPU binding is
-//! inherited: the thread pins itself to the task's cores right before spawning. Nothing else is:
-//! a task starts with descriptors 0, 1 and 2 only, every signal at its default disposition and
-//! an empty signal mask, as it would from a shell on a terminal, whatever the agent inherited.
+//! fork+exec loop, and no stack mapped per child as glibc's `posix_spawn` does). Each task gets
+//! its own process group, stdin from /dev/null, and stdout/stderr in capture files of its own
+//! (`capture`), appended to its slot's stream files when it ends, so no task can touch another's
+//! bytes. CPU binding is inherited: the thread pins itself to the task's cores right before
+//! spawning. Nothing else is: a task starts with descriptors 0, 1 and 2 only, every signal at its
+//! default disposition and an empty signal mask, as it would from a shell on a terminal,
+//! whatever the agent inherited.
 //!
 //! Each child is watched through its own pidfd (Linux >= 5.4: from its clone, else `pidfd_open`;
-//! `waitid(P_PIDFD)`)
-//! in the thread's epoll set, and only the executor's own children are ever waited for. So several
-//! executors can live in one process, next to anything else that starts and waits for processes,
-//! and nothing depends on the process-wide SIGCHLD (it may be blocked or not, handled or not;
-//! only an ignored SIGCHLD is refused, since the kernel would then discard exit statuses).
+//! `waitid(P_PIDFD)`) in the thread's epoll set, and only the executor's own children are ever
+//! waited for. So several executors can live in one process, next to anything else that starts
+//! and waits for processes, and nothing depends on the process-wide SIGCHLD (it may be blocked
+//! or not, handled or not; only an ignored SIGCHLD is refused, since the kernel would then
+//! discard exit statuses). What happened goes to the agent's main thread in batches under load
+//! (`handoff`).
 //!
 //! Older kernels (RHEL 8's 4.18), and sandboxes whose seccomp filter refuses `pidfd_open`, get a
 //! fallback, chosen at start with a one-line warning, that keeps both properties: the executor
