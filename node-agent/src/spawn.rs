@@ -95,9 +95,12 @@ impl Spawner {
         debug_assert!(argv.last().is_some_and(|p| p.is_null()) && envp.last().is_some_and(|p| p.is_null()));
         let mut plan = Plan { prog, argv, envp, dev_null: self.dev_null.as_raw_fd(), out, err, errno: 0 };
         let (pid, pidfd) = match self.clone_child(&mut plan, self.pidfds) {
-            Err(libc::EINVAL | libc::EPERM | libc::ENOSYS) if self.pidfds => {
-                // A kernel or sandbox without CLONE_PIDFD: the executor opens pidfds itself.
-                self.pidfds = false;
+            Err(e @ (libc::EINVAL | libc::EPERM | libc::ENOSYS | libc::EMFILE | libc::ENFILE)) if self.pidfds => {
+                // Out of descriptors, the child starts without a pidfd this time (the executor
+                // then reaps it by polling); a kernel or sandbox without CLONE_PIDFD for good.
+                if !matches!(e, libc::EMFILE | libc::ENFILE) {
+                    self.pidfds = false;
+                }
                 self.clone_child(&mut plan, false)?
             }
             r => r?,
@@ -259,6 +262,32 @@ mod tests {
         assert_eq!(fds, ["0", "1", "2", "3"], "0-2 and ls's own directory: {s}");
         let first: Vec<&str> = s.lines().next().unwrap().split_whitespace().collect();
         assert_eq!(first[0], first[1], "its own process group: {s}");
+    }
+
+    #[test]
+    fn out_of_descriptors_a_child_starts_without_its_pidfd() {
+        let mut sp = Spawner::new(true).unwrap();
+        let f = tempfile_in_memory();
+        let argv = [c"true".as_ptr(), std::ptr::null()];
+        let env = [std::ptr::null()];
+        // Every descriptor up to the limit taken, in a forked copy of this test (the limit is
+        // process-wide, and other tests run in parallel threads); it only makes system calls.
+        // SAFETY: fork in a test; the child allocates nothing and leaves by _exit.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            let lim = libc::rlimit { rlim_cur: 64, rlim_max: 64 };
+            // SAFETY: lowering this process's own limit, filling it with copies, exiting.
+            unsafe {
+                libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+                while libc::dup(f.as_raw_fd()) >= 0 {}
+                let ok = match sp.spawn(c"/bin/true", &argv, &env, f.as_raw_fd(), f.as_raw_fd()) {
+                    Ok(c) => c.pidfd.is_none() && wait(c.pid) == 0,
+                    Err(_) => false,
+                };
+                libc::_exit(if ok { 0 } else { 1 });
+            }
+        }
+        assert_eq!(wait(pid), 0, "the child started without a pidfd and exited 0");
     }
 
     #[test]
