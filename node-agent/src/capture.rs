@@ -10,15 +10,16 @@ use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-/// Where capture files are made: memory files (`memfd_create`), else unnamed files (`O_TMPFILE`)
-/// in `/dev/shm` or the node-local temporary directory; `HTC_CAPTURE_DIR` names a directory to
-/// use instead (a disk, for tasks whose output would not fit in memory). Either kind is gone
-/// the moment its last descriptor closes, so nothing is left behind by a killed agent. A new
-/// file on a disk's file system costs a journaled inode per stream and task, which took 10% of
-/// the throughput of `true` tasks on ext4 (bench/RESULTS.md §12); a memory file costs less to
-/// make than a file in `/dev/shm` (no directory to lock: 4.7 against 6.3 µs, §14d). In memory a
+/// Where capture files are made: unnamed files (`O_TMPFILE`: gone the moment their last
+/// descriptor closes, so nothing is left behind by a killed agent) in a memory file system
+/// (`/dev/shm`) where there is one, else in the node-local temporary directory, else memory
+/// files. A new file on a disk's file system costs a journaled inode per stream and task, which
+/// took 10% of the throughput of `true` tasks on ext4 (bench/RESULTS.md §12); in memory a
 /// task's output stays in RAM only while it runs (it counts against the task's memory, as its
-/// cgroup sees it), then goes to the stream files.
+/// cgroup sees it), then goes to the stream files. `HTC_CAPTURE_DIR` chooses the directory.
+/// Memory files (`memfd_create`) would cost less to make (4.7 against 6.3 µs a file, §14d), but
+/// they are always readable: a task's stdout would not be the write-only file a shell's
+/// redirection gives (`tests/task_view.rs`).
 #[derive(Debug, Clone)]
 pub enum Scratch {
     Dir(PathBuf),
@@ -26,34 +27,24 @@ pub enum Scratch {
 }
 
 impl Scratch {
-    /// `$HTC_CAPTURE_DIR` if it can hold unnamed files; else memory files where they can be
-    /// made; else the first of `/dev/shm` and the node-local temporary directory (`$TMPDIR`,
-    /// else `/tmp`) that can hold unnamed files.
+    /// The first of `$HTC_CAPTURE_DIR`, `/dev/shm`, the node-local temporary directory (`$TMPDIR`,
+    /// else `/tmp`) that can hold unnamed files; else memory files.
     pub fn find() -> Scratch {
-        if let Some(dir) = std::env::var_os("HTC_CAPTURE_DIR").map(PathBuf::from) {
-            match unnamed_in(&dir) {
-                Ok(_) => return Scratch::Dir(dir),
-                Err(e) => {
-                    tracing::warn!(dir = %dir.display(), error = %e, "HTC_CAPTURE_DIR cannot hold unnamed files: task output is captured elsewhere")
-                }
-            }
-        }
-        if memory_file().is_ok() {
-            return Scratch::Memory;
-        }
-        for dir in [PathBuf::from("/dev/shm"), std::env::temp_dir()] {
+        let mut dirs: Vec<PathBuf> = std::env::var_os("HTC_CAPTURE_DIR").map(PathBuf::from).into_iter().collect();
+        dirs.extend([PathBuf::from("/dev/shm"), std::env::temp_dir()]);
+        for dir in dirs {
             if unnamed_in(&dir).is_ok() {
                 return Scratch::Dir(dir);
             }
         }
-        tracing::warn!("no memory files and no directory for unnamed files: tasks cannot start");
+        tracing::info!("task output is captured in memory files (no directory here holds unnamed files)");
         Scratch::Memory
     }
 
     /// A new empty capture file for a task to write to, in append mode as a task's output file
     /// usually is (what a task writes after truncating its own output lands at the start, not
-    /// after a hole); in a directory write-only as a shell's redirection would give it (memory
-    /// files are always readable too).
+    /// after a hole), and write-only as a shell's redirection would give it (memory files are
+    /// always readable too).
     pub fn file(&self) -> io::Result<File> {
         match self {
             Scratch::Dir(d) => unnamed_in(d),
