@@ -14,7 +14,7 @@
 //! Both need the agent to be allowed to make cgroups; where it is not (a Slurm job's user under a
 //! root-owned hierarchy), `Root::create` says why and the executor watches RSS instead.
 //!
-//! A task must be born in its cgroup: moved after `posix_spawn` returns, its shell may already
+//! A task must be born in its cgroup: moved after the spawn returns, its shell may already
 //! have started the program that allocates, which stays outside. In v1 the spawning thread
 //! itself steps into the slot's cgroup for the spawn (v1 moves single threads) and back out, so
 //! the child starts inside. v2 moves whole processes only: there the task starts through
