@@ -11,7 +11,7 @@
 #      default layout, 16 one-slot agents, 8 one-slot agents in instances of 4), HTC
 #      (target/release/htc), HTC_BASE (an older htc, its htc-agent beside it; side by side),
 #      EXEC_NONE (1: each layout also with --exec none, the synthetic path), LOW_TASKS (30:
-#      the low-rate run, `sleep 0.3` one after another on one slot), OUT
+#      the low-rate run, `sleep 0.3` one after another on one slot; 0: none), OUT
 #      (bench/results/leader-cost-<date>.txt).
 # Builds run in turn within each round, so background noise hits them alike; medians reported.
 set -euo pipefail
@@ -89,6 +89,7 @@ for s in "${sets[@]}"; do
     done
 done
 
+((LOW_TASKS > 0)) || exit 0
 echo
 echo "low rate: $LOW_TASKS x sleep 0.3 on one slot (--agents 1 --cores-per-agent 1), one round"
 for i in "${!builds[@]}"; do

@@ -35,6 +35,15 @@ impl Liveness {
     }
 }
 
+impl Liveness {
+    /// How often a parent with `reporters` children speaks to each at least, as each of them
+    /// reports: every heartbeat, or every report gap when that is longer (`agent::pace`).
+    /// Still at least twice within `hold`.
+    pub fn beat_every_us(&self, reporters: usize) -> u64 {
+        crate::agent::pace::gap_for(reporters, self.heartbeat_us).max(self.heartbeat_us)
+    }
+}
+
 impl Default for Liveness {
     fn default() -> Liveness {
         Liveness::new(DEFAULT_LOST_AFTER)
@@ -54,5 +63,9 @@ mod tests {
         }
         let l = Liveness::default();
         assert_eq!((l.heartbeat_us, l.hold_us, l.lease_us), (250_000, 1_000_000, 5_000_000));
+        for reporters in [1, 16, 1_000] {
+            let every = l.beat_every_us(reporters);
+            assert!(every >= l.heartbeat_us && 2 * every <= l.hold_us, "{reporters}: {every}");
+        }
     }
 }

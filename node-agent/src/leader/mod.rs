@@ -124,7 +124,9 @@ pub fn run(
     if let Some(end) = cfg.deadline_us {
         core = core.with_deadline(end);
     }
-    let heartbeat = Duration::from_micros(cfg.live.heartbeat_us);
+    // The network side's own heartbeat stands in only while the core thread is late with its
+    // own (a long commit): a heartbeat after the core's would be sent as often as the acks.
+    let heartbeat = Duration::from_micros(cfg.live.beat_every_us(expected) + cfg.live.heartbeat_us);
     let net_cfg = Arc::new(net::NetConfig::new(secret, cfg.job_id.clone(), heartbeat));
     let evict = net_cfg.clone();
     let driver_cfg = DriverConfig {

@@ -22,7 +22,7 @@ pub struct NetConfig {
     /// second Hello for one is refused.
     joined: Mutex<HashMap<u32, u64>>,
     next_connection: AtomicU64,
-    /// How often each child hears from the leader at least (`Liveness::heartbeat_us`).
+    /// A child sent nothing by the core thread for this long gets a heartbeat from here.
     heartbeat: std::time::Duration,
 }
 
