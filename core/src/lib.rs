@@ -5,6 +5,7 @@ pub mod affinity;
 pub mod backfill;
 pub mod hflow;
 pub mod hist;
+pub mod idmap;
 pub mod idset;
 pub mod output;
 pub mod partition;

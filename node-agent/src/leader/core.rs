@@ -14,6 +14,7 @@ use std::sync::Arc;
 use htc_core::affinity::{Affinity, Route};
 use htc_core::backfill::{self, Memory, Need};
 use htc_core::hist::{Hist, Summary};
+use htc_core::idmap::{IdMap, IdSet};
 use htc_core::partition::{Block, Partition};
 use htc_core::recall::{self, Recalls};
 use htc_core::task::{self, Effect, End, Life, Step};
@@ -186,7 +187,7 @@ pub struct Core<'a> {
     /// Agents the launcher started; the run fails when all of them are gone with work left.
     expected_agents: usize,
     job_id: String,
-    agents: HashMap<u32, Agent>,
+    agents: IdMap<u32, Agent>,
     ever_seen: usize,
     never_joined: usize,
     retry: VecDeque<u64>,
@@ -223,7 +224,7 @@ pub struct Core<'a> {
     /// The time limit (the Slurm job's end, `--time-limit`): a task whose runtime hint would
     /// not end before it is set aside for the next session.
     deadline_us: Option<u64>,
-    late: std::collections::HashSet<u64>,
+    late: IdSet<u64>,
     /// The time of the input being handled.
     now_us: u64,
     /// The agents were told to start nothing more (`max_fails` reached).
@@ -234,7 +235,7 @@ pub struct Core<'a> {
     lost_at_us: u64,
     /// Rejoined agents asked to resync, with the tasks they held when asked: those they do not
     /// list in their answer were lost on the way with the relay.
-    resyncs: HashMap<u32, Vec<u64>>,
+    resyncs: IdMap<u32, Vec<u64>>,
     live: Liveness,
     /// When every agent was last asked what it holds (`audit`).
     audit_us: u64,
@@ -244,7 +245,7 @@ pub struct Core<'a> {
     /// Tasks given back unstarted by a lost agent (or a head for a lost member), and how often:
     /// the agent may have started them after all, so their next dispatch is a new attempt
     /// number without counting as a loss.
-    returned: HashMap<u64, u32>,
+    returned: IdMap<u64, u32>,
     /// The latest failed attempts, newest last, for the live view.
     recent_failures: VecDeque<live::Failure>,
     /// Memory committed on each agent, tasks waiting for it, reservations (`backfill`).
@@ -257,12 +258,12 @@ pub struct Core<'a> {
     /// Preemptible tasks in flight, lowest priority and then newest first (the first to stop
     /// for higher-priority work), with the priority of each; those told to stop.
     preemptible: BTreeSet<(i16, std::cmp::Reverse<u64>)>,
-    preemptible_of: HashMap<u64, i16>,
-    preempting: HashSet<u64>,
+    preemptible_of: IdMap<u64, i16>,
+    preempting: IdSet<u64>,
     /// How often the leader stopped each task in this session (`MAX_PREEMPTIONS`).
-    times_preempted: HashMap<u64, u8>,
+    times_preempted: IdMap<u64, u8>,
     /// Tasks being preempted to make room for a task waiting for memory or GPUs: which one.
-    preempted_for: HashMap<u64, u64>,
+    preempted_for: IdMap<u64, u64>,
     /// Preempted tasks, to run again once no higher-priority work waits.
     preempted: VecDeque<u64>,
     /// Instances never take from another's share (`--no-steal`, for measuring what moving
@@ -298,14 +299,14 @@ struct Flights {
     by_id: Vec<Flight>,
     /// Per agent: tasks held, and the highest id handed to it since it last held none (where a
     /// scan for its queued tasks starts: `unstarted_of`).
-    per_agent: HashMap<u32, (u64, u64)>,
+    per_agent: IdMap<u32, (u64, u64)>,
 }
 
 impl Flights {
     const FREE: Flight = Flight { agent: u32::MAX, life: Life { state: 0, attempts: 0, retries: 0, losses: 0 } };
 
     fn new(ids: u64) -> Flights {
-        Flights { by_id: vec![Flights::FREE; ids as usize + 1], per_agent: HashMap::new() }
+        Flights { by_id: vec![Flights::FREE; ids as usize + 1], per_agent: IdMap::default() }
     }
 
     fn get(&self, id: u64) -> Option<Flight> {
@@ -405,7 +406,7 @@ impl<'a> Core<'a> {
             partition,
             expected_agents,
             job_id,
-            agents: HashMap::new(),
+            agents: IdMap::default(),
             ever_seen: 0,
             never_joined: 0,
             retry: VecDeque::new(),
@@ -421,7 +422,7 @@ impl<'a> Core<'a> {
             live: Liveness::default(),
             audit_us: now_us,
             ticked_us: now_us,
-            returned: HashMap::new(),
+            returned: IdMap::default(),
             recent_failures: VecDeque::new(),
             max_fails: None,
             oks: 0,
@@ -431,15 +432,15 @@ impl<'a> Core<'a> {
             told_to_hold: false,
             last_loss: None,
             lost_at_us: 0,
-            resyncs: HashMap::new(),
+            resyncs: IdMap::default(),
             mem: Memory::new(backfill::Policy::default()),
             affinity: Affinity::expecting(0..expected_agents as u32),
             fresh_handoffs: false,
             preemptible: BTreeSet::new(),
-            preemptible_of: HashMap::new(),
-            preempting: HashSet::new(),
-            times_preempted: HashMap::new(),
-            preempted_for: HashMap::new(),
+            preemptible_of: IdMap::default(),
+            preempting: IdSet::default(),
+            times_preempted: IdMap::default(),
+            preempted_for: IdMap::default(),
             preempted: VecDeque::new(),
             no_steal: false,
             recalls: Recalls::default(),
