@@ -34,10 +34,6 @@ pub const REPORT_BATCH: usize = 512;
 /// What a dispatch takes to arrive after the report that asked for it, allowed for in the
 /// queue's size: the leader's commit interval and the network, with room to spare.
 const ROUND_TRIP_US: u64 = 20_000;
-/// The queue's length in gaps and round trips of work. Not more: what the queues hold when the
-/// run's work runs out is its tail, evened out by asking queued tasks back a few at a time (four
-/// gaps made 16 one-slot agents' tails a third of their reports: bench/RESULTS.md §14e).
-const QUEUE_GAPS: f64 = 2.0;
 const RATE_WINDOW_US: u64 = 200_000;
 const RATE_RISE_US: u64 = 10_000;
 /// A queue longer than this gains nothing (a full batch goes at once anyway) and holds back
@@ -168,11 +164,10 @@ impl Pace {
     }
 
     /// Tasks to keep queued (received, not finished): enough for the slots, and at the rate
-    /// measured, for `QUEUE_GAPS` gaps and round trips, so that asking at three quarters of it
-    /// (the ask waiting up to a gap, its answer a round trip) leaves half a gap's work to cover
-    /// a slow answer.
+    /// measured, for four gaps and round trips, so that asking at three quarters of it (and
+    /// the ask waiting up to a gap) leaves a quarter to cover the wait.
     pub fn target(&self) -> u64 {
-        let need = self.rate * QUEUE_GAPS * (self.gap_us + ROUND_TRIP_US) as f64 / 1e6;
+        let need = self.rate * 4.0 * (self.gap_us + ROUND_TRIP_US) as f64 / 1e6;
         ((need.ceil() as u64).min(MAX_TARGET) * self.levels).max(self.base)
     }
 }
@@ -233,8 +228,8 @@ mod tests {
         for i in 1..=200 {
             p.finished(i * 5_000, 20);
         }
-        // 4,000/s x 2 x 40 ms = 320.
-        assert!((315..=325).contains(&p.target()), "target {}", p.target());
+        // 4,000/s x 4 x 40 ms = 640.
+        assert!((630..=650).contains(&p.target()), "target {}", p.target());
         // Quiet for a second: the next window says so.
         p.finished(2_000_000, 1);
         assert_eq!(p.target(), 32);

@@ -108,11 +108,6 @@ pub const MAX_PREEMPTIONS: u8 = 3;
 /// tail); with eight a slot, an idle slot's tail takes an eighth of the round trips.
 const RECALL_SHARE_MAX: u64 = 7;
 
-/// The work a drained instance steals per idle slot, when tasks are short (`steal_per_slot`):
-/// about a report's round trip and a commit, several times over.
-const STEAL_SPAN_US: u64 = 50_000;
-const STEAL_PER_SLOT_MAX: u64 = 32;
-
 /// How often at most the leader looks for queued work to ask back for idle slots (`ask_back`),
 /// per agent it looks at: so that doing so costs a bounded share of its time however many
 /// there are (10 ms with a thousand), and a few agents are asked at once.
@@ -209,9 +204,6 @@ pub struct Core<'a> {
     /// even out in a few rounds, not one task per round trip (16 one-slot agents at the tail of
     /// tiny tasks reported about once per task).
     recall_share: u64,
-    /// How long tasks have run here of late (a moving mean of successes, µs): a drained
-    /// instance steals a few tiny tasks per idle slot, not one per round trip.
-    ran_us: f64,
     /// Results per report, for `htc status` (what the leader's cost per task depends on).
     report_sizes: Hist,
     /// How long after its end each result reached the leader, in microseconds.
@@ -411,7 +403,6 @@ impl<'a> Core<'a> {
             last_ask_us: None,
             ask_pending: false,
             recall_share: 0,
-            ran_us: f64::INFINITY,
             partition,
             expected_agents,
             job_id,
@@ -627,17 +618,11 @@ impl<'a> Core<'a> {
             return;
         }
         let asked = self.recalls.asked_of();
-        // Tiny tasks an agent would finish within a steal's span anyway are not worth a recall,
-        // a return and a dispatch each (the very end of a run of them was all such rounds).
-        let keep = self.steal_per_slot() - 1;
         let queued: Vec<(u32, u64)> = self
             .agents
             .iter()
             .filter(|(_, a)| live(a))
-            .map(|(&id, a)| {
-                let asked = asked.get(&id).copied().unwrap_or(0);
-                (id, self.queued_at(id).saturating_sub(asked).saturating_sub(keep * a.cores as u64))
-            })
+            .map(|(&id, _)| (id, self.queued_at(id).saturating_sub(asked.get(&id).copied().unwrap_or(0))))
             .collect();
         let slots: u64 = self.agents.values().filter(|a| live(a)).map(|a| a.cores as u64).sum();
         let even = queued.iter().map(|(_, n)| n).sum::<u64>() / slots.max(1);
@@ -1157,8 +1142,6 @@ impl<'a> Core<'a> {
         let Ok((life, effect)) = task::step(f.life, Step::Finish(end)) else { return Ok(()) };
         self.note_streak(f.agent, id, end);
         if end == End::Succeeded && start_us != 0 && end_us >= start_us {
-            let ran = (end_us - start_us) as f64;
-            self.ran_us = if self.ran_us.is_finite() { self.ran_us + (ran - self.ran_us) / 64.0 } else { ran };
             self.partition.observe(r.class, r.runtime_ms, (end_us - start_us) / 1000);
             if r.mem_mb > 0 || r.gpus > 0 {
                 self.mem.observe(group_of(r), end_us - start_us);
@@ -1520,7 +1503,7 @@ impl<'a> Core<'a> {
             // Its last report's idle slots, less what was sent since; and never more than its
             // cores minus what it holds: reports sent before a dispatch arrived still say idle.
             let free = (a.cores as u64).saturating_sub(self.in_flight.held(agent));
-            let steal = a.idle.saturating_sub(specs.len() as u64).min(free) * self.steal_per_slot();
+            let steal = a.idle.saturating_sub(specs.len() as u64).min(free);
             let room = match self.horizon_ms {
                 None => want,
                 Some(h) if a.ahead_ms >= h * a.cores as u64 => steal,
@@ -1705,15 +1688,6 @@ impl<'a> Core<'a> {
             };
         }
         Ok(top)
-    }
-
-    /// Tasks a drained instance steals per idle slot: one, unless tasks here run so briefly
-    /// that one would be done before the next could arrive: then enough for `STEAL_SPAN_US`
-    /// (16 one-slot agents at the tail of 5 ms tasks reported once per task, a third of all
-    /// their reports: bench/RESULTS.md §14e). Long tasks are still stolen one a slot, so none
-    /// is hoarded where an idle slot could have started it.
-    fn steal_per_slot(&self) -> u64 {
-        (STEAL_SPAN_US as f64 / self.ran_us).clamp(1.0, STEAL_PER_SLOT_MAX as f64) as u64
     }
 
     /// Offers a task that was set aside (an affinity queue) to `agent`: sent if it fits and may
@@ -2128,27 +2102,6 @@ mod tests {
         // Agent 3 joins late and still finds the rest of its share.
         let (out, _) = feed(&mut c, &mut m, vec![join(3, 2), report(3, 200, 2, &[])]);
         assert_eq!(dispatched(&out), vec![(3, (301..=398).map(|id| (id, 1)).collect())]);
-    }
-
-    /// Issue 25: tasks of a few milliseconds stolen one per idle slot made the tail of 16
-    /// one-slot agents a report per task. Short tasks are stolen by the span's worth; long ones
-    /// still one a slot (the test above: results without times say nothing of their length).
-    #[test]
-    fn a_drained_instance_steals_a_span_of_tiny_tasks_per_idle_slot_and_one_long_one() {
-        for (ran_us, stolen) in [(5_000u64, 20usize), (2_000_000, 2)] {
-            let mut m = Mem::with(400, 2, 1);
-            let mut c = core(&m, 4);
-            let asks = vec![join(0, 2), join(1, 2), join(2, 2), join(3, 2), report(0, 150, 2, &[])];
-            feed(&mut c, &mut m, asks);
-            let timed: Vec<proto::TaskResult> = (1..=100)
-                .map(|id| proto::TaskResult { start_us: id * ran_us, end_us: (id + 1) * ran_us, ..exited(id, 1, 0) })
-                .collect();
-            let done = proto::Report { seq: 1, results: timed, idle: 2, agent: 0, ..Default::default() };
-            let (out, _) = feed(&mut c, &mut m, vec![Input::Report { agent: 0, report: done }]);
-            let got = dispatched(&out);
-            assert_eq!(got.len(), 1, "{ran_us}: {got:?}");
-            assert_eq!(got[0].1.len(), stolen, "{ran_us} µs a task");
-        }
     }
 
     fn recalls(out: &Outbox) -> Vec<(u32, Vec<u64>)> {
