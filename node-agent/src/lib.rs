@@ -13,6 +13,7 @@ pub mod frame;
 pub mod gpu;
 pub mod guard;
 pub mod handoff;
+pub mod host;
 pub mod joblog;
 pub mod leader;
 pub mod ledger;

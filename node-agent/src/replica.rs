@@ -237,7 +237,7 @@ impl Replica {
 
     /// Records where the live ledger is: `htc status` on that host reads it directly.
     pub fn set_where(&self, ledger: &Path) -> Result<()> {
-        let text = format!("{}\n{}\n", crate::agent::hostname(), ledger.display());
+        let text = format!("{}\n{}\n", crate::host::hostname(), ledger.display());
         let tmp = self.dir.join("where.tmp");
         fs::write(&tmp, text).and_then(|()| fs::rename(&tmp, self.where_file())).map_err(io_err(&self.dir))
     }
@@ -247,7 +247,7 @@ impl Replica {
         let text = fs::read_to_string(self.where_file()).ok()?;
         let mut lines = text.lines();
         let (host, path) = (lines.next()?, PathBuf::from(lines.next()?));
-        (host == crate::agent::hostname() && path.exists()).then_some(path)
+        (host == crate::host::hostname() && path.exists()).then_some(path)
     }
 
     /// Starts a new generation: a snapshot of `ledger` as it is now (no write transaction may be

@@ -176,7 +176,7 @@ pub fn node_ip() -> IpAddr {
     if let Ok(n) = std::env::var("SLURMD_NODENAME") {
         names.push(n);
     }
-    names.push(crate::agent::hostname());
+    names.push(crate::host::hostname());
     let addrs: Vec<IpAddr> = names
         .iter()
         .filter_map(|n| (n.as_str(), 0).to_socket_addrs().ok())

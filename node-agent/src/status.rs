@@ -217,7 +217,7 @@ impl Report {
         let heartbeat = t.meta_u64("heartbeat_us")?.unwrap_or(0);
         let leader = t.meta_u64("leader_pid")?.unwrap_or(0);
         let host = text("leader_host")?;
-        let here = host.is_empty() || host == crate::agent::hostname();
+        let here = host.is_empty() || host == crate::host::hostname();
         let fresh = heartbeat > 0 && now_us().saturating_sub(heartbeat) < 60_000_000;
         let session_job = text("session_slurm_job")?;
         // Only when it matters: a leader elsewhere whose heartbeat looks alive.

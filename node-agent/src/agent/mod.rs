@@ -633,16 +633,7 @@ fn memory_cgroups(cfg: &AgentConfig) -> anyhow::Result<Option<Arc<crate::memcg::
     }
 }
 
-pub fn hostname() -> String {
-    let mut b = [0u8; 256];
-    // SAFETY: gethostname writes at most b.len() bytes.
-    let rc = unsafe { libc::gethostname(b.as_mut_ptr() as *mut libc::c_char, b.len()) };
-    if rc != 0 {
-        return "?".into();
-    }
-    let n = b.iter().position(|&c| c == 0).unwrap_or(b.len());
-    String::from_utf8_lossy(&b[..n]).into_owned()
-}
+pub use crate::host::hostname;
 
 #[cfg(test)]
 mod tests {

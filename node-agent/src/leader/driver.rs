@@ -139,7 +139,7 @@ pub fn run(
         t.put_meta("session_start_us", &now_us().to_le_bytes())?;
         t.put_meta("session_finished_start", &core.finished_start().to_le_bytes())?;
         t.put_meta("job_id", job_id.as_bytes())?;
-        t.put_meta("leader_host", crate::agent::hostname().as_bytes())?;
+        t.put_meta("leader_host", crate::host::hostname().as_bytes())?;
         // The Slurm job this session runs in (a resumed run's differs from its first): status
         // asks Slurm about it when the heartbeat alone cannot tell a dead leader yet.
         t.put_meta("session_slurm_job", std::env::var("SLURM_JOB_ID").unwrap_or_default().as_bytes())?;
