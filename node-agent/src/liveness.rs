@@ -2,8 +2,10 @@
 //! TCP to notice (a dead peer's connection can stay open for minutes). Every link carries a frame
 //! at least every `heartbeat` in both directions (agents report, parents acknowledge; an Ack that
 //! acknowledges nothing new is the heartbeat), except that a busy agent with many peers reports
-//! once per report gap, up to two heartbeats (`agent::pace`): still twenty times per bound. A parent that hears nothing from a child for
-//! `lost_after` declares it lost and re-dispatches its tasks. A child that hears nothing from its
+//! once per report gap, up to two heartbeats (`agent::pace`): still twenty times per bound; the
+//! leader then speaks to it at that pace too, its acks counting (`beat_every_us`), still twice
+//! within `hold`. A parent that hears nothing from a child for `lost_after` declares it lost and
+//! re-dispatches its tasks. A child that hears nothing from its
 //! parent for `hold` (a few heartbeats) starts nothing more from its queue until it does, and
 //! for `lease` (half of `lost_after`) stops its tasks and leaves (fencing): so that a task runs
 //! at both the lost agent and the one that re-runs it only if it was running at the fault (or
