@@ -5,11 +5,11 @@
 //! once per report gap, up to two heartbeats (`agent::pace`): still twenty times per bound; the
 //! leader then speaks to it at that pace too, its acks counting (`beat_every_us`), still twice
 //! within `hold`. A parent that hears nothing from a child for `lost_after` declares it lost and
-//! re-dispatches its tasks. A child that hears nothing from its
-//! parent for `hold` (a few heartbeats) starts nothing more from its queue until it does, and
-//! for `lease` (half of `lost_after`) stops its tasks and leaves (fencing): so that a task runs
-//! at both the lost agent and the one that re-runs it only if it was running at the fault (or
-//! started within `hold` of it).
+//! re-dispatches its tasks. A child that hears nothing from its parent for `hold` (a few
+//! heartbeats) starts nothing more from its queue until it does, and for `lease` (half of
+//! `lost_after`) stops its tasks and leaves (fencing): so that a task runs at both the lost agent
+//! and the one that re-runs it only if it was running at the fault (or started within `hold` of
+//! it).
 
 use std::time::Duration;
 
@@ -35,9 +35,7 @@ impl Liveness {
         let heartbeat_us = (lost_after_us / 40).min(1_000_000);
         Liveness { heartbeat_us, hold_us: 4 * heartbeat_us, lost_after_us, lease_us: lost_after_us / 2 }
     }
-}
 
-impl Liveness {
     /// How often a parent with `reporters` children speaks to each at least, as each of them
     /// reports: every heartbeat, or every report gap when that is longer (`agent::pace`).
     /// Still at least twice within `hold`.

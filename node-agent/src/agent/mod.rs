@@ -408,7 +408,7 @@ async fn join(me: &JoinAs, to: SocketAddr, secret: &[u8], how: Joining) -> anyho
     };
     frame::tune(&stream)?;
     auth::connect(&mut stream, secret).await.with_context(|| format!("authenticating with {to}"))?;
-    let hostname = hostname();
+    let hostname = crate::host::hostname();
     let hello = proto::Hello {
         agent_id: me.agent,
         cores: me.slots as u32,
@@ -632,8 +632,6 @@ fn memory_cgroups(cfg: &AgentConfig) -> anyhow::Result<Option<Arc<crate::memcg::
         }
     }
 }
-
-pub use crate::host::hostname;
 
 #[cfg(test)]
 mod tests {
