@@ -10,8 +10,8 @@ pub mod htc {
 
     use htc_core::partition::Plan;
 
-    use crate::output::OutputMode;
     use crate::simexec::ExecKind;
+    use htc_core::output::OutputMode;
 
     #[derive(Parser)]
     #[command(
@@ -282,8 +282,8 @@ pub mod agent {
 
     use clap::{Parser, Subcommand};
 
-    use crate::output::OutputMode;
     use crate::simexec::ExecKind;
+    use htc_core::output::OutputMode;
 
     pub const DEFAULT_FANOUT: u32 = 32;
 
@@ -480,9 +480,9 @@ fn parse_size_mb(s: &str) -> Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::agent::{Cli, Cmd, WorkArgs};
-    use crate::output::OutputMode;
     use crate::simexec::ExecKind;
     use clap::Parser;
+    use htc_core::output::OutputMode;
 
     fn round_trip(w: &WorkArgs) -> WorkArgs {
         let mut argv: Vec<std::ffi::OsString> = vec!["htc-agent".into()];

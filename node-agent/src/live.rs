@@ -9,7 +9,7 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use crate::ledger::{Counts, State};
+use htc_core::task::{Counts, State};
 
 pub const FILE: &str = "live";
 const MAGIC: &str = "htc-live 1";

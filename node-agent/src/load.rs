@@ -9,8 +9,9 @@ use std::path::Path;
 use htc_core::partition::group_key;
 use htc_core::taskfile::{Parser, TaskFileError, TaskOptions};
 
-use crate::ledger::{Counts, Ledger, LedgerError, Record};
+use crate::ledger::{Ledger, LedgerError, Record};
 use crate::rundir::RunDir;
+use htc_core::task::Counts;
 
 const BATCH: u64 = 200_000;
 
@@ -288,7 +289,7 @@ pub fn create_run(
     base: &Path,
     id: &str,
     file: &Path,
-    output: crate::output::OutputMode,
+    output: htc_core::output::OutputMode,
     defaults: TaskOptions,
     ledger: Option<std::path::PathBuf>,
 ) -> Result<(RunDir, Loaded), CreateError> {

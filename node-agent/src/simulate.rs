@@ -246,7 +246,7 @@ pub fn simulate(run: &RunDir, cfg: &SimConfig) -> anyhow::Result<SimReport> {
     let counts = leader.core.counts();
     Ok(SimReport {
         tasks: counts.total(),
-        failed: counts.get(crate::ledger::State::Failed),
+        failed: counts.get(htc_core::task::State::Failed),
         makespan_s: fleet.last_end as f64 / 1e6,
         bound_s,
         bound_joined_s,
@@ -566,7 +566,8 @@ pub fn simulate_file(file: &std::path::Path, cfg: &SimConfig) -> anyhow::Result<
     let r = (|| {
         let defaults = htc_core::taskfile::TaskOptions::default();
         let loading = Instant::now();
-        let (run, _) = crate::load::create_run(&scratch, "sim", file, crate::output::OutputMode::None, defaults, None)?;
+        let (run, _) =
+            crate::load::create_run(&scratch, "sim", file, htc_core::output::OutputMode::None, defaults, None)?;
         let load_s = loading.elapsed().as_secs_f64();
         simulate(&run, cfg).map(|r| SimReport { load_s, ..r })
     })();

@@ -12,9 +12,9 @@ use crate::cli::agent::WorkArgs;
 use crate::leader::core::Input;
 use crate::leader::driver::Event;
 use crate::leader::launch::{watch, Agents};
-use crate::output::OutputMode;
 use crate::rundir::RunDir;
 use crate::simexec::ExecKind;
+use htc_core::output::OutputMode;
 
 pub fn var(name: &str) -> anyhow::Result<String> {
     std::env::var(name).with_context(|| format!("${name} is not set (not inside a Slurm job?)"))

@@ -6,8 +6,9 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use crate::leader::core::Progress;
-use crate::ledger::{Counts, Ledger, ReadTxn, State};
+use crate::ledger::{Ledger, ReadTxn};
 use crate::rundir::{now_us, RunDir};
+use htc_core::task::{Counts, State};
 
 pub fn fmt_duration(d: Duration) -> String {
     let s = d.as_secs();

@@ -14,9 +14,9 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Gauge, Paragraph, Row, Table, TableState};
 use ratatui::Frame;
 
-use crate::ledger::State;
 use crate::live::{self, View};
 use crate::status::fmt_duration;
+use htc_core::task::State;
 
 /// The rate is measured over this much of the latest history.
 const RATE_WINDOW_US: u64 = 10_000_000;
@@ -291,7 +291,7 @@ fn event_loop(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::Counts;
+    use htc_core::task::Counts;
 
     fn view(now_s: u64, done: u64, state: &str) -> View {
         View {

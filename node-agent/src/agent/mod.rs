@@ -28,11 +28,11 @@ use crate::auth;
 use crate::executor::{self, Command, ExecConfig, ExecEvent, Handle};
 use crate::frame::{self, read_frame, FrameError};
 use crate::leftovers::Sweeper;
-use crate::output::OutputMode;
 use crate::proto::{self, frame::Body};
 use crate::rundir::RunDir;
 use crate::simexec::{self, ExecKind};
 use crate::PROTOCOL_VERSION;
+use htc_core::output::OutputMode;
 
 use machine::{Effect, Input};
 use relay::Child;

@@ -20,10 +20,11 @@ use htc_core::recall::{self, Recalls};
 use htc_core::task::{self, Effect, End, Life, Step};
 use htc_core::tree::Tree;
 
-use crate::ledger::{Attempt, Counts, LedgerError, Outcome, Record, State};
+use crate::ledger::{Attempt, LedgerError, Outcome, Record};
 use crate::live;
 use crate::liveness::Liveness;
 use crate::proto::{self, frame::Body};
+use htc_core::task::{Counts, State};
 
 /// Where task records live: the ledger's write transaction in a real run, a map in tests. Reads
 /// see the writes made before them.

@@ -11,9 +11,10 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::core::{Core, Ending, Input, Outbox, Progress, ProgressFn, Tasks};
 use crate::frame;
-use crate::ledger::{Attempt, Counts, Ledger, LedgerError, Record, WriteTxn};
+use crate::ledger::{Attempt, Ledger, LedgerError, Record, WriteTxn};
 use crate::load::TaskText;
 use crate::rundir::now_us;
+use htc_core::task::Counts;
 use htc_core::task::{self, Step};
 
 type Result<T> = std::result::Result<T, LedgerError>;
@@ -369,7 +370,7 @@ mod tests {
         std::fs::write(&file, "true\n".repeat(4)).unwrap();
         let defaults = htc_core::taskfile::TaskOptions::default();
         let (rd, _) =
-            crate::load::create_run(&dir, "job", &file, crate::output::OutputMode::None, defaults, None).unwrap();
+            crate::load::create_run(&dir, "job", &file, htc_core::output::OutputMode::None, defaults, None).unwrap();
         let ledger = Ledger::open(&rd.ledger(), false).unwrap();
         let text = TaskText::open(&rd.tasks()).unwrap();
         let site = crate::site::Site::default();
@@ -438,7 +439,7 @@ mod tests {
         // the session's end.
         let t = ledger.read().unwrap();
         assert_eq!(t.txn_id() - before, 3, "one commit for both reports");
-        assert_eq!(t.counts().unwrap().get(crate::ledger::State::Done), 4);
+        assert_eq!(t.counts().unwrap().get(htc_core::task::State::Done), 4);
         for link in links.iter_mut() {
             let acks: Vec<u64> = frames(link)
                 .into_iter()

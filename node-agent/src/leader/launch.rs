@@ -13,9 +13,9 @@ use anyhow::Context;
 use super::core::Input;
 use super::driver::Event;
 use crate::cli::agent::WorkArgs;
-use crate::output::OutputMode;
 use crate::rundir::RunDir;
 use crate::simexec::ExecKind;
+use htc_core::output::OutputMode;
 
 /// The started agent processes (or the one launcher process, e.g. srun).
 pub struct Agents {

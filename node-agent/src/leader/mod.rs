@@ -21,11 +21,12 @@ use htc_core::tree::Tree;
 pub use self::core::Ending;
 use self::core::{Core, Progress, ProgressFn};
 use self::driver::{DriverConfig, Event};
-use crate::ledger::{Ledger, State};
+use crate::ledger::Ledger;
 use crate::liveness::Liveness;
 use crate::load::TaskText;
 use crate::rundir::RunDir;
 use crate::status;
+use htc_core::task::State;
 
 pub struct LeaderConfig {
     pub run: RunDir,

@@ -5,7 +5,8 @@
 use htc_core::hflow::{self, Params};
 use htc_core::partition::{Classes, Even, Grouper, Partition, Plan};
 
-use crate::ledger::{Ledger, State};
+use crate::ledger::Ledger;
+use htc_core::task::State;
 
 /// The partition of tasks `1..=total` among `instances` instances of `cores` cores in all.
 pub fn partition(
