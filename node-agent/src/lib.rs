@@ -45,6 +45,7 @@ pub mod storage;
 pub mod throttle;
 pub mod verify;
 pub mod watch;
+pub mod work_args;
 
 /// Generated from `proto/htc.proto`.
 pub mod proto {

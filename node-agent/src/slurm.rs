@@ -8,12 +8,12 @@ use std::sync::mpsc;
 
 use anyhow::{bail, Context};
 
-use crate::cli::agent::WorkArgs;
 use crate::leader::core::Input;
 use crate::leader::driver::Event;
 use crate::leader::launch::{watch, Agents};
 use crate::rundir::RunDir;
 use crate::simexec::ExecKind;
+use crate::work_args::WorkArgs;
 use htc_core::output::OutputMode;
 
 pub fn var(name: &str) -> anyhow::Result<String> {
@@ -54,29 +54,6 @@ pub fn node_share(cpus: usize, agents: usize, local: usize) -> (usize, usize) {
 /// The fewest CPUs the job has on any of its nodes.
 pub fn min_cpus_per_node() -> Option<usize> {
     cpu_runs(&std::env::var("SLURM_JOB_CPUS_PER_NODE").ok()?)?.iter().map(|&(n, _)| n).min()
-}
-
-/// The sbatch arguments that ask for this job's shape again (`htc resume` without arguments):
-/// as many nodes, as many CPUs on each, and the same `--htc-*` layout options.
-pub fn resume_args(nodes: usize, a: &crate::cli::agent::LeadArgs) -> Vec<String> {
-    let mut v = vec![format!("--nodes={nodes}")];
-    if let Some(c) = min_cpus_per_node() {
-        v.extend(["--ntasks-per-node=1".to_string(), format!("--cpus-per-task={c}")]);
-    }
-    let opt = |name: &str, x: Option<String>| x.map(|x| format!("--htc-{name}={x}"));
-    v.extend(
-        [
-            opt("agents-per-node", a.agents_per_node.map(|n| n.to_string())),
-            opt("fanout", a.fanout.map(|n| n.to_string())),
-            opt("instance-nodes", a.instance_nodes.map(|n| n.to_string())),
-            opt("max-fails", a.max_fails.map(|n| n.to_string())),
-            opt("partition", a.partition.map(|p| p.name().to_string())),
-            opt("resubmit", a.resubmit.map(|n| n.to_string())),
-        ]
-        .into_iter()
-        .flatten(),
-    );
-    v
 }
 
 /// The sbatch options of job `line` (`scontrol show job -o`) that a continuation of its run must

@@ -378,7 +378,7 @@ fn lead_run(
         // The run's shape, and the job's own options as the user gave them (an `htc resume
         // -- OPTIONS` or resubmission puts what it is told after them, and sbatch takes the last).
         let mut args = slurm::own_job_options();
-        args.extend(slurm::resume_args(nodes, &a));
+        args.extend(resume_args(nodes, &a));
         t.put_meta("resume_sbatch", args.join("\n").as_bytes())?;
         t.commit()?;
     }
@@ -441,4 +441,27 @@ fn resubmit(run: &RunDir, max: u32) -> anyhow::Result<()> {
     }
     println!("htc: resubmitted ({} of {max}): {said}", done + 1);
     Ok(())
+}
+
+/// The sbatch arguments that ask for this job's shape again (`htc resume` without arguments):
+/// as many nodes, as many CPUs on each, and the same `--htc-*` layout options.
+fn resume_args(nodes: usize, a: &LeadArgs) -> Vec<String> {
+    let mut v = vec![format!("--nodes={nodes}")];
+    if let Some(c) = slurm::min_cpus_per_node() {
+        v.extend(["--ntasks-per-node=1".to_string(), format!("--cpus-per-task={c}")]);
+    }
+    let opt = |name: &str, x: Option<String>| x.map(|x| format!("--htc-{name}={x}"));
+    v.extend(
+        [
+            opt("agents-per-node", a.agents_per_node.map(|n| n.to_string())),
+            opt("fanout", a.fanout.map(|n| n.to_string())),
+            opt("instance-nodes", a.instance_nodes.map(|n| n.to_string())),
+            opt("max-fails", a.max_fails.map(|n| n.to_string())),
+            opt("partition", a.partition.map(|p| p.name().to_string())),
+            opt("resubmit", a.resubmit.map(|n| n.to_string())),
+        ]
+        .into_iter()
+        .flatten(),
+    );
+    v
 }

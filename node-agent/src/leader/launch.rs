@@ -12,9 +12,9 @@ use anyhow::Context;
 
 use super::core::Input;
 use super::driver::Event;
-use crate::cli::agent::WorkArgs;
 use crate::rundir::RunDir;
 use crate::simexec::ExecKind;
+use crate::work_args::WorkArgs;
 use htc_core::output::OutputMode;
 
 /// The started agent processes (or the one launcher process, e.g. srun).
