@@ -3,9 +3,11 @@
 
 use htc_core::hist::Summary;
 use std::fmt::Write as _;
+use std::io::IsTerminal;
 use std::time::Duration;
 
-use crate::leader::core::Progress;
+use crate::leader::core::{Ending, Progress};
+use crate::leader::{self, ProgressSink};
 use crate::ledger::{Ledger, ReadTxn};
 use crate::rundir::{now_us, RunDir};
 use htc_core::task::{Counts, State};
@@ -44,6 +46,43 @@ pub fn progress_line(p: &Progress) -> String {
         eta.map(fmt_duration).unwrap_or_else(|| "-".into()),
         p.agents
     )
+}
+
+/// The progress display of a run in this process: a bar on a terminal (every 250 ms); elsewhere
+/// (e.g. Slurm's output file) a plain line every `plain_every`, or nothing when `None` or `quiet`.
+pub fn sink(quiet: bool, plain_every: Option<Duration>) -> Option<Box<dyn ProgressSink>> {
+    if quiet {
+        return None;
+    }
+    if std::io::stderr().is_terminal() {
+        return Some(Box::new(Bar(progress_bar())));
+    }
+    plain_every.map(|every| Box::new(Plain(every)) as Box<dyn ProgressSink>)
+}
+
+struct Bar(indicatif::ProgressBar);
+
+impl ProgressSink for Bar {
+    fn every(&self) -> Duration {
+        Duration::from_millis(250)
+    }
+    fn show(&mut self, p: &Progress) {
+        show_progress(&self.0, p)
+    }
+    fn finish(&mut self) {
+        self.0.finish()
+    }
+}
+
+struct Plain(Duration);
+
+impl ProgressSink for Plain {
+    fn every(&self) -> Duration {
+        self.0
+    }
+    fn show(&mut self, p: &Progress) {
+        eprintln!("{}", progress_line(p))
+    }
 }
 
 /// The progress bar of `htc run` on a terminal (the plain `progress_line` elsewhere).
@@ -94,6 +133,47 @@ fn failures(t: &ReadTxn<'_>, limit: usize, out: &mut String) -> anyhow::Result<(
         }
     }
     Ok(())
+}
+
+/// Prints the end-of-run summary and returns the process exit code: 0 only when every task
+/// succeeded.
+pub fn finish(run: &RunDir, outcome: &leader::Outcome, quiet: bool) -> anyhow::Result<i32> {
+    let c = outcome.progress.counts;
+    let failed = c.get(State::Failed);
+    // A Slurm job's run is named by its job id: a new job continues it.
+    let resume = if run.id().bytes().all(|b| b.is_ascii_digit()) {
+        format!("htc resume {}", run.id())
+    } else {
+        format!("htc run --resume {}", run.path.display())
+    };
+    if !quiet {
+        let ledger = Ledger::open(&run.ledger(), true)?;
+        eprint!("{}", summary(&ledger, run, &outcome.progress)?);
+    }
+    Ok(match &outcome.ending {
+        Ending::Complete if failed == 0 => 0,
+        Ending::Complete => 1,
+        Ending::Interrupted(sig) => {
+            eprintln!("htc: interrupted; continue with: {resume}");
+            128 + sig
+        }
+        Ending::TooManyFailures(n) => {
+            eprintln!(
+                "htc: stopped after {n} failed tasks (--max-fails); the rest did not run; continue with: {resume}"
+            );
+            1
+        }
+        Ending::OutOfTime(n) => {
+            eprintln!(
+                "htc: {n} tasks cannot finish before the time limit (by their runtime hints); continue with: {resume}"
+            );
+            2
+        }
+        Ending::AgentsLost(why) => {
+            eprintln!("htc: {why}; continue with: {resume}");
+            2
+        }
+    })
 }
 
 pub fn summary(ledger: &Ledger, run: &RunDir, p: &Progress) -> anyhow::Result<String> {

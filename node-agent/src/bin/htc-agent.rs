@@ -355,8 +355,7 @@ fn lead_run(
         bind: std::net::SocketAddr::new(slurm::node_ip(), 0),
         advertise: Some(slurm::node_ip()),
         commit_interval: Duration::from_millis(10),
-        plain_progress_every: Some(Duration::from_secs(every.max(1))),
-        quiet: false,
+        progress: htc::status::sink(false, Some(Duration::from_secs(every.max(1)))),
         partition: a.partition.unwrap_or(site.partition),
         // One srun step starts every node's agent at once: instances do not start one after
         // another as eq. 10's s assumes, so the plan skews nothing for it.
@@ -383,7 +382,7 @@ fn lead_run(
         t.commit()?;
     }
     let outcome = leader::run(cfg, |addr, tx| srun.start(run, addr, tx))?;
-    let code = leader::finish(run, &outcome, false);
+    let code = htc::status::finish(run, &outcome, false);
     drop(lock);
     if let Some(max) = a.resubmit {
         // SIGTERM past the deadline is the time limit; before it, someone cancelled the job.

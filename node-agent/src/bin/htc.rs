@@ -275,8 +275,7 @@ fn real_main() -> anyhow::Result<i32> {
                 bind: "127.0.0.1:0".parse().unwrap(),
                 advertise: None,
                 commit_interval: Duration::from_millis(commit_ms.max(1)),
-                plain_progress_every: None,
-                quiet,
+                progress: htc::status::sink(quiet, None),
                 partition: partition.unwrap_or(site.partition),
                 params: Params { s: local.start_delay_s(site.params.s), ..site.params },
                 cores: (agents * slots) as u64,
@@ -288,7 +287,7 @@ fn real_main() -> anyhow::Result<i32> {
                 no_steal,
             };
             let outcome = leader::run(cfg, |addr, tx| local.start(&run, addr, tx))?;
-            let code = leader::finish(&run, &outcome, quiet);
+            let code = htc::status::finish(&run, &outcome, quiet);
             if run.replicated() {
                 htc::replica::remove_node_local(&run.ledger());
             }

@@ -120,9 +120,6 @@ pub const HORIZON_MS: u64 = 1_000;
 /// Frames for agents, in the order they must be sent.
 pub type Outbox = Vec<(u32, Body)>;
 
-/// Called with the run's counts every `progress_every`.
-pub type ProgressFn = Box<dyn FnMut(&Progress) + Send>;
-
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Progress {
     pub counts: Counts,

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::core::{Core, Ending, Input, Outbox, Progress, ProgressFn, Tasks};
+use super::core::{Core, Ending, Input, Outbox, Progress, Tasks};
 use crate::frame;
 use crate::ledger::{Attempt, Ledger, LedgerError, Record, WriteTxn};
 use crate::load::TaskText;
@@ -33,10 +33,19 @@ pub enum Event {
     Core(Input),
 }
 
+/// Where the run's progress is shown while it runs: the product's terminal bar or plain lines
+/// (`status::sink`). The leader only says when; what it looks like is not its business.
+pub trait ProgressSink: Send {
+    /// How often to be shown the progress.
+    fn every(&self) -> Duration;
+    fn show(&mut self, p: &Progress);
+    /// The run is over; the last `show` came just before.
+    fn finish(&mut self) {}
+}
+
 pub struct DriverConfig {
     pub commit_interval: Duration,
-    pub progress: Option<ProgressFn>,
-    pub progress_every: Duration,
+    pub progress: Option<Box<dyn ProgressSink>>,
     /// The run directory the live view (`live.rs`) is written into every second, if any.
     pub live_dir: Option<std::path::PathBuf>,
     /// Told of each agent the core gives up (`net::NetConfig::give_up`), so that its old
@@ -128,6 +137,8 @@ pub fn run(
     let mut last_commit = Instant::now();
     let mut last_sync = Instant::now();
     let mut last_progress = Instant::now();
+    // No sink: a wakeup an hour, which costs nothing (an `Instant` cannot take `Duration::MAX`).
+    let progress_every = cfg.progress.as_ref().map_or(Duration::from_secs(3600), |s| s.every());
     let mut last_tick = Instant::now();
     let mut last_live: Option<Instant> = None;
     let mut ending: Option<Ending> = None;
@@ -158,7 +169,7 @@ pub fn run(
             last_commit + if txn.is_some() { cfg.commit_interval } else { Duration::from_secs(1) },
             last_sync + SYNC_EVERY,
             last_live.map_or(Instant::now(), |t| t + LIVE_EVERY),
-            last_progress + cfg.progress_every,
+            last_progress + progress_every,
         ];
         let wait = due.into_iter().min().unwrap().saturating_duration_since(Instant::now());
         let mut next = match rx.recv_timeout(wait) {
@@ -264,10 +275,9 @@ pub fn run(
             write_live(&mut cfg, &core, "running");
             last_live = Some(now);
         }
-        if now - last_progress >= cfg.progress_every {
-            let p = core.progress(now_us());
-            if let Some(f) = cfg.progress.as_mut() {
-                f(&p);
+        if now - last_progress >= progress_every {
+            if let Some(sink) = cfg.progress.as_mut() {
+                sink.show(&core.progress(now_us()));
             }
             last_progress = now;
         }
@@ -285,8 +295,9 @@ pub fn run(
     core.shutdown(&ending, &mut out);
     send(&mut out, &links, &cfg.given_up);
     let p = core.progress(now_us());
-    if let Some(f) = cfg.progress.as_mut() {
-        f(&p);
+    if let Some(sink) = cfg.progress.as_mut() {
+        sink.show(&p);
+        sink.finish();
     }
     Ok((ending, p))
 }
@@ -378,13 +389,8 @@ mod tests {
         let core = new_core(&ledger, &planned, "job", now_us()).unwrap();
         let (tx, rx) = mpsc::channel();
         // A commit interval no turn reaches: only the end of the run commits what came.
-        let cfg = DriverConfig {
-            commit_interval: Duration::from_secs(600),
-            progress: None,
-            progress_every: Duration::from_secs(3600),
-            live_dir: None,
-            given_up: None,
-        };
+        let cfg =
+            DriverConfig { commit_interval: Duration::from_secs(600), progress: None, live_dir: None, given_up: None };
         let mut links = Vec::new();
         let before = ledger.read().unwrap().txn_id();
         std::thread::scope(|s| {

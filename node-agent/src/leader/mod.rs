@@ -8,7 +8,6 @@ pub mod launch;
 pub mod net;
 pub mod plan;
 
-use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
@@ -19,14 +18,13 @@ use htc_core::partition::Plan;
 use htc_core::tree::Tree;
 
 pub use self::core::Ending;
-use self::core::{Core, Progress, ProgressFn};
+use self::core::{Core, Progress};
+pub use self::driver::ProgressSink;
 use self::driver::{DriverConfig, Event};
 use crate::ledger::Ledger;
 use crate::liveness::Liveness;
 use crate::load::TaskText;
 use crate::rundir::RunDir;
-use crate::status;
-use htc_core::task::State;
 
 pub struct LeaderConfig {
     pub run: RunDir,
@@ -36,10 +34,8 @@ pub struct LeaderConfig {
     /// The address agents are told to connect to when `bind` is a wildcard.
     pub advertise: Option<std::net::IpAddr>,
     pub commit_interval: Duration,
-    /// Live progress line: on a terminal every 250 ms; elsewhere (e.g. Slurm's output file) a
-    /// plain line every `plain_progress_every`, or never when `None`.
-    pub plain_progress_every: Option<Duration>,
-    pub quiet: bool,
+    /// Where progress is shown while the run goes (`status::sink`), if anywhere.
+    pub progress: Option<Box<dyn ProgressSink>>,
     /// How tasks are split among the agents (`--partition`).
     pub partition: Plan,
     /// The site's calibration (instance start, dispatch, default runtime).
@@ -98,19 +94,6 @@ pub fn run(
     // Only instance heads join the leader; each is one instance of the partition.
     let expected = cfg.layout.heads().len().min(agents.count);
 
-    let tty = std::io::stderr().is_terminal() && !cfg.quiet;
-    let progress_every =
-        if tty { Duration::from_millis(250) } else { cfg.plain_progress_every.unwrap_or(Duration::from_secs(3600)) };
-    let plain = !tty && cfg.plain_progress_every.is_some() && !cfg.quiet;
-    let bar = tty.then(status::progress_bar);
-    let progress: Option<ProgressFn> = match &bar {
-        Some(bar) => {
-            let bar = bar.clone();
-            Some(Box::new(move |p: &Progress| status::show_progress(&bar, p)))
-        }
-        None if plain => Some(Box::new(|p: &Progress| eprintln!("{}", status::progress_line(p)))),
-        None => None,
-    };
     let plan = Planned { plan: cfg.partition, instances: expected, cores: cfg.cores, params: cfg.params };
     let mut core = new_core(&ledger, &plan, &cfg.job_id, crate::rundir::now_us())?
         .with_layout(cfg.layout.clone())
@@ -132,8 +115,7 @@ pub fn run(
     let evict = net_cfg.clone();
     let driver_cfg = DriverConfig {
         commit_interval: cfg.commit_interval,
-        progress,
-        progress_every,
+        progress: cfg.progress,
         live_dir: Some(cfg.run.path.clone()),
         given_up: Some(Box::new(move |agent| evict.give_up(agent))),
     };
@@ -161,9 +143,6 @@ pub fn run(
         });
         core_thread.join().expect("leader core thread panicked")
     })?;
-    if let Some(bar) = bar {
-        bar.finish();
-    }
     let (ending, progress) = result;
     Ok(Outcome { ending, progress })
 }
@@ -217,45 +196,4 @@ async fn forward_signals(tx: mpsc::Sender<Event>) {
         }
         let _ = tx.send(Event::Core(self::core::Input::Interrupt { signal: sig }));
     }
-}
-
-/// Prints the end-of-run summary and returns the process exit code: 0 only when every task
-/// succeeded.
-pub fn finish(run: &RunDir, outcome: &Outcome, quiet: bool) -> anyhow::Result<i32> {
-    let c = outcome.progress.counts;
-    let failed = c.get(State::Failed);
-    // A Slurm job's run is named by its job id: a new job continues it.
-    let resume = if run.id().bytes().all(|b| b.is_ascii_digit()) {
-        format!("htc resume {}", run.id())
-    } else {
-        format!("htc run --resume {}", run.path.display())
-    };
-    if !quiet {
-        let ledger = Ledger::open(&run.ledger(), true)?;
-        eprint!("{}", status::summary(&ledger, run, &outcome.progress)?);
-    }
-    Ok(match &outcome.ending {
-        Ending::Complete if failed == 0 => 0,
-        Ending::Complete => 1,
-        Ending::Interrupted(sig) => {
-            eprintln!("htc: interrupted; continue with: {resume}");
-            128 + sig
-        }
-        Ending::TooManyFailures(n) => {
-            eprintln!(
-                "htc: stopped after {n} failed tasks (--max-fails); the rest did not run; continue with: {resume}"
-            );
-            1
-        }
-        Ending::OutOfTime(n) => {
-            eprintln!(
-                "htc: {n} tasks cannot finish before the time limit (by their runtime hints); continue with: {resume}"
-            );
-            2
-        }
-        Ending::AgentsLost(why) => {
-            eprintln!("htc: {why}; continue with: {resume}");
-            2
-        }
-    })
 }
