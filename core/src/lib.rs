@@ -10,6 +10,7 @@ pub mod idset;
 pub mod output;
 pub mod partition;
 pub mod recall;
+pub mod record;
 pub mod shellsyntax;
 pub mod sweep;
 pub mod task;

@@ -1,5 +1,5 @@
 //! The `ledger_record` target's checks: a task record as stored in the ledger
-//! (`htc::ledger::Record::decode`), from arbitrary bytes: the first 8 are the task id, the rest
+//! (`htc::ledger::decode_record`), from arbitrary bytes: the first 8 are the task id, the rest
 //! the stored value. Whatever decodes encodes back to exactly those bytes, and no single flipped
 //! bit of it decodes (the checksum catches it); a value of the wrong size or checksum is an
 //! error, never a panic.
@@ -7,7 +7,7 @@
 //! Shared by the fuzz target (`fuzz_targets/ledger_record.rs`) and the stable replay of the
 //! committed corpus `corpus/ledger_record/` in `cargo test` (`node-agent/tests/fuzz_corpus.rs`).
 
-use htc::ledger::{unseal, Record, RECORD_LEN};
+use htc::ledger::{decode_record, encode_record, unseal, RECORD_LEN};
 
 pub fn check(data: &[u8]) {
     if data.len() < 8 {
@@ -15,14 +15,14 @@ pub fn check(data: &[u8]) {
     }
     let id = u64::from_le_bytes(data[..8].try_into().unwrap());
     let value = &data[8..];
-    let Ok(r) = Record::decode(id, value) else {
+    let Ok(r) = decode_record(id, value) else {
         assert!(value.len() != RECORD_LEN || unseal(&id.to_be_bytes(), value).is_none() || value[30] > 4);
         return;
     };
-    assert_eq!(&r.encode(id)[..], value, "what decoded does not encode back to its bytes");
+    assert_eq!(&encode_record(&r, id)[..], value, "what decoded does not encode back to its bytes");
     for bit in 0..value.len() * 8 {
         let mut v = value.to_vec();
         v[bit / 8] ^= 1 << (bit % 8);
-        assert!(Record::decode(id, &v).is_err(), "bit {bit} flipped still decodes");
+        assert!(decode_record(id, &v).is_err(), "bit {bit} flipped still decodes");
     }
 }

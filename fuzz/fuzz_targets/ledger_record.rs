@@ -1,4 +1,4 @@
-//! Ledger task records: `htc::ledger::Record::decode` on arbitrary bytes, a round trip for what
+//! Ledger task records: `htc::ledger::decode_record` on arbitrary bytes, a round trip for what
 //! decodes, and every single-bit flip of it refused.
 //! The assertions are in `checks/ledger_record.rs`, which `cargo test` also runs on the committed corpus.
 #![no_main]

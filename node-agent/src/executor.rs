@@ -38,9 +38,9 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use crate::handoff::{Handoff, When};
-use crate::ledger::Outcome;
 use crate::output::{IndexEntry, OutputMode};
 use crate::rundir::now_us;
+use htc_core::record::Outcome;
 
 #[derive(Debug, Clone)]
 pub struct TaskToRun {

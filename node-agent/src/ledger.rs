@@ -55,7 +55,6 @@ pub enum LedgerError {
 
 type Result<T> = std::result::Result<T, LedgerError>;
 
-use htc_core::task::Life;
 pub use htc_core::task::{Counts, State};
 
 /// Checks an existing ledger file against LMDB's own record of its size: the newer of the two
@@ -106,261 +105,100 @@ fn check_size(path: &Path) -> std::result::Result<(), String> {
     Ok(())
 }
 
-/// How an attempt ended; mirrors `proto::Outcome`, plus `Lost` for an attempt whose agent vanished.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub enum Outcome {
-    None = 0,
-    Exited = 1,
-    Signaled = 2,
-    TimedOut = 3,
-    SpawnFailed = 4,
-    Lost = 5,
-    /// Needs more cores or memory than any agent has.
-    Unschedulable = 6,
-    /// Killed for using more memory than its `mem=`; the value is the resident MiB seen.
-    OutOfMemory = 7,
-    /// Stopped for higher-priority work; it runs again without using a retry.
-    Preempted = 8,
+pub use htc_core::record::{Attempt, Outcome, Record};
+
+/// The stored form of task `id`'s record, its checksum last.
+pub fn encode_record(r: &Record, id: u64) -> [u8; RECORD_LEN] {
+    let mut b = [0u8; RECORD_LEN];
+    b[0..8].copy_from_slice(&r.cmd_off.to_le_bytes());
+    b[8..12].copy_from_slice(&r.cmd_len.to_le_bytes());
+    b[12..16].copy_from_slice(&r.line.to_le_bytes());
+    b[16..18].copy_from_slice(&r.cores.to_le_bytes());
+    b[18] = r.retries;
+    b[19] = r.shell as u8;
+    b[20..24].copy_from_slice(&r.timeout_ms.to_le_bytes());
+    b[24..28].copy_from_slice(&r.mem_mb.to_le_bytes());
+    b[28..30].copy_from_slice(&r.class.to_le_bytes());
+    b[30] = r.state;
+    b[31] = r.attempts;
+    b[32..36].copy_from_slice(&r.runtime_ms.to_le_bytes());
+    b[36] = r.outcome;
+    b[37] = r.losses;
+    b[38..40].copy_from_slice(&r.max_output.to_le_bytes());
+    b[40..44].copy_from_slice(&r.value.to_le_bytes());
+    b[44..48].copy_from_slice(&r.agent.to_le_bytes());
+    b[48..56].copy_from_slice(&r.start_us.to_le_bytes());
+    b[56..64].copy_from_slice(&r.end_us.to_le_bytes());
+    b[64] = r.gpus;
+    b[65] = r.flags;
+    b[66..68].copy_from_slice(&r.priority.to_le_bytes());
+    b[68..72].copy_from_slice(&r.affinity.to_le_bytes());
+    b[72] = r.returns;
+    let s = sum(&key(id), &b[..FIELDS_LEN]);
+    b[FIELDS_LEN..].copy_from_slice(&s);
+    b
 }
 
-impl Outcome {
-    fn from_u8(v: u8) -> Outcome {
-        match v {
-            1 => Outcome::Exited,
-            2 => Outcome::Signaled,
-            3 => Outcome::TimedOut,
-            4 => Outcome::SpawnFailed,
-            5 => Outcome::Lost,
-            6 => Outcome::Unschedulable,
-            7 => Outcome::OutOfMemory,
-            8 => Outcome::Preempted,
-            _ => Outcome::None,
-        }
+/// Task `id`'s record from its stored form: one of the wrong size, whose checksum does not
+/// match, or whose state is none is refused.
+pub fn decode_record(id: u64, b: &[u8]) -> Result<Record> {
+    if b.len() != RECORD_LEN || unseal(&key(id), b).is_none() || b[30] > State::Failed as u8 {
+        return Err(LedgerError::Corrupt { id, len: b.len() });
     }
-
-    /// Human description of an attempt's end, e.g. "exit 3", "signal 9 (KILL)", "timed out".
-    pub fn describe(self, value: i32) -> String {
-        match self {
-            Outcome::None => "-".into(),
-            Outcome::Exited => format!("exit {value}"),
-            Outcome::Signaled => format!("killed by signal {value}{}", signal_name(value)),
-            Outcome::TimedOut => "timed out".into(),
-            Outcome::SpawnFailed => {
-                // What a shell would have reported: 126 for "cannot execute", 127 for "not found".
-                let code = if value == libc::EACCES || value == libc::ENOEXEC { 126 } else { 127 };
-                let err = std::io::Error::from_raw_os_error(value).to_string();
-                let err = err.split(" (os error").next().unwrap_or(&err).to_string();
-                format!("exit {code}: could not start: {err}")
-            }
-            Outcome::Lost => "lost with its agent".into(),
-            Outcome::Unschedulable => "needs more cores, memory or GPUs than any agent has".into(),
-            Outcome::OutOfMemory => format!("out of memory ({value} MiB resident, past its mem=)"),
-            Outcome::Preempted => "preempted for higher-priority work".into(),
-        }
-    }
+    let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
+    let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
+    let u16_at = |i: usize| u16::from_le_bytes(b[i..i + 2].try_into().unwrap());
+    Ok(Record {
+        cmd_off: u64_at(0),
+        cmd_len: u32_at(8),
+        line: u32_at(12),
+        cores: u16_at(16),
+        retries: b[18],
+        shell: b[19] != 0,
+        timeout_ms: u32_at(20),
+        mem_mb: u32_at(24),
+        class: u16_at(28),
+        state: b[30],
+        attempts: b[31],
+        runtime_ms: u32_at(32),
+        outcome: b[36],
+        losses: b[37],
+        max_output: u16_at(38),
+        value: u32_at(40) as i32,
+        agent: u32_at(44),
+        start_us: u64_at(48),
+        end_us: u64_at(56),
+        gpus: b[64],
+        flags: b[65],
+        priority: u16_at(66) as i16,
+        affinity: u32_at(68),
+        returns: b[72],
+    })
 }
 
-fn signal_name(sig: i32) -> &'static str {
-    match sig {
-        1 => " (HUP)",
-        2 => " (INT)",
-        6 => " (ABRT)",
-        9 => " (KILL)",
-        11 => " (SEGV)",
-        13 => " (PIPE)",
-        15 => " (TERM)",
-        _ => "",
-    }
+fn encode_attempt(a: &Attempt, k: &[u8; 9]) -> [u8; ATTEMPT_LEN] {
+    let mut b = [0u8; ATTEMPT_LEN];
+    b[0] = a.outcome as u8;
+    b[1] = a.attempt;
+    b[4..8].copy_from_slice(&a.value.to_le_bytes());
+    b[8..12].copy_from_slice(&a.agent.to_le_bytes());
+    b[12..20].copy_from_slice(&a.start_us.to_le_bytes());
+    b[20..28].copy_from_slice(&a.end_us.to_le_bytes());
+    let s = sum(k, &b[..28]);
+    b[28..].copy_from_slice(&s);
+    b
 }
 
-/// One task: what it asks for (set at load) and where it stands (updated by the leader).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Record {
-    pub cmd_off: u64,
-    pub cmd_len: u32,
-    pub line: u32,
-    pub cores: u16,
-    pub retries: u8,
-    pub shell: bool,
-    pub timeout_ms: u32,
-    pub mem_mb: u32,
-    pub class: u16,
-    pub runtime_ms: u32,
-    pub state: u8,
-    pub attempts: u8,
-    /// Attempts lost with their agent (they cost no retry until `task::MAX_LOSSES`).
-    pub losses: u8,
-    /// `max_output=`, encoded (`htc_core::taskfile::output_cap`); 0 = no cap.
-    pub max_output: u16,
-    pub outcome: u8,
-    pub value: i32,
-    pub agent: u32,
-    pub start_us: u64,
-    pub end_us: u64,
-    /// `gpus=`: devices the task gets to itself.
-    pub gpus: u8,
-    /// `Record::EXCLUSIVE`, `Record::PREEMPTIBLE`.
-    pub flags: u8,
-    /// `priority=`: higher starts first.
-    pub priority: i16,
-    /// `affinity=KEY`, hashed (`htc_core::taskfile::affinity_hash`); 0 = none.
-    pub affinity: u32,
-    /// Dispatches that came back unstarted (a lost agent's queue, a refund): each took an
-    /// attempt number of its own, so `$HTC_ATTEMPT` of the last attempt counts them too.
-    pub returns: u8,
-}
-
-impl Record {
-    /// The task wants a node to itself.
-    pub const EXCLUSIVE: u8 = 1;
-    /// The task may be stopped and requeued for higher-priority work.
-    pub const PREEMPTIBLE: u8 = 2;
-
-    pub fn state(&self) -> State {
-        State::from_u8(self.state).unwrap_or(State::Pending)
-    }
-    pub fn set_state(&mut self, s: State) {
-        self.state = s as u8;
-    }
-    /// The fields `task::step` reads and moves.
-    pub fn life(&self) -> Life {
-        Life { state: self.state, attempts: self.attempts, retries: self.retries, losses: self.losses }
-    }
-    pub fn set_life(&mut self, l: Life) {
-        self.state = l.state;
-        self.attempts = l.attempts;
-        self.retries = l.retries;
-        self.losses = l.losses;
-    }
-    pub fn outcome(&self) -> Outcome {
-        Outcome::from_u8(self.outcome)
-    }
-
-    /// The number of the attempt the record holds (its last), as its task saw it in `$HTC_ATTEMPT`.
-    pub fn attempt_no(&self) -> u32 {
-        self.life().attempt_no() + self.returns as u32
-    }
-
-    /// The attempt the record holds (its last), numbered as its agent was told.
-    pub fn last_attempt(&self) -> Attempt {
-        Attempt {
-            attempt: self.attempt_no().min(255) as u8,
-            outcome: self.outcome(),
-            value: self.value,
-            agent: self.agent,
-            start_us: self.start_us,
-            end_us: self.end_us,
-        }
-    }
-
-    /// The stored form of task `id`'s record, its checksum last.
-    pub fn encode(&self, id: u64) -> [u8; RECORD_LEN] {
-        let mut b = [0u8; RECORD_LEN];
-        b[0..8].copy_from_slice(&self.cmd_off.to_le_bytes());
-        b[8..12].copy_from_slice(&self.cmd_len.to_le_bytes());
-        b[12..16].copy_from_slice(&self.line.to_le_bytes());
-        b[16..18].copy_from_slice(&self.cores.to_le_bytes());
-        b[18] = self.retries;
-        b[19] = self.shell as u8;
-        b[20..24].copy_from_slice(&self.timeout_ms.to_le_bytes());
-        b[24..28].copy_from_slice(&self.mem_mb.to_le_bytes());
-        b[28..30].copy_from_slice(&self.class.to_le_bytes());
-        b[30] = self.state;
-        b[31] = self.attempts;
-        b[32..36].copy_from_slice(&self.runtime_ms.to_le_bytes());
-        b[36] = self.outcome;
-        b[37] = self.losses;
-        b[38..40].copy_from_slice(&self.max_output.to_le_bytes());
-        b[40..44].copy_from_slice(&self.value.to_le_bytes());
-        b[44..48].copy_from_slice(&self.agent.to_le_bytes());
-        b[48..56].copy_from_slice(&self.start_us.to_le_bytes());
-        b[56..64].copy_from_slice(&self.end_us.to_le_bytes());
-        b[64] = self.gpus;
-        b[65] = self.flags;
-        b[66..68].copy_from_slice(&self.priority.to_le_bytes());
-        b[68..72].copy_from_slice(&self.affinity.to_le_bytes());
-        b[72] = self.returns;
-        let s = sum(&key(id), &b[..FIELDS_LEN]);
-        b[FIELDS_LEN..].copy_from_slice(&s);
-        b
-    }
-
-    /// Task `id`'s record from its stored form: one of the wrong size, whose checksum does not
-    /// match, or whose state is none is refused.
-    pub fn decode(id: u64, b: &[u8]) -> Result<Record> {
-        if b.len() != RECORD_LEN || unseal(&key(id), b).is_none() || b[30] > State::Failed as u8 {
-            return Err(LedgerError::Corrupt { id, len: b.len() });
-        }
-        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
-        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
-        let u16_at = |i: usize| u16::from_le_bytes(b[i..i + 2].try_into().unwrap());
-        Ok(Record {
-            cmd_off: u64_at(0),
-            cmd_len: u32_at(8),
-            line: u32_at(12),
-            cores: u16_at(16),
-            retries: b[18],
-            shell: b[19] != 0,
-            timeout_ms: u32_at(20),
-            mem_mb: u32_at(24),
-            class: u16_at(28),
-            state: b[30],
-            attempts: b[31],
-            runtime_ms: u32_at(32),
-            outcome: b[36],
-            losses: b[37],
-            max_output: u16_at(38),
-            value: u32_at(40) as i32,
-            agent: u32_at(44),
-            start_us: u64_at(48),
-            end_us: u64_at(56),
-            gpus: b[64],
-            flags: b[65],
-            priority: u16_at(66) as i16,
-            affinity: u32_at(68),
-            returns: b[72],
-        })
-    }
-}
-
-/// One earlier attempt of a task that did not end it (the record holds the last one): failed
-/// attempts that were retried, and attempts lost with their agent. Stored in order under
-/// (task id, n) for n = 0, 1, …
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Attempt {
-    pub attempt: u8,
-    pub outcome: Outcome,
-    pub value: i32,
-    pub agent: u32,
-    pub start_us: u64,
-    pub end_us: u64,
-}
-
-impl Attempt {
-    fn encode(&self, k: &[u8; 9]) -> [u8; ATTEMPT_LEN] {
-        let mut b = [0u8; ATTEMPT_LEN];
-        b[0] = self.outcome as u8;
-        b[1] = self.attempt;
-        b[4..8].copy_from_slice(&self.value.to_le_bytes());
-        b[8..12].copy_from_slice(&self.agent.to_le_bytes());
-        b[12..20].copy_from_slice(&self.start_us.to_le_bytes());
-        b[20..28].copy_from_slice(&self.end_us.to_le_bytes());
-        let s = sum(k, &b[..28]);
-        b[28..].copy_from_slice(&s);
-        b
-    }
-    /// None when the stored form is damaged.
-    fn decode(k: &[u8], b: &[u8]) -> Option<Attempt> {
-        (b.len() == ATTEMPT_LEN && unseal(k, b).is_some()).then(|| Attempt {
-            attempt: b[1],
-            outcome: Outcome::from_u8(b[0]),
-            value: i32::from_le_bytes(b[4..8].try_into().unwrap()),
-            agent: u32::from_le_bytes(b[8..12].try_into().unwrap()),
-            start_us: u64::from_le_bytes(b[12..20].try_into().unwrap()),
-            end_us: u64::from_le_bytes(b[20..28].try_into().unwrap()),
-        })
-    }
+/// None when the stored form is damaged.
+fn decode_attempt(k: &[u8], b: &[u8]) -> Option<Attempt> {
+    (b.len() == ATTEMPT_LEN && unseal(k, b).is_some()).then(|| Attempt {
+        attempt: b[1],
+        outcome: Outcome::from_u8(b[0]),
+        value: i32::from_le_bytes(b[4..8].try_into().unwrap()),
+        agent: u32::from_le_bytes(b[8..12].try_into().unwrap()),
+        start_us: u64::from_le_bytes(b[12..20].try_into().unwrap()),
+        end_us: u64::from_le_bytes(b[20..28].try_into().unwrap()),
+    })
 }
 
 /// Tasks per state are stored at every commit so readers need no scan.
@@ -448,7 +286,7 @@ fn collect_attempts(l: &Ledger, c: &mut lmdb::RoCursor<'_>, id: u64) -> Result<V
             break;
         }
         last = Some(k[8]);
-        out.push(Attempt::decode(k, v).ok_or_else(|| l.sum_err(format!("attempt {} of task {id}", k[8])))?);
+        out.push(decode_attempt(k, v).ok_or_else(|| l.sum_err(format!("attempt {} of task {id}", k[8])))?);
     }
     Ok(out)
 }
@@ -750,7 +588,7 @@ pub struct WriteTxn<'l> {
 impl<'l> WriteTxn<'l> {
     pub fn get(&self, id: u64) -> Result<Option<Record>> {
         match self.txn.get(self.l.tasks, &key(id)) {
-            Ok(b) => Record::decode(id, b).map(Some),
+            Ok(b) => decode_record(id, b).map(Some),
             Err(lmdb::Error::NotFound) => Ok(None),
             Err(e) => Err(self.l.err(e)),
         }
@@ -769,20 +607,20 @@ impl<'l> WriteTxn<'l> {
             if id >= ids.end {
                 break;
             }
-            out.push((id, Record::decode(id, v)?));
+            out.push((id, decode_record(id, v)?));
         }
         Ok(out)
     }
 
     pub fn put(&mut self, id: u64, r: &Record) -> Result<()> {
-        let b = r.encode(id);
+        let b = encode_record(&r, id);
         self.log_task(id, r.state, &b);
         self.txn.put(self.l.tasks, &key(id), &b, WriteFlags::empty()).map_err(|e| self.l.err(e))
     }
 
     /// Adds a task with an id larger than every id so far (the loader's fast path).
     pub fn append(&mut self, id: u64, r: &Record) -> Result<()> {
-        let b = r.encode(id);
+        let b = encode_record(&r, id);
         self.log_task(id, r.state, &b);
         self.txn.put(self.l.tasks, &key(id), &b, WriteFlags::APPEND).map_err(|e| self.l.err(e))
     }
@@ -811,7 +649,7 @@ impl<'l> WriteTxn<'l> {
     pub fn put_attempt(&mut self, id: u64, a: &Attempt) -> Result<()> {
         let n = self.attempts_of(id)?.len().min(255) as u8;
         let k = attempt_key(id, n);
-        let b = a.encode(&k);
+        let b = encode_attempt(a, &k);
         if let Some(log) = self.log.as_mut() {
             log.put(crate::replica::DB_ATTEMPTS, &k, &b);
         }
@@ -873,7 +711,7 @@ impl<'l> WriteTxn<'l> {
             for item in c.iter_start() {
                 let (k, v) = item.map_err(|e| self.l.err(e))?;
                 let id = walked_id(k, &mut last, &self.l.path)?;
-                let mut r = Record::decode(id, v)?;
+                let mut r = decode_record(id, v)?;
                 if f(id, &mut r) {
                     changed.push((id, r));
                 }
@@ -910,7 +748,7 @@ pub struct ReadTxn<'l> {
 impl ReadTxn<'_> {
     pub fn get(&self, id: u64) -> Result<Option<Record>> {
         match self.txn.get(self.l.tasks, &key(id)) {
-            Ok(b) => Record::decode(id, b).map(Some),
+            Ok(b) => decode_record(id, b).map(Some),
             Err(lmdb::Error::NotFound) => Ok(None),
             Err(e) => Err(self.l.err(e)),
         }
@@ -1002,7 +840,7 @@ impl ReadTxn<'_> {
             }
             last = Some(k);
             let id = u64::from_be_bytes(k[..8].try_into().unwrap());
-            let a = Attempt::decode(&k, v).ok_or_else(|| self.l.sum_err(format!("attempt {} of task {id}", k[8])))?;
+            let a = decode_attempt(&k, v).ok_or_else(|| self.l.sum_err(format!("attempt {} of task {id}", k[8])))?;
             f(id, a);
         }
         Ok(())
@@ -1017,7 +855,7 @@ impl ReadTxn<'_> {
         for item in c.iter_from(key(from)) {
             let (k, v) = item.map_err(|e| self.l.err(e))?;
             let id = walked_id(k, &mut last, &self.l.path)?;
-            f(id, Record::decode(id, v));
+            f(id, decode_record(id, v));
         }
         Ok(())
     }
@@ -1125,7 +963,7 @@ impl ReadTxn<'_> {
         for item in c.iter_start() {
             let (k, v) = item.map_err(|e| self.l.err(e))?;
             let id = walked_id(k, &mut last, &self.l.path)?;
-            f(id, &Record::decode(id, v)?);
+            f(id, &decode_record(id, v)?);
         }
         Ok(())
     }
@@ -1140,6 +978,18 @@ mod tests {
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
         d.join("ledger.mdb")
+    }
+
+    #[test]
+    fn the_records_errno_values_are_the_platforms() {
+        use htc_core::record::errno;
+        assert_eq!(
+            [errno::ENOENT, errno::E2BIG, errno::ENOEXEC, errno::EACCES],
+            [libc::ENOENT, libc::E2BIG, libc::ENOEXEC, libc::EACCES]
+        );
+        assert!(Outcome::SpawnFailed.is_permanent(libc::ENOENT) && !Outcome::SpawnFailed.is_permanent(libc::EAGAIN));
+        assert!(Outcome::Exited.is_permanent(127) && !Outcome::Exited.is_permanent(1));
+        assert_eq!(Outcome::SpawnFailed.describe(libc::EACCES), "exit 126: could not start: Permission denied");
     }
 
     #[test]
@@ -1170,14 +1020,14 @@ mod tests {
             affinity: 0xdead_beef,
             returns: 4,
         };
-        assert_eq!(Record::decode(1, &r.encode(1)).unwrap(), r);
-        assert!(Record::decode(1, &[0u8; 10]).is_err());
+        assert_eq!(decode_record(1, &encode_record(&r, 1)).unwrap(), r);
+        assert!(decode_record(1, &[0u8; 10]).is_err());
         // Under another task's key, or with any bit flipped, it is refused.
-        assert!(Record::decode(2, &r.encode(1)).is_err());
+        assert!(decode_record(2, &encode_record(&r, 1)).is_err());
         for bit in 0..RECORD_LEN * 8 {
-            let mut b = r.encode(1);
+            let mut b = encode_record(&r, 1);
             b[bit / 8] ^= 1 << (bit % 8);
-            assert!(Record::decode(1, &b).is_err(), "bit {bit}");
+            assert!(decode_record(1, &b).is_err(), "bit {bit}");
         }
     }
 
@@ -1201,7 +1051,7 @@ mod tests {
         drop(r);
         // Damage each stored value in place, as a flipped bit on disk would.
         let mut t = l.write().unwrap();
-        let mut bad = a.encode(&attempt_key(1, 0));
+        let mut bad = encode_attempt(&a, &attempt_key(1, 0));
         bad[4] ^= 1;
         t.apply(true, crate::replica::DB_ATTEMPTS, &attempt_key(1, 0), &bad).unwrap();
         let mut m = seal(b"total", &1u64.to_le_bytes());

@@ -9,8 +9,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use crate::executor::{Command, ExecEvent, Finished, Handle, TaskToRun};
-use crate::ledger::Outcome;
 use crate::rundir::now_us;
+use htc_core::record::Outcome;
 
 /// How an agent runs its tasks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]

@@ -738,7 +738,7 @@ fn source(b: &Body) -> Option<u32> {
 mod tests {
     use super::*;
     use crate::executor::{Command, ExecEvent, Finished};
-    use crate::ledger::Outcome;
+    use htc_core::record::Outcome;
 
     /// The least time between the head's reports (`pace`).
     const GAP: u64 = pace::REPORT_GAP_US;

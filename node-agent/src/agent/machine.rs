@@ -643,7 +643,7 @@ pub(super) fn destination(b: &Body) -> Option<u32> {
 mod tests {
     use super::*;
     use crate::executor::Finished;
-    use crate::ledger::Outcome;
+    use htc_core::record::Outcome;
 
     /// The least time between reports (`pace`) of one of `tree()`'s eight instances.
     const GAP: u64 = 8 * 25_000;

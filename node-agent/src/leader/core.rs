@@ -20,10 +20,11 @@ use htc_core::recall::{self, Recalls};
 use htc_core::task::{self, Effect, End, Life, Step};
 use htc_core::tree::Tree;
 
-use crate::ledger::{Attempt, LedgerError, Outcome, Record};
+use crate::ledger::LedgerError;
 use crate::live;
 use crate::liveness::Liveness;
 use crate::proto::{self, frame::Body};
+use htc_core::record::{Attempt, Outcome, Record};
 use htc_core::task::{Counts, State};
 
 /// Where task records live: the ledger's write transaction in a real run, a map in tests. Reads
@@ -1129,13 +1130,7 @@ impl<'a> Core<'a> {
             Outcome::Exited if value == 0 => End::Succeeded,
             Outcome::Lost => End::Lost,
             Outcome::Preempted => End::Preempted,
-            // Exit 126/127 and spawn failures mean "not executable / not found": deterministic,
-            // so retrying only burns time.
-            _ => End::Failed {
-                permanent: (outcome == Outcome::SpawnFailed
-                    && [libc::ENOENT, libc::EACCES, libc::ENOEXEC, libc::E2BIG].contains(&value))
-                    || (outcome == Outcome::Exited && (value == 126 || value == 127)),
-            },
+            _ => End::Failed { permanent: outcome.is_permanent(value) },
         };
         let Ok((life, effect)) = task::step(f.life, Step::Finish(end)) else { return Ok(()) };
         self.note_streak(f.agent, id, end);
