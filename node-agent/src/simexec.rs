@@ -8,9 +8,10 @@ use std::io;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use crate::executor::{Command, ExecEvent, Finished, Handle, TaskToRun};
+use crate::executor::Handle;
 use crate::rundir::now_us;
 use htc_core::record::Outcome;
+use htc_core::work::{recall_from, Command, ExecEvent, Finished, TaskToRun};
 
 /// How an agent runs its tasks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -87,7 +88,7 @@ impl Sim {
                     Command::Hold(h) => held = h,
                     // Simulated tasks are not preempted: they end as they would.
                     Command::Stop(_) => {}
-                    Command::Recall(ids) => crate::executor::recall_from(&mut self.queue, &ids, &mut self.events),
+                    Command::Recall(ids) => recall_from(&mut self.queue, &ids, &mut self.events),
                     Command::Abort => return,
                     // Simulated tasks have no processes: dropping them stops them.
                     Command::Reset => {

@@ -737,8 +737,8 @@ fn source(b: &Body) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::executor::{Command, ExecEvent, Finished};
     use htc_core::record::Outcome;
+    use htc_core::work::{Command, ExecEvent, Finished};
 
     /// The least time between the head's reports (`pace`).
     const GAP: u64 = pace::REPORT_GAP_US;

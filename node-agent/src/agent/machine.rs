@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use htc_core::tree::Tree;
 
-use crate::executor::{Command, ExecEvent, TaskToRun};
 use crate::liveness::Liveness;
 use crate::proto::{self, frame::Body};
+use htc_core::work::{Command, ExecEvent, TaskToRun};
 
 pub use super::pace::REPORT_BATCH;
 use super::pace::{self, Pace};
@@ -642,8 +642,8 @@ pub(super) fn destination(b: &Body) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::executor::Finished;
     use htc_core::record::Outcome;
+    use htc_core::work::Finished;
 
     /// The least time between reports (`pace`) of one of `tree()`'s eight instances.
     const GAP: u64 = 8 * 25_000;

@@ -1,0 +1,87 @@
+//! What an agent and its executors say to each other: the tasks it hands them, the commands it
+//! gives, the events they answer with. Every executor (real processes, `--exec none|sleep`, the
+//! simulator) speaks this, and the agent's machine is tested against it without processes.
+
+use crate::record::Outcome;
+
+#[derive(Debug, Clone)]
+pub struct TaskToRun {
+    pub id: u64,
+    pub attempt: u32,
+    pub command: Vec<u8>,
+    pub shell: bool,
+    pub cores: u32,
+    pub mem_mb: u32,
+    pub timeout_ms: u32,
+    /// The task file's `runtime` hint (0 = none); only the `sleep` simulation uses it.
+    pub runtime_ms: u32,
+    /// Bytes of each of stdout and stderr kept (`max_output=`); 0 = all.
+    pub max_output: u64,
+    /// Devices it gets to itself (`gpus=`).
+    pub gpus: u32,
+    /// `priority=`: the queue runs higher first.
+    pub priority: i16,
+    /// `preemptible`: stopped when a higher-priority task in the queue needs its cores.
+    pub preemptible: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Finished {
+    pub id: u64,
+    pub attempt: u32,
+    pub outcome: Outcome,
+    pub value: i32,
+    pub start_us: u64,
+    pub end_us: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExecEvent {
+    Started {
+        id: u64,
+        attempt: u32,
+        start_us: u64,
+    },
+    Finished(Finished),
+    /// Taken out of the queue unstarted on `Command::Recall`: it never ran here.
+    Recalled {
+        id: u64,
+        attempt: u32,
+    },
+    /// After `Command::Reset`: nothing runs or waits any more.
+    Reset,
+}
+
+#[derive(Debug)]
+pub enum Command {
+    Run(Vec<TaskToRun>),
+    /// Run what is queued, then stop.
+    Finish,
+    /// Kill everything running, drop the queue, stop.
+    Abort,
+    /// Kill everything running and drop the queue, then say `ExecEvent::Reset` and go on: the
+    /// agent was given up and comes back empty.
+    Reset,
+    /// Start nothing more from the queue (`true`) until told otherwise (`false`): the agent has
+    /// not heard from its parent for a while, and what it starts now may be re-run elsewhere.
+    Hold(bool),
+    /// Stop these tasks (preempted): running ones get SIGTERM then SIGKILL, queued ones are
+    /// dropped; each ends as `Outcome::Preempted`.
+    Stop(Vec<u64>),
+    /// Give back those of these tasks that have not started (`ExecEvent::Recalled`); a started
+    /// one runs on as if never asked for.
+    Recall(Vec<u64>),
+}
+
+/// Takes the tasks named in `ids` out of `queue`, each said as `ExecEvent::Recalled`: every
+/// executor's (real or simulated) answer to `Command::Recall`.
+pub fn recall_from(queue: &mut std::collections::VecDeque<TaskToRun>, ids: &[u64], events: &mut Vec<ExecEvent>) {
+    let ids: std::collections::HashSet<u64> = ids.iter().copied().collect();
+    queue.retain(|t| {
+        let keep = !ids.contains(&t.id);
+        if !keep {
+            events.push(ExecEvent::Recalled { id: t.id, attempt: t.attempt });
+        }
+        keep
+    });
+}
