@@ -5,13 +5,13 @@ use prost::Message;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::proto;
-use htc_core::record::Outcome;
 
 /// Largest frame either side accepts. A dispatch of 4096 tasks with 64 KiB commands would not
 /// fit, so senders cap batches by bytes as well as count (see `MAX_BATCH_BYTES`).
 pub const MAX_FRAME: usize = 16 << 20;
-/// Senders split batches at this many encoded bytes, well under `MAX_FRAME`.
-pub const MAX_BATCH_BYTES: usize = 4 << 20;
+pub use htc_engine::wire::{dispatches, MAX_BATCH_BYTES};
+// A full batch plus its frame's other fields must fit in a frame.
+const _: () = assert!(2 * MAX_BATCH_BYTES <= MAX_FRAME);
 
 #[derive(Debug, thiserror::Error)]
 pub enum FrameError {
@@ -25,59 +25,6 @@ pub enum FrameError {
     Empty,
     #[error("i/o: {0}")]
     Io(#[from] std::io::Error),
-}
-
-/// How a task ended, on the wire and in the ledger: one mapping, used by both ends.
-impl From<Outcome> for proto::Outcome {
-    fn from(o: Outcome) -> proto::Outcome {
-        match o {
-            Outcome::Exited => proto::Outcome::Exited,
-            Outcome::Signaled => proto::Outcome::Signaled,
-            Outcome::TimedOut => proto::Outcome::TimedOut,
-            Outcome::OutOfMemory => proto::Outcome::OutOfMemory,
-            Outcome::Preempted => proto::Outcome::Preempted,
-            Outcome::SpawnFailed => proto::Outcome::SpawnFailed,
-            // Decided by an instance head when a member is gone.
-            Outcome::Lost => proto::Outcome::Lost,
-            // Decided by the leader, never reported by an agent.
-            Outcome::None | Outcome::Unschedulable => proto::Outcome::Unspecified,
-        }
-    }
-}
-
-impl From<proto::Outcome> for Outcome {
-    fn from(o: proto::Outcome) -> Outcome {
-        match o {
-            proto::Outcome::Exited => Outcome::Exited,
-            proto::Outcome::Signaled => Outcome::Signaled,
-            proto::Outcome::TimedOut => Outcome::TimedOut,
-            proto::Outcome::OutOfMemory => Outcome::OutOfMemory,
-            proto::Outcome::Preempted => Outcome::Preempted,
-            proto::Outcome::SpawnFailed => Outcome::SpawnFailed,
-            proto::Outcome::Lost => Outcome::Lost,
-            proto::Outcome::Unspecified => Outcome::None,
-        }
-    }
-}
-
-/// Tasks for `agent` as Dispatch frames, split by bytes as well as count so that long command
-/// lines never exceed a frame.
-pub fn dispatches(agent: u32, specs: Vec<proto::TaskSpec>) -> Vec<proto::Dispatch> {
-    let mut out = Vec::new();
-    let mut batch = Vec::new();
-    let mut bytes = 0;
-    for s in specs {
-        bytes += s.command.len() + 32;
-        batch.push(s);
-        if bytes >= MAX_BATCH_BYTES {
-            out.push(proto::Dispatch { tasks: std::mem::take(&mut batch), agent });
-            bytes = 0;
-        }
-    }
-    if !batch.is_empty() {
-        out.push(proto::Dispatch { tasks: batch, agent });
-    }
-    out
 }
 
 /// Largest frame accepted from a peer that has not yet proved it knows the job secret (the

@@ -47,13 +47,9 @@ pub mod verify;
 pub mod watch;
 pub mod work_args;
 
-/// Generated from `proto/htc.proto`.
-pub mod proto {
-    include!(concat!(env!("OUT_DIR"), "/htc.v1.rs"));
-}
-
-/// Bumped on any incompatible change to `proto/htc.proto`; the leader refuses other versions.
-pub const PROTOCOL_VERSION: u32 = 7;
+/// The wire messages (`htc_engine::wire`), under the name the node's modules know them by.
+pub use htc_engine::wire::proto;
+pub use htc_engine::wire::PROTOCOL_VERSION;
 
 /// Logs to stderr; `HTC_LOG` takes a tracing filter (e.g. `info`, `htc=debug`).
 pub fn init_logging(default: &str) {
