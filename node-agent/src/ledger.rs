@@ -613,14 +613,14 @@ impl<'l> WriteTxn<'l> {
     }
 
     pub fn put(&mut self, id: u64, r: &Record) -> Result<()> {
-        let b = encode_record(&r, id);
+        let b = encode_record(r, id);
         self.log_task(id, r.state, &b);
         self.txn.put(self.l.tasks, &key(id), &b, WriteFlags::empty()).map_err(|e| self.l.err(e))
     }
 
     /// Adds a task with an id larger than every id so far (the loader's fast path).
     pub fn append(&mut self, id: u64, r: &Record) -> Result<()> {
-        let b = encode_record(&r, id);
+        let b = encode_record(r, id);
         self.log_task(id, r.state, &b);
         self.txn.put(self.l.tasks, &key(id), &b, WriteFlags::APPEND).map_err(|e| self.l.err(e))
     }
