@@ -20,7 +20,6 @@ use htc_core::recall::{self, Recalls};
 use htc_core::task::{self, Effect, End, Life, Step};
 use htc_core::tree::Tree;
 
-use crate::ledger::LedgerError;
 use crate::live;
 use crate::liveness::Liveness;
 use crate::proto::{self, frame::Body};
@@ -30,16 +29,18 @@ use htc_core::task::{Counts, State};
 /// Where task records live: the ledger's write transaction in a real run, a map in tests. Reads
 /// see the writes made before them.
 pub trait Tasks {
-    fn get(&self, id: u64) -> Result<Option<Record>>;
+    /// The store's own failure; the core never makes one, it passes the first on and stops.
+    type Error;
+    fn get(&self, id: u64) -> Result<Option<Record>, Self::Error>;
     /// The records of `ids` that exist, in id order.
-    fn range(&self, ids: std::ops::Range<u64>) -> Result<Vec<(u64, Record)>>;
-    fn put(&mut self, id: u64, r: &Record) -> Result<()>;
+    fn range(&self, ids: std::ops::Range<u64>) -> Result<Vec<(u64, Record)>, Self::Error>;
+    fn put(&mut self, id: u64, r: &Record) -> Result<(), Self::Error>;
     /// Appends an attempt that did not end the task to its history.
-    fn put_attempt(&mut self, id: u64, a: &Attempt) -> Result<()>;
+    fn put_attempt(&mut self, id: u64, a: &Attempt) -> Result<(), Self::Error>;
     /// Adds the task to the index of failed tasks.
-    fn mark_failed(&mut self, id: u64) -> Result<()>;
+    fn mark_failed(&mut self, id: u64) -> Result<(), Self::Error>;
     /// Takes the task out of that index.
-    fn unmark_failed(&mut self, id: u64) -> Result<()>;
+    fn unmark_failed(&mut self, id: u64) -> Result<(), Self::Error>;
     /// The task's command line.
     fn command(&self, r: &Record) -> Vec<u8>;
 }
@@ -282,8 +283,6 @@ struct Ended {
     ran_on: u32,
 }
 
-type Result<T> = std::result::Result<T, LedgerError>;
-
 /// An attempt out at an agent: its life as `task::step` moved it (dispatched, then running),
 /// while the ledger still holds the task as it was before the attempt.
 #[derive(Debug, Clone, Copy)]
@@ -524,7 +523,7 @@ impl<'a> Core<'a> {
     }
 
     /// Takes back a task sent to `agent` and not reported started: it waits for another.
-    fn take_back(&mut self, t: &dyn Tasks, agent: u32, id: u64) -> Result<()> {
+    fn take_back<E>(&mut self, t: &dyn Tasks<Error = E>, agent: u32, id: u64) -> Result<(), E> {
         if self.unsend(t, agent, id)? {
             *self.returned.entry(id).or_default() += 1;
             self.push_retry(id);
@@ -534,7 +533,7 @@ impl<'a> Core<'a> {
 
     /// A task `agent` gave back unstarted when asked (a Recall): it never ran, so its next
     /// dispatch is the same attempt; it goes to an agent that can start it now.
-    fn came_back(&mut self, t: &dyn Tasks, agent: u32, id: u64) -> Result<()> {
+    fn came_back<E>(&mut self, t: &dyn Tasks<Error = E>, agent: u32, id: u64) -> Result<(), E> {
         if self.unsend(t, agent, id)? {
             self.recalls.came_back(id);
         }
@@ -543,7 +542,7 @@ impl<'a> Core<'a> {
 
     /// Task `id`, sent to `agent` and not reported started, is pending again. False when it is
     /// not (any more) in flight there unstarted.
-    fn unsend(&mut self, t: &dyn Tasks, agent: u32, id: u64) -> Result<bool> {
+    fn unsend<E>(&mut self, t: &dyn Tasks<Error = E>, agent: u32, id: u64) -> Result<bool, E> {
         let Some(f) = self.in_flight.get(id).filter(|f| f.agent == agent && f.life.state() != State::Running) else {
             return Ok(false);
         };
@@ -773,7 +772,13 @@ impl<'a> Core<'a> {
     }
 
     /// Feeds one event; frames to send are appended to `out`. `Some` ends the run.
-    pub fn handle(&mut self, now_us: u64, t: &mut dyn Tasks, ev: Input, out: &mut Outbox) -> Result<Option<Ending>> {
+    pub fn handle<E>(
+        &mut self,
+        now_us: u64,
+        t: &mut dyn Tasks<Error = E>,
+        ev: Input,
+        out: &mut Outbox,
+    ) -> Result<Option<Ending>, E> {
         self.now_us = now_us;
         match ev {
             Input::Joined { agent, cores, mem_mb, gpus, hostname } => {
@@ -919,7 +924,7 @@ impl<'a> Core<'a> {
     /// An agent that failed `BLACK_HOLE_STREAK` tasks in a row while as many succeeded
     /// elsewhere meanwhile (a full /tmp, a broken mount) gets nothing more: it finishes what runs and
     /// leaves, and the tasks it failed run again elsewhere without using up their retries.
-    fn drain_if_black_hole(&mut self, t: &mut dyn Tasks, agent: u32, out: &mut Outbox) -> Result<()> {
+    fn drain_if_black_hole<E>(&mut self, t: &mut dyn Tasks<Error = E>, agent: u32, out: &mut Outbox) -> Result<(), E> {
         // Already drained: what it still fails (it was running when told) is its fault too.
         if let Some(a) = self.agents.get_mut(&agent).filter(|a| a.drained) {
             for id in std::mem::take(&mut a.streak) {
@@ -960,7 +965,7 @@ impl<'a> Core<'a> {
 
     /// A failure that was the node's fault: the task waits for another run, its retry given
     /// back (and out of the failed index if it had failed for good).
-    fn refund(&mut self, t: &mut dyn Tasks, id: u64) -> Result<()> {
+    fn refund<E>(&mut self, t: &mut dyn Tasks<Error = E>, id: u64) -> Result<(), E> {
         let Some(mut r) = t.get(id)? else { return Ok(()) };
         if self.in_flight.contains(id) {
             return Ok(()); // already out again
@@ -987,7 +992,14 @@ impl<'a> Core<'a> {
         Ok(())
     }
 
-    fn lose(&mut self, t: &mut dyn Tasks, agent: u32, why: &str, now_us: u64, out: &mut Outbox) -> Result<()> {
+    fn lose<E>(
+        &mut self,
+        t: &mut dyn Tasks<Error = E>,
+        agent: u32,
+        why: &str,
+        now_us: u64,
+        out: &mut Outbox,
+    ) -> Result<(), E> {
         let Some(a) = self.agents.get_mut(&agent).filter(|a| a.alive) else { return Ok(()) };
         a.alive = false;
         self.lost_at_us = now_us;
@@ -1008,7 +1020,7 @@ impl<'a> Core<'a> {
 
     /// Tasks waiting for memory that no live agent can ever run (the only big enough one left)
     /// fail as unschedulable rather than wait for ever.
-    fn fail_unfit_waiting(&mut self, t: &mut dyn Tasks) -> Result<()> {
+    fn fail_unfit_waiting<E>(&mut self, t: &mut dyn Tasks<Error = E>) -> Result<(), E> {
         if self.mem.waiting() == 0 || !self.all_accounted() {
             return Ok(());
         }
@@ -1047,7 +1059,7 @@ impl<'a> Core<'a> {
     /// from the leader at least as often as it reports (`Liveness::beat_every_us`): the ack of
     /// its last report, or else an Ack of what was already acknowledged. Under load the acks
     /// alone do it (16 one-slot agents were sent as many heartbeats as acks).
-    fn tick(&mut self, t: &mut dyn Tasks, now_us: u64, out: &mut Outbox) -> Result<()> {
+    fn tick<E>(&mut self, t: &mut dyn Tasks<Error = E>, now_us: u64, out: &mut Outbox) -> Result<(), E> {
         self.excuse_own_stall(now_us);
         let mut silent: Vec<(u32, u64)> = self
             .agents
@@ -1093,14 +1105,27 @@ impl<'a> Core<'a> {
     /// Writes a record whose life `task::step` moved from `from` (the ledger's state, or the
     /// in-memory one of an attempt in flight), and moves the counts with it: the one place a
     /// task's record changes state.
-    fn apply(&mut self, t: &mut dyn Tasks, id: u64, r: &mut Record, from: State, life: Life) -> Result<()> {
+    fn apply<E>(
+        &mut self,
+        t: &mut dyn Tasks<Error = E>,
+        id: u64,
+        r: &mut Record,
+        from: State,
+        life: Life,
+    ) -> Result<(), E> {
         r.set_life(life);
         t.put(id, r)?;
         self.counts.moved(from, r.state());
         Ok(())
     }
 
-    fn on_result(&mut self, t: &mut dyn Tasks, agent: u32, res: &proto::TaskResult, now_us: u64) -> Result<()> {
+    fn on_result<E>(
+        &mut self,
+        t: &mut dyn Tasks<Error = E>,
+        agent: u32,
+        res: &proto::TaskResult,
+        now_us: u64,
+    ) -> Result<(), E> {
         // A result from an agent that no longer holds the task (it was lost and the task re-sent)
         // or for an old attempt is stale: the ledger already moved on.
         let Some(f) = self.in_flight.get(res.id) else { return Ok(()) };
@@ -1124,7 +1149,14 @@ impl<'a> Core<'a> {
     }
 
     /// Records how an attempt ended and moves the task to done, failed, or back to pending.
-    fn finish_attempt(&mut self, t: &mut dyn Tasks, id: u64, r: &mut Record, f: Flight, e: Ended) -> Result<()> {
+    fn finish_attempt<E>(
+        &mut self,
+        t: &mut dyn Tasks<Error = E>,
+        id: u64,
+        r: &mut Record,
+        f: Flight,
+        e: Ended,
+    ) -> Result<(), E> {
         let Ended { outcome, value, start_us, end_us, ran_on: agent } = e;
         let end = match outcome {
             Outcome::Exited if value == 0 => End::Succeeded,
@@ -1238,7 +1270,7 @@ impl<'a> Core<'a> {
 
     /// A lost agent's attempts: those that had started count as lost (the task may be what
     /// killed the agent); those still queued there go back to the queue as if never sent.
-    fn requeue_agent(&mut self, t: &mut dyn Tasks, agent: u32, now_us: u64) -> Result<()> {
+    fn requeue_agent<E>(&mut self, t: &mut dyn Tasks<Error = E>, agent: u32, now_us: u64) -> Result<(), E> {
         // In id order, so that the same events always give the same decisions.
         for id in self.in_flight.of_agent(agent) {
             self.recall(t, agent, id, now_us)?;
@@ -1248,7 +1280,7 @@ impl<'a> Core<'a> {
 
     /// Task `id`, in flight with `agent`, will not end there: a started attempt is lost (no
     /// retry used unless it keeps happening), an unstarted one is taken back.
-    fn recall(&mut self, t: &mut dyn Tasks, agent: u32, id: u64, now_us: u64) -> Result<()> {
+    fn recall<E>(&mut self, t: &mut dyn Tasks<Error = E>, agent: u32, id: u64, now_us: u64) -> Result<(), E> {
         let Some(f) = self.land(id) else { return Ok(()) };
         if f.life.state() == State::Running {
             if let Some(mut r) = t.get(id)? {
@@ -1295,15 +1327,15 @@ impl<'a> Core<'a> {
     /// lease ran out first), it does so now: the agent stopped what it held. A black hole stays
     /// drained; an agent that never joined is not a member to revive.
     #[allow(clippy::too_many_arguments)]
-    fn revived(
+    fn revived<E>(
         &mut self,
-        t: &mut dyn Tasks,
+        t: &mut dyn Tasks<Error = E>,
         agent: u32,
         (cores, mem_mb, gpus): (u32, u64, u32),
         hostname: String,
         now_us: u64,
         out: &mut Outbox,
-    ) -> Result<()> {
+    ) -> Result<(), E> {
         let Some(a) = self.agents.get(&agent) else {
             let reason = "never joined this session".to_string();
             out.push((
@@ -1364,7 +1396,7 @@ impl<'a> Core<'a> {
 
     /// The answer to a resync: what was in flight with the agent when it was asked and is not in
     /// its hands was lost on the way (a dispatch, or a result), and goes to be run again.
-    fn resynced(&mut self, t: &mut dyn Tasks, agent: u32, holding: &[u64], now_us: u64) -> Result<()> {
+    fn resynced<E>(&mut self, t: &mut dyn Tasks<Error = E>, agent: u32, holding: &[u64], now_us: u64) -> Result<(), E> {
         let Some(asked) = self.resyncs.remove(&agent) else { return Ok(()) };
         let held: HashSet<u64> = holding.iter().copied().collect();
         let mut lost = 0;
@@ -1383,7 +1415,7 @@ impl<'a> Core<'a> {
         self.fresh_retries = true;
     }
 
-    fn dispatch_all(&mut self, t: &mut dyn Tasks, out: &mut Outbox) -> Result<()> {
+    fn dispatch_all<E>(&mut self, t: &mut dyn Tasks<Error = E>, out: &mut Outbox) -> Result<(), E> {
         self.fresh_retries = false;
         self.fresh_handoffs = false;
         self.scans += 1;
@@ -1414,7 +1446,7 @@ impl<'a> Core<'a> {
         self.ever_seen + self.never_joined >= self.expected_agents
     }
 
-    fn fail_unschedulable(&mut self, t: &mut dyn Tasks, id: u64, mut r: Record) -> Result<()> {
+    fn fail_unschedulable<E>(&mut self, t: &mut dyn Tasks<Error = E>, id: u64, mut r: Record) -> Result<(), E> {
         tracing::warn!(job = %self.job_id, task = id, cores = r.cores, mem_mb = r.mem_mb, gpus = r.gpus, "task needs more than any agent has");
         let Ok((life, _)) = task::step(r.life(), Step::Refuse) else { return Ok(()) };
         t.mark_failed(id)?;
@@ -1422,7 +1454,7 @@ impl<'a> Core<'a> {
         self.apply(t, id, &mut r, State::Pending, life)
     }
 
-    fn dispatch(&mut self, t: &mut dyn Tasks, agent: u32, out: &mut Outbox) -> Result<()> {
+    fn dispatch<E>(&mut self, t: &mut dyn Tasks<Error = E>, agent: u32, out: &mut Outbox) -> Result<(), E> {
         if self.failed_too_often().is_some() || self.agents[&agent].drained || self.mem.runs_exclusive(agent) {
             return Ok(());
         }
@@ -1516,7 +1548,7 @@ impl<'a> Core<'a> {
                 Block::Ids(ids) => ids
                     .into_iter()
                     .filter_map(|id| t.get(id).transpose().map(|r| r.map(|r| (id, r))))
-                    .collect::<Result<_>>()?,
+                    .collect::<Result<_, _>>()?,
             };
             for (id, r) in records {
                 if r.state() != State::Pending || self.in_flight.contains(id) {
@@ -1590,7 +1622,7 @@ impl<'a> Core<'a> {
     /// tasks of lower priority, lowest and newest first, one per waiting task; they run again
     /// later without using a retry. Tasks already handed to an agent are its executor's to
     /// preempt (it knows what waits in its queue).
-    fn preempt_for_waiting(&mut self, t: &dyn Tasks, out: &mut Outbox) -> Result<()> {
+    fn preempt_for_waiting<E>(&mut self, t: &dyn Tasks<Error = E>, out: &mut Outbox) -> Result<(), E> {
         if self.preemptible.len() <= self.preempting.len() {
             return Ok(());
         }
@@ -1629,7 +1661,7 @@ impl<'a> Core<'a> {
 
     /// Tasks waiting for memory or GPUs (the oldest few) stop preemptible tasks of lower
     /// priority on the agent where the fewest stops make room, which is then kept for them.
-    fn preempt_for_memory(&mut self, t: &dyn Tasks, out: &mut Outbox) -> Result<()> {
+    fn preempt_for_memory<E>(&mut self, t: &dyn Tasks<Error = E>, out: &mut Outbox) -> Result<(), E> {
         let waiting: Vec<u64> = self.mem.waiting_tasks().take(8).map(|n| n.task).collect();
         for w in waiting {
             let Some(r) = t.get(w)? else { continue };
@@ -1670,7 +1702,7 @@ impl<'a> Core<'a> {
 
     /// The highest priority of work waiting to be handed out (the partition's, the retries'),
     /// and how many tasks have it.
-    fn top_waiting(&self, t: &dyn Tasks) -> Result<Option<(i16, u64)>> {
+    fn top_waiting<E>(&self, t: &dyn Tasks<Error = E>) -> Result<Option<(i16, u64)>, E> {
         let mut top = self.partition.top_priority();
         for &id in self.retry.iter().take(64) {
             let Some(r) = t.get(id)? else { continue };
@@ -1685,7 +1717,13 @@ impl<'a> Core<'a> {
 
     /// Offers a task that was set aside (an affinity queue) to `agent`: sent if it fits and may
     /// start; true when it was taken.
-    fn offer(&mut self, t: &mut dyn Tasks, agent: u32, id: u64, specs: &mut Vec<proto::TaskSpec>) -> Result<bool> {
+    fn offer<E>(
+        &mut self,
+        t: &mut dyn Tasks<Error = E>,
+        agent: u32,
+        id: u64,
+        specs: &mut Vec<proto::TaskSpec>,
+    ) -> Result<bool, E> {
         let Some(r) = t.get(id)? else { return Ok(false) };
         if r.state() != State::Pending || self.in_flight.contains(id) {
             return Ok(false);
@@ -1720,14 +1758,14 @@ impl<'a> Core<'a> {
         false
     }
 
-    fn take_task(
+    fn take_task<E>(
         &mut self,
-        t: &mut dyn Tasks,
+        t: &mut dyn Tasks<Error = E>,
         agent: u32,
         id: u64,
         r: Record,
         specs: &mut Vec<proto::TaskSpec>,
-    ) -> Result<()> {
+    ) -> Result<(), E> {
         let Ok((life, _)) = task::step(r.life(), Step::Dispatch) else { return Ok(()) };
         self.counts.moved(r.state(), life.state());
         self.in_flight.insert(id, Flight { agent, life });
@@ -1796,26 +1834,27 @@ mod tests {
     }
 
     impl Tasks for Mem {
-        fn get(&self, id: u64) -> Result<Option<Record>> {
+        type Error = std::convert::Infallible;
+        fn get(&self, id: u64) -> Result<Option<Record>, Self::Error> {
             Ok(self.records.get(&id).copied())
         }
-        fn range(&self, ids: std::ops::Range<u64>) -> Result<Vec<(u64, Record)>> {
+        fn range(&self, ids: std::ops::Range<u64>) -> Result<Vec<(u64, Record)>, Self::Error> {
             Ok(self.records.range(ids).map(|(id, r)| (*id, *r)).collect())
         }
-        fn put(&mut self, id: u64, r: &Record) -> Result<()> {
+        fn put(&mut self, id: u64, r: &Record) -> Result<(), Self::Error> {
             self.records.insert(id, *r);
             self.puts += 1;
             Ok(())
         }
-        fn put_attempt(&mut self, id: u64, a: &Attempt) -> Result<()> {
+        fn put_attempt(&mut self, id: u64, a: &Attempt) -> Result<(), Self::Error> {
             self.attempts.push((id, *a));
             Ok(())
         }
-        fn mark_failed(&mut self, id: u64) -> Result<()> {
+        fn mark_failed(&mut self, id: u64) -> Result<(), Self::Error> {
             self.failed.push(id);
             Ok(())
         }
-        fn unmark_failed(&mut self, id: u64) -> Result<()> {
+        fn unmark_failed(&mut self, id: u64) -> Result<(), Self::Error> {
             self.failed.retain(|&f| f != id);
             Ok(())
         }

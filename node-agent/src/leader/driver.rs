@@ -80,6 +80,7 @@ pub struct LedgerTasks<'t, 'l> {
 }
 
 impl Tasks for LedgerTasks<'_, '_> {
+    type Error = LedgerError;
     fn get(&self, id: u64) -> Result<Option<Record>> {
         self.txn.get(id)
     }
