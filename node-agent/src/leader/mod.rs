@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use htc_core::hflow::Params;
-use htc_core::partition::Plan;
+use htc_core::partition::{Group, Grouper, Plan};
+use htc_core::task::State;
 use htc_core::tree::Tree;
 
 pub use self::core::Ending;
@@ -165,8 +166,8 @@ pub fn new_core(ledger: &Ledger, p: &Planned, job_id: &str, now_us: u64) -> anyh
         let r = ledger.read()?;
         (r.meta_u64("total")?.unwrap_or(0), r.counts()?, r.meta_u64("hinted")?, r.meta_u64("exclusive")?)
     };
-    let partition = plan::partition(ledger, total, p.plan, p.instances.max(1), p.cores, p.params)
-        .context("planning the partition")?;
+    let groups = if p.plan == Plan::Even { None } else { pending_groups(ledger).context("planning the partition")? };
+    let partition = plan::partition(total, p.plan, p.instances.max(1), p.cores, p.params, groups);
     let mut core = Core::new(partition, job_id.to_string(), p.instances, counts, now_us);
     // Runs loaded before the count was kept: assume hints, the safe side for long tasks.
     if hinted.is_none_or(|n| n > 0) {
@@ -176,6 +177,22 @@ pub fn new_core(ledger: &Ledger, p: &Planned, job_id: &str, now_us: u64) -> anyh
         core = core.with_exclusive_tasks();
     }
     Ok(core)
+}
+
+/// The runtime groups of the tasks still to run (after a resume the plan splits what is left),
+/// or `None` when the file has one group and nothing need be read.
+fn pending_groups(ledger: &Ledger) -> Result<Option<Vec<Group>>, crate::ledger::LedgerError> {
+    let read = ledger.read()?;
+    if read.meta_u64("groups")? == Some(1) {
+        return Ok(None);
+    }
+    let mut grouper = Grouper::default();
+    read.for_each(|id, r| {
+        if r.state() == State::Pending {
+            grouper.add(id, r.priority, r.class, r.runtime_ms);
+        }
+    })?;
+    Ok(Some(grouper.finish()))
 }
 
 async fn forward_signals(tx: mpsc::Sender<Event>) {
