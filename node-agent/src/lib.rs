@@ -19,6 +19,7 @@ pub mod leader;
 pub mod ledger;
 pub mod leftovers;
 pub mod live;
+pub mod livefile;
 pub mod liveness;
 pub mod load;
 pub mod mapfault;

@@ -7,7 +7,6 @@
 //! lines they do not know, so a newer leader's file still reads.
 
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
 
 use htc_core::task::{Counts, State};
 
@@ -163,29 +162,6 @@ impl View {
     }
 }
 
-pub fn path(run_dir: &Path) -> PathBuf {
-    run_dir.join(FILE)
-}
-
-/// Replaces the run's live view at once (a reader sees the old file or the new one, never half).
-pub fn write(run_dir: &Path, v: &View) -> Result<(), LiveError> {
-    let to = path(run_dir);
-    let tmp = run_dir.join(format!(".{FILE}.tmp"));
-    let io = |source| LiveError::Io { path: to.display().to_string(), source };
-    std::fs::write(&tmp, v.encode()).map_err(io)?;
-    std::fs::rename(&tmp, &to).map_err(io)
-}
-
-/// The run's live view, or `None` when no leader wrote one yet.
-pub fn read(run_dir: &Path) -> Result<Option<View>, LiveError> {
-    let p = path(run_dir);
-    match std::fs::read_to_string(&p) {
-        Ok(t) => View::decode(&t, &p.display().to_string()).map(Some),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(source) => Err(LiveError::Io { path: p.display().to_string(), source }),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -241,18 +217,5 @@ mod tests {
         let e = View::decode("htc-live 1\nnode\t1\tx\tNaN\n", "RUN/live").unwrap_err().to_string();
         assert_eq!(e, "RUN/live:2: not a live view line (field 3 is not a number)");
         assert!(View::decode("", "x").is_err());
-    }
-
-    #[test]
-    fn written_views_replace_each_other_whole() {
-        let d = std::env::temp_dir().join(format!("htc-live-test-{}", std::process::id()));
-        std::fs::create_dir_all(&d).unwrap();
-        assert_eq!(read(&d).unwrap(), None);
-        write(&d, &sample()).unwrap();
-        let mut v2 = sample();
-        v2.state = "complete".into();
-        write(&d, &v2).unwrap();
-        assert_eq!(read(&d).unwrap(), Some(v2));
-        std::fs::remove_dir_all(&d).unwrap();
     }
 }

@@ -260,7 +260,7 @@ fn event_loop(
     let mut next_read = Instant::now();
     loop {
         if Instant::now() >= next_read {
-            if let Some(v) = live::read(&dir)? {
+            if let Some(v) = crate::livefile::read(&dir)? {
                 m.update(v);
             }
             next_read = Instant::now() + every;

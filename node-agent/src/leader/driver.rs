@@ -67,7 +67,7 @@ fn ending_state(e: &Ending) -> String {
 /// Rewrites the live view; a failure to is logged once, and never stops the run.
 fn write_live(cfg: &mut DriverConfig, core: &Core<'_>, state: &str) {
     let Some(dir) = cfg.live_dir.as_ref() else { return };
-    if let Err(e) = crate::live::write(dir, &core.live_view(now_us(), state)) {
+    if let Err(e) = crate::livefile::write(dir, &core.live_view(now_us(), state)) {
         tracing::warn!(error = %e, "no live view for htc watch");
         cfg.live_dir = None;
     }
