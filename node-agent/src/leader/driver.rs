@@ -385,8 +385,8 @@ mod tests {
             crate::load::create_run(&dir, "job", &file, htc_core::output::OutputMode::None, defaults, None).unwrap();
         let ledger = Ledger::open(&rd.ledger(), false).unwrap();
         let text = TaskText::open(&rd.tasks()).unwrap();
-        let site = crate::site::Site::default();
-        let planned = Planned { plan: site.partition, instances: 2, cores: 4, params: site.params };
+        let params = htc_core::hflow::Params { s: 0.002, d: 0.0005, t: 1.0 };
+        let planned = Planned { plan: htc_core::partition::Plan::Hflow, instances: 2, cores: 4, params };
         let core = new_core(&ledger, &planned, "job", now_us()).unwrap();
         let (tx, rx) = mpsc::channel();
         // A commit interval no turn reaches: only the end of the run commits what came.
