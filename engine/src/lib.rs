@@ -5,4 +5,10 @@
 //! May use: `htc-core`, `prost` (message types only), `tracing` (a facade). May not use: sockets,
 //! files, clocks, threads, `libc`, `lmdb`, `tokio`: those are the node's and the store's, above.
 
+pub mod agent;
+pub mod leader;
+pub mod live;
+pub mod liveness;
 pub mod wire;
+
+pub use wire::proto;

@@ -6,10 +6,7 @@
 //! The decisions are `machine`'s; this driver moves frames, executor events, signals and timer
 //! ticks into it and carries out what it answers. `relay` serves the children.
 
-mod instance;
-pub use instance::Instance;
-pub mod machine;
-pub mod pace;
+pub use htc_engine::agent::{instance, machine, pace, Instance};
 mod relay;
 mod spawners;
 

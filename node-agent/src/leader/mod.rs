@@ -2,11 +2,10 @@
 //! `core` is the scheduling state machine (no I/O), `driver` runs it against the ledger and the
 //! agents' connections, `net` the sockets, `launch` how agents are started.
 
-pub mod core;
 pub mod driver;
 pub mod launch;
 pub mod net;
-pub mod plan;
+pub use htc_engine::leader::{core, plan};
 
 use std::net::SocketAddr;
 use std::sync::{mpsc, Arc};

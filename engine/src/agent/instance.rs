@@ -552,7 +552,7 @@ impl Instance {
         m.credit -= n as u64;
         m.idle = m.idle.saturating_sub(n as u64);
         m.held += n as u64;
-        for d in crate::frame::dispatches(member, specs) {
+        for d in crate::wire::dispatches(member, specs) {
             if member == self.id {
                 self.own(now_us, Input::Parent(Body::Dispatch(d)), out);
             } else {

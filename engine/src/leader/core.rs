@@ -1611,7 +1611,7 @@ impl<'a> Core<'a> {
         // A head counts what was just sent as running: it goes to members' idle slots.
         a.busy = a.busy.saturating_add(specs.len() as u32).min(a.cores);
         // The Dispatch goes first: a Recall of a task must never overtake the task itself.
-        out.extend(crate::frame::dispatches(agent, specs).into_iter().map(|d| (agent, Body::Dispatch(d))));
+        out.extend(crate::wire::dispatches(agent, specs).into_iter().map(|d| (agent, Body::Dispatch(d))));
         if ask {
             self.ask_back(out);
         }

@@ -1,0 +1,6 @@
+//! The leader's decisions: `core` (the scheduling state machine: agents, flights, dispatch,
+//! preemption, memory, liveness, the live view) and `plan` (the partition it starts from). The
+//! node agent's driver runs the core against the ledger and the agents' connections.
+
+pub mod core;
+pub mod plan;
