@@ -39,8 +39,8 @@ use std::time::{Duration, Instant};
 
 use crate::handoff::{Handoff, When};
 use crate::output::{IndexEntry, OutputMode};
-use crate::rundir::now_us;
 use htc_core::record::Outcome;
+use htc_store::host::now_us;
 
 pub use htc_core::work::{recall_from, Command, ExecEvent, Finished, TaskToRun};
 
@@ -1284,7 +1284,7 @@ impl Executor {
     /// failed writing their output.
     fn disk_full(&self) -> Option<io::Error> {
         let dir = &self.cfg.out_dir;
-        let free = crate::storage::free_bytes(dir).filter(|&b| b < crate::storage::NEARLY_FULL)?;
+        let free = htc_store::storage::free_bytes(dir).filter(|&b| b < htc_store::storage::NEARLY_FULL)?;
         Some(io::Error::new(
             io::ErrorKind::StorageFull,
             format!("the disk holding {} is full ({free} bytes free)", dir.display()),
@@ -1321,7 +1321,7 @@ impl Executor {
             return None;
         }
         self.space_checked = Some(now);
-        let free = crate::storage::free_bytes(&self.cfg.out_dir)?;
+        let free = htc_store::storage::free_bytes(&self.cfg.out_dir)?;
         self.space_low = free < SPACE_LOW;
         self.disk_full()
     }

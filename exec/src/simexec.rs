@@ -9,9 +9,9 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use crate::executor::Handle;
-use crate::rundir::now_us;
 use htc_core::record::Outcome;
 use htc_core::work::{recall_from, Command, ExecEvent, Finished, TaskToRun};
+use htc_store::host::now_us;
 
 /// How an agent runs its tasks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
