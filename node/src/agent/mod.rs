@@ -22,14 +22,14 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 
 use crate::auth;
-use crate::executor::{self, Command, ExecConfig, ExecEvent, Handle};
 use crate::frame::{self, read_frame, FrameError};
-use crate::leftovers::Sweeper;
-use crate::proto::{self, frame::Body};
-use crate::rundir::RunDir;
-use crate::simexec::{self, ExecKind};
-use crate::PROTOCOL_VERSION;
 use htc_core::output::OutputMode;
+use htc_engine::proto::{self, frame::Body};
+use htc_engine::wire::PROTOCOL_VERSION;
+use htc_exec::executor::{self, Command, ExecConfig, ExecEvent, Handle};
+use htc_exec::leftovers::Sweeper;
+use htc_exec::simexec::{self, ExecKind};
+use htc_store::rundir::RunDir;
 
 use machine::{Effect, Input};
 use relay::Child;
@@ -71,9 +71,9 @@ pub struct AgentConfig {
     pub cpus: Vec<usize>,
     pub mem_mb: u64,
     /// The GPUs the agent hands to tasks (`gpu`).
-    pub gpus: Vec<crate::gpu::Device>,
+    pub gpus: Vec<htc_exec::gpu::Device>,
     /// How tasks' `mem=` is enforced (`memcg`).
-    pub mem_limit: crate::memcg::Enforce,
+    pub mem_limit: htc_exec::memcg::Enforce,
     pub output: OutputMode,
     pub kill_grace: Duration,
     /// How often the agent looks whether a report is due (`FLUSH_EVERY`).
@@ -89,7 +89,7 @@ pub struct AgentConfig {
     /// Executors (spawn loops) splitting the slots; 0 = one per slot.
     pub spawners: usize,
     /// Heartbeats, the lease on the parent, the bound on silent members.
-    pub live: crate::liveness::Liveness,
+    pub live: htc_engine::liveness::Liveness,
     /// What tasks leave outside their process group lives until the agent ends (`leftovers`).
     pub keep_daemons: bool,
 }
@@ -405,7 +405,7 @@ async fn join(me: &JoinAs, to: SocketAddr, secret: &[u8], how: Joining) -> anyho
     };
     frame::tune(&stream)?;
     auth::connect(&mut stream, secret).await.with_context(|| format!("authenticating with {to}"))?;
-    let hostname = crate::host::hostname();
+    let hostname = htc_store::host::hostname();
     let hello = proto::Hello {
         agent_id: me.agent,
         cores: me.slots as u32,
@@ -497,7 +497,7 @@ impl Executors {
             resetting: 0,
         };
         // One pool for all the spawn loops: a task gets devices whichever loop runs it.
-        let gpus = crate::gpu::Pool::new(cfg.gpus.clone());
+        let gpus = htc_exec::gpu::Pool::new(cfg.gpus.clone());
         let memcg = memory_cgroups(cfg)?;
         let mut slots = Vec::new();
         for i in 0..k {
@@ -606,14 +606,14 @@ fn exec_config(cfg: &AgentConfig, job_id: &str) -> ExecConfig {
         kill_grace: cfg.kill_grace,
         spawner: 0,
         first_slot: 0,
-        gpus: crate::gpu::Pool::default(),
+        gpus: htc_exec::gpu::Pool::default(),
         memcg: None,
     }
 }
 
 /// The agent's memory cgroups for its slots, shared by its spawn loops, per `--mem-limit`.
-fn memory_cgroups(cfg: &AgentConfig) -> anyhow::Result<Option<Arc<crate::memcg::Root>>> {
-    use crate::memcg::{Enforce, Root};
+fn memory_cgroups(cfg: &AgentConfig) -> anyhow::Result<Option<Arc<htc_exec::memcg::Root>>> {
+    use htc_exec::memcg::{Enforce, Root};
     if cfg.mem_limit == Enforce::Watch {
         return Ok(None);
     }

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::live::{LiveError, View, FILE};
+use htc_engine::live::{LiveError, View, FILE};
 
 pub fn path(run_dir: &Path) -> PathBuf {
     run_dir.join(FILE)

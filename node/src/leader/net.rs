@@ -13,7 +13,7 @@ use super::core::Input;
 use super::driver::Event;
 use crate::auth::{self, Door};
 use crate::frame::{self, read_frame, FrameError};
-use crate::proto::{self, frame::Body};
+use htc_engine::proto::{self, frame::Body};
 
 pub struct NetConfig {
     pub secret: Vec<u8>,
@@ -194,7 +194,7 @@ mod tests {
     use super::*;
 
     fn hello(agent: u32) -> proto::Hello {
-        proto::Hello { protocol: crate::PROTOCOL_VERSION, agent_id: agent, ..Default::default() }
+        proto::Hello { protocol: htc_engine::wire::PROTOCOL_VERSION, agent_id: agent, ..Default::default() }
     }
 
     #[test]

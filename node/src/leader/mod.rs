@@ -21,10 +21,10 @@ pub use self::core::Ending;
 use self::core::{Core, Progress};
 pub use self::driver::ProgressSink;
 use self::driver::{DriverConfig, Event};
-use crate::ledger::Ledger;
-use crate::liveness::Liveness;
-use crate::load::TaskText;
-use crate::rundir::RunDir;
+use htc_engine::liveness::Liveness;
+use htc_store::ledger::Ledger;
+use htc_store::load::TaskText;
+use htc_store::rundir::RunDir;
 
 pub struct LeaderConfig {
     pub run: RunDir,
@@ -70,7 +70,7 @@ pub fn run(
     let mut ledger = Ledger::open(&cfg.run.ledger(), false).context("opening the ledger")?;
     if cfg.run.replicated() {
         // This session's generation starts with the ledger as it is now (loaded, or resumed).
-        let replica = crate::replica::Replica::of(&cfg.run.path);
+        let replica = htc_store::replica::Replica::of(&cfg.run.path);
         let journal = replica.begin(&ledger).context("writing the ledger's snapshot into the run directory")?;
         ledger.attach_journal(journal);
         replica.set_where(&cfg.run.ledger())?;
@@ -95,7 +95,7 @@ pub fn run(
     let expected = cfg.layout.heads().len().min(agents.count);
 
     let plan = Planned { plan: cfg.partition, instances: expected, cores: cfg.cores, params: cfg.params };
-    let mut core = new_core(&ledger, &plan, &cfg.job_id, crate::rundir::now_us())?
+    let mut core = new_core(&ledger, &plan, &cfg.job_id, htc_store::rundir::now_us())?
         .with_layout(cfg.layout.clone())
         .with_liveness(cfg.live)
         .with_memory_policy(cfg.mem_policy);
@@ -180,7 +180,7 @@ pub fn new_core(ledger: &Ledger, p: &Planned, job_id: &str, now_us: u64) -> anyh
 
 /// The runtime groups of the tasks still to run (after a resume the plan splits what is left),
 /// or `None` when the file has one group and nothing need be read.
-fn pending_groups(ledger: &Ledger) -> Result<Option<Vec<Group>>, crate::ledger::LedgerError> {
+fn pending_groups(ledger: &Ledger) -> Result<Option<Vec<Group>>, htc_store::ledger::LedgerError> {
     let read = ledger.read()?;
     if read.meta_u64("groups")? == Some(1) {
         return Ok(None);

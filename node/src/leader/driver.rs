@@ -11,11 +11,11 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::core::{Core, Ending, Input, Outbox, Progress, Tasks};
 use crate::frame;
-use crate::ledger::{Attempt, Ledger, LedgerError, Record, WriteTxn};
-use crate::load::TaskText;
-use crate::rundir::now_us;
 use htc_core::task::Counts;
 use htc_core::task::{self, Step};
+use htc_store::ledger::{Attempt, Ledger, LedgerError, Record, WriteTxn};
+use htc_store::load::TaskText;
+use htc_store::rundir::now_us;
 
 type Result<T> = std::result::Result<T, LedgerError>;
 
@@ -109,7 +109,7 @@ impl Tasks for LedgerTasks<'_, '_> {
 fn send(out: &mut Outbox, links: &HashMap<u32, UnboundedSender<Vec<u8>>>, given_up: &Option<Box<dyn Fn(u32) + Send>>) {
     let mut by_agent: HashMap<u32, Vec<u8>> = HashMap::new();
     for (agent, body) in out.drain(..) {
-        if let (Some(f), crate::proto::frame::Body::Shutdown(s)) = (given_up, &body) {
+        if let (Some(f), htc_engine::proto::frame::Body::Shutdown(s)) = (given_up, &body) {
             if s.abort && s.revive {
                 f(agent);
             }
@@ -152,7 +152,7 @@ pub fn run(
         t.put_meta("session_start_us", &now_us().to_le_bytes())?;
         t.put_meta("session_finished_start", &core.finished_start().to_le_bytes())?;
         t.put_meta("job_id", job_id.as_bytes())?;
-        t.put_meta("leader_host", crate::host::hostname().as_bytes())?;
+        t.put_meta("leader_host", htc_store::host::hostname().as_bytes())?;
         // The Slurm job this session runs in (a resumed run's differs from its first): status
         // asks Slurm about it when the heartbeat alone cannot tell a dead leader yet.
         t.put_meta("session_slurm_job", std::env::var("SLURM_JOB_ID").unwrap_or_default().as_bytes())?;
@@ -323,14 +323,14 @@ fn cpu_us() -> u64 {
 /// The whole ledger is read back first, in a child process (`verify_apart`), before this process
 /// opens it: writing into a damaged one would follow its broken pages, a resume must not spread
 /// damage or re-run what it cannot vouch for, and some damage crashes or hangs a read.
-pub fn reset_interrupted(run: &crate::rundir::RunDir) -> Result<u64> {
-    let text_len = crate::load::text_len(run);
-    let v = crate::verify::verify_apart(&run.ledger(), text_len, crate::verify::STALL)?;
+pub fn reset_interrupted(run: &htc_store::rundir::RunDir) -> Result<u64> {
+    let text_len = htc_store::load::text_len(run);
+    let v = htc_store::verify::verify_apart(&run.ledger(), text_len, htc_store::verify::STALL)?;
     // Counts are rewritten below; unreadable records, a lost total or a broken history are what a
     // resume must not build on.
     if let Some(why) = v.unresumable() {
         let why = format!("{why}; it is not resumed");
-        return Err(crate::ledger::LedgerError::Damaged { path: run.ledger().display().to_string(), why });
+        return Err(htc_store::ledger::LedgerError::Damaged { path: run.ledger().display().to_string(), why });
     }
     let ledger = Ledger::open(&run.ledger(), false)?;
     let mut t = ledger.write()?;
@@ -356,7 +356,7 @@ pub fn reset_interrupted(run: &crate::rundir::RunDir) -> Result<u64> {
 mod tests {
     use super::*;
     use crate::leader::{new_core, Planned};
-    use crate::proto::{self, frame::Body};
+    use htc_engine::proto::{self, frame::Body};
 
     /// Frames sent so far on an agent's link.
     fn frames(rx: &mut tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>) -> Vec<Body> {
@@ -382,7 +382,8 @@ mod tests {
         std::fs::write(&file, "true\n".repeat(4)).unwrap();
         let defaults = htc_core::taskfile::TaskOptions::default();
         let (rd, _) =
-            crate::load::create_run(&dir, "job", &file, htc_core::output::OutputMode::None, defaults, None).unwrap();
+            htc_store::load::create_run(&dir, "job", &file, htc_core::output::OutputMode::None, defaults, None)
+                .unwrap();
         let ledger = Ledger::open(&rd.ledger(), false).unwrap();
         let text = TaskText::open(&rd.tasks()).unwrap();
         let params = htc_core::hflow::Params { s: 0.002, d: 0.0005, t: 1.0 };

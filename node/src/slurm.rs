@@ -11,10 +11,10 @@ use anyhow::{bail, Context};
 use crate::leader::core::Input;
 use crate::leader::driver::Event;
 use crate::leader::launch::{watch, Agents};
-use crate::rundir::RunDir;
-use crate::simexec::ExecKind;
 use crate::work_args::WorkArgs;
 use htc_core::output::OutputMode;
+use htc_exec::simexec::ExecKind;
+use htc_store::rundir::RunDir;
 
 pub fn var(name: &str) -> anyhow::Result<String> {
     std::env::var(name).with_context(|| format!("${name} is not set (not inside a Slurm job?)"))
@@ -153,7 +153,7 @@ pub fn node_ip() -> IpAddr {
     if let Ok(n) = std::env::var("SLURMD_NODENAME") {
         names.push(n);
     }
-    names.push(crate::host::hostname());
+    names.push(htc_store::host::hostname());
     let addrs: Vec<IpAddr> = names
         .iter()
         .filter_map(|n| (n.as_str(), 0).to_socket_addrs().ok())

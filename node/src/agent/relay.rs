@@ -9,7 +9,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::auth::{self, RelayPlace};
 use crate::frame::{self, read_frame, FrameError};
-use crate::proto::{self, frame::Body};
+use htc_engine::proto::{self, frame::Body};
 
 /// What a child connection tells the agent's loop.
 pub enum Child {

@@ -4,8 +4,8 @@
 
 use std::path::PathBuf;
 
-use crate::simexec::ExecKind;
 use htc_core::output::OutputMode;
+use htc_exec::simexec::ExecKind;
 
 /// Tree fan-out when none is asked for: agents per parent (the leader included).
 pub const DEFAULT_FANOUT: u32 = 32;
@@ -41,7 +41,7 @@ pub struct WorkArgs {
     /// How a task's `mem=` is enforced: auto, cgroup (a memory cgroup per slot, required),
     /// watch (the resident memory of its process group).
     #[arg(long, default_value = "auto", value_name = "auto|cgroup|watch")]
-    pub mem_limit: crate::memcg::Enforce,
+    pub mem_limit: htc_exec::memcg::Enforce,
     #[arg(long, default_value = "streams")]
     pub output: OutputMode,
     /// Tree fan-out: agents per parent (the leader included).

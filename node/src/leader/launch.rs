@@ -12,10 +12,10 @@ use anyhow::Context;
 
 use super::core::Input;
 use super::driver::Event;
-use crate::rundir::RunDir;
-use crate::simexec::ExecKind;
 use crate::work_args::WorkArgs;
 use htc_core::output::OutputMode;
+use htc_exec::simexec::ExecKind;
+use htc_store::rundir::RunDir;
 
 /// The started agent processes (or the one launcher process, e.g. srun).
 pub struct Agents {
@@ -81,7 +81,7 @@ pub struct Local {
     /// What tasks leave outside their process group lives until the agent ends (`leftovers`).
     pub keep_daemons: bool,
     /// How the agents enforce tasks' `mem=` (`--mem-limit`).
-    pub mem_limit: crate::memcg::Enforce,
+    pub mem_limit: htc_exec::memcg::Enforce,
 }
 
 impl Local {

@@ -3,7 +3,7 @@
 //! agent and one report stream per node. `Spread` decides which spawner runs each task; it is
 //! pure, and the driver feeds it what it sends and what ends.
 
-use crate::executor::TaskToRun;
+use htc_exec::executor::TaskToRun;
 
 /// Tasks held by each spawner, against its slots.
 #[derive(Debug, Clone)]

@@ -19,8 +19,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::frame::{self, FrameError, MAX_HELLO};
-use crate::proto::{self, frame::Body};
-use crate::PROTOCOL_VERSION;
+use htc_engine::proto::{self, frame::Body};
+use htc_engine::wire::PROTOCOL_VERSION;
 
 pub const NONCE_LEN: usize = 32;
 /// A peer that has not finished the handshake (and said Hello) by then is dropped.
@@ -222,8 +222,12 @@ pub struct RelayPlace {
 /// so a misplaced agent is refused where it knocked rather than further up. The leader adds
 /// that no agent id is connected twice.
 pub fn check_hello(h: &proto::Hello, relay: Option<&RelayPlace>) -> Result<(), String> {
-    if h.protocol != crate::PROTOCOL_VERSION {
-        return Err(format!("protocol {} not supported (this side speaks {})", h.protocol, crate::PROTOCOL_VERSION));
+    if h.protocol != htc_engine::wire::PROTOCOL_VERSION {
+        return Err(format!(
+            "protocol {} not supported (this side speaks {})",
+            h.protocol,
+            htc_engine::wire::PROTOCOL_VERSION
+        ));
     }
     if let Some(r) = relay {
         if !r.tree.is_child(h.agent_id, Some(r.me)) {
@@ -288,7 +292,7 @@ pub struct Door {
     failing: std::sync::atomic::AtomicU32,
     /// Failure lines, at most one a minute: a freed descriptor lets one accept through between
     /// failures, which must not start a new line each time.
-    failure_log: Mutex<crate::throttle::Throttle>,
+    failure_log: Mutex<htc_exec::throttle::Throttle>,
     /// A failure line was written and no recovery line yet.
     failure_logged: std::sync::atomic::AtomicBool,
 }
@@ -300,7 +304,7 @@ impl Door {
             refusals: Default::default(),
             job: job.into(),
             failing: Default::default(),
-            failure_log: Mutex::new(crate::throttle::Throttle::new(Duration::from_secs(60))),
+            failure_log: Mutex::new(htc_exec::throttle::Throttle::new(Duration::from_secs(60))),
             failure_logged: Default::default(),
         })
     }
