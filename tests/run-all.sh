@@ -11,9 +11,13 @@ cd "$root"
 
 step() { printf '\n== %s ==\n' "$*"; }
 
-step "hygiene: cargo fmt --check, cargo clippy -D warnings"
+step "hygiene: cargo fmt --check, cargo clippy -D warnings, the crates' layering"
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
+tests/layering.sh
+
+step "pure crates in debug: their debug_assert!s (e.g. the counts' underflow check) fire here"
+cargo test -p htc-core -p htc-engine --locked
 
 step "fresh machine: the README's main command in a clean copy, without protoc or libclang"
 tests/fresh-build.sh

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The crates' layering, checked from Cargo's own dependency graph: each crate may depend only on
+# the crates below it, and the pure ones (htc-core, htc-engine) on nothing that does I/O. Cargo
+# already refuses cycles; this refuses a dependency that would make one possible or that would
+# let I/O into the engine (say, tokio added to htc-engine "just for a channel").
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+fail=0
+# crate: the workspace crates it may use (normal dependencies, directly or not).
+declare -A may=(
+    [htc-core]=""
+    [htc-engine]="htc-core"
+    [htc-store]="htc-core"
+    [htc-exec]="htc-core htc-store"
+    [htc-node]="htc-core htc-engine htc-store htc-exec"
+)
+ours="htc-core htc-engine htc-store htc-exec htc-node node-agent spank-plugin"
+for crate in "${!may[@]}"; do
+    deps=$(cargo tree -p "$crate" -e normal --prefix none --format '{p}' --locked | awk '{print $1}' | sort -u)
+    for d in $deps; do
+        [[ $d == "$crate" ]] && continue
+        if [[ " $ours " == *" $d "* && " ${may[$crate]} " != *" $d "* ]]; then
+            echo "layering: $crate depends on $d, which is not below it" >&2
+            fail=1
+        fi
+    done
+    case $crate in
+    htc-core | htc-engine)
+        for banned in tokio lmdb-rkv lmdb-rkv-sys libc nix mio; do
+            if grep -qx "$banned" <<<"$deps"; then
+                echo "layering: the pure crate $crate depends on $banned" >&2
+                fail=1
+            fi
+        done
+        ;;
+    esac
+done
+((fail == 0)) && echo "layering: every crate uses only the crates below it; htc-core and htc-engine do no I/O"
+exit "$fail"
