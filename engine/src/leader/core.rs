@@ -122,6 +122,23 @@ pub const HORIZON_MS: u64 = 1_000;
 /// Frames for agents, in the order they must be sent.
 pub type Outbox = Vec<(u32, Body)>;
 
+/// One agent's dispatch in the making: how many more it may take, and what it takes.
+struct Batch {
+    agent: u32,
+    want: u64,
+    specs: Vec<proto::TaskSpec>,
+}
+
+/// Where `Core::start` put a task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Placed {
+    Taken,
+    /// It fits the agent but may not start there yet: it waits for memory.
+    Waits,
+    /// It does not fit the agent (cores, GPUs or memory it has not).
+    Unfit,
+}
+
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Progress {
     pub counts: Counts,
@@ -1454,157 +1471,28 @@ impl<'a> Core<'a> {
         self.apply(t, id, &mut r, State::Pending, life)
     }
 
+    /// Hands `agent` up to its credit of tasks, from five sources in turn: the retries (the
+    /// oldest work), what waits for memory, what was preempted, what other agents handed over
+    /// for its affinity keys, and its share of the partition; with nothing else for it, what
+    /// waits for busy agents' keys and what agents behind gave back.
     fn dispatch<E>(&mut self, t: &mut dyn Tasks<Error = E>, agent: u32, out: &mut Outbox) -> Result<(), E> {
         if self.failed_too_often().is_some() || self.agents[&agent].drained || self.mem.runs_exclusive(agent) {
             return Ok(());
         }
-        let mut want = self.agents[&agent].credit;
-        let mut specs: Vec<proto::TaskSpec> = Vec::new();
-        // Retries first: they are the oldest work.
-        let mut skipped = VecDeque::new();
-        while want > 0 {
-            let Some(id) = self.retry.pop_front() else { break };
-            let Some(r) = t.get(id)? else { continue };
-            if r.state() != State::Pending || self.in_flight.contains(id) {
-                continue;
-            }
-            if self.too_late(&r) {
-                self.late.insert(id);
-            } else if self.fits(agent, &r) {
-                if self.admit(agent, id, &r) {
-                    self.take_task(t, agent, id, r, &mut specs)?;
-                    want -= 1;
-                }
-            } else if self.all_accounted() && !self.schedulable(&r) {
-                self.fail_unschedulable(t, id, r)?;
-            } else {
-                skipped.push_back(id);
-            }
-        }
-        skipped.append(&mut self.retry);
-        self.retry = skipped;
-        // Then what waits for memory, oldest first, where it may start now.
-        while want > 0 {
-            let Some(need) = self.mem.take_waiting(agent, self.now_us) else { break };
-            match t.get(need.task)? {
-                Some(r) if r.state() == State::Pending && !self.in_flight.contains(need.task) => {
-                    self.take_task(t, agent, need.task, r, &mut specs)?;
-                    want -= 1;
-                }
-                _ => self.mem.ended(agent, need.task),
-            }
-        }
-        // Then what was preempted, unless higher-priority work is still to be handed out.
-        while want > 0 {
-            let Some(&id) = self.preempted.front() else { break };
-            let Some(r) = t.get(id)? else {
-                self.preempted.pop_front();
-                continue;
-            };
-            if self.top_waiting(t)?.is_some_and(|(p, _)| p > r.priority) {
-                break;
-            }
-            self.preempted.pop_front();
-            if self.offer(t, agent, id, &mut specs)? {
-                want -= 1;
-            }
-        }
-        // Then what other agents handed over for its affinity keys.
-        while want > 0 {
+        let mut b = Batch { agent, want: self.agents[&agent].credit, specs: Vec::new() };
+        self.offer_retries(t, &mut b)?;
+        self.offer_waiting_for_memory(t, &mut b)?;
+        self.offer_preempted(t, &mut b)?;
+        while b.want > 0 {
             let Some(id) = self.affinity.take_own(agent) else { break };
-            if self.offer(t, agent, id, &mut specs)? {
-                want -= 1;
-            }
+            self.offer(t, &mut b, id)?;
         }
-        // Tasks refused for memory in this offer: past a core's worth each, the rest of the
-        // partition is left for later offers rather than pulled into the waiting queue; so are
-        // tasks handed to other agents for their affinity keys, past a few per core.
-        let (mut refused, mut handed) = (0u64, 0u64);
-        let cores = self.agents[&agent].cores.max(1) as u64;
-        let mut drained = false;
-        let mut ask = false;
-        while want > 0 && refused < cores && handed < 8 * cores + 32 {
-            let a = &self.agents[&agent];
-            // Its last report's idle slots, less what was sent since; and never more than its
-            // cores minus what it holds: reports sent before a dispatch arrived still say idle.
-            let free = (a.cores as u64).saturating_sub(self.in_flight.held(agent));
-            let steal = a.idle.saturating_sub(specs.len() as u64).min(free);
-            let room = match self.horizon_ms {
-                None => want,
-                Some(h) if a.ahead_ms >= h * a.cores as u64 => steal,
-                // In steps of a core's worth, checking the horizon after each.
-                Some(_) => want.min(a.cores.max(1) as u64),
-            };
-            if room == 0 {
-                break;
-            }
-            let steal = if self.no_steal { 0 } else { steal };
-            let Some(block) = self.partition.take(a.instance, room, steal) else {
-                drained = true;
-                break;
-            };
-            let records = match block {
-                Block::Range(r) => t.range(r)?,
-                Block::Ids(ids) => ids
-                    .into_iter()
-                    .filter_map(|id| t.get(id).transpose().map(|r| r.map(|r| (id, r))))
-                    .collect::<Result<_, _>>()?,
-            };
-            for (id, r) in records {
-                if r.state() != State::Pending || self.in_flight.contains(id) {
-                    continue; // done in an earlier session, or out already
-                }
-                // Keys spread over every agent expected, joined yet or not: one that joins late
-                // finds its keys' tasks waiting for it.
-                if r.affinity != 0 {
-                    if let Route::To(other) = self.affinity.route(r.affinity, agent) {
-                        if self.agents.get(&other).is_none_or(|a| a.alive && !a.drained) {
-                            self.affinity.defer(other, id);
-                            self.fresh_handoffs = true;
-                            handed += 1;
-                            continue;
-                        }
-                    }
-                }
-                if self.too_late(&r) {
-                    self.late.insert(id);
-                } else if self.fits(agent, &r) {
-                    if self.admit(agent, id, &r) {
-                        self.take_task(t, agent, id, r, &mut specs)?;
-                        want = want.saturating_sub(1);
-                    } else {
-                        refused += 1;
-                    }
-                } else {
-                    self.push_retry(id);
-                }
-            }
-        }
-        // Nothing else for it: rather than idle, it runs what waits for busy agents' keys, as
-        // much as it can start now.
-        if drained || specs.is_empty() {
-            let mut can_start = self.can_start(agent, specs.len() as u64);
-            while want > 0 && can_start > 0 {
-                let Some(id) = self.affinity.steal(agent) else { break };
-                if self.offer(t, agent, id, &mut specs)? {
-                    want -= 1;
-                    can_start -= 1;
-                }
-            }
-            // Then what agents that are behind gave back, with its share of queue; if slots
-            // are still idle, more of their queues is asked back.
-            let mut room = can_start.saturating_mul(1 + self.recall_share);
-            let before = specs.len();
-            while want > 0 && room > 0 {
-                let Some(id) = self.recalls.take() else { break };
-                if self.offer(t, agent, id, &mut specs)? {
-                    want -= 1;
-                    room -= 1;
-                }
-            }
-            can_start = can_start.saturating_sub((specs.len() - before) as u64);
-            ask = drained && can_start > 0 && self.may_ask_back();
-        }
+        let drained = self.offer_share(t, &mut b)?;
+        // Leftovers also for an agent that got nothing this time (its share is held back by the
+        // horizon or by memory), but only a drained one asks for more back.
+        let idle_left = (drained || b.specs.is_empty()) && self.offer_leftovers(t, &mut b)?;
+        let ask = drained && idle_left;
+        let Batch { want, specs, .. } = b;
         let a = self.agents.get_mut(&agent).unwrap();
         a.credit = want;
         a.idle = a.idle.saturating_sub(specs.len() as u64);
@@ -1616,6 +1504,155 @@ impl<'a> Core<'a> {
             self.ask_back(out);
         }
         Ok(())
+    }
+
+    /// The retries, oldest first; those that fit no agent yet stay queued, in order.
+    fn offer_retries<E>(&mut self, t: &mut dyn Tasks<Error = E>, b: &mut Batch) -> Result<(), E> {
+        let mut skipped = VecDeque::new();
+        while b.want > 0 {
+            let Some(id) = self.retry.pop_front() else { break };
+            let Some(r) = t.get(id)? else { continue };
+            if r.state() != State::Pending || self.in_flight.contains(id) {
+                continue;
+            }
+            if self.too_late(&r) {
+                self.late.insert(id);
+                continue;
+            }
+            if self.start(t, b, id, r)? == Placed::Unfit {
+                if self.all_accounted() && !self.schedulable(&r) {
+                    self.fail_unschedulable(t, id, r)?;
+                } else {
+                    skipped.push_back(id);
+                }
+            }
+        }
+        skipped.append(&mut self.retry);
+        self.retry = skipped;
+        Ok(())
+    }
+
+    /// What waits for memory, oldest first, where it may start now.
+    fn offer_waiting_for_memory<E>(&mut self, t: &mut dyn Tasks<Error = E>, b: &mut Batch) -> Result<(), E> {
+        while b.want > 0 {
+            let Some(need) = self.mem.take_waiting(b.agent, self.now_us) else { break };
+            match t.get(need.task)? {
+                Some(r) if r.state() == State::Pending && !self.in_flight.contains(need.task) => {
+                    self.take_task(t, b.agent, need.task, r, &mut b.specs)?;
+                    b.want -= 1;
+                }
+                _ => self.mem.ended(b.agent, need.task),
+            }
+        }
+        Ok(())
+    }
+
+    /// What was preempted, unless higher-priority work is still to be handed out.
+    fn offer_preempted<E>(&mut self, t: &mut dyn Tasks<Error = E>, b: &mut Batch) -> Result<(), E> {
+        while b.want > 0 {
+            let Some(&id) = self.preempted.front() else { break };
+            let Some(r) = t.get(id)? else {
+                self.preempted.pop_front();
+                continue;
+            };
+            if self.top_waiting(t)?.is_some_and(|(p, _)| p > r.priority) {
+                break;
+            }
+            self.preempted.pop_front();
+            self.offer(t, b, id)?;
+        }
+        Ok(())
+    }
+
+    /// The agent's share of the partition (stealing from others' when its own is done); says
+    /// whether the partition had nothing more for it. Tasks refused for memory in this offer:
+    /// past a core's worth, the rest of the partition is left for later offers rather than
+    /// pulled into the waiting queue; so are tasks handed to other agents for their affinity
+    /// keys, past a few per core.
+    fn offer_share<E>(&mut self, t: &mut dyn Tasks<Error = E>, b: &mut Batch) -> Result<bool, E> {
+        let (mut refused, mut handed) = (0u64, 0u64);
+        let cores = self.agents[&b.agent].cores.max(1) as u64;
+        while b.want > 0 && refused < cores && handed < 8 * cores + 32 {
+            let a = &self.agents[&b.agent];
+            // Its last report's idle slots, less what was sent since; and never more than its
+            // cores minus what it holds: reports sent before a dispatch arrived still say idle.
+            let free = (a.cores as u64).saturating_sub(self.in_flight.held(b.agent));
+            let steal = a.idle.saturating_sub(b.specs.len() as u64).min(free);
+            let room = match self.horizon_ms {
+                None => b.want,
+                Some(h) if a.ahead_ms >= h * a.cores as u64 => steal,
+                // In steps of a core's worth, checking the horizon after each.
+                Some(_) => b.want.min(a.cores.max(1) as u64),
+            };
+            if room == 0 {
+                return Ok(false);
+            }
+            let steal = if self.no_steal { 0 } else { steal };
+            let Some(block) = self.partition.take(a.instance, room, steal) else { return Ok(true) };
+            let records = match block {
+                Block::Range(r) => t.range(r)?,
+                Block::Ids(ids) => ids
+                    .into_iter()
+                    .filter_map(|id| t.get(id).transpose().map(|r| r.map(|r| (id, r))))
+                    .collect::<Result<_, _>>()?,
+            };
+            for (id, r) in records {
+                if r.state() != State::Pending || self.in_flight.contains(id) {
+                    continue; // done in an earlier session, or out already
+                }
+                if self.hand_to_key_owner(b.agent, id, &r) {
+                    handed += 1;
+                } else if self.too_late(&r) {
+                    self.late.insert(id);
+                } else {
+                    match self.start(t, b, id, r)? {
+                        Placed::Taken => {}
+                        Placed::Waits => refused += 1,
+                        Placed::Unfit => self.push_retry(id),
+                    }
+                }
+            }
+        }
+        Ok(false)
+    }
+
+    /// Keys spread over every agent expected, joined yet or not: one that joins late finds its
+    /// keys' tasks waiting for it. Says whether the task went to another agent's keys.
+    fn hand_to_key_owner(&mut self, agent: u32, id: u64, r: &Record) -> bool {
+        if r.affinity == 0 {
+            return false;
+        }
+        let Route::To(other) = self.affinity.route(r.affinity, agent) else { return false };
+        if !self.agents.get(&other).is_none_or(|a| a.alive && !a.drained) {
+            return false;
+        }
+        self.affinity.defer(other, id);
+        self.fresh_handoffs = true;
+        true
+    }
+
+    /// Nothing else for the agent: rather than idle, it runs what waits for busy agents' keys,
+    /// as much as it can start now; then what agents that are behind gave back, with its share
+    /// of queue. Says whether slots are still idle, so that more of their queues may be asked
+    /// back.
+    fn offer_leftovers<E>(&mut self, t: &mut dyn Tasks<Error = E>, b: &mut Batch) -> Result<bool, E> {
+        let mut can_start = self.can_start(b.agent, b.specs.len() as u64);
+        while b.want > 0 && can_start > 0 {
+            let Some(id) = self.affinity.steal(b.agent) else { break };
+            if self.offer(t, b, id)? {
+                can_start -= 1;
+            }
+        }
+        let mut room = can_start.saturating_mul(1 + self.recall_share);
+        let before = b.specs.len();
+        while b.want > 0 && room > 0 {
+            let Some(id) = self.recalls.take() else { break };
+            if self.offer(t, b, id)? {
+                room -= 1;
+            }
+        }
+        can_start = can_start.saturating_sub((b.specs.len() - before) as u64);
+        Ok(can_start > 0 && self.may_ask_back())
     }
 
     /// Higher-priority work that no agent can take now (every one is busy) stops preemptible
@@ -1715,32 +1752,40 @@ impl<'a> Core<'a> {
         Ok(top)
     }
 
-    /// Offers a task that was set aside (an affinity queue) to `agent`: sent if it fits and may
-    /// start; true when it was taken.
-    fn offer<E>(
-        &mut self,
-        t: &mut dyn Tasks<Error = E>,
-        agent: u32,
-        id: u64,
-        specs: &mut Vec<proto::TaskSpec>,
-    ) -> Result<bool, E> {
+    /// Offers a task that was set aside (preempted, an affinity queue, given back) to the
+    /// batch's agent: sent if it fits and may start, else back to the retries (it fits no
+    /// agent now) or waiting for memory; true when it was taken.
+    fn offer<E>(&mut self, t: &mut dyn Tasks<Error = E>, b: &mut Batch, id: u64) -> Result<bool, E> {
         let Some(r) = t.get(id)? else { return Ok(false) };
         if r.state() != State::Pending || self.in_flight.contains(id) {
             return Ok(false);
         }
-        if !self.fits(agent, &r) {
-            self.push_retry(id);
-            return Ok(false);
-        }
-        if !self.admit(agent, id, &r) {
-            return Ok(false);
-        }
-        self.take_task(t, agent, id, r, specs)?;
-        Ok(true)
+        Ok(match self.start(t, b, id, r)? {
+            Placed::Taken => true,
+            Placed::Waits => false,
+            Placed::Unfit => {
+                self.push_retry(id);
+                false
+            }
+        })
     }
 
-    /// Whether `agent` has the memory for task `id` now (then it is committed there); if not,
-    /// the task waits for memory (`backfill`).
+    /// The one ladder every source of work goes down: a pending task that fits the batch's
+    /// agent and may start there (memory, GPUs) is taken into the batch; one that fits but may
+    /// not start yet waits for memory (`admit` queued it); one that does not fit is the
+    /// caller's to place.
+    fn start<E>(&mut self, t: &mut dyn Tasks<Error = E>, b: &mut Batch, id: u64, r: Record) -> Result<Placed, E> {
+        if !self.fits(b.agent, &r) {
+            return Ok(Placed::Unfit);
+        }
+        if !self.admit(b.agent, id, &r) {
+            return Ok(Placed::Waits);
+        }
+        self.take_task(t, b.agent, id, r, &mut b.specs)?;
+        b.want = b.want.saturating_sub(1);
+        Ok(Placed::Taken)
+    }
+
     fn admit(&mut self, agent: u32, id: u64, r: &Record) -> bool {
         let need = Need {
             task: id,
@@ -1910,6 +1955,30 @@ mod tests {
                 _ => None,
             })
             .collect()
+    }
+
+    #[test]
+    fn tasks_of_one_affinity_key_go_to_one_agent_whichever_share_they_are_in() {
+        // Tasks 1-4 are agent 0's share, 5-8 agent 1's; the odd ones have key 7, the even ones
+        // key 8; both agents have room for everything.
+        let mut m = Mem::with(8, 0, 1);
+        for id in 1..=8 {
+            m.records.get_mut(&id).unwrap().affinity = 7 + (id % 2 == 0) as u32;
+        }
+        let mut c = core(&m, 2);
+        let (out, _) = feed(&mut c, &mut m, vec![join(0, 8), join(1, 8), want(0, 8), want(1, 8), Input::Tick]);
+        let mut on: BTreeMap<u64, u32> = BTreeMap::new();
+        for (agent, tasks) in dispatched(&out) {
+            for (id, _) in tasks {
+                assert!(on.insert(id, agent).is_none(), "task {id} sent twice");
+            }
+        }
+        assert_eq!(on.len(), 8, "every task is sent: {on:?}");
+        for key in [7, 8] {
+            let agents: std::collections::BTreeSet<u32> =
+                on.iter().filter(|(id, _)| m.records[id].affinity == key).map(|(_, a)| *a).collect();
+            assert_eq!(agents.len(), 1, "key {key}'s tasks went to {agents:?}");
+        }
     }
 
     #[test]
