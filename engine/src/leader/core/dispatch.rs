@@ -1,0 +1,434 @@
+//! Handing out work: which tasks an agent gets when it asks (its share of the partition, the
+//! retries, what waits for memory, what was preempted, affinity hand-overs, what others gave
+//! back), and asking busy agents to give back what they have not started.
+
+use super::*;
+
+/// One agent's dispatch in the making: how many more it may take, and what it takes.
+struct Batch {
+    agent: u32,
+    want: u64,
+    specs: Vec<proto::TaskSpec>,
+}
+
+/// Where `Core::start` put a task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Placed {
+    Taken,
+    /// It fits the agent but may not start there yet: it waits for memory.
+    Waits,
+    /// It does not fit the agent (cores, GPUs or memory it has not).
+    Unfit,
+}
+
+impl Core<'_> {
+    /// Whether the task, started now, would run past the time limit by its hint.
+    fn too_late(&self, r: &Record) -> bool {
+        self.deadline_us.is_some_and(|d| r.runtime_ms > 0 && self.now_us + r.runtime_ms as u64 * 1000 > d)
+    }
+
+    /// Slots `agent` said were idle, less `sent` since. A lone agent's report may predate
+    /// what it holds now, so never more than its slots less what it holds; a head's idle
+    /// members are idle whatever the busy ones hold.
+    fn can_start(&self, agent: u32, sent: u64) -> u64 {
+        let a = &self.agents[&agent];
+        let idle = a.idle.saturating_sub(sent);
+        if self.heads_members(agent) {
+            idle
+        } else {
+            idle.min((a.cores as u64).saturating_sub(self.in_flight.held(agent)))
+        }
+    }
+
+    /// Tasks `agent` holds that wait unstarted: beyond its slots for a lone agent; beyond what
+    /// runs for a head, whose members' queues may hold work while another member is idle.
+    fn queued_at(&self, agent: u32) -> u64 {
+        let a = &self.agents[&agent];
+        let running = if self.heads_members(agent) { a.busy } else { a.cores };
+        self.in_flight.held(agent).saturating_sub(running as u64)
+    }
+
+    /// Only when nothing else waits anywhere: a task that came back and fits no idle slot (too
+    /// wide, no memory there) goes to the retries, and asking for more would only churn the
+    /// busy agent's queue.
+    pub(super) fn may_ask_back(&self) -> bool {
+        !self.no_steal && self.partition.remaining() == 0 && self.retry.is_empty() && self.mem.waiting() == 0
+    }
+
+    fn heads_members(&self, agent: u32) -> bool {
+        self.layout.as_ref().is_some_and(|t| t.instance_len(agent) > 1)
+    }
+
+    /// Nothing is left to hand out and slots are idle: asks agents with tasks queued beyond
+    /// their slots for some back (`recall`), as many as the idle slots can start and queue at
+    /// the even share (`recall_share`), less what is already on its way: stealing half, as
+    /// work stealing does, so the tail takes a few rounds, not one per task.
+    pub(super) fn ask_back(&mut self, out: &mut Outbox) {
+        // It looks at every agent: once per ASK_EVERY at most, not for each idle report (with a
+        // thousand agents idle at the tail, that was seconds per turn); what was put off is
+        // done with the first input after (`handle`).
+        let every = self.agents.len() as u64 * ASK_EVERY_US_PER_AGENT;
+        if self.last_ask_us.is_some_and(|t| self.now_us.saturating_sub(t) < every) {
+            self.ask_pending = true;
+            return;
+        }
+        self.last_ask_us = Some(self.now_us);
+        self.ask_pending = false;
+        let flights = &self.in_flight;
+        self.recalls
+            .prune(|id, agent| flights.get(id).is_some_and(|f| f.agent == agent && f.life.state() != State::Running));
+        let live = |a: &Agent| a.alive && !a.drained;
+        let idle: u64 = self.agents.iter().filter(|(_, a)| live(a)).map(|(&id, _)| self.can_start(id, 0)).sum();
+        // Enough on its way already, at the last share: no need to look at every agent's queue.
+        if idle * (1 + self.recall_share) <= self.recalls.underway() {
+            return;
+        }
+        let asked = self.recalls.asked_of();
+        let queued: Vec<(u32, u64)> = self
+            .agents
+            .iter()
+            .filter(|(_, a)| live(a))
+            .map(|(&id, _)| (id, self.queued_at(id).saturating_sub(asked.get(&id).copied().unwrap_or(0))))
+            .collect();
+        let slots: u64 = self.agents.values().filter(|a| live(a)).map(|a| a.cores as u64).sum();
+        let even = queued.iter().map(|(_, n)| n).sum::<u64>() / slots.max(1);
+        self.recall_share = even.min(RECALL_SHARE_MAX);
+        let demand = (idle * (1 + self.recall_share)).saturating_sub(self.recalls.underway());
+        if demand == 0 {
+            return;
+        }
+        for (agent, n) in recall::plan(demand, &queued) {
+            let ids = self.in_flight.unstarted_of(agent, n, |id| self.recalls.is_asked(id));
+            if ids.is_empty() {
+                continue;
+            }
+            tracing::debug!(job = %self.job_id, agent, tasks = ids.len(), "queued tasks asked back for idle slots");
+            self.recalls.ask(agent, &ids);
+            out.push((agent, Body::Recall(proto::Recall { agent, ids })));
+        }
+    }
+
+    pub(super) fn push_retry(&mut self, id: u64) {
+        self.retry.push_back(id);
+        self.fresh_retries = true;
+    }
+
+    pub(super) fn dispatch_all<E>(&mut self, t: &mut dyn Tasks<Error = E>, out: &mut Outbox) -> Result<(), E> {
+        self.fresh_retries = false;
+        self.fresh_handoffs = false;
+        self.scans += 1;
+        let mut ids: Vec<u32> =
+            self.agents.iter().filter(|(_, a)| a.alive && a.credit > 0).map(|(id, _)| *id).collect();
+        ids.sort_unstable();
+        for agent in ids {
+            self.dispatch(t, agent, out)?;
+        }
+        Ok(())
+    }
+
+    fn fits(&self, agent: u32, r: &Record) -> bool {
+        let a = &self.agents[&agent];
+        r.cores as u32 <= a.widest
+            && r.gpus as u32 <= a.gpus
+            && (a.mem_mb == 0 || r.mem_mb == 0 || r.mem_mb as u64 <= a.mem_mb)
+    }
+
+    /// Whether some live agent could ever run the task. Meaningful only once every agent the
+    /// launcher started has joined or is known gone (`all_accounted`): a big node may join last.
+    pub(super) fn schedulable(&self, r: &Record) -> bool {
+        self.agents.values().any(|a| a.alive && !a.drained)
+            && self.agents.iter().any(|(id, a)| a.alive && !a.drained && self.fits(*id, r))
+    }
+
+    pub(super) fn all_accounted(&self) -> bool {
+        self.ever_seen + self.never_joined >= self.expected_agents
+    }
+
+    pub(super) fn fail_unschedulable<E>(
+        &mut self,
+        t: &mut dyn Tasks<Error = E>,
+        id: u64,
+        mut r: Record,
+    ) -> Result<(), E> {
+        tracing::warn!(job = %self.job_id, task = id, cores = r.cores, mem_mb = r.mem_mb, gpus = r.gpus, "task needs more than any agent has");
+        let Ok((life, _)) = task::step(r.life(), Step::Refuse) else { return Ok(()) };
+        t.mark_failed(id)?;
+        r.outcome = Outcome::Unschedulable as u8;
+        self.apply(t, id, &mut r, State::Pending, life)
+    }
+
+    /// Hands `agent` up to its credit of tasks, from five sources in turn: the retries (the
+    /// oldest work), what waits for memory, what was preempted, what other agents handed over
+    /// for its affinity keys, and its share of the partition; with nothing else for it, what
+    /// waits for busy agents' keys and what agents behind gave back.
+    pub(super) fn dispatch<E>(&mut self, t: &mut dyn Tasks<Error = E>, agent: u32, out: &mut Outbox) -> Result<(), E> {
+        if self.failed_too_often().is_some() || self.agents[&agent].drained || self.mem.runs_exclusive(agent) {
+            return Ok(());
+        }
+        let mut b = Batch { agent, want: self.agents[&agent].credit, specs: Vec::new() };
+        self.offer_retries(t, &mut b)?;
+        self.offer_waiting_for_memory(t, &mut b)?;
+        self.offer_preempted(t, &mut b)?;
+        while b.want > 0 {
+            let Some(id) = self.affinity.take_own(agent) else { break };
+            self.offer(t, &mut b, id)?;
+        }
+        let drained = self.offer_share(t, &mut b)?;
+        // Leftovers also for an agent that got nothing this time (its share is held back by the
+        // horizon or by memory), but only a drained one asks for more back.
+        let idle_left = (drained || b.specs.is_empty()) && self.offer_leftovers(t, &mut b)?;
+        let ask = drained && idle_left;
+        let Batch { want, specs, .. } = b;
+        let a = self.agents.get_mut(&agent).unwrap();
+        a.credit = want;
+        a.idle = a.idle.saturating_sub(specs.len() as u64);
+        // A head counts what was just sent as running: it goes to members' idle slots.
+        a.busy = a.busy.saturating_add(specs.len() as u32).min(a.cores);
+        // The Dispatch goes first: a Recall of a task must never overtake the task itself.
+        out.extend(crate::wire::dispatches(agent, specs).into_iter().map(|d| (agent, Body::Dispatch(d))));
+        if ask {
+            self.ask_back(out);
+        }
+        Ok(())
+    }
+
+    /// The retries, oldest first; those that fit no agent yet stay queued, in order.
+    fn offer_retries<E>(&mut self, t: &mut dyn Tasks<Error = E>, b: &mut Batch) -> Result<(), E> {
+        let mut skipped = VecDeque::new();
+        while b.want > 0 {
+            let Some(id) = self.retry.pop_front() else { break };
+            let Some(r) = t.get(id)? else { continue };
+            if r.state() != State::Pending || self.in_flight.contains(id) {
+                continue;
+            }
+            if self.too_late(&r) {
+                self.late.insert(id);
+                continue;
+            }
+            if self.start(t, b, id, r)? == Placed::Unfit {
+                if self.all_accounted() && !self.schedulable(&r) {
+                    self.fail_unschedulable(t, id, r)?;
+                } else {
+                    skipped.push_back(id);
+                }
+            }
+        }
+        skipped.append(&mut self.retry);
+        self.retry = skipped;
+        Ok(())
+    }
+
+    /// What waits for memory, oldest first, where it may start now.
+    fn offer_waiting_for_memory<E>(&mut self, t: &mut dyn Tasks<Error = E>, b: &mut Batch) -> Result<(), E> {
+        while b.want > 0 {
+            let Some(need) = self.mem.take_waiting(b.agent, self.now_us) else { break };
+            match t.get(need.task)? {
+                Some(r) if r.state() == State::Pending && !self.in_flight.contains(need.task) => {
+                    self.take_task(t, b.agent, need.task, r, &mut b.specs)?;
+                    b.want -= 1;
+                }
+                _ => self.mem.ended(b.agent, need.task),
+            }
+        }
+        Ok(())
+    }
+
+    /// What was preempted, unless higher-priority work is still to be handed out.
+    fn offer_preempted<E>(&mut self, t: &mut dyn Tasks<Error = E>, b: &mut Batch) -> Result<(), E> {
+        while b.want > 0 {
+            let Some(&id) = self.preempted.front() else { break };
+            let Some(r) = t.get(id)? else {
+                self.preempted.pop_front();
+                continue;
+            };
+            if self.top_waiting(t)?.is_some_and(|(p, _)| p > r.priority) {
+                break;
+            }
+            self.preempted.pop_front();
+            self.offer(t, b, id)?;
+        }
+        Ok(())
+    }
+
+    /// The agent's share of the partition (stealing from others' when its own is done); says
+    /// whether the partition had nothing more for it. Tasks refused for memory in this offer:
+    /// past a core's worth, the rest of the partition is left for later offers rather than
+    /// pulled into the waiting queue; so are tasks handed to other agents for their affinity
+    /// keys, past a few per core.
+    fn offer_share<E>(&mut self, t: &mut dyn Tasks<Error = E>, b: &mut Batch) -> Result<bool, E> {
+        let (mut refused, mut handed) = (0u64, 0u64);
+        let cores = self.agents[&b.agent].cores.max(1) as u64;
+        while b.want > 0 && refused < cores && handed < 8 * cores + 32 {
+            let a = &self.agents[&b.agent];
+            // Its last report's idle slots, less what was sent since; and never more than its
+            // cores minus what it holds: reports sent before a dispatch arrived still say idle.
+            let free = (a.cores as u64).saturating_sub(self.in_flight.held(b.agent));
+            let steal = a.idle.saturating_sub(b.specs.len() as u64).min(free);
+            let room = match self.horizon_ms {
+                None => b.want,
+                Some(h) if a.ahead_ms >= h * a.cores as u64 => steal,
+                // In steps of a core's worth, checking the horizon after each.
+                Some(_) => b.want.min(a.cores.max(1) as u64),
+            };
+            if room == 0 {
+                return Ok(false);
+            }
+            let steal = if self.no_steal { 0 } else { steal };
+            let Some(block) = self.partition.take(a.instance, room, steal) else { return Ok(true) };
+            let records = match block {
+                Block::Range(r) => t.range(r)?,
+                Block::Ids(ids) => ids
+                    .into_iter()
+                    .filter_map(|id| t.get(id).transpose().map(|r| r.map(|r| (id, r))))
+                    .collect::<Result<_, _>>()?,
+            };
+            for (id, r) in records {
+                if r.state() != State::Pending || self.in_flight.contains(id) {
+                    continue; // done in an earlier session, or out already
+                }
+                if self.hand_to_key_owner(b.agent, id, &r) {
+                    handed += 1;
+                } else if self.too_late(&r) {
+                    self.late.insert(id);
+                } else {
+                    match self.start(t, b, id, r)? {
+                        Placed::Taken => {}
+                        Placed::Waits => refused += 1,
+                        Placed::Unfit => self.push_retry(id),
+                    }
+                }
+            }
+        }
+        Ok(false)
+    }
+
+    /// Keys spread over every agent expected, joined yet or not: one that joins late finds its
+    /// keys' tasks waiting for it. Says whether the task went to another agent's keys.
+    fn hand_to_key_owner(&mut self, agent: u32, id: u64, r: &Record) -> bool {
+        if r.affinity == 0 {
+            return false;
+        }
+        let Route::To(other) = self.affinity.route(r.affinity, agent) else { return false };
+        if !self.agents.get(&other).is_none_or(|a| a.alive && !a.drained) {
+            return false;
+        }
+        self.affinity.defer(other, id);
+        self.fresh_handoffs = true;
+        true
+    }
+
+    /// Nothing else for the agent: rather than idle, it runs what waits for busy agents' keys,
+    /// as much as it can start now; then what agents that are behind gave back, with its share
+    /// of queue. Says whether slots are still idle, so that more of their queues may be asked
+    /// back.
+    fn offer_leftovers<E>(&mut self, t: &mut dyn Tasks<Error = E>, b: &mut Batch) -> Result<bool, E> {
+        let mut can_start = self.can_start(b.agent, b.specs.len() as u64);
+        while b.want > 0 && can_start > 0 {
+            let Some(id) = self.affinity.steal(b.agent) else { break };
+            if self.offer(t, b, id)? {
+                can_start -= 1;
+            }
+        }
+        let mut room = can_start.saturating_mul(1 + self.recall_share);
+        let before = b.specs.len();
+        while b.want > 0 && room > 0 {
+            let Some(id) = self.recalls.take() else { break };
+            if self.offer(t, b, id)? {
+                room -= 1;
+            }
+        }
+        can_start = can_start.saturating_sub((b.specs.len() - before) as u64);
+        Ok(can_start > 0 && self.may_ask_back())
+    }
+
+    /// Offers a task that was set aside (preempted, an affinity queue, given back) to the
+    /// batch's agent: sent if it fits and may start, else back to the retries (it fits no
+    /// agent now) or waiting for memory; true when it was taken.
+    fn offer<E>(&mut self, t: &mut dyn Tasks<Error = E>, b: &mut Batch, id: u64) -> Result<bool, E> {
+        let Some(r) = t.get(id)? else { return Ok(false) };
+        if r.state() != State::Pending || self.in_flight.contains(id) {
+            return Ok(false);
+        }
+        Ok(match self.start(t, b, id, r)? {
+            Placed::Taken => true,
+            Placed::Waits => false,
+            Placed::Unfit => {
+                self.push_retry(id);
+                false
+            }
+        })
+    }
+
+    /// The one ladder every source of work goes down: a pending task that fits the batch's
+    /// agent and may start there (memory, GPUs) is taken into the batch; one that fits but may
+    /// not start yet waits for memory (`admit` queued it); one that does not fit is the
+    /// caller's to place.
+    fn start<E>(&mut self, t: &mut dyn Tasks<Error = E>, b: &mut Batch, id: u64, r: Record) -> Result<Placed, E> {
+        if !self.fits(b.agent, &r) {
+            return Ok(Placed::Unfit);
+        }
+        if !self.admit(b.agent, id, &r) {
+            return Ok(Placed::Waits);
+        }
+        self.take_task(t, b.agent, id, r, &mut b.specs)?;
+        b.want = b.want.saturating_sub(1);
+        Ok(Placed::Taken)
+    }
+
+    fn admit(&mut self, agent: u32, id: u64, r: &Record) -> bool {
+        let need = Need {
+            task: id,
+            mem_mb: r.mem_mb as u64,
+            cores: r.cores as u32,
+            gpus: r.gpus as u32,
+            runtime_us: r.runtime_ms as u64 * 1000,
+            group: group_of(r),
+            exclusive: r.flags & Record::EXCLUSIVE != 0,
+        };
+        if self.mem.admit(agent, need, self.now_us).is_ok() {
+            return true;
+        }
+        self.mem.wait(need, self.now_us);
+        false
+    }
+
+    fn take_task<E>(
+        &mut self,
+        t: &mut dyn Tasks<Error = E>,
+        agent: u32,
+        id: u64,
+        r: Record,
+        specs: &mut Vec<proto::TaskSpec>,
+    ) -> Result<(), E> {
+        let Ok((life, _)) = task::step(r.life(), Step::Dispatch) else { return Ok(()) };
+        self.counts.moved(r.state(), life.state());
+        self.in_flight.insert(id, Flight { agent, life });
+        if let Some(a) = self.agents.get_mut(&agent) {
+            a.ahead_ms += r.runtime_ms as u64 * r.cores as u64;
+        }
+        if r.flags & Record::PREEMPTIBLE != 0 {
+            self.preemptible.insert((r.priority, std::cmp::Reverse(id)));
+            self.preemptible_of.insert(id, r.priority);
+        }
+        specs.push(proto::TaskSpec {
+            id,
+            attempt: self.attempt_no(id, life),
+            command: t.command(&r),
+            shell: r.shell,
+            cores: r.cores as u32,
+            mem_mb: r.mem_mb,
+            timeout_ms: r.timeout_ms,
+            runtime_ms: r.runtime_ms,
+            max_output: htc_core::taskfile::output_cap::bytes(r.max_output),
+            gpus: r.gpus as u32,
+            priority: r.priority as i32,
+            preemptible: r.flags & Record::PREEMPTIBLE != 0,
+        });
+        Ok(())
+    }
+}
+
+/// Tasks that run alike, for placement's runtime estimates: one class with one hint.
+pub(super) fn group_of(r: &Record) -> u64 {
+    (r.class as u64) << 32 | r.runtime_ms as u64
+}

@@ -1,0 +1,649 @@
+//! The leader's scheduling core, without I/O: fed events (an agent joined, a report came, an
+//! agent was lost, a signal) with the current time, it answers with frames to send to agents and
+//! writes task records through [`Tasks`]. It owns no socket, thread, clock or file, so scripted
+//! event sequences test it (`tests.rs`) and the same core runs under every driver (the node's
+//! `leader/driver.rs`: the LMDB transaction, group commits and the agents' channels).
+//!
+//! One state, split by concern: this file has the inputs, the state and `handle` (which routes
+//! each input); `dispatch` hands out work, `results` records what agents report, `agents` their
+//! joins, losses and rejoins, `flights` what each holds, `preempt` stops low-priority work for
+//! high, `view` what the core shows.
+//!
+//! A task costs the ledger one write, when its attempt ends: dispatch and start live in memory
+//! (`in_flight`), since a leader that dies loses them anyway (the next session re-runs what was
+//! not recorded finished), and the counts by state that `htc status` shows include them.
+
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+
+use htc_core::affinity::{Affinity, Route};
+use htc_core::backfill::{self, Memory, Need};
+use htc_core::hist::{Hist, Summary};
+use htc_core::idmap::{IdMap, IdSet};
+use htc_core::partition::{Block, Partition};
+use htc_core::recall::{self, Recalls};
+use htc_core::task::{self, Effect, End, Life, Step};
+use htc_core::tree::Tree;
+
+use crate::live;
+use crate::liveness::Liveness;
+use crate::proto::{self, frame::Body};
+use htc_core::record::{Attempt, Outcome, Record};
+use htc_core::task::{Counts, State};
+
+mod agents;
+mod dispatch;
+mod flights;
+mod preempt;
+mod results;
+#[cfg(test)]
+mod tests;
+mod view;
+
+use flights::{Flight, Flights};
+
+/// Where task records live: the ledger's write transaction in a real run, a map in tests. Reads
+/// see the writes made before them.
+pub trait Tasks {
+    /// The store's own failure; the core never makes one, it passes the first on and stops.
+    type Error;
+    fn get(&self, id: u64) -> Result<Option<Record>, Self::Error>;
+    /// The records of `ids` that exist, in id order.
+    fn range(&self, ids: std::ops::Range<u64>) -> Result<Vec<(u64, Record)>, Self::Error>;
+    fn put(&mut self, id: u64, r: &Record) -> Result<(), Self::Error>;
+    /// Appends an attempt that did not end the task to its history.
+    fn put_attempt(&mut self, id: u64, a: &Attempt) -> Result<(), Self::Error>;
+    /// Adds the task to the index of failed tasks.
+    fn mark_failed(&mut self, id: u64) -> Result<(), Self::Error>;
+    /// Takes the task out of that index.
+    fn unmark_failed(&mut self, id: u64) -> Result<(), Self::Error>;
+    /// The task's command line.
+    fn command(&self, r: &Record) -> Vec<u8>;
+}
+
+/// What happens, as the core sees it.
+#[derive(Debug)]
+pub enum Input {
+    Joined {
+        agent: u32,
+        cores: u32,
+        mem_mb: u64,
+        gpus: u32,
+        hostname: String,
+    },
+    Report {
+        agent: u32,
+        report: proto::Report,
+    },
+    Lost {
+        agent: u32,
+        why: String,
+    },
+    /// An agent whose relay was lost reconnected directly, with the agents it relays for.
+    /// An agent given up (hung, cut off) came back, having stopped everything it held: a new
+    /// member from here on.
+    Revived {
+        agent: u32,
+        cores: u32,
+        mem_mb: u64,
+        gpus: u32,
+        hostname: String,
+    },
+    Rejoined {
+        agent: u32,
+        below: Vec<u32>,
+    },
+    /// An agent's relay was lost: it may rejoin within its lease, or fall silent and be lost.
+    Detached {
+        agent: u32,
+    },
+    /// An agent process ended before it ever joined (local launcher), or could not be started.
+    NeverJoined {
+        agent: u32,
+        why: String,
+    },
+    Interrupt {
+        signal: i32,
+    },
+    /// Time passed: heartbeats are due, silent agents are given up.
+    Tick,
+}
+
+/// How often agents are asked what they hold (`Core::audit`), in units of the loss bound
+/// (`lost_after_s`): every minute by default.
+pub const AUDIT_EVERY_LOST_AFTER: u64 = 6;
+
+/// Failures in a row on one agent, while as many tasks succeed elsewhere, that make it a black
+/// hole (drained).
+pub const BLACK_HOLE_STREAK: usize = 8;
+
+/// Times the leader stops one task for higher-priority work in a session; after that it runs to
+/// its end (what waits may need another agent than the one it is on).
+pub const MAX_PREEMPTIONS: u8 = 3;
+
+/// Queued tasks an idle slot gets at most with the one it starts, when work is asked back: each
+/// moved task costs the leader a recall, a return and a dispatch, so the tail's queues are not
+/// moved wholesale (an even share of queues a thousand long moved most of an `--exec none` run's
+/// tail); with eight a slot, an idle slot's tail takes an eighth of the round trips.
+const RECALL_SHARE_MAX: u64 = 7;
+
+/// How often at most the leader looks for queued work to ask back for idle slots (`ask_back`),
+/// per agent it looks at: so that doing so costs a bounded share of its time however many
+/// there are (10 ms with a thousand), and a few agents are asked at once.
+const ASK_EVERY_US_PER_AGENT: u64 = 10;
+
+/// Hinted work per core an agent may hold before it gets only what it can start (`with_horizon`).
+pub const HORIZON_MS: u64 = 1_000;
+
+/// Frames for agents, in the order they must be sent.
+pub type Outbox = Vec<(u32, Body)>;
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Progress {
+    pub counts: Counts,
+    pub elapsed: std::time::Duration,
+    /// Tasks finished (done or failed) in this session, for the rate.
+    pub finished_this_session: u64,
+    pub agents: usize,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum Ending {
+    /// Every task is done or failed.
+    Complete,
+    /// Stopped by a signal; the run can be resumed.
+    Interrupted(i32),
+    /// No agent is left to run the remaining tasks.
+    AgentsLost(String),
+    /// `--max-fails`: this many tasks failed for good, so nothing more was started and the
+    /// run stopped once what was running ended; it can be resumed.
+    TooManyFailures(u64),
+    /// What is left (this many tasks) cannot finish before the time limit, by their runtime
+    /// hints; it waits for a resume.
+    OutOfTime(u64),
+}
+
+struct Agent {
+    /// The partition's index of the agent's instance.
+    instance: usize,
+    /// Slots of its instance (all its members').
+    cores: u32,
+    /// The most memory, GPUs and cores one task may have on it (its largest member's).
+    mem_mb: u64,
+    gpus: u32,
+    widest: u32,
+    credit: u64,
+    /// Slots the agent last said it had nothing for, less what was sent since.
+    idle: u64,
+    /// Core-milliseconds of runtime hints of the tasks it holds (running or queued).
+    ahead_ms: u64,
+    last_seq: u64,
+    acked_seq: u64,
+    /// When it was last sent an Ack (of a report, or a heartbeat): what keeps it from holding.
+    told_us: u64,
+    alive: bool,
+    hostname: String,
+    /// When it was last heard from (joined or reported).
+    heard_us: u64,
+    /// Tasks that failed on it in a row since its last success, and the job's successes when
+    /// that began: a black hole fails everything while the others succeed.
+    streak: Vec<u64>,
+    oks_before_streak: u64,
+    /// Found to be a black hole: it gets nothing more.
+    drained: bool,
+    /// Its slots running a task, as it last reported (for the live view).
+    busy: u32,
+    /// Attempts it ended: successes, and failures (retried or not).
+    done: u64,
+    failed: u64,
+}
+
+pub struct Core<'a> {
+    partition: Box<dyn Partition + 'a>,
+    /// Agents the launcher started; the run fails when all of them are gone with work left.
+    expected_agents: usize,
+    job_id: String,
+    agents: IdMap<u32, Agent>,
+    ever_seen: usize,
+    never_joined: usize,
+    retry: VecDeque<u64>,
+    /// Ids joined `retry` since agents other than the reporting one were last offered them.
+    fresh_retries: bool,
+    /// Offers of work to every agent with credit (`dispatch_all`), for tests.
+    scans: u64,
+    /// When queued work was last asked back for idle slots (`ask_back`), and whether an ask
+    /// was put off since.
+    last_ask_us: Option<u64>,
+    ask_pending: bool,
+    /// Queued tasks per slot, across the agents, when work was last asked back (at most
+    /// `RECALL_SHARE_MAX`): an idle slot gets one to start and this many more, so the queues
+    /// even out in a few rounds, not one task per round trip (16 one-slot agents at the tail of
+    /// tiny tasks reported about once per task).
+    recall_share: u64,
+    /// Results per report, for `htc status` (what the leader's cost per task depends on).
+    report_sizes: Hist,
+    /// How long after its end each result reached the leader, in microseconds.
+    result_delays: Hist,
+    in_flight: Flights,
+    counts: Counts,
+    finished_start: u64,
+    /// Tasks failed before this session started.
+    failed_start: u64,
+    started_us: u64,
+    horizon_ms: Option<u64>,
+    /// Who heads which instance; without it every agent is an instance of its own.
+    layout: Option<Arc<Tree>>,
+    /// Fail fast: stop starting tasks once this many failed for good in this session.
+    max_fails: Option<u64>,
+    /// Tasks that succeeded in this session (black holes are judged against them).
+    oks: u64,
+    /// The time limit (the Slurm job's end, `--time-limit`): a task whose runtime hint would
+    /// not end before it is set aside for the next session.
+    deadline_us: Option<u64>,
+    late: IdSet<u64>,
+    /// The time of the input being handled.
+    now_us: u64,
+    /// The agents were told to start nothing more (`max_fails` reached).
+    told_to_hold: bool,
+    /// Why the last agent lost unexpectedly went (with its id and host), for the final message.
+    last_loss: Option<String>,
+    /// When an agent was last given up: for a while after, it may come back (`revived`).
+    lost_at_us: u64,
+    /// Rejoined agents asked to resync, with the tasks they held when asked: those they do not
+    /// list in their answer were lost on the way with the relay.
+    resyncs: IdMap<u32, Vec<u64>>,
+    live: Liveness,
+    /// When every agent was last asked what it holds (`audit`).
+    audit_us: u64,
+    /// When time last passed (`Input::Tick`, every 100 ms from the driver): a longer gap is the
+    /// leader's own stall, not its agents' silence.
+    ticked_us: u64,
+    /// Tasks given back unstarted by a lost agent (or a head for a lost member), and how often:
+    /// the agent may have started them after all, so their next dispatch is a new attempt
+    /// number without counting as a loss.
+    returned: IdMap<u64, u32>,
+    /// The latest failed attempts, newest last, for the live view.
+    recent_failures: VecDeque<live::Failure>,
+    /// Memory committed on each agent, tasks waiting for it, reservations (`backfill`).
+    mem: Memory,
+    /// Which agent each `affinity=` key runs on, and the tasks handed to each (`affinity`).
+    affinity: Affinity,
+    /// Tasks were handed to other agents' affinity queues since agents were last all offered
+    /// work: an idle one may take them.
+    fresh_handoffs: bool,
+    /// Preemptible tasks in flight, lowest priority and then newest first (the first to stop
+    /// for higher-priority work), with the priority of each; those told to stop.
+    preemptible: BTreeSet<(i16, std::cmp::Reverse<u64>)>,
+    preemptible_of: IdMap<u64, i16>,
+    preempting: IdSet<u64>,
+    /// How often the leader stopped each task in this session (`MAX_PREEMPTIONS`).
+    times_preempted: IdMap<u64, u8>,
+    /// Tasks being preempted to make room for a task waiting for memory or GPUs: which one.
+    preempted_for: IdMap<u64, u64>,
+    /// Preempted tasks, to run again once no higher-priority work waits.
+    preempted: VecDeque<u64>,
+    /// Instances never take from another's share (`--no-steal`, for measuring what moving
+    /// work from a loaded instance to an idle one gains), nor ask queued tasks back.
+    no_steal: bool,
+    /// Queued tasks asked back from agents that are behind, for agents that sit idle.
+    recalls: Recalls,
+}
+
+/// How an attempt ended, as reported (or decided, for a lost agent).
+struct Ended {
+    outcome: Outcome,
+    value: i32,
+    start_us: u64,
+    end_us: u64,
+    /// The agent that ran it (a member of the reporting head's instance, or the head).
+    ran_on: u32,
+}
+
+impl<'a> Core<'a> {
+    /// A core for a run whose tasks stand at `counts`, starting at `now_us`.
+    pub fn new(
+        partition: Box<dyn Partition + 'a>,
+        job_id: String,
+        expected_agents: usize,
+        counts: Counts,
+        now_us: u64,
+    ) -> Core<'a> {
+        Core {
+            report_sizes: Hist::default(),
+            result_delays: Hist::default(),
+            last_ask_us: None,
+            ask_pending: false,
+            recall_share: 0,
+            partition,
+            expected_agents,
+            job_id,
+            agents: IdMap::default(),
+            ever_seen: 0,
+            never_joined: 0,
+            retry: VecDeque::new(),
+            fresh_retries: false,
+            scans: 0,
+            in_flight: Flights::new(counts.total()),
+            finished_start: counts.get(State::Done) + counts.get(State::Failed),
+            failed_start: counts.get(State::Failed),
+            counts,
+            started_us: now_us,
+            horizon_ms: None,
+            layout: None,
+            live: Liveness::default(),
+            audit_us: now_us,
+            ticked_us: now_us,
+            returned: IdMap::default(),
+            recent_failures: VecDeque::new(),
+            max_fails: None,
+            oks: 0,
+            deadline_us: None,
+            late: Default::default(),
+            now_us,
+            told_to_hold: false,
+            last_loss: None,
+            lost_at_us: 0,
+            resyncs: IdMap::default(),
+            mem: Memory::new(backfill::Policy::default()),
+            affinity: Affinity::expecting(0..expected_agents as u32),
+            fresh_handoffs: false,
+            preemptible: BTreeSet::new(),
+            preemptible_of: IdMap::default(),
+            preempting: IdSet::default(),
+            times_preempted: IdMap::default(),
+            preempted_for: IdMap::default(),
+            preempted: VecDeque::new(),
+            no_steal: false,
+            recalls: Recalls::default(),
+        }
+    }
+
+    /// How memory decides what starts (`--mem-policy`).
+    pub fn with_memory_policy(mut self, policy: backfill::Policy) -> Self {
+        self.mem.set_policy(policy);
+        self
+    }
+
+    /// No instance takes from another's share: each runs its own and no more.
+    pub fn without_stealing(mut self) -> Self {
+        self.no_steal = true;
+        self
+    }
+
+    /// The run has exclusive tasks: every task is committed on its agent, so that an agent is
+    /// known empty (`backfill`).
+    pub fn with_exclusive_tasks(mut self) -> Self {
+        self.mem = std::mem::take(&mut self.mem).with_whole_nodes();
+        self
+    }
+
+    /// Fail fast (`--max-fails N`): once `n` tasks failed for good in this session, nothing more
+    /// starts, and the run ends when what runs has ended.
+    pub fn with_max_fails(mut self, n: u64) -> Self {
+        self.max_fails = Some(n.max(1));
+        self
+    }
+
+    /// Starts no task whose runtime hint would not end by `end_us`.
+    pub fn with_deadline(mut self, end_us: u64) -> Self {
+        self.deadline_us = Some(end_us);
+        self
+    }
+
+    /// Heartbeats and the bound on silent agents (`liveness`).
+    pub fn with_liveness(mut self, live: Liveness) -> Self {
+        self.live = live;
+        self
+    }
+
+    /// Agents grouped into instances: only heads deal with the leader, each stands for its
+    /// instance's index in the partition, and `expected_agents` counts instances.
+    pub fn with_layout(mut self, tree: Arc<Tree>) -> Self {
+        self.affinity = Affinity::expecting(tree.heads().iter().copied());
+        self.layout = Some(tree);
+        self
+    }
+
+    /// Past `ms` of hinted work per core in flight on an agent, it gets only what it can start
+    /// now, so that the rest stays in the partition for whoever frees a core first (a queue of
+    /// long tasks behind a busy agent's cores is the tail of the run). For files with runtime
+    /// hints; without, prefetch is unbounded (zero-length tasks need it).
+    pub fn with_horizon(mut self, ms: u64) -> Self {
+        self.horizon_ms = Some(ms);
+        self
+    }
+
+    pub fn counts(&self) -> Counts {
+        self.counts
+    }
+
+    /// Tasks finished before this session started.
+    pub fn finished_start(&self) -> u64 {
+        self.finished_start
+    }
+
+    /// Whether the run is over without an event: every task finished, or no agent left.
+    pub fn ending(&self) -> Option<Ending> {
+        if self.counts.unfinished() == 0 {
+            return Some(Ending::Complete);
+        }
+        let in_flight = self.counts.get(State::Dispatched) + self.counts.get(State::Running);
+        if let Some(failed) = self.failed_too_often().filter(|_| in_flight == 0) {
+            return Some(Ending::TooManyFailures(failed));
+        }
+        if !self.late.is_empty() && in_flight == 0 && self.counts.unfinished() == self.late.len() as u64 {
+            return Some(Ending::OutOfTime(self.late.len() as u64));
+        }
+        // An agent given up may come back empty (a hung node that runs again, a leader that was
+        // stopped itself): the run waits one loss bound for that before it gives up.
+        let waited = self.now_us.saturating_sub(self.lost_at_us) >= self.live.lost_after_us;
+        (self.all_agents_gone() && waited).then(|| {
+            let last = self.last_loss.as_ref().map(|w| format!(" (the last: {w})")).unwrap_or_default();
+            Ending::AgentsLost(format!(
+                "all {} agents are gone with {} tasks unfinished{last}",
+                self.expected_agents,
+                self.counts.unfinished()
+            ))
+        })
+    }
+
+    /// Shutdown frames for every live agent.
+    pub fn shutdown(&self, ending: &Ending, out: &mut Outbox) {
+        let reason = match ending {
+            Ending::Complete => "all tasks finished".to_string(),
+            Ending::Interrupted(s) => format!("leader got signal {s}"),
+            Ending::AgentsLost(w) => w.clone(),
+            Ending::TooManyFailures(n) => format!("{n} tasks failed (--max-fails)"),
+            Ending::OutOfTime(n) => format!("{n} tasks cannot finish before the time limit"),
+        };
+        let abort = *ending != Ending::Complete;
+        for (&agent, _) in self.agents.iter().filter(|(_, a)| a.alive) {
+            out.push((
+                agent,
+                Body::Shutdown(proto::Shutdown { revive: false, agent, abort, reason: reason.clone(), hold: false }),
+            ));
+        }
+    }
+
+    pub fn all_agents_gone(&self) -> bool {
+        let alive = self.agents.values().filter(|a| a.alive).count();
+        let gone = (self.ever_seen - alive) + self.never_joined;
+        alive == 0 && gone >= self.expected_agents.max(1)
+    }
+
+    /// Acks every report received so far: call after the ledger writes of those reports are
+    /// committed, never before.
+    pub fn acks(&mut self, out: &mut Outbox) {
+        for (&id, a) in self.agents.iter_mut() {
+            if a.alive && a.last_seq > a.acked_seq {
+                a.acked_seq = a.last_seq;
+                a.told_us = self.now_us;
+                out.push((id, Body::Ack(proto::Ack { seq: a.last_seq, agent: id, resync: false })));
+            }
+        }
+    }
+
+    /// Feeds one event; frames to send are appended to `out`. `Some` ends the run.
+    pub fn handle<E>(
+        &mut self,
+        now_us: u64,
+        t: &mut dyn Tasks<Error = E>,
+        ev: Input,
+        out: &mut Outbox,
+    ) -> Result<Option<Ending>, E> {
+        self.now_us = now_us;
+        match ev {
+            Input::Joined { agent, cores, mem_mb, gpus, hostname } => {
+                let Some(instance) = self.instance_of(agent) else {
+                    tracing::warn!(job = %self.job_id, agent, %hostname, "an agent that heads no instance joined; ignored");
+                    return Ok(None);
+                };
+                tracing::info!(job = %self.job_id, agent, cores, mem_mb, %hostname, "agent joined");
+                self.ever_seen += 1;
+                self.place(agent, cores, mem_mb, gpus);
+                self.agents.insert(
+                    agent,
+                    Agent {
+                        instance,
+                        cores,
+                        mem_mb,
+                        gpus,
+                        widest: cores,
+                        credit: 0,
+                        idle: 0,
+                        ahead_ms: 0,
+                        last_seq: 0,
+                        acked_seq: 0,
+                        told_us: now_us,
+                        alive: true,
+                        hostname,
+                        heard_us: now_us,
+                        streak: Vec::new(),
+                        oks_before_streak: 0,
+                        drained: false,
+                        busy: 0,
+                        done: 0,
+                        failed: 0,
+                    },
+                );
+            }
+            Input::Report { agent, report } => {
+                if !self.agents.get(&agent).is_some_and(|a| a.alive) {
+                    return Ok(None);
+                }
+                self.report_sizes.record(report.results.len() as u64);
+                // Agents leave out the start of a task whose result is in the same report.
+                for s in &report.started {
+                    self.on_started(agent, s);
+                }
+                for r in &report.results {
+                    // Clocks of other nodes may differ: only what looks plausible counts.
+                    if r.end_us > 0 && r.end_us <= now_us {
+                        self.result_delays.record(now_us - r.end_us);
+                    }
+                    self.on_result(t, agent, r, now_us)?;
+                }
+                for &id in &report.returned {
+                    self.take_back(t, agent, id)?;
+                }
+                for &id in &report.recalled {
+                    self.came_back(t, agent, id)?;
+                }
+                if report.resync {
+                    self.resynced(t, agent, &report.holding, now_us)?;
+                }
+                let a = self.agents.get_mut(&agent).unwrap();
+                a.heard_us = now_us;
+                a.last_seq = a.last_seq.max(report.seq);
+                if report.cores > 0 {
+                    a.cores = report.cores;
+                }
+                a.credit += report.want as u64;
+                a.idle = report.idle as u64;
+                a.busy = a.cores.saturating_sub(report.idle);
+                if let Some(c) = report.capacity {
+                    // An instance's members: tasks are committed against their sums, and none is
+                    // sent that the largest cannot hold (`fits`).
+                    (a.mem_mb, a.gpus, a.widest) = (c.largest_mem_mb, c.largest_gpus, c.largest_cores.max(1));
+                    let largest =
+                        backfill::Size { mem_mb: c.largest_mem_mb, cores: c.largest_cores, gpus: c.largest_gpus };
+                    self.mem.resize(agent, c.mem_mb, c.gpus, largest);
+                    // It may have lost the only member that could hold some waiting task.
+                    self.fail_unfit_waiting(t)?;
+                }
+                self.dispatch(t, agent, out)?;
+                // New retries can go to any agent with credit, not only the one that reported;
+                // older ones wait for an agent that fits to report (its dispatch takes retries
+                // first), so a retry nobody can take does not cost a scan of every agent per report.
+                if self.fresh_retries || self.fresh_handoffs || !report.recalled.is_empty() {
+                    self.dispatch_all(t, out)?;
+                }
+                self.hold_if_failing(out);
+                self.drain_if_black_hole(t, agent, out)?;
+            }
+            Input::Lost { agent, why } => self.lose(t, agent, &why, now_us, out)?,
+            Input::Rejoined { agent, below } => self.rejoined(agent, below, now_us, out),
+            Input::Revived { agent, cores, mem_mb, gpus, hostname } => {
+                self.revived(t, agent, (cores, mem_mb, gpus), hostname, now_us, out)?
+            }
+            Input::Detached { agent } => {
+                if let Some(a) = self.agents.get(&agent).filter(|a| a.alive) {
+                    tracing::warn!(job = %self.job_id, agent, host = %a.hostname, "cut off with its relay; waiting for it to rejoin");
+                }
+            }
+            Input::Tick => self.tick(t, now_us, out)?,
+            Input::NeverJoined { agent, why } => {
+                // Members join their head, not the leader: their absence is the head's to tell.
+                if !self.agents.contains_key(&agent) && self.instance_of(agent).is_some() {
+                    tracing::warn!(job = %self.job_id, agent, %why, "agent never joined");
+                    self.never_joined += 1;
+                    for id in self.affinity.leave(agent) {
+                        self.push_retry(id);
+                    }
+                }
+            }
+            Input::Interrupt { signal } => return Ok(Some(Ending::Interrupted(signal))),
+        }
+        if self.ask_pending && self.may_ask_back() {
+            self.ask_back(out);
+        }
+        Ok(None)
+    }
+
+    /// Agents silent past the bound are lost, and told to stop should they resume (a hung agent
+    /// reads it when it runs again; its lease has run out by then anyway). Every live agent hears
+    /// from the leader at least as often as it reports (`Liveness::beat_every_us`): the ack of
+    /// its last report, or else an Ack of what was already acknowledged. Under load the acks
+    /// alone do it (16 one-slot agents were sent as many heartbeats as acks).
+    fn tick<E>(&mut self, t: &mut dyn Tasks<Error = E>, now_us: u64, out: &mut Outbox) -> Result<(), E> {
+        self.excuse_own_stall(now_us);
+        let mut silent: Vec<(u32, u64)> = self
+            .agents
+            .iter()
+            .filter(|(_, a)| a.alive && now_us.saturating_sub(a.heard_us) >= self.live.lost_after_us)
+            .map(|(&id, a)| (id, now_us.saturating_sub(a.heard_us)))
+            .collect();
+        silent.sort_unstable();
+        for (agent, quiet_us) in silent {
+            let why = format!("silent for {:.1} s", quiet_us as f64 / 1e6);
+            self.lose(t, agent, &why, now_us, out)?;
+            out.push((
+                agent,
+                Body::Shutdown(proto::Shutdown { revive: true, abort: true, reason: why, agent, hold: false }),
+            ));
+        }
+        if now_us.saturating_sub(self.audit_us) >= AUDIT_EVERY_LOST_AFTER * self.live.lost_after_us {
+            self.audit_us = now_us;
+            self.audit(out);
+        }
+        self.preempt_for_waiting(t, out)?;
+        let every = self.live.beat_every_us(self.reporters());
+        for (&agent, a) in self.agents.iter_mut().filter(|(_, a)| a.alive) {
+            if now_us.saturating_sub(a.told_us) >= every {
+                a.told_us = now_us;
+                out.push((agent, Body::Ack(proto::Ack { seq: a.acked_seq, agent, resync: false })));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,103 @@
+//! Preemption: stopping lower-priority preemptible tasks for higher-priority work that no
+//! agent can take, and for memory that a waiting task needs.
+
+use super::*;
+
+impl Core<'_> {
+    /// Higher-priority work that no agent can take now (every one is busy) stops preemptible
+    /// tasks of lower priority, lowest and newest first, one per waiting task; they run again
+    /// later without using a retry. Tasks already handed to an agent are its executor's to
+    /// preempt (it knows what waits in its queue).
+    pub(super) fn preempt_for_waiting<E>(&mut self, t: &dyn Tasks<Error = E>, out: &mut Outbox) -> Result<(), E> {
+        if self.preemptible.len() <= self.preempting.len() {
+            return Ok(());
+        }
+        self.preempt_for_memory(t, out)?;
+        let Some((p, waiting)) = self.top_waiting(t)? else { return Ok(()) };
+        if self.agents.values().any(|a| a.alive && !a.drained && a.idle > 0) {
+            return Ok(()); // an agent can take it: no need to stop anything
+        }
+        let n = (waiting as usize).min(64).saturating_sub(self.preempting.len());
+        // A task preempted this often already runs to its end: the waiting work may need
+        // another agent than the one it is on, and it must not be stopped for ever.
+        let victims: Vec<u64> = self
+            .preemptible
+            .iter()
+            .take_while(|(q, _)| *q < p)
+            .map(|(_, id)| id.0)
+            .filter(|id| {
+                !self.preempting.contains(id) && self.times_preempted.get(id).is_none_or(|&k| k < MAX_PREEMPTIONS)
+            })
+            .take(n)
+            .collect();
+        let mut by_agent: HashMap<u32, Vec<u64>> = HashMap::new();
+        for id in victims {
+            if let Some(f) = self.in_flight.get(id) {
+                self.preempting.insert(id);
+                *self.times_preempted.entry(id).or_default() += 1;
+                by_agent.entry(f.agent).or_default().push(id);
+            }
+        }
+        for (agent, ids) in by_agent {
+            tracing::info!(job = %self.job_id, agent, tasks = ?ids, priority = p, "preempting for higher-priority work");
+            out.push((agent, Body::Preempt(proto::Preempt { agent, ids })));
+        }
+        Ok(())
+    }
+
+    /// Tasks waiting for memory or GPUs (the oldest few) stop preemptible tasks of lower
+    /// priority on the agent where the fewest stops make room, which is then kept for them.
+    fn preempt_for_memory<E>(&mut self, t: &dyn Tasks<Error = E>, out: &mut Outbox) -> Result<(), E> {
+        let waiting: Vec<u64> = self.mem.waiting_tasks().take(8).map(|n| n.task).collect();
+        for w in waiting {
+            let Some(r) = t.get(w)? else { continue };
+            let stoppable: HashSet<u64> = self
+                .preemptible
+                .iter()
+                .take_while(|(q, _)| *q < r.priority)
+                .map(|(_, id)| id.0)
+                .filter(|id| {
+                    !self.preempting.contains(id) && self.times_preempted.get(id).is_none_or(|&k| k < MAX_PREEMPTIONS)
+                })
+                .collect();
+            // Only what is stopped for this task makes room for it: room made for another
+            // waiting task is that one's.
+            let stopping = |id: u64| self.preempted_for.get(&id) == Some(&w);
+            let may_stop = |id: u64| stoppable.contains(&id);
+            let Some((agent, ids)) = self.mem.room_for(w, &may_stop, &stopping, self.now_us) else { continue };
+            // A node kept for a task of the same or higher priority stays kept for it.
+            if let Some(kept) = self.mem.reservation(agent).filter(|&k| k != w) {
+                if t.get(kept)?.is_none_or(|k| k.priority >= r.priority) {
+                    continue;
+                }
+            }
+            self.mem.reserve_on(w, agent, self.now_us);
+            if ids.is_empty() {
+                continue;
+            }
+            for &id in &ids {
+                self.preempting.insert(id);
+                self.preempted_for.insert(id, w);
+                *self.times_preempted.entry(id).or_default() += 1;
+            }
+            tracing::info!(job = %self.job_id, agent, tasks = ?ids, task = w, priority = r.priority, "preempting to make room for a task waiting for memory or GPUs");
+            out.push((agent, Body::Preempt(proto::Preempt { agent, ids })));
+        }
+        Ok(())
+    }
+
+    /// The highest priority of work waiting to be handed out (the partition's, the retries'),
+    /// and how many tasks have it.
+    pub(super) fn top_waiting<E>(&self, t: &dyn Tasks<Error = E>) -> Result<Option<(i16, u64)>, E> {
+        let mut top = self.partition.top_priority();
+        for &id in self.retry.iter().take(64) {
+            let Some(r) = t.get(id)? else { continue };
+            top = match top {
+                Some((p, n)) if p == r.priority => Some((p, n + 1)),
+                Some((p, _)) if p > r.priority => top,
+                _ => Some((r.priority, 1)),
+            };
+        }
+        Ok(top)
+    }
+}

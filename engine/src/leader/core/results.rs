@@ -1,0 +1,273 @@
+//! Results: a task's start and end as agents report them, its next state (`task::step`), its
+//! attempts' history, retries, refunds, fail-fast, and black-hole agents that fail every task.
+
+use super::dispatch::group_of;
+use super::*;
+
+impl Core<'_> {
+    /// Once `--max-fails` is reached: every agent finishes what runs, starts nothing more, and
+    /// leaves; what it had queued comes back when it does (as for any agent that leaves).
+    pub(super) fn hold_if_failing(&mut self, out: &mut Outbox) {
+        let Some(failed) = self.failed_too_often().filter(|_| !self.told_to_hold) else { return };
+        self.told_to_hold = true;
+        tracing::warn!(job = %self.job_id, failed, "--max-fails reached: starting nothing more");
+        let reason = format!("{failed} tasks failed (--max-fails)");
+        for (&agent, _) in self.agents.iter().filter(|(_, a)| a.alive) {
+            let stop = proto::Shutdown { revive: false, abort: false, hold: true, reason: reason.clone(), agent };
+            out.push((agent, Body::Shutdown(stop)));
+        }
+    }
+
+    /// Tasks failed for good in this session, when that reached `--max-fails`.
+    pub(super) fn failed_too_often(&self) -> Option<u64> {
+        let failed = self.counts.get(State::Failed).saturating_sub(self.failed_start);
+        self.max_fails.filter(|&n| failed >= n).map(|_| failed)
+    }
+
+    /// The number on the wire of the attempt `life` has in flight (or had last).
+    pub(super) fn attempt_no(&self, id: u64, life: Life) -> u32 {
+        // Almost always empty: no hashing per task then.
+        let returned = if self.returned.is_empty() { 0 } else { self.returned.get(&id).copied().unwrap_or(0) };
+        life.attempt_no() + returned
+    }
+
+    /// An agent is gone (its connection ended, or it fell silent): its tasks go to others.
+    /// Keeps each agent's run of failures since its last success.
+    fn note_streak(&mut self, agent: u32, id: u64, end: End) {
+        match end {
+            End::Succeeded => {
+                self.oks += 1;
+                if let Some(a) = self.agents.get_mut(&agent) {
+                    a.streak.clear();
+                }
+            }
+            End::Failed { .. } => {
+                let oks = self.oks;
+                if let Some(a) = self.agents.get_mut(&agent) {
+                    if a.streak.is_empty() {
+                        a.oks_before_streak = oks;
+                    }
+                    a.streak.push(id);
+                }
+            }
+            End::Lost | End::Preempted => {}
+        }
+    }
+
+    /// An agent that failed `BLACK_HOLE_STREAK` tasks in a row while as many succeeded
+    /// elsewhere meanwhile (a full /tmp, a broken mount) gets nothing more: it finishes what runs and
+    /// leaves, and the tasks it failed run again elsewhere without using up their retries.
+    pub(super) fn drain_if_black_hole<E>(
+        &mut self,
+        t: &mut dyn Tasks<Error = E>,
+        agent: u32,
+        out: &mut Outbox,
+    ) -> Result<(), E> {
+        // Already drained: what it still fails (it was running when told) is its fault too.
+        if let Some(a) = self.agents.get_mut(&agent).filter(|a| a.drained) {
+            for id in std::mem::take(&mut a.streak) {
+                self.refund(t, id)?;
+            }
+            return Ok(());
+        }
+        let oks = self.oks;
+        // Never the last agent that still gets work: then the tasks themselves are failing.
+        if !self.agents.iter().any(|(&id, a)| id != agent && a.alive && !a.drained) {
+            return Ok(());
+        }
+        let Some(a) = self.agents.get_mut(&agent).filter(|a| {
+            a.alive
+                && !a.drained
+                && a.streak.len() >= BLACK_HOLE_STREAK
+                && oks - a.oks_before_streak >= BLACK_HOLE_STREAK as u64
+        }) else {
+            return Ok(());
+        };
+        a.drained = true;
+        a.credit = 0;
+        self.mem.leave(agent);
+        for id in self.affinity.leave(agent) {
+            self.retry.push_back(id);
+            self.fresh_retries = true;
+        }
+        let failed = std::mem::take(&mut a.streak);
+        let reason = format!("failed {} tasks in a row while the others succeeded: drained", failed.len());
+        tracing::warn!(job = %self.job_id, agent, host = %a.hostname, %reason, "black hole");
+        for id in failed {
+            self.refund(t, id)?;
+        }
+        self.fail_unfit_waiting(t)?;
+        out.push((agent, Body::Shutdown(proto::Shutdown { revive: false, abort: false, hold: true, reason, agent })));
+        self.dispatch_all(t, out)
+    }
+
+    /// A failure that was the node's fault: the task waits for another run, its retry given
+    /// back (and out of the failed index if it had failed for good).
+    fn refund<E>(&mut self, t: &mut dyn Tasks<Error = E>, id: u64) -> Result<(), E> {
+        let Some(mut r) = t.get(id)? else { return Ok(()) };
+        if self.in_flight.contains(id) {
+            return Ok(()); // already out again
+        }
+        let from = r.state();
+        let Ok((life, _)) = task::step(r.life(), Step::Refund) else { return Ok(()) };
+        if from == State::Failed {
+            // The failure that was final stays in the history, as every ended attempt does.
+            let a = Attempt {
+                attempt: self.attempt_no(id, r.life()).min(255) as u8,
+                outcome: r.outcome(),
+                value: r.value,
+                agent: r.agent,
+                start_us: r.start_us,
+                end_us: r.end_us,
+            };
+            t.put_attempt(id, &a)?;
+            t.unmark_failed(id)?;
+        }
+        // Its attempts count goes back one, but its next run is a new attempt number.
+        *self.returned.entry(id).or_default() += 1;
+        self.apply(t, id, &mut r, from, life)?;
+        self.push_retry(id);
+        Ok(())
+    }
+
+    /// A start moves the attempt in memory only; its time travels with the result.
+    pub(super) fn on_started(&mut self, agent: u32, s: &proto::TaskStarted) {
+        let Some(f) = self.in_flight.get(s.id) else { return };
+        if f.agent != agent || self.attempt_no(s.id, f.life) != s.attempt {
+            return;
+        }
+        let Ok((life, _)) = task::step(f.life, Step::Start) else { return };
+        self.counts.moved(f.life.state(), life.state());
+        self.in_flight.set_life(s.id, life);
+    }
+
+    /// Writes a record whose life `task::step` moved from `from` (the ledger's state, or the
+    /// in-memory one of an attempt in flight), and moves the counts with it: the one place a
+    /// task's record changes state.
+    pub(super) fn apply<E>(
+        &mut self,
+        t: &mut dyn Tasks<Error = E>,
+        id: u64,
+        r: &mut Record,
+        from: State,
+        life: Life,
+    ) -> Result<(), E> {
+        r.set_life(life);
+        t.put(id, r)?;
+        self.counts.moved(from, r.state());
+        Ok(())
+    }
+
+    pub(super) fn on_result<E>(
+        &mut self,
+        t: &mut dyn Tasks<Error = E>,
+        agent: u32,
+        res: &proto::TaskResult,
+        now_us: u64,
+    ) -> Result<(), E> {
+        // A result from an agent that no longer holds the task (it was lost and the task re-sent)
+        // or for an old attempt is stale: the ledger already moved on.
+        let Some(f) = self.in_flight.get(res.id) else { return Ok(()) };
+        if f.agent != agent || self.attempt_no(res.id, f.life) != res.attempt {
+            return Ok(());
+        }
+        let Some(mut r) = t.get(res.id)? else { return Ok(()) };
+        self.land(res.id);
+        if let Some(a) = self.agents.get_mut(&agent) {
+            a.ahead_ms = a.ahead_ms.saturating_sub(r.runtime_ms as u64 * r.cores as u64);
+        }
+        let ended = Ended {
+            outcome: Outcome::from(proto::Outcome::try_from(res.outcome).unwrap_or(proto::Outcome::Unspecified)),
+            value: res.value,
+            start_us: res.start_us,
+            // A head telling of a member's lost task knows no end: it is now.
+            end_us: if res.end_us == 0 { now_us } else { res.end_us },
+            ran_on: res.ran_on.unwrap_or(agent),
+        };
+        self.finish_attempt(t, res.id, &mut r, f, ended)
+    }
+
+    /// Records how an attempt ended and moves the task to done, failed, or back to pending.
+    pub(super) fn finish_attempt<E>(
+        &mut self,
+        t: &mut dyn Tasks<Error = E>,
+        id: u64,
+        r: &mut Record,
+        f: Flight,
+        e: Ended,
+    ) -> Result<(), E> {
+        let Ended { outcome, value, start_us, end_us, ran_on: agent } = e;
+        let end = match outcome {
+            Outcome::Exited if value == 0 => End::Succeeded,
+            Outcome::Lost => End::Lost,
+            Outcome::Preempted => End::Preempted,
+            _ => End::Failed { permanent: outcome.is_permanent(value) },
+        };
+        let Ok((life, effect)) = task::step(f.life, Step::Finish(end)) else { return Ok(()) };
+        self.note_streak(f.agent, id, end);
+        if end == End::Succeeded && start_us != 0 && end_us >= start_us {
+            self.partition.observe(r.class, r.runtime_ms, (end_us - start_us) / 1000);
+            if r.mem_mb > 0 || r.gpus > 0 {
+                self.mem.observe(group_of(r), end_us - start_us);
+            }
+        }
+        r.outcome = outcome as u8;
+        r.value = value;
+        r.agent = agent;
+        r.returns = self.returned.get(&id).copied().unwrap_or(0).min(255) as u8;
+        if start_us != 0 {
+            r.start_us = start_us;
+        }
+        r.end_us = end_us;
+        if effect == Effect::Retry {
+            let a = Attempt {
+                attempt: self.attempt_no(id, f.life).min(255) as u8,
+                outcome,
+                value,
+                agent,
+                start_us: r.start_us,
+                end_us,
+            };
+            t.put_attempt(id, &a)?;
+            if end == End::Preempted {
+                self.preempted.push_back(id);
+                self.fresh_retries = true;
+            } else {
+                self.push_retry(id);
+            }
+        }
+        self.tally(f.agent, id, r, end, life.state().is_final());
+        if life.state().is_final() {
+            self.returned.remove(&id);
+        }
+        if life.state() == State::Failed {
+            t.mark_failed(id)?;
+            tracing::debug!(job = %self.job_id, task = id, attempts = life.attempts, outcome = %outcome.describe(value), "task failed");
+        }
+        self.apply(t, id, r, f.life.state(), life)
+    }
+
+    /// Counts an ended attempt on the instance that ran it, and keeps it if it failed.
+    fn tally(&mut self, agent: u32, id: u64, r: &Record, end: End, last: bool) {
+        let Some(a) = self.agents.get_mut(&agent) else { return };
+        if end == End::Succeeded {
+            a.done += 1;
+            return;
+        }
+        if end == End::Preempted {
+            return; // not a failure
+        }
+        a.failed += 1;
+        if self.recent_failures.len() == live::RECENT_FAILURES {
+            self.recent_failures.pop_front();
+        }
+        self.recent_failures.push_back(live::Failure {
+            task: id,
+            line: r.line,
+            host: a.hostname.clone(),
+            at_us: r.end_us,
+            reason: r.outcome().describe(r.value),
+            retrying: !last,
+        });
+    }
+}

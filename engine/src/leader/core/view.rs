@@ -1,0 +1,67 @@
+//! What the core shows: progress, the live view that `htc watch` reads, and the figures that
+//! `htc status` reports (report sizes, result delays, tasks moved back).
+
+use super::*;
+
+impl Core<'_> {
+    /// Reports handled in this session and the results they carried.
+    pub fn report_sizes(&self) -> Summary {
+        self.report_sizes.summary()
+    }
+
+    /// How long results took from their end to the leader, in microseconds, in this session.
+    pub fn result_delays(&self) -> Summary {
+        self.result_delays.summary()
+    }
+
+    /// Tasks moved from an agent that was behind to idle slots, in this session.
+    pub fn moved_back(&self) -> u64 {
+        self.recalls.moved
+    }
+
+    pub fn progress(&self, now_us: u64) -> Progress {
+        Progress {
+            counts: self.counts,
+            elapsed: std::time::Duration::from_micros(now_us.saturating_sub(self.started_us)),
+            finished_this_session: (self.counts.get(State::Done) + self.counts.get(State::Failed))
+                .saturating_sub(self.finished_start),
+            agents: self.agents.values().filter(|a| a.alive).count(),
+        }
+    }
+
+    /// What `htc watch` shows: the counts, every instance, the latest failures.
+    pub fn live_view(&self, now_us: u64, state: &str) -> live::View {
+        let mut nodes: Vec<live::Node> = self
+            .agents
+            .iter()
+            .map(|(&agent, a)| live::Node {
+                agent,
+                host: a.hostname.clone(),
+                cores: a.cores,
+                busy: if a.alive { a.busy } else { 0 },
+                done: a.done,
+                failed: a.failed,
+                heard_us: a.heard_us,
+                state: (if a.drained {
+                    "drained"
+                } else if a.alive {
+                    "up"
+                } else {
+                    "lost"
+                })
+                .into(),
+            })
+            .collect();
+        nodes.sort_by_key(|n| n.agent);
+        live::View {
+            job: self.job_id.clone(),
+            now_us,
+            session_start_us: self.started_us,
+            state: state.into(),
+            counts: self.counts,
+            finished_start: self.finished_start,
+            nodes,
+            failures: self.recent_failures.iter().cloned().collect(),
+        }
+    }
+}
