@@ -16,6 +16,7 @@ pub mod sweep;
 pub mod task;
 pub mod taskfile;
 pub mod tree;
+pub mod virtual_exec;
 pub mod work;
 
 /// Tests' random numbers: xorshift from `seed`; `next(m)` is below `m`.

@@ -1,0 +1,385 @@
+//! An executor with no processes, on whatever clock its caller keeps: the wall clock for
+//! `--exec none|sleep` agents, the virtual clock of `htc simulate`. It takes the real executor's
+//! `Command`s and answers with its `ExecEvent`s, and decides as it does: the queue runs higher
+//! priority first (stable within one), a task wider than the agent (cores or GPUs) is refused as
+//! a spawn failure (`E2BIG`), a task at the head of the queue that lacks cores stops preemptible
+//! tasks of lower priority (lowest, then newest first), `Stop` ends tasks as preempted, `Hold`
+//! starts nothing new, `Reset` drops everything. A task lasts what `runtime_us` says.
+//!
+//! What it does not model: memory (nothing is resident), output, time limits, signals' grace
+//! (a stopped task ends at once).
+
+use std::collections::VecDeque;
+
+use crate::record::{errno, Outcome};
+use crate::work::{recall_from, Command, ExecEvent, Finished, TaskToRun};
+
+/// How long a task runs, in µs, from what the agent was told of it.
+pub type Runtime = Box<dyn Fn(&TaskToRun) -> u64 + Send>;
+
+pub struct VirtualExec {
+    slots: u32,
+    gpus: u32,
+    free: u32,
+    free_gpus: u32,
+    queue: VecDeque<TaskToRun>,
+    /// Some task ever had a priority: the queue is kept in priority order from then on.
+    prioritized: bool,
+    running: Vec<Running>,
+    held: bool,
+    finishing: bool,
+    aborted: bool,
+    /// Every task ends the moment it arrives, slots or not (`--exec none`).
+    instant: bool,
+    runtime: Runtime,
+}
+
+struct Running {
+    end_us: u64,
+    start_us: u64,
+    id: u64,
+    attempt: u32,
+    cores: u32,
+    gpus: u32,
+    priority: i16,
+    preemptible: bool,
+}
+
+impl VirtualExec {
+    /// An executor of `slots` cores and `gpus` devices whose tasks last `runtime`.
+    pub fn new(slots: u32, gpus: u32, runtime: Runtime) -> VirtualExec {
+        let slots = slots.max(1);
+        VirtualExec {
+            slots,
+            gpus,
+            free: slots,
+            free_gpus: gpus,
+            queue: VecDeque::new(),
+            prioritized: false,
+            running: Vec::new(),
+            held: false,
+            finishing: false,
+            aborted: false,
+            instant: false,
+            runtime,
+        }
+    }
+
+    /// An executor whose tasks all succeed the moment they arrive.
+    pub fn instant() -> VirtualExec {
+        VirtualExec { instant: true, ..VirtualExec::new(1, 0, Box::new(|_| 0)) }
+    }
+
+    /// Takes a command at `now_us`; what it causes at once is in `out` (`step` starts what it
+    /// lets start).
+    pub fn command(&mut self, now_us: u64, c: Command, out: &mut Vec<ExecEvent>) {
+        match c {
+            Command::Run(_) if self.aborted => {}
+            Command::Run(v) => {
+                self.prioritized |= v.iter().any(|t| t.priority != 0);
+                self.queue.extend(v);
+                if self.prioritized {
+                    self.queue.make_contiguous().sort_by_key(|t| std::cmp::Reverse(t.priority));
+                }
+            }
+            Command::Finish => self.finishing = true,
+            Command::Hold(h) => self.held = h,
+            Command::Stop(ids) => self.stop(now_us, &ids, out),
+            Command::Recall(ids) => recall_from(&mut self.queue, &ids, out),
+            Command::Abort => {
+                self.aborted = true;
+                self.finishing = true;
+                self.queue.clear();
+                self.drop_running();
+            }
+            Command::Reset => {
+                self.queue.clear();
+                self.drop_running();
+                out.push(ExecEvent::Reset);
+            }
+        }
+    }
+
+    /// Ends the tasks due by `now_us`, then starts what may start, in queue order.
+    pub fn step(&mut self, now_us: u64, out: &mut Vec<ExecEvent>) {
+        loop {
+            self.end_due(now_us, out);
+            if self.aborted || self.held {
+                return;
+            }
+            if self.instant {
+                for t in self.queue.drain(..) {
+                    out.push(finished(&t, Outcome::Exited, 0, now_us, now_us));
+                }
+                return;
+            }
+            self.start_queued(now_us, out);
+            // Tasks of no length end in the same step, and free their cores for the queue.
+            if !self.running.iter().any(|r| r.end_us <= now_us) {
+                return;
+            }
+        }
+    }
+
+    /// When the next running task ends, if any runs.
+    pub fn next_end_us(&self) -> Option<u64> {
+        self.running.iter().map(|r| r.end_us).min()
+    }
+
+    /// Told to finish and nothing is left that it would run (or aborted): the executor's end.
+    pub fn is_done(&self) -> bool {
+        self.aborted || (self.finishing && self.running.is_empty() && (self.queue.is_empty() || self.held))
+    }
+
+    /// Tasks running now.
+    pub fn running(&self) -> usize {
+        self.running.len()
+    }
+
+    fn end_due(&mut self, now_us: u64, out: &mut Vec<ExecEvent>) {
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].end_us <= now_us {
+                let r = self.running.swap_remove(i);
+                self.free += r.cores;
+                self.free_gpus += r.gpus;
+                out.push(ExecEvent::Finished(Finished {
+                    id: r.id,
+                    attempt: r.attempt,
+                    outcome: Outcome::Exited,
+                    value: 0,
+                    start_us: r.start_us,
+                    end_us: r.end_us,
+                }));
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    fn start_queued(&mut self, now_us: u64, out: &mut Vec<ExecEvent>) {
+        while let Some(t) = self.queue.front() {
+            let cores = t.cores.max(1);
+            if cores > self.slots || t.gpus > self.gpus {
+                // The leader only sends tasks that fit this agent; refuse rather than wait forever.
+                let t = self.queue.pop_front().unwrap();
+                out.push(finished(&t, Outcome::SpawnFailed, errno::E2BIG, now_us, now_us));
+                continue;
+            }
+            if cores > self.free || t.gpus > self.free_gpus {
+                let (priority, short) = (t.priority, cores.saturating_sub(self.free));
+                if !self.preempt_for(now_us, priority, short, out) {
+                    return;
+                }
+                continue;
+            }
+            let t = self.queue.pop_front().unwrap();
+            self.free -= cores;
+            self.free_gpus -= t.gpus;
+            out.push(ExecEvent::Started { id: t.id, attempt: t.attempt, start_us: now_us });
+            self.running.push(Running {
+                end_us: now_us + (self.runtime)(&t),
+                start_us: now_us,
+                id: t.id,
+                attempt: t.attempt,
+                cores,
+                gpus: t.gpus,
+                priority: t.priority,
+                preemptible: t.preemptible,
+            });
+        }
+    }
+
+    /// The head of the queue has `priority` and lacks `short` cores: preemptible tasks of lower
+    /// priority stop, lowest priority and newest first, until enough cores are free. Says
+    /// whether that made room.
+    fn preempt_for(&mut self, now_us: u64, priority: i16, short: u32, out: &mut Vec<ExecEvent>) -> bool {
+        let mut victims: Vec<(i16, std::cmp::Reverse<u64>, u64, u32)> = self
+            .running
+            .iter()
+            .filter(|r| r.preemptible && r.priority < priority)
+            .map(|r| (r.priority, std::cmp::Reverse(r.start_us), r.id, r.cores))
+            .collect();
+        if victims.iter().map(|v| v.3).sum::<u32>() < short.max(1) {
+            return false;
+        }
+        victims.sort_unstable();
+        let (mut freed, mut ids) = (0, Vec::new());
+        for (_, _, id, cores) in victims {
+            if freed >= short.max(1) {
+                break;
+            }
+            freed += cores;
+            ids.push(id);
+        }
+        self.stop(now_us, &ids, out);
+        true
+    }
+
+    /// Ends these tasks as preempted: queued ones at once, unstarted; running ones now.
+    fn stop(&mut self, now_us: u64, ids: &[u64], out: &mut Vec<ExecEvent>) {
+        self.queue.retain(|t| {
+            let keep = !ids.contains(&t.id);
+            if !keep {
+                out.push(finished(t, Outcome::Preempted, 0, now_us, now_us));
+            }
+            keep
+        });
+        let mut i = 0;
+        while i < self.running.len() {
+            if ids.contains(&self.running[i].id) {
+                let r = self.running.swap_remove(i);
+                self.free += r.cores;
+                self.free_gpus += r.gpus;
+                let f = Finished {
+                    id: r.id,
+                    attempt: r.attempt,
+                    outcome: Outcome::Preempted,
+                    value: 0,
+                    start_us: r.start_us,
+                    end_us: now_us,
+                };
+                out.push(ExecEvent::Finished(f));
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Tasks without processes: dropping them stops them, and nothing is said of them.
+    fn drop_running(&mut self) {
+        self.running.clear();
+        self.free = self.slots;
+        self.free_gpus = self.gpus;
+    }
+}
+
+fn finished(t: &TaskToRun, outcome: Outcome, value: i32, start_us: u64, end_us: u64) -> ExecEvent {
+    ExecEvent::Finished(Finished { id: t.id, attempt: t.attempt, outcome, value, start_us, end_us })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task(id: u64, cores: u32, runtime_ms: u32) -> TaskToRun {
+        TaskToRun {
+            id,
+            attempt: 1,
+            command: b"x".to_vec(),
+            shell: false,
+            cores,
+            mem_mb: 0,
+            timeout_ms: 0,
+            runtime_ms,
+            max_output: 0,
+            gpus: 0,
+            priority: 0,
+            preemptible: false,
+        }
+    }
+
+    fn by_hint() -> Runtime {
+        Box::new(|t| t.runtime_ms as u64 * 1000)
+    }
+
+    /// Runs the executor on its own clock until it is done; returns the ends in order.
+    fn run_out(x: &mut VirtualExec, tasks: Vec<TaskToRun>) -> Vec<Finished> {
+        let mut ev = Vec::new();
+        x.command(0, Command::Run(tasks), &mut ev);
+        x.command(0, Command::Finish, &mut ev);
+        x.step(0, &mut ev);
+        while let Some(t) = x.next_end_us() {
+            x.step(t, &mut ev);
+        }
+        assert!(x.is_done());
+        ev.into_iter()
+            .filter_map(|e| match e {
+                ExecEvent::Finished(f) => Some(f),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn instant_finishes_everything_at_once() {
+        let done = run_out(&mut VirtualExec::instant(), (1..=1000).map(|i| task(i, 1, 60_000)).collect());
+        assert_eq!(done.len(), 1000);
+        assert!(done.iter().all(|f| f.outcome == Outcome::Exited && f.end_us == 0));
+    }
+
+    #[test]
+    fn tasks_hold_their_slots_for_their_runtime() {
+        // 6 tasks of 100 ms on 2 slots: three rounds, the last ending at 300 ms.
+        let done = run_out(&mut VirtualExec::new(2, 0, by_hint()), (1..=6).map(|i| task(i, 1, 100)).collect());
+        let ends: Vec<u64> = done.iter().map(|f| f.end_us).collect();
+        assert_eq!(ends, vec![100_000, 100_000, 200_000, 200_000, 300_000, 300_000]);
+    }
+
+    #[test]
+    fn a_wide_task_waits_for_its_cores_and_one_wider_than_the_agent_is_refused() {
+        // On 2 slots: a 1-core task, a 2-core task that waits for both, an 8-core one refused.
+        let done =
+            run_out(&mut VirtualExec::new(2, 0, by_hint()), vec![task(1, 1, 100), task(2, 2, 100), task(3, 8, 0)]);
+        let by_id = |id| done.iter().find(|f| f.id == id).unwrap();
+        assert_eq!((by_id(2).start_us, by_id(2).end_us), (100_000, 200_000));
+        assert_eq!((by_id(3).outcome, by_id(3).value), (Outcome::SpawnFailed, errno::E2BIG));
+        assert_eq!(by_id(3).end_us, 100_000, "refused when it reaches the head of the queue");
+    }
+
+    #[test]
+    fn higher_priority_runs_first_and_stops_lower_preemptible_work_for_its_cores() {
+        let mut x = VirtualExec::new(2, 0, by_hint());
+        let mut ev = Vec::new();
+        let low = |id| TaskToRun { preemptible: true, ..task(id, 1, 1_000) };
+        x.command(0, Command::Run(vec![low(1), low(2)]), &mut ev);
+        x.step(0, &mut ev);
+        x.command(10_000, Command::Run(vec![TaskToRun { priority: 5, ..task(3, 2, 100) }]), &mut ev);
+        x.step(10_000, &mut ev);
+        let preempted: Vec<u64> = ev
+            .iter()
+            .filter_map(|e| match e {
+                ExecEvent::Finished(f) if f.outcome == Outcome::Preempted => Some(f.id),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(preempted.len(), 2, "both low tasks stop for the 2-core one: {ev:?}");
+        assert!(ev.iter().any(|e| matches!(e, ExecEvent::Started { id: 3, start_us: 10_000, .. })));
+        // Priority orders the queue: 5 before 0, stable within one.
+        let mut x = VirtualExec::new(1, 0, by_hint());
+        let p = |id, priority| TaskToRun { priority, ..task(id, 1, 10) };
+        let done = run_out(&mut x, vec![p(1, 0), p(2, 5), p(3, 0), p(4, 5)]);
+        assert_eq!(done.iter().map(|f| f.id).collect::<Vec<_>>(), vec![2, 4, 1, 3]);
+    }
+
+    #[test]
+    fn hold_starts_nothing_new_stop_recall_and_reset_say_what_happened() {
+        let mut x = VirtualExec::new(1, 0, by_hint());
+        let mut ev = Vec::new();
+        x.command(0, Command::Run(vec![task(1, 1, 100), task(2, 1, 100), task(3, 1, 100), task(4, 1, 100)]), &mut ev);
+        x.command(0, Command::Hold(true), &mut ev);
+        x.step(0, &mut ev);
+        assert!(ev.is_empty(), "held: nothing starts");
+        x.command(1, Command::Hold(false), &mut ev);
+        x.step(1, &mut ev);
+        assert!(matches!(ev[..], [ExecEvent::Started { id: 1, .. }]));
+        ev.clear();
+        x.command(2, Command::Recall(vec![2]), &mut ev);
+        x.command(2, Command::Stop(vec![1, 3]), &mut ev);
+        let ended: Vec<(u64, Outcome)> = ev
+            .iter()
+            .filter_map(|e| match e {
+                ExecEvent::Finished(f) => Some((f.id, f.outcome)),
+                _ => None,
+            })
+            .collect();
+        assert!(ev.iter().any(|e| matches!(e, ExecEvent::Recalled { id: 2, .. })));
+        assert_eq!(ended, vec![(3, Outcome::Preempted), (1, Outcome::Preempted)]);
+        ev.clear();
+        x.command(3, Command::Reset, &mut ev);
+        assert!(matches!(ev[..], [ExecEvent::Reset]));
+        assert_eq!((x.running(), x.next_end_us()), (0, None), "task 4 dropped with the rest");
+        x.step(3, &mut ev);
+        assert_eq!(ev.len(), 1, "nothing left to start");
+    }
+}
