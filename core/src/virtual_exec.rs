@@ -27,6 +27,8 @@ pub struct VirtualExec {
     prioritized: bool,
     running: Vec<Running>,
     held: bool,
+    /// The agent process is stopped (SIGSTOP): its tasks run on and end, it starts nothing.
+    frozen: bool,
     finishing: bool,
     aborted: bool,
     /// Every task ends the moment it arrives, slots or not (`--exec none`).
@@ -58,6 +60,7 @@ impl VirtualExec {
             prioritized: false,
             running: Vec::new(),
             held: false,
+            frozen: false,
             finishing: false,
             aborted: false,
             instant: false,
@@ -104,7 +107,7 @@ impl VirtualExec {
     pub fn step(&mut self, now_us: u64, out: &mut Vec<ExecEvent>) {
         loop {
             self.end_due(now_us, out);
-            if self.aborted || self.held {
+            if self.aborted || self.held || self.frozen {
                 return;
             }
             if self.instant {
@@ -121,6 +124,11 @@ impl VirtualExec {
         }
     }
 
+    /// Stops (or lets go on) the agent around the executor: meanwhile tasks end, none starts.
+    pub fn set_frozen(&mut self, frozen: bool) {
+        self.frozen = frozen;
+    }
+
     /// When the next running task ends, if any runs.
     pub fn next_end_us(&self) -> Option<u64> {
         self.running.iter().map(|r| r.end_us).min()
@@ -134,6 +142,11 @@ impl VirtualExec {
     /// Tasks running now.
     pub fn running(&self) -> usize {
         self.running.len()
+    }
+
+    /// Tasks waiting in the queue.
+    pub fn queued(&self) -> usize {
+        self.queue.len()
     }
 
     fn end_due(&mut self, now_us: u64, out: &mut Vec<ExecEvent>) {

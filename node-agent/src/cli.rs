@@ -240,6 +240,17 @@ pub mod htc {
             /// file without hints would do (write the hints for the simulation only).
             #[arg(long)]
             hide_hints: bool,
+            /// Memory each agent has for tasks, MiB (tasks' `mem=` are committed against it;
+            /// 0: not accounted).
+            #[arg(long, default_value_t = 0, value_name = "MB")]
+            mem_per_agent: u64,
+            /// GPUs each agent has for tasks that ask for them (`gpus=`).
+            #[arg(long, default_value_t = 0)]
+            gpus_per_agent: u32,
+            /// A fault at a virtual time (repeatable): `lose:AGENT@SECONDS` (its node dies) or
+            /// `stop:AGENT@SECONDS+SECONDS` (the agent is stopped that long, as by SIGSTOP).
+            #[arg(long = "fault", value_name = "FAULT")]
+            faults: Vec<crate::simulate::Fault>,
             /// Print a JSON object instead of text.
             #[arg(long)]
             json: bool,

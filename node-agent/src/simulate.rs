@@ -18,7 +18,6 @@ use htc_core::tree::Tree;
 
 use crate::agent::machine::{self, Effect};
 use crate::agent::Instance;
-use crate::executor::{Command, ExecEvent, Finished, TaskToRun};
 use crate::leader::core::{Core, Ending, Input, Outbox};
 use crate::leader::driver::LedgerTasks;
 use crate::leader::{new_core, Planned};
@@ -26,6 +25,8 @@ use crate::ledger::{Ledger, Outcome, Record, WriteTxn};
 use crate::load::TaskText;
 use crate::proto::{self, frame::Body};
 use crate::rundir::RunDir;
+use htc_core::virtual_exec::VirtualExec;
+use htc_core::work::{ExecEvent, TaskToRun};
 
 #[derive(Debug, Clone)]
 pub struct SimConfig {
@@ -46,6 +47,44 @@ pub struct SimConfig {
     /// Tasks last their runtime hints, but the leader and agents never see them: a run of the
     /// same file without hints, whose tasks take as long as the hints say.
     pub hide_hints: bool,
+    /// Memory each agent says it has for tasks, MiB (0: not accounted), and its GPUs.
+    pub mem_mb_per_agent: u64,
+    pub gpus_per_agent: u32,
+    /// Faults to inject at virtual times.
+    pub faults: Vec<Fault>,
+}
+
+/// A fault injected into a simulated run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// The agent's node dies at `at_us`: its connections close, its tasks are gone.
+    Lose { agent: u32, at_us: u64 },
+    /// The agent process is stopped (SIGSTOP) from `at_us` for `for_us`: it hears, says and
+    /// starts nothing meanwhile, while its tasks run on; its connections stay open.
+    Stop { agent: u32, at_us: u64, for_us: u64 },
+}
+
+impl std::str::FromStr for Fault {
+    type Err = String;
+    /// `lose:AGENT@SECONDS` or `stop:AGENT@SECONDS+SECONDS`.
+    fn from_str(s: &str) -> Result<Fault, String> {
+        let bad = || format!("`{s}`: expected lose:AGENT@SECONDS or stop:AGENT@SECONDS+SECONDS");
+        let (kind, rest) = s.split_once(':').ok_or_else(bad)?;
+        let (agent, when) = rest.split_once('@').ok_or_else(bad)?;
+        let agent: u32 = agent.parse().map_err(|_| bad())?;
+        let secs = |x: &str| -> Result<u64, String> {
+            let v: f64 = x.parse().map_err(|_| bad())?;
+            (v.is_finite() && v >= 0.0).then(|| (v * 1e6).round() as u64).ok_or_else(bad)
+        };
+        match kind {
+            "lose" => Ok(Fault::Lose { agent, at_us: secs(when)? }),
+            "stop" => {
+                let (at, dur) = when.split_once('+').ok_or_else(bad)?;
+                Ok(Fault::Stop { agent, at_us: secs(at)?, for_us: secs(dur)? })
+            }
+            _ => Err(bad()),
+        }
+    }
 }
 
 impl SimConfig {
@@ -79,6 +118,11 @@ pub struct SimReport {
     pub wall: Duration,
     /// Tasks asked back from an agent's queue for idle slots elsewhere.
     pub moved_back: u64,
+    /// Starts beyond each task's first: what faults made run again.
+    pub reruns: u64,
+    /// Tasks running, and queued unstarted, on the agents hit by faults when they were hit.
+    pub running_at_faults: u64,
+    pub queued_at_faults: u64,
 }
 
 impl SimReport {
@@ -104,8 +148,12 @@ enum Ev {
     ToAgent(u32, machine::Input),
     /// Agent `a`'s report timer.
     Tick(u32),
-    /// A simulated task process ends.
-    TaskEnd { agent: u32, cores: u32, done: Finished },
+    /// Agent `a`'s executor has a task ending now.
+    ExecDue(u32),
+    /// The `i`th of `SimConfig::faults` happens.
+    Fault(usize),
+    /// A stopped agent goes on.
+    Resume(u32),
 }
 
 struct At {
@@ -135,18 +183,6 @@ impl Ord for At {
 /// How often the simulated leader's timer fires (`leader::driver`'s tick).
 const LEADER_TICK_US: u64 = 100_000;
 
-/// One agent's executor: slots, a FIFO queue, tasks that end after their hint.
-struct SimExec {
-    free: u32,
-    slots: u32,
-    queue: VecDeque<TaskToRun>,
-    finishing: bool,
-    /// Stopped (finished or aborted): ends of tasks still scheduled are ignored.
-    stopped: bool,
-    /// Its machine was told that it stopped.
-    told: bool,
-}
-
 struct World {
     heap: BinaryHeap<At>,
     seq: u64,
@@ -171,11 +207,10 @@ pub fn simulate(run: &RunDir, cfg: &SimConfig) -> anyhow::Result<SimReport> {
     let tree = Arc::new(Tree::instances(n, cfg.instance_agents, n));
     let plan = Planned { instances: tree.heads().len(), ..cfg.plan.clone() };
     let (bound_s, bound_joined_s) = bounds(&ledger, cfg)?;
-    let truth = if cfg.hide_hints { Some(hide_hints(&ledger)?) } else { None };
+    let truth = if cfg.hide_hints { Some(Arc::new(hide_hints(&ledger)?)) } else { None };
     let core = new_core(&ledger, &plan, &run.id(), 0)?.with_layout(tree.clone());
     let plan_s = planning.elapsed().as_secs_f64();
-    let mut fleet = Fleet::new(tree, &run.id(), cfg);
-    fleet.truth = truth;
+    let mut fleet = Fleet::new(tree, &run.id(), cfg, truth);
     let mut leader = Leader {
         core,
         ledger: &ledger,
@@ -192,6 +227,10 @@ pub fn simulate(run: &RunDir, cfg: &SimConfig) -> anyhow::Result<SimReport> {
     for a in 0..n {
         w.at(cfg.join_spread_us * a as u64 / n as u64, Ev::Join(a));
     }
+    for (i, f) in cfg.faults.iter().enumerate() {
+        let (Fault::Lose { at_us, .. } | Fault::Stop { at_us, .. }) = *f;
+        w.at(at_us, Ev::Fault(i));
+    }
     w.at(LEADER_TICK_US, Ev::LeaderTick);
     let mut events = 0u64;
     let ending = loop {
@@ -201,19 +240,7 @@ pub fn simulate(run: &RunDir, cfg: &SimConfig) -> anyhow::Result<SimReport> {
         w.now = at;
         events += 1;
         match ev {
-            Ev::Join(a) => {
-                let (cores, head) = (cfg.cores_per_agent, fleet.tree.head(a));
-                if head == a {
-                    let joined = Input::Joined { agent: a, cores, mem_mb: 0, gpus: 0, hostname: format!("sim{a}") };
-                    w.at(at + cfg.latency_us, Ev::ToLeader(joined));
-                } else {
-                    let hello = proto::Hello { agent_id: a, cores, ..Default::default() };
-                    w.at(at + cfg.latency_us, Ev::ToAgent(head, machine::Input::ChildOpened(a)));
-                    w.at(at + cfg.latency_us, Ev::ToAgent(head, machine::Input::ChildFrame(Body::Hello(hello))));
-                }
-                // Its first report goes out once the Welcome is back.
-                w.at(at + 2 * cfg.latency_us, Ev::Tick(a));
-            }
+            Ev::Join(a) => fleet.join(&mut w, cfg, a),
             Ev::ToLeader(input) => leader.arrive(&mut w, input),
             Ev::LeaderTick => {
                 leader.arrive(&mut w, Input::Tick);
@@ -228,13 +255,10 @@ pub fn simulate(run: &RunDir, cfg: &SimConfig) -> anyhow::Result<SimReport> {
                 }
             }
             Ev::ToAgent(a, input) => fleet.step(&mut w, cfg, a, input),
-            Ev::Tick(a) => {
-                fleet.step(&mut w, cfg, a, machine::Input::Tick);
-                if fleet.machines[a as usize].outcome().is_none() {
-                    w.at(at + cfg.flush_every_us, Ev::Tick(a));
-                }
-            }
-            Ev::TaskEnd { agent, cores, done } => fleet.task_ended(&mut w, cfg, agent, cores, done),
+            Ev::Tick(a) => fleet.tick(&mut w, cfg, a),
+            Ev::ExecDue(a) => fleet.exec_due(&mut w, cfg, a),
+            Ev::Fault(i) => fleet.fault(&mut w, cfg, cfg.faults[i]),
+            Ev::Resume(a) => fleet.resume(&mut w, cfg, a),
         }
     };
     if let Some(t) = leader.txn.take() {
@@ -256,6 +280,9 @@ pub fn simulate(run: &RunDir, cfg: &SimConfig) -> anyhow::Result<SimReport> {
         events,
         wall: wall.elapsed(),
         moved_back: leader.core.moved_back(),
+        reruns: fleet.starts.saturating_sub(fleet.started.len() as u64),
+        running_at_faults: fleet.running_at_faults,
+        queued_at_faults: fleet.queued_at_faults,
     })
 }
 
@@ -320,123 +347,284 @@ impl Leader<'_> {
     }
 }
 
-/// The agents: their machines and simulated executors.
+/// One simulated agent: its machine, its executor, and what a fault did to it.
+struct Agent {
+    machine: Instance,
+    exec: VirtualExec,
+    /// Its machine was told that the executor ended.
+    told_end: bool,
+    /// Who it talks to: the leader (`None`), or its instance head.
+    parent: Option<u32>,
+    /// Its node died: nothing reaches it or comes from it.
+    dead: bool,
+    /// Stopped until then: what reaches it waits, in order.
+    stopped_until: Option<u64>,
+    deferred: Vec<machine::Input>,
+    /// The earliest `Ev::ExecDue` on the heap for it.
+    due_at: Option<u64>,
+}
+
+/// The agents: their machines and simulated executors. Every effect a machine asks for is
+/// carried out here as the node's agent driver does over sockets and processes: frames up and
+/// down (with the latency), commands to the executor, reconnecting to the leader after a relay's
+/// loss (`Rejoin`) or after being given up (`Revive`).
 struct Fleet {
     tree: Arc<Tree>,
-    machines: Vec<Instance>,
-    execs: Vec<SimExec>,
+    agents: Vec<Agent>,
     effects: Vec<Effect>,
     last_end: u64,
-    /// Each task's runtime hint by id, where the ledger's were hidden (`hide_hints`).
-    truth: Option<Vec<u32>>,
+    /// Every task that started, and the starts in all (re-runs are the difference).
+    started: htc_core::idmap::IdSet<u64>,
+    starts: u64,
+    running_at_faults: u64,
+    queued_at_faults: u64,
 }
 
 impl Fleet {
-    fn new(tree: Arc<Tree>, job_id: &str, cfg: &SimConfig) -> Fleet {
+    fn new(tree: Arc<Tree>, job_id: &str, cfg: &SimConfig, truth: Option<Arc<Vec<u32>>>) -> Fleet {
         let (n, c) = (tree.len(), cfg.cores_per_agent);
-        let exec =
-            || SimExec { free: c, slots: c, queue: VecDeque::new(), finishing: false, stopped: false, told: false };
+        let default_us = cfg.runtime_us(0);
+        let agent = |a: u32| {
+            let truth = truth.clone();
+            let runtime = move |t: &TaskToRun| {
+                let hint = truth.as_ref().and_then(|v| v.get(t.id as usize).copied()).unwrap_or(t.runtime_ms);
+                if hint > 0 {
+                    hint as u64 * 1000
+                } else {
+                    default_us
+                }
+            };
+            Agent {
+                // One clock for all, as the wall clock is for real agents: reports keep to its windows.
+                machine: Instance::new(a, c as usize, tree.clone(), job_id).with_clock(0),
+                exec: VirtualExec::new(c, cfg.gpus_per_agent, Box::new(runtime)),
+                told_end: false,
+                parent: (tree.head(a) != a).then(|| tree.head(a)),
+                dead: false,
+                stopped_until: None,
+                deferred: Vec::new(),
+                due_at: None,
+            }
+        };
         Fleet {
-            // One clock for all, as the wall clock is for real agents: reports keep to its windows.
-            machines: (0..n).map(|a| Instance::new(a, c as usize, tree.clone(), job_id).with_clock(0)).collect(),
+            agents: (0..n).map(agent).collect(),
             tree,
-            execs: (0..n).map(|_| exec()).collect(),
             effects: Vec::new(),
             last_end: 0,
-            truth: None,
+            started: Default::default(),
+            starts: 0,
+            running_at_faults: 0,
+            queued_at_faults: 0,
         }
+    }
+
+    /// Agent `a` starts and says Hello to its parent; its first report goes out once the
+    /// Welcome is back.
+    fn join(&mut self, w: &mut World, cfg: &SimConfig, a: u32) {
+        let (cores, at) = (cfg.cores_per_agent, w.now + cfg.latency_us);
+        match self.agents[a as usize].parent {
+            None => w.at(at, Ev::ToLeader(self.hello(cfg, a, false))),
+            Some(head) => {
+                let hello = proto::Hello {
+                    agent_id: a,
+                    cores,
+                    mem_mb: cfg.mem_mb_per_agent,
+                    gpus: cfg.gpus_per_agent,
+                    ..Default::default()
+                };
+                w.at(at, Ev::ToAgent(head, machine::Input::ChildOpened(a)));
+                w.at(at, Ev::ToAgent(head, machine::Input::ChildFrame(Body::Hello(hello))));
+            }
+        }
+        w.at(w.now + 2 * cfg.latency_us, Ev::Tick(a));
+    }
+
+    /// What the leader hears when agent `a` says Hello to it: as a new member, or again after
+    /// being given up (`revived`).
+    fn hello(&self, cfg: &SimConfig, agent: u32, revived: bool) -> Input {
+        let (cores, mem_mb, gpus, hostname) =
+            (cfg.cores_per_agent, cfg.mem_mb_per_agent, cfg.gpus_per_agent, format!("sim{agent}"));
+        if revived {
+            Input::Revived { agent, cores, mem_mb, gpus, hostname }
+        } else {
+            Input::Joined { agent, cores, mem_mb, gpus, hostname }
+        }
+    }
+
+    fn tick(&mut self, w: &mut World, cfg: &SimConfig, a: u32) {
+        let x = &self.agents[a as usize];
+        if x.dead || x.machine.outcome().is_some() {
+            return;
+        }
+        if let Some(until) = x.stopped_until {
+            w.at(until, Ev::Tick(a));
+            return;
+        }
+        self.step(w, cfg, a, machine::Input::Tick);
+        w.at(w.now + cfg.flush_every_us, Ev::Tick(a));
     }
 
     /// Feeds agent `a`'s machine and carries out its effects.
     fn step(&mut self, w: &mut World, cfg: &SimConfig, a: u32, input: machine::Input) {
-        self.machines[a as usize].handle(w.now, input, &mut self.effects);
-        let mut commands = Vec::new();
-        let mut recalled = Vec::new();
-        let head = self.tree.head(a);
-        let later = w.now + cfg.latency_us;
-        for e in self.effects.drain(..) {
-            match e {
-                Effect::Up(body) if head != a => w.at(later, Ev::ToAgent(head, machine::Input::ChildFrame(body))),
-                Effect::Up(Body::Report(report)) => w.at(later, Ev::ToLeader(Input::Report { agent: a, report })),
-                Effect::Up(Body::Lost(l)) => w.at(later, Ev::ToLeader(Input::Lost { agent: l.agent, why: l.reason })),
-                // A member's Welcome ends its join handshake, which `Ev::Join` models.
-                Effect::Down { body: Body::Welcome(_), .. } => {}
-                Effect::Down { child, body } => w.at(later, Ev::ToAgent(child, machine::Input::Parent(body))),
-                // No relays: every simulated head talks to the leader itself.
-                Effect::Up(_) | Effect::Relay(_) | Effect::CloseUp | Effect::Rejoin | Effect::Revive => {}
-                Effect::Exec(c) => commands.push(c),
-            }
-        }
-        for c in commands {
-            let x = &mut self.execs[a as usize];
-            match c {
-                Command::Run(tasks) => x.queue.extend(tasks),
-                Command::Finish => x.finishing = true,
-                Command::Abort => {
-                    x.queue.clear();
-                    x.stopped = true;
-                }
-                // Nothing in the simulation falls silent long enough to be held or given up,
-                // and simulated tasks are not preempted.
-                Command::Hold(_) | Command::Reset | Command::Stop(_) => {}
-                Command::Recall(ids) => crate::executor::recall_from(&mut x.queue, &ids, &mut recalled),
-            }
-            self.start_queued(w, cfg, a);
-        }
-        if !recalled.is_empty() {
-            self.step(w, cfg, a, machine::Input::Exec(recalled));
-        }
-    }
-
-    fn task_ended(&mut self, w: &mut World, cfg: &SimConfig, a: u32, cores: u32, done: Finished) {
-        let x = &mut self.execs[a as usize];
-        if x.stopped {
+        let x = &mut self.agents[a as usize];
+        if x.dead {
             return;
         }
-        x.free += cores;
-        self.last_end = self.last_end.max(w.now);
-        self.step(w, cfg, a, machine::Input::Exec(vec![ExecEvent::Finished(done)]));
-        self.start_queued(w, cfg, a);
+        if x.stopped_until.is_some() {
+            x.deferred.push(input);
+            return;
+        }
+        x.machine.handle(w.now, input, &mut self.effects);
+        let later = w.now + cfg.latency_us;
+        let mut exec = Vec::new();
+        for e in std::mem::take(&mut self.effects) {
+            match e {
+                Effect::Up(body) | Effect::Relay(body) => match self.agents[a as usize].parent {
+                    Some(head) => w.at(later, Ev::ToAgent(head, machine::Input::ChildFrame(body))),
+                    None => Self::to_leader(w, later, body),
+                },
+                // A member's Welcome ends its join handshake, which `join` models.
+                Effect::Down { body: Body::Welcome(_), .. } => {}
+                Effect::Down { child, body } => w.at(later, Ev::ToAgent(child, machine::Input::Parent(body))),
+                Effect::Exec(c) => exec.push(c),
+                // The connection's end tells the leader nothing it does not know from the frames.
+                Effect::CloseUp => {}
+                Effect::Rejoin => {
+                    // Around the lost relay, straight to the leader, keeping its tasks.
+                    self.agents[a as usize].parent = None;
+                    w.at(later, Ev::ToLeader(Input::Rejoined { agent: a, below: Vec::new() }));
+                    w.at(later + cfg.latency_us, Ev::ToAgent(a, machine::Input::Rejoined));
+                }
+                Effect::Revive => {
+                    self.agents[a as usize].parent = None;
+                    w.at(later, Ev::ToLeader(self.hello(cfg, a, true)));
+                    w.at(later + cfg.latency_us, Ev::ToAgent(a, machine::Input::Rejoined));
+                }
+            }
+        }
+        let mut events = Vec::new();
+        let x = &mut self.agents[a as usize];
+        for c in exec {
+            x.exec.command(w.now, c, &mut events);
+        }
+        self.run_exec(w, cfg, a, events);
     }
 
-    /// Starts what fits from agent `a`'s queue, in order; tells its machine; ends a finished
-    /// executor.
-    fn start_queued(&mut self, w: &mut World, cfg: &SimConfig, a: u32) {
-        let x = &mut self.execs[a as usize];
-        let mut started = Vec::new();
-        while !x.stopped {
-            let Some(t) = x.queue.front() else { break };
-            let cores = (t.cores.max(1)).min(x.slots);
-            if cores > x.free {
-                break;
+    /// A frame a head (or an agent that rejoined) sends the leader, as the leader's network
+    /// side turns it into an input.
+    fn to_leader(w: &mut World, at: u64, body: Body) {
+        match body {
+            Body::Report(report) => w.at(at, Ev::ToLeader(Input::Report { agent: report.agent, report })),
+            Body::Lost(l) => w.at(at, Ev::ToLeader(Input::Lost { agent: l.agent, why: l.reason })),
+            _ => {}
+        }
+    }
+
+    fn exec_due(&mut self, w: &mut World, cfg: &SimConfig, a: u32) {
+        let x = &mut self.agents[a as usize];
+        if x.due_at.is_some_and(|t| t <= w.now) {
+            x.due_at = None;
+        }
+        self.run_exec(w, cfg, a, Vec::new());
+    }
+
+    /// Ends and starts what is due on agent `a`'s executor, tells its machine (`events` first:
+    /// what its commands caused), and keeps a wakeup on the heap for its next end.
+    fn run_exec(&mut self, w: &mut World, cfg: &SimConfig, a: u32, mut events: Vec<ExecEvent>) {
+        let x = &mut self.agents[a as usize];
+        if x.dead {
+            return;
+        }
+        x.exec.step(w.now, &mut events);
+        if let Some(next) = x.exec.next_end_us() {
+            if x.due_at.is_none_or(|t| next < t) {
+                x.due_at = Some(next);
+                w.at(next, Ev::ExecDue(a));
             }
-            let t = x.queue.pop_front().unwrap();
-            x.free -= cores;
-            let hint = self.truth.as_ref().and_then(|v| v.get(t.id as usize).copied()).unwrap_or(t.runtime_ms);
-            let end = w.now + cfg.runtime_us(hint);
-            let done = Finished {
-                id: t.id,
-                attempt: t.attempt,
-                outcome: Outcome::Exited,
-                value: 0,
-                start_us: w.now,
-                end_us: end,
-            };
-            w.at(end, Ev::TaskEnd { agent: a, cores, done });
-            started.push(ExecEvent::Started { id: t.id, attempt: t.attempt, start_us: w.now });
         }
-        let idle = x.free == x.slots && x.queue.is_empty();
-        let end = !x.told && (x.stopped || (x.finishing && idle));
-        if end {
-            x.stopped = true;
-            x.told = true;
+        let end = !x.told_end && x.exec.is_done();
+        x.told_end |= end;
+        for e in &events {
+            match e {
+                ExecEvent::Started { id, .. } => {
+                    self.starts += 1;
+                    self.started.insert(*id);
+                }
+                ExecEvent::Finished(f) if f.outcome == Outcome::Exited => self.last_end = self.last_end.max(f.end_us),
+                _ => {}
+            }
         }
-        if !started.is_empty() {
-            self.step(w, cfg, a, machine::Input::Exec(started));
+        // The node's driver says a reset as one input once the executor has dropped everything.
+        let reset = events.iter().any(|e| matches!(e, ExecEvent::Reset));
+        events.retain(|e| !matches!(e, ExecEvent::Reset));
+        if !events.is_empty() {
+            self.step(w, cfg, a, machine::Input::Exec(events));
+        }
+        if reset {
+            self.step(w, cfg, a, machine::Input::ExecReset);
         }
         if end {
             self.step(w, cfg, a, machine::Input::ExecEnded);
         }
+    }
+
+    fn fault(&mut self, w: &mut World, cfg: &SimConfig, f: Fault) {
+        let (Fault::Lose { agent, .. } | Fault::Stop { agent, .. }) = f;
+        let x = &self.agents[agent as usize];
+        if !x.dead && x.stopped_until.is_none() {
+            self.running_at_faults += x.exec.running() as u64;
+            self.queued_at_faults += x.exec.queued() as u64;
+        }
+        match f {
+            Fault::Lose { agent, .. } => self.lose(w, cfg, agent),
+            Fault::Stop { agent, at_us, for_us } => {
+                let x = &mut self.agents[agent as usize];
+                if x.dead || x.stopped_until.is_some() {
+                    return;
+                }
+                x.stopped_until = Some(at_us + for_us);
+                // Its tasks run on and end; nothing new starts while the agent is stopped.
+                x.exec.set_frozen(true);
+                w.at(at_us + for_us, Ev::Resume(agent));
+            }
+        }
+    }
+
+    /// Agent `a`'s node dies: its parent sees the connection close; its children see theirs
+    /// close, and the leader sees them detached from it.
+    fn lose(&mut self, w: &mut World, cfg: &SimConfig, a: u32) {
+        let x = &mut self.agents[a as usize];
+        if x.dead {
+            return;
+        }
+        x.dead = true;
+        let later = w.now + cfg.latency_us;
+        let why = "connection closed (simulated node loss)".to_string();
+        match x.parent {
+            None => w.at(later, Ev::ToLeader(Input::Lost { agent: a, why: why.clone() })),
+            Some(head) => {
+                let closed = machine::Input::ChildClosed { child: a, agents: vec![a], why: why.clone() };
+                w.at(later, Ev::ToAgent(head, closed));
+            }
+        }
+        for m in (0..self.tree.len()).filter(|&m| self.agents[m as usize].parent == Some(a)) {
+            w.at(later, Ev::ToLeader(Input::Detached { agent: m }));
+            w.at(later, Ev::ToAgent(m, machine::Input::ParentEnded(why.clone())));
+        }
+    }
+
+    /// A stopped agent goes on: what reached it meanwhile, in order, then its executor.
+    fn resume(&mut self, w: &mut World, cfg: &SimConfig, a: u32) {
+        let x = &mut self.agents[a as usize];
+        if x.dead {
+            return;
+        }
+        x.stopped_until = None;
+        x.exec.set_frozen(false);
+        for input in std::mem::take(&mut x.deferred) {
+            self.step(w, cfg, a, input);
+        }
+        self.run_exec(w, cfg, a, Vec::new());
     }
 }
 
@@ -510,6 +698,15 @@ pub fn text(cfg: &SimConfig, r: &SimReport) -> String {
     if cfg.hide_hints {
         t += "  (runtime hints hidden from the run: each task lasts its hint, unannounced)\n";
     }
+    if !cfg.faults.is_empty() {
+        t += &format!(
+            "faults       {}: {} tasks started again; {} were running and {} queued where the faults hit\n",
+            cfg.faults.len(),
+            r.reruns,
+            r.running_at_faults,
+            r.queued_at_faults
+        );
+    }
     if cfg.join_spread_us > 0 {
         let above = (r.makespan_s / r.bound_joined_s - 1.0) * 100.0;
         t += &format!(
@@ -549,6 +746,10 @@ pub fn json(cfg: &SimConfig, r: &SimReport) -> String {
         ("failed", r.failed.to_string()),
         ("events", r.events.to_string()),
         ("moved_back", r.moved_back.to_string()),
+        ("faults", cfg.faults.len().to_string()),
+        ("reruns", r.reruns.to_string()),
+        ("running_at_faults", r.running_at_faults.to_string()),
+        ("queued_at_faults", r.queued_at_faults.to_string()),
         ("hide_hints", cfg.hide_hints.to_string()),
         ("wall_s", format!("{:.3}", r.wall.as_secs_f64())),
         ("load_s", format!("{:.3}", r.load_s)),

@@ -276,3 +276,32 @@ fn long_tasks_queued_at_one_agent_move_to_idle_ones_when_the_run_cannot_know_the
     let r = simulate(&d, "t.txt", &layout);
     assert!(r["above_bound"].as_f64().unwrap() < 0.05, "{r}");
 }
+
+/// Faults on the virtual clock, carried out as the node's drivers would: a node lost mid-run
+/// costs the tasks that were running on it one more run each and nothing else; an agent stopped
+/// (SIGSTOP) past the detection bound is given up, its work goes elsewhere, and it comes back
+/// emptied. Either way every task ends done once, and the run completes.
+#[test]
+fn simulated_faults_re_run_only_what_the_stricken_agents_held() {
+    let d = Dir::new("simulate-faults");
+    // 2,000 one-second tasks on 10 x 4 cores: 50 rounds, 50 s.
+    d.write("t.txt", (1..=2000).map(|i| format!("[runtime=1s] t {i}\n")).collect::<String>());
+    let layout = ["--agents", "10", "--cores-per-agent", "4"];
+    let run = |fault: &str| simulate(&d, "t.txt", &[&layout[..], &["--fault", fault]].concat());
+    let n = |r: &serde_json::Value, k: &str| r[k].as_u64().unwrap_or_else(|| panic!("{k} in {r}"));
+    let lost = run("lose:3@10.5");
+    assert_eq!((n(&lost, "tasks"), n(&lost, "failed"), n(&lost, "faults")), (2000, 0, 1), "{lost}");
+    assert_eq!(n(&lost, "running_at_faults"), 4, "mid-round, all 4 cores busy: {lost}");
+    assert_eq!(n(&lost, "reruns"), n(&lost, "running_at_faults"), "what ran on the lost node, once more: {lost}");
+    // Stopped for 20 s, past the 10 s bound: what ran there ended unheard and runs again; what
+    // waited in its queue may start there when it goes on (before it hears it was given up),
+    // and runs again elsewhere too; nothing else does.
+    let stopped = run("stop:5@5.5+20");
+    assert_eq!((n(&stopped, "tasks"), n(&stopped, "failed")), (2000, 0), "{stopped}");
+    let (running, queued) = (n(&stopped, "running_at_faults"), n(&stopped, "queued_at_faults"));
+    assert!(running == 4 && n(&stopped, "reruns") >= running, "{stopped}");
+    assert!(n(&stopped, "reruns") <= running + queued, "{stopped}");
+    // Bad input names the place.
+    let o = d.htc(&["simulate", "t.txt", "--fault", "lose:3"]);
+    assert!(!o.status.success() && text(&o).contains("lose:AGENT@SECONDS"), "{}", text(&o));
+}

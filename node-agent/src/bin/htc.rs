@@ -96,6 +96,9 @@ fn real_main() -> anyhow::Result<i32> {
             leader_us_per_task,
             join_spread_ms,
             hide_hints,
+            mem_per_agent,
+            gpus_per_agent,
+            faults,
             json,
         } => {
             let site = Site::load()?;
@@ -119,6 +122,9 @@ fn real_main() -> anyhow::Result<i32> {
                 join_spread_us: join_spread_ms * 1000,
                 flush_every_us: htc::agent::FLUSH_EVERY.as_micros() as u64,
                 hide_hints,
+                mem_mb_per_agent: mem_per_agent,
+                gpus_per_agent,
+                faults,
             };
             let r = match simulate::simulate_file(&file, &cfg) {
                 Err(e) if e.downcast_ref::<CreateError>().is_some_and(|e| matches!(e, CreateError::Load(_))) => {
