@@ -50,7 +50,7 @@ impl Scratch {
             Scratch::Dir(d) => unnamed_in(d),
             Scratch::Memory => {
                 let f = memory_file()?;
-                // SAFETY: fcntl on a descriptor we own.
+                // SAFETY: fcntl takes no pointers here; `f` owns the descriptor and keeps it open.
                 if unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETFL, libc::O_APPEND) } < 0 {
                     return Err(io::Error::last_os_error());
                 }
@@ -71,7 +71,7 @@ fn memory_file() -> io::Result<File> {
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
-    // SAFETY: a descriptor we just opened and own.
+    // SAFETY: memfd_create just opened it (checked above), and nothing else owns it.
     Ok(unsafe { File::from_raw_fd(fd) })
 }
 

@@ -145,11 +145,12 @@ fn start_with(
              start the agent with SIGCHLD at its default",
         ));
     }
-    // SAFETY: eventfd creation with valid flags; result checked.
+    // SAFETY: eventfd takes no pointers; the result is checked below.
     let wake = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
     if wake < 0 {
         return Err(io::Error::last_os_error());
     }
+    // SAFETY: a descriptor eventfd just opened, owned by nothing else.
     let wake = unsafe { OwnedFd::from_raw_fd(wake) };
     let (tx, rx) = mpsc::channel();
     let wake_r = wake.try_clone()?;
@@ -173,12 +174,13 @@ fn sigchld_ignored() -> bool {
 }
 
 fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
-    // SAFETY: a plain system call; the returned descriptor is new and ours, close-on-exec by
-    // definition of pidfd_open.
+    // SAFETY: pidfd_open takes no pointers; the result is checked below.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
+    // SAFETY: a descriptor pidfd_open just opened (close-on-exec by definition), owned by nothing
+    // else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
@@ -315,13 +317,17 @@ struct Executor {
 
 impl Executor {
     fn new(cfg: ExecConfig, reaping: Reaping) -> io::Result<Executor> {
-        // SAFETY: epoll_create1/signalfd with valid flags; results checked.
+        // SAFETY: epoll_create1 takes no pointers; the result is checked below.
         let epoll = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
         if epoll < 0 {
             return Err(io::Error::last_os_error());
         }
+        // SAFETY: a descriptor epoll_create1 just opened, owned by nothing else.
         let epoll = unsafe { OwnedFd::from_raw_fd(epoll) };
         let sigfd = if reaping == Reaping::ThreadChildren {
+            // SAFETY: the set is a local sigset_t (all zeroes is a valid value before
+            // sigemptyset) that outlives the calls; signalfd(-1) makes a new descriptor and
+            // keeps no pointer to it.
             let fd = unsafe {
                 let mut set: libc::sigset_t = std::mem::zeroed();
                 libc::sigemptyset(&mut set);
@@ -331,6 +337,7 @@ impl Executor {
             if fd < 0 {
                 return Err(io::Error::last_os_error());
             }
+            // SAFETY: a descriptor signalfd just opened, owned by nothing else.
             let fd = unsafe { OwnedFd::from_raw_fd(fd) };
             epoll_add(&epoll, fd.as_raw_fd(), SIGNAL)?;
             Some(fd)
@@ -523,7 +530,8 @@ impl Executor {
             if let Some(t) = hand_off_at {
                 timeout = timeout.min(t.saturating_duration_since(Instant::now()));
             }
-            // SAFETY: events is a valid array of its length; the reads drain nonblocking fds we own.
+            // SAFETY: the kernel writes at most `events.len()` entries into `events`, which this
+            // thread owns for the call; the epoll descriptor is ours and open.
             let n = unsafe {
                 libc::epoll_wait(
                     self.epoll.as_raw_fd(),
@@ -536,11 +544,15 @@ impl Executor {
             for e in &events[..n.max(0) as usize] {
                 let token = e.u64;
                 match token {
+                    // SAFETY: reads 8 bytes (an eventfd's counter) into the local buffer of
+                    // 1024, from the nonblocking eventfd `wake` owns.
                     WAKE => unsafe {
                         libc::read(wake.as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_void, 8);
                     },
                     SIGNAL => {
                         if let Some(fd) = &self.sigfd {
+                            // SAFETY: reads at most `buf.len()` bytes into the local buffer, from
+                            // the nonblocking signalfd `self.sigfd` owns; drained until empty.
                             while unsafe {
                                 libc::read(fd.as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_void, buf.len())
                             } > 0
@@ -908,7 +920,8 @@ impl Executor {
         let r = self.running.remove(&pid);
         let status = match lost {
             None => {
-                // SAFETY: pid is our exited, unreaped child; killing its group.
+                // SAFETY: kill takes no pointers; pid is our exited child, not reaped until below,
+                // so the id of the group it led cannot have been reused.
                 unsafe { libc::kill(-pid, libc::SIGKILL) };
                 match r.as_ref().and_then(|r| r.pidfd.as_ref()) {
                     Some(fd) => wait_info(libc::P_PIDFD, fd.as_raw_fd() as libc::id_t, libc::WEXITED),
@@ -1078,7 +1091,8 @@ impl Executor {
             r.oom_mb = Some(mb);
             // Being killed: neither preempted nor timed out on top of it.
             r.kill_at = Some(now);
-            // SAFETY: signalling the task's own process group.
+            // SAFETY: kill takes no pointers. The task is in `running`, so not reaped yet: its
+            // pid, the id of the group it leads, cannot have been reused.
             unsafe { libc::kill(-pid, libc::SIGKILL) };
         }
     }
@@ -1163,6 +1177,8 @@ impl Executor {
                     r.timed_out = true;
                     terminate(pid, r, now + grace, &mut self.deadlines);
                 }
+                // SAFETY: kill takes no pointers. The task is in `running`, so not reaped yet: its
+                // pid, the id of the group it leads, cannot have been reused.
                 Some(k) if k <= now => unsafe {
                     libc::kill(-pid, libc::SIGKILL);
                 },
@@ -1331,7 +1347,8 @@ impl Executor {
         for (&pid, r) in self.running.iter_mut() {
             if r.kill_at.is_none() {
                 r.kill_at = Some(now + self.cfg.kill_grace);
-                // SAFETY: signalling the task's own process group.
+                // SAFETY: kill takes no pointers. The task is in `running`, so not reaped yet:
+                // its pid, the id of the group it leads, cannot have been reused.
                 unsafe { libc::kill(-pid, libc::SIGTERM) };
                 self.deadlines.push(std::cmp::Reverse((now + self.cfg.kill_grace, pid, r.serial)));
             }
@@ -1384,7 +1401,8 @@ type Deadlines = BinaryHeap<std::cmp::Reverse<(Instant, libc::pid_t, u64)>>;
 /// SIGTERM to a task's process group now, and SIGKILL at `kill_at` (a deadline) unless it ended.
 fn terminate(pid: libc::pid_t, r: &mut Running, kill_at: Instant, deadlines: &mut Deadlines) {
     r.kill_at = Some(kill_at);
-    // SAFETY: signalling the task's own process group.
+    // SAFETY: kill takes no pointers. Callers pass a task of `running` (`r`), not reaped yet:
+    // its pid, the id of the group it leads, cannot have been reused.
     unsafe { libc::kill(-pid, libc::SIGTERM) };
     deadlines.push(std::cmp::Reverse((kill_at, pid, r.serial)));
 }

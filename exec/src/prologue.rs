@@ -161,7 +161,8 @@ fn clean_child_state() {
 /// before any thread starts (the environment is process-global).
 pub fn adopt(p: &Prologue) -> std::io::Result<()> {
     std::env::set_current_dir(&p.cwd)?;
-    // SAFETY: setting the process umask.
+    // SAFETY: umask takes no pointers and cannot fail; the mask is process-wide, which is what
+    // adopting the prologue's means (callers run before threads start, see above).
     unsafe { libc::umask(p.umask as libc::mode_t) };
     if p.captured {
         let keep: std::collections::HashSet<&OsString> = p.env.iter().map(|(k, _)| k).collect();

@@ -39,7 +39,8 @@ pub fn block_signals_in_this_thread(sigchld: bool) {
     if !sigchld {
         set &= !(1 << (libc::SIGCHLD - 1));
     }
-    // SAFETY: changes only this thread's mask.
+    // SAFETY: `set` is a live u64 and no old mask is asked for; it leaves glibc's 32 and 33 out,
+    // and changes only this thread's mask.
     unsafe { sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
     BLOCKED.with(|b| b.set(true));
 }
@@ -151,6 +152,12 @@ impl Spawner {
 }
 
 /// Raw `rt_sigprocmask`: all 64 signals, glibc's internal ones included.
+///
+/// # Safety
+///
+/// `set` is null or points to a readable u64 and `old` null or to a writable one (the kernel
+/// reads and writes 8 bytes). While a thread blocks glibc's own signals (32 and 33), another's
+/// set*id call waits for it: block them only briefly (around a clone) or in a child to exec.
 unsafe fn sigprocmask(how: libc::c_int, set: *const u64, old: *mut u64) -> libc::c_long {
     libc::syscall(libc::SYS_rt_sigprocmask, how, set, old, 8usize)
 }
@@ -192,6 +199,11 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
 }
 
 /// `fd` onto `to`, open across exec (dup2 onto itself would keep close-on-exec).
+///
+/// # Safety
+///
+/// Whatever owns `to` loses it (dup2 closes it first): only for the child's standard
+/// descriptors before exec, where nothing else of this process will use them.
 unsafe fn onto(fd: RawFd, to: RawFd) -> libc::c_long {
     if fd == to {
         libc::fcntl(fd, libc::F_SETFD, 0) as libc::c_long

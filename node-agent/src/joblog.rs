@@ -7,6 +7,8 @@
 use std::collections::HashMap;
 use std::io::Write;
 
+use serde::Serialize;
+
 use crate::ledger::{Attempt, Ledger, Outcome, ReadTxn, Record, State};
 use crate::load::TaskText;
 
@@ -99,28 +101,46 @@ impl Row<'_> {
 
     pub fn json(&self) -> String {
         let (exit, sig) = exit_and_signal(self.outcome, self.value);
-        let mut j = format!(
-            concat!(
-                r#"{{"Seq":{},"Host":{},"Starttime":{},"JobRuntime":{:.3},"Send":0,"Receive":0,"#,
-                r#""Exitval":{},"Signal":{},"Command":{},"Attempt":{},"Line":{},"Outcome":{},"Agent":{}}}"#
-            ),
-            self.task,
-            crate::status::json_str(self.host),
-            secs(self.start_us()),
-            self.runtime_s(),
-            exit,
-            sig,
-            crate::status::json_str(&String::from_utf8_lossy(self.command)),
-            self.attempt,
-            self.line,
-            crate::status::json_str(&self.outcome.describe(self.value)),
-            self.agent,
-        );
-        if let Some(d) = self.devices {
-            j.insert_str(j.len() - 1, &format!(r#","Devices":{}"#, crate::status::json_str(d)));
-        }
-        j
+        let json = Json {
+            seq: self.task,
+            host: self.host,
+            // Milliseconds, as parallel shows them; serde_json drops trailing zeros.
+            starttime: (self.start_us() / 1000) as f64 / 1e3,
+            job_runtime: crate::status::rounded(self.runtime_s(), 3),
+            send: 0,
+            receive: 0,
+            exitval: exit,
+            signal: sig,
+            command: &String::from_utf8_lossy(self.command),
+            attempt: self.attempt,
+            line: self.line,
+            outcome: &self.outcome.describe(self.value),
+            agent: self.agent,
+            devices: self.devices,
+        };
+        serde_json::to_string(&json).expect("plain data serializes")
     }
+}
+
+/// A row of `htc log --format json`: parallel's names first, then htc's, in this order.
+#[derive(Serialize)]
+#[serde(rename_all = "PascalCase")]
+struct Json<'a> {
+    seq: u64,
+    host: &'a str,
+    starttime: f64,
+    job_runtime: f64,
+    send: u64,
+    receive: u64,
+    exitval: i32,
+    signal: i32,
+    command: &'a str,
+    attempt: u32,
+    line: u32,
+    outcome: &'a str,
+    agent: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    devices: Option<&'a str>,
 }
 
 /// Hostnames by agent id, as the leader recorded them when the agents joined (`host.N`).
@@ -253,7 +273,12 @@ mod tests {
         let j = row(Outcome::Signaled, 9).json();
         assert_eq!(
             j,
-            r#"{"Seq":3,"Host":"n1","Starttime":1700000000.123,"JobRuntime":1.500,"Send":0,"Receive":0,"Exitval":0,"Signal":9,"Command":"echo \"a\tb\"","Attempt":2,"Line":4,"Outcome":"killed by signal 9 (KILL)","Agent":5}"#
+            r#"{"Seq":3,"Host":"n1","Starttime":1700000000.123,"JobRuntime":1.5,"Send":0,"Receive":0,"Exitval":0,"Signal":9,"Command":"echo \"a\tb\"","Attempt":2,"Line":4,"Outcome":"killed by signal 9 (KILL)","Agent":5}"#
         );
+        // Milliseconds as `{:.3}` rounds them; GPUs last, and only for a task that had some.
+        let r = Row { end_us: 1_700_000_001_624_056, devices: Some("0,1"), ..row(Outcome::Exited, 0) };
+        let j = r.json();
+        assert!(j.contains(r#""JobRuntime":1.501,"#), "{j}");
+        assert!(j.ends_with(r#""Agent":5,"Devices":"0,1"}"#), "{j}");
     }
 }

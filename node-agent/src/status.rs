@@ -2,6 +2,7 @@
 //! Everything is computed from the ledger's counters and meta keys, so it costs no scan.
 
 use htc_core::hist::Summary;
+use serde::Serialize;
 use std::fmt::Write as _;
 use std::io::IsTerminal;
 use std::time::Duration;
@@ -202,7 +203,8 @@ pub fn summary(ledger: &Ledger, run: &RunDir, p: &Progress) -> anyhow::Result<St
 }
 
 fn pid_alive(pid: u64) -> bool {
-    // SAFETY: kill with signal 0 only checks for existence.
+    // SAFETY: kill with signal 0 sends nothing (it only checks that the pid exists and may be
+    // signalled); __errno_location returns this thread's errno, valid for the thread's life.
     pid > 0
         && pid < i32::MAX as u64
         && unsafe { libc::kill(pid as i32, 0) == 0 || *libc::__errno_location() == libc::EPERM }
@@ -414,72 +416,90 @@ impl Report {
     /// One JSON object; its fields are documented in `docs/status-json.md` and only ever added to.
     pub fn json(&self) -> String {
         let c = &self.counts;
-        let num = |v: f64| if v.is_finite() { format!("{v:.6}") } else { "null".into() };
-        let failures: Vec<String> = self
-            .failures
-            .iter()
-            .map(|(id, line, attempts, why)| {
-                format!(r#"{{"id":{id},"line":{line},"attempts":{attempts},"reason":{}}}"#, json_str(why))
-            })
-            .collect();
-        format!(
-            concat!(
-                r#"{{"version":1,"run":{},"job":{},"task_file":{},"state":{},"#,
-                r#""counts":{{"total":{},"done":{},"failed":{},"pending":{},"dispatched":{},"running":{}}},"#,
-                r#""elapsed_s":{},"rate":{},"eta_s":{},"leader_cpu_s":{},"#,
-                r#""leader_cpu_us_per_task":{},"reports":{},"results_per_report":{},"#,
-                r#""results_per_report_p99":{},"result_delay_ms_p50":{},"result_delay_ms_p99":{},"#,
-                r#""failures":[{}],"more_failures":{}}}"#
-            ),
-            json_str(&self.run),
-            json_str(&self.job),
-            json_str(&self.task_file),
-            json_str(self.state_key()),
-            c.total(),
-            c.get(State::Done),
-            c.get(State::Failed),
-            c.get(State::Pending),
-            c.get(State::Dispatched),
-            c.get(State::Running),
-            num(self.elapsed_s),
-            num(self.rate),
-            self.eta_s.map(num).unwrap_or_else(|| "null".into()),
-            num(self.leader_cpu_s),
-            if self.finished_this_session > 0 {
-                num(self.leader_cpu_s * 1e6 / self.finished_this_session as f64)
-            } else {
-                "null".into()
+        let num = |v: f64| rounded(v, 6);
+        let json = Json {
+            version: 1,
+            run: &self.run,
+            job: &self.job,
+            task_file: &self.task_file,
+            state: self.state_key(),
+            counts: JsonCounts {
+                total: c.total(),
+                done: c.get(State::Done),
+                failed: c.get(State::Failed),
+                pending: c.get(State::Pending),
+                dispatched: c.get(State::Dispatched),
+                running: c.get(State::Running),
             },
-            self.reports.n,
-            self.reports.mean().map(num).unwrap_or_else(|| "null".into()),
-            self.reports.p99,
-            num(self.result_delays.p50 as f64 / 1e3),
-            num(self.result_delays.p99 as f64 / 1e3),
-            failures.join(","),
-            self.more_failures
-        )
+            elapsed_s: num(self.elapsed_s),
+            rate: num(self.rate),
+            eta_s: self.eta_s.map(num),
+            leader_cpu_s: num(self.leader_cpu_s),
+            leader_cpu_us_per_task: (self.finished_this_session > 0)
+                .then(|| num(self.leader_cpu_s * 1e6 / self.finished_this_session as f64)),
+            reports: self.reports.n,
+            results_per_report: self.reports.mean().map(num),
+            results_per_report_p99: self.reports.p99,
+            result_delay_ms_p50: num(self.result_delays.p50 as f64 / 1e3),
+            result_delay_ms_p99: num(self.result_delays.p99 as f64 / 1e3),
+            failures: self
+                .failures
+                .iter()
+                .map(|(id, line, attempts, why)| JsonFailure { id: *id, line: *line, attempts: *attempts, reason: why })
+                .collect(),
+            more_failures: self.more_failures,
+        };
+        serde_json::to_string(&json).expect("plain data serializes")
     }
 }
 
-/// A JSON string literal.
-pub fn json_str(v: &str) -> String {
-    let mut out = String::with_capacity(v.len() + 2);
-    out.push('"');
-    for ch in v.chars() {
-        match ch {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
+/// `htc status --json`, its fields in the order they have always had (serde keeps the order of
+/// declaration). A float that is not finite is written as null, as before.
+#[derive(Serialize)]
+struct Json<'a> {
+    version: u32,
+    run: &'a str,
+    job: &'a str,
+    task_file: &'a str,
+    state: &'a str,
+    counts: JsonCounts,
+    elapsed_s: f64,
+    rate: f64,
+    eta_s: Option<f64>,
+    leader_cpu_s: f64,
+    leader_cpu_us_per_task: Option<f64>,
+    reports: u64,
+    results_per_report: Option<f64>,
+    results_per_report_p99: u64,
+    result_delay_ms_p50: f64,
+    result_delay_ms_p99: f64,
+    failures: Vec<JsonFailure<'a>>,
+    more_failures: bool,
+}
+
+#[derive(Serialize)]
+struct JsonCounts {
+    total: u64,
+    done: u64,
+    failed: u64,
+    pending: u64,
+    dispatched: u64,
+    running: u64,
+}
+
+#[derive(Serialize)]
+struct JsonFailure<'a> {
+    id: u64,
+    line: u32,
+    attempts: u8,
+    reason: &'a str,
+}
+
+/// `v` as printed with `decimals` places: the value the hand-written JSON showed (`{:.N}` rounds
+/// the exact binary value, which `(v * 10^N).round()` does not always match); serde_json then
+/// prints it without trailing zeros. Not finite stays as it is (null in JSON).
+pub(crate) fn rounded(v: f64, decimals: usize) -> f64 {
+    format!("{v:.decimals$}").parse().unwrap_or(v)
 }
 
 /// The `htc status` report.

@@ -251,12 +251,16 @@ fn opt_name(val: c_int) -> &'static str {
     }
 }
 
+/// # Safety
+///
+/// Only Slurm calls it, as the callback of the options this plugin registers: `optarg` is null
+/// or a NUL-terminated string valid for the call.
 unsafe extern "C" fn option_cb(val: c_int, optarg: *const c_char, remote: c_int) -> c_int {
     guard("option callback", || {
         let arg: OsString = if optarg.is_null() {
             OsString::new()
         } else {
-            // SAFETY: Slurm passes a NUL-terminated string.
+            // SAFETY: not null, so a NUL-terminated string valid for the call (see above).
             OsStr::from_bytes(unsafe { std::ffi::CStr::from_ptr(optarg) }.to_bytes()).to_os_string()
         };
         let ctx = spank::context();

@@ -105,7 +105,7 @@ impl Spank {
 
     /// `spank_remote()`: true in slurmstepd.
     pub fn is_remote(&self) -> bool {
-        // SAFETY: valid handle.
+        // SAFETY: `self.raw` is the running callback's handle (from_raw).
         unsafe { ffi::spank_remote(self.raw) == 1 }
     }
 
@@ -151,21 +151,24 @@ impl Spank {
     /// `spank_setenv` in the job's (remote) environment.
     pub fn setenv(&self, name: &str, value: &OsStr, overwrite: bool) -> Result<(), SpankError> {
         let (n, v) = (cstring(name.as_bytes()), os_cstring(value));
-        // SAFETY: valid handle and C strings.
+        // SAFETY: `self.raw` is the running callback's handle (from_raw); the CStrings outlive
+        // the call.
         check(unsafe { ffi::spank_setenv(self.raw, n.as_ptr(), v.as_ptr(), overwrite as c_int) })
     }
 
     /// `spank_unsetenv` in the job's (remote) environment.
     pub fn unsetenv(&self, name: &OsStr) -> Result<(), SpankError> {
         let n = os_cstring(name);
-        // SAFETY: valid handle and C string.
+        // SAFETY: `self.raw` is the running callback's handle (from_raw); the CString outlives
+        // the call.
         check(unsafe { ffi::spank_unsetenv(self.raw, n.as_ptr()) })
     }
 
     /// `spank_job_control_setenv` (allocator/local context). The job sees `SLURM_SPANK_<name>`.
     pub fn job_control_setenv(&self, name: &str, value: &OsStr, overwrite: bool) -> Result<(), SpankError> {
         let (n, v) = (cstring(name.as_bytes()), os_cstring(value));
-        // SAFETY: valid handle and C strings.
+        // SAFETY: `self.raw` is the running callback's handle (from_raw); the CStrings outlive
+        // the call.
         check(unsafe { ffi::spank_job_control_setenv(self.raw, n.as_ptr(), v.as_ptr(), overwrite as c_int) })
     }
 

@@ -319,16 +319,23 @@ const MDB_NOTFOUND: libc::c_int = -30798;
 /// LMDB checks some of its invariants with assertions that end in abort(); a damaged page trips
 /// them. This runs first: the user reads which file is damaged, and htc exits with its error
 /// status instead of dumping core.
+///
+/// # Safety
+///
+/// Only LMDB calls it (`mdb_env_set_assert`): `env` is the environment whose check failed and
+/// `msg` null or a NUL-terminated string, both valid for the call.
 unsafe extern "C" fn on_lmdb_assert(env: *mut libc::c_void, msg: *const libc::c_char) {
     let put = |b: &[u8]| {
-        // SAFETY: writing a live buffer to stderr.
+        // SAFETY: write reads `b.len()` bytes of the live slice `b`; a short write or a closed
+        // stderr only loses the message.
         unsafe { libc::write(2, b.as_ptr().cast(), b.len()) };
     };
     let cstr = |p: *const libc::c_char| {
-        // SAFETY: LMDB passes NUL-terminated strings (or null, checked).
         if p.is_null() {
             &[][..]
         } else {
+            // SAFETY: not null, and LMDB's strings (the message, the environment's path) are
+            // NUL-terminated and live until the process exits below.
             unsafe { std::ffi::CStr::from_ptr(p) }.to_bytes()
         }
     };
@@ -342,7 +349,8 @@ unsafe extern "C" fn on_lmdb_assert(env: *mut libc::c_void, msg: *const libc::c_
     let msg = cstr(msg);
     put(msg.windows(9).position(|w| w == b"Assertion").map_or(msg, |i| &msg[i..]));
     put(b"); it cannot be read safely (htc verify says which tasks it still vouches for)\n");
-    // SAFETY: leaving at once, as abort() would, but with htc's error status.
+    // SAFETY: _exit takes no pointers and does not return; it runs no destructors or atexit
+    // handlers, as abort() would not: nothing more of the damaged map is read.
     unsafe { libc::_exit(2) };
 }
 
@@ -357,8 +365,10 @@ fn close_on_exec(env: &Environment) -> std::io::Result<()> {
     if rc != 0 {
         return Err(std::io::Error::from_raw_os_error(rc));
     }
-    // SAFETY: fcntl on the environment's own descriptor, which it keeps until it is dropped.
+    // SAFETY: fcntl takes no pointers here; fd is the environment's own descriptor, open while
+    // `env` is borrowed.
     let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+    // SAFETY: as above; only the descriptor's close-on-exec flag changes.
     if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC) } < 0 {
         return Err(std::io::Error::last_os_error());
     }

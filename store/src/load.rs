@@ -219,8 +219,12 @@ struct Mapped {
     fault: Option<crate::mapfault::Registration>,
 }
 
-// SAFETY: the mappings are read-only and live until Drop.
+// SAFETY: the raw pointers are what keeps TaskText from being Send. Each `Mapped` owns its
+// mapping alone (nothing else holds the pointer), so it may be unmapped on any thread.
 unsafe impl Send for TaskText {}
+// SAFETY: the mappings are PROT_READ and never written through, and stay mapped until Drop, which
+// needs `&mut`: threads sharing `&TaskText` only read memory that does not change. (A task file
+// cut short under it faults, and mapfault turns that into an error exit, on any thread.)
 unsafe impl Sync for TaskText {}
 
 impl Mapped {
@@ -233,7 +237,8 @@ impl Mapped {
         if len == 0 {
             return Ok(Mapped::NONE);
         }
-        // SAFETY: mapping a regular file read-only and private; checked for MAP_FAILED.
+        // SAFETY: a new read-only private mapping (address chosen by the kernel, so nothing of
+        // ours is replaced) of `len` > 0 bytes; MAP_FAILED is checked below.
         let ptr =
             unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_PRIVATE, f.as_raw_fd(), 0) };
         if ptr == libc::MAP_FAILED {
@@ -247,7 +252,8 @@ impl Mapped {
         if self.ptr.is_null() || off.checked_add(len).is_none_or(|e| e > self.len) {
             return &[];
         }
-        // SAFETY: bounds checked against the mapping's length above.
+        // SAFETY: `off + len` is within the mapping (checked above), which stays mapped and
+        // unchanged while `self` is borrowed.
         unsafe { std::slice::from_raw_parts(self.ptr.add(off), len) }
     }
 }
@@ -256,7 +262,8 @@ impl Drop for Mapped {
     fn drop(&mut self) {
         self.fault.take();
         if !self.ptr.is_null() {
-            // SAFETY: unmapping exactly what open() mapped.
+            // SAFETY: exactly the mapping open() made, unmapped once; no slice of it outlives the
+            // borrow of `self` that get() gave, so none is left.
             unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
         }
     }

@@ -93,8 +93,11 @@ pub fn find_map(path: &std::path::Path) -> Option<(usize, usize)> {
 
 fn install() {
     for (i, sig) in [libc::SIGBUS, libc::SIGSEGV].into_iter().enumerate() {
-        // SAFETY: installing a SA_SIGINFO handler; the old action is kept for faults elsewhere.
-        // PREVIOUS is written here, once, before any fault can reach the handler that reads it.
+        // SAFETY: the sigaction structs are live locals (zeroed is a valid empty action) and
+        // on_fault has the SA_SIGINFO signature. PREVIOUS is written only here, once (INSTALL),
+        // before any map is registered (register_as waits for INSTALL): the handler reads it
+        // only for a fault outside the maps, so only an unrelated crash on another thread in
+        // this instant could race the write.
         unsafe {
             let mut new: libc::sigaction = std::mem::zeroed();
             new.sa_sigaction = on_fault as *const () as usize;
@@ -122,7 +125,8 @@ extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut 
             continue;
         }
         let (msg, len) = (s.msg.load(Ordering::Acquire), s.msg_len.load(Ordering::Acquire));
-        // SAFETY: write(2) and _exit(2) are async-signal-safe; msg is a leaked, live buffer.
+        // SAFETY: write(2) and _exit(2) are async-signal-safe; msg is leaked (never freed, even
+        // when its slot is released) and msg_len its length, published before `base`.
         unsafe {
             libc::write(2, msg.cast(), len);
             libc::_exit(2);
@@ -130,7 +134,8 @@ extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut 
     }
     // Not ours: put the previous action back and return, so the fault recurs and gets it.
     let i = if sig == libc::SIGBUS { 0 } else { 1 };
-    // SAFETY: PREVIOUS was set before the handler was installed and is not written again.
+    // SAFETY: PREVIOUS is not written after install() (see there) and is read by value;
+    // sigaction and signal are async-signal-safe.
     unsafe {
         match (*std::ptr::addr_of!(PREVIOUS))[i] {
             Some(old) => libc::sigaction(sig, &old, std::ptr::null_mut()),
@@ -157,6 +162,7 @@ mod tests {
         assert!(!regs.is_empty());
         drop(regs);
         assert!(register(p as usize, 8192, "x").is_some(), "slots come back when dropped");
+        // SAFETY: the mapping made above, not used after.
         unsafe { libc::munmap(p, 8192) };
         std::fs::remove_file(&path).unwrap();
     }

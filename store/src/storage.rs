@@ -11,8 +11,9 @@ pub const NEARLY_FULL: u64 = 1 << 20;
 /// Bytes an unprivileged writer may still use on the filesystem holding `dir`.
 pub fn free_bytes(dir: &Path) -> Option<u64> {
     let c = CString::new(dir.as_os_str().as_bytes()).ok()?;
-    // SAFETY: statvfs fills the zeroed struct for a NUL-terminated path.
+    // SAFETY: statvfs is plain integers, for which all zeroes is a valid value.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is NUL-terminated and `st` a live local that statvfs fills.
     if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
         return None;
     }
@@ -23,8 +24,9 @@ pub fn free_bytes(dir: &Path) -> Option<u64> {
 /// not safe there, and every page it writes would cross the network.
 pub fn network_fs(dir: &Path) -> Option<&'static str> {
     let c = CString::new(dir.as_os_str().as_bytes()).ok()?;
-    // SAFETY: statfs fills the zeroed struct for a NUL-terminated path.
+    // SAFETY: statfs is plain integers, for which all zeroes is a valid value.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is NUL-terminated and `st` a live local that statfs fills.
     if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
         return None;
     }

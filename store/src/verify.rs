@@ -272,7 +272,7 @@ fn read_apart(
     heard: &mut Heard,
 ) -> Result<Ended, LedgerError> {
     let mut fds = [0; 2];
-    // SAFETY: pipe2 fills the two descriptors it is given.
+    // SAFETY: pipe2 writes two ints into `fds`, a live array of two.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
         return Err(apart_error(path, std::io::Error::last_os_error()));
     }
@@ -288,7 +288,8 @@ fn read_apart(
     }
     // SAFETY: closing the write end the child has (or, on a failed fork, nobody has).
     unsafe { libc::close(fds[1]) };
-    // SAFETY: the read end is ours alone from here on.
+    // SAFETY: the read end, open (pipe2 succeeded), closed in the child and owned by nothing else
+    // here: the File owns it from now on.
     let read = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fds[0]) };
     if pid < 0 {
         return Err(apart_error(path, std::io::Error::last_os_error()));
@@ -296,11 +297,12 @@ fn read_apart(
     (heard.at, heard.done, heard.error, heard.last_words) = (start.id, false, None, None);
     let stalled = listen(read, stall, heard);
     if stalled {
-        // SAFETY: our own child.
+        // SAFETY: kill takes no pointers; pid is our child, not reaped until below, so it cannot
+        // have been reused.
         unsafe { libc::kill(pid, libc::SIGKILL) };
     }
     let mut status = 0;
-    // SAFETY: reaping our own child.
+    // SAFETY: a live status out-parameter; pid is our child, reaped only here.
     unsafe { libc::waitpid(pid, &mut status, 0) };
     Ok(if stalled {
         Ended::Stalled

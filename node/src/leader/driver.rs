@@ -306,8 +306,9 @@ pub fn run(
 /// CPU time (user + system) of this process so far, in microseconds: the leader's cost, which
 /// `htc status` divides by the tasks finished.
 fn cpu_us() -> u64 {
-    // SAFETY: getrusage fills the struct it is given.
+    // SAFETY: rusage is plain integers, for which all zeroes is a valid value.
     let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage writes one rusage through the pointer, to a live local.
     if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
         return 0;
     }
