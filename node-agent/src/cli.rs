@@ -27,88 +27,7 @@ pub mod htc {
     #[derive(Subcommand)]
     pub enum Cmd {
         /// Run a task file on this machine (one task per line; see docs/task-file.md).
-        Run {
-            /// The task file. Not needed with --resume.
-            file: Option<PathBuf>,
-            /// Continue an interrupted run (a run directory or id; default: the newest in ./.htc).
-            #[arg(long, value_name = "RUN", num_args = 0..=1, default_missing_value = "")]
-            resume: Option<String>,
-            /// Number of node agents (processes) to start. Default: one, with every CPU and a
-            /// spawn loop per CPU (see --spawners).
-            #[arg(long, value_parser = super::positive)]
-            agents: Option<usize>,
-            /// Cores (task slots) per agent; default: this machine's CPUs divided among the agents.
-            #[arg(long, value_parser = super::positive)]
-            cores_per_agent: Option<usize>,
-            /// Spawn loops (executor threads) per agent, splitting its cores; 0 = one per core.
-            /// Default: one per core, or one when a task needs several cores.
-            #[arg(long)]
-            spawners: Option<usize>,
-            /// Tree fan-out: agents per parent; more agents than this form a tree of relays.
-            #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..))]
-            fanout: u32,
-            /// Agents per 2nd-level instance: the first of each group (its head) takes work from
-            /// the leader for all of them and hands it out (default 1: every agent an instance).
-            #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
-            instance_agents: u32,
-            /// Task output: streams (per-slot files + index), per-task (one file each), none.
-            #[arg(long, default_value = "streams")]
-            output: OutputMode,
-            /// Default retries for tasks that set none (the file's own `#HTC retries=` wins).
-            #[arg(long, value_parser = clap::value_parser!(u8).range(0..=100))]
-            retries: Option<u8>,
-            /// Fail fast: once N tasks have failed for good, start nothing more, let what runs
-            /// end, and stop (resumable).
-            #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
-            max_fails: Option<u64>,
-            /// Start no task whose `runtime` hint would not end within this many seconds from
-            /// the start; when only such tasks are left, stop (resumable).
-            #[arg(long, value_name = "SECS")]
-            time_limit: Option<u64>,
-            /// No progress line and no summary.
-            #[arg(long, short)]
-            quiet: bool,
-            /// Memory each agent hands out to tasks that declare `mem=` (e.g. 4G; 0: memory is
-            /// not accounted). Default: what the machine has available, shared by the agents.
-            #[arg(long, value_name = "SIZE", value_parser = super::parse_size_mb)]
-            mem_per_agent: Option<u64>,
-            /// How memory decides what starts: backfill (a task that waits keeps a node, smaller
-            /// ones fill around it without delaying it), fcfs (strict order), ignore.
-            #[arg(long, default_value = "backfill", value_name = "backfill|fcfs|ignore")]
-            mem_policy: htc_core::backfill::Policy,
-            /// The GPUs tasks may be given (`gpus=`), e.g. 0,1,2,3, shared by the agents; for
-            /// testing without GPUs too. Default: CUDA_VISIBLE_DEVICES, else nvidia-smi.
-            #[arg(long, value_name = "LIST", value_parser = super::gpu_list)]
-            gpus: Option<String>,
-            /// How a task's `mem=` is enforced: auto (a memory cgroup per slot where the agents
-            /// may make them, else watching the resident memory), cgroup (required), watch.
-            #[arg(long, default_value = "auto", value_name = "auto|cgroup|watch")]
-            mem_limit: crate::memcg::Enforce,
-            /// No agent takes work from another's share, even when idle (for measuring what
-            /// balancing gains: bench/balance.sh).
-            #[arg(long, hide = true)]
-            no_steal: bool,
-            /// How agents run tasks: real processes, or a simulation of the scheduling path alone
-            /// (none: every task succeeds at once; sleep: after its `runtime` hint, on its cores).
-            #[arg(long, default_value = "real")]
-            exec: ExecKind,
-            /// How tasks are split among agents: hflow (each runtime class on its own, longest
-            /// first) or even (one even split of the file). Default: the site file's, else hflow.
-            #[arg(long, value_name = "hflow|even")]
-            partition: Option<Plan>,
-            /// Group-commit interval of the ledger, in milliseconds.
-            #[arg(long, default_value_t = 10, hide = true)]
-            commit_ms: u64,
-            /// Keep the ledger in this node-local directory (e.g. /tmp when the current directory
-            /// is on NFS), with its replica in the run directory; a resume rebuilds it from there.
-            #[arg(long, value_name = "DIR")]
-            ledger_dir: Option<PathBuf>,
-            /// Leave what a task starts outside its process group (setsid, a double-forked
-            /// daemon) running after the task ends, until the agent ends; by default it is killed
-            /// with its task. Under Slurm: HTC_KEEP_DAEMONS=1 in the job's environment.
-            #[arg(long)]
-            keep_daemons: bool,
-        },
+        Run(RunArgs),
         /// Load a task file into a new run without starting it (start it with `htc run --resume RUN`).
         Prepare {
             file: PathBuf,
@@ -209,52 +128,7 @@ pub mod htc {
         },
         /// Predict a run on a machine that is not there: the real leader and agent logic on a
         /// virtual clock, tasks lasting their `runtime` hints (default 1 s, or the site's).
-        Simulate {
-            file: PathBuf,
-            /// Agents (nodes) to simulate.
-            #[arg(long, default_value_t = 1000)]
-            agents: u32,
-            /// Cores per agent.
-            #[arg(long, default_value_t = 24)]
-            cores_per_agent: u32,
-            /// Agents per 2nd-level instance (its head takes work for all; default 1).
-            #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
-            instance_agents: u32,
-            /// hflow or even (default: the site file's, else hflow).
-            #[arg(long)]
-            partition: Option<Plan>,
-            /// One-way network latency per frame, microseconds (assumed, not measured).
-            #[arg(long, default_value_t = 100)]
-            latency_us: u64,
-            /// Leader CPU per report it handles, microseconds (default: the site's, which `htc
-            /// calibrate` measures).
-            #[arg(long)]
-            leader_us_per_report: Option<f64>,
-            /// Leader CPU per task, microseconds, on top of its report's (default: the site's).
-            #[arg(long)]
-            leader_us_per_task: Option<f64>,
-            /// Agents join one after another over this many milliseconds.
-            #[arg(long, default_value_t = 0)]
-            join_spread_ms: u64,
-            /// Tasks last their runtime hints, but the run never sees them: what a run of the same
-            /// file without hints would do (write the hints for the simulation only).
-            #[arg(long)]
-            hide_hints: bool,
-            /// Memory each agent has for tasks, MiB (tasks' `mem=` are committed against it;
-            /// 0: not accounted).
-            #[arg(long, default_value_t = 0, value_name = "MB")]
-            mem_per_agent: u64,
-            /// GPUs each agent has for tasks that ask for them (`gpus=`).
-            #[arg(long, default_value_t = 0)]
-            gpus_per_agent: u32,
-            /// A fault at a virtual time (repeatable): `lose:AGENT@SECONDS` (its node dies) or
-            /// `stop:AGENT@SECONDS+SECONDS` (the agent is stopped that long, as by SIGSTOP).
-            #[arg(long = "fault", value_name = "FAULT")]
-            faults: Vec<crate::simulate::Fault>,
-            /// Print a JSON object instead of text.
-            #[arg(long)]
-            json: bool,
-        },
+        Simulate(SimulateArgs),
         /// Print task output: one task's, or every task's in task order (its last attempt's);
         /// stdout to stdout, stderr to stderr.
         Output {
@@ -284,6 +158,138 @@ pub mod htc {
             #[arg(long, default_value = "tsv")]
             format: crate::joblog::Format,
         },
+    }
+
+    #[derive(clap::Args, Debug)]
+    pub struct SimulateArgs {
+        pub file: PathBuf,
+        /// Agents (nodes) to simulate.
+        #[arg(long, default_value_t = 1000)]
+        pub agents: u32,
+        /// Cores per agent.
+        #[arg(long, default_value_t = 24)]
+        pub cores_per_agent: u32,
+        /// Agents per 2nd-level instance (its head takes work for all; default 1).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+        pub instance_agents: u32,
+        /// hflow or even (default: the site file's, else hflow).
+        #[arg(long)]
+        pub partition: Option<Plan>,
+        /// One-way network latency per frame, microseconds (assumed, not measured).
+        #[arg(long, default_value_t = 100)]
+        pub latency_us: u64,
+        /// Leader CPU per report it handles, microseconds (default: the site's, which `htc
+        /// calibrate` measures).
+        #[arg(long)]
+        pub leader_us_per_report: Option<f64>,
+        /// Leader CPU per task, microseconds, on top of its report's (default: the site's).
+        #[arg(long)]
+        pub leader_us_per_task: Option<f64>,
+        /// Agents join one after another over this many milliseconds.
+        #[arg(long, default_value_t = 0)]
+        pub join_spread_ms: u64,
+        /// Tasks last their runtime hints, but the run never sees them: what a run of the same
+        /// file without hints would do (write the hints for the simulation only).
+        #[arg(long)]
+        pub hide_hints: bool,
+        /// Memory each agent has for tasks, MiB (tasks' `mem=` are committed against it;
+        /// 0: not accounted).
+        #[arg(long, default_value_t = 0, value_name = "MB")]
+        pub mem_per_agent: u64,
+        /// GPUs each agent has for tasks that ask for them (`gpus=`).
+        #[arg(long, default_value_t = 0)]
+        pub gpus_per_agent: u32,
+        /// A fault at a virtual time (repeatable): `lose:AGENT@SECONDS` (its node dies) or
+        /// `stop:AGENT@SECONDS+SECONDS` (the agent is stopped that long, as by SIGSTOP).
+        #[arg(long = "fault", value_name = "FAULT")]
+        pub faults: Vec<crate::simulate::Fault>,
+        /// Print a JSON object instead of text.
+        #[arg(long)]
+        pub json: bool,
+    }
+
+    #[derive(clap::Args, Debug)]
+    pub struct RunArgs {
+        /// The task file. Not needed with --resume.
+        pub file: Option<PathBuf>,
+        /// Continue an interrupted run (a run directory or id; default: the newest in ./.htc).
+        #[arg(long, value_name = "RUN", num_args = 0..=1, default_missing_value = "")]
+        pub resume: Option<String>,
+        /// Number of node agents (processes) to start. Default: one, with every CPU and a
+        /// spawn loop per CPU (see --spawners).
+        #[arg(long, value_parser = super::positive)]
+        pub agents: Option<usize>,
+        /// Cores (task slots) per agent; default: this machine's CPUs divided among the agents.
+        #[arg(long, value_parser = super::positive)]
+        pub cores_per_agent: Option<usize>,
+        /// Spawn loops (executor threads) per agent, splitting its cores; 0 = one per core.
+        /// Default: one per core, or one when a task needs several cores.
+        #[arg(long)]
+        pub spawners: Option<usize>,
+        /// Tree fan-out: agents per parent; more agents than this form a tree of relays.
+        #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..))]
+        pub fanout: u32,
+        /// Agents per 2nd-level instance: the first of each group (its head) takes work from
+        /// the leader for all of them and hands it out (default 1: every agent an instance).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+        pub instance_agents: u32,
+        /// Task output: streams (per-slot files + index), per-task (one file each), none.
+        #[arg(long, default_value = "streams")]
+        pub output: OutputMode,
+        /// Default retries for tasks that set none (the file's own `#HTC retries=` wins).
+        #[arg(long, value_parser = clap::value_parser!(u8).range(0..=100))]
+        pub retries: Option<u8>,
+        /// Fail fast: once N tasks have failed for good, start nothing more, let what runs
+        /// end, and stop (resumable).
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+        pub max_fails: Option<u64>,
+        /// Start no task whose `runtime` hint would not end within this many seconds from
+        /// the start; when only such tasks are left, stop (resumable).
+        #[arg(long, value_name = "SECS")]
+        pub time_limit: Option<u64>,
+        /// No progress line and no summary.
+        #[arg(long, short)]
+        pub quiet: bool,
+        /// Memory each agent hands out to tasks that declare `mem=` (e.g. 4G; 0: memory is
+        /// not accounted). Default: what the machine has available, shared by the agents.
+        #[arg(long, value_name = "SIZE", value_parser = super::parse_size_mb)]
+        pub mem_per_agent: Option<u64>,
+        /// How memory decides what starts: backfill (a task that waits keeps a node, smaller
+        /// ones fill around it without delaying it), fcfs (strict order), ignore.
+        #[arg(long, default_value = "backfill", value_name = "backfill|fcfs|ignore")]
+        pub mem_policy: htc_core::backfill::Policy,
+        /// The GPUs tasks may be given (`gpus=`), e.g. 0,1,2,3, shared by the agents; for
+        /// testing without GPUs too. Default: CUDA_VISIBLE_DEVICES, else nvidia-smi.
+        #[arg(long, value_name = "LIST", value_parser = super::gpu_list)]
+        pub gpus: Option<String>,
+        /// How a task's `mem=` is enforced: auto (a memory cgroup per slot where the agents
+        /// may make them, else watching the resident memory), cgroup (required), watch.
+        #[arg(long, default_value = "auto", value_name = "auto|cgroup|watch")]
+        pub mem_limit: crate::memcg::Enforce,
+        /// No agent takes work from another's share, even when idle (for measuring what
+        /// balancing gains: bench/balance.sh).
+        #[arg(long, hide = true)]
+        pub no_steal: bool,
+        /// How agents run tasks: real processes, or a simulation of the scheduling path alone
+        /// (none: every task succeeds at once; sleep: after its `runtime` hint, on its cores).
+        #[arg(long, default_value = "real")]
+        pub exec: ExecKind,
+        /// How tasks are split among agents: hflow (each runtime class on its own, longest
+        /// first) or even (one even split of the file). Default: the site file's, else hflow.
+        #[arg(long, value_name = "hflow|even")]
+        pub partition: Option<Plan>,
+        /// Group-commit interval of the ledger, in milliseconds.
+        #[arg(long, default_value_t = 10, hide = true)]
+        pub commit_ms: u64,
+        /// Keep the ledger in this node-local directory (e.g. /tmp when the current directory
+        /// is on NFS), with its replica in the run directory; a resume rebuilds it from there.
+        #[arg(long, value_name = "DIR")]
+        pub ledger_dir: Option<PathBuf>,
+        /// Leave what a task starts outside its process group (setsid, a double-forked
+        /// daemon) running after the task ends, until the agent ends; by default it is killed
+        /// with its task. Under Slurm: HTC_KEEP_DAEMONS=1 in the job's environment.
+        #[arg(long)]
+        pub keep_daemons: bool,
     }
 }
 

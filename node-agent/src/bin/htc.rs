@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use htc::cli::htc::{Cli, Cmd};
+use htc::cli::htc::{Cli, Cmd, RunArgs, SimulateArgs};
 use htc::leader::{self, launch, LeaderConfig, Planned};
 use htc::ledger::Ledger;
 use htc::load::{self, CreateError, LoadError};
@@ -47,17 +47,7 @@ fn main() -> ExitCode {
 fn real_main() -> anyhow::Result<i32> {
     match Cli::parse().cmd {
         Cmd::Check { file, max_errors } => check(file, max_errors),
-        Cmd::Submit { file, sbatch } => {
-            let mut htc = std::ffi::OsString::from("--htc=");
-            htc.push(file.as_os_str());
-            let status = std::process::Command::new("sbatch")
-                .arg(htc)
-                .args(&sbatch)
-                .arg("--wrap=:")
-                .status()
-                .context("running sbatch (is Slurm's client installed?)")?;
-            Ok(status.code().unwrap_or(1))
-        }
+        Cmd::Submit { file, sbatch } => submit(&file, &sbatch),
         Cmd::Resume { job, sbatch } => resume(&job, sbatch),
         Cmd::Retry { run, failed, tasks, retries, args } => retry(&run, failed, tasks.as_deref(), retries, args),
         Cmd::Prepare { file, output } => match create_run(&file, output, None, None)? {
@@ -85,57 +75,7 @@ fn real_main() -> anyhow::Result<i32> {
         }
         Cmd::Verify { run } => verify(&RunDir::locate(run.as_deref())?),
         Cmd::Calibrate { output, tasks, dry_run } => calibrate(output, tasks, dry_run),
-        Cmd::Simulate {
-            file,
-            agents,
-            cores_per_agent,
-            instance_agents,
-            partition,
-            latency_us,
-            leader_us_per_report,
-            leader_us_per_task,
-            join_spread_ms,
-            hide_hints,
-            mem_per_agent,
-            gpus_per_agent,
-            faults,
-            json,
-        } => {
-            let site = Site::load()?;
-            let plan = Planned {
-                plan: partition.unwrap_or(site.partition),
-                instances: agents.max(1) as usize,
-                cores: agents.max(1) as u64 * cores_per_agent.max(1) as u64,
-                // The simulated launcher's start delay per agent, as eq. 10 should see it.
-                params: Params { s: join_spread_ms as f64 / 1000.0 / agents.max(1) as f64, ..site.params },
-            };
-            let cfg = SimConfig {
-                agents: agents.max(1),
-                cores_per_agent: cores_per_agent.max(1),
-                instance_agents,
-                plan,
-                latency_us,
-                leader: htc::site::LeaderCost {
-                    per_report_us: leader_us_per_report.unwrap_or(site.leader.per_report_us).max(0.0),
-                    per_task_us: leader_us_per_task.unwrap_or(site.leader.per_task_us).max(0.0),
-                },
-                join_spread_us: join_spread_ms * 1000,
-                flush_every_us: htc::agent::FLUSH_EVERY.as_micros() as u64,
-                hide_hints,
-                mem_mb_per_agent: mem_per_agent,
-                gpus_per_agent,
-                faults,
-            };
-            let r = match simulate::simulate_file(&file, &cfg) {
-                Err(e) if e.downcast_ref::<CreateError>().is_some_and(|e| matches!(e, CreateError::Load(_))) => {
-                    eprintln!("htc: {e}");
-                    return Ok(2);
-                }
-                r => r?,
-            };
-            print!("{}", if json { simulate::json(&cfg, &r) } else { simulate::text(&cfg, &r) });
-            Ok(0)
-        }
+        Cmd::Simulate(a) => simulate_cmd(a),
         Cmd::Output { run, task, stdout, stderr, tag, failed } => {
             let run = RunDir::locate(Some(&run))?;
             match task {
@@ -147,160 +87,250 @@ fn real_main() -> anyhow::Result<i32> {
             }
             Ok(0)
         }
-        Cmd::Report { run, output } => {
-            let run = RunDir::locate(run.as_deref())?;
-            let dir = output.unwrap_or_else(|| PathBuf::from(format!("htc-report-{}", run.id())));
-            let t = std::time::Instant::now();
-            let w = htc::report::write(&run, &dir)?;
-            println!("{}", w.html.display());
-            eprintln!(
-                "htc: report of {} tasks in {:.1} s: {} (charts: {})",
-                w.tasks,
-                t.elapsed().as_secs_f64(),
-                w.html.display(),
-                w.svgs
-                    .iter()
-                    .map(|p| p.file_name().unwrap_or_default().to_string_lossy())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
-            Ok(0)
-        }
-        Cmd::Log { run, format } => {
-            let run = RunDir::locate(run.as_deref())?;
-            let ledger = Ledger::open(&run.ledger(), true)?;
-            let text = htc::load::TaskText::open(&run.tasks()).context("mapping the run's task file")?;
-            let devices = htc::output_view::all_devices(&run)?;
-            htc::joblog::write(
-                &ledger,
-                &text,
-                format,
-                &devices,
-                &mut std::io::BufWriter::new(std::io::stdout().lock()),
-            )?;
-            Ok(0)
-        }
-        Cmd::Run {
-            file,
-            resume,
-            agents,
-            cores_per_agent,
-            spawners,
-            fanout,
-            instance_agents,
-            output,
-            retries,
-            max_fails,
-            time_limit,
-            quiet,
-            exec,
-            partition,
-            commit_ms,
-            ledger_dir,
-            mem_per_agent,
-            mem_policy,
-            gpus,
-            mem_limit,
-            no_steal,
-            keep_daemons,
-        } => {
-            let site = Site::load()?;
-            // Options are checked before a run is made, so a refused one leaves nothing behind.
-            let cpus = executor::allowed_cpus();
-            let (agents, slots) = local_layout(agents, cores_per_agent, cpus.len());
-            if spawners.is_some_and(|s| s > slots) {
-                bail!(
-                    "--spawners {}: more spawn loops than the agent's {slots} cores (0: one per core)",
-                    spawners.unwrap_or(0)
-                );
-            }
-            let lock;
-            let (run, output) = match (resume, file) {
-                (Some(r), None) => {
-                    let run = RunDir::new(RunDir::find(if r.is_empty() { None } else { Some(&r) })?);
-                    lock = Some(run.lock()?);
-                    // A run whose ledger was on a node: rebuilt from its replica, here.
-                    let local =
-                        || htc::replica::node_local(ledger_dir.as_deref(), &run.id()).map_err(anyhow::Error::msg);
-                    let run =
-                        if run.ledger().exists() { run } else { htc::replica::take_over(run.clone(), &local()?)? };
-                    // Verified (apart) before this process maps the ledger at all.
-                    let n = leader::driver::reset_interrupted(&run)?;
-                    let mode = stored_output_mode(&run)?.unwrap_or(output);
-                    if !quiet {
-                        eprintln!(
-                            "htc: resuming {} ({n} tasks left to run, those in flight when it stopped among them)",
-                            run.path.display()
-                        );
-                    }
-                    (run, mode)
-                }
-                (Some(_), Some(_)) => bail!("give either a task file or --resume, not both"),
-                (None, None) => bail!("missing task file (or --resume)"),
-                (None, Some(file)) => match create_run(&file, output, retries, ledger_dir.as_deref())? {
-                    Ok(run) => {
-                        lock = Some(run.lock()?);
-                        (run, output)
-                    }
-                    Err(code) => return Ok(code),
-                },
-            };
-            let widest = load::widest_task(&Ledger::open(&run.ledger(), true)?)?;
-            let spawners = spawners.unwrap_or(agent::default_spawners(widest));
-            // A spawn loop runs a task on its own slots only: one too narrow would refuse it.
-            let loop_slots = slots / if spawners == 0 { slots } else { spawners.clamp(1, slots) };
-            if widest > loop_slots as u64 && widest <= slots as u64 {
-                bail!(
-                    "--spawners {spawners}: a task needs {widest} cores, but each of the agent's spawn loops would \
-                     have {loop_slots}; use --spawners 1"
-                );
-            }
-            let local = launch::Local {
-                agent_bin: launch::agent_binary(),
-                agents,
-                slots_per_agent: slots,
-                cpus,
-                output,
-                log_dir: run.path.join("log"),
-                fanout: fanout.max(1),
-                exec,
-                spawners,
-                instance_size: instance_agents,
-                lost_after: site.lost_after,
-                gpus,
-                mem_limit,
-                keep_daemons,
-                mem_mb: match mem_policy {
-                    htc_core::backfill::Policy::Ignore => Some(0),
-                    _ => mem_per_agent,
-                },
-            };
-            let cfg = LeaderConfig {
-                run: run.clone(),
-                job_id: run.id(),
-                bind: "127.0.0.1:0".parse().unwrap(),
-                advertise: None,
-                commit_interval: Duration::from_millis(commit_ms.max(1)),
-                progress: htc::status::sink(quiet, None),
-                partition: partition.unwrap_or(site.partition),
-                params: Params { s: local.start_delay_s(site.params.s), ..site.params },
-                cores: (agents * slots) as u64,
-                layout: Arc::new(Tree::instances(agents as u32, instance_agents, fanout.max(1))),
-                live: htc::liveness::Liveness::new(site.lost_after),
-                max_fails,
-                deadline_us: time_limit.map(|s| rundir::now_us() + s * 1_000_000),
-                mem_policy,
-                no_steal,
-            };
-            let outcome = leader::run(cfg, |addr, tx| local.start(&run, addr, tx))?;
-            let code = htc::status::finish(&run, &outcome, quiet);
-            if run.replicated() {
-                htc::replica::remove_node_local(&run.ledger());
-            }
-            drop(lock);
-            code
-        }
+        Cmd::Report { run, output } => report(run, output),
+        Cmd::Log { run, format } => log(run, format),
+        Cmd::Run(a) => run(a),
     }
+}
+
+/// `htc simulate`: the run of a task file on agents that are not there, on a virtual clock.
+fn simulate_cmd(a: SimulateArgs) -> anyhow::Result<i32> {
+    let SimulateArgs {
+        file,
+        agents,
+        cores_per_agent,
+        instance_agents,
+        partition,
+        latency_us,
+        leader_us_per_report,
+        leader_us_per_task,
+        join_spread_ms,
+        hide_hints,
+        mem_per_agent,
+        gpus_per_agent,
+        faults,
+        json,
+    } = a;
+    let site = Site::load()?;
+    let plan = Planned {
+        plan: partition.unwrap_or(site.partition),
+        instances: agents.max(1) as usize,
+        cores: agents.max(1) as u64 * cores_per_agent.max(1) as u64,
+        // The simulated launcher's start delay per agent, as eq. 10 should see it.
+        params: Params { s: join_spread_ms as f64 / 1000.0 / agents.max(1) as f64, ..site.params },
+    };
+    let cfg = SimConfig {
+        agents: agents.max(1),
+        cores_per_agent: cores_per_agent.max(1),
+        instance_agents,
+        plan,
+        latency_us,
+        leader: htc::site::LeaderCost {
+            per_report_us: leader_us_per_report.unwrap_or(site.leader.per_report_us).max(0.0),
+            per_task_us: leader_us_per_task.unwrap_or(site.leader.per_task_us).max(0.0),
+        },
+        join_spread_us: join_spread_ms * 1000,
+        flush_every_us: htc::agent::FLUSH_EVERY.as_micros() as u64,
+        hide_hints,
+        mem_mb_per_agent: mem_per_agent,
+        gpus_per_agent,
+        faults,
+    };
+    let r = match simulate::simulate_file(&file, &cfg) {
+        Err(e) if e.downcast_ref::<CreateError>().is_some_and(|e| matches!(e, CreateError::Load(_))) => {
+            eprintln!("htc: {e}");
+            return Ok(2);
+        }
+        r => r?,
+    };
+    print!("{}", if json { simulate::json(&cfg, &r) } else { simulate::text(&cfg, &r) });
+    Ok(0)
+}
+
+/// `htc run`: a run on this machine, its leader in this process and its agents as children.
+fn run(a: RunArgs) -> anyhow::Result<i32> {
+    let RunArgs {
+        file,
+        resume,
+        agents,
+        cores_per_agent,
+        spawners,
+        fanout,
+        instance_agents,
+        output,
+        retries,
+        max_fails,
+        time_limit,
+        quiet,
+        exec,
+        partition,
+        commit_ms,
+        ledger_dir,
+        mem_per_agent,
+        mem_policy,
+        gpus,
+        mem_limit,
+        no_steal,
+        keep_daemons,
+    } = a;
+    let site = Site::load()?;
+    // Options are checked before a run is made, so a refused one leaves nothing behind.
+    let cpus = executor::allowed_cpus();
+    let (agents, slots) = local_layout(agents, cores_per_agent, cpus.len());
+    if spawners.is_some_and(|s| s > slots) {
+        bail!(
+            "--spawners {}: more spawn loops than the agent's {slots} cores (0: one per core)",
+            spawners.unwrap_or(0)
+        );
+    }
+    let (run, output, lock) = match open_run(resume, file, output, retries, ledger_dir.as_deref(), quiet)? {
+        Ok(opened) => opened,
+        Err(code) => return Ok(code),
+    };
+    let widest = load::widest_task(&Ledger::open(&run.ledger(), true)?)?;
+    let spawners = spawn_loops(spawners, slots, widest)?;
+    let local = launch::Local {
+        agent_bin: launch::agent_binary(),
+        agents,
+        slots_per_agent: slots,
+        cpus,
+        output,
+        log_dir: run.path.join("log"),
+        fanout: fanout.max(1),
+        exec,
+        spawners,
+        instance_size: instance_agents,
+        lost_after: site.lost_after,
+        gpus,
+        mem_limit,
+        keep_daemons,
+        mem_mb: match mem_policy {
+            htc_core::backfill::Policy::Ignore => Some(0),
+            _ => mem_per_agent,
+        },
+    };
+    let cfg = LeaderConfig {
+        run: run.clone(),
+        job_id: run.id(),
+        bind: "127.0.0.1:0".parse().unwrap(),
+        advertise: None,
+        commit_interval: Duration::from_millis(commit_ms.max(1)),
+        progress: htc::status::sink(quiet, None),
+        partition: partition.unwrap_or(site.partition),
+        params: Params { s: local.start_delay_s(site.params.s), ..site.params },
+        cores: (agents * slots) as u64,
+        layout: Arc::new(Tree::instances(agents as u32, instance_agents, fanout.max(1))),
+        live: htc::liveness::Liveness::new(site.lost_after),
+        max_fails,
+        deadline_us: time_limit.map(|s| rundir::now_us() + s * 1_000_000),
+        mem_policy,
+        no_steal,
+    };
+    let outcome = leader::run(cfg, |addr, tx| local.start(&run, addr, tx))?;
+    let code = htc::status::finish(&run, &outcome, quiet);
+    if run.replicated() {
+        htc::replica::remove_node_local(&run.ledger());
+    }
+    drop(lock);
+    code
+}
+
+/// The spawn loops of each agent of `slots` cores: as asked, else the default for the widest
+/// task. A spawn loop runs a task on its own slots only: one too narrow would refuse it.
+fn spawn_loops(asked: Option<usize>, slots: usize, widest: u64) -> anyhow::Result<usize> {
+    let spawners = asked.unwrap_or(agent::default_spawners(widest));
+    let loop_slots = slots / if spawners == 0 { slots } else { spawners.clamp(1, slots) };
+    if widest > loop_slots as u64 && widest <= slots as u64 {
+        bail!(
+            "--spawners {spawners}: a task needs {widest} cores, but each of the agent's spawn loops would \
+             have {loop_slots}; use --spawners 1"
+        );
+    }
+    Ok(spawners)
+}
+
+/// A run, its output mode, and the open file that holds its lock (`RunDir::lock`).
+type Opened = (RunDir, OutputMode, std::fs::File);
+
+/// The run `htc run` leads: a new one from the task file, or the one `--resume` names (its
+/// ledger rebuilt from the replica where it was on a node, what was in flight made pending); its
+/// output mode; and its lock, held to the end. An exit code instead when the file is refused.
+fn open_run(
+    resume: Option<String>,
+    file: Option<PathBuf>,
+    output: OutputMode,
+    retries: Option<u8>,
+    ledger_dir: Option<&std::path::Path>,
+    quiet: bool,
+) -> anyhow::Result<Result<Opened, i32>> {
+    Ok(Ok(match (resume, file) {
+        (Some(r), None) => {
+            let run = RunDir::new(RunDir::find(if r.is_empty() { None } else { Some(&r) })?);
+            let lock = run.lock()?;
+            // A run whose ledger was on a node: rebuilt from its replica, here.
+            let local = || htc::replica::node_local(ledger_dir, &run.id()).map_err(anyhow::Error::msg);
+            let run = if run.ledger().exists() { run } else { htc::replica::take_over(run.clone(), &local()?)? };
+            // Verified (apart) before this process maps the ledger at all.
+            let n = leader::driver::reset_interrupted(&run)?;
+            let mode = stored_output_mode(&run)?.unwrap_or(output);
+            if !quiet {
+                eprintln!(
+                    "htc: resuming {} ({n} tasks left to run, those in flight when it stopped among them)",
+                    run.path.display()
+                );
+            }
+            (run, mode, lock)
+        }
+        (Some(_), Some(_)) => bail!("give either a task file or --resume, not both"),
+        (None, None) => bail!("missing task file (or --resume)"),
+        (None, Some(file)) => match create_run(&file, output, retries, ledger_dir)? {
+            Ok(run) => {
+                let lock = run.lock()?;
+                (run, output, lock)
+            }
+            Err(code) => return Ok(Err(code)),
+        },
+    }))
+}
+
+/// `htc submit FILE -- SBATCH_ARGS`: `sbatch --htc=FILE`, with nothing to run but the tasks.
+fn submit(file: &std::path::Path, sbatch: &[std::ffi::OsString]) -> anyhow::Result<i32> {
+    let mut htc = std::ffi::OsString::from("--htc=");
+    htc.push(file.as_os_str());
+    let status = std::process::Command::new("sbatch")
+        .arg(htc)
+        .args(sbatch)
+        .arg("--wrap=:")
+        .status()
+        .context("running sbatch (is Slurm's client installed?)")?;
+    Ok(status.code().unwrap_or(1))
+}
+
+/// `htc report`: the run's HTML report and charts.
+fn report(run: Option<String>, output: Option<PathBuf>) -> anyhow::Result<i32> {
+    let run = RunDir::locate(run.as_deref())?;
+    let dir = output.unwrap_or_else(|| PathBuf::from(format!("htc-report-{}", run.id())));
+    let t = std::time::Instant::now();
+    let w = htc::report::write(&run, &dir)?;
+    println!("{}", w.html.display());
+    eprintln!(
+        "htc: report of {} tasks in {:.1} s: {} (charts: {})",
+        w.tasks,
+        t.elapsed().as_secs_f64(),
+        w.html.display(),
+        w.svgs.iter().map(|p| p.file_name().unwrap_or_default().to_string_lossy()).collect::<Vec<_>>().join(", ")
+    );
+    Ok(0)
+}
+
+/// `htc log`: one line per attempt, as GNU parallel's joblog or JSON.
+fn log(run: Option<String>, format: htc::joblog::Format) -> anyhow::Result<i32> {
+    let run = RunDir::locate(run.as_deref())?;
+    let ledger = Ledger::open(&run.ledger(), true)?;
+    let text = htc::load::TaskText::open(&run.tasks()).context("mapping the run's task file")?;
+    let devices = htc::output_view::all_devices(&run)?;
+    htc::joblog::write(&ledger, &text, format, &devices, &mut std::io::BufWriter::new(std::io::stdout().lock()))?;
+    Ok(0)
 }
 
 /// `htc resume JOBID`: checks that the job's run can be continued and submits the job that does.
