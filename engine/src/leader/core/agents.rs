@@ -233,4 +233,53 @@ impl Core<'_> {
         tracing::info!(job = %self.job_id, agent, held = holding.len(), lost, "resynced after a rejoin");
         Ok(())
     }
+
+    /// An instance head joined: it is placed (memory, affinity keys) and waits for its first
+    /// report to ask for work.
+    pub(super) fn joined(&mut self, agent: u32, (cores, mem_mb, gpus): (u32, u64, u32), hostname: String) {
+        let Some(instance) = self.instance_of(agent) else {
+            tracing::warn!(job = %self.job_id, agent, %hostname, "an agent that heads no instance joined; ignored");
+            return;
+        };
+        tracing::info!(job = %self.job_id, agent, cores, mem_mb, %hostname, "agent joined");
+        self.ever_seen += 1;
+        self.place(agent, cores, mem_mb, gpus);
+        self.agents.insert(
+            agent,
+            Agent {
+                instance,
+                cores,
+                mem_mb,
+                gpus,
+                widest: cores,
+                credit: 0,
+                idle: 0,
+                ahead_ms: 0,
+                last_seq: 0,
+                acked_seq: 0,
+                told_us: self.now_us,
+                alive: true,
+                hostname,
+                heard_us: self.now_us,
+                streak: Vec::new(),
+                oks_before_streak: 0,
+                drained: false,
+                busy: 0,
+                done: 0,
+                failed: 0,
+            },
+        );
+    }
+
+    /// An agent the launcher started ended, or could not start, before it joined.
+    pub(super) fn never_joined(&mut self, agent: u32, why: &str) {
+        // Members join their head, not the leader: their absence is the head's to tell.
+        if !self.agents.contains_key(&agent) && self.instance_of(agent).is_some() {
+            tracing::warn!(job = %self.job_id, agent, %why, "agent never joined");
+            self.never_joined += 1;
+            for id in self.affinity.leave(agent) {
+                self.push_retry(id);
+            }
+        }
+    }
 }

@@ -494,93 +494,9 @@ impl<'a> Core<'a> {
         self.now_us = now_us;
         match ev {
             Input::Joined { agent, cores, mem_mb, gpus, hostname } => {
-                let Some(instance) = self.instance_of(agent) else {
-                    tracing::warn!(job = %self.job_id, agent, %hostname, "an agent that heads no instance joined; ignored");
-                    return Ok(None);
-                };
-                tracing::info!(job = %self.job_id, agent, cores, mem_mb, %hostname, "agent joined");
-                self.ever_seen += 1;
-                self.place(agent, cores, mem_mb, gpus);
-                self.agents.insert(
-                    agent,
-                    Agent {
-                        instance,
-                        cores,
-                        mem_mb,
-                        gpus,
-                        widest: cores,
-                        credit: 0,
-                        idle: 0,
-                        ahead_ms: 0,
-                        last_seq: 0,
-                        acked_seq: 0,
-                        told_us: now_us,
-                        alive: true,
-                        hostname,
-                        heard_us: now_us,
-                        streak: Vec::new(),
-                        oks_before_streak: 0,
-                        drained: false,
-                        busy: 0,
-                        done: 0,
-                        failed: 0,
-                    },
-                );
+                self.joined(agent, (cores, mem_mb, gpus), hostname)
             }
-            Input::Report { agent, report } => {
-                if !self.agents.get(&agent).is_some_and(|a| a.alive) {
-                    return Ok(None);
-                }
-                self.report_sizes.record(report.results.len() as u64);
-                // Agents leave out the start of a task whose result is in the same report.
-                for s in &report.started {
-                    self.on_started(agent, s);
-                }
-                for r in &report.results {
-                    // Clocks of other nodes may differ: only what looks plausible counts.
-                    if r.end_us > 0 && r.end_us <= now_us {
-                        self.result_delays.record(now_us - r.end_us);
-                    }
-                    self.on_result(t, agent, r, now_us)?;
-                }
-                for &id in &report.returned {
-                    self.take_back(t, agent, id)?;
-                }
-                for &id in &report.recalled {
-                    self.came_back(t, agent, id)?;
-                }
-                if report.resync {
-                    self.resynced(t, agent, &report.holding, now_us)?;
-                }
-                let a = self.agents.get_mut(&agent).unwrap();
-                a.heard_us = now_us;
-                a.last_seq = a.last_seq.max(report.seq);
-                if report.cores > 0 {
-                    a.cores = report.cores;
-                }
-                a.credit += report.want as u64;
-                a.idle = report.idle as u64;
-                a.busy = a.cores.saturating_sub(report.idle);
-                if let Some(c) = report.capacity {
-                    // An instance's members: tasks are committed against their sums, and none is
-                    // sent that the largest cannot hold (`fits`).
-                    (a.mem_mb, a.gpus, a.widest) = (c.largest_mem_mb, c.largest_gpus, c.largest_cores.max(1));
-                    let largest =
-                        backfill::Size { mem_mb: c.largest_mem_mb, cores: c.largest_cores, gpus: c.largest_gpus };
-                    self.mem.resize(agent, c.mem_mb, c.gpus, largest);
-                    // It may have lost the only member that could hold some waiting task.
-                    self.fail_unfit_waiting(t)?;
-                }
-                self.dispatch(t, agent, out)?;
-                // New retries can go to any agent with credit, not only the one that reported;
-                // older ones wait for an agent that fits to report (its dispatch takes retries
-                // first), so a retry nobody can take does not cost a scan of every agent per report.
-                if self.fresh_retries || self.fresh_handoffs || !report.recalled.is_empty() {
-                    self.dispatch_all(t, out)?;
-                }
-                self.hold_if_failing(out);
-                self.drain_if_black_hole(t, agent, out)?;
-            }
+            Input::Report { agent, report } => self.on_report(t, agent, report, out)?,
             Input::Lost { agent, why } => self.lose(t, agent, &why, now_us, out)?,
             Input::Rejoined { agent, below } => self.rejoined(agent, below, now_us, out),
             Input::Revived { agent, cores, mem_mb, gpus, hostname } => {
@@ -592,16 +508,7 @@ impl<'a> Core<'a> {
                 }
             }
             Input::Tick => self.tick(t, now_us, out)?,
-            Input::NeverJoined { agent, why } => {
-                // Members join their head, not the leader: their absence is the head's to tell.
-                if !self.agents.contains_key(&agent) && self.instance_of(agent).is_some() {
-                    tracing::warn!(job = %self.job_id, agent, %why, "agent never joined");
-                    self.never_joined += 1;
-                    for id in self.affinity.leave(agent) {
-                        self.push_retry(id);
-                    }
-                }
-            }
+            Input::NeverJoined { agent, why } => self.never_joined(agent, &why),
             Input::Interrupt { signal } => return Ok(Some(Ending::Interrupted(signal))),
         }
         if self.ask_pending && self.may_ask_back() {

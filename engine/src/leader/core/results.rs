@@ -270,4 +270,74 @@ impl Core<'_> {
             retrying: !last,
         });
     }
+
+    /// An agent's (or a head's, for its instance) report: starts and results, tasks it gave
+    /// back or was asked back, what it holds after a rejoin, its slots and what it wants; then
+    /// work for it, and for others when retries or hand-overs came of it.
+    pub(super) fn on_report<E>(
+        &mut self,
+        t: &mut dyn Tasks<Error = E>,
+        agent: u32,
+        report: proto::Report,
+        out: &mut Outbox,
+    ) -> Result<(), E> {
+        if !self.agents.get(&agent).is_some_and(|a| a.alive) {
+            return Ok(());
+        }
+        self.report_sizes.record(report.results.len() as u64);
+        // Agents leave out the start of a task whose result is in the same report.
+        for s in &report.started {
+            self.on_started(agent, s);
+        }
+        for r in &report.results {
+            // Clocks of other nodes may differ: only what looks plausible counts.
+            if r.end_us > 0 && r.end_us <= self.now_us {
+                self.result_delays.record(self.now_us - r.end_us);
+            }
+            self.on_result(t, agent, r, self.now_us)?;
+        }
+        for &id in &report.returned {
+            self.take_back(t, agent, id)?;
+        }
+        for &id in &report.recalled {
+            self.came_back(t, agent, id)?;
+        }
+        if report.resync {
+            self.resynced(t, agent, &report.holding, self.now_us)?;
+        }
+        let a = self.agents.get_mut(&agent).unwrap();
+        a.heard_us = self.now_us;
+        a.last_seq = a.last_seq.max(report.seq);
+        if report.cores > 0 {
+            a.cores = report.cores;
+        }
+        a.credit += report.want as u64;
+        a.idle = report.idle as u64;
+        a.busy = a.cores.saturating_sub(report.idle);
+        if let Some(c) = report.capacity {
+            self.resize(t, agent, c)?;
+        }
+        self.dispatch(t, agent, out)?;
+        // New retries can go to any agent with credit, not only the one that reported;
+        // older ones wait for an agent that fits to report (its dispatch takes retries
+        // first), so a retry nobody can take does not cost a scan of every agent per report.
+        if self.fresh_retries || self.fresh_handoffs || !report.recalled.is_empty() {
+            self.dispatch_all(t, out)?;
+        }
+        self.hold_if_failing(out);
+        self.drain_if_black_hole(t, agent, out)?;
+        Ok(())
+    }
+
+    /// An instance's members changed (one joined, one was lost): tasks are committed against
+    /// their sums, and none is sent that the largest cannot hold (`fits`).
+    fn resize<E>(&mut self, t: &mut dyn Tasks<Error = E>, agent: u32, c: proto::Capacity) -> Result<(), E> {
+        let a = self.agents.get_mut(&agent).unwrap();
+        (a.mem_mb, a.gpus, a.widest) = (c.largest_mem_mb, c.largest_gpus, c.largest_cores.max(1));
+        let largest = backfill::Size { mem_mb: c.largest_mem_mb, cores: c.largest_cores, gpus: c.largest_gpus };
+        self.mem.resize(agent, c.mem_mb, c.gpus, largest);
+        // It may have lost the only member that could hold some waiting task.
+        self.fail_unfit_waiting(t)?;
+        Ok(())
+    }
 }
