@@ -263,41 +263,12 @@ impl Machine {
         let heard = *self.last_heard_us.get_or_insert(now_us);
         // Whether a report must go now, whatever its age (`pace`).
         let urgent = match input {
-            Input::Parent(body) => {
-                self.last_heard_us = Some(now_us);
-                let urgent = self.on_parent(body, out);
-                // A Shutdown that said to start nothing more is never undone by an ack.
-                if self.held && !self.told_to_hold && !self.unsure(now_us, now_us) {
-                    self.held = false;
-                    out.push(Effect::Exec(Command::Hold(false)));
-                }
-                urgent
-            }
+            Input::Parent(body) => self.heard_from_parent(now_us, body, out),
             Input::ParentEnded(why) => {
                 self.parent_ended(why, out);
                 false
             }
-            Input::Rejoined => match self.parent {
-                Parent::Rejoining => {
-                    tracing::info!(agent = self.id, "rejoined the leader; tasks kept");
-                    self.parent = Parent::Open;
-                    self.last_heard_us = Some(now_us);
-                    self.rejoined = true;
-                    // The leader may have reset what it knew of this agent's slots.
-                    self.told_idle = 0;
-                    false
-                }
-                Parent::Reviving { reconnecting: true } => {
-                    tracing::info!(agent = self.id, "back with the leader as a fresh member");
-                    self.parent = Parent::Open;
-                    self.last_heard_us = Some(now_us);
-                    if std::mem::take(&mut self.held) {
-                        out.push(Effect::Exec(Command::Hold(false)));
-                    }
-                    true
-                }
-                _ => false,
-            },
+            Input::Rejoined => self.reconnected(now_us, out),
             Input::ExecReset => {
                 if self.parent == (Parent::Reviving { reconnecting: false }) {
                     self.emptied();
@@ -345,28 +316,70 @@ impl Machine {
                 self.exec_ended_at = Some(now_us);
                 false
             }
-            // Fencing: a parent silent past the lease may have given this agent up and sent its
-            // tasks elsewhere; stopping them first keeps any task from running twice.
-            Input::Tick
-                if matches!(self.parent, Parent::Open | Parent::Rejoining)
-                    && !self.shutting_down
-                    && now_us.saturating_sub(heard) >= self.live.lease_us =>
-            {
-                let secs = now_us.saturating_sub(heard) as f64 / 1e6;
-                self.given_up(format!("no word from its parent for {secs:.1} s (lease expired)"), out);
-                false
-            }
             Input::Tick => {
-                if self.unsure(now_us, heard) && !self.held && self.parent == Parent::Open && !self.shutting_down {
-                    // What starts now might run again elsewhere if the parent is gone for good.
-                    self.held = true;
-                    out.push(Effect::Exec(Command::Hold(true)));
-                }
-                // What waits goes when its gap has passed (`after`).
+                self.tick(now_us, heard, out);
                 false
             }
         };
         self.after(now_us, urgent, out);
+    }
+
+    /// A frame from the parent; says whether a report must go at once.
+    fn heard_from_parent(&mut self, now_us: u64, body: Body, out: &mut Vec<Effect>) -> bool {
+        self.last_heard_us = Some(now_us);
+        let urgent = self.on_parent(body, out);
+        // A Shutdown that said to start nothing more is never undone by an ack.
+        if self.held && !self.told_to_hold && !self.unsure(now_us, now_us) {
+            self.held = false;
+            out.push(Effect::Exec(Command::Hold(false)));
+        }
+        urgent
+    }
+
+    /// A new connection to the leader is up, after `Effect::Rejoin` (tasks kept) or
+    /// `Effect::Revive` (emptied); says whether a report must go at once.
+    fn reconnected(&mut self, now_us: u64, out: &mut Vec<Effect>) -> bool {
+        match self.parent {
+            Parent::Rejoining => {
+                tracing::info!(agent = self.id, "rejoined the leader; tasks kept");
+                self.parent = Parent::Open;
+                self.last_heard_us = Some(now_us);
+                self.rejoined = true;
+                // The leader may have reset what it knew of this agent's slots.
+                self.told_idle = 0;
+                false
+            }
+            Parent::Reviving { reconnecting: true } => {
+                tracing::info!(agent = self.id, "back with the leader as a fresh member");
+                self.parent = Parent::Open;
+                self.last_heard_us = Some(now_us);
+                if std::mem::take(&mut self.held) {
+                    out.push(Effect::Exec(Command::Hold(false)));
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The report timer: fencing, and holding the queue while the parent is unsure.
+    fn tick(&mut self, now_us: u64, heard: u64, out: &mut Vec<Effect>) {
+        // Fencing: a parent silent past the lease may have given this agent up and sent its
+        // tasks elsewhere; stopping them first keeps any task from running twice.
+        if matches!(self.parent, Parent::Open | Parent::Rejoining)
+            && !self.shutting_down
+            && now_us.saturating_sub(heard) >= self.live.lease_us
+        {
+            let secs = now_us.saturating_sub(heard) as f64 / 1e6;
+            self.given_up(format!("no word from its parent for {secs:.1} s (lease expired)"), out);
+            return;
+        }
+        if self.unsure(now_us, heard) && !self.held && self.parent == Parent::Open && !self.shutting_down {
+            // What starts now might run again elsewhere if the parent is gone for good.
+            self.held = true;
+            out.push(Effect::Exec(Command::Hold(true)));
+        }
+        // What waits goes when its gap has passed (`after`).
     }
 
     /// The leader gave this agent up, or may have (its lease ran out): what it holds runs
