@@ -125,182 +125,253 @@ fn send(out: &mut Outbox, links: &HashMap<u32, UnboundedSender<Vec<u8>>>, given_
 
 /// Runs until every task is finished, a signal arrives, or no agent is left.
 pub fn run(
-    mut core: Core<'_>,
+    core: Core<'_>,
     ledger: &Ledger,
     text: &TaskText,
     job_id: &str,
     rx: mpsc::Receiver<Event>,
-    mut cfg: DriverConfig,
+    cfg: DriverConfig,
 ) -> Result<(Ending, Progress)> {
-    let mut links: HashMap<u32, UnboundedSender<Vec<u8>>> = HashMap::new();
-    let mut out: Outbox = Vec::new();
-    let mut txn: Option<WriteTxn<'_>> = None;
-    let mut last_commit = Instant::now();
-    let mut last_sync = Instant::now();
-    let mut last_progress = Instant::now();
-    // No sink: a wakeup an hour, which costs nothing (an `Instant` cannot take `Duration::MAX`).
-    let progress_every = cfg.progress.as_ref().map_or(Duration::from_secs(3600), |s| s.every());
-    let mut last_tick = Instant::now();
-    let mut last_live: Option<Instant> = None;
-    let mut ending: Option<Ending> = None;
-    // The cost of leading, not of loading the task file (a fresh `htc run` does both).
-    let cpu_start = cpu_us();
-    let led_us = || cpu_us().saturating_sub(cpu_start);
-    {
-        let mut t = ledger.write()?;
+    let mut s = Session::new(core, ledger, text, cfg);
+    s.begin(job_id)?;
+    let mut ending = (s.core.counts().unfinished() == 0).then_some(Ending::Complete);
+    while ending.is_none() {
+        ending = match rx.recv_timeout(s.wait()) {
+            Ok(first) => s.take(first, &rx)?,
+            Err(mpsc::RecvTimeoutError::Timeout) => None,
+            Err(mpsc::RecvTimeoutError::Disconnected) => Some(Ending::AgentsLost("network side stopped".into())),
+        };
+        if ending.is_none() && s.last.tick.elapsed() >= TICK_EVERY {
+            ending = s.tick()?;
+        }
+        ending = ending.or_else(|| s.core.ending());
+        s.commit(ending.as_ref())?;
+        s.chores()?;
+    }
+    s.end(ending.unwrap())
+}
+
+/// When each of the driver's periodic chores was last done.
+struct Last {
+    commit: Instant,
+    sync: Instant,
+    progress: Instant,
+    tick: Instant,
+    live: Option<Instant>,
+}
+
+/// A leader session: the core, the ledger transaction its turns write into (one per turn, its
+/// commit grouped up to `commit_interval`), and the agents' links.
+struct Session<'c, 'l> {
+    core: Core<'c>,
+    ledger: &'l Ledger,
+    text: &'l TaskText,
+    cfg: DriverConfig,
+    links: HashMap<u32, UnboundedSender<Vec<u8>>>,
+    out: Outbox,
+    txn: Option<WriteTxn<'l>>,
+    last: Last,
+    progress_every: Duration,
+    /// The cost of leading, not of loading the task file (a fresh `htc run` does both).
+    cpu_start: u64,
+}
+
+impl<'c, 'l> Session<'c, 'l> {
+    fn new(core: Core<'c>, ledger: &'l Ledger, text: &'l TaskText, cfg: DriverConfig) -> Self {
+        let now = Instant::now();
+        // No sink: a wakeup an hour, which costs nothing (an `Instant` cannot take `Duration::MAX`).
+        let progress_every = cfg.progress.as_ref().map_or(Duration::from_secs(3600), |s| s.every());
+        Session {
+            core,
+            ledger,
+            text,
+            cfg,
+            links: HashMap::new(),
+            out: Vec::new(),
+            txn: None,
+            last: Last { commit: now, sync: now, progress: now, tick: now, live: None },
+            progress_every,
+            cpu_start: cpu_us(),
+        }
+    }
+
+    fn led_us(&self) -> u64 {
+        cpu_us().saturating_sub(self.cpu_start)
+    }
+
+    /// What `htc status` needs to know of this session from its start.
+    fn begin(&self, job_id: &str) -> Result<()> {
+        let mut t = self.ledger.write()?;
         t.put_meta("leader_pid", &(std::process::id() as u64).to_le_bytes())?;
         t.put_meta("session_start_us", &now_us().to_le_bytes())?;
-        t.put_meta("session_finished_start", &core.finished_start().to_le_bytes())?;
+        t.put_meta("session_finished_start", &self.core.finished_start().to_le_bytes())?;
         t.put_meta("job_id", job_id.as_bytes())?;
         t.put_meta("leader_host", htc_store::host::hostname().as_bytes())?;
         // The Slurm job this session runs in (a resumed run's differs from its first): status
         // asks Slurm about it when the heartbeat alone cannot tell a dead leader yet.
         t.put_meta("session_slurm_job", std::env::var("SLURM_JOB_ID").unwrap_or_default().as_bytes())?;
         t.put_meta("heartbeat_us", &now_us().to_le_bytes())?;
-        t.commit()?;
+        t.commit()
     }
-    if core.counts().unfinished() == 0 {
-        ending = Some(Ending::Complete);
-    }
-    while ending.is_none() {
-        // Asleep until an event or the next thing due: each wakeup of an idle leader costs it
-        // more than handling a report (caches gone cold; bench/RESULTS.md §14).
+
+    /// How long to sleep: until an event or the next thing due. Each wakeup of an idle leader
+    /// costs it more than handling a report (caches gone cold; bench/RESULTS.md §14).
+    fn wait(&self) -> Duration {
+        let last = &self.last;
         let due = [
-            last_tick + TICK_EVERY,
-            last_commit + if txn.is_some() { cfg.commit_interval } else { Duration::from_secs(1) },
-            last_sync + SYNC_EVERY,
-            last_live.map_or(Instant::now(), |t| t + LIVE_EVERY),
-            last_progress + progress_every,
+            last.tick + TICK_EVERY,
+            last.commit + if self.txn.is_some() { self.cfg.commit_interval } else { Duration::from_secs(1) },
+            last.sync + SYNC_EVERY,
+            last.live.map_or(Instant::now(), |t| t + LIVE_EVERY),
+            last.progress + self.progress_every,
         ];
-        let wait = due.into_iter().min().unwrap().saturating_duration_since(Instant::now());
-        let mut next = match rx.recv_timeout(wait) {
-            Ok(e) => Some(e),
-            Err(mpsc::RecvTimeoutError::Timeout) => None,
-            Err(mpsc::RecvTimeoutError::Disconnected) => {
-                ending = Some(Ending::AgentsLost("network side stopped".into()));
-                None
-            }
-        };
-        // Take what is queued in one go, up to a bound, so one commit covers it.
+        due.into_iter().min().unwrap().saturating_duration_since(Instant::now())
+    }
+
+    /// Feeds the core `first` and what else is queued, up to a bound, so that one commit covers
+    /// it all.
+    fn take(&mut self, first: Event, rx: &mpsc::Receiver<Event>) -> Result<Option<Ending>> {
+        let mut next = Some(first);
         let mut budget = 4096;
         while let Some(ev) = next {
-            let t = match txn.as_mut() {
-                Some(t) => t,
-                None => txn.insert(ledger.write()?),
-            };
             let input = match ev {
-                Event::Joined(input, tx) => {
-                    // Frames the core made so far were for the agents as they were: a Dispatch
-                    // for an agent that was then lost must not reach it once it has come back
-                    // fresh (its tasks were taken back already; it would run them a second time).
-                    send(&mut out, &links, &cfg.given_up);
-                    match &input {
-                        Input::Joined { agent, hostname, cores, .. }
-                        | Input::Revived { agent, hostname, cores, .. } => {
-                            links.insert(*agent, tx);
-                            // For `htc log` and `htc report`: each agent's host and cores.
-                            t.put_meta(&format!("host.{agent}"), hostname.as_bytes())?;
-                            t.put_meta(&format!("cores.{agent}"), &(*cores as u64).to_le_bytes())?;
-                        }
-                        Input::Rejoined { agent, below } => {
-                            for a in std::iter::once(agent).chain(below) {
-                                links.insert(*a, tx.clone());
-                            }
-                        }
-                        _ => {}
-                    }
-                    input
-                }
+                Event::Joined(input, tx) => self.link(input, tx)?,
                 Event::Core(input) => input,
             };
-            let mut tasks = LedgerTasks { txn: t, text };
-            if let Some(e) = core.handle(now_us(), &mut tasks, input, &mut out)? {
-                ending = Some(e);
-                break;
+            let t = match self.txn.as_mut() {
+                Some(t) => t,
+                None => self.txn.insert(self.ledger.write()?),
+            };
+            let mut tasks = LedgerTasks { txn: t, text: self.text };
+            if let Some(e) = self.core.handle(now_us(), &mut tasks, input, &mut self.out)? {
+                return Ok(Some(e));
             }
             budget -= 1;
             next = if budget > 0 { rx.try_recv().ok() } else { None };
         }
-        if ending.is_none() && last_tick.elapsed() >= TICK_EVERY {
-            last_tick = Instant::now();
-            let fresh = txn.is_none();
-            let before = core.counts();
-            let t = match txn.as_mut() {
-                Some(t) => t,
-                None => txn.insert(ledger.write()?),
-            };
-            ending = core.handle(now_us(), &mut LedgerTasks { txn: t, text }, Input::Tick, &mut out)?;
-            // A tick that gave up no agent wrote nothing: no commit for it (an idle leader would
-            // otherwise commit ten times a second).
-            if fresh && ending.is_none() && core.counts() == before {
-                txn = None;
+        Ok(None)
+    }
+
+    /// An agent's connection: its link, and for `htc log` and `htc report` its host and cores.
+    fn link(&mut self, input: Input, tx: UnboundedSender<Vec<u8>>) -> Result<Input> {
+        // Frames the core made so far were for the agents as they were: a Dispatch for an agent
+        // that was then lost must not reach it once it has come back fresh (its tasks were taken
+        // back already; it would run them a second time).
+        send(&mut self.out, &self.links, &self.cfg.given_up);
+        match &input {
+            Input::Joined { agent, hostname, cores, .. } | Input::Revived { agent, hostname, cores, .. } => {
+                self.links.insert(*agent, tx);
+                let t = match self.txn.as_mut() {
+                    Some(t) => t,
+                    None => self.txn.insert(self.ledger.write()?),
+                };
+                t.put_meta(&format!("host.{agent}"), hostname.as_bytes())?;
+                t.put_meta(&format!("cores.{agent}"), &(*cores as u64).to_le_bytes())?;
             }
+            Input::Rejoined { agent, below } => {
+                for a in std::iter::once(agent).chain(below) {
+                    self.links.insert(*a, tx.clone());
+                }
+            }
+            _ => {}
         }
-        if ending.is_none() {
-            ending = core.ending();
+        Ok(input)
+    }
+
+    /// The core's timer: heartbeats, silent agents.
+    fn tick(&mut self) -> Result<Option<Ending>> {
+        self.last.tick = Instant::now();
+        let fresh = self.txn.is_none();
+        let before = self.core.counts();
+        let t = match self.txn.as_mut() {
+            Some(t) => t,
+            None => self.txn.insert(self.ledger.write()?),
+        };
+        let ending =
+            self.core.handle(now_us(), &mut LedgerTasks { txn: t, text: self.text }, Input::Tick, &mut self.out)?;
+        // A tick that gave up no agent wrote nothing: no commit for it (an idle leader would
+        // otherwise commit ten times a second).
+        if fresh && ending.is_none() && self.core.counts() == before {
+            self.txn = None;
         }
+        Ok(ending)
+    }
+
+    /// Commits what the turns wrote once the interval has passed (or the run ended), and acks
+    /// it; with nothing written, a heartbeat for `htc status` every second.
+    fn commit(&mut self, ending: Option<&Ending>) -> Result<()> {
         let now = Instant::now();
-        if txn.is_some() && (now - last_commit >= cfg.commit_interval || ending.is_some()) {
-            let mut t = txn.take().unwrap();
-            t.put_counts(&core.counts())?;
+        if self.txn.is_some() && (now - self.last.commit >= self.cfg.commit_interval || ending.is_some()) {
+            let mut t = self.txn.take().unwrap();
+            t.put_counts(&self.core.counts())?;
             t.put_meta("heartbeat_us", &now_us().to_le_bytes())?;
-            t.put_meta("leader_cpu_us", &led_us().to_le_bytes())?;
-            t.put_meta("reports", &core.report_sizes().to_bytes())?;
-            t.put_meta("result_delays", &core.result_delays().to_bytes())?;
+            t.put_meta("leader_cpu_us", &self.led_us().to_le_bytes())?;
+            t.put_meta("reports", &self.core.report_sizes().to_bytes())?;
+            t.put_meta("result_delays", &self.core.result_delays().to_bytes())?;
             if matches!(ending, Some(Ending::Complete)) {
                 t.put_meta("finished_us", &now_us().to_le_bytes())?;
             }
             t.commit()?;
-            last_commit = now;
-            core.acks(&mut out);
+            self.last.commit = now;
+            self.core.acks(&mut self.out);
             // Amortized: a snapshot as large as what the journal wrote since the last one.
-            if ledger.journal_wants_snapshot() {
-                ledger.new_generation()?;
+            if self.ledger.journal_wants_snapshot() {
+                self.ledger.new_generation()?;
             }
-        } else if txn.is_none() && now - last_commit >= Duration::from_secs(1) {
-            // Heartbeat for `htc status` while nothing changes.
-            let mut t = ledger.write()?;
+        } else if self.txn.is_none() && now - self.last.commit >= Duration::from_secs(1) {
+            let mut t = self.ledger.write()?;
             t.put_meta("heartbeat_us", &now_us().to_le_bytes())?;
-            t.put_meta("leader_cpu_us", &led_us().to_le_bytes())?;
+            t.put_meta("leader_cpu_us", &self.led_us().to_le_bytes())?;
             t.commit()?;
-            last_commit = now;
+            self.last.commit = now;
         }
+        Ok(())
+    }
+
+    /// The turn's frames out, and the chores that are due: the ledger's sync, the live view,
+    /// the progress display.
+    fn chores(&mut self) -> Result<()> {
         // One write per agent per turn: its dispatches (which may go out before their commit: a
         // lost dispatch is re-sent after a restart) and its ack, which must not.
-        send(&mut out, &links, &cfg.given_up);
-        if now - last_sync >= SYNC_EVERY {
-            ledger.sync()?;
-            last_sync = now;
+        send(&mut self.out, &self.links, &self.cfg.given_up);
+        let now = Instant::now();
+        if now - self.last.sync >= SYNC_EVERY {
+            self.ledger.sync()?;
+            self.last.sync = now;
         }
-        if last_live.is_none_or(|t| now - t >= LIVE_EVERY) {
-            write_live(&mut cfg, &core, "running");
-            last_live = Some(now);
+        if self.last.live.is_none_or(|t| now - t >= LIVE_EVERY) {
+            write_live(&mut self.cfg, &self.core, "running");
+            self.last.live = Some(now);
         }
-        if now - last_progress >= progress_every {
-            if let Some(sink) = cfg.progress.as_mut() {
-                sink.show(&core.progress(now_us()));
+        if now - self.last.progress >= self.progress_every {
+            if let Some(sink) = self.cfg.progress.as_mut() {
+                sink.show(&self.core.progress(now_us()));
             }
-            last_progress = now;
+            self.last.progress = now;
         }
+        Ok(())
     }
-    if let Some(t) = txn.take() {
+
+    /// The session is over, however it ended: what is written is committed, `htc status` need
+    /// not wait for the heartbeat to age, the agents are told.
+    fn end(mut self, ending: Ending) -> Result<(Ending, Progress)> {
+        if let Some(t) = self.txn.take() {
+            t.commit()?;
+        }
+        let mut t = self.ledger.write()?;
+        t.put_meta("session_end_us", &now_us().to_le_bytes())?;
         t.commit()?;
+        self.ledger.sync()?;
+        write_live(&mut self.cfg, &self.core, &ending_state(&ending));
+        self.core.shutdown(&ending, &mut self.out);
+        send(&mut self.out, &self.links, &self.cfg.given_up);
+        let p = self.core.progress(now_us());
+        if let Some(sink) = self.cfg.progress.as_mut() {
+            sink.show(&p);
+            sink.finish();
+        }
+        Ok((ending, p))
     }
-    // The session is over, however it ended: `htc status` need not wait for the heartbeat to age.
-    let mut t = ledger.write()?;
-    t.put_meta("session_end_us", &now_us().to_le_bytes())?;
-    t.commit()?;
-    ledger.sync()?;
-    let ending = ending.unwrap();
-    write_live(&mut cfg, &core, &ending_state(&ending));
-    core.shutdown(&ending, &mut out);
-    send(&mut out, &links, &cfg.given_up);
-    let p = core.progress(now_us());
-    if let Some(sink) = cfg.progress.as_mut() {
-        sink.show(&p);
-        sink.finish();
-    }
-    Ok((ending, p))
 }
 
 /// CPU time (user + system) of this process so far, in microseconds: the leader's cost, which
