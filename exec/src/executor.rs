@@ -44,6 +44,9 @@ use htc_store::host::now_us;
 
 pub use htc_core::work::{recall_from, Command, ExecEvent, Finished, TaskToRun};
 
+/// A task's stdout and stderr descriptors, and (per-task output) the files that own them.
+type OutputFds = (RawFd, RawFd, Option<(File, File)>);
+
 #[derive(Debug, Clone)]
 pub struct ExecConfig {
     pub job_id: String,
@@ -683,81 +686,14 @@ impl Executor {
     fn spawn(&mut self, t: TaskToRun, slots: Vec<usize>, devices: Vec<crate::gpu::Device>) {
         let slot = slots[0];
         let start_us = now_us();
-        let fail = |this: &mut Self, t: TaskToRun, slots: Vec<usize>, errno: i32, msg: String| {
-            // The reason goes where the task's stderr would have gone, so `htc output` shows it.
-            if let Some(s) = this.slots.get_mut(slot) {
-                let (out_off, err_off) = (s.out_end, s.err_end);
-                let kept = (&s.err).write_all(msg.as_bytes()).is_ok();
-                if kept {
-                    s.err_end += msg.len() as u64;
-                }
-                if let Some(ix) = this.index.as_mut() {
-                    let e = IndexEntry {
-                        id: t.id,
-                        attempt: t.attempt,
-                        slot: (this.cfg.first_slot + slot) as u32,
-                        out_off,
-                        out_len: 0,
-                        err_off,
-                        err_len: if kept { msg.len() as u64 } else { 0 },
-                        start_us,
-                        out_crc: 0,
-                        err_crc: if kept { crc32fast::hash(msg.as_bytes()) } else { 0 },
-                    };
-                    if let Err(e) = ix.write_all(&e.encode()) {
-                        let e = this.storage_error("writing the output index", e);
-                        this.fault.get_or_insert(e);
-                    }
-                }
-            }
-            this.release(&t, &slots);
-            this.events.push(ExecEvent::Finished(Finished {
-                id: t.id,
-                attempt: t.attempt,
-                outcome: Outcome::SpawnFailed,
-                value: errno,
-                start_us,
-                end_us: now_us(),
-            }));
-        };
-        let argv_owned: Vec<CString> = if t.shell {
-            let Ok(cmd) = CString::new(t.command.clone()) else {
-                return fail(self, t, slots, libc::EINVAL, "htc: command contains a NUL byte\n".into());
-            };
-            vec![CString::from(c"/bin/sh"), CString::from(c"-c"), cmd]
-        } else {
-            t.command.split(|&b| b == b' ').filter(|w| !w.is_empty()).filter_map(|w| CString::new(w).ok()).collect()
-        };
-        let prog = if t.shell {
-            Some(CString::from(c"/bin/sh"))
-        } else {
-            argv_owned.first().and_then(|a| self.resolve(a.as_bytes()))
-        };
-        let Some(prog) = prog else {
-            let name = String::from_utf8_lossy(argv_owned.first().map(|a| a.as_bytes()).unwrap_or(b"")).into_owned();
-            return fail(self, t, slots, libc::ENOENT, format!("htc: {name}: command not found\n"));
+        let (prog, argv_owned) = match self.command_line(&t) {
+            Ok(c) => c,
+            Err((errno, msg)) => return self.spawn_failed(t, slots, start_us, errno, msg),
         };
         let mut argv: Vec<*const libc::c_char> = argv_owned.iter().map(|a| a.as_ptr()).collect();
         argv.push(std::ptr::null());
-
-        let mut extra = vec![
-            CString::new(format!("HTC_TASK_ID={}", t.id)).unwrap(),
-            CString::new(format!("HTC_ATTEMPT={}", t.attempt)).unwrap(),
-            CString::new(format!("HTC_CORES={}", slots.len())).unwrap(),
-            CString::new(format!("HTC_JOB_ID={}", self.cfg.job_id)).unwrap_or_default(),
-            CString::new(format!("HTC_AGENT={}", self.cfg.agent)).unwrap(),
-        ];
-        // On an agent with GPUs every task sees exactly its own: none unless it asked.
+        let extra = self.task_env(&t, slots.len(), &devices);
         let gpu_env = !self.cfg.gpus.is_empty();
-        if gpu_env {
-            let ids = crate::gpu::visible(&devices);
-            for var in crate::gpu::VISIBLE_VARS {
-                extra.push(CString::new(format!("{var}={ids}")).unwrap_or_default());
-            }
-            if !devices.is_empty() {
-                self.note_devices(&t, &ids);
-            }
-        }
         let mut envp: Vec<*const libc::c_char> = Vec::with_capacity(self.env.len() + extra.len() + 1);
         envp.extend(
             self.env
@@ -767,36 +703,9 @@ impl Executor {
         );
         envp.extend(extra.iter().map(|e| e.as_ptr()));
         envp.push(std::ptr::null());
-
-        let (out_fd, err_fd, per_task): (RawFd, RawFd, Option<(File, File)>) = match self.cfg.output {
-            OutputMode::PerTask => {
-                let open = |ext: &str| {
-                    OpenOptions::new()
-                        .write(true)
-                        .create(true)
-                        .truncate(true)
-                        .custom_flags(libc::O_CLOEXEC)
-                        .open(self.cfg.out_dir.join(format!("{}.{ext}", t.id)))
-                };
-                match (open("out"), open("err")) {
-                    (Ok(o), Ok(e)) => (o.as_raw_fd(), e.as_raw_fd(), Some((o, e))),
-                    (Err(e), _) | (_, Err(e)) => {
-                        let errno = e.raw_os_error().unwrap_or(libc::EIO);
-                        return fail(self, t, slots, errno, format!("htc: cannot open output file: {e}\n"));
-                    }
-                }
-            }
-            OutputMode::Streams => {
-                if let Err((e, usable)) = self.renew_captures(slot) {
-                    if !usable {
-                        let errno = e.raw_os_error().unwrap_or(libc::EIO);
-                        return fail(self, t, slots, errno, format!("htc: cannot make its output capture: {e}\n"));
-                    }
-                }
-                let Some((out, err)) = &self.slots[slot].capture else { unreachable!("streams mode has captures") };
-                (out.task_fd(), err.task_fd(), None)
-            }
-            OutputMode::None => (self.slots[slot].out.as_raw_fd(), self.slots[slot].err.as_raw_fd(), None),
+        let (out_fd, err_fd, per_task) = match self.output_fds(&t, slot) {
+            Ok(fds) => fds,
+            Err((errno, msg)) => return self.spawn_failed(t, slots, start_us, errno, msg),
         };
 
         self.bind(&slots, crate::gpu::nearest_cpus(&devices));
@@ -813,47 +722,173 @@ impl Executor {
         if inside {
             self.leave_cgroup(slot);
         }
+        drop(per_task);
         match spawned {
-            Ok(crate::spawn::Child { pid, pidfd }) => {
-                drop(per_task);
-                self.events.push(ExecEvent::Started { id: t.id, attempt: t.attempt, start_us });
-                self.serial += 1;
-                let serial = self.serial;
-                if t.timeout_ms > 0 {
-                    self.deadlines.push(std::cmp::Reverse((
-                        Instant::now() + Duration::from_millis(t.timeout_ms as u64),
-                        pid,
-                        serial,
-                    )));
-                }
-                self.preemptible_running += t.preemptible as usize;
-                let pidfd = self.watch(pid, pidfd);
-                if pidfd.is_none() {
-                    self.unwatched += 1;
-                    self.scan_wait = SCAN_FIRST;
-                }
-                self.running.insert(
-                    pid,
-                    Running {
-                        task: t,
-                        slots,
-                        start_us,
-                        timed_out: false,
-                        preempted: false,
-                        oom_mb: None,
-                        oom_kills_before,
-                        kill_at: None,
-                        serial,
-                        pidfd,
-                    },
-                );
-            }
+            Ok(crate::spawn::Child { pid, pidfd }) => self.started(t, slots, start_us, pid, pidfd, oom_kills_before),
             Err(errno) => {
                 let name = String::from_utf8_lossy(prog.as_bytes()).into_owned();
                 let msg = format!("htc: {name}: {}\n", io::Error::from_raw_os_error(errno));
-                fail(self, t, slots, errno, msg)
+                self.spawn_failed(t, slots, start_us, errno, msg)
             }
         }
+    }
+
+    /// The program and argv of `t`: `/bin/sh -c` for a shell task, else its words with the
+    /// program found on the PATH; why not, as an errno and a line for its stderr.
+    fn command_line(&mut self, t: &TaskToRun) -> Result<(CString, Vec<CString>), (i32, String)> {
+        if t.shell {
+            let Ok(cmd) = CString::new(t.command.clone()) else {
+                return Err((libc::EINVAL, "htc: command contains a NUL byte\n".into()));
+            };
+            return Ok((CString::from(c"/bin/sh"), vec![CString::from(c"/bin/sh"), CString::from(c"-c"), cmd]));
+        }
+        let argv: Vec<CString> =
+            t.command.split(|&b| b == b' ').filter(|w| !w.is_empty()).filter_map(|w| CString::new(w).ok()).collect();
+        match argv.first().and_then(|a| self.resolve(a.as_bytes())) {
+            Some(prog) => Ok((prog, argv)),
+            None => {
+                let name = String::from_utf8_lossy(argv.first().map(|a| a.as_bytes()).unwrap_or(b"")).into_owned();
+                Err((libc::ENOENT, format!("htc: {name}: command not found\n")))
+            }
+        }
+    }
+
+    /// What a task finds in its environment besides the agent's: who it is, and on an agent
+    /// with GPUs exactly its own devices (none unless it asked).
+    fn task_env(&mut self, t: &TaskToRun, cores: usize, devices: &[crate::gpu::Device]) -> Vec<CString> {
+        let mut extra = vec![
+            CString::new(format!("HTC_TASK_ID={}", t.id)).unwrap(),
+            CString::new(format!("HTC_ATTEMPT={}", t.attempt)).unwrap(),
+            CString::new(format!("HTC_CORES={cores}")).unwrap(),
+            CString::new(format!("HTC_JOB_ID={}", self.cfg.job_id)).unwrap_or_default(),
+            CString::new(format!("HTC_AGENT={}", self.cfg.agent)).unwrap(),
+        ];
+        if !self.cfg.gpus.is_empty() {
+            let ids = crate::gpu::visible(devices);
+            for var in crate::gpu::VISIBLE_VARS {
+                extra.push(CString::new(format!("{var}={ids}")).unwrap_or_default());
+            }
+            if !devices.is_empty() {
+                self.note_devices(t, &ids);
+            }
+        }
+        extra
+    }
+
+    /// Where the task's stdout and stderr go (with the files to keep open until it is spawned,
+    /// per-task mode); why not, as an errno and a line for its stderr.
+    #[allow(clippy::type_complexity)]
+    fn output_fds(&mut self, t: &TaskToRun, slot: usize) -> Result<OutputFds, (i32, String)> {
+        match self.cfg.output {
+            OutputMode::PerTask => {
+                let open = |ext: &str| {
+                    OpenOptions::new()
+                        .write(true)
+                        .create(true)
+                        .truncate(true)
+                        .custom_flags(libc::O_CLOEXEC)
+                        .open(self.cfg.out_dir.join(format!("{}.{ext}", t.id)))
+                };
+                match (open("out"), open("err")) {
+                    (Ok(o), Ok(e)) => Ok((o.as_raw_fd(), e.as_raw_fd(), Some((o, e)))),
+                    (Err(e), _) | (_, Err(e)) => {
+                        Err((e.raw_os_error().unwrap_or(libc::EIO), format!("htc: cannot open output file: {e}\n")))
+                    }
+                }
+            }
+            OutputMode::Streams => {
+                if let Err((e, usable)) = self.renew_captures(slot) {
+                    if !usable {
+                        let errno = e.raw_os_error().unwrap_or(libc::EIO);
+                        return Err((errno, format!("htc: cannot make its output capture: {e}\n")));
+                    }
+                }
+                let Some((out, err)) = &self.slots[slot].capture else { unreachable!("streams mode has captures") };
+                Ok((out.task_fd(), err.task_fd(), None))
+            }
+            OutputMode::None => Ok((self.slots[slot].out.as_raw_fd(), self.slots[slot].err.as_raw_fd(), None)),
+        }
+    }
+
+    /// A task's process is running: its deadline, its watch, its slots.
+    fn started(
+        &mut self,
+        t: TaskToRun,
+        slots: Vec<usize>,
+        start_us: u64,
+        pid: libc::pid_t,
+        pidfd: Option<OwnedFd>,
+        oom_kills_before: Option<u64>,
+    ) {
+        self.events.push(ExecEvent::Started { id: t.id, attempt: t.attempt, start_us });
+        self.serial += 1;
+        let serial = self.serial;
+        if t.timeout_ms > 0 {
+            self.deadlines.push(std::cmp::Reverse((
+                Instant::now() + Duration::from_millis(t.timeout_ms as u64),
+                pid,
+                serial,
+            )));
+        }
+        self.preemptible_running += t.preemptible as usize;
+        let pidfd = self.watch(pid, pidfd);
+        if pidfd.is_none() {
+            self.unwatched += 1;
+            self.scan_wait = SCAN_FIRST;
+        }
+        let r = Running {
+            task: t,
+            slots,
+            start_us,
+            timed_out: false,
+            preempted: false,
+            oom_mb: None,
+            oom_kills_before,
+            kill_at: None,
+            serial,
+            pidfd,
+        };
+        self.running.insert(pid, r);
+    }
+
+    /// The task could not be started: the reason goes where its stderr would have gone, so
+    /// `htc output` shows it, and it ends as a spawn failure with `errno`.
+    fn spawn_failed(&mut self, t: TaskToRun, slots: Vec<usize>, start_us: u64, errno: i32, msg: String) {
+        let slot = slots[0];
+        if let Some(s) = self.slots.get_mut(slot) {
+            let (out_off, err_off) = (s.out_end, s.err_end);
+            let kept = (&s.err).write_all(msg.as_bytes()).is_ok();
+            if kept {
+                s.err_end += msg.len() as u64;
+            }
+            if let Some(ix) = self.index.as_mut() {
+                let e = IndexEntry {
+                    id: t.id,
+                    attempt: t.attempt,
+                    slot: (self.cfg.first_slot + slot) as u32,
+                    out_off,
+                    out_len: 0,
+                    err_off,
+                    err_len: if kept { msg.len() as u64 } else { 0 },
+                    start_us,
+                    out_crc: 0,
+                    err_crc: if kept { crc32fast::hash(msg.as_bytes()) } else { 0 },
+                };
+                if let Err(e) = ix.write_all(&e.encode()) {
+                    let e = self.storage_error("writing the output index", e);
+                    self.fault.get_or_insert(e);
+                }
+            }
+        }
+        self.release(&t, &slots);
+        self.events.push(ExecEvent::Finished(Finished {
+            id: t.id,
+            attempt: t.attempt,
+            outcome: Outcome::SpawnFailed,
+            value: errno,
+            start_us,
+            end_us: now_us(),
+        }));
     }
 
     /// The pidfd of `pid` (the one its clone gave, else a new one) in the epoll set, or None if
