@@ -348,7 +348,10 @@ echo "== 4 nodes (network namespaces)"
 "$root/tests/cluster/start-cluster.sh" -n 4 -m netns -c 2 >/dev/null || { echo "cluster did not start"; exit 1; }
 cluster_env
 install_htc
-# FAULTS_ONLY="name ..." runs some of them (while working on one).
+# FAULTS_ONLY="name ..." runs some of them (while working on one): said loudly, as it is no pass.
+if [[ -n ${FAULTS_ONLY:-} ]]; then
+    printf '\n!!! FAULTS_ONLY="%s": only these faults run, the others are SKIPPED\n\n' "$FAULTS_ONLY" >&2
+fi
 for t in ${FAULTS_ONLY:-killed_agent link_down link_cut_and_back cancelled_then_resumed requeued node_failed leader_killed_then_resumed time_limit resubmitted_at_time_limit}; do
     "$t"
 done

@@ -313,6 +313,7 @@ watched_job() {
 }
 
 if [[ -n ${HTC_JOBS_ONLY:-} ]]; then # one test on 4 nodes, while developing it
+    printf '\n!!! HTC_JOBS_ONLY=%s: only this test runs, the others are SKIPPED\n\n' "$HTC_JOBS_ONLY" >&2
     "$root/tests/cluster/start-cluster.sh" -n 4 -m netns -c 2 >/dev/null || { echo "cluster did not start"; exit 1; }
     cluster_env
     install_htc
