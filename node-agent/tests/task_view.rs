@@ -18,7 +18,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 mod common;
-use common::{text, wait_for, Dir, HTC};
+use common::{agent_pids, guard_pids, text, wait_some, Dir, HTC};
 
 /// The two views compared, as task lines. The first has no shell syntax, so `htc` execs `ls`
 /// itself; the second runs under `/bin/sh -c`. The reference runs both as `sh -c LINE`.
@@ -240,24 +240,33 @@ fn every_descriptor_of_the_leader_and_its_agents_is_close_on_exec() {
         .spawn()
         .unwrap();
     let lid = leader.id();
-    // Every agent started and a task running (by then the agents have joined: their sockets and
-    // stream files are open).
-    let mut agents = Vec::new();
-    let busy = wait_for(
-        || {
-            agents = children(lid);
-            agents.len() == 3 && agents.iter().any(|&a| !children(a).is_empty())
-        },
-        Duration::from_secs(20),
-    );
-    let mut found = Vec::new();
-    if busy {
-        for &pid in std::iter::once(&lid).chain(&agents) {
-            found.extend(inheritable(pid).into_iter().map(|f| format!("pid {pid}: {f}")));
+    // The leader's children are the agents' guards (`htc::guard`), which hold little; the agents
+    // and relays are the guards' children. So each agent is found by its command line, as the
+    // child of its guard, and must be running a task: then it has joined (its sockets, and agent
+    // 0's relay listener and links, are open) and its stream files are open.
+    let running_task = |agent: i32| {
+        children(agent as u32)
+            .into_iter()
+            .any(|t| fs::read_to_string(format!("/proc/{t}/comm")).is_ok_and(|c| c == "sleep\n"))
+    };
+    let procs = wait_some(Duration::from_secs(20), || {
+        let run = fs::read_dir(d.path(".htc")).ok()?.flatten().next()?.path();
+        let mut procs = vec![("leader", lid as i32)];
+        for a in 0..3 {
+            let (guard, agent) = (guard_pids(&run, a), agent_pids(&run, a));
+            if guard.len() != 1 || agent.len() != 1 || !running_task(agent[0]) {
+                return None;
+            }
+            procs.extend([("guard", guard[0]), ("agent", agent[0])]);
         }
+        Some(procs)
+    });
+    let mut found = Vec::new();
+    for &(what, pid) in procs.iter().flatten() {
+        found.extend(inheritable(pid as u32).into_iter().map(|f| format!("{what} {pid}: {f}")));
     }
     let status = leader.wait().unwrap();
-    assert!(busy, "no task ever ran (agents: {agents:?})");
+    assert!(procs.is_some(), "not every agent was seen, as its guard's child, running a task");
     assert!(status.success(), "htc run: {status}");
     assert!(found.is_empty(), "descriptors a child would inherit:\n{}", found.join("\n"));
     // The run still reads back after its tasks had every chance to touch the ledger.

@@ -72,6 +72,29 @@ start_job() { # NAME [SBATCH OPTIONS...] -> "workdir job"
     echo "$w $j"
 }
 
+# The tasks the ledger records done for job J now (an attempt that exited 0, as `htc log` reads
+# the ledger), each with how many times it has run so far: none of them may ever run again
+# (node-agent/tests/faults.rs checks the same of local runs). The ledger is read before ids.txt,
+# so every run of a task it records done is in the count.
+done_snapshot() { # WORKDIR JOB -> WORKDIR/done-before: "id runs" lines
+    local w=$1 j=$2
+    as_user -C "$w" "$bin/htc" log "$j" >"$w/done-log" || { echo "htc log $j failed" >"$w/done-before"; return 1; }
+    awk -F'\t' 'NR == FNR { runs[$1]++; next } FNR > 1 && $7 == 0 && $8 == 0 && !seen[$1]++ { print $1, runs[$1] + 0 }' \
+        <(cut -d' ' -f1 "$w/ids.txt") "$w/done-log" >"$w/done-before"
+}
+
+# Nothing in WORKDIR/done-before ran again after it: each such task has exactly as many runs in
+# ids.txt as when the snapshot was taken (and at least one). The set must not be empty: the
+# comparison proves nothing of a snapshot that holds no task.
+none_done_ran_again() { # LABEL WORKDIR
+    local label=$1 w=$2 n again
+    n=$(grep -c '^[0-9]* [0-9]*$' "$w/done-before" 2>/dev/null)
+    again=$(awk 'NR == FNR { runs[$1]++; next } $2 < 1 || runs[$1] != $2 { printf "%s%s (%d then, %d now)", sep, $1, $2, runs[$1]; sep = ", " }' \
+        <(cut -d' ' -f1 "$w/ids.txt") "$w/done-before" 2>/dev/null)
+    check "$label: none of the ${n:-0} tasks recorded done before the fault ran again${again:+: $again}" \
+        test "${n:-0}" -gt 0 -a -z "$again" -a "${n:-0}" = "$(wc -l <"$w/done-before")"
+}
+
 # What every fault job must show: COMPLETED, every task done by the ledger, each task's side
 # effect at least once and re-runs within MAX_RERUNS, no task process left.
 finished_well() { # LABEL WORKDIR JOB STATE
@@ -94,15 +117,18 @@ killed_agent() {
     local w j pid state
     read -r w j < <(start_job killed) || { bad "killed agent: submit"; return; }
     pid=$(agent_on "$j" n3) || { bad "killed agent: no agent found on n3"; return; }
+    done_snapshot "$w" "$j"
     kill -KILL "$pid"
     ok "killed agent: SIGKILL to the agent on n3 (pid $pid) with $(wc -l <"$w/ids.txt") tasks done"
     state=$(wait_job "$j" 180)
     finished_well "killed agent" "$w" "$j" "$state"
+    none_done_ran_again "killed agent" "$w"
 }
 
 link_down() {
     local w j state ns=$HTC_CLUSTER_NETNS-n4
     read -r w j < <(start_job linkdown) || { bad "link down: submit"; return; }
+    done_snapshot "$w" "$j"
     ip -n "$ns" link set eth0 down
     ok "link down: n4's link down with $(wc -l <"$w/ids.txt") tasks done"
     # The batch step ends once the others ran everything; slurmctld needs n4 back to finish.
@@ -113,6 +139,7 @@ link_down() {
     ip -n "$ns" link set eth0 up
     state=$(wait_job "$j" 300)
     finished_well "link down" "$w" "$j" "$state"
+    none_done_ran_again "link down" "$w"
     check "link down: n4's agent stopped itself or was given up" \
         grep -Eq 'silent for|lease expired' "$w/slurm-$j.out"
     rerun_at_most "link down" "$w" 6
@@ -128,6 +155,7 @@ link_down() {
 link_cut_and_back() {
     local w j state ns=$HTC_CLUSTER_NETNS-n4
     read -r w j < <(start_job linkback --export=ALL,HTC_LOG=info) || { bad "link back: submit"; return; }
+    done_snapshot "$w" "$j"
     ip -n "$ns" link set eth0 down
     ok "link back: n4's link down with $(wc -l <"$w/ids.txt") tasks done"
     sleep 12
@@ -136,6 +164,7 @@ link_cut_and_back() {
     ip -n "$ns" link set eth0 up
     state=$(wait_job "$j" 300)
     finished_well "link back" "$w" "$j" "$state"
+    none_done_ran_again "link back" "$w"
     rerun_at_most "link back" "$w" 6
     check "link back: n4's agent came back as a fresh member" grep -q 'back as a fresh member' "$w/slurm-$j.out"
     check "link back: it ran tasks after it came back" \
@@ -166,6 +195,7 @@ cancelled_then_resumed() {
     out=$(as_user -C "$w" "$bin/htc" status "$j")
     check "cancel: htc status advises htc resume $j" grep -q "htc resume $j" <<<"$out"
     done_before=$(as_user -C "$w" "$bin/htc" status "$j" --json | grep -o '"done":[0-9]*' | cut -d: -f2)
+    done_snapshot "$w" "$j"
     out=$(as_user -C "$w" "$bin/htc" resume "$j" 2>&1)
     j2=$(grep -o 'Submitted batch job [0-9]*' <<<"$out" | awk '{ print $4 }')
     check "resume: htc resume $j submitted job ${j2:-none} ($done_before of $N were done)" test -n "$j2"
@@ -179,6 +209,7 @@ cancelled_then_resumed() {
     unique=$(cut -d' ' -f1 "$w/ids.txt" | sort -u | wc -l)
     check "resume: every task ran ($unique of $N)" test "$unique" = "$N"
     check "resume: $((lines - unique)) re-run(s), at most the 8 CPUs' tasks in flight at the cancel" test $((lines - unique)) -le 8
+    none_done_ran_again "resume" "$w"
     check "resume: the first job's output is kept" grep -q "job $j" "$w/slurm-$j.out"
     check "resume: the new job says what it continues" grep -q "continues the run of job $j" "$w/slurm-$j2.out"
 }
@@ -193,6 +224,7 @@ continued_well() { # LABEL WORKDIR JOB STATE
     unique=$(cut -d' ' -f1 "$w/ids.txt" | sort -u | wc -l)
     check "$label: every task ran ($unique of $N)" test "$unique" = "$N"
     check "$label: $((lines - unique)) re-run(s), at most the 8 CPUs' tasks in flight" test $((lines - unique)) -le 8
+    none_done_ran_again "$label" "$w"
 }
 
 # `scontrol requeue` mid-run: Slurm stops the job and starts it again under the same id; the new
@@ -201,6 +233,7 @@ continued_well() { # LABEL WORKDIR JOB STATE
 requeued() {
     local w j sessions
     read -r w j < <(start_job requeue) || { bad "requeue: submit"; return; }
+    done_snapshot "$w" "$j"
     cluster_cmd scontrol requeue "$j"
     continued_well requeue "$w" "$j" "$(wait_job "$j" 400)"
     check "requeue: the new session says it continues the run" grep -q "job $j restarted; continuing its run" "$w/slurm-$j.out"
@@ -233,6 +266,7 @@ leader_killed_then_resumed() {
     check "leader killed: its node-local ledger is left behind" test -f "$local"
     out=$(as_user -C "$w" "$bin/htc" status "$j")
     check "leader killed: job $j ended ($state), htc status says interrupted at once" grep -q "interrupted (continue with: htc resume $j" <<<"$out"
+    done_snapshot "$w" "$j"
     out=$(as_user -C "$w" "$bin/htc" resume "$j" 2>&1)
     j2=$(grep -o 'Submitted batch job [0-9]*' <<<"$out" | awk '{ print $4 }')
     check "leader killed: a bare htc resume $j submitted job ${j2:-none}" test -n "$j2"
@@ -248,6 +282,7 @@ leader_killed_then_resumed() {
     check "leader killed: every task ran ($unique of $N)" test "$unique" = "$N"
     check "leader killed: $((lines - unique)) re-run(s), at most the 4 nodes' in flight ($((4 * MAX_RERUNS)))" \
         test $((lines - unique)) -le $((4 * MAX_RERUNS))
+    none_done_ran_again "leader killed" "$w"
     check "leader killed: the resumed job left no ledger on its node" \
         test ! -e "/tmp/htc-$(id -u "$HTC_CLUSTER_USER")-$j2"
     check "leader killed: nor the killed leader's ($(dirname "$local"))" test ! -e "$(dirname "$local")"
@@ -261,6 +296,7 @@ leader_killed_then_resumed() {
 node_failed() {
     local w j
     read -r w j < <(start_job nodefail) || { bad "node failed: submit"; return; }
+    done_snapshot "$w" "$j"
     cluster_cmd scontrol update nodename=n4 state=down reason=htc-node-failed-test
     for _ in $(seq 600); do
         [[ $(job_state "$j") == RUNNING ]] || break
@@ -327,6 +363,7 @@ resubmitted_at_time_limit() {
     state=$(wait_job "$j" 240)
     check "resubmit: job $j stopped at its time limit (was $state)" test "$state" = TIMEOUT
     sleep 2
+    done_snapshot "$w" "$j"
     # The next job may be running already: look for this job's processes.
     check "resubmit: no process of job $j left after the limit" test -z "$(job_procs "$j")"
     j2=$(grep -o 'resubmitted (1 of 2): Submitted batch job [0-9]*' "$w/slurm-$j.out" | awk '{ print $NF }')
@@ -340,6 +377,7 @@ resubmitted_at_time_limit() {
     unique=$(cut -d' ' -f1 "$w/ids.txt" | sort -u | wc -l)
     check "resubmit: every task ran ($unique of 150)" test "$unique" = 150
     check "resubmit: $((lines - unique)) re-run(s), at most the 4 CPUs' tasks in flight at the limit" test $((lines - unique)) -le 4
+    none_done_ran_again "resubmit" "$w"
     check "resubmit: the second job says what it continues" grep -q "continues the run of job $j" "$w/slurm-$j2.out"
     check "resubmit: no task process left" bash -c "! pgrep -u '$HTC_CLUSTER_USER' -f '^sleep 3$|sleep 3; echo' >/dev/null"
 }
@@ -348,7 +386,10 @@ echo "== 4 nodes (network namespaces)"
 "$root/tests/cluster/start-cluster.sh" -n 4 -m netns -c 2 >/dev/null || { echo "cluster did not start"; exit 1; }
 cluster_env
 install_htc
-# FAULTS_ONLY="name ..." runs some of them (while working on one).
+# FAULTS_ONLY="name ..." runs some of them (while working on one): said loudly, as it is no pass.
+if [[ -n ${FAULTS_ONLY:-} ]]; then
+    printf '\n!!! FAULTS_ONLY="%s": only these faults run, the others are SKIPPED\n\n' "$FAULTS_ONLY" >&2
+fi
 for t in ${FAULTS_ONLY:-killed_agent link_down link_cut_and_back cancelled_then_resumed requeued node_failed leader_killed_then_resumed time_limit resubmitted_at_time_limit}; do
     "$t"
 done

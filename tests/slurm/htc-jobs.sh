@@ -176,14 +176,23 @@ rpcs_for() { # N -> RPC count; the breakdown goes to stderr
         END { print s + 0 }'
 }
 
+# What an HTC job costs the controller, as bench/RESULTS.md (section 3) measured it on 4 nodes:
+# submit, het_job_alloc_info, step_create and complete_batch once, step_complete and
+# epilog_complete once per node (12), plus the leader's own two queries at its start, made since:
+# `squeue` for the time left (fed_info, job_info_single, partition_info) and `scontrol show job`
+# for the job's options (fed_info, job_info_single): 17 on 4 nodes, for 1,000 and 10,000 tasks
+# alike (2026-11-26). The margin is one RPC per node: a node's registration (slurmctld asks every
+# node for one now and then) may fall within the job. Anything more is a cost that grew.
 controller_cost() {
-    local a b
+    local a b nodes=$HTC_CLUSTER_NODES
+    local most=$((4 + 2 * nodes + 5 + nodes))
     echo "RPCs of an HTC job of 1,000 tasks:"
     a=$(rpcs_for 1000)
     echo "RPCs of an HTC job of 10,000 tasks:"
     b=$(rpcs_for 10000)
     echo "sdiag inbound RPCs: 1,000 tasks: $a, 10,000 tasks: $b"
-    check "controller RPCs are O(1): $a for 1k, $b for 10k tasks (<= 40 each)" test "$a" -gt 0 -a "$a" -le 40 -a "$b" -le 40
+    check "controller RPCs are O(1): $a for 1k, $b for 10k tasks (<= $most each: $((most - nodes)) measured, $nodes margin)" \
+        test "$a" -gt 0 -a "$a" -le "$most" -a "$b" -gt 0 -a "$b" -le "$most"
     check "controller RPCs do not grow with tasks ($a vs $b)" test "$((b - a))" -le 3 -a "$((a - b))" -le 3
 }
 
@@ -313,6 +322,7 @@ watched_job() {
 }
 
 if [[ -n ${HTC_JOBS_ONLY:-} ]]; then # one test on 4 nodes, while developing it
+    printf '\n!!! HTC_JOBS_ONLY=%s: only this test runs, the others are SKIPPED\n\n' "$HTC_JOBS_ONLY" >&2
     "$root/tests/cluster/start-cluster.sh" -n 4 -m netns -c 2 >/dev/null || { echo "cluster did not start"; exit 1; }
     cluster_env
     install_htc

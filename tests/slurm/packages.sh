@@ -233,8 +233,9 @@ check "after the reinstall sbatch --help lists --htc again" grep -q -- '--htc=' 
 
 echo "== purge"
 DEBIAN_FRONTEND=noninteractive dpkg -P slurm-htc >"$out/dpkg-p.out" 2>&1 </dev/null
+# `if`, not `! ... ;`: a negated pipeline that is not the last command decides nothing.
 check "dpkg -P removes everything, the plugstack line too" bash -c \
-    "! dpkg-query -W slurm-htc 2>/dev/null | grep -q . ; for f in /usr/bin/htc /usr/bin/htc-agent '$plugindir/spank_htc.so' '$conf' '$conf.removed' /usr/share/man/man1/htc.1.gz; do test ! -e \"\$f\" || exit 1; done"
+    "if dpkg-query -W slurm-htc 2>/dev/null | grep -q .; then exit 1; fi; for f in /usr/bin/htc /usr/bin/htc-agent '$plugindir/spank_htc.so' '$conf' '$conf.removed' /usr/share/man/man1/htc.1.gz; do test ! -e \"\$f\" || exit 1; done"
 cluster_plugin_clear
 
 [[ $failed == 0 ]] || cluster_logs 20

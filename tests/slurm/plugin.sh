@@ -102,7 +102,8 @@ argv_is() { # FILE EXPECTED-ARGS... (argv[0]…)
     for a in "$@"; do want+=("argv[$i]=$a"); i=$((i + 1)); done
     diff <(printf '%s\n' "${want[@]}") "$f" >/dev/null || { diff <(printf '%s\n' "${want[@]}") "$f"; return 1; }
 }
-no_private_env() { ! grep -E '^(SLURM_SPANK_HTC_|_SLURM_SPANK_OPTION_htc_|SLURM_SPANK__SLURM_SPANK_OPTION_htc_)' "$1"; }
+# The environment must have been written (grep's "no such file" would read as "no match").
+no_private_env() { [[ -s $1 ]] && ! grep -E '^(SLURM_SPANK_HTC_|_SLURM_SPANK_OPTION_htc_|SLURM_SPANK__SLURM_SPANK_OPTION_htc_)' "$1"; }
 finished() { wait_job "$1" 60 >/dev/null; }
 
 # --- submit side ---

@@ -166,8 +166,15 @@ check "exported SLURM_SPANK_HTC_FANOUT=1 (invalid): refused (125), nothing ran" 
     test "$(job_exit_code "$j")" = 125 -a ! -e "$W/evil-ran" -a ! -e "$W/script-ran.$j"
 j=$(sub _SLURM_SPANK_OPTION_htc_htc="$W/evil.sh" SLURM_SPANK__SLURM_SPANK_OPTION_htc_htc="$W/evil.sh" -- job.sh)
 wait_job "$j" 60 >/dev/null
-no_root() { ! grep -qs '^0 ' "$W/evil-ran"; }
-check "exported _SLURM_SPANK_OPTION_htc_htc=evil.sh: nothing ran as root" no_root
+# Whichever way the plugin takes the exported option, something of this job runs (evil.sh's line as
+# a task, or job.sh as the script) and records its uid; with no record at all, "none ran as root"
+# would hold of a job that ran nothing.
+no_root() {
+    local recs
+    recs=$(cat "$W/evil-ran" "$W/script-ran.$j" 2>/dev/null)
+    [[ -n $recs ]] && ! grep -q '^0 ' <<<"$recs" || { echo "  records: ${recs:-none}"; return 1; }
+}
+check "exported _SLURM_SPANK_OPTION_htc_htc=evil.sh: it ran ($(cat "$W/evil-ran" "$W/script-ran.$j" 2>/dev/null | cut -d' ' -f2 | paste -sd, -)), none of it as root" no_root
 rm -f "$W/evil-ran"
 
 # --- 4. agent= paths that someone other than root could change, or set-uid ---
@@ -198,7 +205,12 @@ check "agent= a symlink (root's) to the agent: accepted, job COMPLETED" test "$(
 
 # --- nothing user-controlled ever ran as root ---
 records() { cat "$W"/*-ran "$W"/script-ran.* 2>/dev/null; cut -d' ' -f3 "$W/ids.txt" 2>/dev/null; }
-root_never() { ! records | grep '^0\b' >/dev/null; }
+# Non-empty first: with no record (ids.txt lost, say) there would be nothing to find uid 0 in.
+root_never() {
+    local recs
+    recs=$(records)
+    [[ -n $recs ]] && ! grep -q '^0\b' <<<"$recs"
+}
 check "no record of any user-controlled program shows uid 0" root_never
 
 echo

@@ -103,15 +103,30 @@ out=$(as_user -C "$w" sbatch --parsable --htc=tasks.txt job.sh 2>&1) || { bad "s
 j=$(tail -n 1 <<<"$out" | cut -d';' -f1)
 
 if [[ -n $j ]]; then
-    # The engine's processes while task 3 runs: the leader and the agent(s), all as the user.
-    pids=
+    # The engine's processes while task 3 runs, all as the user: the leader (`htc-agent lead`),
+    # the agent's guard and the agent (`htc-agent work`, the agent being the parent of the task).
+    # A wait that runs out is a failure: what was found by then need not include the agent.
+    pids= seen=0
     for ((i = 0; i < 600; i++)); do
         # By process name: the srun processes' argv names htc-agent too, but srun is not ours.
         pids=$(pgrep -u "$HTC_CLUSTER_USER" -x htc-agent | tr '\n' ' ')
-        [[ $(pgrep -u "$HTC_CLUSTER_USER" -fx 'sleep 6') && $pids == *' '*' '* ]] && break
+        task=$(pgrep -u "$HTC_CLUSTER_USER" -fx 'sleep 6' | head -n 1)
+        agent=${task:+$(awk '/^PPid:/ { print $2 }' "/proc/$task/status" 2>/dev/null)}
+        leads=0 works=0
+        for p in $pids; do
+            case $(tr '\0' '\n' <"/proc/$p/cmdline" 2>/dev/null | sed -n 2p) in
+                lead) leads=$((leads + 1)) ;;
+                work) works=$((works + 1)) ;;
+            esac
+        done
+        if [[ -n $agent && " $pids" == *" $agent "* && $leads -ge 1 && $works -ge 2 ]]; then
+            seen=1
+            break
+        fi
         sleep 0.1
     done
-    check "leader and agent found while a task runs ($pids)" test -n "$pids"
+    check "leader, guard and agent found while a task runs, within 60 s ($pids; task ${task:-none}, its parent ${agent:-none})" \
+        test "$seen" = 1
     runs="$w/.htc/$j"
     for p in $pids; do
         what=$(tr '\0' ' ' <"/proc/$p/cmdline" | cut -d' ' -f1-2)

@@ -112,8 +112,21 @@ use_other
 start # slurmd reads plugstack.conf only when it starts
 line="htc: $reason"
 logs() { cat "$dir"/log/*.log; }
+# A line's absence from a log says something only of a log that is there and was written by a
+# daemon that got going (`! grep` takes grep's "no such file" for "no match"): each LOG must
+# exist, be non-empty and show its daemon started, and then not match.
+absent_from() { # PATTERN LOG...
+    local pat=$1 f
+    shift
+    for f; do
+        [[ -s $f ]] || { echo "  $f: missing or empty"; return 1; }
+        grep -qE '(slurmctld|slurmd) version .* started' "$f" || { echo "  $f: its daemon never started"; return 1; }
+        ! grep -q -- "$pat" "$f" || { echo "  $f: $(grep -m1 -- "$pat" "$f")"; return 1; }
+    done
+}
 check "slurmd logged the clear line once: '$line'" test "$(grep -cF -- "$line" "$dir/log/slurmd-n1.log")" = 1
-check "no 'Incompatible Slurm plugin' in any log (the loader accepted it)" bash -c "! grep -q 'Incompatible' $dir/log/*.log"
+check "no 'Incompatible Slurm plugin' in slurmctld's or slurmd's log (the loader accepted it)" \
+    absent_from 'Incompatible' "$dir/log/slurmctld.log" "$dir/log/slurmd-n1.log"
 help_lists_htc() { as_user sbatch --help 2>&1 | grep -- '--htc=FILE' >/dev/null; }
 check "sbatch --help lists --htc (the options are registered)" help_lists_htc
 
@@ -173,7 +186,7 @@ check "queued HTC job: neither script nor agent ran" test ! -e "$W/script-ran.$j
 # --- the real plugin back -------------------------------------------------------------------
 use_real
 start
-check "real plugin: no version line in slurmd's log" bash -c "! grep -q 'was built for Slurm' '$dir/log/slurmd-n1.log'"
+check "real plugin: no version line in slurmd's log" absent_from 'was built for Slurm' "$dir/log/slurmd-n1.log"
 W=$(cluster_workdir htc-again)
 printf 'echo 1\n' >"$W/tasks.txt"
 printf '#!/bin/sh\ntouch script-ran.$SLURM_JOB_ID\n' >"$W/job.sh"
