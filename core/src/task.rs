@@ -74,6 +74,9 @@ pub enum Step {
     /// The session that ran it ended (leader killed, job requeued): the attempt is forgotten and
     /// costs no retry.
     Interrupt,
+    /// Given back unstarted by its agent (a lost agent's queue, a recall): the attempt is
+    /// forgotten and costs no retry; its number stays used (`Record::returns`).
+    Return,
     /// No instance of the job can ever run it (it asks for more than any node has).
     Refuse,
     /// The attempt that last failed did so because of its node (a black hole: it fails every
@@ -164,7 +167,7 @@ pub fn step(life: Life, s: Step) -> Result<(Life, Effect), Invalid> {
             Pending
         }
         (Dispatched | Running, Step::Finish(End::Preempted)) => Failed,
-        (Dispatched | Running, Step::Interrupt) => {
+        (Dispatched | Running, Step::Interrupt) | (Dispatched, Step::Return) => {
             next.attempts = life.attempts.saturating_sub(1);
             Pending
         }
@@ -184,7 +187,7 @@ pub fn step(life: Life, s: Step) -> Result<(Life, Effect), Invalid> {
     next.state = to as u8;
     let effect = match (from, to) {
         (_, Done | Failed) => Effect::Final,
-        (Dispatched | Running, Pending) if s != Step::Interrupt => Effect::Retry,
+        (Dispatched | Running, Pending) if s != Step::Interrupt && s != Step::Return => Effect::Retry,
         _ => Effect::None,
     };
     Ok((next, effect))
@@ -243,6 +246,16 @@ mod tests {
             fx.push(e);
         }
         (l, fx)
+    }
+
+    #[test]
+    fn a_dispatch_given_back_unstarted_costs_nothing_and_a_running_one_cannot_be() {
+        let (l, fx) = run(life(State::Pending, 1, 0), &[Step::Dispatch, Step::Return]);
+        assert_eq!((l.state(), l.attempts, l.retries), (State::Pending, 1, 0));
+        assert_eq!(fx.last(), Some(&Effect::None), "no retry used: {fx:?}");
+        let running = run(life(State::Pending, 0, 0), &[Step::Dispatch, Step::Start]).0;
+        assert!(step(running, Step::Return).is_err(), "a started task ends by its result");
+        assert!(step(life(State::Pending, 0, 0), Step::Return).is_err());
     }
 
     #[test]

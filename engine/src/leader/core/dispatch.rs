@@ -151,10 +151,10 @@ impl Core<'_> {
         mut r: Record,
     ) -> Result<(), E> {
         tracing::warn!(job = %self.job_id, task = id, cores = r.cores, mem_mb = r.mem_mb, gpus = r.gpus, "task needs more than any agent has");
-        let Ok((life, _)) = task::step(r.life(), Step::Refuse) else { return Ok(()) };
+        let Some((life, _)) = self.move_life(r.life(), Step::Refuse) else { return Ok(()) };
         t.mark_failed(id)?;
         r.outcome = Outcome::Unschedulable as u8;
-        self.apply(t, id, &mut r, State::Pending, life)
+        self.record(t, id, &mut r, life)
     }
 
     /// Hands `agent` up to its credit of tasks, from five sources in turn: the retries (the
@@ -400,8 +400,7 @@ impl Core<'_> {
         r: Record,
         specs: &mut Vec<proto::TaskSpec>,
     ) -> Result<(), E> {
-        let Ok((life, _)) = task::step(r.life(), Step::Dispatch) else { return Ok(()) };
-        self.counts.moved(r.state(), life.state());
+        let Some((life, _)) = self.move_life(r.life(), Step::Dispatch) else { return Ok(()) };
         self.in_flight.insert(id, Flight { agent, life });
         if let Some(a) = self.agents.get_mut(&agent) {
             a.ahead_ms += r.runtime_ms as u64 * r.cores as u64;

@@ -150,7 +150,7 @@ impl Core<'_> {
         if let (Some(a), Some(r)) = (self.agents.get_mut(&agent), t.get(id)?) {
             a.ahead_ms = a.ahead_ms.saturating_sub(r.runtime_ms as u64 * r.cores as u64);
         }
-        self.counts.moved(f.life.state(), State::Pending);
+        self.move_life(f.life, Step::Return);
         // Back from the agent: a resync it answers later must not take it back again (it may
         // be out with it once more by then, as a new dispatch the answer predates).
         if let Some(asked) = self.resyncs.get_mut(&agent) {

@@ -109,7 +109,7 @@ impl Core<'_> {
             return Ok(()); // already out again
         }
         let from = r.state();
-        let Ok((life, _)) = task::step(r.life(), Step::Refund) else { return Ok(()) };
+        let Some((life, _)) = self.move_life(r.life(), Step::Refund) else { return Ok(()) };
         if from == State::Failed {
             // The failure that was final stays in the history, as every ended attempt does.
             let a = Attempt {
@@ -125,7 +125,7 @@ impl Core<'_> {
         }
         // Its attempts count goes back one, but its next run is a new attempt number.
         *self.returned.entry(id).or_default() += 1;
-        self.apply(t, id, &mut r, from, life)?;
+        self.record(t, id, &mut r, life)?;
         self.push_retry(id);
         Ok(())
     }
@@ -136,26 +136,30 @@ impl Core<'_> {
         if f.agent != agent || self.attempt_no(s.id, f.life) != s.attempt {
             return;
         }
-        let Ok((life, _)) = task::step(f.life, Step::Start) else { return };
-        self.counts.moved(f.life.state(), life.state());
+        let Some((life, _)) = self.move_life(f.life, Step::Start) else { return };
         self.in_flight.set_life(s.id, life);
     }
 
-    /// Writes a record whose life `task::step` moved from `from` (the ledger's state, or the
-    /// in-memory one of an attempt in flight), and moves the counts with it: the one place a
-    /// task's record changes state.
-    pub(super) fn apply<E>(
+    /// Moves a task's life by `task::step`, and the counts with it: the one way a task's state
+    /// changes in the core. `None` for a step its state does not allow (a stale report, say),
+    /// which changes nothing.
+    pub(super) fn move_life(&mut self, from: Life, s: Step) -> Option<(Life, Effect)> {
+        let (to, effect) = task::step(from, s).ok()?;
+        self.counts.moved(from.state(), to.state());
+        Some((to, effect))
+    }
+
+    /// Writes a record with the life `move_life` gave it: the one place a task's record changes
+    /// state.
+    pub(super) fn record<E>(
         &mut self,
         t: &mut dyn Tasks<Error = E>,
         id: u64,
         r: &mut Record,
-        from: State,
         life: Life,
     ) -> Result<(), E> {
         r.set_life(life);
-        t.put(id, r)?;
-        self.counts.moved(from, r.state());
-        Ok(())
+        t.put(id, r)
     }
 
     pub(super) fn on_result<E>(
@@ -203,7 +207,7 @@ impl Core<'_> {
             Outcome::Preempted => End::Preempted,
             _ => End::Failed { permanent: outcome.is_permanent(value) },
         };
-        let Ok((life, effect)) = task::step(f.life, Step::Finish(end)) else { return Ok(()) };
+        let Some((life, effect)) = self.move_life(f.life, Step::Finish(end)) else { return Ok(()) };
         self.note_streak(f.agent, id, end);
         if end == End::Succeeded && start_us != 0 && end_us >= start_us {
             self.partition.observe(r.class, r.runtime_ms, (end_us - start_us) / 1000);
@@ -244,7 +248,7 @@ impl Core<'_> {
             t.mark_failed(id)?;
             tracing::debug!(job = %self.job_id, task = id, attempts = life.attempts, outcome = %outcome.describe(value), "task failed");
         }
-        self.apply(t, id, r, f.life.state(), life)
+        self.record(t, id, r, life)
     }
 
     /// Counts an ended attempt on the instance that ran it, and keeps it if it failed.
