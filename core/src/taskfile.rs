@@ -313,18 +313,7 @@ impl<R: BufRead> Parser<R> {
         loop {
             if self.eof || !self.read_line()? {
                 self.eof = true;
-                if let Some((_, line, col)) = self.pending.take().filter(|p| self.last_error.get() < p.1) {
-                    return Err(TaskFileError {
-                        file: self.file.clone(),
-                        line,
-                        column: col,
-                        kind: ErrorKind::Sweep("no task line after it to be its template".into()),
-                    });
-                }
-                if self.tasks == 0 {
-                    return Err(TaskFileError { file: self.file.clone(), line: 0, column: 0, kind: ErrorKind::Empty });
-                }
-                return Ok(None);
+                return self.at_end().map(|()| None);
             }
             // The line after a sweep's directive was refused: it was the template, and the sweep
             // goes with it (the next line is not taken for one).
@@ -340,59 +329,12 @@ impl<R: BufRead> Parser<R> {
                 continue;
             }
             if self.buf[start] == b'#' {
-                let rest = &self.buf[start..end];
-                if rest.starts_with(b"#HTC") && rest.get(4).is_none_or(|b| is_blank(*b)) {
-                    let (s, e) = (start + 4, end);
-                    let words = String::from_utf8_lossy(&self.buf[s..e]).into_owned();
-                    if let Some(args) =
-                        words.trim_start().strip_prefix("sweep").filter(|a| a.is_empty() || a.starts_with([' ', '\t']))
-                    {
-                        let at = s + (words.len() - words.trim_start().len()) + 5;
-                        self.sweep_directive(args, at, start)?;
-                        continue;
-                    }
-                    let mut opts = self.defaults;
-                    let any = self.parse_options(s, e, &mut opts)?;
-                    if !any {
-                        return Err(self.err(start + 1, ErrorKind::InvalidDirective));
-                    }
-                    self.defaults = opts;
-                }
+                self.comment(start, end)?;
                 continue;
             }
             let mut options = self.defaults;
-            let mut cmd_start = start;
-            if self.buf[start] == b'[' && self.buf.get(start + 1).is_some_and(|b| !is_blank(*b)) {
-                let close = match self.buf[start..end].iter().position(|&b| b == b']') {
-                    Some(i) => start + i,
-                    None => return Err(self.err(start + 1, ErrorKind::UnclosedOptions)),
-                };
-                self.parse_options(start + 1, close, &mut options)?;
-                cmd_start = close + 1;
-                if cmd_start < end && !is_blank(self.buf[cmd_start]) {
-                    return Err(self.err(
-                        cmd_start + 1,
-                        ErrorKind::BadOptionSyntax("text right after ']' (put a space before the command)".into()),
-                    ));
-                }
-                while cmd_start < end && is_blank(self.buf[cmd_start]) {
-                    cmd_start += 1;
-                }
-                if cmd_start >= end {
-                    return Err(self.err(close + 1, ErrorKind::MissingCommand));
-                }
-            }
-            let shell = {
-                let command = &self.buf[cmd_start..end];
-                if command.len() > MAX_COMMAND {
-                    return Err(self.err(cmd_start + 1, ErrorKind::CommandTooLong(command.len())));
-                }
-                let shell = needs_shell(command);
-                if let Err((at, why)) = if shell { crate::shellsyntax::check(command) } else { Ok(()) } {
-                    return Err(self.err(cmd_start + at + 1, ErrorKind::ShellSyntax(why)));
-                }
-                shell
-            };
+            let cmd_start = self.line_options(start, end, &mut options)?;
+            let shell = self.check_command(cmd_start, end)?;
             let offset = self.line_start + cmd_start as u64;
             if self.pending.is_some() {
                 self.start_sweep(cmd_start, end, options, offset)?;
@@ -405,6 +347,86 @@ impl<R: BufRead> Parser<R> {
             let command = &self.buf[cmd_start..end];
             return Ok(Some(Task { line: self.line_no, offset, options, command, shell, generated: false }));
         }
+    }
+
+    /// The file ended: a sweep with no template line is an error, and so is a file of no task.
+    fn at_end(&mut self) -> Result<(), TaskFileError> {
+        if let Some((_, line, col)) = self.pending.take().filter(|p| self.last_error.get() < p.1) {
+            return Err(TaskFileError {
+                file: self.file.clone(),
+                line,
+                column: col,
+                kind: ErrorKind::Sweep("no task line after it to be its template".into()),
+            });
+        }
+        if self.tasks == 0 {
+            return Err(TaskFileError { file: self.file.clone(), line: 0, column: 0, kind: ErrorKind::Empty });
+        }
+        Ok(())
+    }
+
+    /// A comment line (`buf[start..end]`, starting with `#`): an `#HTC` directive sets the
+    /// defaults of the lines after it, or starts a sweep; any other comment is nothing.
+    fn comment(&mut self, start: usize, end: usize) -> Result<(), TaskFileError> {
+        let rest = &self.buf[start..end];
+        if !(rest.starts_with(b"#HTC") && rest.get(4).is_none_or(|b| is_blank(*b))) {
+            return Ok(());
+        }
+        let (s, e) = (start + 4, end);
+        let words = String::from_utf8_lossy(&self.buf[s..e]).into_owned();
+        if let Some(args) =
+            words.trim_start().strip_prefix("sweep").filter(|a| a.is_empty() || a.starts_with([' ', '\t']))
+        {
+            let at = s + (words.len() - words.trim_start().len()) + 5;
+            return self.sweep_directive(args, at, start);
+        }
+        let mut opts = self.defaults;
+        if !self.parse_options(s, e, &mut opts)? {
+            return Err(self.err(start + 1, ErrorKind::InvalidDirective));
+        }
+        self.defaults = opts;
+        Ok(())
+    }
+
+    /// A task line's own `[options]`, if it starts with them, into `options`; returns where its
+    /// command starts.
+    fn line_options(&mut self, start: usize, end: usize, options: &mut TaskOptions) -> Result<usize, TaskFileError> {
+        if !(self.buf[start] == b'[' && self.buf.get(start + 1).is_some_and(|b| !is_blank(*b))) {
+            return Ok(start);
+        }
+        let close = match self.buf[start..end].iter().position(|&b| b == b']') {
+            Some(i) => start + i,
+            None => return Err(self.err(start + 1, ErrorKind::UnclosedOptions)),
+        };
+        self.parse_options(start + 1, close, options)?;
+        let mut cmd_start = close + 1;
+        if cmd_start < end && !is_blank(self.buf[cmd_start]) {
+            return Err(self.err(
+                cmd_start + 1,
+                ErrorKind::BadOptionSyntax("text right after ']' (put a space before the command)".into()),
+            ));
+        }
+        while cmd_start < end && is_blank(self.buf[cmd_start]) {
+            cmd_start += 1;
+        }
+        if cmd_start >= end {
+            return Err(self.err(close + 1, ErrorKind::MissingCommand));
+        }
+        Ok(cmd_start)
+    }
+
+    /// The command `buf[cmd_start..end]`: not too long, and valid shell where it needs a shell;
+    /// says whether it does.
+    fn check_command(&self, cmd_start: usize, end: usize) -> Result<bool, TaskFileError> {
+        let command = &self.buf[cmd_start..end];
+        if command.len() > MAX_COMMAND {
+            return Err(self.err(cmd_start + 1, ErrorKind::CommandTooLong(command.len())));
+        }
+        let shell = needs_shell(command);
+        if let Err((at, why)) = if shell { crate::shellsyntax::check(command) } else { Ok(()) } {
+            return Err(self.err(cmd_start + at + 1, ErrorKind::ShellSyntax(why)));
+        }
+        Ok(shell)
     }
 
     /// The task line after `#HTC sweep` (`buf[cmd_start..end]`) becomes the sweep's template.
@@ -507,80 +529,88 @@ impl<R: BufRead> Parser<R> {
             let Some((key, value)) = word.split_once('=') else {
                 return Err(self.err(col, ErrorKind::BadOptionSyntax(word)));
             };
-            let bad = |key: &'static str, why: &'static str| ErrorKind::BadValue { key, value: value.to_string(), why };
-            match key {
-                "cores" => {
-                    opts.cores = parse_uint(value)
-                        .filter(|&n| n >= 1 && n <= MAX_CORES as u64)
-                        .ok_or_else(|| self.err(col, bad("cores", "an integer from 1 to 4096")))?
-                        as u16
-                }
-                "mem" => {
-                    opts.mem_mb = parse_mem_mb(value)
-                        .ok_or_else(|| self.err(col, bad("mem", "a size like 512M, 4G (max 4096T)")))?
-                }
-                "gpus" => {
-                    opts.gpus = parse_uint(value)
-                        .filter(|&n| n <= MAX_GPUS as u64)
-                        .ok_or_else(|| self.err(col, bad("gpus", "an integer from 0 to 64")))?
-                        as u8
-                }
-                "priority" => {
-                    opts.priority = value
-                        .parse::<i16>()
-                        .ok()
-                        .filter(|_| value.bytes().all(|b| b.is_ascii_digit() || b == b'-'))
-                        .ok_or_else(|| self.err(col, bad("priority", "an integer from -32768 to 32767")))?
-                }
-                "affinity" => {
-                    if value.is_empty() || value.len() > 256 {
-                        return Err(self.err(col, bad("affinity", "a key of 1 to 256 characters")));
-                    }
-                    opts.affinity = crate::affinity::key_hash(value.as_bytes());
-                }
-                "timeout" => {
-                    opts.timeout_ms = parse_duration_ms(value).ok_or_else(|| {
-                        self.err(col, bad("timeout", "a duration like 90, 90s, 10m, 1h30m, 1:30:00 (0 = none)"))
-                    })?
-                }
-                "runtime" => {
-                    opts.runtime_ms = parse_duration_ms(value)
-                        .ok_or_else(|| self.err(col, bad("runtime", "a duration like 2s, 5m, 1h")))?
-                }
-                "max_output" => {
-                    opts.max_output = parse_bytes(value).and_then(output_cap::encode).ok_or_else(|| {
-                        self.err(col, bad("max_output", "a size like 100K, 10M, 2G (below 32G; 0 = all)"))
-                    })?
-                }
-                "retries" => {
-                    opts.retries = parse_uint(value)
-                        .filter(|&n| n <= MAX_RETRIES as u64)
-                        .ok_or_else(|| self.err(col, bad("retries", "an integer from 0 to 100")))?
-                        as u8
-                }
-                "class" => {
-                    let ok = !value.is_empty()
-                        && value.len() <= 64
-                        && value.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
-                    if !ok {
-                        return Err(self.err(col, bad("class", "1 to 64 characters of A-Z a-z 0-9 _ . -")));
-                    }
-                    opts.class = match self.classes.iter().position(|c| c == value) {
-                        Some(i) => i as u16,
-                        None if self.classes.len() >= MAX_CLASSES => {
-                            return Err(self.err(col, ErrorKind::TooManyClasses))
-                        }
-                        None => {
-                            self.classes.push(value.to_string());
-                            (self.classes.len() - 1) as u16
-                        }
-                    };
-                }
-                _ => return Err(self.err(col, ErrorKind::UnknownOption(key.to_string()))),
-            }
+            self.set_option(key, value, col, opts)?;
             any = true;
         }
         Ok(any)
+    }
+
+    /// One `key=value` option at column `col` into `opts`.
+    fn set_option(&mut self, key: &str, value: &str, col: usize, opts: &mut TaskOptions) -> Result<(), TaskFileError> {
+        let bad = |key: &'static str, why: &'static str| ErrorKind::BadValue { key, value: value.to_string(), why };
+        match key {
+            "cores" => {
+                opts.cores = parse_uint(value)
+                    .filter(|&n| n >= 1 && n <= MAX_CORES as u64)
+                    .ok_or_else(|| self.err(col, bad("cores", "an integer from 1 to 4096")))?
+                    as u16
+            }
+            "mem" => {
+                opts.mem_mb =
+                    parse_mem_mb(value).ok_or_else(|| self.err(col, bad("mem", "a size like 512M, 4G (max 4096T)")))?
+            }
+            "gpus" => {
+                opts.gpus = parse_uint(value)
+                    .filter(|&n| n <= MAX_GPUS as u64)
+                    .ok_or_else(|| self.err(col, bad("gpus", "an integer from 0 to 64")))?
+                    as u8
+            }
+            "priority" => {
+                opts.priority = value
+                    .parse::<i16>()
+                    .ok()
+                    .filter(|_| value.bytes().all(|b| b.is_ascii_digit() || b == b'-'))
+                    .ok_or_else(|| self.err(col, bad("priority", "an integer from -32768 to 32767")))?
+            }
+            "affinity" => {
+                if value.is_empty() || value.len() > 256 {
+                    return Err(self.err(col, bad("affinity", "a key of 1 to 256 characters")));
+                }
+                opts.affinity = crate::affinity::key_hash(value.as_bytes());
+            }
+            "timeout" => {
+                opts.timeout_ms = parse_duration_ms(value).ok_or_else(|| {
+                    self.err(col, bad("timeout", "a duration like 90, 90s, 10m, 1h30m, 1:30:00 (0 = none)"))
+                })?
+            }
+            "runtime" => {
+                opts.runtime_ms = parse_duration_ms(value)
+                    .ok_or_else(|| self.err(col, bad("runtime", "a duration like 2s, 5m, 1h")))?
+            }
+            "max_output" => {
+                opts.max_output = parse_bytes(value)
+                    .and_then(output_cap::encode)
+                    .ok_or_else(|| self.err(col, bad("max_output", "a size like 100K, 10M, 2G (below 32G; 0 = all)")))?
+            }
+            "retries" => {
+                opts.retries = parse_uint(value)
+                    .filter(|&n| n <= MAX_RETRIES as u64)
+                    .ok_or_else(|| self.err(col, bad("retries", "an integer from 0 to 100")))?
+                    as u8
+            }
+            "class" => opts.class = self.class_of(value, col)?,
+            _ => return Err(self.err(col, ErrorKind::UnknownOption(key.to_string()))),
+        }
+        Ok(())
+    }
+
+    /// The number of class `value` (`class=`), a new one for a name not seen before.
+    fn class_of(&mut self, value: &str, col: usize) -> Result<u16, TaskFileError> {
+        let ok = !value.is_empty()
+            && value.len() <= 64
+            && value.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
+        if !ok {
+            let why = "1 to 64 characters of A-Z a-z 0-9 _ . -";
+            return Err(self.err(col, ErrorKind::BadValue { key: "class", value: value.to_string(), why }));
+        }
+        match self.classes.iter().position(|c| c == value) {
+            Some(i) => Ok(i as u16),
+            None if self.classes.len() >= MAX_CLASSES => Err(self.err(col, ErrorKind::TooManyClasses)),
+            None => {
+                self.classes.push(value.to_string());
+                Ok((self.classes.len() - 1) as u16)
+            }
+        }
     }
 }
 
