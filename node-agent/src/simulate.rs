@@ -16,7 +16,7 @@ use anyhow::Context;
 
 use htc_core::tree::Tree;
 
-use crate::agent::machine::{self, Effect};
+use crate::agent::machine::{self, Carrier, Effect};
 use crate::agent::Instance;
 use crate::leader::core::{Core, Ending, Input, Outbox};
 use crate::leader::driver::LedgerTasks;
@@ -26,7 +26,7 @@ use crate::load::TaskText;
 use crate::proto::{self, frame::Body};
 use crate::rundir::RunDir;
 use htc_core::virtual_exec::VirtualExec;
-use htc_core::work::{ExecEvent, TaskToRun};
+use htc_core::work::{Command, ExecEvent, TaskToRun};
 
 #[derive(Debug, Clone)]
 pub struct SimConfig {
@@ -347,6 +347,59 @@ impl Leader<'_> {
     }
 }
 
+/// One agent's turn of effects, carried out in the virtual world as the node's agent driver
+/// does over sockets: frames take the latency, commands go to its executor (after the turn).
+struct SimTurn<'a> {
+    w: &'a mut World,
+    agent: u32,
+    parent: &'a mut Option<u32>,
+    latency_us: u64,
+    /// What the leader hears when this agent comes back given up (`revive`).
+    hello: Option<Input>,
+    exec: Vec<Command>,
+}
+
+impl Carrier for SimTurn<'_> {
+    fn up(&mut self, body: Body) {
+        let at = self.w.now + self.latency_us;
+        match *self.parent {
+            Some(head) => self.w.at(at, Ev::ToAgent(head, machine::Input::ChildFrame(body))),
+            None => Fleet::to_leader(self.w, at, body),
+        }
+    }
+    fn down(&mut self, child: u32, body: Body) {
+        // A member's Welcome ends its join handshake, which `Fleet::join` models.
+        if !matches!(body, Body::Welcome(_)) {
+            self.w.at(self.w.now + self.latency_us, Ev::ToAgent(child, machine::Input::Parent(body)));
+        }
+    }
+    fn exec(&mut self, command: Command) {
+        self.exec.push(command);
+    }
+    // The connection's end tells the leader nothing it does not know from the frames.
+    fn close_up(&mut self) {}
+    fn rejoin(&mut self) {
+        // Around the lost relay, straight to the leader, keeping its tasks.
+        let input = Input::Rejoined { agent: self.agent, below: Vec::new() };
+        self.reconnect(input);
+    }
+    fn revive(&mut self) {
+        if let Some(hello) = self.hello.take() {
+            self.reconnect(hello);
+        }
+    }
+}
+
+impl SimTurn<'_> {
+    /// A new connection to the leader: it hears `hello`, then the agent hears it is back.
+    fn reconnect(&mut self, hello: Input) {
+        *self.parent = None;
+        let at = self.w.now + self.latency_us;
+        self.w.at(at, Ev::ToLeader(hello));
+        self.w.at(at + self.latency_us, Ev::ToAgent(self.agent, machine::Input::Rejoined));
+    }
+}
+
 /// One simulated agent: its machine, its executor, and what a fault did to it.
 struct Agent {
     machine: Instance,
@@ -475,33 +528,17 @@ impl Fleet {
             return;
         }
         x.machine.handle(w.now, input, &mut self.effects);
-        let later = w.now + cfg.latency_us;
-        let mut exec = Vec::new();
-        for e in std::mem::take(&mut self.effects) {
-            match e {
-                Effect::Up(body) | Effect::Relay(body) => match self.agents[a as usize].parent {
-                    Some(head) => w.at(later, Ev::ToAgent(head, machine::Input::ChildFrame(body))),
-                    None => Self::to_leader(w, later, body),
-                },
-                // A member's Welcome ends its join handshake, which `join` models.
-                Effect::Down { body: Body::Welcome(_), .. } => {}
-                Effect::Down { child, body } => w.at(later, Ev::ToAgent(child, machine::Input::Parent(body))),
-                Effect::Exec(c) => exec.push(c),
-                // The connection's end tells the leader nothing it does not know from the frames.
-                Effect::CloseUp => {}
-                Effect::Rejoin => {
-                    // Around the lost relay, straight to the leader, keeping its tasks.
-                    self.agents[a as usize].parent = None;
-                    w.at(later, Ev::ToLeader(Input::Rejoined { agent: a, below: Vec::new() }));
-                    w.at(later + cfg.latency_us, Ev::ToAgent(a, machine::Input::Rejoined));
-                }
-                Effect::Revive => {
-                    self.agents[a as usize].parent = None;
-                    w.at(later, Ev::ToLeader(self.hello(cfg, a, true)));
-                    w.at(later + cfg.latency_us, Ev::ToAgent(a, machine::Input::Rejoined));
-                }
-            }
-        }
+        let hello = self.hello(cfg, a, true);
+        let mut turn = SimTurn {
+            w,
+            agent: a,
+            parent: &mut self.agents[a as usize].parent,
+            latency_us: cfg.latency_us,
+            hello: Some(hello),
+            exec: Vec::new(),
+        };
+        std::mem::take(&mut self.effects).into_iter().for_each(|e| e.carry_out(&mut turn));
+        let exec = turn.exec;
         let mut events = Vec::new();
         let x = &mut self.agents[a as usize];
         for c in exec {

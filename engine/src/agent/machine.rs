@@ -72,6 +72,38 @@ pub enum Effect {
     Revive,
 }
 
+/// Where an agent's effects are carried out: the node's agent driver (sockets, processes) or
+/// `htc simulate` (a virtual world). `Effect::carry_out` is the one reading of the machine's
+/// effects, so every driver means the same by each, and a new effect is a compile error in
+/// every driver rather than a silent drop in one.
+pub trait Carrier {
+    /// A frame to the parent: the agent's own, or a child's passed up unchanged.
+    fn up(&mut self, body: Body);
+    /// A frame down to this direct child.
+    fn down(&mut self, child: u32, body: Body);
+    fn exec(&mut self, command: Command);
+    /// The last frame is out: close the sending side of the parent connection.
+    fn close_up(&mut self);
+    /// Connect to the leader around the lost relay, keeping the tasks; then `Input::Rejoined`.
+    fn rejoin(&mut self);
+    /// Given up and emptied: connect to the leader as a fresh member; then `Input::Rejoined`,
+    /// or `Input::ReviveFailed`.
+    fn revive(&mut self);
+}
+
+impl Effect {
+    pub fn carry_out(self, to: &mut impl Carrier) {
+        match self {
+            Effect::Up(body) | Effect::Relay(body) => to.up(body),
+            Effect::Down { child, body } => to.down(child, body),
+            Effect::Exec(c) => to.exec(c),
+            Effect::CloseUp => to.close_up(),
+            Effect::Rejoin => to.rejoin(),
+            Effect::Revive => to.revive(),
+        }
+    }
+}
+
 /// The parent connection as the machine knows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Parent {

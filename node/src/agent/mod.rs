@@ -31,7 +31,7 @@ use htc_exec::leftovers::Sweeper;
 use htc_exec::simexec::{self, ExecKind};
 use htc_store::rundir::RunDir;
 
-use machine::{Effect, Input};
+use machine::{Carrier, Input};
 use relay::Child;
 use spawners::Spread;
 
@@ -228,21 +228,9 @@ async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
         };
         let now = start.elapsed().as_micros() as u64;
         m.handle(now, input, &mut effects);
-        let (mut close, mut revive) = (false, false);
-        for e in effects.drain(..) {
-            match e {
-                Effect::Up(body) | Effect::Relay(body) => frame::encode_into(body, &mut out),
-                Effect::Down { child, body } => {
-                    if let Some(tx) = children.get(&child) {
-                        let _ = tx.send(relay::encoded(body));
-                    }
-                }
-                Effect::Exec(c) => execs.send(c),
-                Effect::CloseUp => close = true,
-                Effect::Rejoin => rejoin(&cfg, &secret, cfg.live.lease_us, rejoin_tx.clone()),
-                Effect::Revive => revive = true,
-            }
-        }
+        let mut turn = Turn::new(&cfg, &secret, &rejoin_tx, &children, &mut execs, &mut out);
+        effects.drain(..).for_each(|e| e.carry_out(&mut turn));
+        let (close, revive) = (turn.close, turn.revive);
         if !out.is_empty() {
             let written = wr.write_all(&out).await;
             out.clear();
@@ -251,13 +239,9 @@ async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
                 // Nothing more goes up this connection, but an agent below a lost relay must
                 // still go around it: the machine hears of the end once, here, and ignores the
                 // reader's word of it after (a Rejoin dropped here was never asked again).
-                for e in effects.drain(..) {
-                    match e {
-                        Effect::Exec(c) => execs.send(c),
-                        Effect::Rejoin => rejoin(&cfg, &secret, cfg.live.lease_us, rejoin_tx.clone()),
-                        _ => {}
-                    }
-                }
+                let mut turn = Turn::new(&cfg, &secret, &rejoin_tx, &children, &mut execs, &mut out);
+                turn.parent_gone = true;
+                effects.drain(..).for_each(|e| e.carry_out(&mut turn));
             }
         }
         if close || revive {
@@ -283,6 +267,60 @@ async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
     outcome
         .map_err(|why| anyhow::anyhow!("{why}"))
         .with_context(|| format!("agent {} under {}", cfg.agent_id, cfg.parent))
+}
+
+/// One turn's effects, as this agent carries them out: frames up into the write buffer, down to
+/// the children's connections, commands to the executors, reconnecting to the leader.
+struct Turn<'a> {
+    cfg: &'a AgentConfig,
+    secret: &'a [u8],
+    rejoin_tx: &'a UnboundedSender<Result<TcpStream, String>>,
+    children: &'a HashMap<u32, UnboundedSender<Vec<u8>>>,
+    execs: &'a mut Executors,
+    out: &'a mut Vec<u8>,
+    /// The parent connection failed a write: nothing more goes to it, or below through it.
+    parent_gone: bool,
+    close: bool,
+    revive: bool,
+}
+
+impl<'a> Turn<'a> {
+    fn new(
+        cfg: &'a AgentConfig,
+        secret: &'a [u8],
+        rejoin_tx: &'a UnboundedSender<Result<TcpStream, String>>,
+        children: &'a HashMap<u32, UnboundedSender<Vec<u8>>>,
+        execs: &'a mut Executors,
+        out: &'a mut Vec<u8>,
+    ) -> Self {
+        Turn { cfg, secret, rejoin_tx, children, execs, out, parent_gone: false, close: false, revive: false }
+    }
+}
+
+impl Carrier for Turn<'_> {
+    fn up(&mut self, body: Body) {
+        if !self.parent_gone {
+            frame::encode_into(body, self.out);
+        }
+    }
+    fn down(&mut self, child: u32, body: Body) {
+        if let Some(tx) = self.children.get(&child).filter(|_| !self.parent_gone) {
+            let _ = tx.send(relay::encoded(body));
+        }
+    }
+    fn exec(&mut self, command: Command) {
+        self.execs.send(command);
+    }
+    fn close_up(&mut self) {
+        self.close |= !self.parent_gone;
+    }
+    // Even after a failed write (see the loop): a Rejoin dropped there is never asked again.
+    fn rejoin(&mut self) {
+        rejoin(self.cfg, self.secret, self.cfg.live.lease_us, self.rejoin_tx.clone());
+    }
+    fn revive(&mut self) {
+        self.revive |= !self.parent_gone;
+    }
 }
 
 /// Feeds the frames of a connection to the agent's loop; reading a frame is not cancel-safe, so
