@@ -414,36 +414,42 @@ fn lead_run(
         no_steal: false,
     };
     let lock = run.lock()?;
-    {
-        // What `htc resume` asks for when told nothing else.
-        let l = htc::ledger::Ledger::open(&run.ledger(), false)?;
-        let mut t = l.write()?;
-        t.put_meta("slurm_nodes", &(nodes as u64).to_le_bytes())?;
-        // The run's shape, and the job's own options as the user gave them (an `htc resume
-        // -- OPTIONS` or resubmission puts what it is told after them, and sbatch takes the last).
-        let mut args = slurm::own_job_options();
-        args.extend(resume_args(nodes, &a));
-        t.put_meta("resume_sbatch", args.join("\n").as_bytes())?;
-        t.commit()?;
-    }
+    note_resume_args(run, nodes, &a)?;
     let outcome = leader::run(cfg, |addr, tx| srun.start(run, addr, tx))?;
     let code = htc::status::finish(run, &outcome, false);
     drop(lock);
-    if let Some(max) = a.resubmit {
-        // SIGTERM past the deadline is the time limit; before it, someone cancelled the job.
-        let at_limit = deadline_us.is_some_and(|d| htc::rundir::now_us() >= d);
-        let due = match outcome.ending {
-            leader::Ending::OutOfTime(_) | leader::Ending::AgentsLost(_) => true,
-            leader::Ending::Interrupted(sig) => sig == libc::SIGTERM && at_limit,
-            _ => false,
-        };
-        if due {
-            if let Err(e) = resubmit(run, max) {
-                println!("htc: could not resubmit: {e:#}");
-            }
+    let at_limit = deadline_us.is_some_and(|d| htc::rundir::now_us() >= d);
+    if let Some(max) = a.resubmit.filter(|_| resubmit_due(&outcome.ending, at_limit)) {
+        if let Err(e) = resubmit(run, max) {
+            println!("htc: could not resubmit: {e:#}");
         }
     }
     code
+}
+
+/// What `htc resume` asks for when told nothing else: the run's shape, and the job's own options
+/// as the user gave them (an `htc resume -- OPTIONS` or resubmission puts what it is told after
+/// them, and sbatch takes the last).
+fn note_resume_args(run: &RunDir, nodes: usize, a: &LeadArgs) -> anyhow::Result<()> {
+    let l = htc::ledger::Ledger::open(&run.ledger(), false)?;
+    let mut t = l.write()?;
+    t.put_meta("slurm_nodes", &(nodes as u64).to_le_bytes())?;
+    let mut args = slurm::own_job_options();
+    args.extend(resume_args(nodes, a));
+    t.put_meta("resume_sbatch", args.join("\n").as_bytes())?;
+    t.commit()?;
+    Ok(())
+}
+
+/// Whether a session that ended so continues in a resubmitted job (`--htc-resubmit`): out of
+/// time, agents lost, or SIGTERM at the time limit; not when someone cancelled the job (SIGTERM
+/// before the limit) or the run ended.
+fn resubmit_due(ending: &leader::Ending, at_limit: bool) -> bool {
+    match ending {
+        leader::Ending::OutOfTime(_) | leader::Ending::AgentsLost(_) => true,
+        leader::Ending::Interrupted(sig) => *sig == libc::SIGTERM && at_limit,
+        _ => false,
+    }
 }
 
 /// `--htc-resubmit=N`: submits the job that continues this run, as `htc resume` would, unless
