@@ -94,20 +94,7 @@ pub fn run(
     // Only instance heads join the leader; each is one instance of the partition.
     let expected = cfg.layout.heads().len().min(agents.count);
 
-    let plan = Planned { plan: cfg.partition, instances: expected, cores: cfg.cores, params: cfg.params };
-    let mut core = new_core(&ledger, &plan, &cfg.job_id, htc_store::rundir::now_us())?
-        .with_layout(cfg.layout.clone())
-        .with_liveness(cfg.live)
-        .with_memory_policy(cfg.mem_policy);
-    if cfg.no_steal {
-        core = core.without_stealing();
-    }
-    if let Some(n) = cfg.max_fails {
-        core = core.with_max_fails(n);
-    }
-    if let Some(end) = cfg.deadline_us {
-        core = core.with_deadline(end);
-    }
+    let core = configured_core(&ledger, &cfg, expected)?;
     // The network side's own heartbeat stands in only while the core thread is late with its
     // own (a long commit): a heartbeat after the core's would be sent as often as the acks.
     let heartbeat = Duration::from_micros(cfg.live.beat_every_us(expected) + cfg.live.heartbeat_us);
@@ -145,6 +132,25 @@ pub fn run(
     })?;
     let (ending, progress) = result;
     Ok(Outcome { ending, progress })
+}
+
+/// The core for this session: planned for the `expected` instances, with the run's options.
+fn configured_core(ledger: &Ledger, cfg: &LeaderConfig, expected: usize) -> anyhow::Result<Core<'static>> {
+    let plan = Planned { plan: cfg.partition, instances: expected, cores: cfg.cores, params: cfg.params };
+    let mut core = new_core(ledger, &plan, &cfg.job_id, htc_store::rundir::now_us())?
+        .with_layout(cfg.layout.clone())
+        .with_liveness(cfg.live)
+        .with_memory_policy(cfg.mem_policy);
+    if cfg.no_steal {
+        core = core.without_stealing();
+    }
+    if let Some(n) = cfg.max_fails {
+        core = core.with_max_fails(n);
+    }
+    if let Some(end) = cfg.deadline_us {
+        core = core.with_deadline(end);
+    }
+    Ok(core)
 }
 
 /// What the leader's core is built from besides the ledger.
