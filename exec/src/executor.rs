@@ -319,6 +319,9 @@ struct Executor {
 }
 
 impl Executor {
+    // Long (about 110 lines): the descriptors it opens (epoll, signalfd, captures, the index) are
+    // set up in order, each undone by the ones before it if a later one fails; split, the order
+    // would be spread over functions that each need most of the struct.
     fn new(cfg: ExecConfig, reaping: Reaping) -> io::Result<Executor> {
         // SAFETY: epoll_create1 takes no pointers; the result is checked below.
         let epoll = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
@@ -429,6 +432,9 @@ impl Executor {
         })
     }
 
+    // Long (about 140 lines): the spawn loop, one pass per wakeup over every source (commands,
+    // ended children, deadlines, memory, the queue), in the order that keeps a slot from being
+    // handed out twice; each source's work is a method, the order is kept here in one place.
     fn run(
         &mut self,
         rx: mpsc::Receiver<Command>,

@@ -134,6 +134,10 @@ async fn connect(addr: SocketAddr) -> anyhow::Result<TcpStream> {
     Err(last.unwrap()).with_context(|| format!("connecting to {addr}"))
 }
 
+// Long (about 130 lines): the agent's one select over every source (signals, the parent's
+// frames, children, executors, reconnections, the timer), each turned into one machine input,
+// and the machine's effects carried out (`Turn`); the sources share the connection state, which
+// a split would pass around by the dozen.
 async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
     let secret = cfg.run.read_secret().context("reading the job secret")?;
     let (job_id, stream) = join(&JoinAs::of(&cfg), cfg.parent, &secret, Joining::First).await?;

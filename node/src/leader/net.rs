@@ -92,6 +92,8 @@ fn encoded(body: Body) -> Vec<u8> {
     b
 }
 
+// Long (about 95 lines): a connection's whole life (handshake, Hello, the join, then frames until
+// it ends, and the losses it causes) in the order the protocol has it.
 /// One connection from a direct child: its own agent plus every agent it relays for. Errors are
 /// refusals before the child joined; after that, a broken connection loses its agents.
 async fn connection(
