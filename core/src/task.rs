@@ -219,9 +219,17 @@ impl Counts {
     pub fn add(&mut self, s: State) {
         self.0[s as usize] += 1;
     }
+    /// Moves a task's life by `step`, and these counts with it: the way every holder of counts
+    /// (the leader's core, `htc retry`) moves a task, so that the two cannot part.
+    pub fn step(&mut self, life: Life, s: Step) -> Result<(Life, Effect), Invalid> {
+        let (to, effect) = step(life, s)?;
+        self.moved(life.state(), to.state());
+        Ok((to, effect))
+    }
+
     /// One task moved. A move out of an empty state means the counts and the records disagree:
     /// a bug, caught in debug builds and clamped (never wrapped) in release builds.
-    pub fn moved(&mut self, from: State, to: State) {
+    fn moved(&mut self, from: State, to: State) {
         let c = &mut self.0[from as usize];
         debug_assert!(*c > 0, "no {} task to move to {}", from.name(), to.name());
         *c = c.saturating_sub(1);

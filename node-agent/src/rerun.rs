@@ -6,7 +6,7 @@ use std::ops::RangeInclusive;
 use std::path::Path;
 
 use anyhow::{bail, Context};
-use htc_core::task::{self, Step};
+use htc_core::task::Step;
 
 use crate::ledger::{Ledger, State, WriteTxn};
 use crate::replica::Replica;
@@ -50,7 +50,7 @@ pub fn reopen(t: &mut WriteTxn<'_>, ids: impl Iterator<Item = u64>, retries: u8)
             continue;
         };
         let from = r.state();
-        let Ok((life, _)) = task::step(r.life(), Step::Rerun { retries }) else {
+        let Ok((life, _)) = counts.step(r.life(), Step::Rerun { retries }) else {
             if from.is_final() {
                 n.worn_out += 1;
             } else {
@@ -72,7 +72,6 @@ pub fn reopen(t: &mut WriteTxn<'_>, ids: impl Iterator<Item = u64>, retries: u8)
             n.done += 1;
         }
         t.put(id, &r)?;
-        counts.moved(from, State::Pending);
     }
     t.put_counts(&counts)?;
     Ok(n)

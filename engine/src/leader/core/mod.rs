@@ -22,7 +22,7 @@ use htc_core::hist::{Hist, Summary};
 use htc_core::idmap::{IdMap, IdSet};
 use htc_core::partition::{Block, Partition};
 use htc_core::recall::{self, Recalls};
-use htc_core::task::{self, Effect, End, Life, Step};
+use htc_core::task::{Effect, End, Life, Step};
 use htc_core::tree::Tree;
 
 use crate::live;

@@ -144,9 +144,7 @@ impl Core<'_> {
     /// changes in the core. `None` for a step its state does not allow (a stale report, say),
     /// which changes nothing.
     pub(super) fn move_life(&mut self, from: Life, s: Step) -> Option<(Life, Effect)> {
-        let (to, effect) = task::step(from, s).ok()?;
-        self.counts.moved(from.state(), to.state());
-        Some((to, effect))
+        self.counts.step(from, s).ok()
     }
 
     /// Writes a record with the life `move_life` gave it: the one place a task's record changes
