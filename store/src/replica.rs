@@ -785,6 +785,10 @@ mod tests {
             t.commit().unwrap();
             if id % 10 == 0 {
                 live.new_generation().unwrap();
+                // A leader starts a generation once its journal has grown as large as its
+                // snapshot, far less often than this; back to back, a reader on a loaded machine
+                // could see every try overtaken (`restore` tries three generations).
+                std::thread::sleep(std::time::Duration::from_millis(20));
             }
         }
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
