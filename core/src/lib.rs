@@ -12,6 +12,7 @@ pub mod partition;
 pub mod recall;
 pub mod record;
 pub mod shellsyntax;
+pub mod slots;
 pub mod sweep;
 pub mod task;
 pub mod taskfile;

@@ -6,25 +6,20 @@
 //! tasks of lower priority (lowest, then newest first), `Stop` ends tasks as preempted, `Hold`
 //! starts nothing new, `Reset` drops everything. A task lasts what `runtime_us` says.
 //!
-//! What it does not model: memory (nothing is resident), output, time limits, signals' grace
-//! (a stopped task ends at once).
-
-use std::collections::VecDeque;
+//! Which task gets the cores is `crate::slots`'s, as in the real executor. A task past its
+//! `timeout` ends then as timed out. What it does not model: memory (nothing is resident),
+//! output, signals' grace (a stopped task ends at once).
 
 use crate::record::{errno, Outcome};
-use crate::work::{recall_from, Command, ExecEvent, Finished, TaskToRun};
+use crate::slots::{self, Holder, Next, Queue, Room};
+use crate::work::{Command, ExecEvent, Finished, TaskToRun};
 
 /// How long a task runs, in µs, from what the agent was told of it.
 pub type Runtime = Box<dyn Fn(&TaskToRun) -> u64 + Send>;
 
 pub struct VirtualExec {
-    slots: u32,
-    gpus: u32,
-    free: u32,
-    free_gpus: u32,
-    queue: VecDeque<TaskToRun>,
-    /// Some task ever had a priority: the queue is kept in priority order from then on.
-    prioritized: bool,
+    room: Room,
+    queue: Queue,
     running: Vec<Running>,
     held: bool,
     /// The agent process is stopped (SIGSTOP): its tasks run on and end, it starts nothing.
@@ -38,26 +33,23 @@ pub struct VirtualExec {
 
 struct Running {
     end_us: u64,
+    /// It ends at its time limit, before its runtime is up.
+    timed_out: bool,
     start_us: u64,
-    id: u64,
-    attempt: u32,
-    cores: u32,
-    gpus: u32,
-    priority: i16,
-    preemptible: bool,
+    task: TaskToRun,
 }
+
+/// What a task stopped at its time limit ends with: the signal that stopped it (SIGTERM), as
+/// a process that obeys it at once.
+const TERMINATED: i32 = 15;
 
 impl VirtualExec {
     /// An executor of `slots` cores and `gpus` devices whose tasks last `runtime`.
     pub fn new(slots: u32, gpus: u32, runtime: Runtime) -> VirtualExec {
         let slots = slots.max(1);
         VirtualExec {
-            slots,
-            gpus,
-            free: slots,
-            free_gpus: gpus,
-            queue: VecDeque::new(),
-            prioritized: false,
+            room: Room { cores: slots, gpus, free_cores: slots, free_gpus: gpus },
+            queue: Queue::default(),
             running: Vec::new(),
             held: false,
             frozen: false,
@@ -78,17 +70,11 @@ impl VirtualExec {
     pub fn command(&mut self, now_us: u64, c: Command, out: &mut Vec<ExecEvent>) {
         match c {
             Command::Run(_) if self.aborted => {}
-            Command::Run(v) => {
-                self.prioritized |= v.iter().any(|t| t.priority != 0);
-                self.queue.extend(v);
-                if self.prioritized {
-                    self.queue.make_contiguous().sort_by_key(|t| std::cmp::Reverse(t.priority));
-                }
-            }
+            Command::Run(v) => self.queue.add(v),
             Command::Finish => self.finishing = true,
             Command::Hold(h) => self.held = h,
             Command::Stop(ids) => self.stop(now_us, &ids, out),
-            Command::Recall(ids) => recall_from(&mut self.queue, &ids, out),
+            Command::Recall(ids) => self.queue.recall(&ids, out),
             Command::Abort => {
                 self.aborted = true;
                 self.finishing = true;
@@ -111,7 +97,7 @@ impl VirtualExec {
                 return;
             }
             if self.instant {
-                for t in self.queue.drain(..) {
+                for t in self.queue.drain() {
                     out.push(finished(&t, Outcome::Exited, 0, now_us, now_us));
                 }
                 return;
@@ -153,17 +139,10 @@ impl VirtualExec {
         let mut i = 0;
         while i < self.running.len() {
             if self.running[i].end_us <= now_us {
-                let r = self.running.swap_remove(i);
-                self.free += r.cores;
-                self.free_gpus += r.gpus;
-                out.push(ExecEvent::Finished(Finished {
-                    id: r.id,
-                    attempt: r.attempt,
-                    outcome: Outcome::Exited,
-                    value: 0,
-                    start_us: r.start_us,
-                    end_us: r.end_us,
-                }));
+                let r = self.release(i);
+                let (outcome, value) = slots::ending(None, false, r.timed_out, true, 0);
+                let value = if r.timed_out { TERMINATED } else { value };
+                out.push(finished(&r.task, outcome, value, r.start_us, r.end_us));
             } else {
                 i += 1;
             }
@@ -171,88 +150,45 @@ impl VirtualExec {
     }
 
     fn start_queued(&mut self, now_us: u64, out: &mut Vec<ExecEvent>) {
-        while let Some(t) = self.queue.front() {
-            let cores = t.cores.max(1);
-            if cores > self.slots || t.gpus > self.gpus {
-                // The leader only sends tasks that fit this agent; refuse rather than wait forever.
-                let t = self.queue.pop_front().unwrap();
-                out.push(finished(&t, Outcome::SpawnFailed, errno::E2BIG, now_us, now_us));
-                continue;
+        loop {
+            let holders = self.running.iter().map(|r| Holder::of(&r.task, r.start_us, false));
+            match self.queue.next(&self.room, holders) {
+                Next::Start(t) => self.start(now_us, t, out),
+                Next::Refuse(t) => out.push(finished(&t, Outcome::SpawnFailed, errno::E2BIG, now_us, now_us)),
+                // Virtual tasks stop at once: their cores are free for the head now.
+                Next::Stop(ids) => self.stop(now_us, &ids, out),
+                Next::Wait | Next::Idle => return,
             }
-            if cores > self.free || t.gpus > self.free_gpus {
-                let (priority, short) = (t.priority, cores.saturating_sub(self.free));
-                if !self.preempt_for(now_us, priority, short, out) {
-                    return;
-                }
-                continue;
-            }
-            let t = self.queue.pop_front().unwrap();
-            self.free -= cores;
-            self.free_gpus -= t.gpus;
-            out.push(ExecEvent::Started { id: t.id, attempt: t.attempt, start_us: now_us });
-            self.running.push(Running {
-                end_us: now_us + (self.runtime)(&t),
-                start_us: now_us,
-                id: t.id,
-                attempt: t.attempt,
-                cores,
-                gpus: t.gpus,
-                priority: t.priority,
-                preemptible: t.preemptible,
-            });
         }
     }
 
-    /// The head of the queue has `priority` and lacks `short` cores: preemptible tasks of lower
-    /// priority stop, lowest priority and newest first, until enough cores are free. Says
-    /// whether that made room.
-    fn preempt_for(&mut self, now_us: u64, priority: i16, short: u32, out: &mut Vec<ExecEvent>) -> bool {
-        let mut victims: Vec<(i16, std::cmp::Reverse<u64>, u64, u32)> = self
-            .running
-            .iter()
-            .filter(|r| r.preemptible && r.priority < priority)
-            .map(|r| (r.priority, std::cmp::Reverse(r.start_us), r.id, r.cores))
-            .collect();
-        if victims.iter().map(|v| v.3).sum::<u32>() < short.max(1) {
-            return false;
-        }
-        victims.sort_unstable();
-        let (mut freed, mut ids) = (0, Vec::new());
-        for (_, _, id, cores) in victims {
-            if freed >= short.max(1) {
-                break;
-            }
-            freed += cores;
-            ids.push(id);
-        }
-        self.stop(now_us, &ids, out);
-        true
+    fn start(&mut self, now_us: u64, t: TaskToRun, out: &mut Vec<ExecEvent>) {
+        self.room.free_cores -= t.cores.max(1);
+        self.room.free_gpus -= t.gpus;
+        out.push(ExecEvent::Started { id: t.id, attempt: t.attempt, start_us: now_us });
+        let runtime = (self.runtime)(&t);
+        let limit = t.timeout_ms as u64 * 1000;
+        let timed_out = limit > 0 && runtime > limit;
+        let end_us = now_us + if timed_out { limit } else { runtime };
+        self.running.push(Running { end_us, timed_out, start_us: now_us, task: t });
+    }
+
+    /// Takes running task `i` off its cores and devices.
+    fn release(&mut self, i: usize) -> Running {
+        let r = self.running.swap_remove(i);
+        self.room.free_cores += r.task.cores.max(1);
+        self.room.free_gpus += r.task.gpus;
+        r
     }
 
     /// Ends these tasks as preempted: queued ones at once, unstarted; running ones now.
     fn stop(&mut self, now_us: u64, ids: &[u64], out: &mut Vec<ExecEvent>) {
-        self.queue.retain(|t| {
-            let keep = !ids.contains(&t.id);
-            if !keep {
-                out.push(finished(t, Outcome::Preempted, 0, now_us, now_us));
-            }
-            keep
-        });
+        self.queue.preempt(ids, now_us, out);
         let mut i = 0;
         while i < self.running.len() {
-            if ids.contains(&self.running[i].id) {
-                let r = self.running.swap_remove(i);
-                self.free += r.cores;
-                self.free_gpus += r.gpus;
-                let f = Finished {
-                    id: r.id,
-                    attempt: r.attempt,
-                    outcome: Outcome::Preempted,
-                    value: 0,
-                    start_us: r.start_us,
-                    end_us: now_us,
-                };
-                out.push(ExecEvent::Finished(f));
+            if ids.contains(&self.running[i].task.id) {
+                let r = self.release(i);
+                out.push(finished(&r.task, Outcome::Preempted, 0, r.start_us, now_us));
             } else {
                 i += 1;
             }
@@ -262,8 +198,8 @@ impl VirtualExec {
     /// Tasks without processes: dropping them stops them, and nothing is said of them.
     fn drop_running(&mut self) {
         self.running.clear();
-        self.free = self.slots;
-        self.free_gpus = self.gpus;
+        self.room.free_cores = self.room.cores;
+        self.room.free_gpus = self.room.gpus;
     }
 }
 
@@ -363,6 +299,18 @@ mod tests {
         let p = |id, priority| TaskToRun { priority, ..task(id, 1, 10) };
         let done = run_out(&mut x, vec![p(1, 0), p(2, 5), p(3, 0), p(4, 5)]);
         assert_eq!(done.iter().map(|f| f.id).collect::<Vec<_>>(), vec![2, 4, 1, 3]);
+    }
+
+    #[test]
+    fn a_task_past_its_time_limit_ends_then_as_timed_out_and_frees_its_core() {
+        // One slot: a 1 s task with a 300 ms limit, then a 100 ms one that starts when it is cut.
+        let limited = TaskToRun { timeout_ms: 300, ..task(1, 1, 1_000) };
+        let within = TaskToRun { timeout_ms: 300, ..task(3, 1, 100) };
+        let done = run_out(&mut VirtualExec::new(1, 0, by_hint()), vec![limited, task(2, 1, 100), within]);
+        let by_id = |id| done.iter().find(|f| f.id == id).unwrap();
+        assert_eq!((by_id(1).outcome, by_id(1).value, by_id(1).end_us), (Outcome::TimedOut, TERMINATED, 300_000));
+        assert_eq!((by_id(2).start_us, by_id(2).outcome), (300_000, Outcome::Exited));
+        assert_eq!((by_id(3).end_us, by_id(3).outcome), (500_000, Outcome::Exited), "within its limit");
     }
 
     #[test]

@@ -4,7 +4,7 @@
 
 use crate::record::Outcome;
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TaskToRun {
     pub id: u64,
     pub attempt: u32,

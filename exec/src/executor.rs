@@ -26,7 +26,7 @@
 //! costs: 1 ms after each spawn, backing off to 64 ms while nothing ends. A child whose
 //! `pidfd_open` alone fails (EMFILE) is covered the same way.
 
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::HashMap;
 use std::ffi::{CString, OsString};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufWriter, Write};
@@ -40,6 +40,7 @@ use std::time::{Duration, Instant};
 use crate::handoff::{Handoff, When};
 use crate::output::{IndexEntry, OutputMode};
 use htc_core::record::Outcome;
+use htc_core::slots::{self, Deadlines, Due, Holder, Next, Queue, Room};
 use htc_store::host::now_us;
 
 pub use htc_core::work::{recall_from, Command, ExecEvent, Finished, TaskToRun};
@@ -267,10 +268,10 @@ struct Executor {
     slots: Vec<Slot>,
     free: Vec<bool>,
     free_count: usize,
-    queue: VecDeque<TaskToRun>,
+    queue: Queue,
     running: HashMap<libc::pid_t, Running>,
-    /// (when, pid, spawn serial): the serial tells a stale entry from a new task that reused the pid.
-    deadlines: Deadlines,
+    /// By pid and spawn serial: the serial tells a stale entry from a new task that reused the pid.
+    deadlines: Deadlines<Instant, libc::pid_t>,
     serial: u64,
     events: Vec<ExecEvent>,
     index: Option<BufWriter<File>>,
@@ -286,9 +287,8 @@ struct Executor {
     mem_checked: Option<Instant>,
     /// Each slot's memory cgroup, made when it first runs a task with `mem=` (`cfg.memcg`).
     cgroups: Vec<Option<crate::memcg::Slot>>,
-    /// Running tasks that may be preempted; tasks with a priority were queued at some point.
+    /// Running tasks that may be preempted: while none, the queue's head never looks for any.
     preemptible_running: usize,
-    prioritized: bool,
     /// "No pidfd" lines, at most one a minute (out of descriptors, every spawn would log).
     pidfd_log: crate::throttle::Throttle,
     env: Vec<CString>,
@@ -398,9 +398,9 @@ impl Executor {
             binding: !cfg.cpus.is_empty(),
             unbound: allowed_cpus(),
             slots,
-            queue: VecDeque::new(),
+            queue: Queue::default(),
             running: HashMap::new(),
-            deadlines: BinaryHeap::new(),
+            deadlines: Deadlines::default(),
             serial: 0,
             events: Vec::new(),
             index,
@@ -411,7 +411,6 @@ impl Executor {
             mem_checked: None,
             cgroups: Vec::new(),
             preemptible_running: 0,
-            prioritized: false,
             pidfd_log: crate::throttle::Throttle::new(Duration::from_secs(60)),
             env,
             path_dirs,
@@ -450,19 +449,12 @@ impl Executor {
         loop {
             loop {
                 match rx.try_recv() {
-                    Ok(Command::Run(v)) if !aborting => {
-                        self.prioritized |= v.iter().any(|t| t.priority != 0);
-                        self.queue.extend(v);
-                        if self.prioritized {
-                            // Stable: the leader's order within a priority.
-                            self.queue.make_contiguous().sort_by_key(|t| std::cmp::Reverse(t.priority));
-                        }
-                    }
+                    Ok(Command::Run(v)) if !aborting => self.queue.add(v),
                     Ok(Command::Run(_)) => {}
                     Ok(Command::Finish) => finishing = true,
                     Ok(Command::Hold(h)) => held = h,
                     Ok(Command::Stop(ids)) => self.stop(&ids),
-                    Ok(Command::Recall(ids)) => recall_from(&mut self.queue, &ids, &mut self.events),
+                    Ok(Command::Recall(ids)) => self.queue.recall(&ids, &mut self.events),
                     Ok(Command::Abort) => {
                         aborting = true;
                         finishing = true;
@@ -529,8 +521,8 @@ impl Executor {
             }
             let mut timeout = self
                 .deadlines
-                .peek()
-                .map(|std::cmp::Reverse((t, _, _))| t.saturating_duration_since(Instant::now()))
+                .next()
+                .map(|t| t.saturating_duration_since(Instant::now()))
                 .unwrap_or(Duration::from_millis(100))
                 .min(Duration::from_millis(100));
             if self.unwatched > 0 {
@@ -579,48 +571,65 @@ impl Executor {
         }
     }
 
+    /// Starts what `slots` says may start. Memory and GPUs are the leader's to commit
+    /// (`htc_core::backfill`): it never sends more than the agent has, and releases them only
+    /// once the result is back.
     fn start_queued(&mut self) {
-        while let Some(t) = self.queue.front() {
-            // Memory and GPUs are the leader's to commit (`htc_core::backfill`): it never sends
-            // more than the agent has, and releases them only once the result is back.
-            let cores = (t.cores as usize).max(1);
-            if cores > self.cfg.slots || t.gpus as usize > self.cfg.gpus.len() {
-                // The leader only sends tasks that fit this agent; refuse rather than wait forever.
-                let t = self.queue.pop_front().unwrap();
-                let now = now_us();
-                self.events.push(ExecEvent::Finished(Finished {
-                    id: t.id,
-                    attempt: t.attempt,
-                    outcome: Outcome::SpawnFailed,
-                    value: libc::E2BIG,
-                    start_us: now,
-                    end_us: now,
-                }));
-                continue;
-            }
-            if cores > self.free_count {
-                let (priority, short) = (t.priority, cores - self.free_count);
-                self.preempt_for(priority, short);
-                return;
-            }
-            let devices = match t.gpus {
-                0 => Vec::new(),
-                n => match self.cfg.gpus.take(t.id, n as usize) {
-                    Some(d) => d,
-                    None => return,
-                },
+        loop {
+            let room = Room {
+                cores: self.cfg.slots as u32,
+                gpus: self.cfg.gpus.len() as u32,
+                free_cores: self.free_count as u32,
+                free_gpus: if self.cfg.gpus.is_empty() { 0 } else { self.cfg.gpus.free() as u32 },
             };
-            let t = self.queue.pop_front().unwrap();
-            let mut slots = Vec::with_capacity(cores);
-            for (i, f) in self.free.iter_mut().enumerate() {
-                if *f && slots.len() < cores {
-                    *f = false;
-                    slots.push(i);
+            // Without a preemptible task running, the head never looks through the others.
+            let holders = (self.preemptible_running > 0)
+                .then(|| self.running.values().map(|r| Holder::of(&r.task, r.start_us, r.kill_at.is_some())))
+                .into_iter()
+                .flatten();
+            match self.queue.next(&room, holders) {
+                Next::Start(t) => {
+                    let devices = match t.gpus {
+                        0 => Vec::new(),
+                        n => match self.cfg.gpus.take(t.id, n as usize) {
+                            Some(d) => d,
+                            // Another spawn loop of the agent took them first.
+                            None => return self.queue.put_back(t),
+                        },
+                    };
+                    let slots = self.take_slots(t.cores.max(1) as usize);
+                    self.spawn(t, slots, devices);
                 }
+                Next::Refuse(t) => {
+                    let now = now_us();
+                    let f = Finished {
+                        id: t.id,
+                        attempt: t.attempt,
+                        outcome: Outcome::SpawnFailed,
+                        value: libc::E2BIG,
+                        start_us: now,
+                        end_us: now,
+                    };
+                    self.events.push(ExecEvent::Finished(f));
+                }
+                // Their cores come back when they end, after at most the grace.
+                Next::Stop(ids) => return self.stop(&ids),
+                Next::Wait | Next::Idle => return,
             }
-            self.free_count -= cores;
-            self.spawn(t, slots, devices);
         }
+    }
+
+    /// The first `cores` free slots, now held.
+    fn take_slots(&mut self, cores: usize) -> Vec<usize> {
+        let mut slots = Vec::with_capacity(cores);
+        for (i, f) in self.free.iter_mut().enumerate() {
+            if *f && slots.len() < cores {
+                *f = false;
+                slots.push(i);
+            }
+        }
+        self.free_count -= cores;
+        slots
     }
 
     fn release(&mut self, t: &TaskToRun, slots: &[usize]) {
@@ -830,11 +839,7 @@ impl Executor {
         self.serial += 1;
         let serial = self.serial;
         if t.timeout_ms > 0 {
-            self.deadlines.push(std::cmp::Reverse((
-                Instant::now() + Duration::from_millis(t.timeout_ms as u64),
-                pid,
-                serial,
-            )));
+            self.deadlines.limit(Instant::now() + Duration::from_millis(t.timeout_ms as u64), pid, serial);
         }
         self.preemptible_running += t.preemptible as usize;
         let pidfd = self.watch(pid, pidfd);
@@ -988,17 +993,7 @@ impl Executor {
             Ok(info) => {
                 // SAFETY: waitid filled the SIGCHLD fields of info.
                 let v = unsafe { info.si_status() };
-                if let Some(mb) = r.oom_mb {
-                    (Outcome::OutOfMemory, mb.min(i32::MAX as u64) as i32)
-                } else if r.preempted {
-                    (Outcome::Preempted, v)
-                } else if r.timed_out {
-                    (Outcome::TimedOut, v)
-                } else if info.si_code == libc::CLD_EXITED {
-                    (Outcome::Exited, v)
-                } else {
-                    (Outcome::Signaled, v)
-                }
+                slots::ending(r.oom_mb, r.preempted, r.timed_out, info.si_code == libc::CLD_EXITED, v)
             }
             Err(e) => {
                 tracing::warn!(agent = self.cfg.agent, task = r.task.id, pid, error = %e, "exit status lost: the task was reaped by someone else");
@@ -1029,59 +1024,10 @@ impl Executor {
         }));
     }
 
-    /// The task at the head of the queue has `priority` and lacks `short` cores: preemptible
-    /// tasks of lower priority are stopped, lowest priority and newest first, until enough
-    /// cores are on their way (those already stopping count).
-    fn preempt_for(&mut self, priority: i16, short: usize) {
-        if self.preemptible_running == 0 {
-            return;
-        }
-        // Tasks being killed (preempted, timed out, out of memory) free their cores soon.
-        let stopping: usize = self.running.values().filter(|r| r.kill_at.is_some()).map(|r| r.slots.len()).sum();
-        if stopping >= short {
-            return;
-        }
-        let mut victims: Vec<(i16, std::cmp::Reverse<u64>, u64)> = self
-            .running
-            .values()
-            .filter(|r| r.task.preemptible && r.kill_at.is_none() && r.oom_mb.is_none() && r.task.priority < priority)
-            .map(|r| (r.task.priority, std::cmp::Reverse(r.start_us), r.task.id))
-            .collect();
-        victims.sort_unstable();
-        let mut freed = stopping;
-        let mut ids = Vec::new();
-        for (_, _, id) in victims {
-            if freed >= short {
-                break;
-            }
-            freed += self.running.values().find(|r| r.task.id == id).map_or(0, |r| r.slots.len());
-            ids.push(id);
-        }
-        if !ids.is_empty() {
-            self.stop(&ids);
-        }
-    }
-
     /// Preempted tasks: a queued one ends at once, a running one gets SIGTERM now and SIGKILL
     /// after the grace (as a timeout), and ends as preempted.
     fn stop(&mut self, ids: &[u64]) {
-        let now = now_us();
-        let events = &mut self.events;
-        self.queue.retain(|t| {
-            let keep = !ids.contains(&t.id);
-            if !keep {
-                let f = Finished {
-                    id: t.id,
-                    attempt: t.attempt,
-                    outcome: Outcome::Preempted,
-                    value: 0,
-                    start_us: now,
-                    end_us: now,
-                };
-                events.push(ExecEvent::Finished(f));
-            }
-            keep
-        });
+        self.queue.preempt(ids, now_us(), &mut self.events);
         let kill_at = Instant::now() + self.cfg.kill_grace;
         for (&pid, r) in self.running.iter_mut().filter(|(_, r)| ids.contains(&r.task.id) && r.kill_at.is_none()) {
             tracing::info!(job = %self.cfg.job_id, task = r.task.id, "preempted");
@@ -1206,24 +1152,21 @@ impl Executor {
 
     fn enforce_deadlines(&mut self) {
         let now = Instant::now();
-        while let Some(std::cmp::Reverse((t, pid, serial))) = self.deadlines.peek().copied() {
-            if t > now {
-                break;
-            }
-            self.deadlines.pop();
+        while let Some((pid, serial, due)) = self.deadlines.due(now) {
             let grace = self.cfg.kill_grace;
             let Some(r) = self.running.get_mut(&pid).filter(|r| r.serial == serial) else { continue };
-            match r.kill_at {
-                None => {
+            match (due, r.kill_at) {
+                (Due::Stop, None) => {
                     r.timed_out = true;
                     terminate(pid, r, now + grace, &mut self.deadlines);
                 }
                 // SAFETY: kill takes no pointers. The task is in `running`, so not reaped yet: its
                 // pid, the id of the group it leads, cannot have been reused.
-                Some(k) if k <= now => unsafe {
+                (Due::Kill, Some(_)) => unsafe {
                     libc::kill(-pid, libc::SIGKILL);
                 },
-                Some(_) => {}
+                // Its limit came while it was already stopping: the kill is due anyway.
+                _ => {}
             }
         }
     }
@@ -1391,7 +1334,7 @@ impl Executor {
                 // SAFETY: kill takes no pointers. The task is in `running`, so not reaped yet:
                 // its pid, the id of the group it leads, cannot have been reused.
                 unsafe { libc::kill(-pid, libc::SIGTERM) };
-                self.deadlines.push(std::cmp::Reverse((now + self.cfg.kill_grace, pid, r.serial)));
+                self.deadlines.kill_at(now + self.cfg.kill_grace, pid, r.serial);
             }
         }
     }
@@ -1437,15 +1380,13 @@ fn end_of(fd: RawFd) -> u64 {
 }
 
 /// When to act on a running task (its timeout, or SIGKILL after SIGTERM): (when, pid, serial).
-type Deadlines = BinaryHeap<std::cmp::Reverse<(Instant, libc::pid_t, u64)>>;
-
 /// SIGTERM to a task's process group now, and SIGKILL at `kill_at` (a deadline) unless it ended.
-fn terminate(pid: libc::pid_t, r: &mut Running, kill_at: Instant, deadlines: &mut Deadlines) {
+fn terminate(pid: libc::pid_t, r: &mut Running, kill_at: Instant, deadlines: &mut Deadlines<Instant, libc::pid_t>) {
     r.kill_at = Some(kill_at);
     // SAFETY: kill takes no pointers. Callers pass a task of `running` (`r`), not reaped yet:
     // its pid, the id of the group it leads, cannot have been reused.
     unsafe { libc::kill(-pid, libc::SIGTERM) };
-    deadlines.push(std::cmp::Reverse((kill_at, pid, r.serial)));
+    deadlines.kill_at(kill_at, pid, r.serial);
 }
 
 /// CPUs this process may run on, in order.

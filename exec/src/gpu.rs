@@ -117,6 +117,11 @@ impl Pool {
         self.len() == 0
     }
 
+    /// Devices no task holds now.
+    pub fn free(&self) -> usize {
+        self.0.lock().map_or(0, |p| p.iter().filter(|d| d.1.is_none()).count())
+    }
+
     /// `n` free devices for `task`, or none if fewer are free.
     pub fn take(&self, task: u64, n: usize) -> Option<Vec<Device>> {
         let mut p = self.0.lock().ok()?;
