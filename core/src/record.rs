@@ -174,6 +174,18 @@ impl Record {
     }
 }
 
+/// One change to the task ledger. The leader's core and `htc retry` decide them; the store
+/// applies each to the ledger and to its journal, so the two cannot tell different stories.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// The task's record as it now is.
+    Record(u64, Record),
+    /// An ended attempt that did not end the task, appended to its history.
+    Attempt(u64, Attempt),
+    /// Into (true) or out of (false) the index of failed tasks.
+    Failed(u64, bool),
+}
+
 /// One earlier attempt of a task that did not end it (the record holds the last one): failed
 /// attempts that were retried, and attempts lost with their agent. Stored in order under
 /// (task id, n) for n = 0, 1, …

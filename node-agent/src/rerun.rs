@@ -8,7 +8,7 @@ use std::path::Path;
 use anyhow::{bail, Context};
 use htc_core::task::Step;
 
-use crate::ledger::{Ledger, State, WriteTxn};
+use crate::ledger::{Change, Ledger, State, WriteTxn};
 use crate::replica::Replica;
 use crate::rundir::RunDir;
 
@@ -61,17 +61,17 @@ pub fn reopen(t: &mut WriteTxn<'_>, ids: impl Iterator<Item = u64>, retries: u8)
         // The record holds the last attempt only: into the history with it, as a retry does
         // (not a task that never started: it needed more than any node has).
         if r.start_us != 0 || r.outcome() != crate::ledger::Outcome::Unschedulable {
-            t.put_attempt(id, &r.last_attempt())?;
+            t.apply(&Change::Attempt(id, r.last_attempt()))?;
         }
         r.set_life(life);
         r.retries = life.retries;
         if from == State::Failed {
-            t.unmark_failed(id)?;
+            t.apply(&Change::Failed(id, false))?;
             n.failed += 1;
         } else {
             n.done += 1;
         }
-        t.put(id, &r)?;
+        t.apply(&Change::Record(id, r))?;
     }
     t.put_counts(&counts)?;
     Ok(n)
@@ -149,7 +149,7 @@ mod tests {
             r.set_state(s);
             t.append(i as u64 + 1, &r).unwrap();
             if s == State::Failed {
-                t.mark_failed(i as u64 + 1).unwrap();
+                t.apply(&Change::Failed(i as u64 + 1, true)).unwrap();
             }
             c.add(s);
         }

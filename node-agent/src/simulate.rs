@@ -21,7 +21,7 @@ use crate::agent::Instance;
 use crate::leader::core::{Core, Ending, Input, Outbox};
 use crate::leader::driver::LedgerTasks;
 use crate::leader::{new_core, Planned};
-use crate::ledger::{Ledger, Outcome, Record, WriteTxn};
+use crate::ledger::{Change, Ledger, Outcome, Record, WriteTxn};
 use crate::load::TaskText;
 use crate::proto::{self, frame::Body};
 use crate::rundir::RunDir;
@@ -680,7 +680,7 @@ fn hide_hints(ledger: &Ledger) -> anyhow::Result<Vec<u32>> {
     })?;
     let mut txn = ledger.write()?;
     for (id, r) in &hinted {
-        txn.put(*id, r)?;
+        txn.apply(&Change::Record(*id, *r))?;
     }
     txn.commit()?;
     Ok(truth)

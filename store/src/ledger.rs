@@ -105,7 +105,7 @@ fn check_size(path: &Path) -> std::result::Result<(), String> {
     Ok(())
 }
 
-pub use htc_core::record::{Attempt, Outcome, Record};
+pub use htc_core::record::{Attempt, Change, Outcome, Record};
 
 /// The stored form of task `id`'s record, its checksum last.
 pub fn encode_record(r: &Record, id: u64) -> [u8; RECORD_LEN] {
@@ -622,31 +622,54 @@ impl<'l> WriteTxn<'l> {
         Ok(out)
     }
 
-    pub fn put(&mut self, id: u64, r: &Record) -> Result<()> {
-        let b = encode_record(r, id);
-        self.log_task(id, r.state, &b);
-        self.txn.put(self.l.tasks, &key(id), &b, WriteFlags::empty()).map_err(|e| self.l.err(e))
+    /// Applies one change, to the ledger and, with a journal, to what this transaction
+    /// journals: both from the same entry.
+    pub fn apply(&mut self, c: &Change) -> Result<()> {
+        use crate::replica::{DB_ATTEMPTS, DB_FAILED, DB_TASKS};
+        let (db, k, v): (u8, Vec<u8>, Option<Vec<u8>>) = match *c {
+            Change::Record(id, ref r) => (DB_TASKS, key(id).to_vec(), Some(encode_record(r, id).to_vec())),
+            Change::Attempt(id, ref a) => {
+                let k = attempt_key(id, self.attempts_of(id)?.len().min(255) as u8);
+                (DB_ATTEMPTS, k.to_vec(), Some(encode_attempt(a, &k).to_vec()))
+            }
+            Change::Failed(id, true) => (DB_FAILED, key(id).to_vec(), Some(sum(&key(id), &[]).to_vec())),
+            Change::Failed(id, false) => (DB_FAILED, key(id).to_vec(), None),
+        };
+        self.journal(c, db, &k, v.as_deref());
+        self.apply_entry(v.is_some(), db, &k, v.as_deref().unwrap_or_default())
+    }
+
+    /// Puts a change's entry in this transaction's journal. Of the task records only those a
+    /// restore needs: tasks that ended (and ones that stopped being failed). Dispatched and
+    /// running states are not kept: a resume runs those tasks again.
+    fn journal(&mut self, c: &Change, db: u8, k: &[u8], v: Option<&[u8]>) {
+        let Some(log) = self.log.as_mut() else { return };
+        match (c, v) {
+            (Change::Record(id, r), Some(v)) => {
+                if r.state >= State::Done as u8 || log.reopened.contains(id) {
+                    log.put(db, k, v);
+                }
+            }
+            (Change::Failed(id, false), _) => {
+                log.del(db, k);
+                log.reopened.push(*id);
+            }
+            (_, Some(v)) => log.put(db, k, v),
+            (_, None) => log.del(db, k),
+        }
     }
 
     /// Adds a task with an id larger than every id so far (the loader's fast path).
     pub fn append(&mut self, id: u64, r: &Record) -> Result<()> {
         let b = encode_record(r, id);
-        self.log_task(id, r.state, &b);
+        let c = Change::Record(id, *r);
+        self.journal(&c, crate::replica::DB_TASKS, &key(id), Some(&b));
         self.txn.put(self.l.tasks, &key(id), &b, WriteFlags::APPEND).map_err(|e| self.l.err(e))
     }
 
-    /// Journals the records a restore needs: tasks that ended (and ones that stopped being
-    /// failed). Dispatched and running states are not kept: a resume runs those tasks again.
-    fn log_task(&mut self, id: u64, state: u8, stored: &[u8]) {
-        if let Some(log) = self.log.as_mut() {
-            if state >= State::Done as u8 || log.reopened.contains(&id) {
-                log.put(crate::replica::DB_TASKS, &key(id), stored);
-            }
-        }
-    }
-
-    /// Writes a replica's entry as it is, unjournaled (`replica::Replica::restore`).
-    pub fn apply(&mut self, put: bool, db: u8, k: &[u8], v: &[u8]) -> Result<()> {
+    /// Writes an entry as it is, unjournaled: a change's (`apply` journals it), or a replica's
+    /// (`replica::Replica::restore`).
+    pub fn apply_entry(&mut self, put: bool, db: u8, k: &[u8], v: &[u8]) -> Result<()> {
         let db = self.l.db(db);
         let r = if put { self.txn.put(db, &k, &v, WriteFlags::empty()) } else { self.txn.del(db, &k, None) };
         match r {
@@ -655,40 +678,9 @@ impl<'l> WriteTxn<'l> {
         }
     }
 
-    /// Appends to the task's attempt history.
-    pub fn put_attempt(&mut self, id: u64, a: &Attempt) -> Result<()> {
-        let n = self.attempts_of(id)?.len().min(255) as u8;
-        let k = attempt_key(id, n);
-        let b = encode_attempt(a, &k);
-        if let Some(log) = self.log.as_mut() {
-            log.put(crate::replica::DB_ATTEMPTS, &k, &b);
-        }
-        self.txn.put(self.l.attempts, &k, &b, WriteFlags::empty()).map_err(|e| self.l.err(e))
-    }
-
     pub fn attempts_of(&self, id: u64) -> Result<Vec<Attempt>> {
         let mut c = self.txn.open_ro_cursor(self.l.attempts).map_err(|e| self.l.err(e))?;
         collect_attempts(self.l, &mut c, id)
-    }
-
-    pub fn mark_failed(&mut self, id: u64) -> Result<()> {
-        let v = sum(&key(id), &[]);
-        if let Some(log) = self.log.as_mut() {
-            log.put(crate::replica::DB_FAILED, &key(id), &v);
-        }
-        self.txn.put(self.l.failed, &key(id), &v, WriteFlags::empty()).map_err(|e| self.l.err(e))
-    }
-
-    /// Takes the task out of the index of failed tasks (it runs again).
-    pub fn unmark_failed(&mut self, id: u64) -> Result<()> {
-        if let Some(log) = self.log.as_mut() {
-            log.del(crate::replica::DB_FAILED, &key(id));
-            log.reopened.push(id);
-        }
-        match self.txn.del(self.l.failed, &key(id), None) {
-            Ok(()) | Err(lmdb::Error::NotFound) => Ok(()),
-            Err(e) => Err(self.l.err(e)),
-        }
     }
 
     pub fn put_meta(&mut self, k: &str, v: &[u8]) -> Result<()> {
@@ -728,7 +720,7 @@ impl<'l> WriteTxn<'l> {
             }
         }
         for (id, r) in changed {
-            self.put(id, &r)?;
+            self.apply(&Change::Record(id, r))?;
         }
         Ok(())
     }
@@ -1049,9 +1041,9 @@ mod tests {
         t.append(1, &Record { state: State::Failed as u8, ..Default::default() }).unwrap();
         t.put_counts(&Counts([0, 0, 0, 0, 1])).unwrap();
         let a = Attempt { attempt: 1, outcome: Outcome::Exited, value: 3, agent: 0, start_us: 1, end_us: 2 };
-        t.put_attempt(1, &a).unwrap();
+        t.apply(&Change::Attempt(1, a)).unwrap();
         t.put_meta("total", &1u64.to_le_bytes()).unwrap();
-        t.mark_failed(1).unwrap();
+        t.apply(&Change::Failed(1, true)).unwrap();
         t.commit().unwrap();
         let r = l.read().unwrap();
         assert_eq!(r.attempts(1).unwrap(), [a]);
@@ -1063,11 +1055,11 @@ mod tests {
         let mut t = l.write().unwrap();
         let mut bad = encode_attempt(&a, &attempt_key(1, 0));
         bad[4] ^= 1;
-        t.apply(true, crate::replica::DB_ATTEMPTS, &attempt_key(1, 0), &bad).unwrap();
+        t.apply_entry(true, crate::replica::DB_ATTEMPTS, &attempt_key(1, 0), &bad).unwrap();
         let mut m = seal(b"total", &1u64.to_le_bytes());
         m[0] ^= 0x80;
-        t.apply(true, crate::replica::DB_META, b"total", &m).unwrap();
-        t.apply(true, crate::replica::DB_FAILED, &key(1), &[0, 0, 0, 0]).unwrap();
+        t.apply_entry(true, crate::replica::DB_META, b"total", &m).unwrap();
+        t.apply_entry(true, crate::replica::DB_FAILED, &key(1), &[0, 0, 0, 0]).unwrap();
         t.commit().unwrap();
         let r = l.read().unwrap();
         for e in [r.attempts(1).err(), r.meta_u64("total").err(), r.failed_ids(10).err(), r.check_history().err()] {
@@ -1110,17 +1102,14 @@ mod tests {
             let mut t = l.write().unwrap();
             let mut r = t.get(5).unwrap().unwrap();
             r.set_state(State::Done);
-            t.put(5, &r).unwrap();
-            t.put_attempt(
-                5,
-                &Attempt { attempt: 1, outcome: Outcome::Exited, value: 1, agent: 0, start_us: 1, end_us: 2 },
-            )
-            .unwrap();
+            t.apply(&Change::Record(5, r)).unwrap();
+            let a = Attempt { attempt: 1, outcome: Outcome::Exited, value: 1, agent: 0, start_us: 1, end_us: 2 };
+            t.apply(&Change::Attempt(5, a)).unwrap();
             t.commit().unwrap();
             let mut t = l.write().unwrap();
             let mut r = t.get(6).unwrap().unwrap();
             r.set_state(State::Done);
-            t.put(6, &r).unwrap();
+            t.apply(&Change::Record(6, r)).unwrap();
             drop(t); // aborted
         }
         let l = Ledger::open(&p, true).unwrap();
@@ -1142,7 +1131,7 @@ mod tests {
         for round in 0..20u32 {
             let mut t = l.write().unwrap();
             for id in 1..=2000 {
-                t.put(id, &Record { line: round, ..Default::default() }).unwrap();
+                t.apply(&Change::Record(id, Record { line: round, ..Default::default() })).unwrap();
             }
             t.commit().unwrap();
         }

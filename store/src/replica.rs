@@ -364,7 +364,7 @@ impl Replica {
                 Some(t) => t,
                 None => txn.insert(ledger.write()?),
             };
-            t.apply(e.op == OP_PUT, e.db, &e.key, &e.val)?;
+            t.apply_entry(e.op == OP_PUT, e.db, &e.key, &e.val)?;
             n += 1;
             // LMDB spills a huge transaction's dirty pages anyway; smaller ones are faster.
             if n.is_multiple_of(100_000) {
@@ -625,7 +625,7 @@ impl Journal {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::{Attempt, Outcome, Record, State};
+    use crate::ledger::{Attempt, Change, Outcome, Record, State};
 
     fn record(state: State, value: i32) -> Record {
         Record { cmd_len: 4, state: state as u8, value, ..Default::default() }
@@ -686,11 +686,11 @@ mod tests {
         {
             let mut t = live.write().unwrap();
             let a = Attempt { attempt: 1, outcome: Outcome::Exited, value: 1, agent: 2, start_us: 1, end_us: 2 };
-            t.put_attempt(3, &a).unwrap();
-            t.put(3, &record(State::Done, 0)).unwrap();
-            t.put(4, &record(State::Dispatched, 0)).unwrap();
-            t.put(5, &record(State::Failed, 9)).unwrap();
-            t.mark_failed(5).unwrap();
+            t.apply(&Change::Attempt(3, a)).unwrap();
+            t.apply(&Change::Record(3, record(State::Done, 0))).unwrap();
+            t.apply(&Change::Record(4, record(State::Dispatched, 0))).unwrap();
+            t.apply(&Change::Record(5, record(State::Failed, 9))).unwrap();
+            t.apply(&Change::Failed(5, true)).unwrap();
             t.put_meta("heartbeat_us", &42u64.to_le_bytes()).unwrap();
             t.commit().unwrap();
         }
@@ -700,17 +700,17 @@ mod tests {
         live.attach_journal(j);
         {
             let mut t = live.write().unwrap();
-            t.unmark_failed(5).unwrap();
-            t.put(5, &record(State::Pending, 0)).unwrap();
-            t.put(6, &record(State::Done, 0)).unwrap();
-            t.put(8, &record(State::Running, 0)).unwrap();
+            t.apply(&Change::Failed(5, false)).unwrap();
+            t.apply(&Change::Record(5, record(State::Pending, 0))).unwrap();
+            t.apply(&Change::Record(6, record(State::Done, 0))).unwrap();
+            t.apply(&Change::Record(8, record(State::Running, 0))).unwrap();
             t.put_meta("session_end_us", &7u64.to_le_bytes()).unwrap();
             t.commit().unwrap();
         }
         // A transaction that is dropped leaves nothing in the journal.
         {
             let mut t = live.write().unwrap();
-            t.put(7, &record(State::Done, 0)).unwrap();
+            t.apply(&Change::Record(7, record(State::Done, 0))).unwrap();
         }
         let copy = replica.restore(&d.join("copy.mdb")).unwrap();
         let r = copy.read().unwrap();
@@ -753,7 +753,7 @@ mod tests {
         assert_eq!(replica.latest().unwrap(), Some(1));
         {
             let mut t = live.write().unwrap();
-            t.put(1, &record(State::Done, 0)).unwrap();
+            t.apply(&Change::Record(1, record(State::Done, 0))).unwrap();
             t.commit().unwrap();
         }
         let copy = replica.restore(&d.join("copy.mdb")).unwrap();
@@ -781,7 +781,7 @@ mod tests {
         };
         for id in 0..300u64 {
             let mut t = live.write().unwrap();
-            t.put(id, &record(State::Done, 0)).unwrap();
+            t.apply(&Change::Record(id, record(State::Done, 0))).unwrap();
             t.commit().unwrap();
             if id % 10 == 0 {
                 live.new_generation().unwrap();

@@ -13,7 +13,7 @@ use super::core::{Core, Ending, Input, Outbox, Progress, Tasks};
 use crate::frame;
 use htc_core::task::Counts;
 use htc_core::task::{self, Step};
-use htc_store::ledger::{Attempt, Ledger, LedgerError, Record, WriteTxn};
+use htc_store::ledger::{Change, Ledger, LedgerError, Record, WriteTxn};
 use htc_store::load::TaskText;
 use htc_store::rundir::now_us;
 
@@ -87,17 +87,8 @@ impl Tasks for LedgerTasks<'_, '_> {
     fn range(&self, ids: std::ops::Range<u64>) -> Result<Vec<(u64, Record)>> {
         self.txn.range(ids)
     }
-    fn put(&mut self, id: u64, r: &Record) -> Result<()> {
-        self.txn.put(id, r)
-    }
-    fn put_attempt(&mut self, id: u64, a: &Attempt) -> Result<()> {
-        self.txn.put_attempt(id, a)
-    }
-    fn mark_failed(&mut self, id: u64) -> Result<()> {
-        self.txn.mark_failed(id)
-    }
-    fn unmark_failed(&mut self, id: u64) -> Result<()> {
-        self.txn.unmark_failed(id)
+    fn apply(&mut self, c: &Change) -> Result<()> {
+        self.txn.apply(c)
     }
     fn command(&self, r: &Record) -> Vec<u8> {
         self.text.command(r).to_vec()

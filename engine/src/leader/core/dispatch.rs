@@ -152,7 +152,7 @@ impl Core<'_> {
     ) -> Result<(), E> {
         tracing::warn!(job = %self.job_id, task = id, cores = r.cores, mem_mb = r.mem_mb, gpus = r.gpus, "task needs more than any agent has");
         let Some((life, _)) = self.move_life(r.life(), Step::Refuse) else { return Ok(()) };
-        t.mark_failed(id)?;
+        t.apply(&Change::Failed(id, true))?;
         r.outcome = Outcome::Unschedulable as u8;
         self.record(t, id, &mut r, life)
     }

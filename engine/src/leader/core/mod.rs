@@ -28,7 +28,7 @@ use htc_core::tree::Tree;
 use crate::live;
 use crate::liveness::Liveness;
 use crate::proto::{self, frame::Body};
-use htc_core::record::{Attempt, Outcome, Record};
+use htc_core::record::{Attempt, Change, Outcome, Record};
 use htc_core::task::{Counts, State};
 
 mod agents;
@@ -50,13 +50,8 @@ pub trait Tasks {
     fn get(&self, id: u64) -> Result<Option<Record>, Self::Error>;
     /// The records of `ids` that exist, in id order.
     fn range(&self, ids: std::ops::Range<u64>) -> Result<Vec<(u64, Record)>, Self::Error>;
-    fn put(&mut self, id: u64, r: &Record) -> Result<(), Self::Error>;
-    /// Appends an attempt that did not end the task to its history.
-    fn put_attempt(&mut self, id: u64, a: &Attempt) -> Result<(), Self::Error>;
-    /// Adds the task to the index of failed tasks.
-    fn mark_failed(&mut self, id: u64) -> Result<(), Self::Error>;
-    /// Takes the task out of that index.
-    fn unmark_failed(&mut self, id: u64) -> Result<(), Self::Error>;
+    /// Applies one change the core decided; the core's only way to change the ledger.
+    fn apply(&mut self, c: &Change) -> Result<(), Self::Error>;
     /// The task's command line.
     fn command(&self, r: &Record) -> Vec<u8>;
 }

@@ -120,8 +120,8 @@ impl Core<'_> {
                 start_us: r.start_us,
                 end_us: r.end_us,
             };
-            t.put_attempt(id, &a)?;
-            t.unmark_failed(id)?;
+            t.apply(&Change::Attempt(id, a))?;
+            t.apply(&Change::Failed(id, false))?;
         }
         // Its attempts count goes back one, but its next run is a new attempt number.
         *self.returned.entry(id).or_default() += 1;
@@ -157,7 +157,7 @@ impl Core<'_> {
         life: Life,
     ) -> Result<(), E> {
         r.set_life(life);
-        t.put(id, r)
+        t.apply(&Change::Record(id, *r))
     }
 
     pub(super) fn on_result<E>(
@@ -230,7 +230,7 @@ impl Core<'_> {
                 start_us: r.start_us,
                 end_us,
             };
-            t.put_attempt(id, &a)?;
+            t.apply(&Change::Attempt(id, a))?;
             if end == End::Preempted {
                 self.preempted.push_back(id);
                 self.fresh_retries = true;
@@ -243,7 +243,7 @@ impl Core<'_> {
             self.returned.remove(&id);
         }
         if life.state() == State::Failed {
-            t.mark_failed(id)?;
+            t.apply(&Change::Failed(id, true))?;
             tracing::debug!(job = %self.job_id, task = id, attempts = life.attempts, outcome = %outcome.describe(value), "task failed");
         }
         self.record(t, id, r, life)

@@ -41,21 +41,16 @@ impl Tasks for Mem {
     fn range(&self, ids: std::ops::Range<u64>) -> Result<Vec<(u64, Record)>, Self::Error> {
         Ok(self.records.range(ids).map(|(id, r)| (*id, *r)).collect())
     }
-    fn put(&mut self, id: u64, r: &Record) -> Result<(), Self::Error> {
-        self.records.insert(id, *r);
-        self.puts += 1;
-        Ok(())
-    }
-    fn put_attempt(&mut self, id: u64, a: &Attempt) -> Result<(), Self::Error> {
-        self.attempts.push((id, *a));
-        Ok(())
-    }
-    fn mark_failed(&mut self, id: u64) -> Result<(), Self::Error> {
-        self.failed.push(id);
-        Ok(())
-    }
-    fn unmark_failed(&mut self, id: u64) -> Result<(), Self::Error> {
-        self.failed.retain(|&f| f != id);
+    fn apply(&mut self, c: &Change) -> Result<(), Self::Error> {
+        match *c {
+            Change::Record(id, r) => {
+                self.records.insert(id, r);
+                self.puts += 1;
+            }
+            Change::Attempt(id, a) => self.attempts.push((id, a)),
+            Change::Failed(id, true) => self.failed.push(id),
+            Change::Failed(id, false) => self.failed.retain(|&f| f != id),
+        }
         Ok(())
     }
     fn command(&self, r: &Record) -> Vec<u8> {
