@@ -144,13 +144,20 @@ impl Record {
     }
     /// The fields `task::step` reads and moves.
     pub fn life(&self) -> Life {
-        Life { state: self.state, attempts: self.attempts, retries: self.retries, losses: self.losses }
+        Life {
+            state: self.state,
+            attempts: self.attempts,
+            retries: self.retries,
+            losses: self.losses,
+            returns: self.returns,
+        }
     }
     pub fn set_life(&mut self, l: Life) {
         self.state = l.state;
         self.attempts = l.attempts;
         self.retries = l.retries;
         self.losses = l.losses;
+        self.returns = l.returns;
     }
     pub fn outcome(&self) -> Outcome {
         Outcome::from_u8(self.outcome)
@@ -158,7 +165,7 @@ impl Record {
 
     /// The number of the attempt the record holds (its last), as its task saw it in `$HTC_ATTEMPT`.
     pub fn attempt_no(&self) -> u32 {
-        self.life().attempt_no() + self.returns as u32
+        self.life().attempt_no()
     }
 
     /// The attempt the record holds (its last), numbered as its agent was told.

@@ -74,9 +74,13 @@ pub enum Step {
     /// The session that ran it ended (leader killed, job requeued): the attempt is forgotten and
     /// costs no retry.
     Interrupt,
-    /// Given back unstarted by its agent (a lost agent's queue, a recall): the attempt is
-    /// forgotten and costs no retry; its number stays used (`Record::returns`).
+    /// Given back unstarted by its agent when asked (a recall): the attempt is forgotten and
+    /// costs no retry, and its number is free again (nothing of it can come back late).
     Return,
+    /// Taken back unstarted without its agent's word (a lost agent's queue, a shrunk instance):
+    /// the attempt is forgotten and costs no retry, but its number stays used, so that a late
+    /// start or result of it is told apart (`Life::returns`).
+    Reclaim,
     /// No instance of the job can ever run it (it asks for more than any node has).
     Refuse,
     /// The attempt that last failed did so because of its node (a black hole: it fails every
@@ -104,6 +108,9 @@ pub struct Life {
     pub retries: u8,
     /// Attempts lost with their agent so far.
     pub losses: u8,
+    /// Attempt numbers used by dispatches that never counted as attempts: taken back
+    /// unstarted (`Step::Reclaim`) or refunded (`Step::Refund`).
+    pub returns: u8,
 }
 
 /// What the step means beyond the new state, for whoever records it.
@@ -128,7 +135,7 @@ impl Life {
     /// `$HTC_ATTEMPT`: every run counts, lost ones included, so that the re-run of a lost
     /// attempt never shares its number (a late result of the lost run is then told apart).
     pub fn attempt_no(&self) -> u32 {
-        self.attempts as u32 + self.losses as u32
+        self.attempts as u32 + self.losses as u32 + self.returns as u32
     }
 
     pub fn state(&self) -> State {
@@ -171,6 +178,11 @@ pub fn step(life: Life, s: Step) -> Result<(Life, Effect), Invalid> {
             next.attempts = life.attempts.saturating_sub(1);
             Pending
         }
+        (Dispatched, Step::Reclaim) => {
+            next.attempts = life.attempts.saturating_sub(1);
+            next.returns = life.returns.saturating_add(1);
+            Pending
+        }
         (Pending, Step::Refuse) => Failed,
         // The budget counts all attempts so far (`retry_or_fail`): the new round's starts here,
         // and must fit in the count (a task has at most `MAX_ATTEMPTS`).
@@ -179,7 +191,9 @@ pub fn step(life: Life, s: Step) -> Result<(Life, Effect), Invalid> {
             Pending
         }
         (Pending | Failed, Step::Refund) if life.attempts > 0 => {
+            // Its attempts count goes back one, but its next run is a new attempt number.
             next.attempts = life.attempts - 1;
+            next.returns = life.returns.saturating_add(1);
             Pending
         }
         _ => return invalid,
@@ -187,7 +201,9 @@ pub fn step(life: Life, s: Step) -> Result<(Life, Effect), Invalid> {
     next.state = to as u8;
     let effect = match (from, to) {
         (_, Done | Failed) => Effect::Final,
-        (Dispatched | Running, Pending) if s != Step::Interrupt && s != Step::Return => Effect::Retry,
+        (Dispatched | Running, Pending) if !matches!(s, Step::Interrupt | Step::Return | Step::Reclaim) => {
+            Effect::Retry
+        }
         _ => Effect::None,
     };
     Ok((next, effect))
@@ -242,7 +258,7 @@ mod tests {
     use super::*;
 
     fn life(state: State, attempts: u8, retries: u8) -> Life {
-        Life { state: state as u8, attempts, retries, losses: 0 }
+        Life { state: state as u8, attempts, retries, losses: 0, returns: 0 }
     }
 
     fn run(l: Life, steps: &[Step]) -> (Life, Vec<Effect>) {
@@ -264,6 +280,20 @@ mod tests {
         let running = run(life(State::Pending, 0, 0), &[Step::Dispatch, Step::Start]).0;
         assert!(step(running, Step::Return).is_err(), "a started task ends by its result");
         assert!(step(life(State::Pending, 0, 0), Step::Return).is_err());
+        // Its number is free again: the next dispatch is the same attempt.
+        let (again, _) = step(l, Step::Dispatch).unwrap();
+        assert_eq!(again.attempt_no(), 2);
+    }
+
+    #[test]
+    fn a_dispatch_taken_back_without_its_agent_s_word_costs_nothing_but_its_number() {
+        let (l, fx) = run(life(State::Pending, 1, 0), &[Step::Dispatch, Step::Reclaim]);
+        assert_eq!((l.state(), l.attempts, l.returns, fx[1]), (State::Pending, 1, 1, Effect::None));
+        // A late result of attempt 2 (the agent still had it) is told from the next run, 3.
+        let (again, _) = step(l, Step::Dispatch).unwrap();
+        assert_eq!(again.attempt_no(), 3);
+        let running = run(life(State::Pending, 0, 0), &[Step::Dispatch, Step::Start]).0;
+        assert!(step(running, Step::Reclaim).is_err(), "a started task ends by its result");
     }
 
     #[test]
@@ -317,11 +347,14 @@ mod tests {
         let (l, _) = run(l, &[Step::Finish(End::Succeeded), Step::Rerun { retries: 1 }, Step::Dispatch, fail]);
         assert_eq!((l.state(), l.attempts), (State::Pending, 4));
         // Not past the count: a task that used up its attempts is not rerun.
-        let worn = Life { state: State::Failed as u8, attempts: 250, retries: 250, losses: 0 };
+        let worn = Life { state: State::Failed as u8, attempts: 250, retries: 250, losses: 0, returns: 0 };
         assert!(step(worn, Step::Rerun { retries: 4 }).is_ok());
         assert!(step(worn, Step::Rerun { retries: 5 }).is_err());
-        let (at_max, _) =
-            step(Life { state: State::Pending as u8, attempts: 254, retries: 255, losses: 0 }, Step::Dispatch).unwrap();
+        let (at_max, _) = step(
+            Life { state: State::Pending as u8, attempts: 254, retries: 255, losses: 0, returns: 0 },
+            Step::Dispatch,
+        )
+        .unwrap();
         assert_eq!(step(at_max, fail).unwrap().0.state(), State::Failed, "the 255th attempt is the last");
         // Only finished tasks: a pending or running one is left as it is.
         assert!(step(life(State::Running, 1, 0), Step::Rerun { retries: 0 }).is_err());
@@ -396,13 +429,15 @@ mod tests {
             Step::Interrupt,
             Step::Refuse,
             Step::Refund,
+            Step::Return,
+            Step::Reclaim,
         ];
         let mut counts = Counts::default();
         for from in State::ALL {
             for s in steps {
                 for attempts in 0..4 {
                     for losses in 0..MAX_LOSSES {
-                        let l = Life { state: from as u8, attempts, retries: 2, losses };
+                        let l = Life { state: from as u8, attempts, retries: 2, losses, returns: 0 };
                         counts.add(from);
                         match step(l, s) {
                             Ok((n, _)) => counts.moved(from, n.state()),
@@ -414,7 +449,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(counts.total(), 5 * 9 * 4 * MAX_LOSSES as u64);
+        assert_eq!(counts.total(), 5 * 11 * 4 * MAX_LOSSES as u64);
     }
 
     #[test]

@@ -411,7 +411,7 @@ impl Core<'_> {
         }
         specs.push(proto::TaskSpec {
             id,
-            attempt: self.attempt_no(id, life),
+            attempt: life.attempt_no(),
             command: t.command(&r),
             shell: r.shell,
             cores: r.cores as u32,

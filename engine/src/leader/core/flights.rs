@@ -22,7 +22,8 @@ pub(super) struct Flights {
 }
 
 impl Flights {
-    const FREE: Flight = Flight { agent: u32::MAX, life: Life { state: 0, attempts: 0, retries: 0, losses: 0 } };
+    const FREE: Flight =
+        Flight { agent: u32::MAX, life: Life { state: 0, attempts: 0, retries: 0, losses: 0, returns: 0 } };
 
     pub(super) fn new(ids: u64) -> Flights {
         Flights { by_id: vec![Flights::FREE; ids as usize + 1], per_agent: IdMap::default() }
@@ -123,9 +124,13 @@ impl Core<'_> {
     }
 
     /// Takes back a task sent to `agent` and not reported started: it waits for another.
-    pub(super) fn take_back<E>(&mut self, t: &dyn Tasks<Error = E>, agent: u32, id: u64) -> Result<(), E> {
-        if self.unsend(t, agent, id)? {
-            *self.returned.entry(id).or_default() += 1;
+    /// The agent may have started it after all, so its next dispatch is a new attempt number
+    /// (kept in the record: a late result of this one must not pass for the next).
+    pub(super) fn take_back<E>(&mut self, t: &mut dyn Tasks<Error = E>, agent: u32, id: u64) -> Result<(), E> {
+        if let Some(life) = self.unsend(t, agent, id, Step::Reclaim)? {
+            if let Some(mut r) = t.get(id)? {
+                self.record(t, id, &mut r, life)?;
+            }
             self.push_retry(id);
         }
         Ok(())
@@ -134,7 +139,7 @@ impl Core<'_> {
     /// A task `agent` gave back unstarted when asked (a Recall): it never ran, so its next
     /// dispatch is the same attempt; it goes to an agent that can start it now.
     pub(super) fn came_back<E>(&mut self, t: &dyn Tasks<Error = E>, agent: u32, id: u64) -> Result<(), E> {
-        if self.unsend(t, agent, id)? {
+        if self.unsend(t, agent, id, Step::Return)?.is_some() {
             self.recalls.came_back(id);
         }
         Ok(())
@@ -142,20 +147,20 @@ impl Core<'_> {
 
     /// Task `id`, sent to `agent` and not reported started, is pending again. False when it is
     /// not (any more) in flight there unstarted.
-    fn unsend<E>(&mut self, t: &dyn Tasks<Error = E>, agent: u32, id: u64) -> Result<bool, E> {
+    fn unsend<E>(&mut self, t: &dyn Tasks<Error = E>, agent: u32, id: u64, step: Step) -> Result<Option<Life>, E> {
         let Some(f) = self.in_flight.get(id).filter(|f| f.agent == agent && f.life.state() != State::Running) else {
-            return Ok(false);
+            return Ok(None);
         };
         self.land(id);
         if let (Some(a), Some(r)) = (self.agents.get_mut(&agent), t.get(id)?) {
             a.ahead_ms = a.ahead_ms.saturating_sub(r.runtime_ms as u64 * r.cores as u64);
         }
-        self.move_life(f.life, Step::Return);
+        let life = self.move_life(f.life, step).map(|(life, _)| life);
         // Back from the agent: a resync it answers later must not take it back again (it may
         // be out with it once more by then, as a new dispatch the answer predates).
         if let Some(asked) = self.resyncs.get_mut(&agent) {
             asked.retain(|&x| x != id);
         }
-        Ok(true)
+        Ok(life)
     }
 }

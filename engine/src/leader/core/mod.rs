@@ -253,10 +253,6 @@ pub struct Core<'a> {
     /// When time last passed (`Input::Tick`, every 100 ms from the driver): a longer gap is the
     /// leader's own stall, not its agents' silence.
     ticked_us: u64,
-    /// Tasks given back unstarted by a lost agent (or a head for a lost member), and how often:
-    /// the agent may have started them after all, so their next dispatch is a new attempt
-    /// number without counting as a loss.
-    returned: IdMap<u64, u32>,
     /// The latest failed attempts, newest last, for the live view.
     recent_failures: VecDeque<live::Failure>,
     /// Memory committed on each agent, tasks waiting for it, reservations (`backfill`).
@@ -328,7 +324,6 @@ impl<'a> Core<'a> {
             live: Liveness::default(),
             audit_us: now_us,
             ticked_us: now_us,
-            returned: IdMap::default(),
             recent_failures: VecDeque::new(),
             max_fails: None,
             oks: 0,

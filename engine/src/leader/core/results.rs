@@ -24,13 +24,6 @@ impl Core<'_> {
         self.max_fails.filter(|&n| failed >= n).map(|_| failed)
     }
 
-    /// The number on the wire of the attempt `life` has in flight (or had last).
-    pub(super) fn attempt_no(&self, id: u64, life: Life) -> u32 {
-        // Almost always empty: no hashing per task then.
-        let returned = if self.returned.is_empty() { 0 } else { self.returned.get(&id).copied().unwrap_or(0) };
-        life.attempt_no() + returned
-    }
-
     /// An agent is gone (its connection ended, or it fell silent): its tasks go to others.
     /// Keeps each agent's run of failures since its last success.
     fn note_streak(&mut self, agent: u32, id: u64, end: End) {
@@ -113,7 +106,7 @@ impl Core<'_> {
         if from == State::Failed {
             // The failure that was final stays in the history, as every ended attempt does.
             let a = Attempt {
-                attempt: self.attempt_no(id, r.life()).min(255) as u8,
+                attempt: r.life().attempt_no().min(255) as u8,
                 outcome: r.outcome(),
                 value: r.value,
                 agent: r.agent,
@@ -123,8 +116,6 @@ impl Core<'_> {
             t.apply(&Change::Attempt(id, a))?;
             t.apply(&Change::Failed(id, false))?;
         }
-        // Its attempts count goes back one, but its next run is a new attempt number.
-        *self.returned.entry(id).or_default() += 1;
         self.record(t, id, &mut r, life)?;
         self.push_retry(id);
         Ok(())
@@ -133,7 +124,7 @@ impl Core<'_> {
     /// A start moves the attempt in memory only; its time travels with the result.
     pub(super) fn on_started(&mut self, agent: u32, s: &proto::TaskStarted) {
         let Some(f) = self.in_flight.get(s.id) else { return };
-        if f.agent != agent || self.attempt_no(s.id, f.life) != s.attempt {
+        if f.agent != agent || f.life.attempt_no() != s.attempt {
             return;
         }
         let Some((life, _)) = self.move_life(f.life, Step::Start) else { return };
@@ -170,7 +161,7 @@ impl Core<'_> {
         // A result from an agent that no longer holds the task (it was lost and the task re-sent)
         // or for an old attempt is stale: the ledger already moved on.
         let Some(f) = self.in_flight.get(res.id) else { return Ok(()) };
-        if f.agent != agent || self.attempt_no(res.id, f.life) != res.attempt {
+        if f.agent != agent || f.life.attempt_no() != res.attempt {
             return Ok(());
         }
         let Some(mut r) = t.get(res.id)? else { return Ok(()) };
@@ -216,14 +207,13 @@ impl Core<'_> {
         r.outcome = outcome as u8;
         r.value = value;
         r.agent = agent;
-        r.returns = self.returned.get(&id).copied().unwrap_or(0).min(255) as u8;
         if start_us != 0 {
             r.start_us = start_us;
         }
         r.end_us = end_us;
         if effect == Effect::Retry {
             let a = Attempt {
-                attempt: self.attempt_no(id, f.life).min(255) as u8,
+                attempt: f.life.attempt_no().min(255) as u8,
                 outcome,
                 value,
                 agent,
@@ -239,9 +229,6 @@ impl Core<'_> {
             }
         }
         self.tally(f.agent, id, r, end, life.state().is_final());
-        if life.state().is_final() {
-            self.returned.remove(&id);
-        }
         if life.state() == State::Failed {
             t.apply(&Change::Failed(id, true))?;
             tracing::debug!(job = %self.job_id, task = id, attempts = life.attempts, outcome = %outcome.describe(value), "task failed");
