@@ -12,7 +12,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use super::core::{Core, Ending, Input, Outbox, Progress, Tasks};
 use crate::frame;
 use htc_core::task::Counts;
-use htc_core::task::{self, Step};
+use htc_core::task::Step;
 use htc_store::ledger::{Change, Ledger, LedgerError, Record, WriteTxn};
 use htc_store::load::TaskText;
 use htc_store::rundir::now_us;
@@ -399,16 +399,17 @@ pub fn reset_interrupted(run: &htc_store::rundir::RunDir) -> Result<u64> {
     let mut t = ledger.write()?;
     let mut counts = Counts::default();
     t.update_all(|_, r| {
+        // Counted from the records as they are (what mends stored counts that differ), then
+        // moved with the task by the one step function.
+        counts.add(r.state());
         // The interrupted attempt is not a failure of the task: it does not use up a retry.
-        let changed = match task::step(r.life(), Step::Interrupt) {
+        match counts.step(r.life(), Step::Interrupt) {
             Ok((life, _)) => {
                 r.set_life(life);
                 true
             }
             Err(_) => false,
-        };
-        counts.add(r.state());
-        changed
+        }
     })?;
     t.put_counts(&counts)?;
     t.commit()?;
