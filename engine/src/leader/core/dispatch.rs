@@ -19,6 +19,8 @@ enum Placed {
     Waits,
     /// It does not fit the agent (cores, GPUs or memory it has not).
     Unfit,
+    /// Its hint says it cannot finish before the time limit: left for the next session.
+    Late,
 }
 
 impl Core<'_> {
@@ -201,10 +203,6 @@ impl Core<'_> {
             if r.state() != State::Pending || self.in_flight.contains(id) {
                 continue;
             }
-            if self.too_late(&r) {
-                self.late.insert(id);
-                continue;
-            }
             if self.start(t, b, id, r)? == Placed::Unfit {
                 if self.all_accounted() && !self.schedulable(&r) {
                     self.fail_unschedulable(t, id, r)?;
@@ -288,11 +286,9 @@ impl Core<'_> {
                 }
                 if self.hand_to_key_owner(b.agent, id, &r) {
                     handed += 1;
-                } else if self.too_late(&r) {
-                    self.late.insert(id);
                 } else {
                     match self.start(t, b, id, r)? {
-                        Placed::Taken => {}
+                        Placed::Taken | Placed::Late => {}
                         Placed::Waits => refused += 1,
                         Placed::Unfit => self.push_retry(id),
                     }
@@ -351,7 +347,7 @@ impl Core<'_> {
         }
         Ok(match self.start(t, b, id, r)? {
             Placed::Taken => true,
-            Placed::Waits => false,
+            Placed::Waits | Placed::Late => false,
             Placed::Unfit => {
                 self.push_retry(id);
                 false
@@ -359,11 +355,16 @@ impl Core<'_> {
         })
     }
 
-    /// The one ladder every source of work goes down: a pending task that fits the batch's
-    /// agent and may start there (memory, GPUs) is taken into the batch; one that fits but may
-    /// not start yet waits for memory (`admit` queued it); one that does not fit is the
-    /// caller's to place.
+    /// The one ladder every source of work goes down: a task its hint says cannot finish
+    /// before the time limit is left for the next session; a pending task that fits the
+    /// batch's agent and may start there (memory, GPUs) is taken into the batch; one that fits
+    /// but may not start yet waits for memory (`admit` queued it); one that does not fit is
+    /// the caller's to place.
     fn start<E>(&mut self, t: &mut dyn Tasks<Error = E>, b: &mut Batch, id: u64, r: Record) -> Result<Placed, E> {
+        if self.too_late(&r) {
+            self.late.insert(id);
+            return Ok(Placed::Late);
+        }
         if !self.fits(b.agent, &r) {
             return Ok(Placed::Unfit);
         }
