@@ -23,6 +23,7 @@ const MAX_GENERATED: u64 = 20_000;
 
 /// Runs the parser to its end (or to `MAX_GENERATED` tasks of sweeps: then `None`) and checks
 /// every task against the input.
+// Long (about 85 lines): a fuzz check, one assertion after another on the same parser state.
 fn walk<R: std::io::BufRead>(data: &[u8], reader: R) -> Option<(Vec<Event>, Vec<String>)> {
     let lines = data.split(|&b| b == b'\n').count() as u64 - u64::from(data.last() == Some(&b'\n'));
     let mut p = Parser::new(reader, "fuzz");

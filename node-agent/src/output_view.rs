@@ -267,7 +267,12 @@ pub fn print_all(run: &RunDir, sel: Select) -> anyhow::Result<u64> {
     so.out.flush()?;
     se.out.flush()?;
     drop((so, se));
-    // The cuts of the attempts shown, after the output rather than inside it.
+    note_cuts(run, &txn, &sel)?;
+    Ok(printed)
+}
+
+/// The cuts of the attempts shown, after the output rather than inside it.
+fn note_cuts(run: &RunDir, txn: &crate::ledger::ReadTxn<'_>, sel: &Select) -> anyhow::Result<()> {
     let mut cut = Vec::new();
     for c in all_cuts(run)? {
         let r = txn.get(c.id)?;
@@ -284,7 +289,7 @@ pub fn print_all(run: &RunDir, sel: Select) -> anyhow::Result<u64> {
             if cut.len() > 10 { "; …" } else { "" }
         );
     }
-    Ok(printed)
+    Ok(())
 }
 
 /// What `htc verify` found of a run's output: each finished task's recorded attempt, its bytes

@@ -47,6 +47,8 @@ pub fn widest_task(ledger: &Ledger) -> Result<u64, LedgerError> {
 }
 
 /// Copies `src` into the run and loads it into `ledger`. Errors name `src` as the user wrote it.
+// Long (about 80 lines): one pass over the task file that writes records, sweeps and meta in one
+// transaction; split, each part would need the whole of the pass's state.
 pub fn load(src: &Path, run: &RunDir, ledger: &Ledger, defaults: TaskOptions) -> Result<Loaded, LoadError> {
     let shown = src.display().to_string();
     htc_core::taskfile::require_regular(src)?;

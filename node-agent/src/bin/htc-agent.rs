@@ -49,6 +49,8 @@ fn main() -> ExitCode {
     }
 }
 
+// Long (about 80 lines): a quarter of it names every option of `WorkArgs`, so that adding one
+// that this function ignores fails to compile; the rest is the agent's start, in order.
 fn work(a: WorkArgs) -> anyhow::Result<()> {
     // Before any thread: a guard process that stops the tasks should the agent die.
     htc::guard::split().context("starting the agent's guard")?;

@@ -148,6 +148,8 @@ fn simulate_cmd(a: SimulateArgs) -> anyhow::Result<i32> {
 }
 
 /// `htc run`: a run on this machine, its leader in this process and its agents as children.
+// Long (about 85 lines): a quarter of it names every option of `RunArgs`, so that adding one
+// that this function ignores fails to compile; the rest is the run's steps, in order.
 fn run(a: RunArgs) -> anyhow::Result<i32> {
     let RunArgs {
         file,
