@@ -261,20 +261,7 @@ mod tests {
     use super::*;
 
     fn task(id: u64, cores: u32, gpus: u32, priority: i16) -> TaskToRun {
-        TaskToRun {
-            id,
-            attempt: 1,
-            command: b"x".to_vec(),
-            shell: false,
-            cores,
-            mem_mb: 0,
-            timeout_ms: 0,
-            runtime_ms: 0,
-            max_output: 0,
-            gpus,
-            priority,
-            preemptible: priority < 0,
-        }
+        TaskToRun { cores, gpus, priority, preemptible: priority < 0, ..TaskToRun::new(id, 1, b"x".to_vec()) }
     }
 
     fn room(cores: u32, gpus: u32, free_cores: u32, free_gpus: u32) -> Room {

@@ -212,20 +212,7 @@ mod tests {
     use super::*;
 
     fn task(id: u64, cores: u32, runtime_ms: u32) -> TaskToRun {
-        TaskToRun {
-            id,
-            attempt: 1,
-            command: b"x".to_vec(),
-            shell: false,
-            cores,
-            mem_mb: 0,
-            timeout_ms: 0,
-            runtime_ms,
-            max_output: 0,
-            gpus: 0,
-            priority: 0,
-            preemptible: false,
-        }
+        TaskToRun { cores, runtime_ms, ..TaskToRun::new(id, 1, b"x".to_vec()) }
     }
 
     fn by_hint() -> Runtime {

@@ -25,6 +25,27 @@ pub struct TaskToRun {
     pub preemptible: bool,
 }
 
+impl TaskToRun {
+    /// A one-core task with no limits, no devices and no priority: what a task file line of
+    /// only a command is.
+    pub fn new(id: u64, attempt: u32, command: Vec<u8>) -> TaskToRun {
+        TaskToRun {
+            id,
+            attempt,
+            command,
+            shell: false,
+            cores: 1,
+            mem_mb: 0,
+            timeout_ms: 0,
+            runtime_ms: 0,
+            max_output: 0,
+            gpus: 0,
+            priority: 0,
+            preemptible: false,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Finished {
     pub id: u64,

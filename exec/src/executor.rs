@@ -1474,20 +1474,8 @@ mod tests {
     }
 
     fn task(id: u64, cmd: &str, timeout_ms: u32) -> TaskToRun {
-        TaskToRun {
-            id,
-            attempt: 1,
-            command: cmd.as_bytes().to_vec(),
-            shell: htc_core::taskfile::needs_shell(cmd.as_bytes()),
-            cores: 1,
-            mem_mb: 0,
-            runtime_ms: 0,
-            max_output: 0,
-            gpus: 0,
-            priority: 0,
-            preemptible: false,
-            timeout_ms,
-        }
+        let shell = htc_core::taskfile::needs_shell(cmd.as_bytes());
+        TaskToRun { shell, timeout_ms, ..TaskToRun::new(id, 1, cmd.as_bytes().to_vec()) }
     }
 
     fn outcomes(reaping: Reaping, name: &str) {

@@ -94,20 +94,7 @@ mod tests {
     use std::time::Instant;
 
     fn task(id: u64, cores: u32, runtime_ms: u32) -> TaskToRun {
-        TaskToRun {
-            id,
-            attempt: 1,
-            command: b"x".to_vec(),
-            shell: false,
-            cores,
-            mem_mb: 0,
-            timeout_ms: 0,
-            runtime_ms,
-            max_output: 0,
-            gpus: 0,
-            priority: 0,
-            preemptible: false,
-        }
+        TaskToRun { cores, runtime_ms, ..TaskToRun::new(id, 1, b"x".to_vec()) }
     }
 
     fn run(kind: ExecKind, slots: usize, tasks: Vec<TaskToRun>) -> (Vec<Finished>, Duration) {

@@ -61,20 +61,7 @@ mod tests {
         cores
             .iter()
             .enumerate()
-            .map(|(i, &c)| TaskToRun {
-                id: i as u64 + 1,
-                attempt: 1,
-                command: Vec::new(),
-                shell: false,
-                cores: c,
-                mem_mb: 0,
-                timeout_ms: 0,
-                runtime_ms: 0,
-                max_output: 0,
-                gpus: 0,
-                priority: 0,
-                preemptible: false,
-            })
+            .map(|(i, &c)| TaskToRun { cores: c, ..TaskToRun::new(i as u64 + 1, 1, Vec::new()) })
             .collect()
     }
 
