@@ -359,14 +359,21 @@ fn tasks_sharing_an_affinity_key_run_where_the_key_ran_before_and_no_agent_idles
     assert_eq!(homes, [0, 0, 1, 1], "two keys on each agent");
 }
 
+/// A low task's wait for the high-priority one to have run (its file `high-ran`), 30 s at most:
+/// it cannot end first unless stopped, and a broken preemption fails the test rather than hang it.
+const WAIT_FOR_HIGH: &str = "for i in $(seq 600); do test -e high-ran && break; sleep 0.05; done";
+
 #[test]
 fn a_preemptible_task_is_stopped_for_higher_priority_work_and_runs_again_without_using_a_retry() {
     let d = Dir::new("preempt");
     // The high-priority task fails once after 0.5 s; its retry then finds both cores taken by
-    // preemptible tasks of priority 0 (they have no retries to spare).
-    let t = "[priority=5 retries=1] test -e marker || { touch marker; sleep 0.5; exit 1; }; echo high\n\
-             [preemptible retries=0] sleep 2; echo low\n\
-             [preemptible retries=0] sleep 2; echo low\n";
+    // preemptible tasks of priority 0 (they have no retries to spare), which wait for it to
+    // have run (at most 30 s): only a preemption lets it run, whatever the machine's speed.
+    let t = format!(
+        "[priority=5 retries=1] test -e marker || {{ touch marker; sleep 0.5; exit 1; }}; echo high; touch high-ran\n\
+         [preemptible retries=0] {WAIT_FOR_HIGH}; echo low\n\
+         [preemptible retries=0] {WAIT_FOR_HIGH}; echo low\n"
+    );
     d.write("tasks.txt", t);
     let o = d.htc(&["run", "tasks.txt", "-q", "--agents", "1", "--cores-per-agent", "2", "--spawners", "1"]);
     assert!(o.status.success(), "every task done in the end: {}", text(&o));
@@ -384,11 +391,11 @@ fn a_preemptible_task_is_stopped_for_higher_priority_work_and_runs_again_without
         "{rows:?}"
     );
     assert_eq!(other.iter().map(|r| outcome(r)).collect::<Vec<_>>(), ["exit 0"]);
-    // The retry of the high task started while the preempted one would still have run.
+    // The retry of the high task started before the other low task's end: that end waited for
+    // the high task to have run.
     let start = |r: &serde_json::Value| r["Starttime"].as_f64().unwrap();
     let end = |r: &serde_json::Value| start(r) + r["JobRuntime"].as_f64().unwrap();
-    assert!(end(preempted[0]) - start(preempted[0]) < 1.5, "stopped early");
-    assert!(start(high[1]) < start(preempted[0]) + 1.5, "the high task did not wait for it");
+    assert!(start(high[1]) < end(other[0]), "the high task did not wait for a low task's end: {rows:?}");
     assert_eq!(preempted[0]["Attempt"], 1);
     assert_eq!(preempted[1]["Attempt"], 2, "a new attempt number");
     let o = d.htc(&["status", &run]);
@@ -400,10 +407,12 @@ fn a_task_waiting_for_memory_stops_preemptible_lower_priority_tasks_holding_it()
     let d = Dir::new("preempt-mem");
     // 1000 MiB for tasks and 4 cores: cores are never short. The high-priority task fails once
     // after 0.5 s; meanwhile the two preemptible ones took 800 MiB, so its retry (600 MiB)
-    // waits for memory, and one of them must make room.
-    let t = "[priority=5 retries=1 mem=600M] test -e marker || { touch marker; sleep 0.5; exit 1; }; echo high\n\
-             [preemptible retries=0 mem=400M] sleep 3; echo low\n\
-             [preemptible retries=0 mem=400M] sleep 3; echo low\n";
+    // waits for memory, and one of them must make room: they wait for it to have run.
+    let t = format!(
+        "[priority=5 retries=1 mem=600M] test -e marker || {{ touch marker; sleep 0.5; exit 1; }}; echo high; touch high-ran\n\
+         [preemptible retries=0 mem=400M] {WAIT_FOR_HIGH}; echo low\n\
+         [preemptible retries=0 mem=400M] {WAIT_FOR_HIGH}; echo low\n"
+    );
     d.write("tasks.txt", t);
     let o = d.htc(&["run", "tasks.txt", "-q", "--agents", "1", "--cores-per-agent", "4", "--mem-per-agent", "1000M"]);
     assert!(o.status.success(), "every task done in the end: {}", text(&o));
@@ -420,9 +429,9 @@ fn a_task_waiting_for_memory_stops_preemptible_lower_priority_tasks_holding_it()
     assert_eq!(outcome(p[1]), "exit 0", "and ran again to its end");
     let start = |r: &serde_json::Value| r["Starttime"].as_f64().unwrap();
     let end = |r: &serde_json::Value| start(r) + r["JobRuntime"].as_f64().unwrap();
-    // The other low task ran its 3 s through: the retry started well before that end.
+    // The other low task waited for the high one to have run: the retry started before its end.
     let other = [&low2, &low3].into_iter().find(|l| l.len() == 1).expect("the other low task ran once");
-    assert!(start(high[1]) < end(other[0]) - 1.0, "the retry did not wait for a low task's end: {rows:?}");
+    assert!(start(high[1]) < end(other[0]), "the retry did not wait for a low task's end: {rows:?}");
     assert!(start(high[1]) >= end(p[0]) - 0.05, "it started once the memory was free: {rows:?}");
     let o = d.htc(&["status", &run]);
     assert!(String::from_utf8_lossy(&o.stdout).contains("done=3 failed=0"), "{}", text(&o));

@@ -11,7 +11,7 @@ use std::time::Duration;
 use htc::ledger::{Ledger, State};
 
 mod common;
-use common::{agent_pids, text, wait_for, Dir, HTC};
+use common::{agent_pids, agents_alive, processes_naming, text, wait_for, Dir, HTC};
 
 fn id_counts(path: &Path) -> HashMap<u64, usize> {
     let mut m = HashMap::new();
@@ -324,17 +324,15 @@ fn kill_9_of_the_leader_then_resume_runs_every_task_and_no_done_task_twice() {
         .spawn()
         .unwrap();
     assert!(wait_for(|| id_counts(&ids).len() >= 600, Duration::from_secs(60)), "tasks did not start");
+    assert!(agents_alive(&d.run_dir(), 2), "the agents are found while they run");
     // SAFETY: signalling our own child.
     unsafe { libc::kill(leader.id() as i32, libc::SIGKILL) };
     leader.wait().unwrap();
     let run = d.run_dir();
-    // The agents notice the leader's death, stop their tasks and exit.
-    let before = fs::metadata(&ids).unwrap().len();
-    std::thread::sleep(Duration::from_millis(1500));
-    let settled = fs::metadata(&ids).unwrap().len();
-    std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(settled, fs::metadata(&ids).unwrap().len(), "tasks kept running after the leader died");
-    let _ = before;
+    // The agents notice the leader's death, stop their tasks and exit: then nothing is left
+    // that could write (every task's command line names the ids file).
+    let gone = || !agents_alive(&run, 2) && processes_naming(ids.as_os_str()).is_empty();
+    assert!(wait_for(gone, Duration::from_secs(30)), "tasks kept running after the leader died");
     let done_at_kill: HashSet<u64> =
         ledger_states(&run).into_iter().filter(|(_, s)| *s == State::Done).map(|(id, _)| id).collect();
     assert!(

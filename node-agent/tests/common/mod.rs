@@ -128,6 +128,29 @@ fn agent_processes(run: &std::path::Path, agent: u32) -> Vec<(i32, i32)> {
     found
 }
 
+/// Pids of the processes whose command line has `part` in one of its arguments (a task's, by a
+/// path only it names).
+#[allow(dead_code)]
+pub fn processes_naming(part: &std::ffi::OsStr) -> Vec<i32> {
+    let part = part.as_encoded_bytes();
+    let mut found = Vec::new();
+    for e in fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let Ok(cmd) = fs::read(e.path().join("cmdline")) else { continue };
+        if cmd.split(|&b| b == 0).any(|a| a.windows(part.len()).any(|w| w == part)) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// Whether any process of agents `0..agents` of the run is left: guards, agents, or a task
+/// between the agent's vfork and its exec.
+#[allow(dead_code)]
+pub fn agents_alive(run: &std::path::Path, agents: u32) -> bool {
+    (0..agents).any(|a| !agent_processes(run, a).is_empty())
+}
+
 /// Pids of the guard processes of agent `agent` (`htc::guard`: the parent that stops the
 /// agent's tasks should the agent die): the matches whose parent is not one.
 pub fn guard_pids(run: &std::path::Path, agent: u32) -> Vec<i32> {
