@@ -378,10 +378,9 @@ fn sigint_interrupts_cleanly_and_resume_finishes() {
     let o = leader.wait_with_output().unwrap();
     assert_eq!(o.status.code(), Some(130), "{}", text(&o));
     assert!(String::from_utf8_lossy(&o.stderr).contains("htc run --resume"), "{}", text(&o));
-    // No task outlives the interrupted run.
-    let settled = fs::metadata(&ids).unwrap().len();
-    std::thread::sleep(Duration::from_millis(700));
-    assert_eq!(settled, fs::metadata(&ids).unwrap().len(), "tasks kept running after Ctrl-C");
+    // No task outlives the interrupted run: its agents and every task process go.
+    let gone = || !agents_alive(&d.run_dir(), 2) && processes_naming(ids.as_os_str()).is_empty();
+    assert!(wait_for(gone, Duration::from_secs(30)), "tasks kept running after Ctrl-C");
     let o = d.htc(&["run", "--resume", d.run_dir().to_str().unwrap()]);
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(id_counts(&ids).len(), 400);
