@@ -22,6 +22,8 @@ pub struct VirtualExec {
     queue: Queue,
     running: Vec<Running>,
     held: bool,
+    /// Nothing starts from this time on until a later lease (`Command::Lease`).
+    lease_until: Option<u64>,
     /// The agent process is stopped (SIGSTOP): its tasks run on and end, it starts nothing.
     frozen: bool,
     finishing: bool,
@@ -52,6 +54,7 @@ impl VirtualExec {
             queue: Queue::default(),
             running: Vec::new(),
             held: false,
+            lease_until: None,
             frozen: false,
             finishing: false,
             aborted: false,
@@ -73,6 +76,7 @@ impl VirtualExec {
             Command::Run(v) => self.queue.add(v),
             Command::Finish => self.finishing = true,
             Command::Hold(h) => self.held = h,
+            Command::Lease(until) => self.lease_until = Some(until),
             Command::Stop(ids) => self.stop(now_us, &ids, out),
             Command::Recall(ids) => self.queue.recall(&ids, out),
             Command::Abort => {
@@ -93,7 +97,7 @@ impl VirtualExec {
     pub fn step(&mut self, now_us: u64, out: &mut Vec<ExecEvent>) {
         loop {
             self.end_due(now_us, out);
-            if self.aborted || self.held || self.frozen {
+            if self.aborted || self.held || self.frozen || !self.leased(now_us) {
                 return;
             }
             if self.instant {
@@ -108,6 +112,11 @@ impl VirtualExec {
                 return;
             }
         }
+    }
+
+    /// Whether the agent's lease covers starting a task now.
+    fn leased(&self, now_us: u64) -> bool {
+        self.finishing || self.lease_until.is_none_or(|l| now_us < l)
     }
 
     /// Stops (or lets go on) the agent around the executor: meanwhile tasks end, none starts.
@@ -298,6 +307,30 @@ mod tests {
         assert_eq!((by_id(1).outcome, by_id(1).value, by_id(1).end_us), (Outcome::TimedOut, TERMINATED, 300_000));
         assert_eq!((by_id(2).start_us, by_id(2).outcome), (300_000, Outcome::Exited));
         assert_eq!((by_id(3).end_us, by_id(3).outcome), (500_000, Outcome::Exited), "within its limit");
+    }
+
+    #[test]
+    fn past_its_lease_nothing_starts_until_a_new_one_and_a_finish_needs_none() {
+        let mut x = VirtualExec::new(1, 0, by_hint());
+        let mut ev = Vec::new();
+        x.command(0, Command::Lease(150_000), &mut ev);
+        x.command(0, Command::Run(vec![task(1, 1, 100), task(2, 1, 100), task(3, 1, 100)]), &mut ev);
+        x.step(0, &mut ev);
+        x.step(100_000, &mut ev);
+        // Task 1 ended at 100 ms and task 2 started then; at 200 ms the lease is over.
+        x.step(200_000, &mut ev);
+        let started = |ev: &[ExecEvent]| ev.iter().filter(|e| matches!(e, ExecEvent::Started { .. })).count();
+        assert_eq!((started(&ev), x.running(), x.queued()), (2, 0, 1), "{ev:?}");
+        x.command(300_000, Command::Lease(500_000), &mut ev);
+        x.step(300_000, &mut ev);
+        assert_eq!(started(&ev), 3, "a new lease lets the queue go on");
+        let mut x = VirtualExec::new(1, 0, by_hint());
+        x.command(0, Command::Lease(1), &mut ev);
+        assert_eq!(
+            run_out(&mut x, vec![task(1, 1, 10), task(2, 1, 10)]).len(),
+            2,
+            "told to finish, it runs its queue out"
+        );
     }
 
     #[test]

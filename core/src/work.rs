@@ -92,6 +92,12 @@ pub enum Command {
     /// Give back those of these tasks that have not started (`ExecEvent::Recalled`); a started
     /// one runs on as if never asked for.
     Recall(Vec<u64>),
+    /// Start nothing from the queue past this time (µs, the executor's clock) until a later
+    /// lease comes: the agent's last word from its parent vouches for its queue until then. An
+    /// agent stopped (SIGSTOP) past it may have been given up meanwhile and its queue sent
+    /// elsewhere; its executor, running again before the agent reads that news, must not start
+    /// that queue. Ignored once told to finish (the parent may fall silent then).
+    Lease(u64),
 }
 
 /// Takes the tasks named in `ids` out of `queue`, each said as `ExecEvent::Recalled`: every

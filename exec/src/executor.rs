@@ -445,6 +445,8 @@ impl Executor {
         let mut aborting = false;
         let mut resetting = false;
         let mut held = false;
+        // Past it nothing starts (`Command::Lease`), until a later one or a Finish.
+        let mut lease_until: Option<u64> = None;
         let mut events = [libc::epoll_event { events: 0, u64: 0 }; 64];
         loop {
             loop {
@@ -453,6 +455,7 @@ impl Executor {
                     Ok(Command::Run(_)) => {}
                     Ok(Command::Finish) => finishing = true,
                     Ok(Command::Hold(h)) => held = h,
+                    Ok(Command::Lease(until)) => lease_until = Some(until),
                     Ok(Command::Stop(ids)) => self.stop(&ids),
                     Ok(Command::Recall(ids)) => self.queue.recall(&ids, &mut self.events),
                     Ok(Command::Abort) => {
@@ -490,7 +493,8 @@ impl Executor {
                 resetting = false;
                 self.events.push(ExecEvent::Reset);
             }
-            if !aborting && !held {
+            let leased = finishing || lease_until.is_none_or(|l| now_us() < l);
+            if !aborting && !held && leased {
                 self.start_queued();
             }
             // Closed without taking them out of the epoll set: their watches have fired and fire

@@ -161,6 +161,8 @@ pub struct Machine {
     held: bool,
     /// The parent said to start nothing more (Shutdown with `hold`): for good.
     told_to_hold: bool,
+    /// The end of the last lease given the executor (`Command::Lease`), 0 before the first.
+    lease_sent_us: u64,
     /// Tasks received and not finished (queued or running), for a resync.
     holding: HashSet<u64>,
     /// The leader asked for a resync: the next report lists `holding`.
@@ -200,6 +202,7 @@ impl Machine {
             last_heard_us: None,
             held: false,
             told_to_hold: false,
+            lease_sent_us: 0,
             holding: HashSet::new(),
             resync: false,
             can_rejoin: false,
@@ -293,6 +296,13 @@ impl Machine {
             return;
         }
         let heard = *self.last_heard_us.get_or_insert(now_us);
+        // A frame read after the lease ran out may be stale: it waited in the socket while this
+        // agent was stopped (SIGSTOP), and the leader may have given the agent up since. The
+        // lease is judged first, as a tick would, and such a frame renews nothing.
+        if matches!(input, Input::Parent(_)) && self.lease_ran_out(now_us, heard) {
+            self.fence(now_us, heard, out);
+            return;
+        }
         // Whether a report must go now, whatever its age (`pace`).
         let urgent = match input {
             Input::Parent(body) => self.heard_from_parent(now_us, body, out),
@@ -359,6 +369,7 @@ impl Machine {
     /// A frame from the parent; says whether a report must go at once.
     fn heard_from_parent(&mut self, now_us: u64, body: Body, out: &mut Vec<Effect>) -> bool {
         self.last_heard_us = Some(now_us);
+        self.renew_lease(now_us, out);
         let urgent = self.on_parent(body, out);
         // A Shutdown that said to start nothing more is never undone by an ack.
         if self.held && !self.told_to_hold && !self.unsure(now_us, now_us) {
@@ -376,6 +387,7 @@ impl Machine {
                 tracing::info!(agent = self.id, "rejoined the leader; tasks kept");
                 self.parent = Parent::Open;
                 self.last_heard_us = Some(now_us);
+                self.renew_lease(now_us, out);
                 self.rejoined = true;
                 // The leader may have reset what it knew of this agent's slots.
                 self.told_idle = 0;
@@ -385,6 +397,7 @@ impl Machine {
                 tracing::info!(agent = self.id, "back with the leader as a fresh member");
                 self.parent = Parent::Open;
                 self.last_heard_us = Some(now_us);
+                self.renew_lease(now_us, out);
                 if std::mem::take(&mut self.held) {
                     out.push(Effect::Exec(Command::Hold(false)));
                 }
@@ -394,16 +407,35 @@ impl Machine {
         }
     }
 
-    /// The report timer: fencing, and holding the queue while the parent is unsure.
-    fn tick(&mut self, now_us: u64, heard: u64, out: &mut Vec<Effect>) {
-        // Fencing: a parent silent past the lease may have given this agent up and sent its
-        // tasks elsewhere; stopping them first keeps any task from running twice.
-        if matches!(self.parent, Parent::Open | Parent::Rejoining)
+    /// Fencing: a parent silent past the lease may have given this agent up and sent its tasks
+    /// elsewhere; stopping them first keeps any task from running twice.
+    fn lease_ran_out(&self, now_us: u64, heard: u64) -> bool {
+        matches!(self.parent, Parent::Open | Parent::Rejoining)
             && !self.shutting_down
             && now_us.saturating_sub(heard) >= self.live.lease_us
-        {
-            let secs = now_us.saturating_sub(heard) as f64 / 1e6;
-            self.given_up(format!("no word from its parent for {secs:.1} s (lease expired)"), out);
+    }
+
+    fn fence(&mut self, now_us: u64, heard: u64, out: &mut Vec<Effect>) {
+        let secs = now_us.saturating_sub(heard) as f64 / 1e6;
+        self.given_up(format!("no word from its parent for {secs:.1} s (lease expired)"), out);
+    }
+
+    /// The executor may start tasks until the parent's silence would make this agent unsure
+    /// (`hold_us`), by its own clock: an agent stopped past that (SIGSTOP) starts nothing when
+    /// it runs again before this machine has heard whether it was given up. Renewed as the
+    /// parent is heard, at most every quarter of the span, so the executor is not told per frame.
+    fn renew_lease(&mut self, now_us: u64, out: &mut Vec<Effect>) {
+        let until = now_us + self.live.hold_us;
+        if until >= self.lease_sent_us + self.live.hold_us / 4 {
+            self.lease_sent_us = until;
+            out.push(Effect::Exec(Command::Lease(until)));
+        }
+    }
+
+    /// The report timer: fencing, and holding the queue while the parent is unsure.
+    fn tick(&mut self, now_us: u64, heard: u64, out: &mut Vec<Effect>) {
+        if self.lease_ran_out(now_us, heard) {
+            self.fence(now_us, heard, out);
             return;
         }
         if self.unsure(now_us, heard) && !self.held && self.parent == Parent::Open && !self.shutting_down {
@@ -743,7 +775,12 @@ mod tests {
         assert!(step(&mut m, 1, Input::Tick).is_empty());
 
         let out = step(&mut m, 2, dispatch(0, 0..32));
-        assert!(matches!(out.as_slice(), [Effect::Exec(Command::Run(t))] if t.len() == 32 && t[5].id == 5));
+        // The parent's first word gives the executor its lease: 1 s (`hold_us`) from now.
+        assert!(
+            matches!(out.as_slice(), [Effect::Exec(Command::Lease(1_000_002)), Effect::Exec(Command::Run(t))]
+            if t.len() == 32 && t[5].id == 5),
+            "{out:?}"
+        );
 
         let started = (0..4).map(|id| ExecEvent::Started { id, attempt: 1, start_us: 5 });
         assert!(step(&mut m, 3, Input::Exec(started.collect())).is_empty(), "news waits for the gap");
@@ -996,12 +1033,38 @@ mod tests {
     }
 
     #[test]
+    fn the_parent_s_word_renews_the_executor_s_lease_at_most_every_quarter_of_it() {
+        let mut m = Machine::new(0, 4, tree());
+        let leases = |out: &[Effect]| -> Vec<u64> {
+            out.iter()
+                .filter_map(|e| match e {
+                    Effect::Exec(Command::Lease(u)) => Some(*u),
+                    _ => None,
+                })
+                .collect()
+        };
+        assert_eq!(leases(&step(&mut m, 0, Input::Tick)), Vec::<u64>::new(), "none before the parent spoke");
+        let ack = || Input::Parent(Body::Ack(proto::Ack { seq: 0, agent: 0, resync: false }));
+        assert_eq!(leases(&step(&mut m, 10, ack())), [1_000_010]);
+        assert!(leases(&step(&mut m, 200_000, ack())).is_empty(), "still 3/4 of it ahead");
+        assert_eq!(leases(&step(&mut m, 250_010, ack())), [1_250_010]);
+        // A parent silent past it: the lease is not renewed by ticks.
+        assert!(leases(&step(&mut m, 1_300_000, Input::Tick)).is_empty());
+    }
+
+    #[test]
     fn frames_for_agents_below_go_down_the_right_branch() {
         // Fan-out 2: agent 0's children are agents 2 and 3; agent 7 is below agent 2.
         let mut m = Machine::new(0, 1, tree());
         step(&mut m, 0, Input::ChildOpened(2));
         let out = step(&mut m, 1, dispatch(7, 0..1));
-        assert!(matches!(out.as_slice(), [Effect::Down { child: 2, body: Body::Dispatch(_) }]), "{out:?}");
+        assert!(
+            matches!(
+                out.as_slice(),
+                [Effect::Exec(Command::Lease(_)), Effect::Down { child: 2, body: Body::Dispatch(_) }]
+            ),
+            "{out:?}"
+        );
         // Agent 3 is below, but its branch has not connected; agent 1 is not below at all.
         assert!(step(&mut m, 2, dispatch(3, 0..1)).is_empty());
         assert!(step(&mut m, 3, dispatch(1, 0..1)).is_empty());
@@ -1094,6 +1157,26 @@ mod tests {
         step(&mut m, 9_000_001, Input::ExecEnded);
         let why = m.outcome().unwrap().unwrap_err();
         assert!(why.contains("no word from its parent for 5.0 s (lease expired)"), "{why}");
+    }
+
+    /// An agent stopped (SIGSTOP) past its lease reads, when it goes on, frames that waited in
+    /// its socket: the lease is judged before them, so a stale dispatch or heartbeat neither
+    /// renews it nor reaches the executor; the agent fences itself as a tick would have.
+    #[test]
+    fn a_frame_read_after_the_lease_ran_out_is_stale_and_the_agent_fences_itself_first() {
+        let live = Liveness::new(std::time::Duration::from_secs(10));
+        let mut m = Machine::new(0, 1, tree()).with_liveness(live);
+        step(&mut m, 0, Input::Tick);
+        step(&mut m, 1, dispatch(0, 0..8));
+        let out = step(&mut m, 20_000_000, dispatch(0, 8..16));
+        assert!(out.iter().any(|e| matches!(e, Effect::Exec(Command::Abort))), "{out:?}");
+        assert!(
+            !out.iter().any(|e| matches!(e, Effect::Exec(Command::Run(_) | Command::Lease(_)))),
+            "the stale frame was taken: {out:?}"
+        );
+        step(&mut m, 20_000_001, Input::ExecEnded);
+        let why = m.outcome().unwrap().unwrap_err();
+        assert!(why.contains("no word from its parent for 20.0 s (lease expired)"), "{why}");
     }
 
     /// Issue 24, finding 4: a cut link stops the acks at once, while heartbeats take a second to

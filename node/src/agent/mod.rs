@@ -232,7 +232,7 @@ async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
         };
         let now = start.elapsed().as_micros() as u64;
         m.handle(now, input, &mut effects);
-        let mut turn = Turn::new(&cfg, &secret, &rejoin_tx, &children, &mut execs, &mut out);
+        let mut turn = Turn::new(&cfg, &secret, &rejoin_tx, &children, &mut execs, &mut out, now);
         effects.drain(..).for_each(|e| e.carry_out(&mut turn));
         let (close, revive) = (turn.close, turn.revive);
         if !out.is_empty() {
@@ -243,7 +243,7 @@ async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
                 // Nothing more goes up this connection, but an agent below a lost relay must
                 // still go around it: the machine hears of the end once, here, and ignores the
                 // reader's word of it after (a Rejoin dropped here was never asked again).
-                let mut turn = Turn::new(&cfg, &secret, &rejoin_tx, &children, &mut execs, &mut out);
+                let mut turn = Turn::new(&cfg, &secret, &rejoin_tx, &children, &mut execs, &mut out, now);
                 turn.parent_gone = true;
                 effects.drain(..).for_each(|e| e.carry_out(&mut turn));
             }
@@ -282,6 +282,8 @@ struct Turn<'a> {
     children: &'a HashMap<u32, UnboundedSender<Vec<u8>>>,
     execs: &'a mut Executors,
     out: &'a mut Vec<u8>,
+    /// The machine's clock (µs since the agent started) at this turn.
+    now_us: u64,
     /// The parent connection failed a write: nothing more goes to it, or below through it.
     parent_gone: bool,
     close: bool,
@@ -296,8 +298,9 @@ impl<'a> Turn<'a> {
         children: &'a HashMap<u32, UnboundedSender<Vec<u8>>>,
         execs: &'a mut Executors,
         out: &'a mut Vec<u8>,
+        now_us: u64,
     ) -> Self {
-        Turn { cfg, secret, rejoin_tx, children, execs, out, parent_gone: false, close: false, revive: false }
+        Turn { cfg, secret, rejoin_tx, children, execs, out, now_us, parent_gone: false, close: false, revive: false }
     }
 }
 
@@ -313,6 +316,11 @@ impl Carrier for Turn<'_> {
         }
     }
     fn exec(&mut self, command: Command) {
+        let command = match command {
+            // From the machine's clock to the executors' (the wall clock's µs).
+            Command::Lease(until) => Command::Lease(htc_store::host::now_us() + until.saturating_sub(self.now_us)),
+            c => c,
+        };
         self.execs.send(command);
     }
     fn close_up(&mut self) {
@@ -582,6 +590,7 @@ impl Executors {
                 self.handles.iter().for_each(|h| h.send(Command::Abort));
             }
             Command::Hold(held) => self.handles.iter().for_each(|h| h.send(Command::Hold(held))),
+            Command::Lease(until) => self.handles.iter().for_each(|h| h.send(Command::Lease(until))),
             // Each spawner stops those it has and ignores the others.
             Command::Stop(ids) => self.handles.iter().for_each(|h| h.send(Command::Stop(ids.clone()))),
             Command::Recall(ids) => self.handles.iter().for_each(|h| h.send(Command::Recall(ids.clone()))),
