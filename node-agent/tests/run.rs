@@ -624,6 +624,34 @@ fn a_killed_member_costs_its_started_tasks_which_run_again_and_its_head_carries_
     assert!(log.contains("member lost head=0 member=1"), "{log}");
 }
 
+/// A head killed mid-run: its member, cut off, stops what it held (it went back with the head)
+/// and comes back to the leader empty, then works on for its instance.
+#[test]
+fn a_killed_head_s_member_comes_back_to_the_leader_and_works_on() {
+    let d = Dir::new("headloss");
+    let args = ["run", "--agents", "4", "--instance-agents", "2", "--cores-per-agent", "1"];
+    let run = kill_agent_mid_run(&d, 1200, &args, 2);
+    let log = fs::read_to_string(run.join("log/agent-3.log")).unwrap();
+    assert!(log.contains("lost its instance head") && log.contains("back with the leader as a fresh member"), "{log}");
+    let l = Ledger::open(&run.join("ledger.mdb"), true).unwrap();
+    let t = l.read().unwrap();
+    let mut lost_at = u64::MAX;
+    t.for_each(|id, _| {
+        for a in t.attempts(id).unwrap().iter().filter(|a| a.outcome == htc::ledger::Outcome::Lost) {
+            lost_at = lost_at.min(a.end_us);
+        }
+    })
+    .unwrap();
+    assert!(lost_at < u64::MAX, "no attempt was recorded as lost with the head");
+    let mut by_member_after = 0;
+    t.for_each(|id, r| {
+        assert_eq!(r.state(), State::Done, "task {id}");
+        by_member_after += (r.agent == 3 && r.start_us > lost_at) as u32;
+    })
+    .unwrap();
+    assert!(by_member_after > 0, "the member ran nothing after its head was lost");
+}
+
 #[test]
 fn options_that_make_no_sense_are_refused_by_name_and_leave_no_run_behind() {
     let d = Dir::new("bad-options");

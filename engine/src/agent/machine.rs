@@ -548,6 +548,10 @@ impl Machine {
                 out.push(Effect::Exec(Command::Hold(true)));
             }
             out.push(Effect::Rejoin);
+        } else if self.tree.head(self.id) != self.id {
+            // A member whose head is gone: what it holds went back to the leader with the head.
+            // It stops that and comes back to the leader empty, to work on for its instance.
+            self.given_up(format!("lost its instance head: {why}"), out);
         } else {
             // Without a leader nobody records results: stop the tasks rather than let them run
             // unaccounted. The resumed run re-runs them.
@@ -1212,6 +1216,25 @@ mod tests {
     /// With revival, a fenced agent (or one the leader gave up) stops every task and drops its
     /// queue, says nothing of them, then comes back empty and asks for work afresh; if it cannot
     /// reach the leader it leaves as before.
+    /// A member's parent is its instance head: when that link ends, the head (and what it held
+    /// for the member) is gone, so the member stops its tasks and comes back to the leader
+    /// empty; a head that loses its parent (the leader) leaves as before.
+    #[test]
+    fn a_member_that_loses_its_head_comes_back_empty_to_the_leader() {
+        let instances = Arc::new(Tree::instances(4, 2, 2));
+        let mut m = Machine::new(1, 1, instances.clone()).with_revive(true);
+        step(&mut m, 0, Input::Tick);
+        step(&mut m, 1, dispatch(1, 0..4));
+        let out = step(&mut m, 2, Input::ParentEnded("connection closed".into()));
+        assert!(out.iter().any(|e| matches!(e, Effect::Exec(Command::Reset))), "{out:?}");
+        let out = step(&mut m, 3, Input::ExecReset);
+        assert!(matches!(out.as_slice(), [Effect::Revive]), "{out:?}");
+        let mut head = Machine::new(0, 1, instances).with_revive(true);
+        step(&mut head, 0, Input::Tick);
+        let out = step(&mut head, 1, Input::ParentEnded("connection closed".into()));
+        assert!(out.iter().any(|e| matches!(e, Effect::Exec(Command::Abort))), "{out:?}");
+    }
+
     #[test]
     fn a_given_up_agent_stops_everything_and_comes_back_empty() {
         let live = Liveness::new(std::time::Duration::from_secs(10));

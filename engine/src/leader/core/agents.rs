@@ -116,6 +116,14 @@ impl Core<'_> {
     /// tasks it holds, since frames both ways may have died with the relay.
     pub(super) fn rejoined(&mut self, agent: u32, below: Vec<u32>, now_us: u64, out: &mut Outbox) {
         for a in std::iter::once(agent).chain(below) {
+            if a == agent && !self.agents.contains_key(&a) && self.member_s_instance(a).is_some() {
+                // A member around its lost head: what it holds went back with the head (or will,
+                // once the head is found lost), so it stops it and comes back empty.
+                let reason = "its instance head is gone: come back empty to the leader".to_string();
+                let shutdown = proto::Shutdown { revive: true, abort: true, reason, agent: a, hold: false };
+                out.push((a, Body::Shutdown(shutdown)));
+                continue;
+            }
             let Some(x) = self.agents.get_mut(&a) else { continue };
             if !x.alive {
                 if a == agent {
@@ -154,6 +162,14 @@ impl Core<'_> {
         now_us: u64,
         out: &mut Outbox,
     ) -> Result<(), E> {
+        if !self.agents.contains_key(&agent) && !self.told_to_hold {
+            if let Some(instance) = self.member_s_instance(agent) {
+                // Its head is gone (or gave it up): it works on for its instance, from here.
+                tracing::info!(job = %self.job_id, agent, %hostname, "a member back without its head: it reports to the leader now");
+                self.enroll(agent, instance, (cores, mem_mb, gpus), hostname);
+                return Ok(());
+            }
+        }
         let Some(a) = self.agents.get(&agent) else {
             let reason = "never joined this session".to_string();
             out.push((
@@ -236,13 +252,26 @@ impl Core<'_> {
 
     /// An instance head joined: it is placed (memory, affinity keys) and waits for its first
     /// report to ask for work.
-    pub(super) fn joined(&mut self, agent: u32, (cores, mem_mb, gpus): (u32, u64, u32), hostname: String) {
+    pub(super) fn joined(&mut self, agent: u32, resources: (u32, u64, u32), hostname: String) {
         let Some(instance) = self.instance_of(agent) else {
             tracing::warn!(job = %self.job_id, agent, %hostname, "an agent that heads no instance joined; ignored");
             return;
         };
-        tracing::info!(job = %self.job_id, agent, cores, mem_mb, %hostname, "agent joined");
+        tracing::info!(job = %self.job_id, agent, cores = resources.0, mem_mb = resources.1, %hostname, "agent joined");
         self.ever_seen += 1;
+        self.enroll(agent, instance, resources, hostname);
+    }
+
+    /// The instance a member (not a head) belongs to, if `agent` is one: a member whose head
+    /// is gone may come to the leader itself.
+    fn member_s_instance(&self, agent: u32) -> Option<usize> {
+        let tree = self.layout.as_ref()?;
+        let head = tree.head(agent);
+        (tree.contains(agent) && head != agent).then(|| tree.instance_index(head)).flatten()
+    }
+
+    /// Takes `agent` into placement and dispatch, drawing on `instance`'s share.
+    fn enroll(&mut self, agent: u32, instance: usize, (cores, mem_mb, gpus): (u32, u64, u32), hostname: String) {
         self.place(agent, cores, mem_mb, gpus);
         self.agents.insert(
             agent,

@@ -259,6 +259,38 @@ fn an_agent_gets_what_it_asks_for_and_results_are_recorded_then_acked() {
     assert_eq!(m.records[&3].start_us, 0, "results carry their own start time");
 }
 
+/// A head lost with its instance's work: its members, cut off from it, come to the leader.
+/// One that rejoins still holding tasks is told to stop them and come back empty (they went
+/// back with the head); back empty, it works on for its instance's share.
+#[test]
+fn members_of_a_lost_head_come_back_to_the_leader_and_work_on_its_instance_s_share() {
+    let mut m = Mem::with(8, 1, 1);
+    let n = m.records.len() as u64;
+    let mut c = Core::new(Box::new(Even::new(1..n + 1, 2)), "job".into(), 2, m.counts(), 0)
+        .with_layout(Arc::new(Tree::instances(4, 2, 2)));
+    let (out, _) = feed(&mut c, &mut m, vec![join(0, 2), join(2, 2), want(0, 4)]);
+    assert_eq!(dispatched(&out), vec![(0, vec![(1, 1), (2, 1), (3, 1), (4, 1)])], "head 0: instance 0's share");
+    let (out, _) = feed(
+        &mut c,
+        &mut m,
+        vec![Input::Lost { agent: 0, why: "gone".into() }, Input::Rejoined { agent: 1, below: vec![] }],
+    );
+    assert!(
+        out.iter().any(|(a, b)| *a == 1 && matches!(b, Body::Shutdown(s) if s.abort && s.revive)),
+        "member 1 stops what it held and comes back empty: {out:?}"
+    );
+    let back = Input::Revived { agent: 1, cores: 2, mem_mb: 0, gpus: 0, hostname: "node1".into() };
+    let (out, _) = feed(&mut c, &mut m, vec![back, want(1, 4)]);
+    let to_member: Vec<u64> =
+        dispatched(&out).into_iter().filter(|(a, _)| *a == 1).flat_map(|(_, t)| t).map(|(id, _)| id).collect();
+    assert_eq!(to_member.len(), 4, "instance 0's tasks go to its member: {out:?}");
+    assert!(to_member.iter().all(|id| *id <= 4), "from its instance's share first: {to_member:?}");
+    // An agent of no instance of this job is still turned away.
+    let (out, _) =
+        feed(&mut c, &mut m, vec![Input::Revived { agent: 9, cores: 2, mem_mb: 0, gpus: 0, hostname: "x".into() }]);
+    assert!(out.iter().any(|(a, b)| *a == 9 && matches!(b, Body::Shutdown(s) if s.abort && !s.revive)), "{out:?}");
+}
+
 #[test]
 fn instance_heads_stand_for_their_members_which_the_ledger_names() {
     // Four agents in instances of two: heads 0 and 2 are the partition's instances 0 and 1.
