@@ -28,6 +28,9 @@ use crate::rundir::RunDir;
 use htc_core::virtual_exec::VirtualExec;
 use htc_core::work::{Command, ExecEvent, TaskToRun};
 
+mod report;
+pub use report::{json, text};
+
 #[derive(Debug, Clone)]
 pub struct SimConfig {
     /// Agents.
@@ -711,89 +714,6 @@ fn bounds(ledger: &Ledger, cfg: &SimConfig) -> anyhow::Result<(f64, f64)> {
         }
     }
     Ok((plain / 1e6, hi.max(longest as f64) / 1e6))
-}
-
-/// The report as `htc simulate` prints it.
-pub fn text(cfg: &SimConfig, r: &SimReport) -> String {
-    let mut t = format!(
-        "htc simulate: {} tasks on {} agents x {} cores in instances of {} ({}), latency {} us, \
-         leader {:.2} us/report + {:.2} us/task\n\
-         makespan     {:.3} s (virtual)\n\
-         lower bound  {:.3} s ({:.1}% above)\n",
-        r.tasks,
-        cfg.agents,
-        cfg.cores_per_agent,
-        cfg.instance_agents,
-        cfg.plan.plan.name(),
-        cfg.latency_us,
-        cfg.leader.per_report_us,
-        cfg.leader.per_task_us,
-        r.makespan_s,
-        r.bound_s,
-        r.above_bound() * 100.0,
-    );
-    if cfg.hide_hints {
-        t += "  (runtime hints hidden from the run: each task lasts its hint, unannounced)\n";
-    }
-    if !cfg.faults.is_empty() {
-        t += &format!(
-            "faults       {}: {} tasks started again; {} were running and {} queued where the faults hit\n",
-            cfg.faults.len(),
-            r.reruns,
-            r.running_at_faults,
-            r.queued_at_faults
-        );
-    }
-    if cfg.join_spread_us > 0 {
-        let above = (r.makespan_s / r.bound_joined_s - 1.0) * 100.0;
-        t += &format!(
-            "  from joins {:.3} s ({above:.1}% above; each agent's cores counted from its join)\n",
-            r.bound_joined_s
-        );
-    }
-    t + &format!(
-        "leader busy  {:.3} s\nfailed       {}\nmoved back   {} (queued tasks asked back for idle slots)\nloaded in    {:.2} s, planned in {:.2} s, simulated in {:.1} s ({} events)\n",
-        r.leader_busy_s,
-        r.failed,
-        r.moved_back,
-        r.load_s,
-        r.plan_s,
-        r.wall.as_secs_f64(),
-        r.events
-    )
-}
-
-/// The report as one JSON object (`--json`).
-pub fn json(cfg: &SimConfig, r: &SimReport) -> String {
-    let f = |v: f64| format!("{v:.6}");
-    let fields = [
-        ("tasks", r.tasks.to_string()),
-        ("agents", cfg.agents.to_string()),
-        ("cores_per_agent", cfg.cores_per_agent.to_string()),
-        ("instance_agents", cfg.instance_agents.to_string()),
-        ("partition", format!("\"{}\"", cfg.plan.plan.name())),
-        ("latency_us", cfg.latency_us.to_string()),
-        ("leader_us_per_report", cfg.leader.per_report_us.to_string()),
-        ("leader_us_per_task", cfg.leader.per_task_us.to_string()),
-        ("makespan_s", f(r.makespan_s)),
-        ("bound_s", f(r.bound_s)),
-        ("above_bound", f(r.above_bound())),
-        ("bound_joined_s", f(r.bound_joined_s)),
-        ("leader_busy_s", f(r.leader_busy_s)),
-        ("failed", r.failed.to_string()),
-        ("events", r.events.to_string()),
-        ("moved_back", r.moved_back.to_string()),
-        ("faults", cfg.faults.len().to_string()),
-        ("reruns", r.reruns.to_string()),
-        ("running_at_faults", r.running_at_faults.to_string()),
-        ("queued_at_faults", r.queued_at_faults.to_string()),
-        ("hide_hints", cfg.hide_hints.to_string()),
-        ("wall_s", format!("{:.3}", r.wall.as_secs_f64())),
-        ("load_s", format!("{:.3}", r.load_s)),
-        ("plan_s", format!("{:.3}", r.plan_s)),
-    ];
-    let body: Vec<String> = fields.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
-    format!("{{{}}}\n", body.join(","))
 }
 
 /// `htc simulate FILE`: loads the file into a scratch run (the same load as `htc run`), gives
