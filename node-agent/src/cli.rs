@@ -172,6 +172,10 @@ pub mod htc {
         /// Agents per 2nd-level instance (its head takes work for all; default 1).
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
         pub instance_agents: u32,
+        /// Heads per parent: more form a tree of relays, as in `htc run` (default: every head
+        /// talks to the leader).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+        pub fanout: Option<u32>,
         /// hflow or even (default: the site file's, else hflow).
         #[arg(long)]
         pub partition: Option<Plan>,
