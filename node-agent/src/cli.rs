@@ -203,8 +203,10 @@ pub mod htc {
         /// GPUs each agent has for tasks that ask for them (`gpus=`).
         #[arg(long, default_value_t = 0)]
         pub gpus_per_agent: u32,
-        /// A fault at a virtual time (repeatable): `lose:AGENT@SECONDS` (its node dies) or
-        /// `stop:AGENT@SECONDS+SECONDS` (the agent is stopped that long, as by SIGSTOP).
+        /// A fault at a virtual time (repeatable): `lose:AGENT@SECONDS` (its node dies),
+        /// `stop:AGENT@SECONDS+SECONDS` (the agent is stopped that long, as by SIGSTOP) or
+        /// `cut:AGENT@SECONDS+SECONDS` (its link to its parent breaks; it can reconnect after
+        /// the second time).
         #[arg(long = "fault", value_name = "FAULT")]
         pub faults: Vec<crate::simulate::Fault>,
         /// Print a JSON object instead of text.

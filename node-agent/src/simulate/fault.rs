@@ -12,21 +12,25 @@ pub enum Fault {
     /// The agent process is stopped (SIGSTOP) from `at_us` for `for_us`: it hears, says and
     /// starts nothing meanwhile, while its tasks run on; its connections stay open.
     Stop { agent: u32, at_us: u64, for_us: u64 },
+    /// The link between the agent and its parent breaks at `at_us`: both ends see the
+    /// connection close, and the agent reaches neither its parent nor the leader for `for_us`
+    /// (its tries to reconnect fail until then). Its links to its children stay up.
+    Cut { agent: u32, at_us: u64, for_us: u64 },
 }
 
 /// The forms a `--fault` takes.
-const FORMS: &str = "lose:AGENT@SECONDS or stop:AGENT@SECONDS+SECONDS";
+const FORMS: &str = "lose:AGENT@SECONDS, stop:AGENT@SECONDS+SECONDS or cut:AGENT@SECONDS+SECONDS";
 
 impl Fault {
     pub fn agent(&self) -> u32 {
         match *self {
-            Fault::Lose { agent, .. } | Fault::Stop { agent, .. } => agent,
+            Fault::Lose { agent, .. } | Fault::Stop { agent, .. } | Fault::Cut { agent, .. } => agent,
         }
     }
 
     pub fn at_us(&self) -> u64 {
         match *self {
-            Fault::Lose { at_us, .. } | Fault::Stop { at_us, .. } => at_us,
+            Fault::Lose { at_us, .. } | Fault::Stop { at_us, .. } | Fault::Cut { at_us, .. } => at_us,
         }
     }
 }
@@ -55,6 +59,10 @@ impl std::str::FromStr for Fault {
                 let (at, dur) = split('+', "SECONDS")?;
                 Ok(Fault::Stop { agent, at_us: secs(at)?, for_us: secs(dur)? })
             }
+            "cut" => {
+                let (at, dur) = split('+', "SECONDS")?;
+                Ok(Fault::Cut { agent, at_us: secs(at)?, for_us: secs(dur)? })
+            }
             _ => Err(form()),
         }
     }
@@ -67,6 +75,7 @@ impl std::fmt::Display for Fault {
         match *self {
             Fault::Lose { agent, at_us } => write!(f, "lose:{agent}@{}", s(at_us)),
             Fault::Stop { agent, at_us, for_us } => write!(f, "stop:{agent}@{}+{}", s(at_us), s(for_us)),
+            Fault::Cut { agent, at_us, for_us } => write!(f, "cut:{agent}@{}+{}", s(at_us), s(for_us)),
         }
     }
 }
@@ -92,14 +101,30 @@ impl Fleet {
     pub(super) fn fault(&mut self, w: &mut World, cfg: &SimConfig, f: Fault) {
         let a = f.agent();
         let x = &self.agents[a as usize];
-        if !x.dead && !x.exited && x.stopped_until.is_none() {
+        // A cut needs a connection to cut.
+        let open = self.links[a as usize].open || !matches!(f, Fault::Cut { .. });
+        if !x.dead && !x.exited && x.stopped_until.is_none() && open {
             self.running_at_faults += x.exec.running() as u64;
             self.queued_at_faults += x.exec.queued() as u64;
         }
         match f {
             Fault::Lose { .. } => self.lose(w, cfg, a),
             Fault::Stop { at_us, for_us, .. } => self.stop(w, a, at_us + for_us),
+            Fault::Cut { at_us, for_us, .. } => self.cut(w, cfg, a, at_us + for_us),
         }
+    }
+
+    /// Agent `a`'s connection to its parent breaks, and it reaches no one above it until
+    /// `until`: both ends hear the connection close; its machine decides what to do (a head
+    /// below a relay rejoins the leader, others stop), and tries to reconnect fail until then.
+    fn cut(&mut self, w: &mut World, cfg: &SimConfig, a: u32, until: u64) {
+        if self.agents[a as usize].dead || !self.links[a as usize].open {
+            return;
+        }
+        self.agents[a as usize].offline_until = until;
+        let why = "connection closed (simulated cut link)";
+        self.close_up(w, cfg, a, why, Close::Abrupt);
+        w.at(w.now + cfg.latency_us, Ev::ToAgent(a, machine::Input::ParentEnded(why.to_string())));
     }
 
     /// Agent `a`'s node dies: its connections break, up and down.
