@@ -204,9 +204,10 @@ pub mod htc {
         #[arg(long, default_value_t = 0)]
         pub gpus_per_agent: u32,
         /// A fault at a virtual time (repeatable): `lose:AGENT@SECONDS` (its node dies),
-        /// `stop:AGENT@SECONDS+SECONDS` (the agent is stopped that long, as by SIGSTOP) or
+        /// `stop:AGENT@SECONDS+SECONDS` (the agent is stopped that long, as by SIGSTOP),
         /// `cut:AGENT@SECONDS+SECONDS` (its link to its parent breaks; it can reconnect after
-        /// the second time).
+        /// the second time) or `slow:AGENT@SECONDS*FACTOR` (tasks that start on it from then
+        /// on take FACTOR times their runtime).
         #[arg(long = "fault", value_name = "FAULT")]
         pub faults: Vec<crate::simulate::Fault>,
         /// Print a JSON object instead of text.

@@ -2,6 +2,8 @@
 //! and what each end of a closed connection then hears, as the node's drivers tell their
 //! machines (`node/src/agent/mod.rs`, `relay.rs`, `node/src/leader/net.rs`).
 
+use std::sync::atomic::Ordering::Relaxed;
+
 use super::*;
 
 /// A fault injected into a simulated run.
@@ -16,21 +18,31 @@ pub enum Fault {
     /// connection close, and the agent reaches neither its parent nor the leader for `for_us`
     /// (its tries to reconnect fail until then). Its links to its children stay up.
     Cut { agent: u32, at_us: u64, for_us: u64 },
+    /// The agent's node slows down at `at_us`: tasks that start on it from then on take
+    /// `factor` times their runtime.
+    Slow { agent: u32, at_us: u64, factor: f64 },
 }
 
 /// The forms a `--fault` takes.
-const FORMS: &str = "lose:AGENT@SECONDS, stop:AGENT@SECONDS+SECONDS or cut:AGENT@SECONDS+SECONDS";
+const FORMS: &str =
+    "lose:AGENT@SECONDS, stop:AGENT@SECONDS+SECONDS, cut:AGENT@SECONDS+SECONDS or slow:AGENT@SECONDS*FACTOR";
 
 impl Fault {
     pub fn agent(&self) -> u32 {
         match *self {
-            Fault::Lose { agent, .. } | Fault::Stop { agent, .. } | Fault::Cut { agent, .. } => agent,
+            Fault::Lose { agent, .. }
+            | Fault::Stop { agent, .. }
+            | Fault::Cut { agent, .. }
+            | Fault::Slow { agent, .. } => agent,
         }
     }
 
     pub fn at_us(&self) -> u64 {
         match *self {
-            Fault::Lose { at_us, .. } | Fault::Stop { at_us, .. } | Fault::Cut { at_us, .. } => at_us,
+            Fault::Lose { at_us, .. }
+            | Fault::Stop { at_us, .. }
+            | Fault::Cut { at_us, .. }
+            | Fault::Slow { at_us, .. } => at_us,
         }
     }
 }
@@ -63,6 +75,12 @@ impl std::str::FromStr for Fault {
                 let (at, dur) = split('+', "SECONDS")?;
                 Ok(Fault::Cut { agent, at_us: secs(at)?, for_us: secs(dur)? })
             }
+            "slow" => {
+                let (at, factor) = split('*', "FACTOR")?;
+                let positive = factor.parse::<f64>().ok().filter(|f| f.is_finite() && *f > 0.0);
+                let factor = positive.ok_or_else(|| bad(format!("the factor `{factor}` is not a positive number")))?;
+                Ok(Fault::Slow { agent, at_us: secs(at)?, factor })
+            }
             _ => Err(form()),
         }
     }
@@ -76,6 +94,7 @@ impl std::fmt::Display for Fault {
             Fault::Lose { agent, at_us } => write!(f, "lose:{agent}@{}", s(at_us)),
             Fault::Stop { agent, at_us, for_us } => write!(f, "stop:{agent}@{}+{}", s(at_us), s(for_us)),
             Fault::Cut { agent, at_us, for_us } => write!(f, "cut:{agent}@{}+{}", s(at_us), s(for_us)),
+            Fault::Slow { agent, at_us, factor } => write!(f, "slow:{agent}@{}*{factor}", s(at_us)),
         }
     }
 }
@@ -97,13 +116,18 @@ pub(super) enum Close {
 }
 
 impl Fleet {
-    /// The fault `f` strikes: what it finds on its agent is counted, if it is there to be hit.
+    /// The fault `f` strikes: what it finds on an agent it cuts off (lost, stopped or cut) is
+    /// counted, if the agent is there to be hit.
     pub(super) fn fault(&mut self, w: &mut World, cfg: &SimConfig, f: Fault) {
         let a = f.agent();
         let x = &self.agents[a as usize];
-        // A cut needs a connection to cut.
-        let open = self.links[a as usize].open || !matches!(f, Fault::Cut { .. });
-        if !x.dead && !x.exited && x.stopped_until.is_none() && open {
+        let hits = match f {
+            // A cut needs a connection to cut.
+            Fault::Cut { .. } => self.links[a as usize].open,
+            Fault::Slow { .. } => false,
+            Fault::Lose { .. } | Fault::Stop { .. } => true,
+        };
+        if hits && !x.dead && !x.exited && x.stopped_until.is_none() {
             self.running_at_faults += x.exec.running() as u64;
             self.queued_at_faults += x.exec.queued() as u64;
         }
@@ -111,6 +135,8 @@ impl Fleet {
             Fault::Lose { .. } => self.lose(w, cfg, a),
             Fault::Stop { at_us, for_us, .. } => self.stop(w, a, at_us + for_us),
             Fault::Cut { at_us, for_us, .. } => self.cut(w, cfg, a, at_us + for_us),
+            // What starts from now on (`Agent::slow`, read by its executor's runtime).
+            Fault::Slow { factor, .. } => self.agents[a as usize].slow.store(factor.to_bits(), Relaxed),
         }
     }
 

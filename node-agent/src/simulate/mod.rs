@@ -9,6 +9,7 @@
 
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -476,6 +477,8 @@ struct Agent {
     deferred: Vec<machine::Input>,
     /// Its node reaches nobody before this (a cut link).
     offline_until: u64,
+    /// What its tasks' runtimes are multiplied by when they start (a slow node), as f64 bits.
+    slow: Arc<AtomicU64>,
     /// The earliest `Ev::ExecDue` on the heap for it.
     due_at: Option<u64>,
 }
@@ -505,12 +508,14 @@ impl Fleet {
         let live = Liveness::default();
         let agent = |a: u32| {
             let truth = truth.clone();
+            let slow = Arc::new(AtomicU64::new(1f64.to_bits()));
+            let factor = slow.clone();
             let runtime = move |t: &TaskToRun| {
                 let hint = truth.as_ref().and_then(|v| v.get(t.id as usize).copied()).unwrap_or(t.runtime_ms);
-                if hint > 0 {
-                    hint as u64 * 1000
-                } else {
-                    default_us
+                let us = if hint > 0 { hint as u64 * 1000 } else { default_us };
+                match f64::from_bits(factor.load(Relaxed)) {
+                    1.0 => us,
+                    f => (us as f64 * f).round() as u64,
                 }
             };
             // As the node's agent driver makes it: a head below a relay can go around the
@@ -532,6 +537,7 @@ impl Fleet {
                 stopped_until: None,
                 deferred: Vec::new(),
                 offline_until: 0,
+                slow,
                 due_at: None,
             }
         };
