@@ -172,6 +172,10 @@ pub mod htc {
         /// Agents per 2nd-level instance (its head takes work for all; default 1).
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
         pub instance_agents: u32,
+        /// Heads per parent: more form a tree of relays, as in `htc run` (default: every head
+        /// talks to the leader).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+        pub fanout: Option<u32>,
         /// hflow or even (default: the site file's, else hflow).
         #[arg(long)]
         pub partition: Option<Plan>,
@@ -199,8 +203,11 @@ pub mod htc {
         /// GPUs each agent has for tasks that ask for them (`gpus=`).
         #[arg(long, default_value_t = 0)]
         pub gpus_per_agent: u32,
-        /// A fault at a virtual time (repeatable): `lose:AGENT@SECONDS` (its node dies) or
-        /// `stop:AGENT@SECONDS+SECONDS` (the agent is stopped that long, as by SIGSTOP).
+        /// A fault at a virtual time (repeatable): `lose:AGENT@SECONDS` (its node dies),
+        /// `stop:AGENT@SECONDS+SECONDS` (the agent is stopped that long, as by SIGSTOP),
+        /// `cut:AGENT@SECONDS+SECONDS` (its link to its parent breaks; it can reconnect after
+        /// the second time) or `slow:AGENT@SECONDS*FACTOR` (tasks that start on it from then
+        /// on take FACTOR times their runtime).
         #[arg(long = "fault", value_name = "FAULT")]
         pub faults: Vec<crate::simulate::Fault>,
         /// Print a JSON object instead of text.

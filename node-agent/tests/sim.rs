@@ -305,3 +305,70 @@ fn simulated_faults_re_run_only_what_the_stricken_agents_held() {
     let o = d.htc(&["simulate", "t.txt", "--fault", "lose:3"]);
     assert!(!o.status.success() && text(&o).contains("lose:AGENT@SECONDS"), "{}", text(&o));
 }
+
+/// Broken links on the virtual clock, in a tree of relays (fan-out 2: agents 0 and 1 under the
+/// leader, 2-3 under 0, 4-5 under 1, 6-7 under 2, 8-9 under 3). Both ends see the connection
+/// close, as the drivers do, and the machines decide as in a real run. Cut above relay 0, the
+/// leader counts the six heads below it as cut off with it: they rejoin within their lease and
+/// keep what they run (24 tasks); only the relay's own running tasks run again. Cut below relay
+/// 3, agent 8 is reported lost by the relay at once, so what it ran runs again whatever it does
+/// next: back within its lease, it is given up and comes back empty, its cores working on; cut
+/// off past the lease, it fences itself and leaves, and the run ends later.
+#[test]
+fn simulated_cut_links_re_run_only_what_the_leader_counted_lost() {
+    let d = Dir::new("simulate-cut");
+    // 2,000 one-second tasks on 10 x 4 cores: 50 rounds, 50 s.
+    d.write("t.txt", (1..=2000).map(|i| format!("[runtime=1s] t {i}\n")).collect::<String>());
+    let layout = ["--agents", "10", "--cores-per-agent", "4", "--fanout", "2"];
+    let run = |fault: &str| simulate(&d, "t.txt", &[&layout[..], &["--fault", fault]].concat());
+    let n = |r: &serde_json::Value, k: &str| r[k].as_u64().unwrap_or_else(|| panic!("{k} in {r}"));
+    let makespan = |r: &serde_json::Value| r["makespan_s"].as_f64().unwrap();
+    let relay = run("cut:0@10.5+1");
+    let back = run("cut:8@10.5+1");
+    let gone = run("cut:8@10.5+20");
+    for r in [&relay, &back, &gone] {
+        assert_eq!((n(r, "tasks"), n(r, "failed"), n(r, "faults")), (2000, 0, 1), "{r}");
+        assert_eq!(n(r, "running_at_faults"), 4, "mid-round, all 4 cores busy: {r}");
+        assert_eq!(n(r, "reruns"), 4, "what ran on the agent the leader lost, once more: {r}");
+    }
+    // Agent 8 back empty after a second works on: the run ends about a round after a fault-free
+    // one (50 s); gone for good, its last 40 s of work are spread over the other nine.
+    assert!(makespan(&back) < 52.0, "{back}");
+    assert!(makespan(&gone) > 54.0, "{gone}");
+    let o = d.htc(&["simulate", "t.txt", "--fault", "cut:8@10.5"]);
+    assert!(
+        !o.status.success() && text(&o).contains("`cut:8@10.5`: expected cut:AGENT@SECONDS+SECONDS"),
+        "{}",
+        text(&o)
+    );
+    let o = d.htc(&["simulate", "t.txt", "--agents", "10", "--fault", "cut:10@1+1"]);
+    assert!(!o.status.success() && text(&o).contains("--fault cut:10@1+1: there is no agent 10"), "{}", text(&o));
+}
+
+/// A node three times slower than the rest from the start, on the virtual clock: every task
+/// still runs once, the run takes longer, and the other agents take the slow one's work: had it
+/// kept its even share (200 tasks at 3 s on 4 cores) the run would end at 150 s; a split by
+/// speed ends at 2,000 / (36 + 4/3) = 53.6 s.
+#[test]
+fn a_simulated_slow_node_runs_every_task_once_and_the_others_take_its_work() {
+    let d = Dir::new("simulate-slow");
+    d.write("t.txt", (1..=2000).map(|i| format!("[runtime=1s] t {i}\n")).collect::<String>());
+    let layout = ["--agents", "10", "--cores-per-agent", "4"];
+    let plain = simulate(&d, "t.txt", &layout);
+    let makespan = |r: &serde_json::Value| r["makespan_s"].as_f64().unwrap();
+    for plan in ["hflow", "even"] {
+        let slow = simulate(&d, "t.txt", &[&layout[..], &["--partition", plan, "--fault", "slow:3@0*3"]].concat());
+        assert_eq!(
+            (slow["tasks"].as_u64(), slow["failed"].as_u64(), slow["reruns"].as_u64()),
+            (Some(2000), Some(0), Some(0))
+        );
+        assert!(makespan(&slow) > makespan(&plain) + 2.0, "{plan}: {slow} against {plain}");
+        assert!(makespan(&slow) < 53.6 * 1.05, "{plan}: the others take the slow node's work: {slow}");
+    }
+    let o = d.htc(&["simulate", "t.txt", "--fault", "slow:3@0*0"]);
+    assert!(
+        !o.status.success() && text(&o).contains("`slow:3@0*0`: the factor `0` is not a positive number"),
+        "{}",
+        text(&o)
+    );
+}

@@ -979,6 +979,28 @@ mod tests {
     }
 
     #[test]
+    fn gpu_tasks_go_where_gpus_are_free_and_never_more_at_once_than_a_member_has() {
+        // The head's own slots have one GPU, member 1 two.
+        let mut h = head().with_resources(0, 1);
+        step(&mut h, 0, Input::Tick);
+        step(&mut h, 1, Input::ChildOpened(1));
+        let hello = proto::Hello { agent_id: 1, cores: 2, gpus: 2, ..Default::default() };
+        let r = step(&mut h, 2, Input::ChildFrame(Body::Hello(hello)));
+        let c = ups(&r)[0].capacity.expect("the member joined: said at once");
+        assert_eq!((c.gpus, c.largest_gpus), (3, 2));
+        // Task 1 wants both of the member's GPUs, 2-4 one each.
+        let gpu = |id, gpus| proto::TaskSpec { gpus, ..spec(id) };
+        let d = proto::Dispatch { tasks: vec![gpu(1, 2), gpu(2, 1), gpu(3, 1), gpu(4, 1)], agent: 0 };
+        let mut out = step(&mut h, 3, Input::Parent(Body::Dispatch(d)));
+        out.extend(step(&mut h, 4, member_report(1, 0, 16, 2, &[], &[])));
+        assert_eq!(sent_to(&out, 1), vec![1], "only the member can hold task 1; then its GPUs are taken");
+        assert_eq!(ran_here(&out), vec![2], "one GPU here: one task");
+        // Task 1 ends: 3 and 4 take the member's two GPUs.
+        let out = step(&mut h, 5, member_report(1, 1, 1, 2, &[1], &[1]));
+        assert_eq!(sent_to(&out, 1), vec![3, 4]);
+    }
+
+    #[test]
     fn a_task_that_fits_no_member_keeps_one_and_smaller_ones_go_there_only_beside_it() {
         let mut h = head_and_member(1000, 1000);
         let sized = |id, mem_mb| proto::TaskSpec { mem_mb, ..spec(id) };

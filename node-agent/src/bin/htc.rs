@@ -100,6 +100,7 @@ fn simulate_cmd(a: SimulateArgs) -> anyhow::Result<i32> {
         agents,
         cores_per_agent,
         instance_agents,
+        fanout,
         partition,
         latency_us,
         leader_us_per_report,
@@ -123,6 +124,7 @@ fn simulate_cmd(a: SimulateArgs) -> anyhow::Result<i32> {
         agents: agents.max(1),
         cores_per_agent: cores_per_agent.max(1),
         instance_agents,
+        fanout,
         plan,
         latency_us,
         leader: htc::site::LeaderCost {

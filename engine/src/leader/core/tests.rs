@@ -228,6 +228,67 @@ fn a_task_waiting_for_memory_fails_as_unschedulable_when_the_only_big_agent_is_l
     assert_eq!(m.records[&2].outcome(), Outcome::Unschedulable);
 }
 
+/// An agent of 4 cores with `gpus` GPUs.
+fn joined_with_gpus(agent: u32, gpus: u32) -> Input {
+    Input::Joined { agent, cores: 4, mem_mb: 0, gpus, hostname: format!("node{agent}") }
+}
+
+#[test]
+fn gpu_tasks_go_only_to_agents_with_gpus_and_never_more_at_once_than_they_have() {
+    // Tasks 1-6 want a GPU, 7-8 none; the even plan makes 1-4 agent 0's share, 5-8 agent 1's.
+    // Agent 0 has no GPU, agent 1 two.
+    let mut m = Mem::with(8, 0, 1);
+    for id in 1..=6 {
+        m.records.get_mut(&id).unwrap().gpus = 1;
+    }
+    let mut c = core(&m, 2);
+    let (mut out, mut end) =
+        feed(&mut c, &mut m, vec![joined_with_gpus(0, 0), joined_with_gpus(1, 2), want(0, 4), want(1, 4)]);
+    // What each agent holds; each round it finishes all of it and asks for as much again.
+    let mut held: BTreeMap<u32, Vec<(u64, u32)>> = BTreeMap::new();
+    let mut most = 0;
+    for round in 0..10 {
+        for (agent, tasks) in dispatched(&out) {
+            held.entry(agent).or_default().extend(tasks);
+        }
+        for (agent, tasks) in &held {
+            let gpu_tasks = tasks.iter().filter(|(id, _)| m.records[id].gpus > 0).count();
+            assert!(*agent == 1 || gpu_tasks == 0, "round {round}: agent {agent} has no GPU: {held:?}");
+            assert!(gpu_tasks <= 2, "round {round}: {gpu_tasks} GPU tasks at once on 2 GPUs: {held:?}");
+            most = most.max(gpu_tasks);
+        }
+        assert!(c.mem.gpus_committed(1).is_some_and(|(used, has)| used <= has && has == 2));
+        if end.is_some() {
+            break;
+        }
+        out = Vec::new();
+        for (&agent, tasks) in held.iter_mut().filter(|(_, t)| !t.is_empty()) {
+            let done = std::mem::take(tasks);
+            let (o, e) = feed(&mut c, &mut m, vec![report(agent, done.len() as u32, 4, &done)]);
+            out.extend(o);
+            end = end.or(e);
+        }
+    }
+    assert_eq!((end, most), (Some(Ending::Complete), 2), "both GPUs busy at once");
+    assert!((1..=8).all(|id| m.state(id) == State::Done), "{:?}", m.records);
+    assert!((1..=6).all(|id| m.records[&id].agent == 1), "every GPU task ran on agent 1: {:?}", m.records);
+}
+
+#[test]
+fn a_task_wanting_more_gpus_than_any_agent_has_fails_as_unschedulable() {
+    // Task 1 wants 4 GPUs, task 2 one; agent 0 has 2, agent 1 none.
+    let mut m = Mem::with(2, 2, 1);
+    m.records.get_mut(&1).unwrap().gpus = 4;
+    m.records.get_mut(&2).unwrap().gpus = 1;
+    let mut c = core(&m, 2);
+    let (out, end) = feed(&mut c, &mut m, vec![joined_with_gpus(0, 2), joined_with_gpus(1, 0), want(0, 2), want(1, 2)]);
+    assert_eq!(dispatched(&out), vec![(0, vec![(2, 1)])], "task 2 only where a GPU is");
+    assert_eq!((m.state(1), m.records[&1].outcome()), (State::Failed, Outcome::Unschedulable));
+    assert_eq!(end, None, "task 2 is still running");
+    let (_, end) = feed(&mut c, &mut m, vec![report(0, 0, 4, &[(2, 1)])]);
+    assert_eq!((end, m.state(2)), (Some(Ending::Complete), State::Done));
+}
+
 #[test]
 fn an_agent_gets_what_it_asks_for_and_results_are_recorded_then_acked() {
     let mut m = Mem::with(10, 2, 1);

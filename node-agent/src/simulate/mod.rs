@@ -9,6 +9,7 @@
 
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,11 +23,18 @@ use crate::leader::core::{Core, Ending, Input, Outbox};
 use crate::leader::driver::LedgerTasks;
 use crate::leader::{new_core, Planned};
 use crate::ledger::{Change, Ledger, Outcome, Record, WriteTxn};
+use crate::liveness::Liveness;
 use crate::load::TaskText;
 use crate::proto::{self, frame::Body};
 use crate::rundir::RunDir;
 use htc_core::virtual_exec::VirtualExec;
 use htc_core::work::{Command, ExecEvent, TaskToRun};
+
+mod fault;
+mod report;
+use fault::Close;
+pub use fault::Fault;
+pub use report::{json, text};
 
 #[derive(Debug, Clone)]
 pub struct SimConfig {
@@ -35,6 +43,9 @@ pub struct SimConfig {
     pub cores_per_agent: u32,
     /// Agents per 2nd-level instance: the first of each takes work for all of them.
     pub instance_agents: u32,
+    /// Heads per parent: more form a tree of relays (heads passing others' frames), as
+    /// `htc run --fanout` does; `None`: every head talks to the leader.
+    pub fanout: Option<u32>,
     pub plan: Planned,
     /// One way, every frame.
     pub latency_us: u64,
@@ -52,39 +63,6 @@ pub struct SimConfig {
     pub gpus_per_agent: u32,
     /// Faults to inject at virtual times.
     pub faults: Vec<Fault>,
-}
-
-/// A fault injected into a simulated run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fault {
-    /// The agent's node dies at `at_us`: its connections close, its tasks are gone.
-    Lose { agent: u32, at_us: u64 },
-    /// The agent process is stopped (SIGSTOP) from `at_us` for `for_us`: it hears, says and
-    /// starts nothing meanwhile, while its tasks run on; its connections stay open.
-    Stop { agent: u32, at_us: u64, for_us: u64 },
-}
-
-impl std::str::FromStr for Fault {
-    type Err = String;
-    /// `lose:AGENT@SECONDS` or `stop:AGENT@SECONDS+SECONDS`.
-    fn from_str(s: &str) -> Result<Fault, String> {
-        let bad = || format!("`{s}`: expected lose:AGENT@SECONDS or stop:AGENT@SECONDS+SECONDS");
-        let (kind, rest) = s.split_once(':').ok_or_else(bad)?;
-        let (agent, when) = rest.split_once('@').ok_or_else(bad)?;
-        let agent: u32 = agent.parse().map_err(|_| bad())?;
-        let secs = |x: &str| -> Result<u64, String> {
-            let v: f64 = x.parse().map_err(|_| bad())?;
-            (v.is_finite() && v >= 0.0).then(|| (v * 1e6).round() as u64).ok_or_else(bad)
-        };
-        match kind {
-            "lose" => Ok(Fault::Lose { agent, at_us: secs(when)? }),
-            "stop" => {
-                let (at, dur) = when.split_once('+').ok_or_else(bad)?;
-                Ok(Fault::Stop { agent, at_us: secs(at)?, for_us: secs(dur)? })
-            }
-            _ => Err(bad()),
-        }
-    }
 }
 
 impl SimConfig {
@@ -146,6 +124,9 @@ enum Ev {
     LeaderTick,
     /// An input for agent `a`'s machine.
     ToAgent(u32, machine::Input),
+    /// `ev`, carried over agent `link`'s connection to its parent as it was (`gen`): lost if
+    /// that connection broke since.
+    Over { link: u32, gen: u32, ev: Box<Ev> },
     /// Agent `a`'s report timer.
     Tick(u32),
     /// Agent `a`'s executor has a task ending now.
@@ -154,6 +135,9 @@ enum Ev {
     Fault(usize),
     /// A stopped agent goes on.
     Resume(u32),
+    /// Agent `a` is through to the leader on a new connection and says `hello` (a rejoin
+    /// around a lost relay, or a given-up agent back empty).
+    Connected(u32, Input),
 }
 
 struct At {
@@ -183,6 +167,14 @@ impl Ord for At {
 /// How often the simulated leader's timer fires (`leader::driver`'s tick).
 const LEADER_TICK_US: u64 = 100_000;
 
+/// How an agent reconnects to the leader (`node/src/agent/mod.rs`): a rejoin starts after the
+/// leader has had time to notice the relay's loss and tries every so often until the lease is
+/// over; a given-up agent tries to come back for a minute.
+const REJOIN_AFTER_US: u64 = 50_000;
+const REJOIN_EVERY_US: u64 = 100_000;
+const REVIVE_EVERY_US: u64 = 200_000;
+const REVIVE_FOR_US: u64 = 60_000_000;
+
 struct World {
     heap: BinaryHeap<At>,
     seq: u64,
@@ -199,12 +191,14 @@ impl World {
 /// Simulates the run in `run` (loaded, nothing finished needed) to its end.
 pub fn simulate(run: &RunDir, cfg: &SimConfig) -> anyhow::Result<SimReport> {
     let wall = Instant::now();
+    let n = cfg.agents.max(1);
+    fault::check(&cfg.faults, n)?;
     let ledger = Ledger::open(&run.ledger(), false).context("opening the ledger")?;
     let text = TaskText::open(&run.tasks()).context("mapping the run's task file")?;
     let planning = Instant::now();
-    let n = cfg.agents.max(1);
-    // Every head talks to the leader itself (one level above the instances); members to their head.
-    let tree = Arc::new(Tree::instances(n, cfg.instance_agents, n));
+    // Heads talk to the leader, or with a fan-out to a relay (another head) above them;
+    // members to their head.
+    let tree = Arc::new(Tree::instances(n, cfg.instance_agents, cfg.fanout.unwrap_or(n).max(1)));
     let plan = Planned { instances: tree.heads().len(), ..cfg.plan.clone() };
     let (bound_s, bound_joined_s) = bounds(&ledger, cfg)?;
     let truth = if cfg.hide_hints { Some(Arc::new(hide_hints(&ledger)?)) } else { None };
@@ -223,44 +217,7 @@ pub fn simulate(run: &RunDir, cfg: &SimConfig) -> anyhow::Result<SimReport> {
         busy_us: 0,
         outbox: Vec::new(),
     };
-    let mut w = World { heap: BinaryHeap::new(), seq: 0, now: 0 };
-    for a in 0..n {
-        w.at(cfg.join_spread_us * a as u64 / n as u64, Ev::Join(a));
-    }
-    for (i, f) in cfg.faults.iter().enumerate() {
-        let (Fault::Lose { at_us, .. } | Fault::Stop { at_us, .. }) = *f;
-        w.at(at_us, Ev::Fault(i));
-    }
-    w.at(LEADER_TICK_US, Ev::LeaderTick);
-    let mut events = 0u64;
-    let ending = loop {
-        let Some(At { at, ev, .. }) = w.heap.pop() else {
-            break Ending::AgentsLost("the simulation ran out of events".into());
-        };
-        w.now = at;
-        events += 1;
-        match ev {
-            Ev::Join(a) => fleet.join(&mut w, cfg, a),
-            Ev::ToLeader(input) => leader.arrive(&mut w, input),
-            Ev::LeaderTick => {
-                leader.arrive(&mut w, Input::Tick);
-                // Only while something else may still happen: a stuck run ends for want of events.
-                if w.heap.len() > 1 {
-                    w.at(at + LEADER_TICK_US, Ev::LeaderTick);
-                }
-            }
-            Ev::LeaderWake => {
-                if let Some(e) = leader.wake(&mut w, cfg)? {
-                    break e;
-                }
-            }
-            Ev::ToAgent(a, input) => fleet.step(&mut w, cfg, a, input),
-            Ev::Tick(a) => fleet.tick(&mut w, cfg, a),
-            Ev::ExecDue(a) => fleet.exec_due(&mut w, cfg, a),
-            Ev::Fault(i) => fleet.fault(&mut w, cfg, cfg.faults[i]),
-            Ev::Resume(a) => fleet.resume(&mut w, cfg, a),
-        }
-    };
+    let (ending, events) = run_to_end(cfg, &mut leader, &mut fleet)?;
     if let Some(t) = leader.txn.take() {
         t.commit()?;
     }
@@ -284,6 +241,52 @@ pub fn simulate(run: &RunDir, cfg: &SimConfig) -> anyhow::Result<SimReport> {
         running_at_faults: fleet.running_at_faults,
         queued_at_faults: fleet.queued_at_faults,
     })
+}
+
+/// Joins the agents, schedules the faults, and handles events until the leader's run ends;
+/// returns how it ended and the events handled.
+fn run_to_end(cfg: &SimConfig, leader: &mut Leader, fleet: &mut Fleet) -> anyhow::Result<(Ending, u64)> {
+    let mut w = World { heap: BinaryHeap::new(), seq: 0, now: 0 };
+    let n = fleet.tree.len();
+    for a in 0..n {
+        w.at(cfg.join_spread_us * a as u64 / n as u64, Ev::Join(a));
+    }
+    for (i, f) in cfg.faults.iter().enumerate() {
+        w.at(f.at_us(), Ev::Fault(i));
+    }
+    w.at(LEADER_TICK_US, Ev::LeaderTick);
+    let mut events = 0u64;
+    loop {
+        let Some(At { at, ev, .. }) = w.heap.pop() else {
+            return Ok((Ending::AgentsLost("the simulation ran out of events".into()), events));
+        };
+        w.now = at;
+        events += 1;
+        let Some(ev) = fleet.arrives(ev) else { continue };
+        match ev {
+            Ev::Over { .. } => unreachable!("unwrapped by arrives"),
+            Ev::Join(a) => fleet.join(&mut w, cfg, a),
+            Ev::ToLeader(input) => leader.arrive(&mut w, input),
+            Ev::LeaderTick => {
+                leader.arrive(&mut w, Input::Tick);
+                // Only while something else may still happen: a stuck run ends for want of events.
+                if w.heap.len() > 1 {
+                    w.at(at + LEADER_TICK_US, Ev::LeaderTick);
+                }
+            }
+            Ev::LeaderWake => {
+                if let Some(e) = leader.wake(&mut w, cfg, fleet)? {
+                    return Ok((e, events));
+                }
+            }
+            Ev::ToAgent(a, input) => fleet.step(&mut w, cfg, a, input),
+            Ev::Tick(a) => fleet.tick(&mut w, cfg, a),
+            Ev::ExecDue(a) => fleet.exec_due(&mut w, cfg, a),
+            Ev::Fault(i) => fleet.fault(&mut w, cfg, cfg.faults[i]),
+            Ev::Resume(a) => fleet.resume(&mut w, cfg, a),
+            Ev::Connected(a, hello) => fleet.connected(&mut w, cfg, a, hello),
+        }
+    }
 }
 
 /// The leader: its core over the real ledger, and one input at a time at a cost per input and
@@ -312,7 +315,7 @@ impl Leader<'_> {
     }
 
     /// Handles the next input; its frames leave when the leader is done with it.
-    fn wake(&mut self, w: &mut World, cfg: &SimConfig) -> anyhow::Result<Option<Ending>> {
+    fn wake(&mut self, w: &mut World, cfg: &SimConfig, fleet: &Fleet) -> anyhow::Result<Option<Ending>> {
         let input = self.inbox.pop_front().expect("woken with an empty queue");
         let results = match &input {
             Input::Report { report, .. } => report.results.len() as u64,
@@ -334,7 +337,7 @@ impl Leader<'_> {
         self.busy_us += cost;
         self.free_at = w.now + cost;
         for (agent, body) in self.outbox.drain(..) {
-            w.at(self.free_at + cfg.latency_us, Ev::ToAgent(agent, machine::Input::Parent(body)));
+            fleet.send_down(w, self.free_at + cfg.latency_us, agent, body);
         }
         if let Some(e) = ended.or_else(|| self.core.ending()) {
             return Ok(Some(e));
@@ -348,56 +351,115 @@ impl Leader<'_> {
 }
 
 /// One agent's turn of effects, carried out in the virtual world as the node's agent driver
-/// does over sockets: frames take the latency, commands go to its executor (after the turn).
+/// does over sockets: frames take the latency over the connection they go by, commands go to
+/// its executor (after the turn), reconnecting to the leader takes tries.
 struct SimTurn<'a> {
     w: &'a mut World,
     agent: u32,
-    parent: &'a mut Option<u32>,
+    tree: &'a Tree,
+    links: &'a [Link],
     latency_us: u64,
+    lease_us: u64,
+    /// Its node reaches nobody before this (a cut link): reconnecting fails until then.
+    offline_until: u64,
     /// What the leader hears when this agent comes back given up (`revive`).
     hello: Option<Input>,
     exec: Vec<Command>,
+    /// It dropped its connection to come back fresh (`revive`).
+    dropped: bool,
 }
 
 impl Carrier for SimTurn<'_> {
     fn up(&mut self, body: Body) {
-        let at = self.w.now + self.latency_us;
-        match *self.parent {
-            Some(head) => self.w.at(at, Ev::ToAgent(head, machine::Input::ChildFrame(body))),
-            None => Fleet::to_leader(self.w, at, body),
+        let l = self.links[self.agent as usize];
+        if !l.open {
+            return;
         }
+        let ev = match l.parent {
+            Some(p) => Ev::ToAgent(p, machine::Input::ChildFrame(body)),
+            None => match to_leader(body) {
+                Some(input) => Ev::ToLeader(input),
+                None => return,
+            },
+        };
+        let at = self.w.now + self.latency_us;
+        self.w.at(at, Ev::Over { link: self.agent, gen: l.gen, ev: Box::new(ev) });
     }
     fn down(&mut self, child: u32, body: Body) {
+        let l = self.links[child as usize];
         // A member's Welcome ends its join handshake, which `Fleet::join` models.
-        if !matches!(body, Body::Welcome(_)) {
-            self.w.at(self.w.now + self.latency_us, Ev::ToAgent(child, machine::Input::Parent(body)));
+        if matches!(body, Body::Welcome(_)) || !l.open || l.parent != Some(self.agent) {
+            return;
         }
+        let ev = Ev::ToAgent(child, machine::Input::Parent(body));
+        self.w.at(self.w.now + self.latency_us, Ev::Over { link: child, gen: l.gen, ev: Box::new(ev) });
     }
     fn exec(&mut self, command: Command) {
         self.exec.push(command);
     }
-    // The connection's end tells the leader nothing it does not know from the frames.
+    // The agent's end closes the connection (`Fleet::exit`).
     fn close_up(&mut self) {}
     fn rejoin(&mut self) {
-        // Around the lost relay, straight to the leader, keeping its tasks.
-        let input = Input::Rejoined { agent: self.agent, below: Vec::new() };
-        self.reconnect(input);
+        // Around the lost relay, straight to the leader, keeping its tasks and those below it.
+        let (me, n) = (self.agent, self.tree.len());
+        let below = (0..n).filter(|&x| self.tree.next_hop(Some(me), x).is_some()).collect();
+        let now = self.w.now;
+        let at = first_try(now + REJOIN_AFTER_US, REJOIN_EVERY_US, self.offline_until);
+        // Past the lease the driver stops trying; the machine fences itself then.
+        if at < now + self.lease_us {
+            self.w.at(at, Ev::Connected(me, Input::Rejoined { agent: me, below }));
+        }
     }
     fn revive(&mut self) {
-        if let Some(hello) = self.hello.take() {
-            self.reconnect(hello);
+        self.dropped = true;
+        let Some(hello) = self.hello.take() else { return };
+        let now = self.w.now;
+        let at = first_try(now, REVIVE_EVERY_US, self.offline_until);
+        if at < now + REVIVE_FOR_US {
+            self.w.at(at, Ev::Connected(self.agent, hello));
+        } else {
+            let why = machine::Input::ReviveFailed("the leader could not be reached for 60 s".into());
+            self.w.at(now + REVIVE_FOR_US, Ev::ToAgent(self.agent, why));
         }
     }
 }
 
-impl SimTurn<'_> {
-    /// A new connection to the leader: it hears `hello`, then the agent hears it is back.
-    fn reconnect(&mut self, hello: Input) {
-        *self.parent = None;
-        let at = self.w.now + self.latency_us;
-        self.w.at(at, Ev::ToLeader(hello));
-        self.w.at(at + self.latency_us, Ev::ToAgent(self.agent, machine::Input::Rejoined));
+/// The first of tries at `first`, then every `every`, that falls at or after `open_at`.
+fn first_try(first: u64, every: u64, open_at: u64) -> u64 {
+    if open_at <= first {
+        first
+    } else {
+        first + (open_at - first).div_ceil(every) * every
     }
+}
+
+/// A frame an agent at the top of the tree sends the leader (its own, or one it relays), as
+/// the leader's network side turns it into an input.
+fn to_leader(body: Body) -> Option<Input> {
+    Some(match body {
+        Body::Report(report) => Input::Report { agent: report.agent, report },
+        Body::Lost(l) => Input::Lost { agent: l.agent, why: l.reason },
+        Body::Hello(h) if h.rejoin => Input::Rejoined { agent: h.agent_id, below: h.below },
+        Body::Hello(h) => {
+            let (agent, cores, mem_mb, gpus, hostname) = (h.agent_id, h.cores, h.mem_mb, h.gpus, h.hostname);
+            match h.fresh {
+                true => Input::Revived { agent, cores, mem_mb, gpus, hostname },
+                false => Input::Joined { agent, cores, mem_mb, gpus, hostname },
+            }
+        }
+        _ => return None,
+    })
+}
+
+/// An agent's connection to its parent, as the network has it.
+#[derive(Debug, Clone, Copy)]
+struct Link {
+    /// The leader (`None`), its head, or its relay.
+    parent: Option<u32>,
+    open: bool,
+    /// Each new connection, and each broken one, is a new generation: what was on the way over
+    /// a broken one is lost.
+    gen: u32,
 }
 
 /// One simulated agent: its machine, its executor, and what a fault did to it.
@@ -406,13 +468,17 @@ struct Agent {
     exec: VirtualExec,
     /// Its machine was told that the executor ended.
     told_end: bool,
-    /// Who it talks to: the leader (`None`), or its instance head.
-    parent: Option<u32>,
     /// Its node died: nothing reaches it or comes from it.
     dead: bool,
+    /// Its machine ended, and so did its process.
+    exited: bool,
     /// Stopped until then: what reaches it waits, in order.
     stopped_until: Option<u64>,
     deferred: Vec<machine::Input>,
+    /// Its node reaches nobody before this (a cut link).
+    offline_until: u64,
+    /// What its tasks' runtimes are multiplied by when they start (a slow node), as f64 bits.
+    slow: Arc<AtomicU64>,
     /// The earliest `Ev::ExecDue` on the heap for it.
     due_at: Option<u64>,
 }
@@ -424,6 +490,8 @@ struct Agent {
 struct Fleet {
     tree: Arc<Tree>,
     agents: Vec<Agent>,
+    links: Vec<Link>,
+    live: Liveness,
     effects: Vec<Effect>,
     last_end: u64,
     /// Every task that started, and the starts in all (re-runs are the difference).
@@ -437,31 +505,47 @@ impl Fleet {
     fn new(tree: Arc<Tree>, job_id: &str, cfg: &SimConfig, truth: Option<Arc<Vec<u32>>>) -> Fleet {
         let (n, c) = (tree.len(), cfg.cores_per_agent);
         let default_us = cfg.runtime_us(0);
+        let live = Liveness::default();
         let agent = |a: u32| {
             let truth = truth.clone();
+            let slow = Arc::new(AtomicU64::new(1f64.to_bits()));
+            let factor = slow.clone();
             let runtime = move |t: &TaskToRun| {
                 let hint = truth.as_ref().and_then(|v| v.get(t.id as usize).copied()).unwrap_or(t.runtime_ms);
-                if hint > 0 {
-                    hint as u64 * 1000
-                } else {
-                    default_us
+                let us = if hint > 0 { hint as u64 * 1000 } else { default_us };
+                match f64::from_bits(factor.load(Relaxed)) {
+                    1.0 => us,
+                    f => (us as f64 * f).round() as u64,
                 }
             };
-            Agent {
+            // As the node's agent driver makes it: a head below a relay can go around the
+            // relay's loss, and an agent given up comes back empty.
+            let can_rejoin = tree.parent(a).is_some() && tree.head(a) == a;
+            let machine = Instance::new(a, c as usize, tree.clone(), job_id)
+                .with_resources(cfg.mem_mb_per_agent, cfg.gpus_per_agent)
+                .with_liveness(live)
                 // One clock for all, as the wall clock is for real agents: reports keep to its windows.
-                machine: Instance::new(a, c as usize, tree.clone(), job_id).with_clock(0),
+                .with_clock(0)
+                .with_rejoin(can_rejoin)
+                .with_revive(true);
+            Agent {
+                machine,
                 exec: VirtualExec::new(c, cfg.gpus_per_agent, Box::new(runtime)),
                 told_end: false,
-                parent: (tree.head(a) != a).then(|| tree.head(a)),
                 dead: false,
+                exited: false,
                 stopped_until: None,
                 deferred: Vec::new(),
+                offline_until: 0,
+                slow,
                 due_at: None,
             }
         };
         Fleet {
             agents: (0..n).map(agent).collect(),
+            links: (0..n).map(|a| Link { parent: tree.parent(a), open: true, gen: 0 }).collect(),
             tree,
+            live,
             effects: Vec::new(),
             last_end: 0,
             started: Default::default(),
@@ -474,19 +558,22 @@ impl Fleet {
     /// Agent `a` starts and says Hello to its parent; its first report goes out once the
     /// Welcome is back.
     fn join(&mut self, w: &mut World, cfg: &SimConfig, a: u32) {
-        let (cores, at) = (cfg.cores_per_agent, w.now + cfg.latency_us);
-        match self.agents[a as usize].parent {
-            None => w.at(at, Ev::ToLeader(self.hello(cfg, a, false))),
-            Some(head) => {
+        let l = self.links[a as usize];
+        let over = |ev| Ev::Over { link: a, gen: l.gen, ev: Box::new(ev) };
+        let at = w.now + cfg.latency_us;
+        match l.parent {
+            None => w.at(at, over(Ev::ToLeader(self.hello(cfg, a, false)))),
+            Some(p) => {
                 let hello = proto::Hello {
                     agent_id: a,
-                    cores,
+                    cores: cfg.cores_per_agent,
                     mem_mb: cfg.mem_mb_per_agent,
                     gpus: cfg.gpus_per_agent,
+                    hostname: format!("sim{a}"),
                     ..Default::default()
                 };
-                w.at(at, Ev::ToAgent(head, machine::Input::ChildOpened(a)));
-                w.at(at, Ev::ToAgent(head, machine::Input::ChildFrame(Body::Hello(hello))));
+                w.at(at, over(Ev::ToAgent(p, machine::Input::ChildOpened(a))));
+                w.at(at, over(Ev::ToAgent(p, machine::Input::ChildFrame(Body::Hello(hello)))));
             }
         }
         w.at(w.now + 2 * cfg.latency_us, Ev::Tick(a));
@@ -504,6 +591,66 @@ impl Fleet {
         }
     }
 
+    /// What arrives of `ev`: itself, or what it carries over a connection if that got it there.
+    fn arrives(&self, mut ev: Ev) -> Option<Ev> {
+        while let Ev::Over { link, gen, ev: inner } = ev {
+            if !self.carries(link, gen, &inner) {
+                return None;
+            }
+            ev = *inner;
+        }
+        Some(ev)
+    }
+
+    /// Whether `ev`, on its way over agent `link`'s connection as it was at `gen`, arrives: not
+    /// if the connection broke since; and what the leader hears about an agent over a
+    /// connection that no longer stands for it (it came back over another) is dropped, as the
+    /// leader's network side does.
+    fn carries(&self, link: u32, gen: u32, ev: &Ev) -> bool {
+        self.links[link as usize].gen == gen
+            && match ev {
+                Ev::ToLeader(Input::Report { agent, .. } | Input::Lost { agent, .. }) => self.top(*agent) == link,
+                _ => true,
+            }
+    }
+
+    /// The agent whose connection to the leader carries agent `a`'s frames.
+    fn top(&self, mut a: u32) -> u32 {
+        for _ in 0..self.tree.len() {
+            match self.links[a as usize].parent {
+                Some(p) => a = p,
+                None => break,
+            }
+        }
+        a
+    }
+
+    /// A frame from the leader for agent `a`, put on the connection to the leader that leads
+    /// to it; relays (and heads) pass it down as their machines say.
+    fn send_down(&self, w: &mut World, at: u64, a: u32, body: Body) {
+        let top = self.top(a);
+        let l = self.links[top as usize];
+        if l.open {
+            let ev = Ev::ToAgent(top, machine::Input::Parent(body));
+            w.at(at, Ev::Over { link: top, gen: l.gen, ev: Box::new(ev) });
+        }
+    }
+
+    /// Agent `a` got through to the leader on a new connection (its old one, if still open,
+    /// closes cleanly): the leader hears `hello`, then the agent hears it is back.
+    fn connected(&mut self, w: &mut World, cfg: &SimConfig, a: u32, hello: Input) {
+        let x = &self.agents[a as usize];
+        if x.dead || x.exited {
+            return;
+        }
+        self.close_up(w, cfg, a, "connection closed (the agent reconnected)", Close::Clean);
+        let l = &mut self.links[a as usize];
+        (l.parent, l.open, l.gen) = (None, true, l.gen + 1);
+        let over = |ev| Ev::Over { link: a, gen: l.gen, ev: Box::new(ev) };
+        w.at(w.now + cfg.latency_us, over(Ev::ToLeader(hello)));
+        w.at(w.now + 2 * cfg.latency_us, over(Ev::ToAgent(a, machine::Input::Rejoined)));
+    }
+
     fn tick(&mut self, w: &mut World, cfg: &SimConfig, a: u32) {
         let x = &self.agents[a as usize];
         if x.dead || x.machine.outcome().is_some() {
@@ -517,8 +664,10 @@ impl Fleet {
         w.at(w.now + cfg.flush_every_us, Ev::Tick(a));
     }
 
-    /// Feeds agent `a`'s machine and carries out its effects.
+    /// Feeds agent `a`'s machine and carries out its effects; an agent whose machine ended
+    /// exits.
     fn step(&mut self, w: &mut World, cfg: &SimConfig, a: u32, input: machine::Input) {
+        let hello = self.hello(cfg, a, true);
         let x = &mut self.agents[a as usize];
         if x.dead {
             return;
@@ -528,32 +677,32 @@ impl Fleet {
             return;
         }
         x.machine.handle(w.now, input, &mut self.effects);
-        let hello = self.hello(cfg, a, true);
         let mut turn = SimTurn {
             w,
             agent: a,
-            parent: &mut self.agents[a as usize].parent,
+            tree: &self.tree,
+            links: &self.links,
             latency_us: cfg.latency_us,
+            lease_us: self.live.lease_us,
+            offline_until: x.offline_until,
             hello: Some(hello),
             exec: Vec::new(),
+            dropped: false,
         };
         std::mem::take(&mut self.effects).into_iter().for_each(|e| e.carry_out(&mut turn));
-        let exec = turn.exec;
+        let (exec, dropped) = (turn.exec, turn.dropped);
+        if dropped {
+            self.close_up(w, cfg, a, "connection closed (the agent left to come back fresh)", Close::Clean);
+        }
         let mut events = Vec::new();
         let x = &mut self.agents[a as usize];
         for c in exec {
             x.exec.command(w.now, c, &mut events);
         }
         self.run_exec(w, cfg, a, events);
-    }
-
-    /// A frame a head (or an agent that rejoined) sends the leader, as the leader's network
-    /// side turns it into an input.
-    fn to_leader(w: &mut World, at: u64, body: Body) {
-        match body {
-            Body::Report(report) => w.at(at, Ev::ToLeader(Input::Report { agent: report.agent, report })),
-            Body::Lost(l) => w.at(at, Ev::ToLeader(Input::Lost { agent: l.agent, why: l.reason })),
-            _ => {}
+        let x = &self.agents[a as usize];
+        if !x.exited && x.machine.outcome().is_some() {
+            self.exit(w, cfg, a);
         }
     }
 
@@ -604,65 +753,6 @@ impl Fleet {
             self.step(w, cfg, a, machine::Input::ExecEnded);
         }
     }
-
-    fn fault(&mut self, w: &mut World, cfg: &SimConfig, f: Fault) {
-        let (Fault::Lose { agent, .. } | Fault::Stop { agent, .. }) = f;
-        let x = &self.agents[agent as usize];
-        if !x.dead && x.stopped_until.is_none() {
-            self.running_at_faults += x.exec.running() as u64;
-            self.queued_at_faults += x.exec.queued() as u64;
-        }
-        match f {
-            Fault::Lose { agent, .. } => self.lose(w, cfg, agent),
-            Fault::Stop { agent, at_us, for_us } => {
-                let x = &mut self.agents[agent as usize];
-                if x.dead || x.stopped_until.is_some() {
-                    return;
-                }
-                x.stopped_until = Some(at_us + for_us);
-                // Its tasks run on and end; nothing new starts while the agent is stopped.
-                x.exec.set_frozen(true);
-                w.at(at_us + for_us, Ev::Resume(agent));
-            }
-        }
-    }
-
-    /// Agent `a`'s node dies: its parent sees the connection close; its children see theirs
-    /// close, and the leader sees them detached from it.
-    fn lose(&mut self, w: &mut World, cfg: &SimConfig, a: u32) {
-        let x = &mut self.agents[a as usize];
-        if x.dead {
-            return;
-        }
-        x.dead = true;
-        let later = w.now + cfg.latency_us;
-        let why = "connection closed (simulated node loss)".to_string();
-        match x.parent {
-            None => w.at(later, Ev::ToLeader(Input::Lost { agent: a, why: why.clone() })),
-            Some(head) => {
-                let closed = machine::Input::ChildClosed { child: a, agents: vec![a], why: why.clone() };
-                w.at(later, Ev::ToAgent(head, closed));
-            }
-        }
-        for m in (0..self.tree.len()).filter(|&m| self.agents[m as usize].parent == Some(a)) {
-            w.at(later, Ev::ToLeader(Input::Detached { agent: m }));
-            w.at(later, Ev::ToAgent(m, machine::Input::ParentEnded(why.clone())));
-        }
-    }
-
-    /// A stopped agent goes on: what reached it meanwhile, in order, then its executor.
-    fn resume(&mut self, w: &mut World, cfg: &SimConfig, a: u32) {
-        let x = &mut self.agents[a as usize];
-        if x.dead {
-            return;
-        }
-        x.stopped_until = None;
-        x.exec.set_frozen(false);
-        for input in std::mem::take(&mut x.deferred) {
-            self.step(w, cfg, a, input);
-        }
-        self.run_exec(w, cfg, a, Vec::new());
-    }
 }
 
 /// Takes the runtime hints out of the ledger's records; returns them by task id.
@@ -711,89 +801,6 @@ fn bounds(ledger: &Ledger, cfg: &SimConfig) -> anyhow::Result<(f64, f64)> {
         }
     }
     Ok((plain / 1e6, hi.max(longest as f64) / 1e6))
-}
-
-/// The report as `htc simulate` prints it.
-pub fn text(cfg: &SimConfig, r: &SimReport) -> String {
-    let mut t = format!(
-        "htc simulate: {} tasks on {} agents x {} cores in instances of {} ({}), latency {} us, \
-         leader {:.2} us/report + {:.2} us/task\n\
-         makespan     {:.3} s (virtual)\n\
-         lower bound  {:.3} s ({:.1}% above)\n",
-        r.tasks,
-        cfg.agents,
-        cfg.cores_per_agent,
-        cfg.instance_agents,
-        cfg.plan.plan.name(),
-        cfg.latency_us,
-        cfg.leader.per_report_us,
-        cfg.leader.per_task_us,
-        r.makespan_s,
-        r.bound_s,
-        r.above_bound() * 100.0,
-    );
-    if cfg.hide_hints {
-        t += "  (runtime hints hidden from the run: each task lasts its hint, unannounced)\n";
-    }
-    if !cfg.faults.is_empty() {
-        t += &format!(
-            "faults       {}: {} tasks started again; {} were running and {} queued where the faults hit\n",
-            cfg.faults.len(),
-            r.reruns,
-            r.running_at_faults,
-            r.queued_at_faults
-        );
-    }
-    if cfg.join_spread_us > 0 {
-        let above = (r.makespan_s / r.bound_joined_s - 1.0) * 100.0;
-        t += &format!(
-            "  from joins {:.3} s ({above:.1}% above; each agent's cores counted from its join)\n",
-            r.bound_joined_s
-        );
-    }
-    t + &format!(
-        "leader busy  {:.3} s\nfailed       {}\nmoved back   {} (queued tasks asked back for idle slots)\nloaded in    {:.2} s, planned in {:.2} s, simulated in {:.1} s ({} events)\n",
-        r.leader_busy_s,
-        r.failed,
-        r.moved_back,
-        r.load_s,
-        r.plan_s,
-        r.wall.as_secs_f64(),
-        r.events
-    )
-}
-
-/// The report as one JSON object (`--json`).
-pub fn json(cfg: &SimConfig, r: &SimReport) -> String {
-    let f = |v: f64| format!("{v:.6}");
-    let fields = [
-        ("tasks", r.tasks.to_string()),
-        ("agents", cfg.agents.to_string()),
-        ("cores_per_agent", cfg.cores_per_agent.to_string()),
-        ("instance_agents", cfg.instance_agents.to_string()),
-        ("partition", format!("\"{}\"", cfg.plan.plan.name())),
-        ("latency_us", cfg.latency_us.to_string()),
-        ("leader_us_per_report", cfg.leader.per_report_us.to_string()),
-        ("leader_us_per_task", cfg.leader.per_task_us.to_string()),
-        ("makespan_s", f(r.makespan_s)),
-        ("bound_s", f(r.bound_s)),
-        ("above_bound", f(r.above_bound())),
-        ("bound_joined_s", f(r.bound_joined_s)),
-        ("leader_busy_s", f(r.leader_busy_s)),
-        ("failed", r.failed.to_string()),
-        ("events", r.events.to_string()),
-        ("moved_back", r.moved_back.to_string()),
-        ("faults", cfg.faults.len().to_string()),
-        ("reruns", r.reruns.to_string()),
-        ("running_at_faults", r.running_at_faults.to_string()),
-        ("queued_at_faults", r.queued_at_faults.to_string()),
-        ("hide_hints", cfg.hide_hints.to_string()),
-        ("wall_s", format!("{:.3}", r.wall.as_secs_f64())),
-        ("load_s", format!("{:.3}", r.load_s)),
-        ("plan_s", format!("{:.3}", r.plan_s)),
-    ];
-    let body: Vec<String> = fields.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
-    format!("{{{}}}\n", body.join(","))
 }
 
 /// `htc simulate FILE`: loads the file into a scratch run (the same load as `htc run`), gives
