@@ -176,7 +176,9 @@ impl Fleet {
         w.at(until, Ev::Resume(a));
     }
 
-    /// A stopped agent goes on: what reached it meanwhile, in order, then its executor.
+    /// A stopped agent goes on: its executor first (its thread may well run before the agent
+    /// reads anything; only its lease keeps it from starting a queue given away meanwhile),
+    /// then what reached the agent meanwhile, in order.
     pub(super) fn resume(&mut self, w: &mut World, cfg: &SimConfig, a: u32) {
         let x = &mut self.agents[a as usize];
         if x.dead {
@@ -184,10 +186,11 @@ impl Fleet {
         }
         x.stopped_until = None;
         x.exec.set_frozen(false);
-        for input in std::mem::take(&mut x.deferred) {
+        let deferred = std::mem::take(&mut x.deferred);
+        self.run_exec(w, cfg, a, Vec::new());
+        for input in deferred {
             self.step(w, cfg, a, input);
         }
-        self.run_exec(w, cfg, a, Vec::new());
     }
 
     /// Agent `a`'s machine ended: its process exits, and its connections close cleanly.
