@@ -548,10 +548,12 @@ impl Machine {
                 out.push(Effect::Exec(Command::Hold(true)));
             }
             out.push(Effect::Rejoin);
-        } else if self.tree.head(self.id) != self.id {
-            // A member whose head is gone: what it holds went back to the leader with the head.
-            // It stops that and comes back to the leader empty, to work on for its instance.
-            self.given_up(format!("lost its instance head: {why}"), out);
+        } else if self.can_revive && self.children.is_empty() {
+            // The leader counts it lost (a member: it went with its head), and its tasks run
+            // elsewhere: it stops them and comes back to the leader empty, should the leader
+            // still be there (a cut link, a lost head), to work on; else it leaves.
+            let what = if self.tree.head(self.id) == self.id { "lost its parent" } else { "lost its instance head" };
+            self.given_up(format!("{what}: {why}"), out);
         } else {
             // Without a leader nobody records results: stop the tasks rather than let them run
             // unaccounted. The resumed run re-runs them.
@@ -1218,9 +1220,10 @@ mod tests {
     /// reach the leader it leaves as before.
     /// A member's parent is its instance head: when that link ends, the head (and what it held
     /// for the member) is gone, so the member stops its tasks and comes back to the leader
-    /// empty; a head that loses its parent (the leader) leaves as before.
+    /// empty; so does an agent whose link to the leader broke. One that relays for others
+    /// leaves.
     #[test]
-    fn a_member_that_loses_its_head_comes_back_empty_to_the_leader() {
+    fn an_agent_that_loses_its_parent_comes_back_empty_to_the_leader() {
         let instances = Arc::new(Tree::instances(4, 2, 2));
         let mut m = Machine::new(1, 1, instances.clone()).with_revive(true);
         step(&mut m, 0, Input::Tick);
@@ -1229,9 +1232,13 @@ mod tests {
         assert!(out.iter().any(|e| matches!(e, Effect::Exec(Command::Reset))), "{out:?}");
         let out = step(&mut m, 3, Input::ExecReset);
         assert!(matches!(out.as_slice(), [Effect::Revive]), "{out:?}");
-        let mut head = Machine::new(0, 1, instances).with_revive(true);
+        let mut head = Machine::new(0, 1, instances.clone()).with_revive(true);
         step(&mut head, 0, Input::Tick);
         let out = step(&mut head, 1, Input::ParentEnded("connection closed".into()));
+        assert!(out.iter().any(|e| matches!(e, Effect::Exec(Command::Reset))), "{out:?}");
+        let mut relay = Machine::new(0, 1, instances).with_revive(true);
+        step(&mut relay, 0, Input::ChildOpened(1));
+        let out = step(&mut relay, 1, Input::ParentEnded("connection closed".into()));
         assert!(out.iter().any(|e| matches!(e, Effect::Exec(Command::Abort))), "{out:?}");
     }
 
