@@ -6,9 +6,11 @@
 
 use std::fs::File;
 use std::io::{self, Write};
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+
+use nix::fcntl::{fcntl, FcntlArg, OFlag};
 
 /// Where capture files are made: unnamed files (`O_TMPFILE`: gone the moment their last
 /// descriptor closes, so nothing is left behind by a killed agent) in a memory file system
@@ -50,10 +52,7 @@ impl Scratch {
             Scratch::Dir(d) => unnamed_in(d),
             Scratch::Memory => {
                 let f = memory_file()?;
-                // SAFETY: fcntl takes no pointers here; `f` owns the descriptor and keeps it open.
-                if unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETFL, libc::O_APPEND) } < 0 {
-                    return Err(io::Error::last_os_error());
-                }
+                fcntl(&f, FcntlArg::F_SETFL(OFlag::O_APPEND))?;
                 Ok(f)
             }
         }
@@ -66,13 +65,8 @@ fn unnamed_in(dir: &Path) -> io::Result<File> {
 }
 
 fn memory_file() -> io::Result<File> {
-    // SAFETY: a NUL-terminated name and valid flags; the result is checked.
-    let fd = unsafe { libc::memfd_create(c"htc-task-output".as_ptr(), libc::MFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: memfd_create just opened it (checked above), and nothing else owns it.
-    Ok(unsafe { File::from_raw_fd(fd) })
+    use nix::sys::memfd::{memfd_create, MFdFlags};
+    Ok(memfd_create(c"htc-task-output", MFdFlags::MFD_CLOEXEC)?.into())
 }
 
 /// One stream (stdout or stderr) of a slot: the file its next task writes to, a fresh one
@@ -196,9 +190,8 @@ mod tests {
         // In a directory, the task's descriptor is write-only, as a redirection's.
         {
             let c = Capture::new(&Scratch::Dir(std::env::temp_dir())).unwrap();
-            // SAFETY: fcntl(F_GETFL) on an open descriptor.
-            let flags = unsafe { libc::fcntl(c.task_fd(), libc::F_GETFL) };
-            assert_eq!(flags & libc::O_ACCMODE, libc::O_WRONLY);
+            let flags = OFlag::from_bits_retain(fcntl(&c.task, FcntlArg::F_GETFL).unwrap());
+            assert_eq!(flags & OFlag::O_ACCMODE, OFlag::O_WRONLY);
         }
     }
 

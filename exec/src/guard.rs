@@ -8,58 +8,52 @@
 
 use std::io;
 
+use nix::sys::prctl;
+use nix::sys::signal::{kill, killpg, raise, sigprocmask, SigSet, SigmaskHow, Signal};
+use nix::unistd::{fork, getpid, getppid, ForkResult, Pid};
+
 /// Signals the guard passes on to the agent.
-const FORWARDED: [libc::c_int; 4] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT];
+const FORWARDED: [Signal; 4] = [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP, Signal::SIGQUIT];
 
 /// Forks the guard. Returns in the agent (the child); in the guard it never returns. Must be
 /// called before any thread starts: only the calling thread survives a fork.
 pub fn split() -> io::Result<()> {
-    // SAFETY: prctl/fork/getppid with valid arguments; the process is single-threaded here, so
-    // the child may run arbitrary code after fork.
-    unsafe {
-        if libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let guard = libc::getpid();
-        match libc::fork() {
-            -1 => Err(io::Error::last_os_error()),
-            0 => {
-                // The agent: a subreaper itself, so that what its tasks leave outside their
-                // process groups comes to it (`leftovers`), and reaches the guard only when the
-                // agent is gone; and told when the guard goes.
-                crate::leftovers::become_subreaper()?;
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM, 0, 0, 0) != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                // The guard may have died before the prctl: then nobody would tell us.
-                if libc::getppid() != guard {
-                    libc::raise(libc::SIGTERM);
-                }
-                Ok(())
+    prctl::set_child_subreaper(true)?;
+    let guard = getpid();
+    // SAFETY: the process is single-threaded here (see above), so the child may run arbitrary
+    // code after fork.
+    match unsafe { fork() }? {
+        ForkResult::Child => {
+            // The agent: a subreaper itself, so that what its tasks leave outside their
+            // process groups comes to it (`leftovers`), and reaches the guard only when the
+            // agent is gone; and told when the guard goes.
+            crate::leftovers::become_subreaper()?;
+            prctl::set_pdeathsig(Signal::SIGTERM)?;
+            // The guard may have died before the prctl: then nobody would tell us.
+            if getppid() != guard {
+                let _ = raise(Signal::SIGTERM);
             }
-            agent => std::process::exit(watch(agent)),
+            Ok(())
         }
+        ForkResult::Parent { child: agent } => std::process::exit(watch(agent)),
     }
 }
 
 /// The guard's life: pass signals on, reap, and when the agent is gone, stop what it left.
-fn watch(agent: libc::pid_t) -> i32 {
-    // SAFETY: signal-set calls on a local set; sigwaitinfo/waitpid/kill with valid arguments.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        for s in FORWARDED.iter().chain(&[libc::SIGCHLD]) {
-            libc::sigaddset(&mut set, *s);
+fn watch(agent: Pid) -> i32 {
+    let mut set = SigSet::empty();
+    for s in FORWARDED.into_iter().chain([Signal::SIGCHLD]) {
+        set.add(s);
+    }
+    let _ = sigprocmask(SigmaskHow::SIG_BLOCK, Some(&set), None);
+    loop {
+        if let Some(code) = reap(agent.as_raw()) {
+            stop_orphans();
+            return code;
         }
-        libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        loop {
-            if let Some(code) = reap(agent) {
-                stop_orphans();
-                return code;
-            }
-            let sig = libc::sigwaitinfo(&set, std::ptr::null_mut());
+        if let Ok(sig) = set.wait() {
             if FORWARDED.contains(&sig) {
-                libc::kill(agent, sig);
+                let _ = kill(agent, sig);
             }
         }
     }
@@ -69,6 +63,8 @@ fn watch(agent: libc::pid_t) -> i32 {
 fn reap(agent: libc::pid_t) -> Option<i32> {
     let mut code = None;
     loop {
+        // Raw waitpid: nix's fails (EINVAL) for a child that a real-time signal killed, after
+        // reaping it, and the agent's status would be lost with it.
         let mut status = 0;
         // SAFETY: waitpid with a valid status pointer.
         let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
@@ -96,12 +92,10 @@ fn stop_orphans() {
         if children.is_empty() {
             return;
         }
-        for pid in children {
-            // SAFETY: signalling processes that are our own children, and their groups.
-            unsafe {
-                libc::kill(-pid, libc::SIGKILL);
-                libc::kill(pid, libc::SIGKILL);
-            }
+        for pid in children.into_iter().map(Pid::from_raw) {
+            // Our own children (not reaped until below), and the groups they lead.
+            let _ = killpg(pid, Signal::SIGKILL);
+            let _ = kill(pid, Signal::SIGKILL);
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
         reap(0);

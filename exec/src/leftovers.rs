@@ -17,6 +17,9 @@
 use std::collections::HashMap;
 use std::io;
 
+use nix::sys::signal::{kill, killpg, Signal};
+use nix::unistd::{getpgid, Pid};
+
 /// Makes this process a child subreaper: processes its tasks leave behind come to it. Not where
 /// the kernel cannot list a thread's children (no `CONFIG_PROC_CHILDREN`): the sweeper could
 /// neither find nor reap them, so they go on to the guard as before.
@@ -25,11 +28,7 @@ pub fn become_subreaper() -> io::Result<()> {
     if !std::path::Path::new(&format!("/proc/{me}/task/{me}/children")).exists() {
         return Ok(());
     }
-    // SAFETY: prctl with constant arguments.
-    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    Ok(nix::sys::prctl::set_child_subreaper(true)?)
 }
 
 /// What the sweeper knows of an orphan it saw alive.
@@ -86,14 +85,13 @@ impl Sweeper {
             if self.keep || held(task) {
                 continue;
             }
-            // SAFETY: signalling our own child (it cannot be reaped and reused meanwhile: only
-            // this thread reaps orphans) and the group it leads, if it leads one.
-            unsafe {
-                if libc::getpgid(pid) == pid {
-                    libc::kill(-pid, libc::SIGKILL);
-                }
-                libc::kill(pid, libc::SIGKILL);
+            // Our own child (it cannot be reaped and reused meanwhile: only this thread reaps
+            // orphans), and the group it leads, if it leads one.
+            let p = Pid::from_raw(pid);
+            if getpgid(Some(p)) == Ok(p) {
+                let _ = killpg(p, Signal::SIGKILL);
             }
+            let _ = kill(p, Signal::SIGKILL);
             self.killed += 1;
             killed.push((pid, task));
         }
@@ -127,11 +125,9 @@ fn parse_stat(stat: &[u8]) -> Option<(bool, u64)> {
 }
 
 fn reap(pid: libc::pid_t) {
-    // SAFETY: a zeroed siginfo for waitid to fill; pid is our child.
-    unsafe {
-        let mut info: libc::siginfo_t = std::mem::zeroed();
-        libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, libc::WEXITED | libc::WNOHANG);
-    }
+    use nix::sys::wait::{waitid, Id, WaitPidFlag};
+    // How it ended does not matter (nor that nix cannot name a real-time signal: it is reaped).
+    let _ = waitid(Id::Pid(Pid::from_raw(pid)), WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG);
 }
 
 /// The agent and task an orphan was started for, from its environment.

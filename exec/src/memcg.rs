@@ -299,8 +299,7 @@ impl Wrapper {
 }
 
 fn gettid() -> libc::pid_t {
-    // SAFETY: gettid has no preconditions.
-    unsafe { libc::gettid() }
+    nix::unistd::gettid().as_raw()
 }
 
 fn open_w(path: &Path) -> io::Result<fs::File> {

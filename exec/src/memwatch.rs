@@ -28,8 +28,7 @@ pub fn group_rss_mb(groups: &[libc::pid_t]) -> HashMap<libc::pid_t, u64> {
             }
         }
     }
-    // SAFETY: sysconf has no preconditions.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
+    let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE).ok().flatten().unwrap_or(0).max(4096) as u64;
     pages.into_iter().map(|(g, p)| (g, (p * page) >> 20)).collect()
 }
 

@@ -12,6 +12,10 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use nix::sys::resource::{getrlimit, Resource};
+use nix::sys::signal::SigSet;
+use nix::sys::stat::{umask, Mode};
+
 #[derive(Debug)]
 pub struct Prologue {
     pub env: Vec<(OsString, OsString)>,
@@ -86,16 +90,13 @@ pub fn run(script: &Path, args: &[OsString], state: &Path) -> Result<Prologue, P
         return Err(PrologueError::Failed { script: shown, status: status.to_string() });
     }
     if !captured {
-        // SAFETY: umask is process-wide and reading it requires setting it; restored at once.
-        let umask = unsafe {
-            let m = libc::umask(0o022);
-            libc::umask(m);
-            m
-        };
+        // Reading the process-wide umask requires setting it; restored at once.
+        let mask = umask(Mode::from_bits_truncate(0o022));
+        umask(mask);
         return Ok(Prologue {
             env: std::env::vars_os().collect(),
             cwd: std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")),
-            umask: umask as u32,
+            umask: mask.bits(),
             captured: false,
         });
     }
@@ -130,24 +131,27 @@ fn clean_child_state() {
     // A zeroed kernel `struct sigaction` is SIG_DFL with no flags and an empty mask on every
     // architecture; 64 bytes cover its largest layout.
     let dfl = [0u64; 8];
-    // SAFETY: raw syscalls with valid pointers; failures (SIGKILL, SIGSTOP) change nothing.
-    unsafe {
-        for sig in 1..=64 {
-            if sig != libc::SIGKILL && sig != libc::SIGSTOP {
-                libc::syscall(libc::SYS_rt_sigaction, sig, dfl.as_ptr(), std::ptr::null_mut::<u64>(), 8usize);
-            }
+    // nix's wrappers below allocate nothing: async-signal-safe as the calls they make.
+    for sig in 1..=64 {
+        if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+            // SAFETY: a raw syscall with a valid struct pointer and no old-action pointer;
+            // failures (SIGKILL, SIGSTOP) change nothing.
+            unsafe { libc::syscall(libc::SYS_rt_sigaction, sig, dfl.as_ptr(), std::ptr::null_mut::<u64>(), 8usize) };
         }
-        let mut none: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut none);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
-        // Marked, not closed: std's own exec-error pipe is among them and must survive a
-        // failed exec to report it.
-        if libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) != 0 {
-            // Kernels before 5.11: every number the descriptor limit allows.
-            let mut lim: libc::rlimit = std::mem::zeroed();
-            let max =
-                if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 { lim.rlim_cur.min(1 << 16) } else { 1024 };
-            for fd in 3..max as libc::c_int {
+    }
+    let _ = SigSet::empty().thread_set_mask();
+    // Marked, not closed: std's own exec-error pipe is among them and must survive a failed
+    // exec to report it.
+    // SAFETY: close_range takes no pointers and only marks descriptors (nix has no wrapper).
+    if unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) } != 0 {
+        // Kernels before 5.11: every number the descriptor limit allows.
+        let max = getrlimit(Resource::RLIMIT_NOFILE).map_or(1024, |(soft, _)| soft.min(1 << 16));
+        for fd in 3..max as libc::c_int {
+            // Raw: these numbers are owned by nothing here, many are not open at all, so there
+            // is no descriptor to lend nix.
+            // SAFETY: fcntl takes no pointers; only descriptor flags change, and a number that
+            // is not open fails harmlessly.
+            unsafe {
                 let flags = libc::fcntl(fd, libc::F_GETFD);
                 if flags >= 0 {
                     libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
@@ -161,9 +165,8 @@ fn clean_child_state() {
 /// before any thread starts (the environment is process-global).
 pub fn adopt(p: &Prologue) -> std::io::Result<()> {
     std::env::set_current_dir(&p.cwd)?;
-    // SAFETY: umask takes no pointers and cannot fail; the mask is process-wide, which is what
-    // adopting the prologue's means (callers run before threads start, see above).
-    unsafe { libc::umask(p.umask as libc::mode_t) };
+    // The mask is process-wide, which is what adopting the prologue's means.
+    umask(Mode::from_bits_truncate(p.umask as libc::mode_t));
     if p.captured {
         let keep: std::collections::HashSet<&OsString> = p.env.iter().map(|(k, _)| k).collect();
         for (k, _) in std::env::vars_os() {
@@ -219,15 +222,15 @@ mod tests {
     fn the_script_inherits_no_descriptor_and_no_signal_state() {
         // The test binary is a careless parent: cargo's posix_spawn left signals 32 and 33
         // ignored in it, and this descriptor is open without close-on-exec.
-        // SAFETY: opening /dev/null; closed at the end of the test.
-        let stray = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY) };
-        assert!(stray > 2);
+        use nix::fcntl::{open, OFlag};
+        use std::os::fd::AsRawFd;
+        let stray = open(c"/dev/null", OFlag::O_RDONLY, Mode::empty()).unwrap();
+        assert!(stray.as_raw_fd() > 2);
         let (p, st) = script("view", "ls /proc/self/fd > \"$1\"; grep -E 'Sig(Ign|Blk)' /proc/self/status >> \"$1\"\n");
         let out = p.with_file_name("view.txt");
         run(&p, &[out.clone().into()], &st).unwrap();
         let view = std::fs::read_to_string(&out).unwrap();
-        // SAFETY: closing our own descriptor.
-        unsafe { libc::close(stray) };
+        drop(stray);
         // 0-2 and the directory `ls` reads, as from a shell on a terminal.
         assert_eq!(view, "0\n1\n2\n3\nSigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n");
     }

@@ -18,6 +18,10 @@ use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::wait::waitpid;
+use nix::unistd::Pid;
+
 /// Stack for the child until its `execve`; its frame is a few hundred bytes.
 const STACK_BYTES: usize = 64 << 10;
 /// Linux's signal numbers run from 1 to 64.
@@ -35,13 +39,12 @@ thread_local! {
 /// (ignored) is dropped at once only where that thread does not block it; blocked, it waits for
 /// another thread to take it, which woke the agent's main thread for every task.
 pub fn block_signals_in_this_thread(sigchld: bool) {
-    let mut set: u64 = !((1 << 31) | (1 << 32));
+    // glibc's sigfillset leaves its own 32 and 33 out, and pthread_sigmask would drop them too.
+    let mut set = SigSet::all();
     if !sigchld {
-        set &= !(1 << (libc::SIGCHLD - 1));
+        set.remove(Signal::SIGCHLD);
     }
-    // SAFETY: `set` is a live u64 and no old mask is asked for; it leaves glibc's 32 and 33 out,
-    // and changes only this thread's mask.
-    unsafe { sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    let _ = set.thread_block();
     BLOCKED.with(|b| b.set(true));
 }
 
@@ -110,9 +113,7 @@ impl Spawner {
         let pidfd = (pidfd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(pidfd) });
         if plan.errno != 0 {
             // It exited without exec: reap it here, where it is known.
-            let mut status = 0;
-            // SAFETY: waiting for our own child, which has exited.
-            unsafe { libc::waitpid(pid, &mut status, 0) };
+            let _ = waitpid(Pid::from_raw(pid), None);
             return Err(plan.errno);
         }
         Ok(Child { pid, pidfd })
@@ -249,11 +250,12 @@ mod tests {
         sp.spawn(&prog, &argv, &env, out, out)
     }
 
+    /// The exit code of our child `pid`, or -1 when a signal ended it (or it cannot be waited for).
     fn wait(pid: libc::pid_t) -> i32 {
-        let mut status = 0;
-        // SAFETY: our child.
-        unsafe { libc::waitpid(pid, &mut status, 0) };
-        status
+        match waitpid(Pid::from_raw(pid), None) {
+            Ok(nix::sys::wait::WaitStatus::Exited(_, code)) => code,
+            _ => -1,
+        }
     }
 
     #[test]
@@ -285,20 +287,21 @@ mod tests {
         // Every descriptor up to the limit taken, in a forked copy of this test (the limit is
         // process-wide, and other tests run in parallel threads); it only makes system calls.
         // SAFETY: fork in a test; the child allocates nothing and leaves by _exit.
-        let pid = unsafe { libc::fork() };
-        if pid == 0 {
-            let lim = libc::rlimit { rlim_cur: 64, rlim_max: 64 };
-            // SAFETY: lowering this process's own limit, filling it with copies, exiting.
-            unsafe {
-                libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-                while libc::dup(f.as_raw_fd()) >= 0 {}
+        let pid = match unsafe { nix::unistd::fork() }.unwrap() {
+            nix::unistd::ForkResult::Parent { child } => child.as_raw(),
+            nix::unistd::ForkResult::Child => {
+                use nix::sys::resource::{setrlimit, Resource};
+                // Its own limit lowered, and filled with copies (kept open: leaked, not dropped).
+                let _ = setrlimit(Resource::RLIMIT_NOFILE, 64, 64);
+                while nix::unistd::dup(&f).map(std::os::fd::IntoRawFd::into_raw_fd).is_ok() {}
                 let ok = match sp.spawn(c"/bin/true", &argv, &env, f.as_raw_fd(), f.as_raw_fd()) {
                     Ok(c) => c.pidfd.is_none() && wait(c.pid) == 0,
                     Err(_) => false,
                 };
-                libc::_exit(if ok { 0 } else { 1 });
+                // SAFETY: _exit leaves without running the test harness's code in this copy.
+                unsafe { libc::_exit(if ok { 0 } else { 1 }) }
             }
-        }
+        };
         assert_eq!(wait(pid), 0, "the child started without a pidfd and exited 0");
     }
 

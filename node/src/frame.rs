@@ -113,30 +113,12 @@ pub fn spawn_writer_with_keepalive(
 /// keepalive so a peer whose node hangs or vanishes without a reset is noticed in about a
 /// minute (the connection then fails and the agent counts as lost) instead of never.
 pub fn tune(s: &tokio::net::TcpStream) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
+    use nix::sys::socket::{setsockopt, sockopt};
     s.set_nodelay(true)?;
-    let fd = s.as_raw_fd();
-    let set = |level, opt, v: libc::c_int| {
-        // SAFETY: setsockopt with a pointer to a live c_int of the right size.
-        let rc = unsafe {
-            libc::setsockopt(
-                fd,
-                level,
-                opt,
-                &v as *const libc::c_int as *const libc::c_void,
-                std::mem::size_of::<libc::c_int>() as u32,
-            )
-        };
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(std::io::Error::last_os_error())
-        }
-    };
-    set(libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1)?;
-    set(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, 30)?;
-    set(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, 10)?;
-    set(libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 3)
+    setsockopt(s, sockopt::KeepAlive, &true)?;
+    setsockopt(s, sockopt::TcpKeepIdle, &30)?;
+    setsockopt(s, sockopt::TcpKeepInterval, &10)?;
+    Ok(setsockopt(s, sockopt::TcpKeepCount, &3)?)
 }
 
 /// Appends one encoded frame (length prefix included) to `out`, so callers can coalesce

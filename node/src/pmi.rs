@@ -19,9 +19,13 @@
 
 use std::fs::File;
 use std::io::{ErrorKind, Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 /// How long any one exchange may take. Fences wait for the slowest rank of the step, which can
 /// be a while on a large or loaded allocation.
@@ -213,13 +217,16 @@ fn take_fd(fd: RawFd) -> Result<OwnedFd, PmiError> {
     if FD_TAKEN.swap(true, Ordering::SeqCst) {
         return Err(PmiError::Env(format!("PMI_FD={fd} is already owned by another Pmi in this process")));
     }
-    // SAFETY: as above.
-    if unsafe { libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC) } < 0 {
-        return Err(PmiError::Io(std::io::Error::last_os_error()));
-    }
     // SAFETY: the descriptor is open (checked above), and FD_TAKEN guarantees this process
     // wraps it only once; slurmstepd meant it for this process alone.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    let cloexec = FdFlag::from_bits_retain(flags) | FdFlag::FD_CLOEXEC;
+    if let Err(e) = fcntl(&owned, FcntlArg::F_SETFD(cloexec)) {
+        // Left open, as found: the error is the caller's to report, not a reason to close it.
+        let _ = owned.into_raw_fd();
+        return Err(PmiError::Io(e.into()));
+    }
+    Ok(owned)
 }
 
 /// Refuses what the wire format cannot carry.
@@ -437,7 +444,7 @@ impl Conn {
 
     fn write_until(&mut self, cmd: &'static str, mut buf: &[u8], deadline: Instant) -> Result<(), PmiError> {
         while !buf.is_empty() {
-            self.wait(cmd, libc::POLLOUT, deadline)?;
+            self.wait(cmd, PollFlags::POLLOUT, deadline)?;
             match self.file.write(buf) {
                 Ok(0) => return Err(PmiError::Closed),
                 Ok(n) => buf = &buf[n..],
@@ -451,7 +458,7 @@ impl Conn {
 
     fn read_until(&mut self, cmd: &'static str, mut buf: &mut [u8], deadline: Instant) -> Result<(), PmiError> {
         while !buf.is_empty() {
-            self.wait(cmd, libc::POLLIN, deadline)?;
+            self.wait(cmd, PollFlags::POLLIN, deadline)?;
             match self.file.read(buf) {
                 Ok(0) => return Err(PmiError::Closed),
                 Ok(n) => buf = &mut buf[n..],
@@ -465,29 +472,25 @@ impl Conn {
 
     /// Blocks until the descriptor is ready for `events` (or hung up: the read or write that
     /// follows reports that), or fails with `Timeout` at `deadline`.
-    fn wait(&self, cmd: &'static str, events: libc::c_short, deadline: Instant) -> Result<(), PmiError> {
+    fn wait(&self, cmd: &'static str, events: PollFlags, deadline: Instant) -> Result<(), PmiError> {
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Err(PmiError::Timeout { cmd, after: self.timeout });
             }
             // Round up so a sub-millisecond rest does not spin with timeout 0.
-            let ms = left.as_micros().div_ceil(1000).min(i32::MAX as u128) as libc::c_int;
-            let mut pfd = libc::pollfd { fd: self.file.as_raw_fd(), events, revents: 0 };
-            // SAFETY: one valid pollfd for the duration of the call.
-            let n = unsafe { libc::poll(&mut pfd, 1, ms) };
-            if n < 0 {
-                let e = std::io::Error::last_os_error();
-                if e.kind() == ErrorKind::Interrupted {
-                    continue;
+            let ms = PollTimeout::try_from(left.as_micros().div_ceil(1000)).unwrap_or(PollTimeout::MAX);
+            let mut pfd = [PollFd::new(self.file.as_fd(), events)];
+            match poll(&mut pfd, ms) {
+                Err(Errno::EINTR) => continue,
+                Err(e) => return Err(PmiError::Io(e.into())),
+                Ok(0) => {}
+                Ok(_) => {
+                    if pfd[0].revents().is_some_and(|r| r.contains(PollFlags::POLLNVAL)) {
+                        return Err(PmiError::Io(std::io::Error::from_raw_os_error(libc::EBADF)));
+                    }
+                    return Ok(());
                 }
-                return Err(e.into());
-            }
-            if n > 0 {
-                if pfd.revents & libc::POLLNVAL != 0 {
-                    return Err(PmiError::Io(std::io::Error::from_raw_os_error(libc::EBADF)));
-                }
-                return Ok(());
             }
         }
     }

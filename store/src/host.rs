@@ -4,14 +4,10 @@
 
 /// This node's host name ("?" if the system will not say).
 pub fn hostname() -> String {
-    let mut b = [0u8; 256];
-    // SAFETY: gethostname writes at most b.len() bytes.
-    let rc = unsafe { libc::gethostname(b.as_mut_ptr() as *mut libc::c_char, b.len()) };
-    if rc != 0 {
-        return "?".into();
+    match nix::unistd::gethostname() {
+        Ok(name) => name.to_string_lossy().into_owned(),
+        Err(_) => "?".into(),
     }
-    let n = b.iter().position(|&c| c == 0).unwrap_or(b.len());
-    String::from_utf8_lossy(&b[..n]).into_owned()
 }
 
 /// Microseconds since the Unix epoch (0 if the clock is before it).

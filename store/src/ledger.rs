@@ -325,10 +325,9 @@ const MDB_NOTFOUND: libc::c_int = -30798;
 /// Only LMDB calls it (`mdb_env_set_assert`): `env` is the environment whose check failed and
 /// `msg` null or a NUL-terminated string, both valid for the call.
 unsafe extern "C" fn on_lmdb_assert(env: *mut libc::c_void, msg: *const libc::c_char) {
+    // One write(2) each, unbuffered: a short write or a closed stderr only loses the message.
     let put = |b: &[u8]| {
-        // SAFETY: write reads `b.len()` bytes of the live slice `b`; a short write or a closed
-        // stderr only loses the message.
-        unsafe { libc::write(2, b.as_ptr().cast(), b.len()) };
+        let _ = nix::unistd::write(std::io::stderr(), b);
     };
     let cstr = |p: *const libc::c_char| {
         if p.is_null() {
@@ -359,19 +358,18 @@ unsafe extern "C" fn on_lmdb_assert(env: *mut libc::c_void, msg: *const libc::c_
 /// through them tasks — would hold the ledger open read-write: a task writing to it corrupted
 /// the map and made every reader die with SIGBUS. Nothing here execs with it, so mark it.
 fn close_on_exec(env: &Environment) -> std::io::Result<()> {
+    use nix::fcntl::{fcntl, FcntlArg, FdFlag};
     let mut fd: libc::c_int = -1;
     // SAFETY: env is an open environment; mdb_env_get_fd only stores its data file's fd.
     let rc = unsafe { mdb_env_get_fd(env.env().cast(), &mut fd) };
     if rc != 0 {
         return Err(std::io::Error::from_raw_os_error(rc));
     }
-    // SAFETY: fcntl takes no pointers here; fd is the environment's own descriptor, open while
-    // `env` is borrowed.
-    let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
-    // SAFETY: as above; only the descriptor's close-on-exec flag changes.
-    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    // SAFETY: fd is the environment's own descriptor (checked above), open while `env` is
+    // borrowed, and the borrow ends with this function.
+    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    let flags = FdFlag::from_bits_retain(fcntl(fd, FcntlArg::F_GETFD)?);
+    fcntl(fd, FcntlArg::F_SETFD(flags | FdFlag::FD_CLOEXEC))?;
     Ok(())
 }
 
@@ -395,7 +393,6 @@ const LOCK_FILE_LEN: i64 = 64 << 10;
 /// disk the first write to a page the filesystem cannot back kills the process with SIGBUS. Giving
 /// the file real blocks first turns a full disk into ENOSPC here, with the ledger's name on it.
 fn reserve_lock_file(path: &Path) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
     let mut lock = path.as_os_str().to_owned();
     lock.push("-lock");
     let f =
@@ -408,11 +405,7 @@ fn reserve_lock_file(path: &Path) -> std::io::Result<()> {
     if f.metadata()?.len() >= LOCK_FILE_LEN as u64 {
         return Ok(());
     }
-    // SAFETY: posix_fallocate on a descriptor we own; it returns the error number itself.
-    match unsafe { libc::posix_fallocate(f.as_raw_fd(), 0, LOCK_FILE_LEN) } {
-        0 => Ok(()),
-        e => Err(std::io::Error::from_raw_os_error(e)),
-    }
+    Ok(nix::fcntl::posix_fallocate(&f, 0, LOCK_FILE_LEN)?)
 }
 
 pub struct Ledger {

@@ -233,21 +233,15 @@ impl Mapped {
     const NONE: Mapped = Mapped { ptr: std::ptr::null(), len: 0, fault: None };
 
     fn open(path: &Path) -> std::io::Result<Mapped> {
-        use std::os::fd::AsRawFd;
+        use nix::sys::mman::{mmap, MapFlags, ProtFlags};
         let f = File::open(path)?;
-        let len = f.metadata()?.len() as usize;
-        if len == 0 {
-            return Ok(Mapped::NONE);
-        }
+        let Some(len) = std::num::NonZeroUsize::new(f.metadata()?.len() as usize) else { return Ok(Mapped::NONE) };
         // SAFETY: a new read-only private mapping (address chosen by the kernel, so nothing of
-        // ours is replaced) of `len` > 0 bytes; MAP_FAILED is checked below.
-        let ptr =
-            unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_PRIVATE, f.as_raw_fd(), 0) };
-        if ptr == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
+        // ours is replaced) of `len` > 0 bytes.
+        let ptr = unsafe { mmap(None, len, ProtFlags::PROT_READ, MapFlags::MAP_PRIVATE, &f, 0) }?;
+        let (ptr, len) = (ptr.as_ptr() as *const u8, len.get());
         let what = format!("the run's copy of the task file {} was cut short while in use", path.display());
-        Ok(Mapped { ptr: ptr as *const u8, len, fault: crate::mapfault::register(ptr as usize, len, &what) })
+        Ok(Mapped { ptr, len, fault: crate::mapfault::register(ptr as usize, len, &what) })
     }
 
     fn get(&self, off: usize, len: usize) -> &[u8] {
@@ -263,10 +257,10 @@ impl Mapped {
 impl Drop for Mapped {
     fn drop(&mut self) {
         self.fault.take();
-        if !self.ptr.is_null() {
+        if let Some(ptr) = std::ptr::NonNull::new(self.ptr as *mut libc::c_void) {
             // SAFETY: exactly the mapping open() made, unmapped once; no slice of it outlives the
             // borrow of `self` that get() gave, so none is left.
-            unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+            let _ = unsafe { nix::sys::mman::munmap(ptr, self.len) };
         }
     }
 }

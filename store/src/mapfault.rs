@@ -7,6 +7,8 @@
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 use std::sync::Once;
 
+use nix::sys::signal::{sigaction, signal, SaFlags, SigAction, SigHandler, SigSet, Signal};
+
 const SLOTS: usize = 16;
 
 struct Slot {
@@ -28,7 +30,7 @@ const EMPTY: Slot = Slot {
 };
 static MAPS: [Slot; SLOTS] = [EMPTY; SLOTS];
 static INSTALL: Once = Once::new();
-static mut PREVIOUS: [Option<libc::sigaction>; 2] = [None, None];
+static mut PREVIOUS: [Option<SigAction>; 2] = [None, None];
 
 /// A registered map; dropping it unregisters (before the map itself goes away).
 pub struct Registration(usize);
@@ -92,19 +94,16 @@ pub fn find_map(path: &std::path::Path) -> Option<(usize, usize)> {
 }
 
 fn install() {
-    for (i, sig) in [libc::SIGBUS, libc::SIGSEGV].into_iter().enumerate() {
-        // SAFETY: the sigaction structs are live locals (zeroed is a valid empty action) and
-        // on_fault has the SA_SIGINFO signature. PREVIOUS is written only here, once (INSTALL),
-        // before any map is registered (register_as waits for INSTALL): the handler reads it
-        // only for a fault outside the maps, so only an unrelated crash on another thread in
-        // this instant could race the write.
+    // SA_SIGINFO comes with the SigAction handler.
+    let new =
+        SigAction::new(SigHandler::SigAction(on_fault), SaFlags::SA_ONSTACK | SaFlags::SA_NODEFER, SigSet::empty());
+    for (i, sig) in [Signal::SIGBUS, Signal::SIGSEGV].into_iter().enumerate() {
+        // SAFETY: on_fault only reads atomics and makes async-signal-safe calls. PREVIOUS is
+        // written only here, once (INSTALL), before any map is registered (register_as waits for
+        // INSTALL): the handler reads it only for a fault outside the maps, so only an unrelated
+        // crash on another thread in this instant could race the write.
         unsafe {
-            let mut new: libc::sigaction = std::mem::zeroed();
-            new.sa_sigaction = on_fault as *const () as usize;
-            new.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK | libc::SA_NODEFER;
-            libc::sigemptyset(&mut new.sa_mask);
-            let mut old: libc::sigaction = std::mem::zeroed();
-            if libc::sigaction(sig, &new, &mut old) == 0 {
+            if let Ok(old) = sigaction(sig, &new) {
                 PREVIOUS[i] = Some(old);
             }
         }
@@ -133,13 +132,13 @@ extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut 
         }
     }
     // Not ours: put the previous action back and return, so the fault recurs and gets it.
-    let i = if sig == libc::SIGBUS { 0 } else { 1 };
+    let (i, sig) = if sig == libc::SIGBUS { (0, Signal::SIGBUS) } else { (1, Signal::SIGSEGV) };
     // SAFETY: PREVIOUS is not written after install() (see there) and is read by value;
-    // sigaction and signal are async-signal-safe.
+    // sigaction and signal are async-signal-safe, and so are nix's wrappers (no allocation).
     unsafe {
-        match (*std::ptr::addr_of!(PREVIOUS))[i] {
-            Some(old) => libc::sigaction(sig, &old, std::ptr::null_mut()),
-            None => libc::signal(sig, libc::SIG_DFL) as libc::c_int,
+        let _ = match (*std::ptr::addr_of!(PREVIOUS))[i] {
+            Some(old) => sigaction(sig, &old).map(drop),
+            None => signal(sig, SigHandler::SigDfl).map(drop),
         };
     }
 }
@@ -153,17 +152,19 @@ mod tests {
         let path = std::env::temp_dir().join(format!("htc-mapfault-{}", std::process::id()));
         std::fs::write(&path, vec![1u8; 8192]).unwrap();
         let f = std::fs::File::open(&path).unwrap();
-        use std::os::fd::AsRawFd;
-        // SAFETY: a read-only private map of a file we own, unmapped below.
-        let p = unsafe { libc::mmap(std::ptr::null_mut(), 8192, libc::PROT_READ, libc::MAP_PRIVATE, f.as_raw_fd(), 0) };
-        assert_ne!(p, libc::MAP_FAILED);
-        assert_eq!(find_map(&path), Some((p as usize, 8192)));
-        let regs: Vec<_> = (0..SLOTS).map_while(|_| register(p as usize, 8192, "x")).collect();
+        use nix::sys::mman::{mmap, munmap, MapFlags, ProtFlags};
+        let len = std::num::NonZeroUsize::new(8192).unwrap();
+        // SAFETY: a new read-only private map (the kernel picks where) of a file we own, unmapped
+        // below.
+        let map = unsafe { mmap(None, len, ProtFlags::PROT_READ, MapFlags::MAP_PRIVATE, &f, 0) }.unwrap();
+        let p = map.as_ptr() as usize;
+        assert_eq!(find_map(&path), Some((p, 8192)));
+        let regs: Vec<_> = (0..SLOTS).map_while(|_| register(p, 8192, "x")).collect();
         assert!(!regs.is_empty());
         drop(regs);
-        assert!(register(p as usize, 8192, "x").is_some(), "slots come back when dropped");
+        assert!(register(p, 8192, "x").is_some(), "slots come back when dropped");
         // SAFETY: the mapping made above, not used after.
-        unsafe { libc::munmap(p, 8192) };
+        unsafe { munmap(map, 8192) }.unwrap();
         std::fs::remove_file(&path).unwrap();
     }
 }

@@ -416,8 +416,7 @@ pub fn node_local(dir: Option<&Path>, job_id: &str) -> std::result::Result<PathB
 
 /// Where `node_local` keeps job `job_id`'s ledger under `base`.
 fn node_local_dir(base: &Path, job_id: &str) -> PathBuf {
-    // SAFETY: getuid cannot fail.
-    base.join(format!("htc-{}-{job_id}", unsafe { libc::getuid() }))
+    base.join(format!("htc-{}-{job_id}", nix::unistd::getuid()))
 }
 
 /// Removes the node-local ledgers that earlier sessions of a run (`job_ids`) left on this
@@ -431,8 +430,7 @@ pub fn remove_stale_node_local(dir: Option<&Path>, job_ids: &[String]) -> Vec<Pa
     for id in job_ids {
         let d = node_local_dir(&base, id);
         let Ok(m) = fs::symlink_metadata(&d) else { continue };
-        // SAFETY: getuid cannot fail.
-        if !m.is_dir() || m.uid() != unsafe { libc::getuid() } || m.mode() & 0o077 != 0 {
+        if !m.is_dir() || m.uid() != nix::unistd::getuid().as_raw() || m.mode() & 0o077 != 0 {
             continue;
         }
         // Job ids start over with the controller: an old id of this run may be a live run's now.
@@ -456,8 +454,7 @@ pub fn private_dir(dir: &Path) -> std::result::Result<(), String> {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
             let m = fs::symlink_metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-            // SAFETY: getuid cannot fail.
-            if !m.is_dir() || m.uid() != unsafe { libc::getuid() } || m.mode() & 0o077 != 0 {
+            if !m.is_dir() || m.uid() != nix::unistd::getuid().as_raw() || m.mode() & 0o077 != 0 {
                 return Err(format!("{} exists and is not this user's private directory", dir.display()));
             }
             Ok(())
@@ -505,17 +502,15 @@ pub fn take_over(run: crate::rundir::RunDir, local: &Path) -> Result<crate::rund
 /// Whether a process has the LMDB environment at `ledger` open: LMDB holds a shared lock on the
 /// first byte of its lock file for as long as it has the environment open.
 pub fn in_use(ledger: &Path) -> bool {
-    use std::os::fd::AsRawFd;
     let Ok(f) = OpenOptions::new().read(true).write(true).open(lock_path(ledger)) else { return false };
-    // SAFETY: a zeroed flock filled in below; F_GETLK on our own open descriptor.
-    unsafe {
-        let mut l: libc::flock = std::mem::zeroed();
-        l.l_type = libc::F_WRLCK as libc::c_short;
-        l.l_whence = libc::SEEK_SET as libc::c_short;
-        l.l_start = 0;
-        l.l_len = 1;
-        libc::fcntl(f.as_raw_fd(), libc::F_GETLK, &mut l) == 0 && l.l_type != libc::F_UNLCK as libc::c_short
-    }
+    // SAFETY: flock is plain integers (and, on some targets, padding), for which all zeroes is a
+    // valid value; the fields F_GETLK reads are filled in below.
+    let mut l: libc::flock = unsafe { std::mem::zeroed() };
+    l.l_type = libc::F_WRLCK as libc::c_short;
+    l.l_whence = libc::SEEK_SET as libc::c_short;
+    l.l_start = 0;
+    l.l_len = 1;
+    nix::fcntl::fcntl(&f, nix::fcntl::FcntlArg::F_GETLK(&mut l)).is_ok() && l.l_type != libc::F_UNLCK as libc::c_short
 }
 
 /// Removes the node-local ledger (and its directory) once its replica holds everything.

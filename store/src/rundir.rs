@@ -8,6 +8,9 @@ use std::path::{Path, PathBuf};
 
 pub const SECRET_LEN: usize = 32;
 
+/// The run's leader lock (`RunDir::lock`): its open `leader.lock`, locked until dropped.
+pub type RunLock = nix::fcntl::Flock<fs::File>;
+
 #[derive(Debug, Clone)]
 pub struct RunDir {
     pub path: PathBuf,
@@ -62,8 +65,7 @@ impl RunDir {
         if let Some(live) = replica.local_ledger() {
             return Ok(run.with_ledger(live));
         }
-        // SAFETY: getuid cannot fail.
-        let dir = std::env::temp_dir().join(format!("htc-{}", unsafe { libc::getuid() }));
+        let dir = std::env::temp_dir().join(format!("htc-{}", nix::unistd::getuid()));
         crate::replica::private_dir(&dir).map_err(io::Error::other)?;
         static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -158,27 +160,24 @@ impl RunDir {
     /// Takes the run's leader lock: one leader per run, so a second `htc run --resume` (or a
     /// requeued job whose first incarnation still runs) cannot dispatch the same tasks twice.
     /// Held until the returned file is dropped (or the process dies).
-    pub fn lock(&self) -> io::Result<fs::File> {
-        use std::os::fd::AsRawFd;
+    pub fn lock(&self) -> io::Result<RunLock> {
+        use nix::fcntl::{Flock, FlockArg};
         let f = fs::OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
             .mode(0o600)
             .open(self.path.join("leader.lock"))?;
-        // SAFETY: flock on an fd we own.
-        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            let e = io::Error::last_os_error();
-            return Err(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        Flock::lock(f, FlockArg::LockExclusiveNonblock).map_err(|(_, e)| {
+            if e == nix::errno::Errno::EWOULDBLOCK {
                 io::Error::new(
                     io::ErrorKind::WouldBlock,
                     format!("{} is in use by a running leader", self.path.display()),
                 )
             } else {
-                e
-            });
-        }
-        Ok(f)
+                e.into()
+            }
+        })
     }
 
     /// Writes a new random secret, readable only by the owner.

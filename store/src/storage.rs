@@ -1,8 +1,6 @@
 //! What the filesystems under a run can still take: a full disk must be an error with a name, not
 //! a task "failure" that uses up retries or a torn record that hides what was done.
 
-use std::ffi::CString;
-use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 /// Free space below this counts as a full disk: tasks that fail then are not blamed for it.
@@ -10,28 +8,16 @@ pub const NEARLY_FULL: u64 = 1 << 20;
 
 /// Bytes an unprivileged writer may still use on the filesystem holding `dir`.
 pub fn free_bytes(dir: &Path) -> Option<u64> {
-    let c = CString::new(dir.as_os_str().as_bytes()).ok()?;
-    // SAFETY: statvfs is plain integers, for which all zeroes is a valid value.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `c` is NUL-terminated and `st` a live local that statvfs fills.
-    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
-        return None;
-    }
-    Some((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+    let st = nix::sys::statvfs::statvfs(dir).ok()?;
+    Some((st.blocks_available() as u64).saturating_mul(st.fragment_size() as u64))
 }
 
 /// The kind of shared filesystem holding `dir`, if it is one: LMDB's lock file and memory map are
 /// not safe there, and every page it writes would cross the network.
 pub fn network_fs(dir: &Path) -> Option<&'static str> {
-    let c = CString::new(dir.as_os_str().as_bytes()).ok()?;
-    // SAFETY: statfs is plain integers, for which all zeroes is a valid value.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `c` is NUL-terminated and `st` a live local that statfs fills.
-    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
-        return None;
-    }
+    let st = nix::sys::statfs::statfs(dir).ok()?;
     // Magic numbers from statfs(2) and the filesystems' own headers.
-    match st.f_type as u64 {
+    match st.filesystem_type().0 as u64 {
         0x6969 => Some("NFS"),
         0x0BD0_0BD0 => Some("Lustre"),
         0x4750_4653 => Some("GPFS"),

@@ -271,39 +271,34 @@ fn read_apart(
     stall: Duration,
     heard: &mut Heard,
 ) -> Result<Ended, LedgerError> {
-    let mut fds = [0; 2];
-    // SAFETY: pipe2 writes two ints into `fds`, a live array of two.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(apart_error(path, std::io::Error::last_os_error()));
-    }
+    use nix::unistd::ForkResult;
+    let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| apart_error(path, e.into()))?;
     // SAFETY: the child only reads the ledger and writes to the pipe, then _exits; htc forks here
     // before it starts threads, and glibc's malloc stays usable after fork even where not.
-    let pid = unsafe { libc::fork() };
-    if pid == 0 {
-        // SAFETY: closing the read end; _exit skips the parent's atexit and stdio state.
-        unsafe {
-            libc::close(fds[0]);
-            libc::_exit(child(fds[1], path, text_len, start));
+    let pid = match unsafe { nix::unistd::fork() } {
+        Ok(ForkResult::Child) => {
+            drop(read);
+            let code = child(write, path, text_len, start);
+            // SAFETY: _exit skips the parent's atexit and stdio state.
+            unsafe { libc::_exit(code) }
         }
-    }
-    // SAFETY: closing the write end the child has (or, on a failed fork, nobody has).
-    unsafe { libc::close(fds[1]) };
-    // SAFETY: the read end, open (pipe2 succeeded), closed in the child and owned by nothing else
-    // here: the File owns it from now on.
-    let read = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fds[0]) };
-    if pid < 0 {
-        return Err(apart_error(path, std::io::Error::last_os_error()));
-    }
+        Ok(ForkResult::Parent { child }) => child,
+        Err(e) => return Err(apart_error(path, e.into())),
+    };
+    // The write end is the child's alone now: the pipe ends when the child does.
+    drop(write);
+    let read = std::fs::File::from(read);
     (heard.at, heard.done, heard.error, heard.last_words) = (start.id, false, None, None);
     let stalled = listen(read, stall, heard);
     if stalled {
-        // SAFETY: kill takes no pointers; pid is our child, not reaped until below, so it cannot
-        // have been reused.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
+        // pid is our child, not reaped until below, so it cannot have been reused.
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
     }
+    // Raw waitpid: nix's would fail (EINVAL) for a child a real-time signal killed, after
+    // reaping it, and its status would be lost.
     let mut status = 0;
     // SAFETY: a live status out-parameter; pid is our child, reaped only here.
-    unsafe { libc::waitpid(pid, &mut status, 0) };
+    unsafe { libc::waitpid(pid.as_raw(), &mut status, 0) };
     Ok(if stalled {
         Ended::Stalled
     } else if heard.done && status == 0 {
@@ -328,11 +323,9 @@ fn apart_error(path: &Path, e: std::io::Error) -> LedgerError {
 
 /// The child: its stderr goes to the pipe too, so that the fault handler's message (a broken
 /// page's last words) reaches the parent as a line.
-fn child(fd: i32, path: &Path, text_len: u64, start: Start) -> i32 {
-    // SAFETY: pointing stderr at the pipe, a descriptor we own.
-    unsafe { libc::dup2(fd, 2) };
-    // SAFETY: the write end is the child's alone.
-    let mut out = std::io::BufWriter::new(unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) });
+fn child(fd: std::os::fd::OwnedFd, path: &Path, text_len: u64, start: Start) -> i32 {
+    let _ = nix::unistd::dup2_stderr(&fd);
+    let mut out = std::io::BufWriter::new(std::fs::File::from(fd));
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let l = Ledger::open(path, true)?;
         let mut total_sent = false;
@@ -391,20 +384,17 @@ struct Heard {
 
 /// Reads the child's lines until it closes the pipe (false) or is silent for `stall` (true).
 fn listen(read: std::fs::File, stall: Duration, heard: &mut Heard) -> bool {
-    use std::os::fd::AsRawFd;
-    let fd = read.as_raw_fd();
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
+    let timeout = PollTimeout::try_from(stall.as_millis()).unwrap_or(PollTimeout::MAX);
     let mut lines = std::io::BufReader::new(read);
     let mut line = String::new();
     loop {
         if lines.buffer().is_empty() {
-            let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-            // SAFETY: polling one descriptor we own.
-            let n = unsafe { libc::poll(&mut p, 1, stall.as_millis().min(i32::MAX as u128) as i32) };
-            if n == 0 {
-                return true;
-            }
-            if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
-                continue;
+            match poll(&mut [PollFd::new(lines.get_ref().as_fd(), PollFlags::POLLIN)], timeout) {
+                Ok(0) => return true,
+                Err(nix::errno::Errno::EINTR) => continue,
+                _ => {}
             }
         }
         line.clear();

@@ -254,7 +254,7 @@ fn spawn_loops(asked: Option<usize>, slots: usize, widest: u64) -> anyhow::Resul
 }
 
 /// A run, its output mode, and the open file that holds its lock (`RunDir::lock`).
-type Opened = (RunDir, OutputMode, std::fs::File);
+type Opened = (RunDir, OutputMode, rundir::RunLock);
 
 /// The run `htc run` leads: a new one from the task file, or the one `--resume` names (its
 /// ledger rebuilt from the replica where it was on a node, what was in flight made pending); its

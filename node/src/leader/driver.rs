@@ -368,14 +368,11 @@ impl<'c, 'l> Session<'c, 'l> {
 /// CPU time (user + system) of this process so far, in microseconds: the leader's cost, which
 /// `htc status` divides by the tasks finished.
 fn cpu_us() -> u64 {
-    // SAFETY: rusage is plain integers, for which all zeroes is a valid value.
-    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: getrusage writes one rusage through the pointer, to a live local.
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
-        return 0;
-    }
-    let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
-    us(u.ru_utime) + us(u.ru_stime)
+    use nix::sys::resource::{getrusage, UsageWho};
+    use nix::sys::time::TimeVal;
+    let Ok(u) = getrusage(UsageWho::RUSAGE_SELF) else { return 0 };
+    let us = |t: TimeVal| t.tv_sec() as u64 * 1_000_000 + t.tv_usec() as u64;
+    us(u.user_time()) + us(u.system_time())
 }
 
 /// Prepares a ledger for another session after an interruption: tasks that were dispatched or
