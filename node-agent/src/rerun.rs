@@ -117,8 +117,7 @@ pub fn reopen_run(dir: &Path, pick: &Pick, retries: u8) -> anyhow::Result<Reopen
     if !replica.exists() {
         bail!("{} has no ledger (neither ledger.mdb nor a replica in ledger/)", dir.display());
     }
-    // SAFETY: getuid cannot fail.
-    let scratch = std::env::temp_dir().join(format!("htc-{}", unsafe { libc::getuid() }));
+    let scratch = std::env::temp_dir().join(format!("htc-{}", nix::unistd::getuid()));
     crate::replica::private_dir(&scratch).map_err(anyhow::Error::msg)?;
     let copy = scratch.join(format!("retry-{}-{}.mdb", run.id(), std::process::id()));
     let result = (|| {

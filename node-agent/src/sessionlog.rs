@@ -6,7 +6,7 @@
 
 use std::fs::File;
 use std::io::{self, Read, Write};
-use std::os::fd::{FromRawFd, RawFd};
+use std::os::fd::{AsFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::mpsc;
@@ -15,7 +15,17 @@ use std::time::{Duration, Instant};
 /// Copies of stdout and stderr in flight; `end` puts the descriptors back.
 pub struct Kept {
     /// (descriptor, its original, the copier's end-of-input signal)
-    copies: Vec<(RawFd, RawFd, mpsc::Receiver<()>)>,
+    copies: Vec<(RawFd, &'static File, mpsc::Receiver<()>)>,
+}
+
+/// Points standard descriptor `fd` (stdout or stderr) at `from`'s file. The descriptor itself
+/// stays inheritable (dup2 clears close-on-exec).
+fn onto(fd: RawFd, from: impl AsFd) -> nix::Result<()> {
+    if fd == libc::STDOUT_FILENO {
+        nix::unistd::dup2_stdout(from)
+    } else {
+        nix::unistd::dup2_stderr(from)
+    }
 }
 
 /// From here on, what this process writes to stdout and stderr goes both where it went and to
@@ -26,31 +36,20 @@ pub fn keep(path: &Path, header: &str) -> io::Result<Kept> {
     let mut copies = Vec::new();
     for fd in [libc::STDOUT_FILENO, libc::STDERR_FILENO] {
         io::stdout().flush()?;
-        // SAFETY: duplicating and replacing this process's own standard descriptors; every new
-        // descriptor is checked, and the pipe's ends are owned by exactly one File each.
-        let (orig, read) = unsafe {
-            let orig = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3);
-            if orig < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            let mut p = [0; 2];
-            if libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
-                let e = io::Error::last_os_error();
-                libc::close(orig);
-                return Err(e);
-            }
-            // The descriptor itself stays inheritable (dup2 clears close-on-exec): what this
-            // process starts (the batch script, srun) writes into the copy too.
-            if libc::dup2(p[1], fd) < 0 {
-                let e = io::Error::last_os_error();
-                libc::close(p[0]);
-                libc::close(p[1]);
-                libc::close(orig);
-                return Err(e);
-            }
-            libc::close(p[1]);
-            (orig, File::from_raw_fd(p[0]))
+        // The original, close-on-exec above 2 (F_DUPFD_CLOEXEC from 3).
+        let orig = if fd == libc::STDOUT_FILENO {
+            io::stdout().as_fd().try_clone_to_owned()?
+        } else {
+            io::stderr().as_fd().try_clone_to_owned()?
         };
+        let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+        // What this process starts (the batch script, srun) writes into the copy too.
+        onto(fd, &write)?;
+        drop(write);
+        // The duplicate of the original stays open for the process's life (`end` dup2s from it,
+        // and a copier may outlive `end`).
+        let orig: &'static File = Box::leak(Box::new(File::from(orig)));
+        let read = File::from(read);
         let log = log.try_clone()?;
         let (tx, rx) = mpsc::channel();
         std::thread::Builder::new().name(format!("keep-fd{fd}")).spawn(move || {
@@ -64,10 +63,7 @@ pub fn keep(path: &Path, header: &str) -> io::Result<Kept> {
 
 /// Copies until every writer closes the pipe. A log that cannot be written (a full disk) does
 /// not stop the output from reaching where it went.
-fn copy(mut read: File, orig: RawFd, mut log: File) {
-    // SAFETY: the duplicate of the original stays open for the process's life (`end` dup2s from
-    // it), so it is borrowed here and never closed.
-    let mut out = std::mem::ManuallyDrop::new(unsafe { File::from_raw_fd(orig) });
+fn copy(mut read: File, mut out: &File, mut log: File) {
     let mut buf = [0u8; 8192];
     let mut log_ok = true;
     loop {
@@ -90,8 +86,7 @@ impl Kept {
         let _ = io::stdout().flush();
         let _ = io::stderr().flush();
         for (fd, orig, _) in &self.copies {
-            // SAFETY: pointing our own standard descriptor back at its original.
-            unsafe { libc::dup2(*orig, *fd) };
+            let _ = onto(*fd, orig);
         }
         let until = Instant::now() + Duration::from_secs(2);
         for (_, _, done) in &self.copies {

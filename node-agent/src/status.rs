@@ -203,11 +203,9 @@ pub fn summary(ledger: &Ledger, run: &RunDir, p: &Progress) -> anyhow::Result<St
 }
 
 fn pid_alive(pid: u64) -> bool {
-    // SAFETY: kill with signal 0 sends nothing (it only checks that the pid exists and may be
-    // signalled); __errno_location returns this thread's errno, valid for the thread's life.
-    pid > 0
-        && pid < i32::MAX as u64
-        && unsafe { libc::kill(pid as i32, 0) == 0 || *libc::__errno_location() == libc::EPERM }
+    use nix::{errno::Errno, sys::signal::kill, unistd::Pid};
+    // No signal sends nothing: it only checks that the pid exists (and may be signalled).
+    pid > 0 && pid < i32::MAX as u64 && matches!(kill(Pid::from_raw(pid as i32), None), Ok(()) | Err(Errno::EPERM))
 }
 
 /// What `htc status` knows of a run's leader.

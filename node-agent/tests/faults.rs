@@ -8,6 +8,9 @@ use std::fs;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
 use common::{agent_pids, guard_pids, text, wait_for, wait_some, Dir};
 use htc::ledger::{Attempt, Ledger, Outcome, State};
 
@@ -26,9 +29,9 @@ fn lost_attempts(run: &Path) -> Vec<(u64, Attempt)> {
     lost
 }
 
-fn signal(pid: i32, sig: i32) {
-    // SAFETY: signalling a process this test started (through htc).
-    assert_eq!(unsafe { libc::kill(pid, sig) }, 0, "kill({pid}, {sig})");
+/// Signals a process this test started (through htc).
+fn signal(pid: i32, sig: Signal) {
+    assert_eq!(kill(Pid::from_raw(pid), sig), Ok(()), "kill({pid}, {sig})");
 }
 
 fn alive(pid: i32) -> bool {
@@ -53,7 +56,7 @@ fn a_hung_agent_is_given_up_within_the_bound_and_comes_back_fresh_when_it_resume
     assert!(wait_for(|| fs::read_to_string(&ids).unwrap_or_default().lines().count() >= 60, Duration::from_secs(60)));
     let run = d.run_dir();
     let pid = agent_pids(&run, 1)[0];
-    signal(pid, libc::SIGSTOP);
+    signal(pid, Signal::SIGSTOP);
     let stopped = Instant::now();
     let lost = wait_some(Duration::from_secs(30), || Some(lost_attempts(&run)).filter(|l| !l.is_empty()));
     let given_up = stopped.elapsed();
@@ -63,7 +66,7 @@ fn a_hung_agent_is_given_up_within_the_bound_and_comes_back_fresh_when_it_resume
     assert!(given_up < Duration::from_secs(6), "given up after {given_up:?}");
     assert!(alive(pid), "still there, stopped");
     let resumed_us = htc::rundir::now_us();
-    signal(pid, libc::SIGCONT);
+    signal(pid, Signal::SIGCONT);
     let o = leader.wait_with_output().unwrap();
     assert!(o.status.success(), "{}", text(&o));
     let l = Ledger::open(&run.join("ledger.mdb"), true).unwrap();
@@ -151,13 +154,13 @@ fn the_tasks_of_a_killed_agent_are_stopped_whichever_process_is_killed() {
     // SIGKILL to the agent itself: its guard stops the task it left.
     let agent = agent_pids(&run, 0)[0];
     let tasks = tasks_of(agent);
-    signal(agent, libc::SIGKILL);
+    signal(agent, Signal::SIGKILL);
     assert!(wait_for(|| tasks.iter().all(|&p| !alive(p)), Duration::from_secs(5)), "left running: {tasks:?}");
 
     // SIGKILL to the guard: the agent hears of it, stops its task and leaves.
     let (guard, agent) = (guard_pids(&run, 1)[0], agent_pids(&run, 1)[0]);
     let tasks = tasks_of(agent);
-    signal(guard, libc::SIGKILL);
+    signal(guard, Signal::SIGKILL);
     assert!(wait_for(|| tasks.iter().all(|&p| !alive(p)), Duration::from_secs(5)), "left running: {tasks:?}");
     assert!(wait_for(|| !alive(agent), Duration::from_secs(5)), "the agent stayed");
 
@@ -180,7 +183,7 @@ fn a_stopped_leader_is_not_taken_for_dead_and_its_agents_fence_themselves_then_c
     let leader = d.spawn_htc(&["run", "--agents", "2", "--cores-per-agent", "1", "tasks.txt"], &env);
     let status = || String::from_utf8_lossy(&d.htc_env(&["status"], &env).stdout).into_owned();
     assert!(wait_for(|| status().contains("state:    running"), Duration::from_secs(30)), "{}", status());
-    signal(leader.id() as i32, libc::SIGSTOP);
+    signal(leader.id() as i32, Signal::SIGSTOP);
     assert!(wait_for(|| status().contains("not responding"), Duration::from_secs(15)), "{}", status());
     assert!(!status().contains("resume"), "{}", status());
     // The agents' lease (1 s here) runs out: they stop their tasks, start none, and stay.
@@ -191,7 +194,7 @@ fn a_stopped_leader_is_not_taken_for_dead_and_its_agents_fence_themselves_then_c
     std::thread::sleep(Duration::from_secs(1));
     assert!(idle(), "a fenced agent started a task");
     assert!(agents.iter().all(|&a| alive(a)), "the agents wait for the leader");
-    signal(leader.id() as i32, libc::SIGCONT);
+    signal(leader.id() as i32, Signal::SIGCONT);
     let o = leader.wait_with_output().unwrap();
     assert!(o.status.success(), "the agents came back and the run finished: {}", text(&o));
     assert!(String::from_utf8_lossy(&o.stderr).contains("back as a fresh member"), "{}", text(&o));
@@ -214,9 +217,9 @@ fn a_leader_stopped_past_the_loss_bound_runs_no_finished_task_again() {
     );
     let leader = d.spawn_htc(&["run", "--agents", "2", "--cores-per-agent", "2", "tasks.txt"], &env);
     assert!(wait_for(|| runs_of(&ids).len() >= 40, Duration::from_secs(30)), "the run did not get going");
-    signal(leader.id() as i32, libc::SIGSTOP);
+    signal(leader.id() as i32, Signal::SIGSTOP);
     std::thread::sleep(Duration::from_secs(6));
-    signal(leader.id() as i32, libc::SIGCONT);
+    signal(leader.id() as i32, Signal::SIGCONT);
     let o = leader.wait_with_output().unwrap();
     assert!(o.status.success(), "{}", text(&o));
     let runs = runs_of(&ids);
@@ -356,11 +359,11 @@ fn random_kills_and_resumes(name: &str, node_lost: bool) {
             _ => guard_pids(&run, next(3) as u32).first().copied(),
         };
         if let Some(pid) = victim {
-            // SAFETY: a process this test started (through htc); it may have exited already.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
+            // A process this test started (through htc); it may have exited already.
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
         }
         if wait_some(Duration::from_secs(5), || leader.try_wait().unwrap()).is_none() {
-            signal(leader.id() as i32, libc::SIGKILL);
+            signal(leader.id() as i32, Signal::SIGKILL);
             leader.wait().unwrap();
         }
         // Let the agents notice and stop, then check what the ledger vouches for.

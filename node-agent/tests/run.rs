@@ -8,6 +8,10 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use nix::sys::signal::{kill, killpg, Signal};
+use nix::sys::stat::Mode;
+use nix::unistd::Pid;
+
 use htc::ledger::{Ledger, State};
 
 mod common;
@@ -295,9 +299,7 @@ fn pipes_and_odd_files_behave_as_in_other_unix_tools() {
     assert!(o.status.success() && o.stderr.is_empty(), "{}", text(&o));
 
     let fifo = d.path("fifo.txt");
-    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: mkfifo with a NUL-terminated path.
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    nix::unistd::mkfifo(&fifo, Mode::from_bits_truncate(0o600)).unwrap();
     for (file, what) in [("/dev/zero", "is a device"), (fifo.to_str().unwrap(), "is a FIFO")] {
         for cmd in ["check", "run"] {
             let o = d.htc(&[cmd, file]);
@@ -325,8 +327,8 @@ fn kill_9_of_the_leader_then_resume_runs_every_task_and_no_done_task_twice() {
         .unwrap();
     assert!(wait_for(|| id_counts(&ids).len() >= 600, Duration::from_secs(60)), "tasks did not start");
     assert!(agents_alive(&d.run_dir(), 2), "the agents are found while they run");
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(leader.id() as i32, libc::SIGKILL) };
+    // Our own child.
+    let _ = kill(Pid::from_raw(leader.id() as i32), Signal::SIGKILL);
     leader.wait().unwrap();
     let run = d.run_dir();
     // The agents notice the leader's death, stop their tasks and exit: then nothing is left
@@ -373,8 +375,8 @@ fn sigint_interrupts_cleanly_and_resume_finishes() {
         .spawn()
         .unwrap();
     assert!(wait_for(|| id_counts(&ids).len() >= 20, Duration::from_secs(30)));
-    // SAFETY: signalling the process group of our own child.
-    unsafe { libc::kill(-(leader.id() as i32), libc::SIGINT) };
+    // The process group of our own child.
+    let _ = killpg(Pid::from_raw(leader.id() as i32), Signal::SIGINT);
     let o = leader.wait_with_output().unwrap();
     assert_eq!(o.status.code(), Some(130), "{}", text(&o));
     assert!(String::from_utf8_lossy(&o.stderr).contains("htc run --resume"), "{}", text(&o));
@@ -434,8 +436,8 @@ fn kill_agent_mid_run(d: &Dir, n: usize, args: &[&str], agent: u32) -> std::path
     let run = d.run_dir();
     let pids = agent_pids(&run, agent);
     assert_eq!(pids.len(), 1, "agent {agent} not found");
-    // SAFETY: signalling a process this test started (through htc).
-    unsafe { libc::kill(pids[0], libc::SIGKILL) };
+    // A process this test started (through htc).
+    let _ = kill(Pid::from_raw(pids[0]), Signal::SIGKILL);
     let o = leader.wait_with_output().unwrap();
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(id_counts(&ids).len(), n, "some task never ran");

@@ -5,10 +5,10 @@
 
 mod common;
 
-use std::ffi::CString;
 use std::fs;
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
 
 use common::{text, Dir};
 use htc::ledger::{Ledger, State};
@@ -20,12 +20,12 @@ struct Disk(PathBuf);
 impl Disk {
     fn mount(at: &Path, size: &str) -> Disk {
         let opts = format!("size={size},mode=0755");
-        mount_tmpfs(at, &opts, 0);
+        mount_tmpfs(at, &opts, MsFlags::empty());
         Disk(at.to_path_buf())
     }
 
     fn resize(&self, size: &str) {
-        mount_tmpfs(&self.0, &format!("size={size}"), libc::MS_REMOUNT);
+        mount_tmpfs(&self.0, &format!("size={size}"), MsFlags::MS_REMOUNT);
     }
 
     /// Fills the disk up to `leave` bytes free with a file `fill`.
@@ -45,26 +45,16 @@ impl Disk {
     }
 }
 
-fn mount_tmpfs(at: &Path, opts: &str, flags: libc::c_ulong) {
-    let (src, ty) = (c"tmpfs", c"tmpfs");
-    let at_c = CString::new(at.as_os_str().as_bytes()).unwrap();
-    let o = CString::new(opts).unwrap();
-    // SAFETY: mount(2) with NUL-terminated strings that outlive the call.
-    let rc = unsafe { libc::mount(src.as_ptr(), at_c.as_ptr(), ty.as_ptr(), flags, o.as_ptr().cast()) };
-    assert_eq!(
-        rc,
-        0,
-        "mount tmpfs on {} ({opts}): {} — these tests need root",
-        at.display(),
-        std::io::Error::last_os_error()
-    );
+fn mount_tmpfs(at: &Path, opts: &str, flags: MsFlags) {
+    if let Err(e) = mount(Some("tmpfs"), at, Some("tmpfs"), flags, Some(opts)) {
+        panic!("mount tmpfs on {} ({opts}): {} — these tests need root", at.display(), std::io::Error::from(e));
+    }
 }
 
 impl Drop for Disk {
     fn drop(&mut self) {
-        let c = CString::new(self.0.as_os_str().as_bytes()).unwrap();
-        // SAFETY: detaching the mount this test made; MNT_DETACH also works while it is busy.
-        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+        // Detaching the mount this test made; MNT_DETACH also works while it is busy.
+        let _ = umount2(&self.0, MntFlags::MNT_DETACH);
     }
 }
 

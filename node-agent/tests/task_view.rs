@@ -17,6 +17,12 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use nix::fcntl::{open, OFlag};
+use nix::sys::signal::{sigprocmask, SigSet, SigmaskHow, Signal};
+use nix::sys::stat::Mode;
+use nix::unistd::dup2_raw;
+use std::os::fd::IntoRawFd;
+
 mod common;
 use common::{agent_pids, guard_pids, text, wait_some, Dir, HTC};
 
@@ -43,16 +49,13 @@ fn set_all_dispositions(handler: usize) {
     }
 }
 
-fn set_mask(signals: &[i32]) {
-    // SAFETY: plain sigset manipulation; sigprocmask is async-signal-safe.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        for &s in signals {
-            libc::sigaddset(&mut set, s);
-        }
-        libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
+/// Async-signal-safe (nix's set and sigprocmask allocate nothing).
+fn set_mask(signals: &[Signal]) {
+    let mut set = SigSet::empty();
+    for &s in signals {
+        set.add(s);
     }
+    let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&set), None);
 }
 
 /// What a shell on a terminal gives the commands it starts: every signal at its default, an
@@ -75,19 +78,18 @@ fn plain(cmd: &mut Command) -> &mut Command {
 /// A careless parent: every signal ignored (SIGCHLD excepted: the agents must see their
 /// children), SIGUSR2 and SIGWINCH blocked, and `STRAY_FD` open without close-on-exec.
 fn dirty(cmd: &mut Command) -> &mut Command {
-    // SAFETY: only async-signal-safe system calls in the child.
+    // SAFETY: only async-signal-safe system calls in the child; nothing there owns STRAY_FD, so
+    // dup2 may put /dev/null in its place.
     unsafe {
         cmd.pre_exec(|| {
             set_all_dispositions(libc::SIG_IGN);
             let mut dfl = [0u64; 8];
             dfl[0] = libc::SIG_DFL as u64;
             libc::syscall(libc::SYS_rt_sigaction, libc::SIGCHLD, dfl.as_ptr(), std::ptr::null_mut::<u64>(), 8usize);
-            set_mask(&[libc::SIGUSR2, libc::SIGWINCH]);
-            let fd = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY);
-            if fd < 0 || libc::dup2(fd, STRAY_FD) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            libc::close(fd);
+            set_mask(&[Signal::SIGUSR2, Signal::SIGWINCH]);
+            let fd = open(c"/dev/null", OFlag::O_RDONLY, Mode::empty())?;
+            // Left open (not owned: no close-on-exec); `fd` is closed on the way out.
+            let _ = dup2_raw(&fd, STRAY_FD)?.into_raw_fd();
             Ok(())
         })
     }

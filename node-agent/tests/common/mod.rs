@@ -71,8 +71,8 @@ impl Drop for Dir {
             if pid as u32 != std::process::id()
                 && fs::read_link(e.path().join("cwd")).is_ok_and(|c| c.starts_with(&self.0))
             {
-                // SAFETY: signalling a process of this test, found by its working directory.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
+                // A process of this test, found by its working directory.
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
             }
         }
         if !std::thread::panicking() {
