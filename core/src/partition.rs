@@ -4,6 +4,7 @@
 //! partitioned on its own by eq. 10, and each instance runs its shares longest class first).
 //! Both let an instance whose shares are drained steal from the largest remaining share.
 
+use std::collections::VecDeque;
 use std::ops::Range;
 
 use crate::hflow;
@@ -47,6 +48,16 @@ pub trait Partition: Send {
     /// A task of `class` with runtime hint `hint_ms` (0: none) ran `ran_ms` and succeeded. A
     /// plan that orders work by runtime learns the runtimes the task file did not give.
     fn observe(&mut self, _class: u16, _hint_ms: u32, _ran_ms: u64) {}
+    /// The instances changed (an allocation joined the run, or one left): what is not handed
+    /// out yet is split anew, instance i getting a part in proportion to `weights[i]` (0: none,
+    /// as for an instance that is gone). Nothing handed out moves; ids keep their order.
+    fn replan(&mut self, weights: &[f64]);
+}
+
+/// Eq. 10 over instances that all run already: the start-delay skew is gone (every instance
+/// started before the re-plan), so each instance's share is in proportion to its cores.
+pub fn live_weights(cores: &[u64]) -> Vec<f64> {
+    cores.iter().map(|&c| c as f64).collect()
 }
 
 /// Which plan `--partition` selects.
@@ -79,12 +90,16 @@ impl std::str::FromStr for Plan {
     }
 }
 
-/// The instances' shares of one sequence of positions `0..len`: instance i owns `blocks[i]`.
-/// An instance whose share is drained takes the back of the largest remaining share (half of it
-/// at most, and no more than it may steal), so a slow instance never holds the tail hostage.
+/// The instances' shares of one sequence of positions `0..len`: instance i owns the ranges in
+/// `blocks[i]`, taken front first (one range, until the run's allocations change: a re-plan cuts
+/// what is left anew, and a share may then span what were several). An instance whose share is
+/// drained takes the back of the largest remaining share (half of it at most, and no more than
+/// it may steal), so a slow instance never holds the tail hostage.
 #[derive(Debug, Clone)]
 struct Shares {
-    blocks: Vec<Range<u64>>,
+    blocks: Vec<VecDeque<Range<u64>>>,
+    /// Positions in each block.
+    lens: Vec<u64>,
     /// Positions in all blocks: at the tail of a run every idle agent's report asks for more,
     /// and a scan of a thousand empty blocks each time was a fifth of the leader's time.
     left: u64,
@@ -93,15 +108,9 @@ struct Shares {
 impl Shares {
     /// Contiguous shares of the given sizes, in order.
     fn of_sizes(sizes: &[u64]) -> Shares {
-        let mut at = 0;
-        let blocks = sizes
-            .iter()
-            .map(|&n| {
-                at += n;
-                (at - n)..at
-            })
-            .collect();
-        Shares { blocks, left: at }
+        let mut s = Shares { blocks: Vec::new(), lens: Vec::new(), left: 0 };
+        s.cut(vec![0..sizes.iter().sum()], sizes);
+        s
     }
 
     fn even(len: u64, instances: usize) -> Shares {
@@ -110,23 +119,61 @@ impl Shares {
         Shares::of_sizes(&sizes)
     }
 
-    fn own(&mut self, instance: usize) -> &mut Range<u64> {
+    /// Lays `ranges` end to end and gives instance i the next `sizes[i]` positions of them.
+    fn cut(&mut self, ranges: Vec<Range<u64>>, sizes: &[u64]) {
+        self.blocks = vec![VecDeque::new(); sizes.len()];
+        self.lens = sizes.to_vec();
+        self.left = sizes.iter().sum();
+        let mut ranges = ranges.into_iter().filter(|r| !r.is_empty());
+        let mut current = ranges.next();
+        for (block, &size) in self.blocks.iter_mut().zip(sizes) {
+            let mut need = size;
+            while need > 0 {
+                let Some(r) = current.as_mut() else { break };
+                let n = need.min(r.end - r.start);
+                block.push_back(r.start..r.start + n);
+                r.start += n;
+                need -= n;
+                if r.is_empty() {
+                    current = ranges.next();
+                }
+            }
+        }
+    }
+
+    /// What is not handed out yet, split anew among the instances by `weights` (an instance
+    /// beyond the weights gets nothing): ids keep their order, so each share stays a few ranges.
+    fn replan(&mut self, weights: &[f64]) {
+        let ranges: Vec<Range<u64>> = self.blocks.iter().flatten().cloned().collect();
+        let mut sizes = hflow::split(self.left, weights);
+        sizes.resize(weights.len().max(self.blocks.len()), 0);
+        self.cut(ranges, &sizes);
+    }
+
+    fn own(&mut self, instance: usize) -> &mut VecDeque<Range<u64>> {
         if instance >= self.blocks.len() {
-            self.blocks.resize(instance + 1, 0..0);
+            self.blocks.resize(instance + 1, VecDeque::new());
+            self.lens.resize(instance + 1, 0);
         }
         &mut self.blocks[instance]
     }
 
     /// Up to `max` positions of `instance`'s own share, from its front.
     fn take_own(&mut self, instance: usize, max: u64) -> Option<Range<u64>> {
-        let b = self.own(instance);
-        if b.is_empty() || max == 0 {
+        if max == 0 || !self.has_own(instance) {
             return None;
         }
-        let end = b.start + max.min(b.end - b.start);
-        let r = b.start..end;
-        b.start = end;
-        self.left -= r.end - r.start;
+        let b = self.own(instance);
+        let front = b.front_mut()?;
+        let end = front.start + max.min(front.end - front.start);
+        let r = front.start..end;
+        front.start = end;
+        if front.is_empty() {
+            b.pop_front();
+        }
+        let n = r.end - r.start;
+        self.lens[instance] -= n;
+        self.left -= n;
         Some(r)
     }
 
@@ -136,18 +183,26 @@ impl Shares {
         if steal == 0 || self.left == 0 || !self.own(instance).is_empty() {
             return false;
         }
-        let Some((victim, largest)) =
-            self.blocks.iter().enumerate().map(|(i, b)| (i, b.end - b.start)).max_by_key(|&(_, n)| n)
-        else {
+        let Some((victim, largest)) = self.lens.iter().copied().enumerate().max_by_key(|&(_, n)| n) else {
             return false;
         };
         if largest == 0 {
             return false;
         }
-        let b = &mut self.blocks[victim];
-        let mid = b.end - largest.div_ceil(2).min(steal);
-        let stolen = mid..b.end;
-        b.end = mid;
+        let mut want = largest.div_ceil(2).min(steal);
+        self.lens[victim] -= want;
+        self.lens[instance] = want;
+        let mut stolen = VecDeque::new();
+        while want > 0 {
+            let back = self.blocks[victim].back_mut().expect("lens counts the ranges");
+            let n = want.min(back.end - back.start);
+            stolen.push_front(back.end - n..back.end);
+            back.end -= n;
+            if back.is_empty() {
+                self.blocks[victim].pop_back();
+            }
+            want -= n;
+        }
         self.blocks[instance] = stolen;
         true
     }
@@ -158,7 +213,7 @@ impl Shares {
 
     /// Whether `instance` has positions of its own left.
     fn has_own(&self, instance: usize) -> bool {
-        self.blocks.get(instance).is_some_and(|b| !b.is_empty())
+        self.lens.get(instance).is_some_and(|&n| n > 0)
     }
 }
 
@@ -197,6 +252,10 @@ impl Partition for Even {
 
     fn remaining(&self) -> u64 {
         self.shares.remaining()
+    }
+
+    fn replan(&mut self, weights: &[f64]) {
+        self.shares.replan(weights);
     }
 }
 
@@ -371,6 +430,12 @@ impl Partition for Classes {
 
     fn remaining(&self) -> u64 {
         self.groups.iter().map(|g| g.shares.remaining()).sum()
+    }
+
+    fn replan(&mut self, weights: &[f64]) {
+        for g in &mut self.groups {
+            g.shares.replan(weights);
+        }
     }
 
     fn top_priority(&self) -> Option<(i16, u64)> {
@@ -576,6 +641,76 @@ mod tests {
                     None => idle_rounds += 1,
                 }
                 assert!(idle_rounds < 10_000, "stuck with {} left", p.remaining());
+            }
+            assert!(seen[1..].iter().all(|&c| c == 1));
+        }
+    }
+
+    /// A run re-planned as allocations join and leave hands out every id exactly once, and
+    /// after a re-plan each live instance owns what is left in proportion to its weight.
+    #[test]
+    fn re_planning_moves_only_what_is_not_handed_out_and_follows_the_weights() {
+        let mut p = Even::new(0..1000, 2);
+        assert_eq!(p.take(0, 100, 0), Some(Block::Range(0..100)));
+        // A third instance of twice the cores joins: 900 left, split 1:1:2.
+        p.replan(&live_weights(&[4, 4, 8]));
+        assert_eq!(p.remaining(), 900);
+        assert_eq!(p.take(2, 1000, 0), Some(Block::Range(550..1000)), "half of what is left");
+        // Instance 0 keeps the front, in order: what it had not taken.
+        assert_eq!(p.take(0, 1000, 0), Some(Block::Range(100..325)));
+        // Instance 1 leaves: its part goes to the others (a third and two), none to it.
+        p.replan(&live_weights(&[4, 0, 8]));
+        assert_eq!(p.take(1, 1000, 0), None);
+        assert_eq!(p.take(0, 1000, 0).map(|b| b.len()), Some(75));
+        let mut seen = vec![0u8; 1000];
+        (0..100).chain(100..325).for_each(|i| seen[i] += 1);
+        (550..1000).for_each(|i| seen[i] += 1);
+        assert_eq!(p.remaining(), 150, "instance 2's two thirds of what instance 1 had");
+        seen[325..400].iter_mut().for_each(|c| *c += 1);
+        for inst in [0, 2, 0, 2] {
+            while let Some(b) = p.take(inst, 7, 7) {
+                ids_of(&b).into_iter().for_each(|id| seen[id as usize] += 1);
+            }
+        }
+        assert!(seen.iter().all(|&c| c == 1), "every id exactly once");
+    }
+
+    #[test]
+    fn classes_re_plan_every_group_and_hand_out_every_id_once() {
+        let mut next = crate::test_rng(0x5151_7a7a_0b0b_3c3c);
+        for _ in 0..200 {
+            let n = next(1_500);
+            let mut g = Grouper::default();
+            for id in 1..=n {
+                g.add(id, next(2) as i16, next(3) as u16, [0, 40, 900, 20_000][next(4) as usize]);
+            }
+            let mut x = 1 + next(4) as usize;
+            let mut p = Classes::new(g.finish(), x, 8 * x as u64, hflow::Params { s: 0.1, d: 0.001, t: 1.0 });
+            let mut seen = vec![0u8; n as usize + 1];
+            let mut alive: Vec<u64> = vec![8; x];
+            let mut rounds = 0;
+            while p.remaining() > 0 {
+                rounds += 1;
+                assert!(rounds < 100_000, "stuck with {} left", p.remaining());
+                if next(40) == 0 {
+                    // An allocation joins, or an instance leaves (never the last).
+                    if next(2) == 0 || alive.iter().filter(|&&c| c > 0).count() < 2 {
+                        x += 1;
+                        alive.push(1 + next(16));
+                    } else {
+                        let i = next(x as u64) as usize;
+                        alive[i] = 0;
+                    }
+                    p.replan(&live_weights(&alive));
+                    continue;
+                }
+                let inst = next(x as u64) as usize;
+                if alive[inst] == 0 {
+                    continue;
+                }
+                if let Some(b) = p.take(inst, 1 + next(30), next(5)) {
+                    ids_of(&b).into_iter().for_each(|id| seen[id as usize] += 1);
+                }
             }
             assert!(seen[1..].iter().all(|&c| c == 1));
         }

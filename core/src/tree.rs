@@ -51,6 +51,27 @@ impl Tree {
         Tree { parent, head: (0..n).map(|a| a - a % size).collect(), heads }
     }
 
+    /// Adds an allocation's `n` agents to the run, laid out as `instances(n, size, k)` and
+    /// numbered after every agent so far; their top heads hang below the leader. Returns the
+    /// first new id. Instance indices (`instance_index`) of the agents so far do not change.
+    pub fn graft(&mut self, n: u32, size: u32, k: u32) -> u32 {
+        let base = self.len();
+        let sub = Tree::instances(n, size, k);
+        self.parent.extend(sub.parent.iter().map(|p| p.map(|p| p + base)));
+        self.head.extend(sub.head.iter().map(|h| h + base));
+        self.heads.extend(sub.heads.iter().map(|h| h + base));
+        base
+    }
+
+    /// The tree as the agents of one grafted allocation see it (`graft` returned `base`): their
+    /// own layout, the run's earlier agents standing apart (no parent, no instance), since these
+    /// agents never route to them.
+    pub fn grafted(base: u32, n: u32, size: u32, k: u32) -> Tree {
+        let mut t = Tree { parent: vec![None; base as usize], head: (0..base).collect(), heads: Vec::new() };
+        t.graft(n, size, k);
+        t
+    }
+
     pub fn len(&self) -> u32 {
         self.parent.len() as u32
     }
@@ -231,5 +252,26 @@ mod tests {
         assert_eq!(t.next_hop(None, 9), Some(0));
         assert_eq!(t.next_hop(Some(0), 9), Some(8));
         assert_eq!(Tree::instances(7, 1, 3), Tree::kary(7, 3), "instances of one agent are the k-ary tree");
+    }
+
+    #[test]
+    fn a_grafted_allocation_gets_new_ids_and_instances_after_the_run_s() {
+        let mut run = Tree::instances(4, 2, 2);
+        let base = run.graft(6, 3, 2);
+        assert_eq!(base, 4);
+        assert_eq!(run.heads(), &[0, 2, 4, 7]);
+        assert_eq!((run.instance_index(4), run.instance_index(7)), (Some(2), Some(3)));
+        assert_eq!((run.parent(4), run.parent(7)), (None, None), "the new heads hang below the leader");
+        assert!(run.is_member(5, 4) && run.is_member(9, 7));
+        assert_eq!(run.instance_len(7), 3);
+        // The joined agents' own view routes and heads as the leader's does.
+        let own = Tree::grafted(base, 6, 3, 2);
+        for a in 4..10 {
+            assert_eq!((own.parent(a), own.head(a)), (run.parent(a), run.head(a)));
+            assert_eq!(own.instance_len(own.head(a)), run.instance_len(run.head(a)));
+        }
+        assert!(own.heads().iter().all(|&h| h >= base));
+        assert_eq!(own.next_hop(Some(4), 1), None, "the run's earlier agents are not below it");
+        assert!(!own.is_member(1, 0));
     }
 }
