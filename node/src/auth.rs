@@ -125,6 +125,8 @@ fn name(b: &Body) -> &'static str {
         Body::Proof(_) => "Proof",
         Body::Preempt(_) => "Preempt",
         Body::Recall(_) => "Recall",
+        Body::Attach(_) => "Attach",
+        Body::Attached(_) => "Attached",
     }
 }
 

@@ -29,13 +29,18 @@ impl Core<'_> {
         let Some(a) = self.agents.get_mut(&agent).filter(|a| a.alive) else { return Ok(()) };
         a.alive = false;
         self.lost_at_us = now_us;
-        if self.told_to_hold || a.drained {
+        let leaving = self.allocation_of(agent).is_some_and(|i| self.allocations[i].stage != allocations::Stage::Running);
+        let a = self.agents.get_mut(&agent).expect("checked above");
+        if self.told_to_hold || a.drained || leaving {
             tracing::info!(job = %self.job_id, agent, host = %a.hostname, "agent left, as told");
         } else {
             tracing::warn!(job = %self.job_id, agent, host = %a.hostname, %why, "agent lost");
             self.last_loss = Some(format!("agent {agent} on {}: {why}", a.hostname));
         }
         self.requeue_agent(t, agent, now_us)?;
+        if self.has_joined() {
+            self.replan();
+        }
         self.mem.leave(agent);
         for id in self.affinity.leave(agent) {
             self.push_retry(id);
@@ -260,6 +265,9 @@ impl Core<'_> {
         tracing::info!(job = %self.job_id, agent, cores = resources.0, mem_mb = resources.1, %hostname, "agent joined");
         self.ever_seen += 1;
         self.enroll(agent, instance, resources, hostname);
+        if self.has_joined() {
+            self.replan();
+        }
     }
 
     /// The instance a member (not a head) belongs to, if `agent` is one: a member whose head

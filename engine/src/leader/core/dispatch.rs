@@ -24,9 +24,9 @@ enum Placed {
 }
 
 impl Core<'_> {
-    /// Whether the task, started now, would run past the time limit by its hint.
-    fn too_late(&self, r: &Record) -> bool {
-        self.deadline_us.is_some_and(|d| r.runtime_ms > 0 && self.now_us + r.runtime_ms as u64 * 1000 > d)
+    /// Whether the task, started now, would run past `end` by its hint.
+    fn ends_after(&self, r: &Record, end: Option<u64>) -> bool {
+        end.is_some_and(|d| r.runtime_ms > 0 && self.now_us + r.runtime_ms as u64 * 1000 > d)
     }
 
     /// Slots `agent` said were idle, less `sent` since. A lone agent's report may predate
@@ -164,7 +164,11 @@ impl Core<'_> {
     /// for its affinity keys, and its share of the partition; with nothing else for it, what
     /// waits for busy agents' keys and what agents behind gave back.
     pub(super) fn dispatch<E>(&mut self, t: &mut dyn Tasks<Error = E>, agent: u32, out: &mut Outbox) -> Result<(), E> {
-        if self.failed_too_often().is_some() || self.agents[&agent].drained || self.mem.runs_exclusive(agent) {
+        if self.failed_too_often().is_some()
+            || self.agents[&agent].drained
+            || self.mem.runs_exclusive(agent)
+            || self.leaving(agent)
+        {
             return Ok(());
         }
         let mut b = Batch { agent, want: self.agents[&agent].credit, specs: Vec::new() };
@@ -356,16 +360,17 @@ impl Core<'_> {
     }
 
     /// The one ladder every source of work goes down: a task its hint says cannot finish
-    /// before the time limit is left for the next session; a pending task that fits the
+    /// before the time limit (the latest of the allocations') is left for the next session; a pending task that fits the
     /// batch's agent and may start there (memory, GPUs) is taken into the batch; one that fits
     /// but may not start yet waits for memory (`admit` queued it); one that does not fit is
     /// the caller's to place.
     fn start<E>(&mut self, t: &mut dyn Tasks<Error = E>, b: &mut Batch, id: u64, r: Record) -> Result<Placed, E> {
-        if self.too_late(&r) {
+        if self.ends_after(&r, self.run_ends_us()) {
             self.late.insert(id);
             return Ok(Placed::Late);
         }
-        if !self.fits(b.agent, &r) {
+        // Too late for this agent's allocation, not for a later one's: it runs there.
+        if !self.fits(b.agent, &r) || self.ends_after(&r, self.ends_of(b.agent)) {
             return Ok(Placed::Unfit);
         }
         if !self.admit(b.agent, id, &r) {

@@ -32,6 +32,7 @@ use htc_core::record::{Attempt, Change, Outcome, Record};
 use htc_core::task::{Counts, State};
 
 mod agents;
+pub mod allocations;
 mod dispatch;
 mod flights;
 mod preempt;
@@ -278,6 +279,8 @@ pub struct Core<'a> {
     no_steal: bool,
     /// Queued tasks asked back from agents that are behind, for agents that sit idle.
     recalls: Recalls,
+    /// The allocations that joined the run (`attach`), in the order they came.
+    allocations: Vec<allocations::Allocation>,
 }
 
 /// How an attempt ended, as reported (or decided, for a lost agent).
@@ -345,6 +348,7 @@ impl<'a> Core<'a> {
             preempted: VecDeque::new(),
             no_steal: false,
             recalls: Recalls::default(),
+            allocations: Vec::new(),
         }
     }
 
@@ -534,6 +538,7 @@ impl<'a> Core<'a> {
             self.audit(out);
         }
         self.preempt_for_waiting(t, out)?;
+        self.leave_due(t, out)?;
         let every = self.live.beat_every_us(self.reporters());
         for (&agent, a) in self.agents.iter_mut().filter(|(_, a)| a.alive) {
             if now_us.saturating_sub(a.told_us) >= every {

@@ -932,3 +932,88 @@ fn an_agent_back_before_it_was_given_up_loses_its_tasks_first() {
     assert_eq!(dispatched(&out), vec![(1, vec![(1, 2), (2, 2)])]);
     assert_eq!(m.records[&1].losses, 1);
 }
+
+fn attach(agents: u32, ends_us: Option<u64>) -> allocations::Attach {
+    allocations::Attach { job: format!("job-of-{agents}"), agents, instance_size: 1, fanout: 2, nodes: agents, ends_us }
+}
+
+fn layout_core(m: &Mem, agents: u32) -> Core<'static> {
+    let n = m.records.len() as u64;
+    Core::new(Box::new(Even::new(1..n + 1, agents as usize)), "job".into(), agents as usize, m.counts(), 0)
+        .with_layout(Arc::new(Tree::instances(agents, 1, 2)))
+}
+
+/// Every task id dispatched in `out`, checked to be new against `seen`.
+fn dispatched_once(out: &Outbox, seen: &mut std::collections::HashSet<u64>) -> usize {
+    let ids: Vec<u64> = dispatched(out).into_iter().flat_map(|(_, t)| t.into_iter().map(|(id, _)| id)).collect();
+    ids.iter().for_each(|&id| assert!(seen.insert(id), "task {id} dispatched twice"));
+    ids.len()
+}
+
+#[test]
+fn an_allocation_that_joins_gets_new_agents_and_a_fair_share_of_what_is_left() {
+    let mut m = Mem::with(400, 0, 1);
+    let mut c = layout_core(&m, 2);
+    let mut seen = std::collections::HashSet::new();
+    let (out, _) = feed(&mut c, &mut m, vec![join(0, 2), join(1, 2), report(0, 100, 2, &[]), report(1, 100, 2, &[])]);
+    assert_eq!(dispatched_once(&out, &mut seen), 200);
+    // Two agents of 2 cores join: ids after the run's, one instance each.
+    assert_eq!(c.attach(attach(2, None), 2_000), Ok(2));
+    assert_eq!(c.attach(attach(1, None), 2_001), Ok(4), "a second allocation numbers after the first");
+    // Agents 2 and 3 join; agent 4 never does (its allocation ended first).
+    c.allocation_gone("job-of-1", 2_002);
+    let (out, _) = feed_at(&mut c, &mut m, 3_000, vec![join(2, 2), join(3, 2), report(2, 1000, 2, &[])]);
+    // 200 were left for the four live instances of 2 cores: a quarter each.
+    assert_eq!(dispatched_once(&out, &mut seen), 50);
+    let (out, _) = feed_at(&mut c, &mut m, 4_000, vec![report(0, 1000, 2, &[]), report(3, 1000, 2, &[])]);
+    assert_eq!(dispatched_once(&out, &mut seen), 100);
+    let (out, _) = feed_at(&mut c, &mut m, 5_000, vec![report(1, 1000, 2, &[])]);
+    assert_eq!(dispatched_once(&out, &mut seen), 50);
+    assert_eq!(seen.len(), 400, "every task handed out once");
+}
+
+#[test]
+fn joining_a_run_with_nothing_left_is_refused() {
+    let mut m = Mem::with(2, 0, 1);
+    let mut c = layout_core(&m, 1);
+    let (_, _) = feed(&mut c, &mut m, vec![join(0, 2), report(0, 2, 2, &[])]);
+    let (_, end) = feed(&mut c, &mut m, vec![report(0, 2, 2, &[(1, 1), (2, 1)])]);
+    assert_eq!(end, Some(Ending::Complete));
+    assert!(c.attach(attach(2, None), 9_000).unwrap_err().contains("ending"));
+}
+
+#[test]
+fn an_allocation_at_its_end_hands_back_its_queue_and_its_agents_go_without_a_loss() {
+    let mut m = Mem::with(100, 0, 1);
+    let mut c = layout_core(&m, 1);
+    feed(&mut c, &mut m, vec![join(0, 2)]);
+    assert_eq!(c.attach(attach(1, Some(10_000_000)), 2_000), Ok(1));
+    let mut seen = std::collections::HashSet::new();
+    let (out, _) = feed_at(&mut c, &mut m, 3_000, vec![join(1, 2), report(1, 10, 2, &[]), report(0, 10, 2, &[])]);
+    assert_eq!(dispatched_once(&out, &mut seen), 20);
+    // Its end comes: agent 1 is told to start nothing more and go; it gets no more work.
+    let (out, _) = feed_at(&mut c, &mut m, 10_000_000, vec![Input::Tick]);
+    assert!(out.iter().any(|(a, b)| *a == 1 && matches!(b, Body::Shutdown(s) if s.hold && !s.abort)), "{out:?}");
+    let (out, _) = feed_at(&mut c, &mut m, 10_000_100, vec![report(1, 10, 2, &[(51, 1)])]);
+    assert!(dispatched(&out).is_empty(), "a leaving agent gets nothing");
+    // It goes; what it still held runs on agent 0, and the run does not count it a loss.
+    let (out, _) = feed_at(&mut c, &mut m, 10_000_200, vec![Input::Lost { agent: 1, why: "closed".into() }]);
+    let (out2, _) = feed_at(&mut c, &mut m, 10_000_300, vec![report(0, 100, 2, &[])]);
+    let again: Vec<u64> = dispatched(&out).into_iter().chain(dispatched(&out2)).flat_map(|(_, t)| t).map(|(id, _)| id).collect();
+    assert!(again.iter().all(|&id| id != 51), "what it finished stays finished");
+    assert!((52..=60).all(|id| again.contains(&id)), "what it held goes out again: {again:?}");
+    assert!(c.last_loss.is_none(), "leaving at its end is not a loss");
+}
+
+#[test]
+fn a_task_too_long_for_a_joined_allocation_s_time_left_runs_on_another() {
+    let mut m = Mem::with(1, 0, 1);
+    m.records.get_mut(&1).unwrap().runtime_ms = 60_000;
+    let mut c = layout_core(&m, 1);
+    assert_eq!(c.attach(attach(1, Some(30_000_000)), 1_000), Ok(1));
+    // Agent 1 (30 s left) asks first: the one-minute task is not for it.
+    let (out, _) = feed_at(&mut c, &mut m, 2_000, vec![join(1, 2), report(1, 10, 2, &[])]);
+    assert!(dispatched(&out).is_empty(), "{out:?}");
+    let (out, _) = feed_at(&mut c, &mut m, 3_000, vec![join(0, 2), report(0, 10, 2, &[])]);
+    assert_eq!(dispatched(&out), vec![(0, vec![(1, 1)])]);
+}

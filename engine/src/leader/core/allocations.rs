@@ -1,0 +1,182 @@
+//! The run's allocations: the leader's own, and those that joined it (`--htc-join`, `htc run
+//! --join`). A joining allocation asks for agent ids (`attach`), its agents graft onto the tree
+//! as new instances, and what is not handed out yet is re-planned over the live instances
+//! (`replan`). Near its end an allocation is told to leave in good order (`leave_due`): its
+//! agents start nothing more, hand back what is queued, finish what runs, and go; their going is
+//! not a loss.
+
+use std::ops::Range;
+
+use super::*;
+
+/// A joining allocation's request (`proto::Attach`, read by the node's network side).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attach {
+    /// The joining Slurm job (or a local name).
+    pub job: String,
+    pub agents: u32,
+    /// Agents per 2nd-level instance among its agents.
+    pub instance_size: u32,
+    /// The fan-out of its heads' tree (the run's).
+    pub fanout: u32,
+    pub nodes: u32,
+    /// When it must be gone (its time limit less the grace), unix µs.
+    pub ends_us: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// Its agents run tasks.
+    Running,
+    /// Told to leave (its end is near): its agents start nothing more and go.
+    Leaving,
+    /// Its launcher is gone: whatever of it is left is lost.
+    Gone,
+}
+
+impl Stage {
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::Running => "running",
+            Stage::Leaving => "leaving",
+            Stage::Gone => "gone",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Allocation {
+    pub job: String,
+    /// Its agents' ids.
+    pub agents: Range<u32>,
+    pub nodes: u32,
+    pub ends_us: Option<u64>,
+    pub stage: Stage,
+}
+
+impl Core<'_> {
+    /// Takes a joining allocation into the run: its agents get the next ids, grafted onto the
+    /// tree as instances of their own, whose shares come with the re-plan when each head joins.
+    /// Refused once the run is ending, or without a tree to graft onto.
+    pub fn attach(&mut self, req: Attach, now_us: u64) -> Result<u32, String> {
+        self.now_us = now_us;
+        if self.counts.unfinished() == 0 || self.told_to_hold {
+            return Err("the run is ending: nothing is left to share".into());
+        }
+        if req.agents == 0 {
+            return Err("an allocation of no agents".into());
+        }
+        let Some(tree) = self.layout.as_mut() else { return Err("this run takes no joins".into()) };
+        let tree = Arc::make_mut(tree);
+        let base = tree.graft(req.agents, req.instance_size, req.fanout);
+        let new_heads: Vec<u32> = tree.heads().iter().copied().filter(|&h| h >= base).collect();
+        self.expected_agents += new_heads.len();
+        new_heads.iter().for_each(|&h| self.affinity.join(h));
+        tracing::info!(job = %self.job_id, joined = %req.job, agents = req.agents, nodes = req.nodes, first = base, "an allocation joined the run");
+        self.allocations.push(Allocation {
+            job: req.job,
+            agents: base..base + req.agents,
+            nodes: req.nodes,
+            ends_us: req.ends_us,
+            stage: Stage::Running,
+        });
+        Ok(base)
+    }
+
+    /// The allocation `agent` belongs to: `None` for the leader's own.
+    pub(super) fn allocation_of(&self, agent: u32) -> Option<usize> {
+        self.allocations.iter().position(|a| a.agents.contains(&agent))
+    }
+
+    /// The run's allocations besides the leader's own, as they stand.
+    pub fn allocations(&self) -> &[Allocation] {
+        &self.allocations
+    }
+
+    /// When `agent` must be done: its allocation's end, or the run's time limit.
+    pub(super) fn ends_of(&self, agent: u32) -> Option<u64> {
+        match self.allocation_of(agent) {
+            Some(i) => self.allocations[i].ends_us,
+            None => self.deadline_us,
+        }
+    }
+
+    /// The latest end of the allocations still running: a task that cannot finish before it
+    /// waits for the next session. `None` while one has no end.
+    pub(super) fn run_ends_us(&self) -> Option<u64> {
+        let joined = self.allocations.iter().filter(|a| a.stage == Stage::Running).map(|a| a.ends_us);
+        std::iter::once(self.deadline_us).chain(joined).try_fold(0, |m, e| e.map(|e| m.max(e)))
+    }
+
+    /// Whether `agent` was told to leave with its allocation.
+    pub(super) fn leaving(&self, agent: u32) -> bool {
+        self.allocation_of(agent).is_some_and(|i| self.allocations[i].stage != Stage::Running)
+    }
+
+    /// Allocations whose end has come are told to leave: each of their live agents starts
+    /// nothing more, hands back what is queued and goes once what runs has ended.
+    pub(super) fn leave_due<E>(&mut self, t: &mut dyn Tasks<Error = E>, out: &mut Outbox) -> Result<(), E> {
+        let now = self.now_us;
+        let due: Vec<usize> = (0..self.allocations.len())
+            .filter(|&i| self.allocations[i].stage == Stage::Running)
+            .filter(|&i| self.allocations[i].ends_us.is_some_and(|e| now >= e))
+            .collect();
+        for i in due {
+            let a = &mut self.allocations[i];
+            a.stage = Stage::Leaving;
+            let reason = format!("its allocation (job {}) reaches its time limit", a.job);
+            tracing::info!(job = %self.job_id, allocation = %a.job, "an allocation leaves at its time limit");
+            let range = a.agents.clone();
+            for agent in range.filter(|x| self.agents.get(x).is_some_and(|a| a.alive)) {
+                let hold = proto::Shutdown { revive: false, abort: false, reason: reason.clone(), agent, hold: true };
+                out.push((agent, Body::Shutdown(hold)));
+            }
+            self.replan();
+        }
+        self.dispatch_all(t, out)
+    }
+
+    /// The launcher of a joined allocation ended (its job ended): its agents that never joined
+    /// never will, and those still here go as its job's end takes them.
+    pub fn allocation_gone(&mut self, job: &str, now_us: u64) {
+        self.now_us = now_us;
+        let Some(i) = self.allocations.iter().position(|a| a.job == job && a.stage != Stage::Gone) else { return };
+        self.allocations[i].stage = Stage::Gone;
+        tracing::info!(job = %self.job_id, allocation = %job, "a joined allocation ended");
+        let heads: Vec<u32> = match &self.layout {
+            Some(t) => self.allocations[i].agents.clone().filter(|&a| t.head(a) == a).collect(),
+            None => Vec::new(),
+        };
+        for agent in heads {
+            self.never_joined(agent, "its allocation ended before it joined");
+        }
+        self.replan();
+    }
+
+    /// Splits what is not handed out yet over the live instances by their cores (eq. 10 once
+    /// every instance runs). An instance expected but not joined yet counts as an average one,
+    /// unless its allocation is gone; a lost, drained or leaving one gets nothing.
+    pub(super) fn replan(&mut self) {
+        let Some(tree) = &self.layout else { return };
+        let live: Vec<u64> = self.agents.values().filter(|a| a.alive && !a.drained).map(|a| a.cores as u64).collect();
+        let average = (live.iter().sum::<u64>() / live.len().max(1) as u64).max(1);
+        let weights: Vec<u64> = tree
+            .heads()
+            .iter()
+            .map(|&h| match self.agents.get(&h) {
+                Some(a) if a.alive && !a.drained && !self.leaving(h) => a.cores.max(1) as u64,
+                Some(_) => 0,
+                None if self.leaving(h) => 0,
+                None => average,
+            })
+            .collect();
+        tracing::debug!(job = %self.job_id, instances = weights.len(), left = self.partition.remaining(), "re-planned the partition");
+        self.partition.replan(&htc_core::partition::live_weights(&weights));
+    }
+
+    /// Whether the run has allocations beyond the leader's own (re-plans happen only then: a
+    /// single allocation keeps HFlow's static plan, its lost instances' shares stolen).
+    pub(super) fn has_joined(&self) -> bool {
+        !self.allocations.is_empty()
+    }
+}
