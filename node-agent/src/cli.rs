@@ -222,6 +222,11 @@ pub mod htc {
         /// Continue an interrupted run (a run directory or id; default: the newest in ./.htc).
         #[arg(long, value_name = "RUN", num_args = 0..=1, default_missing_value = "")]
         pub resume: Option<String>,
+        /// Join a running run (a run directory or id) with this command's agents, instead of
+        /// starting one: they take a share of its remaining tasks until it ends, or until
+        /// --time-limit when they hand back what they hold and leave.
+        #[arg(long, value_name = "RUN", conflicts_with_all = ["file", "resume"])]
+        pub join: Option<String>,
         /// Number of node agents (processes) to start. Default: one, with every CPU and a
         /// spawn loop per CPU (see --spawners).
         #[arg(long, value_parser = super::positive)]
@@ -431,6 +436,7 @@ mod tests {
             output: OutputMode::PerTask,
             fanout: 8,
             agents: 16,
+            first_agent: 12,
             count: 2,
             exec: ExecKind::Sleep,
             spawners: 0,

@@ -28,7 +28,7 @@ pub use htc_exec::{
     capture, executor, gpu, guard, handoff, leftovers, memcg, memory, memwatch, output, prologue, simexec, spawn,
     throttle,
 };
-pub use htc_node::{agent, auth, bootstrap, frame, leader, livefile, pmi, slurm, work_args};
+pub use htc_node::{agent, auth, bootstrap, frame, join, leader, livefile, pmi, slurm, work_args};
 pub use htc_store::{host, ledger, load, mapfault, pagecheck, replica, rundir, storage, verify};
 
 /// Logs to stderr; `HTC_LOG` takes a tracing filter (e.g. `info`, or `htc_engine=debug` for one crate: the

@@ -196,17 +196,34 @@ pub async fn connect<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, secret: &[u8]
     tokio::time::timeout(HANDSHAKE_TIMEOUT, run).await.unwrap_or(Err(AuthError::Timeout))
 }
 
+/// What a connection to the leader starts with once authenticated: an agent's Hello, or a
+/// joining allocation's Attach.
+#[derive(Debug)]
+pub enum First {
+    Hello(proto::Hello),
+    Attach(proto::Attach),
+}
+
 /// The accepting side up to the peer's Hello: the handshake, then a Hello as the first frame,
 /// each within `HANDSHAKE_TIMEOUT`.
 pub async fn accept_hello<S: AsyncRead + AsyncWrite + Unpin>(
     s: &mut S,
     secret: &[u8],
 ) -> Result<proto::Hello, AuthError> {
+    match accept_first(s, secret).await? {
+        First::Hello(h) => Ok(h),
+        First::Attach(_) => Err(AuthError::Unexpected { expected: "Hello", got: "Attach" }),
+    }
+}
+
+/// The accepting side up to the first frame, a Hello or an Attach (the leader takes both).
+pub async fn accept_first<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, secret: &[u8]) -> Result<First, AuthError> {
     accept(s, secret).await?;
     let mut buf = Vec::new();
     match tokio::time::timeout(HANDSHAKE_TIMEOUT, read_small(s, &mut buf)).await {
         Err(_) => Err(AuthError::Timeout),
-        Ok(Ok(Body::Hello(h))) => Ok(h),
+        Ok(Ok(Body::Hello(h))) => Ok(First::Hello(h)),
+        Ok(Ok(Body::Attach(a))) => Ok(First::Attach(a)),
         Ok(Ok(other)) => Err(AuthError::Unexpected { expected: "Hello", got: name(&other) }),
         Ok(Err(e)) => Err(e),
     }

@@ -3,7 +3,8 @@
 //! and the agent's (`agent`: the machine against its executors and its parent's connection,
 //! `relay` to its children); the wire's framing (`frame`) and authentication (`auth`); finding
 //! the parent in the tree (`bootstrap`, `pmi`); the Slurm glue (`slurm`); `htc-agent work`'s
-//! command line (`work_args`); the live view's file (`livefile`).
+//! command line (`work_args`); the live view's file (`livefile`); joining a running run from
+//! another allocation (`join`).
 //!
 //! May use: every crate below (core, engine, store, exec), tokio, sockets. May not use: the
 //! product's command lines, displays and reports (`node-agent`).
@@ -12,6 +13,7 @@ pub mod agent;
 pub mod auth;
 pub mod bootstrap;
 pub mod frame;
+pub mod join;
 pub mod leader;
 pub mod livefile;
 pub mod pmi;

@@ -16,6 +16,12 @@ use htc_core::output::OutputMode;
 use htc_exec::simexec::ExecKind;
 use htc_store::rundir::RunDir;
 
+/// The Slurm cluster this process runs on ("" outside a Slurm job): a run joins only
+/// allocations of its own cluster.
+pub fn cluster_name() -> String {
+    std::env::var("SLURM_CLUSTER_NAME").unwrap_or_default()
+}
+
 pub fn var(name: &str) -> anyhow::Result<String> {
     std::env::var(name).with_context(|| format!("${name} is not set (not inside a Slurm job?)"))
 }
@@ -236,6 +242,8 @@ pub struct Srun {
     pub instance_size: u32,
     /// The site's bound on silent peers (`liveness`).
     pub lost_after: std::time::Duration,
+    /// The run-wide id of the first agent: 0, or what the leader gave a joining allocation.
+    pub first_agent: u32,
 }
 
 impl Srun {
@@ -273,6 +281,7 @@ impl Srun {
                     output: self.output,
                     fanout: self.fanout,
                     agents: 1,
+                    first_agent: self.first_agent,
                     count: 1,
                     exec: ExecKind::Real,
                     spawners: self.spawners,
@@ -291,13 +300,13 @@ impl Srun {
         let child = cmd.spawn().context("starting srun (is it on PATH?)")?;
         let (etx, erx) = mpsc::channel();
         // If srun ends, any agent that never joined is gone for good.
-        let never = agents as u32;
+        let (first, never) = (self.first_agent, agents as u32);
         let core2 = core.clone();
         let (ltx, lrx) = mpsc::channel();
         watch(child, Vec::new(), core, ltx, "srun".into());
         std::thread::spawn(move || {
             if lrx.recv().is_ok() {
-                for agent in 0..never {
+                for agent in first..first + never {
                     let _ = core2.send(Event::Core(Input::NeverJoined { agent, why: "the srun step ended".into() }));
                 }
             }

@@ -50,6 +50,11 @@ pub struct WorkArgs {
     /// Agents in the job (under --slurm: $SLURM_NTASKS).
     #[arg(long, default_value_t = 1)]
     pub agents: u32,
+    /// The run-wide id of this allocation's first agent: 0 for the leader's own, the leader's
+    /// answer for an allocation that joined the run (`--join`). Agent ids above are the
+    /// allocation's own; in the run they are offset by this.
+    #[arg(long, default_value_t = 0)]
+    pub first_agent: u32,
     /// Run this many agents in this process, ids from --agent-id on (simulations).
     #[arg(long, default_value_t = 1, conflicts_with = "slurm")]
     pub count: u32,
@@ -93,6 +98,9 @@ impl WorkArgs {
         opt("output", self.output.name().to_string());
         opt("fanout", self.fanout.to_string());
         opt("agents", self.agents.to_string());
+        if self.first_agent > 0 {
+            opt("first-agent", self.first_agent.to_string());
+        }
         if !self.slurm {
             opt("count", self.count.to_string());
         }

@@ -189,6 +189,38 @@ impl RunDir {
         Ok(s)
     }
 
+    /// Where a joining allocation finds the running leader (`publish_leader`).
+    pub fn leader_file(&self) -> PathBuf {
+        self.path.join("leader.addr")
+    }
+
+    /// Says where the running leader listens, for allocations that join the run; written whole
+    /// (a rename), readable only by the run's owner as the directory is.
+    pub fn publish_leader(&self, at: &LeaderAt) -> io::Result<()> {
+        let tmp = self.path.join(".leader.addr.tmp");
+        let text = format!("addr={}\njob={}\ncluster={}\n", at.addr, at.job, at.cluster);
+        fs::OpenOptions::new().create(true).truncate(true).write(true).mode(0o600).open(&tmp)?.write_all(text.as_bytes())?;
+        fs::rename(tmp, self.leader_file())
+    }
+
+    /// The leader's session ended: nobody may join any more.
+    pub fn unpublish_leader(&self) {
+        let _ = fs::remove_file(self.leader_file());
+    }
+
+    /// Where the running leader listens; `None` when no session runs (or ran to its end).
+    pub fn leader_at(&self) -> io::Result<Option<LeaderAt>> {
+        let text = match fs::read_to_string(self.leader_file()) {
+            Ok(t) => t,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let field = |name: &str| text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix('=')).map(str::to_string);
+        let bad = || io::Error::new(io::ErrorKind::InvalidData, format!("{}: not a leader address", self.leader_file().display()));
+        let addr = field("addr").and_then(|a| a.parse().ok()).ok_or_else(bad)?;
+        Ok(Some(LeaderAt { addr, job: field("job").unwrap_or_default(), cluster: field("cluster").unwrap_or_default() }))
+    }
+
     pub fn read_secret(&self) -> io::Result<Vec<u8>> {
         let s = fs::read(self.secret())?;
         if s.len() != SECRET_LEN {
@@ -196,6 +228,15 @@ impl RunDir {
         }
         Ok(s)
     }
+}
+
+/// Where a running leader listens, and for which job and cluster (`RunDir::publish_leader`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaderAt {
+    pub addr: std::net::SocketAddr,
+    pub job: String,
+    /// The Slurm cluster's name; "" for a local run.
+    pub cluster: String,
 }
 
 /// A sortable local run id: `YYYYMMDD-HHMMSS-PID` (UTC).

@@ -67,6 +67,7 @@ fn work(a: WorkArgs) -> anyhow::Result<()> {
         output,
         fanout,
         agents,
+        first_agent,
         count,
         exec,
         spawners,
@@ -100,8 +101,10 @@ fn work(a: WorkArgs) -> anyhow::Result<()> {
     if agent_id.saturating_add(count) > agents.max(count) {
         bail!("agents {agent_id}..{} are not all among the job's {agents}", agent_id.saturating_add(count));
     }
-    let tree = std::sync::Arc::new(htc_core::tree::Tree::instances(agents, instance_size, fanout));
-    let places = place(&tree, agent_id..agent_id + count, slurm, leader, &run)?;
+    // A joined allocation's agents graft onto the run's tree after the agents before them.
+    let tree = std::sync::Arc::new(htc_core::tree::Tree::grafted(first_agent, agents, instance_size, fanout));
+    let ids = first_agent + agent_id..first_agent + agent_id + count;
+    let places = place(&tree, ids, slurm, leader, &run)?;
     let mut cfgs = Vec::new();
     for (id, place) in places {
         cfgs.push(AgentConfig {
@@ -147,10 +150,11 @@ fn place(
     let agents = tree.len();
     let mut kvs = None;
     if (0..agents).any(|a| tree.parent(a).is_some()) {
+        let first = tree.heads().first().copied().unwrap_or(0);
         kvs = Some(match Pmi::from_env().context("PMI2 bootstrap")? {
             Some(p) => Kvs::Pmi(p),
             None if slurm => bail!("{agents} agents need the tree, but PMI2 is missing (srun --mpi=pmi2)"),
-            None => Kvs::Files(run.path.join("tree")),
+            None => Kvs::Files(leader::launch::tree_dir(&run.path, first)),
         });
     }
     let ip = if slurm { slurm::node_ip() } else { std::net::Ipv4Addr::LOCALHOST.into() };
@@ -393,6 +397,7 @@ fn lead_run(
         fanout,
         instance_size,
         lost_after: site.lost_after,
+        first_agent: 0,
     };
     // The job's end, less Slurm's default KillWait for the session to end well.
     let deadline_us = slurm::time_left().map(|left| htc::rundir::now_us() + left.saturating_sub(30_000_000));
@@ -409,6 +414,7 @@ fn lead_run(
         params: Params { s: 0.0, ..site.params },
         cores: slurm::job_cpus().unwrap_or(nodes as u64),
         layout,
+        fanout,
         live: Liveness::new(site.lost_after),
         max_fails: a.max_fails,
         deadline_us,

@@ -156,6 +156,7 @@ fn run(a: RunArgs) -> anyhow::Result<i32> {
     let RunArgs {
         file,
         resume,
+        join,
         agents,
         cores_per_agent,
         spawners,
@@ -187,17 +188,12 @@ fn run(a: RunArgs) -> anyhow::Result<i32> {
             spawners.unwrap_or(0)
         );
     }
-    let (run, output, lock) = match open_run(resume, file, output, retries, ledger_dir.as_deref(), quiet)? {
-        Ok(opened) => opened,
-        Err(code) => return Ok(code),
-    };
-    let widest = load::widest_task(&Ledger::open(&run.ledger(), true)?)?;
-    let spawners = spawn_loops(spawners, slots, widest)?;
-    let local = launch::Local {
+    let local = |run: &RunDir, output, spawners| launch::Local {
         agent_bin: launch::agent_binary(),
         agents,
+        first_agent: 0,
         slots_per_agent: slots,
-        cpus,
+        cpus: cpus.clone(),
         output,
         log_dir: run.path.join("log"),
         fanout: fanout.max(1),
@@ -205,7 +201,7 @@ fn run(a: RunArgs) -> anyhow::Result<i32> {
         spawners,
         instance_size: instance_agents,
         lost_after: site.lost_after,
-        gpus,
+        gpus: gpus.clone(),
         mem_limit,
         keep_daemons,
         mem_mb: match mem_policy {
@@ -213,6 +209,20 @@ fn run(a: RunArgs) -> anyhow::Result<i32> {
             _ => mem_per_agent,
         },
     };
+    if let Some(r) = join {
+        let run = RunDir::locate(Some(&r))?;
+        let widest = load::widest_task(&Ledger::open(&run.ledger(), true)?)?;
+        let mode = stored_output_mode(&run)?.unwrap_or(output);
+        let ends_us = time_limit.map(|s| rundir::now_us() + s * 1_000_000);
+        return join_run(local(&run, mode, spawn_loops(spawners, slots, widest)?), &run, ends_us, quiet);
+    }
+    let (run, output, lock) = match open_run(resume, file, output, retries, ledger_dir.as_deref(), quiet)? {
+        Ok(opened) => opened,
+        Err(code) => return Ok(code),
+    };
+    let widest = load::widest_task(&Ledger::open(&run.ledger(), true)?)?;
+    let spawners = spawn_loops(spawners, slots, widest)?;
+    let local = local(&run, output, spawners);
     let cfg = LeaderConfig {
         run: run.clone(),
         job_id: run.id(),
@@ -224,6 +234,7 @@ fn run(a: RunArgs) -> anyhow::Result<i32> {
         params: Params { s: local.start_delay_s(site.params.s), ..site.params },
         cores: (agents * slots) as u64,
         layout: Arc::new(Tree::instances(agents as u32, instance_agents, fanout.max(1))),
+        fanout: fanout.max(1),
         live: htc::liveness::Liveness::new(site.lost_after),
         max_fails,
         deadline_us: time_limit.map(|s| rundir::now_us() + s * 1_000_000),
@@ -237,6 +248,48 @@ fn run(a: RunArgs) -> anyhow::Result<i32> {
     }
     drop(lock);
     code
+}
+
+/// `htc run --join RUN`: this machine's agents join a running run and work on its tasks until
+/// it ends (or `ends_us`, when they hand back what they hold and leave). Exit 0 once they have
+/// ended; 2 when the run cannot be joined.
+fn join_run(mut local: launch::Local, run: &RunDir, ends_us: Option<u64>, quiet: bool) -> anyhow::Result<i32> {
+    let req = htc::join::Request {
+        job: format!("local-{}", std::process::id()),
+        agents: local.agents as u32,
+        instance_size: local.instance_size,
+        nodes: 1,
+        cores: (local.agents * local.slots_per_agent) as u64,
+        ends_us,
+        cluster: String::new(),
+    };
+    let joined = match htc::join::attach(run, &req) {
+        Ok(j) => j,
+        Err(e) => {
+            eprintln!("htc: cannot join: {e}");
+            return Ok(2);
+        }
+    };
+    let first = joined.first_agent;
+    (local.first_agent, local.fanout) = (first, joined.fanout);
+    local.log_dir = run.path.join(format!("log-{first}"));
+    if !quiet {
+        eprintln!(
+            "htc: joined run {} (job {}) with agents {first}..{}",
+            run.path.display(),
+            joined.run_job,
+            first as usize + local.agents - 1
+        );
+    }
+    // Agents that never join are the leader's to notice: nobody here listens for them.
+    let (tx, _ignored) = std::sync::mpsc::channel();
+    let mut agents = local.start(run, joined.leader, tx)?;
+    agents.wait(Duration::from_secs(365 * 86_400));
+    drop(joined);
+    if !quiet {
+        eprintln!("htc: the joined agents have ended");
+    }
+    Ok(0)
 }
 
 /// The spawn loops of each agent of `slots` cores: as asked, else the default for the widest

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::UnboundedSender;
 
+use super::core::allocations::Attach;
 use super::core::{Core, Ending, Input, Outbox, Progress, Tasks};
 use crate::frame;
 use htc_core::task::Counts;
@@ -31,6 +32,10 @@ const LIVE_EVERY: Duration = Duration::from_secs(1);
 pub enum Event {
     Joined(Input, UnboundedSender<Vec<u8>>),
     Core(Input),
+    /// A joining allocation asks for its agents' ids: the first, or why not.
+    Attach(Attach, tokio::sync::oneshot::Sender<std::result::Result<u32, String>>),
+    /// A joined allocation's launcher is gone (its job ended).
+    AllocationGone(String),
 }
 
 /// Where the run's progress is shown while it runs: the product's terminal bar or plain lines
@@ -226,16 +231,26 @@ impl<'c, 'l> Session<'c, 'l> {
         let mut budget = 4096;
         while let Some(ev) = next {
             let input = match ev {
-                Event::Joined(input, tx) => self.link(input, tx)?,
-                Event::Core(input) => input,
+                Event::Joined(input, tx) => Some(self.link(input, tx)?),
+                Event::Core(input) => Some(input),
+                Event::Attach(req, reply) => {
+                    let _ = reply.send(self.core.attach(req, now_us()));
+                    None
+                }
+                Event::AllocationGone(job) => {
+                    self.core.allocation_gone(&job, now_us());
+                    None
+                }
             };
-            let t = match self.txn.as_mut() {
-                Some(t) => t,
-                None => self.txn.insert(self.ledger.write()?),
-            };
-            let mut tasks = LedgerTasks { txn: t, text: self.text };
-            if let Some(e) = self.core.handle(now_us(), &mut tasks, input, &mut self.out)? {
-                return Ok(Some(e));
+            if let Some(input) = input {
+                let t = match self.txn.as_mut() {
+                    Some(t) => t,
+                    None => self.txn.insert(self.ledger.write()?),
+                };
+                let mut tasks = LedgerTasks { txn: t, text: self.text };
+                if let Some(e) = self.core.handle(now_us(), &mut tasks, input, &mut self.out)? {
+                    return Ok(Some(e));
+                }
             }
             budget -= 1;
             next = if budget > 0 { rx.try_recv().ok() } else { None };

@@ -62,6 +62,8 @@ pub fn watch(mut child: Child, agents: Vec<u32>, core: mpsc::Sender<Event>, exit
 pub struct Local {
     pub agent_bin: PathBuf,
     pub agents: usize,
+    /// The run-wide id of the first agent: 0, or what the leader gave a joining allocation.
+    pub first_agent: u32,
     pub slots_per_agent: usize,
     pub cpus: Vec<usize>,
     pub output: OutputMode,
@@ -105,7 +107,7 @@ impl Local {
         let (etx, erx) = mpsc::channel();
         std::fs::create_dir_all(&self.log_dir)?;
         // Addresses of an earlier session's relays would be stale.
-        let _ = std::fs::remove_dir_all(run.path.join("tree"));
+        let _ = std::fs::remove_dir_all(tree_dir(&run.path, self.first_agent));
         let per_process = self.per_process();
         let mut processes = 0;
         for i in (0..self.agents).step_by(per_process) {
@@ -126,6 +128,7 @@ impl Local {
                 leader,
                 run_dir: run.path.clone(),
                 agent_id: i as u32,
+                first_agent: self.first_agent,
                 slurm: false,
                 slots: Some(self.slots_per_agent),
                 cpus: cpus.join(","),
@@ -152,10 +155,22 @@ impl Local {
                 .spawn()
                 .with_context(|| format!("starting {}", self.agent_bin.display()))?;
             let what = if count == 1 { format!("agent {i}") } else { format!("agents {i}-{}", i + count - 1) };
-            watch(child, (i as u32..(i + count) as u32).collect(), core.clone(), etx.clone(), what);
+            let ids = (i as u32..(i + count) as u32).map(|a| a + self.first_agent).collect();
+            watch(child, ids, core.clone(), etx.clone(), what);
             processes += 1;
         }
         Ok(Agents { count: self.agents, exits: erx, children: processes })
+    }
+}
+
+/// Where local agents of the allocation whose first agent is `first` publish their relays'
+/// addresses (`bootstrap::Kvs::Files`): one directory per allocation, so that a joining one
+/// does not clear the first one's.
+pub fn tree_dir(run: &Path, first: u32) -> PathBuf {
+    if first == 0 {
+        run.join("tree")
+    } else {
+        run.join(format!("tree-{first}"))
     }
 }
 

@@ -44,6 +44,8 @@ pub struct LeaderConfig {
     pub cores: u64,
     /// The agents' tree and instances, as the launcher lays them out.
     pub layout: Arc<Tree>,
+    /// Its fan-out, which the heads of allocations that join the run follow.
+    pub fanout: u32,
     /// Heartbeats and the bound on silent agents (the site's `lost_after_s`).
     pub live: Liveness,
     /// Fail fast: start nothing more once this many tasks failed (`--max-fails`).
@@ -98,7 +100,14 @@ pub fn run(
     // The network side's own heartbeat stands in only while the core thread is late with its
     // own (a long commit): a heartbeat after the core's would be sent as often as the acks.
     let heartbeat = Duration::from_micros(cfg.live.beat_every_us(expected) + cfg.live.heartbeat_us);
-    let net_cfg = Arc::new(net::NetConfig::new(secret, cfg.job_id.clone(), heartbeat));
+    let mut net_cfg = net::NetConfig::new(secret, cfg.job_id.clone(), heartbeat);
+    net_cfg.cluster = crate::slurm::cluster_name();
+    net_cfg.fanout = cfg.fanout.max(1);
+    let at = htc_store::rundir::LeaderAt { addr, job: cfg.job_id.clone(), cluster: net_cfg.cluster.clone() };
+    let net_cfg = Arc::new(net_cfg);
+    // From here allocations may join the run (`--join`), until the session ends.
+    cfg.run.publish_leader(&at).context("publishing the leader's address in the run directory")?;
+    let run_dir = cfg.run.clone();
     let evict = net_cfg.clone();
     let driver_cfg = DriverConfig {
         commit_interval: cfg.commit_interval,
@@ -111,6 +120,7 @@ pub fn run(
         let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
         let core_thread = s.spawn(move || {
             let r = driver::run(core, &ledger, &text, &cfg.job_id, rx, driver_cfg);
+            run_dir.unpublish_leader();
             // The journal already holds everything; a last snapshot makes reading it back quick.
             if let Err(e) = ledger.new_generation() {
                 tracing::warn!(error = %e, "no final snapshot of the ledger");
@@ -129,8 +139,8 @@ pub fn run(
             signals.abort();
         });
         core_thread.join().expect("leader core thread panicked")
-    })?;
-    let (ending, progress) = result;
+    });
+    let (ending, progress) = result?;
     Ok(Outcome { ending, progress })
 }
 

@@ -18,6 +18,10 @@ use htc_engine::proto::{self, frame::Body};
 pub struct NetConfig {
     pub secret: Vec<u8>,
     pub job_id: String,
+    /// The Slurm cluster the run's leader is on ("" locally): a joining allocation must be too.
+    pub cluster: String,
+    /// The run's tree fan-out, which a joining allocation's heads follow.
+    pub fanout: u32,
     /// Agents connected now, directly or through a relay, with the connection they came over; a
     /// second Hello for one is refused.
     joined: Mutex<HashMap<u32, u64>>,
@@ -28,7 +32,15 @@ pub struct NetConfig {
 
 impl NetConfig {
     pub fn new(secret: Vec<u8>, job_id: String, heartbeat: std::time::Duration) -> NetConfig {
-        NetConfig { secret, job_id, joined: Default::default(), next_connection: AtomicU64::new(1), heartbeat }
+        NetConfig {
+            secret,
+            job_id,
+            cluster: String::new(),
+            fanout: 1,
+            joined: Default::default(),
+            next_connection: AtomicU64::new(1),
+            heartbeat,
+        }
     }
 
     /// The core gave `agent` up: its connection (often still open, its network cut or its
@@ -104,7 +116,13 @@ async fn connection(
     core: mpsc::Sender<Event>,
 ) -> Result<(), String> {
     frame::tune(&stream).map_err(|e| e.to_string())?;
-    let hello = auth::accept_hello(&mut stream, &cfg.secret).await.map_err(|e| e.to_string())?;
+    let hello = match auth::accept_first(&mut stream, &cfg.secret).await.map_err(|e| e.to_string())? {
+        auth::First::Hello(h) => h,
+        auth::First::Attach(a) => {
+            drop(permit);
+            return allocation(stream, a, cfg, core).await;
+        }
+    };
     drop(permit);
     let conn = cfg.next_connection.fetch_add(1, Ordering::Relaxed);
     if let Err(why) = admit(&hello, cfg, conn) {
@@ -189,6 +207,58 @@ async fn connection(
         let _ = core.send(Event::Core(input));
     }
     Ok(())
+}
+
+/// A joining allocation's launcher: asks the core for its agents' ids and answers, then holds
+/// the connection while the allocation lives; its close tells the core the allocation is gone.
+async fn allocation(
+    mut stream: TcpStream,
+    a: proto::Attach,
+    cfg: &NetConfig,
+    core: mpsc::Sender<Event>,
+) -> Result<(), String> {
+    let first_agent = match admit_allocation(&a, cfg, &core).await {
+        Ok(first) => first,
+        Err(why) => {
+            let reject = proto::Reject { reason: why.clone(), agent_id: 0 };
+            let _ = frame::write_frame(&mut stream, Body::Reject(reject)).await;
+            return Err(why);
+        }
+    };
+    let attached = proto::Attached { first_agent, fanout: cfg.fanout, job_id: cfg.job_id.clone() };
+    frame::write_frame(&mut stream, Body::Attached(attached)).await.map_err(|e| e.to_string())?;
+    tracing::info!(job = %cfg.job_id, allocation = %a.job_id, first_agent, agents = a.agents, "an allocation joined");
+    // Nothing more is said on it: it ends with the allocation's launcher.
+    let mut buf = Vec::new();
+    while read_frame(&mut stream, &mut buf).await.is_ok() {}
+    let _ = core.send(Event::AllocationGone(a.job_id));
+    Ok(())
+}
+
+/// The checks of an Attach that are the network side's (protocol, cluster), then the core's
+/// answer: the allocation's first agent id, or why it may not join.
+async fn admit_allocation(a: &proto::Attach, cfg: &NetConfig, core: &mpsc::Sender<Event>) -> Result<u32, String> {
+    if a.protocol != htc_engine::wire::PROTOCOL_VERSION {
+        return Err(format!(
+            "protocol {} not supported (the run speaks {})",
+            a.protocol,
+            htc_engine::wire::PROTOCOL_VERSION
+        ));
+    }
+    if a.cluster != cfg.cluster {
+        return Err(format!("the run is on cluster '{}', the joining job on '{}'", cfg.cluster, a.cluster));
+    }
+    let req = super::core::allocations::Attach {
+        job: a.job_id.clone(),
+        agents: a.agents,
+        instance_size: a.instance_size.max(1),
+        fanout: cfg.fanout,
+        nodes: a.nodes,
+        ends_us: (a.ends_us > 0).then_some(a.ends_us),
+    };
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    core.send(Event::Attach(req, tx)).map_err(|_| "the run is ending".to_string())?;
+    rx.await.unwrap_or_else(|_| Err("the run is ending".into()))
 }
 
 #[cfg(test)]

@@ -1,0 +1,110 @@
+//! Joining a running run from another allocation (`sbatch --htc-join=RUN`, `htc run --join
+//! RUN`): the run directory says where its leader listens (`RunDir::leader_at`), the run's
+//! secret proves this allocation is the run owner's, and the leader answers with the ids its
+//! agents take. The connection stays open while the allocation lives; its close tells the leader
+//! the allocation is gone.
+
+use std::net::SocketAddr;
+
+use htc_engine::proto::{self, frame::Body};
+use htc_store::rundir::RunDir;
+
+use crate::{auth, frame};
+
+/// What this allocation asks for.
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// This allocation's Slurm job id, or a local name.
+    pub job: String,
+    pub agents: u32,
+    pub instance_size: u32,
+    pub nodes: u32,
+    pub cores: u64,
+    /// When this allocation must be gone (its time limit less the grace), unix µs.
+    pub ends_us: Option<u64>,
+    /// Its Slurm cluster's name ("" locally).
+    pub cluster: String,
+}
+
+/// A place in the run: the leader's address and this allocation's first agent id. Dropping it
+/// closes the connection, which tells the leader this allocation is gone.
+pub struct Joined {
+    pub leader: SocketAddr,
+    pub first_agent: u32,
+    pub fanout: u32,
+    /// The run's own job id.
+    pub run_job: String,
+    _link: std::net::TcpStream,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum JoinError {
+    #[error("{run}: not a run this user can read ({source})")]
+    Unreadable { run: String, source: std::io::Error },
+    #[error("{run}: the run is not running (no leader listens: it ended, or has not started)")]
+    NotRunning { run: String },
+    #[error("{run}: the run is on cluster '{theirs}', this job on '{ours}'")]
+    OtherCluster { run: String, theirs: String, ours: String },
+    #[error("{run}: its leader at {addr} does not answer ({source}); the run may have ended")]
+    NoAnswer { run: String, addr: SocketAddr, source: std::io::Error },
+    #[error("{run}: the leader at {addr} did not accept this run's secret ({why})")]
+    Secret { run: String, addr: SocketAddr, why: String },
+    #[error("{run}: the leader refused: {why}")]
+    Refused { run: String, why: String },
+}
+
+/// Finds the run's leader and asks it for a place for `req`'s agents.
+pub fn attach(run: &RunDir, req: &Request) -> Result<Joined, JoinError> {
+    let name = run.path.display().to_string();
+    let unreadable = |source| JoinError::Unreadable { run: name.clone(), source };
+    let at = run.leader_at().map_err(unreadable)?.ok_or_else(|| JoinError::NotRunning { run: name.clone() })?;
+    if at.cluster != req.cluster {
+        return Err(JoinError::OtherCluster { run: name, theirs: at.cluster, ours: req.cluster.clone() });
+    }
+    let secret = run.read_secret().map_err(unreadable)?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(unreadable)?;
+    let (stream, attached) = rt.block_on(ask(at.addr, &secret, req, &name))?;
+    let link = stream.into_std().map_err(unreadable)?;
+    Ok(Joined {
+        leader: at.addr,
+        first_agent: attached.first_agent,
+        fanout: attached.fanout.max(1),
+        run_job: attached.job_id,
+        _link: link,
+    })
+}
+
+async fn ask(
+    addr: SocketAddr,
+    secret: &[u8],
+    req: &Request,
+    run: &str,
+) -> Result<(tokio::net::TcpStream, proto::Attached), JoinError> {
+    let no_answer = |source| JoinError::NoAnswer { run: run.to_string(), addr, source };
+    let mut s = tokio::time::timeout(auth::HANDSHAKE_TIMEOUT, tokio::net::TcpStream::connect(addr))
+        .await
+        .map_err(|_| no_answer(std::io::ErrorKind::TimedOut.into()))?
+        .map_err(no_answer)?;
+    auth::connect(&mut s, secret).await.map_err(|e| JoinError::Secret { run: run.to_string(), addr, why: e.to_string() })?;
+    let attach = proto::Attach {
+        protocol: htc_engine::wire::PROTOCOL_VERSION,
+        job_id: req.job.clone(),
+        agents: req.agents,
+        instance_size: req.instance_size,
+        nodes: req.nodes,
+        cores: req.cores,
+        ends_us: req.ends_us.unwrap_or(0),
+        cluster: req.cluster.clone(),
+    };
+    frame::write_frame(&mut s, Body::Attach(attach)).await.map_err(|e| no_answer(std::io::Error::other(e.to_string())))?;
+    let mut buf = Vec::new();
+    let answer = tokio::time::timeout(auth::HANDSHAKE_TIMEOUT, frame::read_frame(&mut s, &mut buf))
+        .await
+        .map_err(|_| no_answer(std::io::ErrorKind::TimedOut.into()))?;
+    match answer {
+        Ok(Body::Attached(a)) => Ok((s, a)),
+        Ok(Body::Reject(r)) => Err(JoinError::Refused { run: run.to_string(), why: r.reason }),
+        Ok(_) => Err(JoinError::Refused { run: run.to_string(), why: "an unexpected answer".into() }),
+        Err(e) => Err(no_answer(std::io::Error::other(e.to_string()))),
+    }
+}
