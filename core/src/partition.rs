@@ -109,7 +109,7 @@ impl Shares {
     /// Contiguous shares of the given sizes, in order.
     fn of_sizes(sizes: &[u64]) -> Shares {
         let mut s = Shares { blocks: Vec::new(), lens: Vec::new(), left: 0 };
-        s.cut(vec![0..sizes.iter().sum()], sizes);
+        s.cut(std::iter::once(0..sizes.iter().sum()).collect(), sizes);
         s
     }
 

@@ -337,8 +337,12 @@ pub mod agent {
     #[derive(clap::Args)]
     pub struct LeadArgs {
         /// The task file (absolute; checked at submit time by the plugin).
-        #[arg(long)]
-        pub task_file: PathBuf,
+        #[arg(long, required_unless_present = "join_run")]
+        pub task_file: Option<PathBuf>,
+        /// Join the running run of this job (`--htc-join`) with this job's nodes, instead of
+        /// leading a run: its agents take a share of the run's remaining tasks.
+        #[arg(long, value_name = "JOBID", conflicts_with_all = ["task_file", "resume_run"])]
+        pub join_run: Option<u32>,
         /// Default retries for tasks that set none.
         #[arg(long, value_parser = clap::value_parser!(u8).range(0..=100))]
         pub retries: Option<u8>,

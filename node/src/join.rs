@@ -34,6 +34,9 @@ pub struct Joined {
     pub fanout: u32,
     /// The run's own job id.
     pub run_job: String,
+    /// Cores of the run's widest task, and its output mode ("": the default).
+    pub widest_task: u64,
+    pub output: String,
     _link: std::net::TcpStream,
 }
 
@@ -70,6 +73,8 @@ pub fn attach(run: &RunDir, req: &Request) -> Result<Joined, JoinError> {
         first_agent: attached.first_agent,
         fanout: attached.fanout.max(1),
         run_job: attached.job_id,
+        widest_task: attached.widest_task,
+        output: attached.output,
         _link: link,
     })
 }
@@ -85,7 +90,11 @@ async fn ask(
         .await
         .map_err(|_| no_answer(std::io::ErrorKind::TimedOut.into()))?
         .map_err(no_answer)?;
-    auth::connect(&mut s, secret).await.map_err(|e| JoinError::Secret { run: run.to_string(), addr, why: e.to_string() })?;
+    auth::connect(&mut s, secret).await.map_err(|e| JoinError::Secret {
+        run: run.to_string(),
+        addr,
+        why: e.to_string(),
+    })?;
     let attach = proto::Attach {
         protocol: htc_engine::wire::PROTOCOL_VERSION,
         job_id: req.job.clone(),
@@ -96,7 +105,9 @@ async fn ask(
         ends_us: req.ends_us.unwrap_or(0),
         cluster: req.cluster.clone(),
     };
-    frame::write_frame(&mut s, Body::Attach(attach)).await.map_err(|e| no_answer(std::io::Error::other(e.to_string())))?;
+    frame::write_frame(&mut s, Body::Attach(attach))
+        .await
+        .map_err(|e| no_answer(std::io::Error::other(e.to_string())))?;
     let mut buf = Vec::new();
     let answer = tokio::time::timeout(auth::HANDSHAKE_TIMEOUT, frame::read_frame(&mut s, &mut buf))
         .await

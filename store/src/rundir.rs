@@ -199,7 +199,13 @@ impl RunDir {
     pub fn publish_leader(&self, at: &LeaderAt) -> io::Result<()> {
         let tmp = self.path.join(".leader.addr.tmp");
         let text = format!("addr={}\njob={}\ncluster={}\n", at.addr, at.job, at.cluster);
-        fs::OpenOptions::new().create(true).truncate(true).write(true).mode(0o600).open(&tmp)?.write_all(text.as_bytes())?;
+        fs::OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .write(true)
+            .mode(0o600)
+            .open(&tmp)?
+            .write_all(text.as_bytes())?;
         fs::rename(tmp, self.leader_file())
     }
 
@@ -216,9 +222,18 @@ impl RunDir {
             Err(e) => return Err(e),
         };
         let field = |name: &str| text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix('=')).map(str::to_string);
-        let bad = || io::Error::new(io::ErrorKind::InvalidData, format!("{}: not a leader address", self.leader_file().display()));
+        let bad = || {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{}: not a leader address", self.leader_file().display()),
+            )
+        };
         let addr = field("addr").and_then(|a| a.parse().ok()).ok_or_else(bad)?;
-        Ok(Some(LeaderAt { addr, job: field("job").unwrap_or_default(), cluster: field("cluster").unwrap_or_default() }))
+        Ok(Some(LeaderAt {
+            addr,
+            job: field("job").unwrap_or_default(),
+            cluster: field("cluster").unwrap_or_default(),
+        }))
     }
 
     pub fn read_secret(&self) -> io::Result<Vec<u8>> {

@@ -289,6 +289,9 @@ fn lead(a: LeadArgs, script: Vec<OsString>) -> anyhow::Result<i32> {
     let job_id = slurm::var("SLURM_JOB_ID")?;
     let nodes: usize =
         slurm::var("SLURM_JOB_NUM_NODES").or_else(|_| slurm::var("SLURM_NNODES"))?.parse().context("node count")?;
+    if let Some(run_job) = a.join_run {
+        return join(&a, run_job, &job_id, nodes, script, script_args);
+    }
     // The ledger on this node's disk; the run directory (shared) keeps its replica.
     let local = match htc::replica::node_local(a.ledger_dir.as_deref(), &job_id) {
         Ok(p) => p,
@@ -324,11 +327,11 @@ fn lead(a: LeadArgs, script: Vec<OsString>) -> anyhow::Result<i32> {
         if let Some(r) = a.retries {
             defaults.retries = r;
         }
-        match load::create_run(&base, &job_id, &a.task_file, a.output, defaults, Some(local.clone())) {
-            Ok((run, loaded)) => (
-                run,
-                format!("htc: job {job_id}: {} tasks from {} on {nodes} node(s)", loaded.tasks, a.task_file.display()),
-            ),
+        let file = a.task_file.clone().context("missing --task-file")?;
+        match load::create_run(&base, &job_id, &file, a.output, defaults, Some(local.clone())) {
+            Ok((run, loaded)) => {
+                (run, format!("htc: job {job_id}: {} tasks from {} on {nodes} node(s)", loaded.tasks, file.display()))
+            }
             Err(CreateError::Load(e)) => {
                 eprintln!("htc: {e}");
                 return Ok(2);
@@ -355,6 +358,78 @@ fn lead(a: LeadArgs, script: Vec<OsString>) -> anyhow::Result<i32> {
         htc::replica::remove_node_local(&run.ledger());
     }
     code
+}
+
+/// `--htc-join`: this job's nodes join the running run of job `run_job` (in the submit
+/// directory's `.htc/`): the batch script runs as this job's prologue, the leader gives its
+/// agents their ids, and one srun step starts them. The job ends when they do: when the run
+/// ends, or at this job's time limit (the leader tells them to leave before it).
+fn join(
+    a: &LeadArgs,
+    run_job: u32,
+    job_id: &str,
+    nodes: usize,
+    script: &OsString,
+    script_args: &[OsString],
+) -> anyhow::Result<i32> {
+    let run = RunDir::new(std::env::current_dir()?.join(".htc").join(run_job.to_string()));
+    let p = match prologue::run(
+        std::path::Path::new(script),
+        script_args,
+        &run.path.join(format!("prologue-{job_id}.env")),
+    ) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("htc: {e}");
+            return Ok(1);
+        }
+    };
+    prologue::adopt(&p).context("entering the batch script's environment")?;
+    let site = htc::site::Site::load()?;
+    let agents_per_node = a.agents_per_node.unwrap_or(1).max(1);
+    let instance_size = (a.instance_nodes.unwrap_or(1).max(1) * agents_per_node) as u32;
+    let req = htc::join::Request {
+        job: job_id.to_string(),
+        agents: (nodes * agents_per_node) as u32,
+        instance_size,
+        nodes: nodes as u32,
+        cores: slurm::job_cpus().unwrap_or(nodes as u64),
+        // Its agents hand back and leave before Slurm's KillWait would cut them off.
+        ends_us: slurm::time_left().map(|left| htc::rundir::now_us() + left.saturating_sub(30_000_000)),
+        cluster: slurm::cluster_name(),
+    };
+    let joined = match htc::join::attach(&run, &req) {
+        Ok(j) => j,
+        Err(e) => {
+            eprintln!("htc: job {job_id} cannot join: {e}");
+            return Ok(2);
+        }
+    };
+    let first = joined.first_agent;
+    println!(
+        "htc: job {job_id} joins run {} (job {}) with {nodes} node(s): agents {first}..{}",
+        run.path.display(),
+        joined.run_job,
+        first as usize + nodes * agents_per_node - 1
+    );
+    let srun = slurm::Srun {
+        agent_bin: leader::launch::agent_binary(),
+        nodes,
+        agents_per_node,
+        spawners: agent::default_spawners(joined.widest_task),
+        output: joined.output.parse().unwrap_or(a.output),
+        fanout: joined.fanout,
+        instance_size,
+        lost_after: site.lost_after,
+        first_agent: first,
+    };
+    // Agents that never join are the leader's to notice (this allocation's end tells it).
+    let (tx, _ignored) = std::sync::mpsc::channel();
+    let mut agents = srun.start(&run, joined.leader, tx)?;
+    agents.wait(Duration::from_secs(365 * 86_400));
+    drop(joined);
+    println!("htc: job {job_id}: its agents have ended");
+    Ok(0)
 }
 
 /// The session, once its run is ready: the batch script as the prologue, the agents, the tasks.

@@ -210,11 +210,10 @@ fn run(a: RunArgs) -> anyhow::Result<i32> {
         },
     };
     if let Some(r) = join {
-        let run = RunDir::locate(Some(&r))?;
-        let widest = load::widest_task(&Ledger::open(&run.ledger(), true)?)?;
-        let mode = stored_output_mode(&run)?.unwrap_or(output);
+        let run = RunDir::new(RunDir::find(Some(&r))?);
         let ends_us = time_limit.map(|s| rundir::now_us() + s * 1_000_000);
-        return join_run(local(&run, mode, spawn_loops(spawners, slots, widest)?), &run, ends_us, quiet);
+        let (tx, _ignored) = std::sync::mpsc::channel();
+        return join_run(local(&run, output, spawners.unwrap_or(0)), &run, ends_us, quiet, spawners, tx);
     }
     let (run, output, lock) = match open_run(resume, file, output, retries, ledger_dir.as_deref(), quiet)? {
         Ok(opened) => opened,
@@ -253,7 +252,15 @@ fn run(a: RunArgs) -> anyhow::Result<i32> {
 /// `htc run --join RUN`: this machine's agents join a running run and work on its tasks until
 /// it ends (or `ends_us`, when they hand back what they hold and leave). Exit 0 once they have
 /// ended; 2 when the run cannot be joined.
-fn join_run(mut local: launch::Local, run: &RunDir, ends_us: Option<u64>, quiet: bool) -> anyhow::Result<i32> {
+fn join_run(
+    mut local: launch::Local,
+    run: &RunDir,
+    ends_us: Option<u64>,
+    quiet: bool,
+    spawners: Option<usize>,
+    // Agents that never join are the leader's to notice: nobody here listens for them.
+    never_joined: std::sync::mpsc::Sender<htc::leader::driver::Event>,
+) -> anyhow::Result<i32> {
     let req = htc::join::Request {
         job: format!("local-{}", std::process::id()),
         agents: local.agents as u32,
@@ -272,6 +279,9 @@ fn join_run(mut local: launch::Local, run: &RunDir, ends_us: Option<u64>, quiet:
     };
     let first = joined.first_agent;
     (local.first_agent, local.fanout) = (first, joined.fanout);
+    // The run's output mode and widest task, not this command's defaults.
+    local.output = joined.output.parse().unwrap_or(local.output);
+    local.spawners = spawn_loops(spawners, local.slots_per_agent, joined.widest_task)?;
     local.log_dir = run.path.join(format!("log-{first}"));
     if !quiet {
         eprintln!(
@@ -281,9 +291,7 @@ fn join_run(mut local: launch::Local, run: &RunDir, ends_us: Option<u64>, quiet:
             first as usize + local.agents - 1
         );
     }
-    // Agents that never join are the leader's to notice: nobody here listens for them.
-    let (tx, _ignored) = std::sync::mpsc::channel();
-    let mut agents = local.start(run, joined.leader, tx)?;
+    let mut agents = local.start(run, joined.leader, never_joined)?;
     agents.wait(Duration::from_secs(365 * 86_400));
     drop(joined);
     if !quiet {

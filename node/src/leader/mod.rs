@@ -103,6 +103,9 @@ pub fn run(
     let mut net_cfg = net::NetConfig::new(secret, cfg.job_id.clone(), heartbeat);
     net_cfg.cluster = crate::slurm::cluster_name();
     net_cfg.fanout = cfg.fanout.max(1);
+    net_cfg.widest_task = htc_store::load::widest_task(&ledger)?;
+    net_cfg.output =
+        ledger.read()?.meta("output")?.map(|b| String::from_utf8_lossy(b).into_owned()).unwrap_or_default();
     let at = htc_store::rundir::LeaderAt { addr, job: cfg.job_id.clone(), cluster: net_cfg.cluster.clone() };
     let net_cfg = Arc::new(net_cfg);
     // From here allocations may join the run (`--join`), until the session ends.

@@ -22,6 +22,10 @@ pub struct NetConfig {
     pub cluster: String,
     /// The run's tree fan-out, which a joining allocation's heads follow.
     pub fanout: u32,
+    /// What a joining allocation's agents must know of the run: its widest task's cores and
+    /// its output mode.
+    pub widest_task: u64,
+    pub output: String,
     /// Agents connected now, directly or through a relay, with the connection they came over; a
     /// second Hello for one is refused.
     joined: Mutex<HashMap<u32, u64>>,
@@ -37,6 +41,8 @@ impl NetConfig {
             job_id,
             cluster: String::new(),
             fanout: 1,
+            widest_task: 1,
+            output: String::new(),
             joined: Default::default(),
             next_connection: AtomicU64::new(1),
             heartbeat,
@@ -225,7 +231,13 @@ async fn allocation(
             return Err(why);
         }
     };
-    let attached = proto::Attached { first_agent, fanout: cfg.fanout, job_id: cfg.job_id.clone() };
+    let attached = proto::Attached {
+        first_agent,
+        fanout: cfg.fanout,
+        job_id: cfg.job_id.clone(),
+        widest_task: cfg.widest_task,
+        output: cfg.output.clone(),
+    };
     frame::write_frame(&mut stream, Body::Attached(attached)).await.map_err(|e| e.to_string())?;
     tracing::info!(job = %cfg.job_id, allocation = %a.job_id, first_agent, agents = a.agents, "an allocation joined");
     // Nothing more is said on it: it ends with the allocation's launcher.

@@ -999,7 +999,8 @@ fn an_allocation_at_its_end_hands_back_its_queue_and_its_agents_go_without_a_los
     // It goes; what it still held runs on agent 0, and the run does not count it a loss.
     let (out, _) = feed_at(&mut c, &mut m, 10_000_200, vec![Input::Lost { agent: 1, why: "closed".into() }]);
     let (out2, _) = feed_at(&mut c, &mut m, 10_000_300, vec![report(0, 100, 2, &[])]);
-    let again: Vec<u64> = dispatched(&out).into_iter().chain(dispatched(&out2)).flat_map(|(_, t)| t).map(|(id, _)| id).collect();
+    let again: Vec<u64> =
+        dispatched(&out).into_iter().chain(dispatched(&out2)).flat_map(|(_, t)| t).map(|(id, _)| id).collect();
     assert!(again.iter().all(|&id| id != 51), "what it finished stays finished");
     assert!((52..=60).all(|id| again.contains(&id)), "what it held goes out again: {again:?}");
     assert!(c.last_loss.is_none(), "leaving at its end is not a loss");
