@@ -40,6 +40,7 @@ pub const OPT_INSTANCE_NODES: i32 = 7;
 pub const OPT_MAX_FAILS: i32 = 8;
 pub const OPT_RESUME: i32 = 9;
 pub const OPT_RESUBMIT: i32 = 10;
+pub const OPT_JOIN: i32 = 11;
 
 /// Names given to `spank_job_control_setenv` in sbatch. Slurm puts them into the job's
 /// environment with a `SLURM_SPANK_` prefix (and into prolog/epilog with `SPANK_`).
@@ -53,6 +54,8 @@ pub const JC_INSTANCE_NODES: &str = "HTC_INSTANCE_NODES";
 pub const JC_MAX_FAILS: &str = "HTC_MAX_FAILS";
 pub const JC_RESUBMIT: &str = "HTC_RESUBMIT";
 pub const JC_RESUME: &str = "HTC_RESUME";
+/// `--htc-join=JOBID`: the job joins that run instead of starting one (no `HTC_FILE` then).
+pub const JC_JOIN: &str = "HTC_JOIN";
 /// Prefix Slurm adds to job-control names in the job environment.
 pub const JOB_ENV_PREFIX: &str = "SLURM_SPANK_";
 
@@ -196,6 +199,11 @@ pub fn parse_resume(s: &str) -> Result<u32, String> {
     parse_number(s, 1, u32::MAX).map_err(|_| format!("'{s}' is not a job id"))
 }
 
+/// `--htc-join=JOBID`: join the running run of that job.
+pub fn parse_join(s: &str) -> Result<u32, String> {
+    parse_number(s, 1, u32::MAX).map_err(|_| format!("'{s}' is not a job id"))
+}
+
 /// `--htc-partition=PLAN`: how the leader splits the tasks among the agents.
 pub fn parse_partition(s: &str) -> Result<Plan, String> {
     s.trim().parse::<Plan>().map_err(|_| format!("'{s}' is not a partition plan (hflow or even)"))
@@ -215,13 +223,15 @@ pub struct UserOptions {
     pub max_fails: Option<u32>,
     pub resume: Option<u32>,
     pub resubmit: Option<u32>,
+    /// `--htc-join=JOBID`.
+    pub join: Option<u32>,
 }
 
 impl UserOptions {
-    /// The `--htc-*` options given without `--htc` (they do nothing then).
+    /// The `--htc-*` options given without `--htc` or `--htc-join` (they do nothing then).
     pub fn orphans(&self) -> Vec<&'static str> {
         let mut v = Vec::new();
-        if self.file.is_none() {
+        if self.file.is_none() && self.join.is_none() {
             if self.retries.is_some() {
                 v.push("--htc-retries");
             }
@@ -251,6 +261,83 @@ impl UserOptions {
             }
         }
         v
+    }
+
+    /// Why these options cannot go together with `--htc-join`: one message per conflicting
+    /// option (empty without `--htc-join`, or when nothing conflicts). A joining job has no task
+    /// file and takes the run's settings; only `--htc-agents-per-node` and
+    /// `--htc-instance-nodes`, which shape this job's own agents, go with it.
+    pub fn join_conflicts(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        if self.join.is_none() {
+            return v;
+        }
+        if self.file.is_some() {
+            v.push("--htc-join joins a running run; it takes no --htc=FILE".to_string());
+        }
+        let refused = [
+            (self.retries.is_some(), "--htc-retries", "the run's retries apply"),
+            (self.fanout.is_some(), "--htc-fanout", "the run's fan-out applies"),
+            (self.output.is_some(), "--htc-output", "the run's output mode applies"),
+            (self.partition.is_some(), "--htc-partition", "the run's partition plan applies"),
+            (self.max_fails.is_some(), "--htc-max-fails", "the run's limit applies"),
+            (
+                self.resume.is_some(),
+                "--htc-resume",
+                "--htc-resume continues a run that ended, --htc-join joins one that is running",
+            ),
+            (self.resubmit.is_some(), "--htc-resubmit", "only the run's own job resubmits the run"),
+        ];
+        for (given, name, why) in refused {
+            if given {
+                v.push(format!("{name} cannot be used with --htc-join ({why})"));
+            }
+        }
+        v
+    }
+}
+
+/// Submit-time check of `--htc-join=JOBID` against `base`, the submit directory (sbatch's
+/// cwd, as for a relative `--htc=FILE`): the run directory `base/.htc/JOBID` must exist, be
+/// readable by this user, and hold the running leader's `leader.addr`. Returns the run
+/// directory; the messages follow "htc: --htc-join=JOBID: ".
+pub fn check_join_run(base: &Path, job: u32) -> Result<PathBuf, String> {
+    let dir = base.join(".htc").join(job.to_string());
+    let no_run = || {
+        format!("no run .htc/{job} in {} (run sbatch from the directory the run was submitted from)", base.display())
+    };
+    let not_running =
+        || format!("the run .htc/{job} in {} is not running (it ended, or has not started yet)", base.display());
+    match std::fs::metadata(&dir) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => return Err(format!(".htc/{job} in {} is not a run directory", base.display())),
+        Err(e) => return Err(join_io_error(base, job, &e, no_run)),
+    }
+    let leader = dir.join("leader.addr");
+    // Only a regular file is opened (a FIFO there would block sbatch in open).
+    match std::fs::metadata(&leader) {
+        Ok(m) if m.is_file() => {}
+        Ok(_) => return Err(not_running()),
+        Err(e) => return Err(join_io_error(base, job, &e, not_running)),
+    }
+    // The joining agent reads it as this user: so must this check.
+    match std::fs::File::open(&leader) {
+        Ok(_) => Ok(dir),
+        Err(e) => Err(join_io_error(base, job, &e, not_running)),
+    }
+}
+
+/// The message for a failed look at the run directory of `--htc-join=JOB` (`missing`: the one
+/// for a path that does not exist).
+fn join_io_error(base: &Path, job: u32, e: &std::io::Error, missing: impl FnOnce() -> String) -> String {
+    use std::io::ErrorKind;
+    match e.kind() {
+        ErrorKind::NotFound | ErrorKind::NotADirectory => missing(),
+        ErrorKind::PermissionDenied => format!(
+            "cannot read the run .htc/{job} in {}: permission denied (belongs to another user?)",
+            base.display()
+        ),
+        _ => format!("cannot read the run .htc/{job} in {}: {e}", base.display()),
     }
 }
 
@@ -394,6 +481,133 @@ impl JobRequest {
     }
 }
 
+/// A validated `--htc-join` request, as the batch step needs it: the job's nodes join the
+/// running run of job `run` (no task file; the run's own settings apply).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JoinRequest {
+    /// The job id of the run to join (its directory is `.htc/<run>` in the submit directory).
+    pub run: u32,
+    pub agents_per_node: Option<u32>,
+    pub instance_nodes: Option<u32>,
+}
+
+impl JoinRequest {
+    /// The request sbatch stores in the job-control environment: `None` without `--htc-join`.
+    /// `opts` must have passed [`UserOptions::join_conflicts`].
+    pub fn from_allocator(opts: &UserOptions) -> Option<JoinRequest> {
+        Some(JoinRequest {
+            run: opts.join?,
+            agents_per_node: opts.agents_per_node,
+            instance_nodes: opts.instance_nodes,
+        })
+    }
+
+    /// `(name, value)` pairs for `spank_job_control_setenv`.
+    pub fn job_control_vars(&self) -> Vec<(&'static str, OsString)> {
+        let mut v = vec![(JC_JOIN, self.run.to_string().into())];
+        if let Some(n) = self.agents_per_node {
+            v.push((JC_AGENTS_PER_NODE, n.to_string().into()));
+        }
+        if let Some(n) = self.instance_nodes {
+            v.push((JC_INSTANCE_NODES, n.to_string().into()));
+        }
+        v
+    }
+
+    /// Reads the request back from the job environment. `Ok(None)`: no `SLURM_SPANK_HTC_JOIN`.
+    pub fn from_job_env(getenv: impl Fn(&str) -> Option<OsString>) -> Result<Option<JoinRequest>, String> {
+        let num = |name: &str, parse: fn(&str) -> Result<u32, String>| -> Result<Option<u32>, String> {
+            match getenv(&job_env_name(name)) {
+                None => Ok(None),
+                Some(v) => parse(&v.to_string_lossy()).map(Some).map_err(|e| format!("{}: {e}", job_env_name(name))),
+            }
+        };
+        let Some(run) = num(JC_JOIN, parse_join)? else { return Ok(None) };
+        Ok(Some(JoinRequest {
+            run,
+            agents_per_node: num(JC_AGENTS_PER_NODE, parse_agents_per_node)?,
+            instance_nodes: num(JC_INSTANCE_NODES, parse_instance_nodes)?,
+        }))
+    }
+
+    /// Fallback when the job-control variables are missing: the remote option callback's values.
+    pub fn from_remote_options(opts: &UserOptions) -> Option<JoinRequest> {
+        JoinRequest::from_allocator(opts)
+    }
+}
+
+/// What the batch step of an HTC job does: lead a run of its own (`--htc=FILE`) or join a
+/// running one (`--htc-join=JOBID`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BatchRequest {
+    Run(JobRequest),
+    Join(JoinRequest),
+}
+
+impl BatchRequest {
+    /// What sbatch stores: `Ok(None)` without `--htc` and `--htc-join`; `Err` with the
+    /// messages when the options conflict (the option callbacks already refused that).
+    pub fn from_allocator(opts: &UserOptions) -> Result<Option<BatchRequest>, Vec<String>> {
+        let conflicts = opts.join_conflicts();
+        if !conflicts.is_empty() {
+            return Err(conflicts);
+        }
+        if let Some(j) = JoinRequest::from_allocator(opts) {
+            return Ok(Some(BatchRequest::Join(j)));
+        }
+        Ok(JobRequest::from_allocator(opts).map(BatchRequest::Run))
+    }
+
+    pub fn job_control_vars(&self) -> Vec<(&'static str, OsString)> {
+        match self {
+            BatchRequest::Run(r) => r.job_control_vars(),
+            BatchRequest::Join(j) => j.job_control_vars(),
+        }
+    }
+
+    /// The request in the job environment: `Ok(None)` when it is not an HTC job, `Err` when
+    /// the variables are corrupt (both a task file and a run to join among them).
+    pub fn from_job_env(getenv: impl Fn(&str) -> Option<OsString>) -> Result<Option<BatchRequest>, String> {
+        let run = JobRequest::from_job_env(&getenv)?;
+        let join = JoinRequest::from_job_env(&getenv)?;
+        match (run, join) {
+            (Some(_), Some(_)) => Err(format!("both {} and {} are set", job_env_name(JC_FILE), job_env_name(JC_JOIN))),
+            (Some(r), None) => Ok(Some(BatchRequest::Run(r))),
+            (None, Some(j)) => Ok(Some(BatchRequest::Join(j))),
+            (None, None) => Ok(None),
+        }
+    }
+
+    /// Fallback when the job-control variables are missing (see
+    /// [`JobRequest::from_remote_options`]); `Err` when the values conflict, which sbatch
+    /// refuses.
+    pub fn from_remote_options(
+        opts: &UserOptions,
+        submit_dir: Option<&Path>,
+        cwd: &Path,
+    ) -> Result<Option<BatchRequest>, String> {
+        match (opts.file.is_some(), JoinRequest::from_remote_options(opts)) {
+            (true, Some(_)) => Err("both --htc and --htc-join were given".into()),
+            (_, Some(j)) => Ok(Some(BatchRequest::Join(j))),
+            (_, None) => Ok(JobRequest::from_remote_options(opts, submit_dir, cwd).map(BatchRequest::Run)),
+        }
+    }
+
+    /// The agent's argv up to and including `--script` ([`agent_argv_prefix`],
+    /// [`join_argv_prefix`]).
+    pub fn argv_prefix(&self, cfg: &PluginConfig) -> Vec<OsString> {
+        match self {
+            BatchRequest::Run(r) => agent_argv_prefix(cfg, r),
+            BatchRequest::Join(j) => join_argv_prefix(cfg, j),
+        }
+    }
+
+    /// The complete argv for `execve`: the prefix, then the batch step's argv.
+    pub fn argv(&self, cfg: &PluginConfig, job_argv: &[OsString]) -> Result<Vec<OsString>, String> {
+        with_job_argv(self.argv_prefix(cfg), job_argv)
+    }
+}
+
 /// `base/p` unless `p` is absolute.
 pub fn resolve_against(base: &Path, p: &OsStr) -> PathBuf {
     let p = Path::new(p);
@@ -460,15 +674,40 @@ pub fn agent_argv_prefix(cfg: &PluginConfig, req: &JobRequest) -> Vec<OsString> 
     v
 }
 
+/// The agent's argv of a joining job, up to and including `--script`:
+/// `AGENT lead --join-run JOBID [--agents-per-node N] [--instance-nodes N] [--ledger-dir DIR]
+/// --script`. No `--fanout`, not even the site's: the run's fan-out applies.
+pub fn join_argv_prefix(cfg: &PluginConfig, req: &JoinRequest) -> Vec<OsString> {
+    let mut v: Vec<OsString> =
+        vec![cfg.agent.clone().into(), "lead".into(), "--join-run".into(), req.run.to_string().into()];
+    if let Some(n) = req.agents_per_node {
+        v.push("--agents-per-node".into());
+        v.push(n.to_string().into());
+    }
+    if let Some(n) = req.instance_nodes {
+        v.push("--instance-nodes".into());
+        v.push(n.to_string().into());
+    }
+    if let Some(d) = &cfg.ledger_dir {
+        v.push("--ledger-dir".into());
+        v.push(d.clone().into());
+    }
+    v.push(SCRIPT_FLAG.into());
+    v
+}
+
 /// The complete argv for `execve`: the prefix, then the batch step's argv (`S_JOB_ARGV`).
 pub fn agent_argv(cfg: &PluginConfig, req: &JobRequest, job_argv: &[OsString]) -> Result<Vec<OsString>, String> {
+    with_job_argv(agent_argv_prefix(cfg, req), job_argv)
+}
+
+fn with_job_argv(mut prefix: Vec<OsString>, job_argv: &[OsString]) -> Result<Vec<OsString>, String> {
     match job_argv.first() {
         None => Err("the batch step has no script (empty S_JOB_ARGV)".into()),
         Some(s) if s.is_empty() => Err("the batch step's script path is empty".into()),
         Some(_) => {
-            let mut v = agent_argv_prefix(cfg, req);
-            v.extend(job_argv.iter().cloned());
-            Ok(v)
+            prefix.extend(job_argv.iter().cloned());
+            Ok(prefix)
         }
     }
 }
@@ -843,6 +1082,7 @@ mod tests {
             max_fails: Some(9),
             resume: Some(77),
             resubmit: Some(3),
+            join: None,
         };
         let req = JobRequest::from_allocator(&opts).unwrap();
         let vars = req.job_control_vars();
@@ -865,6 +1105,227 @@ mod tests {
         assert_eq!(JobRequest::from_job_env(get), Ok(Some(req)));
         assert_eq!(JobRequest::from_allocator(&UserOptions::default()), None);
         assert_eq!(JobRequest::from_job_env(|_| None), Ok(None));
+    }
+
+    #[test]
+    fn join_values_and_orphans() {
+        assert_eq!(parse_join("1234"), Ok(1234));
+        assert_eq!(parse_join(" 42 "), Ok(42));
+        for bad in ["", "0", "-1", "12a", "../1", "1.5", "99999999999"] {
+            assert_eq!(parse_join(bad), Err(format!("'{bad}' is not a job id")), "{bad}");
+        }
+        // --htc-join activates on its own: its companions are not orphans.
+        let o = UserOptions { join: Some(7), agents_per_node: Some(2), instance_nodes: Some(3), ..Default::default() };
+        assert!(o.orphans().is_empty());
+        assert!(o.join_conflicts().is_empty());
+        // Without --htc-join nothing conflicts.
+        let o = UserOptions { file: Some("/t".into()), retries: Some(1), resume: Some(3), ..Default::default() };
+        assert!(o.join_conflicts().is_empty());
+    }
+
+    #[test]
+    fn join_refuses_a_task_file_and_the_run_s_settings() {
+        let o = UserOptions { join: Some(1234), file: Some("tasks.txt".into()), ..Default::default() };
+        assert_eq!(o.join_conflicts(), vec!["--htc-join joins a running run; it takes no --htc=FILE"]);
+        assert_eq!(BatchRequest::from_allocator(&o), Err(o.join_conflicts()));
+        let each: [(&str, UserOptions); 7] = [
+            ("--htc-retries", UserOptions { retries: Some(1), ..Default::default() }),
+            ("--htc-fanout", UserOptions { fanout: Some(4), ..Default::default() }),
+            ("--htc-output", UserOptions { output: Some(OutputMode::None), ..Default::default() }),
+            ("--htc-partition", UserOptions { partition: Some(Plan::Even), ..Default::default() }),
+            ("--htc-max-fails", UserOptions { max_fails: Some(3), ..Default::default() }),
+            ("--htc-resume", UserOptions { resume: Some(99), ..Default::default() }),
+            ("--htc-resubmit", UserOptions { resubmit: Some(2), ..Default::default() }),
+        ];
+        for (name, o) in each {
+            let o = UserOptions { join: Some(1234), ..o };
+            let e = o.join_conflicts();
+            assert_eq!(e.len(), 1, "{name}: {e:?}");
+            assert!(e[0].starts_with(&format!("{name} cannot be used with --htc-join (")), "{e:?}");
+            assert!(BatchRequest::from_allocator(&o).is_err());
+        }
+        assert_eq!(
+            UserOptions { join: Some(1), resume: Some(2), ..Default::default() }.join_conflicts(),
+            vec!["--htc-resume cannot be used with --htc-join (--htc-resume continues a run that ended, --htc-join joins one that is running)"]
+        );
+        // All of them are reported.
+        let o = UserOptions {
+            join: Some(1),
+            file: Some("/t".into()),
+            retries: Some(1),
+            resubmit: Some(1),
+            agents_per_node: Some(2),
+            ..Default::default()
+        };
+        assert_eq!(o.join_conflicts().len(), 3, "{:?}", o.join_conflicts());
+    }
+
+    #[test]
+    fn join_request_round_trip_and_argv() {
+        let opts =
+            UserOptions { join: Some(1234), agents_per_node: Some(2), instance_nodes: Some(4), ..Default::default() };
+        let req = BatchRequest::from_allocator(&opts).unwrap().unwrap();
+        let want = JoinRequest { run: 1234, agents_per_node: Some(2), instance_nodes: Some(4) };
+        assert_eq!(req, BatchRequest::Join(want.clone()));
+        let vars = req.job_control_vars();
+        assert_eq!(
+            vars,
+            vec![
+                ("HTC_JOIN", OsString::from("1234")),
+                ("HTC_AGENTS_PER_NODE", "2".into()),
+                ("HTC_INSTANCE_NODES", "4".into())
+            ]
+        );
+        let env: Vec<(String, OsString)> = vars.iter().map(|(n, v)| (job_env_name(n), v.clone())).collect();
+        let get = |n: &str| env.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone());
+        assert_eq!(BatchRequest::from_job_env(get), Ok(Some(req.clone())));
+        // A joining job is not a --htc job: the --htc reader leaves it alone.
+        assert_eq!(JobRequest::from_job_env(get), Ok(None));
+        // Its private variables are filtered from the agent's environment.
+        assert!(is_private_env(b"SLURM_SPANK_HTC_JOIN=1234"));
+        assert!(is_private_env(b"_SLURM_SPANK_OPTION_htc_htc_join=1234"));
+        assert!(is_private_env(b"SLURM_SPANK__SLURM_SPANK_OPTION_htc_htc_join=1234"));
+
+        let job_argv = os(&["/var/spool/slurmd/job00042/slurm_script", "a1", "--flag"]);
+        let argv = req.argv(&PluginConfig::default(), &job_argv).unwrap();
+        assert_eq!(
+            argv,
+            os(&[
+                DEFAULT_AGENT,
+                "lead",
+                "--join-run",
+                "1234",
+                "--agents-per-node",
+                "2",
+                "--instance-nodes",
+                "4",
+                "--script",
+                "/var/spool/slurmd/job00042/slurm_script",
+                "a1",
+                "--flag"
+            ])
+        );
+        // The site's fanout is not passed (the run's applies); its ledger_dir is.
+        let cfg = PluginConfig {
+            agent: "/opt/a".into(),
+            ledger_dir: Some("/tmp/l".into()),
+            fanout: Some(8),
+            disabled: false,
+        };
+        let minimal = BatchRequest::Join(JoinRequest { run: 7, agents_per_node: None, instance_nodes: None });
+        assert_eq!(
+            minimal.argv(&cfg, &os(&["/s"])).unwrap(),
+            os(&["/opt/a", "lead", "--join-run", "7", "--ledger-dir", "/tmp/l", "--script", "/s"])
+        );
+        assert_eq!(minimal.argv_prefix(&cfg).last().unwrap(), SCRIPT_FLAG);
+        assert!(minimal.argv(&cfg, &[]).is_err());
+        assert!(minimal.argv(&cfg, &os(&[""])).is_err());
+        // A --htc request goes through the same path unchanged.
+        let run = JobRequest::from_allocator(&UserOptions { file: Some("/t".into()), ..Default::default() }).unwrap();
+        let job_argv = os(&["/s"]);
+        assert_eq!(BatchRequest::Run(run.clone()).argv(&cfg, &job_argv), agent_argv(&cfg, &run, &job_argv));
+    }
+
+    #[test]
+    fn join_job_env_and_remote_fallback() {
+        assert_eq!(BatchRequest::from_job_env(|_| None), Ok(None));
+        let e = BatchRequest::from_job_env(|n| match n {
+            "SLURM_SPANK_HTC_FILE" => Some("/t".into()),
+            "SLURM_SPANK_HTC_JOIN" => Some("12".into()),
+            _ => None,
+        })
+        .unwrap_err();
+        assert!(e.contains("both SLURM_SPANK_HTC_FILE and SLURM_SPANK_HTC_JOIN"), "{e}");
+        let e = BatchRequest::from_job_env(|n| (n == "SLURM_SPANK_HTC_JOIN").then(|| "x/../1".into())).unwrap_err();
+        assert!(e.starts_with("SLURM_SPANK_HTC_JOIN: "), "{e}");
+        let e = BatchRequest::from_job_env(|n| match n {
+            "SLURM_SPANK_HTC_JOIN" => Some("12".into()),
+            "SLURM_SPANK_HTC_INSTANCE_NODES" => Some("0".into()),
+            _ => None,
+        })
+        .unwrap_err();
+        assert!(e.starts_with("SLURM_SPANK_HTC_INSTANCE_NODES"), "{e}");
+        // --htc alone still reads back as before.
+        let r = BatchRequest::from_job_env(|n| (n == "SLURM_SPANK_HTC_FILE").then(|| "/t".into())).unwrap().unwrap();
+        assert!(matches!(r, BatchRequest::Run(ref j) if j.task_file == Path::new("/t")));
+
+        let cwd = Path::new("/cwd");
+        let o = UserOptions { join: Some(5), agents_per_node: Some(3), ..Default::default() };
+        assert_eq!(
+            BatchRequest::from_remote_options(&o, None, cwd),
+            Ok(Some(BatchRequest::Join(JoinRequest { run: 5, agents_per_node: Some(3), instance_nodes: None })))
+        );
+        let both = UserOptions { file: Some("t.txt".into()), ..o };
+        assert!(BatchRequest::from_remote_options(&both, None, cwd).is_err());
+        let run = UserOptions { file: Some("t.txt".into()), ..Default::default() };
+        assert!(matches!(
+            BatchRequest::from_remote_options(&run, None, cwd),
+            Ok(Some(BatchRequest::Run(ref j))) if j.task_file == Path::new("/cwd/t.txt")
+        ));
+        assert_eq!(BatchRequest::from_remote_options(&UserOptions::default(), None, cwd), Ok(None));
+    }
+
+    #[test]
+    fn join_run_directory_checks() {
+        use std::os::unix::fs::PermissionsExt;
+        let base = std::env::temp_dir().join(format!("spank-htc-join-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        std::fs::create_dir_all(&base).unwrap();
+        let b = base.display();
+
+        // No .htc at all, then no .htc/1234.
+        let e = check_join_run(&base, 1234).unwrap_err();
+        assert_eq!(e, format!("no run .htc/1234 in {b} (run sbatch from the directory the run was submitted from)"));
+        std::fs::create_dir_all(base.join(".htc/99")).unwrap();
+        assert_eq!(check_join_run(&base, 1234).unwrap_err(), e);
+
+        // The run is there, but no leader has published its address.
+        let run = base.join(".htc/1234");
+        std::fs::create_dir_all(&run).unwrap();
+        let not_running = format!("the run .htc/1234 in {b} is not running (it ended, or has not started yet)");
+        assert_eq!(check_join_run(&base, 1234).unwrap_err(), not_running);
+        std::fs::create_dir(run.join("leader.addr")).unwrap();
+        assert_eq!(check_join_run(&base, 1234).unwrap_err(), not_running);
+        std::fs::remove_dir(run.join("leader.addr")).unwrap();
+
+        // Running.
+        std::fs::write(
+            run.join("leader.addr"),
+            "addr=127.0.0.1:5000
+job=1234
+cluster=
+",
+        )
+        .unwrap();
+        assert_eq!(check_join_run(&base, 1234), Ok(run.clone()));
+        // A run reached through a link (`htc resume` links the new job id to the run).
+        std::os::unix::fs::symlink("1234", base.join(".htc/1300")).unwrap();
+        assert_eq!(check_join_run(&base, 1300), Ok(base.join(".htc/1300")));
+
+        // Not a directory.
+        std::fs::write(base.join(".htc/77"), "").unwrap();
+        assert!(check_join_run(&base, 77).unwrap_err().contains("is not a run directory"));
+
+        // Unreadable (another user's): root reads everything, so only checked as a user.
+        let denied = format!("cannot read the run .htc/1234 in {b}: permission denied (belongs to another user?)");
+        let eacces = std::io::Error::from_raw_os_error(13);
+        assert_eq!(join_io_error(&base, 1234, &eacces, || unreachable!()), denied);
+        let eio = std::io::Error::from_raw_os_error(5);
+        assert!(join_io_error(&base, 1234, &eio, || unreachable!())
+            .starts_with(&format!("cannot read the run .htc/1234 in {b}: ")));
+        let uid = std::fs::metadata("/proc/self").map(|m| std::os::unix::fs::MetadataExt::uid(&m)).unwrap_or(0);
+        if uid != 0 {
+            std::fs::set_permissions(run.join("leader.addr"), std::fs::Permissions::from_mode(0o000)).unwrap();
+            assert_eq!(check_join_run(&base, 1234).unwrap_err(), denied);
+            std::fs::set_permissions(run.join("leader.addr"), std::fs::Permissions::from_mode(0o600)).unwrap();
+            std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o000)).unwrap();
+            assert_eq!(check_join_run(&base, 1234).unwrap_err(), denied);
+            std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o700)).unwrap();
+            std::fs::set_permissions(base.join(".htc"), std::fs::Permissions::from_mode(0o000)).unwrap();
+            assert_eq!(check_join_run(&base, 1234).unwrap_err(), denied);
+            std::fs::set_permissions(base.join(".htc"), std::fs::Permissions::from_mode(0o700)).unwrap();
+        }
+        std::fs::remove_dir_all(&base).unwrap();
     }
 
     #[test]

@@ -2,9 +2,9 @@
 //!
 //! | context | what happens |
 //! | --- | --- |
-//! | allocator (sbatch) | options registered; `--htc=FILE` checked (exit 255 on error); values stored with `spank_job_control_setenv` |
+//! | allocator (sbatch) | options registered; `--htc=FILE` or `--htc-join=JOBID` checked (exit 255 on error); values stored with `spank_job_control_setenv` |
 //! | local (srun) | options registered (they reach srun through the job env); nothing else |
-//! | remote (slurmstepd) | options registered and recorded; in `task_init` of the **batch step** of an HTC job only: exec of `htc-agent lead …` |
+//! | remote (slurmstepd) | options registered and recorded; in `task_init` of the **batch step** of an HTC job only: exec of `htc-agent lead …` (`lead --join-run JOBID …` for a joining job) |
 //! | slurmd | plugstack arguments checked and errors logged once |
 //!
 //! Loaded by a Slurm of another major.minor than the one it was built for, the plugin is
@@ -21,7 +21,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard, Once};
 
-use crate::config::{self, AgentPathError, Allocator, JobRequest, PluginConfig, UserOptions};
+use crate::config::{self, AgentPathError, Allocator, BatchRequest, PluginConfig, UserOptions};
 use crate::spank::{self, log, Context, OptionSpec, Spank};
 use crate::version::{self, Release};
 use crate::{build_info, ffi};
@@ -129,6 +129,7 @@ static STATE: Mutex<State> = Mutex::new(State {
         max_fails: None,
         resume: None,
         resubmit: None,
+        join: None,
     },
 });
 
@@ -172,7 +173,7 @@ fn guard(what: &str, f: impl FnOnce() -> c_int) -> c_int {
 
 // ---- options ----
 
-const OPTIONS: [OptionSpec; 10] = [
+const OPTIONS: [OptionSpec; 11] = [
     OptionSpec {
         name: b"htc\0",
         arginfo: Some(b"FILE\0"),
@@ -233,6 +234,12 @@ const OPTIONS: [OptionSpec; 10] = [
         usage: b"With --htc: when the job ends at its time limit or loses every agent with tasks unfinished, submit the job that continues it, at most N times in all.\0",
         val: config::OPT_RESUBMIT,
     },
+    OptionSpec {
+        name: b"htc-join\0",
+        arginfo: Some(b"JOBID\0"),
+        usage: b"Join the running run of job JOBID (same user, same submit directory) with this job's nodes: they take a share of its remaining tasks. Takes no --htc=FILE; goes with --htc-agents-per-node and --htc-instance-nodes only (the run's other settings apply).\0",
+        val: config::OPT_JOIN,
+    },
 ];
 
 fn opt_name(val: c_int) -> &'static str {
@@ -247,6 +254,7 @@ fn opt_name(val: c_int) -> &'static str {
         config::OPT_MAX_FAILS => "--htc-max-fails",
         config::OPT_RESUME => "--htc-resume",
         config::OPT_RESUBMIT => "--htc-resubmit",
+        config::OPT_JOIN => "--htc-join",
         _ => "--htc-?",
     }
 }
@@ -288,8 +296,11 @@ fn inert_option(val: c_int, arg: &OsStr, remote: c_int, ctx: Context) -> c_int {
         log::error(&format!("htc: {}={}: {}", opt_name(val), arg.to_string_lossy(), inert_reason()));
         return -1;
     }
-    if val == config::OPT_FILE {
-        state().opts.file = Some(arg.to_os_string());
+    match val {
+        config::OPT_FILE => state().opts.file = Some(arg.to_os_string()),
+        // Any value marks a joining job (which an inert batch step must fail, see below).
+        config::OPT_JOIN => state().opts.join = Some(config::parse_join(&arg.to_string_lossy()).unwrap_or(0)),
+        _ => {}
     }
     0
 }
@@ -309,6 +320,7 @@ fn remote_option(val: c_int, arg: OsString) {
         config::OPT_MAX_FAILS => st.opts.max_fails = config::parse_max_fails(&text).ok(),
         config::OPT_RESUME => st.opts.resume = config::parse_resume(&text).ok(),
         config::OPT_RESUBMIT => st.opts.resubmit = config::parse_resubmit(&text).ok(),
+        config::OPT_JOIN => st.opts.join = config::parse_join(&text).ok(),
         _ => {}
     }
 }
@@ -324,24 +336,12 @@ fn allocator_option(val: c_int, arg: &OsStr) -> c_int {
     };
     match val {
         config::OPT_FILE => {
-            let cfg = state().config.clone();
-            match cfg {
-                Some(Ok(c)) if c.disabled => return fail(
-                    "slurm-htc is disabled on this cluster (plugstack.conf says 'disabled'); ask your administrators",
-                ),
-                Some(Ok(_)) => {}
-                Some(Err(errors)) => {
-                    for e in &errors {
-                        log::error(&format!("htc: plugstack.conf: {e}"));
-                    }
-                    return fail("slurm-htc is misconfigured on this cluster (see above); ask your administrators");
-                }
-                None => return fail("plugin not initialized"),
+            if let Some(rc) = refuse_activation(name, &fail) {
+                return rc;
             }
-            if let Ok(exe) = std::env::current_exe() {
-                if config::allocator_from_exe(&exe) == Allocator::Salloc {
-                    return fail("--htc works with sbatch only (it replaces the batch script)");
-                }
+            // Before the (possibly long) read of the file.
+            if let Some(rc) = conflict(|o| o.file = Some(arg.to_os_string()), &fail) {
+                return rc;
             }
             match config::check_task_file(arg) {
                 Ok((abs, tasks)) => {
@@ -355,6 +355,31 @@ fn allocator_option(val: c_int, arg: &OsStr) -> c_int {
                     }
                     -1
                 }
+            }
+        }
+        config::OPT_JOIN => {
+            if let Some(rc) = refuse_activation(name, &fail) {
+                return rc;
+            }
+            let run = match config::parse_join(&text) {
+                Ok(j) => j,
+                Err(e) => return fail(&e),
+            };
+            if let Some(rc) = conflict(|o| o.join = Some(run), &fail) {
+                return rc;
+            }
+            // The submit directory: sbatch's cwd, as for a relative --htc=FILE.
+            let base = match std::env::current_dir() {
+                Ok(d) => d,
+                Err(e) => return fail(&format!("cannot tell the current directory: {e}")),
+            };
+            match config::check_join_run(&base, run) {
+                Ok(dir) => {
+                    log::verbose(&format!("htc: joining the run {}", dir.display()));
+                    state().opts.join = Some(run);
+                    0
+                }
+                Err(e) => fail(&e),
             }
         }
         config::OPT_RETRIES => keep(config::parse_retries(&text), |o, n| o.retries = Some(n), &fail),
@@ -374,11 +399,52 @@ fn allocator_option(val: c_int, arg: &OsStr) -> c_int {
     }
 }
 
-/// Keeps a validated option value, or refuses the submission with the reason.
+/// The checks before `--htc` or `--htc-join` may turn a job into an HTC job: a usable plugin
+/// configuration, and sbatch. `Some(rc)`: refused (the reason logged).
+fn refuse_activation(name: &str, fail: &dyn Fn(&str) -> c_int) -> Option<c_int> {
+    let cfg = state().config.clone();
+    match cfg {
+        Some(Ok(c)) if c.disabled => {
+            return Some(fail(
+                "slurm-htc is disabled on this cluster (plugstack.conf says 'disabled'); ask your administrators",
+            ))
+        }
+        Some(Ok(_)) => {}
+        Some(Err(errors)) => {
+            for e in &errors {
+                log::error(&format!("htc: plugstack.conf: {e}"));
+            }
+            return Some(fail("slurm-htc is misconfigured on this cluster (see above); ask your administrators"));
+        }
+        None => return Some(fail("plugin not initialized")),
+    }
+    if let Ok(exe) = std::env::current_exe() {
+        if config::allocator_from_exe(&exe) == Allocator::Salloc {
+            return Some(fail(&format!("{name} works with sbatch only (it replaces the batch script)")));
+        }
+    }
+    None
+}
+
+/// Whether the options seen so far, with `set` applied, conflict with `--htc-join` (in either
+/// order on the command line or in `#SBATCH` lines). `Some(rc)`: refused (the reason logged).
+fn conflict(set: impl FnOnce(&mut UserOptions), fail: &dyn Fn(&str) -> c_int) -> Option<c_int> {
+    let mut opts = state().opts.clone();
+    set(&mut opts);
+    opts.join_conflicts().first().map(|e| fail(e))
+}
+
+/// Keeps a validated option value, or refuses the submission with the reason (also when it
+/// cannot go with `--htc-join`).
 fn keep<T>(parsed: Result<T, String>, set: impl FnOnce(&mut UserOptions, T), fail: &dyn Fn(&str) -> c_int) -> c_int {
     match parsed {
         Ok(v) => {
-            set(&mut state().opts, v);
+            let mut opts = state().opts.clone();
+            set(&mut opts, v);
+            if let Some(e) = opts.join_conflicts().first() {
+                return fail(e);
+            }
+            state().opts = opts;
             0
         }
         Err(e) => fail(&e),
@@ -470,12 +536,22 @@ pub unsafe extern "C" fn slurm_spank_init_post_opt(sp: ffi::spank_t, _ac: c_int,
             return 0;
         }
         let opts = state().opts.clone();
-        let Some(req) = JobRequest::from_allocator(&opts) else {
-            let orphans = opts.orphans();
-            if !orphans.is_empty() {
-                log::info(&format!("htc: {} ignored without --htc=FILE", orphans.join(", ")));
+        let req = match BatchRequest::from_allocator(&opts) {
+            Ok(Some(r)) => r,
+            Ok(None) => {
+                let orphans = opts.orphans();
+                if !orphans.is_empty() {
+                    log::info(&format!("htc: {} ignored without --htc=FILE", orphans.join(", ")));
+                }
+                return 0;
             }
-            return 0;
+            // The option callbacks refused these already; never queue such a job.
+            Err(conflicts) => {
+                for e in conflicts {
+                    log::error(&format!("htc: {e}"));
+                }
+                return -1;
+            }
         };
         // SAFETY: Slurm's handle for this callback.
         let Some(sp) = (unsafe { Spank::from_raw(sp) }) else { return -1 };
@@ -561,8 +637,15 @@ fn fatal(msg: &str, code: c_int) -> ! {
 fn inert_batch_task_init(sp: &Spank) -> c_int {
     let present = |name: &str| matches!(sp.getenv(name), Ok(Some(_)));
     let option_env = format!("SLURM_SPANK__SLURM_SPANK_OPTION_{}_htc", config::PLUGIN_NAME);
-    let htc_job =
-        present(&config::job_env_name(config::JC_FILE)) || present(&option_env) || state().opts.file.is_some();
+    let join_option_env = format!("{option_env}_join");
+    let htc_job = present(&config::job_env_name(config::JC_FILE))
+        || present(&config::job_env_name(config::JC_JOIN))
+        || present(&option_env)
+        || present(&join_option_env)
+        || {
+            let st = state();
+            st.opts.file.is_some() || st.opts.join.is_some()
+        };
     if !htc_job {
         return 0;
     }
@@ -571,16 +654,20 @@ fn inert_batch_task_init(sp: &Spank) -> c_int {
 }
 
 fn batch_task_init(sp: &Spank) -> c_int {
-    let from_env = JobRequest::from_job_env(|name| sp.getenv(name).ok().flatten());
+    let from_env = BatchRequest::from_job_env(|name| sp.getenv(name).ok().flatten());
     let req = match from_env {
         Ok(Some(r)) => r,
         Ok(None) => {
             let opts = state().opts.clone();
             let submit_dir = sp.getenv("SLURM_SUBMIT_DIR").ok().flatten();
             let cwd = std::env::current_dir().unwrap_or_else(|_| "/".into());
-            match JobRequest::from_remote_options(&opts, submit_dir.as_deref().map(Path::new), &cwd) {
-                Some(r) => r,
-                None => return 0, // not an HTC job: untouched
+            match BatchRequest::from_remote_options(&opts, submit_dir.as_deref().map(Path::new), &cwd) {
+                Ok(Some(r)) => r,
+                Ok(None) => return 0, // not an HTC job: untouched
+                Err(e) => {
+                    HTC_BATCH_TASK.store(true, Ordering::Relaxed);
+                    fatal(&format!("htc: {e}; the tasks were not run"), EXIT_REFUSED)
+                }
             }
         }
         Err(e) => {
@@ -623,8 +710,9 @@ fn batch_task_init(sp: &Spank) -> c_int {
         fatal(&format!("htc: refusing to start the agent: {e}; the tasks were not run"), EXIT_REFUSED);
     }
 
-    // Every element of an array would run all the tasks again.
-    if let Ok(array_id) = sp.job_array_id() {
+    // Every element of an array would run all the tasks again. (The elements of an array of
+    // joining jobs would each join the run, which is no harm.)
+    if let (BatchRequest::Run(_), Ok(array_id)) = (&req, sp.job_array_id()) {
         if array_id != 0 {
             fatal(
                 &format!("htc: --htc cannot be combined with --array (array job {array_id}): every element would run all the tasks; the tasks were not run"),
@@ -643,8 +731,8 @@ fn batch_task_init(sp: &Spank) -> c_int {
 /// Starts the agent in place of the batch script, after checking that only root can change
 /// what `agent=` points to (see [`config::check_agent_path`]). The canonical path is what
 /// runs; argv[0] stays the configured path where the plugin execs itself.
-fn start_agent(sp: &Spank, cfg: &PluginConfig, req: &JobRequest, job_argv: &[OsString]) -> c_int {
-    let argv = match config::agent_argv(cfg, req, job_argv) {
+fn start_agent(sp: &Spank, cfg: &PluginConfig, req: &BatchRequest, job_argv: &[OsString]) -> c_int {
+    let argv = match req.argv(cfg, job_argv) {
         Ok(a) => a,
         Err(e) => fatal(&format!("htc: {e}; the tasks were not run"), EXIT_REFUSED),
     };
@@ -667,7 +755,7 @@ fn start_agent(sp: &Spank, cfg: &PluginConfig, req: &JobRequest, job_argv: &[OsS
     };
 
     // Slurm >= 23.11: slurmstepd execs `agent … --script <script> <args>` itself.
-    let mut prefix = config::agent_argv_prefix(cfg, req);
+    let mut prefix = req.argv_prefix(cfg);
     prefix[0] = exe.clone().into_os_string();
     if spank::host_symbol(c"spank_prepend_task_argv").is_some() {
         // Keep the private variables away from the agent (see config::is_private_env).

@@ -126,6 +126,31 @@ check "--htc-instance-nodes=0" fails_with "htc: --htc-instance-nodes=0: '0' is n
     sbatch --htc=tasks.txt --htc-instance-nodes=0 --wrap=:
 check "salloc --htc" fails_with 'works with sbatch only' salloc --htc=tasks.txt true
 
+# --htc-join: the run directory .htc/JOBID in sbatch's cwd, checked as the user at submit time.
+sub mkdir -p .htc/4242 .htc/4243
+sub sh -c 'printf "addr=127.0.0.1:9\njob=4243\ncluster=\n" > .htc/4243/leader.addr'
+install -d -m 0700 "$W/.htc/4244" # root's, as another user's run would be
+: >"$W/.htc/4244/leader.addr"
+check "--htc-join=abc" fails_with "htc: --htc-join=abc: 'abc' is not a job id" sbatch --htc-join=abc --wrap=:
+check "--htc-join: no such run" fails_with \
+    "htc: --htc-join=999: no run \\.htc/999 in .*/e2e \\(run sbatch from the directory the run was submitted from\\)" \
+    sbatch --htc-join=999 --wrap=:
+check "--htc-join: run not running" fails_with \
+    "htc: --htc-join=4242: the run \\.htc/4242 in .*/e2e is not running \\(it ended, or has not started yet\\)" \
+    sbatch --htc-join=4242 --wrap=:
+check "--htc-join: another user's run" fails_with \
+    "htc: --htc-join=4244: cannot read the run \\.htc/4244 in .*/e2e: permission denied \\(belongs to another user\\?\\)" \
+    sbatch --htc-join=4244 --wrap=:
+check "--htc-join with --htc" fails_with "--htc-join joins a running run; it takes no --htc=FILE" \
+    sbatch --htc=tasks.txt --htc-join=4243 --wrap=:
+check "--htc with --htc-join" fails_with "--htc-join joins a running run; it takes no --htc=FILE" \
+    sbatch --htc-join=4243 --htc=tasks.txt --wrap=:
+check "--htc-join with --htc-retries" fails_with "--htc-retries cannot be used with --htc-join" \
+    sbatch --htc-join=4243 --htc-retries=2 --wrap=:
+check "--htc-join with --htc-resume" fails_with "--htc-resume cannot be used with --htc-join" \
+    sbatch --htc-resume=12 --htc-join=4243 --wrap=:
+check "salloc --htc-join" fails_with 'htc: --htc-join=4243: --htc-join works with sbatch only' salloc --htc-join=4243 true
+
 # --- batch step ---
 j=$(sub env FAKE_AGENT_SRUN=1 sbatch --parsable -N2 --htc=tasks.txt --htc-retries=3 --htc-output=per-task --htc-partition=even --htc-agents-per-node=3 --htc-instance-nodes=2 --htc-max-fails=5 job.sh a1 "two words" --flag)
 finished "$j"
@@ -141,6 +166,13 @@ j=$(sub sbatch --parsable --export=NONE --htc=tasks.txt job.sh)
 finished "$j"
 check "--export=NONE: agent still runs" argv_is "$W/agent.$j.argv" "$agent" lead --task-file "$W/tasks.txt" \
     --script "$dir/spool/slurmd-n1/job$(printf %05d "$j")/slurm_script"
+
+j=$(sub sbatch --parsable -N2 --export=NONE --htc-join=4243 --htc-agents-per-node=2 --htc-instance-nodes=2 job.sh a1 --flag)
+finished "$j"
+check "--htc-join job: agent argv" argv_is "$W/agent.$j.argv" "$agent" lead --join-run 4243 --agents-per-node 2 \
+    --instance-nodes 2 --script "$dir/spool/slurmd-n1/job$(printf %05d "$j")/slurm_script" a1 --flag
+check "--htc-join job: batch script not run" test ! -e "$W/script-ran.$j"
+check "--htc-join job: no private HTC vars in the agent env" no_private_env "$W/agent.$j.env"
 
 printf '#!/bin/sh\n#SBATCH --htc=tasks.txt\n#SBATCH --htc-fanout=4\ntouch script-ran.$SLURM_JOB_ID\n' >"$W/htc.sh"
 chmod 0755 "$W/htc.sh"
