@@ -321,6 +321,46 @@ watched_job() {
     wait_job "$j" 60 >/dev/null
 }
 
+# --htc-join: a 1-node run joined by a 2-node job while it runs. Tasks run on all 3 nodes, each
+# exactly once; the joined job ends when the run does; joining the finished run is refused.
+joined_job() {
+    local w a b state n=3000 i t0 t1 alone three
+    w=$(cluster_workdir joined)
+    seq 1 "$n" | sed 's|.*|sleep 0.05; echo "$HTC_TASK_ID $SLURMD_NODENAME $(date +%s.%N)" >> ids.txt|' >"$w/tasks.txt"
+    printf '#!/bin/bash\nexport FOO=joined\n' >"$w/job.sh"
+    chown -R "$HTC_CLUSTER_USER" "$w"
+    a=$(submit "$w" -N 1 --exclusive --htc=tasks.txt job.sh) || { bad "joined: submit the run"; return; }
+    for ((i = 0; i < 300; i++)); do
+        [[ -e $w/.htc/$a/leader.addr ]] && break
+        sleep 0.2
+    done
+    check "joined: the run's leader published its address" test -e "$w/.htc/$a/leader.addr"
+    b=$(submit "$w" -N 2 --exclusive --htc-join="$a" job.sh) || { bad "joined: submit the joining job"; return; }
+    state=$(wait_job "$a" 300)
+    check "joined: the run's job $a COMPLETED (was $state)" test "$state" = COMPLETED
+    state=$(wait_job "$b" 120)
+    check "joined: the joining job $b ended with the run, COMPLETED (was $state)" test "$state" = COMPLETED
+    check "joined: all $n tasks exactly once" each_once "$w/ids.txt" "$n"
+    check "joined: tasks ran on all 3 nodes" test "$(cut -d' ' -f2 "$w/ids.txt" | sort -u | wc -l)" = 3
+    check "joined: the joining job says whom it joined" grep -q "joins run .*(job $a) with 2 node(s)" "$w/slurm-$b.out"
+    check "joined: the run's summary counts every task" grep -q "$n tasks: $n done, 0 failed" "$w/slurm-$a.out"
+    check "joined: no leader address once the run ended" test ! -e "$w/.htc/$a/leader.addr"
+    # The rate on the run's node alone (before the first joined task ended) and on all three.
+    t0=$(awk -v node="$(head -1 "$w/ids.txt" | cut -d' ' -f2)" '$2 != node {print $3; exit}' "$w/ids.txt")
+    alone=$(awk -v t="$t0" 'NR == 1 {s = $3} $3 < t {k++} END {printf "%.1f", k / (t - s)}' "$w/ids.txt")
+    t1=$(sort -k3 -n "$w/ids.txt" | tail -1 | cut -d' ' -f3)
+    three=$(awk -v a="$t0" -v b="$t1" '$3 >= a {k++} END {printf "%.1f", k / (b - a)}' "$w/ids.txt")
+    # A measurement, not a check (timings on a shared machine): bench/RESULTS.md quotes it.
+    echo "     rate: $alone tasks/s on the run's node alone, $three tasks/s once joined (3 nodes)"
+    local out
+    if out=$(as_user -C "$w" sbatch --htc-join="$a" job.sh 2>&1); then
+        bad "joined: joining the finished run was accepted"
+    else
+        check "joined: joining the finished run is refused ($out)" grep -q "is not running" <<<"$out"
+    fi
+    [[ $failed == 0 ]] || { echo "--- slurm-$a.out"; tail -n 20 "$w/slurm-$a.out"; echo "--- slurm-$b.out"; tail -n 20 "$w/slurm-$b.out"; }
+}
+
 if [[ -n ${HTC_JOBS_ONLY:-} ]]; then # one test on 4 nodes, while developing it
     printf '\n!!! HTC_JOBS_ONLY=%s: only this test runs, the others are SKIPPED\n\n' "$HTC_JOBS_ONLY" >&2
     "$root/tests/cluster/start-cluster.sh" -n 4 -m netns -c 2 >/dev/null || { echo "cluster did not start"; exit 1; }
@@ -361,6 +401,8 @@ watched_job
 memory_job
 echo "-- one instance of both nodes: its head places the tasks on the node each fits"
 memory_job --htc-instance-nodes=2
+echo "-- --htc-join: a second allocation joins a running run"
+joined_job
 
 [[ $failed == 0 ]] || cluster_logs 20
 "$root/tests/cluster/stop-cluster.sh" >/dev/null 2>&1
