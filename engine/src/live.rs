@@ -30,6 +30,23 @@ pub struct View {
     pub finished_start: u64,
     pub nodes: Vec<Node>,
     pub failures: Vec<Failure>,
+    /// The allocations that joined the run (`--htc-join`), in the order they came.
+    pub allocations: Vec<Allocation>,
+}
+
+/// An allocation that joined the run: its job, agents, end and what its agents ran.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Allocation {
+    pub job: String,
+    pub first_agent: u32,
+    pub agents: u32,
+    pub nodes: u32,
+    /// When it must be gone (unix µs); 0: no end known.
+    pub ends_us: u64,
+    /// `running`, `leaving`, `gone`.
+    pub state: String,
+    /// Attempts its agents ended.
+    pub tasks: u64,
 }
 
 /// One instance (an agent, or a head with its members): what it has and what it did.
@@ -98,6 +115,19 @@ impl View {
                 clean(&n.state)
             );
         }
+        for a in &self.allocations {
+            let _ = writeln!(
+                s,
+                "allocation\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+                clean(&a.job),
+                a.first_agent,
+                a.agents,
+                a.nodes,
+                a.ends_us,
+                clean(&a.state),
+                a.tasks
+            );
+        }
         for f in &self.failures {
             let _ = writeln!(
                 s,
@@ -147,6 +177,15 @@ impl View {
                     heard_us: n(7)?,
                     state: s(8),
                 }),
+                "allocation" => v.allocations.push(Allocation {
+                    job: s(1),
+                    first_agent: n(2)? as u32,
+                    agents: n(3)? as u32,
+                    nodes: n(4)? as u32,
+                    ends_us: n(5)?,
+                    state: s(6),
+                    tasks: n(7)?,
+                }),
                 "failure" => v.failures.push(Failure {
                     task: n(1)?,
                     line: n(2)? as u32,
@@ -194,6 +233,15 @@ mod tests {
                 at_us: 9,
                 reason: "exit 3".into(),
                 retrying: true,
+            }],
+            allocations: vec![Allocation {
+                job: "1240".into(),
+                first_agent: 2,
+                agents: 2,
+                nodes: 2,
+                ends_us: 1_700_000_600_000_000,
+                state: "running".into(),
+                tasks: 33,
             }],
         }
     }

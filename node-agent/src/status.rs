@@ -31,6 +31,24 @@ fn rate_eta(finished: u64, elapsed: Duration, remaining: u64) -> (f64, Option<Du
     (rate, eta)
 }
 
+/// The allocations that joined a run, in a line: each with its job, nodes, state, time left and
+/// what it ran (`htc status`, `htc watch`).
+pub fn allocations_line(allocations: &[crate::live::Allocation], now_us: u64) -> String {
+    let each: Vec<String> = allocations
+        .iter()
+        .map(|a| {
+            let left = if a.ends_us > 0 && a.state == "running" {
+                format!(", {} left", fmt_duration(Duration::from_micros(a.ends_us.saturating_sub(now_us))))
+            } else {
+                String::new()
+            };
+            let plural = if a.nodes == 1 { "" } else { "s" };
+            format!("job {} ({} node{plural}, {}{left}, {} tasks run)", a.job, a.nodes, a.state, a.tasks)
+        })
+        .collect();
+    each.join("; ")
+}
+
 pub fn progress_line(p: &Progress) -> String {
     let c = p.counts;
     let finished = c.get(State::Done) + c.get(State::Failed);
@@ -284,10 +302,16 @@ pub struct Report {
     pub failures: Vec<(u64, u32, u8, String)>,
     /// More tasks failed than `failures` lists.
     pub more_failures: bool,
+    /// The allocations that joined the run, as its live view last said.
+    pub allocations: Vec<crate::live::Allocation>,
+    /// When the live view was written (unix µs).
+    pub live_us: u64,
 }
 
 impl Report {
     pub fn read(run: &RunDir, failures_limit: usize) -> anyhow::Result<Report> {
+        // Only for what the ledger does not keep (the joined allocations): a bad file is no error.
+        let live = crate::livefile::read(&run.path).ok().flatten();
         let ledger = Ledger::open(&run.ledger(), true)?;
         let t = ledger.read()?;
         let c = t.counts()?;
@@ -353,6 +377,8 @@ impl Report {
             result_delays: t.meta("result_delays")?.and_then(Summary::from_bytes).unwrap_or_default(),
             failures,
             more_failures,
+            allocations: live.as_ref().map(|v| v.allocations.clone()).unwrap_or_default(),
+            live_us: live.map_or(0, |v| v.now_us),
         })
     }
 
@@ -394,6 +420,9 @@ impl Report {
                 None => String::new(),
             };
             let _ = writeln!(s, "leader:   {:.2} CPU s this session{reports}", self.leader_cpu_s);
+        }
+        if !self.allocations.is_empty() {
+            let _ = writeln!(s, "joined:   {}", allocations_line(&self.allocations, self.live_us));
         }
         if !self.failures.is_empty() {
             let first = if self.more_failures { format!(" (first {})", self.failures.len()) } else { String::new() };

@@ -102,11 +102,12 @@ fn ago(now_us: u64, then_us: u64) -> String {
 pub fn draw(f: &mut Frame, m: &Model, now_us: u64, table: &mut TableState) {
     let failures = m.view.as_ref().map_or(0, |v| v.failures.len()) as u16;
     let nodes = m.view.as_ref().map_or(0, |v| v.nodes.len()).min(10_000) as u16;
+    let joined = m.view.as_ref().is_some_and(|v| !v.allocations.is_empty()) as u16;
     // The nodes take what the failures leave, no more than they need; any rest is left empty.
     let [title, gauge, stats, nodes, fails, _, help] = Layout::vertical([
         Constraint::Length(1),
         Constraint::Length(1),
-        Constraint::Length(2),
+        Constraint::Length(2 + joined),
         Constraint::Max(nodes.max(1) + 3),
         Constraint::Length(failures.clamp(1, live::RECENT_FAILURES as u16) + 2),
         Constraint::Fill(1),
@@ -147,19 +148,25 @@ pub fn draw(f: &mut Frame, m: &Model, now_us: u64, table: &mut TableState) {
     f.render_widget(Paragraph::new(label), count);
     let up = v.nodes.iter().filter(|n| n.state == "up").count();
     f.render_widget(
-        Paragraph::new(format!(
-            "done {}  failed {}  running {}  queued at nodes {}  pending {}\n\
+        Paragraph::new(
+            format!(
+                "done {}  failed {}  running {}  queued at nodes {}  pending {}\n\
              {:.0} tasks/s  ETA {}  elapsed {}  nodes {up} up of {}",
-            v.counts.get(State::Done),
-            v.counts.get(State::Failed),
-            v.counts.get(State::Running),
-            v.counts.get(State::Dispatched),
-            v.counts.get(State::Pending),
-            m.rate(),
-            m.eta().map(fmt_duration).unwrap_or_else(|| "-".into()),
-            fmt_duration(Duration::from_micros(v.now_us.saturating_sub(v.session_start_us))),
-            v.nodes.len(),
-        )),
+                v.counts.get(State::Done),
+                v.counts.get(State::Failed),
+                v.counts.get(State::Running),
+                v.counts.get(State::Dispatched),
+                v.counts.get(State::Pending),
+                m.rate(),
+                m.eta().map(fmt_duration).unwrap_or_else(|| "-".into()),
+                fmt_duration(Duration::from_micros(v.now_us.saturating_sub(v.session_start_us))),
+                v.nodes.len(),
+            ) + &if v.allocations.is_empty() {
+                String::new()
+            } else {
+                format!("\njoined: {}", crate::status::allocations_line(&v.allocations, v.now_us))
+            },
+        ),
         stats,
     );
     draw_nodes(f, v, now_us, nodes, table);

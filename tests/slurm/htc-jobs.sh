@@ -361,6 +361,40 @@ joined_job() {
     [[ $failed == 0 ]] || { echo "--- slurm-$a.out"; tail -n 20 "$w/slurm-$a.out"; echo "--- slurm-$b.out"; tail -n 20 "$w/slurm-$b.out"; }
 }
 
+# scancel of a joined job mid-run: the run goes on without it and finishes; what ran again is
+# at most what the cancelled job had running (its 2 nodes' 4 CPUs).
+joined_job_cancelled() {
+    local w a b state n=600 i node reruns
+    w=$(cluster_workdir joined-cancelled)
+    seq 1 "$n" | sed 's|.*|sleep 0.2; echo "$HTC_TASK_ID $SLURMD_NODENAME" >> ids.txt|' >"$w/tasks.txt"
+    printf '#!/bin/bash\n' >"$w/job.sh"
+    chown -R "$HTC_CLUSTER_USER" "$w"
+    a=$(submit "$w" -N 1 --exclusive --htc=tasks.txt job.sh) || { bad "cancelled join: submit the run"; return; }
+    for ((i = 0; i < 300; i++)); do
+        [[ -e $w/.htc/$a/leader.addr ]] && break
+        sleep 0.2
+    done
+    b=$(submit "$w" -N 2 --exclusive --htc-join="$a" job.sh) || { bad "cancelled join: submit the joining job"; return; }
+    # Once the joined nodes have run tasks, the joining job is cancelled.
+    for ((i = 0; i < 600; i++)); do
+        node=$(head -1 "$w/ids.txt" 2>/dev/null | cut -d' ' -f2)
+        [[ -n $node ]] && [[ $(awk -v n="$node" '$2 != n' "$w/ids.txt" | wc -l) -ge 20 ]] && break
+        sleep 0.1
+    done
+    cluster_cmd scancel "$b"
+    state=$(wait_job "$b" 120)
+    check "cancelled join: job $b CANCELLED (was $state)" test "$state" = CANCELLED
+    state=$(wait_job "$a" 300)
+    check "cancelled join: the run's job $a COMPLETED without it (was $state)" test "$state" = COMPLETED
+    check "cancelled join: all $n tasks ran" test "$(cut -d' ' -f1 "$w/ids.txt" | sort -u | wc -l)" = "$n"
+    reruns=$(as_user -C "$w" "$bin/htc" log "$a" | awk 'NR > 1 {c[$1]++} END {for (k in c) if (c[k] > 1) r += c[k] - 1; print r + 0}')
+    check "cancelled join: $reruns tasks ran again, at most the 4 it had running" test "$reruns" -le 4
+    # A task killed just after its line was written ran twice, and is among those re-runs.
+    check "cancelled join: no task ran twice but those re-run ($(($(wc -l <"$w/ids.txt") - n)) extra lines)" \
+        test "$(($(wc -l <"$w/ids.txt") - n))" -le "$reruns"
+    [[ $failed == 0 ]] || { echo "--- slurm-$a.out"; tail -n 20 "$w/slurm-$a.out"; echo "--- slurm-$b.out"; tail -n 20 "$w/slurm-$b.out"; }
+}
+
 if [[ -n ${HTC_JOBS_ONLY:-} ]]; then # one test on 4 nodes, while developing it
     printf '\n!!! HTC_JOBS_ONLY=%s: only this test runs, the others are SKIPPED\n\n' "$HTC_JOBS_ONLY" >&2
     "$root/tests/cluster/start-cluster.sh" -n 4 -m netns -c 2 >/dev/null || { echo "cluster did not start"; exit 1; }
@@ -403,6 +437,7 @@ echo "-- one instance of both nodes: its head places the tasks on the node each 
 memory_job --htc-instance-nodes=2
 echo "-- --htc-join: a second allocation joins a running run"
 joined_job
+joined_job_cancelled
 
 [[ $failed == 0 ]] || cluster_logs 20
 "$root/tests/cluster/stop-cluster.sh" >/dev/null 2>&1

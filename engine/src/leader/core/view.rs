@@ -62,6 +62,20 @@ impl Core<'_> {
             finished_start: self.finished_start,
             nodes,
             failures: self.recent_failures.iter().cloned().collect(),
+            allocations: self.allocations.iter().map(|a| self.allocation_view(a)).collect(),
+        }
+    }
+
+    fn allocation_view(&self, a: &allocations::Allocation) -> live::Allocation {
+        let tasks = self.agents.iter().filter(|(id, _)| a.agents.contains(id)).map(|(_, x)| x.done + x.failed).sum();
+        live::Allocation {
+            job: a.job.clone(),
+            first_agent: a.agents.start,
+            agents: a.agents.len() as u32,
+            nodes: a.nodes,
+            ends_us: a.ends_us.unwrap_or(0),
+            state: a.stage.name().into(),
+            tasks,
         }
     }
 }
