@@ -334,7 +334,7 @@ pub mod agent {
         Work(WorkArgs),
     }
 
-    #[derive(clap::Args)]
+    #[derive(clap::Args, Clone)]
     pub struct LeadArgs {
         /// The task file (absolute; checked at submit time by the plugin).
         #[arg(long, required_unless_present = "join_run")]

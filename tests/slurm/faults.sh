@@ -382,6 +382,38 @@ resubmitted_at_time_limit() {
     check "resubmit: no task process left" bash -c "! pgrep -u '$HTC_CLUSTER_USER' -f '^sleep 3$|sleep 3; echo' >/dev/null"
 }
 
+# The run's own job reaches its time limit while a joined job (--htc-join) runs: the joined job
+# takes the run over from its replica and finishes it; its leader's job resubmits nothing.
+# Nothing recorded done before the hand-over runs again; re-runs are at most the tasks in flight
+# then (3 nodes' 6 CPUs). The work (600 x 1 s on 6 CPUs, ~100 s) outlasts the first job's
+# minute however late in its 30 s check Slurm enforces the limit.
+handed_over() {
+    local w a b state lines unique i
+    w=$(cluster_workdir handover)
+    seq 1 600 | sed "s|.*|sleep 1; echo \"\$HTC_TASK_ID \$SLURMD_NODENAME \$HTC_ATTEMPT\" >> ids.txt|" >"$w/tasks.txt"
+    chown -R "$HTC_CLUSTER_USER" "$w"
+    a=$(submit "$w" -N 1 --exclusive -t 1 --htc=tasks.txt --htc-resubmit=2 --wrap=:) || { bad "hand-over: submit"; return; }
+    for ((i = 0; i < 300; i++)); do
+        [[ -e $w/.htc/$a/leader.addr ]] && break
+        sleep 0.2
+    done
+    b=$(submit "$w" -N 2 --exclusive -t 10 --htc-join="$a" --wrap=:) || { bad "hand-over: submit the joining job"; return; }
+    state=$(wait_job "$a" 240)
+    check "hand-over: the run's job $a stopped at its time limit (was $state)" test "$state" = TIMEOUT
+    done_snapshot "$w" "$a"
+    state=$(wait_job "$b" 300)
+    check "hand-over: the joined job $b COMPLETED the run (was $state)" test "$state" = COMPLETED
+    check "hand-over: job $b says it took the run over" grep -q "job $b takes the run over" "$w/slurm-$b.out"
+    check "hand-over: job $a resubmitted nothing" bash -c "! grep -q resubmitted '$w/slurm-$a.out'"
+    check "hand-over: htc status $a shows every task done" all_done "$w" "$a"
+    lines=$(wc -l <"$w/ids.txt")
+    unique=$(cut -d' ' -f1 "$w/ids.txt" | sort -u | wc -l)
+    check "hand-over: every task ran ($unique of 600)" test "$unique" = 600
+    check "hand-over: $((lines - unique)) re-run(s), at most the 6 CPUs' tasks in flight" test $((lines - unique)) -le 6
+    none_done_ran_again "hand-over" "$w"
+    [[ $failed == 0 ]] || { echo "--- slurm-$a.out"; tail -n 20 "$w/slurm-$a.out"; echo "--- slurm-$b.out"; tail -n 30 "$w/slurm-$b.out"; }
+}
+
 echo "== 4 nodes (network namespaces)"
 "$root/tests/cluster/start-cluster.sh" -n 4 -m netns -c 2 >/dev/null || { echo "cluster did not start"; exit 1; }
 cluster_env
@@ -390,7 +422,7 @@ install_htc
 if [[ -n ${FAULTS_ONLY:-} ]]; then
     printf '\n!!! FAULTS_ONLY="%s": only these faults run, the others are SKIPPED\n\n' "$FAULTS_ONLY" >&2
 fi
-for t in ${FAULTS_ONLY:-killed_agent link_down link_cut_and_back cancelled_then_resumed requeued node_failed leader_killed_then_resumed time_limit resubmitted_at_time_limit}; do
+for t in ${FAULTS_ONLY:-killed_agent link_down link_cut_and_back cancelled_then_resumed requeued node_failed leader_killed_then_resumed time_limit resubmitted_at_time_limit handed_over}; do
     "$t"
 done
 

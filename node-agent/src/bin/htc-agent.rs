@@ -15,7 +15,7 @@ use htc::leader::{self, LeaderConfig};
 use htc::liveness::Liveness;
 use htc::load::{self, CreateError};
 use htc::pmi::Pmi;
-use htc::rundir::RunDir;
+use htc::rundir::{RunDir, RunLock};
 use htc::{executor, prologue, slurm};
 use htc_core::hflow::Params;
 use htc_core::taskfile::TaskOptions;
@@ -362,8 +362,10 @@ fn lead(a: LeadArgs, script: Vec<OsString>) -> anyhow::Result<i32> {
 
 /// `--htc-join`: this job's nodes join the running run of job `run_job` (in the submit
 /// directory's `.htc/`): the batch script runs as this job's prologue, the leader gives its
-/// agents their ids, and one srun step starts them. The job ends when they do: when the run
-/// ends, or at this job's time limit (the leader tells them to leave before it).
+/// agents their ids, and one srun step starts them. When they end, so does the job: the run
+/// ended, or this job's time came (the leader told them to leave). Should the leader's own job
+/// end first (its time limit, `scancel`, its node lost), this job takes the run over and leads it
+/// from its replica; should another joined job have done so already, it joins that one.
 fn join(
     a: &LeadArgs,
     run_job: u32,
@@ -372,7 +374,8 @@ fn join(
     script: &OsString,
     script_args: &[OsString],
 ) -> anyhow::Result<i32> {
-    let run = RunDir::new(std::env::current_dir()?.join(".htc").join(run_job.to_string()));
+    let base = std::env::current_dir()?;
+    let run = RunDir::new(base.join(".htc").join(run_job.to_string()));
     let p = match prologue::run(
         std::path::Path::new(script),
         script_args,
@@ -385,7 +388,43 @@ fn join(
         }
     };
     prologue::adopt(&p).context("entering the batch script's environment")?;
-    let site = htc::site::Site::load()?;
+    // Its agents hand back and leave before Slurm's KillWait would cut them off.
+    let ends_us = slurm::time_left().map(|left| htc::rundir::now_us() + left.saturating_sub(30_000_000));
+    loop {
+        match join_once(a, &run, job_id, nodes, ends_us) {
+            Ok(()) => {}
+            // The leader went before this job could join: perhaps for good.
+            Err(e @ (htc::join::JoinError::NotRunning { .. } | htc::join::JoinError::NoAnswer { .. })) => {
+                println!("htc: job {job_id}: {e}");
+            }
+            Err(e) => {
+                eprintln!("htc: job {job_id} cannot join: {e}");
+                return Ok(2);
+            }
+        }
+        if ends_us.is_some_and(|end| htc::rundir::now_us() >= end) {
+            println!("htc: job {job_id}: its time is up; it has left the run");
+            return Ok(0);
+        }
+        match next_leader(&run)? {
+            Next::Ended => {
+                println!("htc: job {job_id}: the run has ended");
+                return Ok(0);
+            }
+            Next::Join => continue,
+            Next::Lead(lock) => return take_over(a, &run, job_id, nodes, lock),
+        }
+    }
+}
+
+/// One stay in the run: attach, start this job's agents, wait for them to end.
+fn join_once(
+    a: &LeadArgs,
+    run: &RunDir,
+    job_id: &str,
+    nodes: usize,
+    ends_us: Option<u64>,
+) -> Result<(), htc::join::JoinError> {
     let agents_per_node = a.agents_per_node.unwrap_or(1).max(1);
     let instance_size = (a.instance_nodes.unwrap_or(1).max(1) * agents_per_node) as u32;
     let req = htc::join::Request {
@@ -394,17 +433,10 @@ fn join(
         instance_size,
         nodes: nodes as u32,
         cores: slurm::job_cpus().unwrap_or(nodes as u64),
-        // Its agents hand back and leave before Slurm's KillWait would cut them off.
-        ends_us: slurm::time_left().map(|left| htc::rundir::now_us() + left.saturating_sub(30_000_000)),
+        ends_us,
         cluster: slurm::cluster_name(),
     };
-    let joined = match htc::join::attach(&run, &req) {
-        Ok(j) => j,
-        Err(e) => {
-            eprintln!("htc: job {job_id} cannot join: {e}");
-            return Ok(2);
-        }
-    };
+    let joined = htc::join::attach(run, &req)?;
     let first = joined.first_agent;
     println!(
         "htc: job {job_id} joins run {} (job {}) with {nodes} node(s): agents {first}..{}",
@@ -412,6 +444,7 @@ fn join(
         joined.run_job,
         first as usize + nodes * agents_per_node - 1
     );
+    let site = htc::site::Site::load().unwrap_or_default();
     let srun = slurm::Srun {
         agent_bin: leader::launch::agent_binary(),
         nodes,
@@ -425,11 +458,84 @@ fn join(
     };
     // Agents that never join are the leader's to notice (this allocation's end tells it).
     let (tx, _ignored) = std::sync::mpsc::channel();
-    let mut agents = srun.start(&run, joined.leader, tx)?;
-    agents.wait(Duration::from_secs(365 * 86_400));
+    match srun.start(run, joined.leader, tx) {
+        Ok(mut agents) => agents.wait(Duration::from_secs(365 * 86_400)),
+        Err(e) => println!("htc: job {job_id}: its agents did not start: {e:#}"),
+    }
     drop(joined);
     println!("htc: job {job_id}: its agents have ended");
-    Ok(0)
+    Ok(())
+}
+
+/// What a joined job does once its agents have ended and its time is not up.
+enum Next {
+    /// The run has no task left.
+    Ended,
+    /// Another job leads the run now: join it.
+    Join,
+    /// Nobody leads it: this job does, holding the run's lock.
+    Lead(RunLock),
+}
+
+/// Who leads the run now: the lock is held by whoever leads (the old leader while it writes its
+/// last snapshot, or a joined job that took over); once it is free, the run is this job's.
+fn next_leader(run: &RunDir) -> anyhow::Result<Next> {
+    let end = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        match run.lock() {
+            Ok(lock) => {
+                let left = htc::ledger::Ledger::open(&RunDir::open_for_reading(run.path.clone())?.ledger(), true)?
+                    .read()?
+                    .counts()?
+                    .unfinished();
+                return Ok(if left == 0 { Next::Ended } else { Next::Lead(lock) });
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                // A leader that has published its address takes joins: this job's, too.
+                if run.leader_at().ok().flatten().is_some() {
+                    return Ok(Next::Join);
+                }
+                if std::time::Instant::now() > end {
+                    bail!("the run's lock is held, but nobody leads it, for 120 s");
+                }
+                std::thread::sleep(Duration::from_millis(250));
+            }
+            Err(e) => return Err(e).context("locking the run"),
+        }
+    }
+}
+
+/// The run's leader is gone and this job has its lock: it rebuilds the ledger from the replica on
+/// this node, makes what was in flight pending again, and leads the run with its own nodes.
+fn take_over(a: &LeadArgs, run: &RunDir, job_id: &str, nodes: usize, lock: RunLock) -> anyhow::Result<i32> {
+    let local = match htc::replica::node_local(a.ledger_dir.as_deref(), job_id) {
+        Ok(p) => p,
+        Err(why) => {
+            eprintln!("htc: {why}");
+            return Ok(2);
+        }
+    };
+    let run = adopt(run.clone(), &local)?;
+    let n = leader::driver::reset_interrupted(&run)?;
+    let link = run.path.with_file_name(job_id);
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(run.path.file_name().unwrap_or_default(), &link)
+        .with_context(|| format!("linking {} to the run", link.display()))?;
+    println!(
+        "htc: job {job_id} takes the run over ({n} tasks left to run, those in flight when its leader went among them)"
+    );
+    // The run's own settings, not the joining job's defaults.
+    let mut a = a.clone();
+    let l = htc::ledger::Ledger::open(&run.ledger(), true)?;
+    if let Some(mode) = l.read()?.meta("output")?.and_then(|b| std::str::from_utf8(b).ok()?.parse().ok()) {
+        a.output = mode;
+    }
+    drop(l);
+    let code = lead_session(&a, job_id, nodes, &run, lock);
+    if run.replicated() && htc::replica::Replica::of(&run.path).exists() {
+        htc::replica::remove_node_local(&run.ledger());
+    }
+    code
 }
 
 /// The session, once its run is ready: the batch script as the prologue, the agents, the tasks.
@@ -452,7 +558,13 @@ fn lead_run(
         println!("htc: the batch script is not a shell script: it ran, but its environment does not reach the tasks");
     }
     prologue::adopt(&p).context("entering the batch script's environment")?;
+    let lock = run.lock()?;
+    lead_session(&a, job_id, nodes, run, lock)
+}
 
+/// Leads a session of `run` with this job's nodes, holding the run's lock: one srun step of
+/// agents, the leader until the run ends or this job does; then the resubmission, if due.
+fn lead_session(a: &LeadArgs, job_id: &str, nodes: usize, run: &RunDir, lock: RunLock) -> anyhow::Result<i32> {
     let every = std::env::var("HTC_PROGRESS_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(30u64);
     let fanout = a.fanout.unwrap_or(DEFAULT_FANOUT).max(1);
     let site = htc::site::Site::load()?;
@@ -496,13 +608,16 @@ fn lead_run(
         mem_policy: Default::default(),
         no_steal: false,
     };
-    let lock = run.lock()?;
-    note_resume_args(run, nodes, &a)?;
+    note_resume_args(run, nodes, a)?;
     let outcome = leader::run(cfg, |addr, tx| srun.start(run, addr, tx))?;
     let code = htc::status::finish(run, &outcome, false);
     drop(lock);
     let at_limit = deadline_us.is_some_and(|d| htc::rundir::now_us() >= d);
-    if let Some(max) = a.resubmit.filter(|_| resubmit_due(&outcome.ending, at_limit)) {
+    let joined = outcome.progress.joined_running;
+    if joined > 0 && outcome.ending != leader::Ending::Complete {
+        // One of them takes the run over (`join`): no resubmission.
+        println!("htc: {joined} joined job(s) still run: one of them takes the run over");
+    } else if let Some(max) = a.resubmit.filter(|_| resubmit_due(&outcome.ending, at_limit)) {
         if let Err(e) = resubmit(run, max) {
             println!("htc: could not resubmit: {e:#}");
         }

@@ -141,6 +141,9 @@ pub struct Progress {
     /// Tasks finished (done or failed) in this session, for the rate.
     pub finished_this_session: u64,
     pub agents: usize,
+    /// Allocations that joined the run and still run: should the leader's own end, one of them
+    /// takes the run over (no resubmission).
+    pub joined_running: usize,
 }
 
 #[derive(Debug, PartialEq, Eq)]

@@ -26,6 +26,7 @@ impl Core<'_> {
             finished_this_session: (self.counts.get(State::Done) + self.counts.get(State::Failed))
                 .saturating_sub(self.finished_start),
             agents: self.agents.values().filter(|a| a.alive).count(),
+            joined_running: self.allocations.iter().filter(|a| a.stage == allocations::Stage::Running).count(),
         }
     }
 
