@@ -3,6 +3,7 @@
 
 pub mod affinity;
 pub mod backfill;
+pub mod grow;
 pub mod hflow;
 pub mod hist;
 pub mod idmap;

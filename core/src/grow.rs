@@ -1,0 +1,277 @@
+//! A run that grows itself (`--htc-grow=MAX_JOBS[:NODES[:TIME]]`): while the work left is more
+//! than the run's allocations can finish in their time, the leader submits another allocation
+//! that joins the run (`sbatch --htc-join`), never more than MAX_JOBS of them pending or running,
+//! and none once the tail is in sight. Pure: fed the run's situation with the time, it answers
+//! whether to submit and why; the leader's driver submits and says what came of it.
+
+use std::collections::BTreeMap;
+
+/// The user's bound and shape of the allocations a run may submit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GrowSpec {
+    /// Grown jobs pending or running at once, at most.
+    pub max_jobs: u32,
+    /// Nodes of each (default 1).
+    pub nodes: u32,
+    /// Each one's time limit in minutes; `None`: the run's own job's.
+    pub minutes: Option<u64>,
+}
+
+pub const MAX_JOBS_MAX: u32 = 1000;
+pub const NODES_MAX: u32 = 100_000;
+
+impl GrowSpec {
+    /// `MAX_JOBS[:NODES[:TIME]]`, TIME as sbatch writes it (`MM`, `MM:SS`, `HH:MM:SS`, `D-HH`,
+    /// `D-HH:MM`, `D-HH:MM:SS`).
+    pub fn parse(s: &str) -> Result<GrowSpec, String> {
+        let mut parts = s.trim().splitn(3, ':');
+        let count = |what: &str, v: Option<&str>, max: u32, default: u32| -> Result<u32, String> {
+            match v {
+                None => Ok(default),
+                Some(v) => match v.parse::<u32>() {
+                    Ok(n) if (1..=max).contains(&n) => Ok(n),
+                    _ => Err(format!("'{v}' is not a number of {what} (1 to {max})")),
+                },
+            }
+        };
+        let max_jobs = count("jobs", Some(parts.next().unwrap_or_default()), MAX_JOBS_MAX, 1)?;
+        let nodes = count("nodes", parts.next(), NODES_MAX, 1)?;
+        let minutes = parts.next().map(slurm_minutes).transpose()?;
+        Ok(GrowSpec { max_jobs, nodes, minutes })
+    }
+
+    /// As `parse` reads it.
+    pub fn to_arg(&self) -> String {
+        match self.minutes {
+            Some(m) => format!("{}:{}:{}", self.max_jobs, self.nodes, m),
+            None => format!("{}:{}", self.max_jobs, self.nodes),
+        }
+    }
+}
+
+/// A Slurm time limit in whole minutes (rounded up), at least one.
+fn slurm_minutes(t: &str) -> Result<u64, String> {
+    let bad = || format!("'{t}' is not a time limit (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS)");
+    let (days, rest) = match t.split_once('-') {
+        Some((d, r)) => (Some(d.parse::<u64>().map_err(|_| bad())?), r),
+        None => (None, t),
+    };
+    let f: Vec<u64> = rest.split(':').map(|x| x.parse::<u64>().map_err(|_| bad())).collect::<Result<_, _>>()?;
+    let secs = match (days, f.as_slice()) {
+        (None, [m]) => m * 60,
+        (None, [m, s]) => m * 60 + s,
+        (None, [h, m, s]) => h * 3600 + m * 60 + s,
+        (Some(d), [h]) => d * 86_400 + h * 3600,
+        (Some(d), [h, m]) => d * 86_400 + h * 3600 + m * 60,
+        (Some(d), [h, m, s]) => d * 86_400 + h * 3600 + m * 60 + s,
+        _ => return Err(bad()),
+    };
+    if secs == 0 {
+        return Err(bad());
+    }
+    Ok(secs.div_ceil(60))
+}
+
+/// What the run looks like now, as the leader sees it.
+#[derive(Debug, Clone, Default)]
+pub struct Situation {
+    pub now_us: u64,
+    /// Tasks not finished (pending, or in flight).
+    pub tasks_left: u64,
+    /// Mean core-seconds per task, as measured (or hinted); `None` before the run knows.
+    pub task_core_s: Option<f64>,
+    /// Allocations working on the run now: their cores and when each must be gone.
+    pub live: Vec<(u64, Option<u64>)>,
+    /// Jobs that joined the run (allocations' job ids), to tell grown jobs that arrived.
+    pub joined: Vec<String>,
+    /// Cores of one node, for what a grown job will bring.
+    pub cores_per_node: u64,
+    /// The run's own job's time limit in minutes, for grown jobs without a TIME.
+    pub own_minutes: u64,
+}
+
+/// What the leader should do now.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// Submit one allocation of `nodes` nodes for `minutes`; `reason` for the log.
+    Submit {
+        nodes: u32,
+        minutes: u64,
+        reason: String,
+    },
+    Wait,
+}
+
+/// A grown job's life as the grower sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Grown {
+    /// Submitted; not in the run yet.
+    Pending,
+    /// Its agents joined the run.
+    Joined,
+    /// Joined and left, or ended without joining.
+    Over,
+}
+
+/// Decides when to submit; remembers what it submitted.
+#[derive(Debug, Clone)]
+pub struct Grower {
+    spec: GrowSpec,
+    jobs: BTreeMap<String, Grown>,
+    /// When it last submitted (or a submission failed): one submission per `QUIET_US`, so
+    /// that a job just submitted is counted before the next is considered.
+    last_us: Option<u64>,
+}
+
+/// The least time between two submissions.
+pub const QUIET_US: u64 = 30_000_000;
+
+impl Grower {
+    pub fn new(spec: GrowSpec) -> Grower {
+        Grower { spec, jobs: BTreeMap::new(), last_us: None }
+    }
+
+    /// A grown job was submitted as `job`.
+    pub fn submitted(&mut self, job: String, now_us: u64) {
+        self.jobs.insert(job, Grown::Pending);
+        self.last_us = Some(now_us);
+    }
+
+    /// A submission failed: try again after the quiet time.
+    pub fn failed(&mut self, now_us: u64) {
+        self.last_us = Some(now_us);
+    }
+
+    /// A grown job ended (its allocation left the run, or it never came).
+    pub fn ended(&mut self, job: &str) {
+        if let Some(g) = self.jobs.get_mut(job) {
+            *g = Grown::Over;
+        }
+    }
+
+    /// Grown jobs submitted and not joined yet: cancelled when the run ends.
+    pub fn pending(&self) -> Vec<String> {
+        self.jobs.iter().filter(|(_, g)| **g == Grown::Pending).map(|(j, _)| j.clone()).collect()
+    }
+
+    fn active(&self) -> u32 {
+        self.jobs.values().filter(|g| **g != Grown::Over).count() as u32
+    }
+
+    /// Whether to submit now, and why (or why not, for the log: `Wait` needs no reason).
+    pub fn decide(&mut self, s: &Situation) -> Decision {
+        for job in &s.joined {
+            if let Some(g) = self.jobs.get_mut(job).filter(|g| **g == Grown::Pending) {
+                *g = Grown::Joined;
+            }
+        }
+        if self.active() >= self.spec.max_jobs || self.last_us.is_some_and(|t| s.now_us < t + QUIET_US) {
+            return Decision::Wait;
+        }
+        let Some(per_task) = s.task_core_s else { return Decision::Wait };
+        let work = s.tasks_left as f64 * per_task;
+        let minutes = self.spec.minutes.unwrap_or(s.own_minutes).max(1);
+        // What the live allocations can do before they must go, and what the pending ones will
+        // (as if they started now: the safe side, since a late start only means a later tail).
+        let live: f64 = s
+            .live
+            .iter()
+            .map(|&(cores, end)| cores as f64 * end.map_or(f64::INFINITY, |e| e.saturating_sub(s.now_us) as f64 / 1e6))
+            .sum();
+        let pending = self.jobs.values().filter(|g| **g == Grown::Pending).count() as f64;
+        let coming = pending * (self.spec.nodes as u64 * s.cores_per_node.max(1)) as f64 * minutes as f64 * 60.0;
+        if work <= live + coming {
+            return Decision::Wait;
+        }
+        let reason = format!(
+            "{} tasks left (~{:.0} core-s) are more than the run's allocations can do in their time (~{:.0} core-s{})",
+            s.tasks_left,
+            work,
+            live + coming,
+            if pending > 0.0 { format!(", {pending} job(s) pending among them") } else { String::new() }
+        );
+        Decision::Submit { nodes: self.spec.nodes, minutes, reason }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_option_reads_jobs_nodes_and_time() {
+        assert_eq!(GrowSpec::parse("3"), Ok(GrowSpec { max_jobs: 3, nodes: 1, minutes: None }));
+        assert_eq!(GrowSpec::parse("3:2"), Ok(GrowSpec { max_jobs: 3, nodes: 2, minutes: None }));
+        assert_eq!(GrowSpec::parse("3:1:30"), Ok(GrowSpec { max_jobs: 3, nodes: 1, minutes: Some(30) }));
+        assert_eq!(GrowSpec::parse("3:1:1:30:00").unwrap().minutes, Some(90));
+        assert_eq!(GrowSpec::parse("3:1:2-12").unwrap().minutes, Some(2 * 1440 + 720));
+        assert_eq!(GrowSpec::parse("3:1:0:30").unwrap().minutes, Some(1), "30 s rounds up to a minute");
+        assert!(GrowSpec::parse("0").unwrap_err().contains("number of jobs"));
+        assert!(GrowSpec::parse("").unwrap_err().contains("number of jobs"));
+        assert!(GrowSpec::parse("2:x").unwrap_err().contains("'x' is not a number of nodes"));
+        assert!(GrowSpec::parse("2:1:soon").unwrap_err().contains("not a time limit"));
+        assert!(GrowSpec::parse("2:1:0").unwrap_err().contains("not a time limit"));
+        let s = GrowSpec::parse("4:2:45").unwrap();
+        assert_eq!(GrowSpec::parse(&s.to_arg()), Ok(s));
+    }
+
+    const S: u64 = 1_000_000;
+
+    /// One node of 4 cores with 10 minutes left; tasks of 6 core-seconds.
+    fn situation(now_s: u64, tasks_left: u64, joined: &[&str]) -> Situation {
+        Situation {
+            now_us: now_s * S,
+            tasks_left,
+            task_core_s: Some(6.0),
+            live: vec![(4, Some(600 * S))],
+            joined: joined.iter().map(|j| j.to_string()).collect(),
+            cores_per_node: 4,
+            own_minutes: 10,
+        }
+    }
+
+    #[test]
+    fn it_submits_while_the_work_outgrows_the_allocations_and_never_more_than_max_jobs() {
+        let mut g = Grower::new(GrowSpec { max_jobs: 2, nodes: 1, minutes: Some(10) });
+        // 1,000 tasks × 6 s = 6,000 core-s; the node can do 4 × 600 = 2,400 in its time.
+        let d = g.decide(&situation(0, 1000, &[]));
+        assert!(
+            matches!(&d, Decision::Submit { nodes: 1, minutes: 10, reason } if reason.contains("1000 tasks left")),
+            "{d:?}"
+        );
+        g.submitted("101".into(), 0);
+        assert_eq!(g.decide(&situation(10, 1000, &[])), Decision::Wait, "quiet after a submission");
+        // The pending job counts as 2,400 more: 4,800 < 6,000, so a second one.
+        assert!(matches!(g.decide(&situation(31, 1000, &[])), Decision::Submit { .. }));
+        g.submitted("102".into(), 31);
+        // Two active: the bound, however much work is left.
+        assert_eq!(g.decide(&situation(100, 100_000, &["101"])), Decision::Wait);
+        // One ends: room for another.
+        g.ended("101");
+        assert!(matches!(g.decide(&situation(200, 100_000, &["102"])), Decision::Submit { .. }));
+    }
+
+    #[test]
+    fn none_once_the_tail_is_in_sight_nor_before_runtimes_are_known() {
+        let mut g = Grower::new(GrowSpec { max_jobs: 5, nodes: 1, minutes: None });
+        // 300 tasks × 6 s = 1,800 core-s: the live node finishes them in time.
+        assert_eq!(g.decide(&situation(0, 300, &[])), Decision::Wait);
+        let unknown = Situation { task_core_s: None, ..situation(0, 1_000_000, &[]) };
+        assert_eq!(g.decide(&unknown), Decision::Wait, "no estimate, no submission");
+        // An allocation without an end can do anything in its time: nothing to add.
+        let endless = Situation { live: vec![(4, None)], ..situation(0, 1_000_000, &[]) };
+        assert_eq!(g.decide(&endless), Decision::Wait);
+    }
+
+    #[test]
+    fn a_joined_grown_job_is_counted_by_its_cores_not_as_pending() {
+        let mut g = Grower::new(GrowSpec { max_jobs: 3, nodes: 1, minutes: Some(10) });
+        g.submitted("7".into(), 0);
+        assert_eq!(g.pending(), ["7"]);
+        let mut s = situation(60, 1000, &["7"]);
+        s.live.push((4, Some(660 * S)));
+        // Live: 4 × 540 + 4 × 600 = 4,560 < 6,000: another.
+        assert!(matches!(g.decide(&s), Decision::Submit { .. }));
+        assert!(g.pending().is_empty(), "7 joined");
+    }
+}
