@@ -376,6 +376,10 @@ pub mod agent {
         /// submit the job that continues the run; at most this many times for the run.
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100))]
         pub resubmit: Option<u32>,
+        /// A run that grows itself: while the work left is more than its jobs can do in their
+        /// time, submit up to MAX_JOBS jobs of NODES nodes for TIME that join it.
+        #[arg(long, value_name = "MAX_JOBS[:NODES[:TIME]]", value_parser = htc_core::grow::GrowSpec::parse)]
+        pub grow: Option<htc_core::grow::GrowSpec>,
     }
 }
 

@@ -395,6 +395,42 @@ joined_job_cancelled() {
     [[ $failed == 0 ]] || { echo "--- slurm-$a.out"; tail -n 20 "$w/slurm-$a.out"; echo "--- slurm-$b.out"; tail -n 20 "$w/slurm-$b.out"; }
 }
 
+# --htc-grow: a run on 1 node of a cluster whose other nodes are busy with plain jobs. Its work
+# (400 x 0.5 s on 2 CPUs) is more than its node can do before its time limit, so it submits a
+# job that joins it, which starts once a plain job has freed a node; then the tail is in sight
+# and it submits no more. Every task once; the plain jobs are untouched.
+grown_run() {
+    local w a i p plain=() state grown n=400
+    w=$(cluster_workdir grown)
+    seq 1 "$n" | sed 's|.*|sleep 0.5; echo "$HTC_TASK_ID $SLURMD_NODENAME" >> ids.txt|' >"$w/tasks.txt"
+    chown -R "$HTC_CLUSTER_USER" "$w"
+    a=$(submit "$w" -N 1 --exclusive -t 2 --htc=tasks.txt --htc-grow=2:1:2 --wrap=:) || { bad "grow: submit the run"; return; }
+    for ((i = 0; i < 100; i++)); do
+        [[ $(job_state "$a") == RUNNING ]] && break
+        sleep 0.2
+    done
+    for i in 1 2 3; do
+        p=$(submit "$w" -N 1 --exclusive --wrap="sleep 15") || { bad "grow: submit plain job $i"; return; }
+        plain+=("$p")
+    done
+    state=$(wait_job "$a" 240)
+    check "grow: the run's job $a COMPLETED (was $state)" test "$state" = COMPLETED
+    grown=$(grep -o 'grow: submitted job [0-9]*' "$w/slurm-$a.out" | awk '{print $NF}')
+    check "grow: it submitted 1 or 2 jobs ($(echo $grown))" test "$(wc -w <<<"$grown")" -ge 1 -a "$(wc -w <<<"$grown")" -le 2
+    check "grow: each submission with its reason" grep -q "grow: submitting a job of 1 node(s) for 2 min to join the run: .* tasks left" "$w/slurm-$a.out"
+    for p in $grown; do
+        state=$(wait_job "$p" 120)
+        check "grow: grown job $p ended with the run (was $state)" test "$state" = COMPLETED -o "$state" = CANCELLED
+    done
+    check "grow: a grown job joined and ran tasks" test "$(cut -d' ' -f2 "$w/ids.txt" | sort -u | wc -l)" -ge 2
+    check "grow: all $n tasks exactly once" each_once "$w/ids.txt" "$n"
+    for p in "${plain[@]}"; do
+        state=$(wait_job "$p" 120)
+        check "grow: plain job $p COMPLETED (was $state)" test "$state" = COMPLETED
+    done
+    [[ $failed == 0 ]] || { echo "--- slurm-$a.out"; tail -n 30 "$w/slurm-$a.out"; }
+}
+
 if [[ -n ${HTC_JOBS_ONLY:-} ]]; then # one test on 4 nodes, while developing it
     printf '\n!!! HTC_JOBS_ONLY=%s: only this test runs, the others are SKIPPED\n\n' "$HTC_JOBS_ONLY" >&2
     "$root/tests/cluster/start-cluster.sh" -n 4 -m netns -c 2 >/dev/null || { echo "cluster did not start"; exit 1; }
@@ -438,6 +474,7 @@ memory_job --htc-instance-nodes=2
 echo "-- --htc-join: a second allocation joins a running run"
 joined_job
 joined_job_cancelled
+grown_run
 
 [[ $failed == 0 ]] || cluster_logs 20
 "$root/tests/cluster/stop-cluster.sh" >/dev/null 2>&1

@@ -607,6 +607,11 @@ fn lead_session(a: &LeadArgs, job_id: &str, nodes: usize, run: &RunDir, lock: Ru
         deadline_us,
         mem_policy: Default::default(),
         no_steal: false,
+        grow: a.grow.map(|spec| {
+            let own_minutes = slurm::time_left().map_or(60, |us| us.div_ceil(60_000_000));
+            let submit = Arc::new(SbatchJoin { run: run.clone(), own_options: slurm::own_job_options() });
+            leader::grow::Growing::new(spec, own_minutes, submit)
+        }),
     };
     note_resume_args(run, nodes, a)?;
     let outcome = leader::run(cfg, |addr, tx| srun.start(run, addr, tx))?;
@@ -623,6 +628,48 @@ fn lead_session(a: &LeadArgs, job_id: &str, nodes: usize, run: &RunDir, lock: Ru
         }
     }
     code
+}
+
+/// Grown jobs (`--htc-grow`): `sbatch --htc-join=RUN` from the submit directory with the run's
+/// own job's options (its partition, account, memory, ...) but the grown shape, and `scancel`.
+struct SbatchJoin {
+    run: RunDir,
+    own_options: Vec<String>,
+}
+
+impl leader::grow::Submit for SbatchJoin {
+    fn submit(&self, nodes: u32, minutes: u64, reason: &str) -> Result<String, String> {
+        println!("htc: grow: submitting a job of {nodes} node(s) for {minutes} min to join the run: {reason}");
+        let submit_dir = self.run.path.parent().and_then(|p| p.parent()).ok_or("the run directory has no parent")?;
+        let mut cmd = std::process::Command::new("sbatch");
+        cmd.arg("--parsable")
+            .args(self.own_options.iter().filter(|o| !o.starts_with("--time=") && !o.starts_with("--nodes=")))
+            .arg(format!("--htc-join={}", self.run.id()))
+            .arg(format!("--nodes={nodes}"))
+            .arg(format!("--time={minutes}"))
+            .arg("--wrap=:")
+            .current_dir(submit_dir);
+        for (k, _) in std::env::vars_os() {
+            let k = k.to_string_lossy();
+            if (k.starts_with("SLURM_") || k.starts_with("SBATCH_")) && k != "SLURM_CONF" {
+                cmd.env_remove(k.as_ref());
+            }
+        }
+        let out = cmd.output().map_err(|e| format!("running sbatch: {e}"))?;
+        if !out.status.success() {
+            let why = format!("sbatch: {}", String::from_utf8_lossy(&out.stderr).trim());
+            println!("htc: grow: {why}");
+            return Err(why);
+        }
+        let job = String::from_utf8_lossy(&out.stdout).trim().split(';').next().unwrap_or_default().to_string();
+        println!("htc: grow: submitted job {job}");
+        Ok(job)
+    }
+
+    fn cancel(&self, jobs: &[String]) {
+        println!("htc: grow: the run has ended; cancelling job(s) {} that never joined it", jobs.join(" "));
+        let _ = std::process::Command::new("scancel").args(jobs).status();
+    }
 }
 
 /// What `htc resume` asks for when told nothing else: the run's shape, and the job's own options
@@ -707,6 +754,7 @@ fn resume_args(nodes: usize, a: &LeadArgs) -> Vec<String> {
             opt("max-fails", a.max_fails.map(|n| n.to_string())),
             opt("partition", a.partition.map(|p| p.name().to_string())),
             opt("resubmit", a.resubmit.map(|n| n.to_string())),
+            opt("grow", a.grow.map(|g| g.to_arg())),
         ]
         .into_iter()
         .flatten(),

@@ -239,6 +239,7 @@ fn run(a: RunArgs) -> anyhow::Result<i32> {
         deadline_us: time_limit.map(|s| rundir::now_us() + s * 1_000_000),
         mem_policy,
         no_steal,
+        grow: None,
     };
     let outcome = leader::run(cfg, |addr, tx| local.start(&run, addr, tx))?;
     let code = htc::status::finish(&run, &outcome, quiet);

@@ -36,6 +36,8 @@ pub enum Event {
     Attach(Attach, tokio::sync::oneshot::Sender<std::result::Result<u32, String>>),
     /// A joined allocation's launcher is gone (its job ended).
     AllocationGone(String),
+    /// A grown job was submitted (its id), or could not be.
+    Grown(std::result::Result<String, String>),
 }
 
 /// Where the run's progress is shown while it runs: the product's terminal bar or plain lines
@@ -56,6 +58,8 @@ pub struct DriverConfig {
     /// Told of each agent the core gives up (`net::NetConfig::give_up`), so that its old
     /// connection does not keep it from coming back.
     pub given_up: Option<Box<dyn Fn(u32) + Send>>,
+    /// A run that grows itself (`--htc-grow`).
+    pub grow: Option<super::grow::Growing>,
 }
 
 /// How a session ended, in the live view's words.
@@ -241,6 +245,12 @@ impl<'c, 'l> Session<'c, 'l> {
                     self.core.allocation_gone(&job, now_us());
                     None
                 }
+                Event::Grown(r) => {
+                    if let Some(g) = self.cfg.grow.as_mut() {
+                        g.submitted(r, now_us());
+                    }
+                    None
+                }
             };
             if let Some(input) = input {
                 let t = match self.txn.as_mut() {
@@ -349,6 +359,9 @@ impl<'c, 'l> Session<'c, 'l> {
             write_live(&mut self.cfg, &self.core, "running");
             self.last.live = Some(now);
         }
+        if let Some(g) = self.cfg.grow.as_mut() {
+            g.turn(&self.core, now_us());
+        }
         if now - self.last.progress >= self.progress_every {
             if let Some(sink) = self.cfg.progress.as_mut() {
                 sink.show(&self.core.progress(now_us()));
@@ -361,6 +374,9 @@ impl<'c, 'l> Session<'c, 'l> {
     /// The session is over, however it ended: what is written is committed, `htc status` need
     /// not wait for the heartbeat to age, the agents are told.
     fn end(mut self, ending: Ending) -> Result<(Ending, Progress)> {
+        if let Some(g) = &self.cfg.grow {
+            g.end();
+        }
         if let Some(t) = self.txn.take() {
             t.commit()?;
         }
@@ -467,8 +483,13 @@ mod tests {
         let core = new_core(&ledger, &planned, "job", now_us()).unwrap();
         let (tx, rx) = mpsc::channel();
         // A commit interval no turn reaches: only the end of the run commits what came.
-        let cfg =
-            DriverConfig { commit_interval: Duration::from_secs(600), progress: None, live_dir: None, given_up: None };
+        let cfg = DriverConfig {
+            commit_interval: Duration::from_secs(600),
+            progress: None,
+            live_dir: None,
+            given_up: None,
+            grow: None,
+        };
         let mut links = Vec::new();
         let before = ledger.read().unwrap().txn_id();
         std::thread::scope(|s| {

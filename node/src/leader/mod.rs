@@ -3,6 +3,7 @@
 //! agents' connections, `net` the sockets, `launch` how agents are started.
 
 pub mod driver;
+pub mod grow;
 pub mod launch;
 pub mod net;
 pub use htc_engine::leader::{core, plan};
@@ -56,6 +57,8 @@ pub struct LeaderConfig {
     pub mem_policy: htc_core::backfill::Policy,
     /// No instance takes from another's share (`--no-steal`, for measurements).
     pub no_steal: bool,
+    /// A run that grows itself (`--htc-grow`): its policy and how it submits.
+    pub grow: Option<grow::Growing>,
 }
 
 pub struct Outcome {
@@ -117,6 +120,10 @@ pub fn run(
         progress: cfg.progress,
         live_dir: Some(cfg.run.path.clone()),
         given_up: Some(Box::new(move |agent| evict.give_up(agent))),
+        grow: cfg.grow.map(|mut g| {
+            g.answer_to(tx.clone());
+            g
+        }),
     };
 
     let result = std::thread::scope(|s| {

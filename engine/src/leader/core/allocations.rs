@@ -179,4 +179,36 @@ impl Core<'_> {
     pub(super) fn has_joined(&self) -> bool {
         !self.allocations.is_empty()
     }
+
+    /// The run as a growing run's policy sees it (`htc_core::grow`): tasks left and what one
+    /// costs (measured once a few ran), the allocations working and their ends.
+    pub fn grow_situation(&self, now_us: u64, own_minutes: u64) -> htc_core::grow::Situation {
+        let alive = |range: Option<&Range<u32>>| -> u64 {
+            self.agents
+                .iter()
+                .filter(|(id, a)| a.alive && range.map_or(self.allocation_of(**id).is_none(), |r| r.contains(id)))
+                .map(|(_, a)| a.cores as u64)
+                .sum()
+        };
+        let mut live = vec![(alive(None), self.deadline_us)];
+        for a in self.allocations.iter().filter(|a| a.stage == Stage::Running) {
+            live.push((alive(Some(&a.agents)), a.ends_us));
+        }
+        htc_core::grow::Situation {
+            now_us,
+            tasks_left: self.counts.unfinished(),
+            task_core_s: (self.oks >= htc_core::partition::LEARN_AFTER)
+                .then(|| self.ran_core_us as f64 / 1e6 / self.oks as f64),
+            live,
+            joined: self.allocations.iter().map(|a| a.job.clone()).collect(),
+            cores_per_node: self.agents.values().filter(|a| a.alive).map(|a| a.cores as u64).max().unwrap_or(1),
+            own_minutes,
+        }
+    }
+
+    /// Joined allocations that are over (left, or their job ended): a grown job among them no
+    /// longer counts against the run's bound.
+    pub fn allocations_over(&self) -> impl Iterator<Item = &str> {
+        self.allocations.iter().filter(|a| a.stage != Stage::Running).map(|a| a.job.as_str())
+    }
 }

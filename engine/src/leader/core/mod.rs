@@ -284,6 +284,9 @@ pub struct Core<'a> {
     recalls: Recalls,
     /// The allocations that joined the run (`attach`), in the order they came.
     allocations: Vec<allocations::Allocation>,
+    /// Core-microseconds the successful attempts of this session ran (`oks` of them): what a
+    /// task costs, for a run that grows itself.
+    ran_core_us: u64,
 }
 
 /// How an attempt ended, as reported (or decided, for a lost agent).
@@ -352,6 +355,7 @@ impl<'a> Core<'a> {
             no_steal: false,
             recalls: Recalls::default(),
             allocations: Vec::new(),
+            ran_core_us: 0,
         }
     }
 

@@ -200,6 +200,7 @@ impl Core<'_> {
         self.note_streak(f.agent, id, end);
         if end == End::Succeeded && start_us != 0 && end_us >= start_us {
             self.partition.observe(r.class, r.runtime_ms, (end_us - start_us) / 1000);
+            self.ran_core_us = self.ran_core_us.saturating_add((end_us - start_us) * r.cores.max(1) as u64);
             if r.mem_mb > 0 || r.gpus > 0 {
                 self.mem.observe(group_of(r), end_us - start_us);
             }
