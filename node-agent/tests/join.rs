@@ -92,3 +92,28 @@ fn joins_that_cannot_be_taken_are_refused_and_the_run_goes_on_unharmed() {
     let o = d.htc(&["status", run.to_str().unwrap()]);
     assert!(text(&o).contains("done=4 failed=0"), "{}", text(&o));
 }
+
+#[test]
+fn joined_agents_leave_in_good_order_at_their_time_limit_and_the_run_finishes_without_them() {
+    let d = Dir::new("join-leave");
+    let n = 200;
+    d.write("t.txt", "sleep 0.05\n".repeat(n));
+    let mut lead = d.spawn_htc(&["run", "t.txt", "--agents", "1", "--cores-per-agent", "1", "-q"], &[]);
+    assert!(wait_for(|| d.path(".htc").exists() && d.run_dir().join("leader.addr").exists(), Duration::from_secs(30)));
+    let run = d.run_dir();
+    // Two seconds of work, then they must go: they hand back what is queued and end.
+    let join = d.htc(&["run", "--join", run.to_str().unwrap(), "--agents", "1", "--cores-per-agent", "2", "--time-limit", "2"]);
+    assert!(join.status.success(), "{}", text(&join));
+    let led = lead.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&led.stderr).into_owned();
+    assert!(led.status.success(), "{said}");
+    assert!(!said.contains("agent lost"), "leaving at its time is no loss: {said}");
+    let status = d.htc(&["status", run.to_str().unwrap()]);
+    assert!(text(&status).contains(&format!("done={n} failed=0")), "{}", text(&status));
+    assert!(text(&status).contains("joined:   job local-"), "the joined job is listed: {}", text(&status));
+    let runs = attempts(&d, run.to_str().unwrap());
+    let mut per_task: HashMap<u64, u32> = HashMap::new();
+    runs.iter().for_each(|&(t, _)| *per_task.entry(t).or_default() += 1);
+    assert!(per_task.values().all(|&c| c == 1), "leaving re-ran nothing: {} attempts", runs.len());
+    assert!(runs.iter().any(|&(_, a)| a == 1), "the joined agent ran tasks before it left");
+}
