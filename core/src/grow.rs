@@ -57,15 +57,18 @@ fn slurm_minutes(t: &str) -> Result<u64, String> {
         None => (None, t),
     };
     let f: Vec<u64> = rest.split(':').map(|x| x.parse::<u64>().map_err(|_| bad())).collect::<Result<_, _>>()?;
+    // Checked: a time written with absurd numbers is refused, not wrapped into a wrong one.
+    let sum = |parts: &[(u64, u64)]| parts.iter().try_fold(0u64, |t, &(v, unit)| t.checked_add(v.checked_mul(unit)?));
     let secs = match (days, f.as_slice()) {
-        (None, [m]) => m * 60,
-        (None, [m, s]) => m * 60 + s,
-        (None, [h, m, s]) => h * 3600 + m * 60 + s,
-        (Some(d), [h]) => d * 86_400 + h * 3600,
-        (Some(d), [h, m]) => d * 86_400 + h * 3600 + m * 60,
-        (Some(d), [h, m, s]) => d * 86_400 + h * 3600 + m * 60 + s,
+        (None, [m]) => sum(&[(*m, 60)]),
+        (None, [m, s]) => sum(&[(*m, 60), (*s, 1)]),
+        (None, [h, m, s]) => sum(&[(*h, 3600), (*m, 60), (*s, 1)]),
+        (Some(d), [h]) => sum(&[(d, 86_400), (*h, 3600)]),
+        (Some(d), [h, m]) => sum(&[(d, 86_400), (*h, 3600), (*m, 60)]),
+        (Some(d), [h, m, s]) => sum(&[(d, 86_400), (*h, 3600), (*m, 60), (*s, 1)]),
         _ => return Err(bad()),
-    };
+    }
+    .ok_or_else(bad)?;
     if secs == 0 {
         return Err(bad());
     }
@@ -211,6 +214,8 @@ mod tests {
         assert!(GrowSpec::parse("2:x").unwrap_err().contains("'x' is not a number of nodes"));
         assert!(GrowSpec::parse("2:1:soon").unwrap_err().contains("not a time limit"));
         assert!(GrowSpec::parse("2:1:0").unwrap_err().contains("not a time limit"));
+        assert!(GrowSpec::parse("1:1:999999999999999-1").unwrap_err().contains("not a time limit"), "no overflow");
+        assert!(GrowSpec::parse("1:1:999999999999999999").unwrap_err().contains("not a time limit"));
         let s = GrowSpec::parse("4:2:45").unwrap();
         assert_eq!(GrowSpec::parse(&s.to_arg()), Ok(s));
     }
