@@ -41,6 +41,7 @@ pub const OPT_MAX_FAILS: i32 = 8;
 pub const OPT_RESUME: i32 = 9;
 pub const OPT_RESUBMIT: i32 = 10;
 pub const OPT_JOIN: i32 = 11;
+pub const OPT_GROW: i32 = 12;
 
 /// Names given to `spank_job_control_setenv` in sbatch. Slurm puts them into the job's
 /// environment with a `SLURM_SPANK_` prefix (and into prolog/epilog with `SPANK_`).
@@ -54,6 +55,8 @@ pub const JC_INSTANCE_NODES: &str = "HTC_INSTANCE_NODES";
 pub const JC_MAX_FAILS: &str = "HTC_MAX_FAILS";
 pub const JC_RESUBMIT: &str = "HTC_RESUBMIT";
 pub const JC_RESUME: &str = "HTC_RESUME";
+/// `--htc-grow=SPEC`, as [`GrowSpec::to_arg`] writes it.
+pub const JC_GROW: &str = "HTC_GROW";
 /// `--htc-join=JOBID`: the job joins that run instead of starting one (no `HTC_FILE` then).
 pub const JC_JOIN: &str = "HTC_JOIN";
 /// Prefix Slurm adds to job-control names in the job environment.
@@ -65,6 +68,9 @@ pub fn job_env_name(jc_name: &str) -> String {
 
 /// `--htc-output=MODE`.
 pub use htc_core::output::OutputMode;
+
+/// `--htc-grow=MAX_JOBS[:NODES[:TIME]]`.
+pub use htc_core::grow::GrowSpec;
 
 /// Plugin arguments from the plugstack.conf line.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -194,6 +200,38 @@ pub fn parse_resubmit(s: &str) -> Result<u32, String> {
     parse_number(s, 1, RESUBMIT_MAX)
 }
 
+/// The longest TIME of `--htc-grow`, in minutes: Slurm's time limits are 32-bit minutes, of
+/// which `INFINITE` (0xffffffff) and `NO_VAL` (0xfffffffe) are reserved.
+pub const GROW_MINUTES_MAX: u64 = 0xffff_fffd;
+
+/// `--htc-grow=MAX_JOBS[:NODES[:TIME]]`: while the work left outgrows the run's allocations,
+/// the leader submits up to MAX_JOBS jobs of NODES nodes for TIME that join the run
+/// ([`GrowSpec::parse`]). A TIME longer than Slurm takes is refused here, before htc-core's
+/// arithmetic sees a field that would overflow it.
+pub fn parse_grow(s: &str) -> Result<GrowSpec, String> {
+    let t = s.trim();
+    if let Some(time) = t.splitn(3, ':').nth(2) {
+        // Each field alone over this is beyond GROW_MINUTES_MAX (as seconds too); below it no
+        // sum of the fields overflows.
+        const FIELD_MAX: u64 = 1_000_000_000_000;
+        if time.split(['-', ':']).any(|f| f.parse::<u64>().is_ok_and(|n| n > FIELD_MAX)) {
+            // MAX_JOBS and NODES are reported first, as GrowSpec::parse does.
+            GrowSpec::parse(&t[..t.len() - time.len() - 1])?;
+            return Err(grow_time_too_long(time));
+        }
+        let spec = GrowSpec::parse(t)?;
+        if spec.minutes.is_some_and(|m| m > GROW_MINUTES_MAX) {
+            return Err(grow_time_too_long(time));
+        }
+        return Ok(spec);
+    }
+    GrowSpec::parse(t)
+}
+
+fn grow_time_too_long(time: &str) -> String {
+    format!("'{time}' is longer than Slurm's longest time limit ({GROW_MINUTES_MAX} minutes)")
+}
+
 /// `--htc-resume=JOBID`: continue the run of an earlier job (written by `htc resume`).
 pub fn parse_resume(s: &str) -> Result<u32, String> {
     parse_number(s, 1, u32::MAX).map_err(|_| format!("'{s}' is not a job id"))
@@ -225,6 +263,8 @@ pub struct UserOptions {
     pub resubmit: Option<u32>,
     /// `--htc-join=JOBID`.
     pub join: Option<u32>,
+    /// `--htc-grow=SPEC`.
+    pub grow: Option<GrowSpec>,
 }
 
 impl UserOptions {
@@ -259,6 +299,9 @@ impl UserOptions {
             if self.resubmit.is_some() {
                 v.push("--htc-resubmit");
             }
+            if self.grow.is_some() {
+                v.push("--htc-grow");
+            }
         }
         v
     }
@@ -287,6 +330,7 @@ impl UserOptions {
                 "--htc-resume continues a run that ended, --htc-join joins one that is running",
             ),
             (self.resubmit.is_some(), "--htc-resubmit", "only the run's own job resubmits the run"),
+            (self.grow.is_some(), "--htc-grow", "the run's own job grows it"),
         ];
         for (given, name, why) in refused {
             if given {
@@ -355,6 +399,7 @@ pub struct JobRequest {
     pub max_fails: Option<u32>,
     pub resume: Option<u32>,
     pub resubmit: Option<u32>,
+    pub grow: Option<GrowSpec>,
 }
 
 impl JobRequest {
@@ -372,6 +417,7 @@ impl JobRequest {
             max_fails: opts.max_fails,
             resume: opts.resume,
             resubmit: opts.resubmit,
+            grow: opts.grow,
         })
     }
 
@@ -404,6 +450,9 @@ impl JobRequest {
         }
         if let Some(n) = self.resubmit {
             v.push((JC_RESUBMIT, n.to_string().into()));
+        }
+        if let Some(g) = self.grow {
+            v.push((JC_GROW, g.to_arg().into()));
         }
         v
     }
@@ -444,6 +493,10 @@ impl JobRequest {
         let max_fails = num(JC_MAX_FAILS, parse_max_fails)?;
         let resume = num(JC_RESUME, parse_resume)?;
         let resubmit = num(JC_RESUBMIT, parse_resubmit)?;
+        let grow = match getenv(&job_env_name(JC_GROW)) {
+            None => None,
+            Some(v) => Some(parse_grow(&v.to_string_lossy()).map_err(|e| format!("{}: {e}", job_env_name(JC_GROW)))?),
+        };
         Ok(Some(JobRequest {
             task_file,
             retries,
@@ -455,6 +508,7 @@ impl JobRequest {
             max_fails,
             resume,
             resubmit,
+            grow,
         }))
     }
 
@@ -477,6 +531,7 @@ impl JobRequest {
             max_fails: opts.max_fails,
             resume: opts.resume,
             resubmit: opts.resubmit,
+            grow: opts.grow,
         })
     }
 }
@@ -623,8 +678,9 @@ pub const SCRIPT_FLAG: &str = "--script";
 
 /// The agent's argv up to and including `--script`:
 /// `AGENT lead --task-file FILE [--retries N] [--fanout K] [--output MODE] [--partition PLAN]
-/// [--agents-per-node N] [--instance-nodes N] [--max-fails N] [--resume-run JOBID] [--resubmit N] [--ledger-dir DIR]
-/// --script`.
+/// [--agents-per-node N] [--instance-nodes N] [--max-fails N] [--resume-run JOBID] [--resubmit N]
+/// [--grow SPEC] [--ledger-dir DIR] --script`, SPEC being `--htc-grow`'s as [`GrowSpec::to_arg`]
+/// writes it.
 /// The batch script's own argv (script path, then its arguments) follows; with
 /// `spank_prepend_task_argv` Slurm appends it, with `execve` the plugin does.
 pub fn agent_argv_prefix(cfg: &PluginConfig, req: &JobRequest) -> Vec<OsString> {
@@ -665,6 +721,10 @@ pub fn agent_argv_prefix(cfg: &PluginConfig, req: &JobRequest) -> Vec<OsString> 
     if let Some(n) = req.resubmit {
         v.push("--resubmit".into());
         v.push(n.to_string().into());
+    }
+    if let Some(g) = req.grow {
+        v.push("--grow".into());
+        v.push(g.to_arg().into());
     }
     if let Some(d) = &cfg.ledger_dir {
         v.push("--ledger-dir".into());
@@ -1070,6 +1130,66 @@ mod tests {
     }
 
     #[test]
+    fn grow_option_values() {
+        let g = |max_jobs, nodes, minutes| GrowSpec { max_jobs, nodes, minutes };
+        assert_eq!(parse_grow("3"), Ok(g(3, 1, None)));
+        assert_eq!(parse_grow(" 3:2 "), Ok(g(3, 2, None)));
+        assert_eq!(parse_grow("3:1:30"), Ok(g(3, 1, Some(30))));
+        assert_eq!(parse_grow("4:2:1-00:30"), Ok(g(4, 2, Some(1470))));
+        assert_eq!(parse_grow("1:1:0:30"), Ok(g(1, 1, Some(1))));
+        // What sbatch stores (to_arg) reads back the same in the batch step.
+        for v in ["3", "3:2", "3:1:30", "4:2:1-00:30", "1000:100000:7-00:00:01"] {
+            let spec = parse_grow(v).unwrap();
+            assert_eq!(parse_grow(&spec.to_arg()), Ok(spec), "{v}");
+        }
+        assert_eq!(parse_grow("3:1:30").unwrap().to_arg(), "3:1:30");
+        assert_eq!(parse_grow("0"), Err("'0' is not a number of jobs (1 to 1000)".to_string()));
+        assert_eq!(parse_grow(""), Err("'' is not a number of jobs (1 to 1000)".to_string()));
+        assert_eq!(parse_grow("2:0"), Err("'0' is not a number of nodes (1 to 100000)".to_string()));
+        assert_eq!(
+            parse_grow("2:1:soon"),
+            Err("'soon' is not a time limit (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS)".to_string())
+        );
+        // Times beyond Slurm's 32-bit minutes are refused, including those whose fields would
+        // overflow htc-core's arithmetic (a panic there, or a wrapped value in a release build).
+        let too_long = |t: &str| Err(format!("'{t}' is longer than Slurm's longest time limit (4294967293 minutes)"));
+        assert_eq!(parse_grow("1:1:4294967293"), Ok(g(1, 1, Some(GROW_MINUTES_MAX))));
+        for t in ["4294967294", "999999999999999-1", "999999999999999999", "1-999999999999999:0", "1000000000001:0"] {
+            assert_eq!(parse_grow(&format!("1:1:{t}")), too_long(t), "{t}");
+        }
+        // Leading zeros are no overflow.
+        assert_eq!(parse_grow("1:1:00000000000000000000000001"), Ok(g(1, 1, Some(1))));
+        // MAX_JOBS and NODES are still reported first.
+        assert!(parse_grow("0:1:999999999999999-1").unwrap_err().contains("number of jobs"));
+        assert!(parse_grow("1:x:999999999999999-1").unwrap_err().contains("number of nodes"));
+
+        // Through the options: --htc-grow rides with --htc to the batch step.
+        let opts = UserOptions { file: Some("/t".into()), grow: parse_grow("3:1:30").ok(), ..Default::default() };
+        assert!(opts.orphans().is_empty() && opts.join_conflicts().is_empty());
+        let Ok(Some(BatchRequest::Run(req))) = BatchRequest::from_allocator(&opts) else { panic!("{opts:?}") };
+        assert_eq!(req.grow, Some(g(3, 1, Some(30))));
+        assert_eq!(req.job_control_vars(), vec![("HTC_FILE", OsString::from("/t")), ("HTC_GROW", "3:1:30".into())]);
+        let get = |n: &str| match n {
+            "SLURM_SPANK_HTC_FILE" => Some("/t".into()),
+            "SLURM_SPANK_HTC_GROW" => Some("3:1:30".into()),
+            _ => None,
+        };
+        assert_eq!(BatchRequest::from_job_env(get), Ok(Some(BatchRequest::Run(req.clone()))));
+        // ... and, without the job-control variables, from the remote option values.
+        assert_eq!(JobRequest::from_remote_options(&opts, None, Path::new("/")), Some(req));
+    }
+
+    #[test]
+    fn grow_without_htc_is_an_orphan() {
+        let o = UserOptions { grow: Some(GrowSpec { max_jobs: 2, nodes: 1, minutes: None }), ..Default::default() };
+        assert_eq!(o.orphans(), vec!["--htc-grow"]);
+        assert!(o.join_conflicts().is_empty());
+        assert_eq!(BatchRequest::from_allocator(&o), Ok(None));
+        let o = UserOptions { resubmit: Some(1), ..o };
+        assert_eq!(o.orphans(), vec!["--htc-resubmit", "--htc-grow"]);
+    }
+
+    #[test]
     fn job_control_round_trip() {
         let opts = UserOptions {
             file: Some("/home/u/t.txt".into()),
@@ -1083,6 +1203,7 @@ mod tests {
             resume: Some(77),
             resubmit: Some(3),
             join: None,
+            grow: Some(GrowSpec { max_jobs: 5, nodes: 2, minutes: Some(90) }),
         };
         let req = JobRequest::from_allocator(&opts).unwrap();
         let vars = req.job_control_vars();
@@ -1097,7 +1218,8 @@ mod tests {
                 ("HTC_INSTANCE_NODES", "2".into()),
                 ("HTC_MAX_FAILS", "9".into()),
                 ("HTC_RESUME", "77".into()),
-                ("HTC_RESUBMIT", "3".into())
+                ("HTC_RESUBMIT", "3".into()),
+                ("HTC_GROW", "5:2:90".into())
             ]
         );
         let env: Vec<(String, OsString)> = vars.iter().map(|(n, v)| (job_env_name(n), v.clone())).collect();
@@ -1128,7 +1250,7 @@ mod tests {
         let o = UserOptions { join: Some(1234), file: Some("tasks.txt".into()), ..Default::default() };
         assert_eq!(o.join_conflicts(), vec!["--htc-join joins a running run; it takes no --htc=FILE"]);
         assert_eq!(BatchRequest::from_allocator(&o), Err(o.join_conflicts()));
-        let each: [(&str, UserOptions); 7] = [
+        let each: [(&str, UserOptions); 8] = [
             ("--htc-retries", UserOptions { retries: Some(1), ..Default::default() }),
             ("--htc-fanout", UserOptions { fanout: Some(4), ..Default::default() }),
             ("--htc-output", UserOptions { output: Some(OutputMode::None), ..Default::default() }),
@@ -1136,6 +1258,7 @@ mod tests {
             ("--htc-max-fails", UserOptions { max_fails: Some(3), ..Default::default() }),
             ("--htc-resume", UserOptions { resume: Some(99), ..Default::default() }),
             ("--htc-resubmit", UserOptions { resubmit: Some(2), ..Default::default() }),
+            ("--htc-grow", UserOptions { grow: parse_grow("2").ok(), ..Default::default() }),
         ];
         for (name, o) in each {
             let o = UserOptions { join: Some(1234), ..o };
@@ -1148,6 +1271,10 @@ mod tests {
             UserOptions { join: Some(1), resume: Some(2), ..Default::default() }.join_conflicts(),
             vec!["--htc-resume cannot be used with --htc-join (--htc-resume continues a run that ended, --htc-join joins one that is running)"]
         );
+        let o = UserOptions { join: Some(1), grow: parse_grow("3:1:30").ok(), ..Default::default() };
+        assert_eq!(o.join_conflicts(), vec!["--htc-grow cannot be used with --htc-join (the run's own job grows it)"]);
+        assert_eq!(BatchRequest::from_allocator(&o), Err(o.join_conflicts()));
+        assert!(o.orphans().is_empty());
         // All of them are reported.
         let o = UserOptions {
             join: Some(1),
@@ -1183,6 +1310,8 @@ mod tests {
         assert_eq!(JobRequest::from_job_env(get), Ok(None));
         // Its private variables are filtered from the agent's environment.
         assert!(is_private_env(b"SLURM_SPANK_HTC_JOIN=1234"));
+        assert!(is_private_env(b"SLURM_SPANK_HTC_GROW=3:1:30"));
+        assert!(is_private_env(b"_SLURM_SPANK_OPTION_htc_htc_grow=3:1:30"));
         assert!(is_private_env(b"_SLURM_SPANK_OPTION_htc_htc_join=1234"));
         assert!(is_private_env(b"SLURM_SPANK__SLURM_SPANK_OPTION_htc_htc_join=1234"));
 
@@ -1336,6 +1465,8 @@ cluster=
             ("SLURM_SPANK_HTC_FANOUT", "1"),
             ("SLURM_SPANK_HTC_AGENTS_PER_NODE", "lots"),
             ("SLURM_SPANK_HTC_INSTANCE_NODES", "0"),
+            ("SLURM_SPANK_HTC_GROW", "0:1"),
+            ("SLURM_SPANK_HTC_GROW", "1:1:999999999999999-1"),
         ] {
             let e = JobRequest::from_job_env(|n| match n {
                 "SLURM_SPANK_HTC_FILE" => Some("/t".into()),
@@ -1375,6 +1506,7 @@ cluster=
             max_fails: None,
             resume: None,
             resubmit: None,
+            grow: None,
         };
         let argv = agent_argv(&cfg, &req, &os(&["/var/spool/slurmd/job00042/slurm_script"])).unwrap();
         assert_eq!(
@@ -1406,6 +1538,7 @@ cluster=
             max_fails: Some(4),
             resume: Some(12),
             resubmit: Some(2),
+            grow: Some(GrowSpec { max_jobs: 3, nodes: 2, minutes: Some(30) }),
         };
         let argv = agent_argv(&cfg, &req, &os(&["/s", "arg1", "--flag"])).unwrap();
         assert_eq!(
@@ -1433,6 +1566,8 @@ cluster=
                 "12",
                 "--resubmit",
                 "2",
+                "--grow",
+                "3:2:30",
                 "--ledger-dir",
                 "/tmp/l",
                 "--script",
@@ -1451,6 +1586,56 @@ cluster=
         assert_eq!(&argv[pos + 1..], os(&["/s", "arg1", "--flag"]).as_slice());
         assert!(agent_argv(&cfg, &req, &[]).is_err());
         assert!(agent_argv(&cfg, &req, &os(&[""])).is_err());
+    }
+
+    #[test]
+    fn argv_with_grow() {
+        let opts = UserOptions {
+            file: Some("/home/u/proj/tasks.txt".into()),
+            grow: parse_grow("3:1:30").ok(),
+            ..Default::default()
+        };
+        let req = BatchRequest::from_allocator(&opts).unwrap().unwrap();
+        let job_argv = os(&["/var/spool/slurmd/job00042/slurm_script", "a1"]);
+        assert_eq!(
+            req.argv(&PluginConfig::default(), &job_argv).unwrap(),
+            os(&[
+                DEFAULT_AGENT,
+                "lead",
+                "--task-file",
+                "/home/u/proj/tasks.txt",
+                "--grow",
+                "3:1:30",
+                "--script",
+                "/var/spool/slurmd/job00042/slurm_script",
+                "a1"
+            ])
+        );
+        // After --resubmit, before --ledger-dir; NODES and TIME as to_arg writes them.
+        let cfg = PluginConfig { ledger_dir: Some("/tmp/l".into()), ..PluginConfig::default() };
+        let opts = UserOptions { resubmit: Some(2), grow: parse_grow("4:2:1-00:30").ok(), ..opts };
+        let req = BatchRequest::from_allocator(&opts).unwrap().unwrap();
+        assert_eq!(
+            req.argv(&cfg, &job_argv).unwrap(),
+            os(&[
+                DEFAULT_AGENT,
+                "lead",
+                "--task-file",
+                "/home/u/proj/tasks.txt",
+                "--resubmit",
+                "2",
+                "--grow",
+                "4:2:1470",
+                "--ledger-dir",
+                "/tmp/l",
+                "--script",
+                "/var/spool/slurmd/job00042/slurm_script",
+                "a1"
+            ])
+        );
+        let opts = UserOptions { grow: parse_grow("5").ok(), ..opts };
+        let argv = BatchRequest::from_allocator(&opts).unwrap().unwrap().argv_prefix(&cfg);
+        assert!(argv.windows(2).any(|w| w == os(&["--grow", "5:1"]).as_slice()), "{argv:?}");
     }
 
     #[test]

@@ -130,6 +130,7 @@ static STATE: Mutex<State> = Mutex::new(State {
         resume: None,
         resubmit: None,
         join: None,
+        grow: None,
     },
 });
 
@@ -173,7 +174,7 @@ fn guard(what: &str, f: impl FnOnce() -> c_int) -> c_int {
 
 // ---- options ----
 
-const OPTIONS: [OptionSpec; 11] = [
+const OPTIONS: [OptionSpec; 12] = [
     OptionSpec {
         name: b"htc\0",
         arginfo: Some(b"FILE\0"),
@@ -235,6 +236,12 @@ const OPTIONS: [OptionSpec; 11] = [
         val: config::OPT_RESUBMIT,
     },
     OptionSpec {
+        name: b"htc-grow\0",
+        arginfo: Some(b"MAX_JOBS[:NODES[:TIME]]\0"),
+        usage: b"With --htc: while the work left is more than the run's jobs can do in their time, submit up to MAX_JOBS more jobs of NODES nodes (default 1) for TIME (default: this job's) that join the run.\0",
+        val: config::OPT_GROW,
+    },
+    OptionSpec {
         name: b"htc-join\0",
         arginfo: Some(b"JOBID\0"),
         usage: b"Join the running run of job JOBID (same user, same submit directory) with this job's nodes: they take a share of its remaining tasks. Takes no --htc=FILE; goes with --htc-agents-per-node and --htc-instance-nodes only (the run's other settings apply).\0",
@@ -255,6 +262,7 @@ fn opt_name(val: c_int) -> &'static str {
         config::OPT_RESUME => "--htc-resume",
         config::OPT_RESUBMIT => "--htc-resubmit",
         config::OPT_JOIN => "--htc-join",
+        config::OPT_GROW => "--htc-grow",
         _ => "--htc-?",
     }
 }
@@ -321,6 +329,7 @@ fn remote_option(val: c_int, arg: OsString) {
         config::OPT_RESUME => st.opts.resume = config::parse_resume(&text).ok(),
         config::OPT_RESUBMIT => st.opts.resubmit = config::parse_resubmit(&text).ok(),
         config::OPT_JOIN => st.opts.join = config::parse_join(&text).ok(),
+        config::OPT_GROW => st.opts.grow = config::parse_grow(&text).ok(),
         _ => {}
     }
 }
@@ -395,6 +404,7 @@ fn allocator_option(val: c_int, arg: &OsStr) -> c_int {
         config::OPT_MAX_FAILS => keep(config::parse_max_fails(&text), |o, n| o.max_fails = Some(n), &fail),
         config::OPT_RESUME => keep(config::parse_resume(&text), |o, j| o.resume = Some(j), &fail),
         config::OPT_RESUBMIT => keep(config::parse_resubmit(&text), |o, n| o.resubmit = Some(n), &fail),
+        config::OPT_GROW => keep(config::parse_grow(&text), |o, g| o.grow = Some(g), &fail),
         _ => 0,
     }
 }

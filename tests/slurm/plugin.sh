@@ -124,6 +124,8 @@ check "--htc-resume=../x" fails_with "htc: --htc-resume=../x: '../x' is not a jo
 check "--htc-max-fails=0" fails_with "htc: --htc-max-fails=0:" sbatch --htc=tasks.txt --htc-max-fails=0 --wrap=:
 check "--htc-instance-nodes=0" fails_with "htc: --htc-instance-nodes=0: '0' is not a whole number from 1 to 65536" \
     sbatch --htc=tasks.txt --htc-instance-nodes=0 --wrap=:
+check "--htc-grow=0" fails_with "htc: --htc-grow=0: '0' is not a number of jobs \\(1 to 1000\\)" \
+    sbatch --htc=tasks.txt --htc-grow=0 --wrap=:
 check "salloc --htc" fails_with 'works with sbatch only' salloc --htc=tasks.txt true
 
 # --htc-join: the run directory .htc/JOBID in sbatch's cwd, checked as the user at submit time.
@@ -149,6 +151,8 @@ check "--htc-join with --htc-retries" fails_with "--htc-retries cannot be used w
     sbatch --htc-join=4243 --htc-retries=2 --wrap=:
 check "--htc-join with --htc-resume" fails_with "--htc-resume cannot be used with --htc-join" \
     sbatch --htc-resume=12 --htc-join=4243 --wrap=:
+check "--htc-join with --htc-grow" fails_with "--htc-grow cannot be used with --htc-join \\(the run's own job grows it\\)" \
+    sbatch --htc-join=4243 --htc-grow=2 --wrap=:
 check "salloc --htc-join" fails_with 'htc: --htc-join=4243: --htc-join works with sbatch only' salloc --htc-join=4243 true
 
 # --- batch step ---
@@ -166,6 +170,11 @@ j=$(sub sbatch --parsable --export=NONE --htc=tasks.txt job.sh)
 finished "$j"
 check "--export=NONE: agent still runs" argv_is "$W/agent.$j.argv" "$agent" lead --task-file "$W/tasks.txt" \
     --script "$dir/spool/slurmd-n1/job$(printf %05d "$j")/slurm_script"
+
+j=$(sub sbatch --parsable --htc=tasks.txt --htc-resubmit=2 --htc-grow=3:1:30 job.sh)
+finished "$j"
+check "--htc-grow job: agent argv has --grow 3:1:30 after --resubmit" argv_is "$W/agent.$j.argv" "$agent" lead \
+    --task-file "$W/tasks.txt" --resubmit 2 --grow 3:1:30 --script "$dir/spool/slurmd-n1/job$(printf %05d "$j")/slurm_script"
 
 j=$(sub sbatch --parsable -N2 --export=NONE --htc-join=4243 --htc-agents-per-node=2 --htc-instance-nodes=2 job.sh a1 --flag)
 finished "$j"
