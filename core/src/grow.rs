@@ -91,6 +91,9 @@ pub struct Situation {
     pub cores_per_node: u64,
     /// The run's own job's time limit in minutes, for grown jobs without a TIME.
     pub own_minutes: u64,
+    /// Other jobs wait for nodes (pending for resources or priority, not grown by this run):
+    /// the run takes no more nodes, and gives back those it grew.
+    pub others_waiting: bool,
 }
 
 /// What the leader should do now.
@@ -152,6 +155,20 @@ impl Grower {
         }
     }
 
+    /// Grown jobs in the run that should leave it now: all of them while other jobs wait for
+    /// nodes (a grown job holds nodes only while nobody else wants them).
+    pub fn yielding(&self, s: &Situation) -> Vec<String> {
+        if !s.others_waiting {
+            return Vec::new();
+        }
+        self.jobs.iter().filter(|(j, g)| **g == Grown::Joined && s.joined.contains(j)).map(|(j, _)| j.clone()).collect()
+    }
+
+    /// Whether `job` is one this run grew.
+    pub fn grew(&self, job: &str) -> bool {
+        self.jobs.contains_key(job)
+    }
+
     /// Grown jobs submitted and not joined yet: cancelled when the run ends.
     pub fn pending(&self) -> Vec<String> {
         self.jobs.iter().filter(|(_, g)| **g == Grown::Pending).map(|(j, _)| j.clone()).collect()
@@ -168,7 +185,10 @@ impl Grower {
                 *g = Grown::Joined;
             }
         }
-        if self.active() >= self.spec.max_jobs || self.last_us.is_some_and(|t| s.now_us < t + QUIET_US) {
+        if s.others_waiting
+            || self.active() >= self.spec.max_jobs
+            || self.last_us.is_some_and(|t| s.now_us < t + QUIET_US)
+        {
             return Decision::Wait;
         }
         let Some(per_task) = s.task_core_s else { return Decision::Wait };
@@ -232,6 +252,7 @@ mod tests {
             joined: joined.iter().map(|j| j.to_string()).collect(),
             cores_per_node: 4,
             own_minutes: 10,
+            others_waiting: false,
         }
     }
 
@@ -278,5 +299,21 @@ mod tests {
         // Live: 4 × 540 + 4 × 600 = 4,560 < 6,000: another.
         assert!(matches!(g.decide(&s), Decision::Submit { .. }));
         assert!(g.pending().is_empty(), "7 joined");
+    }
+
+    #[test]
+    fn while_other_jobs_wait_for_nodes_it_submits_nothing_and_its_grown_jobs_leave() {
+        let mut g = Grower::new(GrowSpec { max_jobs: 3, nodes: 1, minutes: Some(10) });
+        g.submitted("7".into(), 0);
+        let calm = situation(60, 100_000, &["7"]);
+        assert!(g.yielding(&calm).is_empty());
+        let busy = Situation { others_waiting: true, ..situation(61, 100_000, &["7"]) };
+        assert_eq!(g.decide(&busy), Decision::Wait, "however much work is left");
+        assert_eq!(g.yielding(&busy), ["7"]);
+        assert!(g.grew("7") && !g.grew("8"));
+        // They went; once nobody waits, it grows again.
+        g.ended("7");
+        assert!(g.yielding(&busy).is_empty());
+        assert!(matches!(g.decide(&situation(200, 100_000, &["7"])), Decision::Submit { .. }));
     }
 }

@@ -98,11 +98,21 @@ fn joined_agents_leave_in_good_order_at_their_time_limit_and_the_run_finishes_wi
     let d = Dir::new("join-leave");
     let n = 200;
     d.write("t.txt", "sleep 0.05\n".repeat(n));
-    let mut lead = d.spawn_htc(&["run", "t.txt", "--agents", "1", "--cores-per-agent", "1", "-q"], &[]);
+    let lead = d.spawn_htc(&["run", "t.txt", "--agents", "1", "--cores-per-agent", "1", "-q"], &[]);
     assert!(wait_for(|| d.path(".htc").exists() && d.run_dir().join("leader.addr").exists(), Duration::from_secs(30)));
     let run = d.run_dir();
     // Two seconds of work, then they must go: they hand back what is queued and end.
-    let join = d.htc(&["run", "--join", run.to_str().unwrap(), "--agents", "1", "--cores-per-agent", "2", "--time-limit", "2"]);
+    let join = d.htc(&[
+        "run",
+        "--join",
+        run.to_str().unwrap(),
+        "--agents",
+        "1",
+        "--cores-per-agent",
+        "2",
+        "--time-limit",
+        "2",
+    ]);
     assert!(join.status.success(), "{}", text(&join));
     let led = lead.wait_with_output().unwrap();
     let said = String::from_utf8_lossy(&led.stderr).into_owned();

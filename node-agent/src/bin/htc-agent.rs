@@ -670,6 +670,18 @@ impl leader::grow::Submit for SbatchJoin {
         println!("htc: grow: the run has ended; cancelling job(s) {} that never joined it", jobs.join(" "));
         let _ = std::process::Command::new("scancel").args(jobs).status();
     }
+
+    fn waiting(&self) -> Option<Vec<String>> {
+        let out = std::process::Command::new("squeue").args(["-h", "-t", "PD", "-o", "%i %r"]).output().ok()?;
+        if !out.status.success() {
+            return None;
+        }
+        // Only jobs held up by nodes: not those waiting for a dependency, a hold or a begin time.
+        let text = String::from_utf8_lossy(&out.stdout);
+        let waiting =
+            text.lines().filter_map(|l| l.split_once(' ')).filter(|(_, why)| matches!(*why, "Resources" | "Priority"));
+        Some(waiting.map(|(id, _)| id.to_string()).collect())
+    }
 }
 
 /// What `htc resume` asks for when told nothing else: the run's shape, and the job's own options

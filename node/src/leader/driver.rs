@@ -38,6 +38,8 @@ pub enum Event {
     AllocationGone(String),
     /// A grown job was submitted (its id), or could not be.
     Grown(std::result::Result<String, String>),
+    /// The jobs that wait for nodes now (a growing run yields to them).
+    Waiting(Vec<String>),
 }
 
 /// Where the run's progress is shown while it runs: the product's terminal bar or plain lines
@@ -251,6 +253,12 @@ impl<'c, 'l> Session<'c, 'l> {
                     }
                     None
                 }
+                Event::Waiting(jobs) => {
+                    if let Some(g) = self.cfg.grow.as_mut() {
+                        g.waiting(jobs);
+                    }
+                    None
+                }
             };
             if let Some(input) = input {
                 let t = match self.txn.as_mut() {
@@ -360,7 +368,7 @@ impl<'c, 'l> Session<'c, 'l> {
             self.last.live = Some(now);
         }
         if let Some(g) = self.cfg.grow.as_mut() {
-            g.turn(&self.core, now_us());
+            g.turn(&mut self.core, now_us(), &mut self.out);
         }
         if now - self.last.progress >= self.progress_every {
             if let Some(sink) = self.cfg.progress.as_mut() {

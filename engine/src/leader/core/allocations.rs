@@ -121,19 +121,34 @@ impl Core<'_> {
             .filter(|&i| self.allocations[i].stage == Stage::Running)
             .filter(|&i| self.allocations[i].ends_us.is_some_and(|e| now >= e))
             .collect();
+        if due.is_empty() {
+            return Ok(());
+        }
         for i in due {
-            let a = &mut self.allocations[i];
-            a.stage = Stage::Leaving;
-            let reason = format!("its allocation (job {}) reaches its time limit", a.job);
-            tracing::info!(job = %self.job_id, allocation = %a.job, "an allocation leaves at its time limit");
-            let range = a.agents.clone();
-            for agent in range.filter(|x| self.agents.get(x).is_some_and(|a| a.alive)) {
-                let hold = proto::Shutdown { revive: false, abort: false, reason: reason.clone(), agent, hold: true };
-                out.push((agent, Body::Shutdown(hold)));
-            }
-            self.replan();
+            let reason = format!("its allocation (job {}) reaches its time limit", self.allocations[i].job);
+            self.leave(i, reason, out);
         }
         self.dispatch_all(t, out)
+    }
+
+    /// Tells a joined allocation to leave now (a grown job giving its nodes back to jobs that
+    /// wait for them): as at its time limit.
+    pub fn leave_allocation(&mut self, job: &str, reason: &str, out: &mut Outbox) {
+        if let Some(i) = self.allocations.iter().position(|a| a.job == job && a.stage == Stage::Running) {
+            self.leave(i, format!("its allocation (job {job}) {reason}"), out);
+        }
+    }
+
+    fn leave(&mut self, i: usize, reason: String, out: &mut Outbox) {
+        let a = &mut self.allocations[i];
+        a.stage = Stage::Leaving;
+        tracing::info!(job = %self.job_id, allocation = %a.job, %reason, "an allocation leaves");
+        let range = a.agents.clone();
+        for agent in range.filter(|x| self.agents.get(x).is_some_and(|a| a.alive)) {
+            let hold = proto::Shutdown { revive: false, abort: false, reason: reason.clone(), agent, hold: true };
+            out.push((agent, Body::Shutdown(hold)));
+        }
+        self.replan();
     }
 
     /// The launcher of a joined allocation ended (its job ended): its agents that never joined
@@ -203,6 +218,7 @@ impl Core<'_> {
             joined: self.allocations.iter().map(|a| a.job.clone()).collect(),
             cores_per_node: self.agents.values().filter(|a| a.alive).map(|a| a.cores as u64).max().unwrap_or(1),
             own_minutes,
+            others_waiting: false,
         }
     }
 
