@@ -1018,3 +1018,25 @@ fn a_task_too_long_for_a_joined_allocation_s_time_left_runs_on_another() {
     let (out, _) = feed_at(&mut c, &mut m, 3_000, vec![join(0, 2), report(0, 10, 2, &[])]);
     assert_eq!(dispatched(&out), vec![(0, vec![(1, 1)])]);
 }
+
+#[test]
+fn a_grown_allocation_told_to_leave_holds_its_agents_and_the_situation_counts_it_no_more() {
+    let mut m = Mem::with(100, 0, 1);
+    let mut c = layout_core(&m, 1);
+    feed(&mut c, &mut m, vec![join(0, 2)]);
+    assert_eq!(c.attach(attach(2, Some(600_000_000)), 2_000), Ok(1));
+    let (out, _) = feed_at(&mut c, &mut m, 3_000, vec![join(1, 2), join(2, 2), report(1, 4, 2, &[])]);
+    assert!(!dispatched(&out).is_empty());
+    let s = c.grow_situation(4_000, 10);
+    assert_eq!(s.live, vec![(2, None), (4, Some(600_000_000))], "the leader's own, then the joined one");
+    assert_eq!((s.tasks_left, s.joined.as_slice()), (100, &["job-of-2".to_string()][..]));
+    let mut out = Vec::new();
+    c.leave_allocation("job-of-2", "gives its nodes back", &mut out);
+    let held: Vec<u32> =
+        out.iter().filter(|(_, b)| matches!(b, Body::Shutdown(s) if s.hold && !s.abort)).map(|(a, _)| *a).collect();
+    assert_eq!(held, vec![1, 2]);
+    assert_eq!(c.grow_situation(5_000, 10).live.len(), 1, "a leaving allocation does no more work");
+    assert_eq!(c.allocations_over().collect::<Vec<_>>(), ["job-of-2"]);
+    let (out, _) = feed_at(&mut c, &mut m, 6_000, vec![report(2, 4, 2, &[])]);
+    assert!(dispatched(&out).is_empty(), "nor gets any");
+}
