@@ -34,6 +34,8 @@ pub struct Joined {
     pub fanout: u32,
     /// The run's own job id.
     pub run_job: String,
+    /// The job of the leader that took it in (as its address file names it).
+    pub leader_job: String,
     /// Cores of the run's widest task, and its output mode ("": the default).
     pub widest_task: u64,
     pub output: String,
@@ -73,6 +75,7 @@ pub fn attach(run: &RunDir, req: &Request) -> Result<Joined, JoinError> {
         first_agent: attached.first_agent,
         fanout: attached.fanout.max(1),
         run_job: attached.job_id,
+        leader_job: at.job,
         widest_task: attached.widest_task,
         output: attached.output,
         _link: link,

@@ -392,7 +392,13 @@ fn join(
     let ends_us = slurm::time_left().map(|left| htc::rundir::now_us() + left.saturating_sub(30_000_000));
     loop {
         match join_once(a, &run, job_id, nodes, ends_us) {
-            Ok(()) => {}
+            // The leader that took this job in still leads: it told the agents to leave (this
+            // job's time, or other jobs waiting for its nodes).
+            Ok(leader) if still_leads(&run, &leader) => {
+                println!("htc: job {job_id}: its leader let it go; it has left the run");
+                return Ok(0);
+            }
+            Ok(_) => {}
             // The leader went before this job could join: perhaps for good.
             Err(e @ (htc::join::JoinError::NotRunning { .. } | htc::join::JoinError::NoAnswer { .. })) => {
                 println!("htc: job {job_id}: {e}");
@@ -417,14 +423,15 @@ fn join(
     }
 }
 
-/// One stay in the run: attach, start this job's agents, wait for them to end.
+/// One stay in the run: attach, start this job's agents, wait for them to end. Returns the job
+/// id of the leader that took it in.
 fn join_once(
     a: &LeadArgs,
     run: &RunDir,
     job_id: &str,
     nodes: usize,
     ends_us: Option<u64>,
-) -> Result<(), htc::join::JoinError> {
+) -> Result<String, htc::join::JoinError> {
     let agents_per_node = a.agents_per_node.unwrap_or(1).max(1);
     let instance_size = (a.instance_nodes.unwrap_or(1).max(1) * agents_per_node) as u32;
     let req = htc::join::Request {
@@ -462,9 +469,20 @@ fn join_once(
         Ok(mut agents) => agents.wait(Duration::from_secs(365 * 86_400)),
         Err(e) => println!("htc: job {job_id}: its agents did not start: {e:#}"),
     }
+    let leader = joined.leader_job.clone();
     drop(joined);
     println!("htc: job {job_id}: its agents have ended");
-    Ok(())
+    Ok(leader)
+}
+
+/// Whether the leader of job `leader` still leads the run: its address is published and its
+/// live view is fresh (a leader killed outright leaves the one, not the other).
+fn still_leads(run: &RunDir, leader: &str) -> bool {
+    let published = run.leader_at().ok().flatten().is_some_and(|at| at.job == leader);
+    let fresh = htc::livefile::read(&run.path).ok().flatten().is_some_and(|v| {
+        v.job == leader && v.state == "running" && htc::rundir::now_us().saturating_sub(v.now_us) < 5_000_000
+    });
+    published && fresh
 }
 
 /// What a joined job does once its agents have ended and its time is not up.
