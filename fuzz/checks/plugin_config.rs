@@ -39,6 +39,14 @@ pub fn check(data: &[u8]) {
         if let Ok(m) = parse_output(t) {
             assert_eq!(parse_output(m.name()), Ok(m));
         }
+        // `--htc-grow`: a value taken reads back the same from what the batch step is given.
+        if let Ok(g) = parse_grow(t) {
+            assert!(g.max_jobs >= 1 && g.nodes >= 1 && g.minutes.is_none_or(|m| m >= 1));
+            assert_eq!(parse_grow(&g.to_arg()), Ok(g));
+        }
+        if let Ok(j) = parse_join(t) {
+            assert!(j >= 1);
+        }
     }
 
     // The job-control variables, read back in slurmstepd from a (possibly corrupt) environment.
