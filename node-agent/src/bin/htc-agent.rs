@@ -417,7 +417,11 @@ fn join(
                 println!("htc: job {job_id}: the run has ended");
                 return Ok(0);
             }
-            Next::Join => continue,
+            Next::Join => {
+                // Another job leads now: join it, without hammering one that does not answer yet.
+                std::thread::sleep(Duration::from_secs(1));
+                continue;
+            }
             Next::Lead(lock) => return take_over(a, &run, job_id, nodes, lock),
         }
     }
