@@ -43,6 +43,12 @@ wait_in_log() { # JOBID [ARRAY_SIZE]: until the job (or every array element) is 
     return 1
 }
 
+inbound_rpcs() { # the controller's inbound RPCs since `sdiag -r`: total, then by type
+    cluster_cmd sdiag | awk '/by message type/ {on=1; next} /by user/ {on=0}
+        on && /count:/ && !/REQUEST_STATS_INFO/ { c = $0; sub(/.*count:/, "", c); sub(/ .*/, "", c); d = d sprintf(" %s=%s", $1, c); s += c }
+        END { print s + 0 "   " d }'
+}
+
 measure() { # LABEL ARRAY_SIZE SBATCH_ARGS...
     local label=$1 size=$2 w j t0 t1 rpcs
     shift 2
@@ -55,15 +61,36 @@ measure() { # LABEL ARRAY_SIZE SBATCH_ARGS...
     wait_in_log "$j" "$size" || { echo "$label: job $j did not finish"; return 1; }
     t1=$(usec)
     sleep 2 # epilog-complete messages arrive just after the job ends
-    rpcs=$(cluster_cmd sdiag | awk '/by message type/ {on=1; next} /by user/ {on=0}
-        on && /count:/ && !/REQUEST_STATS_INFO/ { c = $0; sub(/.*count:/, "", c); sub(/ .*/, "", c); d = d sprintf(" %s=%s", $1, c); s += c }
-        END { print s + 0 "   " d }')
+    rpcs=$(inbound_rpcs)
     printf '%-14s wall %7.2f s   inbound RPCs %s\n' "$label" "$(awk -v a="$t0" -v b="$t1" 'BEGIN { print (b - a) / 1e6 }')" "$rpcs"
 }
 
 measure htc-1000 1 -N "$nodes" --exclusive --htc=tasks.txt --wrap=:
 measure htc-10000 1 -N "$nodes" --exclusive --htc=tasks.txt --wrap=:
 measure array-1000 1000 --array=1-1000 --wrap=true
+
+# One run over two allocations (issue 27): a 1-node HTC job joined by a 2-node one (--htc-join)
+# as soon as its leader is up; tasks of 0.05 s. Its cost grows with allocations, not tasks.
+measure_joined() { # TASKS
+    local n=$1 w a b t0 t1 i
+    w=$(cluster_workdir "joined-$n")
+    seq 1 "$n" | sed 's/.*/sleep 0.05/' >"$w/tasks.txt"
+    chown -R "$HTC_CLUSTER_USER" "$w"
+    cluster_cmd sdiag -r >/dev/null
+    t0=$(usec)
+    a=$(as_user -C "$w" sbatch --parsable -N 1 --exclusive --htc=tasks.txt --wrap=: | cut -d';' -f1)
+    for ((i = 0; i < 600; i++)); do
+        [[ -e $w/.htc/$a/leader.addr ]] && break
+        sleep 0.1
+    done
+    b=$(as_user -C "$w" sbatch --parsable -N 2 --exclusive --htc-join="$a" --wrap=: | cut -d';' -f1)
+    { wait_in_log "$a" && wait_in_log "$b"; } || { echo "joined-$n: jobs $a and $b did not finish"; return 1; }
+    t1=$(usec)
+    sleep 2
+    printf '%-14s wall %7.2f s   inbound RPCs %s\n' "joined-$n" "$(awk -v a="$t0" -v b="$t1" 'BEGIN { print (b - a) / 1e6 }')" "$(inbound_rpcs)"
+}
+measure_joined 2000
+measure_joined 6000
 echo "load at end: $(cut -d' ' -f1-3 /proc/loadavg)"
 "$root/tests/cluster/stop-cluster.sh" >/dev/null 2>&1
 echo "results: $out"
