@@ -72,17 +72,14 @@ measure array-1000 1000 --array=1-1000 --wrap=true
 # One run over two allocations (issue 27): a 1-node HTC job joined by a 2-node one (--htc-join)
 # as soon as its leader is up; tasks of 0.05 s. Its cost grows with allocations, not tasks.
 measure_joined() { # TASKS
-    local n=$1 w a b t0 t1 i
+    local n=$1 w a b t0 t1
     w=$(cluster_workdir "joined-$n")
     seq 1 "$n" | sed 's/.*/sleep 0.05/' >"$w/tasks.txt"
     chown -R "$HTC_CLUSTER_USER" "$w"
     cluster_cmd sdiag -r >/dev/null
     t0=$(usec)
     a=$(as_user -C "$w" sbatch --parsable -N 1 --exclusive --htc=tasks.txt --wrap=: | cut -d';' -f1)
-    for ((i = 0; i < 600; i++)); do
-        [[ -e $w/.htc/$a/leader.addr ]] && break
-        sleep 0.1
-    done
+    wait_leader "$w" "$a"
     b=$(as_user -C "$w" sbatch --parsable -N 2 --exclusive --htc-join="$a" --wrap=: | cut -d';' -f1)
     { wait_in_log "$a" && wait_in_log "$b"; } || { echo "joined-$n: jobs $a and $b did not finish"; return 1; }
     t1=$(usec)

@@ -140,6 +140,17 @@ wait_job() {
     done
 }
 
+# wait_leader DIR JOB: until the HTC run of JOB in DIR has a leader that takes joins (it
+# publishes DIR/.htc/JOB/leader.addr), at most 60 s; true when it has.
+wait_leader() {
+    local i
+    for ((i = 0; i < 300; i++)); do
+        [[ -e $1/.htc/$2/leader.addr ]] && return 0
+        sleep 0.2
+    done
+    return 1
+}
+
 # cluster_plugin_add NAME LINE: enable a SPANK plugin for this cluster, e.g.
 #   cluster_plugin_add htc "optional /path/libspank_htc.so agent=/path/htc-agent"
 # sbatch/srun/slurmstepd read plugstack afresh each time; slurmd (prolog/epilog

@@ -388,15 +388,12 @@ resubmitted_at_time_limit() {
 # then (3 nodes' 6 CPUs). The work (600 x 1 s on 6 CPUs, ~100 s) outlasts the first job's
 # minute however late in its 30 s check Slurm enforces the limit.
 handed_over() {
-    local w a b state lines unique i
+    local w a b state lines unique
     w=$(cluster_workdir handover)
     seq 1 600 | sed "s|.*|sleep 1; echo \"\$HTC_TASK_ID \$SLURMD_NODENAME \$HTC_ATTEMPT\" >> ids.txt|" >"$w/tasks.txt"
     chown -R "$HTC_CLUSTER_USER" "$w"
     a=$(submit "$w" -N 1 --exclusive -t 1 --htc=tasks.txt --htc-resubmit=2 --wrap=:) || { bad "hand-over: submit"; return; }
-    for ((i = 0; i < 300; i++)); do
-        [[ -e $w/.htc/$a/leader.addr ]] && break
-        sleep 0.2
-    done
+    wait_leader "$w" "$a"
     b=$(submit "$w" -N 2 --exclusive -t 10 --htc-join="$a" --wrap=:) || { bad "hand-over: submit the joining job"; return; }
     state=$(wait_job "$a" 240)
     check "hand-over: the run's job $a stopped at its time limit (was $state)" test "$state" = TIMEOUT

@@ -324,16 +324,13 @@ watched_job() {
 # --htc-join: a 1-node run joined by a 2-node job while it runs. Tasks run on all 3 nodes, each
 # exactly once; the joined job ends when the run does; joining the finished run is refused.
 joined_job() {
-    local w a b state n=3000 i t0 t1 alone three
+    local w a b state n=3000 t0 t1 alone three
     w=$(cluster_workdir joined)
     seq 1 "$n" | sed 's|.*|sleep 0.05; echo "$HTC_TASK_ID $SLURMD_NODENAME $(date +%s.%N)" >> ids.txt|' >"$w/tasks.txt"
     printf '#!/bin/bash\nexport FOO=joined\n' >"$w/job.sh"
     chown -R "$HTC_CLUSTER_USER" "$w"
     a=$(submit "$w" -N 1 --exclusive --htc=tasks.txt job.sh) || { bad "joined: submit the run"; return; }
-    for ((i = 0; i < 300; i++)); do
-        [[ -e $w/.htc/$a/leader.addr ]] && break
-        sleep 0.2
-    done
+    wait_leader "$w" "$a"
     check "joined: the run's leader published its address" test -e "$w/.htc/$a/leader.addr"
     b=$(submit "$w" -N 2 --exclusive --htc-join="$a" job.sh) || { bad "joined: submit the joining job"; return; }
     state=$(wait_job "$a" 300)
@@ -370,10 +367,7 @@ joined_job_cancelled() {
     printf '#!/bin/bash\n' >"$w/job.sh"
     chown -R "$HTC_CLUSTER_USER" "$w"
     a=$(submit "$w" -N 1 --exclusive --htc=tasks.txt job.sh) || { bad "cancelled join: submit the run"; return; }
-    for ((i = 0; i < 300; i++)); do
-        [[ -e $w/.htc/$a/leader.addr ]] && break
-        sleep 0.2
-    done
+    wait_leader "$w" "$a"
     b=$(submit "$w" -N 2 --exclusive --htc-join="$a" job.sh) || { bad "cancelled join: submit the joining job"; return; }
     # Once the joined nodes have run tasks, the joining job is cancelled.
     for ((i = 0; i < 600; i++)); do

@@ -250,10 +250,7 @@ fn resume_run(
         }
         (run, n)
     };
-    let link = runs.join(job_id);
-    let _ = std::fs::remove_file(&link);
-    std::os::unix::fs::symlink(run.path.file_name().unwrap_or_default(), &link)
-        .with_context(|| format!("linking {} to the run", link.display()))?;
+    link_job(&run, job_id)?;
     let said =
         format!("htc: job {job_id} continues the run of job {earlier} ({n} tasks left to run, those in flight when it stopped among them)");
     Ok(Ok((run, said)))
@@ -262,6 +259,14 @@ fn resume_run(
 /// Whether a Slurm job's run finished loading: its replica has a snapshot (written once the
 /// tasks are in), or, in a run directory from before the ledger moved to the node, the ledger in
 /// it has its total.
+/// `.htc/JOB` beside the run, naming it: the job continuing it is another name of the run.
+fn link_job(run: &RunDir, job_id: &str) -> anyhow::Result<()> {
+    let link = run.path.with_file_name(job_id);
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(run.path.file_name().unwrap_or_default(), &link)
+        .with_context(|| format!("linking {} to the run", link.display()))
+}
+
 fn is_complete(run: &RunDir) -> bool {
     let legacy = || {
         run.ledger().exists()
@@ -539,10 +544,7 @@ fn take_over(a: &LeadArgs, run: &RunDir, job_id: &str, nodes: usize, lock: RunLo
     };
     let run = adopt(run.clone(), &local)?;
     let n = leader::driver::reset_interrupted(&run)?;
-    let link = run.path.with_file_name(job_id);
-    let _ = std::fs::remove_file(&link);
-    std::os::unix::fs::symlink(run.path.file_name().unwrap_or_default(), &link)
-        .with_context(|| format!("linking {} to the run", link.display()))?;
+    link_job(&run, job_id)?;
     println!(
         "htc: job {job_id} takes the run over ({n} tasks left to run, those in flight when its leader went among them)"
     );
@@ -662,21 +664,13 @@ struct SbatchJoin {
 impl leader::grow::Submit for SbatchJoin {
     fn submit(&self, nodes: u32, minutes: u64, reason: &str) -> Result<String, String> {
         println!("htc: grow: submitting a job of {nodes} node(s) for {minutes} min to join the run: {reason}");
-        let submit_dir = self.run.path.parent().and_then(|p| p.parent()).ok_or("the run directory has no parent")?;
-        let mut cmd = std::process::Command::new("sbatch");
+        let mut cmd = sbatch_for(&self.run).map_err(|e| e.to_string())?;
         cmd.arg("--parsable")
             .args(self.own_options.iter().filter(|o| !o.starts_with("--time=") && !o.starts_with("--nodes=")))
             .arg(format!("--htc-join={}", self.run.id()))
             .arg(format!("--nodes={nodes}"))
             .arg(format!("--time={minutes}"))
-            .arg("--wrap=:")
-            .current_dir(submit_dir);
-        for (k, _) in std::env::vars_os() {
-            let k = k.to_string_lossy();
-            if (k.starts_with("SLURM_") || k.starts_with("SBATCH_")) && k != "SLURM_CONF" {
-                cmd.env_remove(k.as_ref());
-            }
-        }
+            .arg("--wrap=:");
         let out = cmd.output().map_err(|e| format!("running sbatch: {e}"))?;
         if !out.status.success() {
             let why = format!("sbatch: {}", String::from_utf8_lossy(&out.stderr).trim());
@@ -731,6 +725,21 @@ fn resubmit_due(ending: &leader::Ending, at_limit: bool) -> bool {
     }
 }
 
+/// An `sbatch` for a job of `run`: from its submit directory (the run lives in its .htc/),
+/// without this job's variables (they would shape the new job like this one).
+fn sbatch_for(run: &RunDir) -> anyhow::Result<std::process::Command> {
+    let submit_dir = run.path.parent().and_then(|p| p.parent()).context("the run directory has no parent")?;
+    let mut cmd = std::process::Command::new("sbatch");
+    cmd.current_dir(submit_dir);
+    for (k, _) in std::env::vars_os() {
+        let k = k.to_string_lossy();
+        if (k.starts_with("SLURM_") || k.starts_with("SBATCH_")) && k != "SLURM_CONF" {
+            cmd.env_remove(k.as_ref());
+        }
+    }
+    Ok(cmd)
+}
+
 /// `--htc-resubmit=N`: submits the job that continues this run, as `htc resume` would, unless
 /// the run was resubmitted N times already (the count is kept in the ledger).
 fn resubmit(run: &RunDir, max: u32) -> anyhow::Result<()> {
@@ -753,16 +762,8 @@ fn resubmit(run: &RunDir, max: u32) -> anyhow::Result<()> {
     t.commit()?;
     let mut file = OsString::from("--htc=");
     file.push(htc::load::file_for_sbatch(run, &ledger)?);
-    // From the submit directory (the run lives in its .htc/), without this job's variables.
-    let submit_dir = run.path.parent().and_then(|p| p.parent()).context("the run directory has no parent")?;
-    let mut cmd = std::process::Command::new("sbatch");
-    cmd.arg(file).arg(format!("--htc-resume={}", run.id())).args(&args).arg("--wrap=:").current_dir(submit_dir);
-    for (k, _) in std::env::vars_os() {
-        let k = k.to_string_lossy();
-        if (k.starts_with("SLURM_") || k.starts_with("SBATCH_")) && k != "SLURM_CONF" {
-            cmd.env_remove(k.as_ref());
-        }
-    }
+    let mut cmd = sbatch_for(run)?;
+    cmd.arg(file).arg(format!("--htc-resume={}", run.id())).args(&args).arg("--wrap=:");
     let out = cmd.output().context("running sbatch")?;
     let said = String::from_utf8_lossy(&out.stdout).trim().to_string();
     if !out.status.success() {
