@@ -10,7 +10,7 @@ pub mod proto {
 }
 
 /// Bumped on any incompatible change to `proto/htc.proto`; the leader refuses other versions.
-pub const PROTOCOL_VERSION: u32 = 8;
+pub const PROTOCOL_VERSION: u32 = 9;
 
 /// Senders split batches at this many encoded bytes, well under the framing's largest frame
 /// (16 MiB).

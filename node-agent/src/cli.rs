@@ -451,6 +451,7 @@ mod tests {
             instance_size: 4,
             lost_after_ms: 2500,
             keep_daemons: true,
+            await_leader_s: 0,
         };
         assert_eq!(round_trip(&local), local);
         let slurm = WorkArgs {
@@ -461,6 +462,7 @@ mod tests {
             exec: ExecKind::Real,
             spawners: 3,
             keep_daemons: false,
+            await_leader_s: 60,
             ..local
         };
         assert_eq!(round_trip(&slurm), slurm);

@@ -39,7 +39,24 @@ pub struct Joined {
     /// Cores of the run's widest task, and its output mode ("": the default).
     pub widest_task: u64,
     pub output: String,
-    _link: std::net::TcpStream,
+    link: std::net::TcpStream,
+}
+
+impl Joined {
+    /// Says on the returned channel when the leader's end of the link closes: the leader is gone
+    /// (its job ended), or the run is over.
+    pub fn leader_gone(&self) -> std::io::Result<std::sync::mpsc::Receiver<()>> {
+        let mut link = self.link.try_clone()?;
+        // The link came from tokio, non-blocking; this thread is its only reader.
+        link.set_nonblocking(false)?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 256];
+            while matches!(std::io::Read::read(&mut link, &mut buf), Ok(n) if n > 0) {}
+            let _ = tx.send(());
+        });
+        Ok(rx)
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -78,7 +95,7 @@ pub fn attach(run: &RunDir, req: &Request) -> Result<Joined, JoinError> {
         leader_job: at.job,
         widest_task: attached.widest_task,
         output: attached.output,
-        _link: link,
+        link,
     })
 }
 

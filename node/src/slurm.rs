@@ -244,6 +244,8 @@ pub struct Srun {
     pub lost_after: std::time::Duration,
     /// The run-wide id of the first agent: 0, or what the leader gave a joining allocation.
     pub first_agent: u32,
+    /// How long the agents wait for a new leader when theirs goes (`WorkArgs::await_leader_s`).
+    pub await_leader_s: u64,
 }
 
 impl Srun {
@@ -289,6 +291,7 @@ impl Srun {
                     lost_after_ms: self.lost_after.as_millis() as u64,
                     // The agents read HTC_KEEP_DAEMONS from the job's environment.
                     keep_daemons: false,
+                    await_leader_s: self.await_leader_s,
                 }
                 .argv(),
             )

@@ -75,6 +75,10 @@ pub struct WorkArgs {
     /// (also HTC_KEEP_DAEMONS=1).
     #[arg(long)]
     pub keep_daemons: bool,
+    /// Should the leader go (its job ended), wait this long for the run's new leader (a joined
+    /// job that takes the run over) and go to it with the tasks held; 0: stop with the leader.
+    #[arg(long, default_value_t = 0, value_name = "SECS")]
+    pub await_leader_s: u64,
 }
 
 impl WorkArgs {
@@ -108,6 +112,9 @@ impl WorkArgs {
         opt("spawners", self.spawners.to_string());
         opt("instance-size", self.instance_size.to_string());
         opt("lost-after-ms", self.lost_after_ms.to_string());
+        if self.await_leader_s > 0 {
+            opt("await-leader-s", self.await_leader_s.to_string());
+        }
         if self.keep_daemons {
             v.push("--keep-daemons".into());
         }

@@ -226,6 +226,13 @@ impl Instance {
         self
     }
 
+    /// See `Machine::with_await_leader`: only an agent that heads no members waits for a new
+    /// leader with its tasks (a head would have to carry its members' through as well).
+    pub fn with_await_leader(mut self, can: bool) -> Self {
+        self.own = self.own.with_await_leader(can && !self.heads);
+        self
+    }
+
     /// `None` while running; then how the agent ended (its own machine's account).
     pub fn outcome(&self) -> Option<Result<(), String>> {
         self.own.outcome()

@@ -70,6 +70,10 @@ pub enum Effect {
     /// Given up and emptied: drop the parent connection, connect to the leader and say Hello
     /// with `fresh`; then `Input::Rejoined`, or `Input::ReviveFailed`.
     Revive,
+    /// The leader is gone and the run may be taken over: wait for a new leader in the run
+    /// directory and say Hello to it with `handover`; then `Input::Rejoined`, or
+    /// `Input::ReviveFailed` when none came.
+    AwaitLeader,
 }
 
 /// Where an agent's effects are carried out: the node's agent driver (sockets, processes) or
@@ -89,6 +93,9 @@ pub trait Carrier {
     /// Given up and emptied: connect to the leader as a fresh member; then `Input::Rejoined`,
     /// or `Input::ReviveFailed`.
     fn revive(&mut self);
+    /// The leader is gone: wait for the run's new one and come to it with the tasks; then
+    /// `Input::Rejoined`, or `Input::ReviveFailed`.
+    fn await_leader(&mut self);
 }
 
 impl Effect {
@@ -100,6 +107,7 @@ impl Effect {
             Effect::CloseUp => to.close_up(),
             Effect::Rejoin => to.rejoin(),
             Effect::Revive => to.revive(),
+            Effect::AwaitLeader => to.await_leader(),
         }
     }
 }
@@ -118,6 +126,9 @@ enum Parent {
     Reviving {
         reconnecting: bool,
     },
+    /// The leader is gone with its job: what runs runs on, nothing new starts, and the agent
+    /// waits for the run's new leader (a joined job that takes it over) to come to with it.
+    Awaiting,
     /// Lost, or the agent stopped itself (a signal, a failed executor); the tasks were stopped.
     Cut {
         why: String,
@@ -174,6 +185,18 @@ pub struct Machine {
     /// Whether this agent, given up, may come back as a fresh member (it knows the leader and
     /// nothing depends on it: no agents below it).
     can_revive: bool,
+    /// Whether this agent, its leader gone, waits for a new one (`Parent::Awaiting`): one of a
+    /// joined allocation, directly below the leader.
+    can_await: bool,
+    /// The Hellos of the agents below, as relayed: said again to a new leader.
+    hellos_below: std::collections::BTreeMap<u32, proto::Hello>,
+    /// Frames from below while the leader is awaited, for the new one.
+    held_up: Vec<Body>,
+    /// When the agents below were last told that this relay is still here, while awaiting.
+    kept_alive_us: u64,
+    /// With `can_await`: the results of reports not acknowledged yet, by report, to bring to a
+    /// new leader (the old one may have died before it recorded them).
+    unacked_results: VecDeque<(u64, Vec<proto::TaskResult>)>,
 }
 
 impl Machine {
@@ -208,6 +231,11 @@ impl Machine {
             can_rejoin: false,
             rejoined: false,
             can_revive: false,
+            can_await: false,
+            hellos_below: Default::default(),
+            held_up: Vec::new(),
+            kept_alive_us: 0,
+            unacked_results: VecDeque::new(),
         }
     }
 
@@ -220,6 +248,13 @@ impl Machine {
     /// An agent that, given up, stops its tasks and comes back empty instead of leaving.
     pub fn with_revive(mut self, can: bool) -> Self {
         self.can_revive = can;
+        self
+    }
+
+    /// An agent of a joined allocation: should the leader go, it waits for the run's new one
+    /// with what it holds (`Parent::Awaiting`) rather than stop.
+    pub fn with_await_leader(mut self, can: bool) -> Self {
+        self.can_await = can && self.tree.parent(self.id).is_none();
         self
     }
 
@@ -319,6 +354,11 @@ impl Machine {
                 }
                 false
             }
+            Input::ReviveFailed(why) if self.parent == Parent::Awaiting => {
+                self.parent = Parent::Open;
+                self.stop(format!("its leader is gone, and no new one took the run: {why}"), out);
+                false
+            }
             Input::ReviveFailed(why) => {
                 if matches!(self.parent, Parent::Reviving { .. }) {
                     self.parent = Parent::Open;
@@ -347,8 +387,13 @@ impl Machine {
                 false
             }
             Input::ChildFrame(body) => {
-                if self.parent == Parent::Open {
-                    out.push(Effect::Relay(body));
+                if let Body::Hello(h) = &body {
+                    self.hellos_below.insert(h.agent_id, h.clone());
+                }
+                match self.parent {
+                    Parent::Open => out.push(Effect::Relay(body)),
+                    Parent::Awaiting => self.held_up.push(body),
+                    _ => {}
                 }
                 false
             }
@@ -356,6 +401,10 @@ impl Machine {
             Input::Exec(batch) => self.on_exec(now_us, batch),
             Input::ExecEnded => {
                 self.exec_ended_at = Some(now_us);
+                false
+            }
+            Input::Tick if self.parent == Parent::Awaiting => {
+                self.keep_below_alive(now_us, out);
                 false
             }
             Input::Tick => {
@@ -392,6 +441,27 @@ impl Machine {
                 // The leader may have reset what it knew of this agent's slots.
                 self.told_idle = 0;
                 false
+            }
+            Parent::Awaiting => {
+                tracing::info!(agent = self.id, "with the run's new leader; tasks kept");
+                self.parent = Parent::Open;
+                self.last_heard_us = Some(now_us);
+                self.renew_lease(now_us, out);
+                self.rejoined = true;
+                self.told_idle = 0;
+                // What the old leader did not acknowledge goes to the new one (which ignores what
+                // its ledger has recorded already).
+                self.unacked.clear();
+                let again: Vec<proto::TaskResult> = self.unacked_results.drain(..).flat_map(|(_, r)| r).collect();
+                self.results.splice(0..0, again);
+                // The agents below join the new leader through this one, as they did the old.
+                for h in self.hellos_below.values() {
+                    let hello =
+                        proto::Hello { handover: true, rejoin: false, fresh: false, below: Vec::new(), ..h.clone() };
+                    out.push(Effect::Relay(Body::Hello(hello)));
+                }
+                out.extend(self.held_up.drain(..).map(Effect::Relay));
+                true
             }
             Parent::Reviving { reconnecting: true } => {
                 tracing::info!(agent = self.id, "back with the leader as a fresh member");
@@ -446,6 +516,21 @@ impl Machine {
         // What waits goes when its gap has passed (`after`).
     }
 
+    /// While the leader is awaited nothing comes down from it: the agents below hear from this
+    /// relay instead, so that their leases hold until the new leader is found.
+    fn keep_below_alive(&mut self, now_us: u64, out: &mut Vec<Effect>) {
+        if now_us.saturating_sub(self.kept_alive_us) < self.live.heartbeat_us {
+            return;
+        }
+        self.kept_alive_us = now_us;
+        for &agent in self.hellos_below.keys() {
+            if let Some(child) = self.tree.next_hop(Some(self.id), agent).filter(|c| self.children.contains(c)) {
+                let ack = Body::Ack(proto::Ack { seq: 0, agent, resync: false });
+                out.push(Effect::Down { child, body: ack });
+            }
+        }
+    }
+
     /// The leader gave this agent up, or may have (its lease ran out): what it holds runs
     /// elsewhere, so it must stop all of it. Then it comes back empty if it can, or leaves.
     fn given_up(&mut self, why: String, out: &mut Vec<Effect>) {
@@ -463,6 +548,7 @@ impl Machine {
         self.asked = 0;
         self.told_idle = 0;
         self.unacked.clear();
+        self.unacked_results.clear();
         self.started.clear();
         self.results.clear();
         self.holding.clear();
@@ -506,6 +592,9 @@ impl Machine {
                 while self.unacked.front().is_some_and(|(seq, _, _)| *seq <= a.seq) {
                     self.unacked.pop_front();
                 }
+                while self.unacked_results.front().is_some_and(|(seq, _)| *seq <= a.seq) {
+                    self.unacked_results.pop_front();
+                }
                 if a.resync {
                     self.resync = true;
                     if std::mem::take(&mut self.rejoined) {
@@ -539,6 +628,15 @@ impl Machine {
         if self.shutting_down {
             // After Shutdown the leader may close first; that is the normal end.
             self.parent = Parent::Closed;
+        } else if self.can_await {
+            // The leader went with its job: a joined job takes the run over, and this agent goes
+            // to its leader with what it holds. What runs meanwhile runs on; nothing new starts.
+            tracing::warn!(agent = self.id, %why, "lost the leader; waiting for the run's new one");
+            self.parent = Parent::Awaiting;
+            if !std::mem::replace(&mut self.held, true) {
+                out.push(Effect::Exec(Command::Hold(true)));
+            }
+            out.push(Effect::AwaitLeader);
         } else if self.can_rejoin {
             // The relay is gone, not necessarily the leader: keep the tasks, start nothing new,
             // and reconnect; the lease still bounds how long this may take.
@@ -564,6 +662,9 @@ impl Machine {
 
     fn child_closed(&mut self, child: u32, agents: Vec<u32>, why: String, out: &mut Vec<Effect>) -> bool {
         self.children.remove(&child);
+        for a in &agents {
+            self.hellos_below.remove(a);
+        }
         if self.shutting_down || self.parent != Parent::Open {
             return false;
         }
@@ -658,6 +759,9 @@ impl Machine {
         if !self.results.is_empty() {
             self.seq += 1;
             self.unacked.push_back((self.seq, self.results.len(), now_us));
+            if self.can_await {
+                self.unacked_results.push_back((self.seq, self.results.clone()));
+            }
             // A start whose result travels in the same report needs no separate ledger write.
             if !self.started.is_empty() {
                 let done: HashSet<u64> = self.results.iter().map(|r| r.id).collect();
@@ -1272,5 +1376,61 @@ mod tests {
         step(&mut m, 7_000_001, Input::ExecEnded);
         let why = m.outcome().unwrap().unwrap_err();
         assert!(why.contains("could not rejoin the leader: refused"), "{why}");
+    }
+
+    #[test]
+    fn a_joined_agent_whose_leader_goes_keeps_its_tasks_for_the_next_and_brings_those_below() {
+        // Agent 0 of a joined allocation (its parent is the leader), relaying for agent 2.
+        let live = Liveness::new(std::time::Duration::from_secs(10));
+        let mut m = Machine::new(0, 1, tree()).with_liveness(live).with_revive(true).with_await_leader(true);
+        step(&mut m, 0, Input::Tick);
+        step(&mut m, 1, Input::ChildOpened(2));
+        let hello = proto::Hello { agent_id: 2, cores: 3, ..Default::default() };
+        step(&mut m, 2, Input::ChildFrame(Body::Hello(hello)));
+        step(&mut m, 3, dispatch(0, 0..5));
+        // Task 4's result went to the old leader, which went before it acknowledged it.
+        let mut out = step(&mut m, 4, Input::Exec(vec![done(4)]));
+        out.extend(step(&mut m, 500_000, Input::Tick));
+        assert!(reports(&out).iter().any(|r| r.results.len() == 1), "{out:?}");
+        let out = step(&mut m, 500_001, Input::ParentEnded("connection closed".into()));
+        assert!(out.iter().any(|e| matches!(e, Effect::AwaitLeader)), "{out:?}");
+        assert!(out.iter().any(|e| matches!(e, Effect::Exec(Command::Hold(true)))), "{out:?}");
+        assert!(!out.iter().any(|e| matches!(e, Effect::Exec(Command::Abort | Command::Reset))), "{out:?}");
+        // Past the lease nothing is fenced: the leader that gave out these tasks is gone. What
+        // ends meanwhile, and what comes from below, waits for the new leader; agent 2 hears
+        // from this relay so that its own lease holds.
+        let out = step(&mut m, 6_000_000, Input::Exec(vec![done(0)]));
+        let report = proto::Report { agent: 2, seq: 1, ..Default::default() };
+        let out2 = step(&mut m, 6_000_001, Input::ChildFrame(Body::Report(report)));
+        let out3 = step(&mut m, 6_000_002, Input::Tick);
+        assert!(out.iter().chain(&out2).all(|e| !matches!(e, Effect::Up(_) | Effect::Exec(Command::Reset))));
+        assert!(out3.iter().any(|e| matches!(e, Effect::Down { child: 2, body: Body::Ack(_) })), "{out3:?}");
+        assert!(m.holds(1) && m.outcome().is_none());
+        // The new leader: agent 2's Hello goes again (a hand-over), then what waited, and a report
+        // with the result; asked, it says what it holds.
+        let out = step(&mut m, 6_100_000, Input::Rejoined);
+        let ups: Vec<&Body> = out
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Up(b) | Effect::Relay(b) => Some(b),
+                _ => None,
+            })
+            .collect();
+        assert!(matches!(ups[0], Body::Hello(h) if h.agent_id == 2 && h.handover), "{ups:?}");
+        assert!(matches!(ups[1], Body::Report(r) if r.agent == 2), "{ups:?}");
+        let ids: Vec<u64> = reports(&out).iter().flat_map(|r| r.results.iter().map(|t| t.id)).collect();
+        assert_eq!(ids, [4, 0], "what the old leader did not acknowledge comes again");
+        let ack = Body::Ack(proto::Ack { seq: 0, agent: 0, resync: true });
+        let out = step(&mut m, 6_100_001, Input::Parent(ack));
+        assert_eq!(reports(&out)[0].holding, [1, 2, 3]);
+        // With no new leader in time it stops what it holds.
+        let mut m = Machine::new(0, 1, tree()).with_revive(true).with_await_leader(true);
+        step(&mut m, 0, Input::Tick);
+        step(&mut m, 1, Input::ParentEnded("connection closed".into()));
+        let out = step(&mut m, 2, Input::ReviveFailed("none within 60 s".into()));
+        assert!(out.iter().any(|e| matches!(e, Effect::Exec(Command::Abort))), "{out:?}");
+        // An agent below a relay does not wait: its relay is there, or it goes around it.
+        let m = Machine::new(2, 1, tree()).with_await_leader(true);
+        assert!(!m.can_await);
     }
 }

@@ -74,6 +74,7 @@ fn work(a: WorkArgs) -> anyhow::Result<()> {
         instance_size,
         lost_after_ms,
         keep_daemons,
+        await_leader_s,
     } = a;
     let keep_daemons = keep_daemons || std::env::var_os("HTC_KEEP_DAEMONS").is_some_and(|v| v == "1");
     let fanout = fanout.max(1);
@@ -128,6 +129,7 @@ fn work(a: WorkArgs) -> anyhow::Result<()> {
             spawners,
             live: Liveness::new(Duration::from_millis(lost_after_ms)),
             keep_daemons,
+            await_leader: (await_leader_s > 0).then(|| Duration::from_secs(await_leader_s)),
         });
     }
     if cfgs.len() == 1 {
@@ -396,23 +398,30 @@ fn join(
     // Its agents hand back and leave before Slurm's KillWait would cut them off.
     let ends_us = slurm::time_left().map(|left| htc::rundir::now_us() + left.saturating_sub(30_000_000));
     loop {
-        match join_once(a, &run, job_id, nodes, ends_us) {
+        let survivors = match join_once(a, &run, job_id, nodes, ends_us) {
             // The leader that took this job in still leads: it told the agents to leave (this
             // job's time, or other jobs waiting for its nodes).
-            Ok(leader) if still_leads(&run, &leader) => {
+            Ok(Stay::Ended { leader }) if still_leads(&run, &leader) => {
                 println!("htc: job {job_id}: its leader let it go; it has left the run");
                 return Ok(0);
             }
-            Ok(_) => {}
+            Ok(Stay::Ended { .. }) => None,
+            Ok(Stay::LeaderGone(s)) => {
+                println!(
+                    "htc: job {job_id}: the run's leader is gone; its agents wait, with their tasks, for the next"
+                );
+                Some(s)
+            }
             // The leader went before this job could join: perhaps for good.
             Err(e @ (htc::join::JoinError::NotRunning { .. } | htc::join::JoinError::NoAnswer { .. })) => {
                 println!("htc: job {job_id}: {e}");
+                None
             }
             Err(e) => {
                 eprintln!("htc: job {job_id} cannot join: {e}");
                 return Ok(2);
             }
-        }
+        };
         if ends_us.is_some_and(|end| htc::rundir::now_us() >= end) {
             println!("htc: job {job_id}: its time is up; it has left the run");
             return Ok(0);
@@ -423,24 +432,54 @@ fn join(
                 return Ok(0);
             }
             Next::Join => {
-                // Another job leads now: join it, without hammering one that does not answer yet.
+                // Another job leads now, which has no place for this job's waiting agents: they
+                // end (their tasks run again there). Then join it, without hammering one that
+                // does not answer yet.
+                if let Some(mut s) = survivors {
+                    s.agents.wait(Duration::from_secs(AWAIT_LEADER_S + 30));
+                }
                 std::thread::sleep(Duration::from_secs(1));
                 continue;
             }
-            Next::Lead(lock) => return take_over(a, &run, job_id, nodes, lock),
+            Next::Lead(lock) => return take_over(a, &run, job_id, nodes, lock, survivors),
         }
     }
 }
 
-/// One stay in the run: attach, start this job's agents, wait for them to end. Returns the job
-/// id of the leader that took it in.
+/// How long a joined job's agents wait, with their tasks, for the run's next leader when theirs
+/// goes (`WorkArgs::await_leader_s`): a job of theirs takes the run over within seconds.
+const AWAIT_LEADER_S: u64 = 60;
+
+/// How long a leader that took the run over waits for its agents to say what they kept before
+/// it hands out anything (`LeaderConfig::handover`).
+const HANDOVER_SETTLE: Duration = Duration::from_secs(20);
+
+/// How a stay in the run ended.
+enum Stay {
+    /// This job's agents ended: the run ended, or `leader` (the job that led it) let them go.
+    Ended { leader: String },
+    /// The leader's link closed while this job's agents still run: they wait for a new leader.
+    LeaderGone(Survivors),
+}
+
+/// A joined job's agents, still running after their leader went, with the tasks they hold:
+/// should this job take the run over, they are its agents (`lead_session`).
+struct Survivors {
+    agents: leader::launch::Agents,
+    /// What the srun step's watcher says (its end), for the new leader's core.
+    events: std::sync::mpsc::Receiver<leader::driver::Event>,
+    layout: Arc<Tree>,
+}
+
+/// One stay in the run: attach, start this job's agents, wait for them to end or for the
+/// leader to go.
 fn join_once(
     a: &LeadArgs,
     run: &RunDir,
     job_id: &str,
     nodes: usize,
     ends_us: Option<u64>,
-) -> Result<String, htc::join::JoinError> {
+) -> Result<Stay, htc::join::JoinError> {
     let agents_per_node = a.agents_per_node.unwrap_or(1).max(1);
     let instance_size = (a.instance_nodes.unwrap_or(1).max(1) * agents_per_node) as u32;
     let req = htc::join::Request {
@@ -471,17 +510,30 @@ fn join_once(
         instance_size,
         lost_after: site.lost_after,
         first_agent: first,
+        // Agents with members would have to carry theirs through a hand-over too: they do not
+        // wait (`Instance::with_await_leader`), and a new leader starts its own.
+        await_leader_s: if instance_size == 1 { AWAIT_LEADER_S } else { 0 },
     };
-    // Agents that never join are the leader's to notice (this allocation's end tells it).
-    let (tx, _ignored) = std::sync::mpsc::channel();
+    // Agents that never join are the leader's to notice (this allocation's end tells it); after
+    // a hand-over, this job's own leader's.
+    let (tx, events) = std::sync::mpsc::channel();
+    let gone = joined.leader_gone().ok();
     match srun.start(run, joined.leader, tx) {
-        Ok(mut agents) => agents.wait(Duration::from_secs(365 * 86_400)),
+        Ok(mut agents) => loop {
+            if agents.wait(Duration::from_millis(250)) {
+                break;
+            }
+            if srun.await_leader_s > 0 && gone.as_ref().is_some_and(|g| g.try_recv().is_ok()) {
+                let layout = Arc::new(Tree::grafted(first, srun.nodes as u32 * agents_per_node as u32, 1, srun.fanout));
+                return Ok(Stay::LeaderGone(Survivors { agents, events, layout }));
+            }
+        },
         Err(e) => println!("htc: job {job_id}: its agents did not start: {e:#}"),
     }
     let leader = joined.leader_job.clone();
     drop(joined);
     println!("htc: job {job_id}: its agents have ended");
-    Ok(leader)
+    Ok(Stay::Ended { leader })
 }
 
 /// Whether the leader of job `leader` still leads the run: its address is published and its
@@ -534,7 +586,14 @@ fn next_leader(run: &RunDir) -> anyhow::Result<Next> {
 
 /// The run's leader is gone and this job has its lock: it rebuilds the ledger from the replica on
 /// this node, makes what was in flight pending again, and leads the run with its own nodes.
-fn take_over(a: &LeadArgs, run: &RunDir, job_id: &str, nodes: usize, lock: RunLock) -> anyhow::Result<i32> {
+fn take_over(
+    a: &LeadArgs,
+    run: &RunDir,
+    job_id: &str,
+    nodes: usize,
+    lock: RunLock,
+    survivors: Option<Survivors>,
+) -> anyhow::Result<i32> {
     let local = match htc::replica::node_local(a.ledger_dir.as_deref(), job_id) {
         Ok(p) => p,
         Err(why) => {
@@ -555,7 +614,7 @@ fn take_over(a: &LeadArgs, run: &RunDir, job_id: &str, nodes: usize, lock: RunLo
         a.output = mode;
     }
     drop(l);
-    let code = lead_session(&a, job_id, nodes, &run, lock);
+    let code = lead_session(&a, job_id, nodes, &run, lock, survivors);
     if run.replicated() && htc::replica::Replica::of(&run.path).exists() {
         htc::replica::remove_node_local(&run.ledger());
     }
@@ -583,12 +642,20 @@ fn lead_run(
     }
     prologue::adopt(&p).context("entering the batch script's environment")?;
     let lock = run.lock()?;
-    lead_session(&a, job_id, nodes, run, lock)
+    lead_session(&a, job_id, nodes, run, lock, None)
 }
 
 /// Leads a session of `run` with this job's nodes, holding the run's lock: one srun step of
-/// agents, the leader until the run ends or this job does; then the resubmission, if due.
-fn lead_session(a: &LeadArgs, job_id: &str, nodes: usize, run: &RunDir, lock: RunLock) -> anyhow::Result<i32> {
+/// agents (or, after a hand-over, the agents this job already runs, with their tasks), the
+/// leader until the run ends or this job does; then the resubmission, if due.
+fn lead_session(
+    a: &LeadArgs,
+    job_id: &str,
+    nodes: usize,
+    run: &RunDir,
+    lock: RunLock,
+    survivors: Option<Survivors>,
+) -> anyhow::Result<i32> {
     let every = std::env::var("HTC_PROGRESS_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(30u64);
     let fanout = a.fanout.unwrap_or(DEFAULT_FANOUT).max(1);
     let site = htc::site::Site::load()?;
@@ -598,7 +665,10 @@ fn lead_session(a: &LeadArgs, job_id: &str, nodes: usize, run: &RunDir, lock: Ru
     let agents_per_node = a.agents_per_node.unwrap_or(1).max(1);
     let spawners = agent::default_spawners(widest);
     let instance_size = (a.instance_nodes.unwrap_or(1).max(1) * agents_per_node) as u32;
-    let layout = Arc::new(Tree::instances((nodes * agents_per_node) as u32, instance_size, fanout));
+    let layout = match &survivors {
+        Some(s) => s.layout.clone(),
+        None => Arc::new(Tree::instances((nodes * agents_per_node) as u32, instance_size, fanout)),
+    };
     let srun = slurm::Srun {
         agent_bin: leader::launch::agent_binary(),
         nodes,
@@ -609,6 +679,7 @@ fn lead_session(a: &LeadArgs, job_id: &str, nodes: usize, run: &RunDir, lock: Ru
         instance_size,
         lost_after: site.lost_after,
         first_agent: 0,
+        await_leader_s: 0,
     };
     // The job's end, less Slurm's default KillWait for the session to end well.
     let deadline_us = slurm::time_left().map(|left| htc::rundir::now_us() + left.saturating_sub(30_000_000));
@@ -636,9 +707,21 @@ fn lead_session(a: &LeadArgs, job_id: &str, nodes: usize, run: &RunDir, lock: Ru
             let submit = Arc::new(SbatchJoin { run: run.clone(), own_options: slurm::own_job_options() });
             leader::grow::Growing::new(spec, own_minutes, submit)
         }),
+        handover: survivors.as_ref().map(|_| HANDOVER_SETTLE),
     };
     note_resume_args(run, nodes, a)?;
-    let outcome = leader::run(cfg, |addr, tx| srun.start(run, addr, tx))?;
+    if let Some(s) = &survivors {
+        println!("htc: job {job_id} leads the run with its {} agent(s), which kept their tasks", s.agents.count);
+    }
+    let outcome = leader::run(cfg, |addr, tx| match survivors {
+        // They find this leader through the address it publishes.
+        Some(s) => {
+            let events = s.events;
+            std::thread::spawn(move || events.iter().for_each(|e| drop(tx.send(e))));
+            Ok(s.agents)
+        }
+        None => srun.start(run, addr, tx),
+    })?;
     let code = htc::status::finish(run, &outcome, false);
     drop(lock);
     let at_limit = deadline_us.is_some_and(|d| htc::rundir::now_us() >= d);

@@ -240,6 +240,7 @@ fn run(a: RunArgs) -> anyhow::Result<i32> {
         mem_policy,
         no_steal,
         grow: None,
+        handover: None,
     };
     let outcome = leader::run(cfg, |addr, tx| local.start(&run, addr, tx))?;
     let code = htc::status::finish(&run, &outcome, quiet);

@@ -410,6 +410,8 @@ impl Carrier for SimTurn<'_> {
             self.w.at(at, Ev::Connected(me, Input::Rejoined { agent: me, below }));
         }
     }
+    // Simulated agents are all the leader's own: none waits for a new leader.
+    fn await_leader(&mut self) {}
     fn revive(&mut self) {
         self.dropped = true;
         let Some(hello) = self.hello.take() else { return };

@@ -92,6 +92,9 @@ pub struct AgentConfig {
     pub live: htc_engine::liveness::Liveness,
     /// What tasks leave outside their process group lives until the agent ends (`leftovers`).
     pub keep_daemons: bool,
+    /// An agent of a joined allocation: should the leader go, how long to wait for the run's
+    /// new one (`Machine::with_await_leader`).
+    pub await_leader: Option<Duration>,
 }
 
 pub fn run(cfg: AgentConfig) -> anyhow::Result<()> {
@@ -158,7 +161,7 @@ async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
     let mut gen = 0u32;
     let (fr_tx, mut fr_rx) = unbounded_channel::<(u32, Result<Body, FrameError>)>();
     read_frames(rd, gen, fr_tx.clone());
-    let (rejoin_tx, mut rejoin_rx) = unbounded_channel::<Result<TcpStream, String>>();
+    let (rejoin_tx, mut rejoin_rx) = unbounded_channel::<Reconnected>();
 
     let start = tokio::time::Instant::now();
     let wall_us =
@@ -170,7 +173,8 @@ async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
         .with_liveness(cfg.live)
         .with_clock(wall_us)
         .with_rejoin(can_rejoin)
-        .with_revive(true);
+        .with_revive(true)
+        .with_await_leader(cfg.await_leader.is_some());
     if let Some(gap) = cfg.report_gap {
         m = m.with_report_gap(gap.as_micros() as u64);
     }
@@ -217,7 +221,9 @@ async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
                 None => { exec_open = false; Input::ExecEnded }
             },
             s = rejoin_rx.recv() => match s {
-                Some(Ok(stream)) => {
+                Some(Ok((stream, leader))) => {
+                    // After a hand-over the run's leader listens elsewhere.
+                    cfg.leader = leader;
                     let (rd, w) = stream.into_split();
                     gen += 1;
                     read_frames(rd, gen, fr_tx.clone());
@@ -278,7 +284,7 @@ async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
 struct Turn<'a> {
     cfg: &'a AgentConfig,
     secret: &'a [u8],
-    rejoin_tx: &'a UnboundedSender<Result<TcpStream, String>>,
+    rejoin_tx: &'a UnboundedSender<Reconnected>,
     children: &'a HashMap<u32, UnboundedSender<Vec<u8>>>,
     execs: &'a mut Executors,
     out: &'a mut Vec<u8>,
@@ -294,7 +300,7 @@ impl<'a> Turn<'a> {
     fn new(
         cfg: &'a AgentConfig,
         secret: &'a [u8],
-        rejoin_tx: &'a UnboundedSender<Result<TcpStream, String>>,
+        rejoin_tx: &'a UnboundedSender<Reconnected>,
         children: &'a HashMap<u32, UnboundedSender<Vec<u8>>>,
         execs: &'a mut Executors,
         out: &'a mut Vec<u8>,
@@ -333,7 +339,14 @@ impl Carrier for Turn<'_> {
     fn revive(&mut self) {
         self.revive |= !self.parent_gone;
     }
+    fn await_leader(&mut self) {
+        let wait = self.cfg.await_leader.unwrap_or_default();
+        await_leader(self.cfg, self.secret, wait, self.rejoin_tx.clone());
+    }
 }
+
+/// A new connection to the leader, and where that leader listens.
+type Reconnected = Result<(TcpStream, SocketAddr), String>;
 
 /// Feeds the frames of a connection to the agent's loop; reading a frame is not cancel-safe, so
 /// it lives in its own task rather than in select!.
@@ -353,7 +366,7 @@ fn read_frames(mut rd: tokio::net::tcp::OwnedReadHalf, gen: u32, tx: UnboundedSe
 /// Reconnects to the leader around a lost relay, retrying (the leader may not have noticed the
 /// loss yet, and then still counts this agent as connected) until the lease is over; the
 /// machine fences the agent then anyway.
-fn rejoin(cfg: &AgentConfig, secret: &[u8], lease_us: u64, tx: UnboundedSender<Result<TcpStream, String>>) {
+fn rejoin(cfg: &AgentConfig, secret: &[u8], lease_us: u64, tx: UnboundedSender<Reconnected>) {
     let below: Vec<u32> = (0..cfg.tree.len()).filter(|&a| cfg.tree.next_hop(Some(cfg.agent_id), a).is_some()).collect();
     let (me, leader, secret) = (JoinAs::of(cfg), cfg.leader, secret.to_vec());
     tokio::spawn(async move {
@@ -364,7 +377,7 @@ fn rejoin(cfg: &AgentConfig, secret: &[u8], lease_us: u64, tx: UnboundedSender<R
         while tokio::time::Instant::now() < deadline {
             match tokio::time::timeout_at(deadline, join(&me, leader, &secret, Joining::Rejoin(below.clone()))).await {
                 Ok(Ok((_, stream))) => {
-                    let _ = tx.send(Ok(stream));
+                    let _ = tx.send(Ok((stream, leader)));
                     return;
                 }
                 Ok(Err(e)) => tracing::debug!(agent = me.agent, error = %format!("{e:#}"), "rejoin attempt failed"),
@@ -387,7 +400,7 @@ const REFUSED_FOR: Duration = Duration::from_secs(2);
 /// has seen the old connection close it refuses the id) for `REVIVE_FOR`, or until the leader's
 /// port has refused connections for `REFUSED_FOR`: then the leader is gone, and waiting would
 /// only leave the agent behind it.
-fn revive_fresh(cfg: &AgentConfig, secret: &[u8], tx: UnboundedSender<Result<TcpStream, String>>) {
+fn revive_fresh(cfg: &AgentConfig, secret: &[u8], tx: UnboundedSender<Reconnected>) {
     let (me, leader, secret) = (JoinAs::of(cfg), cfg.leader, secret.to_vec());
     tokio::spawn(async move {
         let deadline = tokio::time::Instant::now() + REVIVE_FOR;
@@ -396,7 +409,7 @@ fn revive_fresh(cfg: &AgentConfig, secret: &[u8], tx: UnboundedSender<Result<Tcp
         while tokio::time::Instant::now() < deadline {
             match tokio::time::timeout_at(deadline, join(&me, leader, &secret, Joining::Fresh)).await {
                 Ok(Ok((_, stream))) => {
-                    let _ = tx.send(Ok(stream));
+                    let _ = tx.send(Ok((stream, leader)));
                     return;
                 }
                 Ok(Err(e)) => {
@@ -421,6 +434,39 @@ fn revive_fresh(cfg: &AgentConfig, secret: &[u8], tx: UnboundedSender<Result<Tcp
     });
 }
 
+/// How often an agent whose leader is gone looks for the run's new one.
+const LOOK_EVERY: Duration = Duration::from_millis(250);
+
+/// The leader went with its job: waits up to `wait` for the run's new leader (a joined job that
+/// took the run over publishes its address in the run directory) and comes to it with the tasks
+/// it holds (`Hello.handover`).
+fn await_leader(cfg: &AgentConfig, secret: &[u8], wait: Duration, tx: UnboundedSender<Reconnected>) {
+    let (me, old, run, secret) = (JoinAs::of(cfg), cfg.leader, cfg.run.clone(), secret.to_vec());
+    tokio::spawn(async move {
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut last = String::from("no new leader published its address");
+        while tokio::time::Instant::now() < deadline {
+            match run.leader_at() {
+                Ok(Some(at)) if at.addr != old => {
+                    match tokio::time::timeout_at(deadline, join(&me, at.addr, &secret, Joining::Handover)).await {
+                        Ok(Ok((_, stream))) => {
+                            tracing::info!(agent = me.agent, leader = %at.addr, job = %at.job, "found the run's new leader");
+                            let _ = tx.send(Ok((stream, at.addr)));
+                            return;
+                        }
+                        Ok(Err(e)) => last = format!("{e:#}"),
+                        Err(_) => break,
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => last = format!("reading its address: {e}"),
+            }
+            tokio::time::sleep(LOOK_EVERY).await;
+        }
+        let _ = tx.send(Err(format!("none within {} s ({last})", wait.as_secs())));
+    });
+}
+
 /// Which Hello.
 enum Joining {
     First,
@@ -428,6 +474,8 @@ enum Joining {
     Rejoin(Vec<u32>),
     /// After being given up, empty.
     Fresh,
+    /// To the run's new leader after its old one went, with the tasks held.
+    Handover,
 }
 
 /// Who says Hello.
@@ -466,6 +514,7 @@ async fn join(me: &JoinAs, to: SocketAddr, secret: &[u8], how: Joining) -> anyho
         protocol: PROTOCOL_VERSION,
         rejoin: matches!(how, Joining::Rejoin(_)),
         fresh: matches!(how, Joining::Fresh),
+        handover: matches!(how, Joining::Handover),
         below: match how {
             Joining::Rejoin(below) => below,
             _ => Vec::new(),

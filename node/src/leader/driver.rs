@@ -283,7 +283,9 @@ impl<'c, 'l> Session<'c, 'l> {
         // back already; it would run them a second time).
         send(&mut self.out, &self.links, &self.cfg.given_up);
         match &input {
-            Input::Joined { agent, hostname, cores, .. } | Input::Revived { agent, hostname, cores, .. } => {
+            Input::Joined { agent, hostname, cores, .. }
+            | Input::Revived { agent, hostname, cores, .. }
+            | Input::HandedOver { agent, hostname, cores, .. } => {
                 self.links.insert(*agent, tx);
                 let t = match self.txn.as_mut() {
                     Some(t) => t,

@@ -30,16 +30,17 @@ impl Agents {
         Agents { count, exits, children }
     }
 
-    /// Waits up to `limit` for every started process to exit.
-    pub fn wait(&mut self, limit: Duration) {
+    /// Waits up to `limit` for every started process to exit; says whether they all have.
+    pub fn wait(&mut self, limit: Duration) -> bool {
         let end = Instant::now() + limit;
         while self.children > 0 {
             let left = end.saturating_duration_since(Instant::now());
             match self.exits.recv_timeout(left) {
                 Ok(()) => self.children -= 1,
-                Err(_) => return,
+                Err(_) => return false,
             }
         }
+        true
     }
 }
 
@@ -144,6 +145,7 @@ impl Local {
                 instance_size: self.instance_size,
                 lost_after_ms: self.lost_after.as_millis() as u64,
                 keep_daemons: self.keep_daemons,
+                await_leader_s: 0,
             }
             .argv();
             let child = Command::new(&self.agent_bin)

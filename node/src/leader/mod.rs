@@ -59,6 +59,9 @@ pub struct LeaderConfig {
     pub no_steal: bool,
     /// A run that grows itself (`--htc-grow`): its policy and how it submits.
     pub grow: Option<grow::Growing>,
+    /// This session took the run over with agents that kept their tasks: how long it waits for
+    /// them to say what they hold before it hands anything out (`Core::expecting_handover`).
+    pub handover: Option<Duration>,
 }
 
 pub struct Outcome {
@@ -169,6 +172,9 @@ fn configured_core(ledger: &Ledger, cfg: &LeaderConfig, expected: usize) -> anyh
     }
     if let Some(end) = cfg.deadline_us {
         core = core.with_deadline(end);
+    }
+    if let Some(wait) = cfg.handover {
+        core = core.expecting_handover(wait.as_micros() as u64);
     }
     Ok(core)
 }

@@ -157,6 +157,8 @@ async fn connection(
             let input = if h.rejoin {
                 agents.extend(&h.below);
                 Input::Rejoined { agent, below: h.below }
+            } else if h.handover {
+                Input::HandedOver { agent, cores: h.cores, mem_mb: h.mem_mb, gpus: h.gpus, hostname: h.hostname }
             } else if h.fresh {
                 Input::Revived { agent, cores: h.cores, mem_mb: h.mem_mb, gpus: h.gpus, hostname: h.hostname }
             } else {

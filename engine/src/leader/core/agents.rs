@@ -280,7 +280,13 @@ impl Core<'_> {
     }
 
     /// Takes `agent` into placement and dispatch, drawing on `instance`'s share.
-    fn enroll(&mut self, agent: u32, instance: usize, (cores, mem_mb, gpus): (u32, u64, u32), hostname: String) {
+    pub(super) fn enroll(
+        &mut self,
+        agent: u32,
+        instance: usize,
+        (cores, mem_mb, gpus): (u32, u64, u32),
+        hostname: String,
+    ) {
         self.place(agent, cores, mem_mb, gpus);
         self.agents.insert(
             agent,

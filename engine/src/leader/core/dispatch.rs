@@ -168,6 +168,7 @@ impl Core<'_> {
             || self.agents[&agent].drained
             || self.mem.runs_exclusive(agent)
             || self.leaving(agent)
+            || self.settling()
         {
             return Ok(());
         }

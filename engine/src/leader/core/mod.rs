@@ -35,6 +35,7 @@ mod agents;
 pub mod allocations;
 mod dispatch;
 mod flights;
+mod handover;
 mod preempt;
 mod results;
 #[cfg(test)]
@@ -88,6 +89,15 @@ pub enum Input {
     Rejoined {
         agent: u32,
         below: Vec<u32>,
+    },
+    /// An agent whose leader was lost came to this one, which took the run over, with the tasks
+    /// it kept (`handover`).
+    HandedOver {
+        agent: u32,
+        cores: u32,
+        mem_mb: u64,
+        gpus: u32,
+        hostname: String,
     },
     /// An agent's relay was lost: it may rejoin within its lease, or fall silent and be lost.
     Detached {
@@ -287,6 +297,10 @@ pub struct Core<'a> {
     /// Core-microseconds the successful attempts of this session ran (`oks` of them): what a
     /// task costs, for a run that grows itself.
     ran_core_us: u64,
+    /// This session took the run over: the wait for the agents that kept their tasks.
+    settling: Option<handover::Settling>,
+    /// Agents that came from a hand-over: what they hold or ran may be pending here.
+    adoptees: IdSet<u32>,
 }
 
 /// How an attempt ended, as reported (or decided, for a lost agent).
@@ -356,6 +370,8 @@ impl<'a> Core<'a> {
             recalls: Recalls::default(),
             allocations: Vec::new(),
             ran_core_us: 0,
+            settling: None,
+            adoptees: IdSet::default(),
         }
     }
 
@@ -448,7 +464,9 @@ impl<'a> Core<'a> {
         })
     }
 
-    /// Shutdown frames for every live agent.
+    /// Shutdown frames for every live agent; but a leader stopped by a signal (its job's time
+    /// limit, `scancel`) leaves the agents of joined allocations that still run alone: they wait
+    /// with their tasks for the job that takes the run over (`handover`).
     pub fn shutdown(&self, ending: &Ending, out: &mut Outbox) {
         let reason = match ending {
             Ending::Complete => "all tasks finished".to_string(),
@@ -458,7 +476,11 @@ impl<'a> Core<'a> {
             Ending::OutOfTime(n) => format!("{n} tasks cannot finish before the time limit"),
         };
         let abort = *ending != Ending::Complete;
-        for (&agent, _) in self.agents.iter().filter(|(_, a)| a.alive) {
+        let handed_over = |agent: u32| {
+            matches!(ending, Ending::Interrupted(_))
+                && self.allocation_of(agent).is_some_and(|i| self.allocations[i].stage == allocations::Stage::Running)
+        };
+        for (&agent, _) in self.agents.iter().filter(|(&id, a)| a.alive && !handed_over(id)) {
             out.push((
                 agent,
                 Body::Shutdown(proto::Shutdown { revive: false, agent, abort, reason: reason.clone(), hold: false }),
@@ -500,6 +522,9 @@ impl<'a> Core<'a> {
             Input::Report { agent, report } => self.on_report(t, agent, report, out)?,
             Input::Lost { agent, why } => self.lose(t, agent, &why, now_us, out)?,
             Input::Rejoined { agent, below } => self.rejoined(agent, below, now_us, out),
+            Input::HandedOver { agent, cores, mem_mb, gpus, hostname } => {
+                self.handed_over(agent, (cores, mem_mb, gpus), hostname, out)
+            }
             Input::Revived { agent, cores, mem_mb, gpus, hostname } => {
                 self.revived(t, agent, (cores, mem_mb, gpus), hostname, now_us, out)?
             }
@@ -546,6 +571,7 @@ impl<'a> Core<'a> {
         }
         self.preempt_for_waiting(t, out)?;
         self.leave_due(t, out)?;
+        self.settle(t, out)?;
         let every = self.live.beat_every_us(self.reporters());
         for (&agent, a) in self.agents.iter_mut().filter(|(_, a)| a.alive) {
             if now_us.saturating_sub(a.told_us) >= every {

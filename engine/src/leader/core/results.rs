@@ -275,6 +275,13 @@ impl Core<'_> {
             return Ok(());
         }
         self.report_sizes.record(report.results.len() as u64);
+        if self.is_adoptee(agent) {
+            // Started or ran before this leader knew of it (a hand-over): its own now.
+            let ids = report.started.iter().map(|s| s.id).chain(report.results.iter().map(|r| r.id));
+            for id in ids.collect::<Vec<_>>() {
+                self.adopt(t, agent, id)?;
+            }
+        }
         // Agents leave out the start of a task whose result is in the same report.
         for s in &report.started {
             self.on_started(agent, s);
@@ -293,7 +300,11 @@ impl Core<'_> {
             self.came_back(t, agent, id)?;
         }
         if report.resync {
+            if self.is_adoptee(agent) {
+                self.adopt_held(t, agent, &report.holding)?;
+            }
             self.resynced(t, agent, &report.holding, self.now_us)?;
+            self.settle(t, out)?;
         }
         let a = self.agents.get_mut(&agent).unwrap();
         a.heard_us = self.now_us;

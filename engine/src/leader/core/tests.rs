@@ -1040,3 +1040,80 @@ fn a_grown_allocation_told_to_leave_holds_its_agents_and_the_situation_counts_it
     let (out, _) = feed_at(&mut c, &mut m, 6_000, vec![report(2, 4, 2, &[])]);
     assert!(dispatched(&out).is_empty(), "nor gets any");
 }
+
+fn handed_over(agent: u32, cores: u32) -> Input {
+    Input::HandedOver { agent, cores, mem_mb: 0, gpus: 0, hostname: format!("node{agent}") }
+}
+
+/// Agent `agent`'s answer to a resync: it holds `held`.
+fn holding(agent: u32, want: u32, held: &[u64]) -> Input {
+    let report = proto::Report { want, agent, resync: true, holding: held.to_vec(), ..Default::default() };
+    Input::Report { agent, report }
+}
+
+/// A leader that took the run over: agents 3 and 4 of the run (grafted after 0..3, a job gone)
+/// are its own, and come back holding tasks it has as pending.
+fn taken_over(m: &Mem) -> Core<'static> {
+    let n = m.records.len() as u64;
+    Core::new(Box::new(Even::new(1..n + 1, 2)), "job".into(), 2, m.counts(), 0)
+        .with_layout(Arc::new(Tree::grafted(3, 2, 1, 2)))
+        .expecting_handover(20_000_000)
+}
+
+#[test]
+fn after_a_hand_over_nothing_goes_out_until_the_agents_said_what_they_kept_and_that_runs_once() {
+    let mut m = Mem::with(40, 0, 1);
+    let mut c = taken_over(&m);
+    let mut seen = std::collections::HashSet::new();
+    // Agent 3 comes back: asked what it holds; its first report (a result of task 2, which
+    // ended while it waited, and a want) hands out nothing while agent 4 is still awaited.
+    let (out, _) = feed(&mut c, &mut m, vec![handed_over(3, 2), report(3, 8, 0, &[(2, 1)])]);
+    assert!(out.iter().any(|(a, b)| *a == 3 && matches!(b, Body::Ack(k) if k.resync)), "{out:?}");
+    assert!(dispatched(&out).is_empty(), "nothing goes out while agent 4 may hold tasks");
+    assert_eq!(m.state(2), State::Done, "what it ran meanwhile is recorded, not run again");
+    let (out, _) = feed_at(&mut c, &mut m, 2_000, vec![holding(3, 8, &[1, 3]), handed_over(4, 2)]);
+    assert!(dispatched(&out).is_empty(), "still waiting for agent 4");
+    // Agent 4 says it holds 21 and 22 (its own share) and 5 (agent 3's): all three stay with it,
+    // and work goes out at once, none of what the agents kept.
+    let (out, _) = feed_at(&mut c, &mut m, 3_000, vec![holding(4, 8, &[5, 21, 22])]);
+    let (out2, _) = feed_at(&mut c, &mut m, 4_000, vec![want(3, 8)]);
+    dispatched_once(&out, &mut seen);
+    dispatched_once(&out2, &mut seen);
+    assert!(!seen.is_empty(), "work goes out once every agent said what it holds");
+    for id in [1, 2, 3, 5, 21, 22] {
+        assert!(!seen.contains(&id), "task {id} was kept by an agent, yet sent again");
+    }
+    // What they kept ends as any task does.
+    feed_at(&mut c, &mut m, 5_000, vec![report(4, 0, 0, &[(21, 1)]), report(3, 0, 0, &[(1, 1)])]);
+    assert_eq!((m.state(21), m.state(1)), (State::Done, State::Done));
+}
+
+#[test]
+fn after_a_hand_over_an_agent_that_does_not_come_back_is_waited_for_only_so_long() {
+    let mut m = Mem::with(40, 0, 1);
+    let mut c = taken_over(&m);
+    let (out, _) = feed(&mut c, &mut m, vec![handed_over(3, 2), holding(3, 8, &[1]), Input::Tick]);
+    assert!(dispatched(&out).is_empty());
+    let (out, _) = feed_at(&mut c, &mut m, 20_000_001, vec![Input::Tick]);
+    let sent: Vec<u64> = dispatched(&out).into_iter().flat_map(|(_, t)| t).map(|(id, _)| id).collect();
+    assert!(!sent.is_empty() && !sent.contains(&1), "past the wait, work goes out: {sent:?}");
+    // An agent the leader has no place for (another allocation's) is told to stop.
+    let (out, _) = feed_at(&mut c, &mut m, 20_000_100, vec![handed_over(1, 2)]);
+    assert!(out.iter().any(|(a, b)| *a == 1 && matches!(b, Body::Shutdown(s) if s.abort)), "{out:?}");
+}
+
+#[test]
+fn a_leader_stopped_by_a_signal_leaves_the_agents_of_a_joined_allocation_to_the_next() {
+    let mut m = Mem::with(100, 0, 1);
+    let mut c = layout_core(&m, 1);
+    feed(&mut c, &mut m, vec![join(0, 2)]);
+    assert_eq!(c.attach(attach(1, None), 2_000), Ok(1));
+    feed_at(&mut c, &mut m, 3_000, vec![join(1, 2)]);
+    let mut out = Vec::new();
+    c.shutdown(&Ending::Interrupted(15), &mut out);
+    let told: Vec<u32> = out.iter().filter(|(_, b)| matches!(b, Body::Shutdown(_))).map(|(a, _)| *a).collect();
+    assert_eq!(told, [0], "the joined agent waits for the job that takes the run over");
+    out.clear();
+    c.shutdown(&Ending::TooManyFailures(3), &mut out);
+    assert_eq!(out.len(), 2, "a run stopped for its failures stops everywhere");
+}

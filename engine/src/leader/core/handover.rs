@@ -1,0 +1,112 @@
+//! A hand-over (`--htc-join`): the run's leader went with its job, a joined job took the run
+//! over from the replica, and that job's agents, which kept running what they held, come to the
+//! new leader (`Hello.handover`). The replica records no dispatches, so every task not recorded
+//! ended is pending here. The new leader therefore hands nothing out until each agent it expects
+//! has said what it holds (or the wait is over), takes what they hold as in flight with them
+//! (`adopt`), and records the results they bring for tasks it had as pending: none of it runs a
+//! second time.
+
+use super::*;
+
+/// The wait for the agents of a hand-over.
+#[derive(Debug)]
+pub(super) struct Settling {
+    /// Heads expected back that have not said what they hold yet.
+    waiting: IdSet<u32>,
+    until_us: u64,
+    adopted: u64,
+}
+
+impl Core<'_> {
+    /// The layout's heads come from a hand-over, holding tasks: nothing is handed out until each
+    /// has said what it holds, or `wait_us` has passed.
+    pub fn expecting_handover(mut self, wait_us: u64) -> Self {
+        let waiting = self.layout.as_ref().map(|t| t.heads().iter().copied().collect()).unwrap_or_default();
+        self.settling = Some(Settling { waiting, until_us: self.now_us + wait_us, adopted: 0 });
+        self
+    }
+
+    /// Whether the leader still waits for the agents of a hand-over.
+    pub(super) fn settling(&self) -> bool {
+        self.settling.is_some()
+    }
+
+    /// An agent back from a hand-over: placed as any joining head, then asked what it holds.
+    /// One this leader has no place for (another allocation's, or one here already) stops.
+    pub(super) fn handed_over(&mut self, agent: u32, resources: (u32, u64, u32), hostname: String, out: &mut Outbox) {
+        let Some(instance) = self.instance_of(agent).filter(|_| !self.agents.contains_key(&agent)) else {
+            tracing::warn!(job = %self.job_id, agent, %hostname, "an agent this leader has no place for came from a hand-over");
+            let reason = "the run's new leader has no place for this agent".to_string();
+            out.push((
+                agent,
+                Body::Shutdown(proto::Shutdown { revive: false, abort: true, reason, agent, hold: false }),
+            ));
+            return;
+        };
+        tracing::info!(job = %self.job_id, agent, %hostname, "agent came back from the hand-over, with its tasks");
+        self.ever_seen += 1;
+        self.enroll(agent, instance, resources, hostname);
+        self.adoptees.insert(agent);
+        out.push((agent, Body::Ack(proto::Ack { seq: 0, agent, resync: true })));
+        self.resyncs.insert(agent, Vec::new());
+    }
+
+    /// Whether `agent` came from a hand-over: what it holds or ran may be pending here.
+    pub(super) fn is_adoptee(&self, agent: u32) -> bool {
+        !self.adoptees.is_empty() && self.adoptees.contains(&agent)
+    }
+
+    /// Takes task `id`, which `agent` holds or ran, as in flight with it, where the ledger has it
+    /// pending and nobody else holds it. Says whether it did.
+    pub(super) fn adopt<E>(&mut self, t: &mut dyn Tasks<Error = E>, agent: u32, id: u64) -> Result<bool, E> {
+        if self.in_flight.contains(id) {
+            return Ok(false);
+        }
+        let Some(r) = t.get(id)? else { return Ok(false) };
+        if r.state() != State::Pending {
+            return Ok(false);
+        }
+        let Some((life, _)) = self.move_life(r.life(), Step::Dispatch) else { return Ok(false) };
+        self.in_flight.insert(id, Flight { agent, life });
+        if let Some(a) = self.agents.get_mut(&agent) {
+            a.ahead_ms += r.runtime_ms as u64 * r.cores as u64;
+        }
+        if let Some(s) = self.settling.as_mut() {
+            s.adopted += 1;
+        }
+        Ok(true)
+    }
+
+    /// `agent` said what it holds: that is in flight with it now.
+    pub(super) fn adopt_held<E>(&mut self, t: &mut dyn Tasks<Error = E>, agent: u32, held: &[u64]) -> Result<(), E> {
+        let mut n = 0;
+        for &id in held {
+            n += self.adopt(t, agent, id)? as u64;
+        }
+        tracing::info!(job = %self.job_id, agent, held = held.len(), adopted = n, "tasks kept through the hand-over");
+        if let Some(s) = self.settling.as_mut() {
+            s.waiting.remove(&agent);
+        }
+        Ok(())
+    }
+
+    /// Ends the wait once every expected agent has said what it holds (or is lost), or the time
+    /// is up; then work goes out.
+    pub(super) fn settle<E>(&mut self, t: &mut dyn Tasks<Error = E>, out: &mut Outbox) -> Result<(), E> {
+        let Some(s) = self.settling.as_mut() else { return Ok(()) };
+        let agents = &self.agents;
+        s.waiting.retain(|a| agents.get(a).is_none_or(|x| x.alive));
+        if !s.waiting.is_empty() && self.now_us < s.until_us {
+            return Ok(());
+        }
+        let s = self.settling.take().expect("checked above");
+        tracing::info!(
+            job = %self.job_id,
+            back = self.adoptees.len(),
+            adopted = s.adopted,
+            missing = s.waiting.len(),
+            "hand-over settled: work goes out"
+        );
+        self.dispatch_all(t, out)
+    }
+}
