@@ -388,7 +388,7 @@ resubmitted_at_time_limit() {
 # then (3 nodes' 6 CPUs). The work (600 x 1 s on 6 CPUs, ~100 s) outlasts the first job's
 # minute however late in its 30 s check Slurm enforces the limit.
 handed_over() {
-    local w a b state lines unique
+    local w a b state lines unique first again
     w=$(cluster_workdir handover)
     seq 1 600 | sed "s|.*|sleep 1; echo \"\$HTC_TASK_ID \$SLURMD_NODENAME \$HTC_ATTEMPT\" >> ids.txt|" >"$w/tasks.txt"
     chown -R "$HTC_CLUSTER_USER" "$w"
@@ -401,12 +401,19 @@ handed_over() {
     state=$(wait_job "$b" 300)
     check "hand-over: the joined job $b COMPLETED the run (was $state)" test "$state" = COMPLETED
     check "hand-over: job $b says it took the run over" grep -q "job $b takes the run over" "$w/slurm-$b.out"
+    check "hand-over: job $b's agents kept their tasks and lead on with it" \
+        grep -q "job $b leads the run with its 2 agent(s), which kept their tasks" "$w/slurm-$b.out"
     check "hand-over: job $a resubmitted nothing" bash -c "! grep -q resubmitted '$w/slurm-$a.out'"
     check "hand-over: htc status $a shows every task done" all_done "$w" "$a"
     lines=$(wc -l <"$w/ids.txt")
     unique=$(cut -d' ' -f1 "$w/ids.txt" | sort -u | wc -l)
     check "hand-over: every task ran ($unique of 600)" test "$unique" = 600
-    check "hand-over: $((lines - unique)) re-run(s), at most the 6 CPUs' tasks in flight" test $((lines - unique)) -le 6
+    check "hand-over: $((lines - unique)) re-run(s), at most the 2 CPUs' tasks in flight on job $a's node" \
+        test $((lines - unique)) -le 2
+    # A task that ran on job B's nodes and again: its agents did not keep it through the hand-over.
+    first=$(head -n 1 "$w/ids.txt" | cut -d' ' -f2)
+    again=$(awk -v a="$first" '{ n[$1]++; if (!($1 in on)) on[$1] = $2 } END { for (t in n) if (n[t] > 1 && on[t] != a) printf "%s ", t }' "$w/ids.txt")
+    check "hand-over: no task that ran on job $b's nodes ran again${again:+: $again}" test -z "$again"
     none_done_ran_again "hand-over" "$w"
     [[ $failed == 0 ]] || { echo "--- slurm-$a.out"; tail -n 20 "$w/slurm-$a.out"; echo "--- slurm-$b.out"; tail -n 30 "$w/slurm-$b.out"; }
 }
