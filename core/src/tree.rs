@@ -14,8 +14,11 @@ pub struct Tree {
     parent: Vec<Option<u32>>,
     /// The head of each agent's instance (a head is its own).
     head: Vec<u32>,
-    /// The heads in id order: an instance's index is its head's position here.
+    /// The heads in the order their instances came (id order, but for `graft_at` below the
+    /// highest id): an instance's index is its head's position here, and never changes.
     heads: Vec<u32>,
+    /// Whether `heads` is in id order (searched, not scanned).
+    in_order: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -24,6 +27,8 @@ pub enum TreeError {
     Unknown(u32),
     #[error("agent {agent} cannot hang below itself (agent {under} is below it)")]
     Cycle { agent: u32, under: u32 },
+    #[error("agent {0} is in the tree already")]
+    Taken(u32),
 }
 
 impl Tree {
@@ -32,7 +37,7 @@ impl Tree {
     pub fn kary(n: u32, k: u32) -> Tree {
         let k = k.max(1) as u64;
         let parent = (0..n as u64).map(|a| ((a / k) as u32).checked_sub(1)).collect();
-        Tree { parent, head: (0..n).collect(), heads: (0..n).collect() }
+        Tree { parent, head: (0..n).collect(), heads: (0..n).collect(), in_order: true }
     }
 
     /// `n` agents in instances of `size` consecutive ids (the last may be smaller), the first of
@@ -48,7 +53,7 @@ impl Tree {
                 _ => Some(a - a % size),
             })
             .collect();
-        Tree { parent, head: (0..n).map(|a| a - a % size).collect(), heads }
+        Tree { parent, head: (0..n).map(|a| a - a % size).collect(), heads, in_order: true }
     }
 
     /// Adds an allocation's `n` agents to the run, laid out as `instances(n, size, k)` and
@@ -56,18 +61,53 @@ impl Tree {
     /// first new id. Instance indices (`instance_index`) of the agents so far do not change.
     pub fn graft(&mut self, n: u32, size: u32, k: u32) -> u32 {
         let base = self.len();
-        let sub = Tree::instances(n, size, k);
-        self.parent.extend(sub.parent.iter().map(|p| p.map(|p| p + base)));
-        self.head.extend(sub.head.iter().map(|h| h + base));
-        self.heads.extend(sub.heads.iter().map(|h| h + base));
+        self.graft_at(base, n, size, k).expect("ids past the tree are free");
         base
+    }
+
+    /// As `graft`, at ids `base..base + n` that the tree does not hold yet (past its end, or
+    /// where another view of the run stands apart, `grafted`): agents that keep their ids from
+    /// an earlier leader. Their instances come after those so far.
+    pub fn graft_at(&mut self, base: u32, n: u32, size: u32, k: u32) -> Result<(), TreeError> {
+        if let Some(a) = (base..base.saturating_add(n)).find(|&a| self.holds(a)) {
+            return Err(TreeError::Taken(a));
+        }
+        let end = base as usize + n as usize;
+        if end > self.parent.len() {
+            let from = self.len();
+            self.parent.resize(end, None);
+            self.head.extend(from..end as u32);
+        }
+        let sub = Tree::instances(n, size, k);
+        for (i, (p, h)) in sub.parent.iter().zip(&sub.head).enumerate() {
+            self.parent[base as usize + i] = p.map(|p| p + base);
+            self.head[base as usize + i] = h + base;
+        }
+        self.in_order &= self.heads.last().is_none_or(|&last| last < base);
+        self.heads.extend(sub.heads.iter().map(|h| h + base));
+        Ok(())
+    }
+
+    /// Whether `agent` is one of the tree's own (not past its end, nor a stand-in for an agent
+    /// of another view).
+    pub fn holds(&self, agent: u32) -> bool {
+        self.contains(agent) && (self.head(agent) != agent || self.parent(agent).is_some() || self.is_head(agent))
+    }
+
+    fn is_head(&self, agent: u32) -> bool {
+        // Heads are in id order but for `graft_at`: a sorted tree is searched, others scanned.
+        match self.heads.binary_search(&agent) {
+            Ok(_) => true,
+            Err(_) => !self.in_order && self.heads.contains(&agent),
+        }
     }
 
     /// The tree as the agents of one grafted allocation see it (`graft` returned `base`): their
     /// own layout, the run's earlier agents standing apart (no parent, no instance), since these
     /// agents never route to them.
     pub fn grafted(base: u32, n: u32, size: u32, k: u32) -> Tree {
-        let mut t = Tree { parent: vec![None; base as usize], head: (0..base).collect(), heads: Vec::new() };
+        let mut t =
+            Tree { parent: vec![None; base as usize], head: (0..base).collect(), heads: Vec::new(), in_order: true };
         t.graft(n, size, k);
         t
     }
@@ -99,15 +139,16 @@ impl Tree {
         agent != head && self.contains(agent) && self.head(agent) == head
     }
 
-    /// How many agents the instance headed by `head` has, the head included.
+    /// How many agents the instance headed by `head` has, the head included (its members
+    /// follow it in id order).
     pub fn instance_len(&self, head: u32) -> usize {
-        match self.heads.binary_search(&head) {
-            Ok(i) => self.heads.get(i + 1).map_or(self.len(), |&next| next) as usize - head as usize,
-            Err(_) => 0,
+        if !self.is_head(head) {
+            return 0;
         }
+        1 + self.head[head as usize + 1..].iter().take_while(|&&h| h == head).count()
     }
 
-    /// The instances' heads in id order.
+    /// The instances' heads in instance order.
     pub fn heads(&self) -> &[u32] {
         &self.heads
     }
@@ -115,7 +156,11 @@ impl Tree {
     /// The position of `head`'s instance among the instances (the partition's index); `None`
     /// for an agent that heads none.
     pub fn instance_index(&self, head: u32) -> Option<usize> {
-        self.heads.binary_search(&head).ok()
+        match self.heads.binary_search(&head) {
+            Ok(i) => Some(i),
+            Err(_) if self.in_order => None,
+            Err(_) => self.heads.iter().position(|&h| h == head),
+        }
     }
 
     /// Whether `child` hangs directly below `of` (`None`: the leader).
@@ -196,6 +241,24 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn agents_that_keep_their_ids_graft_where_they_were_and_earlier_instances_keep_their_index() {
+        // A leader that took the run over sees its own allocation (agents 5..7) apart from the
+        // run's earlier agents; another allocation's agents 2..4 come back with their ids.
+        let mut t = Tree::grafted(5, 2, 1, 4);
+        assert_eq!((t.holds(2), t.holds(5), t.holds(9)), (false, true, false));
+        t.graft_at(2, 3, 1, 4).unwrap();
+        assert_eq!(t.heads(), [5, 6, 2, 3, 4]);
+        assert_eq!((t.instance_index(5), t.instance_index(3), t.instance_index(1)), (Some(0), Some(3), None));
+        assert_eq!((t.instance_len(2), t.instance_len(6), t.instance_len(0)), (1, 1, 0));
+        assert_eq!(t.graft_at(1, 2, 1, 4), Err(TreeError::Taken(2)));
+        // Past the end, with room between; an instance of 3 there.
+        t.graft_at(10, 3, 3, 4).unwrap();
+        assert_eq!((t.len(), t.instance_len(10), t.instance_index(10), t.holds(8)), (13, 3, Some(5), false));
+        assert!(t.is_member(12, 10) && t.parent(10).is_none());
+        assert_eq!(t.graft(1, 1, 4), 13, "new ids come after every id so far");
     }
 
     #[test]

@@ -24,6 +24,8 @@ pub struct Request {
     pub ends_us: Option<u64>,
     /// Its Slurm cluster's name ("" locally).
     pub cluster: String,
+    /// Its agents outlived the run's previous leader and keep these ids (`Attach.keep_first`).
+    pub keep_first: Option<u32>,
 }
 
 /// A place in the run: the leader's address and this allocation's first agent id. Dropping it
@@ -124,6 +126,7 @@ async fn ask(
         cores: req.cores,
         ends_us: req.ends_us.unwrap_or(0),
         cluster: req.cluster.clone(),
+        keep_first: req.keep_first.unwrap_or(0),
     };
     frame::write_frame(&mut s, Body::Attach(attach))
         .await

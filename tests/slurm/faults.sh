@@ -382,40 +382,46 @@ resubmitted_at_time_limit() {
     check "resubmit: no task process left" bash -c "! pgrep -u '$HTC_CLUSTER_USER' -f '^sleep 3$|sleep 3; echo' >/dev/null"
 }
 
-# The run's own job reaches its time limit while a joined job (--htc-join) runs: the joined job
-# takes the run over from its replica and finishes it; its leader's job resubmits nothing.
-# Nothing recorded done before the hand-over runs again; re-runs are at most the tasks in flight
-# then (3 nodes' 6 CPUs). The work (600 x 1 s on 6 CPUs, ~100 s) outlasts the first job's
-# minute however late in its 30 s check Slurm enforces the limit.
+# The run's own job (1 node) reaches its time limit while two joined jobs (--htc-join; 2 nodes,
+# 1 node) run: one of them takes the run over from its replica and finishes it, and both keep
+# their agents and the tasks those run; the leader's job resubmits nothing. Nothing recorded
+# done before the hand-over runs again; re-runs are at most the tasks in flight on the first
+# job's node (2 CPUs). The work (1000 x 1 s on 8 CPUs, ~125 s) outlasts the first job's minute
+# however late in its 30 s check Slurm enforces the limit.
 handed_over() {
-    local w a b state lines unique first again
+    local w a b c j state lines unique first again lead stay
     w=$(cluster_workdir handover)
-    seq 1 600 | sed "s|.*|sleep 1; echo \"\$HTC_TASK_ID \$SLURMD_NODENAME \$HTC_ATTEMPT\" >> ids.txt|" >"$w/tasks.txt"
+    seq 1 1000 | sed "s|.*|sleep 1; echo \"\$HTC_TASK_ID \$SLURMD_NODENAME \$HTC_ATTEMPT\" >> ids.txt|" >"$w/tasks.txt"
     chown -R "$HTC_CLUSTER_USER" "$w"
     a=$(submit "$w" -N 1 --exclusive -t 1 --htc=tasks.txt --htc-resubmit=2 --wrap=:) || { bad "hand-over: submit"; return; }
     wait_leader "$w" "$a"
-    b=$(submit "$w" -N 2 --exclusive -t 10 --htc-join="$a" --wrap=:) || { bad "hand-over: submit the joining job"; return; }
+    b=$(submit "$w" -N 2 --exclusive -t 10 --htc-join="$a" --wrap=:) || { bad "hand-over: submit a joining job"; return; }
+    c=$(submit "$w" -N 1 --exclusive -t 10 --htc-join="$a" --wrap=:) || { bad "hand-over: submit a joining job"; return; }
     state=$(wait_job "$a" 240)
     check "hand-over: the run's job $a stopped at its time limit (was $state)" test "$state" = TIMEOUT
     done_snapshot "$w" "$a"
-    state=$(wait_job "$b" 300)
-    check "hand-over: the joined job $b COMPLETED the run (was $state)" test "$state" = COMPLETED
-    check "hand-over: job $b says it took the run over" grep -q "job $b takes the run over" "$w/slurm-$b.out"
-    check "hand-over: job $b's agents kept their tasks and lead on with it" \
-        grep -q "job $b leads the run with its 2 agent(s), which kept their tasks" "$w/slurm-$b.out"
+    for j in "$b" "$c"; do
+        state=$(wait_job "$j" 300)
+        check "hand-over: the joined job $j COMPLETED (was $state)" test "$state" = COMPLETED
+    done
+    lead=$(grep -l "takes the run over" "$w/slurm-$b.out" "$w/slurm-$c.out" | head -n 1)
+    stay=$(grep -l "stays in run .* which kept their tasks" "$w/slurm-$b.out" "$w/slurm-$c.out" | head -n 1)
+    check "hand-over: one joined job took the run over (${lead##*/})" test -n "$lead"
+    check "hand-over: its agents kept their tasks and lead on with it" grep -q "which kept their tasks" "$lead"
+    check "hand-over: the other's agents kept their ids and tasks (${stay##*/})" test -n "$stay" -a "$stay" != "$lead"
     check "hand-over: job $a resubmitted nothing" bash -c "! grep -q resubmitted '$w/slurm-$a.out'"
     check "hand-over: htc status $a shows every task done" all_done "$w" "$a"
     lines=$(wc -l <"$w/ids.txt")
     unique=$(cut -d' ' -f1 "$w/ids.txt" | sort -u | wc -l)
-    check "hand-over: every task ran ($unique of 600)" test "$unique" = 600
+    check "hand-over: every task ran ($unique of 1000)" test "$unique" = 1000
     check "hand-over: $((lines - unique)) re-run(s), at most the 2 CPUs' tasks in flight on job $a's node" \
         test $((lines - unique)) -le 2
-    # A task that ran on job B's nodes and again: its agents did not keep it through the hand-over.
+    # A task that ran on a joined job's node and again: its agent did not keep it.
     first=$(head -n 1 "$w/ids.txt" | cut -d' ' -f2)
     again=$(awk -v a="$first" '{ n[$1]++; if (!($1 in on)) on[$1] = $2 } END { for (t in n) if (n[t] > 1 && on[t] != a) printf "%s ", t }' "$w/ids.txt")
-    check "hand-over: no task that ran on job $b's nodes ran again${again:+: $again}" test -z "$again"
+    check "hand-over: no task that ran on jobs $b and $c's nodes ran again${again:+: $again}" test -z "$again"
     none_done_ran_again "hand-over" "$w"
-    [[ $failed == 0 ]] || { echo "--- slurm-$a.out"; tail -n 20 "$w/slurm-$a.out"; echo "--- slurm-$b.out"; tail -n 30 "$w/slurm-$b.out"; }
+    [[ $failed == 0 ]] || for j in "$a" "$b" "$c"; do echo "--- slurm-$j.out"; tail -n 20 "$w/slurm-$j.out"; done
 }
 
 echo "== 4 nodes (network namespaces)"

@@ -397,8 +397,9 @@ fn join(
     prologue::adopt(&p).context("entering the batch script's environment")?;
     // Its agents hand back and leave before Slurm's KillWait would cut them off.
     let ends_us = slurm::time_left().map(|left| htc::rundir::now_us() + left.saturating_sub(30_000_000));
+    let mut kept = None;
     loop {
-        let survivors = match join_once(a, &run, job_id, nodes, ends_us) {
+        let survivors = match join_once(a, &run, job_id, nodes, ends_us, kept.take()) {
             // The leader that took this job in still leads: it told the agents to leave (this
             // job's time, or other jobs waiting for its nodes).
             Ok(Stay::Ended { leader }) if still_leads(&run, &leader) => {
@@ -432,13 +433,13 @@ fn join(
                 return Ok(0);
             }
             Next::Join => {
-                // Another job leads now, which has no place for this job's waiting agents: they
-                // end (their tasks run again there). Then join it, without hammering one that
-                // does not answer yet.
-                if let Some(mut s) = survivors {
-                    s.agents.wait(Duration::from_secs(AWAIT_LEADER_S + 30));
+                // Another job leads now: this one attaches to it again, keeping its agents' ids
+                // (they go to that leader with their tasks by themselves); without hammering
+                // one that does not answer yet.
+                kept = survivors;
+                if kept.is_none() {
+                    std::thread::sleep(Duration::from_secs(1));
                 }
-                std::thread::sleep(Duration::from_secs(1));
                 continue;
             }
             Next::Lead(lock) => return take_over(a, &run, job_id, nodes, lock, survivors),
@@ -469,16 +470,19 @@ struct Survivors {
     /// What the srun step's watcher says (its end), for the new leader's core.
     events: std::sync::mpsc::Receiver<leader::driver::Event>,
     layout: Arc<Tree>,
+    first: u32,
+    fanout: u32,
 }
 
-/// One stay in the run: attach, start this job's agents, wait for them to end or for the
-/// leader to go.
+/// One stay in the run: attach, start this job's agents (or, after a hand-over, go on with
+/// those that kept their tasks: `kept`), wait for them to end or for the leader to go.
 fn join_once(
     a: &LeadArgs,
     run: &RunDir,
     job_id: &str,
     nodes: usize,
     ends_us: Option<u64>,
+    kept: Option<Survivors>,
 ) -> Result<Stay, htc::join::JoinError> {
     let agents_per_node = a.agents_per_node.unwrap_or(1).max(1);
     let instance_size = (a.instance_nodes.unwrap_or(1).max(1) * agents_per_node) as u32;
@@ -490,45 +494,69 @@ fn join_once(
         cores: slurm::job_cpus().unwrap_or(nodes as u64),
         ends_us,
         cluster: slurm::cluster_name(),
+        keep_first: kept.as_ref().map(|s| s.first),
     };
-    let joined = htc::join::attach(run, &req)?;
+    let joined = match htc::join::attach(run, &req) {
+        Ok(j) => j,
+        Err(e) => {
+            if let Some(mut s) = kept {
+                // Its agents work on for the new leader as they are, or stop: either way they
+                // end before this job joins afresh.
+                println!("htc: job {job_id}: its agents could not keep their places ({e}); they finish first");
+                s.agents.wait(Duration::from_secs(365 * 86_400));
+            }
+            return Err(e);
+        }
+    };
     let first = joined.first_agent;
-    println!(
-        "htc: job {job_id} joins run {} (job {}) with {nodes} node(s): agents {first}..{}",
-        run.path.display(),
-        joined.run_job,
-        first as usize + nodes * agents_per_node - 1
-    );
-    let site = htc::site::Site::load().unwrap_or_default();
-    let srun = slurm::Srun {
-        agent_bin: leader::launch::agent_binary(),
-        nodes,
-        agents_per_node,
-        spawners: agent::default_spawners(joined.widest_task),
-        output: joined.output.parse().unwrap_or(a.output),
-        fanout: joined.fanout,
-        instance_size,
-        lost_after: site.lost_after,
-        first_agent: first,
-        // Agents with members would have to carry theirs through a hand-over too: they do not
-        // wait (`Instance::with_await_leader`), and a new leader starts its own.
-        await_leader_s: if instance_size == 1 { AWAIT_LEADER_S } else { 0 },
-    };
-    // Agents that never join are the leader's to notice (this allocation's end tells it); after
-    // a hand-over, this job's own leader's.
-    let (tx, events) = std::sync::mpsc::channel();
+    let last = first as usize + nodes * agents_per_node - 1;
     let gone = joined.leader_gone().ok();
-    match srun.start(run, joined.leader, tx) {
-        Ok(mut agents) => loop {
-            if agents.wait(Duration::from_millis(250)) {
-                break;
+    let (mut agents, events, fanout) = match kept {
+        Some(s) => {
+            println!(
+                "htc: job {job_id} stays in run {} with its agents {first}..{last}, which kept their tasks",
+                run.path.display()
+            );
+            (s.agents, s.events, s.fanout)
+        }
+        None => {
+            println!(
+                "htc: job {job_id} joins run {} (job {}) with {nodes} node(s): agents {first}..{last}",
+                run.path.display(),
+                joined.run_job,
+            );
+            let site = htc::site::Site::load().unwrap_or_default();
+            let srun = slurm::Srun {
+                agent_bin: leader::launch::agent_binary(),
+                nodes,
+                agents_per_node,
+                spawners: agent::default_spawners(joined.widest_task),
+                output: joined.output.parse().unwrap_or(a.output),
+                fanout: joined.fanout,
+                instance_size,
+                lost_after: site.lost_after,
+                first_agent: first,
+                // Agents with members would have to carry theirs through a hand-over too: they
+                // do not wait (`Instance::with_await_leader`), and a new leader starts its own.
+                await_leader_s: if instance_size == 1 { AWAIT_LEADER_S } else { 0 },
+            };
+            // Agents that never join are the leader's to notice (this allocation's end tells
+            // it); after a hand-over, this job's own leader's.
+            let (tx, events) = std::sync::mpsc::channel();
+            match srun.start(run, joined.leader, tx) {
+                Ok(agents) => (agents, events, joined.fanout),
+                Err(e) => {
+                    println!("htc: job {job_id}: its agents did not start: {e:#}");
+                    return Ok(Stay::Ended { leader: joined.leader_job.clone() });
+                }
             }
-            if srun.await_leader_s > 0 && gone.as_ref().is_some_and(|g| g.try_recv().is_ok()) {
-                let layout = Arc::new(Tree::grafted(first, srun.nodes as u32 * agents_per_node as u32, 1, srun.fanout));
-                return Ok(Stay::LeaderGone(Survivors { agents, events, layout }));
-            }
-        },
-        Err(e) => println!("htc: job {job_id}: its agents did not start: {e:#}"),
+        }
+    };
+    while !agents.wait(Duration::from_millis(250)) {
+        if instance_size == 1 && gone.as_ref().is_some_and(|g| g.try_recv().is_ok()) {
+            let layout = Arc::new(Tree::grafted(first, req.agents, 1, fanout));
+            return Ok(Stay::LeaderGone(Survivors { agents, events, layout, first, fanout }));
+        }
     }
     let leader = joined.leader_job.clone();
     drop(joined);
@@ -707,7 +735,9 @@ fn lead_session(
             let submit = Arc::new(SbatchJoin { run: run.clone(), own_options: slurm::own_job_options() });
             leader::grow::Growing::new(spec, own_minutes, submit)
         }),
-        handover: survivors.as_ref().map(|_| HANDOVER_SETTLE),
+        handover: survivors
+            .as_ref()
+            .map(|_| leader::Handover { wait: HANDOVER_SETTLE, others: others_kept(run, job_id) }),
     };
     note_resume_args(run, nodes, a)?;
     if let Some(s) = &survivors {
@@ -735,6 +765,18 @@ fn lead_session(
         }
     }
     code
+}
+
+/// Agents of the run's other joined jobs that may come to a leader taking the run over with
+/// their tasks: those of one-agent instances (the only ones that wait for a new leader) of jobs
+/// still running when the old leader last wrote its live view.
+fn others_kept(run: &RunDir, job_id: &str) -> usize {
+    let Ok(Some(view)) = htc::livefile::read(&run.path) else { return 0 };
+    view.allocations
+        .iter()
+        .filter(|a| a.job != job_id && a.state == "running" && a.agents == a.nodes)
+        .map(|a| a.agents as usize)
+        .sum()
 }
 
 /// Grown jobs (`--htc-grow`): `sbatch --htc-join=RUN` from the submit directory with the run's

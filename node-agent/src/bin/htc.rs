@@ -271,6 +271,7 @@ fn join_run(
         cores: (local.agents * local.slots_per_agent) as u64,
         ends_us,
         cluster: String::new(),
+        keep_first: None,
     };
     let joined = match htc::join::attach(run, &req) {
         Ok(j) => j,

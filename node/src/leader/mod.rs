@@ -59,9 +59,17 @@ pub struct LeaderConfig {
     pub no_steal: bool,
     /// A run that grows itself (`--htc-grow`): its policy and how it submits.
     pub grow: Option<grow::Growing>,
-    /// This session took the run over with agents that kept their tasks: how long it waits for
-    /// them to say what they hold before it hands anything out (`Core::expecting_handover`).
-    pub handover: Option<Duration>,
+    /// This session took the run over with agents that kept their tasks (`Core::expecting_handover`).
+    pub handover: Option<Handover>,
+}
+
+/// A session that took the run over expects agents that kept their tasks: its own, and
+/// `others` of the run's other joined jobs; it waits up to `wait` for them to say what they
+/// hold before it hands anything out.
+#[derive(Debug, Clone, Copy)]
+pub struct Handover {
+    pub wait: Duration,
+    pub others: usize,
 }
 
 pub struct Outcome {
@@ -173,8 +181,8 @@ fn configured_core(ledger: &Ledger, cfg: &LeaderConfig, expected: usize) -> anyh
     if let Some(end) = cfg.deadline_us {
         core = core.with_deadline(end);
     }
-    if let Some(wait) = cfg.handover {
-        core = core.expecting_handover(wait.as_micros() as u64);
+    if let Some(h) = &cfg.handover {
+        core = core.expecting_handover(h.wait.as_micros() as u64, h.others);
     }
     Ok(core)
 }

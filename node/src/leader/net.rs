@@ -269,6 +269,7 @@ async fn admit_allocation(a: &proto::Attach, cfg: &NetConfig, core: &mpsc::Sende
         fanout: cfg.fanout,
         nodes: a.nodes,
         ends_us: (a.ends_us > 0).then_some(a.ends_us),
+        keep_first: (a.keep_first > 0).then_some(a.keep_first),
     };
     let (tx, rx) = tokio::sync::oneshot::channel();
     core.send(Event::Attach(req, tx)).map_err(|_| "the run is ending".to_string())?;

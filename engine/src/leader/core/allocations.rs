@@ -22,6 +22,9 @@ pub struct Attach {
     pub nodes: u32,
     /// When it must be gone (its time limit less the grace), unix µs.
     pub ends_us: Option<u64>,
+    /// Its agents outlived the run's previous leader and keep their ids from this one on
+    /// (`handover`): `None` for new ids.
+    pub keep_first: Option<u32>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,8 +71,13 @@ impl Core<'_> {
         }
         let Some(tree) = self.layout.as_mut() else { return Err("this run takes no joins".into()) };
         let tree = Arc::make_mut(tree);
-        let base = tree.graft(req.agents, req.instance_size, req.fanout);
-        let new_heads: Vec<u32> = tree.heads().iter().copied().filter(|&h| h >= base).collect();
+        let before = tree.heads().len();
+        let base = match req.keep_first {
+            Some(first) => self.keep_ids(first, &req)?,
+            None => tree.graft(req.agents, req.instance_size, req.fanout),
+        };
+        let tree = self.layout.as_ref().expect("checked above");
+        let new_heads: Vec<u32> = tree.heads()[before..].to_vec();
         self.expected_agents += new_heads.len();
         new_heads.iter().for_each(|&h| self.affinity.join(h));
         tracing::info!(job = %self.job_id, joined = %req.job, agents = req.agents, nodes = req.nodes, first = base, "an allocation joined the run");
@@ -81,6 +89,27 @@ impl Core<'_> {
             stage: Stage::Running,
         });
         Ok(base)
+    }
+
+    /// An allocation whose agents outlived the run's previous leader keeps their ids: those
+    /// that came back already stand as instances (`handover`), the others are grafted where
+    /// they were. Refused where another agent of this leader has one of the ids.
+    fn keep_ids(&mut self, first: u32, req: &Attach) -> Result<u32, String> {
+        if req.instance_size != 1 {
+            return Err("only one-agent instances keep their ids".into());
+        }
+        let ids = first..first.saturating_add(req.agents);
+        let tree = self.layout.as_ref().expect("checked by the caller");
+        let taken = |a: &u32| (tree.holds(*a) && !self.strays.contains(a)) || self.allocation_of(*a).is_some();
+        if let Some(a) = ids.clone().find(taken) {
+            return Err(format!("agent {a} is another allocation's here"));
+        }
+        let free: Vec<u32> = ids.filter(|a| !tree.holds(*a)).collect();
+        let tree = Arc::make_mut(self.layout.as_mut().expect("checked by the caller"));
+        for a in free {
+            tree.graft_at(a, 1, 1, req.fanout).expect("checked free");
+        }
+        Ok(first)
     }
 
     /// The allocation `agent` belongs to: `None` for the leader's own.

@@ -13,16 +13,19 @@ use super::*;
 pub(super) struct Settling {
     /// Heads expected back that have not said what they hold yet.
     waiting: IdSet<u32>,
+    /// Agents of other allocations still expected back (`strays`), however numbered.
+    others: usize,
     until_us: u64,
     adopted: u64,
 }
 
 impl Core<'_> {
-    /// The layout's heads come from a hand-over, holding tasks: nothing is handed out until each
-    /// has said what it holds, or `wait_us` has passed.
-    pub fn expecting_handover(mut self, wait_us: u64) -> Self {
+    /// The layout's heads, and `others` agents of other allocations, come from a hand-over
+    /// holding tasks: nothing is handed out until each has said what it holds, or `wait_us`
+    /// has passed.
+    pub fn expecting_handover(mut self, wait_us: u64, others: usize) -> Self {
         let waiting = self.layout.as_ref().map(|t| t.heads().iter().copied().collect()).unwrap_or_default();
-        self.settling = Some(Settling { waiting, until_us: self.now_us + wait_us, adopted: 0 });
+        self.settling = Some(Settling { waiting, others, until_us: self.now_us + wait_us, adopted: 0 });
         self
     }
 
@@ -32,8 +35,18 @@ impl Core<'_> {
     }
 
     /// An agent back from a hand-over: placed as any joining head, then asked what it holds.
-    /// One this leader has no place for (another allocation's, or one here already) stops.
+    /// One of another allocation (an id this leader's tree does not hold) stands as an instance
+    /// of its own until its launcher attaches again keeping the ids (`keep_ids`). One this leader
+    /// has no place for (here already, or a member of an instance) stops.
     pub(super) fn handed_over(&mut self, agent: u32, resources: (u32, u64, u32), hostname: String, out: &mut Outbox) {
+        let stray = self.layout.as_ref().is_some_and(|t| !t.holds(agent));
+        if stray {
+            let tree = Arc::make_mut(self.layout.as_mut().expect("checked"));
+            tree.graft_at(agent, 1, 1, 1).expect("checked free");
+            self.strays.insert(agent);
+            self.expected_agents += 1;
+            self.affinity.join(agent);
+        }
         let Some(instance) = self.instance_of(agent).filter(|_| !self.agents.contains_key(&agent)) else {
             tracing::warn!(job = %self.job_id, agent, %hostname, "an agent this leader has no place for came from a hand-over");
             let reason = "the run's new leader has no place for this agent".to_string();
@@ -49,6 +62,10 @@ impl Core<'_> {
         self.adoptees.insert(agent);
         out.push((agent, Body::Ack(proto::Ack { seq: 0, agent, resync: true })));
         self.resyncs.insert(agent, Vec::new());
+        if stray {
+            // A new instance: it gets a share of what is not handed out.
+            self.replan();
+        }
     }
 
     /// Whether `agent` came from a hand-over: what it holds or ran may be pending here.
@@ -84,8 +101,11 @@ impl Core<'_> {
             n += self.adopt(t, agent, id)? as u64;
         }
         tracing::info!(job = %self.job_id, agent, held = held.len(), adopted = n, "tasks kept through the hand-over");
+        let stray = self.strays.contains(&agent);
         if let Some(s) = self.settling.as_mut() {
-            s.waiting.remove(&agent);
+            if !s.waiting.remove(&agent) && stray {
+                s.others = s.others.saturating_sub(1);
+            }
         }
         Ok(())
     }
@@ -96,7 +116,7 @@ impl Core<'_> {
         let Some(s) = self.settling.as_mut() else { return Ok(()) };
         let agents = &self.agents;
         s.waiting.retain(|a| agents.get(a).is_none_or(|x| x.alive));
-        if !s.waiting.is_empty() && self.now_us < s.until_us {
+        if (!s.waiting.is_empty() || s.others > 0) && self.now_us < s.until_us {
             return Ok(());
         }
         let s = self.settling.take().expect("checked above");
@@ -104,7 +124,7 @@ impl Core<'_> {
             job = %self.job_id,
             back = self.adoptees.len(),
             adopted = s.adopted,
-            missing = s.waiting.len(),
+            missing = s.waiting.len() + s.others,
             "hand-over settled: work goes out"
         );
         self.dispatch_all(t, out)

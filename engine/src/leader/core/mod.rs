@@ -301,6 +301,9 @@ pub struct Core<'a> {
     settling: Option<handover::Settling>,
     /// Agents that came from a hand-over: what they hold or ran may be pending here.
     adoptees: IdSet<u32>,
+    /// Those of them from other allocations than this leader's own, each an instance of its own
+    /// until their launcher attaches again (`keep_ids`).
+    strays: IdSet<u32>,
 }
 
 /// How an attempt ended, as reported (or decided, for a lost agent).
@@ -372,6 +375,7 @@ impl<'a> Core<'a> {
             ran_core_us: 0,
             settling: None,
             adoptees: IdSet::default(),
+            strays: IdSet::default(),
         }
     }
 

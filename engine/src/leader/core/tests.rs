@@ -934,7 +934,8 @@ fn an_agent_back_before_it_was_given_up_loses_its_tasks_first() {
 }
 
 fn attach(agents: u32, ends_us: Option<u64>) -> allocations::Attach {
-    allocations::Attach { job: format!("job-of-{agents}"), agents, instance_size: 1, fanout: 2, nodes: agents, ends_us }
+    let job = format!("job-of-{agents}");
+    allocations::Attach { job, agents, instance_size: 1, fanout: 2, nodes: agents, ends_us, keep_first: None }
 }
 
 fn layout_core(m: &Mem, agents: u32) -> Core<'static> {
@@ -1057,7 +1058,7 @@ fn taken_over(m: &Mem) -> Core<'static> {
     let n = m.records.len() as u64;
     Core::new(Box::new(Even::new(1..n + 1, 2)), "job".into(), 2, m.counts(), 0)
         .with_layout(Arc::new(Tree::grafted(3, 2, 1, 2)))
-        .expecting_handover(20_000_000)
+        .expecting_handover(20_000_000, 0)
 }
 
 #[test]
@@ -1097,9 +1098,9 @@ fn after_a_hand_over_an_agent_that_does_not_come_back_is_waited_for_only_so_long
     let (out, _) = feed_at(&mut c, &mut m, 20_000_001, vec![Input::Tick]);
     let sent: Vec<u64> = dispatched(&out).into_iter().flat_map(|(_, t)| t).map(|(id, _)| id).collect();
     assert!(!sent.is_empty() && !sent.contains(&1), "past the wait, work goes out: {sent:?}");
-    // An agent the leader has no place for (another allocation's) is told to stop.
-    let (out, _) = feed_at(&mut c, &mut m, 20_000_100, vec![handed_over(1, 2)]);
-    assert!(out.iter().any(|(a, b)| *a == 1 && matches!(b, Body::Shutdown(s) if s.abort)), "{out:?}");
+    // An agent the leader has no place for (one of that id is here already) is told to stop.
+    let (out, _) = feed_at(&mut c, &mut m, 20_000_100, vec![handed_over(3, 2)]);
+    assert!(out.iter().any(|(a, b)| *a == 3 && matches!(b, Body::Shutdown(s) if s.abort)), "{out:?}");
 }
 
 #[test]
@@ -1116,4 +1117,44 @@ fn a_leader_stopped_by_a_signal_leaves_the_agents_of_a_joined_allocation_to_the_
     out.clear();
     c.shutdown(&Ending::TooManyFailures(3), &mut out);
     assert_eq!(out.len(), 2, "a run stopped for its failures stops everywhere");
+}
+
+#[test]
+fn after_a_hand_over_another_allocation_s_agents_keep_their_ids_and_their_tasks() {
+    // The leader that took over expects its agents 3 and 4 and two agents of another job (1 and
+    // 2, ids its own view holds apart), which come before their launcher attaches again.
+    let mut m = Mem::with(40, 0, 1);
+    let n = m.records.len() as u64;
+    let mut c = Core::new(Box::new(Even::new(1..n + 1, 2)), "job".into(), 2, m.counts(), 0)
+        .with_layout(Arc::new(Tree::grafted(3, 2, 1, 2)))
+        .expecting_handover(20_000_000, 2);
+    let events = vec![
+        handed_over(3, 2),
+        holding(3, 8, &[1]),
+        handed_over(4, 2),
+        holding(4, 8, &[21]),
+        handed_over(1, 2),
+        holding(1, 8, &[2, 22]),
+    ];
+    let (out, _) = feed(&mut c, &mut m, events);
+    assert!(dispatched(&out).is_empty(), "agent 2 of the other job is still awaited");
+    let (out, _) = feed_at(&mut c, &mut m, 2_000, vec![handed_over(2, 2), holding(2, 8, &[30])]);
+    let (out2, _) = feed_at(&mut c, &mut m, 3_000, vec![want(1, 8), want(3, 8)]);
+    let mut seen = std::collections::HashSet::new();
+    dispatched_once(&out, &mut seen);
+    dispatched_once(&out2, &mut seen);
+    assert!(!seen.is_empty());
+    for id in [1, 2, 21, 22, 30] {
+        assert!(!seen.contains(&id), "task {id} was kept by an agent, yet sent again");
+    }
+    // Their launcher attaches again keeping the ids: its allocation is 1..3, no new ids. One
+    // that asks for ids this leader's own agents have is refused.
+    let keep = |first, agents| allocations::Attach { keep_first: Some(first), ..attach(agents, None) };
+    assert_eq!(c.attach(keep(3, 1), 4_000).unwrap_err(), "agent 3 is another allocation's here");
+    assert_eq!(c.attach(keep(1, 2), 4_001), Ok(1));
+    assert_eq!(c.allocations()[0].agents, 1..3);
+    assert_eq!(c.attach(keep(1, 2), 4_002).unwrap_err(), "agent 1 is another allocation's here");
+    // What the kept agents ran is recorded as any task.
+    feed_at(&mut c, &mut m, 5_000, vec![report(1, 0, 0, &[(22, 1)]), report(2, 0, 0, &[(30, 1)])]);
+    assert_eq!((m.state(22), m.state(30)), (State::Done, State::Done));
 }
