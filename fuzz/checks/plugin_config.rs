@@ -44,8 +44,10 @@ pub fn check(data: &[u8]) {
             assert!(g.max_jobs >= 1 && g.nodes >= 1 && g.minutes.is_none_or(|m| m >= 1));
             assert_eq!(parse_grow(&g.to_arg()), Ok(g));
         }
-        if let Ok(j) = parse_join(t) {
-            assert!(j >= 1);
+        match parse_join(t) {
+            Ok(JoinTarget::Job(j)) => assert!(j >= 1),
+            Ok(JoinTarget::Dir(d)) => assert!(!d.as_os_str().is_empty()),
+            Err(_) => {}
         }
     }
 

@@ -339,10 +339,11 @@ pub mod agent {
         /// The task file (absolute; checked at submit time by the plugin).
         #[arg(long, required_unless_present = "join_run")]
         pub task_file: Option<PathBuf>,
-        /// Join the running run of this job (`--htc-join`) with this job's nodes, instead of
-        /// leading a run: its agents take a share of the run's remaining tasks.
-        #[arg(long, value_name = "JOBID", conflicts_with_all = ["task_file", "resume_run"])]
-        pub join_run: Option<u32>,
+        /// Join this running run (`--htc-join`: its run directory, or the job id of one in
+        /// `.htc/` here) with this job's nodes, instead of leading a run: its agents take a
+        /// share of the run's remaining tasks.
+        #[arg(long, value_name = "RUN", conflicts_with_all = ["task_file", "resume_run"])]
+        pub join_run: Option<PathBuf>,
         /// Default retries for tasks that set none.
         #[arg(long, value_parser = clap::value_parser!(u8).range(0..=100))]
         pub retries: Option<u8>,

@@ -57,7 +57,8 @@ pub const JC_RESUBMIT: &str = "HTC_RESUBMIT";
 pub const JC_RESUME: &str = "HTC_RESUME";
 /// `--htc-grow=SPEC`, as [`GrowSpec::to_arg`] writes it.
 pub const JC_GROW: &str = "HTC_GROW";
-/// `--htc-join=JOBID`: the job joins that run instead of starting one (no `HTC_FILE` then).
+/// `--htc-join=RUN`: the job joins that run instead of starting one (no `HTC_FILE` then); the
+/// value is the run directory, absolute.
 pub const JC_JOIN: &str = "HTC_JOIN";
 /// Prefix Slurm adds to job-control names in the job environment.
 pub const JOB_ENV_PREFIX: &str = "SLURM_SPANK_";
@@ -237,9 +238,42 @@ pub fn parse_resume(s: &str) -> Result<u32, String> {
     parse_number(s, 1, u32::MAX).map_err(|_| format!("'{s}' is not a job id"))
 }
 
-/// `--htc-join=JOBID`: join the running run of that job.
-pub fn parse_join(s: &str) -> Result<u32, String> {
-    parse_number(s, 1, u32::MAX).map_err(|_| format!("'{s}' is not a job id"))
+/// `--htc-join=RUN`: join the running run of that job, or in that run directory.
+pub fn parse_join(s: &str) -> Result<JoinTarget, String> {
+    let t = s.trim();
+    if t.is_empty() {
+        return Err("the run to join is missing (a job id or a run directory)".into());
+    }
+    if t.bytes().all(|b| b.is_ascii_digit()) {
+        return parse_number(t, 1, u32::MAX).map(JoinTarget::Job).map_err(|_| format!("'{s}' is not a job id"));
+    }
+    Ok(JoinTarget::Dir(PathBuf::from(s)))
+}
+
+/// `--htc-join=RUN`: the run to join, by its job id (its directory `.htc/JOBID` in the submit
+/// directory) or by its run directory (any path, relative to the submit directory).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JoinTarget {
+    Job(u32),
+    Dir(PathBuf),
+}
+
+impl JoinTarget {
+    /// The run directory, for the submit directory `base`.
+    pub fn dir(&self, base: &Path) -> PathBuf {
+        match self {
+            JoinTarget::Job(j) => base.join(".htc").join(j.to_string()),
+            JoinTarget::Dir(d) => base.join(d),
+        }
+    }
+
+    /// How the messages name it.
+    fn name(&self, base: &Path) -> String {
+        match self {
+            JoinTarget::Job(j) => format!("the run .htc/{j} in {}", base.display()),
+            JoinTarget::Dir(_) => format!("the run directory {}", self.dir(base).display()),
+        }
+    }
 }
 
 /// `--htc-partition=PLAN`: how the leader splits the tasks among the agents.
@@ -261,8 +295,8 @@ pub struct UserOptions {
     pub max_fails: Option<u32>,
     pub resume: Option<u32>,
     pub resubmit: Option<u32>,
-    /// `--htc-join=JOBID`.
-    pub join: Option<u32>,
+    /// `--htc-join=RUN` (in sbatch, after the check: the absolute run directory).
+    pub join: Option<JoinTarget>,
     /// `--htc-grow=SPEC`.
     pub grow: Option<GrowSpec>,
 }
@@ -341,47 +375,50 @@ impl UserOptions {
     }
 }
 
-/// Submit-time check of `--htc-join=JOBID` against `base`, the submit directory (sbatch's
-/// cwd, as for a relative `--htc=FILE`): the run directory `base/.htc/JOBID` must exist, be
-/// readable by this user, and hold the running leader's `leader.addr`. Returns the run
-/// directory; the messages follow "htc: --htc-join=JOBID: ".
-pub fn check_join_run(base: &Path, job: u32) -> Result<PathBuf, String> {
-    let dir = base.join(".htc").join(job.to_string());
+/// Submit-time check of `--htc-join=RUN` against `base`, the submit directory (sbatch's cwd,
+/// as for a relative `--htc=FILE`): the run directory (`base/.htc/JOBID`, or the one named) must
+/// exist, be readable by this user, and hold the running leader's `leader.addr`. Returns the
+/// run directory, absolute; the messages follow "htc: --htc-join=RUN: ".
+pub fn check_join_run(base: &Path, run: &JoinTarget) -> Result<PathBuf, String> {
+    let dir = run.dir(base);
+    let name = run.name(base);
     let no_run = || {
-        format!("no run .htc/{job} in {} (run sbatch from the directory the run was submitted from)", base.display())
+        match run {
+        JoinTarget::Job(j) => format!(
+            "no run .htc/{j} in {} (run sbatch from the directory the run was submitted from, or give the run directory)",
+            base.display()
+        ),
+        JoinTarget::Dir(_) => format!("there is no run directory {}", dir.display()),
+    }
     };
-    let not_running =
-        || format!("the run .htc/{job} in {} is not running (it ended, or has not started yet)", base.display());
+    let not_running = || format!("{name} is not running (it ended, or has not started yet)");
     match std::fs::metadata(&dir) {
         Ok(m) if m.is_dir() => {}
-        Ok(_) => return Err(format!(".htc/{job} in {} is not a run directory", base.display())),
-        Err(e) => return Err(join_io_error(base, job, &e, no_run)),
+        Ok(_) => return Err(format!("{} is not a run directory", dir.display())),
+        Err(e) => return Err(join_io_error(&name, &e, no_run)),
     }
     let leader = dir.join("leader.addr");
     // Only a regular file is opened (a FIFO there would block sbatch in open).
     match std::fs::metadata(&leader) {
         Ok(m) if m.is_file() => {}
         Ok(_) => return Err(not_running()),
-        Err(e) => return Err(join_io_error(base, job, &e, not_running)),
+        Err(e) => return Err(join_io_error(&name, &e, not_running)),
     }
     // The joining agent reads it as this user: so must this check.
     match std::fs::File::open(&leader) {
         Ok(_) => Ok(dir),
-        Err(e) => Err(join_io_error(base, job, &e, not_running)),
+        Err(e) => Err(join_io_error(&name, &e, not_running)),
     }
 }
 
-/// The message for a failed look at the run directory of `--htc-join=JOB` (`missing`: the one
-/// for a path that does not exist).
-fn join_io_error(base: &Path, job: u32, e: &std::io::Error, missing: impl FnOnce() -> String) -> String {
+/// The message for a failed look at the run directory of `--htc-join` (`name`: how it is
+/// called; `missing`: the message for a path that does not exist).
+fn join_io_error(name: &str, e: &std::io::Error, missing: impl FnOnce() -> String) -> String {
     use std::io::ErrorKind;
     match e.kind() {
         ErrorKind::NotFound | ErrorKind::NotADirectory => missing(),
-        ErrorKind::PermissionDenied => format!(
-            "cannot read the run .htc/{job} in {}: permission denied (belongs to another user?)",
-            base.display()
-        ),
-        _ => format!("cannot read the run .htc/{job} in {}: {e}", base.display()),
+        ErrorKind::PermissionDenied => format!("cannot read {name}: permission denied (belongs to another user?)"),
+        _ => format!("cannot read {name}: {e}"),
     }
 }
 
@@ -540,18 +577,19 @@ impl JobRequest {
 /// running run of job `run` (no task file; the run's own settings apply).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JoinRequest {
-    /// The job id of the run to join (its directory is `.htc/<run>` in the submit directory).
-    pub run: u32,
+    /// The run directory of the run to join (absolute, as sbatch checked it).
+    pub run: PathBuf,
     pub agents_per_node: Option<u32>,
     pub instance_nodes: Option<u32>,
 }
 
 impl JoinRequest {
     /// The request sbatch stores in the job-control environment: `None` without `--htc-join`.
-    /// `opts` must have passed [`UserOptions::join_conflicts`].
-    pub fn from_allocator(opts: &UserOptions) -> Option<JoinRequest> {
+    /// `opts` must have passed [`UserOptions::join_conflicts`] and, for a job id, `base` is
+    /// the submit directory.
+    pub fn from_allocator(opts: &UserOptions, base: &Path) -> Option<JoinRequest> {
         Some(JoinRequest {
-            run: opts.join?,
+            run: opts.join.as_ref()?.dir(base),
             agents_per_node: opts.agents_per_node,
             instance_nodes: opts.instance_nodes,
         })
@@ -559,7 +597,7 @@ impl JoinRequest {
 
     /// `(name, value)` pairs for `spank_job_control_setenv`.
     pub fn job_control_vars(&self) -> Vec<(&'static str, OsString)> {
-        let mut v = vec![(JC_JOIN, self.run.to_string().into())];
+        let mut v = vec![(JC_JOIN, self.run.clone().into_os_string())];
         if let Some(n) = self.agents_per_node {
             v.push((JC_AGENTS_PER_NODE, n.to_string().into()));
         }
@@ -577,7 +615,10 @@ impl JoinRequest {
                 Some(v) => parse(&v.to_string_lossy()).map(Some).map_err(|e| format!("{}: {e}", job_env_name(name))),
             }
         };
-        let Some(run) = num(JC_JOIN, parse_join)? else { return Ok(None) };
+        let Some(run) = getenv(&job_env_name(JC_JOIN)).map(PathBuf::from) else { return Ok(None) };
+        if !run.is_absolute() {
+            return Err(format!("{}: {} is not an absolute run directory", job_env_name(JC_JOIN), run.display()));
+        }
         Ok(Some(JoinRequest {
             run,
             agents_per_node: num(JC_AGENTS_PER_NODE, parse_agents_per_node)?,
@@ -585,14 +626,15 @@ impl JoinRequest {
         }))
     }
 
-    /// Fallback when the job-control variables are missing: the remote option callback's values.
-    pub fn from_remote_options(opts: &UserOptions) -> Option<JoinRequest> {
-        JoinRequest::from_allocator(opts)
+    /// Fallback when the job-control variables are missing: the remote option callback's values
+    /// (a job id or relative directory is the submit directory's, `base`).
+    pub fn from_remote_options(opts: &UserOptions, base: &Path) -> Option<JoinRequest> {
+        JoinRequest::from_allocator(opts, base)
     }
 }
 
 /// What the batch step of an HTC job does: lead a run of its own (`--htc=FILE`) or join a
-/// running one (`--htc-join=JOBID`).
+/// running one (`--htc-join=RUN`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BatchRequest {
     Run(JobRequest),
@@ -607,7 +649,8 @@ impl BatchRequest {
         if !conflicts.is_empty() {
             return Err(conflicts);
         }
-        if let Some(j) = JoinRequest::from_allocator(opts) {
+        // sbatch stored the run directory as it checked it: absolute.
+        if let Some(j) = JoinRequest::from_allocator(opts, Path::new("/")) {
             return Ok(Some(BatchRequest::Join(j)));
         }
         Ok(JobRequest::from_allocator(opts).map(BatchRequest::Run))
@@ -641,7 +684,7 @@ impl BatchRequest {
         submit_dir: Option<&Path>,
         cwd: &Path,
     ) -> Result<Option<BatchRequest>, String> {
-        match (opts.file.is_some(), JoinRequest::from_remote_options(opts)) {
+        match (opts.file.is_some(), JoinRequest::from_remote_options(opts, submit_dir.unwrap_or(cwd))) {
             (true, Some(_)) => Err("both --htc and --htc-join were given".into()),
             (_, Some(j)) => Ok(Some(BatchRequest::Join(j))),
             (_, None) => Ok(JobRequest::from_remote_options(opts, submit_dir, cwd).map(BatchRequest::Run)),
@@ -735,11 +778,11 @@ pub fn agent_argv_prefix(cfg: &PluginConfig, req: &JobRequest) -> Vec<OsString> 
 }
 
 /// The agent's argv of a joining job, up to and including `--script`:
-/// `AGENT lead --join-run JOBID [--agents-per-node N] [--instance-nodes N] [--ledger-dir DIR]
+/// `AGENT lead --join-run RUNDIR [--agents-per-node N] [--instance-nodes N] [--ledger-dir DIR]
 /// --script`. No `--fanout`, not even the site's: the run's fan-out applies.
 pub fn join_argv_prefix(cfg: &PluginConfig, req: &JoinRequest) -> Vec<OsString> {
     let mut v: Vec<OsString> =
-        vec![cfg.agent.clone().into(), "lead".into(), "--join-run".into(), req.run.to_string().into()];
+        vec![cfg.agent.clone().into(), "lead".into(), "--join-run".into(), req.run.clone().into_os_string()];
     if let Some(n) = req.agents_per_node {
         v.push("--agents-per-node".into());
         v.push(n.to_string().into());
@@ -1231,13 +1274,27 @@ mod tests {
 
     #[test]
     fn join_values_and_orphans() {
-        assert_eq!(parse_join("1234"), Ok(1234));
-        assert_eq!(parse_join(" 42 "), Ok(42));
-        for bad in ["", "0", "-1", "12a", "../1", "1.5", "99999999999"] {
+        assert_eq!(parse_join("1234"), Ok(JoinTarget::Job(1234)));
+        assert_eq!(parse_join(" 42 "), Ok(JoinTarget::Job(42)));
+        for bad in ["0", "99999999999"] {
             assert_eq!(parse_join(bad), Err(format!("'{bad}' is not a job id")), "{bad}");
         }
+        assert!(parse_join(" ").unwrap_err().contains("missing"));
+        // Anything else names a run directory (relative to the submit directory).
+        for dir in ["../proj/.htc/12", "/scratch/u/.htc/7", "12a", "-1"] {
+            assert_eq!(parse_join(dir), Ok(JoinTarget::Dir(dir.into())), "{dir}");
+        }
+        let base = Path::new("/home/u/p");
+        assert_eq!(JoinTarget::Job(7).dir(base), Path::new("/home/u/p/.htc/7"));
+        assert_eq!(JoinTarget::Dir("../q/.htc/7".into()).dir(base), Path::new("/home/u/p/../q/.htc/7"));
+        assert_eq!(JoinTarget::Dir("/s/.htc/7".into()).dir(base), Path::new("/s/.htc/7"));
         // --htc-join activates on its own: its companions are not orphans.
-        let o = UserOptions { join: Some(7), agents_per_node: Some(2), instance_nodes: Some(3), ..Default::default() };
+        let o = UserOptions {
+            join: Some(JoinTarget::Job(7)),
+            agents_per_node: Some(2),
+            instance_nodes: Some(3),
+            ..Default::default()
+        };
         assert!(o.orphans().is_empty());
         assert!(o.join_conflicts().is_empty());
         // Without --htc-join nothing conflicts.
@@ -1247,7 +1304,7 @@ mod tests {
 
     #[test]
     fn join_refuses_a_task_file_and_the_run_s_settings() {
-        let o = UserOptions { join: Some(1234), file: Some("tasks.txt".into()), ..Default::default() };
+        let o = UserOptions { join: Some(JoinTarget::Job(1234)), file: Some("tasks.txt".into()), ..Default::default() };
         assert_eq!(o.join_conflicts(), vec!["--htc-join joins a running run; it takes no --htc=FILE"]);
         assert_eq!(BatchRequest::from_allocator(&o), Err(o.join_conflicts()));
         let each: [(&str, UserOptions); 8] = [
@@ -1261,23 +1318,23 @@ mod tests {
             ("--htc-grow", UserOptions { grow: parse_grow("2").ok(), ..Default::default() }),
         ];
         for (name, o) in each {
-            let o = UserOptions { join: Some(1234), ..o };
+            let o = UserOptions { join: Some(JoinTarget::Job(1234)), ..o };
             let e = o.join_conflicts();
             assert_eq!(e.len(), 1, "{name}: {e:?}");
             assert!(e[0].starts_with(&format!("{name} cannot be used with --htc-join (")), "{e:?}");
             assert!(BatchRequest::from_allocator(&o).is_err());
         }
         assert_eq!(
-            UserOptions { join: Some(1), resume: Some(2), ..Default::default() }.join_conflicts(),
+            UserOptions { join: Some(JoinTarget::Job(1)), resume: Some(2), ..Default::default() }.join_conflicts(),
             vec!["--htc-resume cannot be used with --htc-join (--htc-resume continues a run that ended, --htc-join joins one that is running)"]
         );
-        let o = UserOptions { join: Some(1), grow: parse_grow("3:1:30").ok(), ..Default::default() };
+        let o = UserOptions { join: Some(JoinTarget::Job(1)), grow: parse_grow("3:1:30").ok(), ..Default::default() };
         assert_eq!(o.join_conflicts(), vec!["--htc-grow cannot be used with --htc-join (the run's own job grows it)"]);
         assert_eq!(BatchRequest::from_allocator(&o), Err(o.join_conflicts()));
         assert!(o.orphans().is_empty());
         // All of them are reported.
         let o = UserOptions {
-            join: Some(1),
+            join: Some(JoinTarget::Job(1)),
             file: Some("/t".into()),
             retries: Some(1),
             resubmit: Some(1),
@@ -1289,16 +1346,22 @@ mod tests {
 
     #[test]
     fn join_request_round_trip_and_argv() {
-        let opts =
-            UserOptions { join: Some(1234), agents_per_node: Some(2), instance_nodes: Some(4), ..Default::default() };
+        let opts = UserOptions {
+            join: Some(JoinTarget::Job(1234)),
+            agents_per_node: Some(2),
+            instance_nodes: Some(4),
+            ..Default::default()
+        };
+        // sbatch stores the run directory it checked, absolute.
+        let opts = UserOptions { join: Some(JoinTarget::Dir("/home/u/.htc/1234".into())), ..opts };
         let req = BatchRequest::from_allocator(&opts).unwrap().unwrap();
-        let want = JoinRequest { run: 1234, agents_per_node: Some(2), instance_nodes: Some(4) };
+        let want = JoinRequest { run: "/home/u/.htc/1234".into(), agents_per_node: Some(2), instance_nodes: Some(4) };
         assert_eq!(req, BatchRequest::Join(want.clone()));
         let vars = req.job_control_vars();
         assert_eq!(
             vars,
             vec![
-                ("HTC_JOIN", OsString::from("1234")),
+                ("HTC_JOIN", OsString::from("/home/u/.htc/1234")),
                 ("HTC_AGENTS_PER_NODE", "2".into()),
                 ("HTC_INSTANCE_NODES", "4".into())
             ]
@@ -1323,7 +1386,7 @@ mod tests {
                 DEFAULT_AGENT,
                 "lead",
                 "--join-run",
-                "1234",
+                "/home/u/.htc/1234",
                 "--agents-per-node",
                 "2",
                 "--instance-nodes",
@@ -1341,10 +1404,11 @@ mod tests {
             fanout: Some(8),
             disabled: false,
         };
-        let minimal = BatchRequest::Join(JoinRequest { run: 7, agents_per_node: None, instance_nodes: None });
+        let minimal =
+            BatchRequest::Join(JoinRequest { run: "/r/7".into(), agents_per_node: None, instance_nodes: None });
         assert_eq!(
             minimal.argv(&cfg, &os(&["/s"])).unwrap(),
-            os(&["/opt/a", "lead", "--join-run", "7", "--ledger-dir", "/tmp/l", "--script", "/s"])
+            os(&["/opt/a", "lead", "--join-run", "/r/7", "--ledger-dir", "/tmp/l", "--script", "/s"])
         );
         assert_eq!(minimal.argv_prefix(&cfg).last().unwrap(), SCRIPT_FLAG);
         assert!(minimal.argv(&cfg, &[]).is_err());
@@ -1360,7 +1424,7 @@ mod tests {
         assert_eq!(BatchRequest::from_job_env(|_| None), Ok(None));
         let e = BatchRequest::from_job_env(|n| match n {
             "SLURM_SPANK_HTC_FILE" => Some("/t".into()),
-            "SLURM_SPANK_HTC_JOIN" => Some("12".into()),
+            "SLURM_SPANK_HTC_JOIN" => Some("/r/12".into()),
             _ => None,
         })
         .unwrap_err();
@@ -1368,7 +1432,7 @@ mod tests {
         let e = BatchRequest::from_job_env(|n| (n == "SLURM_SPANK_HTC_JOIN").then(|| "x/../1".into())).unwrap_err();
         assert!(e.starts_with("SLURM_SPANK_HTC_JOIN: "), "{e}");
         let e = BatchRequest::from_job_env(|n| match n {
-            "SLURM_SPANK_HTC_JOIN" => Some("12".into()),
+            "SLURM_SPANK_HTC_JOIN" => Some("/r/12".into()),
             "SLURM_SPANK_HTC_INSTANCE_NODES" => Some("0".into()),
             _ => None,
         })
@@ -1379,11 +1443,20 @@ mod tests {
         assert!(matches!(r, BatchRequest::Run(ref j) if j.task_file == Path::new("/t")));
 
         let cwd = Path::new("/cwd");
-        let o = UserOptions { join: Some(5), agents_per_node: Some(3), ..Default::default() };
+        let o = UserOptions { join: Some(JoinTarget::Job(5)), agents_per_node: Some(3), ..Default::default() };
         assert_eq!(
             BatchRequest::from_remote_options(&o, None, cwd),
-            Ok(Some(BatchRequest::Join(JoinRequest { run: 5, agents_per_node: Some(3), instance_nodes: None })))
+            Ok(Some(BatchRequest::Join(JoinRequest {
+                run: "/cwd/.htc/5".into(),
+                agents_per_node: Some(3),
+                instance_nodes: None
+            })))
         );
+        let o2 = UserOptions { join: Some(JoinTarget::Dir("../p/.htc/5".into())), ..o.clone() };
+        assert!(matches!(
+            BatchRequest::from_remote_options(&o2, Some(Path::new("/sub")), cwd),
+            Ok(Some(BatchRequest::Join(ref j))) if j.run == Path::new("/sub/../p/.htc/5")
+        ));
         let both = UserOptions { file: Some("t.txt".into()), ..o };
         assert!(BatchRequest::from_remote_options(&both, None, cwd).is_err());
         let run = UserOptions { file: Some("t.txt".into()), ..Default::default() };
@@ -1403,18 +1476,18 @@ mod tests {
         let b = base.display();
 
         // No .htc at all, then no .htc/1234.
-        let e = check_join_run(&base, 1234).unwrap_err();
-        assert_eq!(e, format!("no run .htc/1234 in {b} (run sbatch from the directory the run was submitted from)"));
+        let e = check_join_run(&base, &JoinTarget::Job(1234)).unwrap_err();
+        assert_eq!(e, format!("no run .htc/1234 in {b} (run sbatch from the directory the run was submitted from, or give the run directory)"));
         std::fs::create_dir_all(base.join(".htc/99")).unwrap();
-        assert_eq!(check_join_run(&base, 1234).unwrap_err(), e);
+        assert_eq!(check_join_run(&base, &JoinTarget::Job(1234)).unwrap_err(), e);
 
         // The run is there, but no leader has published its address.
         let run = base.join(".htc/1234");
         std::fs::create_dir_all(&run).unwrap();
         let not_running = format!("the run .htc/1234 in {b} is not running (it ended, or has not started yet)");
-        assert_eq!(check_join_run(&base, 1234).unwrap_err(), not_running);
+        assert_eq!(check_join_run(&base, &JoinTarget::Job(1234)).unwrap_err(), not_running);
         std::fs::create_dir(run.join("leader.addr")).unwrap();
-        assert_eq!(check_join_run(&base, 1234).unwrap_err(), not_running);
+        assert_eq!(check_join_run(&base, &JoinTarget::Job(1234)).unwrap_err(), not_running);
         std::fs::remove_dir(run.join("leader.addr")).unwrap();
 
         // Running.
@@ -1426,32 +1499,40 @@ cluster=
 ",
         )
         .unwrap();
-        assert_eq!(check_join_run(&base, 1234), Ok(run.clone()));
+        assert_eq!(check_join_run(&base, &JoinTarget::Job(1234)), Ok(run.clone()));
+        // The same run by its directory, from another one.
+        let elsewhere = base.join("elsewhere");
+        std::fs::create_dir_all(&elsewhere).unwrap();
+        let by_dir = JoinTarget::Dir("../.htc/1234".into());
+        assert_eq!(check_join_run(&elsewhere, &by_dir), Ok(elsewhere.join("../.htc/1234")));
+        let e = check_join_run(&elsewhere, &JoinTarget::Dir("../.htc/5".into())).unwrap_err();
+        assert_eq!(e, format!("there is no run directory {}", elsewhere.join("../.htc/5").display()));
         // A run reached through a link (`htc resume` links the new job id to the run).
         std::os::unix::fs::symlink("1234", base.join(".htc/1300")).unwrap();
-        assert_eq!(check_join_run(&base, 1300), Ok(base.join(".htc/1300")));
+        assert_eq!(check_join_run(&base, &JoinTarget::Job(1300)), Ok(base.join(".htc/1300")));
 
         // Not a directory.
         std::fs::write(base.join(".htc/77"), "").unwrap();
-        assert!(check_join_run(&base, 77).unwrap_err().contains("is not a run directory"));
+        assert!(check_join_run(&base, &JoinTarget::Job(77)).unwrap_err().contains("is not a run directory"));
 
         // Unreadable (another user's): root reads everything, so only checked as a user.
         let denied = format!("cannot read the run .htc/1234 in {b}: permission denied (belongs to another user?)");
         let eacces = std::io::Error::from_raw_os_error(13);
-        assert_eq!(join_io_error(&base, 1234, &eacces, || unreachable!()), denied);
+        let name = format!("the run .htc/1234 in {b}");
+        assert_eq!(join_io_error(&name, &eacces, || unreachable!()), denied);
         let eio = std::io::Error::from_raw_os_error(5);
-        assert!(join_io_error(&base, 1234, &eio, || unreachable!())
+        assert!(join_io_error(&name, &eio, || unreachable!())
             .starts_with(&format!("cannot read the run .htc/1234 in {b}: ")));
         let uid = std::fs::metadata("/proc/self").map(|m| std::os::unix::fs::MetadataExt::uid(&m)).unwrap_or(0);
         if uid != 0 {
             std::fs::set_permissions(run.join("leader.addr"), std::fs::Permissions::from_mode(0o000)).unwrap();
-            assert_eq!(check_join_run(&base, 1234).unwrap_err(), denied);
+            assert_eq!(check_join_run(&base, &JoinTarget::Job(1234)).unwrap_err(), denied);
             std::fs::set_permissions(run.join("leader.addr"), std::fs::Permissions::from_mode(0o600)).unwrap();
             std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o000)).unwrap();
-            assert_eq!(check_join_run(&base, 1234).unwrap_err(), denied);
+            assert_eq!(check_join_run(&base, &JoinTarget::Job(1234)).unwrap_err(), denied);
             std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o700)).unwrap();
             std::fs::set_permissions(base.join(".htc"), std::fs::Permissions::from_mode(0o000)).unwrap();
-            assert_eq!(check_join_run(&base, 1234).unwrap_err(), denied);
+            assert_eq!(check_join_run(&base, &JoinTarget::Job(1234)).unwrap_err(), denied);
             std::fs::set_permissions(base.join(".htc"), std::fs::Permissions::from_mode(0o700)).unwrap();
         }
         std::fs::remove_dir_all(&base).unwrap();

@@ -2,11 +2,12 @@
 //!
 //! * sbatch: `--htc=FILE` (and `--htc-retries`, `--htc-fanout`, `--htc-output`); the task file
 //!   is checked at submit time, and a bad one fails sbatch (exit 255) before anything is queued.
-//! * sbatch: `--htc-join=JOBID` joins the running run of job JOBID instead (no task file; the
-//!   run directory `.htc/JOBID` in the submit directory must have a `leader.addr`).
+//! * sbatch: `--htc-join=RUN` joins the running run of job RUN, or in run directory RUN, instead
+//!   (no task file; the run directory, `.htc/RUN` in the submit directory for a job id, must have
+//!   a `leader.addr`).
 //! * slurmstepd, batch step of an `--htc` job: the batch step becomes
 //!   `htc-agent lead --task-file FILE … --script <batch script> [args…]`; of an `--htc-join`
-//!   job: `htc-agent lead --join-run JOBID … --script <batch script> [args…]`.
+//!   job: `htc-agent lead --join-run RUNDIR … --script <batch script> [args…]`.
 //! * Everything else (jobs without `--htc`, srun steps, slurmd) is left alone.
 //!
 //! * Loaded by a Slurm of another major.minor than it was built for: inert (see [`version`]).

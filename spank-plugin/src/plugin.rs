@@ -2,9 +2,9 @@
 //!
 //! | context | what happens |
 //! | --- | --- |
-//! | allocator (sbatch) | options registered; `--htc=FILE` or `--htc-join=JOBID` checked (exit 255 on error); values stored with `spank_job_control_setenv` |
+//! | allocator (sbatch) | options registered; `--htc=FILE` or `--htc-join=RUN` checked (exit 255 on error); values stored with `spank_job_control_setenv` |
 //! | local (srun) | options registered (they reach srun through the job env); nothing else |
-//! | remote (slurmstepd) | options registered and recorded; in `task_init` of the **batch step** of an HTC job only: exec of `htc-agent lead …` (`lead --join-run JOBID …` for a joining job) |
+//! | remote (slurmstepd) | options registered and recorded; in `task_init` of the **batch step** of an HTC job only: exec of `htc-agent lead …` (`lead --join-run RUNDIR …` for a joining job) |
 //! | slurmd | plugstack arguments checked and errors logged once |
 //!
 //! Loaded by a Slurm of another major.minor than the one it was built for, the plugin is
@@ -243,8 +243,8 @@ const OPTIONS: [OptionSpec; 12] = [
     },
     OptionSpec {
         name: b"htc-join\0",
-        arginfo: Some(b"JOBID\0"),
-        usage: b"Join the running run of job JOBID (same user, same submit directory) with this job's nodes: they take a share of its remaining tasks. Takes no --htc=FILE; goes with --htc-agents-per-node and --htc-instance-nodes only (the run's other settings apply).\0",
+        arginfo: Some(b"RUN\0"),
+        usage: b"Join the running run of job RUN (same user, submitted from this directory), or the one in run directory RUN, with this job's nodes: they take a share of its remaining tasks. Takes no --htc=FILE; goes with --htc-agents-per-node and --htc-instance-nodes only (the run's other settings apply).\0",
         val: config::OPT_JOIN,
     },
 ];
@@ -307,7 +307,9 @@ fn inert_option(val: c_int, arg: &OsStr, remote: c_int, ctx: Context) -> c_int {
     match val {
         config::OPT_FILE => state().opts.file = Some(arg.to_os_string()),
         // Any value marks a joining job (which an inert batch step must fail, see below).
-        config::OPT_JOIN => state().opts.join = Some(config::parse_join(&arg.to_string_lossy()).unwrap_or(0)),
+        config::OPT_JOIN => {
+            state().opts.join = Some(config::parse_join(&arg.to_string_lossy()).unwrap_or(config::JoinTarget::Job(0)))
+        }
         _ => {}
     }
     0
@@ -374,7 +376,7 @@ fn allocator_option(val: c_int, arg: &OsStr) -> c_int {
                 Ok(j) => j,
                 Err(e) => return fail(&e),
             };
-            if let Some(rc) = conflict(|o| o.join = Some(run), &fail) {
+            if let Some(rc) = conflict(|o| o.join = Some(run.clone()), &fail) {
                 return rc;
             }
             // The submit directory: sbatch's cwd, as for a relative --htc=FILE.
@@ -382,10 +384,10 @@ fn allocator_option(val: c_int, arg: &OsStr) -> c_int {
                 Ok(d) => d,
                 Err(e) => return fail(&format!("cannot tell the current directory: {e}")),
             };
-            match config::check_join_run(&base, run) {
+            match config::check_join_run(&base, &run) {
                 Ok(dir) => {
                     log::verbose(&format!("htc: joining the run {}", dir.display()));
-                    state().opts.join = Some(run);
+                    state().opts.join = Some(config::JoinTarget::Dir(dir));
                     0
                 }
                 Err(e) => fail(&e),

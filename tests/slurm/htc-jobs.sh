@@ -368,7 +368,10 @@ joined_job_cancelled() {
     chown -R "$HTC_CLUSTER_USER" "$w"
     a=$(submit "$w" -N 1 --exclusive --htc=tasks.txt job.sh) || { bad "cancelled join: submit the run"; return; }
     wait_leader "$w" "$a"
-    b=$(submit "$w" -N 2 --exclusive --htc-join="$a" job.sh) || { bad "cancelled join: submit the joining job"; return; }
+    # Joined by its run directory, from another directory (--chdir is not needed).
+    install -d -o "$HTC_CLUSTER_USER" "$w/elsewhere"
+    b=$(submit "$w/elsewhere" -N 2 --exclusive --htc-join="$w/.htc/$a" "$w/job.sh") ||
+        { bad "cancelled join: submit the joining job"; return; }
     # Once the joined nodes have run tasks, the joining job is cancelled.
     for ((i = 0; i < 600; i++)); do
         node=$(head -1 "$w/ids.txt" 2>/dev/null | cut -d' ' -f2)
@@ -386,7 +389,7 @@ joined_job_cancelled() {
     # A task killed just after its line was written ran twice, and is among those re-runs.
     check "cancelled join: no task ran twice but those re-run ($(($(wc -l <"$w/ids.txt") - n)) extra lines)" \
         test "$(($(wc -l <"$w/ids.txt") - n))" -le "$reruns"
-    [[ $failed == 0 ]] || { echo "--- slurm-$a.out"; tail -n 20 "$w/slurm-$a.out"; echo "--- slurm-$b.out"; tail -n 20 "$w/slurm-$b.out"; }
+    [[ $failed == 0 ]] || { echo "--- slurm-$a.out"; tail -n 20 "$w/slurm-$a.out"; echo "--- slurm-$b.out"; tail -n 20 "$w/elsewhere/slurm-$b.out"; }
 }
 
 # --htc-grow: a run on 1 node of a cluster whose other nodes are busy with plain jobs. Its work

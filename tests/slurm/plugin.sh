@@ -128,14 +128,19 @@ check "--htc-grow=0" fails_with "htc: --htc-grow=0: '0' is not a number of jobs 
     sbatch --htc=tasks.txt --htc-grow=0 --wrap=:
 check "salloc --htc" fails_with 'works with sbatch only' salloc --htc=tasks.txt true
 
-# --htc-join: the run directory .htc/JOBID in sbatch's cwd, checked as the user at submit time.
+# --htc-join: the run directory (.htc/JOBID in sbatch's cwd, or the one named), checked as the
+# user at submit time.
 sub mkdir -p .htc/4242 .htc/4243
 sub sh -c 'printf "addr=127.0.0.1:9\njob=4243\ncluster=\n" > .htc/4243/leader.addr'
 install -d -m 0700 "$W/.htc/4244" # root's, as another user's run would be
 : >"$W/.htc/4244/leader.addr"
-check "--htc-join=abc" fails_with "htc: --htc-join=abc: 'abc' is not a job id" sbatch --htc-join=abc --wrap=:
+check "--htc-join=0" fails_with "htc: --htc-join=0: '0' is not a job id" sbatch --htc-join=0 --wrap=:
+check "--htc-join=abc" fails_with "htc: --htc-join=abc: there is no run directory .*/e2e/abc" sbatch --htc-join=abc --wrap=:
+check "--htc-join=DIR: a run not running, named from elsewhere" fails_with \
+    "htc: --htc-join=$W/.htc/4242: the run directory $W/.htc/4242 is not running" \
+    sh -c "cd / && sbatch --htc-join=$W/.htc/4242 --wrap=:"
 check "--htc-join: no such run" fails_with \
-    "htc: --htc-join=999: no run \\.htc/999 in .*/e2e \\(run sbatch from the directory the run was submitted from\\)" \
+    "htc: --htc-join=999: no run \\.htc/999 in .*/e2e \\(run sbatch from the directory the run was submitted from, or give the run directory\\)" \
     sbatch --htc-join=999 --wrap=:
 check "--htc-join: run not running" fails_with \
     "htc: --htc-join=4242: the run \\.htc/4242 in .*/e2e is not running \\(it ended, or has not started yet\\)" \

@@ -296,8 +296,9 @@ fn lead(a: LeadArgs, script: Vec<OsString>) -> anyhow::Result<i32> {
     let job_id = slurm::var("SLURM_JOB_ID")?;
     let nodes: usize =
         slurm::var("SLURM_JOB_NUM_NODES").or_else(|_| slurm::var("SLURM_NNODES"))?.parse().context("node count")?;
-    if let Some(run_job) = a.join_run {
-        return join(&a, run_job, &job_id, nodes, script, script_args);
+    if let Some(run) = &a.join_run {
+        let run = join_run_dir(run, &std::env::current_dir()?);
+        return join(&a, &run, &job_id, nodes, script, script_args);
     }
     // The ledger on this node's disk; the run directory (shared) keeps its replica.
     let local = match htc::replica::node_local(a.ledger_dir.as_deref(), &job_id) {
@@ -375,14 +376,13 @@ fn lead(a: LeadArgs, script: Vec<OsString>) -> anyhow::Result<i32> {
 /// from its replica; should another joined job have done so already, it joins that one.
 fn join(
     a: &LeadArgs,
-    run_job: u32,
+    run: &std::path::Path,
     job_id: &str,
     nodes: usize,
     script: &OsString,
     script_args: &[OsString],
 ) -> anyhow::Result<i32> {
-    let base = std::env::current_dir()?;
-    let run = RunDir::new(base.join(".htc").join(run_job.to_string()));
+    let run = RunDir::new(run.to_path_buf());
     let p = match prologue::run(
         std::path::Path::new(script),
         script_args,
@@ -444,6 +444,15 @@ fn join(
             }
             Next::Lead(lock) => return take_over(a, &run, job_id, nodes, lock, survivors),
         }
+    }
+}
+
+/// The run directory `--join-run` names: a job id is `.htc/JOBID` in the submit directory
+/// (`base`), anything else a path.
+fn join_run_dir(run: &std::path::Path, base: &std::path::Path) -> std::path::PathBuf {
+    match run.to_str().filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit())) {
+        Some(job) => base.join(".htc").join(job),
+        None => base.join(run),
     }
 }
 
@@ -812,16 +821,9 @@ impl leader::grow::Submit for SbatchJoin {
         let _ = std::process::Command::new("scancel").args(jobs).status();
     }
 
-    fn waiting(&self) -> Option<Vec<String>> {
-        let out = std::process::Command::new("squeue").args(["-h", "-t", "PD", "-o", "%i %r"]).output().ok()?;
-        if !out.status.success() {
-            return None;
-        }
-        // Only jobs held up by nodes: not those waiting for a dependency, a hold or a begin time.
-        let text = String::from_utf8_lossy(&out.stdout);
-        let waiting =
-            text.lines().filter_map(|l| l.split_once(' ')).filter(|(_, why)| matches!(*why, "Resources" | "Priority"));
-        Some(waiting.map(|(id, _)| id.to_string()).collect())
+    fn queue(&self) -> Option<leader::grow::Queue> {
+        let out = std::process::Command::new("squeue").args(["-h", "-o", "%i %t %r"]).output().ok()?;
+        out.status.success().then(|| leader::grow::Queue::parse(&String::from_utf8_lossy(&out.stdout)))
     }
 }
 

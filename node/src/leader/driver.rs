@@ -38,8 +38,9 @@ pub enum Event {
     AllocationGone(String),
     /// A grown job was submitted (its id), or could not be.
     Grown(std::result::Result<String, String>),
-    /// The jobs that wait for nodes now (a growing run yields to them).
-    Waiting(Vec<String>),
+    /// What the queue holds now (a growing run yields to the jobs that wait for nodes, and
+    /// counts its grown jobs gone from it no more).
+    Queue(super::grow::Queue),
 }
 
 /// Where the run's progress is shown while it runs: the product's terminal bar or plain lines
@@ -253,9 +254,9 @@ impl<'c, 'l> Session<'c, 'l> {
                     }
                     None
                 }
-                Event::Waiting(jobs) => {
+                Event::Queue(q) => {
                     if let Some(g) = self.cfg.grow.as_mut() {
-                        g.waiting(jobs);
+                        g.queue(q);
                     }
                     None
                 }

@@ -16,9 +16,41 @@ pub trait Submit: Send + Sync {
     /// Submits a job of `nodes` nodes for `minutes` that joins the run; its job id, or why not.
     fn submit(&self, nodes: u32, minutes: u64, reason: &str) -> Result<String, String>;
     fn cancel(&self, jobs: &[String]);
-    /// Ids of the jobs that wait for nodes now (pending for resources or priority): one
-    /// controller RPC. `None` when it cannot be told.
-    fn waiting(&self) -> Option<Vec<String>>;
+    /// What the queue holds now: one controller RPC. `None` when it cannot be told.
+    fn queue(&self) -> Option<Queue>;
+}
+
+/// The queue as a growing run looks at it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Queue {
+    /// Jobs that wait for nodes (pending for resources or priority).
+    pub waiting: Vec<String>,
+    /// Every job in it, whatever its state.
+    pub present: Vec<String>,
+    /// Grown jobs that had not joined when the queue was asked (filled in by `Growing`).
+    pub asked: Vec<String>,
+}
+
+impl Queue {
+    /// Reads `squeue -h -o "%i %t %r"`: job id, compact state, reason.
+    pub fn parse(text: &str) -> Queue {
+        let mut q = Queue::default();
+        for line in text.lines() {
+            let mut f = line.split_whitespace();
+            let (Some(id), Some(state)) = (f.next(), f.next()) else { continue };
+            // Only jobs held up by nodes: not those waiting for a dependency, a hold or a time.
+            if state == "PD" && matches!(f.next(), Some("Resources" | "Priority")) {
+                q.waiting.push(id.to_string());
+            }
+            q.present.push(id.to_string());
+        }
+        q
+    }
+
+    /// The grown jobs asked about (not joined then) that are in the queue no more.
+    pub fn gone(&self) -> impl Iterator<Item = &String> {
+        self.asked.iter().filter(|j| !self.present.contains(j))
+    }
 }
 
 /// How often the queue is asked whether other jobs wait for nodes: its cost grows with the
@@ -89,23 +121,31 @@ impl Growing {
         });
     }
 
-    /// Asks the queue, on a thread of its own, whether other jobs wait for nodes.
+    /// Asks the queue, on a thread of its own, whether other jobs wait for nodes, and whether
+    /// the grown jobs not joined yet are still in it.
     fn look(&mut self) {
         if self.looked.is_some_and(|t| t.elapsed() < LOOK_EVERY) {
             return;
         }
         self.looked = Some(Instant::now());
-        let (submit, events) = (self.submit.clone(), self.events.clone());
+        let (submit, events, asked) = (self.submit.clone(), self.events.clone(), self.grower.pending());
         std::thread::spawn(move || {
-            if let (Some(waiting), Some(tx)) = (submit.waiting(), events) {
-                let _ = tx.send(Event::Waiting(waiting));
+            if let (Some(q), Some(tx)) = (submit.queue(), events) {
+                let _ = tx.send(Event::Queue(Queue { asked, ..q }));
             }
         });
     }
 
-    /// The jobs that wait for nodes now: are any of them not this run's own?
-    pub fn waiting(&mut self, jobs: Vec<String>) {
-        self.others_waiting = jobs.iter().any(|j| !self.grower.grew(j));
+    /// What the queue holds: are jobs not this run's own waiting for nodes? A grown job that
+    /// left it without joining (cancelled by its owner or an admin, failed) counts no more.
+    pub fn queue(&mut self, q: Queue) {
+        self.others_waiting = q.waiting.iter().any(|j| !self.grower.grew(j));
+        for job in q.gone() {
+            if self.grower.pending().contains(job) {
+                println!("htc: grow: job {job} left the queue without joining the run; it counts no more");
+                self.grower.ended(job);
+            }
+        }
     }
 
     /// A submission's outcome.
@@ -125,5 +165,20 @@ impl Growing {
         if !pending.is_empty() {
             self.submit.cancel(&pending);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_queue_tells_jobs_waiting_for_nodes_and_grown_jobs_gone_from_it() {
+        let text = "101 R None\n102 PD Resources\n103 PD Priority\n104 PD Dependency\n105 PD (null)\n7_3 CG None\n";
+        let q = Queue { asked: vec!["102".into(), "99".into()], ..Queue::parse(text) };
+        assert_eq!(q.waiting, ["102", "103"]);
+        assert_eq!(q.present, ["101", "102", "103", "104", "105", "7_3"]);
+        assert_eq!(q.gone().collect::<Vec<_>>(), ["99"], "job 99 was cancelled before it joined");
+        assert_eq!(Queue::parse("garbage\n\n"), Queue::default());
     }
 }
