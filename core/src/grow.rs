@@ -217,6 +217,43 @@ impl Grower {
     }
 }
 
+/// A grown job's shape: nodes, and its time limit in minutes.
+pub type Shape = (u32, u64);
+
+/// The shortest a grown job is cut to when fitting a hole in the schedule: a shorter one spends
+/// much of its time starting its agents and leaving.
+pub const MIN_FIT_MINUTES: u64 = 5;
+
+/// Shapes to ask the scheduler about (`sbatch --test-only`) for a grown job of `asked`: the
+/// asked one first, then half its time, half its nodes, and both (never shorter than
+/// `MIN_FIT_MINUTES` unless asked for less): a smaller job may fit a hole the asked one does
+/// not (a node free until a reservation, a limit on a partition's time).
+pub fn fit_shapes(asked: Shape) -> Vec<Shape> {
+    let (n, m) = asked;
+    let half_m = (m / 2).max(MIN_FIT_MINUTES.min(m));
+    let half_n = (n / 2).max(1);
+    let mut v = vec![asked];
+    for s in [(n, half_m), (half_n, m), (half_n, half_m)] {
+        if !v.contains(&s) {
+            v.push(s);
+        }
+    }
+    v
+}
+
+/// Of the shapes asked about and when the scheduler says each would start (seconds on its
+/// clock; `None`: it would not say), the one to submit: the earliest to start; among those that
+/// start within `slack_s` of it, the most node-minutes (the first such in `starts` on a tie, so
+/// the asked shape when all start alike). `None` when no answer came.
+pub fn pick_fit(starts: &[(Shape, Option<u64>)], slack_s: u64) -> Option<Shape> {
+    let earliest = starts.iter().filter_map(|(_, s)| *s).min()?;
+    let soon = starts.iter().filter(|(_, s)| s.is_some_and(|s| s <= earliest + slack_s));
+    soon.fold(None, |best: Option<Shape>, &(s, _)| match best {
+        Some((n, m)) if n as u64 * m >= s.0 as u64 * s.1 => best,
+        _ => Some(s),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -315,5 +352,22 @@ mod tests {
         g.ended("7");
         assert!(g.yielding(&busy).is_empty());
         assert!(matches!(g.decide(&situation(200, 100_000, &["7"])), Decision::Submit { .. }));
+    }
+
+    #[test]
+    fn a_grown_job_is_cut_to_the_shape_that_starts_soonest() {
+        assert_eq!(fit_shapes((4, 60)), [(4, 60), (4, 30), (2, 60), (2, 30)]);
+        assert_eq!(fit_shapes((1, 8)), [(1, 8), (1, 5)], "never shorter than 5 min");
+        assert_eq!(fit_shapes((1, 3)), [(1, 3)], "one asked for less stays as asked");
+        // All start alike: the asked shape.
+        let alike = [((4, 60), Some(100)), ((4, 30), Some(100)), ((2, 60), Some(130)), ((2, 30), None)];
+        assert_eq!(pick_fit(&alike, 60), Some((4, 60)));
+        // A hole of half an hour on 4 nodes now; 4 nodes for an hour only in an hour.
+        let hole = [((4, 60), Some(3_700)), ((4, 30), Some(100)), ((2, 60), Some(3_700)), ((2, 30), Some(100))];
+        assert_eq!(pick_fit(&hole, 60), Some((4, 30)));
+        // Two nodes now for an hour, four only later: the more node-minutes among the soonest.
+        let narrow = [((4, 60), Some(5_000)), ((4, 30), Some(5_000)), ((2, 60), Some(100)), ((2, 30), Some(100))];
+        assert_eq!(pick_fit(&narrow, 60), Some((2, 60)));
+        assert_eq!(pick_fit(&[((1, 10), None)], 60), None);
     }
 }

@@ -41,10 +41,22 @@ pub struct Joined {
     /// Cores of the run's widest task, and its output mode ("": the default).
     pub widest_task: u64,
     pub output: String,
+    /// Where the run's tasks run ("": not said).
+    pub workdir: String,
     link: std::net::TcpStream,
 }
 
 impl Joined {
+    /// Makes the run's working directory this process's, so that the agents it starts run
+    /// their tasks where the run's other agents do (a task's relative paths mean the same on
+    /// every node). Nothing for a run that did not say where.
+    pub fn enter_workdir(&self) -> std::io::Result<()> {
+        if self.workdir.is_empty() {
+            return Ok(());
+        }
+        std::env::set_current_dir(&self.workdir)
+    }
+
     /// Says on the returned channel when the leader's end of the link closes: the leader is gone
     /// (its job ended), or the run is over.
     pub fn leader_gone(&self) -> std::io::Result<std::sync::mpsc::Receiver<()>> {
@@ -97,6 +109,7 @@ pub fn attach(run: &RunDir, req: &Request) -> Result<Joined, JoinError> {
         leader_job: at.job,
         widest_task: attached.widest_task,
         output: attached.output,
+        workdir: attached.workdir,
         link,
     })
 }

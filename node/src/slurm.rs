@@ -228,6 +228,34 @@ pub fn parse_time_left(s: &str) -> Option<u64> {
     Some((days * 86_400 + secs) * 1_000_000)
 }
 
+/// When `sbatch --test-only` says a job would start ("sbatch: Job 12 to start at
+/// 2026-11-27T03:10:00 using 2 processors on nodes n2 in partition debug", on stderr), in
+/// seconds, reading the time as if it were UTC: only compared with other answers of the same
+/// clock. `None` for any other answer (a refusal, a job that could never run).
+pub fn test_only_start(text: &str) -> Option<u64> {
+    let at = text.split(" to start at ").nth(1)?.split_whitespace().next()?;
+    let (date, time) = at.split_once('T')?;
+    let num = |s: &str| s.parse::<u64>().ok();
+    let d: Vec<u64> = date.split('-').map(num).collect::<Option<_>>()?;
+    let t: Vec<u64> = time.split(':').map(num).collect::<Option<_>>()?;
+    let ([y, mo, day], [h, mi, se]) = (d.as_slice(), t.as_slice()) else { return None };
+    if !(1..=12).contains(mo) || !(1..=31).contains(day) || *h > 23 || *mi > 59 || *se > 60 || *y < 1970 {
+        return None;
+    }
+    Some(days_since_epoch(*y, *mo, *day) * 86_400 + h * 3600 + mi * 60 + se)
+}
+
+/// Days from 1970-01-01 to a date of the proleptic Gregorian calendar (Howard Hinnant's
+/// `days_from_civil`), for dates from 1970 on.
+fn days_since_epoch(y: u64, m: u64, d: u64) -> u64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y / 400;
+    let yoe = y - era * 400;
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
 /// One `srun --overlap` step with `agents_per_node` agents on every allocated node: O(1)
 /// controller RPCs whatever the number of tasks or agents.
 pub struct Srun {
@@ -321,6 +349,24 @@ impl Srun {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_start_sbatch_test_only_foresees_is_read() {
+        let line = "sbatch: Job 57 to start at 2026-11-27T03:10:05 using 2 processors on nodes n2 in partition debug";
+        assert_eq!(super::test_only_start(line), Some(1_795_749_005));
+        let later =
+            "sbatch: Job 58 to start at 2026-11-28T00:00:00 using 4 processors on nodes n[1-2] in partition debug";
+        assert_eq!(super::test_only_start(later).unwrap() - super::test_only_start(line).unwrap(), 74_995);
+        assert_eq!(super::test_only_start("2000-03-01T00:00:00"), None, "no sentence, no time");
+        assert_eq!(super::test_only_start("Job 1 to start at 2000-03-01T00:00:00 using"), Some(951_868_800));
+        for bad in [
+            "sbatch: error: Requested node configuration is not available",
+            "Job 1 to start at soon",
+            "Job 1 to start at 2026-13-01T00:00:00",
+        ] {
+            assert_eq!(super::test_only_start(bad), None, "{bad}");
+        }
+    }
+
     #[test]
     fn a_continuation_keeps_the_options_the_user_gave_the_first_job() {
         let line = "JobId=17 JobName=my long name UserId=u(1000) GroupId=u(1000) MCS_label=N/A Priority=1 \

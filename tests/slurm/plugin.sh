@@ -183,7 +183,7 @@ check "--htc-grow job: agent argv has --grow 3:1:30 after --resubmit" argv_is "$
 
 j=$(sub sbatch --parsable -N2 --export=NONE --htc-join=4243 --htc-agents-per-node=2 --htc-instance-nodes=2 job.sh a1 --flag)
 finished "$j"
-check "--htc-join job: agent argv" argv_is "$W/agent.$j.argv" "$agent" lead --join-run 4243 --agents-per-node 2 \
+check "--htc-join job: agent argv" argv_is "$W/agent.$j.argv" "$agent" lead --join-run "$W/.htc/4243" --agents-per-node 2 \
     --instance-nodes 2 --script "$dir/spool/slurmd-n1/job$(printf %05d "$j")/slurm_script" a1 --flag
 check "--htc-join job: batch script not run" test ! -e "$W/script-ran.$j"
 check "--htc-join job: no private HTC vars in the agent env" no_private_env "$W/agent.$j.env"

@@ -517,6 +517,12 @@ fn join_once(
             return Err(e);
         }
     };
+    if let Err(e) = joined.enter_workdir() {
+        println!(
+            "htc: job {job_id}: the run's tasks run in {}, which it cannot enter ({e}); its own run here",
+            joined.workdir
+        );
+    }
     let first = joined.first_agent;
     let last = first as usize + nodes * agents_per_node - 1;
     let gone = joined.leader_gone().ok();
@@ -795,16 +801,46 @@ struct SbatchJoin {
     own_options: Vec<String>,
 }
 
+impl SbatchJoin {
+    /// sbatch from the submit directory with the run's own job's options but `shape`.
+    fn sbatch(&self, (nodes, minutes): htc_core::grow::Shape) -> anyhow::Result<std::process::Command> {
+        let mut cmd = sbatch_for(&self.run)?;
+        cmd.args(self.own_options.iter().filter(|o| !o.starts_with("--time=") && !o.starts_with("--nodes=")))
+            .arg(format!("--nodes={nodes}"))
+            .arg(format!("--time={minutes}"));
+        Ok(cmd)
+    }
+
+    /// The shape to submit: the asked one, or a smaller one that the scheduler says starts
+    /// sooner (a hole in its plan): one `sbatch --test-only` per shape it asks about.
+    fn fit(&self, asked: htc_core::grow::Shape) -> htc_core::grow::Shape {
+        let starts: Vec<_> = htc_core::grow::fit_shapes(asked)
+            .into_iter()
+            .map(|shape| {
+                let out = self.sbatch(shape).ok().and_then(|mut c| c.arg("--test-only").arg("--wrap=:").output().ok());
+                (shape, out.and_then(|o| slurm::test_only_start(&String::from_utf8_lossy(&o.stderr))))
+            })
+            .collect();
+        let Some(shape) = htc_core::grow::pick_fit(&starts, 60) else { return asked };
+        if shape != asked {
+            let when = |s| starts.iter().find(|(x, _)| *x == s).and_then(|(_, t)| *t).unwrap_or(0);
+            println!(
+                "htc: grow: cut to {} node(s) for {} min to fit a hole: it starts {} s sooner",
+                shape.0,
+                shape.1,
+                when(asked).saturating_sub(when(shape))
+            );
+        }
+        shape
+    }
+}
+
 impl leader::grow::Submit for SbatchJoin {
     fn submit(&self, nodes: u32, minutes: u64, reason: &str) -> Result<String, String> {
         println!("htc: grow: submitting a job of {nodes} node(s) for {minutes} min to join the run: {reason}");
-        let mut cmd = sbatch_for(&self.run).map_err(|e| e.to_string())?;
-        cmd.arg("--parsable")
-            .args(self.own_options.iter().filter(|o| !o.starts_with("--time=") && !o.starts_with("--nodes=")))
-            .arg(format!("--htc-join={}", self.run.id()))
-            .arg(format!("--nodes={nodes}"))
-            .arg(format!("--time={minutes}"))
-            .arg("--wrap=:");
+        let (nodes, minutes) = self.fit((nodes, minutes));
+        let mut cmd = self.sbatch((nodes, minutes)).map_err(|e| e.to_string())?;
+        cmd.arg("--parsable").arg(format!("--htc-join={}", self.run.id())).arg("--wrap=:");
         let out = cmd.output().map_err(|e| format!("running sbatch: {e}"))?;
         if !out.status.success() {
             let why = format!("sbatch: {}", String::from_utf8_lossy(&out.stderr).trim());

@@ -210,7 +210,8 @@ fn run(a: RunArgs) -> anyhow::Result<i32> {
         },
     };
     if let Some(r) = join {
-        let run = RunDir::new(RunDir::find(Some(&r))?);
+        // Absolute: the agents run where the run's tasks run, which may be elsewhere.
+        let run = RunDir::new(std::path::absolute(RunDir::find(Some(&r))?)?);
         let ends_us = time_limit.map(|s| rundir::now_us() + s * 1_000_000);
         let (tx, _ignored) = std::sync::mpsc::channel();
         return join_run(local(&run, output, spawners.unwrap_or(0)), &run, ends_us, quiet, spawners, tx);
@@ -280,6 +281,9 @@ fn join_run(
             return Ok(2);
         }
     };
+    if let Err(e) = joined.enter_workdir() {
+        eprintln!("htc: the run's tasks run in {}, which cannot be entered here ({e}); these run here", joined.workdir);
+    }
     let first = joined.first_agent;
     (local.first_agent, local.fanout) = (first, joined.fanout);
     // The run's output mode and widest task, not this command's defaults.

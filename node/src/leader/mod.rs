@@ -118,6 +118,7 @@ pub fn run(
     net_cfg.cluster = crate::slurm::cluster_name();
     net_cfg.fanout = cfg.fanout.max(1);
     net_cfg.widest_task = htc_store::load::widest_task(&ledger)?;
+    net_cfg.workdir = std::env::current_dir().map(|d| d.display().to_string()).unwrap_or_default();
     net_cfg.output =
         ledger.read()?.meta("output")?.map(|b| String::from_utf8_lossy(b).into_owned()).unwrap_or_default();
     let at = htc_store::rundir::LeaderAt { addr, job: cfg.job_id.clone(), cluster: net_cfg.cluster.clone() };

@@ -26,6 +26,8 @@ pub struct NetConfig {
     /// its output mode.
     pub widest_task: u64,
     pub output: String,
+    /// Where the run's tasks run: a joining allocation's run there too.
+    pub workdir: String,
     /// Agents connected now, directly or through a relay, with the connection they came over; a
     /// second Hello for one is refused.
     joined: Mutex<HashMap<u32, u64>>,
@@ -43,6 +45,7 @@ impl NetConfig {
             fanout: 1,
             widest_task: 1,
             output: String::new(),
+            workdir: String::new(),
             joined: Default::default(),
             next_connection: AtomicU64::new(1),
             heartbeat,
@@ -239,6 +242,7 @@ async fn allocation(
         job_id: cfg.job_id.clone(),
         widest_task: cfg.widest_task,
         output: cfg.output.clone(),
+        workdir: cfg.workdir.clone(),
     };
     frame::write_frame(&mut stream, Body::Attached(attached)).await.map_err(|e| e.to_string())?;
     tracing::info!(job = %cfg.job_id, allocation = %a.job_id, first_agent, agents = a.agents, "an allocation joined");
