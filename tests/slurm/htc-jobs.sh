@@ -392,29 +392,31 @@ joined_job_cancelled() {
     [[ $failed == 0 ]] || { echo "--- slurm-$a.out"; tail -n 20 "$w/slurm-$a.out"; echo "--- slurm-$b.out"; tail -n 20 "$w/elsewhere/slurm-$b.out"; }
 }
 
-# --htc-grow: a run on 1 node of a cluster whose other nodes are busy with plain jobs. Its work
+# --htc-grow: a run on 1 node of a 4-node cluster where 2 nodes are busy with plain jobs. Its work
 # (400 x 0.5 s on 2 CPUs) is more than its node can do before its time limit, so it submits a
-# job that joins it, which starts once a plain job has freed a node; then the tail is in sight
-# and it submits no more. Every task once; the plain jobs are untouched.
+# job that joins it: asked for 2 nodes, cut to the 1 that is free now (sbatch --test-only says
+# 2 start only when a plain job's time is up). Then the tail is in sight and it submits no more.
+# Every task once; the plain jobs are untouched.
 grown_run() {
     local w a i p plain=() state grown n=400
     w=$(cluster_workdir grown)
     seq 1 "$n" | sed 's|.*|sleep 0.5; echo "$HTC_TASK_ID $SLURMD_NODENAME" >> ids.txt|' >"$w/tasks.txt"
     chown -R "$HTC_CLUSTER_USER" "$w"
-    a=$(submit "$w" -N 1 --exclusive -t 2 --htc=tasks.txt --htc-grow=2:1:2 --wrap=:) || { bad "grow: submit the run"; return; }
+    a=$(submit "$w" -N 1 --exclusive -t 2 --htc=tasks.txt --htc-grow=2:2:2 --wrap=:) || { bad "grow: submit the run"; return; }
     for ((i = 0; i < 100; i++)); do
         [[ $(job_state "$a") == RUNNING ]] && break
         sleep 0.2
     done
-    for i in 1 2 3; do
-        p=$(submit "$w" -N 1 --exclusive --wrap="sleep 15") || { bad "grow: submit plain job $i"; return; }
+    for i in 1 2; do
+        p=$(submit "$w" -N 1 --exclusive -t 2 --wrap="sleep 15") || { bad "grow: submit plain job $i"; return; }
         plain+=("$p")
     done
     state=$(wait_job "$a" 240)
     check "grow: the run's job $a COMPLETED (was $state)" test "$state" = COMPLETED
     grown=$(grep -o 'grow: submitted job [0-9]*' "$w/slurm-$a.out" | awk '{print $NF}')
     check "grow: it submitted 1 or 2 jobs ($(echo $grown))" test "$(wc -w <<<"$grown")" -ge 1 -a "$(wc -w <<<"$grown")" -le 2
-    check "grow: each submission with its reason" grep -q "grow: submitting a job of 1 node(s) for 2 min to join the run: .* tasks left" "$w/slurm-$a.out"
+    check "grow: each submission with its reason" grep -q "grow: submitting a job of 2 node(s) for 2 min to join the run: .* tasks left" "$w/slurm-$a.out"
+    check "grow: the first cut to the 1 node free now" grep -q "grow: cut to 1 node(s) for 2 min to fit a hole: it starts [0-9]* s sooner" "$w/slurm-$a.out"
     for p in $grown; do
         state=$(wait_job "$p" 120)
         check "grow: grown job $p ended with the run (was $state)" test "$state" = COMPLETED -o "$state" = CANCELLED
