@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Slurm controller cost and wall time of the same work three ways, in one run on one cluster:
-# an HTC job of 1,000 tasks, an HTC job of 10,000 tasks, and a 1,000-element job array.
+# an HTC job of 1,000 tasks, an HTC job of 10,000 tasks, and a 1,000-element job array; then
+# runs over several allocations (joined, grown).
 # Inbound RPCs come from `sdiag` (reset before each job); waiting reads slurmctld's log, because
 # polling with squeue would add RPCs of its own. Epilog=/bin/true is set (see slurm-findings §4).
 #
@@ -88,6 +89,30 @@ measure_joined() { # TASKS
 }
 measure_joined 2000
 measure_joined 6000
+# A run that grows itself (--htc-grow=2:1:3): a 1-node job of 3 minutes whose work (600
+# core-seconds on 2 CPUs) outgrows it, as 1,200 tasks of 0.5 s and as 6,000 of 0.1 s. Its grown
+# jobs' sbatch (and `sbatch --test-only` to size each) and its one squeue per 10 s are counted
+# with the rest: the same work in 5 times the tasks should cost about the same.
+measure_grown() { # TASKS SECONDS
+    local n=$1 secs=$2 w a g t0 t1 grown
+    w=$(cluster_workdir "grown-$n")
+    seq 1 "$n" | sed "s/.*/sleep $secs/" >"$w/tasks.txt"
+    chown -R "$HTC_CLUSTER_USER" "$w"
+    cluster_cmd sdiag -r >/dev/null
+    t0=$(usec)
+    a=$(as_user -C "$w" sbatch --parsable -N 1 --exclusive -t 3 --htc=tasks.txt --htc-grow=2:1:3 --wrap=: | cut -d';' -f1)
+    wait_in_log "$a" || { echo "grown-$n: job $a did not finish"; return 1; }
+    grown=$(grep -o 'grow: submitted job [0-9]*' "$w/slurm-$a.out" | awk '{print $NF}')
+    for g in $grown; do
+        wait_in_log "$g" || { echo "grown-$n: grown job $g did not finish"; return 1; }
+    done
+    t1=$(usec)
+    sleep 2
+    printf '%-14s wall %7.2f s   %s grown job(s)   inbound RPCs %s\n' "grown-$n" \
+        "$(awk -v a="$t0" -v b="$t1" 'BEGIN { print (b - a) / 1e6 }')" "$(wc -w <<<"$grown")" "$(inbound_rpcs)"
+}
+measure_grown 1200 0.5
+measure_grown 6000 0.1
 echo "load at end: $(cut -d' ' -f1-3 /proc/loadavg)"
 "$root/tests/cluster/stop-cluster.sh" >/dev/null 2>&1
 echo "results: $out"

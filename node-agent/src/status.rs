@@ -173,7 +173,10 @@ pub fn finish(run: &RunDir, outcome: &leader::Outcome, quiet: bool) -> anyhow::R
         Ending::Complete if failed == 0 => 0,
         Ending::Complete => 1,
         Ending::Interrupted(sig) => {
-            eprintln!("htc: interrupted; continue with: {resume}");
+            // Else a joined job takes the run over, and says so.
+            if outcome.progress.joined_running == 0 {
+                eprintln!("htc: interrupted; continue with: {resume}");
+            }
             128 + sig
         }
         Ending::TooManyFailures(n) => {
