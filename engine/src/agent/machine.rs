@@ -632,20 +632,12 @@ impl Machine {
             // The leader went with its job: a joined job takes the run over, and this agent goes
             // to its leader with what it holds. What runs meanwhile runs on; nothing new starts.
             tracing::warn!(agent = self.id, %why, "lost the leader; waiting for the run's new one");
-            self.parent = Parent::Awaiting;
-            if !std::mem::replace(&mut self.held, true) {
-                out.push(Effect::Exec(Command::Hold(true)));
-            }
-            out.push(Effect::AwaitLeader);
+            self.hold_and_reconnect(Parent::Awaiting, Effect::AwaitLeader, out);
         } else if self.can_rejoin {
             // The relay is gone, not necessarily the leader: keep the tasks, start nothing new,
             // and reconnect; the lease still bounds how long this may take.
             tracing::warn!(agent = self.id, %why, "lost the relay above; rejoining the leader");
-            self.parent = Parent::Rejoining;
-            if !std::mem::replace(&mut self.held, true) {
-                out.push(Effect::Exec(Command::Hold(true)));
-            }
-            out.push(Effect::Rejoin);
+            self.hold_and_reconnect(Parent::Rejoining, Effect::Rejoin, out);
         } else if self.can_revive && self.children.is_empty() {
             // The leader counts it lost (a member: it went with its head), and its tasks run
             // elsewhere: it stops them and comes back to the leader empty, should the leader
@@ -658,6 +650,15 @@ impl Machine {
             self.parent = Parent::Cut { why, own: false };
             out.push(Effect::Exec(Command::Abort));
         }
+    }
+
+    /// Keeps the tasks, starts nothing new, and reconnects as `how` says.
+    fn hold_and_reconnect(&mut self, parent: Parent, how: Effect, out: &mut Vec<Effect>) {
+        self.parent = parent;
+        if !std::mem::replace(&mut self.held, true) {
+            out.push(Effect::Exec(Command::Hold(true)));
+        }
+        out.push(how);
     }
 
     fn child_closed(&mut self, child: u32, agents: Vec<u32>, why: String, out: &mut Vec<Effect>) -> bool {
