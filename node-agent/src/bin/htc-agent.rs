@@ -507,15 +507,18 @@ fn join_once(
     };
     let joined = match htc::join::attach(run, &req) {
         Ok(j) => j,
-        Err(e) => {
+        // Its agents work on for the leader as they are (their own links held: it was only this
+        // launcher's that broke), or stop: either way they end first, and then so does this
+        // stay, as one its leader let go.
+        Err(e) if kept.is_some() => {
+            println!("htc: job {job_id}: its agents could not keep their places ({e}); they finish first");
             if let Some(mut s) = kept {
-                // Its agents work on for the new leader as they are, or stop: either way they
-                // end before this job joins afresh.
-                println!("htc: job {job_id}: its agents could not keep their places ({e}); they finish first");
                 s.agents.wait(Duration::from_secs(365 * 86_400));
             }
-            return Err(e);
+            let leader = run.leader_at().ok().flatten().map(|at| at.job).unwrap_or_default();
+            return Ok(Stay::Ended { leader });
         }
+        Err(e) => return Err(e),
     };
     if let Err(e) = joined.enter_workdir() {
         println!(
