@@ -434,21 +434,12 @@ impl Machine {
         match self.parent {
             Parent::Rejoining => {
                 tracing::info!(agent = self.id, "rejoined the leader; tasks kept");
-                self.parent = Parent::Open;
-                self.last_heard_us = Some(now_us);
-                self.renew_lease(now_us, out);
-                self.rejoined = true;
-                // The leader may have reset what it knew of this agent's slots.
-                self.told_idle = 0;
+                self.reopened_with_tasks(now_us, out);
                 false
             }
             Parent::Awaiting => {
                 tracing::info!(agent = self.id, "with the run's new leader; tasks kept");
-                self.parent = Parent::Open;
-                self.last_heard_us = Some(now_us);
-                self.renew_lease(now_us, out);
-                self.rejoined = true;
-                self.told_idle = 0;
+                self.reopened_with_tasks(now_us, out);
                 // What the old leader did not acknowledge goes to the new one (which ignores what
                 // its ledger has recorded already).
                 self.unacked.clear();
@@ -475,6 +466,16 @@ impl Machine {
             }
             _ => false,
         }
+    }
+
+    /// Open again, with the tasks kept: the lease renewed, a resync to come (what was asked for
+    /// may have died on the way), and the leader's view of this agent's idle slots reset.
+    fn reopened_with_tasks(&mut self, now_us: u64, out: &mut Vec<Effect>) {
+        self.parent = Parent::Open;
+        self.last_heard_us = Some(now_us);
+        self.renew_lease(now_us, out);
+        self.rejoined = true;
+        self.told_idle = 0;
     }
 
     /// Fencing: a parent silent past the lease may have given this agent up and sent its tasks
