@@ -13,7 +13,23 @@ set -euo pipefail
 root=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 
-step() { printf '\n== %s ==\n' "$*"; }
+# Each step's wall time, printed when the next starts and as a table at the end, so that a slow CI
+# says where its minutes go.
+steps=() step_name='' step_t0=0 run_t0=$SECONDS
+step_end() {
+    [[ -n $step_name ]] || return 0
+    local d=$((SECONDS - step_t0))
+    steps+=("$(printf '%5d s  %s' "$d" "$step_name")")
+    printf -- '-- %s: %d s\n' "$step_name" "$d"
+    step_name=''
+}
+step() { step_end; step_name=$*; step_t0=$SECONDS; printf '\n== %s ==\n' "$*"; }
+times() {
+    step_end
+    printf '\n== time per step ==\n'
+    printf '%s\n' "${steps[@]}"
+    printf '%5d s  in all\n' $((SECONDS - run_t0))
+}
 banner() {
     local rule='!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!'
     printf '\n%s\n' "$rule" >&2
@@ -26,7 +42,9 @@ skipped=()
 [[ -n ${HTC_JOBS_ONLY:-} ]] && skipped+=("HTC_JOBS_ONLY=$HTC_JOBS_ONLY: tests/slurm/htc-jobs.sh runs only this test")
 if ((${#skipped[@]})); then
     banner "TESTS SKIPPED: a pass of this run is not a pass of every test" "${skipped[@]}"
-    trap 'banner "TESTS WERE SKIPPED: this was NOT a run of every test" "${skipped[@]}"' EXIT
+    trap 'times; banner "TESTS WERE SKIPPED: this was NOT a run of every test" "${skipped[@]}"' EXIT
+else
+    trap times EXIT
 fi
 
 step "hygiene: cargo fmt --check, cargo clippy -D warnings, the crates' layering"

@@ -182,6 +182,14 @@ passed=0 failed=0
 ok() { printf 'ok   %s\n' "$*"; passed=$((passed + 1)); }
 bad() { printf 'FAIL %s\n' "$*"; failed=$((failed + 1)); }
 check() { local d=$1; shift; if "$@"; then ok "$d"; else bad "$d"; fi; }
+# `timed CMD...`: runs one scenario and prints its wall time, so a script's minutes can be
+# read scenario by scenario.
+timed() {
+    local t0=$SECONDS rc=0
+    "$@" || rc=$?
+    printf -- '-- time: %s: %d s\n' "$*" $((SECONDS - t0))
+    return $rc
+}
 results() { echo "$passed passed, $failed failed"; [[ $failed == 0 ]]; }
 
 # The documented install path (`make install`), into the test cluster's own directories:

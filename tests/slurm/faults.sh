@@ -433,7 +433,7 @@ if [[ -n ${FAULTS_ONLY:-} ]]; then
     printf '\n!!! FAULTS_ONLY="%s": only these faults run, the others are SKIPPED\n\n' "$FAULTS_ONLY" >&2
 fi
 for t in ${FAULTS_ONLY:-killed_agent link_down link_cut_and_back cancelled_then_resumed requeued node_failed leader_killed_then_resumed time_limit resubmitted_at_time_limit handed_over}; do
-    "$t"
+    timed "$t"
 done
 
 [[ $failed == 0 ]] || cluster_logs 20

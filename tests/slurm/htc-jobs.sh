@@ -444,36 +444,36 @@ echo "== 1 node (loopback)"
 "$root/tests/cluster/start-cluster.sh" -n 1 -c 2 >/dev/null || { echo "cluster did not start"; exit 1; }
 cluster_env
 install_htc
-run_many 1 10000
-bad_file_rejected
-failing_prologue
-failing_tasks
-retried_job
-swept_job
+timed run_many 1 10000
+timed bad_file_rejected
+timed failing_prologue
+timed failing_tasks
+timed retried_job
+timed swept_job
 
 echo "== 4 nodes (network namespaces)"
 "$root/tests/cluster/start-cluster.sh" -n 4 -m netns -c 2 >/dev/null || { echo "cluster did not start"; exit 1; }
 cluster_env
 install_htc
-run_many 4 10000
+timed run_many 4 10000
 echo "-- fan-out 2: agents 2 and 3 reach the leader through agent 0 (PMI2 bootstrap)"
-run_many 4 3000 --htc-fanout=2
+timed run_many 4 3000 --htc-fanout=2
 echo "-- --htc-agents-per-node=2: two instances on each node, one CPU each"
-AGENTS_PER_NODE=2 run_many 4 2000 --htc-agents-per-node=2
+AGENTS_PER_NODE=2 timed run_many 4 2000 --htc-agents-per-node=2
 echo "-- --htc-instance-nodes=2: two instances of two nodes each, members fed by their head"
-INSTANCE_NODES=2 run_many 4 3000 --htc-instance-nodes=2 --export=ALL,HTC_LOG=info
-controller_cost
-long_tasks_spread
-unhinted_long_tasks_move
-daemons_end_with_their_task
-watched_job
-memory_job
+INSTANCE_NODES=2 timed run_many 4 3000 --htc-instance-nodes=2 --export=ALL,HTC_LOG=info
+timed controller_cost
+timed long_tasks_spread
+timed unhinted_long_tasks_move
+timed daemons_end_with_their_task
+timed watched_job
+timed memory_job
 echo "-- one instance of both nodes: its head places the tasks on the node each fits"
-memory_job --htc-instance-nodes=2
+timed memory_job --htc-instance-nodes=2
 echo "-- --htc-join: a second allocation joins a running run"
-joined_job
-joined_job_cancelled
-grown_run
+timed joined_job
+timed joined_job_cancelled
+timed grown_run
 
 [[ $failed == 0 ]] || cluster_logs 20
 "$root/tests/cluster/stop-cluster.sh" >/dev/null 2>&1
