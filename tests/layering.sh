@@ -12,7 +12,7 @@ declare -A may=(
     [htc-core]=""
     [htc-engine]="htc-core"
     [htc-store]="htc-core"
-    [htc-exec]="htc-core htc-store"
+    [htc-exec]="htc-core"
     [htc-node]="htc-core htc-engine htc-store htc-exec"
 )
 ours="htc-core htc-engine htc-store htc-exec htc-node node-agent spank-plugin"

@@ -37,11 +37,11 @@ use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use crate::clock::now_us;
 use crate::handoff::{Handoff, When};
 use crate::output::{IndexEntry, OutputMode};
 use htc_core::record::Outcome;
 use htc_core::slots::{self, Deadlines, Due, Holder, Next, Queue, Room};
-use htc_store::host::now_us;
 
 pub use htc_core::work::{recall_from, Command, ExecEvent, Finished, TaskToRun};
 
@@ -1288,7 +1288,7 @@ impl Executor {
     /// failed writing their output.
     fn disk_full(&self) -> Option<io::Error> {
         let dir = &self.cfg.out_dir;
-        let free = htc_store::storage::free_bytes(dir).filter(|&b| b < htc_store::storage::NEARLY_FULL)?;
+        let free = crate::disk::free_bytes(dir).filter(|&b| b < crate::disk::NEARLY_FULL)?;
         Some(io::Error::new(
             io::ErrorKind::StorageFull,
             format!("the disk holding {} is full ({free} bytes free)", dir.display()),
@@ -1325,7 +1325,7 @@ impl Executor {
             return None;
         }
         self.space_checked = Some(now);
-        let free = htc_store::storage::free_bytes(&self.cfg.out_dir)?;
+        let free = crate::disk::free_bytes(&self.cfg.out_dir)?;
         self.space_low = free < SPACE_LOW;
         self.disk_full()
     }

@@ -3,7 +3,8 @@
 
 use std::path::Path;
 
-/// Free space below this counts as a full disk: tasks that fail then are not blamed for it.
+/// Free space below this counts as a full disk: tasks that fail then are not blamed for it. The
+/// executors keep the same bound (`htc_exec::disk::NEARLY_FULL`).
 pub const NEARLY_FULL: u64 = 1 << 20;
 
 /// Bytes an unprivileged writer may still use on the filesystem holding `dir`.

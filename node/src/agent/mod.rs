@@ -761,4 +761,11 @@ mod tests {
         x.send(Command::Finish);
         assert!(x.ended(0).is_none(), "told to finish: the normal end");
     }
+
+    /// A full disk is the same to the executors (which then blame no task) as to the ledger
+    /// (which names ENOSPC); each crate keeps the bound, since neither may use the other.
+    #[test]
+    fn the_executors_and_the_store_agree_on_a_full_disk() {
+        assert_eq!(htc_exec::disk::NEARLY_FULL, htc_store::storage::NEARLY_FULL);
+    }
 }
