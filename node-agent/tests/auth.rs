@@ -14,7 +14,7 @@ use htc::auth::{self, Nonces, Role, NONCE_LEN};
 use htc::frame;
 use htc::proto::{self, frame::Body};
 
-mod common;
+use crate::common;
 use common::{wait_some, Dir, HTC};
 
 /// The leader's address, from the command line of one of the run's agents.

@@ -2,7 +2,7 @@
 //! (SIGSTOP) are noticed by their silence and their tasks run elsewhere; they stop themselves
 //! when they run again.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::path::Path;

@@ -1,7 +1,7 @@
 //! Allocations that join a running run (`htc run --join`): the real `htc` and `htc-agent`
 //! binaries, a leader and the agents of a second command working on one run.
 
-mod common;
+use crate::common;
 use common::*;
 use std::collections::HashMap;
 use std::time::Duration;

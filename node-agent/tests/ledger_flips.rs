@@ -2,7 +2,7 @@
 //! or the flip changed nothing any command prints. No flip may make `status`, `log` or `output`
 //! print a value other than the undamaged ledger's, nor end any command by a signal.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::path::Path;

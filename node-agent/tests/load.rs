@@ -4,7 +4,7 @@
 //! so no lease expires, no agent is given up and no task runs twice. Its own test binary: the
 //! load it makes would slow every test that ran beside it.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::fs;

@@ -1,7 +1,7 @@
 //! `htc output RUN` (every task) and `htc log`, against what users compare them with: the same
 //! lines run one by one by `sh -c`, and GNU parallel's `--joblog` of the same commands.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

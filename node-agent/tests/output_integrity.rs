@@ -2,7 +2,7 @@
 //! shows nowhere, a task that truncates or reopens its stdout touches no other task's bytes, and
 //! a damaged byte of the stream files is refused by `htc output` and reported by `htc verify`.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::process::{Command, Stdio};

@@ -2,7 +2,7 @@
 //! in a real browser: headless Chromium loads the page and each SVG, renders a screenshot, and the
 //! page's figures are the run's.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

@@ -1,7 +1,7 @@
 //! Resources end to end with real processes: tasks that really hold memory (perl touching the
 //! pages it asks for), agents with a memory budget, and the policies side by side.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -1,7 +1,7 @@
 //! `htc retry`: finished tasks of a run run again as new attempts of the same run; the rest
 //! stays as it was.
 
-mod common;
+use crate::common;
 
 use common::{text, Dir};
 

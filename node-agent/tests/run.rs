@@ -14,7 +14,7 @@ use nix::unistd::Pid;
 
 use htc::ledger::{Ledger, State};
 
-mod common;
+use crate::common;
 use common::{agent_pids, agents_alive, processes_naming, text, wait_for, Dir, HTC};
 
 fn id_counts(path: &Path) -> HashMap<u64, usize> {

@@ -2,7 +2,7 @@
 //! scheduling path (leader, tree, agents, ledger) without task processes, at a scale this
 //! machine could not run for real.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -3,7 +3,7 @@
 //! every task's output readable. The disks are real (tmpfs mounts of a fixed size; the tests run
 //! as root, as CI does).
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::path::{Path, PathBuf};

@@ -2,7 +2,7 @@
 //! ledger; `htc check` counts them without making them, and making ten million costs no memory
 //! per task.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

@@ -23,7 +23,7 @@ use nix::sys::stat::Mode;
 use nix::unistd::dup2_raw;
 use std::os::fd::IntoRawFd;
 
-mod common;
+use crate::common;
 use common::{agent_pids, guard_pids, text, wait_some, Dir, HTC};
 
 /// The two views compared, as task lines. The first has no shell syntax, so `htc` execs `ls`

@@ -1,7 +1,7 @@
 //! `htc watch` and `htc run`'s progress bar in a real terminal: tmux runs both, and the test
 //! reads their screens (`capture-pane`) as a user would see them.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 use std::time::Duration;

@@ -140,6 +140,20 @@ wait_job() {
     done
 }
 
+# release_requeued JOB: Slurm holds a requeued job (scontrol requeue, a node failure) for about
+# two minutes before it may start again (its begin time is put off); no test depends on that
+# wait, so once the job is back in the queue its begin time is set to now. The second's pause
+# keeps the new launch credential younger than the revocation of the old one.
+release_requeued() {
+    local i
+    for ((i = 0; i < 600; i++)); do
+        [[ $(job_state "$1") == PENDING ]] && break
+        sleep 0.2
+    done
+    sleep 1
+    cluster_cmd scontrol update jobid="$1" starttime=now
+}
+
 # wait_leader DIR JOB: until the HTC run of JOB in DIR has a leader that takes joins (it
 # publishes DIR/.htc/JOB/leader.addr), at most 60 s; true when it has.
 wait_leader() {

@@ -235,6 +235,7 @@ requeued() {
     read -r w j < <(start_job requeue) || { bad "requeue: submit"; return; }
     done_snapshot "$w" "$j"
     cluster_cmd scontrol requeue "$j"
+    release_requeued "$j"
     continued_well requeue "$w" "$j" "$(wait_job "$j" 400)"
     check "requeue: the new session says it continues the run" grep -q "job $j restarted; continuing its run" "$w/slurm-$j.out"
     sessions=$(grep -c "^== job $j (restart" "$w/.htc/$j/job.out")
@@ -310,6 +311,7 @@ node_failed() {
         test -z "$(job_procs "$j")"
     # Its slurmd still answers, so ReturnToService=2 may have brought it back already.
     [[ $(cluster_cmd sinfo -h -n n4 -o %T) == idle ]] || cluster_cmd scontrol update nodename=n4 state=resume
+    release_requeued "$j"
     continued_well "node failed" "$w" "$j" "$(wait_job "$j" 400)"
 }
 
