@@ -12,8 +12,9 @@
 //! stores its LMDB transaction id, so that a damaged meta page that revives an older tree shows.
 
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
+use crate::journal::{Journal, Log, DB_ATTEMPTS, DB_FAILED, DB_META, DB_TASKS};
 use lmdb::{Cursor, Database, DatabaseFlags, Environment, EnvironmentFlags, RwTransaction, Transaction, WriteFlags};
 
 /// Bump when the record layout or the meta keys change; `open` refuses other versions.
@@ -418,7 +419,7 @@ pub struct Ledger {
     attempts: Database,
     failed: Database,
     /// The copy on shared storage (`replica`), when the ledger itself is on a node's local disk.
-    journal: Option<std::sync::Mutex<crate::replica::Journal>>,
+    journal: Option<std::sync::Mutex<Journal>>,
 }
 
 impl Ledger {
@@ -497,46 +498,50 @@ impl Ledger {
     }
 
     /// From now on every commit first writes what it changed to `j` (see `replica`).
-    pub fn attach_journal(&mut self, j: crate::replica::Journal) {
+    pub fn attach_journal(&mut self, j: Journal) {
         self.journal = Some(std::sync::Mutex::new(j));
     }
 
-    /// Whether the journal has grown enough for a new snapshot (`replica::Replica::begin`).
-    pub fn journal_wants_snapshot(&self) -> bool {
-        self.journal.as_ref().is_some_and(|j| j.lock().unwrap_or_else(|e| e.into_inner()).wants_snapshot())
+    /// The journal, if there is one, locked (poisoned or not, as at every commit).
+    fn journal_lock(&self) -> Option<std::sync::MutexGuard<'_, Journal>> {
+        self.journal.as_ref().map(|j| j.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
-    /// Starts the replica's next generation: a snapshot of the ledger as committed now (no
-    /// write transaction may be open) and a fresh journal. Nothing without a journal. A snapshot
-    /// that cannot be written costs nothing but time: the journal goes on, and it is tried again
-    /// once the journal doubled.
-    pub fn new_generation(&self) -> Result<()> {
-        let Some(j) = &self.journal else { return Ok(()) };
-        let lock = || j.lock().unwrap_or_else(|e| e.into_inner());
-        let dir = lock().path().parent().map(Path::to_path_buf);
-        let replica = crate::replica::Replica { dir: dir.unwrap_or_default() };
-        match replica.begin(self) {
-            Ok(next) => *lock() = next,
-            Err(e) => {
-                tracing::warn!(error = %e, "no new snapshot of the ledger; its journal goes on");
-                lock().defer_snapshot();
-            }
+    /// Whether the journal has grown enough for a new snapshot (`replica::new_generation`).
+    pub fn journal_wants_snapshot(&self) -> bool {
+        self.journal_lock().is_some_and(|j| j.wants_snapshot())
+    }
+
+    /// The directory of the journal (the replica's), if there is one.
+    pub fn journal_dir(&self) -> Option<PathBuf> {
+        Some(self.journal_lock()?.path().parent().map(Path::to_path_buf).unwrap_or_default())
+    }
+
+    /// Goes on with `next`, the journal of the replica's next generation.
+    pub fn replace_journal(&self, next: Journal) {
+        if let Some(mut j) = self.journal_lock() {
+            *j = next;
         }
-        Ok(())
+    }
+
+    /// The next generation's snapshot could not be written: go on with this journal.
+    pub fn defer_snapshot(&self) {
+        if let Some(mut j) = self.journal_lock() {
+            j.defer_snapshot();
+        }
     }
 
     fn db(&self, id: u8) -> Database {
         match id {
-            crate::replica::DB_TASKS => self.tasks,
-            crate::replica::DB_META => self.meta,
-            crate::replica::DB_ATTEMPTS => self.attempts,
+            DB_TASKS => self.tasks,
+            DB_META => self.meta,
+            DB_ATTEMPTS => self.attempts,
             _ => self.failed,
         }
     }
 
     /// Hands every entry of every database to `f`, in key order, from one read transaction.
     pub fn dump(&self, mut f: impl FnMut(u8, &[u8], &[u8])) -> Result<()> {
-        use crate::replica::{DB_ATTEMPTS, DB_FAILED, DB_META, DB_TASKS};
         let txn = self.env.begin_ro_txn().map_err(|e| self.err(e))?;
         for id in [DB_META, DB_TASKS, DB_ATTEMPTS, DB_FAILED] {
             let mut c = txn.open_ro_cursor(self.db(id)).map_err(|e| self.err(e))?;
@@ -585,7 +590,7 @@ pub struct WriteTxn<'l> {
     l: &'l Ledger,
     txn: RwTransaction<'l>,
     /// What this transaction changed, for the journal; `None` when there is none.
-    log: Option<crate::replica::Log>,
+    log: Option<Log>,
 }
 
 impl<'l> WriteTxn<'l> {
@@ -618,7 +623,6 @@ impl<'l> WriteTxn<'l> {
     /// Applies one change, to the ledger and, with a journal, to what this transaction
     /// journals: both from the same entry.
     pub fn apply(&mut self, c: &Change) -> Result<()> {
-        use crate::replica::{DB_ATTEMPTS, DB_FAILED, DB_TASKS};
         let (db, k, v): (u8, Vec<u8>, Option<Vec<u8>>) = match *c {
             Change::Record(id, ref r) => (DB_TASKS, key(id).to_vec(), Some(encode_record(r, id).to_vec())),
             Change::Attempt(id, ref a) => {
@@ -656,7 +660,7 @@ impl<'l> WriteTxn<'l> {
     pub fn append(&mut self, id: u64, r: &Record) -> Result<()> {
         let b = encode_record(r, id);
         let c = Change::Record(id, *r);
-        self.journal(&c, crate::replica::DB_TASKS, &key(id), Some(&b));
+        self.journal(&c, DB_TASKS, &key(id), Some(&b));
         self.txn.put(self.l.tasks, &key(id), &b, WriteFlags::APPEND).map_err(|e| self.l.err(e))
     }
 
@@ -1048,11 +1052,11 @@ mod tests {
         let mut t = l.write().unwrap();
         let mut bad = encode_attempt(&a, &attempt_key(1, 0));
         bad[4] ^= 1;
-        t.apply_entry(true, crate::replica::DB_ATTEMPTS, &attempt_key(1, 0), &bad).unwrap();
+        t.apply_entry(true, crate::journal::DB_ATTEMPTS, &attempt_key(1, 0), &bad).unwrap();
         let mut m = seal(b"total", &1u64.to_le_bytes());
         m[0] ^= 0x80;
-        t.apply_entry(true, crate::replica::DB_META, b"total", &m).unwrap();
-        t.apply_entry(true, crate::replica::DB_FAILED, &key(1), &[0, 0, 0, 0]).unwrap();
+        t.apply_entry(true, crate::journal::DB_META, b"total", &m).unwrap();
+        t.apply_entry(true, crate::journal::DB_FAILED, &key(1), &[0, 0, 0, 0]).unwrap();
         t.commit().unwrap();
         let r = l.read().unwrap();
         for e in [r.attempts(1).err(), r.meta_u64("total").err(), r.failed_ids(10).err(), r.check_history().err()] {

@@ -1,13 +1,15 @@
 //! slurm-htc store: where a run's state lives and how it survives. The task ledger (`ledger`,
 //! LMDB, a CRC on every value) written only by the leader; its journal and snapshot in the submit
-//! directory (`replica`) that a run recovers from when the node-local ledger is lost; the checks
-//! that a ledger is whole (`verify`, `pagecheck`, `mapfault`); the run directory (`rundir`) and
-//! loading a task file into it (`load`); free space (`storage`) and the host (`host`).
+//! directory (`replica`) that a run recovers from when the node-local ledger is lost, and their
+//! file format with the open journal the ledger writes to (`journal`); the checks that a ledger is
+//! whole (`verify`, `pagecheck`, `mapfault`); the run directory (`rundir`) and loading a task file
+//! into it (`load`); free space (`storage`) and the host (`host`).
 //!
 //! May use: `htc-core` (records, task states), LMDB, files, `libc`. May not use: the engine's
 //! machines, the wire format, sockets or processes: the store knows tasks, not agents.
 
 pub mod host;
+pub mod journal;
 pub mod ledger;
 pub mod load;
 pub mod mapfault;

@@ -9,37 +9,19 @@
 //! recorded survives the loss of the leader's node; tasks merely dispatched or running are not
 //! journaled (a resume runs them again anyway).
 //!
-//! Both files are sequences of frames `[len u32][crc32 u32][op db klen key value]`, so a torn
-//! tail (the leader died mid-write) is told from damage (a bad frame with more after it).
+//! Both files are sequences of frames (`journal`: their format, and the journal a ledger writes).
 //! Generation `g` is `snapshot.g` plus `journal.g`; a new snapshot starts a new generation and
 //! removes the older ones, so the replica holds at most twice the snapshot's size.
 //! `restore` rebuilds a ledger from the newest snapshot and its journal, on any host.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::io::{self, BufWriter, Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
 
+pub use crate::journal::{encode, header};
+use crate::journal::{read_frames, Entry, Journal, JournalError, Tail, OP_END, OP_PUT};
 use crate::ledger::{Ledger, LedgerError};
-
-pub const DB_TASKS: u8 = 0;
-pub const DB_META: u8 = 1;
-pub const DB_ATTEMPTS: u8 = 2;
-pub const DB_FAILED: u8 = 3;
-
-const OP_PUT: u8 = 1;
-const OP_DEL: u8 = 2;
-const OP_HEADER: u8 = 3;
-const OP_END: u8 = 4;
-const MAGIC: &[u8] = b"htc-replica-1";
-/// No frame is larger (keys are short, values at most a task record or a meta value).
-const MAX_FRAME: u32 = 1 << 20;
-/// Meta keys rewritten at every commit: the journal takes them at most this often.
-const PERIODIC_META: [&str; 5] = ["counts", "heartbeat_us", "leader_cpu_us", "reports", "result_delays"];
-const META_EVERY: Duration = Duration::from_secs(1);
-/// A journal this much larger than its snapshot (or than this floor) starts a new generation.
-const JOURNAL_FLOOR: u64 = 64 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReplicaError {
@@ -53,139 +35,19 @@ pub enum ReplicaError {
     Ledger(#[from] LedgerError),
 }
 
+impl From<JournalError> for ReplicaError {
+    fn from(e: JournalError) -> Self {
+        match e {
+            JournalError::Io { path, source } => ReplicaError::Io { path, source },
+            JournalError::Damaged { path, at, why } => ReplicaError::Damaged { path, at, why },
+        }
+    }
+}
+
 type Result<T> = std::result::Result<T, ReplicaError>;
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> ReplicaError + '_ {
     move |source| ReplicaError::Io { path: path.display().to_string(), source }
-}
-
-/// CRC-32 (IEEE): a torn or flipped frame must not pass for a good one.
-fn crc32(data: &[u8]) -> u32 {
-    crc32fast::hash(data)
-}
-
-/// One change to one of the ledger's databases.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Entry {
-    pub op: u8,
-    pub db: u8,
-    pub key: Vec<u8>,
-    pub val: Vec<u8>,
-}
-
-/// Appends one frame to `out`.
-pub fn encode(out: &mut Vec<u8>, op: u8, db: u8, key: &[u8], val: &[u8]) {
-    let len = 4 + key.len() + val.len();
-    out.extend_from_slice(&(len as u32).to_le_bytes());
-    let crc_at = out.len();
-    out.extend_from_slice(&[0; 4]);
-    let start = out.len();
-    out.push(op);
-    out.push(db);
-    out.extend_from_slice(&(key.len() as u16).to_le_bytes());
-    out.extend_from_slice(key);
-    out.extend_from_slice(val);
-    let crc = crc32(&out[start..]);
-    out[crc_at..crc_at + 4].copy_from_slice(&crc.to_le_bytes());
-}
-
-/// How a sequence of frames ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Tail {
-    /// An end frame, then nothing.
-    End,
-    /// The bytes simply stopped after a whole frame.
-    Clean,
-    /// The last frame was cut short or its checksum fails, with nothing after it: a write the
-    /// writer did not finish. Those bytes are ignored.
-    Torn,
-}
-
-/// Reads the frames of the file at `path`, handing each change to `f` and returning the header's
-/// generation and how the file ended.
-pub fn read_frames(path: &Path, f: impl FnMut(Entry) -> Result<()>) -> Result<(u64, Tail)> {
-    let file = File::open(path).map_err(io_err(path))?;
-    let len = file.metadata().map_err(io_err(path))?.len();
-    decode_frames(BufReader::with_capacity(1 << 20, file), len, path, f)
-}
-
-/// Decodes `len` bytes of frames from `r` (named `path` in errors). A bad frame with more bytes
-/// after it is damage, not a tear.
-pub fn decode_frames(
-    mut r: impl Read,
-    len: u64,
-    path: &Path,
-    mut f: impl FnMut(Entry) -> Result<()>,
-) -> Result<(u64, Tail)> {
-    let damaged = |at: u64, why: &str| ReplicaError::Damaged { path: path.display().to_string(), at, why: why.into() };
-    let mut at = 0u64;
-    let mut gen = None;
-    let mut payload = Vec::new();
-    loop {
-        let mut head = [0u8; 8];
-        match read_full(&mut r, &mut head).map_err(io_err(path))? {
-            0 => return gen.map(|g| (g, Tail::Clean)).ok_or_else(|| damaged(0, "no header")),
-            8 => {}
-            _ => return gen.map(|g| (g, Tail::Torn)).ok_or_else(|| damaged(0, "no header")),
-        }
-        let n = u32::from_le_bytes(head[..4].try_into().unwrap());
-        let crc = u32::from_le_bytes(head[4..].try_into().unwrap());
-        let end = at + 8 + n as u64;
-        if !(4..=MAX_FRAME).contains(&n) || end > len {
-            // A length that cannot be right: the tail of an unfinished write, or damage.
-            return match gen {
-                Some(g) if n <= MAX_FRAME && end > len => Ok((g, Tail::Torn)),
-                _ => Err(damaged(at, "a frame of impossible length")),
-            };
-        }
-        payload.resize(n as usize, 0);
-        r.read_exact(&mut payload).map_err(io_err(path))?;
-        if crc32(&payload) != crc {
-            return match gen {
-                Some(g) if end == len => Ok((g, Tail::Torn)),
-                _ => Err(damaged(at, "a frame's checksum does not match")),
-            };
-        }
-        let (op, db) = (payload[0], payload[1]);
-        let klen = u16::from_le_bytes([payload[2], payload[3]]) as usize;
-        if 4 + klen > payload.len() || db > DB_FAILED {
-            return Err(damaged(at, "a frame that does not parse"));
-        }
-        let (key, val) = payload[4..].split_at(klen);
-        match (op, gen) {
-            (OP_HEADER, None) if key == MAGIC && val.len() == 8 => {
-                gen = Some(u64::from_le_bytes(val.try_into().unwrap()));
-            }
-            (_, None) => return Err(damaged(at, "not a ledger replica (no header)")),
-            (OP_END, Some(g)) => {
-                return if end == len { Ok((g, Tail::End)) } else { Err(damaged(end, "bytes after the end")) };
-            }
-            (OP_PUT | OP_DEL, Some(_)) => f(Entry { op, db, key: key.to_vec(), val: val.to_vec() })?,
-            _ => return Err(damaged(at, "an unknown frame")),
-        }
-        at = end;
-    }
-}
-
-/// Reads until `buf` is full or the input ends; how many bytes it got.
-fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
-    let mut got = 0;
-    while got < buf.len() {
-        match r.read(&mut buf[got..]) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(got)
-}
-
-/// The first frame of every snapshot and journal: the format and the generation.
-pub fn header(gen: u64) -> Vec<u8> {
-    let mut b = Vec::new();
-    encode(&mut b, OP_HEADER, 0, MAGIC, &gen.to_le_bytes());
-    b
 }
 
 fn sync_dir(dir: &Path) -> Result<()> {
@@ -263,7 +125,7 @@ impl Replica {
                 return Err(e);
             }
         };
-        let journal = self.create_journal(gen)?;
+        let journal = Journal::create(self.journal(gen), gen, snapshot_bytes)?;
         fs::rename(&tmp, self.snapshot(gen)).map_err(io_err(&tmp))?;
         sync_dir(&self.dir)?;
         // A reader still restoring an older generation finds it gone and starts again (`restore`).
@@ -271,28 +133,7 @@ impl Replica {
             let _ = fs::remove_file(self.snapshot(old));
             let _ = fs::remove_file(self.journal(old));
         }
-        Ok(Journal {
-            file: journal,
-            path: self.journal(gen),
-            gen,
-            bytes: 0,
-            snapshot_bytes,
-            meta_at: None,
-            meta: Vec::new(),
-        })
-    }
-
-    fn create_journal(&self, gen: u64) -> Result<File> {
-        let path = self.journal(gen);
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&path)
-            .map_err(io_err(&path))?;
-        f.write_all(&header(gen)).and_then(|()| f.sync_data()).map_err(io_err(&path))?;
-        Ok(f)
+        Ok(journal)
     }
 
     /// The journal of the newest generation, to append to (a writer after the leader's session,
@@ -301,23 +142,7 @@ impl Replica {
         let gen = self.latest()?.ok_or_else(|| ReplicaError::NoSnapshot(self.dir.display().to_string()))?;
         let path = self.journal(gen);
         let snapshot_bytes = fs::metadata(self.snapshot(gen)).map_err(io_err(&path))?.len();
-        let file = match OpenOptions::new().append(true).open(&path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => self.create_journal(gen)?,
-            Err(e) => return Err(io_err(&path)(e)),
-        };
-        // A torn last write (its writer died) is cut off first: frames after it would make it
-        // look like damage.
-        let mut whole = header(gen).len() as u64;
-        let (_, tail) = read_frames(&path, |e| {
-            whole += 12 + (e.key.len() + e.val.len()) as u64;
-            Ok(())
-        })?;
-        if tail == Tail::Torn {
-            file.set_len(whole).map_err(io_err(&path))?;
-        }
-        let bytes = file.metadata().map_err(io_err(&path))?.len();
-        Ok(Journal { file, path, gen, bytes, snapshot_bytes, meta_at: None, meta: Vec::new() })
+        Ok(Journal::open_append(path, gen, snapshot_bytes)?)
     }
 
     /// Builds a new ledger at `dest` (replacing any file there) from the newest snapshot and its
@@ -488,15 +313,25 @@ fn write_snapshot(tmp: &Path, gen: u64, ledger: &Ledger) -> Result<u64> {
     Ok(file.metadata().map_err(io_err(tmp))?.len())
 }
 
-/// Takes over a run whose leader is gone: with a replica, its ledger rebuilt from it at `local`
-/// on this node's disk (the old one went with its node, or is behind the journal); a run whose
-/// ledger is in its directory (a local run, or a Slurm run from before) is taken as it is.
-pub fn take_over(run: crate::rundir::RunDir, local: &Path) -> Result<crate::rundir::RunDir> {
-    if run.ledger().exists() {
-        return Ok(run);
+/// Starts the replica's next generation for `ledger`, which writes to its journal: a snapshot of
+/// the ledger as committed now (no write transaction may be open) and a fresh journal. Nothing
+/// without a journal. A snapshot that cannot be written costs nothing but time: the journal goes
+/// on, and it is tried again once the journal doubled.
+pub fn new_generation(ledger: &Ledger) {
+    let Some(dir) = ledger.journal_dir() else { return };
+    match (Replica { dir }).begin(ledger) {
+        Ok(next) => ledger.replace_journal(next),
+        Err(e) => {
+            tracing::warn!(error = %e, "no new snapshot of the ledger; its journal goes on");
+            ledger.defer_snapshot();
+        }
     }
-    Replica::of(&run.path).restore(local)?;
-    Ok(run.with_ledger(local.to_path_buf()))
+}
+
+/// Reads `len` bytes of frames from `r` (named `path` in errors) as the replica does
+/// (`journal::decode_frames`, with the replica's errors).
+pub fn decode_frames(r: impl Read, len: u64, path: &Path, f: impl FnMut(Entry) -> Result<()>) -> Result<(u64, Tail)> {
+    crate::journal::decode_frames(r, len, path, f)
 }
 
 /// Whether a process has the LMDB environment at `ledger` open: LMDB holds a shared lock on the
@@ -528,95 +363,6 @@ pub fn lock_path(ledger: &Path) -> PathBuf {
     PathBuf::from(p)
 }
 
-/// The open journal of one generation, appended to at each commit.
-pub struct Journal {
-    file: File,
-    path: PathBuf,
-    gen: u64,
-    bytes: u64,
-    snapshot_bytes: u64,
-    /// When periodic meta last went out, and their newest values not yet written.
-    meta_at: Option<Instant>,
-    meta: Vec<(String, Vec<u8>)>,
-}
-
-/// What one write transaction changed, for the journal.
-#[derive(Default)]
-pub struct Log {
-    buf: Vec<u8>,
-    /// Holds a change that must be on disk before the commit is acknowledged.
-    durable: bool,
-    meta: Vec<(String, Vec<u8>)>,
-    /// Tasks taken out of the failed index in this transaction: their next record is journaled
-    /// whatever its state, or a restore would keep them failed.
-    pub reopened: Vec<u64>,
-}
-
-impl Log {
-    pub fn put(&mut self, db: u8, key: &[u8], val: &[u8]) {
-        encode(&mut self.buf, OP_PUT, db, key, val);
-        self.durable = true;
-    }
-    pub fn del(&mut self, db: u8, key: &[u8]) {
-        encode(&mut self.buf, OP_DEL, db, key, &[]);
-        self.durable = true;
-    }
-    pub fn meta(&mut self, key: &str, val: &[u8]) {
-        match self.meta.iter_mut().find(|(k, _)| k == key) {
-            Some(e) => e.1 = val.to_vec(),
-            None => self.meta.push((key.to_string(), val.to_vec())),
-        }
-    }
-}
-
-impl Journal {
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-    pub fn gen(&self) -> u64 {
-        self.gen
-    }
-
-    /// Writes what a transaction changed, flushed, before it commits; periodic meta alone
-    /// (counts, heartbeat) at most once a second.
-    pub fn append(&mut self, log: Log) -> Result<()> {
-        let Log { mut buf, durable, meta, .. } = log;
-        let mut forced = durable;
-        for (k, v) in meta {
-            forced |= !PERIODIC_META.contains(&k.as_str());
-            match self.meta.iter_mut().find(|(mk, _)| *mk == k) {
-                Some(e) => e.1 = v,
-                None => self.meta.push((k, v)),
-            }
-        }
-        let due = self.meta_at.is_none_or(|t| t.elapsed() >= META_EVERY);
-        if !self.meta.is_empty() && (forced || due) {
-            for (k, v) in self.meta.drain(..) {
-                encode(&mut buf, OP_PUT, DB_META, k.as_bytes(), &v);
-            }
-            self.meta_at = Some(Instant::now());
-        }
-        if buf.is_empty() {
-            return Ok(());
-        }
-        // Flushed every time: what ended must be on disk before it is acknowledged, and on NFS
-        // other hosts see a heartbeat only once the server has it.
-        self.file.write_all(&buf).and_then(|()| self.file.sync_data()).map_err(io_err(&self.path))?;
-        self.bytes += buf.len() as u64;
-        Ok(())
-    }
-
-    /// Whether the journal has grown enough that a new snapshot is cheaper to restore from.
-    pub fn wants_snapshot(&self) -> bool {
-        self.bytes > self.snapshot_bytes.max(JOURNAL_FLOOR)
-    }
-
-    /// A snapshot could not be written: go on with this journal, and try again once it doubled.
-    pub fn defer_snapshot(&mut self) {
-        self.snapshot_bytes = self.bytes.saturating_mul(2);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -624,42 +370,6 @@ mod tests {
 
     fn record(state: State, value: i32) -> Record {
         Record { cmd_len: 4, state: state as u8, value, ..Default::default() }
-    }
-
-    #[test]
-    fn crc32_of_a_known_string() {
-        assert_eq!(crc32(b"123456789"), 0xCBF4_3926);
-    }
-
-    #[test]
-    fn a_journal_with_a_torn_tail_is_read_up_to_it_and_damage_before_the_end_is_refused() {
-        let d = tempdir();
-        let p = d.join("j");
-        let mut b = header(7);
-        encode(&mut b, OP_PUT, DB_TASKS, &1u64.to_be_bytes(), b"one");
-        encode(&mut b, OP_PUT, DB_TASKS, &2u64.to_be_bytes(), b"two");
-        let whole = b.len();
-        for cut in [whole, whole - 1, whole - 7, whole - 12] {
-            fs::write(&p, &b[..cut]).unwrap();
-            let mut seen = Vec::new();
-            let (g, tail) = read_frames(&p, |e| {
-                seen.push(e.val);
-                Ok(())
-            })
-            .unwrap();
-            assert_eq!(g, 7);
-            let want: Vec<&[u8]> = if cut == whole { vec![b"one", b"two"] } else { vec![b"one"] };
-            assert_eq!(seen, want, "cut at {cut}");
-            assert_eq!(tail, if cut == whole { Tail::Clean } else { Tail::Torn });
-        }
-        // A flipped byte in the first record, with a good one after it: damage, named.
-        let mut bad = b.clone();
-        bad[header(7).len() + 9] ^= 0x40;
-        fs::write(&p, &bad).unwrap();
-        let e = read_frames(&p, |_| Ok(())).unwrap_err().to_string();
-        assert!(e.contains("damaged at byte") && e.contains("checksum"), "{e}");
-        fs::write(&p, b"not a replica at all").unwrap();
-        assert!(read_frames(&p, |_| Ok(())).is_err());
     }
 
     #[test]
@@ -744,7 +454,7 @@ mod tests {
         let (live, replica) = journaled(&d);
         // Generation 2's snapshot cannot be created (a directory is in its way).
         fs::create_dir_all(d.join("ledger/snapshot.2.tmp/x")).unwrap();
-        live.new_generation().unwrap();
+        new_generation(&live);
         assert_eq!(replica.latest().unwrap(), Some(1));
         {
             let mut t = live.write().unwrap();
@@ -779,7 +489,7 @@ mod tests {
             t.apply(&Change::Record(id, record(State::Done, 0))).unwrap();
             t.commit().unwrap();
             if id % 10 == 0 {
-                live.new_generation().unwrap();
+                new_generation(&live);
                 // A leader starts a generation once its journal has grown as large as its
                 // snapshot, far less often than this; back to back, a reader on a loaded machine
                 // could see every try overtaken (`restore` tries three generations).

@@ -49,6 +49,17 @@ impl RunDir {
         self
     }
 
+    /// Takes over a run whose leader is gone: with a replica, its ledger rebuilt from it at `local`
+    /// on this node's disk (the old one went with its node, or is behind the journal); a run whose
+    /// ledger is in its directory (a local run, or a Slurm run from before) is taken as it is.
+    pub fn take_over(self, local: &Path) -> Result<RunDir, crate::replica::ReplicaError> {
+        if self.ledger().exists() {
+            return Ok(self);
+        }
+        crate::replica::Replica::of(&self.path).restore(local)?;
+        Ok(self.with_ledger(local.to_path_buf()))
+    }
+
     /// Whether the ledger lives outside the run directory, which then holds its replica.
     pub fn replicated(&self) -> bool {
         self.ledger != self.path.join("ledger.mdb")

@@ -280,10 +280,10 @@ fn is_complete(run: &RunDir) -> bool {
     run.secret().exists() && (htc::replica::Replica::of(&run.path).exists() || legacy())
 }
 
-/// `replica::take_over`, with the run named in its error.
+/// `RunDir::take_over`, with the run named in its error.
 fn adopt(run: RunDir, local: &std::path::Path) -> anyhow::Result<RunDir> {
     let path = run.path.clone();
-    htc::replica::take_over(run, local)
+    run.take_over(local)
         .with_context(|| format!("rebuilding the ledger of {} on this node", path.display()))
 }
 

@@ -341,7 +341,7 @@ fn open_run(
             let lock = run.lock()?;
             // A run whose ledger was on a node: rebuilt from its replica, here.
             let local = || htc::replica::node_local(ledger_dir, &run.id()).map_err(anyhow::Error::msg);
-            let run = if run.ledger().exists() { run } else { htc::replica::take_over(run.clone(), &local()?)? };
+            let run = if run.ledger().exists() { run } else { run.clone().take_over(&local()?)? };
             // Verified (apart) before this process maps the ledger at all.
             let n = leader::driver::reset_interrupted(&run)?;
             let mode = stored_output_mode(&run)?.unwrap_or(output);

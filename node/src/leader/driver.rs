@@ -343,7 +343,7 @@ impl<'c, 'l> Session<'c, 'l> {
             self.core.acks(&mut self.out);
             // Amortized: a snapshot as large as what the journal wrote since the last one.
             if self.ledger.journal_wants_snapshot() {
-                self.ledger.new_generation()?;
+                htc_store::replica::new_generation(self.ledger);
             }
         } else if self.txn.is_none() && now - self.last.commit >= Duration::from_secs(1) {
             let mut t = self.ledger.write()?;

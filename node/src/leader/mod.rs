@@ -144,9 +144,7 @@ pub fn run(
             let r = driver::run(core, &ledger, &text, &cfg.job_id, rx, driver_cfg);
             run_dir.unpublish_leader();
             // The journal already holds everything; a last snapshot makes reading it back quick.
-            if let Err(e) = ledger.new_generation() {
-                tracing::warn!(error = %e, "no final snapshot of the ledger");
-            }
+            htc_store::replica::new_generation(&ledger);
             let _ = done_tx.send(());
             r
         });
