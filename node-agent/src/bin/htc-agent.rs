@@ -283,8 +283,7 @@ fn is_complete(run: &RunDir) -> bool {
 /// `RunDir::take_over`, with the run named in its error.
 fn adopt(run: RunDir, local: &std::path::Path) -> anyhow::Result<RunDir> {
     let path = run.path.clone();
-    run.take_over(local)
-        .with_context(|| format!("rebuilding the ledger of {} on this node", path.display()))
+    run.take_over(local).with_context(|| format!("rebuilding the ledger of {} on this node", path.display()))
 }
 
 /// The batch step: load the tasks, run the script as the prologue, start the agents with one
@@ -544,7 +543,7 @@ fn join_once(
                 joined.run_job,
             );
             let site = htc::site::Site::load().unwrap_or_default();
-            let srun = slurm::Srun {
+            let srun = leader::srun::Srun {
                 agent_bin: leader::launch::agent_binary(),
                 nodes,
                 agents_per_node,
@@ -715,7 +714,7 @@ fn lead_session(
         Some(s) => s.layout.clone(),
         None => Arc::new(Tree::instances((nodes * agents_per_node) as u32, instance_size, fanout)),
     };
-    let srun = slurm::Srun {
+    let srun = leader::srun::Srun {
         agent_bin: leader::launch::agent_binary(),
         nodes,
         agents_per_node,

@@ -36,11 +36,8 @@ pub enum Event {
     Attach(Attach, tokio::sync::oneshot::Sender<std::result::Result<u32, String>>),
     /// A joined allocation's launcher is gone (its job ended).
     AllocationGone(String),
-    /// A grown job was submitted (its id), or could not be.
-    Grown(std::result::Result<String, String>),
-    /// What the queue holds now (a growing run yields to the jobs that wait for nodes, and
-    /// counts its grown jobs gone from it no more).
-    Queue(super::grow::Queue),
+    /// A growing run's submission or look at the queue came back.
+    Grow(super::grow::Answer),
 }
 
 /// Where the run's progress is shown while it runs: the product's terminal bar or plain lines
@@ -248,15 +245,9 @@ impl<'c, 'l> Session<'c, 'l> {
                     self.core.allocation_gone(&job, now_us());
                     None
                 }
-                Event::Grown(r) => {
+                Event::Grow(a) => {
                     if let Some(g) = self.cfg.grow.as_mut() {
-                        g.submitted(r, now_us());
-                    }
-                    None
-                }
-                Event::Queue(q) => {
-                    if let Some(g) = self.cfg.grow.as_mut() {
-                        g.queue(q);
+                        g.answer(a, now_us());
                     }
                     None
                 }

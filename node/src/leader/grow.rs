@@ -1,15 +1,15 @@
 //! A run that grows itself (`--htc-grow`): the driver's side of `htc_core::grow`. Once a second
 //! the policy is shown the run as the core sees it; a submission it asks for runs on a thread of
 //! its own (a slow controller must not hold up the leader), and its job id comes back as an
-//! event. Grown jobs still pending when the run ends are cancelled.
+//! `Answer`, which the driver hands back to `Growing::answer` on its own thread. Grown jobs still
+//! pending when the run ends are cancelled.
 
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use htc_core::grow::{Decision, GrowSpec, Grower};
 
 use super::core::{Core, Outbox};
-use super::driver::Event;
 
 /// How grown jobs are submitted and cancelled (`sbatch --htc-join`, `scancel`): the product's.
 pub trait Submit: Send + Sync {
@@ -53,6 +53,19 @@ impl Queue {
     }
 }
 
+/// What comes back from the threads that submit jobs and ask the queue.
+#[derive(Debug)]
+pub enum Answer {
+    /// A grown job was submitted (its id), or could not be.
+    Submitted(Result<String, String>),
+    /// What the queue holds now (a growing run yields to the jobs that wait for nodes, and
+    /// counts its grown jobs gone from it no more).
+    Queue(Queue),
+}
+
+/// Where answers go (`Growing::answer_to`).
+type Tell = Arc<dyn Fn(Answer) + Send + Sync>;
+
 /// How often the queue is asked whether other jobs wait for nodes: its cost grows with the
 /// run's time, not its tasks.
 const LOOK_EVERY: Duration = Duration::from_secs(10);
@@ -64,7 +77,7 @@ pub struct Growing {
     /// The run's own job's time limit, the default for grown jobs.
     own_minutes: u64,
     submit: Arc<dyn Submit>,
-    events: Option<mpsc::Sender<Event>>,
+    tell: Option<Tell>,
     last: Option<Instant>,
     /// When the queue was last asked, and whether jobs not grown by this run wait for nodes.
     looked: Option<Instant>,
@@ -77,16 +90,25 @@ impl Growing {
             grower: Grower::new(spec),
             own_minutes,
             submit,
-            events: None,
+            tell: None,
             last: None,
             looked: None,
             others_waiting: false,
         }
     }
 
-    /// Where a submission's outcome goes: the driver's events.
-    pub fn answer_to(&mut self, events: mpsc::Sender<Event>) {
-        self.events = Some(events);
+    /// Where the answers of submissions and of the queue go: to the driver, which hands them
+    /// back to `answer`.
+    pub fn answer_to(&mut self, tell: impl Fn(Answer) + Send + Sync + 'static) {
+        self.tell = Some(Arc::new(tell));
+    }
+
+    /// An answer from a submission or the queue.
+    pub fn answer(&mut self, a: Answer, now_us: u64) {
+        match a {
+            Answer::Submitted(r) => self.submitted(r, now_us),
+            Answer::Queue(q) => self.queue(q),
+        }
     }
 
     /// Shows the policy the run, at most once a second: grown jobs leave while other jobs wait
@@ -112,11 +134,11 @@ impl Growing {
         let Decision::Submit { nodes, minutes, reason } = self.grower.decide(&situation) else { return };
         // Quiet from now: the job id comes back later.
         self.grower.failed(now_us);
-        let (submit, events) = (self.submit.clone(), self.events.clone());
+        let (submit, tell) = (self.submit.clone(), self.tell.clone());
         std::thread::spawn(move || {
             let r = submit.submit(nodes, minutes, &reason);
-            if let Some(tx) = events {
-                let _ = tx.send(Event::Grown(r));
+            if let Some(tell) = tell {
+                tell(Answer::Submitted(r));
             }
         });
     }
@@ -128,17 +150,17 @@ impl Growing {
             return;
         }
         self.looked = Some(Instant::now());
-        let (submit, events, asked) = (self.submit.clone(), self.events.clone(), self.grower.pending());
+        let (submit, tell, asked) = (self.submit.clone(), self.tell.clone(), self.grower.pending());
         std::thread::spawn(move || {
-            if let (Some(q), Some(tx)) = (submit.queue(), events) {
-                let _ = tx.send(Event::Queue(Queue { asked, ..q }));
+            if let (Some(q), Some(tell)) = (submit.queue(), tell) {
+                tell(Answer::Queue(Queue { asked, ..q }));
             }
         });
     }
 
     /// What the queue holds: are jobs not this run's own waiting for nodes? A grown job that
     /// left it without joining (cancelled by its owner or an admin, failed) counts no more.
-    pub fn queue(&mut self, q: Queue) {
+    fn queue(&mut self, q: Queue) {
         self.others_waiting = q.waiting.iter().any(|j| !self.grower.grew(j));
         for job in q.gone() {
             if self.grower.pending().contains(job) {
@@ -149,7 +171,7 @@ impl Growing {
     }
 
     /// A submission's outcome.
-    pub fn submitted(&mut self, r: Result<String, String>, now_us: u64) {
+    fn submitted(&mut self, r: Result<String, String>, now_us: u64) {
         match r {
             Ok(job) => {
                 tracing::info!(%job, "submitted a job to join the run");

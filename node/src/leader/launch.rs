@@ -1,5 +1,5 @@
 //! Starting node agents. Locally: N `htc-agent work` child processes on this machine. (Under
-//! Slurm the same agents are started by one `srun` step; see `slurm`.)
+//! Slurm the same agents are started by one `srun` step; see `srun`.)
 
 use std::net::SocketAddr;
 use std::os::unix::process::CommandExt;

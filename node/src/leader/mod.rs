@@ -1,11 +1,13 @@
 //! The leader (1st-level instance): owns the ledger, partitions the tasks, and serves the agents.
 //! `core` is the scheduling state machine (no I/O), `driver` runs it against the ledger and the
-//! agents' connections, `net` the sockets, `launch` how agents are started.
+//! agents' connections, `net` the sockets, `launch` how agents are started (`srun` under Slurm),
+//! `grow` a run that grows itself.
 
 pub mod driver;
 pub mod grow;
 pub mod launch;
 pub mod net;
+pub mod srun;
 pub use htc_engine::leader::{core, plan};
 
 use std::net::SocketAddr;
@@ -133,7 +135,10 @@ pub fn run(
         live_dir: Some(cfg.run.path.clone()),
         given_up: Some(Box::new(move |agent| evict.give_up(agent))),
         grow: cfg.grow.map(|mut g| {
-            g.answer_to(tx.clone());
+            let tx = tx.clone();
+            g.answer_to(move |a| {
+                let _ = tx.send(Event::Grow(a));
+            });
             g
         }),
     };

@@ -1,0 +1,108 @@
+//! Starting the agents under Slurm: one `srun` step for all of them, beside `launch`, which starts
+//! them as child processes on this machine.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+
+use anyhow::{bail, Context};
+
+use super::core::Input;
+use super::driver::Event;
+use super::launch::{watch, Agents};
+use crate::work_args::WorkArgs;
+use htc_core::output::OutputMode;
+use htc_exec::simexec::ExecKind;
+use htc_store::rundir::RunDir;
+
+/// One `srun --overlap` step with `agents_per_node` agents on every allocated node: O(1)
+/// controller RPCs whatever the number of tasks or agents.
+pub struct Srun {
+    pub agent_bin: PathBuf,
+    pub nodes: usize,
+    pub agents_per_node: usize,
+    /// Spawn loops per agent (0: one per slot).
+    pub spawners: usize,
+    pub output: OutputMode,
+    pub fanout: u32,
+    /// Agents per 2nd-level instance.
+    pub instance_size: u32,
+    /// The site's bound on silent peers (`liveness`).
+    pub lost_after: std::time::Duration,
+    /// The run-wide id of the first agent: 0, or what the leader gave a joining allocation.
+    pub first_agent: u32,
+    /// How long the agents wait for a new leader when theirs goes (`WorkArgs::await_leader_s`).
+    pub await_leader_s: u64,
+}
+
+impl Srun {
+    pub fn start(&self, run: &RunDir, leader: SocketAddr, core: mpsc::Sender<Event>) -> anyhow::Result<Agents> {
+        if self.nodes == 0 {
+            bail!("no nodes in the allocation");
+        }
+        let per_node = self.agents_per_node.max(1);
+        let agents = self.nodes * per_node;
+        let mut cmd = Command::new("srun");
+        cmd.arg("--overlap")
+            .arg(format!("--nodes={}", self.nodes))
+            .arg(format!("--ntasks={agents}"))
+            .arg(format!("--ntasks-per-node={per_node}"))
+            .arg("--kill-on-bad-exit=0")
+            // Every CPU of the job on each node to every step task; the agents split them.
+            .arg("--whole")
+            // PMI2 carries the tree's addresses when there are more agents than the fan-out, or
+            // members that connect to their instance's head.
+            .arg(if agents as u32 > self.fanout || self.instance_size > 1 { "--mpi=pmi2" } else { "--mpi=none" })
+            .arg("--input=none")
+            .arg("--job-name=htc-agents")
+            .arg(&self.agent_bin)
+            .args(
+                WorkArgs {
+                    leader,
+                    run_dir: run.path.clone(),
+                    agent_id: 0,
+                    slurm: true,
+                    slots: None,
+                    cpus: String::new(),
+                    mem_mb: None,
+                    gpus: None,
+                    mem_limit: Default::default(),
+                    output: self.output,
+                    fanout: self.fanout,
+                    agents: 1,
+                    first_agent: self.first_agent,
+                    count: 1,
+                    exec: ExecKind::Real,
+                    spawners: self.spawners,
+                    instance_size: self.instance_size,
+                    lost_after_ms: self.lost_after.as_millis() as u64,
+                    // The agents read HTC_KEEP_DAEMONS from the job's environment.
+                    keep_daemons: false,
+                    await_leader_s: self.await_leader_s,
+                }
+                .argv(),
+            )
+            .stdin(Stdio::null());
+        // Agents log to the job's output; keep it to what matters unless the user asked.
+        if std::env::var_os("HTC_LOG").is_none() {
+            cmd.env("HTC_LOG", "warn");
+        }
+        let child = cmd.spawn().context("starting srun (is it on PATH?)")?;
+        let (etx, erx) = mpsc::channel();
+        // If srun ends, any agent that never joined is gone for good.
+        let (first, never) = (self.first_agent, agents as u32);
+        let core2 = core.clone();
+        let (ltx, lrx) = mpsc::channel();
+        watch(child, Vec::new(), core, ltx, "srun".into());
+        std::thread::spawn(move || {
+            if lrx.recv().is_ok() {
+                for agent in first..first + never {
+                    let _ = core2.send(Event::Core(Input::NeverJoined { agent, why: "the srun step ended".into() }));
+                }
+            }
+            let _ = etx.send(());
+        });
+        Ok(Agents::new(agents, erx, 1))
+    }
+}
