@@ -1,6 +1,7 @@
 //! The `plugin_config` target's checks: the SPANK plugin's pure option handling (plugstack.conf
 //! arguments, `--htc-*` values, the job-control variables read back in slurmstepd, and the
-//! private-environment filter). Expects the plugin's `config.rs` as a sibling module `config`.
+//! private-environment filter). Expects the plugin's pure modules as sibling modules of the same
+//! names (`agent`, `argv`, `config`, `options`, `plugstack`, `request`, `value`).
 //!
 //! Shared by the fuzz target (`fuzz_targets/plugin_config.rs`) and the stable replay of the committed
 //! corpus `corpus/plugin_config/` in `cargo test` (`spank-plugin/tests/fuzz_corpus.rs`), so both make exactly these assertions.
@@ -8,7 +9,12 @@
 use std::ffi::OsString;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 
-use super::config::*;
+use super::agent::{is_private_env, private_env_names};
+use super::argv::{agent_argv, display_argv, SCRIPT_FLAG};
+use super::options::OPTIONS;
+use super::plugstack::{parse_plugin_args, PluginConfig, FANOUT_MAX, FANOUT_MIN};
+use super::request::{job_env_name, BatchRequest};
+use super::value::{JoinTarget, Kind, Value};
 
 pub fn check(data: &[u8]) {
     // NUL separates words: plugstack arguments and environment values are C strings.
@@ -28,41 +34,39 @@ pub fn check(data: &[u8]) {
         }
     }
 
-    // Option values, as the option callbacks see them.
-    for t in &texts {
-        if let Ok(n) = parse_retries(t) {
-            assert!(n <= RETRIES_MAX);
-        }
-        if let Ok(k) = parse_fanout(t) {
-            assert!((FANOUT_MIN..=FANOUT_MAX).contains(&k));
-        }
-        if let Ok(m) = parse_output(t) {
-            assert_eq!(parse_output(m.name()), Ok(m));
-        }
-        // `--htc-grow`: a value taken reads back the same from what the batch step is given.
-        if let Ok(g) = parse_grow(t) {
-            assert!(g.max_jobs >= 1 && g.nodes >= 1 && g.minutes.is_none_or(|m| m >= 1));
-            assert_eq!(parse_grow(&g.to_arg()), Ok(g));
-        }
-        match parse_join(t) {
-            Ok(JoinTarget::Job(j)) => assert!(j >= 1),
-            Ok(JoinTarget::Dir(d)) => assert!(!d.as_os_str().is_empty()),
-            Err(_) => {}
+    // Option values, as the option callbacks see them: every option's parser on every word. A
+    // value taken reads back the same from what the job-control environment and the agent get.
+    for w in &words {
+        for def in OPTIONS {
+            let Ok(v) = def.kind.parse(std::ffi::OsStr::from_bytes(w)) else { continue };
+            assert_eq!(def.kind.parse(&v.to_arg()), Ok(v.clone()));
+            match (def.kind, v) {
+                (Kind::Number { min, max }, Value::Number(n)) => assert!((min..=max).contains(&n)),
+                (Kind::JobId, Value::Number(n)) => assert!(n >= 1),
+                (Kind::Grow, Value::Grow(g)) => {
+                    assert!(g.max_jobs >= 1 && g.nodes >= 1 && g.minutes.is_none_or(|m| m >= 1))
+                }
+                (Kind::Run, Value::Run(JoinTarget::Job(j))) => assert!(j >= 1),
+                (Kind::Run, Value::Run(JoinTarget::Dir(d))) => assert!(!d.as_os_str().is_empty()),
+                (Kind::Output, Value::Output(_)) | (Kind::Plan, Value::Plan(_)) => {}
+                (Kind::TaskFile, Value::Path(p)) => assert_eq!(p.as_os_str().as_bytes(), *w),
+                (kind, v) => panic!("{kind:?} parsed to {v:?}"),
+            }
         }
     }
 
     // The job-control variables, read back in slurmstepd from a (possibly corrupt) environment.
-    let names = [JC_FILE, JC_RETRIES, JC_FANOUT, JC_OUTPUT].map(job_env_name);
+    let names = ["HTC_FILE", "HTC_RETRIES", "HTC_FANOUT", "HTC_OUTPUT"].map(job_env_name);
     let getenv = |name: &str| {
         let i = names.iter().position(|n| n == name)?;
         words.get(i).filter(|w| !w.is_empty() || i == 0).map(|w| OsString::from_vec(w.to_vec()))
     };
-    if let Ok(Some(req)) = JobRequest::from_job_env(getenv) {
-        assert!(req.task_file.is_absolute());
+    if let Ok(Some(req)) = BatchRequest::from_job_env(getenv) {
+        assert!(req.target.is_absolute());
         // What sbatch would store must read back the same.
         let vars = req.job_control_vars();
         let env: Vec<(String, OsString)> = vars.iter().map(|(n, v)| (job_env_name(n), v.clone())).collect();
-        let back = JobRequest::from_job_env(|n| env.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone()));
+        let back = BatchRequest::from_job_env(|n| env.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone()));
         assert_eq!(back, Ok(Some(req.clone())));
         let argv = agent_argv(&PluginConfig::default(), &req, &[OsString::from("/s")]).unwrap();
         assert_eq!(argv.iter().filter(|a| a.as_bytes() == SCRIPT_FLAG.as_bytes()).count(), 1);

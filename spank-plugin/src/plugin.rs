@@ -21,8 +21,14 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard, Once};
 
-use crate::config::{self, AgentPathError, Allocator, BatchRequest, PluginConfig, UserOptions};
+use crate::agent::{self, AgentPathError};
+use crate::argv;
+use crate::config::UserOptions;
+use crate::options::{self, Mode, OPTIONS};
+use crate::plugstack::{self, PluginConfig};
+use crate::request::{self, BatchRequest};
 use crate::spank::{self, log, Context, OptionSpec, Spank};
+use crate::submit::{self, Allocator, Refusal};
 use crate::version::{self, Release};
 use crate::{build_info, ffi};
 
@@ -45,9 +51,9 @@ pub static plugin_version: AtomicU32 = AtomicU32::new(BUILD_VERSION);
 #[allow(non_upper_case_globals)]
 pub static spank_plugin_version: c_uint = 1;
 
-const _: () = assert!(ffi::HTC_SLURM_BATCH_SCRIPT as u64 == config::BATCH_STEP_ID as u64);
+const _: () = assert!(ffi::HTC_SLURM_BATCH_SCRIPT as u64 == request::BATCH_STEP_ID as u64);
 const _: () = assert!(std::mem::size_of::<AtomicU32>() == std::mem::size_of::<c_uint>());
-const _: () = assert!(plugin_name.len() == config::PLUGIN_NAME.len() + 1);
+const _: () = assert!(plugin_name.len() == options::PLUGIN_NAME.len() + 1);
 
 // ---- the version guard ----
 
@@ -114,25 +120,11 @@ struct State {
     /// `None` until `slurm_spank_init` parsed the plugstack arguments.
     config: Option<Result<PluginConfig, Vec<String>>>,
     opts: UserOptions,
+    /// Inert: an option that activates the plugin was seen (its value does not matter).
+    inert_htc_option: bool,
 }
 
-static STATE: Mutex<State> = Mutex::new(State {
-    config: None,
-    opts: UserOptions {
-        file: None,
-        retries: None,
-        fanout: None,
-        output: None,
-        partition: None,
-        agents_per_node: None,
-        instance_nodes: None,
-        max_fails: None,
-        resume: None,
-        resubmit: None,
-        join: None,
-        grow: None,
-    },
-});
+static STATE: Mutex<State> = Mutex::new(State { config: None, opts: UserOptions::new(), inert_htc_option: false });
 
 fn state() -> MutexGuard<'static, State> {
     // Single-threaded use; a poisoned lock only means an earlier callback panicked.
@@ -174,97 +166,23 @@ fn guard(what: &str, f: impl FnOnce() -> c_int) -> c_int {
 
 // ---- options ----
 
-const OPTIONS: [OptionSpec; 12] = [
-    OptionSpec {
-        name: b"htc\0",
-        arginfo: Some(b"FILE\0"),
-        usage: b"High-throughput mode: run the tasks listed in FILE (one command per line) inside this one allocation, with node-local agents, instead of running the batch script as the job. The script still runs once, first, to set up every task's environment. FILE is checked now; see `htc check FILE`.\0",
-        val: config::OPT_FILE,
-    },
-    OptionSpec {
-        name: b"htc-retries\0",
-        arginfo: Some(b"N\0"),
-        usage: b"With --htc: retry a failed task up to N times (0-100; overrides the task file's default).\0",
-        val: config::OPT_RETRIES,
-    },
-    OptionSpec {
-        name: b"htc-fanout\0",
-        arginfo: Some(b"K\0"),
-        usage: b"With --htc: children per node in the agents' tree (2-1024).\0",
-        val: config::OPT_FANOUT,
-    },
-    OptionSpec {
-        name: b"htc-output\0",
-        arginfo: Some(b"MODE\0"),
-        usage: b"With --htc: task output as 'streams' (default: a few indexed files per node, read with `htc output`), 'per-task' (one file per task) or 'none'.\0",
-        val: config::OPT_OUTPUT,
-    },
-    OptionSpec {
-        name: b"htc-partition\0",
-        arginfo: Some(b"PLAN\0"),
-        usage: b"With --htc: how tasks are split among the nodes: 'hflow' (default: each runtime class on its own, long tasks first) or 'even' (one even split of the file).\0",
-        val: config::OPT_PARTITION,
-    },
-    OptionSpec {
-        name: b"htc-agents-per-node\0",
-        arginfo: Some(b"N\0"),
-        usage: b"With --htc: agents on each node, splitting its CPUs (1-4096; default 1, whose spawn loop per CPU keeps them busy).\0",
-        val: config::OPT_AGENTS_PER_NODE,
-    },
-    OptionSpec {
-        name: b"htc-instance-nodes\0",
-        arginfo: Some(b"N\0"),
-        usage: b"With --htc: nodes per scheduling instance, whose first agent takes work from the leader for all of them (default 1: every node's agents on their own).\0",
-        val: config::OPT_INSTANCE_NODES,
-    },
-    OptionSpec {
-        name: b"htc-max-fails\0",
-        arginfo: Some(b"N\0"),
-        usage: b"With --htc: fail fast: once N tasks have failed for good, start nothing more and end the job (resumable).\0",
-        val: config::OPT_MAX_FAILS,
-    },
-    OptionSpec {
-        name: b"htc-resume\0",
-        arginfo: Some(b"JOBID\0"),
-        usage: b"With --htc: continue the run of job JOBID (its unfinished tasks) instead of starting a new one; `htc resume JOBID` submits this.\0",
-        val: config::OPT_RESUME,
-    },
-    OptionSpec {
-        name: b"htc-resubmit\0",
-        arginfo: Some(b"N\0"),
-        usage: b"With --htc: when the job ends at its time limit or loses every agent with tasks unfinished, submit the job that continues it, at most N times in all.\0",
-        val: config::OPT_RESUBMIT,
-    },
-    OptionSpec {
-        name: b"htc-grow\0",
-        arginfo: Some(b"MAX_JOBS[:NODES[:TIME]]\0"),
-        usage: b"With --htc: while the work left is more than the run's jobs can do in their time, submit up to MAX_JOBS more jobs of NODES nodes (default 1) for TIME (default: this job's) that join the run.\0",
-        val: config::OPT_GROW,
-    },
-    OptionSpec {
-        name: b"htc-join\0",
-        arginfo: Some(b"RUN\0"),
-        usage: b"Join the running run of job RUN (same user, submitted from this directory), or the one in run directory RUN, with this job's nodes: they take a share of its remaining tasks. Takes no --htc=FILE; goes with --htc-agents-per-node and --htc-instance-nodes only (the run's other settings apply).\0",
-        val: config::OPT_JOIN,
-    },
-];
+/// How messages name the option registered with `val`.
+fn opt_name(val: c_int) -> String {
+    options::from_val(val).map_or_else(|| "--htc-?".to_string(), |i| OPTIONS[i].flag())
+}
 
-fn opt_name(val: c_int) -> &'static str {
-    match val {
-        config::OPT_FILE => "--htc",
-        config::OPT_RETRIES => "--htc-retries",
-        config::OPT_FANOUT => "--htc-fanout",
-        config::OPT_OUTPUT => "--htc-output",
-        config::OPT_PARTITION => "--htc-partition",
-        config::OPT_AGENTS_PER_NODE => "--htc-agents-per-node",
-        config::OPT_INSTANCE_NODES => "--htc-instance-nodes",
-        config::OPT_MAX_FAILS => "--htc-max-fails",
-        config::OPT_RESUME => "--htc-resume",
-        config::OPT_RESUBMIT => "--htc-resubmit",
-        config::OPT_JOIN => "--htc-join",
-        config::OPT_GROW => "--htc-grow",
-        _ => "--htc-?",
+/// Registers every option of the table; `Err` with the message of the first that failed.
+fn register_options(sp: &Spank) -> Result<(), String> {
+    for (i, def) in OPTIONS.iter().enumerate() {
+        let spec = OptionSpec {
+            name: def.name.to_bytes_with_nul(),
+            arginfo: Some(def.arginfo.to_bytes_with_nul()),
+            usage: def.usage.to_bytes_with_nul(),
+            val: options::val(i),
+        };
+        sp.register_option(&spec, option_cb).map_err(|e| format!("htc: cannot register option {}: {e}", def.flag()))?;
     }
+    Ok(())
 }
 
 /// # Safety
@@ -284,7 +202,7 @@ unsafe extern "C" fn option_cb(val: c_int, optarg: *const c_char, remote: c_int)
             return inert_option(val, &arg, remote, ctx);
         }
         if remote != 0 || ctx == Context::Remote {
-            remote_option(val, arg);
+            remote_option(val, &arg);
             0
         } else if ctx == Context::Allocator {
             allocator_option(val, &arg)
@@ -298,116 +216,68 @@ unsafe extern "C" fn option_cb(val: c_int, optarg: *const c_char, remote: c_int)
 }
 
 /// Inert: sbatch/salloc refuse every `--htc*` option with the reason (exit 255, nothing
-/// queued); srun and slurmstepd only note that the file option was seen.
+/// queued); srun and slurmstepd only note that an option that activates the plugin was seen.
 fn inert_option(val: c_int, arg: &OsStr, remote: c_int, ctx: Context) -> c_int {
     if remote == 0 && ctx == Context::Allocator {
         log::error(&format!("htc: {}={}: {}", opt_name(val), arg.to_string_lossy(), inert_reason()));
         return -1;
     }
-    match val {
-        config::OPT_FILE => state().opts.file = Some(arg.to_os_string()),
-        // Any value marks a joining job (which an inert batch step must fail, see below).
-        config::OPT_JOIN => {
-            state().opts.join = Some(config::parse_join(&arg.to_string_lossy()).unwrap_or(config::JoinTarget::Job(0)))
-        }
-        _ => {}
+    // Any value marks an HTC job (which an inert batch step must fail, see below).
+    if options::from_val(val).is_some_and(|i| OPTIONS[i].activates().is_some()) {
+        state().inert_htc_option = true;
     }
     0
 }
 
-/// slurmstepd: record the values (sbatch validated them; nothing is opened here, as root).
-fn remote_option(val: c_int, arg: OsString) {
-    let text = arg.to_string_lossy().into_owned();
-    let mut st = state();
-    match val {
-        config::OPT_FILE => st.opts.file = Some(arg),
-        config::OPT_RETRIES => st.opts.retries = config::parse_retries(&text).ok(),
-        config::OPT_FANOUT => st.opts.fanout = config::parse_fanout(&text).ok(),
-        config::OPT_OUTPUT => st.opts.output = config::parse_output(&text).ok(),
-        config::OPT_PARTITION => st.opts.partition = config::parse_partition(&text).ok(),
-        config::OPT_AGENTS_PER_NODE => st.opts.agents_per_node = config::parse_agents_per_node(&text).ok(),
-        config::OPT_INSTANCE_NODES => st.opts.instance_nodes = config::parse_instance_nodes(&text).ok(),
-        config::OPT_MAX_FAILS => st.opts.max_fails = config::parse_max_fails(&text).ok(),
-        config::OPT_RESUME => st.opts.resume = config::parse_resume(&text).ok(),
-        config::OPT_RESUBMIT => st.opts.resubmit = config::parse_resubmit(&text).ok(),
-        config::OPT_JOIN => st.opts.join = config::parse_join(&text).ok(),
-        config::OPT_GROW => st.opts.grow = config::parse_grow(&text).ok(),
-        _ => {}
+/// slurmstepd: record the values (sbatch validated them; nothing is opened here, as root). A
+/// value that does not parse is dropped.
+fn remote_option(val: c_int, arg: &OsStr) {
+    if let Some(i) = options::from_val(val) {
+        state().opts.set(i, OPTIONS[i].kind.parse(arg).ok());
     }
 }
 
 /// sbatch/salloc: validate; -1 makes the command print "Invalid --htc… argument" and exit
 /// 255 without submitting anything.
 fn allocator_option(val: c_int, arg: &OsStr) -> c_int {
-    let text = arg.to_string_lossy().into_owned();
-    let name = opt_name(val);
+    let Some(i) = options::from_val(val) else { return 0 };
+    let def = &OPTIONS[i];
+    let name = def.flag();
     let fail = |msg: &str| {
-        log::error(&format!("htc: {name}={text}: {msg}"));
+        log::error(&format!("htc: {name}={}: {msg}", arg.to_string_lossy()));
         -1
     };
-    match val {
-        config::OPT_FILE => {
-            if let Some(rc) = refuse_activation(name, &fail) {
-                return rc;
-            }
-            // Before the (possibly long) read of the file.
-            if let Some(rc) = conflict(|o| o.file = Some(arg.to_os_string()), &fail) {
-                return rc;
-            }
-            match config::check_task_file(arg) {
-                Ok((abs, tasks)) => {
-                    log::verbose(&format!("htc: {}: {tasks} tasks", abs.display()));
-                    state().opts.file = Some(abs.into_os_string());
-                    0
-                }
-                Err(msgs) => {
-                    for m in msgs {
-                        log::error(&format!("htc: {m}"));
-                    }
-                    -1
-                }
-            }
+    if def.activates().is_some() {
+        if let Some(rc) = refuse_activation(&name, &fail) {
+            return rc;
         }
-        config::OPT_JOIN => {
-            if let Some(rc) = refuse_activation(name, &fail) {
-                return rc;
+    }
+    let value = match def.kind.parse(arg) {
+        Ok(v) => v,
+        Err(e) => return fail(&e),
+    };
+    // Before the check, which may read a long task file; whichever came first (command line
+    // or `#SBATCH`), the later option is the one refused.
+    let mut opts = state().opts.clone();
+    opts.set(i, Some(value.clone()));
+    if let Some(e) = opts.join_conflicts().first() {
+        return fail(e);
+    }
+    match submit::check(def.kind, value) {
+        Ok(accepted) => {
+            if let Some(note) = accepted.note {
+                log::verbose(&format!("htc: {note}"));
             }
-            let run = match config::parse_join(&text) {
-                Ok(j) => j,
-                Err(e) => return fail(&e),
-            };
-            if let Some(rc) = conflict(|o| o.join = Some(run.clone()), &fail) {
-                return rc;
+            state().opts.set(i, Some(accepted.value));
+            0
+        }
+        Err(Refusal::Value(e)) => fail(&e),
+        Err(Refusal::Lines(msgs)) => {
+            for m in msgs {
+                log::error(&format!("htc: {m}"));
             }
-            // The submit directory: sbatch's cwd, as for a relative --htc=FILE.
-            let base = match std::env::current_dir() {
-                Ok(d) => d,
-                Err(e) => return fail(&format!("cannot tell the current directory: {e}")),
-            };
-            match config::check_join_run(&base, &run) {
-                Ok(dir) => {
-                    log::verbose(&format!("htc: joining the run {}", dir.display()));
-                    state().opts.join = Some(config::JoinTarget::Dir(dir));
-                    0
-                }
-                Err(e) => fail(&e),
-            }
+            -1
         }
-        config::OPT_RETRIES => keep(config::parse_retries(&text), |o, n| o.retries = Some(n), &fail),
-        config::OPT_FANOUT => keep(config::parse_fanout(&text), |o, n| o.fanout = Some(n), &fail),
-        config::OPT_OUTPUT => keep(config::parse_output(&text), |o, m| o.output = Some(m), &fail),
-        config::OPT_PARTITION => keep(config::parse_partition(&text), |o, p| o.partition = Some(p), &fail),
-        config::OPT_AGENTS_PER_NODE => {
-            keep(config::parse_agents_per_node(&text), |o, n| o.agents_per_node = Some(n), &fail)
-        }
-        config::OPT_INSTANCE_NODES => {
-            keep(config::parse_instance_nodes(&text), |o, n| o.instance_nodes = Some(n), &fail)
-        }
-        config::OPT_MAX_FAILS => keep(config::parse_max_fails(&text), |o, n| o.max_fails = Some(n), &fail),
-        config::OPT_RESUME => keep(config::parse_resume(&text), |o, j| o.resume = Some(j), &fail),
-        config::OPT_RESUBMIT => keep(config::parse_resubmit(&text), |o, n| o.resubmit = Some(n), &fail),
-        config::OPT_GROW => keep(config::parse_grow(&text), |o, g| o.grow = Some(g), &fail),
-        _ => 0,
     }
 }
 
@@ -431,36 +301,11 @@ fn refuse_activation(name: &str, fail: &dyn Fn(&str) -> c_int) -> Option<c_int> 
         None => return Some(fail("plugin not initialized")),
     }
     if let Ok(exe) = std::env::current_exe() {
-        if config::allocator_from_exe(&exe) == Allocator::Salloc {
+        if submit::allocator_from_exe(&exe) == Allocator::Salloc {
             return Some(fail(&format!("{name} works with sbatch only (it replaces the batch script)")));
         }
     }
     None
-}
-
-/// Whether the options seen so far, with `set` applied, conflict with `--htc-join` (in either
-/// order on the command line or in `#SBATCH` lines). `Some(rc)`: refused (the reason logged).
-fn conflict(set: impl FnOnce(&mut UserOptions), fail: &dyn Fn(&str) -> c_int) -> Option<c_int> {
-    let mut opts = state().opts.clone();
-    set(&mut opts);
-    opts.join_conflicts().first().map(|e| fail(e))
-}
-
-/// Keeps a validated option value, or refuses the submission with the reason (also when it
-/// cannot go with `--htc-join`).
-fn keep<T>(parsed: Result<T, String>, set: impl FnOnce(&mut UserOptions, T), fail: &dyn Fn(&str) -> c_int) -> c_int {
-    match parsed {
-        Ok(v) => {
-            let mut opts = state().opts.clone();
-            set(&mut opts, v);
-            if let Some(e) = opts.join_conflicts().first() {
-                return fail(e);
-            }
-            state().opts = opts;
-            0
-        }
-        Err(e) => fail(&e),
-    }
 }
 
 // ---- callbacks ----
@@ -475,7 +320,7 @@ pub unsafe extern "C" fn slurm_spank_init(sp: ffi::spank_t, ac: c_int, av: *mut 
         }
         // SAFETY: Slurm's argc/argv.
         let args = unsafe { spank::plugin_args(ac, av) };
-        let cfg = config::parse_plugin_args(&args);
+        let cfg = plugstack::parse_plugin_args(&args);
         let ctx = spank::context();
         if let (Context::Slurmd, Err(errors)) = (ctx, &cfg) {
             // slurmd starts once: the admin's log is the right place to complain.
@@ -492,16 +337,13 @@ pub unsafe extern "C" fn slurm_spank_init(sp: ffi::spank_t, ac: c_int, av: *mut 
             Context::Allocator | Context::Local | Context::Remote => {
                 // SAFETY: Slurm's handle for this callback.
                 let Some(sp) = (unsafe { Spank::from_raw(sp) }) else { return -1 };
-                for o in &OPTIONS {
-                    if let Err(e) = sp.register_option(o, option_cb) {
-                        log::error(&format!(
-                            "htc: cannot register option --{}: {e}",
-                            String::from_utf8_lossy(&o.name[..o.name.len() - 1])
-                        ));
-                        return -1;
+                match register_options(&sp) {
+                    Ok(()) => 0,
+                    Err(e) => {
+                        log::error(&e);
+                        -1
                     }
                 }
-                0
             }
             _ => 0,
         }
@@ -525,16 +367,13 @@ fn inert_init(sp: ffi::spank_t) -> c_int {
         let mut st = state();
         st.config = None;
         st.opts = UserOptions::default();
+        st.inert_htc_option = false;
     }
     if matches!(ctx, Context::Allocator | Context::Local | Context::Remote) {
         // SAFETY: Slurm's handle for this callback.
         let Some(sp) = (unsafe { Spank::from_raw(sp) }) else { return 0 };
-        for o in &OPTIONS {
-            if sp.register_option(o, option_cb).is_err() {
-                // Not worth failing a plain job over: --htc just stays unknown.
-                return 0;
-            }
-        }
+        // Not worth failing a plain job over: --htc just stays unknown.
+        let _ = register_options(&sp);
     }
     0
 }
@@ -589,7 +428,7 @@ pub unsafe extern "C" fn slurm_spank_task_init(sp: ffi::spank_t, _ac: c_int, _av
         // SAFETY: Slurm's handle for this callback.
         let Some(sp) = (unsafe { Spank::from_raw(sp) }) else { return 0 };
         match sp.job_stepid() {
-            Ok(config::BATCH_STEP_ID) => {}
+            Ok(request::BATCH_STEP_ID) => {}
             Ok(_) => return 0, // srun steps: never exec there (it would recurse)
             Err(e) => {
                 log::debug(&format!("htc: S_JOB_STEPID: {e}"));
@@ -616,6 +455,7 @@ pub unsafe extern "C" fn slurm_spank_exit(_sp: ffi::spank_t, _ac: c_int, _av: *m
         let mut st = state();
         st.opts = UserOptions::default();
         st.config = None;
+        st.inert_htc_option = false;
         0
     })
 }
@@ -648,16 +488,11 @@ fn fatal(msg: &str, code: c_int) -> ! {
 /// `disabled` (exit 125, the reason in the job's output). Any other batch step is untouched.
 fn inert_batch_task_init(sp: &Spank) -> c_int {
     let present = |name: &str| matches!(sp.getenv(name), Ok(Some(_)));
-    let option_env = format!("SLURM_SPANK__SLURM_SPANK_OPTION_{}_htc", config::PLUGIN_NAME);
-    let join_option_env = format!("{option_env}_join");
-    let htc_job = present(&config::job_env_name(config::JC_FILE))
-        || present(&config::job_env_name(config::JC_JOIN))
-        || present(&option_env)
-        || present(&join_option_env)
-        || {
-            let st = state();
-            st.opts.file.is_some() || st.opts.join.is_some()
-        };
+    let htc_job = OPTIONS
+        .iter()
+        .filter(|def| def.activates().is_some())
+        .any(|def| present(&request::job_env_name(def.job_control)) || present(&def.option_job_env()))
+        || state().inert_htc_option;
     if !htc_job {
         return 0;
     }
@@ -718,13 +553,13 @@ fn batch_task_init(sp: &Spank) -> c_int {
         Err(e) => fatal(&format!("htc: S_JOB_GID: {e}; the tasks were not run"), EXIT_REFUSED),
     };
     let job_groups = sp.job_supplementary_gids().unwrap_or_default();
-    if let Err(e) = config::check_identity(&spank::identity(), job_uid, job_gid, &job_groups) {
+    if let Err(e) = agent::check_identity(&spank::identity(), job_uid, job_gid, &job_groups) {
         fatal(&format!("htc: refusing to start the agent: {e}; the tasks were not run"), EXIT_REFUSED);
     }
 
     // Every element of an array would run all the tasks again. (The elements of an array of
     // joining jobs would each join the run, which is no harm.)
-    if let (BatchRequest::Run(_), Ok(array_id)) = (&req, sp.job_array_id()) {
+    if let (Mode::Run, Ok(array_id)) = (req.mode, sp.job_array_id()) {
         if array_id != 0 {
             fatal(
                 &format!("htc: --htc cannot be combined with --array (array job {array_id}): every element would run all the tasks; the tasks were not run"),
@@ -741,14 +576,14 @@ fn batch_task_init(sp: &Spank) -> c_int {
 }
 
 /// Starts the agent in place of the batch script, after checking that only root can change
-/// what `agent=` points to (see [`config::check_agent_path`]). The canonical path is what
+/// what `agent=` points to (see [`agent::check_agent_path`]). The canonical path is what
 /// runs; argv[0] stays the configured path where the plugin execs itself.
 fn start_agent(sp: &Spank, cfg: &PluginConfig, req: &BatchRequest, job_argv: &[OsString]) -> c_int {
-    let argv = match req.argv(cfg, job_argv) {
+    let argv = match argv::agent_argv(cfg, req, job_argv) {
         Ok(a) => a,
         Err(e) => fatal(&format!("htc: {e}; the tasks were not run"), EXIT_REFUSED),
     };
-    let exe = match config::check_agent_path(&cfg.agent) {
+    let exe = match agent::check_agent_path(&cfg.agent) {
         Ok(p) => p,
         Err(e) => {
             let code = match e {
@@ -767,16 +602,16 @@ fn start_agent(sp: &Spank, cfg: &PluginConfig, req: &BatchRequest, job_argv: &[O
     };
 
     // Slurm >= 23.11: slurmstepd execs `agent … --script <script> <args>` itself.
-    let mut prefix = req.argv_prefix(cfg);
+    let mut prefix = argv::agent_argv_prefix(cfg, req);
     prefix[0] = exe.clone().into_os_string();
     if spank::host_symbol(c"spank_prepend_task_argv").is_some() {
-        // Keep the private variables away from the agent (see config::is_private_env).
+        // Keep the private variables away from the agent (see agent::is_private_env).
         if let Ok(env) = sp.job_env() {
-            for name in config::private_env_names(env.iter().map(|e| e.as_bytes())) {
+            for name in agent::private_env_names(env.iter().map(|e| e.as_bytes())) {
                 let _ = sp.unsetenv(&name);
             }
         }
-        log::verbose(&format!("htc: batch step runs {} <script>", config::display_argv(&prefix)));
+        log::verbose(&format!("htc: batch step runs {} <script>", argv::display_argv(&prefix)));
         match sp.prepend_task_argv(&prefix) {
             Some(Ok(())) => return 0,
             Some(Err(e)) => fatal(&format!("htc: spank_prepend_task_argv: {e}; the tasks were not run"), EXIT_REFUSED),
@@ -790,7 +625,7 @@ fn start_agent(sp: &Spank, cfg: &PluginConfig, req: &BatchRequest, job_argv: &[O
         Ok(e) => e,
         Err(e) => fatal(&format!("htc: S_JOB_ENV: {e}; the tasks were not run"), EXIT_REFUSED),
     };
-    let env: Vec<std::ffi::CString> = env.into_iter().filter(|e| !config::is_private_env(e.as_bytes())).collect();
+    let env: Vec<std::ffi::CString> = env.into_iter().filter(|e| !agent::is_private_env(e.as_bytes())).collect();
     let c_exe = spank::os_cstring(exe.as_os_str());
     let c_argv: Vec<std::ffi::CString> = argv.iter().map(|a| spank::os_cstring(a)).collect();
     let mut argv_ptrs: Vec<*const c_char> = c_argv.iter().map(|a| a.as_ptr()).collect();
@@ -798,7 +633,7 @@ fn start_agent(sp: &Spank, cfg: &PluginConfig, req: &BatchRequest, job_argv: &[O
     let mut env_ptrs: Vec<*const c_char> = env.iter().map(|e| e.as_ptr()).collect();
     env_ptrs.push(std::ptr::null());
 
-    log::verbose(&format!("htc: batch step execs {}", config::display_argv(&argv)));
+    log::verbose(&format!("htc: batch step execs {}", argv::display_argv(&argv)));
     reset_signals();
     // SAFETY: NUL-terminated path, NULL-terminated argv/envp arrays of live C strings.
     unsafe { libc::execve(c_exe.as_ptr(), argv_ptrs.as_ptr(), env_ptrs.as_ptr()) };

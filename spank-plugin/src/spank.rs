@@ -12,8 +12,8 @@ use std::os::raw::{c_char, c_int};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::ptr;
 
-use crate::config::{c_bytes, EspankName};
 use crate::ffi;
+use crate::ffi_text::{c_bytes, EspankName};
 
 /// Where the plugin has been loaded (`spank_context()`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -172,7 +172,7 @@ impl Spank {
         check(unsafe { ffi::spank_job_control_setenv(self.raw, n.as_ptr(), v.as_ptr(), overwrite as c_int) })
     }
 
-    /// `S_JOB_STEPID` (`config::BATCH_STEP_ID` for the batch step).
+    /// `S_JOB_STEPID` (`request::BATCH_STEP_ID` for the batch step).
     pub fn job_stepid(&self) -> Result<u32, SpankError> {
         let mut id: u32 = 0;
         // SAFETY: S_JOB_STEPID takes a uint32_t *.
@@ -306,7 +306,7 @@ pub fn host_symbol(name: &CStr) -> Option<*mut libc::c_void> {
 }
 
 /// The process's credentials, for the check before the agent starts.
-pub fn identity() -> crate::config::Identity {
+pub fn identity() -> crate::agent::Identity {
     let (mut ru, mut eu, mut su) = (0, 0, 0);
     let (mut rg, mut eg, mut sg) = (0, 0, 0);
     // SAFETY: plain libc calls writing to locals. They cannot fail with valid pointers; if
@@ -329,7 +329,7 @@ pub fn identity() -> crate::config::Identity {
             v
         }
     };
-    crate::config::Identity { uids: [ru, eu, su], gids: [rg, eg, sg], groups }
+    crate::agent::Identity { uids: [ru, eu, su], gids: [rg, eg, sg], groups }
 }
 
 /// Plugin arguments (argc/argv of a callback), copied as (lossy) UTF-8.
