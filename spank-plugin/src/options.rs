@@ -242,3 +242,203 @@ impl OptionDef {
         format!("SLURM_SPANK__SLURM_SPANK_OPTION_{PLUGIN_NAME}_{name}")
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::is_private_env;
+    use crate::argv::agent_argv_prefix;
+    use crate::config::UserOptions;
+    use crate::request::{job_env_name, BatchRequest};
+    use crate::submit::{self, Refusal};
+    use std::ffi::{OsStr, OsString};
+
+    /// Per option, in table order: a value sbatch takes and the agent's argv for it; a value
+    /// sbatch refuses and the reason it prints (after "htc: --NAME=VALUE: ").
+    const CASES: &[(&str, &str, [&str; 2], &str, &str)] = &[
+        ("htc", "/home/u/t.txt", ["--task-file", "/home/u/t.txt"], "", "--htc needs a task file: --htc=FILE"),
+        ("htc-retries", " 3 ", ["--retries", "3"], "101", "'101' is not a whole number from 0 to 100"),
+        ("htc-fanout", "16", ["--fanout", "16"], "1", "'1' is not a whole number from 2 to 1024"),
+        (
+            "htc-output",
+            "per-task",
+            ["--output", "per-task"],
+            "files",
+            "'files' is not an output mode (streams, per-task or none)",
+        ),
+        (
+            "htc-partition",
+            " even ",
+            ["--partition", "even"],
+            "fluxp",
+            "'fluxp' is not a partition plan (hflow or even)",
+        ),
+        ("htc-agents-per-node", "24", ["--agents-per-node", "24"], "0", "'0' is not a whole number from 1 to 4096"),
+        (
+            "htc-instance-nodes",
+            "8",
+            ["--instance-nodes", "8"],
+            "65537",
+            "'65537' is not a whole number from 1 to 65536",
+        ),
+        ("htc-max-fails", "5", ["--max-fails", "5"], "0", "'0' is not a whole number from 1 to 4294967295"),
+        ("htc-resume", "4711", ["--resume-run", "4711"], "../x", "'../x' is not a job id"),
+        ("htc-resubmit", "2", ["--resubmit", "2"], "101", "'101' is not a whole number from 1 to 100"),
+        ("htc-grow", "2:2:1-00:30", ["--grow", "2:2:1470"], "0", "'0' is not a number of jobs (1 to 1000)"),
+        ("htc-join", "/home/u/.htc/9", ["--join-run", "/home/u/.htc/9"], "0", "'0' is not a job id"),
+    ];
+
+    fn os(v: &[&str]) -> Vec<OsString> {
+        v.iter().map(OsString::from).collect()
+    }
+
+    /// The options as sbatch keeps them after its checks (for a task file and a run, the
+    /// checks' results are given here).
+    fn accepted(given: &[(usize, &str)]) -> UserOptions {
+        let mut o = UserOptions::new();
+        for &(i, text) in given {
+            o.set(i, Some(OPTIONS[i].kind.parse(OsStr::new(text)).unwrap()));
+        }
+        o
+    }
+
+    #[test]
+    fn every_option_has_a_case() {
+        let names: Vec<String> = OPTIONS.iter().map(|o| o.name.to_string_lossy().into_owned()).collect();
+        assert_eq!(names, CASES.iter().map(|c| c.0).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn accepted_values_reach_the_agent() {
+        let agent = PluginConfig::default().agent.into_os_string();
+        for &(name, good, piece, _, _) in CASES {
+            let i = by_name(name).unwrap();
+            let def = &OPTIONS[i];
+            // A setting goes with the mode it is allowed in; an activator alone.
+            let mode = def.activates().unwrap_or(if def.goes_with(Mode::Run) { Mode::Run } else { Mode::Join });
+            let mut given = vec![(i, good)];
+            if def.activates().is_none() {
+                given.insert(0, (activator(Mode::Run), "/t"));
+            }
+            let opts = accepted(&given);
+            assert!(opts.orphans().is_empty() && opts.join_conflicts().is_empty(), "{name}");
+            let req = BatchRequest::from_allocator(&opts).unwrap().unwrap();
+            assert_eq!(req.mode, mode);
+            let argv = agent_argv_prefix(&PluginConfig::default(), &req);
+            let at = if def.activates().is_some() { 2 } else { 4 };
+            assert_eq!(argv[..2], [agent.clone(), "lead".into()], "{name}");
+            assert_eq!(argv[at..at + 2], os(&piece), "{name}: {argv:?}");
+            assert_eq!(argv.len(), at + 3, "{name}: {argv:?}");
+            // sbatch stores the value as the agent gets it, and the batch step reads it back.
+            let vars = req.job_control_vars();
+            assert_eq!(vars.last().unwrap(), &(def.job_control, OsString::from(piece[1])), "{name}");
+            let env: Vec<(String, OsString)> = vars.iter().map(|(n, v)| (job_env_name(n), v.clone())).collect();
+            let back = BatchRequest::from_job_env(|n| env.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone()));
+            assert_eq!(back, Ok(Some(req)), "{name}");
+        }
+    }
+
+    #[test]
+    fn refused_values_say_why() {
+        for &(name, _, _, bad, error) in CASES {
+            let def = &OPTIONS[by_name(name).unwrap()];
+            let refusal = match def.kind.parse(OsStr::new(bad)) {
+                Err(e) => Refusal::Value(e),
+                // A task file is refused by its check, with messages of their own.
+                Ok(v) => submit::check(def.kind, v).unwrap_err(),
+            };
+            let want = match def.kind {
+                crate::value::Kind::TaskFile => Refusal::Lines(vec![error.to_string()]),
+                _ => Refusal::Value(error.to_string()),
+            };
+            assert_eq!(refusal, want, "{name}={bad}");
+            // The batch step refuses a corrupt job-control variable with the same reason.
+            if def.activates().is_none() {
+                let var = job_env_name(def.job_control);
+                let back = BatchRequest::from_job_env(|n| match n {
+                    "SLURM_SPANK_HTC_FILE" => Some("/t".into()),
+                    _ if n == var => Some(bad.into()),
+                    _ => None,
+                });
+                assert_eq!(back, Err(format!("{var}: {error}")), "{name}");
+            }
+        }
+    }
+
+    #[test]
+    fn settings_with_join_are_passed_or_refused() {
+        let join = activator(Mode::Join);
+        for &(name, good, piece, _, _) in CASES {
+            let i = by_name(name).unwrap();
+            let Role::Setting(with_join) = OPTIONS[i].role else { continue };
+            let opts = accepted(&[(join, "/r/9"), (i, good)]);
+            match with_join {
+                WithJoin::Passed => {
+                    let req = BatchRequest::from_allocator(&opts).unwrap().unwrap();
+                    let argv = agent_argv_prefix(&PluginConfig::default(), &req);
+                    assert_eq!(argv[2..], os(&["--join-run", "/r/9", piece[0], piece[1], "--script"]), "{name}");
+                }
+                WithJoin::Refused(why) => {
+                    let e = format!("--{name} cannot be used with --htc-join ({why})");
+                    assert_eq!(opts.join_conflicts(), vec![e.clone()]);
+                    assert_eq!(BatchRequest::from_allocator(&opts), Err(vec![e]));
+                }
+            }
+        }
+    }
+
+    /// README.md documents the agent's argv contract: the table must keep its flag order.
+    #[test]
+    fn argv_order_is_the_documented_one() {
+        let readme = include_str!("../README.md");
+        for mode in [Mode::Run, Mode::Join] {
+            let first = OPTIONS[activator(mode)].agent_flag;
+            let line = readme
+                .lines()
+                .find(|l| l.trim_start().starts_with(&format!("AGENT lead {first} ")))
+                .unwrap_or_else(|| panic!("README.md has no `AGENT lead {first}` line"));
+            let documented: Vec<&str> = line.split([' ', '[', ']']).filter(|w| w.starts_with("--")).collect();
+            let mut table = vec![first];
+            table.extend(OPTIONS.iter().filter(|o| o.goes_with(mode)).map(|o| o.agent_flag));
+            table.extend(["--ledger-dir", "--script"]);
+            assert_eq!(documented, table, "{mode:?}");
+        }
+    }
+
+    #[test]
+    fn entries_are_consistent() {
+        for (i, def) in OPTIONS.iter().enumerate() {
+            let name = def.name.to_str().unwrap();
+            assert!(name == PLUGIN_NAME || name.starts_with("htc-"), "{name}");
+            assert!(name.bytes().all(|b| b.is_ascii_lowercase() || b == b'-'), "{name}");
+            assert_eq!(from_val(val(i)), Some(i));
+            assert_eq!(by_name(name), Some(i));
+            assert!(def.job_control.starts_with("HTC_") && def.agent_flag.starts_with("--"), "{name}");
+            // What the plugin must keep from the agent (and from everything it starts).
+            assert!(is_private_env(def.option_job_env().as_bytes()), "{name}");
+            assert!(is_private_env(job_env_name(def.job_control).as_bytes()), "{name}");
+            if def.activates().is_none() {
+                assert!(def.usage.to_str().unwrap().starts_with("With --htc: "), "{name}");
+            }
+            // A range the help states is the one the value is held to.
+            if let crate::value::Kind::Number { min, max } = def.kind {
+                let help = def.usage.to_str().unwrap();
+                if help.contains(&format!("({min}-")) {
+                    assert!(help.contains(&format!("({min}-{max}")), "{name}: {help}");
+                }
+            }
+            for other in &OPTIONS[i + 1..] {
+                assert!(def.name != other.name && def.job_control != other.job_control, "{name}");
+                assert_ne!(def.agent_flag, other.agent_flag, "{name}");
+            }
+        }
+        assert_eq!(from_val(0), None);
+        assert_eq!(from_val(val(COUNT)), None);
+        assert_eq!(from_val(-1), None);
+        for mode in [Mode::Run, Mode::Join] {
+            assert_eq!(OPTIONS.iter().filter(|o| o.activates() == Some(mode)).count(), 1);
+        }
+        assert_eq!(OPTIONS[activator(Mode::Run)].option_job_env(), "SLURM_SPANK__SLURM_SPANK_OPTION_htc_htc");
+        assert_eq!(OPTIONS[activator(Mode::Join)].option_job_env(), "SLURM_SPANK__SLURM_SPANK_OPTION_htc_htc_join");
+    }
+}
