@@ -56,7 +56,8 @@ pub fn min_cpus_per_node() -> Option<usize> {
 /// The sbatch options of job `line` (`scontrol show job -o`) that a continuation of its run must
 /// keep as the user asked for them: name, time limit, partition, account, QOS, memory,
 /// constraints, exclusivity, reservation, GPUs and other generic resources, mail, comment,
-/// licenses. Values Slurm shows for "none" are left out.
+/// licenses, and where its output goes (`-o`/`-e` as patterns, `output_pattern`). Values Slurm
+/// shows for "none" are left out.
 pub fn job_options(line: &str) -> Vec<String> {
     let fields = scontrol_fields(line);
     let get = |k: &str| {
@@ -97,7 +98,42 @@ pub fn job_options(line: &str) -> Vec<String> {
         Some("MCS") => v.push("--exclusive=mcs".into()),
         _ => {}
     }
+    let (id, dir) = (get("JobId").unwrap_or_default(), get("WorkDir").unwrap_or_default());
+    let out = get("StdOut").map(|p| output_pattern(p, id));
+    let err = get("StdErr").map(|p| output_pattern(p, id));
+    let default_out = format!("{dir}/slurm-%j.out");
+    if let Some(o) = out.as_deref().filter(|o| *o != default_out) {
+        v.push(format!("--output={o}"));
+    }
+    if let Some(e) = err.as_deref().filter(|e| Some(*e) != out.as_deref()) {
+        v.push(format!("--error={e}"));
+    }
     v
+}
+
+/// An output path `scontrol show job` gives for job `id`, as the pattern that names the same file
+/// for another job: Slurm shows `-o tl-%j.out` expanded (`tl-74.out`), and a continuation given
+/// that name would write into the first job's file. The id is taken for `%j` in the file's name
+/// where it stands as a whole number (so job 74 leaves `out-174.txt` alone); what else Slurm
+/// expands there (the user, the job name) is the same for the continuation.
+pub fn output_pattern(path: &str, id: &str) -> String {
+    let (dir, name) = path.rsplit_once('/').unwrap_or(("", path));
+    let mut out = String::with_capacity(path.len());
+    let mut rest = name;
+    while let Some(at) = (!id.is_empty()).then(|| rest.find(id)).flatten() {
+        let before = rest[..at].chars().next_back();
+        let after = rest[at + id.len()..].chars().next();
+        let whole = !before.is_some_and(|c| c.is_ascii_digit()) && !after.is_some_and(|c| c.is_ascii_digit());
+        out.push_str(&rest[..at]);
+        out.push_str(if whole { "%j" } else { id });
+        rest = &rest[at + id.len()..];
+    }
+    out.push_str(rest);
+    if path.contains('/') {
+        format!("{dir}/{out}")
+    } else {
+        out
+    }
 }
 
 /// `Key=Value` pairs of a one-line `scontrol show` record; a value may hold spaces (a job
@@ -293,11 +329,32 @@ mod tests {
             ]
         );
         let shared = "JobId=3 JobName=wrap Account=(null) QOS=(null) TimeLimit=UNLIMITED Partition=p \
-            MinMemoryCPU=1G OverSubscribe=OK";
+            MinMemoryCPU=1G OverSubscribe=OK WorkDir=/home/u StdErr=/home/u/slurm-3.out StdIn=/dev/null \
+            StdOut=/home/u/slurm-3.out";
         assert_eq!(
             super::job_options(shared),
-            ["--job-name=wrap", "--time=UNLIMITED", "--partition=p", "--mem-per-cpu=1G"]
+            ["--job-name=wrap", "--time=UNLIMITED", "--partition=p", "--mem-per-cpu=1G"],
+            "Slurm's default output is left to Slurm"
         );
+    }
+
+    #[test]
+    fn a_continuation_writes_its_output_where_the_user_asked_with_its_own_id() {
+        // sbatch -o tl-%j.out -e logs/err-%j-%u.txt, job 74
+        let line = "JobId=74 JobName=tl WorkDir=/home/u StdErr=/home/u/logs/err-74-u.txt StdIn=/dev/null \
+            StdOut=/home/u/tl-74.out";
+        assert_eq!(
+            super::job_options(line),
+            ["--job-name=tl", "--output=/home/u/tl-%j.out", "--error=/home/u/logs/err-%j-u.txt"]
+        );
+        // -o alone: stderr goes with stdout, as for the first job.
+        let line = "JobId=74 WorkDir=/w StdErr=/w/all.log StdOut=/w/all.log";
+        assert_eq!(super::job_options(line), ["--output=/w/all.log"]);
+        // The id only where it stands whole, and not in the directory (a directory named for
+        // the first job is where the user chose to write).
+        assert_eq!(super::output_pattern("/runs/74/out-174-74.txt", "74"), "/runs/74/out-174-%j.txt");
+        assert_eq!(super::output_pattern("o74", "74"), "o%j");
+        assert_eq!(super::output_pattern("/w/x.out", ""), "/w/x.out");
     }
 
     #[test]

@@ -360,7 +360,7 @@ resubmitted_at_time_limit() {
     w=$(cluster_workdir resubmit)
     seq 1 150 | sed "s|.*|sleep 3; echo \"\$HTC_TASK_ID \$SLURMD_NODENAME \$HTC_ATTEMPT\" >> ids.txt|" >"$w/tasks.txt"
     chown -R "$HTC_CLUSTER_USER" "$w"
-    j=$(submit "$w" -N 2 --exclusive -t 1 -J tlname --mem=300 --htc=tasks.txt --htc-resubmit=2 --wrap=:) || { bad "resubmit: submit"; return; }
+    j=$(submit "$w" -N 2 --exclusive -t 1 -J tlname --mem=300 -o 'tl-%j.out' --htc=tasks.txt --htc-resubmit=2 --wrap=:) || { bad "resubmit: submit"; return; }
     local want_opts; want_opts=$(job_opts "$j")
     state=$(wait_job "$j" 240)
     check "resubmit: job $j stopped at its time limit (was $state)" test "$state" = TIMEOUT
@@ -368,19 +368,21 @@ resubmitted_at_time_limit() {
     done_snapshot "$w" "$j"
     # The next job may be running already: look for this job's processes.
     check "resubmit: no process of job $j left after the limit" test -z "$(job_procs "$j")"
-    j2=$(grep -o 'resubmitted (1 of 2): Submitted batch job [0-9]*' "$w/slurm-$j.out" | awk '{ print $NF }')
+    j2=$(grep -o 'resubmitted (1 of 2): Submitted batch job [0-9]*' "$w/tl-$j.out" | awk '{ print $NF }')
     check "resubmit: the leader submitted the next job (${j2:-none}) itself" test -n "$j2"
-    [[ -n $j2 ]] || { tail -n 20 "$w/slurm-$j.out"; return; }
+    [[ -n $j2 ]] || { tail -n 20 "$w/tl-$j.out"; return; }
     same "resubmit: job $j2 keeps the options job $j was given" "$want_opts" "$(job_opts "$j2")"
     state=$(wait_job "$j2" 240)
     check "resubmit: job $j2 COMPLETED (was $state)" test "$state" = COMPLETED
+    check "resubmit: job $j2 wrote its output where job $j's -o tl-%j.out says (tl-$j2.out)" \
+        test -s "$w/tl-$j2.out" -a ! -e "$w/slurm-$j2.out"
     check "resubmit: htc status $j shows every task done" all_done "$w" "$j"
     lines=$(wc -l <"$w/ids.txt")
     unique=$(cut -d' ' -f1 "$w/ids.txt" | sort -u | wc -l)
     check "resubmit: every task ran ($unique of 150)" test "$unique" = 150
     check "resubmit: $((lines - unique)) re-run(s), at most the 4 CPUs' tasks in flight at the limit" test $((lines - unique)) -le 4
     none_done_ran_again "resubmit" "$w"
-    check "resubmit: the second job says what it continues" grep -q "continues the run of job $j" "$w/slurm-$j2.out"
+    check "resubmit: the second job says what it continues" grep -q "continues the run of job $j" "$w/tl-$j2.out"
     check "resubmit: no task process left" bash -c "! pgrep -u '$HTC_CLUSTER_USER' -f '^sleep 3$|sleep 3; echo' >/dev/null"
 }
 
