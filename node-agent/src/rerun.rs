@@ -128,6 +128,8 @@ pub fn reopen_run(dir: &Path, pick: &Pick, retries: u8) -> anyhow::Result<Reopen
         Ok(n)
     })();
     crate::replica::remove_node_local(&copy);
+    // Unless another copy is in it, as `RunDir::open_for_reading`'s readers leave it.
+    let _ = std::fs::remove_dir(&scratch);
     result
 }
 

@@ -11,7 +11,7 @@ use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers
 use ratatui::layout::{Constraint, Layout};
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
-use ratatui::widgets::{Block, Gauge, Paragraph, Row, Table, TableState};
+use ratatui::widgets::{Block, Paragraph, Row, Table, TableState};
 use ratatui::Frame;
 
 use crate::live::{self, View};
@@ -134,24 +134,20 @@ pub fn draw(f: &mut Frame, m: &Model, now_us: u64, table: &mut TableState) {
     let label = format!(" {finished}/{total} ({:.1}%)", ratio * 100.0);
     let [bar, count] =
         Layout::horizontal([Constraint::Fill(1), Constraint::Length(label.chars().count() as u16)]).areas(gauge);
-    f.render_widget(
-        Gauge::default()
-            .gauge_style(Style::default().fg(if v.counts.get(State::Failed) > 0 {
-                Color::Yellow
-            } else {
-                Color::Green
-            }))
-            .ratio(ratio.clamp(0.0, 1.0))
-            .label(""),
-        bar,
-    );
+    let color = if v.counts.get(State::Failed) > 0 { Color::Yellow } else { Color::Green };
+    f.render_widget(progress_bar(bar.width, ratio, color), bar);
     f.render_widget(Paragraph::new(label), count);
-    let up = v.nodes.iter().filter(|n| n.state == "up").count();
+    let up = v.nodes.iter().filter(|n| shown_state(v, n) == "up").count();
+    let nodes_line = if v.state == "running" {
+        format!("nodes {up} up of {}", v.nodes.len())
+    } else {
+        format!("nodes {}, ended with the run", v.nodes.len())
+    };
     f.render_widget(
         Paragraph::new(
             format!(
                 "done {}  failed {}  running {}  queued at nodes {}  pending {}\n\
-             {:.0} tasks/s  ETA {}  elapsed {}  nodes {up} up of {}",
+             {:.0} tasks/s  ETA {}  elapsed {}  {nodes_line}",
                 v.counts.get(State::Done),
                 v.counts.get(State::Failed),
                 v.counts.get(State::Running),
@@ -160,7 +156,6 @@ pub fn draw(f: &mut Frame, m: &Model, now_us: u64, table: &mut TableState) {
                 m.rate(),
                 m.eta().map(fmt_duration).unwrap_or_else(|| "-".into()),
                 fmt_duration(Duration::from_micros(v.now_us.saturating_sub(v.session_start_us))),
-                v.nodes.len(),
             ) + &if v.allocations.is_empty() {
                 String::new()
             } else {
@@ -173,11 +168,29 @@ pub fn draw(f: &mut Frame, m: &Model, now_us: u64, table: &mut TableState) {
     draw_failures(f, v, now_us, fails);
 }
 
+/// The progress bar, drawn cell by cell: ratatui's `Gauge` draws the cell where its (empty)
+/// label would stand as a blank, which splits a full bar in two halves on some widths.
+fn progress_bar(width: u16, ratio: f64, color: Color) -> Paragraph<'static> {
+    let filled = ((width as f64 * ratio.clamp(0.0, 1.0)).round() as usize).min(width as usize);
+    Paragraph::new(Line::from(vec![
+        Span::styled("█".repeat(filled), Style::default().fg(color)),
+        Span::styled("░".repeat(width as usize - filled), Style::default().fg(Color::DarkGray)),
+    ]))
+}
+
+/// A node's state as the dashboard shows it: once the run has ended, its agents have too, and
+/// the last view's "up" is history.
+fn shown_state<'a>(v: &View, n: &'a live::Node) -> &'a str {
+    if v.state != "running" && n.state == "up" {
+        "ended"
+    } else {
+        &n.state
+    }
+}
+
 fn draw_nodes(f: &mut Frame, v: &View, now_us: u64, area: ratatui::layout::Rect, table: &mut TableState) {
-    // Once the run has ended, its agents have too: the last view's "up" is history.
-    let ended = v.state != "running";
     let rows = v.nodes.iter().map(|n| {
-        let state = if ended && n.state == "up" { "ended".to_string() } else { n.state.clone() };
+        let state = shown_state(v, n).to_string();
         let style = match state.as_str() {
             "up" => Style::default(),
             "ended" => Style::default().fg(Color::DarkGray),
@@ -330,6 +343,21 @@ mod tests {
         failed.counts = Counts([0, 0, 0, 990, 10]);
         m.update(failed);
         assert_eq!(m.state(22_000_000), "complete, 10 tasks failed (htc output --failed)");
+    }
+
+    #[test]
+    fn a_full_bar_is_one_unbroken_run_of_cells_at_any_width() {
+        for width in [1u16, 7, 80, 139, 140, 141, 300] {
+            let area = ratatui::layout::Rect::new(0, 0, width, 1);
+            let mut buf = ratatui::buffer::Buffer::empty(area);
+            ratatui::widgets::Widget::render(progress_bar(width, 1.0, Color::Green), area, &mut buf);
+            let cells: String = (0..width).map(|x| buf[(x, 0)].symbol().to_string()).collect();
+            assert_eq!(cells, "█".repeat(width as usize), "width {width}");
+            let mut half = ratatui::buffer::Buffer::empty(area);
+            ratatui::widgets::Widget::render(progress_bar(width, 0.5, Color::Green), area, &mut half);
+            let filled = (0..width).filter(|&x| half[(x, 0)].symbol() == "█").count();
+            assert_eq!(filled, (width as f64 / 2.0).round() as usize, "width {width}");
+        }
     }
 
     #[test]

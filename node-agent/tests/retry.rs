@@ -77,6 +77,15 @@ fn a_run_whose_ledger_was_node_local_is_retried_through_its_replica() {
     std::fs::set_permissions(&local, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
     check_retry_of_failed(&d, &["--ledger-dir", local.to_str().unwrap()]);
     assert!(!d.run_dir().join("ledger.mdb").exists(), "the ledger stayed a replica");
+    // Reading it restores a copy in the temporary directory, which is left as it was found.
+    let tmp = d.path("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    for args in [["verify", &d.run_id()], ["status", &d.run_id()]] {
+        let o = d.htc_env(&args, &[("TMPDIR", tmp.as_os_str())]);
+        assert!(o.status.success(), "{args:?}: {}", text(&o));
+        let left: Vec<_> = std::fs::read_dir(&tmp).unwrap().map(|e| e.unwrap().path()).collect();
+        assert!(left.is_empty(), "htc {args:?} left {left:?} in the temporary directory");
+    }
 }
 
 #[test]

@@ -105,6 +105,10 @@ fn watch_shows_progress_nodes_and_failures_of_a_running_run() {
     // The count stands beside the bar, not drawn through it.
     let pct = s.lines().find(|l| l.contains("240/240 (")).unwrap();
     assert!(pct.rfind('█').unwrap() < pct.find("240/240").unwrap(), "{pct}");
+    // The full bar is one unbroken run of cells up to the count.
+    let drawn = pct[..pct.find(" 240/240").unwrap()].trim_start();
+    assert!(!drawn.is_empty() && drawn.chars().all(|c| c == '█'), "a broken bar: {pct}");
+    assert!(s.contains("nodes 2, ended with the run") && !s.contains("up of"), "{s}");
     // The agents ended with the run: no row still says "up".
     for agent in ["0", "1"] {
         let row = s.lines().find(|l| l.trim_start_matches('│').starts_with(&format!("{agent}      {host}"))).unwrap();

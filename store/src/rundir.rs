@@ -29,6 +29,11 @@ impl Drop for Restored {
     fn drop(&mut self) {
         let _ = fs::remove_file(&self.0);
         let _ = fs::remove_file(crate::replica::lock_path(&self.0));
+        // The scratch directory too, unless another reader's copy is in it: nothing is left in
+        // the temporary directory after a read.
+        if let Some(dir) = self.0.parent() {
+            let _ = fs::remove_dir(dir);
+        }
     }
 }
 
@@ -77,12 +82,21 @@ impl RunDir {
             return Ok(run.with_ledger(live));
         }
         let dir = std::env::temp_dir().join(format!("htc-{}", nix::unistd::getuid()));
-        crate::replica::private_dir(&dir).map_err(io::Error::other)?;
         static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let copy = dir.join(format!("{}-{}-{n}.mdb", run.id(), std::process::id()));
         let restored = Restored(copy.clone());
-        replica.restore(&copy).map_err(|e| io::Error::other(format!("reading the run's ledger replica: {e}")))?;
+        // Another reader that ends removes the scratch directory once it is empty, which may be
+        // just after this one made it: then it is made again.
+        let mut tries = 0;
+        loop {
+            crate::replica::private_dir(&dir).map_err(io::Error::other)?;
+            match replica.restore(&copy) {
+                Ok(_) => break,
+                Err(_) if tries == 0 && !dir.exists() => tries += 1,
+                Err(e) => return Err(io::Error::other(format!("reading the run's ledger replica: {e}"))),
+            }
+        }
         Ok(RunDir { _restored: Some(std::sync::Arc::new(restored)), ..run.with_ledger(copy) })
     }
 
