@@ -243,10 +243,12 @@ fn max_fails_stops_starting_tasks_after_that_many_failed() {
     let s = d.htc(&["status", "--json"]);
     let json: serde_json::Value = serde_json::from_slice(&s.stdout).unwrap();
     let c = &json["counts"];
-    // The third failure stops it; what the agent started before it heard ran too (a few ms).
+    // The third failure stops it; what the agent started before it heard ran too: tasks of about
+    // a millisecond, for as long as a report and its answer take (tens of ms on a loaded
+    // machine: 20 failures were seen with other builds running). Without the stop all 100 fail.
     let (failed, pending) = (c["failed"].as_u64().unwrap(), c["pending"].as_u64().unwrap());
-    assert!((3..=10).contains(&failed), "{json}");
-    assert!(pending >= 180 && c["dispatched"] == 0 && c["running"] == 0, "{json}");
+    assert!((3..=50).contains(&failed), "{json}");
+    assert!(pending >= 100 && c["dispatched"] == 0 && c["running"] == 0, "{json}");
     // Resumed without the limit, the rest runs.
     let o = d.htc(&["run", "--resume", "-q"]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
