@@ -160,6 +160,8 @@ fn out_of_memory(limit: &str) -> u64 {
     let log = std::fs::read_to_string(d.run_dir().join("log/agent-0.log")).unwrap();
     let by_cgroup = log.contains("tasks' mem= enforced by memory cgroups");
     assert_eq!(by_cgroup, limit == "cgroup", "{log}");
+    let by_watch = log.contains("tasks' mem= enforced by watching their resident memory");
+    assert_eq!(by_watch, limit == "watch", "the log says which way, as docs/resources.md promises: {log}");
     let seen = s.split("out of memory (").nth(1).and_then(|r| r.split(' ').next()).and_then(|n| n.parse().ok());
     seen.unwrap_or_else(|| panic!("resident MiB in {s}"))
 }

@@ -715,6 +715,12 @@ fn exec_config(cfg: &AgentConfig, job_id: &str) -> ExecConfig {
 fn memory_cgroups(cfg: &AgentConfig) -> anyhow::Result<Option<Arc<htc_exec::memcg::Root>>> {
     use htc_exec::memcg::{Enforce, Root};
     if cfg.mem_limit == Enforce::Watch {
+        // The log says which way it enforces, chosen or not (docs/resources.md).
+        tracing::info!(
+            agent = cfg.agent_id,
+            why = "--mem-limit watch",
+            "tasks' mem= enforced by watching their resident memory"
+        );
         return Ok(None);
     }
     match Root::create() {
