@@ -1,12 +1,14 @@
 //! slurm-htc engine: what the leader and the agents decide, apart from how they do it. The wire
 //! messages as plain types (`wire`), and (as they move here from the node agent) the leader's
-//! core and the agents' machines, each fed `(now, event)` and answering with effects.
+//! core and the agents' machines, each fed `(now, event)` and answering with effects; and a
+//! job's life in a run across allocations (`lifecycle`).
 //!
 //! May use: `htc-core`, `prost` (message types only), `tracing` (a facade). May not use: sockets,
 //! files, clocks, threads, `libc`, `lmdb`, `tokio`: those are the node's and the store's, above.
 
 pub mod agent;
 pub mod leader;
+pub mod lifecycle;
 pub mod live;
 pub mod liveness;
 pub mod wire;
