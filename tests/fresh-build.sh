@@ -16,7 +16,7 @@ trap 'rm -rf "$tmp"' EXIT
 pristine() {
     [[ ! -e $root/target/release ]] || return 1
     local s
-    s=$(cd "$root" && git status --porcelain --ignored --untracked-files=all) || return 1
+    s=$(cd "$root" && git status --porcelain --ignored) || return 1
     [[ -z $(grep -vx '!! target/' <<<"$s") ]]
 }
 if pristine; then
