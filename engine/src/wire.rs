@@ -1,8 +1,11 @@
 //! The wire format: the messages of `proto/htc.proto` as plain Rust types (prost), how they map
-//! to the engine's own types, and how a dispatch is cut into frames. Framing and sockets are the
-//! node's (`frame.rs` in the node agent); nothing here does I/O.
+//! to the engine's own types (`leader`: the leader's messages, `msg`), and how a dispatch is cut
+//! into frames. Framing and sockets are the node's (`frame.rs` in the node agent); nothing here
+//! does I/O.
 
 use htc_core::record::Outcome;
+
+pub mod leader;
 
 /// Generated from `proto/htc.proto`.
 pub mod proto {

@@ -19,8 +19,9 @@ use htc_core::tree::Tree;
 
 use crate::agent::machine::{self, Carrier, Effect};
 use crate::agent::Instance;
-use crate::leader::core::{Core, Ending, Input, Outbox};
+use crate::leader::core::{Core, Ending, Input};
 use crate::leader::driver::LedgerTasks;
+use crate::leader::effect::{self, Effects};
 use crate::leader::{new_core, Planned};
 use crate::ledger::{Change, Ledger, Outcome, Record, WriteTxn};
 use crate::liveness::Liveness;
@@ -29,6 +30,7 @@ use crate::proto::{self, frame::Body};
 use crate::rundir::RunDir;
 use htc_core::virtual_exec::VirtualExec;
 use htc_core::work::{Command, ExecEvent, TaskToRun};
+use htc_engine::msg::{Came, Hello, ToAgent};
 
 mod fault;
 mod report;
@@ -302,7 +304,7 @@ struct Leader<'l> {
     free_at: u64,
     waking: bool,
     busy_us: u64,
-    outbox: Outbox,
+    outbox: Effects,
 }
 
 impl Leader<'_> {
@@ -336,9 +338,8 @@ impl Leader<'_> {
         let cost = cfg.leader.of(results).round() as u64;
         self.busy_us += cost;
         self.free_at = w.now + cost;
-        for (agent, body) in self.outbox.drain(..) {
-            fleet.send_down(w, self.free_at + cfg.latency_us, agent, body);
-        }
+        let mut down = Down { w, fleet, at: self.free_at + cfg.latency_us };
+        self.outbox.drain(..).for_each(|e| e.carry_out(&mut down));
         if let Some(e) = ended.or_else(|| self.core.ending()) {
             return Ok(Some(e));
         }
@@ -348,6 +349,25 @@ impl Leader<'_> {
         }
         Ok(None)
     }
+}
+
+/// The leader's effects of one input, carried out as the node's leader driver does over sockets:
+/// each message as its frames (`wire::leader`), down the connection that leads to its agent.
+struct Down<'a> {
+    w: &'a mut World,
+    fleet: &'a Fleet,
+    /// When they reach the agents at the top of the tree.
+    at: u64,
+}
+
+impl effect::Carrier for Down<'_> {
+    fn to_agent(&mut self, agent: u32, msg: ToAgent) {
+        let (w, fleet, at) = (&mut *self.w, self.fleet, self.at);
+        htc_engine::wire::leader::frames(agent, msg, |body| fleet.send_down(w, at, agent, body));
+    }
+    // The virtual network keeps no place for an agent to free: what comes over a connection
+    // that no longer stands for an agent is dropped there (`Fleet::carries`).
+    fn given_up(&mut self, _agent: u32) {}
 }
 
 /// One agent's turn of effects, carried out in the virtual world as the node's agent driver
@@ -436,19 +456,13 @@ fn first_try(first: u64, every: u64, open_at: u64) -> u64 {
 }
 
 /// A frame an agent at the top of the tree sends the leader (its own, or one it relays), as
-/// the leader's network side turns it into an input.
+/// the leader's network side turns it into an input: by the same mappings (`wire::leader`, and
+/// `Input::from` a Hello), so the two cannot read a frame differently.
 fn to_leader(body: Body) -> Option<Input> {
     Some(match body {
-        Body::Report(report) => Input::Report { agent: report.agent, report },
+        Body::Report(report) => Input::Report { agent: report.agent, report: report.into() },
         Body::Lost(l) => Input::Lost { agent: l.agent, why: l.reason },
-        Body::Hello(h) if h.rejoin => Input::Rejoined { agent: h.agent_id, below: h.below },
-        Body::Hello(h) => {
-            let (agent, cores, mem_mb, gpus, hostname) = (h.agent_id, h.cores, h.mem_mb, h.gpus, h.hostname);
-            match h.fresh {
-                true => Input::Revived { agent, cores, mem_mb, gpus, hostname },
-                false => Input::Joined { agent, cores, mem_mb, gpus, hostname },
-            }
-        }
+        Body::Hello(h) => Input::from(Hello::from(h)),
         _ => return None,
     })
 }
@@ -584,13 +598,14 @@ impl Fleet {
     /// What the leader hears when agent `a` says Hello to it: as a new member, or again after
     /// being given up (`revived`).
     fn hello(&self, cfg: &SimConfig, agent: u32, revived: bool) -> Input {
-        let (cores, mem_mb, gpus, hostname) =
-            (cfg.cores_per_agent, cfg.mem_mb_per_agent, cfg.gpus_per_agent, format!("sim{agent}"));
-        if revived {
-            Input::Revived { agent, cores, mem_mb, gpus, hostname }
-        } else {
-            Input::Joined { agent, cores, mem_mb, gpus, hostname }
-        }
+        Input::from(Hello {
+            agent,
+            cores: cfg.cores_per_agent,
+            mem_mb: cfg.mem_mb_per_agent,
+            gpus: cfg.gpus_per_agent,
+            hostname: format!("sim{agent}"),
+            came: if revived { Came::Fresh } else { Came::New },
+        })
     }
 
     /// What arrives of `ev`: itself, or what it carries over a connection if that got it there.

@@ -10,10 +10,12 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::core::allocations::Attach;
-use super::core::{Core, Ending, Input, Outbox, Progress, Tasks};
+use super::core::{Core, Ending, Input, Progress, Tasks};
+use super::effect::{Carrier, Effects};
 use crate::frame;
 use htc_core::task::Counts;
 use htc_core::task::Step;
+use htc_engine::msg::ToAgent;
 use htc_store::ledger::{Change, Ledger, LedgerError, Record, WriteTxn};
 use htc_store::load::TaskText;
 use htc_store::rundir::now_us;
@@ -104,19 +106,31 @@ impl Tasks for LedgerTasks<'_, '_> {
     }
 }
 
-/// Encodes and sends the core's frames to the agents' connections. A Shutdown that says "you
-/// were given up" (abort + revive) goes to `given_up` as well.
-fn send(out: &mut Outbox, links: &HashMap<u32, UnboundedSender<Vec<u8>>>, given_up: &Option<Box<dyn Fn(u32) + Send>>) {
-    let mut by_agent: HashMap<u32, Vec<u8>> = HashMap::new();
-    for (agent, body) in out.drain(..) {
-        if let (Some(f), htc_engine::proto::frame::Body::Shutdown(s)) = (given_up, &body) {
-            if s.abort && s.revive {
-                f(agent);
-            }
-        }
-        frame::encode_into(body, by_agent.entry(agent).or_default());
+/// The core's effects of a turn, carried out: each agent's messages encoded as frames
+/// (`wire::leader`) and gathered into one write per agent; an agent given up is told to
+/// `given_up`, the network side, which frees its place.
+struct Turn<'a> {
+    by_agent: HashMap<u32, Vec<u8>>,
+    given_up: &'a Option<Box<dyn Fn(u32) + Send>>,
+}
+
+impl Carrier for Turn<'_> {
+    fn to_agent(&mut self, agent: u32, msg: ToAgent) {
+        let buf = self.by_agent.entry(agent).or_default();
+        htc_engine::wire::leader::frames(agent, msg, |body| frame::encode_into(body, buf));
     }
-    for (agent, bytes) in by_agent {
+    fn given_up(&mut self, agent: u32) {
+        if let Some(f) = self.given_up {
+            f(agent);
+        }
+    }
+}
+
+/// Carries out the core's effects so far and sends their frames to the agents' connections.
+fn send(out: &mut Effects, links: &HashMap<u32, UnboundedSender<Vec<u8>>>, given_up: &Option<Box<dyn Fn(u32) + Send>>) {
+    let mut turn = Turn { by_agent: HashMap::new(), given_up };
+    out.drain(..).for_each(|e| e.carry_out(&mut turn));
+    for (agent, bytes) in turn.by_agent {
         if let Some(tx) = links.get(&agent) {
             let _ = tx.send(bytes);
         }
@@ -168,7 +182,7 @@ struct Session<'c, 'l> {
     text: &'l TaskText,
     cfg: DriverConfig,
     links: HashMap<u32, UnboundedSender<Vec<u8>>>,
-    out: Outbox,
+    out: Effects,
     txn: Option<WriteTxn<'l>>,
     last: Last,
     progress_every: Duration,
@@ -450,7 +464,9 @@ pub fn reset_interrupted(run: &htc_store::rundir::RunDir) -> Result<u64> {
 mod tests {
     use super::*;
     use crate::leader::{new_core, Planned};
-    use htc_engine::proto::{self, frame::Body};
+    use htc_core::record::Outcome;
+    use htc_engine::msg;
+    use htc_engine::proto::frame::Body;
 
     /// Frames sent so far on an agent's link.
     fn frames(rx: &mut tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>) -> Vec<Body> {
@@ -501,7 +517,7 @@ mod tests {
                 links.push(link_rx);
                 let hello = Input::Joined { agent, cores: 2, mem_mb: 0, gpus: 0, hostname: "h".into() };
                 tx.send(Event::Joined(hello, link)).unwrap();
-                let want = proto::Report { want: 2, idle: 2, agent, ..Default::default() };
+                let want = msg::Report { want: 2, idle: 2, ..Default::default() };
                 tx.send(Event::Core(Input::Report { agent, report: want })).unwrap();
             }
             // Each agent gets its two tasks, and nothing is acked yet.
@@ -528,15 +544,15 @@ mod tests {
             for (agent, ids) in sent.iter().enumerate() {
                 let results = ids
                     .iter()
-                    .map(|&id| proto::TaskResult {
+                    .map(|&id| msg::TaskResult {
                         id,
                         attempt: 1,
-                        outcome: proto::Outcome::Exited as i32,
+                        outcome: Outcome::Exited,
                         end_us: now_us(),
                         ..Default::default()
                     })
                     .collect();
-                let report = proto::Report { seq: 1, results, agent: agent as u32, ..Default::default() };
+                let report = msg::Report { seq: 1, results, ..Default::default() };
                 tx.send(Event::Core(Input::Report { agent: agent as u32, report })).unwrap();
             }
             let (ending, _) = driver.join().unwrap().unwrap();

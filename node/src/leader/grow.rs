@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use htc_core::grow::{Decision, GrowSpec, Grower};
 
-use super::core::{Core, Outbox};
+use super::core::Core;
+use super::effect::Effects;
 
 /// How grown jobs are submitted and cancelled (`sbatch --htc-join`, `scancel`): the product's.
 pub trait Submit: Send + Sync {
@@ -112,8 +113,8 @@ impl Growing {
     }
 
     /// Shows the policy the run, at most once a second: grown jobs leave while other jobs wait
-    /// for nodes (frames for them go to `out`), and a submission it asks for starts.
-    pub fn turn(&mut self, core: &mut Core<'_>, now_us: u64, out: &mut Outbox) {
+    /// for nodes (what their agents are told goes to `out`), and a submission it asks for starts.
+    pub fn turn(&mut self, core: &mut Core<'_>, now_us: u64, out: &mut Effects) {
         if self.last.is_some_and(|t| t.elapsed() < EVERY) {
             return;
         }

@@ -1,6 +1,6 @@
 //! The leader (1st-level instance): owns the ledger, partitions the tasks, and serves the agents.
 //! `core` is the scheduling state machine (no I/O), `driver` runs it against the ledger and the
-//! agents' connections, `net` the sockets, `launch` how agents are started (`srun` under Slurm),
+//! agents' connections and carries out its `effect`s, `net` the sockets, `launch` how agents are started (`srun` under Slurm),
 //! `grow` a run that grows itself.
 
 pub mod driver;
@@ -8,7 +8,7 @@ pub mod grow;
 pub mod launch;
 pub mod net;
 pub mod srun;
-pub use htc_engine::leader::{core, plan};
+pub use htc_engine::leader::{core, effect, plan};
 
 use std::net::SocketAddr;
 use std::sync::{mpsc, Arc};

@@ -13,6 +13,7 @@ use super::core::Input;
 use super::driver::Event;
 use crate::auth::{self, Door};
 use crate::frame::{self, read_frame, FrameError};
+use htc_engine::msg::{Came, Hello, ToAgent};
 use htc_engine::proto::{self, frame::Body};
 
 pub struct NetConfig {
@@ -146,7 +147,9 @@ async fn connection(
     let mut buf = Vec::new();
     let (mut rd, wr) = stream.into_split();
     // An Ack of nothing new is a heartbeat: sent from here when the core thread sent nothing.
-    let keepalive = encoded(Body::Ack(proto::Ack { seq: 0, agent: hello.agent_id, resync: false }));
+    let mut keepalive = Vec::new();
+    let beat = ToAgent::Ack { seq: 0 };
+    htc_engine::wire::leader::frames(hello.agent_id, beat, |body| frame::encode_into(body, &mut keepalive));
     let tx = frame::spawn_writer_with_keepalive(wr, cfg.heartbeat, keepalive);
     let mut agents: HashSet<u32> = HashSet::new();
     // The agent at the other end; the others it relays for may rejoin around its loss.
@@ -157,17 +160,11 @@ async fn connection(
             let agent = h.agent_id;
             agents.insert(agent);
             let _ = tx.send(encoded(Body::Welcome(proto::Welcome { job_id: cfg.job_id.clone(), agent_id: agent })));
-            let input = if h.rejoin {
-                agents.extend(&h.below);
-                Input::Rejoined { agent, below: h.below }
-            } else if h.handover {
-                Input::HandedOver { agent, cores: h.cores, mem_mb: h.mem_mb, gpus: h.gpus, hostname: h.hostname }
-            } else if h.fresh {
-                Input::Revived { agent, cores: h.cores, mem_mb: h.mem_mb, gpus: h.gpus, hostname: h.hostname }
-            } else {
-                Input::Joined { agent, cores: h.cores, mem_mb: h.mem_mb, gpus: h.gpus, hostname: h.hostname }
-            };
-            let joined = Event::Joined(input, tx.clone());
+            let hello = Hello::from(h);
+            if let Came::Rejoin { below } = &hello.came {
+                agents.extend(below);
+            }
+            let joined = Event::Joined(Input::from(hello), tx.clone());
             if core.send(joined).is_err() {
                 return Ok(());
             }
@@ -181,7 +178,8 @@ async fn connection(
                     }
                     continue;
                 }
-                if core.send(Event::Core(Input::Report { agent: report.agent, report })).is_err() {
+                let input = Input::Report { agent: report.agent, report: report.into() };
+                if core.send(Event::Core(input)).is_err() {
                     return Ok(());
                 }
             }

@@ -24,7 +24,7 @@ impl Core<'_> {
         agent: u32,
         why: &str,
         now_us: u64,
-        out: &mut Outbox,
+        out: &mut Effects,
     ) -> Result<(), E> {
         let Some(a) = self.agents.get_mut(&agent).filter(|a| a.alive) else { return Ok(()) };
         a.alive = false;
@@ -120,14 +120,13 @@ impl Core<'_> {
 
     /// An agent (and those it relays for) came back around a lost relay: each is asked which
     /// tasks it holds, since frames both ways may have died with the relay.
-    pub(super) fn rejoined(&mut self, agent: u32, below: Vec<u32>, now_us: u64, out: &mut Outbox) {
+    pub(super) fn rejoined(&mut self, agent: u32, below: Vec<u32>, now_us: u64, out: &mut Effects) {
         for a in std::iter::once(agent).chain(below) {
             if a == agent && !self.agents.contains_key(&a) && self.member_s_instance(a).is_some() {
                 // A member around its lost head: what it holds went back with the head (or will,
                 // once the head is found lost), so it stops it and comes back empty.
                 let reason = "its instance head is gone: come back empty to the leader".to_string();
-                let shutdown = proto::Shutdown { revive: true, abort: true, reason, agent: a, hold: false };
-                out.push((a, Body::Shutdown(shutdown)));
+                effect::give_up(out, a, reason);
                 continue;
             }
             let Some(x) = self.agents.get_mut(&a) else { continue };
@@ -135,22 +134,13 @@ impl Core<'_> {
                 if a == agent {
                     // Given up already: its tasks run elsewhere, so it must not run them too.
                     let why = "rejoined after it was given up".to_string();
-                    out.push((
-                        a,
-                        Body::Shutdown(proto::Shutdown {
-                            revive: true,
-                            abort: true,
-                            reason: why,
-                            agent: a,
-                            hold: false,
-                        }),
-                    ));
+                    effect::give_up(out, a, why);
                 }
                 continue;
             }
             tracing::info!(job = %self.job_id, agent = a, host = %x.hostname, "rejoined around a lost relay");
             x.heard_us = now_us;
-            out.push((a, Body::Ack(proto::Ack { seq: x.acked_seq, agent: a, resync: true })));
+            out.push(Effect::ToAgent(a, ToAgent::Resync { seq: x.acked_seq }));
             self.resyncs.insert(a, self.in_flight.of_agent(a));
         }
     }
@@ -166,7 +156,7 @@ impl Core<'_> {
         (cores, mem_mb, gpus): (u32, u64, u32),
         hostname: String,
         now_us: u64,
-        out: &mut Outbox,
+        out: &mut Effects,
     ) -> Result<(), E> {
         if !self.agents.contains_key(&agent) && !self.told_to_hold {
             if let Some(instance) = self.member_s_instance(agent) {
@@ -178,18 +168,12 @@ impl Core<'_> {
         }
         let Some(a) = self.agents.get(&agent) else {
             let reason = "never joined this session".to_string();
-            out.push((
-                agent,
-                Body::Shutdown(proto::Shutdown { revive: false, abort: true, reason, agent, hold: false }),
-            ));
+            out.push(Effect::stop(agent, Stop::Abort, reason));
             return Ok(());
         };
         if a.drained || self.told_to_hold {
             let reason = if a.drained { "drained as a black hole" } else { "the run starts nothing more" }.to_string();
-            out.push((
-                agent,
-                Body::Shutdown(proto::Shutdown { revive: false, abort: false, reason, agent, hold: true }),
-            ));
+            out.push(Effect::stop(agent, Stop::Hold, reason));
             return Ok(());
         }
         if a.alive {
@@ -217,7 +201,7 @@ impl Core<'_> {
     /// overdue, which would re-run long tasks that are fine, every agent holding tasks is asked
     /// now and then which it holds (one pass over the tasks in flight), and what it does not
     /// hold is re-run (`resynced`). A lost dispatch or result thus costs at most this period.
-    pub(super) fn audit(&mut self, out: &mut Outbox) {
+    pub(super) fn audit(&mut self, out: &mut Effects) {
         let mut by_agent: HashMap<u32, Vec<u64>> = HashMap::new();
         for (id, f) in self.in_flight.by_id.iter().enumerate() {
             if f.agent != u32::MAX {
@@ -229,7 +213,7 @@ impl Core<'_> {
             if self.resyncs.contains_key(&agent) {
                 continue;
             }
-            out.push((agent, Body::Ack(proto::Ack { seq: a.acked_seq, agent, resync: true })));
+            out.push(Effect::ToAgent(agent, ToAgent::Resync { seq: a.acked_seq }));
             self.resyncs.insert(agent, ids);
         }
     }

@@ -9,7 +9,7 @@ use std::ops::Range;
 
 use super::*;
 
-/// A joining allocation's request (`proto::Attach`, read by the node's network side).
+/// A joining allocation's request (an Attach frame, read by the node's network side).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Attach {
     /// The joining Slurm job (or a local name).
@@ -144,7 +144,7 @@ impl Core<'_> {
 
     /// Allocations whose end has come are told to leave: each of their live agents starts
     /// nothing more, hands back what is queued and goes once what runs has ended.
-    pub(super) fn leave_due<E>(&mut self, t: &mut dyn Tasks<Error = E>, out: &mut Outbox) -> Result<(), E> {
+    pub(super) fn leave_due<E>(&mut self, t: &mut dyn Tasks<Error = E>, out: &mut Effects) -> Result<(), E> {
         let now = self.now_us;
         let due: Vec<usize> = (0..self.allocations.len())
             .filter(|&i| self.allocations[i].stage == Stage::Running)
@@ -162,20 +162,19 @@ impl Core<'_> {
 
     /// Tells a joined allocation to leave now (a grown job giving its nodes back to jobs that
     /// wait for them): as at its time limit.
-    pub fn leave_allocation(&mut self, job: &str, reason: &str, out: &mut Outbox) {
+    pub fn leave_allocation(&mut self, job: &str, reason: &str, out: &mut Effects) {
         if let Some(i) = self.allocations.iter().position(|a| a.job == job && a.stage == Stage::Running) {
             self.leave(i, format!("its allocation (job {job}) {reason}"), out);
         }
     }
 
-    fn leave(&mut self, i: usize, reason: String, out: &mut Outbox) {
+    fn leave(&mut self, i: usize, reason: String, out: &mut Effects) {
         let a = &mut self.allocations[i];
         a.stage = Stage::Leaving;
         tracing::info!(job = %self.job_id, allocation = %a.job, %reason, "an allocation leaves");
         let range = a.agents.clone();
         for agent in range.filter(|x| self.agents.get(x).is_some_and(|a| a.alive)) {
-            let hold = proto::Shutdown { revive: false, abort: false, reason: reason.clone(), agent, hold: true };
-            out.push((agent, Body::Shutdown(hold)));
+            out.push(Effect::stop(agent, Stop::Hold, reason.clone()));
         }
         self.replan();
     }

@@ -8,7 +8,7 @@ use super::*;
 struct Batch {
     agent: u32,
     want: u64,
-    specs: Vec<proto::TaskSpec>,
+    specs: Vec<msg::TaskSpec>,
 }
 
 /// Where `Core::start` put a task.
@@ -65,7 +65,7 @@ impl Core<'_> {
     /// their slots for some back (`recall`), as many as the idle slots can start and queue at
     /// the even share (`recall_share`), less what is already on its way: stealing half, as
     /// work stealing does, so the tail takes a few rounds, not one per task.
-    pub(super) fn ask_back(&mut self, out: &mut Outbox) {
+    pub(super) fn ask_back(&mut self, out: &mut Effects) {
         // It looks at every agent: once per ASK_EVERY at most, not for each idle report (with a
         // thousand agents idle at the tail, that was seconds per turn); what was put off is
         // done with the first input after (`handle`).
@@ -106,7 +106,7 @@ impl Core<'_> {
             }
             tracing::debug!(job = %self.job_id, agent, tasks = ids.len(), "queued tasks asked back for idle slots");
             self.recalls.ask(agent, &ids);
-            out.push((agent, Body::Recall(proto::Recall { agent, ids })));
+            out.push(Effect::ToAgent(agent, ToAgent::Recall(ids)));
         }
     }
 
@@ -115,7 +115,7 @@ impl Core<'_> {
         self.fresh_retries = true;
     }
 
-    pub(super) fn dispatch_all<E>(&mut self, t: &mut dyn Tasks<Error = E>, out: &mut Outbox) -> Result<(), E> {
+    pub(super) fn dispatch_all<E>(&mut self, t: &mut dyn Tasks<Error = E>, out: &mut Effects) -> Result<(), E> {
         self.fresh_retries = false;
         self.fresh_handoffs = false;
         self.scans += 1;
@@ -163,7 +163,7 @@ impl Core<'_> {
     /// oldest work), what waits for memory, what was preempted, what other agents handed over
     /// for its affinity keys, and its share of the partition; with nothing else for it, what
     /// waits for busy agents' keys and what agents behind gave back.
-    pub(super) fn dispatch<E>(&mut self, t: &mut dyn Tasks<Error = E>, agent: u32, out: &mut Outbox) -> Result<(), E> {
+    pub(super) fn dispatch<E>(&mut self, t: &mut dyn Tasks<Error = E>, agent: u32, out: &mut Effects) -> Result<(), E> {
         if self.failed_too_often().is_some()
             || self.agents[&agent].drained
             || self.mem.runs_exclusive(agent)
@@ -192,7 +192,9 @@ impl Core<'_> {
         // A head counts what was just sent as running: it goes to members' idle slots.
         a.busy = a.busy.saturating_add(specs.len() as u32).min(a.cores);
         // The Dispatch goes first: a Recall of a task must never overtake the task itself.
-        out.extend(crate::wire::dispatches(agent, specs).into_iter().map(|d| (agent, Body::Dispatch(d))));
+        if !specs.is_empty() {
+            out.push(Effect::ToAgent(agent, ToAgent::Dispatch(specs)));
+        }
         if ask {
             self.ask_back(out);
         }
@@ -405,7 +407,7 @@ impl Core<'_> {
         agent: u32,
         id: u64,
         r: Record,
-        specs: &mut Vec<proto::TaskSpec>,
+        specs: &mut Vec<msg::TaskSpec>,
     ) -> Result<(), E> {
         let Some((life, _)) = self.move_life(r.life(), Step::Dispatch) else { return Ok(()) };
         self.in_flight.insert(id, Flight { agent, life });
@@ -416,7 +418,7 @@ impl Core<'_> {
             self.preemptible.insert((r.priority, std::cmp::Reverse(id)));
             self.preemptible_of.insert(id, r.priority);
         }
-        specs.push(proto::TaskSpec {
+        specs.push(msg::TaskSpec {
             id,
             attempt: life.attempt_no(),
             command: t.command(&r),

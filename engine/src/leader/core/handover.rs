@@ -38,7 +38,7 @@ impl Core<'_> {
     /// One of another allocation (an id this leader's tree does not hold) stands as an instance
     /// of its own until its launcher attaches again keeping the ids (`keep_ids`). One this leader
     /// has no place for (here already, or a member of an instance) stops.
-    pub(super) fn handed_over(&mut self, agent: u32, resources: (u32, u64, u32), hostname: String, out: &mut Outbox) {
+    pub(super) fn handed_over(&mut self, agent: u32, resources: (u32, u64, u32), hostname: String, out: &mut Effects) {
         let stray = self.layout.as_ref().is_some_and(|t| !t.holds(agent));
         if stray {
             let tree = Arc::make_mut(self.layout.as_mut().expect("checked"));
@@ -50,17 +50,14 @@ impl Core<'_> {
         let Some(instance) = self.instance_of(agent).filter(|_| !self.agents.contains_key(&agent)) else {
             tracing::warn!(job = %self.job_id, agent, %hostname, "an agent this leader has no place for came from a hand-over");
             let reason = "the run's new leader has no place for this agent".to_string();
-            out.push((
-                agent,
-                Body::Shutdown(proto::Shutdown { revive: false, abort: true, reason, agent, hold: false }),
-            ));
+            out.push(Effect::stop(agent, Stop::Abort, reason));
             return;
         };
         tracing::info!(job = %self.job_id, agent, %hostname, "agent came back from the hand-over, with its tasks");
         self.ever_seen += 1;
         self.enroll(agent, instance, resources, hostname);
         self.adoptees.insert(agent);
-        out.push((agent, Body::Ack(proto::Ack { seq: 0, agent, resync: true })));
+        out.push(Effect::ToAgent(agent, ToAgent::Resync { seq: 0 }));
         self.resyncs.insert(agent, Vec::new());
         if stray {
             // A new instance: it gets a share of what is not handed out.
@@ -112,7 +109,7 @@ impl Core<'_> {
 
     /// Ends the wait once every expected agent has said what it holds (or is lost), or the time
     /// is up; then work goes out.
-    pub(super) fn settle<E>(&mut self, t: &mut dyn Tasks<Error = E>, out: &mut Outbox) -> Result<(), E> {
+    pub(super) fn settle<E>(&mut self, t: &mut dyn Tasks<Error = E>, out: &mut Effects) -> Result<(), E> {
         let Some(s) = self.settling.as_mut() else { return Ok(()) };
         let agents = &self.agents;
         s.waiting.retain(|a| agents.get(a).is_none_or(|x| x.alive));

@@ -1,6 +1,6 @@
 //! The leader's scheduling core, without I/O: fed events (an agent joined, a report came, an
-//! agent was lost, a signal) with the current time, it answers with frames to send to agents and
-//! writes task records through [`Tasks`]. It owns no socket, thread, clock or file, so scripted
+//! agent was lost, a signal) with the current time, it answers with effects (`effect`: messages
+//! for agents, in the engine's own types of `msg`) and writes task records through [`Tasks`]. It owns no socket, thread, clock or file, so scripted
 //! event sequences test it (`tests.rs`) and the same core runs under every driver (the node's
 //! `leader/driver.rs`: the LMDB transaction, group commits and the agents' channels).
 //!
@@ -22,12 +22,13 @@ use htc_core::hist::{Hist, Summary};
 use htc_core::idmap::{IdMap, IdSet};
 use htc_core::partition::{Block, Partition};
 use htc_core::recall::{self, Recalls};
-use htc_core::task::{Effect, End, Life, Step};
+use htc_core::task::{self, End, Life, Step};
 use htc_core::tree::Tree;
 
+use super::effect::{self, Effect, Effects};
 use crate::live;
 use crate::liveness::Liveness;
-use crate::proto::{self, frame::Body};
+use crate::msg::{self, Came, Hello, Stop, ToAgent};
 use htc_core::record::{Attempt, Change, Outcome, Record};
 use htc_core::task::{Counts, State};
 
@@ -70,7 +71,7 @@ pub enum Input {
     },
     Report {
         agent: u32,
-        report: proto::Report,
+        report: msg::Report,
     },
     Lost {
         agent: u32,
@@ -115,6 +116,19 @@ pub enum Input {
     Tick,
 }
 
+/// What a Hello tells the core, by why the agent came: the one reading, for every driver.
+impl From<Hello> for Input {
+    fn from(h: Hello) -> Input {
+        let Hello { agent, cores, mem_mb, gpus, hostname, came } = h;
+        match came {
+            Came::New => Input::Joined { agent, cores, mem_mb, gpus, hostname },
+            Came::Rejoin { below } => Input::Rejoined { agent, below },
+            Came::Fresh => Input::Revived { agent, cores, mem_mb, gpus, hostname },
+            Came::Handover => Input::HandedOver { agent, cores, mem_mb, gpus, hostname },
+        }
+    }
+}
+
 /// How often agents are asked what they hold (`Core::audit`), in units of the loss bound
 /// (`lost_after_s`): every minute by default.
 pub const AUDIT_EVERY_LOST_AFTER: u64 = 6;
@@ -140,9 +154,6 @@ const ASK_EVERY_US_PER_AGENT: u64 = 10;
 
 /// Hinted work per core an agent may hold before it gets only what it can start (`with_horizon`).
 pub const HORIZON_MS: u64 = 1_000;
-
-/// Frames for agents, in the order they must be sent.
-pub type Outbox = Vec<(u32, Body)>;
 
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Progress {
@@ -468,10 +479,10 @@ impl<'a> Core<'a> {
         })
     }
 
-    /// Shutdown frames for every live agent; but a leader stopped by a signal (its job's time
+    /// A Shutdown for every live agent; but a leader stopped by a signal (its job's time
     /// limit, `scancel`) leaves the agents of joined allocations that still run alone: they wait
     /// with their tasks for the job that takes the run over (`handover`).
-    pub fn shutdown(&self, ending: &Ending, out: &mut Outbox) {
+    pub fn shutdown(&self, ending: &Ending, out: &mut Effects) {
         let reason = match ending {
             Ending::Complete => "all tasks finished".to_string(),
             Ending::Interrupted(s) => format!("leader got signal {s}"),
@@ -479,16 +490,13 @@ impl<'a> Core<'a> {
             Ending::TooManyFailures(n) => format!("{n} tasks failed (--max-fails)"),
             Ending::OutOfTime(n) => format!("{n} tasks cannot finish before the time limit"),
         };
-        let abort = *ending != Ending::Complete;
+        let stop = if *ending == Ending::Complete { Stop::Finish } else { Stop::Abort };
         let handed_over = |agent: u32| {
             matches!(ending, Ending::Interrupted(_))
                 && self.allocation_of(agent).is_some_and(|i| self.allocations[i].stage == allocations::Stage::Running)
         };
         for (&agent, _) in self.agents.iter().filter(|(&id, a)| a.alive && !handed_over(id)) {
-            out.push((
-                agent,
-                Body::Shutdown(proto::Shutdown { revive: false, agent, abort, reason: reason.clone(), hold: false }),
-            ));
+            out.push(Effect::stop(agent, stop, reason.clone()));
         }
     }
 
@@ -500,23 +508,23 @@ impl<'a> Core<'a> {
 
     /// Acks every report received so far: call after the ledger writes of those reports are
     /// committed, never before.
-    pub fn acks(&mut self, out: &mut Outbox) {
+    pub fn acks(&mut self, out: &mut Effects) {
         for (&id, a) in self.agents.iter_mut() {
             if a.alive && a.last_seq > a.acked_seq {
                 a.acked_seq = a.last_seq;
                 a.told_us = self.now_us;
-                out.push((id, Body::Ack(proto::Ack { seq: a.last_seq, agent: id, resync: false })));
+                out.push(Effect::ToAgent(id, ToAgent::Ack { seq: a.last_seq }));
             }
         }
     }
 
-    /// Feeds one event; frames to send are appended to `out`. `Some` ends the run.
+    /// Feeds one event; what it causes is appended to `out`. `Some` ends the run.
     pub fn handle<E>(
         &mut self,
         now_us: u64,
         t: &mut dyn Tasks<Error = E>,
         ev: Input,
-        out: &mut Outbox,
+        out: &mut Effects,
     ) -> Result<Option<Ending>, E> {
         self.now_us = now_us;
         match ev {
@@ -552,7 +560,7 @@ impl<'a> Core<'a> {
     /// from the leader at least as often as it reports (`Liveness::beat_every_us`): the ack of
     /// its last report, or else an Ack of what was already acknowledged. Under load the acks
     /// alone do it (16 one-slot agents were sent as many heartbeats as acks).
-    fn tick<E>(&mut self, t: &mut dyn Tasks<Error = E>, now_us: u64, out: &mut Outbox) -> Result<(), E> {
+    fn tick<E>(&mut self, t: &mut dyn Tasks<Error = E>, now_us: u64, out: &mut Effects) -> Result<(), E> {
         self.excuse_own_stall(now_us);
         let mut silent: Vec<(u32, u64)> = self
             .agents
@@ -564,10 +572,7 @@ impl<'a> Core<'a> {
         for (agent, quiet_us) in silent {
             let why = format!("silent for {:.1} s", quiet_us as f64 / 1e6);
             self.lose(t, agent, &why, now_us, out)?;
-            out.push((
-                agent,
-                Body::Shutdown(proto::Shutdown { revive: true, abort: true, reason: why, agent, hold: false }),
-            ));
+            effect::give_up(out, agent, why);
         }
         if now_us.saturating_sub(self.audit_us) >= AUDIT_EVERY_LOST_AFTER * self.live.lost_after_us {
             self.audit_us = now_us;
@@ -580,7 +585,7 @@ impl<'a> Core<'a> {
         for (&agent, a) in self.agents.iter_mut().filter(|(_, a)| a.alive) {
             if now_us.saturating_sub(a.told_us) >= every {
                 a.told_us = now_us;
-                out.push((agent, Body::Ack(proto::Ack { seq: a.acked_seq, agent, resync: false })));
+                out.push(Effect::ToAgent(agent, ToAgent::Ack { seq: a.acked_seq }));
             }
         }
         Ok(())

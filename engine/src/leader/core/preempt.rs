@@ -8,7 +8,7 @@ impl Core<'_> {
     /// tasks of lower priority, lowest and newest first, one per waiting task; they run again
     /// later without using a retry. Tasks already handed to an agent are its executor's to
     /// preempt (it knows what waits in its queue).
-    pub(super) fn preempt_for_waiting<E>(&mut self, t: &dyn Tasks<Error = E>, out: &mut Outbox) -> Result<(), E> {
+    pub(super) fn preempt_for_waiting<E>(&mut self, t: &dyn Tasks<Error = E>, out: &mut Effects) -> Result<(), E> {
         if self.preemptible.len() <= self.preempting.len() {
             return Ok(());
         }
@@ -40,14 +40,14 @@ impl Core<'_> {
         }
         for (agent, ids) in by_agent {
             tracing::info!(job = %self.job_id, agent, tasks = ?ids, priority = p, "preempting for higher-priority work");
-            out.push((agent, Body::Preempt(proto::Preempt { agent, ids })));
+            out.push(Effect::ToAgent(agent, ToAgent::Preempt(ids)));
         }
         Ok(())
     }
 
     /// Tasks waiting for memory or GPUs (the oldest few) stop preemptible tasks of lower
     /// priority on the agent where the fewest stops make room, which is then kept for them.
-    fn preempt_for_memory<E>(&mut self, t: &dyn Tasks<Error = E>, out: &mut Outbox) -> Result<(), E> {
+    fn preempt_for_memory<E>(&mut self, t: &dyn Tasks<Error = E>, out: &mut Effects) -> Result<(), E> {
         let waiting: Vec<u64> = self.mem.waiting_tasks().take(8).map(|n| n.task).collect();
         for w in waiting {
             let Some(r) = t.get(w)? else { continue };
@@ -81,7 +81,7 @@ impl Core<'_> {
                 *self.times_preempted.entry(id).or_default() += 1;
             }
             tracing::info!(job = %self.job_id, agent, tasks = ?ids, task = w, priority = r.priority, "preempting to make room for a task waiting for memory or GPUs");
-            out.push((agent, Body::Preempt(proto::Preempt { agent, ids })));
+            out.push(Effect::ToAgent(agent, ToAgent::Preempt(ids)));
         }
         Ok(())
     }

@@ -7,14 +7,13 @@ use super::*;
 impl Core<'_> {
     /// Once `--max-fails` is reached: every agent finishes what runs, starts nothing more, and
     /// leaves; what it had queued comes back when it does (as for any agent that leaves).
-    pub(super) fn hold_if_failing(&mut self, out: &mut Outbox) {
+    pub(super) fn hold_if_failing(&mut self, out: &mut Effects) {
         let Some(failed) = self.failed_too_often().filter(|_| !self.told_to_hold) else { return };
         self.told_to_hold = true;
         tracing::warn!(job = %self.job_id, failed, "--max-fails reached: starting nothing more");
         let reason = format!("{failed} tasks failed (--max-fails)");
         for (&agent, _) in self.agents.iter().filter(|(_, a)| a.alive) {
-            let stop = proto::Shutdown { revive: false, abort: false, hold: true, reason: reason.clone(), agent };
-            out.push((agent, Body::Shutdown(stop)));
+            out.push(Effect::stop(agent, Stop::Hold, reason.clone()));
         }
     }
 
@@ -54,7 +53,7 @@ impl Core<'_> {
         &mut self,
         t: &mut dyn Tasks<Error = E>,
         agent: u32,
-        out: &mut Outbox,
+        out: &mut Effects,
     ) -> Result<(), E> {
         // Already drained: what it still fails (it was running when told) is its fault too.
         if let Some(a) = self.agents.get_mut(&agent).filter(|a| a.drained) {
@@ -90,7 +89,7 @@ impl Core<'_> {
             self.refund(t, id)?;
         }
         self.fail_unfit_waiting(t)?;
-        out.push((agent, Body::Shutdown(proto::Shutdown { revive: false, abort: false, hold: true, reason, agent })));
+        out.push(Effect::stop(agent, Stop::Hold, reason));
         self.dispatch_all(t, out)
     }
 
@@ -122,7 +121,7 @@ impl Core<'_> {
     }
 
     /// A start moves the attempt in memory only; its time travels with the result.
-    pub(super) fn on_started(&mut self, agent: u32, s: &proto::TaskStarted) {
+    pub(super) fn on_started(&mut self, agent: u32, s: &msg::Started) {
         let Some(f) = self.in_flight.get(s.id) else { return };
         if f.agent != agent || f.life.attempt_no() != s.attempt {
             return;
@@ -134,7 +133,7 @@ impl Core<'_> {
     /// Moves a task's life by `task::step`, and the counts with it: the one way a task's state
     /// changes in the core. `None` for a step its state does not allow (a stale report, say),
     /// which changes nothing.
-    pub(super) fn move_life(&mut self, from: Life, s: Step) -> Option<(Life, Effect)> {
+    pub(super) fn move_life(&mut self, from: Life, s: Step) -> Option<(Life, task::Effect)> {
         self.counts.step(from, s).ok()
     }
 
@@ -155,7 +154,7 @@ impl Core<'_> {
         &mut self,
         t: &mut dyn Tasks<Error = E>,
         agent: u32,
-        res: &proto::TaskResult,
+        res: &msg::TaskResult,
         now_us: u64,
     ) -> Result<(), E> {
         // A result from an agent that no longer holds the task (it was lost and the task re-sent)
@@ -170,7 +169,7 @@ impl Core<'_> {
             a.ahead_ms = a.ahead_ms.saturating_sub(r.runtime_ms as u64 * r.cores as u64);
         }
         let ended = Ended {
-            outcome: Outcome::from(proto::Outcome::try_from(res.outcome).unwrap_or(proto::Outcome::Unspecified)),
+            outcome: res.outcome,
             value: res.value,
             start_us: res.start_us,
             // A head telling of a member's lost task knows no end: it is now.
@@ -212,7 +211,7 @@ impl Core<'_> {
             r.start_us = start_us;
         }
         r.end_us = end_us;
-        if effect == Effect::Retry {
+        if effect == task::Effect::Retry {
             let a = Attempt {
                 attempt: f.life.attempt_no().min(255) as u8,
                 outcome,
@@ -268,8 +267,8 @@ impl Core<'_> {
         &mut self,
         t: &mut dyn Tasks<Error = E>,
         agent: u32,
-        report: proto::Report,
-        out: &mut Outbox,
+        report: msg::Report,
+        out: &mut Effects,
     ) -> Result<(), E> {
         if !self.agents.get(&agent).is_some_and(|a| a.alive) {
             return Ok(());
@@ -299,11 +298,11 @@ impl Core<'_> {
         for &id in &report.recalled {
             self.came_back(t, agent, id)?;
         }
-        if report.resync {
+        if let Some(holding) = &report.holding {
             if self.is_adoptee(agent) {
-                self.adopt_held(t, agent, &report.holding)?;
+                self.adopt_held(t, agent, holding)?;
             }
-            self.resynced(t, agent, &report.holding, self.now_us)?;
+            self.resynced(t, agent, holding, self.now_us)?;
             self.settle(t, out)?;
         }
         let a = self.agents.get_mut(&agent).unwrap();
@@ -332,7 +331,7 @@ impl Core<'_> {
 
     /// An instance's members changed (one joined, one was lost): tasks are committed against
     /// their sums, and none is sent that the largest cannot hold (`fits`).
-    fn resize<E>(&mut self, t: &mut dyn Tasks<Error = E>, agent: u32, c: proto::Capacity) -> Result<(), E> {
+    fn resize<E>(&mut self, t: &mut dyn Tasks<Error = E>, agent: u32, c: msg::Capacity) -> Result<(), E> {
         let a = self.agents.get_mut(&agent).unwrap();
         (a.mem_mb, a.gpus, a.widest) = (c.largest_mem_mb, c.largest_gpus, c.largest_cores.max(1));
         let largest = backfill::Size { mem_mb: c.largest_mem_mb, cores: c.largest_cores, gpus: c.largest_gpus };

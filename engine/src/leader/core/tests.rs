@@ -68,26 +68,26 @@ fn join(agent: u32, cores: u32) -> Input {
 }
 
 fn want(agent: u32, n: u32) -> Input {
-    Input::Report { agent, report: proto::Report { want: n, agent, ..Default::default() } }
+    Input::Report { agent, report: msg::Report { want: n, ..Default::default() } }
 }
 
 /// Attempt `attempt` of task `id` exited with `exit`.
-fn exited(id: u64, attempt: u32, exit: i32) -> proto::TaskResult {
-    proto::TaskResult { id, attempt, outcome: proto::Outcome::Exited as i32, value: exit, ..Default::default() }
+fn exited(id: u64, attempt: u32, exit: i32) -> msg::TaskResult {
+    msg::TaskResult { id, attempt, outcome: Outcome::Exited, value: exit, ..Default::default() }
 }
 
 fn result(agent: u32, seq: u64, id: u64, attempt: u32, exit: i32) -> Input {
     let r = exited(id, attempt, exit);
-    Input::Report { agent, report: proto::Report { seq, results: vec![r], agent, ..Default::default() } }
+    Input::Report { agent, report: msg::Report { seq, results: vec![r], ..Default::default() } }
 }
 
 /// Feeds events in order; returns the frames sent and the ending, if any.
-fn feed(c: &mut Core<'_>, m: &mut Mem, events: Vec<Input>) -> (Outbox, Option<Ending>) {
+fn feed(c: &mut Core<'_>, m: &mut Mem, events: Vec<Input>) -> (Effects, Option<Ending>) {
     feed_at(c, m, 1_000, events)
 }
 
 /// As `feed`, the first event at `t0` µs.
-fn feed_at(c: &mut Core<'_>, m: &mut Mem, t0: u64, events: Vec<Input>) -> (Outbox, Option<Ending>) {
+fn feed_at(c: &mut Core<'_>, m: &mut Mem, t0: u64, events: Vec<Input>) -> (Effects, Option<Ending>) {
     let mut out = Vec::new();
     for (i, ev) in events.into_iter().enumerate() {
         if let Some(e) = c.handle(t0 + i as u64, m, ev, &mut out).unwrap() {
@@ -97,11 +97,29 @@ fn feed_at(c: &mut Core<'_>, m: &mut Mem, t0: u64, events: Vec<Input>) -> (Outbo
     (out, c.ending())
 }
 
+/// The messages for agents in `out`, with their agents.
+fn sent(out: &Effects) -> impl Iterator<Item = (u32, &ToAgent)> {
+    out.iter().filter_map(|e| match e {
+        Effect::ToAgent(a, m) => Some((*a, m)),
+        Effect::GivenUp(_) => None,
+    })
+}
+
+/// Whether `agent` was told to stop as `stop` says.
+fn told(out: &Effects, agent: u32, stop: Stop) -> bool {
+    sent(out).any(|(a, m)| a == agent && matches!(m, ToAgent::Shutdown { stop: s, .. } if *s == stop))
+}
+
+/// The agents told to stop in any way.
+fn stopped(out: &Effects) -> Vec<u32> {
+    sent(out).filter(|(_, m)| matches!(m, ToAgent::Shutdown { .. })).map(|(a, _)| a).collect()
+}
+
 /// (agent, [(id, attempt)]) of every Dispatch in `out`.
-fn dispatched(out: &Outbox) -> Vec<(u32, Vec<(u64, u32)>)> {
-    out.iter()
-        .filter_map(|(a, b)| match b {
-            Body::Dispatch(d) => Some((*a, d.tasks.iter().map(|t| (t.id, t.attempt)).collect())),
+fn dispatched(out: &Effects) -> Vec<(u32, Vec<(u64, u32)>)> {
+    sent(out)
+        .filter_map(|(a, m)| match m {
+            ToAgent::Dispatch(tasks) => Some((a, tasks.iter().map(|t| (t.id, t.attempt)).collect())),
             _ => None,
         })
         .collect()
@@ -142,27 +160,24 @@ fn higher_priority_work_that_no_agent_can_take_preempts_a_lower_preemptible_task
     let (out, _) = feed(&mut c, &mut m, vec![join(0, 2), want(0, 2)]);
     assert_eq!(dispatched(&out), vec![(0, vec![(1, 1), (2, 1)])]);
     // Task 2 fails; the agent is busy (no idle slot): its retry waits at the leader.
-    let busy = |results| Input::Report {
-        agent: 0,
-        report: proto::Report { seq: 1, results, idle: 0, agent: 0, ..Default::default() },
-    };
+    let busy =
+        |results| Input::Report { agent: 0, report: msg::Report { seq: 1, results, idle: 0, ..Default::default() } };
     let failed = exited(2, 1, 1);
     let (out, _) = feed(&mut c, &mut m, vec![busy(vec![failed]), Input::Tick]);
-    let preempts: Vec<_> = out
-        .iter()
-        .filter_map(|(a, b)| match b {
-            Body::Preempt(p) => Some((*a, p.ids.clone())),
+    let preempts: Vec<_> = sent(&out)
+        .filter_map(|(a, m)| match m {
+            ToAgent::Preempt(ids) => Some((a, ids.clone())),
             _ => None,
         })
         .collect();
     assert_eq!(preempts, vec![(0, vec![1])], "task 1 is told to stop for task 2");
     let (out, _) = feed(&mut c, &mut m, vec![Input::Tick]);
-    assert!(!out.iter().any(|(_, b)| matches!(b, Body::Preempt(_))), "not twice");
+    assert!(!sent(&out).any(|(_, m)| matches!(m, ToAgent::Preempt(_))), "not twice");
     // It ends preempted: no retry used, a new attempt number; task 2 runs first.
-    let pre = proto::TaskResult { id: 1, attempt: 1, outcome: proto::Outcome::Preempted as i32, ..Default::default() };
+    let pre = msg::TaskResult { id: 1, attempt: 1, outcome: Outcome::Preempted, ..Default::default() };
     let rep = Input::Report {
         agent: 0,
-        report: proto::Report { seq: 2, results: vec![pre], want: 2, idle: 2, agent: 0, ..Default::default() },
+        report: msg::Report { seq: 2, results: vec![pre], want: 2, idle: 2, ..Default::default() },
     };
     let (out, _) = feed(&mut c, &mut m, vec![rep]);
     assert_eq!(dispatched(&out), vec![(0, vec![(2, 2), (1, 2)])]);
@@ -295,16 +310,15 @@ fn an_agent_gets_what_it_asks_for_and_results_are_recorded_then_acked() {
     let mut c = core(&m, 1);
     let (out, end) = feed(&mut c, &mut m, vec![join(0, 2), want(0, 4)]);
     assert_eq!(dispatched(&out), vec![(0, vec![(1, 1), (2, 1), (3, 1), (4, 1)])]);
-    let Body::Dispatch(d) = &out[0].1 else { unreachable!() };
-    assert_eq!(d.tasks[2].command, b"task 3");
+    let Effect::ToAgent(0, ToAgent::Dispatch(tasks)) = &out[0] else { unreachable!() };
+    assert_eq!(tasks[2].command, b"task 3");
     assert_eq!(end, None);
     // A dispatch writes nothing: the ledger learns of an attempt when it ends.
     assert_eq!((m.state(1), m.puts), (State::Pending, 0));
     assert_eq!((c.counts().get(State::Dispatched), c.counts().get(State::Pending)), (4, 6));
 
-    let started = proto::TaskStarted { id: 3, attempt: 1, start_us: 5 };
-    let start =
-        Input::Report { agent: 0, report: proto::Report { started: vec![started], agent: 0, ..Default::default() } };
+    let started = msg::Started { id: 3, attempt: 1, start_us: 5 };
+    let start = Input::Report { agent: 0, report: msg::Report { started: vec![started], ..Default::default() } };
     let (out, _) = feed(&mut c, &mut m, vec![result(0, 1, 1, 1, 0), result(0, 2, 2, 1, 0), start]);
     assert!(out.is_empty(), "no ack before the commit: {out:?}");
     assert_eq!((m.state(1), m.state(2), m.state(3)), (State::Done, State::Done, State::Pending));
@@ -312,7 +326,7 @@ fn an_agent_gets_what_it_asks_for_and_results_are_recorded_then_acked() {
     assert_eq!((c.counts().get(State::Running), c.counts().get(State::Dispatched)), (1, 1));
     let mut acks = Vec::new();
     c.acks(&mut acks);
-    assert!(matches!(acks.as_slice(), [(0, Body::Ack(proto::Ack { seq: 2, agent: 0, resync: false }))]), "{acks:?}");
+    assert_eq!(acks, [Effect::ToAgent(0, ToAgent::Ack { seq: 2 })]);
     c.acks(&mut acks);
     assert_eq!(acks.len(), 1, "each report is acked once");
     let (_, _) = feed(&mut c, &mut m, vec![result(0, 3, 3, 1, 0), result(0, 4, 4, 1, 0)]);
@@ -337,7 +351,7 @@ fn members_of_a_lost_head_come_back_to_the_leader_and_work_on_its_instance_s_sha
         vec![Input::Lost { agent: 0, why: "gone".into() }, Input::Rejoined { agent: 1, below: vec![] }],
     );
     assert!(
-        out.iter().any(|(a, b)| *a == 1 && matches!(b, Body::Shutdown(s) if s.abort && s.revive)),
+        told(&out, 1, Stop::Revive) && out.contains(&Effect::GivenUp(1)),
         "member 1 stops what it held and comes back empty: {out:?}"
     );
     let back = Input::Revived { agent: 1, cores: 2, mem_mb: 0, gpus: 0, hostname: "node1".into() };
@@ -349,7 +363,7 @@ fn members_of_a_lost_head_come_back_to_the_leader_and_work_on_its_instance_s_sha
     // An agent of no instance of this job is still turned away.
     let (out, _) =
         feed(&mut c, &mut m, vec![Input::Revived { agent: 9, cores: 2, mem_mb: 0, gpus: 0, hostname: "x".into() }]);
-    assert!(out.iter().any(|(a, b)| *a == 9 && matches!(b, Body::Shutdown(s) if s.abort && !s.revive)), "{out:?}");
+    assert!(told(&out, 9, Stop::Abort), "{out:?}");
 }
 
 #[test]
@@ -359,22 +373,22 @@ fn instance_heads_stand_for_their_members_which_the_ledger_names() {
     let n = m.records.len() as u64;
     let mut c = Core::new(Box::new(Even::new(1..n + 1, 2)), "job".into(), 2, m.counts(), 0)
         .with_layout(Arc::new(Tree::instances(4, 2, 2)));
-    let lost = |agent: u32, id| proto::TaskResult {
+    let lost = |agent: u32, id| msg::TaskResult {
         id,
         attempt: 1,
-        outcome: proto::Outcome::Lost as i32,
+        outcome: Outcome::Lost,
         ran_on: Some(agent + 1),
         ..Default::default()
     };
     let from_head = |agent: u32, seq, cores, results| Input::Report {
         agent,
-        report: proto::Report { seq, results, agent, cores, want: 8, ..Default::default() },
+        report: msg::Report { seq, results, cores, want: 8, ..Default::default() },
     };
     let (out, _) = feed(&mut c, &mut m, vec![join(1, 2), join(0, 2), join(2, 2), want(2, 8)]);
     assert_eq!(dispatched(&out), vec![(2, vec![(5, 1), (6, 1), (7, 1), (8, 1)])], "head 2 holds instance 1's share");
     assert_eq!(c.progress(0).agents, 2, "a member that says Hello to the leader is ignored");
 
-    let ok = proto::TaskResult { outcome: proto::Outcome::Exited as i32, ..lost(2, 5) };
+    let ok = msg::TaskResult { outcome: Outcome::Exited, ..lost(2, 5) };
     let (out, _) = feed(&mut c, &mut m, vec![from_head(2, 1, 4, vec![ok, lost(2, 6)])]);
     assert_eq!((m.state(5), m.records[&5].agent), (State::Done, 3), "the ledger names the member that ran it");
     assert_eq!(m.state(6), State::Pending, "lost with its member: retried");
@@ -387,8 +401,7 @@ fn instance_heads_stand_for_their_members_which_the_ledger_names() {
     assert_eq!(c.agents[&2].cores, 4, "the head speaks for its members' slots too");
     // A head gives back what a lost member had not reported started: it goes out again as a
     // new attempt, no loss counted.
-    let give_back =
-        Input::Report { agent: 2, report: proto::Report { returned: vec![7], agent: 2, ..Default::default() } };
+    let give_back = Input::Report { agent: 2, report: msg::Report { returned: vec![7], ..Default::default() } };
     let (out, _) = feed(&mut c, &mut m, vec![give_back]);
     assert_eq!(dispatched(&out), vec![(2, vec![(7, 2)])], "the head still asks: to it again");
     assert_eq!(m.records[&7].losses, 0);
@@ -397,14 +410,9 @@ fn instance_heads_stand_for_their_members_which_the_ledger_names() {
 fn report(agent: u32, want: u32, idle: u32, done: &[(u64, u32)]) -> Input {
     let results = done
         .iter()
-        .map(|&(id, attempt)| proto::TaskResult {
-            id,
-            attempt,
-            outcome: proto::Outcome::Exited as i32,
-            ..Default::default()
-        })
+        .map(|&(id, attempt)| msg::TaskResult { id, attempt, outcome: Outcome::Exited, ..Default::default() })
         .collect();
-    Input::Report { agent, report: proto::Report { want, idle, results, agent, ..Default::default() } }
+    Input::Report { agent, report: msg::Report { want, idle, results, ..Default::default() } }
 }
 
 #[test]
@@ -438,10 +446,10 @@ fn busy_agents_leave_a_late_agent_its_share_and_idle_ones_steal_only_what_they_c
     assert_eq!(dispatched(&out), vec![(3, (301..=398).map(|id| (id, 1)).collect())]);
 }
 
-fn recalls(out: &Outbox) -> Vec<(u32, Vec<u64>)> {
-    out.iter()
-        .filter_map(|(a, b)| match b {
-            Body::Recall(r) => Some((*a, r.ids.clone())),
+fn recalls(out: &Effects) -> Vec<(u32, Vec<u64>)> {
+    sent(out)
+        .filter_map(|(a, m)| match m {
+            ToAgent::Recall(ids) => Some((a, ids.clone())),
             _ => None,
         })
         .collect()
@@ -459,12 +467,11 @@ fn idle_slots_get_what_waits_unstarted_in_a_busy_agent_s_queue() {
     // Agent 0 runs tasks 1 and 2 (long ones); agent 1 is done with its share and idle.
     let running = Input::Report {
         agent: 0,
-        report: proto::Report {
+        report: msg::Report {
             started: vec![
-                proto::TaskStarted { id: 1, attempt: 1, start_us: 5 },
-                proto::TaskStarted { id: 2, attempt: 1, start_us: 5 },
+                msg::Started { id: 1, attempt: 1, start_us: 5 },
+                msg::Started { id: 2, attempt: 1, start_us: 5 },
             ],
-            agent: 0,
             ..Default::default()
         },
     };
@@ -484,10 +491,9 @@ fn idle_slots_get_what_waits_unstarted_in_a_busy_agent_s_queue() {
     let nine: Vec<u64> = (11..=20).rev().filter(|&id| id != 19).collect();
     let back = Input::Report {
         agent: 0,
-        report: proto::Report {
-            started: vec![proto::TaskStarted { id: 19, attempt: 1, start_us: 6 }],
+        report: msg::Report {
+            started: vec![msg::Started { id: 19, attempt: 1, start_us: 6 }],
             recalled: nine.clone(),
-            agent: 0,
             ..Default::default()
         },
     };
@@ -547,16 +553,13 @@ fn a_retry_nobody_can_take_costs_no_scan_of_every_agent_per_report() {
     let who = dispatched(&out_of(
         &mut c,
         &mut m,
-        Input::Report {
-            agent: 0,
-            report: proto::Report { seq: 1, results: vec![failed], agent: 0, ..Default::default() },
-        },
+        Input::Report { agent: 0, report: msg::Report { seq: 1, results: vec![failed], ..Default::default() } },
     ));
     assert!(who.iter().any(|(_, t)| t.contains(&(1, 2))), "{who:?}");
     assert_eq!(c.scans, scans + 1);
 }
 
-fn out_of(c: &mut Core<'_>, m: &mut Mem, ev: Input) -> Outbox {
+fn out_of(c: &mut Core<'_>, m: &mut Mem, ev: Input) -> Effects {
     feed(c, m, vec![ev]).0
 }
 
@@ -578,17 +581,16 @@ fn the_hflow_plan_learns_the_runtimes_the_file_did_not_give() {
     assert_eq!(dispatched(&out), vec![(0, (1..=n).map(|id| (id, 1)).collect())]);
     // They ran 10 ms each.
     let results = (1..=n)
-        .map(|id| proto::TaskResult {
+        .map(|id| msg::TaskResult {
             id,
             attempt: 1,
-            outcome: proto::Outcome::Exited as i32,
+            outcome: Outcome::Exited,
             start_us: 1_000_000 + id * 10_000,
             end_us: 1_000_000 + (id + 1) * 10_000,
             ..Default::default()
         })
         .collect();
-    let done =
-        Input::Report { agent: 0, report: proto::Report { seq: 1, results, want: 1, agent: 0, ..Default::default() } };
+    let done = Input::Report { agent: 0, report: msg::Report { seq: 1, results, want: 1, ..Default::default() } };
     let (out, _) = feed(&mut c, &mut m, vec![done]);
     assert_eq!(dispatched(&out), vec![(0, vec![(21, 1)])], "class 2 now goes first");
 }
@@ -647,9 +649,8 @@ fn the_live_view_counts_per_node_and_keeps_the_latest_failures() {
 fn task_1_running_and_2_queued_on_agent_0() -> (Mem, Core<'static>) {
     let mut m = Mem::with(4, 0, 1);
     let mut c = core(&m, 2);
-    let started = proto::TaskStarted { id: 1, attempt: 1, start_us: 5 };
-    let start =
-        Input::Report { agent: 0, report: proto::Report { started: vec![started], agent: 0, ..Default::default() } };
+    let started = msg::Started { id: 1, attempt: 1, start_us: 5 };
+    let start = Input::Report { agent: 0, report: msg::Report { started: vec![started], ..Default::default() } };
     let (out, _) = feed(&mut c, &mut m, vec![join(0, 1), join(1, 1), want(0, 2), start]);
     assert_eq!(dispatched(&out), vec![(0, vec![(1, 1), (2, 1)])]);
     (m, c)
@@ -685,13 +686,10 @@ fn a_rejoined_agent_keeps_what_it_holds_and_what_died_with_the_relay_goes_out_ag
     let rejoin = vec![Input::Detached { agent: 0 }, Input::Rejoined { agent: 0, below: vec![7] }];
     let (out, _) = feed(&mut c, &mut m, rejoin);
     assert!(
-        matches!(out.as_slice(), [(0, Body::Ack(a))] if a.resync),
+        matches!(out.as_slice(), [Effect::ToAgent(0, ToAgent::Resync { .. })]),
         "asked to resync (agent 7 is unknown and left alone): {out:?}"
     );
-    let answer = Input::Report {
-        agent: 0,
-        report: proto::Report { agent: 0, resync: true, holding: vec![1], ..Default::default() },
-    };
+    let answer = Input::Report { agent: 0, report: msg::Report { holding: Some(vec![1]), ..Default::default() } };
     let (out, end) = feed(&mut c, &mut m, vec![answer, want(1, 4)]);
     assert_eq!(dispatched(&out), vec![(1, vec![(2, 2), (3, 1), (4, 1)])], "task 2 again, as a new attempt");
     assert_eq!((m.records[&1].losses, m.records[&2].losses), (0, 0));
@@ -715,13 +713,10 @@ fn the_audit_finds_a_task_lost_in_transit_and_sends_it_again() {
     c.handle(every + 2_000, &mut m, want(0, 0), &mut out).unwrap();
     c.handle(every + 2_000, &mut m, want(1, 0), &mut out).unwrap();
     c.handle(every + 2_001, &mut m, Input::Tick, &mut out).unwrap();
-    let asked: Vec<u32> = out.iter().filter(|(_, b)| matches!(b, Body::Ack(a) if a.resync)).map(|(a, _)| *a).collect();
+    let asked: Vec<u32> = sent(&out).filter(|(_, m)| matches!(m, ToAgent::Resync { .. })).map(|(a, _)| a).collect();
     assert_eq!(asked, [0], "only the agent holding tasks is asked");
     // It never got task 2.
-    let answer = Input::Report {
-        agent: 0,
-        report: proto::Report { agent: 0, resync: true, holding: vec![1], ..Default::default() },
-    };
+    let answer = Input::Report { agent: 0, report: msg::Report { holding: Some(vec![1]), ..Default::default() } };
     let mut out = Vec::new();
     c.handle(every + 3_000, &mut m, answer, &mut out).unwrap();
     c.handle(every + 3_001, &mut m, want(1, 4), &mut out).unwrap();
@@ -762,7 +757,7 @@ fn the_leader_s_own_stall_is_not_its_agents_silence() {
     // SIGSTOP for 30 s: the first tick after it finds both agents heard 30 s ago.
     out.clear();
     c.handle(30_000_000, &mut m, Input::Tick, &mut out).unwrap();
-    assert!(!out.iter().any(|(_, b)| matches!(b, Body::Shutdown(_))), "no agent is lost: {out:?}");
+    assert!(stopped(&out).is_empty(), "no agent is lost: {out:?}");
     assert_eq!(c.progress(0).agents, 2);
     // The reports that waited in the sockets are read; one agent then really falls silent.
     c.handle(30_000_100, &mut m, want(1, 0), &mut out).unwrap();
@@ -770,7 +765,7 @@ fn the_leader_s_own_stall_is_not_its_agents_silence() {
         c.handle(now, &mut m, Input::Tick, &mut out).unwrap();
         c.handle(now + 1, &mut m, want(1, 0), &mut out).unwrap();
     }
-    assert!(out.iter().any(|(a, b)| *a == 0 && matches!(b, Body::Shutdown(_))), "silent since the stall: {out:?}");
+    assert!(stopped(&out).contains(&0), "silent since the stall: {out:?}");
     assert_eq!(c.progress(0).agents, 1);
 }
 
@@ -778,9 +773,8 @@ fn the_leader_s_own_stall_is_not_its_agents_silence() {
 fn a_silent_agent_is_lost_within_the_bound_and_everyone_else_hears_a_heartbeat() {
     let mut m = Mem::with(4, 0, 1);
     let mut c = core(&m, 2).with_liveness(Liveness::new(std::time::Duration::from_secs(10)));
-    let started = proto::TaskStarted { id: 1, attempt: 1, start_us: 5 };
-    let start =
-        Input::Report { agent: 0, report: proto::Report { started: vec![started], agent: 0, ..Default::default() } };
+    let started = msg::Started { id: 1, attempt: 1, start_us: 5 };
+    let start = Input::Report { agent: 0, report: msg::Report { started: vec![started], ..Default::default() } };
     let mut out = Vec::new();
     for (now, ev) in [(0, join(0, 1)), (0, join(1, 1)), (1, want(0, 1)), (2, start), (3, want(1, 1))] {
         c.handle(now, &mut m, ev, &mut out).unwrap();
@@ -788,7 +782,7 @@ fn a_silent_agent_is_lost_within_the_bound_and_everyone_else_hears_a_heartbeat()
     out.clear();
     // Most of a second on: both hear a heartbeat.
     c.handle(900_000, &mut m, Input::Tick, &mut out).unwrap();
-    let beats: Vec<u32> = out.iter().filter(|(_, b)| matches!(b, Body::Ack(_))).map(|(a, _)| *a).collect();
+    let beats: Vec<u32> = sent(&out).filter(|(_, m)| matches!(m, ToAgent::Ack { .. })).map(|(a, _)| a).collect();
     assert_eq!(beats.len(), 2, "{out:?}");
     // Agent 1 keeps reporting, agent 0 (task 1 running) falls silent; the leader ticks on.
     for now in (1_400_000..9_000_000).step_by(500_000) {
@@ -798,12 +792,12 @@ fn a_silent_agent_is_lost_within_the_bound_and_everyone_else_hears_a_heartbeat()
     c.handle(9_500_000, &mut m, Input::Tick, &mut out).unwrap();
     out.clear();
     c.handle(10_000_001, &mut m, Input::Tick, &mut out).unwrap();
-    assert!(!out.iter().any(|(_, b)| matches!(b, Body::Shutdown(_))), "not yet: {out:?}");
+    assert!(stopped(&out).is_empty(), "not yet: {out:?}");
     c.handle(10_000_002, &mut m, Input::Tick, &mut out).unwrap();
     assert!(
-        out.iter()
-            .any(|(a, b)| *a == 0
-                && matches!(b, Body::Shutdown(s) if s.abort && s.reason.starts_with("silent for 10.0 s"))),
+        sent(&out).any(|(a, m)| a == 0
+            && matches!(m, ToAgent::Shutdown { stop: Stop::Revive, reason } if reason.starts_with("silent for 10.0 s")))
+            && out.contains(&Effect::GivenUp(0)),
         "{out:?}"
     );
     assert_eq!(m.records[&1].losses, 1, "its running task is lost");
@@ -845,7 +839,7 @@ fn a_black_hole_is_drained_and_what_it_failed_runs_elsewhere_without_using_a_ret
     // The eighth: a black hole. It is told to stop starting, and its failures run again.
     let (out, _) = feed(&mut c, &mut m, vec![result(0, 8, to0[7], 1, 1)]);
     assert!(c.agents[&0].drained);
-    assert!(out.iter().any(|(a, b)| *a == 0 && matches!(b, Body::Shutdown(s) if s.hold && !s.abort)), "{out:?}");
+    assert!(told(&out, 0, Stop::Hold), "{out:?}");
     for &id in &to0[..8] {
         assert!(matches!(m.state(id), State::Pending | State::Dispatched), "task {id}: {:?}", m.state(id));
         assert_eq!(m.records[&id].attempts, 0, "task {id}: its retry given back");
@@ -881,7 +875,7 @@ fn the_run_ends_on_a_signal_or_when_every_agent_is_gone() {
     assert_eq!(end, Some(Ending::Interrupted(2)));
     let mut out = Vec::new();
     c.shutdown(&Ending::Interrupted(2), &mut out);
-    assert!(matches!(out.as_slice(), [(0, Body::Shutdown(proto::Shutdown { revive: false, abort: true, .. }))]));
+    assert!(matches!(out.as_slice(), [Effect::ToAgent(0, ToAgent::Shutdown { stop: Stop::Abort, .. })]));
 
     let mut c = core(&m, 2);
     let gone = vec![
@@ -908,14 +902,14 @@ fn a_given_up_agent_back_empty_is_a_fresh_member() {
     assert_eq!(dispatched(&out), vec![(1, vec![(1, 2), (2, 2)])]);
     let back = Input::Revived { agent: 0, cores: 1, mem_mb: 0, gpus: 0, hostname: "node0".into() };
     // Idle, it may take from any instance's share.
-    let ask = Input::Report { agent: 0, report: proto::Report { want: 2, idle: 1, agent: 0, ..Default::default() } };
+    let ask = Input::Report { agent: 0, report: msg::Report { want: 2, idle: 1, ..Default::default() } };
     let (out, end) = feed(&mut c, &mut m, vec![back, ask]);
     assert_eq!(dispatched(&out), vec![(0, vec![(4, 1)])], "new work for the fresh member (its idle slot)");
     assert_eq!(end, None);
     let (_, _) = feed(&mut c, &mut m, vec![result(0, 1, 1, 1, 0)]);
     assert_eq!(m.state(1), State::Pending, "its old attempt of task 1 is not recorded");
     let mut results: Vec<Input> = (1..=2).map(|id| result(1, id, id, 2, 0)).collect();
-    let ask = Input::Report { agent: 0, report: proto::Report { want: 1, idle: 1, agent: 0, ..Default::default() } };
+    let ask = Input::Report { agent: 0, report: msg::Report { want: 1, idle: 1, ..Default::default() } };
     results.extend([result(0, 2, 4, 1, 0), ask, result(0, 3, 3, 1, 0)]);
     let (_, end) = feed(&mut c, &mut m, results);
     assert_eq!(end, Some(Ending::Complete));
@@ -945,7 +939,7 @@ fn layout_core(m: &Mem, agents: u32) -> Core<'static> {
 }
 
 /// Every task id dispatched in `out`, checked to be new against `seen`.
-fn dispatched_once(out: &Outbox, seen: &mut std::collections::HashSet<u64>) -> usize {
+fn dispatched_once(out: &Effects, seen: &mut std::collections::HashSet<u64>) -> usize {
     let ids: Vec<u64> = dispatched(out).into_iter().flat_map(|(_, t)| t.into_iter().map(|(id, _)| id)).collect();
     ids.iter().for_each(|&id| assert!(seen.insert(id), "task {id} dispatched twice"));
     ids.len()
@@ -994,7 +988,7 @@ fn an_allocation_at_its_end_hands_back_its_queue_and_its_agents_go_without_a_los
     assert_eq!(dispatched_once(&out, &mut seen), 20);
     // Its end comes: agent 1 is told to start nothing more and go; it gets no more work.
     let (out, _) = feed_at(&mut c, &mut m, 10_000_000, vec![Input::Tick]);
-    assert!(out.iter().any(|(a, b)| *a == 1 && matches!(b, Body::Shutdown(s) if s.hold && !s.abort)), "{out:?}");
+    assert!(told(&out, 1, Stop::Hold), "{out:?}");
     let (out, _) = feed_at(&mut c, &mut m, 10_000_100, vec![report(1, 10, 2, &[(51, 1)])]);
     assert!(dispatched(&out).is_empty(), "a leaving agent gets nothing");
     // It goes; what it still held runs on agent 0, and the run does not count it a loss.
@@ -1034,7 +1028,7 @@ fn a_grown_allocation_told_to_leave_holds_its_agents_and_the_situation_counts_it
     let mut out = Vec::new();
     c.leave_allocation("job-of-2", "gives its nodes back", &mut out);
     let held: Vec<u32> =
-        out.iter().filter(|(_, b)| matches!(b, Body::Shutdown(s) if s.hold && !s.abort)).map(|(a, _)| *a).collect();
+        sent(&out).filter(|(_, m)| matches!(m, ToAgent::Shutdown { stop: Stop::Hold, .. })).map(|(a, _)| a).collect();
     assert_eq!(held, vec![1, 2]);
     assert_eq!(c.grow_situation(5_000, 10).live.len(), 1, "a leaving allocation does no more work");
     assert_eq!(c.allocations_over().collect::<Vec<_>>(), ["job-of-2"]);
@@ -1048,7 +1042,7 @@ fn handed_over(agent: u32, cores: u32) -> Input {
 
 /// Agent `agent`'s answer to a resync: it holds `held`.
 fn holding(agent: u32, want: u32, held: &[u64]) -> Input {
-    let report = proto::Report { want, agent, resync: true, holding: held.to_vec(), ..Default::default() };
+    let report = msg::Report { want, holding: Some(held.to_vec()), ..Default::default() };
     Input::Report { agent, report }
 }
 
@@ -1069,7 +1063,7 @@ fn after_a_hand_over_nothing_goes_out_until_the_agents_said_what_they_kept_and_t
     // Agent 3 comes back: asked what it holds; its first report (a result of task 2, which
     // ended while it waited, and a want) hands out nothing while agent 4 is still awaited.
     let (out, _) = feed(&mut c, &mut m, vec![handed_over(3, 2), report(3, 8, 0, &[(2, 1)])]);
-    assert!(out.iter().any(|(a, b)| *a == 3 && matches!(b, Body::Ack(k) if k.resync)), "{out:?}");
+    assert!(sent(&out).any(|(a, m)| a == 3 && matches!(m, ToAgent::Resync { .. })), "{out:?}");
     assert!(dispatched(&out).is_empty(), "nothing goes out while agent 4 may hold tasks");
     assert_eq!(m.state(2), State::Done, "what it ran meanwhile is recorded, not run again");
     let (out, _) = feed_at(&mut c, &mut m, 2_000, vec![holding(3, 8, &[1, 3]), handed_over(4, 2)]);
@@ -1100,7 +1094,7 @@ fn after_a_hand_over_an_agent_that_does_not_come_back_is_waited_for_only_so_long
     assert!(!sent.is_empty() && !sent.contains(&1), "past the wait, work goes out: {sent:?}");
     // An agent the leader has no place for (one of that id is here already) is told to stop.
     let (out, _) = feed_at(&mut c, &mut m, 20_000_100, vec![handed_over(3, 2)]);
-    assert!(out.iter().any(|(a, b)| *a == 3 && matches!(b, Body::Shutdown(s) if s.abort)), "{out:?}");
+    assert!(told(&out, 3, Stop::Abort), "{out:?}");
 }
 
 #[test]
@@ -1112,7 +1106,7 @@ fn a_leader_stopped_by_a_signal_leaves_the_agents_of_a_joined_allocation_to_the_
     feed_at(&mut c, &mut m, 3_000, vec![join(1, 2)]);
     let mut out = Vec::new();
     c.shutdown(&Ending::Interrupted(15), &mut out);
-    let told: Vec<u32> = out.iter().filter(|(_, b)| matches!(b, Body::Shutdown(_))).map(|(a, _)| *a).collect();
+    let told: Vec<u32> = stopped(&out);
     assert_eq!(told, [0], "the joined agent waits for the job that takes the run over");
     out.clear();
     c.shutdown(&Ending::TooManyFailures(3), &mut out);

@@ -1,0 +1,154 @@
+//! The leader's messages as the engine's own plain types: what it says to an agent (`ToAgent`)
+//! and what it reads of what agents say (`Hello`, `Report`). `wire` maps them to and from the
+//! prost frames of `proto/htc.proto`, so a field added to the wire touches the mapping, not the
+//! leader's decisions. They stand beside `leader`, not in it: `wire` maps them, and `wire` is
+//! below the agent's machines, which the leader's liveness asks (`agent::pace`).
+
+use htc_core::record::Outcome;
+
+/// What the leader says to one agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToAgent {
+    /// Tasks to run, in order (the wire cuts them into frames of a bounded size).
+    Dispatch(Vec<TaskSpec>),
+    /// Every report up to and including `seq` is committed; with nothing new, a heartbeat.
+    Ack {
+        seq: u64,
+    },
+    /// As `Ack`, and: say what you hold (a Report with `holding`), since frames may have been
+    /// lost on the way.
+    Resync {
+        seq: u64,
+    },
+    /// Stop these preemptible tasks for higher-priority work.
+    Preempt(Vec<u64>),
+    /// Give these tasks back if they have not started.
+    Recall(Vec<u64>),
+    Shutdown {
+        stop: Stop,
+        reason: String,
+    },
+}
+
+/// How an agent is told to stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// The run is complete: finish and exit.
+    Finish,
+    /// Kill what runs and exit.
+    Abort,
+    /// Start nothing more: finish what runs, hand back what is queued, and leave.
+    Hold,
+    /// Given up by the leader: stop everything, then come back as a fresh member.
+    Revive,
+}
+
+/// One task as an agent gets it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TaskSpec {
+    pub id: u64,
+    /// 1 for the first run.
+    pub attempt: u32,
+    pub command: Vec<u8>,
+    pub shell: bool,
+    pub cores: u32,
+    pub mem_mb: u32,
+    /// 0: none.
+    pub timeout_ms: u32,
+    /// The `runtime` hint, 0: none.
+    pub runtime_ms: u32,
+    /// Bytes kept of each of stdout and stderr, 0: all.
+    pub max_output: u64,
+    pub gpus: u32,
+    /// Higher first.
+    pub priority: i32,
+    /// May be stopped for a higher-priority task.
+    pub preemptible: bool,
+}
+
+/// An agent's first word to the leader (or a relay's for one below it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hello {
+    pub agent: u32,
+    pub cores: u32,
+    /// Memory it may hand out to tasks, 0: unlimited.
+    pub mem_mb: u64,
+    pub gpus: u32,
+    pub hostname: String,
+    pub came: Came,
+}
+
+/// Why an agent says Hello.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Came {
+    /// A new member.
+    New,
+    /// Around a lost relay, keeping its tasks, with the agents it relays for.
+    Rejoin { below: Vec<u32> },
+    /// Given up before, it stopped everything and comes back empty.
+    Fresh,
+    /// Its leader was lost: it comes to the run's new one with the tasks it kept.
+    Handover,
+}
+
+/// What the leader reads of an agent's (or an instance head's) report.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Report {
+    /// Increases by one per report that carries results.
+    pub seq: u64,
+    pub started: Vec<Started>,
+    pub results: Vec<TaskResult>,
+    /// How many more tasks it wants.
+    pub want: u32,
+    /// Slots with nothing to run.
+    pub idle: u32,
+    /// An instance head: its instance's slots now (0: unchanged).
+    pub cores: u32,
+    /// An instance head: tasks a lost member had not reported started.
+    pub returned: Vec<u64>,
+    /// The answer to a `ToAgent::Resync`: every task it holds, queued or running.
+    pub holding: Option<Vec<u64>>,
+    /// An instance head whose members changed: what the instance has for tasks.
+    pub capacity: Option<Capacity>,
+    /// Tasks given back unstarted on a Recall.
+    pub recalled: Vec<u64>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Started {
+    pub id: u64,
+    pub attempt: u32,
+    pub start_us: u64,
+}
+
+/// How an attempt ended, as the agent reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TaskResult {
+    pub id: u64,
+    pub attempt: u32,
+    pub outcome: Outcome,
+    pub value: i32,
+    /// Unix time, microseconds; 0: not known (a head telling of a member's lost task).
+    pub start_us: u64,
+    pub end_us: u64,
+    /// The member agent that ran it, when not the reporting agent.
+    pub ran_on: Option<u32>,
+}
+
+/// As the wire's: zeros, and no outcome (which fails the task).
+impl Default for TaskResult {
+    fn default() -> TaskResult {
+        TaskResult { id: 0, attempt: 0, outcome: Outcome::None, value: 0, start_us: 0, end_us: 0, ran_on: None }
+    }
+}
+
+/// An instance's resources: sums over its members, and its largest member's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Capacity {
+    /// 0: memory not accounted.
+    pub mem_mb: u64,
+    pub largest_mem_mb: u64,
+    pub gpus: u32,
+    pub largest_gpus: u32,
+    pub largest_cores: u32,
+}
