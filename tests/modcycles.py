@@ -44,14 +44,6 @@ from pathlib import Path
 # one that is gone or has changed, so that this list only shrinks.
 KNOWN = {
     (
-        "engine/src/leader/core/allocations.rs",
-        "engine/src/leader/core/flights.rs",
-        "engine/src/leader/core/handover.rs",
-        "engine/src/leader/core/mod.rs",
-    ): "the leader's core is one state split into files: `Core` (mod.rs) holds the types these "
-    "define (Flights, Allocation, Settling) while they add its methods through `use super::*`; "
-    "those types in files of their own that use nothing of mod.rs would open it",
-    (
         "engine/src/agent/mod.rs*",
         "engine/src/liveness.rs",
     ): "`Liveness::beat_every_us` asks `agent::pace::gap_for` for the report gap while the "

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::core::allocations::Attach;
+use super::core::allocation::Attach;
 use super::core::{Core, Ending, Input, Progress, Tasks};
 use super::effect::{Carrier, Effects};
 use crate::frame;

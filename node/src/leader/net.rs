@@ -264,7 +264,7 @@ async fn admit_allocation(a: &proto::Attach, cfg: &NetConfig, core: &mpsc::Sende
     if a.cluster != cfg.cluster {
         return Err(format!("the run is on cluster '{}', the joining job on '{}'", cfg.cluster, a.cluster));
     }
-    let req = super::core::allocations::Attach {
+    let req = super::core::allocation::Attach {
         job: a.job_id.clone(),
         agents: a.agents,
         instance_size: a.instance_size.max(1),

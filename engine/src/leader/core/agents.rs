@@ -29,8 +29,7 @@ impl Core<'_> {
         let Some(a) = self.agents.get_mut(&agent).filter(|a| a.alive) else { return Ok(()) };
         a.alive = false;
         self.lost_at_us = now_us;
-        let leaving =
-            self.allocation_of(agent).is_some_and(|i| self.allocations[i].stage != allocations::Stage::Running);
+        let leaving = self.allocation_of(agent).is_some_and(|i| self.allocations[i].stage != Stage::Running);
         let a = self.agents.get_mut(&agent).expect("checked above");
         if self.told_to_hold || a.drained || leaving {
             tracing::info!(job = %self.job_id, agent, host = %a.hostname, "agent left, as told");

@@ -1,8 +1,10 @@
 //! Tasks in flight: which agent holds each dispatched task and in what state of its life, kept
 //! in memory (a leader that dies loses them anyway; the next session re-runs what was not
-//! recorded finished), and how a task comes back from an agent unstarted.
+//! recorded finished). A part of the core's state of its own: it knows tasks and agents by
+//! their ids, nothing of the core.
 
-use super::*;
+use htc_core::idmap::IdMap;
+use htc_core::task::{Life, State};
 
 /// An attempt out at an agent: its life as `task::step` moved it (dispatched, then running),
 /// while the ledger still holds the task as it was before the attempt.
@@ -105,62 +107,5 @@ impl Flights {
             return Vec::new();
         }
         (0..self.by_id.len() as u64).filter(|&id| self.by_id[id as usize].agent == agent).collect()
-    }
-}
-
-impl Core<'_> {
-    /// Takes an attempt out of flight, and its memory off its agent.
-    pub(super) fn land(&mut self, id: u64) -> Option<Flight> {
-        let f = self.in_flight.remove(id)?;
-        self.mem.ended(f.agent, id);
-        if !self.preemptible_of.is_empty() {
-            if let Some(p) = self.preemptible_of.remove(&id) {
-                self.preemptible.remove(&(p, std::cmp::Reverse(id)));
-                self.preempting.remove(&id);
-                self.preempted_for.remove(&id);
-            }
-        }
-        Some(f)
-    }
-
-    /// Takes back a task sent to `agent` and not reported started: it waits for another.
-    /// The agent may have started it after all, so its next dispatch is a new attempt number
-    /// (kept in the record: a late result of this one must not pass for the next).
-    pub(super) fn take_back<E>(&mut self, t: &mut dyn Tasks<Error = E>, agent: u32, id: u64) -> Result<(), E> {
-        if let Some(life) = self.unsend(t, agent, id, Step::Reclaim)? {
-            if let Some(mut r) = t.get(id)? {
-                self.record(t, id, &mut r, life)?;
-            }
-            self.push_retry(id);
-        }
-        Ok(())
-    }
-
-    /// A task `agent` gave back unstarted when asked (a Recall): it never ran, so its next
-    /// dispatch is the same attempt; it goes to an agent that can start it now.
-    pub(super) fn came_back<E>(&mut self, t: &dyn Tasks<Error = E>, agent: u32, id: u64) -> Result<(), E> {
-        if self.unsend(t, agent, id, Step::Return)?.is_some() {
-            self.recalls.came_back(id);
-        }
-        Ok(())
-    }
-
-    /// Task `id`, sent to `agent` and not reported started, is pending again. False when it is
-    /// not (any more) in flight there unstarted.
-    fn unsend<E>(&mut self, t: &dyn Tasks<Error = E>, agent: u32, id: u64, step: Step) -> Result<Option<Life>, E> {
-        let Some(f) = self.in_flight.get(id).filter(|f| f.agent == agent && f.life.state() != State::Running) else {
-            return Ok(None);
-        };
-        self.land(id);
-        if let (Some(a), Some(r)) = (self.agents.get_mut(&agent), t.get(id)?) {
-            a.ahead_ms = a.ahead_ms.saturating_sub(r.runtime_ms as u64 * r.cores as u64);
-        }
-        let life = self.move_life(f.life, step).map(|(life, _)| life);
-        // Back from the agent: a resync it answers later must not take it back again (it may
-        // be out with it once more by then, as a new dispatch the answer predates).
-        if let Some(asked) = self.resyncs.get_mut(&agent) {
-            asked.retain(|&x| x != id);
-        }
-        Ok(life)
     }
 }

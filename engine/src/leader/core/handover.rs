@@ -8,24 +8,13 @@
 
 use super::*;
 
-/// The wait for the agents of a hand-over.
-#[derive(Debug)]
-pub(super) struct Settling {
-    /// Heads expected back that have not said what they hold yet.
-    waiting: IdSet<u32>,
-    /// Agents of other allocations still expected back (`strays`), however numbered.
-    others: usize,
-    until_us: u64,
-    adopted: u64,
-}
-
 impl Core<'_> {
     /// The layout's heads, and `others` agents of other allocations, come from a hand-over
     /// holding tasks: nothing is handed out until each has said what it holds, or `wait_us`
     /// has passed.
     pub fn expecting_handover(mut self, wait_us: u64, others: usize) -> Self {
-        let waiting = self.layout.as_ref().map(|t| t.heads().iter().copied().collect()).unwrap_or_default();
-        self.settling = Some(Settling { waiting, others, until_us: self.now_us + wait_us, adopted: 0 });
+        let heads = self.layout.as_ref().map(|t| t.heads().to_vec()).unwrap_or_default();
+        self.settling = Some(Settling::new(heads, others, self.now_us + wait_us));
         self
     }
 
@@ -86,7 +75,7 @@ impl Core<'_> {
             a.ahead_ms += r.runtime_ms as u64 * r.cores as u64;
         }
         if let Some(s) = self.settling.as_mut() {
-            s.adopted += 1;
+            s.adopted_one();
         }
         Ok(true)
     }
@@ -100,9 +89,7 @@ impl Core<'_> {
         tracing::info!(job = %self.job_id, agent, held = held.len(), adopted = n, "tasks kept through the hand-over");
         let stray = self.strays.contains(&agent);
         if let Some(s) = self.settling.as_mut() {
-            if !s.waiting.remove(&agent) && stray {
-                s.others = s.others.saturating_sub(1);
-            }
+            s.answered(agent, stray);
         }
         Ok(())
     }
@@ -112,16 +99,16 @@ impl Core<'_> {
     pub(super) fn settle<E>(&mut self, t: &mut dyn Tasks<Error = E>, out: &mut Effects) -> Result<(), E> {
         let Some(s) = self.settling.as_mut() else { return Ok(()) };
         let agents = &self.agents;
-        s.waiting.retain(|a| agents.get(a).is_none_or(|x| x.alive));
-        if (!s.waiting.is_empty() || s.others > 0) && self.now_us < s.until_us {
+        s.forget(|a| agents.get(&a).is_some_and(|x| !x.alive));
+        if !s.over(self.now_us) {
             return Ok(());
         }
         let s = self.settling.take().expect("checked above");
         tracing::info!(
             job = %self.job_id,
             back = self.adoptees.len(),
-            adopted = s.adopted,
-            missing = s.waiting.len() + s.others,
+            adopted = s.adopted(),
+            missing = s.missing(),
             "hand-over settled: work goes out"
         );
         self.dispatch_all(t, out)

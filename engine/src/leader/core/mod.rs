@@ -1,13 +1,17 @@
 //! The leader's scheduling core, without I/O: fed events (an agent joined, a report came, an
-//! agent was lost, a signal) with the current time, it answers with effects (`effect`: messages
-//! for agents, in the engine's own types of `msg`) and writes task records through [`Tasks`]. It owns no socket, thread, clock or file, so scripted
-//! event sequences test it (`tests.rs`) and the same core runs under every driver (the node's
-//! `leader/driver.rs`: the LMDB transaction, group commits and the agents' channels).
+//! agent was lost, a signal) with the current time, it answers with effects (`leader::effect`:
+//! messages for agents in the engine's own types, `msg`) and writes task records through
+//! [`Tasks`]. It owns no socket, thread, clock or file, so scripted event sequences test it
+//! (`tests.rs`) and the same core runs under every driver (the node's `leader/driver.rs`: the
+//! LMDB transaction, group commits and the agents' channels; `htc simulate`).
 //!
 //! One state, split by concern: this file has the inputs, the state and `handle` (which routes
 //! each input); `dispatch` hands out work, `results` records what agents report, `agents` their
-//! joins, losses and rejoins, `flights` what each holds, `preempt` stops low-priority work for
-//! high, `view` what the core shows.
+//! joins, losses and rejoins, `returns` what comes back unstarted, `allocations` the run's
+//! allocations, `handover` a run taken over, `preempt` stops low-priority work for high, `view`
+//! what the core shows. Parts of the state that keep their own invariants are types of files
+//! that use nothing of this one: `flights` (what each agent holds), `allocation` (one
+//! allocation), `settling` (the wait of a hand-over).
 //!
 //! A task costs the ledger one write, when its attempt ends: dispatch and start live in memory
 //! (`in_flight`), since a leader that dies loses them anyway (the next session re-runs what was
@@ -33,17 +37,22 @@ use htc_core::record::{Attempt, Change, Outcome, Record};
 use htc_core::task::{Counts, State};
 
 mod agents;
-pub mod allocations;
+pub mod allocation;
+mod allocations;
 mod dispatch;
 mod flights;
 mod handover;
 mod preempt;
 mod results;
+mod returns;
+mod settling;
 #[cfg(test)]
 mod tests;
 mod view;
 
+use allocation::{Allocation, Stage};
 use flights::{Flight, Flights};
+use settling::Settling;
 
 /// Where task records live: the ledger's write transaction in a real run, a map in tests. Reads
 /// see the writes made before them.
@@ -304,12 +313,12 @@ pub struct Core<'a> {
     /// Queued tasks asked back from agents that are behind, for agents that sit idle.
     recalls: Recalls,
     /// The allocations that joined the run (`attach`), in the order they came.
-    allocations: Vec<allocations::Allocation>,
+    allocations: Vec<Allocation>,
     /// Core-microseconds the successful attempts of this session ran (`oks` of them): what a
     /// task costs, for a run that grows itself.
     ran_core_us: u64,
     /// This session took the run over: the wait for the agents that kept their tasks.
-    settling: Option<handover::Settling>,
+    settling: Option<Settling>,
     /// Agents that came from a hand-over: what they hold or ran may be pending here.
     adoptees: IdSet<u32>,
     /// Those of them from other allocations than this leader's own, each an instance of its own
@@ -493,7 +502,7 @@ impl<'a> Core<'a> {
         let stop = if *ending == Ending::Complete { Stop::Finish } else { Stop::Abort };
         let handed_over = |agent: u32| {
             matches!(ending, Ending::Interrupted(_))
-                && self.allocation_of(agent).is_some_and(|i| self.allocations[i].stage == allocations::Stage::Running)
+                && self.allocation_of(agent).is_some_and(|i| self.allocations[i].stage == Stage::Running)
         };
         for (&agent, _) in self.agents.iter().filter(|(&id, a)| a.alive && !handed_over(id)) {
             out.push(Effect::stop(agent, stop, reason.clone()));

@@ -927,9 +927,9 @@ fn an_agent_back_before_it_was_given_up_loses_its_tasks_first() {
     assert_eq!(m.records[&1].losses, 1);
 }
 
-fn attach(agents: u32, ends_us: Option<u64>) -> allocations::Attach {
+fn attach(agents: u32, ends_us: Option<u64>) -> allocation::Attach {
     let job = format!("job-of-{agents}");
-    allocations::Attach { job, agents, instance_size: 1, fanout: 2, nodes: agents, ends_us, keep_first: None }
+    allocation::Attach { job, agents, instance_size: 1, fanout: 2, nodes: agents, ends_us, keep_first: None }
 }
 
 fn layout_core(m: &Mem, agents: u32) -> Core<'static> {
@@ -1143,7 +1143,7 @@ fn after_a_hand_over_another_allocation_s_agents_keep_their_ids_and_their_tasks(
     }
     // Their launcher attaches again keeping the ids: its allocation is 1..3, no new ids. One
     // that asks for ids this leader's own agents have is refused.
-    let keep = |first, agents| allocations::Attach { keep_first: Some(first), ..attach(agents, None) };
+    let keep = |first, agents| allocation::Attach { keep_first: Some(first), ..attach(agents, None) };
     assert_eq!(c.attach(keep(3, 1), 4_000).unwrap_err(), "agent 3 is another allocation's here");
     assert_eq!(c.attach(keep(1, 2), 4_001), Ok(1));
     assert_eq!(c.allocations()[0].agents, 1..3);

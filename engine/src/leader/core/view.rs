@@ -26,7 +26,7 @@ impl Core<'_> {
             finished_this_session: (self.counts.get(State::Done) + self.counts.get(State::Failed))
                 .saturating_sub(self.finished_start),
             agents: self.agents.values().filter(|a| a.alive).count(),
-            joined_running: self.allocations.iter().filter(|a| a.stage == allocations::Stage::Running).count(),
+            joined_running: self.allocations.iter().filter(|a| a.stage == Stage::Running).count(),
         }
     }
 
@@ -67,7 +67,7 @@ impl Core<'_> {
         }
     }
 
-    fn allocation_view(&self, a: &allocations::Allocation) -> live::Allocation {
+    fn allocation_view(&self, a: &Allocation) -> live::Allocation {
         let tasks = self.agents.iter().filter(|(id, _)| a.agents.contains(id)).map(|(_, x)| x.done + x.failed).sum();
         live::Allocation {
             job: a.job.clone(),
