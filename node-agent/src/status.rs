@@ -155,15 +155,16 @@ fn failures(t: &ReadTxn<'_>, limit: usize, out: &mut String) -> anyhow::Result<(
 }
 
 /// Prints the end-of-run summary and returns the process exit code: 0 only when every task
-/// succeeded.
-pub fn finish(run: &RunDir, outcome: &leader::Outcome, quiet: bool) -> anyhow::Result<i32> {
+/// succeeded. `resume_hint`: whether to say how to continue an unfinished run; not when a job
+/// that continues it is already on its way (resubmitted, or a joined job takes it over).
+pub fn finish(run: &RunDir, outcome: &leader::Outcome, quiet: bool, resume_hint: bool) -> anyhow::Result<i32> {
     let c = outcome.progress.counts;
     let failed = c.get(State::Failed);
     // A Slurm job's run is named by its job id: a new job continues it.
-    let resume = if run.id().bytes().all(|b| b.is_ascii_digit()) {
-        format!("htc resume {}", run.id())
-    } else {
-        format!("htc run --resume {}", run.path.display())
+    let resume = match resume_hint {
+        false => String::new(),
+        true if run.id().bytes().all(|b| b.is_ascii_digit()) => format!("; continue with: htc resume {}", run.id()),
+        true => format!("; continue with: htc run --resume {}", run.path.display()),
     };
     if !quiet {
         let ledger = Ledger::open(&run.ledger(), true)?;
@@ -175,24 +176,20 @@ pub fn finish(run: &RunDir, outcome: &leader::Outcome, quiet: bool) -> anyhow::R
         Ending::Interrupted(sig) => {
             // Else a joined job takes the run over, and says so.
             if outcome.progress.joined_running == 0 {
-                eprintln!("htc: interrupted; continue with: {resume}");
+                eprintln!("htc: interrupted{resume}");
             }
             128 + sig
         }
         Ending::TooManyFailures(n) => {
-            eprintln!(
-                "htc: stopped after {n} failed tasks (--max-fails); the rest did not run; continue with: {resume}"
-            );
+            eprintln!("htc: stopped after {n} failed tasks (--max-fails); the rest did not run{resume}");
             1
         }
         Ending::OutOfTime(n) => {
-            eprintln!(
-                "htc: {n} tasks cannot finish before the time limit (by their runtime hints); continue with: {resume}"
-            );
+            eprintln!("htc: {n} tasks cannot finish before the time limit (by their runtime hints){resume}");
             2
         }
         Ending::AgentsLost(why) => {
-            eprintln!("htc: {why}; continue with: {resume}");
+            eprintln!("htc: {why}{resume}");
             2
         }
     })

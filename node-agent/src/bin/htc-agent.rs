@@ -349,11 +349,9 @@ impl Carrier for Driver {
         Ok(())
     }
 
-    // `status::finish` says how to continue the run after any ending but a hand-over; it cannot
-    // yet be told that a resubmitted job continues it (`_resume_hint`).
-    fn summarize(&mut self, _resume_hint: bool) -> anyhow::Result<()> {
+    fn summarize(&mut self, resume_hint: bool) -> anyhow::Result<()> {
         let outcome = self.outcome.as_ref().context("no session to summarize")?;
-        self.code = htc::status::finish(self.run()?, outcome, false)?;
+        self.code = htc::status::finish(self.run()?, outcome, false, resume_hint)?;
         // Whoever leads next may take the lock now.
         self.lock = None;
         Ok(())

@@ -244,7 +244,7 @@ fn run(a: RunArgs) -> anyhow::Result<i32> {
         handover: None,
     };
     let outcome = leader::run(cfg, |addr, tx| local.start(&run, addr, tx))?;
-    let code = htc::status::finish(&run, &outcome, quiet);
+    let code = htc::status::finish(&run, &outcome, quiet, true);
     if run.replicated() {
         htc::replica::remove_node_local(&run.ledger());
     }
