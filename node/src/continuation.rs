@@ -60,11 +60,7 @@ pub fn resume_run(
         let _lock = run.lock()?;
         let run = adopt(run, local)?;
         let n = reset_interrupted(&run)?;
-        // What a killed leader of this run left on this node's disk is behind the replica now.
-        let earlier: Vec<String> = run.job_ids().into_iter().filter(|id| id != job_id).collect();
-        for d in replica::remove_stale_node_local(ledger_dir, &earlier) {
-            tracing::info!(job = job_id, dir = %d.display(), "removed an earlier session's node-local ledger");
-        }
+        remove_earlier_ledgers(&run, job_id, ledger_dir);
         (run, n)
     };
     link_job(&run, job_id)?;
@@ -88,8 +84,19 @@ pub fn take_over(
     };
     let run = adopt(run.clone(), &local)?;
     let n = reset_interrupted(&run)?;
+    remove_earlier_ledgers(&run, job_id, ledger_dir);
     link_job(&run, job_id)?;
     Ok(Ok((run, n)))
+}
+
+/// What a killed leader of this run left on this node's disk is behind the replica once this
+/// job holds the run (a resume, a take-over): removed, as a session that ends removes its own.
+/// Call with the run's lock held.
+fn remove_earlier_ledgers(run: &RunDir, job_id: &str, ledger_dir: Option<&Path>) {
+    let earlier: Vec<String> = run.job_ids().into_iter().filter(|id| id != job_id).collect();
+    for d in replica::remove_stale_node_local(ledger_dir, &earlier) {
+        tracing::info!(job = job_id, dir = %d.display(), "removed an earlier session's node-local ledger");
+    }
 }
 
 /// The run's own output mode, which a job taking it over keeps (not its own default).

@@ -101,6 +101,11 @@ impl Stay {
                 return Input::AttachFailed { why: e.to_string(), leader_went };
             }
         };
+        // The job is another name of the run from now on (`htc status JOB`), as a job that
+        // continues it is.
+        if let Err(e) = crate::continuation::link_job(&self.run, &self.job) {
+            tracing::warn!(job = %self.job, error = %format!("{e:#}"), "the run cannot be named by this job's id");
+        }
         let workdir_refused = joined.enter_workdir().err().map(|e| (joined.workdir.clone(), e.to_string()));
         let first = joined.first_agent;
         let input = Input::Attached {

@@ -324,7 +324,7 @@ watched_job() {
 # --htc-join: a 1-node run joined by a 2-node job while it runs. Tasks run on all 3 nodes, each
 # exactly once; the joined job ends when the run does; joining the finished run is refused.
 joined_job() {
-    local w a b state n=3000 t0 t1 alone three
+    local w a b state n=3000 t0 t1 alone three out
     w=$(cluster_workdir joined)
     seq 1 "$n" | sed 's|.*|sleep 0.05; echo "$HTC_TASK_ID $SLURMD_NODENAME $(date +%s.%N)" >> ids.txt|' >"$w/tasks.txt"
     printf '#!/bin/bash\nexport FOO=joined\n' >"$w/job.sh"
@@ -341,6 +341,8 @@ joined_job() {
     check "joined: tasks ran on all 3 nodes" test "$(cut -d' ' -f2 "$w/ids.txt" | sort -u | wc -l)" = 3
     check "joined: the joining job says whom it joined" grep -q "joins run .*(job $a) with 2 node(s)" "$w/slurm-$b.out"
     check "joined: the run's summary counts every task" grep -q "$n tasks: $n done, 0 failed" "$w/slurm-$a.out"
+    out=$(as_user -C "$w" "$bin/htc" status "$b" --json 2>&1)
+    check "joined: htc status $b (the joined job's id) shows the run" grep -q "\"done\":$n," <<<"$out"
     check "joined: no leader address once the run ended" test ! -e "$w/.htc/$a/leader.addr"
     # The rate on the run's node alone (before the first joined task ended) and on all three.
     t0=$(awk -v node="$(head -1 "$w/ids.txt" | cut -d' ' -f2)" '$2 != node {print $3; exit}' "$w/ids.txt")
