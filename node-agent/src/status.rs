@@ -243,6 +243,9 @@ struct Seen {
     /// Slurm says the job of the leader's session is over (it was killed with its node, say):
     /// a heartbeat that is still fresh then does not mean a live leader.
     job_over: bool,
+    /// A joined job that still runs while the leader's session is over: it takes the run over
+    /// (a hand-over takes it a moment before the new session starts).
+    taking_over: Option<String>,
     /// How long the leader may stay silent (it writes its heartbeat every second) before it is
     /// taken for gone: the site's `lost_after_s`, at least 3 s.
     silent_after_us: u64,
@@ -263,7 +266,10 @@ fn judge(s: &Seen) -> (&'static str, String) {
         (true, _, _) if s.failed => ("failed", "finished with failures".into()),
         (true, _, _) => ("succeeded", "finished, all tasks succeeded".into()),
         (_, None, _) => ("not_started", "not started".into()),
-        _ if s.ended || s.job_over => ("interrupted", format!("interrupted (continue with: {resume})")),
+        _ if s.ended || s.job_over => match &s.taking_over {
+            Some(j) => ("running", format!("running (joined job {j} takes the run over)")),
+            None => ("interrupted", format!("interrupted (continue with: {resume})")),
+        },
         (_, _, Some(true)) if fresh => ("running", "running".into()),
         (_, _, None) if fresh => ("running", format!("running (leader on {})", s.leader_host)),
         (_, _, Some(true)) => (
@@ -272,6 +278,16 @@ fn judge(s: &Seen) -> (&'static str, String) {
         ),
         _ => ("interrupted", format!("interrupted (continue with: {resume})")),
     }
+}
+
+/// A job that joined the run and that Slurm says still runs (one `squeue` each, asked only of
+/// the jobs the last live view calls running): it takes the run over from a leader that ended.
+fn joined_still_running(v: &crate::live::View, leader_job: &str) -> Option<String> {
+    v.allocations
+        .iter()
+        .filter(|a| a.state == "running" && a.job != leader_job && a.job.bytes().all(|b| b.is_ascii_digit()))
+        .find(|a| crate::slurm::job_over(&a.job) == Some(false))
+        .map(|a| a.job.clone())
 }
 
 /// A run as `htc status` describes it, read from the ledger's counters and meta keys.
@@ -327,15 +343,22 @@ impl Report {
         let session_job = text("session_slurm_job")?;
         // Only when it matters: a leader elsewhere whose heartbeat looks alive.
         let job_over = fresh && !here && !session_job.is_empty() && crate::slurm::job_over(&session_job) == Some(true);
+        let finished = finished_us.is_some() && c.unfinished() == 0;
+        let ended = t.meta_u64("session_end_us")?.unwrap_or(0) >= t.meta_u64("session_start_us")?.unwrap_or(u64::MAX);
+        // Only for a session that is over with work left: is a joined job about to lead?
+        let taking_over = (!finished && (ended || job_over))
+            .then(|| live.as_ref().and_then(|v| joined_still_running(v, &session_job)))
+            .flatten();
         let seen = Seen {
-            finished: finished_us.is_some() && c.unfinished() == 0,
+            finished,
             failed: c.get(State::Failed) > 0,
             heartbeat_age_us: (heartbeat > 0).then(|| now_us().saturating_sub(heartbeat)),
-            ended: t.meta_u64("session_end_us")?.unwrap_or(0) >= t.meta_u64("session_start_us")?.unwrap_or(u64::MAX),
+            ended,
             leader_alive: here.then(|| pid_alive(leader)),
             leader_host: host,
             slurm_job: run.id().bytes().all(|b| b.is_ascii_digit()).then(|| run.id()),
             job_over,
+            taking_over,
             silent_after_us: (crate::site::Site::load().map(|s| s.lost_after).unwrap_or_default().as_micros() as u64)
                 .max(3_000_000),
         };
@@ -548,6 +571,7 @@ mod tests {
             leader_host: "n1".into(),
             slurm_job: None,
             job_over: false,
+            taking_over: None,
             silent_after_us: 10_000_000,
         }
     }
@@ -568,6 +592,11 @@ mod tests {
         assert_eq!(judge(&seen(None, None)).0, "not_started");
         // The leader recorded its end (scancel): no need to wait for its heartbeat to age.
         assert_eq!(judge(&Seen { ended: true, ..seen(Some(1), None) }).0, "interrupted");
+        // Ended, but a joined job still runs: it takes the run over; nothing to resume.
+        let handing = Seen { ended: true, taking_over: Some("7".into()), ..seen(Some(1), None) };
+        assert_eq!(judge(&handing), ("running", "running (joined job 7 takes the run over)".to_string()));
+        let killed = Seen { job_over: true, taking_over: Some("7".into()), ..seen(Some(1), None) };
+        assert_eq!(judge(&killed).0, "running");
         // A Slurm job's advice names what works for it.
         let slurm = Seen { slurm_job: Some("42".into()), ..seen(Some(60), None) };
         assert!(judge(&slurm).1.contains("htc resume 42"), "{:?}", judge(&slurm));

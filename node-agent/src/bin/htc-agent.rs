@@ -107,6 +107,24 @@ fn prepare(a: &LeadArgs, job_id: &str, nodes: usize) -> anyhow::Result<Result<(R
         Ok(p) => p,
         Err(why) => return Ok(Err(why.to_string())),
     };
+    let prepared = prepare_with(a, job_id, nodes, &local);
+    if !matches!(prepared, Ok(Ok(_))) {
+        // Nothing to lead (a run in use by its leader, nothing to resume): the directory made
+        // for this job's ledger is not left empty on the node's disk. Only if empty: a ledger
+        // there belongs to a session of this job id that may still hold it.
+        if let Some(dir) = local.parent() {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+    prepared
+}
+
+fn prepare_with(
+    a: &LeadArgs,
+    job_id: &str,
+    nodes: usize,
+    local: &Path,
+) -> anyhow::Result<Result<(RunDir, String), String>> {
     let base = std::env::current_dir()?;
     let existing = RunDir::new(base.join(".htc").join(job_id));
     // A requeue that interrupted the first load finds no snapshot: start over.
@@ -117,20 +135,20 @@ fn prepare(a: &LeadArgs, job_id: &str, nodes: usize) -> anyhow::Result<Result<(R
     }
     if complete {
         let _lock = existing.lock()?;
-        let run = adopt(existing, &local)?;
+        let run = adopt(existing, local)?;
         let n = leader::driver::reset_interrupted(&run)?;
         let said = format!("htc: job {job_id} restarted; continuing its run ({n} tasks left to run, those in flight when it stopped among them)");
         return Ok(Ok((run, said)));
     }
     if let Some(earlier) = a.resume_run {
-        return continuation::resume_run(&base, earlier, job_id, &local, a.ledger_dir.as_deref());
+        return continuation::resume_run(&base, earlier, job_id, local, a.ledger_dir.as_deref());
     }
     let mut defaults = TaskOptions::default();
     if let Some(r) = a.retries {
         defaults.retries = r;
     }
     let file = a.task_file.clone().context("missing --task-file")?;
-    match load::create_run(&base, job_id, &file, a.output, defaults, Some(local)) {
+    match load::create_run(&base, job_id, &file, a.output, defaults, Some(local.to_path_buf())) {
         Ok((run, loaded)) => Ok(Ok((
             run,
             format!("htc: job {job_id}: {} tasks from {} on {nodes} node(s)", loaded.tasks, file.display()),
