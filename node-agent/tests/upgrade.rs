@@ -6,9 +6,11 @@
 //! run of its `tasks.txt` (32 tasks: a sweep of 30 in a class, one of 2 cores with memory,
 //! retries, a timeout and a priority, one with an output cap and a negative priority) stopped by
 //! SIGINT after 11 tasks ended: the run directory (less LMDB's lock file, which LMDB makes
-//! anew) and the `ids.txt` its tasks appended to.
+//! anew) under `runs/` (`.htc/` is ignored by git), and the `ids.txt` its tasks appended to.
+//! Git keeps no modes but the executable bit: the run's private ones are set again here.
 
 use std::fs;
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use crate::common;
@@ -39,7 +41,14 @@ fn ids(d: &Dir) -> Vec<u64> {
 #[test]
 fn a_run_interrupted_by_release_bb08bd2_resumes_and_runs_every_task_once() {
     let d = Dir::new("upgrade-bb08bd2");
-    copy_tree(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/interrupted-bb08bd2"), &d.0);
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/interrupted-bb08bd2");
+    for f in ["tasks.txt", "ids.txt"] {
+        fs::copy(fixture.join(f), d.path(f)).unwrap();
+    }
+    copy_tree(&fixture.join("runs"), &d.path(".htc"));
+    let run = d.path(".htc").join(RUN);
+    fs::set_permissions(&run, fs::Permissions::from_mode(0o700)).unwrap();
+    fs::set_permissions(run.join("secret"), fs::Permissions::from_mode(0o600)).unwrap();
     let before = ids(&d);
     assert_eq!(before.len(), 11, "the fixture's tasks that ran before the interruption");
 
