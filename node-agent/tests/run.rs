@@ -752,3 +752,21 @@ fn a_ledger_a_live_run_has_open_is_seen_in_use() {
     assert!(leader.wait().unwrap().success());
     assert!(!htc::replica::in_use(&ledger().unwrap()), "the run ended: nobody holds it");
 }
+
+/// A run that ends before every agent it started has joined (one task, eight agents; a resume
+/// with nothing left) tells those agents to go too: it ends at once, not after the leader's
+/// last wait for its agents (15 s), with none of them reconnecting, refused as still connected.
+#[test]
+fn a_run_that_ends_before_its_agents_joined_lets_them_go_at_once() {
+    let d = Dir::new("ends-first");
+    d.write("one.txt", "true\n");
+    for args in [&["run", "one.txt", "--agents", "8", "--cores-per-agent", "1"][..], &["run", "--resume"][..]] {
+        let t = std::time::Instant::now();
+        let o = d.htc(args);
+        assert!(o.status.success(), "{args:?}: {}", text(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!err.contains("already connected"), "{args:?}: agents were left to reconnect: {err}");
+        assert!(t.elapsed() < Duration::from_secs(10), "{args:?} took {:?}: {err}", t.elapsed());
+        assert!(!agents_alive(&d.run_dir(), 8), "{args:?} left agents running");
+    }
+}

@@ -15,7 +15,7 @@ use super::effect::{Carrier, Effects};
 use crate::frame;
 use htc_core::task::Counts;
 use htc_core::task::Step;
-use htc_engine::msg::ToAgent;
+use htc_engine::msg::{Stop, ToAgent};
 use htc_store::ledger::{Change, Ledger, LedgerError, Record, WriteTxn};
 use htc_store::load::TaskText;
 use htc_store::rundir::now_us;
@@ -162,7 +162,29 @@ pub fn run(
         s.commit(ending.as_ref())?;
         s.chores()?;
     }
-    s.end(ending.unwrap())
+    let ended = s.end(ending.unwrap());
+    dismiss_queued_joins(rx);
+    ended
+}
+
+/// Agents whose join was still queued when the run ended (a short run, a resume with nothing
+/// left) are told to go as the others were; dropping the queue then makes the network side tell
+/// any later one itself. Else they reconnect, refused as still connected, until the leader's
+/// last wait kills them (15 s).
+fn dismiss_queued_joins(rx: mpsc::Receiver<Event>) {
+    for ev in rx.try_iter() {
+        let Event::Joined(input, tx) = ev else { continue };
+        let (Input::Joined { agent, .. } | Input::Revived { agent, .. } | Input::HandedOver { agent, .. }) = input
+        else {
+            continue;
+        };
+        let bye = ToAgent::Shutdown { stop: Stop::Finish, reason: "the run has ended".into() };
+        htc_engine::wire::leader::frames(agent, bye, |body| {
+            let mut b = Vec::new();
+            frame::encode_into(body, &mut b);
+            let _ = tx.send(b);
+        });
+    }
 }
 
 /// When each of the driver's periodic chores was last done.

@@ -13,7 +13,7 @@ use super::core::Input;
 use super::driver::Event;
 use crate::auth::{self, Door};
 use crate::frame::{self, read_frame, FrameError};
-use htc_engine::msg::{Came, Hello, ToAgent};
+use htc_engine::msg::{Came, Hello, Stop, ToAgent};
 use htc_engine::proto::{self, frame::Body};
 
 pub struct NetConfig {
@@ -166,6 +166,15 @@ async fn connection(
             }
             let joined = Event::Joined(Input::from(hello), tx.clone());
             if core.send(joined).is_err() {
+                // The run ended before this agent's join reached the core (a short run, a
+                // resume with nothing left): it is told to go, not left to reconnect, refused
+                // as still connected, until the leader's last wait kills it.
+                let bye = ToAgent::Shutdown { stop: Stop::Finish, reason: "the run has ended".into() };
+                htc_engine::wire::leader::frames(agent, bye, |body| drop(tx.send(encoded(body))));
+                let mut joined = cfg.lock();
+                for a in agents.iter().filter(|a| joined.get(a) == Some(&conn)).copied().collect::<Vec<_>>() {
+                    joined.remove(&a);
+                }
                 return Ok(());
             }
         }
