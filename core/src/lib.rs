@@ -12,6 +12,7 @@ pub mod output;
 pub mod partition;
 pub mod recall;
 pub mod record;
+pub mod shape;
 pub mod shellsyntax;
 pub mod slots;
 pub mod sweep;

@@ -2,6 +2,7 @@
 //! plain values. How they are laid out on disk is the store's business (`ledger.rs` in the node
 //! agent); the engine and the product read and change them here.
 
+use crate::shape::TaskShape;
 use crate::task::{Life, State};
 
 /// The errno values a failed spawn reports, as Linux numbers them (the agents' and the leader's
@@ -158,6 +159,23 @@ impl Record {
         self.retries = l.retries;
         self.losses = l.losses;
         self.returns = l.returns;
+    }
+    /// What the task asks.
+    pub fn shape(&self) -> TaskShape {
+        TaskShape {
+            cores: self.cores,
+            mem_mb: self.mem_mb,
+            gpus: self.gpus,
+            timeout_ms: self.timeout_ms,
+            retries: self.retries,
+            class: self.class,
+            runtime_ms: self.runtime_ms,
+            max_output: self.max_output,
+            priority: self.priority,
+            exclusive: self.flags & Record::EXCLUSIVE != 0,
+            preemptible: self.flags & Record::PREEMPTIBLE != 0,
+            affinity: self.affinity,
+        }
     }
     pub fn outcome(&self) -> Outcome {
         Outcome::from_u8(self.outcome)

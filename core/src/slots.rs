@@ -22,11 +22,11 @@ pub struct Queue {
 
 impl Queue {
     pub fn add(&mut self, v: Vec<TaskToRun>) {
-        self.prioritized |= v.iter().any(|t| t.priority != 0);
+        self.prioritized |= v.iter().any(|t| t.shape.priority != 0);
         self.tasks.extend(v);
         if self.prioritized {
             // Stable: the leader's order within a priority.
-            self.tasks.make_contiguous().sort_by_key(|t| Reverse(t.priority));
+            self.tasks.make_contiguous().sort_by_key(|t| Reverse(t.shape.priority));
         }
     }
 
@@ -78,7 +78,7 @@ impl Queue {
     /// The next task on `room`, or what to do about the head of the queue.
     pub fn next(&mut self, room: &Room, running: impl Iterator<Item = Holder>) -> Next {
         let Some(t) = self.tasks.front() else { return Next::Idle };
-        let (cores, gpus) = (t.cores.max(1), t.gpus);
+        let (cores, gpus) = (t.shape.cores.max(1) as u32, t.shape.gpus as u32);
         if cores > room.cores || gpus > room.gpus {
             // The leader only sends tasks that fit this agent; refuse rather than wait forever.
             return Next::Refuse(self.tasks.pop_front().expect("a head"));
@@ -87,7 +87,7 @@ impl Queue {
             return Next::Start(self.tasks.pop_front().expect("a head"));
         }
         let need = Need {
-            priority: t.priority,
+            priority: t.shape.priority,
             cores: cores - cores.min(room.free_cores),
             gpus: gpus - gpus.min(room.free_gpus),
         };
@@ -125,11 +125,11 @@ impl Holder {
     pub fn of(t: &TaskToRun, start_us: u64, stopping: bool) -> Holder {
         Holder {
             id: t.id,
-            priority: t.priority,
-            preemptible: t.preemptible,
+            priority: t.shape.priority,
+            preemptible: t.shape.preemptible,
             start_us,
-            cores: t.cores.max(1),
-            gpus: t.gpus,
+            cores: t.shape.cores.max(1) as u32,
+            gpus: t.shape.gpus as u32,
             stopping,
         }
     }
@@ -259,9 +259,11 @@ pub fn ending(oom_mb: Option<u64>, preempted: bool, timed_out: bool, exited: boo
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::shape::TaskShape;
 
-    fn task(id: u64, cores: u32, gpus: u32, priority: i16) -> TaskToRun {
-        TaskToRun { cores, gpus, priority, preemptible: priority < 0, ..TaskToRun::new(id, 1, b"x".to_vec()) }
+    fn task(id: u64, cores: u16, gpus: u8, priority: i16) -> TaskToRun {
+        let shape = TaskShape { cores, gpus, priority, preemptible: priority < 0, ..Default::default() };
+        TaskToRun::new(id, 1, b"x".to_vec()).shaped(shape)
     }
 
     fn room(cores: u32, gpus: u32, free_cores: u32, free_gpus: u32) -> Room {

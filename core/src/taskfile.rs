@@ -25,47 +25,7 @@ pub const MAX_DURATION_MS: u64 = u32::MAX as u64;
 /// Default retries for a task whose attempt fails (non-zero exit, signal, timeout).
 pub const DEFAULT_RETRIES: u8 = 2;
 
-/// What one task asks for. Zero means "not given" for `mem_mb`, `timeout_ms` and `runtime_ms`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TaskOptions {
-    pub cores: u16,
-    pub mem_mb: u32,
-    pub timeout_ms: u32,
-    pub retries: u8,
-    pub class: u16,
-    pub runtime_ms: u32,
-    /// `max_output=`: bytes kept of each of stdout and stderr, as stored (`output_cap`); 0 = all.
-    pub max_output: u16,
-    /// `gpus=`: devices the task gets to itself.
-    pub gpus: u8,
-    /// `priority=`: higher starts first (file order within a priority).
-    pub priority: i16,
-    /// `exclusive`: nothing else runs on the task's node meanwhile.
-    pub exclusive: bool,
-    /// `affinity=KEY`, hashed (`affinity::key_hash`); 0 = none.
-    pub affinity: u32,
-    /// `preemptible`: may be stopped (and run again later) for higher-priority work.
-    pub preemptible: bool,
-}
-
-impl Default for TaskOptions {
-    fn default() -> Self {
-        TaskOptions {
-            cores: 1,
-            mem_mb: 0,
-            timeout_ms: 0,
-            retries: DEFAULT_RETRIES,
-            class: 0,
-            runtime_ms: 0,
-            max_output: 0,
-            gpus: 0,
-            priority: 0,
-            exclusive: false,
-            affinity: 0,
-            preemptible: false,
-        }
-    }
-}
+pub use crate::shape::TaskShape;
 
 /// One parsed task. `command` borrows the parser's line buffer.
 #[derive(Debug, PartialEq, Eq)]
@@ -74,7 +34,7 @@ pub struct Task<'a> {
     pub line: u64,
     /// Byte offset of `command` in the file, so a copy of the file can serve as the task store.
     pub offset: u64,
-    pub options: TaskOptions,
+    pub options: TaskShape,
     pub command: &'a [u8],
     /// True when the command needs `/bin/sh -c`; false when it can be exec'd directly.
     pub shell: bool,
@@ -166,7 +126,7 @@ pub struct Parser<R> {
     /// Bytes consumed before the current line.
     line_start: u64,
     pos: u64,
-    defaults: TaskOptions,
+    defaults: TaskShape,
     classes: Vec<String>,
     tasks: u64,
     eof: bool,
@@ -188,7 +148,7 @@ pub struct Parser<R> {
 struct Active {
     sweep: Sweep,
     template: Template,
-    options: TaskOptions,
+    options: TaskShape,
     line: u64,
     offset: u64,
     /// The next combination is the first.
@@ -204,7 +164,7 @@ impl<R: BufRead> Parser<R> {
             buf: Vec::with_capacity(256),
             line_start: 0,
             pos: 0,
-            defaults: TaskOptions::default(),
+            defaults: TaskShape::default(),
             classes: vec!["default".to_string()],
             tasks: 0,
             eof: false,
@@ -229,14 +189,14 @@ impl<R: BufRead> Parser<R> {
         &self.sweeps
     }
 
-    /// Starts from other defaults than `TaskOptions::default()` (e.g. a site's or the user's
+    /// Starts from other defaults than `TaskShape::default()` (e.g. a site's or the user's
     /// `--retries`); `#HTC` lines and per-line options still override them.
-    pub fn with_defaults(mut self, defaults: TaskOptions) -> Self {
+    pub fn with_defaults(mut self, defaults: TaskShape) -> Self {
         self.defaults = defaults;
         self
     }
 
-    /// Class names, indexed by `TaskOptions::class`. Index 0 is `default`.
+    /// Class names, indexed by `TaskShape::class`. Index 0 is `default`.
     pub fn classes(&self) -> &[String] {
         &self.classes
     }
@@ -390,7 +350,7 @@ impl<R: BufRead> Parser<R> {
 
     /// A task line's own `[options]`, if it starts with them, into `options`; returns where its
     /// command starts.
-    fn line_options(&mut self, start: usize, end: usize, options: &mut TaskOptions) -> Result<usize, TaskFileError> {
+    fn line_options(&mut self, start: usize, end: usize, options: &mut TaskShape) -> Result<usize, TaskFileError> {
         if !(self.buf[start] == b'[' && self.buf.get(start + 1).is_some_and(|b| !is_blank(*b))) {
             return Ok(start);
         }
@@ -434,7 +394,7 @@ impl<R: BufRead> Parser<R> {
         &mut self,
         cmd_start: usize,
         end: usize,
-        options: TaskOptions,
+        options: TaskShape,
         offset: u64,
     ) -> Result<(), TaskFileError> {
         let (sweep, _, _) = self.pending.take().expect("a sweep is pending");
@@ -501,7 +461,7 @@ impl<R: BufRead> Parser<R> {
 
     /// Parses `key=value` words (separated by blanks or commas) in `buf[s..e]` into `opts`.
     /// Returns whether any option was present.
-    fn parse_options(&mut self, s: usize, e: usize, opts: &mut TaskOptions) -> Result<bool, TaskFileError> {
+    fn parse_options(&mut self, s: usize, e: usize, opts: &mut TaskShape) -> Result<bool, TaskFileError> {
         let mut i = s;
         let mut any = false;
         while i < e {
@@ -536,7 +496,7 @@ impl<R: BufRead> Parser<R> {
     }
 
     /// One `key=value` option at column `col` into `opts`.
-    fn set_option(&mut self, key: &str, value: &str, col: usize, opts: &mut TaskOptions) -> Result<(), TaskFileError> {
+    fn set_option(&mut self, key: &str, value: &str, col: usize, opts: &mut TaskShape) -> Result<(), TaskFileError> {
         let bad = |key: &'static str, why: &'static str| ErrorKind::BadValue { key, value: value.to_string(), why };
         match key {
             "cores" => {
@@ -925,7 +885,7 @@ mod tests {
     use super::*;
 
     /// (line, options, command, shell) of every task in `text`.
-    type Parsed = (u64, TaskOptions, Vec<u8>, bool);
+    type Parsed = (u64, TaskShape, Vec<u8>, bool);
 
     fn all(text: &[u8]) -> Result<Vec<Parsed>, TaskFileError> {
         let mut p = Parser::new(text, "t.txt");
@@ -1023,7 +983,7 @@ mod tests {
         let v = all(b"#HTC cores=2 timeout=1m retries=1\n[class=long,runtime=30s mem=2G gpus=2 priority=-3 exclusive affinity=sample-7 preemptible] ./sim 1\n./sim 2\n#HTC class=short\n[cores=1] x\n").unwrap();
         assert_eq!(
             v[0].1,
-            TaskOptions {
+            TaskShape {
                 cores: 2,
                 mem_mb: 2048,
                 timeout_ms: 60_000,

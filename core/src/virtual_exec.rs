@@ -172,11 +172,11 @@ impl VirtualExec {
     }
 
     fn start(&mut self, now_us: u64, t: TaskToRun, out: &mut Vec<ExecEvent>) {
-        self.room.free_cores -= t.cores.max(1);
-        self.room.free_gpus -= t.gpus;
+        self.room.free_cores -= t.shape.cores.max(1) as u32;
+        self.room.free_gpus -= t.shape.gpus as u32;
         out.push(ExecEvent::Started { id: t.id, attempt: t.attempt, start_us: now_us });
         let runtime = (self.runtime)(&t);
-        let limit = t.timeout_ms as u64 * 1000;
+        let limit = t.shape.timeout_ms as u64 * 1000;
         let timed_out = limit > 0 && runtime > limit;
         let end_us = now_us + if timed_out { limit } else { runtime };
         self.running.push(Running { end_us, timed_out, start_us: now_us, task: t });
@@ -185,8 +185,8 @@ impl VirtualExec {
     /// Takes running task `i` off its cores and devices.
     fn release(&mut self, i: usize) -> Running {
         let r = self.running.swap_remove(i);
-        self.room.free_cores += r.task.cores.max(1);
-        self.room.free_gpus += r.task.gpus;
+        self.room.free_cores += r.task.shape.cores.max(1) as u32;
+        self.room.free_gpus += r.task.shape.gpus as u32;
         r
     }
 
@@ -219,13 +219,20 @@ fn finished(t: &TaskToRun, outcome: Outcome, value: i32, start_us: u64, end_us: 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::shape::TaskShape;
 
-    fn task(id: u64, cores: u32, runtime_ms: u32) -> TaskToRun {
-        TaskToRun { cores, runtime_ms, ..TaskToRun::new(id, 1, b"x".to_vec()) }
+    fn task(id: u64, cores: u16, runtime_ms: u32) -> TaskToRun {
+        TaskToRun::new(id, 1, b"x".to_vec()).shaped(TaskShape { cores, runtime_ms, ..Default::default() })
+    }
+
+    /// `t` with its shape changed by `f`.
+    fn with(mut t: TaskToRun, f: impl FnOnce(&mut TaskShape)) -> TaskToRun {
+        f(&mut t.shape);
+        t
     }
 
     fn by_hint() -> Runtime {
-        Box::new(|t| t.runtime_ms as u64 * 1000)
+        Box::new(|t| t.shape.runtime_ms as u64 * 1000)
     }
 
     /// Runs the executor on its own clock until it is done; returns the ends in order.
@@ -276,10 +283,10 @@ mod tests {
     fn higher_priority_runs_first_and_stops_lower_preemptible_work_for_its_cores() {
         let mut x = VirtualExec::new(2, 0, by_hint());
         let mut ev = Vec::new();
-        let low = |id| TaskToRun { preemptible: true, ..task(id, 1, 1_000) };
+        let low = |id| with(task(id, 1, 1_000), |s| s.preemptible = true);
         x.command(0, Command::Run(vec![low(1), low(2)]), &mut ev);
         x.step(0, &mut ev);
-        x.command(10_000, Command::Run(vec![TaskToRun { priority: 5, ..task(3, 2, 100) }]), &mut ev);
+        x.command(10_000, Command::Run(vec![with(task(3, 2, 100), |s| s.priority = 5)]), &mut ev);
         x.step(10_000, &mut ev);
         let preempted: Vec<u64> = ev
             .iter()
@@ -292,7 +299,7 @@ mod tests {
         assert!(ev.iter().any(|e| matches!(e, ExecEvent::Started { id: 3, start_us: 10_000, .. })));
         // Priority orders the queue: 5 before 0, stable within one.
         let mut x = VirtualExec::new(1, 0, by_hint());
-        let p = |id, priority| TaskToRun { priority, ..task(id, 1, 10) };
+        let p = |id, priority| with(task(id, 1, 10), |s| s.priority = priority);
         let done = run_out(&mut x, vec![p(1, 0), p(2, 5), p(3, 0), p(4, 5)]);
         assert_eq!(done.iter().map(|f| f.id).collect::<Vec<_>>(), vec![2, 4, 1, 3]);
     }
@@ -300,8 +307,8 @@ mod tests {
     #[test]
     fn a_task_past_its_time_limit_ends_then_as_timed_out_and_frees_its_core() {
         // One slot: a 1 s task with a 300 ms limit, then a 100 ms one that starts when it is cut.
-        let limited = TaskToRun { timeout_ms: 300, ..task(1, 1, 1_000) };
-        let within = TaskToRun { timeout_ms: 300, ..task(3, 1, 100) };
+        let limited = with(task(1, 1, 1_000), |s| s.timeout_ms = 300);
+        let within = with(task(3, 1, 100), |s| s.timeout_ms = 300);
         let done = run_out(&mut VirtualExec::new(1, 0, by_hint()), vec![limited, task(2, 1, 100), within]);
         let by_id = |id| done.iter().find(|f| f.id == id).unwrap();
         assert_eq!((by_id(1).outcome, by_id(1).value, by_id(1).end_us), (Outcome::TimedOut, TERMINATED, 300_000));

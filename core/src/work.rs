@@ -3,6 +3,7 @@
 //! simulator) speaks this, and the agent's machine is tested against it without processes.
 
 use crate::record::Outcome;
+use crate::shape::TaskShape;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TaskToRun {
@@ -10,39 +11,21 @@ pub struct TaskToRun {
     pub attempt: u32,
     pub command: Vec<u8>,
     pub shell: bool,
-    pub cores: u32,
-    pub mem_mb: u32,
-    pub timeout_ms: u32,
-    /// The task file's `runtime` hint (0 = none); only the `sleep` simulation uses it.
-    pub runtime_ms: u32,
-    /// Bytes of each of stdout and stderr kept (`max_output=`); 0 = all.
-    pub max_output: u64,
-    /// Devices it gets to itself (`gpus=`).
-    pub gpus: u32,
-    /// `priority=`: the queue runs higher first.
-    pub priority: i16,
-    /// `preemptible`: stopped when a higher-priority task in the queue needs its cores.
-    pub preemptible: bool,
+    /// What it asks. Of the leader's own asks (retries, class, exclusive, affinity) the agent
+    /// is told nothing: they hold their defaults here.
+    pub shape: TaskShape,
 }
 
 impl TaskToRun {
     /// A one-core task with no limits, no devices and no priority: what a task file line of
     /// only a command is.
     pub fn new(id: u64, attempt: u32, command: Vec<u8>) -> TaskToRun {
-        TaskToRun {
-            id,
-            attempt,
-            command,
-            shell: false,
-            cores: 1,
-            mem_mb: 0,
-            timeout_ms: 0,
-            runtime_ms: 0,
-            max_output: 0,
-            gpus: 0,
-            priority: 0,
-            preemptible: false,
-        }
+        TaskToRun { id, attempt, command, shell: false, shape: TaskShape::default() }
+    }
+
+    /// The same task asking `shape`.
+    pub fn shaped(self, shape: TaskShape) -> TaskToRun {
+        TaskToRun { shape, ..self }
     }
 }
 

@@ -5,6 +5,7 @@
 //! below the agent's machines, which the leader's liveness asks (`agent::pace`).
 
 use htc_core::record::Outcome;
+use htc_core::shape::TaskShape;
 
 /// What the leader says to one agent.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,19 +52,7 @@ pub struct TaskSpec {
     pub attempt: u32,
     pub command: Vec<u8>,
     pub shell: bool,
-    pub cores: u32,
-    pub mem_mb: u32,
-    /// 0: none.
-    pub timeout_ms: u32,
-    /// The `runtime` hint, 0: none.
-    pub runtime_ms: u32,
-    /// Bytes kept of each of stdout and stderr, 0: all.
-    pub max_output: u64,
-    pub gpus: u32,
-    /// Higher first.
-    pub priority: i32,
-    /// May be stopped for a higher-priority task.
-    pub preemptible: bool,
+    pub shape: TaskShape,
 }
 
 /// An agent's first word to the leader (or a relay's for one below it).

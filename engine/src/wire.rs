@@ -6,6 +6,7 @@
 use htc_core::record::Outcome;
 
 pub mod leader;
+mod task;
 
 /// Generated from `proto/htc.proto`.
 pub mod proto {

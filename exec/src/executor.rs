@@ -593,7 +593,7 @@ impl Executor {
                 .flatten();
             match self.queue.next(&room, holders) {
                 Next::Start(t) => {
-                    let devices = match t.gpus {
+                    let devices = match t.shape.gpus {
                         0 => Vec::new(),
                         n => match self.cfg.gpus.take(t.id, n as usize) {
                             Some(d) => d,
@@ -601,7 +601,7 @@ impl Executor {
                             None => return self.queue.put_back(t),
                         },
                     };
-                    let slots = self.take_slots(t.cores.max(1) as usize);
+                    let slots = self.take_slots(t.shape.cores.max(1) as usize);
                     self.spawn(t, slots, devices);
                 }
                 Next::Refuse(t) => {
@@ -641,7 +641,7 @@ impl Executor {
             self.free[s] = true;
         }
         self.free_count += slots.len();
-        if t.gpus > 0 {
+        if t.shape.gpus > 0 {
             self.cfg.gpus.give_back(t.id);
         }
     }
@@ -728,7 +728,7 @@ impl Executor {
         };
 
         self.bind(&slots, crate::gpu::nearest_cpus(&devices));
-        let oom_kills_before = self.limit_memory(slot, t.mem_mb);
+        let oom_kills_before = self.limit_memory(slot, t.shape.mem_mb);
         let (prog, argv, _wrapper) = match oom_kills_before.and(self.cgroup_wrapper(slot)) {
             Some(w) => (CString::from(c"/bin/sh"), w.argv(&argv), Some(w)),
             None => (prog, argv, None),
@@ -842,10 +842,10 @@ impl Executor {
         self.events.push(ExecEvent::Started { id: t.id, attempt: t.attempt, start_us });
         self.serial += 1;
         let serial = self.serial;
-        if t.timeout_ms > 0 {
-            self.deadlines.limit(Instant::now() + Duration::from_millis(t.timeout_ms as u64), pid, serial);
+        if t.shape.timeout_ms > 0 {
+            self.deadlines.limit(Instant::now() + Duration::from_millis(t.shape.timeout_ms as u64), pid, serial);
         }
-        self.preemptible_running += t.preemptible as usize;
+        self.preemptible_running += t.shape.preemptible as usize;
         let pidfd = self.watch(pid, pidfd);
         if pidfd.is_none() {
             self.unwatched += 1;
@@ -981,7 +981,7 @@ impl Executor {
             Some(e) => Err(e),
         };
         let Some(mut r) = r else { return };
-        self.preemptible_running -= r.task.preemptible as usize;
+        self.preemptible_running -= r.task.shape.preemptible as usize;
         if let Some(before) = r.oom_kills_before {
             // The kernel's kill usually ends the task before the next look. Read even when the
             // watch killed it, so the next task in the slot starts from the count as it is.
@@ -1006,7 +1006,7 @@ impl Executor {
         };
         match self.cfg.output {
             OutputMode::Streams => self.store_capture(&r),
-            OutputMode::PerTask if r.task.max_output > 0 => self.cut_per_task(&r),
+            OutputMode::PerTask if r.task.shape.max_output > 0 => self.cut_per_task(&r),
             _ => {}
         }
         self.release(&r.task, &r.slots);
@@ -1056,7 +1056,7 @@ impl Executor {
         let limited: Vec<(libc::pid_t, usize, Option<u64>)> = self
             .running
             .iter()
-            .filter(|(_, r)| r.task.mem_mb > 0 && r.oom_mb.is_none())
+            .filter(|(_, r)| r.task.shape.mem_mb > 0 && r.oom_mb.is_none())
             .map(|(&pid, r)| (pid, r.slots[0], r.oom_kills_before))
             .collect();
         for (pid, slot, before) in limited {
@@ -1072,13 +1072,14 @@ impl Executor {
         }
         if !groups.is_empty() {
             let watched = crate::memwatch::group_rss_mb(&groups);
-            let over =
-                |&(pid, mb): &(libc::pid_t, u64)| self.running.get(&pid).is_some_and(|r| mb > r.task.mem_mb as u64);
+            let over = |&(pid, mb): &(libc::pid_t, u64)| {
+                self.running.get(&pid).is_some_and(|r| mb > r.task.shape.mem_mb as u64)
+            };
             killed.extend(watched.into_iter().filter(over));
         }
         for (pid, mb) in killed {
             let Some(r) = self.running.get_mut(&pid) else { continue };
-            tracing::warn!(job = %self.cfg.job_id, task = r.task.id, rss_mb = mb, mem_mb = r.task.mem_mb, "out of memory: killed");
+            tracing::warn!(job = %self.cfg.job_id, task = r.task.id, rss_mb = mb, mem_mb = r.task.shape.mem_mb, "out of memory: killed");
             r.oom_mb = Some(mb);
             // Being killed: neither preempted nor timed out on top of it.
             r.kill_at = Some(now);
@@ -1204,7 +1205,7 @@ impl Executor {
         let s = &mut self.slots[r.slots[0]];
         let Some((cap_out, cap_err)) = &s.capture else { return };
         let (out_off, err_off) = (s.out_end, s.err_end);
-        let cap = r.task.max_output;
+        let cap = r.task.shape.max_output_bytes();
         let copied = cap_out.append_to(&mut &s.out, cap, &mut self.copy_buf).and_then(|o| {
             s.out_end += o.kept;
             let e = cap_err.append_to(&mut &s.err, cap, &mut self.copy_buf)?;
@@ -1249,7 +1250,7 @@ impl Executor {
 
     /// `max_output=` with a file per task: what the task wrote past its cap is cut off.
     fn cut_per_task(&mut self, r: &Running) {
-        let cap = r.task.max_output;
+        let cap = r.task.shape.max_output_bytes();
         let mut cuts = Vec::new();
         for (name, ext) in [("stdout", "out"), ("stderr", "err")] {
             let p = self.cfg.out_dir.join(format!("{}.{ext}", r.task.id));
@@ -1267,7 +1268,7 @@ impl Executor {
         if cuts.is_empty() {
             return;
         }
-        let cap = r.task.max_output;
+        let cap = r.task.shape.max_output_bytes();
         let mut line = String::new();
         for (name, written) in cuts {
             line.push_str(&format!("{}\t{}\t{name}\t{written}\t{cap}\n", r.task.id, r.task.attempt));
@@ -1479,7 +1480,8 @@ mod tests {
 
     fn task(id: u64, cmd: &str, timeout_ms: u32) -> TaskToRun {
         let shell = htc_core::taskfile::needs_shell(cmd.as_bytes());
-        TaskToRun { shell, timeout_ms, ..TaskToRun::new(id, 1, cmd.as_bytes().to_vec()) }
+        let shape = htc_core::shape::TaskShape { timeout_ms, ..Default::default() };
+        TaskToRun { shell, ..TaskToRun::new(id, 1, cmd.as_bytes().to_vec()).shaped(shape) }
     }
 
     fn outcomes(reaping: Reaping, name: &str) {
@@ -1516,7 +1518,7 @@ mod tests {
         // task 2 holds 20 MiB against mem=100M; task 3 declares nothing.
         let hold = |mb: u32| format!("perl -e '$x = \"a\" x ({mb} << 20); sleep 2'; true");
         let with_mem = |mut t: TaskToRun, mem_mb| {
-            t.mem_mb = mem_mb;
+            t.shape.mem_mb = mem_mb;
             t
         };
         let tasks =

@@ -48,7 +48,7 @@ pub fn start(
         ExecKind::None => VirtualExec::instant(),
         // GPUs are the leader's to hand out and the agent's to check; a sleep needs none, so
         // any number fits.
-        _ => VirtualExec::new(slots as u32, u32::MAX, Box::new(|t| t.runtime_ms as u64 * 1000)),
+        _ => VirtualExec::new(slots as u32, u32::MAX, Box::new(|t| t.shape.runtime_ms as u64 * 1000)),
     };
     let join = std::thread::Builder::new().name("sim-executor".into()).spawn(move || {
         run(x, rx, sink);
@@ -93,8 +93,9 @@ mod tests {
     use htc_core::work::{Finished, TaskToRun};
     use std::time::Instant;
 
-    fn task(id: u64, cores: u32, runtime_ms: u32) -> TaskToRun {
-        TaskToRun { cores, runtime_ms, ..TaskToRun::new(id, 1, b"x".to_vec()) }
+    fn task(id: u64, cores: u16, runtime_ms: u32) -> TaskToRun {
+        let shape = htc_core::shape::TaskShape { cores, runtime_ms, ..Default::default() };
+        TaskToRun::new(id, 1, b"x".to_vec()).shaped(shape)
     }
 
     fn run(kind: ExecKind, slots: usize, tasks: Vec<TaskToRun>) -> (Vec<Finished>, Duration) {

@@ -10,7 +10,7 @@ use htc_core::taskfile::{self, ErrorKind, Parser, MAX_CLASSES, MAX_CORES, MAX_LI
 
 #[derive(Debug, PartialEq)]
 enum Event {
-    Task { line: u64, offset: u64, options: taskfile::TaskOptions, command: Vec<u8>, shell: bool },
+    Task { line: u64, offset: u64, options: taskfile::TaskShape, command: Vec<u8>, shell: bool },
     Error { line: u64, column: usize, kind: ErrorKind },
 }
 

@@ -7,7 +7,7 @@ use std::io::{BufReader, Write};
 use std::path::Path;
 
 use htc_core::partition::group_key;
-use htc_core::taskfile::{Parser, TaskFileError, TaskOptions};
+use htc_core::taskfile::{Parser, TaskFileError, TaskShape};
 
 use crate::ledger::{Ledger, LedgerError, Record};
 use crate::rundir::RunDir;
@@ -49,7 +49,7 @@ pub fn widest_task(ledger: &Ledger) -> Result<u64, LedgerError> {
 /// Copies `src` into the run and loads it into `ledger`. Errors name `src` as the user wrote it.
 // Long (about 80 lines): one pass over the task file that writes records, sweeps and meta in one
 // transaction; split, each part would need the whole of the pass's state.
-pub fn load(src: &Path, run: &RunDir, ledger: &Ledger, defaults: TaskOptions) -> Result<Loaded, LoadError> {
+pub fn load(src: &Path, run: &RunDir, ledger: &Ledger, defaults: TaskShape) -> Result<Loaded, LoadError> {
     let shown = src.display().to_string();
     htc_core::taskfile::require_regular(src)?;
     std::fs::copy(src, run.tasks()).map_err(|source| LoadError::Copy { path: shown.clone(), source })?;
@@ -293,7 +293,7 @@ pub fn create_run(
     id: &str,
     file: &Path,
     output: htc_core::output::OutputMode,
-    defaults: TaskOptions,
+    defaults: TaskShape,
     ledger: Option<std::path::PathBuf>,
 ) -> Result<(RunDir, Loaded), CreateError> {
     let mut run =

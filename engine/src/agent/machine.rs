@@ -585,7 +585,7 @@ impl Machine {
                 self.holding.extend(d.tasks.iter().map(|t| t.id));
                 self.outstanding += n;
                 self.asked = self.asked.saturating_sub(n);
-                out.push(Effect::Exec(Command::Run(d.tasks.into_iter().map(to_run).collect())));
+                out.push(Effect::Exec(Command::Run(d.tasks.into_iter().map(TaskToRun::from).collect())));
             }
             Body::Preempt(p) => out.push(Effect::Exec(Command::Stop(p.ids))),
             Body::Recall(r) => out.push(Effect::Exec(Command::Recall(r.ids))),
@@ -795,23 +795,6 @@ impl Machine {
 /// report round trip.
 pub fn queue_target(slots: usize) -> u64 {
     (slots as u64 * 8).max(32)
-}
-
-fn to_run(t: proto::TaskSpec) -> TaskToRun {
-    TaskToRun {
-        id: t.id,
-        attempt: t.attempt,
-        command: t.command,
-        shell: t.shell,
-        cores: t.cores,
-        mem_mb: t.mem_mb,
-        timeout_ms: t.timeout_ms,
-        runtime_ms: t.runtime_ms,
-        max_output: t.max_output,
-        gpus: t.gpus,
-        priority: t.priority.clamp(i16::MIN as i32, i16::MAX as i32) as i16,
-        preemptible: t.preemptible,
-    }
 }
 
 /// The agent a downward frame is for; `None` for frames that concern the connection itself.

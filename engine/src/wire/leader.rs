@@ -3,7 +3,7 @@
 //! words meet prost; the bytes are those of `proto/htc.proto` (`PROTOCOL_VERSION`).
 
 use super::proto::{self, frame::Body};
-use crate::msg::{Came, Capacity, Hello, Report, Started, Stop, TaskResult, TaskSpec, ToAgent};
+use crate::msg::{Came, Capacity, Hello, Report, Started, Stop, TaskResult, ToAgent};
 use htc_core::record::Outcome;
 
 /// The frames that carry `msg` to `agent`, in order, each handed to `put`: a dispatch is cut
@@ -31,39 +31,6 @@ fn shutdown(agent: u32, stop: Stop, reason: String) -> proto::Shutdown {
         Stop::Revive => (true, false, true),
     };
     proto::Shutdown { abort, reason, agent, hold, revive }
-}
-
-impl From<TaskSpec> for proto::TaskSpec {
-    fn from(s: TaskSpec) -> proto::TaskSpec {
-        let TaskSpec {
-            id,
-            attempt,
-            command,
-            shell,
-            cores,
-            mem_mb,
-            timeout_ms,
-            runtime_ms,
-            max_output,
-            gpus,
-            priority,
-            preemptible,
-        } = s;
-        proto::TaskSpec {
-            id,
-            attempt,
-            command,
-            shell,
-            cores,
-            mem_mb,
-            timeout_ms,
-            runtime_ms,
-            max_output,
-            gpus,
-            priority,
-            preemptible,
-        }
-    }
 }
 
 /// Why the agent says Hello; a rejoin first, as it brings the agents below it.
@@ -166,7 +133,8 @@ mod tests {
     #[test]
     fn a_long_dispatch_is_cut_into_frames_that_keep_its_tasks_in_order() {
         let big = vec![b'x'; super::super::MAX_BATCH_BYTES / 4];
-        let specs = (0..10).map(|id| TaskSpec { id, attempt: 1, command: big.clone(), ..Default::default() });
+        let specs =
+            (0..10).map(|id| crate::msg::TaskSpec { id, attempt: 1, command: big.clone(), ..Default::default() });
         let frames = sent(3, ToAgent::Dispatch(specs.collect()));
         assert!(frames.len() >= 3, "{}", frames.len());
         let ids: Vec<u64> = frames

@@ -22,7 +22,7 @@ use htc::load::{self, CreateError};
 use htc::rundir::{now_us, RunDir, RunLock};
 use htc::{prologue, slurm};
 use htc_core::hflow::Params;
-use htc_core::taskfile::TaskOptions;
+use htc_core::taskfile::TaskShape;
 use htc_core::tree::Tree;
 use htc_engine::lifecycle::{self, Carrier, Effect, Exit, Input, Job, Life, Report, SessionEnd};
 use htc_node::continuation::{self, adopt, is_complete, release_node_local};
@@ -143,7 +143,7 @@ fn prepare_with(
     if let Some(earlier) = a.resume_run {
         return continuation::resume_run(&base, earlier, job_id, local, a.ledger_dir.as_deref());
     }
-    let mut defaults = TaskOptions::default();
+    let mut defaults = TaskShape::default();
     if let Some(r) = a.retries {
         defaults.retries = r;
     }

@@ -17,7 +17,7 @@ use htc::simulate::{self, SimConfig};
 use htc::site::Site;
 use htc::{agent, calibrate, executor, status};
 use htc_core::hflow::Params;
-use htc_core::taskfile::TaskOptions;
+use htc_core::taskfile::TaskShape;
 use htc_core::tree::Tree;
 use std::io::ErrorKind;
 use std::sync::Arc;
@@ -520,7 +520,7 @@ fn create_run(
     retries: Option<u8>,
     ledger_dir: Option<&std::path::Path>,
 ) -> anyhow::Result<Result<RunDir, i32>> {
-    let mut defaults = TaskOptions::default();
+    let mut defaults = TaskShape::default();
     if let Some(r) = retries {
         defaults.retries = r;
     }

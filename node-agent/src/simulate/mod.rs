@@ -527,7 +527,7 @@ impl Fleet {
             let slow = Arc::new(AtomicU64::new(1f64.to_bits()));
             let factor = slow.clone();
             let runtime = move |t: &TaskToRun| {
-                let hint = truth.as_ref().and_then(|v| v.get(t.id as usize).copied()).unwrap_or(t.runtime_ms);
+                let hint = truth.as_ref().and_then(|v| v.get(t.id as usize).copied()).unwrap_or(t.shape.runtime_ms);
                 let us = if hint > 0 { hint as u64 * 1000 } else { default_us };
                 match f64::from_bits(factor.load(Relaxed)) {
                     1.0 => us,
@@ -826,7 +826,7 @@ pub fn simulate_file(file: &std::path::Path, cfg: &SimConfig) -> anyhow::Result<
     let scratch = std::env::temp_dir().join(format!("htc-simulate.{}", std::process::id()));
     std::fs::create_dir_all(&scratch).with_context(|| format!("creating {}", scratch.display()))?;
     let r = (|| {
-        let defaults = htc_core::taskfile::TaskOptions::default();
+        let defaults = htc_core::taskfile::TaskShape::default();
         let loading = Instant::now();
         let (run, _) =
             crate::load::create_run(&scratch, "sim", file, htc_core::output::OutputMode::None, defaults, None)?;

@@ -24,7 +24,7 @@ impl Spread {
     pub fn assign(&mut self, tasks: Vec<TaskToRun>) -> Vec<Vec<TaskToRun>> {
         let mut out: Vec<Vec<TaskToRun>> = vec![Vec::new(); self.slots.len()];
         for t in tasks {
-            let i = self.pick(t.cores.max(1) as usize);
+            let i = self.pick(t.shape.cores.max(1) as usize);
             self.held[i] += 1;
             out[i].push(t);
         }
@@ -56,12 +56,15 @@ impl Spread {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use htc_core::shape::TaskShape;
 
-    fn tasks(cores: &[u32]) -> Vec<TaskToRun> {
+    fn tasks(cores: &[u16]) -> Vec<TaskToRun> {
         cores
             .iter()
             .enumerate()
-            .map(|(i, &c)| TaskToRun { cores: c, ..TaskToRun::new(i as u64 + 1, 1, Vec::new()) })
+            .map(|(i, &cores)| {
+                TaskToRun::new(i as u64 + 1, 1, Vec::new()).shaped(TaskShape { cores, ..Default::default() })
+            })
             .collect()
     }
 

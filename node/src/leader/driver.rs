@@ -512,7 +512,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("t.txt");
         std::fs::write(&file, "true\n".repeat(4)).unwrap();
-        let defaults = htc_core::taskfile::TaskOptions::default();
+        let defaults = htc_core::taskfile::TaskShape::default();
         let (rd, _) =
             htc_store::load::create_run(&dir, "job", &file, htc_core::output::OutputMode::None, defaults, None)
                 .unwrap();

@@ -423,14 +423,7 @@ impl Core<'_> {
             attempt: life.attempt_no(),
             command: t.command(&r),
             shell: r.shell,
-            cores: r.cores as u32,
-            mem_mb: r.mem_mb,
-            timeout_ms: r.timeout_ms,
-            runtime_ms: r.runtime_ms,
-            max_output: htc_core::taskfile::output_cap::bytes(r.max_output),
-            gpus: r.gpus as u32,
-            priority: r.priority as i32,
-            preemptible: r.flags & Record::PREEMPTIBLE != 0,
+            shape: r.shape(),
         });
         Ok(())
     }

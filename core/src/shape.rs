@@ -1,0 +1,85 @@
+//! What a task asks: the one type the task file parses into, the ledger's record keeps, the wire
+//! carries to an agent and the executor runs by. A new ask is a field here, its place in the
+//! ledger's layout, its wire mapping, and the code that honours it — nothing else.
+//!
+//! `class` and `runtime_ms` are hints rather than demands (they steer the plan, not where a task
+//! may run), but they are said on the same line, stored with the rest and travel the same way
+//! (the `sleep` simulation runs by the hint), so they are part of the shape: a second type for
+//! them would bring back the copying this one ends.
+
+use crate::taskfile::{output_cap, DEFAULT_RETRIES};
+
+/// What one task asks for. Zero means "not given" for `mem_mb`, `timeout_ms`, `runtime_ms`,
+/// `max_output` and `affinity`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TaskShape {
+    pub cores: u16,
+    pub mem_mb: u32,
+    /// `gpus=`: devices the task gets to itself.
+    pub gpus: u8,
+    pub timeout_ms: u32,
+    /// Retries allowed after the first attempt. In a record this is the task's budget as its
+    /// life moved it (a preemption or `htc retry` grows it).
+    pub retries: u8,
+    /// `class=`, as an index into the run's class names (0 = `default`).
+    pub class: u16,
+    /// The `runtime=` hint.
+    pub runtime_ms: u32,
+    /// `max_output=`: bytes kept of each of stdout and stderr, as stored (`output_cap`); 0 = all.
+    pub max_output: u16,
+    /// `priority=`: higher starts first (file order within a priority).
+    pub priority: i16,
+    /// `exclusive`: nothing else runs on the task's node meanwhile.
+    pub exclusive: bool,
+    /// `preemptible`: may be stopped (and run again later) for higher-priority work.
+    pub preemptible: bool,
+    /// `affinity=KEY`, hashed (`affinity::key_hash`).
+    pub affinity: u32,
+}
+
+impl Default for TaskShape {
+    /// What a task file line of only a command asks.
+    fn default() -> Self {
+        TaskShape {
+            cores: 1,
+            mem_mb: 0,
+            gpus: 0,
+            timeout_ms: 0,
+            retries: DEFAULT_RETRIES,
+            class: 0,
+            runtime_ms: 0,
+            max_output: 0,
+            priority: 0,
+            exclusive: false,
+            preemptible: false,
+            affinity: 0,
+        }
+    }
+}
+
+impl TaskShape {
+    /// Bytes kept of each of stdout and stderr; 0 = all.
+    pub fn max_output_bytes(&self) -> u64 {
+        output_cap::bytes(self.max_output)
+    }
+
+    /// Sets the output cap from a byte count as the wire carries it (one that `output_cap`
+    /// encoded, so nothing is lost; any other is rounded up to what the ledger could store).
+    pub fn with_max_output_bytes(self, bytes: u64) -> TaskShape {
+        TaskShape { max_output: output_cap::encode(bytes).unwrap_or(u16::MAX), ..self }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_output_cap_survives_the_trip_through_bytes() {
+        for code in [0u16, 1, 64, 0x7fff, 0x8001, 0x8000 | 40, 0xffff] {
+            let s = TaskShape { max_output: code, ..Default::default() };
+            let back = TaskShape::default().with_max_output_bytes(s.max_output_bytes());
+            assert_eq!(back.max_output_bytes(), s.max_output_bytes(), "code {code:#x}");
+        }
+    }
+}
