@@ -1,9 +1,10 @@
 //! A task's record and the outcomes of its attempts: what the ledger stores of each task, as
-//! plain values. How they are laid out on disk is the store's business (`ledger.rs` in the node
-//! agent); the engine and the product read and change them here.
+//! plain values. How they are laid out on disk is the store's business (`layout.rs` in
+//! `htc-store`); the engine and the product read them here, and change a record's life only by
+//! the steps of `task::step`.
 
 use crate::shape::TaskShape;
-use crate::task::{Life, State};
+use crate::task::{step, Effect, Invalid, Life, State, Step};
 
 /// The errno values a failed spawn reports, as Linux numbers them (the agents' and the leader's
 /// platform). Kept here so that this crate needs no `libc`; the node agent's tests check them
@@ -94,91 +95,178 @@ fn signal_name(sig: i32) -> &'static str {
     }
 }
 
-/// One task: what it asks for (set at load) and where it stands (updated by the leader).
+/// Where a task's command is: a span of the run's copy of the task file (or of the commands
+/// its sweeps made), the line it came from, and whether it needs a shell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Record {
-    pub cmd_off: u64,
-    pub cmd_len: u32,
+pub struct CommandAt {
+    pub off: u64,
+    pub len: u32,
     pub line: u32,
-    pub cores: u16,
-    pub retries: u8,
     pub shell: bool,
-    pub timeout_ms: u32,
-    pub mem_mb: u32,
-    pub class: u16,
-    pub runtime_ms: u32,
-    pub state: u8,
-    pub attempts: u8,
-    /// Attempts lost with their agent (they cost no retry until `task::MAX_LOSSES`).
-    pub losses: u8,
-    /// `max_output=`, encoded (`htc_core::taskfile::output_cap`); 0 = no cap.
-    pub max_output: u16,
-    pub outcome: u8,
+}
+
+/// How the attempt a record holds (its last) ended, as its agent reported it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttemptEnd {
+    pub outcome: Outcome,
     pub value: i32,
     pub agent: u32,
+    /// 0: it never started (the record keeps an earlier start then).
     pub start_us: u64,
     pub end_us: u64,
-    /// `gpus=`: devices the task gets to itself.
-    pub gpus: u8,
-    /// `Record::EXCLUSIVE`, `Record::PREEMPTIBLE`.
-    pub flags: u8,
-    /// `priority=`: higher starts first.
-    pub priority: i16,
-    /// `affinity=KEY`, hashed (`htc_core::taskfile::affinity_hash`); 0 = none.
-    pub affinity: u32,
+}
+
+/// One task: where its command is and what it asks (set at load), and its life with the end of
+/// its last attempt (moved by the leader). The life changes only by `task::step`'s answers
+/// (`set_life`), so no code outside the life can put a task in a state it could not reach.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Record {
+    cmd: CommandAt,
+    /// Its `retries` is the task's budget as its life moved it.
+    shape: TaskShape,
+    state: State,
+    attempts: u8,
+    /// Attempts lost with their agent (they cost no retry until `task::MAX_LOSSES`).
+    losses: u8,
     /// Dispatches that came back unstarted (a lost agent's queue, a refund): each took an
     /// attempt number of its own, so `$HTC_ATTEMPT` of the last attempt counts them too.
-    pub returns: u8,
+    returns: u8,
+    outcome: Outcome,
+    value: i32,
+    agent: u32,
+    start_us: u64,
+    end_us: u64,
+}
+
+impl Default for Record {
+    /// A pending one-core task with an empty command.
+    fn default() -> Self {
+        Record::new(CommandAt::default(), TaskShape::default())
+    }
 }
 
 impl Record {
-    /// The task wants a node to itself.
-    pub const EXCLUSIVE: u8 = 1;
-    /// The task may be stopped and requeued for higher-priority work.
-    pub const PREEMPTIBLE: u8 = 2;
-
-    pub fn state(&self) -> State {
-        State::from_u8(self.state).unwrap_or(State::Pending)
-    }
-    pub fn set_state(&mut self, s: State) {
-        self.state = s as u8;
-    }
-    /// The fields `task::step` reads and moves.
-    pub fn life(&self) -> Life {
-        Life {
-            state: self.state,
-            attempts: self.attempts,
-            retries: self.retries,
-            losses: self.losses,
-            returns: self.returns,
+    /// A task as loaded: pending, never tried.
+    pub fn new(cmd: CommandAt, shape: TaskShape) -> Record {
+        Record {
+            cmd,
+            shape,
+            state: State::Pending,
+            attempts: 0,
+            losses: 0,
+            returns: 0,
+            outcome: Outcome::None,
+            value: 0,
+            agent: 0,
+            start_us: 0,
+            end_us: 0,
         }
     }
-    pub fn set_life(&mut self, l: Life) {
-        self.state = l.state;
-        self.attempts = l.attempts;
-        self.retries = l.retries;
-        self.losses = l.losses;
-        self.returns = l.returns;
+
+    /// A record as stored: the ledger's layout gives each part back as it was written.
+    pub fn from_parts(cmd: CommandAt, shape: TaskShape, life: Life, last: AttemptEnd) -> Record {
+        let mut r = Record::new(cmd, shape);
+        r.set_life(life);
+        r.set_ended(last);
+        r
+    }
+
+    pub fn command(&self) -> CommandAt {
+        self.cmd
+    }
+    pub fn cmd_off(&self) -> u64 {
+        self.cmd.off
+    }
+    pub fn cmd_len(&self) -> u32 {
+        self.cmd.len
+    }
+    pub fn line(&self) -> u32 {
+        self.cmd.line
+    }
+    pub fn shell(&self) -> bool {
+        self.cmd.shell
     }
     /// What the task asks.
-    pub fn shape(&self) -> TaskShape {
-        TaskShape {
-            cores: self.cores,
-            mem_mb: self.mem_mb,
-            gpus: self.gpus,
-            timeout_ms: self.timeout_ms,
-            retries: self.retries,
-            class: self.class,
-            runtime_ms: self.runtime_ms,
-            max_output: self.max_output,
-            priority: self.priority,
-            exclusive: self.flags & Record::EXCLUSIVE != 0,
-            preemptible: self.flags & Record::PREEMPTIBLE != 0,
-            affinity: self.affinity,
-        }
+    pub fn shape(&self) -> &TaskShape {
+        &self.shape
+    }
+    /// What the task asks, to change before it runs (a test's setting, a load's hint).
+    pub fn shape_mut(&mut self) -> &mut TaskShape {
+        &mut self.shape
+    }
+    pub fn state(&self) -> State {
+        self.state
+    }
+    pub fn attempts(&self) -> u8 {
+        self.attempts
+    }
+    pub fn losses(&self) -> u8 {
+        self.losses
+    }
+    pub fn returns(&self) -> u8 {
+        self.returns
     }
     pub fn outcome(&self) -> Outcome {
-        Outcome::from_u8(self.outcome)
+        self.outcome
+    }
+    pub fn value(&self) -> i32 {
+        self.value
+    }
+    pub fn agent(&self) -> u32 {
+        self.agent
+    }
+    pub fn start_us(&self) -> u64 {
+        self.start_us
+    }
+    pub fn end_us(&self) -> u64 {
+        self.end_us
+    }
+
+    /// The fields `task::step` reads and moves.
+    pub fn life(&self) -> Life {
+        Life::of(self.state, self.attempts, self.shape.retries, self.losses, self.returns)
+    }
+
+    /// Takes the life `task::step` answered with: the one way a record changes state.
+    pub fn set_life(&mut self, l: Life) {
+        self.state = l.state();
+        self.attempts = l.attempts();
+        self.shape.retries = l.retries();
+        self.losses = l.losses();
+        self.returns = l.returns();
+    }
+
+    /// Moves the record's own life by `s`, for a change decided outside the leader's core
+    /// (`htc retry`, tests): what `task::step` answers, and nothing changed when it refuses.
+    pub fn take(&mut self, s: Step) -> Result<Effect, Invalid> {
+        let (life, effect) = step(self.life(), s)?;
+        self.set_life(life);
+        Ok(effect)
+    }
+
+    /// The record after `steps` of its life, in order: a record in a given state as only its
+    /// life could have brought it there (tests, tools).
+    pub fn walked(mut self, steps: &[Step]) -> Result<Record, Invalid> {
+        for &s in steps {
+            self.take(s)?;
+        }
+        Ok(self)
+    }
+
+    /// Keeps how its last attempt ended; an end without a start keeps the start known before.
+    pub fn set_ended(&mut self, e: AttemptEnd) {
+        self.outcome = e.outcome;
+        self.value = e.value;
+        self.agent = e.agent;
+        if e.start_us != 0 {
+            self.start_us = e.start_us;
+        }
+        self.end_us = e.end_us;
+    }
+
+    /// No instance can ever run it: its end says why (its life's `Step::Refuse` fails it).
+    pub fn set_unschedulable(&mut self) {
+        self.outcome = Outcome::Unschedulable;
     }
 
     /// The number of the attempt the record holds (its last), as its task saw it in `$HTC_ATTEMPT`.
@@ -191,6 +279,17 @@ impl Record {
         Attempt {
             attempt: self.attempt_no().min(255) as u8,
             outcome: self.outcome(),
+            value: self.value,
+            agent: self.agent,
+            start_us: self.start_us,
+            end_us: self.end_us,
+        }
+    }
+
+    /// How its last attempt ended.
+    pub fn ended(&self) -> AttemptEnd {
+        AttemptEnd {
+            outcome: self.outcome,
             value: self.value,
             agent: self.agent,
             start_us: self.start_us,

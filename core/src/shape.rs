@@ -7,7 +7,8 @@
 //! (the `sleep` simulation runs by the hint), so they are part of the shape: a second type for
 //! them would bring back the copying this one ends.
 
-use crate::taskfile::{output_cap, DEFAULT_RETRIES};
+/// Default retries for a task whose attempt fails (non-zero exit, signal, timeout).
+pub const DEFAULT_RETRIES: u8 = 2;
 
 /// What one task asks for. Zero means "not given" for `mem_mb`, `timeout_ms`, `runtime_ms`,
 /// `max_output` and `affinity`.
@@ -67,6 +68,29 @@ impl TaskShape {
     /// encoded, so nothing is lost; any other is rounded up to what the ledger could store).
     pub fn with_max_output_bytes(self, bytes: u64) -> TaskShape {
         TaskShape { max_output: output_cap::encode(bytes).unwrap_or(u16::MAX), ..self }
+    }
+}
+
+/// A per-task output cap in the two bytes a task record has for it: KiB up to 32 MiB, MiB
+/// above (up to 32 GiB), rounded up; 0 is no cap.
+pub mod output_cap {
+    const MIB_FLAG: u16 = 0x8000;
+
+    pub fn encode(bytes: u64) -> Option<u16> {
+        let kib = bytes.div_ceil(1024);
+        if kib < MIB_FLAG as u64 {
+            return Some(kib as u16);
+        }
+        let mib = bytes.div_ceil(1 << 20);
+        (mib < MIB_FLAG as u64).then_some(MIB_FLAG | mib as u16)
+    }
+
+    pub fn bytes(code: u16) -> u64 {
+        if code & MIB_FLAG != 0 {
+            ((code & !MIB_FLAG) as u64) << 20
+        } else {
+            (code as u64) << 10
+        }
     }
 }
 

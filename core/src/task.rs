@@ -98,19 +98,20 @@ pub const MAX_LOSSES: u8 = 3;
 /// Attempts a task can have in all (its count is a byte): rounds of `htc retry` included.
 pub const MAX_ATTEMPTS: u8 = 255;
 
-/// The part of a task's record that its life changes or depends on.
+/// The part of a task's record that its life changes or depends on. Only [`step`] moves it:
+/// elsewhere it is read, or rebuilt as it was stored (`Life::of`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Life {
-    pub state: u8,
+    state: u8,
     /// Attempts counted so far (the current one included while it is in flight).
-    pub attempts: u8,
+    attempts: u8,
     /// Retries allowed after the first attempt.
-    pub retries: u8,
+    retries: u8,
     /// Attempts lost with their agent so far.
-    pub losses: u8,
+    losses: u8,
     /// Attempt numbers used by dispatches that never counted as attempts: taken back
     /// unstarted (`Step::Reclaim`) or refunded (`Step::Refund`).
-    pub returns: u8,
+    returns: u8,
 }
 
 /// What the step means beyond the new state, for whoever records it.
@@ -131,6 +132,33 @@ pub struct Invalid {
 }
 
 impl Life {
+    /// A life as a record stored it.
+    pub fn of(state: State, attempts: u8, retries: u8, losses: u8, returns: u8) -> Life {
+        Life { state: state as u8, attempts, retries, losses, returns }
+    }
+
+    /// A task's life before its first attempt, with `retries` allowed.
+    pub const fn new(retries: u8) -> Life {
+        Life { state: State::Pending as u8, attempts: 0, retries, losses: 0, returns: 0 }
+    }
+
+    /// Attempts counted so far (the current one included while it is in flight).
+    pub fn attempts(&self) -> u8 {
+        self.attempts
+    }
+    /// Retries allowed after the first attempt.
+    pub fn retries(&self) -> u8 {
+        self.retries
+    }
+    /// Attempts lost with their agent so far.
+    pub fn losses(&self) -> u8 {
+        self.losses
+    }
+    /// Attempt numbers used by dispatches that never counted as attempts.
+    pub fn returns(&self) -> u8 {
+        self.returns
+    }
+
     /// The number of the attempt in flight (or of the last one), as tasks see it in
     /// `$HTC_ATTEMPT`: every run counts, lost ones included, so that the re-run of a lost
     /// attempt never shares its number (a late result of the lost run is then told apart).
@@ -141,6 +169,18 @@ impl Life {
     pub fn state(&self) -> State {
         // Records are only written through `step`, so the byte is always a valid state.
         State::from_u8(self.state).unwrap_or(State::Pending)
+    }
+}
+
+/// The fewest steps that bring a new task to `s` (tests and tools that need a task in a state
+/// take them rather than set it).
+pub fn path_to(s: State) -> &'static [Step] {
+    match s {
+        State::Pending => &[],
+        State::Dispatched => &[Step::Dispatch],
+        State::Running => &[Step::Dispatch, Step::Start],
+        State::Done => &[Step::Dispatch, Step::Start, Step::Finish(End::Succeeded)],
+        State::Failed => &[Step::Refuse],
     }
 }
 

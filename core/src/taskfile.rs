@@ -22,10 +22,8 @@ pub const MAX_RETRIES: u32 = 100;
 pub const MAX_GPUS: u32 = 64;
 /// Durations are kept in milliseconds in a `u32`: about 49 days.
 pub const MAX_DURATION_MS: u64 = u32::MAX as u64;
-/// Default retries for a task whose attempt fails (non-zero exit, signal, timeout).
-pub const DEFAULT_RETRIES: u8 = 2;
 
-pub use crate::shape::TaskShape;
+pub use crate::shape::{output_cap, TaskShape, DEFAULT_RETRIES};
 
 /// One parsed task. `command` borrows the parser's line buffer.
 #[derive(Debug, PartialEq, Eq)]
@@ -594,29 +592,6 @@ pub fn parse_bytes(s: &str) -> Option<u64> {
         _ => (s, 1),
     };
     parse_uint(num)?.checked_mul(mult)
-}
-
-/// A per-task output cap in the two bytes a task record has for it: KiB up to 32 MiB, MiB
-/// above (up to 32 GiB), rounded up; 0 is no cap.
-pub mod output_cap {
-    const MIB_FLAG: u16 = 0x8000;
-
-    pub fn encode(bytes: u64) -> Option<u16> {
-        let kib = bytes.div_ceil(1024);
-        if kib < MIB_FLAG as u64 {
-            return Some(kib as u16);
-        }
-        let mib = bytes.div_ceil(1 << 20);
-        (mib < MIB_FLAG as u64).then_some(MIB_FLAG | mib as u16)
-    }
-
-    pub fn bytes(code: u16) -> u64 {
-        if code & MIB_FLAG != 0 {
-            ((code & !MIB_FLAG) as u64) << 20
-        } else {
-            (code as u64) << 10
-        }
-    }
 }
 
 /// `512`, `512M`, `4G`, `100K`, `1T` (binary units; a bare number is MiB). Result in MiB.

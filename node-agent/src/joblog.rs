@@ -193,12 +193,12 @@ pub fn write(
             }
             next += 1;
         }
-        if matches!(r.state(), State::Done | State::Failed) && r.attempts > 0 {
+        if matches!(r.state(), State::Done | State::Failed) && r.attempts() > 0 {
             mine.push(r.last_attempt());
         }
         for a in mine {
             let host = hosts.of(a.agent).to_string();
-            let mut row = attempt_row(id, r.line, &a, &host, command);
+            let mut row = attempt_row(id, r.line(), &a, &host, command);
             row.devices = devices.get(&(id, row.attempt)).map(String::as_str);
             let written = match format {
                 Format::Tsv => out.write_all(&row.tsv()),

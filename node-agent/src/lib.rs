@@ -29,7 +29,7 @@ pub use htc_exec::{
     throttle,
 };
 pub use htc_node::{agent, auth, bootstrap, frame, join, leader, livefile, pmi, slurm, work_args};
-pub use htc_store::{host, ledger, load, mapfault, pagecheck, replica, rundir, storage, verify};
+pub use htc_store::{host, layout, ledger, load, mapfault, pagecheck, replica, rundir, storage, verify};
 
 /// Logs to stderr; `HTC_LOG` takes a tracing filter (e.g. `info`, or `htc_engine=debug` for one crate: the
 /// engine, store, exec and node crates log under their own names).

@@ -75,7 +75,7 @@ fn entries_of<'e>(entries: &'e [(IndexEntry, u32)], next: &mut usize, id: u64) -
 fn pick(entries: &[(IndexEntry, u32)], r: &Record) -> Option<(IndexEntry, u32)> {
     // Numbered as the agent was told ($HTC_ATTEMPT): lost runs count too.
     let want = r.attempt_no();
-    entries.iter().rev().find(|(x, a)| x.is_of(want, r.start_us) && *a == r.agent).copied()
+    entries.iter().rev().find(|(x, a)| x.is_of(want, r.start_us()) && *a == r.agent()).copied()
 }
 
 /// Copies bytes to `out`, prefixing every line with `tag` when there is one.
@@ -213,7 +213,7 @@ pub fn print_all(run: &RunDir, sel: Select) -> anyhow::Result<u64> {
             return;
         }
         let group = entries_of(&entries, &mut next, id);
-        if r.attempts == 0 || (sel.failed_only && r.state() != State::Failed) {
+        if r.attempts() == 0 || (sel.failed_only && r.state() != State::Failed) {
             return;
         }
         let tag = format!("{id}\t");
@@ -316,7 +316,7 @@ pub fn check_all(run: &RunDir) -> anyhow::Result<Option<OutputCheck>> {
     ledger.read()?.for_each(|id, r| {
         let group = entries_of(&entries, &mut next, id);
         let finished = matches!(r.state(), State::Done | State::Failed);
-        if !finished || r.attempts == 0 || r.outcome() == crate::ledger::Outcome::Lost {
+        if !finished || r.attempts() == 0 || r.outcome() == crate::ledger::Outcome::Lost {
             return;
         }
         let Some((x, agent)) = pick(group, r) else { return c.missing.push(id) };
@@ -348,7 +348,7 @@ pub fn print_one(run: &RunDir, task: u64, want_out: bool, want_err: bool) -> any
         bail!("no task {task} in {} (it has {total})", run.path.display());
     };
     drop(txn);
-    if r.attempts == 0 {
+    if r.attempts() == 0 {
         bail!("task {task} has not run yet");
     }
     let (mut so, mut se) = (io::stdout().lock(), io::stderr().lock());
@@ -364,9 +364,9 @@ pub fn print_one(run: &RunDir, task: u64, want_out: bool, want_err: bool) -> any
             }
         }
         OutputMode::Streams => {
-            let dir = run.agent_out(r.agent);
+            let dir = run.agent_out(r.agent());
             let attempt = r.attempt_no();
-            let e = find_output(&dir, task, attempt, r.start_us)?.with_context(|| {
+            let e = find_output(&dir, task, attempt, r.start_us())?.with_context(|| {
                 format!("no output recorded for attempt {attempt} of task {task} (it may still be running)")
             })?;
             let (mut files, mut buf) = (Files(HashMap::new()), Vec::new());
@@ -422,6 +422,24 @@ mod tests {
         assert_eq!(plain.out, b"xy\n");
     }
 
+    /// A record in its `attempts`th attempt (after one lost, if `lost`), started by `agent`.
+    fn ran(attempts: u8, lost: bool, agent: u32, start_us: u64) -> Record {
+        use htc_core::record::{AttemptEnd, CommandAt, Outcome};
+        use htc_core::task::{End, Step};
+        let mut steps = Vec::new();
+        if lost {
+            steps.extend([Step::Dispatch, Step::Start, Step::Finish(End::Lost)]);
+        }
+        for _ in 1..attempts {
+            steps.extend([Step::Dispatch, Step::Start, Step::Finish(End::Failed { permanent: false })]);
+        }
+        steps.push(Step::Dispatch);
+        let shape = htc_core::shape::TaskShape { retries: 10, ..Default::default() };
+        let mut r = Record::new(CommandAt::default(), shape).walked(&steps).unwrap();
+        r.set_ended(AttemptEnd { outcome: Outcome::None, value: 0, agent, start_us, end_us: 0 });
+        r
+    }
+
     #[test]
     fn the_recorded_attempt_s_entry_is_picked_and_no_other() {
         let e = |attempt, slot, start_us| IndexEntry {
@@ -438,14 +456,14 @@ mod tests {
         };
         // Attempt 2 ran twice on agent 1: in a session that was killed (start 20), then again (30).
         let group = [(e(1, 0, 10), 0), (e(2, 1, 20), 0), (e(2, 2, 20), 1), (e(2, 4, 30), 1), (e(3, 3, 40), 0)];
-        let r = Record { attempts: 2, agent: 1, start_us: 30, ..Default::default() };
+        let r = ran(2, false, 1, 30);
         assert_eq!(pick(&group, &r).map(|(x, a)| (x.slot, a)), Some((4, 1)));
-        let r = Record { attempts: 2, agent: 1, start_us: 20, ..Default::default() };
+        let r = ran(2, false, 1, 20);
         assert_eq!(pick(&group, &r).map(|(x, a)| (x.slot, a)), Some((2, 1)));
-        let r = Record { attempts: 9, agent: 1, start_us: 30, ..Default::default() };
+        let r = ran(9, false, 1, 30);
         assert_eq!(pick(&group, &r), None, "none of that attempt: nothing, not another attempt's");
         // A lost run counts in the numbers agents are given: after a loss, attempt 1 is run 2.
-        let r = Record { attempts: 1, losses: 1, agent: 0, start_us: 20, ..Default::default() };
+        let r = ran(1, true, 0, 20);
         assert_eq!(pick(&group, &r).map(|(x, a)| (x.slot, a)), Some((1, 0)));
     }
 }

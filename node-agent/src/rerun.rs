@@ -60,11 +60,10 @@ pub fn reopen(t: &mut WriteTxn<'_>, ids: impl Iterator<Item = u64>, retries: u8)
         };
         // The record holds the last attempt only: into the history with it, as a retry does
         // (not a task that never started: it needed more than any node has).
-        if r.start_us != 0 || r.outcome() != crate::ledger::Outcome::Unschedulable {
+        if r.start_us() != 0 || r.outcome() != crate::ledger::Outcome::Unschedulable {
             t.apply(&Change::Attempt(id, r.last_attempt()))?;
         }
         r.set_life(life);
-        r.retries = life.retries;
         if from == State::Failed {
             t.apply(&Change::Failed(id, false))?;
             n.failed += 1;
@@ -137,6 +136,19 @@ pub fn reopen_run(dir: &Path, pick: &Pick, retries: u8) -> anyhow::Result<Reopen
 mod tests {
     use super::*;
     use crate::ledger::{Counts, Record};
+    use htc_core::task::{End, Step};
+
+    /// A task with 2 retries whose third attempt ends it as `s` (none for a pending one).
+    fn three_attempts_to(s: State) -> Vec<Step> {
+        let fail = Step::Finish(End::Failed { permanent: false });
+        let last = match s {
+            State::Pending => return Vec::new(),
+            State::Done => Step::Finish(End::Succeeded),
+            _ => fail,
+        };
+        [Step::Dispatch, Step::Start, fail, Step::Dispatch, Step::Start, fail, Step::Dispatch, Step::Start, last]
+            .to_vec()
+    }
 
     fn ledger_with(states: &[State]) -> (Ledger, std::path::PathBuf) {
         let d = std::env::temp_dir().join(format!("htc-rerun-{}-{}", std::process::id(), states.len()));
@@ -146,8 +158,7 @@ mod tests {
         let mut t = l.write().unwrap();
         let mut c = Counts::default();
         for (i, &s) in states.iter().enumerate() {
-            let mut r = Record { retries: 2, attempts: if s == State::Pending { 0 } else { 3 }, ..Default::default() };
-            r.set_state(s);
+            let r = Record::default().walked(&three_attempts_to(s)).unwrap();
             t.append(i as u64 + 1, &r).unwrap();
             if s == State::Failed {
                 t.apply(&Change::Failed(i as u64 + 1, true)).unwrap();
@@ -174,7 +185,7 @@ mod tests {
         assert_eq!(r.counts().unwrap(), Counts([3, 0, 0, 1, 0]));
         assert!(r.failed_ids(10).unwrap().is_empty());
         let rec = r.get(2).unwrap().unwrap();
-        assert_eq!((rec.state(), rec.attempts, rec.retries), (Pending, 3, 3), "one more attempt, the 4th");
+        assert_eq!((rec.state(), rec.attempts(), rec.shape().retries), (Pending, 3, 3), "one more attempt, the 4th");
         assert_eq!(r.attempts(2).unwrap().last().map(|a| a.attempt), Some(3), "the 3rd kept in the history");
         drop(r);
         // By id: a done one reruns, a pending one is left, an id past the end is not there.

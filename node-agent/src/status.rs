@@ -144,10 +144,10 @@ fn failures(t: &ReadTxn<'_>, limit: usize, out: &mut String) -> anyhow::Result<(
             let _ = writeln!(
                 out,
                 "  task {id} (line {}): {} after {} attempt{}",
-                r.line,
-                r.outcome().describe(r.value),
-                r.attempts,
-                if r.attempts == 1 { "" } else { "s" }
+                r.line(),
+                r.outcome().describe(r.value()),
+                r.attempts(),
+                if r.attempts() == 1 { "" } else { "s" }
             );
         }
     }
@@ -381,7 +381,7 @@ impl Report {
         let more_failures = ids.len() > failures_limit;
         for &id in ids.iter().take(failures_limit) {
             if let Some(r) = t.get(id)? {
-                failures.push((id, r.line, r.attempts, r.outcome().describe(r.value)));
+                failures.push((id, r.line(), r.attempts(), r.outcome().describe(r.value())));
             }
         }
         Ok(Report {

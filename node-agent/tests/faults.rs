@@ -74,7 +74,7 @@ fn a_hung_agent_is_given_up_within_the_bound_and_comes_back_fresh_when_it_resume
     let mut after = 0;
     t.for_each(|id, r| {
         assert_eq!(r.state(), State::Done, "task {id}");
-        after += (r.agent == 1 && r.start_us > resumed_us) as usize;
+        after += (r.agent() == 1 && r.start_us() > resumed_us) as usize;
     })
     .unwrap();
     assert!(after > 0, "the agent came back and ran tasks");
@@ -82,7 +82,7 @@ fn a_hung_agent_is_given_up_within_the_bound_and_comes_back_fresh_when_it_resume
     // The re-run of a lost attempt is a new attempt.
     for (id, a) in &lost {
         let r = t.get(*id).unwrap().unwrap();
-        assert!(r.attempts + r.losses > a.attempt, "task {id}: {r:?} after {a:?}");
+        assert!(r.attempts() + r.losses() > a.attempt, "task {id}: {r:?} after {a:?}");
     }
     let lines = fs::read_to_string(&ids).unwrap();
     let unique: std::collections::HashSet<&str> = lines.lines().collect();
@@ -271,7 +271,7 @@ fn a_black_hole_agent_is_drained_and_the_run_still_succeeds() {
     let t = l.read().unwrap();
     let mut failed_on_1 = 0;
     t.for_each(|id, r| {
-        assert_eq!((r.state(), r.agent), (State::Done, 0), "task {id}");
+        assert_eq!((r.state(), r.agent()), (State::Done, 0), "task {id}");
         failed_on_1 += t.attempts(id).unwrap().iter().filter(|a| a.agent == 1).count();
     })
     .unwrap();

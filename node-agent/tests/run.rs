@@ -63,7 +63,7 @@ fn twenty_thousand_tasks_on_four_agents_each_run_once() {
     l.read()
         .unwrap()
         .for_each(|_, r| {
-            agents.insert(r.agent);
+            agents.insert(r.agent());
         })
         .unwrap();
     assert_eq!(agents.len(), 4, "agents used: {agents:?}");
@@ -109,7 +109,7 @@ fn failures_timeouts_signals_and_missing_binaries_are_recorded() {
     for (id, state, outcome, value, attempts) in expect {
         let r = rec(id);
         assert_eq!(
-            (r.state(), r.outcome(), r.value, r.attempts),
+            (r.state(), r.outcome(), r.value(), r.attempts()),
             (state, outcome, value, attempts),
             "task {id}: {r:?}"
         );
@@ -461,10 +461,10 @@ fn losing_a_relay_its_children_rejoin_the_leader_and_keep_working() {
     t.for_each(|id, r| {
         assert_eq!(r.state(), State::Done, "task {id}");
         lost += t.attempts(id).unwrap().iter().filter(|a| a.outcome == htc::ledger::Outcome::Lost).count();
-        if r.agent == 0 {
-            last_on_0 = last_on_0.max(r.end_us);
+        if r.agent() == 0 {
+            last_on_0 = last_on_0.max(r.end_us());
         }
-        ends.push((r.agent, r.start_us));
+        ends.push((r.agent(), r.start_us()));
     })
     .unwrap();
     assert!(lost > 0, "the relay's running task was recorded as lost");
@@ -483,7 +483,7 @@ fn losing_a_relay_its_children_rejoin_the_leader_and_keep_working() {
         let mut by: std::collections::BTreeMap<u32, usize> = Default::default();
         t.for_each(|id, r| {
             if runs.get(&id).is_some_and(|&c| c > 1) {
-                *by.entry(r.agent).or_default() += 1;
+                *by.entry(r.agent()).or_default() += 1;
             }
         })
         .unwrap();
@@ -508,7 +508,7 @@ fn losing_a_relay_its_children_rejoin_the_leader_and_keep_working() {
 fn agents_used(run: &Path) -> HashSet<u32> {
     let l = Ledger::open(&run.join("ledger.mdb"), true).unwrap();
     let mut agents = HashSet::new();
-    l.read().unwrap().for_each(|_, r| _ = agents.insert(r.agent)).unwrap();
+    l.read().unwrap().for_each(|_, r| _ = agents.insert(r.agent())).unwrap();
     agents
 }
 
@@ -590,7 +590,7 @@ fn instances_of_several_agents_share_their_head_s_tasks_and_the_ledger_names_who
     assert_eq!(agents.len(), 7, "agents that ran tasks: {agents:?}");
     let run = d.run_dir();
     let l = Ledger::open(&run.join("ledger.mdb"), true).unwrap();
-    l.read().unwrap().for_each(|id, r| assert_eq!(r.agent, by[&id], "the ledger's agent of task {id}")).unwrap();
+    l.read().unwrap().for_each(|id, r| assert_eq!(r.agent(), by[&id], "the ledger's agent of task {id}")).unwrap();
     // The output of a task a member ran is found where that member wrote it.
     let (&task, _) = by.iter().find(|(_, &a)| a == 4).unwrap();
     let o = d.htc(&["output", &d.run_id(), &task.to_string()]);
@@ -616,7 +616,7 @@ fn a_killed_member_costs_its_started_tasks_which_run_again_and_its_head_carries_
         for a in t.attempts(id).unwrap().iter().filter(|a| a.outcome == htc::ledger::Outcome::Lost) {
             assert_eq!(a.agent, 1, "task {id} lost on agent {}", a.agent);
             lost_on_1 += 1;
-            after_by_0 += (r.agent != 1) as u32;
+            after_by_0 += (r.agent() != 1) as u32;
         }
     })
     .unwrap();
@@ -648,7 +648,7 @@ fn a_killed_head_s_member_comes_back_to_the_leader_and_works_on() {
     let mut by_member_after = 0;
     t.for_each(|id, r| {
         assert_eq!(r.state(), State::Done, "task {id}");
-        by_member_after += (r.agent == 3 && r.start_us > lost_at) as u32;
+        by_member_after += (r.agent() == 3 && r.start_us() > lost_at) as u32;
     })
     .unwrap();
     assert!(by_member_after > 0, "the member ran nothing after its head was lost");

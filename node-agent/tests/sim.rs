@@ -52,7 +52,7 @@ fn tasks_per_agent(d: &Dir) -> std::collections::BTreeMap<u32, usize> {
         .unwrap()
         .for_each(|_, r| {
             assert_eq!(r.state(), htc::ledger::State::Done);
-            *m.entry(r.agent).or_default() += 1;
+            *m.entry(r.agent()).or_default() += 1;
         })
         .unwrap();
     m
@@ -75,7 +75,7 @@ fn long_tasks_spread_over_every_agent_instead_of_queueing_at_the_first() {
 fn start_order(d: &Dir) -> Vec<u64> {
     let l = htc::ledger::Ledger::open(&d.run_dir().join("ledger.mdb"), true).unwrap();
     let mut v = Vec::new();
-    l.read().unwrap().for_each(|id, r| v.push((r.start_us, id))).unwrap();
+    l.read().unwrap().for_each(|id, r| v.push((r.start_us(), id))).unwrap();
     v.sort();
     v.into_iter().map(|(_, id)| id).collect()
 }

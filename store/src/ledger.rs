@@ -1,6 +1,6 @@
 //! The task ledger: every task's state in LMDB, written only by the leader.
 //!
-//! One fixed 76-byte record per task, keyed by the task id as a big-endian u64 so ids sort in
+//! One fixed record per task (its layout: `layout.rs`), keyed by the task id as a big-endian u64 so ids sort in
 //! order and loading is a sequence of appends. The command text is not copied into the ledger:
 //! the record points into the run's copy of the task file (`cmd_off`, `cmd_len`), which keeps
 //! disk per task at the record plus the line itself.
@@ -17,13 +17,9 @@ use std::path::{Path, PathBuf};
 use crate::journal::{Journal, Log, DB_ATTEMPTS, DB_FAILED, DB_META, DB_TASKS};
 use lmdb::{Cursor, Database, DatabaseFlags, Environment, EnvironmentFlags, RwTransaction, Transaction, WriteFlags};
 
-/// Bump when the record layout or the meta keys change; `open` refuses other versions.
-pub const SCHEMA_VERSION: u32 = 3;
-/// The fields, then their checksum.
-pub const RECORD_LEN: usize = FIELDS_LEN + SUM_LEN;
-const FIELDS_LEN: usize = 76;
+pub use crate::layout::{encode_record, key, unseal, RECORD_LEN, SCHEMA_VERSION};
+use crate::layout::{seal, sum, SUM_LEN};
 const ATTEMPT_LEN: usize = 28 + SUM_LEN;
-const SUM_LEN: usize = 4;
 /// The meta key under which each commit stores its LMDB transaction id.
 const TXN_KEY: &str = "txn";
 /// Virtual size of the map; the file only grows as far as it is used.
@@ -108,73 +104,10 @@ fn check_size(path: &Path) -> std::result::Result<(), String> {
 
 pub use htc_core::record::{Attempt, Change, Outcome, Record};
 
-/// The stored form of task `id`'s record, its checksum last.
-pub fn encode_record(r: &Record, id: u64) -> [u8; RECORD_LEN] {
-    let mut b = [0u8; RECORD_LEN];
-    b[0..8].copy_from_slice(&r.cmd_off.to_le_bytes());
-    b[8..12].copy_from_slice(&r.cmd_len.to_le_bytes());
-    b[12..16].copy_from_slice(&r.line.to_le_bytes());
-    b[16..18].copy_from_slice(&r.cores.to_le_bytes());
-    b[18] = r.retries;
-    b[19] = r.shell as u8;
-    b[20..24].copy_from_slice(&r.timeout_ms.to_le_bytes());
-    b[24..28].copy_from_slice(&r.mem_mb.to_le_bytes());
-    b[28..30].copy_from_slice(&r.class.to_le_bytes());
-    b[30] = r.state;
-    b[31] = r.attempts;
-    b[32..36].copy_from_slice(&r.runtime_ms.to_le_bytes());
-    b[36] = r.outcome;
-    b[37] = r.losses;
-    b[38..40].copy_from_slice(&r.max_output.to_le_bytes());
-    b[40..44].copy_from_slice(&r.value.to_le_bytes());
-    b[44..48].copy_from_slice(&r.agent.to_le_bytes());
-    b[48..56].copy_from_slice(&r.start_us.to_le_bytes());
-    b[56..64].copy_from_slice(&r.end_us.to_le_bytes());
-    b[64] = r.gpus;
-    b[65] = r.flags;
-    b[66..68].copy_from_slice(&r.priority.to_le_bytes());
-    b[68..72].copy_from_slice(&r.affinity.to_le_bytes());
-    b[72] = r.returns;
-    let s = sum(&key(id), &b[..FIELDS_LEN]);
-    b[FIELDS_LEN..].copy_from_slice(&s);
-    b
-}
-
-/// Task `id`'s record from its stored form: one of the wrong size, whose checksum does not
-/// match, or whose state is none is refused.
+/// Task `id`'s record from its stored form (`layout`): one of the wrong size, whose checksum
+/// does not match, or that holds what no record can, is refused.
 pub fn decode_record(id: u64, b: &[u8]) -> Result<Record> {
-    if b.len() != RECORD_LEN || unseal(&key(id), b).is_none() || b[30] > State::Failed as u8 {
-        return Err(LedgerError::Corrupt { id, len: b.len() });
-    }
-    let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
-    let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
-    let u16_at = |i: usize| u16::from_le_bytes(b[i..i + 2].try_into().unwrap());
-    Ok(Record {
-        cmd_off: u64_at(0),
-        cmd_len: u32_at(8),
-        line: u32_at(12),
-        cores: u16_at(16),
-        retries: b[18],
-        shell: b[19] != 0,
-        timeout_ms: u32_at(20),
-        mem_mb: u32_at(24),
-        class: u16_at(28),
-        state: b[30],
-        attempts: b[31],
-        runtime_ms: u32_at(32),
-        outcome: b[36],
-        losses: b[37],
-        max_output: u16_at(38),
-        value: u32_at(40) as i32,
-        agent: u32_at(44),
-        start_us: u64_at(48),
-        end_us: u64_at(56),
-        gpus: b[64],
-        flags: b[65],
-        priority: u16_at(66) as i16,
-        affinity: u32_at(68),
-        returns: b[72],
-    })
+    crate::layout::decode_record(id, b).ok_or(LedgerError::Corrupt { id, len: b.len() })
 }
 
 fn encode_attempt(a: &Attempt, k: &[u8; 9]) -> [u8; ATTEMPT_LEN] {
@@ -221,29 +154,6 @@ pub fn decode_counts(b: &[u8]) -> Option<Counts> {
     })
 }
 
-/// The CRC-32 of a key and a value, as stored at the value's end.
-fn sum(k: &[u8], v: &[u8]) -> [u8; SUM_LEN] {
-    let mut h = crc32fast::Hasher::new();
-    h.update(k);
-    h.update(v);
-    h.finalize().to_le_bytes()
-}
-
-/// `v` followed by its checksum under key `k`.
-fn seal(k: &[u8], v: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(v.len() + SUM_LEN);
-    out.extend_from_slice(v);
-    out.extend_from_slice(&sum(k, v));
-    out
-}
-
-/// The value stored under `k` without its checksum, or None if the checksum does not match.
-pub fn unseal<'a>(k: &[u8], stored: &'a [u8]) -> Option<&'a [u8]> {
-    let n = stored.len().checked_sub(SUM_LEN)?;
-    let (v, s) = stored.split_at(n);
-    (sum(k, v) == s).then_some(v)
-}
-
 /// The id of a task key met while walking the tasks in order, checked: a key of the wrong size,
 /// or one not above the last, is a damaged tree (a page pointing back would loop for ever).
 fn walked_id(k: &[u8], last: &mut Option<u64>, path: &str) -> Result<u64> {
@@ -254,10 +164,6 @@ fn walked_id(k: &[u8], last: &mut Option<u64>, path: &str) -> Result<u64> {
     }
     *last = Some(id);
     Ok(id)
-}
-
-pub fn key(id: u64) -> [u8; 8] {
-    id.to_be_bytes()
 }
 
 fn attempt_key(id: u64, attempt: u8) -> [u8; 9] {
@@ -643,7 +549,7 @@ impl<'l> WriteTxn<'l> {
         let Some(log) = self.log.as_mut() else { return };
         match (c, v) {
             (Change::Record(id, r), Some(v)) => {
-                if r.state >= State::Done as u8 || log.reopened.contains(id) {
+                if r.state().is_final() || log.reopened.contains(id) {
                     log.put(db, k, v);
                 }
             }
@@ -969,8 +875,15 @@ impl ReadTxn<'_> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use htc_core::record::CommandAt;
+    use htc_core::task::{End, Step};
+
+    /// A new task's record that names line `line`.
+    pub(crate) fn at_line(line: u32) -> Record {
+        Record::new(CommandAt { line, ..Default::default() }, Default::default())
+    }
 
     fn tmp(name: &str) -> std::path::PathBuf {
         let d = std::env::temp_dir().join(format!("htc-ledger-test-{}-{name}", std::process::id()));
@@ -992,50 +905,11 @@ mod tests {
     }
 
     #[test]
-    fn record_roundtrip() {
-        let r = Record {
-            cmd_off: 1 << 40,
-            cmd_len: 77,
-            line: 9,
-            cores: 3,
-            retries: 2,
-            shell: true,
-            timeout_ms: 5,
-            max_output: 0x8003,
-            mem_mb: 6,
-            class: 7,
-            runtime_ms: 8,
-            state: State::Failed as u8,
-            attempts: 3,
-            losses: 2,
-            outcome: Outcome::Signaled as u8,
-            value: -9,
-            agent: 11,
-            start_us: 12,
-            end_us: 13,
-            gpus: 2,
-            flags: Record::EXCLUSIVE,
-            priority: -5,
-            affinity: 0xdead_beef,
-            returns: 4,
-        };
-        assert_eq!(decode_record(1, &encode_record(&r, 1)).unwrap(), r);
-        assert!(decode_record(1, &[0u8; 10]).is_err());
-        // Under another task's key, or with any bit flipped, it is refused.
-        assert!(decode_record(2, &encode_record(&r, 1)).is_err());
-        for bit in 0..RECORD_LEN * 8 {
-            let mut b = encode_record(&r, 1);
-            b[bit / 8] ^= 1 << (bit % 8);
-            assert!(decode_record(1, &b).is_err(), "bit {bit}");
-        }
-    }
-
-    #[test]
     fn a_damaged_attempt_meta_entry_or_failed_mark_is_an_error_not_a_gap() {
         let p = tmp("sums");
         let l = Ledger::create(&p).unwrap();
         let mut t = l.write().unwrap();
-        t.append(1, &Record { state: State::Failed as u8, ..Default::default() }).unwrap();
+        t.append(1, &Record::default().walked(&[Step::Refuse]).unwrap()).unwrap();
         t.put_counts(&Counts([0, 0, 0, 0, 1])).unwrap();
         let a = Attempt { attempt: 1, outcome: Outcome::Exited, value: 3, agent: 0, start_us: 1, end_us: 2 };
         t.apply(&Change::Attempt(1, a)).unwrap();
@@ -1092,20 +966,22 @@ mod tests {
             let l = Ledger::create(&p).unwrap();
             let mut t = l.write().unwrap();
             for id in 1..=1000 {
-                t.append(id, &Record { line: id as u32, ..Default::default() }).unwrap();
+                t.append(id, &at_line(id as u32)).unwrap();
             }
             t.put_counts(&Counts([1000, 0, 0, 0, 0])).unwrap();
             t.commit().unwrap();
             let mut t = l.write().unwrap();
             let mut r = t.get(5).unwrap().unwrap();
-            r.set_state(State::Done);
+            r.take(Step::Dispatch).unwrap();
+            r.take(Step::Finish(End::Succeeded)).unwrap();
             t.apply(&Change::Record(5, r)).unwrap();
             let a = Attempt { attempt: 1, outcome: Outcome::Exited, value: 1, agent: 0, start_us: 1, end_us: 2 };
             t.apply(&Change::Attempt(5, a)).unwrap();
             t.commit().unwrap();
             let mut t = l.write().unwrap();
             let mut r = t.get(6).unwrap().unwrap();
-            r.set_state(State::Done);
+            r.take(Step::Dispatch).unwrap();
+            r.take(Step::Finish(End::Succeeded)).unwrap();
             t.apply(&Change::Record(6, r)).unwrap();
             drop(t); // aborted
         }
@@ -1128,7 +1004,7 @@ mod tests {
         for round in 0..20u32 {
             let mut t = l.write().unwrap();
             for id in 1..=2000 {
-                t.apply(&Change::Record(id, Record { line: round, ..Default::default() })).unwrap();
+                t.apply(&Change::Record(id, at_line(round))).unwrap();
             }
             t.commit().unwrap();
         }

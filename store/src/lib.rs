@@ -10,6 +10,7 @@
 
 pub mod host;
 pub mod journal;
+pub mod layout;
 pub mod ledger;
 pub mod load;
 pub mod mapfault;

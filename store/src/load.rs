@@ -11,6 +11,7 @@ use htc_core::taskfile::{Parser, TaskFileError, TaskShape};
 
 use crate::ledger::{Ledger, LedgerError, Record};
 use crate::rundir::RunDir;
+use htc_core::record::CommandAt;
 use htc_core::task::Counts;
 
 const BATCH: u64 = 200_000;
@@ -91,25 +92,8 @@ pub fn load(src: &Path, run: &RunDir, ledger: &Ledger, defaults: TaskShape) -> R
         } else {
             t.offset
         };
-        let r = Record {
-            cmd_off,
-            cmd_len: t.command.len() as u32,
-            line: t.line as u32,
-            cores: o.cores,
-            retries: o.retries,
-            shell: t.shell,
-            timeout_ms: o.timeout_ms,
-            max_output: o.max_output,
-            mem_mb: o.mem_mb,
-            class: o.class,
-            runtime_ms: o.runtime_ms,
-            gpus: o.gpus,
-            priority: o.priority,
-            flags: if o.exclusive { Record::EXCLUSIVE } else { 0 }
-                | if o.preemptible { Record::PREEMPTIBLE } else { 0 },
-            affinity: o.affinity,
-            ..Default::default()
-        };
+        let cmd = CommandAt { off: cmd_off, len: t.command.len() as u32, line: t.line as u32, shell: t.shell };
+        let r = Record::new(cmd, o);
         txn.append(id, &r)?;
         if id.is_multiple_of(BATCH) {
             txn.commit()?;
@@ -277,7 +261,7 @@ impl TaskText {
 
     /// The command of a record; empty if the record points outside the files (a truncated copy).
     pub fn command(&self, r: &Record) -> &[u8] {
-        let (off, len) = (r.cmd_off as usize, r.cmd_len as usize);
+        let (off, len) = (r.cmd_off() as usize, r.cmd_len() as usize);
         match off.checked_sub(self.base) {
             Some(g) => self.generated.get(g, len),
             None => self.text.get(off, len),

@@ -250,7 +250,7 @@ impl Walk<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::{Change, Ledger, Record};
+    use crate::ledger::{Change, Ledger};
 
     #[test]
     fn a_real_ledger_walks_whole_and_a_redirected_node_does_not() {
@@ -262,7 +262,7 @@ mod tests {
         for round in 0..3u32 {
             let mut t = l.write().unwrap();
             for id in 1..=3000 {
-                t.apply(&Change::Record(id, Record { line: round, cores: 1, ..Default::default() })).unwrap();
+                t.apply(&Change::Record(id, crate::ledger::tests::at_line(round))).unwrap();
             }
             t.put_meta("total", &3000u64.to_le_bytes()).unwrap();
             t.commit().unwrap();

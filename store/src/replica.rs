@@ -369,7 +369,10 @@ mod tests {
     use crate::ledger::{Attempt, Change, Outcome, Record, State};
 
     fn record(state: State, value: i32) -> Record {
-        Record { cmd_len: 4, state: state as u8, value, ..Default::default() }
+        let cmd = htc_core::record::CommandAt { len: 4, ..Default::default() };
+        let mut r = Record::new(cmd, Default::default()).walked(htc_core::task::path_to(state)).unwrap();
+        r.set_ended(htc_core::record::AttemptEnd { outcome: Outcome::None, value, agent: 0, start_us: 0, end_us: 0 });
+        r
     }
 
     #[test]

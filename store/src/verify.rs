@@ -490,7 +490,7 @@ impl Walk {
         self.expect = id + 1;
         match r.map_err(|e| e.to_string()).and_then(|r| plausible(&r, self.last_line, self.text_len).map(|()| r)) {
             Ok(r) => {
-                self.last_line = r.line;
+                self.last_line = r.line();
                 self.counts.add(r.state());
                 v.good(id);
             }
@@ -503,13 +503,13 @@ impl Walk {
 /// task file, a task has cores.
 fn plausible(r: &Record, last_line: u32, text_len: u64) -> Result<(), String> {
     // Tasks of one sweep share their template's line.
-    if r.line < last_line {
-        return Err(format!("line {} does not follow line {last_line}", r.line));
+    if r.line() < last_line {
+        return Err(format!("line {} does not follow line {last_line}", r.line()));
     }
-    if r.cmd_off.checked_add(r.cmd_len as u64).is_none_or(|e| e > text_len) {
+    if r.cmd_off().checked_add(r.cmd_len() as u64).is_none_or(|e| e > text_len) {
         return Err("its command lies outside the task file".into());
     }
-    if r.cores == 0 {
+    if r.shape().cores == 0 {
         return Err("it asks for no cores".into());
     }
     Ok(())
@@ -539,7 +539,8 @@ mod tests {
         let l = Ledger::create(&path).unwrap();
         let mut t = l.write().unwrap();
         for id in 1..=n {
-            t.append(id, &Record { line: id as u32, cmd_off: id, cmd_len: 1, cores: 1, ..Default::default() }).unwrap();
+            let cmd = htc_core::record::CommandAt { line: id as u32, off: id, len: 1, shell: false };
+            t.append(id, &Record::new(cmd, Default::default())).unwrap();
         }
         t.put_meta("total", &n.to_le_bytes()).unwrap();
         t.put_counts(&Counts([n, 0, 0, 0, 0])).unwrap();

@@ -148,7 +148,7 @@ impl Gathered {
     fn task(&mut self, id: u64, r: &Record, earlier: &[Attempt]) {
         self.tasks += 1;
         for a in earlier {
-            self.attempt(a, r.cores, false);
+            self.attempt(a, r.shape().cores, false);
         }
         match r.state() {
             State::Done => self.done += 1,
@@ -158,19 +158,19 @@ impl Gathered {
                 return;
             }
         }
-        if r.attempts == 0 && r.outcome() == Outcome::None {
+        if r.attempts() == 0 && r.outcome() == Outcome::None {
             return;
         }
-        self.attempt(&r.last_attempt(), r.cores, true);
+        self.attempt(&r.last_attempt(), r.shape().cores, true);
         if r.state() == State::Failed {
-            let reason = self.reasons.entry(r.outcome().describe(r.value)).or_default();
+            let reason = self.reasons.entry(r.outcome().describe(r.value())).or_default();
             reason.tasks += 1;
             if reason.ids.len() < IDS_PER_REASON {
                 reason.ids.push(id);
             }
-        } else if r.start_us > 0 && r.end_us >= r.start_us {
-            let ms = (r.end_us - r.start_us) / 1000;
-            let c = self.class(r.class);
+        } else if r.start_us() > 0 && r.end_us() >= r.start_us() {
+            let ms = (r.end_us() - r.start_us()) / 1000;
+            let c = self.class(r.shape().class);
             if c.tasks == 0 || ms < c.min_ms {
                 c.min_ms = ms;
             }
@@ -228,17 +228,17 @@ mod tests {
     use super::*;
 
     fn rec(state: State, outcome: Outcome, value: i32, agent: u32, s: u64, e: u64) -> Record {
-        let mut r = Record {
-            attempts: 1,
-            outcome: outcome as u8,
-            value,
-            agent,
-            start_us: s,
-            end_us: e,
-            cores: 1,
-            ..Default::default()
+        use htc_core::task::{End, Step};
+        let end = match state {
+            State::Done => End::Succeeded,
+            State::Failed => End::Failed { permanent: true },
+            // A pending task that ran once failed and waits for its retry.
+            _ => End::Failed { permanent: false },
         };
-        r.set_state(state);
+        let steps = [Step::Dispatch, Step::Start, Step::Finish(end)];
+        let mut r = Record::default().walked(&steps).unwrap();
+        assert_eq!(r.state(), state);
+        r.set_ended(htc_core::record::AttemptEnd { outcome, value, agent, start_us: s, end_us: e });
         r
     }
 

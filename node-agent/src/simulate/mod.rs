@@ -23,7 +23,7 @@ use crate::leader::core::{Core, Ending, Input};
 use crate::leader::driver::LedgerTasks;
 use crate::leader::effect::{self, Effects};
 use crate::leader::{new_core, Planned};
-use crate::ledger::{Change, Ledger, Outcome, Record, WriteTxn};
+use crate::ledger::{Change, Ledger, Outcome, WriteTxn};
 use crate::liveness::Liveness;
 use crate::load::TaskText;
 use crate::proto::{self, frame::Body};
@@ -780,9 +780,11 @@ fn hide_hints(ledger: &Ledger) -> anyhow::Result<Vec<u32>> {
         if truth.len() <= id as usize {
             truth.resize(id as usize + 1, 0);
         }
-        truth[id as usize] = r.runtime_ms;
-        if r.runtime_ms > 0 {
-            hinted.push((id, Record { runtime_ms: 0, ..*r }));
+        truth[id as usize] = r.shape().runtime_ms;
+        if r.shape().runtime_ms > 0 {
+            let mut unhinted = *r;
+            unhinted.shape_mut().runtime_ms = 0;
+            hinted.push((id, unhinted));
         }
     })?;
     let mut txn = ledger.write()?;
@@ -800,8 +802,8 @@ fn bounds(ledger: &Ledger, cfg: &SimConfig) -> anyhow::Result<(f64, f64)> {
     let c = cfg.cores_per_agent.max(1) as f64;
     let (mut work_us, mut longest) = (0f64, 0u64);
     ledger.read()?.for_each(|_, r| {
-        let us = cfg.runtime_us(r.runtime_ms);
-        work_us += us as f64 * r.cores.max(1) as f64;
+        let us = cfg.runtime_us(r.shape().runtime_ms);
+        work_us += us as f64 * r.shape().cores.max(1) as f64;
         longest = longest.max(us);
     })?;
     let plain = (work_us / (n as f64 * c)).max(longest as f64);

@@ -232,7 +232,7 @@ fn pending_groups(ledger: &Ledger) -> Result<Option<Vec<Group>>, htc_store::ledg
     let mut grouper = Grouper::default();
     read.for_each(|id, r| {
         if r.state() == State::Pending {
-            grouper.add(id, r.priority, r.class, r.runtime_ms);
+            grouper.add(id, r.shape().priority, r.shape().class, r.shape().runtime_ms);
         }
     })?;
     Ok(Some(grouper.finish()))

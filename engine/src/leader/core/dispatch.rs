@@ -26,7 +26,7 @@ enum Placed {
 impl Core<'_> {
     /// Whether the task, started now, would run past `end` by its hint.
     fn ends_after(&self, r: &Record, end: Option<u64>) -> bool {
-        end.is_some_and(|d| r.runtime_ms > 0 && self.now_us + r.runtime_ms as u64 * 1000 > d)
+        end.is_some_and(|d| r.shape().runtime_ms > 0 && self.now_us + r.shape().runtime_ms as u64 * 1000 > d)
     }
 
     /// Slots `agent` said were idle, less `sent` since. A lone agent's report may predate
@@ -130,9 +130,9 @@ impl Core<'_> {
 
     fn fits(&self, agent: u32, r: &Record) -> bool {
         let a = &self.agents[&agent];
-        r.cores as u32 <= a.widest
-            && r.gpus as u32 <= a.gpus
-            && (a.mem_mb == 0 || r.mem_mb == 0 || r.mem_mb as u64 <= a.mem_mb)
+        r.shape().cores as u32 <= a.widest
+            && r.shape().gpus as u32 <= a.gpus
+            && (a.mem_mb == 0 || r.shape().mem_mb == 0 || r.shape().mem_mb as u64 <= a.mem_mb)
     }
 
     /// Whether some live agent could ever run the task. Meaningful only once every agent the
@@ -152,10 +152,10 @@ impl Core<'_> {
         id: u64,
         mut r: Record,
     ) -> Result<(), E> {
-        tracing::warn!(job = %self.job_id, task = id, cores = r.cores, mem_mb = r.mem_mb, gpus = r.gpus, "task needs more than any agent has");
+        tracing::warn!(job = %self.job_id, task = id, cores = r.shape().cores, mem_mb = r.shape().mem_mb, gpus = r.shape().gpus, "task needs more than any agent has");
         let Some((life, _)) = self.move_life(r.life(), Step::Refuse) else { return Ok(()) };
         t.apply(&Change::Failed(id, true))?;
-        r.outcome = Outcome::Unschedulable as u8;
+        r.set_unschedulable();
         self.record(t, id, &mut r, life)
     }
 
@@ -246,7 +246,7 @@ impl Core<'_> {
                 self.preempted.pop_front();
                 continue;
             };
-            if self.top_waiting(t)?.is_some_and(|(p, _)| p > r.priority) {
+            if self.top_waiting(t)?.is_some_and(|(p, _)| p > r.shape().priority) {
                 break;
             }
             self.preempted.pop_front();
@@ -308,10 +308,10 @@ impl Core<'_> {
     /// Keys spread over every agent expected, joined yet or not: one that joins late finds its
     /// keys' tasks waiting for it. Says whether the task went to another agent's keys.
     fn hand_to_key_owner(&mut self, agent: u32, id: u64, r: &Record) -> bool {
-        if r.affinity == 0 {
+        if r.shape().affinity == 0 {
             return false;
         }
-        let Route::To(other) = self.affinity.route(r.affinity, agent) else { return false };
+        let Route::To(other) = self.affinity.route(r.shape().affinity, agent) else { return false };
         if !self.agents.get(&other).is_none_or(|a| a.alive && !a.drained) {
             return false;
         }
@@ -387,12 +387,12 @@ impl Core<'_> {
     fn admit(&mut self, agent: u32, id: u64, r: &Record) -> bool {
         let need = Need {
             task: id,
-            mem_mb: r.mem_mb as u64,
-            cores: r.cores as u32,
-            gpus: r.gpus as u32,
-            runtime_us: r.runtime_ms as u64 * 1000,
+            mem_mb: r.shape().mem_mb as u64,
+            cores: r.shape().cores as u32,
+            gpus: r.shape().gpus as u32,
+            runtime_us: r.shape().runtime_ms as u64 * 1000,
             group: group_of(r),
-            exclusive: r.flags & Record::EXCLUSIVE != 0,
+            exclusive: r.shape().exclusive,
         };
         if self.mem.admit(agent, need, self.now_us).is_ok() {
             return true;
@@ -412,18 +412,18 @@ impl Core<'_> {
         let Some((life, _)) = self.move_life(r.life(), Step::Dispatch) else { return Ok(()) };
         self.in_flight.insert(id, Flight { agent, life });
         if let Some(a) = self.agents.get_mut(&agent) {
-            a.ahead_ms += r.runtime_ms as u64 * r.cores as u64;
+            a.ahead_ms += r.shape().runtime_ms as u64 * r.shape().cores as u64;
         }
-        if r.flags & Record::PREEMPTIBLE != 0 {
-            self.preemptible.insert((r.priority, std::cmp::Reverse(id)));
-            self.preemptible_of.insert(id, r.priority);
+        if r.shape().preemptible {
+            self.preemptible.insert((r.shape().priority, std::cmp::Reverse(id)));
+            self.preemptible_of.insert(id, r.shape().priority);
         }
         specs.push(msg::TaskSpec {
             id,
             attempt: life.attempt_no(),
             command: t.command(&r),
-            shell: r.shell,
-            shape: r.shape(),
+            shell: r.shell(),
+            shape: *r.shape(),
         });
         Ok(())
     }
@@ -431,5 +431,5 @@ impl Core<'_> {
 
 /// Tasks that run alike, for placement's runtime estimates: one class with one hint.
 pub(super) fn group_of(r: &Record) -> u64 {
-    (r.class as u64) << 32 | r.runtime_ms as u64
+    (r.shape().class as u64) << 32 | r.shape().runtime_ms as u64
 }

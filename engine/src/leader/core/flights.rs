@@ -24,8 +24,7 @@ pub(super) struct Flights {
 }
 
 impl Flights {
-    const FREE: Flight =
-        Flight { agent: u32::MAX, life: Life { state: 0, attempts: 0, retries: 0, losses: 0, returns: 0 } };
+    const FREE: Flight = Flight { agent: u32::MAX, life: Life::new(0) };
 
     pub(super) fn new(ids: u64) -> Flights {
         Flights { by_id: vec![Flights::FREE; ids as usize + 1], per_agent: IdMap::default() }

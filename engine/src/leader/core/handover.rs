@@ -72,7 +72,7 @@ impl Core<'_> {
         let Some((life, _)) = self.move_life(r.life(), Step::Dispatch) else { return Ok(false) };
         self.in_flight.insert(id, Flight { agent, life });
         if let Some(a) = self.agents.get_mut(&agent) {
-            a.ahead_ms += r.runtime_ms as u64 * r.cores as u64;
+            a.ahead_ms += r.shape().runtime_ms as u64 * r.shape().cores as u64;
         }
         if let Some(s) = self.settling.as_mut() {
             s.adopted_one();

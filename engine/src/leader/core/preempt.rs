@@ -54,7 +54,7 @@ impl Core<'_> {
             let stoppable: HashSet<u64> = self
                 .preemptible
                 .iter()
-                .take_while(|(q, _)| *q < r.priority)
+                .take_while(|(q, _)| *q < r.shape().priority)
                 .map(|(_, id)| id.0)
                 .filter(|id| {
                     !self.preempting.contains(id) && self.times_preempted.get(id).is_none_or(|&k| k < MAX_PREEMPTIONS)
@@ -67,7 +67,7 @@ impl Core<'_> {
             let Some((agent, ids)) = self.mem.room_for(w, &may_stop, &stopping, self.now_us) else { continue };
             // A node kept for a task of the same or higher priority stays kept for it.
             if let Some(kept) = self.mem.reservation(agent).filter(|&k| k != w) {
-                if t.get(kept)?.is_none_or(|k| k.priority >= r.priority) {
+                if t.get(kept)?.is_none_or(|k| k.shape().priority >= r.shape().priority) {
                     continue;
                 }
             }
@@ -80,7 +80,7 @@ impl Core<'_> {
                 self.preempted_for.insert(id, w);
                 *self.times_preempted.entry(id).or_default() += 1;
             }
-            tracing::info!(job = %self.job_id, agent, tasks = ?ids, task = w, priority = r.priority, "preempting to make room for a task waiting for memory or GPUs");
+            tracing::info!(job = %self.job_id, agent, tasks = ?ids, task = w, priority = r.shape().priority, "preempting to make room for a task waiting for memory or GPUs");
             out.push(Effect::ToAgent(agent, ToAgent::Preempt(ids)));
         }
         Ok(())
@@ -93,9 +93,9 @@ impl Core<'_> {
         for &id in self.retry.iter().take(64) {
             let Some(r) = t.get(id)? else { continue };
             top = match top {
-                Some((p, n)) if p == r.priority => Some((p, n + 1)),
-                Some((p, _)) if p > r.priority => top,
-                _ => Some((r.priority, 1)),
+                Some((p, n)) if p == r.shape().priority => Some((p, n + 1)),
+                Some((p, _)) if p > r.shape().priority => top,
+                _ => Some((r.shape().priority, 1)),
             };
         }
         Ok(top)

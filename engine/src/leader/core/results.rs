@@ -3,6 +3,7 @@
 
 use super::dispatch::group_of;
 use super::*;
+use htc_core::record::AttemptEnd;
 
 impl Core<'_> {
     /// Once `--max-fails` is reached: every agent finishes what runs, starts nothing more, and
@@ -107,10 +108,10 @@ impl Core<'_> {
             let a = Attempt {
                 attempt: r.life().attempt_no().min(255) as u8,
                 outcome: r.outcome(),
-                value: r.value,
-                agent: r.agent,
-                start_us: r.start_us,
-                end_us: r.end_us,
+                value: r.value(),
+                agent: r.agent(),
+                start_us: r.start_us(),
+                end_us: r.end_us(),
             };
             t.apply(&Change::Attempt(id, a))?;
             t.apply(&Change::Failed(id, false))?;
@@ -166,7 +167,7 @@ impl Core<'_> {
         let Some(mut r) = t.get(res.id)? else { return Ok(()) };
         self.land(res.id);
         if let Some(a) = self.agents.get_mut(&agent) {
-            a.ahead_ms = a.ahead_ms.saturating_sub(r.runtime_ms as u64 * r.cores as u64);
+            a.ahead_ms = a.ahead_ms.saturating_sub(r.shape().runtime_ms as u64 * r.shape().cores as u64);
         }
         let ended = Ended {
             outcome: res.outcome,
@@ -198,26 +199,20 @@ impl Core<'_> {
         let Some((life, effect)) = self.move_life(f.life, Step::Finish(end)) else { return Ok(()) };
         self.note_streak(f.agent, id, end);
         if end == End::Succeeded && start_us != 0 && end_us >= start_us {
-            self.partition.observe(r.class, r.runtime_ms, (end_us - start_us) / 1000);
-            self.ran_core_us = self.ran_core_us.saturating_add((end_us - start_us) * r.cores.max(1) as u64);
-            if r.mem_mb > 0 || r.gpus > 0 {
+            self.partition.observe(r.shape().class, r.shape().runtime_ms, (end_us - start_us) / 1000);
+            self.ran_core_us = self.ran_core_us.saturating_add((end_us - start_us) * r.shape().cores.max(1) as u64);
+            if r.shape().mem_mb > 0 || r.shape().gpus > 0 {
                 self.mem.observe(group_of(r), end_us - start_us);
             }
         }
-        r.outcome = outcome as u8;
-        r.value = value;
-        r.agent = agent;
-        if start_us != 0 {
-            r.start_us = start_us;
-        }
-        r.end_us = end_us;
+        r.set_ended(AttemptEnd { outcome, value, agent, start_us, end_us });
         if effect == task::Effect::Retry {
             let a = Attempt {
                 attempt: f.life.attempt_no().min(255) as u8,
                 outcome,
                 value,
                 agent,
-                start_us: r.start_us,
+                start_us: r.start_us(),
                 end_us,
             };
             t.apply(&Change::Attempt(id, a))?;
@@ -231,7 +226,7 @@ impl Core<'_> {
         self.tally(f.agent, id, r, end, life.state().is_final());
         if life.state() == State::Failed {
             t.apply(&Change::Failed(id, true))?;
-            tracing::debug!(job = %self.job_id, task = id, attempts = life.attempts, outcome = %outcome.describe(value), "task failed");
+            tracing::debug!(job = %self.job_id, task = id, attempts = life.attempts(), outcome = %outcome.describe(value), "task failed");
         }
         self.record(t, id, r, life)
     }
@@ -252,10 +247,10 @@ impl Core<'_> {
         }
         self.recent_failures.push_back(live::Failure {
             task: id,
-            line: r.line,
+            line: r.line(),
             host: a.hostname.clone(),
-            at_us: r.end_us,
-            reason: r.outcome().describe(r.value),
+            at_us: r.end_us(),
+            reason: r.outcome().describe(r.value()),
             retrying: !last,
         });
     }

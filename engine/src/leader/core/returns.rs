@@ -48,7 +48,7 @@ impl Core<'_> {
         };
         self.land(id);
         if let (Some(a), Some(r)) = (self.agents.get_mut(&agent), t.get(id)?) {
-            a.ahead_ms = a.ahead_ms.saturating_sub(r.runtime_ms as u64 * r.cores as u64);
+            a.ahead_ms = a.ahead_ms.saturating_sub(r.shape().runtime_ms as u64 * r.shape().cores as u64);
         }
         let life = self.move_life(f.life, step).map(|(life, _)| life);
         // Back from the agent: a resync it answers later must not take it back again (it may

@@ -3,6 +3,8 @@
 
 use super::*;
 use htc_core::partition::Even;
+use htc_core::record::CommandAt;
+use htc_core::shape::TaskShape;
 use htc_core::tree::Tree;
 use std::collections::BTreeMap;
 
@@ -19,7 +21,8 @@ impl Mem {
     fn with(n: u64, retries: u8, cores: u16) -> Mem {
         let mut m = Mem::default();
         for id in 1..=n {
-            m.records.insert(id, Record { cmd_off: id, retries, cores, ..Default::default() });
+            let cmd = CommandAt { off: id, ..Default::default() };
+            m.records.insert(id, Record::new(cmd, TaskShape { retries, cores, ..Default::default() }));
         }
         m
     }
@@ -54,7 +57,7 @@ impl Tasks for Mem {
         Ok(())
     }
     fn command(&self, r: &Record) -> Vec<u8> {
-        format!("task {}", r.cmd_off).into_bytes()
+        format!("task {}", r.cmd_off()).into_bytes()
     }
 }
 
@@ -131,7 +134,7 @@ fn tasks_of_one_affinity_key_go_to_one_agent_whichever_share_they_are_in() {
     // key 8; both agents have room for everything.
     let mut m = Mem::with(8, 0, 1);
     for id in 1..=8 {
-        m.records.get_mut(&id).unwrap().affinity = 7 + (id % 2 == 0) as u32;
+        m.records.get_mut(&id).unwrap().shape_mut().affinity = 7 + (id % 2 == 0) as u32;
     }
     let mut c = core(&m, 2);
     let (out, _) = feed(&mut c, &mut m, vec![join(0, 8), join(1, 8), want(0, 8), want(1, 8), Input::Tick]);
@@ -144,7 +147,7 @@ fn tasks_of_one_affinity_key_go_to_one_agent_whichever_share_they_are_in() {
     assert_eq!(on.len(), 8, "every task is sent: {on:?}");
     for key in [7, 8] {
         let agents: std::collections::BTreeSet<u32> =
-            on.iter().filter(|(id, _)| m.records[id].affinity == key).map(|(_, a)| *a).collect();
+            on.iter().filter(|(id, _)| m.records[id].shape().affinity == key).map(|(_, a)| *a).collect();
         assert_eq!(agents.len(), 1, "key {key}'s tasks went to {agents:?}");
     }
 }
@@ -153,8 +156,8 @@ fn tasks_of_one_affinity_key_go_to_one_agent_whichever_share_they_are_in() {
 fn higher_priority_work_that_no_agent_can_take_preempts_a_lower_preemptible_task() {
     // Task 1: preemptible, priority 0; task 2: priority 5 with a retry. One agent, 2 cores.
     let mut m = Mem::with(2, 0, 1);
-    m.records.get_mut(&1).unwrap().flags = Record::PREEMPTIBLE;
-    let r2 = m.records.get_mut(&2).unwrap();
+    m.records.get_mut(&1).unwrap().shape_mut().preemptible = true;
+    let r2 = m.records.get_mut(&2).unwrap().shape_mut();
     (r2.priority, r2.retries) = (5, 1);
     let mut c = core(&m, 1);
     let (out, _) = feed(&mut c, &mut m, vec![join(0, 2), want(0, 2)]);
@@ -182,7 +185,7 @@ fn higher_priority_work_that_no_agent_can_take_preempts_a_lower_preemptible_task
     let (out, _) = feed(&mut c, &mut m, vec![rep]);
     assert_eq!(dispatched(&out), vec![(0, vec![(2, 2), (1, 2)])]);
     // The ledger holds it as before this dispatch (flights live in memory), a retry richer.
-    assert_eq!((m.records[&1].state(), m.records[&1].retries), (State::Pending, 1));
+    assert_eq!((m.records[&1].state(), m.records[&1].shape().retries), (State::Pending, 1));
     assert_eq!(
         m.attempts.iter().filter(|(id, _)| *id == 1).map(|(_, a)| a.outcome).collect::<Vec<_>>(),
         [Outcome::Preempted]
@@ -195,7 +198,7 @@ fn memory_is_committed_per_agent_and_a_big_task_waits_for_its_reservation() {
     // 4 cores. Even partition of one instance: all in one block.
     let mut m = Mem::with(8, 0, 1);
     for (id, r) in m.records.iter_mut() {
-        r.mem_mb = match id {
+        r.shape_mut().mem_mb = match id {
             1..=4 => 400,
             5 => 900,
             _ => 100,
@@ -230,8 +233,8 @@ fn memory_is_committed_per_agent_and_a_big_task_waits_for_its_reservation() {
 #[test]
 fn a_task_waiting_for_memory_fails_as_unschedulable_when_the_only_big_agent_is_lost() {
     let mut m = Mem::with(2, 0, 1);
-    m.records.get_mut(&1).unwrap().mem_mb = 1500;
-    m.records.get_mut(&2).unwrap().mem_mb = 1500;
+    m.records.get_mut(&1).unwrap().shape_mut().mem_mb = 1500;
+    m.records.get_mut(&2).unwrap().shape_mut().mem_mb = 1500;
     let mut c = core(&m, 2);
     let big = Input::Joined { agent: 0, cores: 1, mem_mb: 2000, gpus: 0, hostname: "big".into() };
     let small = Input::Joined { agent: 1, cores: 1, mem_mb: 1000, gpus: 0, hostname: "small".into() };
@@ -254,7 +257,7 @@ fn gpu_tasks_go_only_to_agents_with_gpus_and_never_more_at_once_than_they_have()
     // Agent 0 has no GPU, agent 1 two.
     let mut m = Mem::with(8, 0, 1);
     for id in 1..=6 {
-        m.records.get_mut(&id).unwrap().gpus = 1;
+        m.records.get_mut(&id).unwrap().shape_mut().gpus = 1;
     }
     let mut c = core(&m, 2);
     let (mut out, mut end) =
@@ -267,7 +270,7 @@ fn gpu_tasks_go_only_to_agents_with_gpus_and_never_more_at_once_than_they_have()
             held.entry(agent).or_default().extend(tasks);
         }
         for (agent, tasks) in &held {
-            let gpu_tasks = tasks.iter().filter(|(id, _)| m.records[id].gpus > 0).count();
+            let gpu_tasks = tasks.iter().filter(|(id, _)| m.records[id].shape().gpus > 0).count();
             assert!(*agent == 1 || gpu_tasks == 0, "round {round}: agent {agent} has no GPU: {held:?}");
             assert!(gpu_tasks <= 2, "round {round}: {gpu_tasks} GPU tasks at once on 2 GPUs: {held:?}");
             most = most.max(gpu_tasks);
@@ -286,15 +289,15 @@ fn gpu_tasks_go_only_to_agents_with_gpus_and_never_more_at_once_than_they_have()
     }
     assert_eq!((end, most), (Some(Ending::Complete), 2), "both GPUs busy at once");
     assert!((1..=8).all(|id| m.state(id) == State::Done), "{:?}", m.records);
-    assert!((1..=6).all(|id| m.records[&id].agent == 1), "every GPU task ran on agent 1: {:?}", m.records);
+    assert!((1..=6).all(|id| m.records[&id].agent() == 1), "every GPU task ran on agent 1: {:?}", m.records);
 }
 
 #[test]
 fn a_task_wanting_more_gpus_than_any_agent_has_fails_as_unschedulable() {
     // Task 1 wants 4 GPUs, task 2 one; agent 0 has 2, agent 1 none.
     let mut m = Mem::with(2, 2, 1);
-    m.records.get_mut(&1).unwrap().gpus = 4;
-    m.records.get_mut(&2).unwrap().gpus = 1;
+    m.records.get_mut(&1).unwrap().shape_mut().gpus = 4;
+    m.records.get_mut(&2).unwrap().shape_mut().gpus = 1;
     let mut c = core(&m, 2);
     let (out, end) = feed(&mut c, &mut m, vec![joined_with_gpus(0, 2), joined_with_gpus(1, 0), want(0, 2), want(1, 2)]);
     assert_eq!(dispatched(&out), vec![(0, vec![(2, 1)])], "task 2 only where a GPU is");
@@ -331,7 +334,7 @@ fn an_agent_gets_what_it_asks_for_and_results_are_recorded_then_acked() {
     assert_eq!(acks.len(), 1, "each report is acked once");
     let (_, _) = feed(&mut c, &mut m, vec![result(0, 3, 3, 1, 0), result(0, 4, 4, 1, 0)]);
     assert_eq!(c.counts(), m.counts(), "once nothing is in flight, the counts are the records'");
-    assert_eq!(m.records[&3].start_us, 0, "results carry their own start time");
+    assert_eq!(m.records[&3].start_us(), 0, "results carry their own start time");
 }
 
 /// A head lost with its instance's work: its members, cut off from it, come to the leader.
@@ -390,9 +393,9 @@ fn instance_heads_stand_for_their_members_which_the_ledger_names() {
 
     let ok = msg::TaskResult { outcome: Outcome::Exited, ..lost(2, 5) };
     let (out, _) = feed(&mut c, &mut m, vec![from_head(2, 1, 4, vec![ok, lost(2, 6)])]);
-    assert_eq!((m.state(5), m.records[&5].agent), (State::Done, 3), "the ledger names the member that ran it");
+    assert_eq!((m.state(5), m.records[&5].agent()), (State::Done, 3), "the ledger names the member that ran it");
     assert_eq!(m.state(6), State::Pending, "lost with its member: retried");
-    assert_eq!(m.records[&6].losses, 1);
+    assert_eq!(m.records[&6].losses(), 1);
     assert_eq!(
         dispatched(&out),
         vec![(2, vec![(6, 2)])],
@@ -404,7 +407,7 @@ fn instance_heads_stand_for_their_members_which_the_ledger_names() {
     let give_back = Input::Report { agent: 2, report: msg::Report { returned: vec![7], ..Default::default() } };
     let (out, _) = feed(&mut c, &mut m, vec![give_back]);
     assert_eq!(dispatched(&out), vec![(2, vec![(7, 2)])], "the head still asks: to it again");
-    assert_eq!(m.records[&7].losses, 0);
+    assert_eq!(m.records[&7].losses(), 0);
 }
 
 fn report(agent: u32, want: u32, idle: u32, done: &[(u64, u32)]) -> Input {
@@ -520,8 +523,8 @@ fn the_hflow_plan_sends_each_agent_its_long_tasks_first() {
     let mut m = Mem::with(8, 2, 1);
     let mut g = Grouper::default();
     for (id, r) in m.records.iter_mut() {
-        r.runtime_ms = if id % 2 == 0 { 320 } else { 10 };
-        g.add(*id, 0, 0, r.runtime_ms);
+        r.shape_mut().runtime_ms = if id % 2 == 0 { 320 } else { 10 };
+        g.add(*id, 0, 0, r.shape().runtime_ms);
     }
     let params = htc_core::hflow::Params { s: 0.0, d: 0.0, t: 1.0 };
     let plan = Classes::new(g.finish(), 2, 4, params);
@@ -535,7 +538,7 @@ fn the_hflow_plan_sends_each_agent_its_long_tasks_first() {
 #[test]
 fn a_retry_nobody_can_take_costs_no_scan_of_every_agent_per_report() {
     let mut m = Mem::with(3, 2, 1);
-    m.records.get_mut(&3).unwrap().cores = 4;
+    m.records.get_mut(&3).unwrap().shape_mut().cores = 4;
     let mut c = core(&m, 3);
     let (out, _) = feed(&mut c, &mut m, vec![join(0, 2), join(1, 2), want(0, 8), want(1, 8)]);
     assert_eq!(dispatched(&out).iter().map(|(_, t)| t.len()).sum::<usize>(), 2, "tasks 1 and 2");
@@ -571,8 +574,8 @@ fn the_hflow_plan_learns_the_runtimes_the_file_did_not_give() {
     let mut m = Mem::with(40, 2, 1);
     let mut g = Grouper::default();
     for (id, r) in m.records.iter_mut() {
-        r.class = if *id <= 20 { 1 } else { 2 };
-        g.add(*id, 0, r.class, 0);
+        r.shape_mut().class = if *id <= 20 { 1 } else { 2 };
+        g.add(*id, 0, r.shape().class, 0);
     }
     let plan = Classes::new(g.finish(), 1, 1, htc_core::hflow::Params { s: 0.0, d: 0.0, t: 1.0 });
     let mut c = Core::new(Box::new(plan), "job".into(), 1, m.counts(), 0);
@@ -600,7 +603,7 @@ fn the_hflow_plan_learns_the_runtimes_the_file_did_not_give() {
 #[test]
 fn past_the_horizon_an_agent_gets_only_what_it_can_start() {
     let mut m = Mem::with(12, 2, 1);
-    m.records.values_mut().for_each(|r| r.runtime_ms = 3_000);
+    m.records.values_mut().for_each(|r| r.shape_mut().runtime_ms = 3_000);
     let mut c = Core::new(Box::new(Even::new(1..13, 1)), "job".into(), 1, m.counts(), 0).with_horizon(HORIZON_MS);
     let (out, _) = feed(&mut c, &mut m, vec![join(0, 2), report(0, 32, 2, &[])]);
     assert_eq!(dispatched(&out), vec![(0, vec![(1, 1), (2, 1)])], "2 cores, 2 tasks of 3 s");
@@ -666,7 +669,7 @@ fn a_lost_agent_s_tasks_go_to_another_without_using_a_retry() {
     // go out as attempt 2, and only task 1's loss counts.
     assert_eq!(dispatched(&out), vec![(1, vec![(1, 2), (2, 2), (3, 1), (4, 1)])]);
     // Task 1 was running when its agent went: a loss. Task 2 never left the agent's queue.
-    assert_eq!((m.records[&1].losses, m.records[&2].losses), (1, 0));
+    assert_eq!((m.records[&1].losses(), m.records[&2].losses()), (1, 0));
     assert_eq!(end, None);
     // A late result from the lost agent changes nothing.
     let (_, _) = feed(&mut c, &mut m, vec![result(0, 1, 1, 1, 0)]);
@@ -692,7 +695,7 @@ fn a_rejoined_agent_keeps_what_it_holds_and_what_died_with_the_relay_goes_out_ag
     let answer = Input::Report { agent: 0, report: msg::Report { holding: Some(vec![1]), ..Default::default() } };
     let (out, end) = feed(&mut c, &mut m, vec![answer, want(1, 4)]);
     assert_eq!(dispatched(&out), vec![(1, vec![(2, 2), (3, 1), (4, 1)])], "task 2 again, as a new attempt");
-    assert_eq!((m.records[&1].losses, m.records[&2].losses), (0, 0));
+    assert_eq!((m.records[&1].losses(), m.records[&2].losses()), (0, 0));
     assert_eq!(end, None);
     let (_, end) = feed(&mut c, &mut m, vec![result(0, 1, 1, 1, 0)]);
     assert_eq!(m.state(1), State::Done, "agent 0's result for the task it kept counts");
@@ -721,7 +724,7 @@ fn the_audit_finds_a_task_lost_in_transit_and_sends_it_again() {
     c.handle(every + 3_000, &mut m, answer, &mut out).unwrap();
     c.handle(every + 3_001, &mut m, want(1, 4), &mut out).unwrap();
     assert_eq!(dispatched(&out), vec![(1, vec![(2, 2), (3, 1), (4, 1)])]);
-    assert_eq!(m.records[&2].losses, 0, "an unstarted task taken back is no loss");
+    assert_eq!(m.records[&2].losses(), 0, "an unstarted task taken back is no loss");
 }
 
 #[test]
@@ -738,12 +741,12 @@ fn stale_and_foreign_results_are_ignored() {
 #[test]
 fn a_task_bigger_than_every_agent_fails_as_unschedulable() {
     let mut m = Mem::with(2, 2, 1);
-    m.records.get_mut(&2).unwrap().cores = 8;
+    m.records.get_mut(&2).unwrap().shape_mut().cores = 8;
     let mut c = core(&m, 1);
     let (out, _) = feed(&mut c, &mut m, vec![join(0, 2), want(0, 2), want(0, 1)]);
     assert_eq!(dispatched(&out), vec![(0, vec![(1, 1)])]);
     assert_eq!(m.state(2), State::Failed);
-    assert_eq!(Outcome::Unschedulable as u8, m.records[&2].outcome);
+    assert_eq!(Outcome::Unschedulable, m.records[&2].outcome());
 }
 
 #[test]
@@ -800,7 +803,7 @@ fn a_silent_agent_is_lost_within_the_bound_and_everyone_else_hears_a_heartbeat()
             && out.contains(&Effect::GivenUp(0)),
         "{out:?}"
     );
-    assert_eq!(m.records[&1].losses, 1, "its running task is lost");
+    assert_eq!(m.records[&1].losses(), 1, "its running task is lost");
     assert_eq!(c.progress(0).agents, 1);
     // Should it resume, its late result is stale.
     c.handle(10_000_003, &mut m, result(0, 1, 1, 1, 0), &mut out).unwrap();
@@ -842,7 +845,7 @@ fn a_black_hole_is_drained_and_what_it_failed_runs_elsewhere_without_using_a_ret
     assert!(told(&out, 0, Stop::Hold), "{out:?}");
     for &id in &to0[..8] {
         assert!(matches!(m.state(id), State::Pending | State::Dispatched), "task {id}: {:?}", m.state(id));
-        assert_eq!(m.records[&id].attempts, 0, "task {id}: its retry given back");
+        assert_eq!(m.records[&id].attempts(), 0, "task {id}: its retry given back");
     }
     assert!(m.failed.is_empty(), "nothing left in the failed index: {:?}", m.failed);
     // It asks again: nothing. Agent 1 gets the refunded tasks, as new attempts.
@@ -856,7 +859,7 @@ fn a_black_hole_is_drained_and_what_it_failed_runs_elsewhere_without_using_a_ret
 fn near_the_time_limit_no_task_starts_that_its_hint_says_cannot_finish() {
     let mut m = Mem::with(6, 0, 1);
     for id in 1..=6 {
-        m.records.get_mut(&id).unwrap().runtime_ms = if id % 2 == 0 { 100_000 } else { 1_000 };
+        m.records.get_mut(&id).unwrap().shape_mut().runtime_ms = if id % 2 == 0 { 100_000 } else { 1_000 };
     }
     let mut c = core(&m, 1).with_deadline(10_000_000);
     let (out, end) = feed(&mut c, &mut m, vec![join(0, 6), want(0, 6)]);
@@ -913,7 +916,7 @@ fn a_given_up_agent_back_empty_is_a_fresh_member() {
     results.extend([result(0, 2, 4, 1, 0), ask, result(0, 3, 3, 1, 0)]);
     let (_, end) = feed(&mut c, &mut m, results);
     assert_eq!(end, Some(Ending::Complete));
-    assert_eq!((m.records[&1].losses, m.records[&2].losses), (1, 0));
+    assert_eq!((m.records[&1].losses(), m.records[&2].losses()), (1, 0));
 }
 
 /// An agent that comes back before the leader gave it up (its lease ran out first) is given
@@ -924,7 +927,7 @@ fn an_agent_back_before_it_was_given_up_loses_its_tasks_first() {
     let back = Input::Revived { agent: 0, cores: 1, mem_mb: 0, gpus: 0, hostname: "node0".into() };
     let (out, _) = feed(&mut c, &mut m, vec![back, want(1, 2)]);
     assert_eq!(dispatched(&out), vec![(1, vec![(1, 2), (2, 2)])]);
-    assert_eq!(m.records[&1].losses, 1);
+    assert_eq!(m.records[&1].losses(), 1);
 }
 
 fn attach(agents: u32, ends_us: Option<u64>) -> allocation::Attach {
@@ -1004,7 +1007,7 @@ fn an_allocation_at_its_end_hands_back_its_queue_and_its_agents_go_without_a_los
 #[test]
 fn a_task_too_long_for_a_joined_allocation_s_time_left_runs_on_another() {
     let mut m = Mem::with(1, 0, 1);
-    m.records.get_mut(&1).unwrap().runtime_ms = 60_000;
+    m.records.get_mut(&1).unwrap().shape_mut().runtime_ms = 60_000;
     let mut c = layout_core(&m, 1);
     assert_eq!(c.attach(attach(1, Some(30_000_000)), 1_000), Ok(1));
     // Agent 1 (30 s left) asks first: the one-minute task is not for it.

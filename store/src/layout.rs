@@ -1,0 +1,258 @@
+//! How a task's record lies in the ledger, declared in one place: each field's offset and width
+//! (`Field`s of `v3`), the checksum that seals every stored value, and the schema version that
+//! names this layout. The ledger, its journal and the replica store records only through
+//! `encode_record` / `decode_record`, so a new field is a line of the table and a line of each.
+//!
+//! All numbers are little-endian. A record is `FIELDS_LEN` bytes of fields (unused bytes zero),
+//! then the CRC-32 of its key and those fields.
+
+use htc_core::record::{AttemptEnd, CommandAt, Outcome, Record};
+use htc_core::shape::TaskShape;
+use htc_core::task::{Life, State};
+
+/// Names the layout below and the meta keys; a ledger of another is migrated on open
+/// (`migrate`), or refused when it is newer than this build.
+pub const SCHEMA_VERSION: u32 = 3;
+/// The fields, then their checksum.
+pub const RECORD_LEN: usize = FIELDS_LEN + SUM_LEN;
+pub const FIELDS_LEN: usize = 76;
+pub const SUM_LEN: usize = 4;
+
+/// Where one field lies in a stored record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Field {
+    pub at: usize,
+    pub width: usize,
+}
+
+const fn f(at: usize, width: usize) -> Field {
+    Field { at, width }
+}
+
+/// The record of schema 3 (written since before bb08bd2).
+pub mod v3 {
+    use super::f;
+    pub use super::Field;
+    pub const CMD_OFF: Field = f(0, 8);
+    pub const CMD_LEN: Field = f(8, 4);
+    pub const LINE: Field = f(12, 4);
+    pub const CORES: Field = f(16, 2);
+    pub const RETRIES: Field = f(18, 1);
+    pub const SHELL: Field = f(19, 1);
+    pub const TIMEOUT_MS: Field = f(20, 4);
+    pub const MEM_MB: Field = f(24, 4);
+    pub const CLASS: Field = f(28, 2);
+    pub const STATE: Field = f(30, 1);
+    pub const ATTEMPTS: Field = f(31, 1);
+    pub const RUNTIME_MS: Field = f(32, 4);
+    pub const OUTCOME: Field = f(36, 1);
+    pub const LOSSES: Field = f(37, 1);
+    pub const MAX_OUTPUT: Field = f(38, 2);
+    pub const VALUE: Field = f(40, 4);
+    pub const AGENT: Field = f(44, 4);
+    pub const START_US: Field = f(48, 8);
+    pub const END_US: Field = f(56, 8);
+    pub const GPUS: Field = f(64, 1);
+    /// `FLAG_EXCLUSIVE | FLAG_PREEMPTIBLE`; other bits are damage.
+    pub const FLAGS: Field = f(65, 1);
+    pub const PRIORITY: Field = f(66, 2);
+    pub const AFFINITY: Field = f(68, 4);
+    pub const RETURNS: Field = f(72, 1);
+    /// Unused: zero, so that a record decodes only from the bytes it encodes to.
+    pub const UNUSED: Field = f(73, 3);
+    /// Every field, in order: the table's own test checks they neither overlap nor overrun.
+    pub const ALL: [Field; 24] = [
+        CMD_OFF, CMD_LEN, LINE, CORES, RETRIES, SHELL, TIMEOUT_MS, MEM_MB, CLASS, STATE, ATTEMPTS, RUNTIME_MS, OUTCOME,
+        LOSSES, MAX_OUTPUT, VALUE, AGENT, START_US, END_US, GPUS, FLAGS, PRIORITY, AFFINITY, RETURNS,
+    ];
+    pub const FLAG_EXCLUSIVE: u8 = 1;
+    pub const FLAG_PREEMPTIBLE: u8 = 2;
+}
+
+/// The CRC-32 of a key and a value, as stored at the value's end.
+pub fn sum(k: &[u8], v: &[u8]) -> [u8; SUM_LEN] {
+    let mut h = crc32fast::Hasher::new();
+    h.update(k);
+    h.update(v);
+    h.finalize().to_le_bytes()
+}
+
+/// `v` followed by its checksum under key `k`.
+pub fn seal(k: &[u8], v: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(v.len() + SUM_LEN);
+    out.extend_from_slice(v);
+    out.extend_from_slice(&sum(k, v));
+    out
+}
+
+/// The value stored under `k` without its checksum, or None if the checksum does not match.
+pub fn unseal<'a>(k: &[u8], stored: &'a [u8]) -> Option<&'a [u8]> {
+    let n = stored.len().checked_sub(SUM_LEN)?;
+    let (v, s) = stored.split_at(n);
+    (sum(k, v) == s).then_some(v)
+}
+
+/// A task's key: its id, big-endian, so that ids sort in order.
+pub fn key(id: u64) -> [u8; 8] {
+    id.to_be_bytes()
+}
+
+fn put(b: &mut [u8], f: Field, v: &[u8]) {
+    debug_assert_eq!(f.width, v.len(), "a field written at its declared width");
+    b[f.at..f.at + f.width].copy_from_slice(v);
+}
+
+fn get<const N: usize>(b: &[u8], f: Field) -> [u8; N] {
+    debug_assert_eq!(f.width, N, "a field read at its declared width");
+    b[f.at..f.at + N].try_into().expect("a field within the record")
+}
+
+/// The stored form of task `id`'s record, its checksum last.
+pub fn encode_record(r: &Record, id: u64) -> [u8; RECORD_LEN] {
+    use v3::*;
+    let mut b = [0u8; RECORD_LEN];
+    let (c, s, l, e) = (r.command(), r.shape(), r.life(), r.ended());
+    put(&mut b, CMD_OFF, &c.off.to_le_bytes());
+    put(&mut b, CMD_LEN, &c.len.to_le_bytes());
+    put(&mut b, LINE, &c.line.to_le_bytes());
+    put(&mut b, SHELL, &[c.shell as u8]);
+    put(&mut b, CORES, &s.cores.to_le_bytes());
+    put(&mut b, RETRIES, &[l.retries()]);
+    put(&mut b, TIMEOUT_MS, &s.timeout_ms.to_le_bytes());
+    put(&mut b, MEM_MB, &s.mem_mb.to_le_bytes());
+    put(&mut b, CLASS, &s.class.to_le_bytes());
+    put(&mut b, RUNTIME_MS, &s.runtime_ms.to_le_bytes());
+    put(&mut b, MAX_OUTPUT, &s.max_output.to_le_bytes());
+    put(&mut b, GPUS, &[s.gpus]);
+    let flags = if s.exclusive { FLAG_EXCLUSIVE } else { 0 } | if s.preemptible { FLAG_PREEMPTIBLE } else { 0 };
+    put(&mut b, FLAGS, &[flags]);
+    put(&mut b, PRIORITY, &s.priority.to_le_bytes());
+    put(&mut b, AFFINITY, &s.affinity.to_le_bytes());
+    put(&mut b, STATE, &[l.state() as u8]);
+    put(&mut b, ATTEMPTS, &[l.attempts()]);
+    put(&mut b, LOSSES, &[l.losses()]);
+    put(&mut b, RETURNS, &[l.returns()]);
+    put(&mut b, OUTCOME, &[e.outcome as u8]);
+    put(&mut b, VALUE, &e.value.to_le_bytes());
+    put(&mut b, AGENT, &e.agent.to_le_bytes());
+    put(&mut b, START_US, &e.start_us.to_le_bytes());
+    put(&mut b, END_US, &e.end_us.to_le_bytes());
+    let s = sum(&key(id), &b[..FIELDS_LEN]);
+    b[FIELDS_LEN..].copy_from_slice(&s);
+    b
+}
+
+/// Task `id`'s record from its stored form, or None for one that cannot be a record this
+/// layout wrote: the wrong size, a checksum that does not match, or a state, outcome or flag
+/// no task has, or unused bytes not zero (so that whatever decodes encodes back to the same bytes).
+pub fn decode_record(id: u64, b: &[u8]) -> Option<Record> {
+    use v3::*;
+    if b.len() != RECORD_LEN || unseal(&key(id), b).is_none() {
+        return None;
+    }
+    let byte = |f: Field| get::<1>(b, f)[0];
+    if get::<3>(b, UNUSED) != [0; 3] {
+        return None;
+    }
+    let state = State::from_u8(byte(STATE))?;
+    let outcome = Some(Outcome::from_u8(byte(OUTCOME))).filter(|o| *o as u8 == byte(OUTCOME))?;
+    let flags = Some(byte(FLAGS)).filter(|f| f & !(FLAG_EXCLUSIVE | FLAG_PREEMPTIBLE) == 0)?;
+    let cmd = CommandAt {
+        off: u64::from_le_bytes(get(b, CMD_OFF)),
+        len: u32::from_le_bytes(get(b, CMD_LEN)),
+        line: u32::from_le_bytes(get(b, LINE)),
+        shell: byte(SHELL) != 0,
+    };
+    let shape = TaskShape {
+        cores: u16::from_le_bytes(get(b, CORES)),
+        mem_mb: u32::from_le_bytes(get(b, MEM_MB)),
+        gpus: byte(GPUS),
+        timeout_ms: u32::from_le_bytes(get(b, TIMEOUT_MS)),
+        retries: byte(RETRIES),
+        class: u16::from_le_bytes(get(b, CLASS)),
+        runtime_ms: u32::from_le_bytes(get(b, RUNTIME_MS)),
+        max_output: u16::from_le_bytes(get(b, MAX_OUTPUT)),
+        priority: i16::from_le_bytes(get(b, PRIORITY)),
+        exclusive: flags & FLAG_EXCLUSIVE != 0,
+        preemptible: flags & FLAG_PREEMPTIBLE != 0,
+        affinity: u32::from_le_bytes(get(b, AFFINITY)),
+    };
+    let life = Life::of(state, byte(ATTEMPTS), byte(RETRIES), byte(LOSSES), byte(RETURNS));
+    let ended = AttemptEnd {
+        outcome,
+        value: i32::from_le_bytes(get(b, VALUE)),
+        agent: u32::from_le_bytes(get(b, AGENT)),
+        start_us: u64::from_le_bytes(get(b, START_US)),
+        end_us: u64::from_le_bytes(get(b, END_US)),
+    };
+    Some(Record::from_parts(cmd, shape, life, ended))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use htc_core::task::{End, Step};
+
+    fn every_field_set() -> Record {
+        let cmd = CommandAt { off: 1 << 40, len: 77, line: 9, shell: true };
+        let shape = TaskShape {
+            cores: 3,
+            mem_mb: 6,
+            gpus: 2,
+            timeout_ms: 5,
+            retries: 2,
+            class: 7,
+            runtime_ms: 8,
+            max_output: 0x8003,
+            priority: -5,
+            exclusive: true,
+            preemptible: false,
+            affinity: 0xdead_beef,
+        };
+        let fail = Step::Finish(End::Failed { permanent: false });
+        let lost = Step::Finish(End::Lost);
+        let steps = [Step::Dispatch, Step::Start, lost, Step::Dispatch, Step::Reclaim, Step::Dispatch, fail];
+        let mut r = Record::new(cmd, shape).walked(&steps).unwrap();
+        r.set_ended(AttemptEnd { outcome: Outcome::Signaled, value: -9, agent: 11, start_us: 12, end_us: 13 });
+        r
+    }
+
+    #[test]
+    fn the_fields_neither_overlap_nor_overrun() {
+        let mut used = [false; FIELDS_LEN];
+        for f in v3::ALL.iter().chain([&v3::UNUSED]) {
+            for b in &mut used[f.at..f.at + f.width] {
+                assert!(!*b, "byte of {f:?} used twice");
+                *b = true;
+            }
+        }
+        assert!(used.iter().all(|&b| b), "every byte is a field's or declared unused");
+    }
+
+    #[test]
+    fn a_record_comes_back_as_it_went_and_a_flipped_bit_is_refused() {
+        let r = every_field_set();
+        assert_eq!((r.losses(), r.returns(), r.attempts()), (1, 1, 1));
+        assert_eq!(decode_record(1, &encode_record(&r, 1)), Some(r));
+        assert!(decode_record(1, &[0u8; 10]).is_none());
+        // Under another task's key, or with any bit flipped, it is refused.
+        assert!(decode_record(2, &encode_record(&r, 1)).is_none());
+        for bit in 0..RECORD_LEN * 8 {
+            let mut b = encode_record(&r, 1);
+            b[bit / 8] ^= 1 << (bit % 8);
+            assert!(decode_record(1, &b).is_none(), "bit {bit}");
+        }
+    }
+
+    #[test]
+    fn what_no_record_holds_is_refused_though_sealed() {
+        let good = encode_record(&every_field_set(), 1);
+        for (f, v) in [(v3::STATE, 5), (v3::OUTCOME, 9), (v3::FLAGS, 4), (v3::UNUSED, 1)] {
+            let mut b = good;
+            b[f.at] = v;
+            let s = sum(&key(1), &b[..FIELDS_LEN]);
+            b[FIELDS_LEN..].copy_from_slice(&s);
+            assert!(decode_record(1, &b).is_none(), "{f:?} = {v}");
+        }
+    }
+}
