@@ -123,8 +123,10 @@ fn mixed_memory_never_passes_the_budget_and_the_big_task_is_not_delayed_by_the_s
     // The big task waits for the long ones (2 s) in both; backfill may not delay it.
     assert!(bf_end <= fcfs_end + 0.5, "big task ends at {bf_end:.2} s with backfill, {fcfs_end:.2} s with FCFS");
     assert_eq!(shorts_before(&fcfs, fcfs_big.0), 0, "FCFS starts nothing after the waiting big task");
+    // How many fit in the 2 s depends on how fast perl starts (about ten on a quiet machine, 2
+    // seen with builds on both cores); that any do is what FCFS never does.
     assert!(
-        shorts_before(&bf, bf_big.0) >= 4,
+        shorts_before(&bf, bf_big.0) >= 1,
         "backfill runs short tasks on the idle cores meanwhile ({} did)",
         shorts_before(&bf, bf_big.0)
     );
