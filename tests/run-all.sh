@@ -73,7 +73,7 @@ if command -v cargo-nextest >/dev/null; then
     cargo nextest run --release --workspace --locked --no-fail-fast 2>&1 | tee "$log" || rc=$?
     echo "-- the slowest tests:"
     # (`head` closes the pipe early: its SIGPIPE to sort is no failure of the tests.)
-    grep -E '^\s+(PASS|FAIL|LEAK)' "$log" | sed -E 's/^\s+[A-Z]+ \[ *([0-9.]+)s\] /\1 /' | sort -rnu | head -n 15 || true
+    grep -E '^\s+(PASS|FAIL|LEAK)' "$log" | sed -E 's/^\s+[A-Z]+ \[ *([0-9.]+)s\] /\1 /' | sort -u | sort -rn | head -n 15 || true
     rm -f "$log"
     ((rc == 0)) || exit "$rc"
 else
