@@ -30,8 +30,10 @@ pub enum LedgerError {
     // Not a `source`: the message already carries it, and a chain would print it twice.
     #[error("ledger {path}: {error}")]
     Lmdb { path: String, error: lmdb::Error },
-    #[error("ledger schema version {found} is not supported (this build reads version {SCHEMA_VERSION})")]
-    Schema { found: u32 },
+    #[error("ledger {path} has schema version {found}, newer than this build's {SCHEMA_VERSION}: a newer release wrote it, and only such a release can open it")]
+    Schema { path: String, found: u32 },
+    #[error("ledger {path} has schema version {found}, which this build (schema {SCHEMA_VERSION}) cannot migrate")]
+    Unmigratable { path: String, found: u32 },
     #[error("ledger record of task {id} is corrupt ({len} bytes)")]
     Corrupt { id: u64, len: usize },
     /// A stored value whose checksum does not match: `what` names it ("task 17", "meta 'total'").
@@ -326,6 +328,9 @@ pub struct Ledger {
     failed: Database,
     /// The copy on shared storage (`replica`), when the ledger itself is on a node's local disk.
     journal: Option<std::sync::Mutex<Journal>>,
+    /// The layout its records are read with: this build's, or an older one a reader that may
+    /// not write (`open` read-only) found.
+    schema: u32,
 }
 
 impl Ledger {
@@ -341,13 +346,9 @@ impl Ledger {
 
     /// Opens an existing ledger; readers (`htc status`) open it read-only beside a running leader.
     pub fn open(path: &Path, read_only: bool) -> Result<Ledger> {
-        let l = Self::open_env(path, read_only)?;
+        let mut l = Self::open_env(path, read_only)?;
+        l.upgrade(!read_only)?;
         let txn = l.read()?;
-        let v = txn.meta("schema")?.ok_or(LedgerError::MissingMeta("schema"))?;
-        let found = v.try_into().map(u32::from_le_bytes).unwrap_or(0);
-        if found != SCHEMA_VERSION {
-            return Err(LedgerError::Schema { found });
-        }
         txn.check_commit()?;
         // Readers look meta entries up by name: one whose key or size a flip damaged would read
         // as missing, and its default as the truth. The meta is small, so check all of it, and
@@ -400,7 +401,7 @@ impl Ledger {
             db("attempts").map_err(err)?,
             db("failed").map_err(err)?,
         );
-        Ok(Ledger { _fault, env, path: p, tasks, meta, attempts, failed, journal: None })
+        Ok(Ledger { _fault, env, path: p, tasks, meta, attempts, failed, journal: None, schema: SCHEMA_VERSION })
     }
 
     /// From now on every commit first writes what it changed to `j` (see `replica`).
@@ -467,6 +468,54 @@ impl Ledger {
         LedgerError::Lmdb { path: self.path.clone(), error: name_full_disk(Path::new(&self.path), source) }
     }
 
+    /// Takes the ledger to this build's schema: a ledger of an older one has its records
+    /// rewritten in one transaction when `write` (a reader reads them through the older layout
+    /// instead); one of a newer schema, or of one too old to migrate, is refused. A replicated
+    /// run's next generation (`replica::Replica::begin`, where its leader starts) then holds
+    /// the new layout, and a restore from an older replica comes through here too.
+    pub fn upgrade(&mut self, write: bool) -> Result<()> {
+        let found = self.read()?.schema()?;
+        let path = self.path.clone();
+        if found > SCHEMA_VERSION {
+            return Err(LedgerError::Schema { path, found });
+        }
+        if !crate::layout::readable(found) {
+            return Err(LedgerError::Unmigratable { path, found });
+        }
+        self.schema = found;
+        if found != SCHEMA_VERSION && write {
+            let n = self.migrate(found)?;
+            tracing::info!(path = %self.path, from = found, to = SCHEMA_VERSION, tasks = n, "ledger migrated");
+        }
+        Ok(())
+    }
+
+    /// Rewrites every task record of schema `from` in this build's layout, and the schema with
+    /// them, in one transaction: a migration cut short leaves the old ledger whole. Only the
+    /// records differ between the layouts so far; a change of the other entries adds its step.
+    fn migrate(&mut self, from: u32) -> Result<u64> {
+        let mut t = self.write()?;
+        let (mut next, mut n) = (Some(0u64), 0u64);
+        while let Some(start) = next {
+            let chunk = t.raw_tasks(start, 1 << 16)?;
+            next = chunk.last().and_then(|(id, _)| id.checked_add(1)).filter(|_| chunk.len() == 1 << 16);
+            for (id, v) in chunk {
+                let r = crate::layout::decode_as(from, id, &v).ok_or(LedgerError::Corrupt { id, len: v.len() })?;
+                t.apply_entry(true, DB_TASKS, &key(id), &encode_record(&r, id))?;
+                n += 1;
+            }
+        }
+        t.put_meta("schema", &SCHEMA_VERSION.to_le_bytes())?;
+        t.commit()?;
+        self.schema = SCHEMA_VERSION;
+        Ok(n)
+    }
+
+    /// Task `id`'s record from its stored form in this ledger's layout.
+    fn decode(&self, id: u64, b: &[u8]) -> Result<Record> {
+        crate::layout::decode_as(self.schema, id, b).ok_or(LedgerError::Corrupt { id, len: b.len() })
+    }
+
     fn sum_err(&self, what: String) -> LedgerError {
         LedgerError::Sum { path: self.path.clone(), what }
     }
@@ -502,7 +551,7 @@ pub struct WriteTxn<'l> {
 impl<'l> WriteTxn<'l> {
     pub fn get(&self, id: u64) -> Result<Option<Record>> {
         match self.txn.get(self.l.tasks, &key(id)) {
-            Ok(b) => decode_record(id, b).map(Some),
+            Ok(b) => self.l.decode(id, b).map(Some),
             Err(lmdb::Error::NotFound) => Ok(None),
             Err(e) => Err(self.l.err(e)),
         }
@@ -521,7 +570,7 @@ impl<'l> WriteTxn<'l> {
             if id >= ids.end {
                 break;
             }
-            out.push((id, decode_record(id, v)?));
+            out.push((id, self.l.decode(id, v)?));
         }
         Ok(out)
     }
@@ -581,6 +630,17 @@ impl<'l> WriteTxn<'l> {
         }
     }
 
+    /// Up to `max` stored task entries from id `from` on, as they are (`Ledger::migrate`).
+    fn raw_tasks(&self, from: u64, max: usize) -> Result<Vec<(u64, Vec<u8>)>> {
+        let mut c = self.txn.open_ro_cursor(self.l.tasks).map_err(|e| self.l.err(e))?;
+        let (mut out, mut last) = (Vec::new(), None);
+        for item in c.iter_from(key(from)).take(max) {
+            let (k, v) = item.map_err(|e| self.l.err(e))?;
+            out.push((walked_id(k, &mut last, &self.l.path)?, v.to_vec()));
+        }
+        Ok(out)
+    }
+
     pub fn attempts_of(&self, id: u64) -> Result<Vec<Attempt>> {
         let mut c = self.txn.open_ro_cursor(self.l.attempts).map_err(|e| self.l.err(e))?;
         collect_attempts(self.l, &mut c, id)
@@ -616,7 +676,7 @@ impl<'l> WriteTxn<'l> {
             for item in c.iter_start() {
                 let (k, v) = item.map_err(|e| self.l.err(e))?;
                 let id = walked_id(k, &mut last, &self.l.path)?;
-                let mut r = decode_record(id, v)?;
+                let mut r = self.l.decode(id, v)?;
                 if f(id, &mut r) {
                     changed.push((id, r));
                 }
@@ -651,9 +711,15 @@ pub struct ReadTxn<'l> {
 }
 
 impl ReadTxn<'_> {
+    /// The schema version the ledger's meta names.
+    pub fn schema(&self) -> Result<u32> {
+        let v = self.meta("schema")?.ok_or(LedgerError::MissingMeta("schema"))?;
+        Ok(v.try_into().map(u32::from_le_bytes).unwrap_or(0))
+    }
+
     pub fn get(&self, id: u64) -> Result<Option<Record>> {
         match self.txn.get(self.l.tasks, &key(id)) {
-            Ok(b) => decode_record(id, b).map(Some),
+            Ok(b) => self.l.decode(id, b).map(Some),
             Err(lmdb::Error::NotFound) => Ok(None),
             Err(e) => Err(self.l.err(e)),
         }
@@ -760,7 +826,7 @@ impl ReadTxn<'_> {
         for item in c.iter_from(key(from)) {
             let (k, v) = item.map_err(|e| self.l.err(e))?;
             let id = walked_id(k, &mut last, &self.l.path)?;
-            f(id, decode_record(id, v));
+            f(id, self.l.decode(id, v));
         }
         Ok(())
     }
@@ -868,7 +934,7 @@ impl ReadTxn<'_> {
         for item in c.iter_start() {
             let (k, v) = item.map_err(|e| self.l.err(e))?;
             let id = walked_id(k, &mut last, &self.l.path)?;
-            f(id, &decode_record(id, v)?);
+            f(id, &self.l.decode(id, v)?);
         }
         Ok(())
     }
@@ -1012,6 +1078,64 @@ pub(crate) mod tests {
         l.read().unwrap().check_freelist().unwrap();
     }
 
+    /// A ledger as the (test-only) schema 2 wrote it: `n` tasks, the even ones done.
+    pub(crate) fn schema_2_ledger(p: &Path, n: u64) -> Vec<Record> {
+        let l = Ledger::create(p).unwrap();
+        let mut t = l.write().unwrap();
+        let mut written = Vec::new();
+        for id in 1..=n {
+            let mut r = at_line(id as u32);
+            if id % 2 == 0 {
+                r.take(Step::Dispatch).unwrap();
+                r.take(Step::Finish(End::Succeeded)).unwrap();
+            }
+            t.apply_entry(true, DB_TASKS, &key(id), &crate::layout::tests::v2::encode(&r, id)).unwrap();
+            written.push(r);
+        }
+        t.put_meta("schema", &2u32.to_le_bytes()).unwrap();
+        t.put_meta("total", &n.to_le_bytes()).unwrap();
+        t.commit().unwrap();
+        written
+    }
+
+    fn records(l: &Ledger) -> Vec<Record> {
+        let mut out = Vec::new();
+        l.read().unwrap().for_each(|_, r| out.push(*r)).unwrap();
+        out
+    }
+
+    #[test]
+    fn an_older_schema_is_read_as_it_is_and_migrated_in_place_by_a_writer() {
+        let p = tmp("migrate");
+        // More tasks than one chunk of the rewrite.
+        let written = schema_2_ledger(&p, (1 << 16) + 5);
+        let reader = Ledger::open(&p, true).unwrap();
+        assert_eq!(reader.read().unwrap().schema().unwrap(), 2, "a reader leaves it as it is");
+        assert_eq!(records(&reader), written, "and reads it through the older layout");
+        drop(reader);
+        let l = Ledger::open(&p, false).unwrap();
+        assert_eq!(l.read().unwrap().schema().unwrap(), SCHEMA_VERSION);
+        assert_eq!(records(&l), written);
+        let stored = l.read().unwrap().txn.get(l.tasks, &key(7)).unwrap().len();
+        assert_eq!(stored, RECORD_LEN, "rewritten in this build's layout");
+        drop(l);
+        let again = Ledger::open(&p, false).unwrap();
+        assert_eq!(records(&again), written, "a migrated ledger opens as any other");
+    }
+
+    #[test]
+    fn a_schema_with_no_migration_is_refused_naming_both_versions() {
+        let p = tmp("unmigratable");
+        {
+            let l = Ledger::create(&p).unwrap();
+            let mut t = l.write().unwrap();
+            t.put_meta("schema", &1u32.to_le_bytes()).unwrap();
+            t.commit().unwrap();
+        }
+        let e = Ledger::open(&p, false).err().expect("schema 1 cannot be migrated");
+        assert!(matches!(e, LedgerError::Unmigratable { found: 1, .. }), "{e}");
+    }
+
     #[test]
     fn wrong_schema_is_refused() {
         let p = tmp("schema");
@@ -1021,7 +1145,10 @@ pub(crate) mod tests {
             t.put_meta("schema", &99u32.to_le_bytes()).unwrap();
             t.commit().unwrap();
         }
-        assert!(matches!(Ledger::open(&p, false), Err(LedgerError::Schema { found: 99 })));
+        let e = Ledger::open(&p, false).err().expect("a newer schema is refused");
+        assert!(matches!(e, LedgerError::Schema { found: 99, .. }), "{e}");
+        let shown = e.to_string();
+        assert!(shown.contains(&p.display().to_string()) && shown.contains("99") && shown.contains("3"), "{shown}");
     }
 
     #[test]

@@ -173,9 +173,12 @@ impl Replica {
                 Err(e) => return Err(io_err(&p)(e)),
             }
         }
-        let ledger = Ledger::create(dest)?;
+        let mut ledger = Ledger::create(dest)?;
         let snap = self.snapshot(gen);
         self.replay(gen, &snap, &ledger)?;
+        // A replica an older release wrote names its schema: its records are migrated as an
+        // opened ledger's are.
+        ledger.upgrade(true)?;
         ledger.sync()?;
         Ok(ledger)
     }
@@ -373,6 +376,22 @@ mod tests {
         let mut r = Record::new(cmd, Default::default()).walked(htc_core::task::path_to(state)).unwrap();
         r.set_ended(htc_core::record::AttemptEnd { outcome: Outcome::None, value, agent: 0, start_us: 0, end_us: 0 });
         r
+    }
+
+    #[test]
+    fn a_replica_of_an_older_schema_restores_through_the_migration() {
+        let d = tempdir();
+        let old = d.join("old.mdb");
+        let written = crate::ledger::tests::schema_2_ledger(&old, 40);
+        // The older release's replica: its snapshot holds the schema-2 entries as they are.
+        let replica = Replica::of(&d);
+        replica.begin(&Ledger::open(&old, true).unwrap()).unwrap();
+        let restored = replica.restore(&d.join("restored.mdb")).unwrap();
+        let t = restored.read().unwrap();
+        assert_eq!(t.schema().unwrap(), crate::ledger::SCHEMA_VERSION);
+        let mut got = Vec::new();
+        t.for_each(|_, r| got.push(*r)).unwrap();
+        assert_eq!(got, written);
     }
 
     #[test]
