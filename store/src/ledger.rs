@@ -345,6 +345,7 @@ impl Ledger {
     }
 
     /// Opens an existing ledger; readers (`htc status`) open it read-only beside a running leader.
+    /// A writer migrates a ledger of an older schema first (`upgrade`).
     pub fn open(path: &Path, read_only: bool) -> Result<Ledger> {
         let mut l = Self::open_env(path, read_only)?;
         l.upgrade(!read_only)?;
