@@ -49,6 +49,16 @@ fn agents_that_join_a_running_run_share_its_tasks_and_each_task_runs_once() {
     // The joined agents are 1 and 2, with four cores to the leader's agent's one.
     let joined = per_agent.get(&1).copied().unwrap_or(0) + per_agent.get(&2).copied().unwrap_or(0);
     assert!(joined as usize > n / 2, "the joined agents ran most of the tasks: {per_agent:?}");
+    // Their logs are named and written by their ids in the run, after the leader's agent 0.
+    let mut logs: Vec<String> = std::fs::read_dir(run.join("log-1"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    logs.sort();
+    assert_eq!(logs, ["agent-1.log", "agent-2.log"], "{logs:?}");
+    let log = std::fs::read_to_string(run.join("log-1/agent-1.log")).unwrap();
+    let first = log.lines().next().unwrap_or_default();
+    assert!(first.contains("memory for tasks agent=1 "), "agent 1's log starts as another's: {log}");
 }
 
 #[test]

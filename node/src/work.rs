@@ -52,17 +52,19 @@ pub fn work(a: WorkArgs) -> anyhow::Result<()> {
         .collect::<anyhow::Result<_>>()?;
     let Share { agent_id, agents, cpus_on_node, agents_on_node, local_index, slots, cpus } =
         Share::of(slurm, agent_id, agents, slots, cpus)?;
+    // Logs name an agent by its id in the run, not its index in this allocation.
+    let first_id = first_agent + agent_id;
     let slots =
         slots.unwrap_or_else(|| if cpus.is_empty() { executor::allowed_cpus().len() } else { cpus.len() }).max(1);
     let mem_mb = mem_mb.unwrap_or_else(|| {
         let facts = htc_exec::memory::detect(slurm, cpus_on_node as u64, agents_on_node as u64);
         let (mb, from) = htc_exec::memory::budget_mb(&facts);
-        tracing::info!(agent = agent_id, mem_mb = mb, from, "memory for tasks");
+        tracing::info!(agent = first_id, mem_mb = mb, from, "memory for tasks");
         mb
     });
     let (devices, from) = htc_exec::gpu::detect(gpus.as_deref());
     if !devices.is_empty() {
-        tracing::info!(agent = agent_id, gpus = %htc_exec::gpu::visible(&devices), from, "GPUs of the node");
+        tracing::info!(agent = first_id, gpus = %htc_exec::gpu::visible(&devices), from, "GPUs of the node");
     }
     let run = RunDir::new(run_dir);
     let count = count.max(1);

@@ -122,7 +122,8 @@ impl Local {
             } else {
                 Vec::new()
             };
-            let log = std::fs::File::create(self.log_dir.join(format!("agent-{i}.log")))?;
+            // Named by the agent's id in the run (a joined allocation's start after the run's).
+            let log = std::fs::File::create(self.log_dir.join(format!("agent-{}.log", self.first_agent as usize + i)))?;
             // Own process group: a Ctrl-C on the terminal reaches the leader only, which then
             // stops the agents cleanly (they stop their tasks) instead of orphaning the tasks.
             let argv = WorkArgs {
