@@ -97,13 +97,15 @@ if [[ ${HTC_SKIP_SLURM:-0} == 1 ]]; then
 fi
 [[ $(id -u) == 0 ]] || { echo "the Slurm tier needs root (set HTC_SKIP_SLURM=1 to skip it)" >&2; exit 1; }
 
-# The RPM build (packages.sh's: a whole offline build from vendored crates, minutes of CPU) goes
-# on beside the Slurm scenarios before it, at SCHED_IDLE: it gets only the CPU their waits leave
-# idle (jobs waiting on Slurm, tasks that sleep), so it does not slow them; packages.sh waits for
-# it and checks what it made.
+# The RPM build (packages.sh's: a whole offline build from vendored crates, minutes of CPU), then
+# version.sh's plugin built as for another Slurm release, go on beside the Slurm scenarios before
+# them, at SCHED_IDLE: they get only the CPU the scenarios' waits leave idle (jobs waiting on
+# Slurm, tasks that sleep), so they do not slow them. packages.sh waits for the RPM and checks
+# what it made; version.sh finds its plugin built (or waits for cargo's lock).
 rpm_build=$(mktemp -d /tmp/htc-rpm.XXXXXX)
 # shellcheck disable=SC2016 # expanded by the inner bash
-setsid bash -c 'chrt --idle 0 make -s -C "$1" rpm PKG_OUT="$2/pkgs" >"$2/out" 2>&1; echo $? >"$2/status"' \
+setsid bash -c 'chrt --idle 0 make -s -C "$1" rpm PKG_OUT="$2/pkgs" >"$2/out" 2>&1; echo $? >"$2/status"
+    chrt --idle 0 "$1/tests/slurm/version.sh" --build-only >"$2/otherver.out" 2>&1' \
     _ "$root" "$rpm_build" &
 rpm_pid=$! # a process group of its own (setsid), stopped whole should this script end first
 export HTC_RPM_BUILD=$rpm_build

@@ -363,7 +363,9 @@ joined_job() {
 # scancel of a joined job mid-run: the run goes on without it and finishes; what ran again is
 # at most what the cancelled job had running (its 2 nodes' 4 CPUs).
 joined_job_cancelled() {
-    local w a b state n=600 i node reruns
+    # Enough work that the joined job runs tasks before its cancel (its 4 CPUs take 20 in a
+    # second) and the run's own node has some left after it (2 CPUs: 25 s for all alone).
+    local w a b state n=250 i node reruns
     w=$(cluster_workdir joined-cancelled)
     seq 1 "$n" | sed 's|.*|sleep 0.2; echo "$HTC_TASK_ID $SLURMD_NODENAME" >> ids.txt|' >"$w/tasks.txt"
     printf '#!/bin/bash\n' >"$w/job.sh"

@@ -33,6 +33,9 @@ rel() { printf '%d.%02d' $(($1 >> 16)) $((($1 >> 8) & 0xff)); }
 built=$(rel "$other") host=$(rel "$hdr")
 
 other_src=${OTHER_SO:-}
+# `version.sh --build-only`: only that build (tests/run-all.sh starts it beside the Slurm tier).
+build_only=0
+[[ ${1-} == --build-only ]] && build_only=1
 if [[ -z $other_src ]]; then
     target=${HTC_OTHERVER_TARGET:-/tmp/htc-plugin-otherver}
     echo "building spank_htc.so as if for Slurm $built into $target"
@@ -40,6 +43,7 @@ if [[ -z $other_src ]]; then
         cargo build --release --locked -q -p spank-plugin) || { echo "build failed" >&2; exit 2; }
     other_src=$target/release/libspank_htc.so
 fi
+((build_only)) && exit 0
 
 
 dir=$HTC_CLUSTER_DIR
