@@ -204,6 +204,31 @@ timed() {
     printf -- '-- time: %s: %d s\n' "$*" $((SECONDS - t0))
     return $rc
 }
+# `side_by_side F...`: scenarios whose minutes go to waiting on Slurm (a time limit) run at
+# once, each in a subshell whose output is kept and then printed in turn, its checks counted
+# here. They must not share nodes (the cluster needs room for all) or look for each other's
+# processes.
+side_by_side() {
+    local f o outs=() pids=() p q
+    for f in "$@"; do
+        o=$(mktemp)
+        outs+=("$o")
+        (
+            passed=0 failed=0
+            timed "$f"
+            echo "side_by_side_counts $passed $failed"
+        ) >"$o" 2>&1 &
+        pids+=($!)
+    done
+    wait "${pids[@]}"
+    for o in "${outs[@]}"; do
+        grep -v '^side_by_side_counts ' "$o"
+        read -r _ p q < <(grep '^side_by_side_counts ' "$o" | tail -n 1)
+        # A scenario that died without counting counts as a failure.
+        passed=$((passed + ${p:-0})) failed=$((failed + ${q:-1}))
+        rm -f "$o"
+    done
+}
 results() { echo "$passed passed, $failed failed"; [[ $failed == 0 ]]; }
 
 # The documented install path (`make install`), into the test cluster's own directories:
