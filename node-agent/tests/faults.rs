@@ -183,11 +183,15 @@ fn a_stopped_leader_is_not_taken_for_dead_and_its_agents_fence_themselves_then_c
     let leader = d.spawn_htc(&["run", "--agents", "2", "--cores-per-agent", "1", "tasks.txt"], &env);
     let status = || String::from_utf8_lossy(&d.htc_env(&["status"], &env).stdout).into_owned();
     assert!(wait_for(|| status().contains("state:    running"), Duration::from_secs(30)), "{}", status());
+    // Stopped once both agents have joined and run a task (a loaded machine may say "running"
+    // before they joined: then nothing of theirs is fenced and they never come back fresh).
+    let run = d.run_dir();
+    let working = |a| agent_pids(&run, a).first().is_some_and(|&p| !tasks_of(p).is_empty());
+    assert!(wait_for(|| working(0) && working(1), Duration::from_secs(30)), "the agents never ran a task");
     signal(leader.id() as i32, Signal::SIGSTOP);
     assert!(wait_for(|| status().contains("not responding"), Duration::from_secs(15)), "{}", status());
     assert!(!status().contains("resume"), "{}", status());
     // The agents' lease (1 s here) runs out: they stop their tasks, start none, and stay.
-    let run = d.run_dir();
     let agents = [agent_pids(&run, 0)[0], agent_pids(&run, 1)[0]];
     let idle = || agents.iter().all(|&a| tasks_of(a).is_empty());
     assert!(wait_for(idle, Duration::from_secs(15)), "the agents' tasks still run");
