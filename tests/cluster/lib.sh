@@ -154,6 +154,20 @@ release_requeued() {
     cluster_cmd scontrol update jobid="$1" starttime=now
 }
 
+# wait_idle N [TIMEOUT]: until N of the cluster's nodes are idle (those of the last scenario may
+# still be completing, or coming back from a fault), at most TIMEOUT s (60); true when they are.
+# Scenarios that need their nodes at once (a limit runs from each job's start) wait for them.
+wait_idle() {
+    local i
+    for ((i = 0; i < ${2:-60} * 5; i++)); do
+        (($(cluster_cmd sinfo -h -N -t idle -o %N | sort -u | wc -l) >= $1)) && return 0
+        sleep 0.2
+    done
+    echo "wait_idle: fewer than $1 nodes idle after ${2:-60} s:" >&2
+    cluster_cmd sinfo -N >&2
+    return 1
+}
+
 # wait_leader DIR JOB: until the HTC run of JOB in DIR has a leader that takes joins (it
 # publishes DIR/.htc/JOB/leader.addr), at most 60 s; true when it has.
 wait_leader() {

@@ -392,8 +392,9 @@ resubmitted_at_time_limit() {
 # done before the hand-over runs again; re-runs are at most the tasks in flight on the first
 # job's node (2 CPUs). The work (1000 x 1 s on 8 CPUs, ~125 s) outlasts the first job's minute
 # however late in its 30 s check Slurm enforces the limit.
+joined_both() { grep -qs "joins run" "$1/slurm-$2.out" && grep -qs "joins run" "$1/slurm-$3.out"; }
 handed_over() {
-    local w a b c j state lines unique first again lead stay
+    local w a b c i j state lines unique first again lead stay
     w=$(cluster_workdir handover)
     seq 1 1000 | sed "s|.*|sleep 1; echo \"\$HTC_TASK_ID \$SLURMD_NODENAME \$HTC_ATTEMPT\" >> ids.txt|" >"$w/tasks.txt"
     chown -R "$HTC_CLUSTER_USER" "$w"
@@ -401,6 +402,13 @@ handed_over() {
     wait_leader "$w" "$a"
     b=$(submit "$w" -N 2 --exclusive -t 10 --htc-join="$a" --wrap=:) || { bad "hand-over: submit a joining job"; return; }
     c=$(submit "$w" -N 1 --exclusive -t 10 --htc-join="$a" --wrap=:) || { bad "hand-over: submit a joining job"; return; }
+    # The scenario is a hand-over to jobs that were in the run: both must have joined before
+    # job $a's limit (nodes still busy would start one only after it, to take over alone).
+    for ((i = 0; i < 200; i++)); do
+        joined_both "$w" "$b" "$c" && break
+        sleep 0.2
+    done
+    check "hand-over: both joined jobs joined the run before job $a's limit" joined_both "$w" "$b" "$c"
     state=$(wait_job "$a" 240)
     check "hand-over: the run's job $a stopped at its time limit (was $state)" test "$state" = TIMEOUT
     done_snapshot "$w" "$a"
@@ -442,7 +450,10 @@ for t in ${FAULTS_ONLY:-killed_agent link_down link_cut_and_back cancelled_then_
     timed "$t"
 done
 # A minute or more each of waiting for a time limit: at once, on nodes of their own (2 and 4).
-[[ -n ${FAULTS_ONLY:-} ]] || side_by_side resubmitted_at_time_limit handed_over
+if [[ -z ${FAULTS_ONLY:-} ]]; then
+    wait_idle 6 || bad "the six nodes idle before the time-limit scenarios"
+    side_by_side resubmitted_at_time_limit handed_over
+fi
 
 [[ $failed == 0 ]] || cluster_logs 20
 "$root/tests/cluster/stop-cluster.sh" >/dev/null 2>&1
