@@ -1,6 +1,7 @@
 # Build and install slurm-htc from source, or build its packages.
 #
-#   make                 # release build of htc, htc-agent and spank_htc.so
+#   make                 # optimized build of htc, htc-agent and spank_htc.so (target/dist: the
+#                        # `dist` profile, LTO; PROFILE=release for the quicker one without)
 #   make man             # the man pages htc(1), htc-agent(8), spank_htc(8) -> target/man/
 #   make install         # as root: binaries, the plugin, its plugstack.conf.d line, man pages
 #   make uninstall
@@ -25,7 +26,8 @@ DEB_REVISION ?= 1
 RPM_RELEASE  ?= 1
 
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
-TARGET     := $(TARGET_DIR)/release
+PROFILE    ?= dist
+TARGET     := $(TARGET_DIR)/$(PROFILE)
 MAN_OUT    := $(TARGET_DIR)/man
 PKG_OUT    ?= $(TARGET_DIR)/packages
 
@@ -33,12 +35,12 @@ PKG_OUT    ?= $(TARGET_DIR)/packages
 # The plugin apart: its build-time tools (bindgen) would widen the features of the engine's
 # (prost-build) and rebuild everything above it.
 all:
-	cargo build --release --workspace --exclude spank-plugin --locked
-	cargo build --release -p spank-plugin --locked
+	cargo build --profile $(PROFILE) --workspace --exclude spank-plugin --locked
+	cargo build --profile $(PROFILE) -p spank-plugin --locked
 
 # Generated from the clap definitions (node-agent/src/cli.rs) plus packaging/man/*.in.
 man:
-	cargo run --release --locked -q -p htc-mangen -- $(MAN_OUT) >/dev/null
+	cargo run --profile $(PROFILE) --locked -q -p htc-mangen -- $(MAN_OUT) >/dev/null
 
 install: all man
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(PLUGINDIR) $(DESTDIR)$(PLUGSTACKDIR) \

@@ -8,7 +8,7 @@
 #   bench/balance.sh                  # 400 tasks, 4 agents, 3 rounds
 #   TASKS=800 REPEAT=5 bench/balance.sh
 #
-# Env: TASKS (400), AGENTS (4), REPEAT (3), HTC (target/release/htc), OUT
+# Env: TASKS (400), AGENTS (4), REPEAT (3), HTC (target/dist/htc), OUT
 #      (bench/results/balance-<date>.txt).
 set -euo pipefail
 
@@ -17,7 +17,7 @@ ROOT=$(cd "$BENCH/.." && pwd)
 TASKS=${TASKS:-400}
 AGENTS=${AGENTS:-4}
 REPEAT=${REPEAT:-3}
-HTC=${HTC:-$ROOT/target/release/htc}
+HTC=${HTC:-$ROOT/target/dist/htc}
 STAMP=$(date +%Y%m%d-%H%M%S)
 mkdir -p "$BENCH/results"
 OUT=${OUT:-$BENCH/results/balance-$STAMP.txt}
@@ -25,7 +25,7 @@ WORK=$(mktemp -d /tmp/htc-balance.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 exec > >(tee "$OUT") 2>&1
 
-[[ -x $HTC ]] || (cd "$ROOT" && cargo build --release -p node-agent)
+[[ -x $HTC ]] || (cd "$ROOT" && cargo build --profile dist -p node-agent)
 median() { sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
 echo "date: $(date -u +%FT%TZ)  host: $(hostname)  nproc: $(nproc)  commit: $(git -C "$ROOT" rev-parse --short HEAD)"

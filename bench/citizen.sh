@@ -5,7 +5,7 @@
 # 3-minute job, and 6 plain 1-node jobs of 20 s submitted 2 s apart from 5 s after it started.
 # The waits (StartTime - SubmitTime) come from `scontrol show job`.
 #
-#   bench/citizen.sh      (as root, after cargo build --release --workspace)
+#   bench/citizen.sh      (as root, after cargo build --profile dist --workspace)
 set -uo pipefail
 
 root=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)

@@ -9,7 +9,7 @@
 #
 # Env: TASKS (50000), ROUNDS (3), LAYOUTS ('|'-separated `htc run` option sets; default: the
 #      default layout, 16 one-slot agents, 8 one-slot agents in instances of 4), HTC
-#      (target/release/htc), HTC_BASE (an older htc, its htc-agent beside it; side by side),
+#      (target/dist/htc), HTC_BASE (an older htc, its htc-agent beside it; side by side),
 #      EXEC_NONE (1: each layout also with --exec none, the synthetic path), LOW_TASKS (30:
 #      the low-rate run, `sleep 0.3` one after another on one slot; 0: none), OUT
 #      (bench/results/leader-cost-<date>.txt).
@@ -21,7 +21,7 @@ ROOT=$(cd "$BENCH/.." && pwd)
 TASKS=${TASKS:-50000}
 ROUNDS=${ROUNDS:-3}
 LAYOUTS=${LAYOUTS:-"|--agents 16 --cores-per-agent 1|--agents 8 --cores-per-agent 1 --instance-agents 4"}
-HTC=${HTC:-$ROOT/target/release/htc}
+HTC=${HTC:-$ROOT/target/dist/htc}
 HTC_BASE=${HTC_BASE:-}
 EXEC_NONE=${EXEC_NONE:-0}
 LOW_TASKS=${LOW_TASKS:-30}

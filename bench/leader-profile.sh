@@ -7,7 +7,7 @@
 #   bench/leader-profile.sh                                  # default layout, 50,000 tasks
 #   ARGS="--agents 16 --cores-per-agent 1" bench/leader-profile.sh
 #
-# Env: TASKS (50000), ARGS (extra `htc run` options), HTC (target/release/htc), OUT
+# Env: TASKS (50000), ARGS (extra `htc run` options), HTC (target/dist/htc), OUT
 #      (bench/results/leader-profile-<date>.txt); the perf data stays in WORK (printed).
 set -euo pipefail
 
@@ -15,13 +15,13 @@ BENCH=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$BENCH/.." && pwd)
 TASKS=${TASKS:-50000}
 ARGS=${ARGS:-}
-HTC=${HTC:-$ROOT/target/release/htc}
+HTC=${HTC:-$ROOT/target/dist/htc}
 mkdir -p "$BENCH/results"
 OUT=${OUT:-$BENCH/results/leader-profile-$(date +%Y%m%d-%H%M%S).txt}
 WORK=$(mktemp -d /tmp/htc-leader-profile.XXXXXX)
 exec > >(tee "$OUT") 2>&1
 command -v perf >/dev/null || { echo "perf is needed (apt-get install linux-perf)" >&2; exit 1; }
-[[ -x $HTC ]] || (cd "$ROOT" && cargo build --release -p node-agent)
+[[ -x $HTC ]] || (cd "$ROOT" && cargo build --profile dist -p node-agent)
 
 cd "$WORK"
 echo "date: $(date -u +%FT%TZ)  host: $(hostname)  nproc: $(nproc)  commit: $(git -C "$ROOT" rev-parse --short HEAD)"

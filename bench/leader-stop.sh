@@ -7,7 +7,7 @@
 #   bench/leader-stop.sh              # 30 s stop
 #   STOP=120 bench/leader-stop.sh
 #
-# Env: STOP (30), TASKS (2400 x `sleep 0.05`), HTC (target/release/htc), OUT
+# Env: STOP (30), TASKS (2400 x `sleep 0.05`), HTC (target/dist/htc), OUT
 #      (bench/results/leader-stop-<date>.txt).
 set -euo pipefail
 
@@ -15,7 +15,7 @@ BENCH=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$BENCH/.." && pwd)
 STOP=${STOP:-30}
 TASKS=${TASKS:-2400}
-HTC=${HTC:-$ROOT/target/release/htc}
+HTC=${HTC:-$ROOT/target/dist/htc}
 # shellcheck source=bench/lib.sh
 . "$BENCH/lib.sh"
 bench_setup leader-stop

@@ -6,7 +6,7 @@
 #   SIZES="1000000" RUN_TASKS=200000 bench/ledger.sh
 #
 # Env: SIZES ("1000000 10000000": task counts for `htc prepare`, lines `./sim --seed N`),
-#      RUN_TASKS (1000000: `true` tasks for the run), HTC (target/release/htc),
+#      RUN_TASKS (1000000: `true` tasks for the run), HTC (target/dist/htc),
 #      WORK (scratch dir; default mktemp under /tmp, deleted at the end unless KEEP=1),
 #      OUT (report; default bench/results/ledger-<date>.txt), MIN_FREE_GB (20).
 set -euo pipefail
@@ -15,7 +15,7 @@ BENCH=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$BENCH/.." && pwd)
 SIZES=${SIZES:-"1000000 10000000"}
 RUN_TASKS=${RUN_TASKS:-1000000}
-HTC=${HTC:-$ROOT/target/release/htc}
+HTC=${HTC:-$ROOT/target/dist/htc}
 MIN_FREE_GB=${MIN_FREE_GB:-20}
 STAMP=$(date +%Y%m%d-%H%M%S)
 mkdir -p "$BENCH/results"
@@ -28,7 +28,7 @@ exec > >(tee "$OUT") 2>&1
 
 [[ -x /usr/bin/time ]] || { apt-get update -qq && apt-get install -y -qq time >/dev/null; }
 if [[ ! -x $HTC || ! -x $(dirname "$HTC")/htc-agent ]]; then
-    (cd "$ROOT" && cargo build --release -p node-agent)
+    (cd "$ROOT" && cargo build --profile dist -p node-agent)
 fi
 gcc -O2 -x c -o "$WORK/mono" - <<'EOF'
 #include <stdio.h>

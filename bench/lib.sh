@@ -8,5 +8,5 @@ bench_setup() {
     WORK=$(mktemp -d "/tmp/htc-$1.XXXXXX")
     trap 'rm -rf "$WORK"' EXIT
     exec > >(tee "$OUT") 2>&1
-    [[ -x $HTC ]] || (cd "$ROOT" && cargo build --release -p node-agent)
+    [[ -x $HTC ]] || (cd "$ROOT" && cargo build --profile dist -p node-agent)
 }

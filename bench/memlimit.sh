@@ -12,14 +12,14 @@
 #   bench/memlimit.sh
 #   N=50000 REPEAT=5 bench/memlimit.sh
 #
-# Env: N (20000), REPEAT (3), HTC (target/release/htc), OUT (bench/results/memlimit-<date>.txt).
+# Env: N (20000), REPEAT (3), HTC (target/dist/htc), OUT (bench/results/memlimit-<date>.txt).
 set -euo pipefail
 
 BENCH=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$BENCH/.." && pwd)
 N=${N:-20000}
 REPEAT=${REPEAT:-3}
-HTC=${HTC:-$ROOT/target/release/htc}
+HTC=${HTC:-$ROOT/target/dist/htc}
 STAMP=$(date +%Y%m%d-%H%M%S)
 mkdir -p "$BENCH/results"
 OUT=${OUT:-$BENCH/results/memlimit-$STAMP.txt}
@@ -27,7 +27,7 @@ WORK=$(mktemp -d /tmp/htc-memlimit.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 exec > >(tee "$OUT") 2>&1
 
-[[ -x $HTC ]] || (cd "$ROOT" && cargo build --release -p node-agent)
+[[ -x $HTC ]] || (cd "$ROOT" && cargo build --profile dist -p node-agent)
 median() { sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
 echo "date: $(date -u +%FT%TZ)  host: $(hostname)  nproc: $(nproc)  commit: $(git -C "$ROOT" rev-parse --short HEAD)"

@@ -14,7 +14,7 @@
 #   REPEAT=5 bench/memory.sh
 #
 # Env: REPEAT (3), SMALL (150), BIG (3), SMALL_HOLD (150: MiB each small task touches; touching
-#      costs CPU, which 8 slots on a 2-CPU machine share), HTC (target/release/htc), OUT
+#      costs CPU, which 8 slots on a 2-CPU machine share), HTC (target/dist/htc), OUT
 #      (bench/results/memory-<date>.txt).
 set -euo pipefail
 
@@ -26,7 +26,7 @@ CORES=8
 SMALL=${SMALL:-150}
 BIG=${BIG:-3}
 SMALL_HOLD=${SMALL_HOLD:-150}
-HTC=${HTC:-$ROOT/target/release/htc}
+HTC=${HTC:-$ROOT/target/dist/htc}
 STAMP=$(date +%Y%m%d-%H%M%S)
 mkdir -p "$BENCH/results"
 OUT=${OUT:-$BENCH/results/memory-$STAMP.txt}
@@ -34,7 +34,7 @@ WORK=$(mktemp -d /tmp/htc-memory.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 exec > >(tee "$OUT") 2>&1
 
-[[ -x $HTC ]] || (cd "$ROOT" && cargo build --release -p node-agent)
+[[ -x $HTC ]] || (cd "$ROOT" && cargo build --profile dist -p node-agent)
 median() { sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
 echo "date: $(date -u +%FT%TZ)  host: $(hostname)  nproc: $(nproc)  commit: $(git -C "$ROOT" rev-parse --short HEAD)"

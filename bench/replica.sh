@@ -10,7 +10,7 @@
 #   TASKS=200000 REPEAT=5 bench/replica.sh
 #
 # Env: TASKS (1000000), REPEAT (3), EXEC (none: the scheduling path alone, so the ledger's
-#      share shows; `real` runs `true`), AGENTS (4), HTC (target/release/htc), WORK (scratch,
+#      share shows; `real` runs `true`), AGENTS (4), HTC (target/dist/htc), WORK (scratch,
 #      deleted at the end unless KEEP=1), OUT (bench/results/replica-<date>.txt).
 set -euo pipefail
 
@@ -20,7 +20,7 @@ TASKS=${TASKS:-1000000}
 REPEAT=${REPEAT:-3}
 EXEC=${EXEC:-none}
 AGENTS=${AGENTS:-4}
-HTC=${HTC:-$ROOT/target/release/htc}
+HTC=${HTC:-$ROOT/target/dist/htc}
 STAMP=$(date +%Y%m%d-%H%M%S)
 mkdir -p "$BENCH/results"
 OUT=${OUT:-$BENCH/results/replica-$STAMP.txt}
@@ -29,7 +29,7 @@ mkdir -p "$WORK"
 trap '[[ ${KEEP:-0} == 1 ]] || rm -rf "$WORK"' EXIT
 exec > >(tee "$OUT") 2>&1
 
-[[ -x $HTC ]] || (cd "$ROOT" && cargo build --release -p node-agent)
+[[ -x $HTC ]] || (cd "$ROOT" && cargo build --profile dist -p node-agent)
 now() { date +%s.%N; }
 calc() { awk "BEGIN { printf \"%.3f\", $1 }"; }
 field() { grep -o "\"$1\":[0-9.e+-]*" | head -n 1 | cut -d: -f2; }

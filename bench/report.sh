@@ -8,7 +8,7 @@
 #   bench/report.sh                        # 10,000,000 tasks, 3 repeats
 #   TASKS=1000000 REPEAT=5 bench/report.sh
 #
-# Env: TASKS (10000000), REPEAT (3), AGENTS (4), HTC (target/release/htc), WORK (scratch, deleted
+# Env: TASKS (10000000), REPEAT (3), AGENTS (4), HTC (target/dist/htc), WORK (scratch, deleted
 #      at the end unless KEEP=1), OUT (bench/results/report-<date>.txt).
 set -euo pipefail
 
@@ -17,7 +17,7 @@ ROOT=$(cd "$BENCH/.." && pwd)
 TASKS=${TASKS:-10000000}
 REPEAT=${REPEAT:-3}
 AGENTS=${AGENTS:-4}
-HTC=${HTC:-$ROOT/target/release/htc}
+HTC=${HTC:-$ROOT/target/dist/htc}
 STAMP=$(date +%Y%m%d-%H%M%S)
 mkdir -p "$BENCH/results"
 OUT=${OUT:-$BENCH/results/report-$STAMP.txt}
@@ -26,7 +26,7 @@ mkdir -p "$WORK"
 trap '[[ ${KEEP:-0} == 1 ]] || rm -rf "$WORK"' EXIT
 exec > >(tee "$OUT") 2>&1
 
-[[ -x $HTC ]] || (cd "$ROOT" && cargo build --release -p node-agent)
+[[ -x $HTC ]] || (cd "$ROOT" && cargo build --profile dist -p node-agent)
 now() { date +%s.%N; }
 calc() { awk "BEGIN { printf \"%.2f\", $1 }"; }
 median() { sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }

@@ -33,7 +33,7 @@
 #      (1000000), SLEEP_LAYOUTS ("1000x24"), PLAN_SIZES (section 4's task counts,
 #      "1000 100000 1000000 10000000"),
 #      MIX_LAYOUTS ("100x24 1000x24"), MIX_SECONDS (5.25), MIX_STRETCH (1), SIM_LATENCY_US (100), REAL_LAYOUT (2x8), REAL_PER_CLASS (100),
-#      HTC (target/release/htc), WORK (scratch dir, deleted unless KEEP=1), OUT (report;
+#      HTC (target/dist/htc), WORK (scratch dir, deleted unless KEEP=1), OUT (report;
 #      default bench/results/scale-<date>.txt). Runs ignore site files (HTC_SITE_CONFIG=/dev/null).
 #      HQ_ZERO (path to an `hq` built with RUSTFLAGS="--cfg zero_worker"; section 1b, skipped if
 #      unset), HQ_TASKS (200000), HQ_WORKERS (100, of 24 CPUs each).
@@ -58,7 +58,7 @@ REAL_PER_CLASS=${REAL_PER_CLASS:-100}
 HQ_ZERO=${HQ_ZERO:-}
 HQ_TASKS=${HQ_TASKS:-200000}
 HQ_WORKERS=${HQ_WORKERS:-100}
-HTC=${HTC:-$ROOT/target/release/htc}
+HTC=${HTC:-$ROOT/target/dist/htc}
 STAMP=$(date +%Y%m%d-%H%M%S)
 mkdir -p "$BENCH/results"
 OUT=${OUT:-$BENCH/results/scale-$STAMP.txt}
@@ -69,7 +69,7 @@ trap '[[ ${KEEP:-0} == 1 ]] || rm -rf "$WORK"' EXIT
 exec > >(tee "$OUT") 2>&1
 
 if [[ ! -x $HTC || ! -x $(dirname "$HTC")/htc-agent ]]; then
-    (cd "$ROOT" && cargo build --release -p node-agent)
+    (cd "$ROOT" && cargo build --profile dist -p node-agent)
 fi
 
 echo "== scale benchmark (simulated executors) =="

@@ -5,7 +5,7 @@
 # Inbound RPCs come from `sdiag` (reset before each job); waiting reads slurmctld's log, because
 # polling with squeue would add RPCs of its own. Epilog=/bin/true is set (see slurm-findings §4).
 #
-#   bench/slurm-rpc.sh [-n NODES]      (as root, after cargo build --release --workspace)
+#   bench/slurm-rpc.sh [-n NODES]      (as root, after cargo build --profile dist --workspace)
 set -uo pipefail
 
 root=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)

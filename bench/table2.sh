@@ -6,7 +6,7 @@
 # submitted, re-submitted (starts beyond one per task), successful, lost (must be 0), the tasks
 # running at the fault, and re-runs of tasks that had ended before it.
 #
-#   bench/table2.sh [TASKS] [TASK_SECONDS]   (as root, after cargo build --release --workspace;
+#   bench/table2.sh [TASKS] [TASK_SECONDS]   (as root, after cargo build --profile dist --workspace;
 #                                             default 50000 tasks of sleep 0.05)
 set -uo pipefail
 
@@ -32,7 +32,7 @@ exec > >(tee "$out") 2>&1
 
 "$root/tests/cluster/start-cluster.sh" -n "$NODES" -m netns -c "$PER_NODE" >/dev/null || { echo "cluster did not start"; exit 1; }
 cluster_env
-install_htc
+HTC_PROFILE=dist install_htc
 bin=$HTC_CLUSTER_DIR/htc-bin
 
 echo "date: $(date -u +%FT%TZ)  host: $(hostname)  nproc: $(nproc)  cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)"

@@ -12,14 +12,14 @@
 #   HTC_BASE=/tmp/base/htc bench/tail.sh           # and an older build
 #
 # Env: LONG (2), LONGN (16), SHORT (0.04), SHORTN (200), AGENTS (4), CORES (2), ROUNDS (3),
-#      HTC (target/release/htc), HTC_BASE, OUT (bench/results/tail-<date>.txt).
+#      HTC (target/dist/htc), HTC_BASE, OUT (bench/results/tail-<date>.txt).
 set -euo pipefail
 
 BENCH=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$BENCH/.." && pwd)
 LONG=${LONG:-2} LONGN=${LONGN:-16} SHORT=${SHORT:-0.04} SHORTN=${SHORTN:-200}
 AGENTS=${AGENTS:-4} CORES=${CORES:-2} ROUNDS=${ROUNDS:-3}
-HTC=${HTC:-$ROOT/target/release/htc}
+HTC=${HTC:-$ROOT/target/dist/htc}
 HTC_BASE=${HTC_BASE:-}
 STAMP=$(date +%Y%m%d-%H%M%S)
 mkdir -p "$BENCH/results"
@@ -28,7 +28,7 @@ WORK=$(mktemp -d /tmp/htc-tail.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 exec > >(tee "$OUT") 2>&1
 
-[[ -x $HTC ]] || (cd "$ROOT" && cargo build --release -p node-agent)
+[[ -x $HTC ]] || (cd "$ROOT" && cargo build --profile dist -p node-agent)
 median() { sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
 slots=$((AGENTS * CORES))

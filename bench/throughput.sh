@@ -9,7 +9,7 @@
 # Env: TASKS (100000), ROUNDS (5), PAR (2: concurrency for every contender),
 #      CONTENDERS (default: all; space-separated subset of the names below; raw-multi, the
 #      limit, and raw-spawn, the single spawn loop, are always added), PAR_TASKS (10000: GNU parallel runs only this many; its tasks/s is per task so it
-#      compares directly), HTC / HTC_AGENT (default target/release/{htc,htc-agent}),
+#      compares directly), HTC / HTC_AGENT (default target/dist/{htc,htc-agent}),
 #      HQ (path to an `hq` binary; skipped if unset), WORK (scratch dir, default mktemp
 #      under /tmp, deleted at the end unless KEEP=1), OUT (report file; default
 #      bench/results/throughput-<date>.txt), BG_LOAD (0: that many busy loops, each in a
@@ -29,7 +29,7 @@ TASKS=${TASKS:-100000}
 ROUNDS=${ROUNDS:-5}
 PAR=${PAR:-2}
 PAR_TASKS=${PAR_TASKS:-10000}
-HTC=${HTC:-$ROOT/target/release/htc}
+HTC=${HTC:-$ROOT/target/dist/htc}
 HQ=${HQ:-}
 STAMP=$(date +%Y%m%d-%H%M%S)
 mkdir -p "$BENCH/results"
@@ -51,7 +51,7 @@ if ((${#need[@]})); then
 fi
 command -v gcc >/dev/null || { echo "gcc is needed to build rawloop" >&2; exit 1; }
 if [[ ! -x $HTC || ! -x $(dirname "$HTC")/htc-agent ]]; then
-    (cd "$ROOT" && cargo build --release -p node-agent)
+    (cd "$ROOT" && cargo build --profile dist -p node-agent)
 fi
 gcc -O2 -o "$WORK/rawloop" "$BENCH/rawloop.c"
 # Monotonic clock for wall times (date/EPOCHREALTIME are wall-clock and can jump).

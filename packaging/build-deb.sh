@@ -16,7 +16,7 @@ set -euo pipefail
 
 here=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd -- "$here/.." && pwd)
-BIN_DIR=${BIN_DIR:-$root/target/release}
+BIN_DIR=${BIN_DIR:-$root/target/dist}
 MAN_DIR=${MAN_DIR:-$root/target/man}
 OUT_DIR=${OUT_DIR:-$root/target/packages}
 DEB_REVISION=${DEB_REVISION:-1}

@@ -247,9 +247,12 @@ results() { echo "$passed passed, $failed failed"; [[ $failed == 0 ]]; }
 
 # The documented install path (`make install`), into the test cluster's own directories:
 # binaries and plugin in $HTC_CLUSTER_DIR/htc-bin, the plugstack line beside the cluster's config.
+# The tests install the `release` build they ran on (HTC_PROFILE=dist, as the benchmarks set it,
+# for what ships; packages.sh tests the packages built that way).
 install_htc() {
     local root bin=$HTC_CLUSTER_DIR/htc-bin
     root=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd)
-    make -s -C "$root" install BINDIR="$bin" PLUGINDIR="$bin" PLUGSTACKDIR="$HTC_CLUSTER_DIR/plugstack.conf.d" >/dev/null
+    make -s -C "$root" install PROFILE="${HTC_PROFILE:-release}" BINDIR="$bin" PLUGINDIR="$bin" \
+        PLUGSTACKDIR="$HTC_CLUSTER_DIR/plugstack.conf.d" >/dev/null
     chmod 0755 "$bin"
 }

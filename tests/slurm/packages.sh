@@ -44,9 +44,11 @@ deb2=$pkgs/slurm-htc_${version}-2_$arch.deb
 dpkg -P slurm-htc >/dev/null 2>&1
 
 echo "== build"
-make -s -C "$root" deb PKG_OUT="$pkgs" DEB_REVISION=1 >/dev/null
+# The .deb packs the tests' release build (`make deb` packs the dist one, with LTO): its files and
+# metadata are the same. The RPM below is built as shipped.
+make -s -C "$root" deb PROFILE="${HTC_PROFILE:-release}" PKG_OUT="$pkgs" DEB_REVISION=1 >/dev/null
 check "the .deb builds ($deb1)" test -s "$deb1"
-make -s -C "$root" deb PKG_OUT="$pkgs" DEB_REVISION=2 >/dev/null
+make -s -C "$root" deb PROFILE="${HTC_PROFILE:-release}" PKG_OUT="$pkgs" DEB_REVISION=2 >/dev/null
 check "a second .deb with a higher version builds" test -s "$deb2"
 if [[ -n ${HTC_RPM_BUILD:-} ]]; then
     # tests/run-all.sh started the RPM build beside the Slurm scenarios before this script (it

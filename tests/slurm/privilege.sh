@@ -26,7 +26,7 @@ harness=$root/tests/cluster
 dir=$HTC_CLUSTER_DIR
 bin=$dir/htc-bin
 install -d -m 0755 "$dir" "$dir/plugstack.conf.d"
-make -s -C "$root" install BINDIR="$bin" PLUGINDIR="$bin" PLUGSTACKDIR="$dir/plugstack.conf.d" >/dev/null ||
+make -s -C "$root" install PROFILE="${HTC_PROFILE:-release}" BINDIR="$bin" PLUGINDIR="$bin" PLUGSTACKDIR="$dir/plugstack.conf.d" >/dev/null ||
     { echo "make install failed" >&2; exit 2; }
 chmod 0755 "$bin"
 so=$bin/spank_htc.so

@@ -49,7 +49,7 @@ cluster_env
 cluster_plugin_clear
 capture without
 
-make -s -C "$root" install BINDIR="$HTC_CLUSTER_DIR/htc-bin" PLUGINDIR="$HTC_CLUSTER_DIR/htc-bin" \
+make -s -C "$root" install PROFILE="${HTC_PROFILE:-release}" BINDIR="$HTC_CLUSTER_DIR/htc-bin" PLUGINDIR="$HTC_CLUSTER_DIR/htc-bin" \
     PLUGSTACKDIR="$HTC_CLUSTER_DIR/plugstack.conf.d" >/dev/null
 # slurmd reads plugstack.conf only when it starts: restart so every context has the plugin.
 "$root/tests/cluster/start-cluster.sh" -n 1 >/dev/null || { echo "cluster did not restart"; exit 1; }
