@@ -130,6 +130,18 @@ rpm2archive - <"$rpmfile" | tar -xzOf - ".$conf" >"$out/rpm.conf" 2>/dev/null
 check "the RPM's htc.conf names /usr/lib64/slurm/spank_htc.so" test \
     "$(grep -v '^#' "$out/rpm.conf")" = "optional /usr/lib64/slurm/spank_htc.so agent=/usr/bin/htc-agent"
 
+echo "== the RPM's binaries (the dist build with LTO, as shipped) run a run"
+# The tests above and before drive the release build (no LTO); these are what admins install.
+rpmbin=$out/rpm-root
+mkdir -p "$rpmbin"
+rpm2archive - <"$rpmfile" | tar -xzf - -C "$rpmbin" ./usr/bin/htc ./usr/bin/htc-agent
+{ seq 1 3000 | sed 's/.*/true/'; echo 'exit 3'; } >"$rpmbin/tasks.txt"
+(cd "$rpmbin" && HTC_SITE_CONFIG=/dev/null ./usr/bin/htc run tasks.txt -q) >"$out/rpm-run.out" 2>&1
+check "the RPM's htc runs 3001 tasks with its htc-agent, one failing (exit 1)" test $? = 1
+(cd "$rpmbin" && ./usr/bin/htc status --json) >"$out/rpm-status.json" 2>&1
+check "the RPM's htc status: 3000 done, 1 failed" bash -c \
+    "grep -q '\"done\":3000' '$out/rpm-status.json' && grep -q '\"failed\":1' '$out/rpm-status.json'"
+
 echo "== install the .deb (after removing what make install put here)"
 make -s -C "$root" uninstall >/dev/null
 check "no make-install leftovers in /usr/local" bash -c \
