@@ -69,7 +69,15 @@ pub struct ExecConfig {
     pub gpus: crate::gpu::Pool,
     /// Where slots get memory cgroups for tasks with `mem=`; None: the RSS watch enforces it.
     pub memcg: Option<std::sync::Arc<crate::memcg::Root>>,
+    /// How long a task's process group outlives the task before it is killed (`--keep-daemons`:
+    /// `LINGER`), so that a daemon on its way out of it (`setsid server &` as a task's last
+    /// command) gets out; zero: at the task's end.
+    pub linger: Duration,
 }
+
+/// Time for a daemon that a task started as it ended to leave the task's process group: `setsid`
+/// is a fork and an exec away (10 of 10 left within 200 ms here, 3 of 10 with no wait at all).
+pub const LINGER: Duration = Duration::from_millis(500);
 
 impl ExecConfig {
     /// The index of output records, one per spawner in the agent's output directory.
@@ -316,6 +324,9 @@ struct Executor {
     /// Pidfds of reaped children, closed once the freed slots have their next tasks, so that
     /// tearing them down (a pidfs inode each) is not on the way from an exit to the next spawn.
     closing: Vec<OwnedFd>,
+    /// Ended tasks whose groups are killed at the time given (`cfg.linger`): their zombies are
+    /// held, by pidfd, until then, so the group's id cannot be reused meanwhile.
+    lingering: std::collections::VecDeque<(Instant, libc::pid_t, OwnedFd)>,
 }
 
 impl Executor {
@@ -428,6 +439,7 @@ impl Executor {
             scan_wait: SCAN_FIRST,
             ready: Vec::new(),
             closing: Vec::new(),
+            lingering: Default::default(),
         })
     }
 
@@ -488,6 +500,7 @@ impl Executor {
                 return Err(self.stop_on_fault(e));
             }
             self.enforce_deadlines();
+            self.end_lingering(aborting);
             self.enforce_memory();
             if resetting && self.running.is_empty() {
                 resetting = false;
@@ -521,6 +534,7 @@ impl Executor {
             }
             // Held, the queue never starts: finishing ends with what runs.
             if finishing && (self.queue.is_empty() || held) && self.running.is_empty() {
+                self.end_lingering(true);
                 return self.flush_index();
             }
             let mut timeout = self
@@ -533,6 +547,9 @@ impl Executor {
                 timeout = timeout.min(self.scan_wait);
             }
             if let Some(t) = hand_off_at {
+                timeout = timeout.min(t.saturating_duration_since(Instant::now()));
+            }
+            if let Some((t, ..)) = self.lingering.front() {
                 timeout = timeout.min(t.saturating_duration_since(Instant::now()));
             }
             // SAFETY: the kernel writes at most `events.len()` entries into `events`, which this
@@ -967,8 +984,16 @@ impl Executor {
     /// other code of this process reaped. The group is killed before the zombie is released, so
     /// nothing the task left behind outlives it and the group id cannot have been reused.
     fn finish(&mut self, pid: libc::pid_t, lost: Option<io::Error>) {
-        let r = self.running.remove(&pid);
+        let mut r = self.running.remove(&pid);
+        let linger = !self.cfg.linger.is_zero() && r.as_ref().is_some_and(|r| r.pidfd.is_some());
         let status = match lost {
+            // Its status read, the zombie kept: the group is killed and the zombie released later.
+            None if linger => {
+                let fd = r.as_mut().and_then(|r| r.pidfd.take()).expect("a pidfd, looked at above");
+                let status = wait_info(libc::P_PIDFD, fd.as_raw_fd() as libc::id_t, libc::WEXITED | libc::WNOWAIT);
+                self.lingering.push_back((Instant::now() + self.cfg.linger, pid, fd));
+                status
+            }
             None => {
                 // SAFETY: kill takes no pointers; pid is our exited child, not reaped until below,
                 // so the id of the group it led cannot have been reused.
@@ -990,6 +1015,7 @@ impl Executor {
         }
         match r.pidfd.take() {
             Some(fd) => self.closing.push(fd),
+            None if linger => {}
             None => self.unwatched -= 1,
         }
         let end_us = now_us();
@@ -1026,6 +1052,20 @@ impl Executor {
             start_us: r.start_us,
             end_us,
         }));
+    }
+
+    /// Kills the groups of ended tasks whose time to linger is up (`all`: every one, as the loop
+    /// ends or aborts), then releases their zombies.
+    fn end_lingering(&mut self, all: bool) {
+        let now = Instant::now();
+        while self.lingering.front().is_some_and(|(t, ..)| all || *t <= now) {
+            let (_, pid, fd) = self.lingering.pop_front().expect("looked at above");
+            // SAFETY: kill takes no pointers; pid is our exited child, held as a zombie until
+            // the waitid below, so the id of the group it led cannot have been reused.
+            unsafe { libc::kill(-pid, libc::SIGKILL) };
+            let _ = wait_info(libc::P_PIDFD, fd.as_raw_fd() as libc::id_t, libc::WEXITED);
+            self.closing.push(fd);
+        }
     }
 
     /// Preempted tasks: a queued one ends at once, a running one gets SIGTERM now and SIGKILL
@@ -1427,6 +1467,7 @@ mod tests {
             first_slot: 0,
             gpus: crate::gpu::Pool::default(),
             memcg: None,
+            linger: Duration::ZERO,
         };
         (cfg, dir)
     }

@@ -703,7 +703,8 @@ fn htc_watch_without_a_terminal_says_so_and_what_to_use_instead() {
 
 /// Issue 24, D7: a process a task starts outside its process group (`setsid`, as a daemon
 /// does) ends with its task, while the agent goes on: a later task of the same run no longer
-/// finds it. With `--keep-daemons` it lives until the agent ends, and not past that.
+/// finds it. With `--keep-daemons` it lives until the agent ends, and not past that, even when
+/// the task ends as it starts it (`setsid` still on its way out of the task's group then).
 #[test]
 fn what_a_task_leaves_outside_its_group_ends_with_it_unless_daemons_are_kept() {
     let n = std::process::id() % 100 + 100;
@@ -717,7 +718,7 @@ fn what_a_task_leaves_outside_its_group_ends_with_it_unless_daemons_are_kept() {
     d.write(
         "t.txt",
         format!(
-            "setsid {marker} & sleep 0.3; echo started\n\
+            "echo started; setsid {marker} &\n\
              sleep 1.5; if pgrep -f '{pattern}' >/dev/null; then echo alive; else echo gone; fi\n"
         ),
     );

@@ -708,6 +708,7 @@ fn exec_config(cfg: &AgentConfig, job_id: &str) -> ExecConfig {
         first_slot: 0,
         gpus: htc_exec::gpu::Pool::default(),
         memcg: None,
+        linger: if cfg.keep_daemons { htc_exec::executor::LINGER } else { Duration::ZERO },
     }
 }
 

@@ -104,10 +104,11 @@ impl Core<'_> {
         id: u64,
         now_us: u64,
     ) -> Result<(), E> {
+        let start_us = self.in_flight.start_of(id).unwrap_or(0);
         let Some(f) = self.land(id) else { return Ok(()) };
         if f.life.state() == State::Running {
             if let Some(mut r) = t.get(id)? {
-                let lost = Ended { outcome: Outcome::Lost, value: 0, start_us: 0, end_us: now_us, ran_on: agent };
+                let lost = Ended { outcome: Outcome::Lost, value: 0, start_us, end_us: now_us, ran_on: agent };
                 self.finish_attempt(t, id, &mut r, f, lost)?;
             }
         } else {

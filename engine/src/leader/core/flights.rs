@@ -21,13 +21,17 @@ pub(super) struct Flights {
     /// Per agent: tasks held, and the highest id handed to it since it last held none (where a
     /// scan for its queued tasks starts: `unstarted_of`).
     pub(super) per_agent: IdMap<u32, (u64, u64)>,
+    /// When each running attempt started, as its agent said. A result carries its own start;
+    /// an attempt lost with its agent has only this one for its record (`htc log`). Only the
+    /// attempts that run are here, so it stays as small as the slots.
+    starts: IdMap<u64, u64>,
 }
 
 impl Flights {
     const FREE: Flight = Flight { agent: u32::MAX, life: Life::new(0) };
 
     pub(super) fn new(ids: u64) -> Flights {
-        Flights { by_id: vec![Flights::FREE; ids as usize + 1], per_agent: IdMap::default() }
+        Flights { by_id: vec![Flights::FREE; ids as usize + 1], per_agent: IdMap::default(), starts: IdMap::default() }
     }
 
     pub(super) fn get(&self, id: u64) -> Option<Flight> {
@@ -51,6 +55,7 @@ impl Flights {
         let old = std::mem::replace(&mut self.by_id[id as usize], f);
         if old.agent != u32::MAX {
             self.leave(old.agent);
+            self.starts.remove(&id);
         }
         let (n, top) = self.per_agent.entry(f.agent).or_default();
         *n += 1;
@@ -61,7 +66,20 @@ impl Flights {
         let f = self.get(id)?;
         self.by_id[id as usize] = Flights::FREE;
         self.leave(f.agent);
+        self.starts.remove(&id);
         Some(f)
+    }
+
+    /// Notes when the attempt of task `id` in flight started.
+    pub(super) fn started(&mut self, id: u64, start_us: u64) {
+        if self.contains(id) {
+            self.starts.insert(id, start_us);
+        }
+    }
+
+    /// When the attempt of task `id` in flight started, if its agent said.
+    pub(super) fn start_of(&self, id: u64) -> Option<u64> {
+        self.starts.get(&id).copied()
     }
 
     pub(super) fn leave(&mut self, agent: u32) {

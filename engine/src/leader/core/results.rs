@@ -121,7 +121,8 @@ impl Core<'_> {
         Ok(())
     }
 
-    /// A start moves the attempt in memory only; its time travels with the result.
+    /// A start moves the attempt in memory only; its time travels with the result, and is kept
+    /// meanwhile for an attempt lost with its agent.
     pub(super) fn on_started(&mut self, agent: u32, s: &msg::Started) {
         let Some(f) = self.in_flight.get(s.id) else { return };
         if f.agent != agent || f.life.attempt_no() != s.attempt {
@@ -129,6 +130,7 @@ impl Core<'_> {
         }
         let Some((life, _)) = self.move_life(f.life, Step::Start) else { return };
         self.in_flight.set_life(s.id, life);
+        self.in_flight.started(s.id, s.start_us);
     }
 
     /// Moves a task's life by `task::step`, and the counts with it: the one way a task's state

@@ -670,6 +670,9 @@ fn a_lost_agent_s_tasks_go_to_another_without_using_a_retry() {
     assert_eq!(dispatched(&out), vec![(1, vec![(1, 2), (2, 2), (3, 1), (4, 1)])]);
     // Task 1 was running when its agent went: a loss. Task 2 never left the agent's queue.
     assert_eq!((m.records[&1].losses(), m.records[&2].losses()), (1, 0));
+    // The lost attempt's history row starts when its agent said it started (`htc log`).
+    let lost_run: Vec<_> = m.attempts.iter().filter(|(id, _)| *id == 1).map(|(_, a)| a.start_us).collect();
+    assert_eq!(lost_run, [5]);
     assert_eq!(end, None);
     // A late result from the lost agent changes nothing.
     let (_, _) = feed(&mut c, &mut m, vec![result(0, 1, 1, 1, 0)]);
