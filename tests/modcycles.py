@@ -44,12 +44,6 @@ from pathlib import Path
 # one that is gone or has changed, so that this list only shrinks.
 KNOWN = {
     (
-        "engine/src/agent/mod.rs*",
-        "engine/src/liveness.rs",
-    ): "`Liveness::beat_every_us` asks `agent::pace::gap_for` for the report gap while the "
-    "agent's machines use `liveness`; `pace` beside `liveness` rather than under `agent` would "
-    "open it",
-    (
         "node-agent/src/simulate/fault.rs",
         "node-agent/src/simulate/mod.rs",
     ): "`htc simulate` is one world split into files: fault.rs works on mod.rs's World, SimConfig "

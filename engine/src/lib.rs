@@ -12,6 +12,7 @@ pub mod lifecycle;
 pub mod live;
 pub mod liveness;
 pub mod msg;
+pub mod pace;
 pub mod wire;
 
 pub use wire::proto;

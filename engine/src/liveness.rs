@@ -2,7 +2,7 @@
 //! TCP to notice (a dead peer's connection can stay open for minutes). Every link carries a frame
 //! at least every `heartbeat` in both directions (agents report, parents acknowledge; an Ack that
 //! acknowledges nothing new is the heartbeat), except that a busy agent with many peers reports
-//! once per report gap, up to two heartbeats (`agent::pace`): still twenty times per bound; the
+//! once per report gap, up to two heartbeats (`pace`): still twenty times per bound; the
 //! leader then speaks to it at that pace too, its acks counting (`beat_every_us`), still twice
 //! within `hold`. A parent that hears nothing from a child for `lost_after` declares it lost and
 //! re-dispatches its tasks. A child that hears nothing from its parent for `hold` (a few
@@ -37,10 +37,10 @@ impl Liveness {
     }
 
     /// How often a parent with `reporters` children speaks to each at least, as each of them
-    /// reports: every heartbeat, or every report gap when that is longer (`agent::pace`).
+    /// reports: every heartbeat, or every report gap when that is longer (`pace`).
     /// Still at least twice within `hold`.
     pub fn beat_every_us(&self, reporters: usize) -> u64 {
-        crate::agent::pace::gap_for(reporters, self.heartbeat_us).max(self.heartbeat_us)
+        crate::pace::gap_for(reporters, self.heartbeat_us).max(self.heartbeat_us)
     }
 }
 

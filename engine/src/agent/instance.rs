@@ -24,8 +24,8 @@ use std::sync::Arc;
 use htc_core::tree::Tree;
 
 use super::machine::{destination, queue_target, Effect, Input, Machine};
-use super::pace::{self, Pace, REPORT_BATCH};
 use crate::liveness::Liveness;
+use crate::pace::{self, Pace, REPORT_BATCH};
 use crate::proto::{self, frame::Body};
 
 /// A member as the head sees it (the head's own machine included).

@@ -12,8 +12,8 @@ use crate::liveness::Liveness;
 use crate::proto::{self, frame::Body};
 use htc_core::work::{Command, ExecEvent, TaskToRun};
 
-pub use super::pace::REPORT_BATCH;
-use super::pace::{self, Pace};
+pub use crate::pace::REPORT_BATCH;
+use crate::pace::{self, Pace};
 /// How long a finished relay waits for its children to close before it exits anyway.
 pub const CHILDREN_GRACE_US: u64 = 30_000_000;
 
