@@ -241,15 +241,15 @@ impl Core<'_> {
     /// What was preempted, unless higher-priority work is still to be handed out.
     fn offer_preempted<E>(&mut self, t: &mut dyn Tasks<Error = E>, b: &mut Batch) -> Result<(), E> {
         while b.want > 0 {
-            let Some(&id) = self.preempted.front() else { break };
+            let Some(id) = self.preemption.next_again() else { break };
             let Some(r) = t.get(id)? else {
-                self.preempted.pop_front();
+                self.preemption.take_next_again();
                 continue;
             };
             if self.top_waiting(t)?.is_some_and(|(p, _)| p > r.shape().priority) {
                 break;
             }
-            self.preempted.pop_front();
+            self.preemption.take_next_again();
             self.offer(t, b, id)?;
         }
         Ok(())
@@ -415,8 +415,7 @@ impl Core<'_> {
             a.ahead_ms += r.shape().runtime_ms as u64 * r.shape().cores as u64;
         }
         if r.shape().preemptible {
-            self.preemptible.insert((r.shape().priority, std::cmp::Reverse(id)));
-            self.preemptible_of.insert(id, r.shape().priority);
+            self.preemption.dispatched(id, r.shape().priority);
         }
         specs.push(msg::TaskSpec {
             id,

@@ -17,7 +17,7 @@
 //! (`in_flight`), since a leader that dies loses them anyway (the next session re-runs what was
 //! not recorded finished), and the counts by state that `htc status` shows include them.
 
-use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use htc_core::affinity::{Affinity, Route};
@@ -43,6 +43,7 @@ mod dispatch;
 mod flights;
 mod handover;
 mod preempt;
+mod preemption;
 mod results;
 mod returns;
 mod settling;
@@ -52,6 +53,7 @@ mod view;
 
 use allocation::{Allocation, Stage};
 use flights::{Flight, Flights};
+use preemption::Preemption;
 use settling::Settling;
 
 /// Where task records live: the ledger's write transaction in a real run, a map in tests. Reads
@@ -146,9 +148,7 @@ pub const AUDIT_EVERY_LOST_AFTER: u64 = 6;
 /// hole (drained).
 pub const BLACK_HOLE_STREAK: usize = 8;
 
-/// Times the leader stops one task for higher-priority work in a session; after that it runs to
-/// its end (what waits may need another agent than the one it is on).
-pub const MAX_PREEMPTIONS: u8 = 3;
+pub use preemption::MAX_PREEMPTIONS;
 
 /// Queued tasks an idle slot gets at most with the one it starts, when work is asked back: each
 /// moved task costs the leader a recall, a return and a dispatch, so the tail's queues are not
@@ -296,17 +296,8 @@ pub struct Core<'a> {
     /// Tasks were handed to other agents' affinity queues since agents were last all offered
     /// work: an idle one may take them.
     fresh_handoffs: bool,
-    /// Preemptible tasks in flight, lowest priority and then newest first (the first to stop
-    /// for higher-priority work), with the priority of each; those told to stop.
-    preemptible: BTreeSet<(i16, std::cmp::Reverse<u64>)>,
-    preemptible_of: IdMap<u64, i16>,
-    preempting: IdSet<u64>,
-    /// How often the leader stopped each task in this session (`MAX_PREEMPTIONS`).
-    times_preempted: IdMap<u64, u8>,
-    /// Tasks being preempted to make room for a task waiting for memory or GPUs: which one.
-    preempted_for: IdMap<u64, u64>,
-    /// Preempted tasks, to run again once no higher-priority work waits.
-    preempted: VecDeque<u64>,
+    /// Preemptible tasks in flight, those being stopped, those to run again (`preemption`).
+    preemption: Preemption,
     /// Instances never take from another's share (`--no-steal`, for measuring what moving
     /// work from a loaded instance to an idle one gains), nor ask queued tasks back.
     no_steal: bool,
@@ -383,12 +374,7 @@ impl<'a> Core<'a> {
             mem: Memory::new(backfill::Policy::default()),
             affinity: Affinity::expecting(0..expected_agents as u32),
             fresh_handoffs: false,
-            preemptible: BTreeSet::new(),
-            preemptible_of: IdMap::default(),
-            preempting: IdSet::default(),
-            times_preempted: IdMap::default(),
-            preempted_for: IdMap::default(),
-            preempted: VecDeque::new(),
+            preemption: Preemption::default(),
             no_steal: false,
             recalls: Recalls::default(),
             allocations: Vec::new(),

@@ -9,7 +9,7 @@ impl Core<'_> {
     /// later without using a retry. Tasks already handed to an agent are its executor's to
     /// preempt (it knows what waits in its queue).
     pub(super) fn preempt_for_waiting<E>(&mut self, t: &dyn Tasks<Error = E>, out: &mut Effects) -> Result<(), E> {
-        if self.preemptible.len() <= self.preempting.len() {
+        if !self.preemption.any_to_stop() {
             return Ok(());
         }
         self.preempt_for_memory(t, out)?;
@@ -17,24 +17,12 @@ impl Core<'_> {
         if self.agents.values().any(|a| a.alive && !a.drained && a.idle > 0) {
             return Ok(()); // an agent can take it: no need to stop anything
         }
-        let n = (waiting as usize).min(64).saturating_sub(self.preempting.len());
-        // A task preempted this often already runs to its end: the waiting work may need
-        // another agent than the one it is on, and it must not be stopped for ever.
-        let victims: Vec<u64> = self
-            .preemptible
-            .iter()
-            .take_while(|(q, _)| *q < p)
-            .map(|(_, id)| id.0)
-            .filter(|id| {
-                !self.preempting.contains(id) && self.times_preempted.get(id).is_none_or(|&k| k < MAX_PREEMPTIONS)
-            })
-            .take(n)
-            .collect();
+        let n = (waiting as usize).min(64).saturating_sub(self.preemption.stopping());
+        let victims: Vec<u64> = self.preemption.candidates(p).take(n).collect();
         let mut by_agent: HashMap<u32, Vec<u64>> = HashMap::new();
         for id in victims {
             if let Some(f) = self.in_flight.get(id) {
-                self.preempting.insert(id);
-                *self.times_preempted.entry(id).or_default() += 1;
+                self.preemption.stop(id, None);
                 by_agent.entry(f.agent).or_default().push(id);
             }
         }
@@ -51,18 +39,10 @@ impl Core<'_> {
         let waiting: Vec<u64> = self.mem.waiting_tasks().take(8).map(|n| n.task).collect();
         for w in waiting {
             let Some(r) = t.get(w)? else { continue };
-            let stoppable: HashSet<u64> = self
-                .preemptible
-                .iter()
-                .take_while(|(q, _)| *q < r.shape().priority)
-                .map(|(_, id)| id.0)
-                .filter(|id| {
-                    !self.preempting.contains(id) && self.times_preempted.get(id).is_none_or(|&k| k < MAX_PREEMPTIONS)
-                })
-                .collect();
+            let stoppable: HashSet<u64> = self.preemption.candidates(r.shape().priority).collect();
             // Only what is stopped for this task makes room for it: room made for another
             // waiting task is that one's.
-            let stopping = |id: u64| self.preempted_for.get(&id) == Some(&w);
+            let stopping = |id: u64| self.preemption.stopped_for(id) == Some(w);
             let may_stop = |id: u64| stoppable.contains(&id);
             let Some((agent, ids)) = self.mem.room_for(w, &may_stop, &stopping, self.now_us) else { continue };
             // A node kept for a task of the same or higher priority stays kept for it.
@@ -76,9 +56,7 @@ impl Core<'_> {
                 continue;
             }
             for &id in &ids {
-                self.preempting.insert(id);
-                self.preempted_for.insert(id, w);
-                *self.times_preempted.entry(id).or_default() += 1;
+                self.preemption.stop(id, Some(w));
             }
             tracing::info!(job = %self.job_id, agent, tasks = ?ids, task = w, priority = r.shape().priority, "preempting to make room for a task waiting for memory or GPUs");
             out.push(Effect::ToAgent(agent, ToAgent::Preempt(ids)));

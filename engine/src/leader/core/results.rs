@@ -219,7 +219,7 @@ impl Core<'_> {
             };
             t.apply(&Change::Attempt(id, a))?;
             if end == End::Preempted {
-                self.preempted.push_back(id);
+                self.preemption.to_run_again(id);
                 self.fresh_retries = true;
             } else {
                 self.push_retry(id);

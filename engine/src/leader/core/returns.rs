@@ -8,13 +8,7 @@ impl Core<'_> {
     pub(super) fn land(&mut self, id: u64) -> Option<Flight> {
         let f = self.in_flight.remove(id)?;
         self.mem.ended(f.agent, id);
-        if !self.preemptible_of.is_empty() {
-            if let Some(p) = self.preemptible_of.remove(&id) {
-                self.preemptible.remove(&(p, std::cmp::Reverse(id)));
-                self.preempting.remove(&id);
-                self.preempted_for.remove(&id);
-            }
-        }
+        self.preemption.landed(id);
         Some(f)
     }
 
