@@ -62,50 +62,35 @@ impl Core<'_> {
     }
 
     /// Nothing is left to hand out and slots are idle: asks agents with tasks queued beyond
-    /// their slots for some back (`recall`), as many as the idle slots can start and queue at
-    /// the even share (`recall_share`), less what is already on its way: stealing half, as
-    /// work stealing does, so the tail takes a few rounds, not one per task.
+    /// their slots for some back (`recall`), as many as `Asking::plan` says, the tasks each
+    /// gives back its latest unstarted ones.
     pub(super) fn ask_back(&mut self, out: &mut Effects) {
-        // It looks at every agent: once per ASK_EVERY at most, not for each idle report (with a
-        // thousand agents idle at the tail, that was seconds per turn); what was put off is
-        // done with the first input after (`handle`).
-        let every = self.agents.len() as u64 * ASK_EVERY_US_PER_AGENT;
-        if self.last_ask_us.is_some_and(|t| self.now_us.saturating_sub(t) < every) {
-            self.ask_pending = true;
+        // It looks at every agent: not for each idle report (with a thousand agents idle at the
+        // tail, that was seconds per turn); what was put off is done with the first input after
+        // (`handle`).
+        if !self.asking.due(self.now_us, self.agents.len()) {
             return;
         }
-        self.last_ask_us = Some(self.now_us);
-        self.ask_pending = false;
         let flights = &self.in_flight;
-        self.recalls
+        self.asking
+            .recalls
             .prune(|id, agent| flights.get(id).is_some_and(|f| f.agent == agent && f.life.state() != State::Running));
         let live = |a: &Agent| a.alive && !a.drained;
-        let idle: u64 = self.agents.iter().filter(|(_, a)| live(a)).map(|(&id, _)| self.can_start(id, 0)).sum();
-        // Enough on its way already, at the last share: no need to look at every agent's queue.
-        if idle * (1 + self.recall_share) <= self.recalls.underway() {
+        let at = Idle {
+            idle: self.agents.iter().filter(|(_, a)| live(a)).map(|(&id, _)| self.can_start(id, 0)).sum(),
+            slots: self.agents.values().filter(|a| live(a)).map(|a| a.cores as u64).sum(),
+        };
+        if self.asking.enough_underway(at.idle) {
             return;
         }
-        let asked = self.recalls.asked_of();
-        let queued: Vec<(u32, u64)> = self
-            .agents
-            .iter()
-            .filter(|(_, a)| live(a))
-            .map(|(&id, _)| (id, self.queued_at(id).saturating_sub(asked.get(&id).copied().unwrap_or(0))))
-            .collect();
-        let slots: u64 = self.agents.values().filter(|a| live(a)).map(|a| a.cores as u64).sum();
-        let even = queued.iter().map(|(_, n)| n).sum::<u64>() / slots.max(1);
-        self.recall_share = even.min(RECALL_SHARE_MAX);
-        let demand = (idle * (1 + self.recall_share)).saturating_sub(self.recalls.underway());
-        if demand == 0 {
-            return;
-        }
-        for (agent, n) in recall::plan(demand, &queued) {
-            let ids = self.in_flight.unstarted_of(agent, n, |id| self.recalls.is_asked(id));
+        let queued = self.agents.iter().filter(|(_, a)| live(a)).map(|(&id, _)| (id, self.queued_at(id))).collect();
+        for (agent, n) in self.asking.plan(at, queued) {
+            let ids = self.in_flight.unstarted_of(agent, n, |id| self.asking.recalls.is_asked(id));
             if ids.is_empty() {
                 continue;
             }
             tracing::debug!(job = %self.job_id, agent, tasks = ids.len(), "queued tasks asked back for idle slots");
-            self.recalls.ask(agent, &ids);
+            self.asking.recalls.ask(agent, &ids);
             out.push(Effect::ToAgent(agent, ToAgent::Recall(ids)));
         }
     }
@@ -332,10 +317,10 @@ impl Core<'_> {
                 can_start -= 1;
             }
         }
-        let mut room = can_start.saturating_mul(1 + self.recall_share);
+        let mut room = can_start.saturating_mul(1 + self.asking.share());
         let before = b.specs.len();
         while b.want > 0 && room > 0 {
-            let Some(id) = self.recalls.take() else { break };
+            let Some(id) = self.asking.recalls.take() else { break };
             if self.offer(t, b, id)? {
                 room -= 1;
             }

@@ -25,7 +25,6 @@ use htc_core::backfill::{self, Memory, Need};
 use htc_core::hist::{Hist, Summary};
 use htc_core::idmap::{IdMap, IdSet};
 use htc_core::partition::{Block, Partition};
-use htc_core::recall::{self, Recalls};
 use htc_core::task::{self, End, Life, Step};
 use htc_core::tree::Tree;
 
@@ -39,6 +38,7 @@ use htc_core::task::{Counts, State};
 mod agents;
 pub mod allocation;
 mod allocations;
+mod asking;
 mod dispatch;
 mod flights;
 mod handover;
@@ -52,6 +52,7 @@ mod tests;
 mod view;
 
 use allocation::{Allocation, Stage};
+use asking::{Asking, Idle};
 use flights::{Flight, Flights};
 use preemption::Preemption;
 use settling::Settling;
@@ -150,17 +151,6 @@ pub const BLACK_HOLE_STREAK: usize = 8;
 
 pub use preemption::MAX_PREEMPTIONS;
 
-/// Queued tasks an idle slot gets at most with the one it starts, when work is asked back: each
-/// moved task costs the leader a recall, a return and a dispatch, so the tail's queues are not
-/// moved wholesale (an even share of queues a thousand long moved most of an `--exec none` run's
-/// tail); with eight a slot, an idle slot's tail takes an eighth of the round trips.
-const RECALL_SHARE_MAX: u64 = 7;
-
-/// How often at most the leader looks for queued work to ask back for idle slots (`ask_back`),
-/// per agent it looks at: so that doing so costs a bounded share of its time however many
-/// there are (10 ms with a thousand), and a few agents are asked at once.
-const ASK_EVERY_US_PER_AGENT: u64 = 10;
-
 /// Hinted work per core an agent may hold before it gets only what it can start (`with_horizon`).
 pub const HORIZON_MS: u64 = 1_000;
 
@@ -240,15 +230,8 @@ pub struct Core<'a> {
     fresh_retries: bool,
     /// Offers of work to every agent with credit (`dispatch_all`), for tests.
     scans: u64,
-    /// When queued work was last asked back for idle slots (`ask_back`), and whether an ask
-    /// was put off since.
-    last_ask_us: Option<u64>,
-    ask_pending: bool,
-    /// Queued tasks per slot, across the agents, when work was last asked back (at most
-    /// `RECALL_SHARE_MAX`): an idle slot gets one to start and this many more, so the queues
-    /// even out in a few rounds, not one task per round trip (16 one-slot agents at the tail of
-    /// tiny tasks reported about once per task).
-    recall_share: u64,
+    /// Asking queued work back for idle slots at the tail (`asking`).
+    asking: Asking,
     /// Results per report, for `htc status` (what the leader's cost per task depends on).
     report_sizes: Hist,
     /// How long after its end each result reached the leader, in microseconds.
@@ -301,8 +284,6 @@ pub struct Core<'a> {
     /// Instances never take from another's share (`--no-steal`, for measuring what moving
     /// work from a loaded instance to an idle one gains), nor ask queued tasks back.
     no_steal: bool,
-    /// Queued tasks asked back from agents that are behind, for agents that sit idle.
-    recalls: Recalls,
     /// The allocations that joined the run (`attach`), in the order they came.
     allocations: Vec<Allocation>,
     /// Core-microseconds the successful attempts of this session ran (`oks` of them): what a
@@ -339,9 +320,6 @@ impl<'a> Core<'a> {
         Core {
             report_sizes: Hist::default(),
             result_delays: Hist::default(),
-            last_ask_us: None,
-            ask_pending: false,
-            recall_share: 0,
             partition,
             expected_agents,
             job_id,
@@ -375,8 +353,8 @@ impl<'a> Core<'a> {
             affinity: Affinity::expecting(0..expected_agents as u32),
             fresh_handoffs: false,
             preemption: Preemption::default(),
+            asking: Asking::default(),
             no_steal: false,
-            recalls: Recalls::default(),
             allocations: Vec::new(),
             ran_core_us: 0,
             settling: None,
@@ -544,7 +522,7 @@ impl<'a> Core<'a> {
             Input::NeverJoined { agent, why } => self.never_joined(agent, &why),
             Input::Interrupt { signal } => return Ok(Some(Ending::Interrupted(signal))),
         }
-        if self.ask_pending && self.may_ask_back() {
+        if self.asking.pending() && self.may_ask_back() {
             self.ask_back(out);
         }
         Ok(None)

@@ -81,7 +81,7 @@ impl Preemption {
     }
 
     /// Task `id` ended preempted: it runs again later.
-    pub(super) fn to_run_again(&mut self, id: u64) {
+    pub(super) fn run_again_later(&mut self, id: u64) {
         self.again.push_back(id);
     }
 
@@ -120,7 +120,7 @@ mod tests {
             assert!(p.candidates(1).next().is_none(), "being stopped already");
             assert!(!p.any_to_stop());
             p.landed(1);
-            p.to_run_again(1);
+            p.run_again_later(1);
             assert_eq!(p.take_next_again(), Some(1));
             p.dispatched(1, 0);
         }

@@ -219,7 +219,7 @@ impl Core<'_> {
             };
             t.apply(&Change::Attempt(id, a))?;
             if end == End::Preempted {
-                self.preemption.to_run_again(id);
+                self.preemption.run_again_later(id);
                 self.fresh_retries = true;
             } else {
                 self.push_retry(id);

@@ -29,7 +29,7 @@ impl Core<'_> {
     /// dispatch is the same attempt; it goes to an agent that can start it now.
     pub(super) fn came_back<E>(&mut self, t: &dyn Tasks<Error = E>, agent: u32, id: u64) -> Result<(), E> {
         if self.unsend(t, agent, id, Step::Return)?.is_some() {
-            self.recalls.came_back(id);
+            self.asking.recalls.came_back(id);
         }
         Ok(())
     }

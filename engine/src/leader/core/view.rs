@@ -16,7 +16,7 @@ impl Core<'_> {
 
     /// Tasks moved from an agent that was behind to idle slots, in this session.
     pub fn moved_back(&self) -> u64 {
-        self.recalls.moved
+        self.asking.recalls.moved
     }
 
     pub fn progress(&self, now_us: u64) -> Progress {
