@@ -184,7 +184,7 @@ impl Core<'_> {
         (a.alive, a.heard_us, a.cores, a.mem_mb, a.gpus, a.hostname) = (true, now_us, cores, mem_mb, gpus, hostname);
         a.widest = cores;
         (a.credit, a.idle, a.ahead_ms, a.busy) = (0, 0, 0, 0);
-        a.streak.clear();
+        a.streak.succeeded();
         self.place(agent, cores, mem_mb, gpus);
         self.resyncs.remove(&agent);
         Ok(())
@@ -289,8 +289,7 @@ impl Core<'_> {
                 alive: true,
                 hostname,
                 heard_us: self.now_us,
-                streak: Vec::new(),
-                oks_before_streak: 0,
+                streak: Streak::default(),
                 drained: false,
                 busy: 0,
                 done: 0,

@@ -47,6 +47,7 @@ mod preemption;
 mod results;
 mod returns;
 mod settling;
+mod streak;
 #[cfg(test)]
 mod tests;
 mod view;
@@ -56,6 +57,7 @@ use asking::{Asking, Idle};
 use flights::{Flight, Flights};
 use preemption::Preemption;
 use settling::Settling;
+use streak::Streak;
 
 /// Where task records live: the ledger's write transaction in a real run, a map in tests. Reads
 /// see the writes made before them.
@@ -145,9 +147,7 @@ impl From<Hello> for Input {
 /// (`lost_after_s`): every minute by default.
 pub const AUDIT_EVERY_LOST_AFTER: u64 = 6;
 
-/// Failures in a row on one agent, while as many tasks succeed elsewhere, that make it a black
-/// hole (drained).
-pub const BLACK_HOLE_STREAK: usize = 8;
+pub use streak::BLACK_HOLE_STREAK;
 
 pub use preemption::MAX_PREEMPTIONS;
 
@@ -204,10 +204,8 @@ struct Agent {
     hostname: String,
     /// When it was last heard from (joined or reported).
     heard_us: u64,
-    /// Tasks that failed on it in a row since its last success, and the job's successes when
-    /// that began: a black hole fails everything while the others succeed.
-    streak: Vec<u64>,
-    oks_before_streak: u64,
+    /// Its failures in a row: a black hole fails everything while the others succeed.
+    streak: Streak,
     /// Found to be a black hole: it gets nothing more.
     drained: bool,
     /// Its slots running a task, as it last reported (for the live view).

@@ -31,16 +31,13 @@ impl Core<'_> {
             End::Succeeded => {
                 self.oks += 1;
                 if let Some(a) = self.agents.get_mut(&agent) {
-                    a.streak.clear();
+                    a.streak.succeeded();
                 }
             }
             End::Failed { .. } => {
                 let oks = self.oks;
                 if let Some(a) = self.agents.get_mut(&agent) {
-                    if a.streak.is_empty() {
-                        a.oks_before_streak = oks;
-                    }
-                    a.streak.push(id);
+                    a.streak.failed(id, oks);
                 }
             }
             End::Lost | End::Preempted => {}
@@ -58,7 +55,7 @@ impl Core<'_> {
     ) -> Result<(), E> {
         // Already drained: what it still fails (it was running when told) is its fault too.
         if let Some(a) = self.agents.get_mut(&agent).filter(|a| a.drained) {
-            for id in std::mem::take(&mut a.streak) {
+            for id in a.streak.take() {
                 self.refund(t, id)?;
             }
             return Ok(());
@@ -68,12 +65,8 @@ impl Core<'_> {
         if !self.agents.iter().any(|(&id, a)| id != agent && a.alive && !a.drained) {
             return Ok(());
         }
-        let Some(a) = self.agents.get_mut(&agent).filter(|a| {
-            a.alive
-                && !a.drained
-                && a.streak.len() >= BLACK_HOLE_STREAK
-                && oks - a.oks_before_streak >= BLACK_HOLE_STREAK as u64
-        }) else {
+        let Some(a) = self.agents.get_mut(&agent).filter(|a| a.alive && !a.drained && a.streak.is_black_hole(oks))
+        else {
             return Ok(());
         };
         a.drained = true;
@@ -83,7 +76,7 @@ impl Core<'_> {
             self.retry.push_back(id);
             self.fresh_retries = true;
         }
-        let failed = std::mem::take(&mut a.streak);
+        let failed = a.streak.take();
         let reason = format!("failed {} tasks in a row while the others succeeded: drained", failed.len());
         tracing::warn!(job = %self.job_id, agent, host = %a.hostname, %reason, "black hole");
         for id in failed {
