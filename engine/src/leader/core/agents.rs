@@ -7,7 +7,7 @@ use super::*;
 impl Core<'_> {
     /// How many report to the leader: the instance heads.
     pub(super) fn reporters(&self) -> usize {
-        self.layout.as_ref().map_or(self.expected_agents, |t| t.heads().len())
+        self.layout.as_ref().map_or(self.turnout.expected(), |t| t.heads().len())
     }
 
     /// The partition index of the instance `agent` heads; `None` for an agent that heads none.
@@ -28,14 +28,14 @@ impl Core<'_> {
     ) -> Result<(), E> {
         let Some(a) = self.agents.get_mut(&agent).filter(|a| a.alive) else { return Ok(()) };
         a.alive = false;
-        self.lost_at_us = now_us;
         let leaving = self.allocation_of(agent).is_some_and(|i| self.allocations[i].stage != Stage::Running);
         let a = self.agents.get_mut(&agent).expect("checked above");
         if self.told_to_hold || a.drained || leaving {
             tracing::info!(job = %self.job_id, agent, host = %a.hostname, "agent left, as told");
+            self.turnout.lost(now_us, None);
         } else {
             tracing::warn!(job = %self.job_id, agent, host = %a.hostname, %why, "agent lost");
-            self.last_loss = Some(format!("agent {agent} on {}: {why}", a.hostname));
+            self.turnout.lost(now_us, Some(format!("agent {agent} on {}: {why}", a.hostname)));
         }
         self.requeue_agent(t, agent, now_us)?;
         if self.has_joined() {
@@ -248,7 +248,7 @@ impl Core<'_> {
             return;
         };
         tracing::info!(job = %self.job_id, agent, cores = resources.0, mem_mb = resources.1, %hostname, "agent joined");
-        self.ever_seen += 1;
+        self.turnout.joined();
         self.enroll(agent, instance, resources, hostname);
         if self.has_joined() {
             self.replan();
@@ -303,7 +303,7 @@ impl Core<'_> {
         // Members join their head, not the leader: their absence is the head's to tell.
         if !self.agents.contains_key(&agent) && self.instance_of(agent).is_some() {
             tracing::warn!(job = %self.job_id, agent, %why, "agent never joined");
-            self.never_joined += 1;
+            self.turnout.never_joined();
             for id in self.affinity.leave(agent) {
                 self.push_retry(id);
             }

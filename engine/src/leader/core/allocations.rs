@@ -31,7 +31,7 @@ impl Core<'_> {
         };
         let tree = self.layout.as_ref().expect("checked above");
         let new_heads: Vec<u32> = tree.heads()[before..].to_vec();
-        self.expected_agents += new_heads.len();
+        self.turnout.expect_more(new_heads.len());
         new_heads.iter().for_each(|&h| self.affinity.join(h));
         tracing::info!(job = %self.job_id, joined = %req.job, agents = req.agents, nodes = req.nodes, first = base, "an allocation joined the run");
         self.allocations.push(Allocation {

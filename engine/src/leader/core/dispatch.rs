@@ -128,7 +128,7 @@ impl Core<'_> {
     }
 
     pub(super) fn all_accounted(&self) -> bool {
-        self.ever_seen + self.never_joined >= self.expected_agents
+        self.turnout.all_accounted()
     }
 
     pub(super) fn fail_unschedulable<E>(

@@ -33,7 +33,7 @@ impl Core<'_> {
             let tree = Arc::make_mut(self.layout.as_mut().expect("checked"));
             tree.graft_at(agent, 1, 1, 1).expect("checked free");
             self.strays.insert(agent);
-            self.expected_agents += 1;
+            self.turnout.expect_more(1);
             self.affinity.join(agent);
         }
         let Some(instance) = self.instance_of(agent).filter(|_| !self.agents.contains_key(&agent)) else {
@@ -43,7 +43,7 @@ impl Core<'_> {
             return;
         };
         tracing::info!(job = %self.job_id, agent, %hostname, "agent came back from the hand-over, with its tasks");
-        self.ever_seen += 1;
+        self.turnout.joined();
         self.enroll(agent, instance, resources, hostname);
         self.adoptees.insert(agent);
         out.push(Effect::ToAgent(agent, ToAgent::Resync { seq: 0 }));

@@ -50,6 +50,7 @@ mod settling;
 mod streak;
 #[cfg(test)]
 mod tests;
+mod turnout;
 mod view;
 
 use allocation::{Allocation, Stage};
@@ -58,6 +59,7 @@ use flights::{Flight, Flights};
 use preemption::Preemption;
 use settling::Settling;
 use streak::Streak;
+use turnout::Turnout;
 
 /// Where task records live: the ledger's write transaction in a real run, a map in tests. Reads
 /// see the writes made before them.
@@ -217,12 +219,10 @@ struct Agent {
 
 pub struct Core<'a> {
     partition: Box<dyn Partition + 'a>,
-    /// Agents the launcher started; the run fails when all of them are gone with work left.
-    expected_agents: usize,
+    /// Who came, who never did, the last loss (`turnout`).
+    turnout: Turnout,
     job_id: String,
     agents: IdMap<u32, Agent>,
-    ever_seen: usize,
-    never_joined: usize,
     retry: VecDeque<u64>,
     /// Ids joined `retry` since agents other than the reporting one were last offered them.
     fresh_retries: bool,
@@ -255,10 +255,6 @@ pub struct Core<'a> {
     now_us: u64,
     /// The agents were told to start nothing more (`max_fails` reached).
     told_to_hold: bool,
-    /// Why the last agent lost unexpectedly went (with its id and host), for the final message.
-    last_loss: Option<String>,
-    /// When an agent was last given up: for a while after, it may come back (`revived`).
-    lost_at_us: u64,
     /// Rejoined agents asked to resync, with the tasks they held when asked: those they do not
     /// list in their answer were lost on the way with the relay.
     resyncs: IdMap<u32, Vec<u64>>,
@@ -319,11 +315,9 @@ impl<'a> Core<'a> {
             report_sizes: Hist::default(),
             result_delays: Hist::default(),
             partition,
-            expected_agents,
+            turnout: Turnout::expecting(expected_agents),
             job_id,
             agents: IdMap::default(),
-            ever_seen: 0,
-            never_joined: 0,
             retry: VecDeque::new(),
             fresh_retries: false,
             scans: 0,
@@ -344,8 +338,6 @@ impl<'a> Core<'a> {
             late: Default::default(),
             now_us,
             told_to_hold: false,
-            last_loss: None,
-            lost_at_us: 0,
             resyncs: IdMap::default(),
             mem: Memory::new(backfill::Policy::default()),
             affinity: Affinity::expecting(0..expected_agents as u32),
@@ -439,15 +431,9 @@ impl<'a> Core<'a> {
         }
         // An agent given up may come back empty (a hung node that runs again, a leader that was
         // stopped itself): the run waits one loss bound for that before it gives up.
-        let waited = self.now_us.saturating_sub(self.lost_at_us) >= self.live.lost_after_us;
-        (self.all_agents_gone() && waited).then(|| {
-            let last = self.last_loss.as_ref().map(|w| format!(" (the last: {w})")).unwrap_or_default();
-            Ending::AgentsLost(format!(
-                "all {} agents are gone with {} tasks unfinished{last}",
-                self.expected_agents,
-                self.counts.unfinished()
-            ))
-        })
+        let alive = self.agents.values().filter(|a| a.alive).count();
+        let why = self.turnout.given_up(alive, self.now_us, self.live.lost_after_us, self.counts.unfinished());
+        why.map(Ending::AgentsLost)
     }
 
     /// A Shutdown for every live agent; but a leader stopped by a signal (its job's time
@@ -472,9 +458,7 @@ impl<'a> Core<'a> {
     }
 
     pub fn all_agents_gone(&self) -> bool {
-        let alive = self.agents.values().filter(|a| a.alive).count();
-        let gone = (self.ever_seen - alive) + self.never_joined;
-        alive == 0 && gone >= self.expected_agents.max(1)
+        self.turnout.all_gone(self.agents.values().filter(|a| a.alive).count())
     }
 
     /// Acks every report received so far: call after the ledger writes of those reports are

@@ -1004,7 +1004,7 @@ fn an_allocation_at_its_end_hands_back_its_queue_and_its_agents_go_without_a_los
         dispatched(&out).into_iter().chain(dispatched(&out2)).flat_map(|(_, t)| t).map(|(id, _)| id).collect();
     assert!(again.iter().all(|&id| id != 51), "what it finished stays finished");
     assert!((52..=60).all(|id| again.contains(&id)), "what it held goes out again: {again:?}");
-    assert!(c.last_loss.is_none(), "leaving at its end is not a loss");
+    assert!(c.turnout.last_loss().is_none(), "leaving at its end is not a loss");
 }
 
 #[test]
