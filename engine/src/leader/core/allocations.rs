@@ -193,8 +193,7 @@ impl Core<'_> {
         htc_core::grow::Situation {
             now_us,
             tasks_left: self.counts.unfinished(),
-            task_core_s: (self.oks >= htc_core::partition::LEARN_AFTER)
-                .then(|| self.ran_core_us as f64 / 1e6 / self.oks as f64),
+            task_core_s: self.figures.task_core_s(htc_core::partition::LEARN_AFTER),
             live,
             joined: self.allocations.iter().map(|a| a.job.clone()).collect(),
             cores_per_node: self.agents.values().filter(|a| a.alive).map(|a| a.cores as u64).max().unwrap_or(1),

@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use htc_core::affinity::{Affinity, Route};
 use htc_core::backfill::{self, Memory, Need};
-use htc_core::hist::{Hist, Summary};
+use htc_core::hist::Summary;
 use htc_core::idmap::{IdMap, IdSet};
 use htc_core::partition::{Block, Partition};
 use htc_core::task::{self, End, Life, Step};
@@ -40,6 +40,7 @@ pub mod allocation;
 mod allocations;
 mod asking;
 mod dispatch;
+mod figures;
 mod flights;
 mod handover;
 mod preempt;
@@ -55,6 +56,7 @@ mod view;
 
 use allocation::{Allocation, Stage};
 use asking::{Asking, Idle};
+use figures::Figures;
 use flights::{Flight, Flights};
 use preemption::Preemption;
 use settling::Settling;
@@ -226,27 +228,17 @@ pub struct Core<'a> {
     retry: VecDeque<u64>,
     /// Ids joined `retry` since agents other than the reporting one were last offered them.
     fresh_retries: bool,
-    /// Offers of work to every agent with credit (`dispatch_all`), for tests.
-    scans: u64,
     /// Asking queued work back for idle slots at the tail (`asking`).
     asking: Asking,
-    /// Results per report, for `htc status` (what the leader's cost per task depends on).
-    report_sizes: Hist,
-    /// How long after its end each result reached the leader, in microseconds.
-    result_delays: Hist,
+    /// What this session has to show (`figures`).
+    figures: Figures,
     in_flight: Flights,
     counts: Counts,
-    finished_start: u64,
-    /// Tasks failed before this session started.
-    failed_start: u64,
-    started_us: u64,
     horizon_ms: Option<u64>,
     /// Who heads which instance; without it every agent is an instance of its own.
     layout: Option<Arc<Tree>>,
     /// Fail fast: stop starting tasks once this many failed for good in this session.
     max_fails: Option<u64>,
-    /// Tasks that succeeded in this session (black holes are judged against them).
-    oks: u64,
     /// The time limit (the Slurm job's end, `--time-limit`): a task whose runtime hint would
     /// not end before it is set aside for the next session.
     deadline_us: Option<u64>,
@@ -264,8 +256,6 @@ pub struct Core<'a> {
     /// When time last passed (`Input::Tick`, every 100 ms from the driver): a longer gap is the
     /// leader's own stall, not its agents' silence.
     ticked_us: u64,
-    /// The latest failed attempts, newest last, for the live view.
-    recent_failures: VecDeque<live::Failure>,
     /// Memory committed on each agent, tasks waiting for it, reservations (`backfill`).
     mem: Memory,
     /// Which agent each `affinity=` key runs on, and the tasks handed to each (`affinity`).
@@ -280,9 +270,6 @@ pub struct Core<'a> {
     no_steal: bool,
     /// The allocations that joined the run (`attach`), in the order they came.
     allocations: Vec<Allocation>,
-    /// Core-microseconds the successful attempts of this session ran (`oks` of them): what a
-    /// task costs, for a run that grows itself.
-    ran_core_us: u64,
     /// This session took the run over: the wait for the agents that kept their tasks.
     settling: Option<Settling>,
     /// Agents that came from a hand-over: what they hold or ran may be pending here.
@@ -312,28 +299,20 @@ impl<'a> Core<'a> {
         now_us: u64,
     ) -> Core<'a> {
         Core {
-            report_sizes: Hist::default(),
-            result_delays: Hist::default(),
             partition,
             turnout: Turnout::expecting(expected_agents),
             job_id,
             agents: IdMap::default(),
             retry: VecDeque::new(),
             fresh_retries: false,
-            scans: 0,
             in_flight: Flights::new(counts.total()),
-            finished_start: counts.get(State::Done) + counts.get(State::Failed),
-            failed_start: counts.get(State::Failed),
             counts,
-            started_us: now_us,
             horizon_ms: None,
             layout: None,
             live: Liveness::default(),
             audit_us: now_us,
             ticked_us: now_us,
-            recent_failures: VecDeque::new(),
             max_fails: None,
-            oks: 0,
             deadline_us: None,
             late: Default::default(),
             now_us,
@@ -344,9 +323,9 @@ impl<'a> Core<'a> {
             fresh_handoffs: false,
             preemption: Preemption::default(),
             asking: Asking::default(),
+            figures: Figures::new(now_us, &counts),
             no_steal: false,
             allocations: Vec::new(),
-            ran_core_us: 0,
             settling: None,
             adoptees: IdSet::default(),
             strays: IdSet::default(),
@@ -414,7 +393,7 @@ impl<'a> Core<'a> {
 
     /// Tasks finished before this session started.
     pub fn finished_start(&self) -> u64 {
-        self.finished_start
+        self.figures.finished_start()
     }
 
     /// Whether the run is over without an event: every task finished, or no agent left.

@@ -20,7 +20,7 @@ impl Core<'_> {
 
     /// Tasks failed for good in this session, when that reached `--max-fails`.
     pub(super) fn failed_too_often(&self) -> Option<u64> {
-        let failed = self.counts.get(State::Failed).saturating_sub(self.failed_start);
+        let failed = self.figures.failed_since(&self.counts);
         self.max_fails.filter(|&n| failed >= n).map(|_| failed)
     }
 
@@ -29,13 +29,13 @@ impl Core<'_> {
     fn note_streak(&mut self, agent: u32, id: u64, end: End) {
         match end {
             End::Succeeded => {
-                self.oks += 1;
+                self.figures.succeeded();
                 if let Some(a) = self.agents.get_mut(&agent) {
                     a.streak.succeeded();
                 }
             }
             End::Failed { .. } => {
-                let oks = self.oks;
+                let oks = self.figures.oks();
                 if let Some(a) = self.agents.get_mut(&agent) {
                     a.streak.failed(id, oks);
                 }
@@ -60,7 +60,7 @@ impl Core<'_> {
             }
             return Ok(());
         }
-        let oks = self.oks;
+        let oks = self.figures.oks();
         // Never the last agent that still gets work: then the tasks themselves are failing.
         if !self.agents.iter().any(|(&id, a)| id != agent && a.alive && !a.drained) {
             return Ok(());
@@ -195,7 +195,7 @@ impl Core<'_> {
         self.note_streak(f.agent, id, end);
         if end == End::Succeeded && start_us != 0 && end_us >= start_us {
             self.partition.observe(r.shape().class, r.shape().runtime_ms, (end_us - start_us) / 1000);
-            self.ran_core_us = self.ran_core_us.saturating_add((end_us - start_us) * r.shape().cores.max(1) as u64);
+            self.figures.ran((end_us - start_us) * r.shape().cores.max(1) as u64);
             if r.shape().mem_mb > 0 || r.shape().gpus > 0 {
                 self.mem.observe(group_of(r), end_us - start_us);
             }
@@ -237,10 +237,7 @@ impl Core<'_> {
             return; // not a failure
         }
         a.failed += 1;
-        if self.recent_failures.len() == live::RECENT_FAILURES {
-            self.recent_failures.pop_front();
-        }
-        self.recent_failures.push_back(live::Failure {
+        self.figures.failure(live::Failure {
             task: id,
             line: r.line(),
             host: a.hostname.clone(),
@@ -263,7 +260,7 @@ impl Core<'_> {
         if !self.agents.get(&agent).is_some_and(|a| a.alive) {
             return Ok(());
         }
-        self.report_sizes.record(report.results.len() as u64);
+        self.figures.report(report.results.len());
         if self.is_adoptee(agent) {
             // Started or ran before this leader knew of it (a hand-over): its own now.
             let ids = report.started.iter().map(|s| s.id).chain(report.results.iter().map(|r| r.id));
@@ -276,10 +273,7 @@ impl Core<'_> {
             self.on_started(agent, s);
         }
         for r in &report.results {
-            // Clocks of other nodes may differ: only what looks plausible counts.
-            if r.end_us > 0 && r.end_us <= self.now_us {
-                self.result_delays.record(self.now_us - r.end_us);
-            }
+            self.figures.result_arrived(self.now_us, r.end_us);
             self.on_result(t, agent, r, self.now_us)?;
         }
         for &id in &report.returned {

@@ -545,12 +545,12 @@ fn a_retry_nobody_can_take_costs_no_scan_of_every_agent_per_report() {
     // Agent 0, idle, steals task 3 (the third agent's share): too wide, it waits as a retry.
     feed(&mut c, &mut m, vec![report(0, 1, 2, &[])]);
     assert_eq!(c.retry.iter().copied().collect::<Vec<_>>(), vec![3]);
-    let scans = c.scans;
+    let scans = c.figures.scans;
     for _ in 0..100 {
         let (out, _) = feed(&mut c, &mut m, vec![report(0, 1, 2, &[])]);
         assert!(dispatched(&out).is_empty());
     }
-    assert_eq!(c.scans, scans);
+    assert_eq!(c.figures.scans, scans);
     // A new retry is offered to every agent with credit at once, with one scan.
     let failed = exited(1, 1, 1);
     let who = dispatched(&out_of(
@@ -559,7 +559,7 @@ fn a_retry_nobody_can_take_costs_no_scan_of_every_agent_per_report() {
         Input::Report { agent: 0, report: msg::Report { seq: 1, results: vec![failed], ..Default::default() } },
     ));
     assert!(who.iter().any(|(_, t)| t.contains(&(1, 2))), "{who:?}");
-    assert_eq!(c.scans, scans + 1);
+    assert_eq!(c.figures.scans, scans + 1);
 }
 
 fn out_of(c: &mut Core<'_>, m: &mut Mem, ev: Input) -> Effects {

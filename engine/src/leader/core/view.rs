@@ -6,12 +6,12 @@ use super::*;
 impl Core<'_> {
     /// Reports handled in this session and the results they carried.
     pub fn report_sizes(&self) -> Summary {
-        self.report_sizes.summary()
+        self.figures.report_sizes()
     }
 
     /// How long results took from their end to the leader, in microseconds, in this session.
     pub fn result_delays(&self) -> Summary {
-        self.result_delays.summary()
+        self.figures.result_delays()
     }
 
     /// Tasks moved from an agent that was behind to idle slots, in this session.
@@ -22,9 +22,8 @@ impl Core<'_> {
     pub fn progress(&self, now_us: u64) -> Progress {
         Progress {
             counts: self.counts,
-            elapsed: std::time::Duration::from_micros(now_us.saturating_sub(self.started_us)),
-            finished_this_session: (self.counts.get(State::Done) + self.counts.get(State::Failed))
-                .saturating_sub(self.finished_start),
+            elapsed: std::time::Duration::from_micros(now_us.saturating_sub(self.figures.started_us())),
+            finished_this_session: self.figures.finished_since(&self.counts),
             agents: self.agents.values().filter(|a| a.alive).count(),
             joined_running: self.allocations.iter().filter(|a| a.stage == Stage::Running).count(),
         }
@@ -57,12 +56,12 @@ impl Core<'_> {
         live::View {
             job: self.job_id.clone(),
             now_us,
-            session_start_us: self.started_us,
+            session_start_us: self.figures.started_us(),
             state: state.into(),
             counts: self.counts,
-            finished_start: self.finished_start,
+            finished_start: self.figures.finished_start(),
             nodes,
-            failures: self.recent_failures.iter().cloned().collect(),
+            failures: self.figures.recent_failures().cloned().collect(),
             allocations: self.allocations.iter().map(|a| self.allocation_view(a)).collect(),
         }
     }
