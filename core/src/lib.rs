@@ -8,6 +8,7 @@ pub mod hflow;
 pub mod hist;
 pub mod idmap;
 pub mod idset;
+pub mod orders;
 pub mod output;
 pub mod partition;
 pub mod recall;

@@ -10,6 +10,7 @@
 //! `timeout` ends then as timed out. What it does not model: memory (nothing is resident),
 //! output, signals' grace (a stopped task ends at once).
 
+use crate::orders::{Orders, Todo};
 use crate::record::{errno, Outcome};
 use crate::slots::{self, Holder, Next, Queue, Room};
 use crate::work::{Command, ExecEvent, Finished, TaskToRun};
@@ -21,13 +22,10 @@ pub struct VirtualExec {
     room: Room,
     queue: Queue,
     running: Vec<Running>,
-    held: bool,
-    /// Nothing starts from this time on until a later lease (`Command::Lease`).
-    lease_until: Option<u64>,
+    /// What it was told: finish, abort, hold, the lease (`orders`, as the process executor).
+    orders: Orders,
     /// The agent process is stopped (SIGSTOP): its tasks run on and end, it starts nothing.
     frozen: bool,
-    finishing: bool,
-    aborted: bool,
     /// Every task ends the moment it arrives, slots or not (`--exec none`).
     instant: bool,
     runtime: Runtime,
@@ -53,11 +51,8 @@ impl VirtualExec {
             room: Room { cores: slots, gpus, free_cores: slots, free_gpus: gpus },
             queue: Queue::default(),
             running: Vec::new(),
-            held: false,
-            lease_until: None,
+            orders: Orders::default(),
             frozen: false,
-            finishing: false,
-            aborted: false,
             instant: false,
             runtime,
         }
@@ -71,25 +66,19 @@ impl VirtualExec {
     /// Takes a command at `now_us`; what it causes at once is in `out` (`step` starts what it
     /// lets start).
     pub fn command(&mut self, now_us: u64, c: Command, out: &mut Vec<ExecEvent>) {
-        match c {
-            Command::Run(_) if self.aborted => {}
-            Command::Run(v) => self.queue.add(v),
-            Command::Finish => self.finishing = true,
-            Command::Hold(h) => self.held = h,
-            Command::Lease(until) => self.lease_until = Some(until),
-            Command::Stop(ids) => self.stop(now_us, &ids, out),
-            Command::Recall(ids) => self.queue.recall(&ids, out),
-            Command::Abort => {
-                self.aborted = true;
-                self.finishing = true;
+        match self.orders.take(c) {
+            Todo::Nothing => {}
+            Todo::Queue(v) => self.queue.add(v),
+            Todo::Stop(ids) => self.stop(now_us, &ids, out),
+            Todo::Recall(ids) => self.queue.recall(&ids, out),
+            Todo::DropAll => {
                 self.queue.clear();
                 self.drop_running();
             }
-            Command::Reset => {
-                self.queue.clear();
-                self.drop_running();
-                out.push(ExecEvent::Reset);
-            }
+        }
+        // Nothing runs after a drop: a reset is done at once.
+        if self.orders.reset_done(self.running.len()) {
+            out.push(ExecEvent::Reset);
         }
     }
 
@@ -97,7 +86,7 @@ impl VirtualExec {
     pub fn step(&mut self, now_us: u64, out: &mut Vec<ExecEvent>) {
         loop {
             self.end_due(now_us, out);
-            if self.aborted || self.held || self.frozen || !self.leased(now_us) {
+            if self.frozen || !self.orders.may_start(now_us) {
                 return;
             }
             if self.instant {
@@ -114,11 +103,6 @@ impl VirtualExec {
         }
     }
 
-    /// Whether the agent's lease covers starting a task now.
-    fn leased(&self, now_us: u64) -> bool {
-        self.finishing || self.lease_until.is_none_or(|l| now_us < l)
-    }
-
     /// Stops (or lets go on) the agent around the executor: meanwhile tasks end, none starts.
     pub fn set_frozen(&mut self, frozen: bool) {
         self.frozen = frozen;
@@ -131,7 +115,7 @@ impl VirtualExec {
 
     /// Told to finish and nothing is left that it would run (or aborted): the executor's end.
     pub fn is_done(&self) -> bool {
-        self.aborted || (self.finishing && self.running.is_empty() && (self.queue.is_empty() || self.held))
+        self.orders.done(self.running.len(), self.queue.len())
     }
 
     /// Tasks running now.

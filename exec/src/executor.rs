@@ -40,6 +40,7 @@ use std::time::{Duration, Instant};
 use crate::clock::now_us;
 use crate::handoff::{Handoff, When};
 use crate::output::{IndexEntry, OutputMode};
+use htc_core::orders::{Orders, Todo};
 use htc_core::record::Outcome;
 use htc_core::slots::{self, Deadlines, Due, Holder, Next, Queue, Room};
 
@@ -453,44 +454,31 @@ impl Executor {
         mut sink: impl FnMut(Vec<ExecEvent>),
     ) -> io::Result<()> {
         epoll_add(&self.epoll, wake.as_raw_fd(), WAKE)?;
-        let mut finishing = false;
-        let mut aborting = false;
-        let mut resetting = false;
-        let mut held = false;
-        // Past it nothing starts (`Command::Lease`), until a later one or a Finish.
-        let mut lease_until: Option<u64> = None;
+        // What it was told, apart from the tasks (`htc_core::orders`, as `VirtualExec` keeps it).
+        let mut orders = Orders::default();
         let mut events = [libc::epoll_event { events: 0, u64: 0 }; 64];
         loop {
             loop {
-                match rx.try_recv() {
-                    Ok(Command::Run(v)) if !aborting => self.queue.add(v),
-                    Ok(Command::Run(_)) => {}
-                    Ok(Command::Finish) => finishing = true,
-                    Ok(Command::Hold(h)) => held = h,
-                    Ok(Command::Lease(until)) => lease_until = Some(until),
-                    Ok(Command::Stop(ids)) => self.stop(&ids),
-                    Ok(Command::Recall(ids)) => self.queue.recall(&ids, &mut self.events),
-                    Ok(Command::Abort) => {
-                        aborting = true;
-                        finishing = true;
-                        self.queue.clear();
-                        self.abort_all();
-                    }
-                    Ok(Command::Reset) => {
-                        resetting = true;
-                        self.queue.clear();
-                        self.abort_all();
-                    }
+                let todo = match rx.try_recv() {
+                    Ok(c) => orders.take(c),
                     Err(mpsc::TryRecvError::Empty) => break,
                     // The network side is gone: nobody will read results, so stop everything.
                     Err(mpsc::TryRecvError::Disconnected) => {
-                        if !aborting {
-                            aborting = true;
-                            finishing = true;
+                        if orders.abort() == Todo::DropAll {
                             self.queue.clear();
                             self.abort_all();
                         }
                         break;
+                    }
+                };
+                match todo {
+                    Todo::Nothing => {}
+                    Todo::Queue(v) => self.queue.add(v),
+                    Todo::Stop(ids) => self.stop(&ids),
+                    Todo::Recall(ids) => self.queue.recall(&ids, &mut self.events),
+                    Todo::DropAll => {
+                        self.queue.clear();
+                        self.abort_all();
                     }
                 }
             }
@@ -500,14 +488,12 @@ impl Executor {
                 return Err(self.stop_on_fault(e));
             }
             self.enforce_deadlines();
-            self.end_lingering(aborting);
+            self.end_lingering(orders.aborted());
             self.enforce_memory();
-            if resetting && self.running.is_empty() {
-                resetting = false;
+            if orders.reset_done(self.running.len()) {
                 self.events.push(ExecEvent::Reset);
             }
-            let leased = finishing || lease_until.is_none_or(|l| now_us() < l);
-            if !aborting && !held && leased {
+            if orders.may_start(now_us()) {
                 self.start_queued();
             }
             // Closed without taking them out of the epoll set: their watches have fired and fire
@@ -515,8 +501,11 @@ impl Executor {
             self.closing.clear();
             let mut hand_off_at = None;
             if !self.events.is_empty() {
-                let urgent =
-                    finishing || resetting || held || self.queue.is_empty() || self.events.iter().any(needs_answer);
+                let urgent = orders.finishing()
+                    || orders.resetting()
+                    || orders.held()
+                    || self.queue.is_empty()
+                    || self.events.iter().any(needs_answer);
                 let now = Instant::now();
                 match self.handoff.when(now, urgent) {
                     When::Now => {
@@ -532,8 +521,7 @@ impl Executor {
                     When::At(t) => hand_off_at = Some(t),
                 }
             }
-            // Held, the queue never starts: finishing ends with what runs.
-            if finishing && (self.queue.is_empty() || held) && self.running.is_empty() {
+            if orders.done(self.running.len(), self.queue.len()) {
                 self.end_lingering(true);
                 return self.flush_index();
             }
