@@ -1,0 +1,151 @@
+//! Output storage: capture files appended to the slot's streams or cut per task, the output
+//! index, and a full disk (the run stops cleanly rather than lose a result's output).
+
+use super::*;
+
+impl Executor {
+    /// Fresh capture files for the task about to start in `slot`; where none can be made, the
+    /// old ones emptied (logged at most once a minute).
+    pub(super) fn renew_captures(&mut self, slot: usize) -> Result<(), (io::Error, bool)> {
+        let Some((out, err)) = &mut self.slots[slot].capture else { return Ok(()) };
+        let r = out.renew(&self.scratch).and(err.renew(&self.scratch));
+        if let Err((e, true)) = &r {
+            if let Some(more) = self.capture_log.allow(Instant::now()) {
+                tracing::warn!(agent = self.cfg.agent, error = %e, not_logged = more, "no new output capture; the slot's last one is emptied and reused");
+            }
+        }
+        r
+    }
+
+    /// Appends an ended task's captures to its slot's streams (at most its `max_output=` of
+    /// each) and indexes them with their checksums; a cut is noted for `htc output`.
+    pub(super) fn store_capture(&mut self, r: &Running) {
+        let s = &mut self.slots[r.slots[0]];
+        let Some((cap_out, cap_err)) = &s.capture else { return };
+        let (out_off, err_off) = (s.out_end, s.err_end);
+        let cap = r.task.shape.max_output_bytes();
+        let copied = cap_out.append_to(&mut &s.out, cap, &mut self.copy_buf).and_then(|o| {
+            s.out_end += o.kept;
+            let e = cap_err.append_to(&mut &s.err, cap, &mut self.copy_buf)?;
+            s.err_end += e.kept;
+            Ok((o, e))
+        });
+        let (o, e) = match copied {
+            Ok(oe) => oe,
+            Err(e) => {
+                // Re-read the ends: a partial append must not shift the next task's offsets.
+                (s.out_end, s.err_end) = (end_of(s.out.as_raw_fd()), end_of(s.err.as_raw_fd()));
+                let e = self.storage_error("appending a task's output", e);
+                self.fault.get_or_insert(e);
+                return;
+            }
+        };
+        let entry = IndexEntry {
+            id: r.task.id,
+            attempt: r.task.attempt,
+            slot: (self.cfg.first_slot + r.slots[0]) as u32,
+            out_off,
+            out_len: o.kept,
+            err_off,
+            err_len: e.kept,
+            start_us: r.start_us,
+            out_crc: o.crc,
+            err_crc: e.crc,
+        };
+        if let Some(ix) = self.index.as_mut() {
+            if let Err(e) = ix.write_all(&entry.encode()) {
+                let e = self.storage_error("writing the output index", e);
+                self.fault.get_or_insert(e);
+            }
+        }
+        let cuts: Vec<(&str, u64)> = [("stdout", o), ("stderr", e)]
+            .into_iter()
+            .filter(|(_, a)| a.written > a.kept)
+            .map(|(n, a)| (n, a.written))
+            .collect();
+        self.note_cuts(r, &cuts);
+    }
+
+    /// `max_output=` with a file per task: what the task wrote past its cap is cut off.
+    pub(super) fn cut_per_task(&mut self, r: &Running) {
+        let cap = r.task.shape.max_output_bytes();
+        let mut cuts = Vec::new();
+        for (name, ext) in [("stdout", "out"), ("stderr", "err")] {
+            let p = self.cfg.out_dir.join(format!("{}.{ext}", r.task.id));
+            let Ok(f) = OpenOptions::new().write(true).custom_flags(libc::O_CLOEXEC).open(&p) else { continue };
+            let written = f.metadata().map(|m| m.len()).unwrap_or(0);
+            if written > cap && f.set_len(cap).is_ok() {
+                cuts.push((name, written));
+            }
+        }
+        self.note_cuts(r, &cuts);
+    }
+
+    /// Notes outputs cut at their cap in the spawner's `cuts` file, for `htc output`.
+    pub(super) fn note_cuts(&self, r: &Running, cuts: &[(&str, u64)]) {
+        if cuts.is_empty() {
+            return;
+        }
+        let cap = r.task.shape.max_output_bytes();
+        let mut line = String::new();
+        for (name, written) in cuts {
+            line.push_str(&format!("{}\t{}\t{name}\t{written}\t{cap}\n", r.task.id, r.task.attempt));
+        }
+        let path = self.cfg.out_dir.join(crate::output::cuts_name(self.cfg.agent, self.cfg.spawner));
+        let w = OpenOptions::new().append(true).create(true).custom_flags(libc::O_CLOEXEC).open(&path);
+        if let Err(e) = w.and_then(|mut f| f.write_all(line.as_bytes())) {
+            tracing::warn!(agent = self.cfg.agent, task = r.task.id, error = %e, "the cut of its output is not recorded");
+        }
+    }
+
+    pub(super) fn flush_index(&mut self) -> io::Result<()> {
+        let Some(ix) = self.index.as_mut() else { return Ok(()) };
+        ix.flush().map_err(|e| self.storage_error("writing the output index", e))
+    }
+
+    /// Some(error) when the disk holding the output is full: tasks that fail then most likely
+    /// failed writing their output.
+    pub(super) fn disk_full(&self) -> Option<io::Error> {
+        let dir = &self.cfg.out_dir;
+        let free = crate::disk::free_bytes(dir).filter(|&b| b < crate::disk::NEARLY_FULL)?;
+        Some(io::Error::new(
+            io::ErrorKind::StorageFull,
+            format!("the disk holding {} is full ({free} bytes free)", dir.display()),
+        ))
+    }
+
+    pub(super) fn storage_error(&self, what: &str, e: io::Error) -> io::Error {
+        let path = self.cfg.out_dir.join(self.cfg.index_name());
+        io::Error::new(e.kind(), format!("{what} {}: {e}", path.display()))
+    }
+
+    /// Output storage failed: stop every task. The ends not yet reported are dropped (their
+    /// output may be cut short or unindexed), so those tasks run again on resume.
+    pub(super) fn stop_on_fault(&mut self, e: io::Error) -> io::Error {
+        self.queue.clear();
+        self.abort_all();
+        self.events.clear();
+        // A full disk is the likeliest cause of any write error, and the most useful to name.
+        let e = self.disk_full().unwrap_or(e);
+        tracing::error!(agent = self.cfg.agent, error = %e, "output storage failed");
+        e
+    }
+
+    /// Before ends are reported: is the disk holding the output full? A task that wrote to a
+    /// full disk may still exit 0 (dash's printf does), its output cut short. Checked before
+    /// every report while space is low, and every few seconds otherwise (statfs can be a
+    /// server round trip on a network filesystem).
+    pub(super) fn space_fault(&mut self) -> Option<io::Error> {
+        if self.cfg.output == OutputMode::None {
+            return None;
+        }
+        let now = Instant::now();
+        if !self.space_low && self.space_checked.is_some_and(|t| now.duration_since(t) < SPACE_CHECK_EVERY) {
+            return None;
+        }
+        self.space_checked = Some(now);
+        let free = crate::disk::free_bytes(&self.cfg.out_dir)?;
+        self.space_low = free < SPACE_LOW;
+        self.disk_full()
+    }
+}
