@@ -32,6 +32,7 @@ use htc_core::virtual_exec::VirtualExec;
 use htc_core::work::{Command, ExecEvent, TaskToRun};
 use htc_engine::msg::{Came, Hello, ToAgent};
 
+mod breaking;
 mod fault;
 mod report;
 use fault::Close;

@@ -6,7 +6,8 @@
 //! The decisions are `machine`'s; this driver moves frames, executor events, signals and timer
 //! ticks into it and carries out what it answers. `relay` serves the children.
 
-pub use htc_engine::agent::{instance, machine, pace, Instance};
+pub use htc_engine::agent::{instance, machine, Instance};
+pub use htc_engine::pace;
 mod relay;
 mod spawners;
 

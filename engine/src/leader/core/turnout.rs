@@ -47,6 +47,7 @@ impl Turnout {
     }
 
     /// Why the last agent lost unexpectedly went.
+    #[cfg(test)]
     pub(super) fn last_loss(&self) -> Option<&str> {
         self.last_loss.as_deref()
     }
