@@ -13,6 +13,7 @@
 pub mod calibrate;
 pub mod cli;
 pub mod joblog;
+pub mod lead;
 pub mod output_view;
 pub mod report;
 pub mod rerun;
