@@ -41,11 +41,17 @@ skipped=()
 [[ -n ${FAULTS_ONLY:-} ]] && skipped+=("FAULTS_ONLY=\"$FAULTS_ONLY\": tests/slurm/faults.sh runs only these faults")
 [[ -n ${HTC_JOBS_ONLY:-} ]] && skipped+=("HTC_JOBS_ONLY=$HTC_JOBS_ONLY: tests/slurm/htc-jobs.sh runs only this test")
 rpm_pid='' rpm_build=''
+# The script's own status stands: under `set -e` a failing command here (a kill of the RPM
+# build's group, which has ended when all went well) would end the trap with its status, turn a
+# pass into exit 1 and print no times.
 on_exit() {
+    local rc=$?
+    set +e
     [[ -z $rpm_pid ]] || kill -- -"$rpm_pid" 2>/dev/null
     [[ -z $rpm_build ]] || rm -rf "$rpm_build"
     print_times
     ((${#skipped[@]} == 0)) || banner "TESTS WERE SKIPPED: this was NOT a run of every test" "${skipped[@]}"
+    exit "$rc"
 }
 trap on_exit EXIT
 ((${#skipped[@]} == 0)) || banner "TESTS SKIPPED: a pass of this run is not a pass of every test" "${skipped[@]}"
