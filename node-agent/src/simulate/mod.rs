@@ -19,11 +19,11 @@ use htc_core::tree::Tree;
 
 use crate::agent::machine::{self, Carrier, Effect};
 use crate::agent::Instance;
-use crate::leader::core::{Core, Ending, Input};
-use crate::leader::driver::LedgerTasks;
+use crate::leader::core::{Ending, Input};
 use crate::leader::effect::{self, Effects};
+use crate::leader::session::{DriverConfig, Session, World as SessionWorld};
 use crate::leader::{new_core, Planned};
-use crate::ledger::{Change, Ledger, Outcome, WriteTxn};
+use crate::ledger::{Change, Ledger, Outcome};
 use crate::liveness::Liveness;
 use crate::load::TaskText;
 use crate::proto::{self, frame::Body};
@@ -123,6 +123,8 @@ enum Ev {
     ToLeader(Input),
     /// The leader takes the next input from its queue.
     LeaderWake,
+    /// The leader's session has a commit due (its acks wait for it).
+    LeaderDue,
     /// The leader's timer (heartbeats, silent agents), as its driver's.
     LeaderTick,
     /// An input for agent `a`'s machine.
@@ -208,38 +210,28 @@ pub fn simulate(run: &RunDir, cfg: &SimConfig) -> anyhow::Result<SimReport> {
     let core = new_core(&ledger, &plan, &run.id(), 0)?.with_layout(tree.clone());
     let plan_s = planning.elapsed().as_secs_f64();
     let mut fleet = Fleet::new(tree, &run.id(), cfg, truth);
-    let mut leader = Leader {
-        core,
-        ledger: &ledger,
-        text: &text,
-        txn: None,
-        since_commit: 0,
-        inbox: VecDeque::new(),
-        free_at: 0,
-        waking: false,
-        busy_us: 0,
-        outbox: Vec::new(),
-    };
+    let session = Session::new(core, &ledger, &text, sim_driver_config(), SimNet::default());
+    session.begin(&run.id())?;
+    let mut leader = Leader { session, inbox: VecDeque::new(), free_at: 0, waking: false, busy_us: 0, due_at: None };
     let (ending, events) = run_to_end(cfg, &mut leader, &mut fleet)?;
-    if let Some(t) = leader.txn.take() {
-        t.commit()?;
-    }
+    let Leader { session, busy_us, .. } = leader;
+    let (ending, _, core) = session.end(ending)?;
     if !matches!(ending, Ending::Complete) {
         anyhow::bail!("the simulated run did not complete: {ending:?}");
     }
-    let counts = leader.core.counts();
+    let counts = core.counts();
     Ok(SimReport {
         tasks: counts.total(),
         failed: counts.get(htc_core::task::State::Failed),
         makespan_s: fleet.last_end as f64 / 1e6,
         bound_s,
         bound_joined_s,
-        leader_busy_s: leader.busy_us as f64 / 1e6,
+        leader_busy_s: busy_us as f64 / 1e6,
         load_s: 0.0,
         plan_s,
         events,
         wall: wall.elapsed(),
-        moved_back: leader.core.moved_back(),
+        moved_back: core.moved_back(),
         reruns: fleet.starts.saturating_sub(fleet.started.len() as u64),
         running_at_faults: fleet.running_at_faults,
         queued_at_faults: fleet.queued_at_faults,
@@ -282,6 +274,7 @@ fn run_to_end(cfg: &SimConfig, leader: &mut Leader, fleet: &mut Fleet) -> anyhow
                     return Ok((e, events));
                 }
             }
+            Ev::LeaderDue => leader.due(&mut w, cfg, fleet)?,
             Ev::ToAgent(a, input) => fleet.step(&mut w, cfg, a, input),
             Ev::Tick(a) => fleet.tick(&mut w, cfg, a),
             Ev::ExecDue(a) => fleet.exec_due(&mut w, cfg, a),
@@ -292,20 +285,51 @@ fn run_to_end(cfg: &SimConfig, leader: &mut Leader, fleet: &mut Fleet) -> anyhow
     }
 }
 
-/// The leader: its core over the real ledger, and one input at a time at a cost per input and
-/// per result.
+/// The group-commit interval of the simulated leader: the one `htc run` and a Slurm job's leader
+/// use, so that acks reach the agents as late as they do there.
+const COMMIT_EVERY: Duration = Duration::from_millis(10);
+
+/// The leader's session as the simulation runs it: no live view, progress or growing, and no
+/// sync to disk (nothing outlives a simulated run).
+fn sim_driver_config() -> DriverConfig {
+    DriverConfig {
+        commit_interval: COMMIT_EVERY,
+        progress: None,
+        live_dir: None,
+        given_up: None,
+        grow: None,
+        durable: false,
+    }
+}
+
+/// The simulated world as the leader's session sees it: the virtual clock, and the effects of its
+/// turns, which the simulation carries out once the leader's CPU has spent their cost (`Down`).
+#[derive(Default)]
+struct SimNet {
+    now: u64,
+    effects: Effects,
+}
+
+impl SessionWorld for SimNet {
+    fn now_us(&self) -> u64 {
+        self.now
+    }
+    fn carry(&mut self, out: &mut Effects) {
+        self.effects.append(out);
+    }
+}
+
+/// The leader: the session a real leader runs (its core over the real ledger, its commits, acks
+/// only after them), fed one input at a time at a cost per input and per result.
 struct Leader<'l> {
-    core: Core<'static>,
-    ledger: &'l Ledger,
-    text: &'l TaskText,
-    txn: Option<WriteTxn<'l>>,
-    since_commit: u64,
+    session: Session<'static, 'l, SimNet>,
     inbox: VecDeque<Input>,
     /// When it is done with what it is handling.
     free_at: u64,
     waking: bool,
     busy_us: u64,
-    outbox: Effects,
+    /// When the session's next commit is due (`Ev::LeaderDue` on the heap), if one is.
+    due_at: Option<u64>,
 }
 
 impl Leader<'_> {
@@ -317,38 +341,61 @@ impl Leader<'_> {
         }
     }
 
-    /// Handles the next input; its frames leave when the leader is done with it.
+    /// Handles the next input as a turn of the session; its frames leave when the leader is
+    /// done with it.
     fn wake(&mut self, w: &mut World, cfg: &SimConfig, fleet: &Fleet) -> anyhow::Result<Option<Ending>> {
         let input = self.inbox.pop_front().expect("woken with an empty queue");
         let results = match &input {
             Input::Report { report, .. } => report.results.len() as u64,
             _ => 0,
         };
-        let t = match self.txn.as_mut() {
-            Some(t) => t,
-            None => self.txn.insert(self.ledger.write()?),
+        self.session.world.now = w.now;
+        let ended = match input {
+            Input::Tick => self.session.tick()?,
+            input => self.session.turn(input)?,
         };
-        let ended = self.core.handle(w.now, &mut LedgerTasks { txn: t, text: self.text }, input, &mut self.outbox)?;
-        // Commits in batches: LMDB holds a write transaction's dirty pages in memory.
-        self.since_commit += results;
-        if self.since_commit >= 50_000 {
-            self.txn.take().unwrap().commit()?;
-            self.since_commit = 0;
-        }
-        self.core.acks(&mut self.outbox);
+        let ending = ended.or_else(|| self.session.core().ending());
+        self.session.commit(ending.as_ref())?;
+        self.session.chores()?;
         let cost = cfg.leader.of(results).round() as u64;
         self.busy_us += cost;
         self.free_at = w.now + cost;
-        let mut down = Down { w, fleet, at: self.free_at + cfg.latency_us };
-        self.outbox.drain(..).for_each(|e| e.carry_out(&mut down));
-        if let Some(e) = ended.or_else(|| self.core.ending()) {
-            return Ok(Some(e));
+        self.send(w, fleet, self.free_at + cfg.latency_us);
+        if ending.is_some() {
+            return Ok(ending);
         }
         self.waking = !self.inbox.is_empty();
         if self.waking {
             w.at(self.free_at, Ev::LeaderWake);
         }
+        self.schedule_due(w);
         Ok(None)
+    }
+
+    /// A commit came due with no input: it commits, and the acks go out.
+    fn due(&mut self, w: &mut World, cfg: &SimConfig, fleet: &Fleet) -> anyhow::Result<()> {
+        self.due_at = None;
+        self.session.world.now = w.now;
+        self.session.commit(None)?;
+        self.session.chores()?;
+        self.send(w, fleet, w.now.max(self.free_at) + cfg.latency_us);
+        self.schedule_due(w);
+        Ok(())
+    }
+
+    /// Puts the session's next commit on the heap while its writes wait for one.
+    fn schedule_due(&mut self, w: &mut World) {
+        let Some(at) = self.session.commit_due_us() else { return };
+        if self.due_at.is_none_or(|d| d > at) {
+            self.due_at = Some(at);
+            w.at(at.max(w.now), Ev::LeaderDue);
+        }
+    }
+
+    /// The session's effects so far, to reach the agents at the top of the tree at `at`.
+    fn send(&mut self, w: &mut World, fleet: &Fleet, at: u64) {
+        let mut down = Down { w, fleet, at };
+        self.session.world.effects.drain(..).for_each(|e| e.carry_out(&mut down));
     }
 }
 

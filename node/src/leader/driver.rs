@@ -1,33 +1,27 @@
-//! Runs the scheduling core (`core.rs`) against the world: events from the network tasks and
-//! the launcher arrive on a channel, the core's task writes go into one LMDB write transaction
-//! that is committed every `commit_interval` (group commit), acks go out only after the commit
-//! that made their reports durable, and frames are encoded onto each agent's socket writer.
+//! The leader's session in the node's world: events from the network tasks and the launcher
+//! arrive on a channel and are fed to the session's turn (`session`) in batches, so that one
+//! commit covers them; frames are encoded onto each agent's socket writer (`Net`).
 
 use std::collections::HashMap;
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::core::allocation::Attach;
-use super::core::{Core, Ending, Input, Progress, Tasks};
+use super::core::{Core, Ending, Input, Progress};
 use super::effect::{Carrier, Effects};
+use super::session::{Session, World};
 use crate::frame;
 use htc_core::task::Counts;
 use htc_core::task::Step;
 use htc_engine::msg::{Stop, ToAgent};
-use htc_store::ledger::{Change, Ledger, LedgerError, Record, WriteTxn};
+use htc_store::ledger::{Ledger, LedgerError};
 use htc_store::load::TaskText;
 use htc_store::rundir::now_us;
 
-type Result<T> = std::result::Result<T, LedgerError>;
+pub use super::session::{DriverConfig, LedgerTasks, ProgressSink};
 
-/// How often the core hears that time passed (heartbeats, silent agents).
-const TICK_EVERY: Duration = Duration::from_millis(100);
-/// How often the ledger goes to disk (between, commits reach the page cache and the replica).
-const SYNC_EVERY: Duration = Duration::from_secs(2);
-/// How often the live view for `htc watch` is rewritten.
-const LIVE_EVERY: Duration = Duration::from_secs(1);
+type Result<T> = std::result::Result<T, LedgerError>;
 
 /// What the network tasks and the launcher tell the leader: the core's inputs, and with a join the
 /// link (encoded frames for the agent's connection) that the driver keeps out of the core.
@@ -42,73 +36,14 @@ pub enum Event {
     Grow(super::grow::Answer),
 }
 
-/// Where the run's progress is shown while it runs: the product's terminal bar or plain lines
-/// (`status::sink`). The leader only says when; what it looks like is not its business.
-pub trait ProgressSink: Send {
-    /// How often to be shown the progress.
-    fn every(&self) -> Duration;
-    fn show(&mut self, p: &Progress);
-    /// The run is over; the last `show` came just before.
-    fn finish(&mut self) {}
-}
-
-pub struct DriverConfig {
-    pub commit_interval: Duration,
-    pub progress: Option<Box<dyn ProgressSink>>,
-    /// The run directory the live view (`live.rs`) is written into every second, if any.
-    pub live_dir: Option<std::path::PathBuf>,
-    /// Told of each agent the core gives up (`net::NetConfig::give_up`), so that its old
-    /// connection does not keep it from coming back.
-    pub given_up: Option<Box<dyn Fn(u32) + Send>>,
-    /// A run that grows itself (`--htc-grow`).
-    pub grow: Option<super::grow::Growing>,
-}
-
-/// How a session ended, in the live view's words.
-fn ending_state(e: &Ending) -> String {
-    match e {
-        Ending::Complete => "complete".into(),
-        Ending::Interrupted(sig) => format!("interrupted by signal {sig}"),
-        Ending::AgentsLost(why) => format!("stopped: {why}"),
-        Ending::TooManyFailures(n) => format!("stopped: {n} tasks failed (--max-fails)"),
-        Ending::OutOfTime(n) => format!("stopped: {n} tasks cannot finish before the time limit"),
-    }
-}
-
-/// Rewrites the live view; a failure to is logged once, and never stops the run.
-fn write_live(cfg: &mut DriverConfig, core: &Core<'_>, state: &str) {
-    let Some(dir) = cfg.live_dir.as_ref() else { return };
-    if let Err(e) = crate::livefile::write(dir, &core.live_view(now_us(), state)) {
-        tracing::warn!(error = %e, "no live view for htc watch");
-        cfg.live_dir = None;
-    }
-}
-
-/// The ledger's write transaction and the run's task text, as the core's `Tasks`.
-pub struct LedgerTasks<'t, 'l> {
-    pub txn: &'t mut WriteTxn<'l>,
-    pub text: &'t TaskText,
-}
-
-impl Tasks for LedgerTasks<'_, '_> {
-    type Error = LedgerError;
-    fn get(&self, id: u64) -> Result<Option<Record>> {
-        self.txn.get(id)
-    }
-    fn range(&self, ids: std::ops::Range<u64>) -> Result<Vec<(u64, Record)>> {
-        self.txn.range(ids)
-    }
-    fn apply(&mut self, c: &Change) -> Result<()> {
-        self.txn.apply(c)
-    }
-    fn command(&self, r: &Record) -> Vec<u8> {
-        self.text.command(r).to_vec()
-    }
-}
-
-/// The core's effects of a turn, carried out: each agent's messages encoded as frames
-/// (`wire::leader`) and gathered into one write per agent; an agent given up is told to
+/// The node's world: the wall clock, and the agents' connections, each message encoded as its
+/// frames (`wire::leader`) and gathered into one write per agent; an agent given up is told to
 /// `given_up`, the network side, which frees its place.
+pub struct Net {
+    links: HashMap<u32, UnboundedSender<Vec<u8>>>,
+    given_up: Option<Box<dyn Fn(u32) + Send>>,
+}
+
 struct Turn<'a> {
     by_agent: HashMap<u32, Vec<u8>>,
     given_up: &'a Option<Box<dyn Fn(u32) + Send>>,
@@ -126,13 +61,18 @@ impl Carrier for Turn<'_> {
     }
 }
 
-/// Carries out the core's effects so far and sends their frames to the agents' connections.
-fn send(out: &mut Effects, links: &HashMap<u32, UnboundedSender<Vec<u8>>>, given_up: &Option<Box<dyn Fn(u32) + Send>>) {
-    let mut turn = Turn { by_agent: HashMap::new(), given_up };
-    out.drain(..).for_each(|e| e.carry_out(&mut turn));
-    for (agent, bytes) in turn.by_agent {
-        if let Some(tx) = links.get(&agent) {
-            let _ = tx.send(bytes);
+impl World for Net {
+    fn now_us(&self) -> u64 {
+        now_us()
+    }
+
+    fn carry(&mut self, out: &mut Effects) {
+        let mut turn = Turn { by_agent: HashMap::new(), given_up: &self.given_up };
+        out.drain(..).for_each(|e| e.carry_out(&mut turn));
+        for (agent, bytes) in turn.by_agent {
+            if let Some(tx) = self.links.get(&agent) {
+                let _ = tx.send(bytes);
+            }
         }
     }
 }
@@ -144,27 +84,29 @@ pub fn run(
     text: &TaskText,
     job_id: &str,
     rx: mpsc::Receiver<Event>,
-    cfg: DriverConfig,
+    mut cfg: DriverConfig,
 ) -> Result<(Ending, Progress)> {
-    let mut s = Session::new(core, ledger, text, cfg);
+    let net = Net { links: HashMap::new(), given_up: cfg.given_up.take() };
+    let mut s = Session::new(core, ledger, text, cfg, net);
     s.begin(job_id)?;
     let mut ending = (s.core.counts().unfinished() == 0).then_some(Ending::Complete);
     while ending.is_none() {
-        ending = match rx.recv_timeout(s.wait()) {
-            Ok(first) => s.take(first, &rx)?,
+        let wait = std::time::Duration::from_micros(s.next_due_us().saturating_sub(now_us()));
+        ending = match rx.recv_timeout(wait) {
+            Ok(first) => take(&mut s, first, &rx)?,
             Err(mpsc::RecvTimeoutError::Timeout) => None,
             Err(mpsc::RecvTimeoutError::Disconnected) => Some(Ending::AgentsLost("network side stopped".into())),
         };
-        if ending.is_none() && s.last.tick.elapsed() >= TICK_EVERY {
+        if ending.is_none() && s.tick_due() {
             ending = s.tick()?;
         }
         ending = ending.or_else(|| s.core.ending());
         s.commit(ending.as_ref())?;
         s.chores()?;
     }
-    let ended = s.end(ending.unwrap());
+    let (ending, progress, _) = s.end(ending.unwrap())?;
     dismiss_queued_joins(rx);
-    ended
+    Ok((ending, progress))
 }
 
 /// Agents whose join was still queued when the run ended (a short run, a resume with nothing
@@ -187,261 +129,63 @@ fn dismiss_queued_joins(rx: mpsc::Receiver<Event>) {
     }
 }
 
-/// When each of the driver's periodic chores was last done.
-struct Last {
-    commit: Instant,
-    sync: Instant,
-    progress: Instant,
-    tick: Instant,
-    live: Option<Instant>,
-}
-
-/// A leader session: the core, the ledger transaction its turns write into (one per turn, its
-/// commit grouped up to `commit_interval`), and the agents' links.
-struct Session<'c, 'l> {
-    core: Core<'c>,
-    ledger: &'l Ledger,
-    text: &'l TaskText,
-    cfg: DriverConfig,
-    links: HashMap<u32, UnboundedSender<Vec<u8>>>,
-    out: Effects,
-    txn: Option<WriteTxn<'l>>,
-    last: Last,
-    progress_every: Duration,
-    /// The cost of leading, not of loading the task file (a fresh `htc run` does both).
-    cpu_start: u64,
-}
-
-impl<'c, 'l> Session<'c, 'l> {
-    fn new(core: Core<'c>, ledger: &'l Ledger, text: &'l TaskText, cfg: DriverConfig) -> Self {
-        let now = Instant::now();
-        // No sink: a wakeup an hour, which costs nothing (an `Instant` cannot take `Duration::MAX`).
-        let progress_every = cfg.progress.as_ref().map_or(Duration::from_secs(3600), |s| s.every());
-        Session {
-            core,
-            ledger,
-            text,
-            cfg,
-            links: HashMap::new(),
-            out: Vec::new(),
-            txn: None,
-            last: Last { commit: now, sync: now, progress: now, tick: now, live: None },
-            progress_every,
-            cpu_start: cpu_us(),
-        }
-    }
-
-    fn led_us(&self) -> u64 {
-        cpu_us().saturating_sub(self.cpu_start)
-    }
-
-    /// What `htc status` needs to know of this session from its start.
-    fn begin(&self, job_id: &str) -> Result<()> {
-        let mut t = self.ledger.write()?;
-        t.put_meta("leader_pid", &(std::process::id() as u64).to_le_bytes())?;
-        t.put_meta("session_start_us", &now_us().to_le_bytes())?;
-        t.put_meta("session_finished_start", &self.core.finished_start().to_le_bytes())?;
-        t.put_meta("job_id", job_id.as_bytes())?;
-        t.put_meta("leader_host", htc_store::host::hostname().as_bytes())?;
-        // The Slurm job this session runs in (a resumed run's differs from its first): status
-        // asks Slurm about it when the heartbeat alone cannot tell a dead leader yet.
-        t.put_meta("session_slurm_job", std::env::var("SLURM_JOB_ID").unwrap_or_default().as_bytes())?;
-        t.put_meta("heartbeat_us", &now_us().to_le_bytes())?;
-        t.commit()
-    }
-
-    /// How long to sleep: until an event or the next thing due. Each wakeup of an idle leader
-    /// costs it more than handling a report (caches gone cold; bench/RESULTS.md §14).
-    fn wait(&self) -> Duration {
-        let last = &self.last;
-        let due = [
-            last.tick + TICK_EVERY,
-            last.commit + if self.txn.is_some() { self.cfg.commit_interval } else { Duration::from_secs(1) },
-            last.sync + SYNC_EVERY,
-            last.live.map_or(Instant::now(), |t| t + LIVE_EVERY),
-            last.progress + self.progress_every,
-        ];
-        due.into_iter().min().unwrap().saturating_duration_since(Instant::now())
-    }
-
-    /// Feeds the core `first` and what else is queued, up to a bound, so that one commit covers
-    /// it all.
-    fn take(&mut self, first: Event, rx: &mpsc::Receiver<Event>) -> Result<Option<Ending>> {
-        let mut next = Some(first);
-        let mut budget = 4096;
-        while let Some(ev) = next {
-            let input = match ev {
-                Event::Joined(input, tx) => Some(self.link(input, tx)?),
-                Event::Core(input) => Some(input),
-                Event::Attach(req, reply) => {
-                    let _ = reply.send(self.core.attach(req, now_us()));
-                    None
-                }
-                Event::AllocationGone(job) => {
-                    self.core.allocation_gone(&job, now_us());
-                    None
-                }
-                Event::Grow(a) => {
-                    if let Some(g) = self.cfg.grow.as_mut() {
-                        g.answer(a, now_us());
-                    }
-                    None
-                }
-            };
-            if let Some(input) = input {
-                let t = match self.txn.as_mut() {
-                    Some(t) => t,
-                    None => self.txn.insert(self.ledger.write()?),
-                };
-                let mut tasks = LedgerTasks { txn: t, text: self.text };
-                if let Some(e) = self.core.handle(now_us(), &mut tasks, input, &mut self.out)? {
-                    return Ok(Some(e));
-                }
+/// Feeds the session `first` and what else is queued, up to a bound, so that one commit covers
+/// it all.
+fn take(s: &mut Session<'_, '_, Net>, first: Event, rx: &mpsc::Receiver<Event>) -> Result<Option<Ending>> {
+    let mut next = Some(first);
+    let mut budget = 4096;
+    while let Some(ev) = next {
+        let input = match ev {
+            Event::Joined(input, tx) => Some(link(s, input, tx)?),
+            Event::Core(input) => Some(input),
+            Event::Attach(req, reply) => {
+                let _ = reply.send(s.core.attach(req, now_us()));
+                None
             }
-            budget -= 1;
-            next = if budget > 0 { rx.try_recv().ok() } else { None };
-        }
-        Ok(None)
-    }
-
-    /// An agent's connection: its link, and for `htc log` and `htc report` its host and cores.
-    fn link(&mut self, input: Input, tx: UnboundedSender<Vec<u8>>) -> Result<Input> {
-        // Frames the core made so far were for the agents as they were: a Dispatch for an agent
-        // that was then lost must not reach it once it has come back fresh (its tasks were taken
-        // back already; it would run them a second time).
-        send(&mut self.out, &self.links, &self.cfg.given_up);
-        match &input {
-            Input::Joined { agent, hostname, cores, .. }
-            | Input::Revived { agent, hostname, cores, .. }
-            | Input::HandedOver { agent, hostname, cores, .. } => {
-                self.links.insert(*agent, tx);
-                let t = match self.txn.as_mut() {
-                    Some(t) => t,
-                    None => self.txn.insert(self.ledger.write()?),
-                };
-                t.put_meta(&format!("host.{agent}"), hostname.as_bytes())?;
-                t.put_meta(&format!("cores.{agent}"), &(*cores as u64).to_le_bytes())?;
+            Event::AllocationGone(job) => {
+                s.core.allocation_gone(&job, now_us());
+                None
             }
-            Input::Rejoined { agent, below } => {
-                for a in std::iter::once(agent).chain(below) {
-                    self.links.insert(*a, tx.clone());
+            Event::Grow(a) => {
+                if let Some(g) = s.cfg.grow.as_mut() {
+                    g.answer(a, now_us());
                 }
+                None
             }
-            _ => {}
-        }
-        Ok(input)
-    }
-
-    /// The core's timer: heartbeats, silent agents.
-    fn tick(&mut self) -> Result<Option<Ending>> {
-        self.last.tick = Instant::now();
-        let fresh = self.txn.is_none();
-        let before = self.core.counts();
-        let t = match self.txn.as_mut() {
-            Some(t) => t,
-            None => self.txn.insert(self.ledger.write()?),
         };
-        let ending =
-            self.core.handle(now_us(), &mut LedgerTasks { txn: t, text: self.text }, Input::Tick, &mut self.out)?;
-        // A tick that gave up no agent wrote nothing: no commit for it (an idle leader would
-        // otherwise commit ten times a second).
-        if fresh && ending.is_none() && self.core.counts() == before {
-            self.txn = None;
-        }
-        Ok(ending)
-    }
-
-    /// Commits what the turns wrote once the interval has passed (or the run ended), and acks
-    /// it; with nothing written, a heartbeat for `htc status` every second.
-    fn commit(&mut self, ending: Option<&Ending>) -> Result<()> {
-        let now = Instant::now();
-        if self.txn.is_some() && (now - self.last.commit >= self.cfg.commit_interval || ending.is_some()) {
-            let mut t = self.txn.take().unwrap();
-            t.put_counts(&self.core.counts())?;
-            t.put_meta("heartbeat_us", &now_us().to_le_bytes())?;
-            t.put_meta("leader_cpu_us", &self.led_us().to_le_bytes())?;
-            t.put_meta("reports", &self.core.report_sizes().to_bytes())?;
-            t.put_meta("result_delays", &self.core.result_delays().to_bytes())?;
-            if matches!(ending, Some(Ending::Complete)) {
-                t.put_meta("finished_us", &now_us().to_le_bytes())?;
+        if let Some(input) = input {
+            if let Some(e) = s.turn(input)? {
+                return Ok(Some(e));
             }
-            t.commit()?;
-            self.last.commit = now;
-            self.core.acks(&mut self.out);
-            // Amortized: a snapshot as large as what the journal wrote since the last one.
-            if self.ledger.journal_wants_snapshot() {
-                htc_store::replica::new_generation(self.ledger);
-            }
-        } else if self.txn.is_none() && now - self.last.commit >= Duration::from_secs(1) {
-            let mut t = self.ledger.write()?;
-            t.put_meta("heartbeat_us", &now_us().to_le_bytes())?;
-            t.put_meta("leader_cpu_us", &self.led_us().to_le_bytes())?;
-            t.commit()?;
-            self.last.commit = now;
         }
-        Ok(())
+        budget -= 1;
+        next = if budget > 0 { rx.try_recv().ok() } else { None };
     }
-
-    /// The turn's frames out, and the chores that are due: the ledger's sync, the live view,
-    /// the progress display.
-    fn chores(&mut self) -> Result<()> {
-        // One write per agent per turn: its dispatches (which may go out before their commit: a
-        // lost dispatch is re-sent after a restart) and its ack, which must not.
-        send(&mut self.out, &self.links, &self.cfg.given_up);
-        let now = Instant::now();
-        if now - self.last.sync >= SYNC_EVERY {
-            self.ledger.sync()?;
-            self.last.sync = now;
-        }
-        if self.last.live.is_none_or(|t| now - t >= LIVE_EVERY) {
-            write_live(&mut self.cfg, &self.core, "running");
-            self.last.live = Some(now);
-        }
-        if let Some(g) = self.cfg.grow.as_mut() {
-            g.turn(&mut self.core, now_us(), &mut self.out);
-        }
-        if now - self.last.progress >= self.progress_every {
-            if let Some(sink) = self.cfg.progress.as_mut() {
-                sink.show(&self.core.progress(now_us()));
-            }
-            self.last.progress = now;
-        }
-        Ok(())
-    }
-
-    /// The session is over, however it ended: what is written is committed, `htc status` need
-    /// not wait for the heartbeat to age, the agents are told.
-    fn end(mut self, ending: Ending) -> Result<(Ending, Progress)> {
-        if let Some(g) = &self.cfg.grow {
-            g.end();
-        }
-        if let Some(t) = self.txn.take() {
-            t.commit()?;
-        }
-        let mut t = self.ledger.write()?;
-        t.put_meta("session_end_us", &now_us().to_le_bytes())?;
-        t.commit()?;
-        self.ledger.sync()?;
-        write_live(&mut self.cfg, &self.core, &ending_state(&ending));
-        self.core.shutdown(&ending, &mut self.out);
-        send(&mut self.out, &self.links, &self.cfg.given_up);
-        let p = self.core.progress(now_us());
-        if let Some(sink) = self.cfg.progress.as_mut() {
-            sink.show(&p);
-            sink.finish();
-        }
-        Ok((ending, p))
-    }
+    Ok(None)
 }
 
-/// CPU time (user + system) of this process so far, in microseconds: the leader's cost, which
-/// `htc status` divides by the tasks finished.
-fn cpu_us() -> u64 {
-    use nix::sys::resource::{getrusage, UsageWho};
-    use nix::sys::time::TimeVal;
-    let Ok(u) = getrusage(UsageWho::RUSAGE_SELF) else { return 0 };
-    let us = |t: TimeVal| t.tv_sec() as u64 * 1_000_000 + t.tv_usec() as u64;
-    us(u.user_time()) + us(u.system_time())
+/// An agent's connection: its link, and for `htc log` and `htc report` its host and cores.
+fn link(s: &mut Session<'_, '_, Net>, input: Input, tx: UnboundedSender<Vec<u8>>) -> Result<Input> {
+    // Frames the core made so far were for the agents as they were: a Dispatch for an agent
+    // that was then lost must not reach it once it has come back fresh (its tasks were taken
+    // back already; it would run them a second time).
+    s.world.carry(&mut s.out);
+    match &input {
+        Input::Joined { agent, hostname, cores, .. }
+        | Input::Revived { agent, hostname, cores, .. }
+        | Input::HandedOver { agent, hostname, cores, .. } => {
+            s.world.links.insert(*agent, tx);
+            s.put_meta(&format!("host.{agent}"), hostname.as_bytes())?;
+            s.put_meta(&format!("cores.{agent}"), &(*cores as u64).to_le_bytes())?;
+        }
+        Input::Rejoined { agent, below } => {
+            for a in std::iter::once(agent).chain(below) {
+                s.world.links.insert(*a, tx.clone());
+            }
+        }
+        _ => {}
+    }
+    Ok(input)
 }
 
 /// Prepares a ledger for another session after an interruption: tasks that were dispatched or
@@ -489,6 +233,7 @@ mod tests {
     use htc_core::record::Outcome;
     use htc_engine::msg;
     use htc_engine::proto::frame::Body;
+    use std::time::{Duration, Instant};
 
     /// Frames sent so far on an agent's link.
     fn frames(rx: &mut tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>) -> Vec<Body> {
@@ -529,6 +274,7 @@ mod tests {
             live_dir: None,
             given_up: None,
             grow: None,
+            durable: true,
         };
         let mut links = Vec::new();
         let before = ledger.read().unwrap().txn_id();

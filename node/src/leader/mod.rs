@@ -7,6 +7,7 @@ pub mod driver;
 pub mod grow;
 pub mod launch;
 pub mod net;
+pub mod session;
 pub mod srun;
 pub use htc_engine::leader::{core, effect, plan};
 
@@ -141,6 +142,7 @@ pub fn run(
             });
             g
         }),
+        durable: true,
     };
 
     let result = std::thread::scope(|s| {

@@ -1,0 +1,329 @@
+//! A leader session's turn, whatever world it runs in: the core fed one input at a time, its task
+//! writes in one ledger write transaction committed every `commit_interval` (group commit), acks
+//! only after the commit that made their reports durable, the core's timer, and the chores (the
+//! ledger's sync, the live view, growing, the progress display). The world gives the time and
+//! carries out the core's effects: the node's (`driver::Net`: the wall clock, frames onto the
+//! agents' sockets) or `htc simulate`'s (a virtual clock and network). Both run this turn.
+
+use std::time::Duration;
+
+use super::core::{Core, Ending, Input, Progress, Tasks};
+use super::effect::Effects;
+use htc_store::ledger::{Change, Ledger, LedgerError, Record, WriteTxn};
+use htc_store::load::TaskText;
+
+type Result<T> = std::result::Result<T, LedgerError>;
+
+/// How often the core hears that time passed (heartbeats, silent agents).
+pub const TICK_EVERY: Duration = Duration::from_millis(100);
+/// How often the ledger goes to disk (between, commits reach the page cache and the replica).
+const SYNC_EVERY: Duration = Duration::from_secs(2);
+/// How often the live view for `htc watch` is rewritten.
+const LIVE_EVERY: Duration = Duration::from_secs(1);
+
+/// Where the run's progress is shown while it runs: the product's terminal bar or plain lines
+/// (`status::sink`). The leader only says when; what it looks like is not its business.
+pub trait ProgressSink: Send {
+    /// How often to be shown the progress.
+    fn every(&self) -> Duration;
+    fn show(&mut self, p: &Progress);
+    /// The run is over; the last `show` came just before.
+    fn finish(&mut self) {}
+}
+
+pub struct DriverConfig {
+    pub commit_interval: Duration,
+    pub progress: Option<Box<dyn ProgressSink>>,
+    /// The run directory the live view (`live.rs`) is written into every second, if any.
+    pub live_dir: Option<std::path::PathBuf>,
+    /// Told of each agent the core gives up (`net::NetConfig::give_up`), so that its old
+    /// connection does not keep it from coming back.
+    pub given_up: Option<Box<dyn Fn(u32) + Send>>,
+    /// A run that grows itself (`--htc-grow`).
+    pub grow: Option<super::grow::Growing>,
+    /// The ledger is synced to disk every `SYNC_EVERY` and at the end; not in a simulation,
+    /// where nothing outlives the run.
+    pub durable: bool,
+}
+
+/// The world a session runs in: its clock, and where the core's effects go.
+pub trait World {
+    /// Now, in µs since the epoch (the wall clock) or the simulation's start.
+    fn now_us(&self) -> u64;
+    /// Carries out the effects of the turns so far (frames to agents, agents given up).
+    fn carry(&mut self, out: &mut Effects);
+}
+
+/// The ledger's write transaction and the run's task text, as the core's `Tasks`.
+pub struct LedgerTasks<'t, 'l> {
+    pub txn: &'t mut WriteTxn<'l>,
+    pub text: &'t TaskText,
+}
+
+impl Tasks for LedgerTasks<'_, '_> {
+    type Error = LedgerError;
+    fn get(&self, id: u64) -> Result<Option<Record>> {
+        self.txn.get(id)
+    }
+    fn range(&self, ids: std::ops::Range<u64>) -> Result<Vec<(u64, Record)>> {
+        self.txn.range(ids)
+    }
+    fn apply(&mut self, c: &Change) -> Result<()> {
+        self.txn.apply(c)
+    }
+    fn command(&self, r: &Record) -> Vec<u8> {
+        self.text.command(r).to_vec()
+    }
+}
+
+/// How a session ended, in the live view's words.
+fn ending_state(e: &Ending) -> String {
+    match e {
+        Ending::Complete => "complete".into(),
+        Ending::Interrupted(sig) => format!("interrupted by signal {sig}"),
+        Ending::AgentsLost(why) => format!("stopped: {why}"),
+        Ending::TooManyFailures(n) => format!("stopped: {n} tasks failed (--max-fails)"),
+        Ending::OutOfTime(n) => format!("stopped: {n} tasks cannot finish before the time limit"),
+    }
+}
+
+/// When each of the session's periodic chores was last done, µs on the world's clock.
+struct Last {
+    commit: u64,
+    sync: u64,
+    progress: u64,
+    tick: u64,
+    live: Option<u64>,
+}
+
+fn us(d: Duration) -> u64 {
+    d.as_micros() as u64
+}
+
+/// A leader session: the core, the ledger transaction its turns write into (one per turn, its
+/// commit grouped up to `commit_interval`), and the world it runs in.
+pub struct Session<'c, 'l, W: World> {
+    pub(super) core: Core<'c>,
+    ledger: &'l Ledger,
+    text: &'l TaskText,
+    pub(super) cfg: DriverConfig,
+    pub world: W,
+    pub(super) out: Effects,
+    txn: Option<WriteTxn<'l>>,
+    last: Last,
+    progress_every: u64,
+    /// The cost of leading, not of loading the task file (a fresh `htc run` does both).
+    cpu_start: u64,
+}
+
+impl<'c, 'l, W: World> Session<'c, 'l, W> {
+    pub fn new(core: Core<'c>, ledger: &'l Ledger, text: &'l TaskText, cfg: DriverConfig, world: W) -> Self {
+        let now = world.now_us();
+        // No sink: a wakeup an hour, which costs nothing.
+        let progress_every = cfg.progress.as_ref().map_or(3_600_000_000, |s| us(s.every()));
+        Session {
+            core,
+            ledger,
+            text,
+            cfg,
+            world,
+            out: Vec::new(),
+            txn: None,
+            last: Last { commit: now, sync: now, progress: now, tick: now, live: None },
+            progress_every,
+            cpu_start: cpu_us(),
+        }
+    }
+
+    pub fn core(&self) -> &Core<'c> {
+        &self.core
+    }
+
+    fn led_us(&self) -> u64 {
+        cpu_us().saturating_sub(self.cpu_start)
+    }
+
+    /// What `htc status` needs to know of this session from its start.
+    pub fn begin(&self, job_id: &str) -> Result<()> {
+        let now = self.world.now_us();
+        let mut t = self.ledger.write()?;
+        t.put_meta("leader_pid", &(std::process::id() as u64).to_le_bytes())?;
+        t.put_meta("session_start_us", &now.to_le_bytes())?;
+        t.put_meta("session_finished_start", &self.core.finished_start().to_le_bytes())?;
+        t.put_meta("job_id", job_id.as_bytes())?;
+        t.put_meta("leader_host", htc_store::host::hostname().as_bytes())?;
+        // The Slurm job this session runs in (a resumed run's differs from its first): status
+        // asks Slurm about it when the heartbeat alone cannot tell a dead leader yet.
+        t.put_meta("session_slurm_job", std::env::var("SLURM_JOB_ID").unwrap_or_default().as_bytes())?;
+        t.put_meta("heartbeat_us", &now.to_le_bytes())?;
+        t.commit()
+    }
+
+    /// When the next chore is due, on the world's clock. Each wakeup of an idle leader costs it
+    /// more than handling a report (caches gone cold; bench/RESULTS.md §14).
+    pub fn next_due_us(&self) -> u64 {
+        let (last, now) = (&self.last, self.world.now_us());
+        let commit_every = if self.txn.is_some() { us(self.cfg.commit_interval) } else { 1_000_000 };
+        let mut due = vec![last.tick + us(TICK_EVERY), last.commit + commit_every, last.progress + self.progress_every];
+        if self.cfg.durable {
+            due.push(last.sync + us(SYNC_EVERY));
+        }
+        if self.cfg.live_dir.is_some() {
+            due.push(last.live.map_or(now, |t| t + us(LIVE_EVERY)));
+        }
+        due.into_iter().min().unwrap_or(now)
+    }
+
+    /// When the open transaction's commit is due, if one is open.
+    pub fn commit_due_us(&self) -> Option<u64> {
+        self.txn.as_ref().map(|_| self.last.commit + us(self.cfg.commit_interval))
+    }
+
+    /// Whether the core's timer is due.
+    pub fn tick_due(&self) -> bool {
+        self.world.now_us() >= self.last.tick + us(TICK_EVERY)
+    }
+
+    /// The ledger's write transaction for this turn, begun if none is open.
+    fn txn(&mut self) -> Result<&mut WriteTxn<'l>> {
+        match self.txn {
+            Some(ref mut t) => Ok(t),
+            None => Ok(self.txn.insert(self.ledger.write()?)),
+        }
+    }
+
+    /// Feeds the core one input; its writes go into the open transaction.
+    pub fn turn(&mut self, input: Input) -> Result<Option<Ending>> {
+        let now = self.world.now_us();
+        if self.txn.is_none() {
+            self.txn = Some(self.ledger.write()?);
+        }
+        let t = self.txn.as_mut().expect("opened above");
+        let mut tasks = LedgerTasks { txn: t, text: self.text };
+        self.core.handle(now, &mut tasks, input, &mut self.out)
+    }
+
+    /// The core's timer: heartbeats, silent agents.
+    pub fn tick(&mut self) -> Result<Option<Ending>> {
+        self.last.tick = self.world.now_us();
+        let fresh = self.txn.is_none();
+        let before = self.core.counts();
+        let ending = self.turn(Input::Tick)?;
+        // A tick that gave up no agent wrote nothing: no commit for it (an idle leader would
+        // otherwise commit ten times a second).
+        if fresh && ending.is_none() && self.core.counts() == before {
+            self.txn = None;
+        }
+        Ok(ending)
+    }
+
+    /// Writes a meta value in the open transaction.
+    pub fn put_meta(&mut self, key: &str, value: &[u8]) -> Result<()> {
+        self.txn()?.put_meta(key, value)
+    }
+
+    /// Commits what the turns wrote once the interval has passed (or the run ended), and acks
+    /// it; with nothing written, a heartbeat for `htc status` every second.
+    pub fn commit(&mut self, ending: Option<&Ending>) -> Result<()> {
+        let now = self.world.now_us();
+        let since = now.saturating_sub(self.last.commit);
+        if self.txn.is_some() && (since >= us(self.cfg.commit_interval) || ending.is_some()) {
+            let mut t = self.txn.take().expect("checked above");
+            t.put_counts(&self.core.counts())?;
+            t.put_meta("heartbeat_us", &now.to_le_bytes())?;
+            t.put_meta("leader_cpu_us", &self.led_us().to_le_bytes())?;
+            t.put_meta("reports", &self.core.report_sizes().to_bytes())?;
+            t.put_meta("result_delays", &self.core.result_delays().to_bytes())?;
+            if matches!(ending, Some(Ending::Complete)) {
+                t.put_meta("finished_us", &now.to_le_bytes())?;
+            }
+            t.commit()?;
+            self.last.commit = now;
+            self.core.acks(&mut self.out);
+            // Amortized: a snapshot as large as what the journal wrote since the last one.
+            if self.ledger.journal_wants_snapshot() {
+                htc_store::replica::new_generation(self.ledger);
+            }
+        } else if self.txn.is_none() && since >= 1_000_000 {
+            let mut t = self.ledger.write()?;
+            t.put_meta("heartbeat_us", &now.to_le_bytes())?;
+            t.put_meta("leader_cpu_us", &self.led_us().to_le_bytes())?;
+            t.commit()?;
+            self.last.commit = now;
+        }
+        Ok(())
+    }
+
+    /// The turn's effects out, and the chores that are due: the ledger's sync, the live view,
+    /// growing, the progress display.
+    pub fn chores(&mut self) -> Result<()> {
+        // One write per agent per turn: its dispatches (which may go out before their commit: a
+        // lost dispatch is re-sent after a restart) and its ack, which must not.
+        self.world.carry(&mut self.out);
+        let now = self.world.now_us();
+        if self.cfg.durable && now.saturating_sub(self.last.sync) >= us(SYNC_EVERY) {
+            self.ledger.sync()?;
+            self.last.sync = now;
+        }
+        if self.cfg.live_dir.is_some() && self.last.live.is_none_or(|t| now.saturating_sub(t) >= us(LIVE_EVERY)) {
+            self.write_live("running");
+            self.last.live = Some(now);
+        }
+        if let Some(g) = self.cfg.grow.as_mut() {
+            g.turn(&mut self.core, now, &mut self.out);
+        }
+        if now.saturating_sub(self.last.progress) >= self.progress_every {
+            if let Some(sink) = self.cfg.progress.as_mut() {
+                sink.show(&self.core.progress(now));
+            }
+            self.last.progress = now;
+        }
+        Ok(())
+    }
+
+    /// Rewrites the live view; a failure to is logged once, and never stops the run.
+    fn write_live(&mut self, state: &str) {
+        let Some(dir) = self.cfg.live_dir.as_ref() else { return };
+        if let Err(e) = crate::livefile::write(dir, &self.core.live_view(self.world.now_us(), state)) {
+            tracing::warn!(error = %e, "no live view for htc watch");
+            self.cfg.live_dir = None;
+        }
+    }
+
+    /// The session is over, however it ended: what is written is committed, `htc status` need
+    /// not wait for the heartbeat to age, the agents are told.
+    pub fn end(mut self, ending: Ending) -> Result<(Ending, Progress, Core<'c>)> {
+        if let Some(g) = &self.cfg.grow {
+            g.end();
+        }
+        if let Some(t) = self.txn.take() {
+            t.commit()?;
+        }
+        let now = self.world.now_us();
+        let mut t = self.ledger.write()?;
+        t.put_meta("session_end_us", &now.to_le_bytes())?;
+        t.commit()?;
+        if self.cfg.durable {
+            self.ledger.sync()?;
+        }
+        self.write_live(&ending_state(&ending));
+        self.core.shutdown(&ending, &mut self.out);
+        self.world.carry(&mut self.out);
+        let p = self.core.progress(now);
+        if let Some(sink) = self.cfg.progress.as_mut() {
+            sink.show(&p);
+            sink.finish();
+        }
+        Ok((ending, p, self.core))
+    }
+}
+
+/// CPU time (user + system) of this process so far, in microseconds: the leader's cost, which
+/// `htc status` divides by the tasks finished.
+fn cpu_us() -> u64 {
+    use nix::sys::resource::{getrusage, UsageWho};
+    use nix::sys::time::TimeVal;
+    let Ok(u) = getrusage(UsageWho::RUSAGE_SELF) else { return 0 };
+    let us = |t: TimeVal| t.tv_sec() as u64 * 1_000_000 + t.tv_usec() as u64;
+    us(u.user_time()) + us(u.system_time())
+}
