@@ -5,7 +5,7 @@
 #   packaging/build-deb.sh
 #
 # Environment (the Makefile sets them):
-#   BIN_DIR       cargo's release directory with htc, htc-agent, libspank_htc.so (target/release)
+#   BIN_DIR       cargo's output directory with htc, htc-agent, libspank_htc.so (target/dist)
 #   MAN_DIR       the generated man pages (target/man, from `make man`)
 #   OUT_DIR       where the .deb goes (target/packages)
 #   DEB_REVISION  Debian revision, default 1 (a rebuild of the same version gets a higher one)
