@@ -1124,28 +1124,26 @@ pub(crate) mod tests {
         assert_eq!(records(&again), written, "a migrated ledger opens as any other");
     }
 
+    /// A new ledger that says it has schema `version`.
+    fn with_schema(name: &str, version: u32) -> std::path::PathBuf {
+        let p = tmp(name);
+        let l = Ledger::create(&p).unwrap();
+        let mut t = l.write().unwrap();
+        t.put_meta("schema", &version.to_le_bytes()).unwrap();
+        t.commit().unwrap();
+        p
+    }
+
     #[test]
     fn a_schema_with_no_migration_is_refused_naming_both_versions() {
-        let p = tmp("unmigratable");
-        {
-            let l = Ledger::create(&p).unwrap();
-            let mut t = l.write().unwrap();
-            t.put_meta("schema", &1u32.to_le_bytes()).unwrap();
-            t.commit().unwrap();
-        }
+        let p = with_schema("unmigratable", 1);
         let e = Ledger::open(&p, false).err().expect("schema 1 cannot be migrated");
         assert!(matches!(e, LedgerError::Unmigratable { found: 1, .. }), "{e}");
     }
 
     #[test]
     fn wrong_schema_is_refused() {
-        let p = tmp("schema");
-        {
-            let l = Ledger::create(&p).unwrap();
-            let mut t = l.write().unwrap();
-            t.put_meta("schema", &99u32.to_le_bytes()).unwrap();
-            t.commit().unwrap();
-        }
+        let p = with_schema("schema", 99);
         let e = Ledger::open(&p, false).err().expect("a newer schema is refused");
         assert!(matches!(e, LedgerError::Schema { found: 99, .. }), "{e}");
         let shown = e.to_string();

@@ -164,14 +164,14 @@ impl<'c, 'l, W: World> Session<'c, 'l, W> {
     pub fn next_due_us(&self) -> u64 {
         let (last, now) = (&self.last, self.world.now_us());
         let commit_every = if self.txn.is_some() { us(self.cfg.commit_interval) } else { 1_000_000 };
-        let mut due = vec![last.tick + us(TICK_EVERY), last.commit + commit_every, last.progress + self.progress_every];
-        if self.cfg.durable {
-            due.push(last.sync + us(SYNC_EVERY));
-        }
-        if self.cfg.live_dir.is_some() {
-            due.push(last.live.map_or(now, |t| t + us(LIVE_EVERY)));
-        }
-        due.into_iter().min().unwrap_or(now)
+        let sync = self.cfg.durable.then(|| last.sync + us(SYNC_EVERY));
+        let live = self.cfg.live_dir.as_ref().map(|_| last.live.map_or(now, |t| t + us(LIVE_EVERY)));
+        [last.tick + us(TICK_EVERY), last.commit + commit_every, last.progress + self.progress_every]
+            .into_iter()
+            .chain(sync)
+            .chain(live)
+            .min()
+            .unwrap_or(now)
     }
 
     /// When the open transaction's commit is due, if one is open.
