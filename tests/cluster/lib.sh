@@ -154,16 +154,18 @@ release_requeued() {
     cluster_cmd scontrol update jobid="$1" starttime=now
 }
 
-# wait_idle N [TIMEOUT]: until N of the cluster's nodes are idle (those of the last scenario may
-# still be completing, or coming back from a fault), at most TIMEOUT s (60); true when they are.
-# Scenarios that need their nodes at once (a limit runs from each job's start) wait for them.
+# wait_idle N [TIMEOUT]: until N of the cluster's nodes are idle and responding (those of the last
+# scenario may still be completing, or coming back from a fault: `idle*`, which `sinfo -t idle`
+# counts too, is a node whose slurmd has not registered again, and gets no job), at most TIMEOUT s
+# (90); true when they are. Scenarios that need their nodes at once (a limit runs from each job's
+# start) wait for them.
 wait_idle() {
     local i
-    for ((i = 0; i < ${2:-60} * 5; i++)); do
-        (($(cluster_cmd sinfo -h -N -t idle -o %N | sort -u | wc -l) >= $1)) && return 0
+    for ((i = 0; i < ${2:-90} * 5; i++)); do
+        (($(cluster_cmd sinfo -h -N -o '%N %t' | awk '$2 == "idle" { print $1 }' | sort -u | wc -l) >= $1)) && return 0
         sleep 0.2
     done
-    echo "wait_idle: fewer than $1 nodes idle after ${2:-60} s:" >&2
+    echo "wait_idle: fewer than $1 nodes idle after ${2:-90} s:" >&2
     cluster_cmd sinfo -N >&2
     return 1
 }
