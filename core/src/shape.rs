@@ -64,6 +64,13 @@ impl TaskShape {
         output_cap::bytes(self.max_output)
     }
 
+    /// What an agent is told of the task: the leader's own asks (retries, class, exclusive,
+    /// affinity) at their defaults, since they decide where and how often it runs, not how.
+    pub fn for_agent(&self) -> TaskShape {
+        let d = TaskShape::default();
+        TaskShape { retries: d.retries, class: d.class, exclusive: d.exclusive, affinity: d.affinity, ..*self }
+    }
+
     /// Sets the output cap from a byte count as the wire carries it (one that `output_cap`
     /// encoded, so nothing is lost; any other is rounded up to what the ledger could store).
     pub fn with_max_output_bytes(self, bytes: u64) -> TaskShape {
@@ -105,5 +112,26 @@ mod tests {
             let back = TaskShape::default().with_max_output_bytes(s.max_output_bytes());
             assert_eq!(back.max_output_bytes(), s.max_output_bytes(), "code {code:#x}");
         }
+    }
+
+    #[test]
+    fn an_agent_is_told_how_a_task_runs_not_where_or_how_often() {
+        let s = TaskShape {
+            cores: 3,
+            mem_mb: 9,
+            gpus: 1,
+            timeout_ms: 5,
+            retries: 7,
+            class: 2,
+            runtime_ms: 4,
+            max_output: 6,
+            priority: -1,
+            exclusive: true,
+            preemptible: true,
+            affinity: 11,
+        };
+        let d = TaskShape::default();
+        let expect = TaskShape { retries: d.retries, class: 0, exclusive: false, affinity: 0, ..s };
+        assert_eq!(s.for_agent(), expect);
     }
 }

@@ -1,17 +1,18 @@
-//! The leader's messages as the engine's own plain types: what it says to an agent (`ToAgent`)
-//! and what it reads of what agents say (`Hello`, `Report`). `wire` maps them to and from the
+//! The tree's messages as the engine's own plain types: what goes down to an agent (`Down`: a
+//! `ToAgent` for it) and what comes up (`Up`: a `Hello`, a `Report`, a loss). The leader, the
+//! agents' machines and the instance heads decide in these; `wire` maps them to and from the
 //! prost frames of `proto/htc.proto`, so a field added to the wire touches the mapping, not the
-//! leader's decisions. They stand beside `leader`, not in it: `wire` maps them, and `wire` is
-//! below the agent's machines, which the leader's liveness asks (`agent::pace`).
+//! decisions. They stand beside `leader` and `agent`, as both speak them.
 
 use htc_core::record::Outcome;
-use htc_core::shape::TaskShape;
+use htc_core::work::TaskToRun;
 
 /// What the leader says to one agent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ToAgent {
-    /// Tasks to run, in order (the wire cuts them into frames of a bounded size).
-    Dispatch(Vec<TaskSpec>),
+    /// Tasks to run, in order (the wire cuts them into frames of a bounded size). Each shape is
+    /// what an agent is told of it (`TaskShape::for_agent`).
+    Dispatch(Vec<TaskToRun>),
     /// Every report up to and including `seq` is committed; with nothing new, a heartbeat.
     Ack {
         seq: u64,
@@ -29,6 +30,47 @@ pub enum ToAgent {
         stop: Stop,
         reason: String,
     },
+    /// The answer to a Hello the leader (or an instance head) took.
+    Welcome {
+        job_id: String,
+    },
+    /// The answer to a Hello refused.
+    Reject {
+        reason: String,
+    },
+}
+
+/// A frame down the tree: `msg` for `agent`, the reader or one below it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Down {
+    pub agent: u32,
+    pub msg: ToAgent,
+}
+
+/// A frame up the tree: what an agent says (its own, or one relayed for an agent below it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Up {
+    Hello(Hello),
+    Report {
+        agent: u32,
+        report: Report,
+    },
+    /// An agent is gone: one below a relay that lost its connection, or an agent that says why
+    /// it stops before it closes its own.
+    Lost {
+        agent: u32,
+        why: String,
+    },
+}
+
+impl Up {
+    /// The agent it speaks for.
+    pub fn agent(&self) -> u32 {
+        match self {
+            Up::Hello(h) => h.agent,
+            Up::Report { agent, .. } | Up::Lost { agent, .. } => *agent,
+        }
+    }
 }
 
 /// How an agent is told to stop.
@@ -42,17 +84,6 @@ pub enum Stop {
     Hold,
     /// Given up by the leader: stop everything, then come back as a fresh member.
     Revive,
-}
-
-/// One task as an agent gets it.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct TaskSpec {
-    pub id: u64,
-    /// 1 for the first run.
-    pub attempt: u32,
-    pub command: Vec<u8>,
-    pub shell: bool,
-    pub shape: TaskShape,
 }
 
 /// An agent's first word to the leader (or a relay's for one below it).
@@ -80,7 +111,7 @@ pub enum Came {
     Handover,
 }
 
-/// What the leader reads of an agent's (or an instance head's) report.
+/// An agent's (or an instance head's) report.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Report {
     /// Increases by one per report that carries results.
@@ -101,6 +132,8 @@ pub struct Report {
     pub capacity: Option<Capacity>,
     /// Tasks given back unstarted on a Recall.
     pub recalled: Vec<u64>,
+    /// Nothing queued and nothing running (read by nobody: the leader counts for itself).
+    pub drained: bool,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

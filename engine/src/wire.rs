@@ -1,12 +1,14 @@
 //! The wire format: the messages of `proto/htc.proto` as plain Rust types (prost), how they map
-//! to the engine's own types (`leader`: the leader's messages, `msg`), and how a dispatch is cut
-//! into frames. Framing and sockets are the node's (`frame.rs` in the node agent); nothing here
-//! does I/O.
+//! to the engine's own (`msg`: `down` for what goes down the tree, `up` for what comes up, `task`
+//! for a task), and how a dispatch is cut into frames. The only place prost types appear in the
+//! engine. Framing and sockets are the node's (`frame.rs` in the node agent); nothing here does
+//! I/O.
 
 use htc_core::record::Outcome;
 
-pub mod leader;
+pub mod down;
 mod task;
+pub mod up;
 
 /// Generated from `proto/htc.proto`.
 pub mod proto {

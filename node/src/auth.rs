@@ -19,7 +19,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::frame::{self, FrameError, MAX_HELLO};
-use htc_engine::proto::{self, frame::Body};
+use htc_engine::wire::proto::{self, frame::Body};
 use htc_engine::wire::PROTOCOL_VERSION;
 
 pub const NONCE_LEN: usize = 32;

@@ -4,7 +4,7 @@
 use prost::Message;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use htc_engine::proto;
+use htc_engine::wire::proto;
 
 /// Largest frame either side accepts. A dispatch of 4096 tasks with 64 KiB commands would not
 /// fit, so senders cap batches by bytes as well as count (see `MAX_BATCH_BYTES`).

@@ -6,7 +6,7 @@
 
 use std::net::SocketAddr;
 
-use htc_engine::proto::{self, frame::Body};
+use htc_engine::wire::proto::{self, frame::Body};
 use htc_store::rundir::RunDir;
 
 use crate::{auth, frame};

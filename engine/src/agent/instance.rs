@@ -23,10 +23,12 @@ use std::sync::Arc;
 
 use htc_core::tree::Tree;
 
-use super::machine::{destination, queue_target, Effect, Input, Machine};
+use super::machine::{queue_target, Effect, Input, Machine};
 use crate::liveness::Liveness;
+use crate::msg::{Capacity, Down, Report, Stop, TaskResult, ToAgent, Up};
 use crate::pace::{self, Pace, REPORT_BATCH};
-use crate::proto::{self, frame::Body};
+use htc_core::record::Outcome;
+use htc_core::work::TaskToRun;
 
 /// A member as the head sees it (the head's own machine included).
 #[derive(Debug)]
@@ -64,27 +66,27 @@ impl Member {
     }
 
     /// What `t` takes of this member's memory and GPUs.
-    fn cost(&self, t: &proto::TaskSpec) -> (u64, u32) {
-        (if self.mem_mb == 0 { 0 } else { t.mem_mb as u64 }, t.gpus)
+    fn cost(&self, t: &TaskToRun) -> (u64, u32) {
+        (if self.mem_mb == 0 { 0 } else { t.shape.mem_mb as u64 }, t.shape.gpus as u32)
     }
 
     /// Whether `t` fits beside what it holds, with `keep` kept free besides.
-    fn fits(&self, t: &proto::TaskSpec, keep: (u64, u32)) -> bool {
+    fn fits(&self, t: &TaskToRun, keep: (u64, u32)) -> bool {
         let (mem, gpus) = self.cost(t);
         (mem == 0 || self.mem_used + mem + keep.0 <= self.mem_mb)
             && (gpus == 0 || self.gpus_used + gpus + keep.1 <= self.gpus)
     }
 
     /// Whether it could ever hold `t`.
-    fn could_hold(&self, t: &proto::TaskSpec) -> bool {
+    fn could_hold(&self, t: &TaskToRun) -> bool {
         let (mem, gpus) = self.cost(t);
-        mem <= self.mem_mb && gpus <= self.gpus && t.cores.max(1) <= self.slots
+        mem <= self.mem_mb && gpus <= self.gpus && t.shape.cores.max(1) as u32 <= self.slots
     }
 }
 
 /// Whether a task needs placing: by memory, GPUs, or more cores than one.
-fn sized(t: &proto::TaskSpec) -> bool {
-    t.mem_mb > 0 || t.gpus > 0 || t.cores > 1
+fn sized(t: &TaskToRun) -> bool {
+    t.shape.mem_mb > 0 || t.shape.gpus > 0 || t.shape.cores > 1
 }
 
 pub struct Instance {
@@ -95,13 +97,13 @@ pub struct Instance {
     /// Whether the tree gives this agent members; if not, `own` does everything.
     heads: bool,
     members: BTreeMap<u32, Member>,
-    queue: VecDeque<proto::TaskSpec>,
+    queue: VecDeque<TaskToRun>,
     /// Queued tasks with `mem=` or `gpus=` (none: the queue is handed out in order, unlooked at).
     sized: usize,
     /// A queued task that fit no member, and the member kept for it.
     kept: Option<(u64, u32)>,
     /// The instance's resources as last told to the leader.
-    told: Option<proto::Capacity>,
+    told: Option<Capacity>,
     /// Slots, and idle member slots, as the last report said (the leader remembers them:
     /// `Machine`'s `told_idle`).
     told_slots: u32,
@@ -110,8 +112,8 @@ pub struct Instance {
     /// Requested from the leader and not yet received.
     asked: u64,
     seq: u64,
-    started: Vec<proto::TaskStarted>,
-    results: Vec<proto::TaskResult>,
+    started: Vec<crate::msg::Started>,
+    results: Vec<TaskResult>,
     /// Tasks a lost member had not reported started, for the leader to take back.
     returned: Vec<u64>,
     /// Tasks given back unstarted on the leader's Recall (from the queue, or by their holder).
@@ -248,10 +250,10 @@ impl Instance {
             return self.own.handle(now_us, input, out);
         }
         match input {
-            Input::Parent(body) if destination(&body) == Some(self.id) => self.on_parent(now_us, body, out),
-            Input::ChildFrame(body) => match source(&body).filter(|&a| self.tree.is_member(a, self.id)) {
-                Some(member) => self.on_member(now_us, member, body, out),
-                None => self.own(now_us, Input::ChildFrame(body), out),
+            Input::Parent(down) if down.agent == self.id => self.on_parent(now_us, down.msg, out),
+            Input::ChildFrame(up) => match Some(up.agent()).filter(|&a| self.tree.is_member(a, self.id)) {
+                Some(member) => self.on_member(now_us, member, up, out),
+                None => self.own(now_us, Input::ChildFrame(up), out),
             },
             Input::ChildClosed { child, agents: _, why } if self.tree.is_member(child, self.id) => {
                 self.member_lost(child, &why);
@@ -286,13 +288,13 @@ impl Instance {
             let secs = now_us.saturating_sub(self.members[&m].heard_us) as f64 / 1e6;
             let why = format!("silent for {secs:.1} s");
             self.member_lost(m, &why);
-            let stop = proto::Shutdown { revive: false, abort: true, reason: why, agent: m, hold: false };
-            out.push(Effect::Down { child: m, body: Body::Shutdown(stop) });
+            let stop = ToAgent::Shutdown { stop: Stop::Abort, reason: why };
+            out.push(Effect::Down { child: m, msg: Down { agent: m, msg: stop } });
         }
         if now_us.saturating_sub(self.last_down_us) >= self.live.heartbeat_us && !self.shutting_down {
             self.last_down_us = now_us;
             for &m in self.members.keys().filter(|&&m| m != self.id) {
-                out.push(Effect::Down { child: m, body: Body::Ack(proto::Ack { seq: 0, agent: m, resync: false }) });
+                out.push(Effect::Down { child: m, msg: Down { agent: m, msg: ToAgent::Ack { seq: 0 } } });
             }
         }
     }
@@ -303,7 +305,7 @@ impl Instance {
         self.own.handle(now_us, input, &mut mine);
         for e in mine {
             match e {
-                Effect::Up(Body::Report(r)) => self.merge(now_us, self.id, r),
+                Effect::Up(Up::Report { report, .. }) => self.merge(now_us, self.id, report),
                 Effect::CloseUp => {
                     self.report(now_us, true, out);
                     out.push(Effect::CloseUp);
@@ -313,37 +315,41 @@ impl Instance {
         }
     }
 
-    fn on_parent(&mut self, now_us: u64, body: Body, out: &mut Vec<Effect>) {
-        match body {
-            Body::Dispatch(d) => {
-                self.asked = self.asked.saturating_sub(d.tasks.len() as u64);
-                self.sized += d.tasks.iter().filter(|t| sized(t)).count();
-                self.queue.extend(d.tasks);
+    fn on_parent(&mut self, now_us: u64, msg: ToAgent, out: &mut Vec<Effect>) {
+        match msg {
+            ToAgent::Dispatch(tasks) => {
+                self.asked = self.asked.saturating_sub(tasks.len() as u64);
+                self.sized += tasks.iter().filter(|t| sized(t)).count();
+                self.queue.extend(tasks);
             }
-            Body::Ack(a) => {
-                if a.resync {
-                    self.resync = true;
-                    if std::mem::take(&mut self.rejoined) {
-                        // What was asked for may have died with the relay: ask afresh.
-                        self.asked = 0;
-                    }
+            ToAgent::Ack { seq } => self.acked(now_us, seq, out),
+            ToAgent::Resync { seq } => {
+                self.resync = true;
+                if std::mem::take(&mut self.rejoined) {
+                    // What was asked for may have died with the relay: ask afresh.
+                    self.asked = 0;
                 }
-                self.acked(now_us, a.seq, out)
+                self.acked(now_us, seq, out)
             }
-            Body::Preempt(p) => self.preempt(now_us, p.ids, out),
-            Body::Recall(r) => self.recall(now_us, r.ids, out),
-            Body::Shutdown(s) => {
+            ToAgent::Preempt(ids) => self.preempt(now_us, ids, out),
+            ToAgent::Recall(ids) => self.recall(now_us, ids, out),
+            ToAgent::Shutdown { stop, reason } => {
                 self.shutting_down = true;
+                // A member is never revived by its head's revival: it has a head to go back to.
+                let theirs = if stop == Stop::Revive { Stop::Abort } else { stop };
                 for &m in self.members.keys().filter(|&&m| m != self.id) {
-                    out.push(Effect::Down {
-                        child: m,
-                        body: Body::Shutdown(proto::Shutdown { revive: false, agent: m, ..s.clone() }),
-                    });
+                    let msg = ToAgent::Shutdown { stop: theirs, reason: reason.clone() };
+                    out.push(Effect::Down { child: m, msg: Down { agent: m, msg } });
                 }
-                self.own(now_us, Input::Parent(Body::Shutdown(s)), out);
+                self.own_msg(now_us, ToAgent::Shutdown { stop, reason }, out);
             }
-            other => self.own(now_us, Input::Parent(other), out),
+            other => self.own_msg(now_us, other, out),
         }
+    }
+
+    /// A message for the head's own machine.
+    fn own_msg(&mut self, now_us: u64, msg: ToAgent, out: &mut Vec<Effect>) {
+        self.own(now_us, Input::Parent(Down { agent: self.id, msg }), out);
     }
 
     /// Stops preempted tasks where they are: one still in the queue goes back to the leader
@@ -361,16 +367,16 @@ impl Instance {
             }
         }
         for (holder, ids) in by_holder {
-            self.send_holder(now_us, holder, Body::Preempt(proto::Preempt { agent: holder, ids }), out);
+            self.send_holder(now_us, holder, ToAgent::Preempt(ids), out);
         }
     }
 
-    /// A frame about tasks `holder` holds: to the head's own machine, or down to the member.
-    fn send_holder(&mut self, now_us: u64, holder: u32, body: Body, out: &mut Vec<Effect>) {
+    /// A message for `holder`: the head's own machine, or a member.
+    fn send_holder(&mut self, now_us: u64, holder: u32, msg: ToAgent, out: &mut Vec<Effect>) {
         if holder == self.id {
-            self.own(now_us, Input::Parent(body), out);
+            self.own_msg(now_us, msg, out);
         } else {
-            out.push(Effect::Down { child: holder, body });
+            out.push(Effect::Down { child: holder, msg: Down { agent: holder, msg } });
         }
     }
 
@@ -397,7 +403,7 @@ impl Instance {
             }
         }
         for (holder, ids) in by_holder {
-            self.send_holder(now_us, holder, Body::Recall(proto::Recall { agent: holder, ids }), out);
+            self.send_holder(now_us, holder, ToAgent::Recall(ids), out);
         }
     }
 
@@ -411,38 +417,34 @@ impl Instance {
             last.insert(m, mseq);
         }
         for (m, mseq) in last {
-            let ack = Body::Ack(proto::Ack { seq: mseq, agent: m, resync: false });
-            if m == self.id {
-                self.own(now_us, Input::Parent(ack), out);
-            } else if self.members.contains_key(&m) {
-                out.push(Effect::Down { child: m, body: ack });
+            if m == self.id || self.members.contains_key(&m) {
+                self.send_holder(now_us, m, ToAgent::Ack { seq: mseq }, out);
             }
         }
     }
 
-    fn on_member(&mut self, now_us: u64, member: u32, body: Body, out: &mut Vec<Effect>) {
-        match body {
-            Body::Hello(h) => {
+    fn on_member(&mut self, now_us: u64, member: u32, up: Up, out: &mut Vec<Effect>) {
+        match up {
+            Up::Hello(h) => {
                 tracing::info!(head = self.id, member, slots = h.cores, host = %h.hostname, "member joined");
                 let heard_us = now_us;
                 self.members.insert(member, Member::new(h.cores, h.mem_mb, h.gpus, heard_us));
-                let welcome = proto::Welcome { job_id: self.job_id.clone(), agent_id: member };
-                out.push(Effect::Down { child: member, body: Body::Welcome(welcome) });
+                let welcome = ToAgent::Welcome { job_id: self.job_id.clone() };
+                out.push(Effect::Down { child: member, msg: Down { agent: member, msg: welcome } });
             }
-            Body::Report(r) => {
+            Up::Report { report, .. } => {
                 if let Some(m) = self.members.get_mut(&member) {
                     m.heard_us = now_us;
                 }
-                self.merge(now_us, member, r)
+                self.merge(now_us, member, report)
             }
             // The member says why it stops; its connection closing follows and hands its tasks back.
-            Body::Lost(l) => tracing::warn!(head = self.id, member, why = %l.reason, "member stopping"),
-            _ => tracing::debug!(head = self.id, member, "unexpected frame from a member ignored"),
+            Up::Lost { why, .. } => tracing::warn!(head = self.id, member, %why, "member stopping"),
         }
     }
 
     /// A member's (or the head's own) report: its news joins the head's next report.
-    fn merge(&mut self, now_us: u64, member: u32, r: proto::Report) {
+    fn merge(&mut self, now_us: u64, member: u32, r: Report) {
         let Some(m) = self.members.get_mut(&member) else { return };
         m.credit += r.want as u64;
         m.idle = r.idle as u64;
@@ -499,10 +501,10 @@ impl Instance {
         for id in ids {
             let h = self.held.remove(&id).unwrap();
             if h.started {
-                self.results.push(proto::TaskResult {
+                self.results.push(TaskResult {
                     id,
                     attempt: h.attempt,
-                    outcome: proto::Outcome::Lost as i32,
+                    outcome: Outcome::Lost,
                     ran_on: Some(member),
                     ..Default::default()
                 });
@@ -559,18 +561,12 @@ impl Instance {
         m.credit -= n as u64;
         m.idle = m.idle.saturating_sub(n as u64);
         m.held += n as u64;
-        for d in crate::wire::dispatches(member, specs) {
-            if member == self.id {
-                self.own(now_us, Input::Parent(Body::Dispatch(d)), out);
-            } else {
-                out.push(Effect::Down { child: member, body: Body::Dispatch(d) });
-            }
-        }
+        self.send_holder(now_us, member, ToAgent::Dispatch(specs), out);
     }
 
     /// Up to `n` queued tasks for `member`, in order: those with `mem=` or `gpus=` only where
     /// they fit beside what it holds (and beside the task it is kept for).
-    fn take_for(&mut self, member: u32, n: usize) -> Vec<proto::TaskSpec> {
+    fn take_for(&mut self, member: u32, n: usize) -> Vec<TaskToRun> {
         if self.sized == 0 {
             return self.queue.drain(..n).collect();
         }
@@ -623,7 +619,7 @@ impl Instance {
             self.kept = None;
         }
         let none = (0, 0);
-        let unfit = |t: &&proto::TaskSpec| !self.members.values().any(|m| m.could_hold(t) && m.fits(t, none));
+        let unfit = |t: &&TaskToRun| !self.members.values().any(|m| m.could_hold(t) && m.fits(t, none));
         let waiting = self.queue.iter().filter(|t| sized(t)).find(unfit);
         let Some(t) = waiting else { return };
         let best = self
@@ -638,7 +634,7 @@ impl Instance {
     /// the leader, which sends them elsewhere or fails them as unschedulable.
     fn return_unfit(&mut self) {
         let members = &self.members;
-        let holdable = |t: &proto::TaskSpec| !sized(t) || members.values().any(|m| m.could_hold(t));
+        let holdable = |t: &TaskToRun| !sized(t) || members.values().any(|m| m.could_hold(t));
         if self.queue.iter().all(holdable) {
             return;
         }
@@ -649,9 +645,9 @@ impl Instance {
     }
 
     /// What the instance has for tasks now: sums, and the largest member's.
-    fn capacity(&self) -> proto::Capacity {
+    fn capacity(&self) -> Capacity {
         let ms = self.members.values();
-        proto::Capacity {
+        Capacity {
             mem_mb: ms.clone().map(|m| m.mem_mb).sum(),
             largest_mem_mb: ms.clone().map(|m| m.mem_mb).max().unwrap_or(0),
             gpus: ms.clone().map(|m| m.gpus).sum(),
@@ -707,37 +703,25 @@ impl Instance {
         }
         self.asked += want;
         let resync = std::mem::take(&mut self.resync);
-        let mut holding: Vec<u64> = if resync {
-            self.queue.iter().map(|t| t.id).chain(self.held.keys().copied()).collect()
-        } else {
-            Vec::new()
-        };
-        holding.sort_unstable();
-        out.push(Effect::Up(Body::Report(proto::Report {
+        let holding = resync.then(|| {
+            let mut h: Vec<u64> = self.queue.iter().map(|t| t.id).chain(self.held.keys().copied()).collect();
+            h.sort_unstable();
+            h
+        });
+        let report = Report {
             seq: self.seq,
             started: std::mem::take(&mut self.started),
             results: std::mem::take(&mut self.results),
             want: want as u32,
             drained: last || have == 0,
-            agent: self.id,
             idle: idle as u32,
             cores: slots,
             returned: std::mem::take(&mut self.returned),
-            resync,
             holding,
             capacity,
             recalled: std::mem::take(&mut self.recalled),
-        })));
-    }
-}
-
-/// The agent an upward frame comes from.
-fn source(b: &Body) -> Option<u32> {
-    match b {
-        Body::Hello(h) => Some(h.agent_id),
-        Body::Report(r) => Some(r.agent),
-        Body::Lost(l) => Some(l.agent),
-        _ => None,
+        };
+        out.push(Effect::Up(Up::Report { agent: self.id, report }));
     }
 }
 
@@ -750,8 +734,24 @@ mod tests {
     /// The least time between the head's reports (`pace`).
     const GAP: u64 = pace::REPORT_GAP_US;
 
-    fn spec(id: u64) -> proto::TaskSpec {
-        proto::TaskSpec { id, attempt: 1, command: b"sleep 9".to_vec(), ..Default::default() }
+    fn spec(id: u64) -> TaskToRun {
+        TaskToRun::new(id, 1, b"sleep 9".to_vec())
+    }
+
+    /// Task `id` asking `mem_mb` MiB and `gpus` devices.
+    fn shaped(id: u64, mem_mb: u32, gpus: u8) -> TaskToRun {
+        let shape = htc_core::shape::TaskShape { mem_mb, gpus, ..Default::default() };
+        spec(id).shaped(shape)
+    }
+
+    /// `msg` from the parent for `agent`.
+    fn down(agent: u32, msg: ToAgent) -> Input {
+        Input::Parent(Down { agent, msg })
+    }
+
+    fn hello(agent: u32, cores: u32, mem_mb: u64, gpus: u32) -> Up {
+        let came = crate::msg::Came::New;
+        Up::Hello(crate::msg::Hello { agent, cores, mem_mb, gpus, hostname: String::new(), came })
     }
 
     /// Task `id`'s first attempt ended well on the head's own machine.
@@ -776,37 +776,25 @@ mod tests {
         let mut h = head().with_resources(head_mb, 0);
         step(&mut h, 0, Input::Tick);
         step(&mut h, 1, Input::ChildOpened(1));
-        let hello = proto::Hello { agent_id: 1, cores: 2, mem_mb: member_mb, ..Default::default() };
-        step(&mut h, 2, Input::ChildFrame(Body::Hello(hello)));
+        let hello = hello(1, 2, member_mb, 0);
+        step(&mut h, 2, Input::ChildFrame(hello));
         h
     }
 
     fn member_report(agent: u32, seq: u64, want: u32, idle: u32, started: &[u64], done: &[u64]) -> Input {
-        let started = started.iter().map(|&id| proto::TaskStarted { id, attempt: 1, start_us: 5 }).collect();
+        let started = started.iter().map(|&id| crate::msg::Started { id, attempt: 1, start_us: 5 }).collect();
         let results = done
             .iter()
-            .map(|&id| proto::TaskResult {
-                id,
-                attempt: 1,
-                outcome: proto::Outcome::Exited as i32,
-                ..Default::default()
-            })
+            .map(|&id| TaskResult { id, attempt: 1, outcome: Outcome::Exited, ..Default::default() })
             .collect();
-        Input::ChildFrame(Body::Report(proto::Report {
-            seq,
-            started,
-            results,
-            want,
-            idle,
-            agent,
-            ..Default::default()
-        }))
+        let report = Report { seq, started, results, want, idle, ..Default::default() };
+        Input::ChildFrame(Up::Report { agent, report })
     }
 
-    fn ups(out: &[Effect]) -> Vec<&proto::Report> {
+    fn ups(out: &[Effect]) -> Vec<&Report> {
         out.iter()
             .filter_map(|e| match e {
-                Effect::Up(Body::Report(r)) => Some(r),
+                Effect::Up(Up::Report { report, .. }) => Some(report),
                 _ => None,
             })
             .collect()
@@ -826,8 +814,10 @@ mod tests {
     fn sent_to(out: &[Effect], m: u32) -> Vec<u64> {
         out.iter()
             .filter_map(|e| match e {
-                Effect::Down { child, body: Body::Dispatch(d) } if *child == m && d.agent == m => {
-                    Some(d.tasks.iter().map(|t| t.id))
+                Effect::Down { child, msg: Down { agent, msg: ToAgent::Dispatch(d) } }
+                    if *child == m && *agent == m =>
+                {
+                    Some(d.iter().map(|t| t.id))
                 }
                 _ => None,
             })
@@ -840,34 +830,36 @@ mod tests {
     #[test]
     fn a_recall_takes_tasks_out_of_the_head_s_queue_and_asks_their_holders() {
         let mut h = head_and_member(0, 0);
-        let d = proto::Dispatch { tasks: (1..=12).map(spec).collect(), agent: 0 };
-        let out = step(&mut h, 3, Input::Parent(Body::Dispatch(d)));
+        let d = Down { agent: 0, msg: ToAgent::Dispatch((1..=12).map(spec).collect()) };
+        let out = step(&mut h, 3, Input::Parent(d));
         assert_eq!(ran_here(&out), vec![1, 2, 3, 4, 5, 6]);
         let out = step(&mut h, 4, member_report(1, 0, 4, 2, &[], &[]));
         assert_eq!(sent_to(&out, 1), vec![7, 8, 9, 10]);
         // 11 and 12 wait in the head's queue; 6 at its own executor; 9 and 10 at the member.
-        let recall = proto::Recall { agent: 0, ids: vec![6, 9, 10, 11, 12] };
-        let out = step(&mut h, 5, Input::Parent(Body::Recall(recall)));
+        let recall = Down { agent: 0, msg: ToAgent::Recall(vec![6, 9, 10, 11, 12]) };
+        let out = step(&mut h, 5, Input::Parent(recall));
         let asked: Vec<(Option<u32>, Vec<u64>)> = out
             .iter()
             .filter_map(|e| match e {
                 Effect::Exec(Command::Recall(ids)) => Some((None, ids.clone())),
-                Effect::Down { child, body: Body::Recall(r) } => Some((Some(*child), r.ids.clone())),
+                Effect::Down { child, msg: Down { msg: ToAgent::Recall(ids), .. } } => {
+                    Some((Some(*child), ids.clone()))
+                }
                 _ => None,
             })
             .collect();
         assert_eq!(asked, vec![(None, vec![6]), (Some(1), vec![9, 10])]);
         assert_eq!(ups(&out)[0].recalled, [11, 12], "the queue's at once");
         // The member had started 9; it gives back 10. The head's executor gives back 6.
-        let back = proto::Report { agent: 1, recalled: vec![10], ..Default::default() };
-        let out = step(&mut h, 6, Input::ChildFrame(Body::Report(back)));
+        let back = Report { recalled: vec![10], ..Default::default() };
+        let out = step(&mut h, 6, Input::ChildFrame(Up::Report { agent: 1, report: back }));
         assert_eq!(ups(&out)[0].recalled, [10]);
         let out = step(&mut h, 7, Input::Exec(vec![ExecEvent::Recalled { id: 6, attempt: 1 }]));
         assert_eq!(ups(&out)[0].recalled, [6]);
         // A task the member gave back is no longer the instance's: a resync does not list it.
-        let mut out = step(&mut h, 8, Input::Parent(Body::Ack(proto::Ack { seq: 0, agent: 0, resync: true })));
+        let mut out = step(&mut h, 8, down(0, ToAgent::Resync { seq: 0 }));
         out.extend(step(&mut h, 9, Input::Tick));
-        assert_eq!(ups(&out)[0].holding, [1, 2, 3, 4, 5, 7, 8, 9]);
+        assert_eq!(ups(&out)[0].holding.as_deref(), Some(&[1, 2, 3, 4, 5, 7, 8, 9][..]));
     }
 
     #[test]
@@ -875,22 +867,23 @@ mod tests {
         let mut h = head();
         let out = step(&mut h, 0, Input::Tick);
         let r = ups(&out);
-        assert_eq!((r.len(), r[0].want, r[0].agent, r[0].cores), (1, 32, 0, 2), "asks for its own slots first");
+        assert_eq!((r.len(), r[0].want, r[0].cores), (1, 32, 2), "asks for its own slots first");
 
         step(&mut h, 1, Input::ChildOpened(1));
-        let hello = proto::Hello { agent_id: 1, cores: 2, ..Default::default() };
-        let out = step(&mut h, 2, Input::ChildFrame(Body::Hello(hello)));
+        let hello = hello(1, 2, 0, 0);
+        let out = step(&mut h, 2, Input::ChildFrame(hello));
         assert!(
-            matches!(&out[0], Effect::Down { child: 1, body: Body::Welcome(w) } if w.agent_id == 1 && w.job_id == "job"),
+            matches!(&out[0], Effect::Down { child: 1, msg: Down { agent: 1, msg: ToAgent::Welcome { job_id } } } if job_id == "job"),
             "the head admits its member: {out:?}"
         );
         // The leader never hears of the member, only of the instance's slots, idle, to fill now.
         let r = ups(&out);
-        assert_eq!((out.len(), r[0].agent, r[0].cores, r[0].idle, r[0].want), (2, 0, 4, 2, 32));
+        assert_eq!((out.len(), r[0].cores, r[0].idle, r[0].want), (2, 4, 2, 32));
+        assert!(matches!(out[1], Effect::Up(Up::Report { agent: 0, .. })), "it reports as itself");
 
         // Eight tasks for the instance: the head's two idle slots, then its share of 4 (of 4 slots).
-        let d = proto::Dispatch { tasks: (1..=8).map(spec).collect(), agent: 0 };
-        let out = step(&mut h, 3, Input::Parent(Body::Dispatch(d)));
+        let d = Down { agent: 0, msg: ToAgent::Dispatch((1..=8).map(spec).collect()) };
+        let out = step(&mut h, 3, Input::Parent(d));
         assert_eq!(ran_here(&out), vec![1, 2, 3, 4]);
         // The member asks: it gets the other four.
         let out = step(&mut h, 4, member_report(1, 0, 16, 2, &[], &[]));
@@ -911,10 +904,10 @@ mod tests {
         assert_eq!((r[0].seq, r[0].cores), (1, 4));
 
         // The leader recorded it: so is the member's report that it carried.
-        let out = step(&mut h, 5 + GAP, Input::Parent(Body::Ack(proto::Ack { seq: 1, agent: 0, resync: false })));
+        let out = step(&mut h, 5 + GAP, down(0, ToAgent::Ack { seq: 1 }));
         assert!(
             out.iter()
-                .any(|e| matches!(e, Effect::Down { child: 1, body: Body::Ack(a) } if a.seq == 1 && a.agent == 1)),
+                .any(|e| matches!(e, Effect::Down { child: 1, msg: Down { agent: 1, msg: ToAgent::Ack { seq: 1 } } })),
             "{out:?}"
         );
     }
@@ -927,14 +920,10 @@ mod tests {
         step(&mut h, 0, Input::Tick);
         for m in [1, 2] {
             step(&mut h, 1, Input::ChildOpened(m));
-            step(
-                &mut h,
-                1,
-                Input::ChildFrame(Body::Hello(proto::Hello { agent_id: m, cores: 2, ..Default::default() })),
-            );
+            step(&mut h, 1, Input::ChildFrame(hello(m, 2, 0, 0)));
         }
-        let d = proto::Dispatch { tasks: (1..=12).map(spec).collect(), agent: 0 };
-        step(&mut h, 2, Input::Parent(Body::Dispatch(d)));
+        let d = Down { agent: 0, msg: ToAgent::Dispatch((1..=12).map(spec).collect()) };
+        step(&mut h, 2, Input::Parent(d));
         let mut got = Vec::new();
         for m in [1, 2] {
             got.push(sent_to(&step(&mut h, 3, member_report(m, 0, 16, 2, &[], &[])), m));
@@ -966,16 +955,16 @@ mod tests {
         let c = ups(&r)[0].capacity.expect("the head's own at first");
         assert_eq!((c.mem_mb, c.largest_mem_mb, c.largest_cores), (1000, 1000, 2));
         step(&mut h, 1, Input::ChildOpened(1));
-        let hello = proto::Hello { agent_id: 1, cores: 2, mem_mb: 1000, ..Default::default() };
-        let r = step(&mut h, 2, Input::ChildFrame(Body::Hello(hello)));
+        let hello = hello(1, 2, 1000, 0);
+        let r = step(&mut h, 2, Input::ChildFrame(hello));
         let c = ups(&r)[0].capacity.expect("changed: the member joined; said at once");
         assert_eq!((c.mem_mb, c.largest_mem_mb), (2000, 1000));
         assert_eq!(ups(&step(&mut h, 4, Input::Tick)).first().and_then(|r| r.capacity), None, "said once");
 
         // Three tasks of 600 MiB and one without mem=: the head's machine can hold one of them.
-        let big = |id| proto::TaskSpec { mem_mb: 600, ..spec(id) };
-        let d = proto::Dispatch { tasks: vec![big(1), big(2), big(3), spec(4)], agent: 0 };
-        let out = step(&mut h, 5, Input::Parent(Body::Dispatch(d)));
+        let big = |id| shaped(id, 600, 0);
+        let d = Down { agent: 0, msg: ToAgent::Dispatch(vec![big(1), big(2), big(3), spec(4)]) };
+        let out = step(&mut h, 5, Input::Parent(d));
         assert_eq!(ran_here(&out), vec![1, 4], "2 and 3 do not fit beside 1");
         let out = step(&mut h, 6, member_report(1, 0, 16, 2, &[], &[]));
         assert_eq!(sent_to(&out, 1), vec![2], "one fits the member; 3 fits nowhere now");
@@ -991,14 +980,14 @@ mod tests {
         let mut h = head().with_resources(0, 1);
         step(&mut h, 0, Input::Tick);
         step(&mut h, 1, Input::ChildOpened(1));
-        let hello = proto::Hello { agent_id: 1, cores: 2, gpus: 2, ..Default::default() };
-        let r = step(&mut h, 2, Input::ChildFrame(Body::Hello(hello)));
+        let hello = hello(1, 2, 0, 2);
+        let r = step(&mut h, 2, Input::ChildFrame(hello));
         let c = ups(&r)[0].capacity.expect("the member joined: said at once");
         assert_eq!((c.gpus, c.largest_gpus), (3, 2));
         // Task 1 wants both of the member's GPUs, 2-4 one each.
-        let gpu = |id, gpus| proto::TaskSpec { gpus, ..spec(id) };
-        let d = proto::Dispatch { tasks: vec![gpu(1, 2), gpu(2, 1), gpu(3, 1), gpu(4, 1)], agent: 0 };
-        let mut out = step(&mut h, 3, Input::Parent(Body::Dispatch(d)));
+        let gpu = |id, gpus| shaped(id, 0, gpus);
+        let d = Down { agent: 0, msg: ToAgent::Dispatch(vec![gpu(1, 2), gpu(2, 1), gpu(3, 1), gpu(4, 1)]) };
+        let mut out = step(&mut h, 3, Input::Parent(d));
         out.extend(step(&mut h, 4, member_report(1, 0, 16, 2, &[], &[])));
         assert_eq!(sent_to(&out, 1), vec![1], "only the member can hold task 1; then its GPUs are taken");
         assert_eq!(ran_here(&out), vec![2], "one GPU here: one task");
@@ -1010,13 +999,13 @@ mod tests {
     #[test]
     fn a_task_that_fits_no_member_keeps_one_and_smaller_ones_go_there_only_beside_it() {
         let mut h = head_and_member(1000, 1000);
-        let sized = |id, mem_mb| proto::TaskSpec { mem_mb, ..spec(id) };
+        let sized = |id, mem_mb| shaped(id, mem_mb, 0);
         // 600 on each member, then a task of 800 that fits neither, then small ones of 300.
-        let d = proto::Dispatch { tasks: vec![sized(1, 600), sized(2, 600)], agent: 0 };
-        step(&mut h, 3, Input::Parent(Body::Dispatch(d)));
+        let d = Down { agent: 0, msg: ToAgent::Dispatch(vec![sized(1, 600), sized(2, 600)]) };
+        step(&mut h, 3, Input::Parent(d));
         step(&mut h, 4, member_report(1, 0, 16, 2, &[], &[]));
-        let d = proto::Dispatch { tasks: vec![sized(3, 800), sized(4, 300), sized(5, 300)], agent: 0 };
-        let out = step(&mut h, 5, Input::Parent(Body::Dispatch(d)));
+        let d = Down { agent: 0, msg: ToAgent::Dispatch(vec![sized(3, 800), sized(4, 300), sized(5, 300)]) };
+        let out = step(&mut h, 5, Input::Parent(d));
         let (here, there) = (ran_here(&out), sent_to(&out, 1));
         // One member is kept for task 3: only the other takes a small one (600 + 300 fits).
         assert_eq!(here.len() + there.len(), 1, "{here:?} {there:?}");
@@ -1028,11 +1017,11 @@ mod tests {
         let mut h = head().with_resources(500, 0);
         step(&mut h, 0, Input::Tick);
         step(&mut h, 1, Input::ChildOpened(1));
-        let hello = proto::Hello { agent_id: 1, cores: 2, mem_mb: 1000, ..Default::default() };
-        let r = ups(&step(&mut h, 2, Input::ChildFrame(Body::Hello(hello)))).into_iter().cloned().collect::<Vec<_>>();
+        let hello = hello(1, 2, 1000, 0);
+        let r = ups(&step(&mut h, 2, Input::ChildFrame(hello))).into_iter().cloned().collect::<Vec<_>>();
         assert_eq!(r[0].capacity.map(|c| c.largest_mem_mb), Some(1000), "said when the member joined");
-        let d = proto::Dispatch { tasks: vec![proto::TaskSpec { mem_mb: 800, ..spec(1) }], agent: 0 };
-        let out = step(&mut h, 3, Input::Parent(Body::Dispatch(d)));
+        let d = Down { agent: 0, msg: ToAgent::Dispatch(vec![shaped(1, 800, 0)]) };
+        let out = step(&mut h, 3, Input::Parent(d));
         assert!(ran_here(&out).is_empty(), "800 MiB never fits the head's 500");
         let out = step(&mut h, 4, Input::ChildClosed { child: 1, agents: vec![1], why: "gone".into() });
         let r = ups(&out).into_iter().cloned().collect::<Vec<_>>();
@@ -1046,19 +1035,19 @@ mod tests {
         let mut h = head();
         step(&mut h, 0, Input::Tick);
         step(&mut h, 1, Input::ChildOpened(1));
-        step(&mut h, 2, Input::ChildFrame(Body::Hello(proto::Hello { agent_id: 1, cores: 2, ..Default::default() })));
-        let d = proto::Dispatch { tasks: (1..=8).map(spec).collect(), agent: 0 };
-        step(&mut h, 3, Input::Parent(Body::Dispatch(d)));
+        step(&mut h, 2, Input::ChildFrame(hello(1, 2, 0, 0)));
+        let d = Down { agent: 0, msg: ToAgent::Dispatch((1..=8).map(spec).collect()) };
+        step(&mut h, 3, Input::Parent(d));
         step(&mut h, 4, member_report(1, 0, 16, 2, &[], &[]));
         step(&mut h, 5, member_report(1, 0, 0, 0, &[5, 6], &[]));
         step(&mut h, 6, Input::Tick);
 
         let closed = step(&mut h, 7, Input::ChildClosed { child: 1, agents: vec![1], why: "gone".into() });
-        assert!(!closed.iter().any(|e| matches!(e, Effect::Up(Body::Lost(_)))), "the leader never knew agent 1");
+        assert!(!closed.iter().any(|e| matches!(e, Effect::Up(Up::Lost { .. }))), "the leader never knew agent 1");
         // The instance shrank: said at once, with what the member held.
         let r = ups(&closed);
-        let lost: Vec<(u64, i32, Option<u32>)> = r[0].results.iter().map(|r| (r.id, r.outcome, r.ran_on)).collect();
-        let l = proto::Outcome::Lost as i32;
+        let lost: Vec<(u64, Outcome, Option<u32>)> = r[0].results.iter().map(|r| (r.id, r.outcome, r.ran_on)).collect();
+        let l = Outcome::Lost;
         assert_eq!(lost, vec![(5, l, Some(1)), (6, l, Some(1))], "started there: lost, the leader retries them");
         assert_eq!(r[0].cores, 2);
 
@@ -1071,16 +1060,20 @@ mod tests {
     fn shutdown_reaches_the_members_and_an_agent_without_members_is_its_machine() {
         let mut h = head();
         step(&mut h, 0, Input::ChildOpened(1));
-        step(&mut h, 1, Input::ChildFrame(Body::Hello(proto::Hello { agent_id: 1, cores: 2, ..Default::default() })));
-        let s = proto::Shutdown { revive: false, abort: false, reason: "done".into(), agent: 0, hold: false };
-        let out = step(&mut h, 2, Input::Parent(Body::Shutdown(s)));
-        assert!(out.iter().any(|e| matches!(e, Effect::Down { child: 1, body: Body::Shutdown(s) } if s.agent == 1)));
+        step(&mut h, 1, Input::ChildFrame(hello(1, 2, 0, 0)));
+        let s = Down { agent: 0, msg: ToAgent::Shutdown { stop: Stop::Finish, reason: "done".into() } };
+        let out = step(&mut h, 2, Input::Parent(s));
+        let finish = ToAgent::Shutdown { stop: Stop::Finish, reason: "done".into() };
+        assert!(out
+            .iter()
+            .any(|e| matches!(e, Effect::Down { child: 1, msg } if *msg == Down { agent: 1, msg: finish.clone() })));
         assert!(out.iter().any(|e| matches!(e, Effect::Exec(Command::Finish))));
 
         // Agent 1 is a member: it reports to its head as an agent reports to the leader.
         let mut m = Instance::new(1, 2, Arc::new(Tree::instances(4, 2, 2)), "job");
-        let r = ups(&step(&mut m, 0, Input::Tick)).into_iter().cloned().collect::<Vec<_>>();
-        assert_eq!((r[0].agent, r[0].want, r[0].cores), (1, 32, 0));
+        let out = step(&mut m, 0, Input::Tick);
+        assert!(matches!(out[..], [Effect::Up(Up::Report { agent: 1, .. })]), "{out:?}");
+        assert_eq!((ups(&out)[0].want, ups(&out)[0].cores), (32, 0));
     }
 
     #[test]
@@ -1088,30 +1081,37 @@ mod tests {
         let live = Liveness::new(std::time::Duration::from_secs(10));
         let mut h = head().with_liveness(live);
         step(&mut h, 0, Input::ChildOpened(1));
-        step(&mut h, 0, Input::ChildFrame(Body::Hello(proto::Hello { agent_id: 1, cores: 2, ..Default::default() })));
-        let d = proto::Dispatch { tasks: (1..=8).map(spec).collect(), agent: 0 };
-        step(&mut h, 1, Input::Parent(Body::Dispatch(d)));
+        step(&mut h, 0, Input::ChildFrame(hello(1, 2, 0, 0)));
+        let d = Down { agent: 0, msg: ToAgent::Dispatch((1..=8).map(spec).collect()) };
+        step(&mut h, 1, Input::Parent(d));
         // The head's own slots asked first: they run 1-4; the member gets 5-8, and starts 5.
         assert_eq!(sent_to(&step(&mut h, 2, member_report(1, 0, 16, 2, &[], &[])), 1), vec![5, 6, 7, 8]);
         step(&mut h, 3, member_report(1, 0, 0, 0, &[5], &[]));
         // A heartbeat a second to the member, an Ack of nothing.
         let out = step(&mut h, 1_000_000, Input::Tick);
         assert!(
-            out.iter().any(|e| matches!(e, Effect::Down { child: 1, body: Body::Ack(a) } if a.seq == 0)),
+            out.iter().any(|e| matches!(e, Effect::Down { child: 1, msg: Down { msg: ToAgent::Ack { seq: 0 }, .. } })),
             "{out:?}"
         );
         // Silent for the bound: lost, told to stop, its started task reported lost.
         let out = step(&mut h, 10_000_002, Input::Tick);
-        assert!(!out.iter().any(|e| matches!(e, Effect::Down { child: 1, body: Body::Shutdown(_) })), "not yet");
+        assert!(
+            !out.iter()
+                .any(|e| matches!(e, Effect::Down { child: 1, msg: Down { msg: ToAgent::Shutdown { .. }, .. } })),
+            "not yet"
+        );
         let out = step(&mut h, 10_000_003, Input::Tick);
         assert!(
-            out.iter().any(|e| matches!(e, Effect::Down { child: 1, body: Body::Shutdown(s) } if s.abort)),
+            out.iter().any(|e| matches!(
+                e,
+                Effect::Down { child: 1, msg: Down { msg: ToAgent::Shutdown { stop: Stop::Abort, .. }, .. } }
+            )),
             "{out:?}"
         );
         // Its started task goes up as lost at once: the instance shrank.
         let lost: Vec<u64> = ups(&out)
             .iter()
-            .flat_map(|r| r.results.iter().filter(|r| r.outcome == proto::Outcome::Lost as i32).map(|r| r.id))
+            .flat_map(|r| r.results.iter().filter(|r| r.outcome == Outcome::Lost).map(|r| r.id))
             .collect();
         assert_eq!(lost, vec![5]);
         // Its late report changes nothing.
@@ -1124,12 +1124,12 @@ mod tests {
         let live = Liveness::new(std::time::Duration::from_secs(10));
         let mut h = head().with_liveness(live);
         step(&mut h, 0, Input::Tick);
-        let d = proto::Dispatch { tasks: (1..=2).map(spec).collect(), agent: 0 };
-        step(&mut h, 1, Input::Parent(Body::Dispatch(d)));
+        let d = Down { agent: 0, msg: ToAgent::Dispatch((1..=2).map(spec).collect()) };
+        step(&mut h, 1, Input::Parent(d));
         // Long tasks: for 20 s the leader sends only its heartbeat, an Ack of nothing new.
         for k in 1..=80u64 {
             let now = k * 250_000;
-            step(&mut h, now, Input::Parent(Body::Ack(proto::Ack { seq: 0, agent: 0, resync: false })));
+            step(&mut h, now, down(0, ToAgent::Ack { seq: 0 }));
             let out = step(&mut h, now + 1, Input::Tick);
             assert!(
                 !out.iter().any(|e| matches!(e, Effect::Exec(Command::Abort | Command::Hold(true)))),

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use htc_core::tree::Tree;
 
 use crate::liveness::Liveness;
-use crate::proto::{self, frame::Body};
-use htc_core::work::{Command, ExecEvent, TaskToRun};
+use crate::msg::{Came, Down, Hello, Report, Started, Stop, TaskResult, ToAgent, Up};
+use htc_core::work::{Command, ExecEvent};
 
 pub use crate::pace::REPORT_BATCH;
 use crate::pace::{self, Pace};
@@ -20,8 +20,8 @@ pub const CHILDREN_GRACE_US: u64 = 30_000_000;
 /// What happened, as the machine sees it.
 #[derive(Debug)]
 pub enum Input {
-    /// A frame from the parent (for this agent, or for one below it).
-    Parent(Body),
+    /// A message from the parent (for this agent, or for one below it).
+    Parent(Down),
     /// The connection to the parent ended (closed, broken, or a write failed).
     ParentEnded(String),
     /// SIGTERM or SIGINT from outside (scancel, kill, Ctrl-C).
@@ -30,8 +30,8 @@ pub enum Input {
     ExecFailed(String),
     /// A direct child (this agent id) connected and was admitted.
     ChildOpened(u32),
-    /// A frame from below (a child's, or one it relays).
-    ChildFrame(Body),
+    /// A message from below (a child's, or one it relays).
+    ChildFrame(Up),
     /// A direct child's connection ended: these agents (it and those it relayed for) are gone.
     ChildClosed { child: u32, agents: Vec<u32>, why: String },
     /// Task starts and ends from the executor.
@@ -52,14 +52,14 @@ pub enum Input {
 /// What the driver must do.
 #[derive(Debug)]
 pub enum Effect {
-    /// This agent's own frame to the parent.
-    Up(Body),
-    /// A child's frame passed up unchanged.
-    Relay(Body),
-    /// A frame down to this direct child.
+    /// This agent's own message to the parent.
+    Up(Up),
+    /// A child's message passed up unchanged.
+    Relay(Up),
+    /// A message down to this direct child (for it, or for one below it).
     Down {
         child: u32,
-        body: Body,
+        msg: Down,
     },
     Exec(Command),
     /// The last frame is out: close the sending side of the parent connection.
@@ -81,10 +81,10 @@ pub enum Effect {
 /// effects, so every driver means the same by each, and a new effect is a compile error in
 /// every driver rather than a silent drop in one.
 pub trait Carrier {
-    /// A frame to the parent: the agent's own, or a child's passed up unchanged.
-    fn up(&mut self, body: Body);
-    /// A frame down to this direct child.
-    fn down(&mut self, child: u32, body: Body);
+    /// A message to the parent: the agent's own, or a child's passed up unchanged.
+    fn up(&mut self, msg: Up);
+    /// A message down to this direct child.
+    fn down(&mut self, child: u32, msg: Down);
     fn exec(&mut self, command: Command);
     /// The last frame is out: close the sending side of the parent connection.
     fn close_up(&mut self);
@@ -101,8 +101,8 @@ pub trait Carrier {
 impl Effect {
     pub fn carry_out(self, to: &mut impl Carrier) {
         match self {
-            Effect::Up(body) | Effect::Relay(body) => to.up(body),
-            Effect::Down { child, body } => to.down(child, body),
+            Effect::Up(msg) | Effect::Relay(msg) => to.up(msg),
+            Effect::Down { child, msg } => to.down(child, msg),
             Effect::Exec(c) => to.exec(c),
             Effect::CloseUp => to.close_up(),
             Effect::Rejoin => to.rejoin(),
@@ -155,8 +155,8 @@ pub struct Machine {
     seq: u64,
     /// Reports with results the parent has not acknowledged yet: (seq, results, when sent).
     unacked: VecDeque<(u64, usize, u64)>,
-    started: Vec<proto::TaskStarted>,
-    results: Vec<proto::TaskResult>,
+    started: Vec<Started>,
+    results: Vec<TaskResult>,
     /// Taken out of the queue unstarted on a Recall, for the next report.
     recalled: Vec<u64>,
     children: HashSet<u32>,
@@ -189,14 +189,14 @@ pub struct Machine {
     /// joined allocation, directly below the leader.
     can_await: bool,
     /// The Hellos of the agents below, as relayed: said again to a new leader.
-    hellos_below: std::collections::BTreeMap<u32, proto::Hello>,
-    /// Frames from below while the leader is awaited, for the new one.
-    held_up: Vec<Body>,
+    hellos_below: std::collections::BTreeMap<u32, Hello>,
+    /// Messages from below while the leader is awaited, for the new one.
+    held_up: Vec<Up>,
     /// When the agents below were last told that this relay is still here, while awaiting.
     kept_alive_us: u64,
     /// With `can_await`: the results of reports not acknowledged yet, by report, to bring to a
     /// new leader (the old one may have died before it recorded them).
-    unacked_results: VecDeque<(u64, Vec<proto::TaskResult>)>,
+    unacked_results: VecDeque<(u64, Vec<TaskResult>)>,
 }
 
 impl Machine {
@@ -340,7 +340,7 @@ impl Machine {
         }
         // Whether a report must go now, whatever its age (`pace`).
         let urgent = match input {
-            Input::Parent(body) => self.heard_from_parent(now_us, body, out),
+            Input::Parent(down) => self.heard_from_parent(now_us, down, out),
             Input::ParentEnded(why) => {
                 self.parent_ended(why, out);
                 false
@@ -377,7 +377,7 @@ impl Machine {
             Input::ExecFailed(why) => {
                 // Said before the connection closes, so the leader can tell the user why.
                 if self.parent == Parent::Open {
-                    out.push(Effect::Up(Body::Lost(proto::Lost { agent: self.id, reason: why.clone() })));
+                    out.push(Effect::Up(Up::Lost { agent: self.id, why: why.clone() }));
                 }
                 self.stop(why, out);
                 false
@@ -386,13 +386,13 @@ impl Machine {
                 self.children.insert(child);
                 false
             }
-            Input::ChildFrame(body) => {
-                if let Body::Hello(h) = &body {
-                    self.hellos_below.insert(h.agent_id, h.clone());
+            Input::ChildFrame(up) => {
+                if let Up::Hello(h) = &up {
+                    self.hellos_below.insert(h.agent, h.clone());
                 }
                 match self.parent {
-                    Parent::Open => out.push(Effect::Relay(body)),
-                    Parent::Awaiting => self.held_up.push(body),
+                    Parent::Open => out.push(Effect::Relay(up)),
+                    Parent::Awaiting => self.held_up.push(up),
                     _ => {}
                 }
                 false
@@ -415,11 +415,11 @@ impl Machine {
         self.after(now_us, urgent, out);
     }
 
-    /// A frame from the parent; says whether a report must go at once.
-    fn heard_from_parent(&mut self, now_us: u64, body: Body, out: &mut Vec<Effect>) -> bool {
+    /// A message from the parent; says whether a report must go at once.
+    fn heard_from_parent(&mut self, now_us: u64, down: Down, out: &mut Vec<Effect>) -> bool {
         self.last_heard_us = Some(now_us);
         self.renew_lease(now_us, out);
-        let urgent = self.on_parent(body, out);
+        let urgent = self.on_parent(down, out);
         // A Shutdown that said to start nothing more is never undone by an ack.
         if self.held && !self.told_to_hold && !self.unsure(now_us, now_us) {
             self.held = false;
@@ -443,13 +443,11 @@ impl Machine {
                 // What the old leader did not acknowledge goes to the new one (which ignores what
                 // its ledger has recorded already).
                 self.unacked.clear();
-                let again: Vec<proto::TaskResult> = self.unacked_results.drain(..).flat_map(|(_, r)| r).collect();
+                let again: Vec<TaskResult> = self.unacked_results.drain(..).flat_map(|(_, r)| r).collect();
                 self.results.splice(0..0, again);
                 // The agents below join the new leader through this one, as they did the old.
                 for h in self.hellos_below.values() {
-                    let hello =
-                        proto::Hello { handover: true, rejoin: false, fresh: false, below: Vec::new(), ..h.clone() };
-                    out.push(Effect::Relay(Body::Hello(hello)));
+                    out.push(Effect::Relay(Up::Hello(Hello { came: Came::Handover, ..h.clone() })));
                 }
                 out.extend(self.held_up.drain(..).map(Effect::Relay));
                 true
@@ -526,8 +524,7 @@ impl Machine {
         self.kept_alive_us = now_us;
         for &agent in self.hellos_below.keys() {
             if let Some(child) = self.tree.next_hop(Some(self.id), agent).filter(|c| self.children.contains(c)) {
-                let ack = Body::Ack(proto::Ack { seq: 0, agent, resync: false });
-                out.push(Effect::Down { child, body: ack });
+                out.push(Effect::Down { child, msg: Down { agent, msg: ToAgent::Ack { seq: 0 } } });
             }
         }
     }
@@ -565,61 +562,64 @@ impl Machine {
         }
     }
 
-    fn on_parent(&mut self, body: Body, out: &mut Vec<Effect>) -> bool {
+    fn on_parent(&mut self, down: Down, out: &mut Vec<Effect>) -> bool {
         if self.parent != Parent::Open {
             return false;
         }
-        match destination(&body) {
-            Some(d) if d != self.id => {
-                match self.tree.next_hop(Some(self.id), d).filter(|c| self.children.contains(c)) {
-                    Some(child) => out.push(Effect::Down { child, body }),
-                    None => tracing::debug!(agent = d, "frame for an agent not below this one dropped"),
-                }
-                return false;
+        if down.agent != self.id {
+            match self.tree.next_hop(Some(self.id), down.agent).filter(|c| self.children.contains(c)) {
+                Some(child) => out.push(Effect::Down { child, msg: down }),
+                None => tracing::debug!(agent = down.agent, "message for an agent not below this one dropped"),
             }
-            _ => {}
+            return false;
         }
-        match body {
-            Body::Dispatch(d) => {
-                let n = d.tasks.len() as u64;
-                self.holding.extend(d.tasks.iter().map(|t| t.id));
+        match down.msg {
+            ToAgent::Dispatch(tasks) => {
+                let n = tasks.len() as u64;
+                self.holding.extend(tasks.iter().map(|t| t.id));
                 self.outstanding += n;
                 self.asked = self.asked.saturating_sub(n);
-                out.push(Effect::Exec(Command::Run(d.tasks.into_iter().map(TaskToRun::from).collect())));
+                out.push(Effect::Exec(Command::Run(tasks)));
             }
-            Body::Preempt(p) => out.push(Effect::Exec(Command::Stop(p.ids))),
-            Body::Recall(r) => out.push(Effect::Exec(Command::Recall(r.ids))),
-            Body::Ack(a) => {
-                while self.unacked.front().is_some_and(|(seq, _, _)| *seq <= a.seq) {
-                    self.unacked.pop_front();
+            ToAgent::Preempt(ids) => out.push(Effect::Exec(Command::Stop(ids))),
+            ToAgent::Recall(ids) => out.push(Effect::Exec(Command::Recall(ids))),
+            ToAgent::Ack { seq } => self.acked(seq),
+            ToAgent::Resync { seq } => {
+                self.acked(seq);
+                self.resync = true;
+                if std::mem::take(&mut self.rejoined) {
+                    // What was asked for may have died with the relay: ask afresh.
+                    self.asked = 0;
                 }
-                while self.unacked_results.front().is_some_and(|(seq, _)| *seq <= a.seq) {
-                    self.unacked_results.pop_front();
-                }
-                if a.resync {
-                    self.resync = true;
-                    if std::mem::take(&mut self.rejoined) {
-                        // What was asked for may have died with the relay: ask afresh.
-                        self.asked = 0;
-                    }
-                    return true;
-                }
+                return true;
             }
-            Body::Shutdown(s) if s.abort && s.revive => {
-                self.given_up(format!("given up by the leader: {}", s.reason), out)
+            ToAgent::Shutdown { stop: Stop::Revive, reason } => {
+                self.given_up(format!("given up by the leader: {reason}"), out)
             }
-            Body::Shutdown(s) => {
-                tracing::info!(agent = self.id, abort = s.abort, reason = %s.reason, "shutdown");
+            ToAgent::Shutdown { stop, reason } => {
+                tracing::info!(agent = self.id, ?stop, %reason, "shutdown");
                 self.shutting_down = true;
-                if s.hold && !s.abort {
+                if stop == Stop::Hold {
                     self.told_to_hold = true;
                     out.push(Effect::Exec(Command::Hold(true)));
                 }
-                out.push(Effect::Exec(if s.abort { Command::Abort } else { Command::Finish }));
+                out.push(Effect::Exec(if stop == Stop::Abort { Command::Abort } else { Command::Finish }));
             }
-            _ => tracing::warn!(agent = self.id, "unexpected frame from above ignored"),
+            ToAgent::Welcome { .. } | ToAgent::Reject { .. } => {
+                tracing::warn!(agent = self.id, "unexpected answer from above ignored")
+            }
         }
         false
+    }
+
+    /// Every report up to and including `seq` is recorded.
+    fn acked(&mut self, seq: u64) {
+        while self.unacked.front().is_some_and(|(s, _, _)| *s <= seq) {
+            self.unacked.pop_front();
+        }
+        while self.unacked_results.front().is_some_and(|(s, _)| *s <= seq) {
+            self.unacked_results.pop_front();
+        }
     }
 
     fn parent_ended(&mut self, why: String, out: &mut Vec<Effect>) {
@@ -671,7 +671,7 @@ impl Machine {
             return false;
         }
         for agent in agents {
-            out.push(Effect::Up(Body::Lost(proto::Lost { agent, reason: why.clone() })));
+            out.push(Effect::Up(Up::Lost { agent, why: why.clone() }));
         }
         true
     }
@@ -680,9 +680,7 @@ impl Machine {
         let before = self.results.len();
         for e in batch {
             match e {
-                ExecEvent::Started { id, attempt, start_us } => {
-                    self.started.push(proto::TaskStarted { id, attempt, start_us })
-                }
+                ExecEvent::Started { id, attempt, start_us } => self.started.push(Started { id, attempt, start_us }),
                 ExecEvent::Reset => {}
                 ExecEvent::Recalled { id, .. } => {
                     self.outstanding = self.outstanding.saturating_sub(1);
@@ -692,10 +690,10 @@ impl Machine {
                 ExecEvent::Finished(f) => {
                     self.outstanding = self.outstanding.saturating_sub(1);
                     self.holding.remove(&f.id);
-                    self.results.push(proto::TaskResult {
+                    self.results.push(TaskResult {
                         id: f.id,
                         attempt: f.attempt,
-                        outcome: proto::Outcome::from(f.outcome) as i32,
+                        outcome: f.outcome,
                         value: f.value,
                         start_us: f.start_us,
                         end_us: f.end_us,
@@ -771,23 +769,23 @@ impl Machine {
             }
         }
         let resync = std::mem::take(&mut self.resync);
-        let mut holding: Vec<u64> = if resync { self.holding.iter().copied().collect() } else { Vec::new() };
-        holding.sort_unstable();
-        out.push(Effect::Up(Body::Report(proto::Report {
+        let holding = resync.then(|| {
+            let mut h: Vec<u64> = self.holding.iter().copied().collect();
+            h.sort_unstable();
+            h
+        });
+        let report = Report {
             seq: self.seq,
             started: std::mem::take(&mut self.started),
             results: std::mem::take(&mut self.results),
             want,
             drained,
-            agent: self.id,
             idle,
-            cores: 0,
-            returned: Vec::new(),
-            resync,
             holding,
-            capacity: None,
             recalled: std::mem::take(&mut self.recalled),
-        })));
+            ..Report::default()
+        };
+        out.push(Effect::Up(Up::Report { agent: self.id, report }));
     }
 }
 
@@ -797,35 +795,30 @@ pub fn queue_target(slots: usize) -> u64 {
     (slots as u64 * 8).max(32)
 }
 
-/// The agent a downward frame is for; `None` for frames that concern the connection itself.
-pub(super) fn destination(b: &Body) -> Option<u32> {
-    match b {
-        Body::Dispatch(d) => Some(d.agent),
-        Body::Preempt(p) => Some(p.agent),
-        Body::Recall(r) => Some(r.agent),
-        Body::Ack(a) => Some(a.agent),
-        Body::Shutdown(s) => Some(s.agent),
-        Body::Welcome(w) => Some(w.agent_id),
-        Body::Reject(r) => Some(r.agent_id),
-        _ => None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use htc_core::record::Outcome;
-    use htc_core::work::Finished;
+    use htc_core::work::{Finished, TaskToRun};
 
     /// The least time between reports (`pace`) of one of `tree()`'s eight instances.
     const GAP: u64 = 8 * 25_000;
 
-    fn spec(id: u64) -> proto::TaskSpec {
-        proto::TaskSpec { id, attempt: 1, command: b"true".to_vec(), ..Default::default() }
+    fn spec(id: u64) -> TaskToRun {
+        TaskToRun::new(id, 1, b"true".to_vec())
+    }
+
+    /// `msg` from the parent for `agent`.
+    fn down(agent: u32, msg: ToAgent) -> Input {
+        Input::Parent(Down { agent, msg })
+    }
+
+    fn hello(agent: u32, cores: u32, mem_mb: u64, gpus: u32) -> Up {
+        Up::Hello(Hello { agent, cores, mem_mb, gpus, hostname: String::new(), came: Came::New })
     }
 
     fn dispatch(agent: u32, ids: std::ops::Range<u64>) -> Input {
-        Input::Parent(Body::Dispatch(proto::Dispatch { tasks: ids.map(spec).collect(), agent }))
+        down(agent, ToAgent::Dispatch(ids.map(spec).collect()))
     }
 
     fn done(id: u64) -> ExecEvent {
@@ -851,10 +844,10 @@ mod tests {
         m
     }
 
-    fn reports(out: &[Effect]) -> Vec<&proto::Report> {
+    fn reports(out: &[Effect]) -> Vec<&Report> {
         out.iter()
             .filter_map(|e| match e {
-                Effect::Up(Body::Report(r)) => Some(r),
+                Effect::Up(Up::Report { report, .. }) => Some(report),
                 _ => None,
             })
             .collect()
@@ -939,7 +932,7 @@ mod tests {
     #[test]
     fn a_recall_gives_back_what_has_not_started_at_once() {
         let mut m = holding(1, 8);
-        let recall = Body::Recall(proto::Recall { agent: 0, ids: vec![6, 7] });
+        let recall = Down { agent: 0, msg: ToAgent::Recall(vec![6, 7]) };
         let out = step(&mut m, 2, Input::Parent(recall));
         assert!(matches!(out.as_slice(), [Effect::Exec(Command::Recall(ids))] if ids == &[6, 7]));
         // The executor had started 7 already: only 6 comes back, in a report of its own.
@@ -947,9 +940,9 @@ mod tests {
         let r = reports(&out);
         assert_eq!((r.len(), r[0].recalled.as_slice()), (1, &[6][..]));
         // It is no longer held: a resync does not list it.
-        let mut out = step(&mut m, 4, Input::Parent(Body::Ack(proto::Ack { seq: 0, agent: 0, resync: true })));
+        let mut out = step(&mut m, 4, down(0, ToAgent::Resync { seq: 0 }));
         out.extend(step(&mut m, 5, Input::Tick));
-        assert_eq!(reports(&out)[0].holding, [0, 1, 2, 3, 4, 5, 7]);
+        assert_eq!(reports(&out)[0].holding.as_deref(), Some(&[0, 1, 2, 3, 4, 5, 7][..]));
     }
 
     #[test]
@@ -972,7 +965,7 @@ mod tests {
         assert_eq!((r.len(), r[0].idle, r[0].results.len()), (1, 1, 1), "a slot freed: said at once");
         // The leader has nothing for it: its ack, and ticks, bring no report until the gap.
         for now in 4..20 {
-            let mut out = step(&mut m, now, Input::Parent(Body::Ack(proto::Ack { seq: 1, agent: 0, resync: false })));
+            let mut out = step(&mut m, now, down(0, ToAgent::Ack { seq: 1 }));
             out.extend(step(&mut m, now, Input::Tick));
             assert!(reports(&out).is_empty(), "at {now}: {out:?}");
         }
@@ -990,12 +983,12 @@ mod tests {
             assert_eq!(reports(&r)[0].seq, i as u64 + 1);
         }
         assert_eq!(m.unacked_results(), 3);
-        step(&mut m, 4, Input::Parent(Body::Ack(proto::Ack { seq: 2, agent: 0, resync: false })));
+        step(&mut m, 4, down(0, ToAgent::Ack { seq: 2 }));
         assert_eq!(m.unacked_results(), 1);
         // An ack for another agent is not this one's.
-        step(&mut m, 5, Input::Parent(Body::Ack(proto::Ack { seq: 3, agent: 7, resync: false })));
+        step(&mut m, 5, down(7, ToAgent::Ack { seq: 3 }));
         assert_eq!(m.unacked_results(), 1);
-        step(&mut m, 5, Input::Parent(Body::Ack(proto::Ack { seq: 3, agent: 0, resync: false })));
+        step(&mut m, 5, down(0, ToAgent::Ack { seq: 3 }));
         assert_eq!(m.unacked_results(), 0);
     }
 
@@ -1007,13 +1000,7 @@ mod tests {
         let out = step(
             &mut m,
             2,
-            Input::Parent(Body::Shutdown(proto::Shutdown {
-                revive: false,
-                abort: false,
-                reason: "done".into(),
-                agent: 3,
-                hold: false,
-            })),
+            Input::Parent(Down { agent: 3, msg: ToAgent::Shutdown { stop: Stop::Finish, reason: "done".into() } }),
         );
         assert!(matches!(out.as_slice(), [Effect::Exec(Command::Finish)]));
         let out = step(&mut m, GAP, Input::Exec((0..2).map(done).collect()));
@@ -1049,13 +1036,7 @@ mod tests {
         step(
             &mut m,
             0,
-            Input::Parent(Body::Shutdown(proto::Shutdown {
-                revive: false,
-                abort: true,
-                reason: "x".into(),
-                agent: 0,
-                hold: false,
-            })),
+            Input::Parent(Down { agent: 0, msg: ToAgent::Shutdown { stop: Stop::Abort, reason: "x".into() } }),
         );
         assert!(step(&mut m, 1, Input::ParentEnded("closed".into())).is_empty());
         step(&mut m, 2, Input::ExecEnded);
@@ -1081,12 +1062,11 @@ mod tests {
         // Nothing is stopped while it rejoins, and task 1 ends meanwhile.
         assert!(step(&mut m, 3, Input::Exec(vec![done(1)])).iter().all(|e| !matches!(e, Effect::Exec(Command::Abort))));
         step(&mut m, 4, Input::Rejoined);
-        let ack = Body::Ack(proto::Ack { seq: 0, agent: 2, resync: true });
+        let ack = Down { agent: 2, msg: ToAgent::Resync { seq: 0 } };
         let out = step(&mut m, 5, Input::Parent(ack));
         let r = reports(&out);
         assert_eq!(r.len(), 1, "{out:?}");
-        assert!(r[0].resync);
-        assert_eq!(r[0].holding, [0, 2, 3], "what it still has queued or running");
+        assert_eq!(r[0].holding.as_deref(), Some(&[0, 2, 3][..]), "what it still has queued or running");
         assert!(r[0].want > 0, "it asks afresh: what it had asked for may have died with the relay");
         assert!(out.iter().any(|e| matches!(e, Effect::Exec(Command::Hold(false)))), "and starts tasks again");
         assert_eq!(m.outcome(), None);
@@ -1106,7 +1086,7 @@ mod tests {
         let out = step(&mut m, 2, Input::ExecFailed("spawn loop 1 stopped unexpectedly".into()));
         // The leader hears why before the connection closes.
         assert!(
-            matches!(out.as_slice(), [Effect::Up(Body::Lost(l)), Effect::Exec(Command::Abort)] if l.agent == m.id && l.reason.contains("spawn loop 1")),
+            matches!(out.as_slice(), [Effect::Up(Up::Lost { agent, why }), Effect::Exec(Command::Abort)] if *agent == m.id && why.contains("spawn loop 1")),
             "{out:?}"
         );
         // The killed tasks' ends go nowhere; the leader counts them lost with the agent.
@@ -1139,7 +1119,7 @@ mod tests {
                 .collect()
         };
         assert_eq!(leases(&step(&mut m, 0, Input::Tick)), Vec::<u64>::new(), "none before the parent spoke");
-        let ack = || Input::Parent(Body::Ack(proto::Ack { seq: 0, agent: 0, resync: false }));
+        let ack = || down(0, ToAgent::Ack { seq: 0 });
         assert_eq!(leases(&step(&mut m, 10, ack())), [1_000_010]);
         assert!(leases(&step(&mut m, 200_000, ack())).is_empty(), "still 3/4 of it ahead");
         assert_eq!(leases(&step(&mut m, 250_010, ack())), [1_250_010]);
@@ -1156,14 +1136,17 @@ mod tests {
         assert!(
             matches!(
                 out.as_slice(),
-                [Effect::Exec(Command::Lease(_)), Effect::Down { child: 2, body: Body::Dispatch(_) }]
+                [
+                    Effect::Exec(Command::Lease(_)),
+                    Effect::Down { child: 2, msg: Down { msg: ToAgent::Dispatch(_), .. } }
+                ]
             ),
             "{out:?}"
         );
         // Agent 3 is below, but its branch has not connected; agent 1 is not below at all.
         assert!(step(&mut m, 2, dispatch(3, 0..1)).is_empty());
         assert!(step(&mut m, 3, dispatch(1, 0..1)).is_empty());
-        let lost = Body::Lost(proto::Lost { agent: 6, reason: "x".into() });
+        let lost = Up::Lost { agent: 6, why: "x".into() };
         let out = step(&mut m, 4, Input::ChildFrame(lost.clone()));
         assert!(matches!(out.as_slice(), [Effect::Relay(b)] if b == &lost));
     }
@@ -1176,7 +1159,7 @@ mod tests {
         let lost: Vec<u32> = out
             .iter()
             .filter_map(|e| match e {
-                Effect::Up(Body::Lost(l)) => Some(l.agent),
+                Effect::Up(Up::Lost { agent, .. }) => Some(*agent),
                 _ => None,
             })
             .collect();
@@ -1186,24 +1169,18 @@ mod tests {
         step(
             &mut m,
             3,
-            Input::Parent(Body::Shutdown(proto::Shutdown {
-                revive: false,
-                abort: false,
-                reason: String::new(),
-                agent: 0,
-                hold: false,
-            })),
+            Input::Parent(Down { agent: 0, msg: ToAgent::Shutdown { stop: Stop::Finish, reason: String::new() } }),
         );
         let out = step(&mut m, 4, Input::ChildClosed { child: 3, agents: vec![3], why: "closed".into() });
-        assert!(out.iter().all(|e| !matches!(e, Effect::Up(Body::Lost(_)))));
+        assert!(out.iter().all(|e| !matches!(e, Effect::Up(Up::Lost { .. }))));
     }
 
     /// Agent 0 with its child 2 connected, told to shut down, its own tasks all ended.
     fn finished_relay() -> Machine {
         let mut m = Machine::new(0, 1, tree());
         step(&mut m, 0, Input::ChildOpened(2));
-        let shutdown = proto::Shutdown { revive: false, abort: false, reason: String::new(), agent: 0, hold: false };
-        step(&mut m, 1, Input::Parent(Body::Shutdown(shutdown)));
+        let shutdown = Down { agent: 0, msg: ToAgent::Shutdown { stop: Stop::Finish, reason: String::new() } };
+        step(&mut m, 1, Input::Parent(shutdown));
         step(&mut m, 2, Input::ExecEnded);
         m
     }
@@ -1212,7 +1189,7 @@ mod tests {
     fn a_finished_relay_waits_for_its_children_but_not_forever() {
         let mut m = finished_relay();
         assert!(m.outcome().is_none(), "its child's last report still has to pass through");
-        let out = step(&mut m, 3, Input::ChildFrame(Body::Lost(proto::Lost { agent: 6, reason: "x".into() })));
+        let out = step(&mut m, 3, Input::ChildFrame(Up::Lost { agent: 6, why: "x".into() }));
         assert!(matches!(out.as_slice(), [Effect::Relay(_)]));
         step(&mut m, 2 + CHILDREN_GRACE_US - 1, Input::Tick);
         assert!(m.outcome().is_none());
@@ -1242,7 +1219,7 @@ mod tests {
         assert!(!step(&mut m, 1_500_000, Input::Tick).iter().any(|e| matches!(e, Effect::Exec(Command::Hold(_)))));
         // The parent's heartbeats release the hold and keep the lease; past the lease without
         // one, the tasks are stopped.
-        let out = step(&mut m, 4_000_000, Input::Parent(Body::Ack(proto::Ack { seq: 0, agent: 0, resync: false })));
+        let out = step(&mut m, 4_000_000, down(0, ToAgent::Ack { seq: 0 }));
         assert!(out.iter().any(|e| matches!(e, Effect::Exec(Command::Hold(false)))), "{out:?}");
         let out = step(&mut m, 8_999_999, Input::Tick);
         assert!(!out.iter().any(|e| matches!(e, Effect::Exec(Command::Abort))));
@@ -1289,18 +1266,18 @@ mod tests {
             |out: &[Effect], on: bool| out.iter().any(|e| matches!(e, Effect::Exec(Command::Hold(h)) if *h == on));
         assert!(!held(&step(&mut m, 249_999, Input::Tick), true));
         assert!(held(&step(&mut m, 250_010, Input::Tick), true), "a heartbeat without the ack");
-        let beat = Input::Parent(Body::Ack(proto::Ack { seq: 0, agent: 0, resync: false }));
+        let beat = down(0, ToAgent::Ack { seq: 0 });
         assert!(!held(&step(&mut m, 300_000, beat), false), "a heartbeat acknowledges nothing");
-        let ack = Input::Parent(Body::Ack(proto::Ack { seq: 1, agent: 0, resync: false }));
+        let ack = down(0, ToAgent::Ack { seq: 1 });
         assert!(held(&step(&mut m, 310_000, ack), false));
         // Held again, then told to start nothing more (--max-fails): the ack that follows does
         // not undo that.
         step(&mut m, 320_000, Input::Exec(vec![done(1)]));
         step(&mut m, 330_000, Input::Tick);
         assert!(held(&step(&mut m, 600_000, Input::Tick), true));
-        let stop = proto::Shutdown { revive: false, abort: false, reason: "max fails".into(), agent: 0, hold: true };
-        assert!(held(&step(&mut m, 610_000, Input::Parent(Body::Shutdown(stop))), true));
-        let ack = Input::Parent(Body::Ack(proto::Ack { seq: 2, agent: 0, resync: false }));
+        let stop = Down { agent: 0, msg: ToAgent::Shutdown { stop: Stop::Hold, reason: "max fails".into() } };
+        assert!(held(&step(&mut m, 610_000, Input::Parent(stop)), true));
+        let ack = down(0, ToAgent::Ack { seq: 2 });
         assert!(!held(&step(&mut m, 620_000, ack), false), "a Shutdown's hold is for good");
     }
 
@@ -1352,8 +1329,8 @@ mod tests {
         assert!(r[0].results.is_empty() && r[0].started.is_empty());
         assert_eq!(r[0].want as u64, queue_target(1), "asks for a full queue again");
         // Given up by the leader again (a Shutdown that says so), and the leader is gone for good.
-        let stop = proto::Shutdown { revive: true, abort: true, reason: "silent".into(), agent: 0, hold: false };
-        let out = step(&mut m, 6_000_000, Input::Parent(Body::Shutdown(stop)));
+        let stop = Down { agent: 0, msg: ToAgent::Shutdown { stop: Stop::Revive, reason: "silent".into() } };
+        let out = step(&mut m, 6_000_000, Input::Parent(stop));
         assert!(out.iter().any(|e| matches!(e, Effect::Exec(Command::Reset))), "{out:?}");
         step(&mut m, 6_000_001, Input::ExecReset);
         let out = step(&mut m, 7_000_000, Input::ReviveFailed("refused".into()));
@@ -1370,8 +1347,8 @@ mod tests {
         let mut m = Machine::new(0, 1, tree()).with_liveness(live).with_revive(true).with_await_leader(true);
         step(&mut m, 0, Input::Tick);
         step(&mut m, 1, Input::ChildOpened(2));
-        let hello = proto::Hello { agent_id: 2, cores: 3, ..Default::default() };
-        step(&mut m, 2, Input::ChildFrame(Body::Hello(hello)));
+        let hello = hello(2, 3, 0, 0);
+        step(&mut m, 2, Input::ChildFrame(hello));
         step(&mut m, 3, dispatch(0, 0..5));
         // Task 4's result went to the old leader, which went before it acknowledged it.
         let mut out = step(&mut m, 4, Input::Exec(vec![done(4)]));
@@ -1385,29 +1362,32 @@ mod tests {
         // ends meanwhile, and what comes from below, waits for the new leader; agent 2 hears
         // from this relay so that its own lease holds.
         let out = step(&mut m, 6_000_000, Input::Exec(vec![done(0)]));
-        let report = proto::Report { agent: 2, seq: 1, ..Default::default() };
-        let out2 = step(&mut m, 6_000_001, Input::ChildFrame(Body::Report(report)));
+        let report = Up::Report { agent: 2, report: Report { seq: 1, ..Default::default() } };
+        let out2 = step(&mut m, 6_000_001, Input::ChildFrame(report));
         let out3 = step(&mut m, 6_000_002, Input::Tick);
         assert!(out.iter().chain(&out2).all(|e| !matches!(e, Effect::Up(_) | Effect::Exec(Command::Reset))));
-        assert!(out3.iter().any(|e| matches!(e, Effect::Down { child: 2, body: Body::Ack(_) })), "{out3:?}");
+        assert!(
+            out3.iter().any(|e| matches!(e, Effect::Down { child: 2, msg: Down { msg: ToAgent::Ack { .. }, .. } })),
+            "{out3:?}"
+        );
         assert!(m.holds(1) && m.outcome().is_none());
         // The new leader: agent 2's Hello goes again (a hand-over), then what waited, and a report
         // with the result; asked, it says what it holds.
         let out = step(&mut m, 6_100_000, Input::Rejoined);
-        let ups: Vec<&Body> = out
+        let ups: Vec<&Up> = out
             .iter()
             .filter_map(|e| match e {
                 Effect::Up(b) | Effect::Relay(b) => Some(b),
                 _ => None,
             })
             .collect();
-        assert!(matches!(ups[0], Body::Hello(h) if h.agent_id == 2 && h.handover), "{ups:?}");
-        assert!(matches!(ups[1], Body::Report(r) if r.agent == 2), "{ups:?}");
+        assert!(matches!(ups[0], Up::Hello(h) if h.agent == 2 && h.came == Came::Handover), "{ups:?}");
+        assert!(matches!(ups[1], Up::Report { agent: 2, .. }), "{ups:?}");
         let ids: Vec<u64> = reports(&out).iter().flat_map(|r| r.results.iter().map(|t| t.id)).collect();
         assert_eq!(ids, [4, 0], "what the old leader did not acknowledge comes again");
-        let ack = Body::Ack(proto::Ack { seq: 0, agent: 0, resync: true });
+        let ack = Down { agent: 0, msg: ToAgent::Resync { seq: 0 } };
         let out = step(&mut m, 6_100_001, Input::Parent(ack));
-        assert_eq!(reports(&out)[0].holding, [1, 2, 3]);
+        assert_eq!(reports(&out)[0].holding.as_deref(), Some(&[1, 2, 3][..]));
         // With no new leader in time it stops what it holds.
         let mut m = Machine::new(0, 1, tree()).with_revive(true).with_await_leader(true);
         step(&mut m, 0, Input::Tick);

@@ -1,15 +1,15 @@
-//! A task on the wire, both ways: the leader's `TaskSpec` into the prost frame, and the frame
+//! A task on the wire, both ways: the task the leader sends into the prost frame, and the frame
 //! into the task an agent's executor runs. The one place a task's shape meets the wire's fields.
 
 use htc_core::shape::TaskShape;
 use htc_core::work::TaskToRun;
 
 use super::proto;
-use crate::msg::TaskSpec;
 
-impl From<TaskSpec> for proto::TaskSpec {
-    fn from(s: TaskSpec) -> proto::TaskSpec {
-        let TaskSpec { id, attempt, command, shell, shape } = s;
+/// Only what an agent is told of the shape (`TaskShape::for_agent`) has a field.
+impl From<TaskToRun> for proto::TaskSpec {
+    fn from(s: TaskToRun) -> proto::TaskSpec {
+        let TaskToRun { id, attempt, command, shell, shape } = s;
         proto::TaskSpec {
             id,
             attempt,
@@ -64,7 +64,7 @@ mod tests {
             preemptible: true,
             ..TaskShape::default()
         };
-        let spec = TaskSpec { id: 7, attempt: 2, command: b"x".to_vec(), shell: true, shape };
+        let spec = TaskToRun { id: 7, attempt: 2, command: b"x".to_vec(), shell: true, shape };
         let t = TaskToRun::from(proto::TaskSpec::from(spec));
         assert_eq!((t.id, t.attempt, t.command.as_slice(), t.shell), (7, 2, &b"x"[..], true));
         assert_eq!(t.shape, shape);

@@ -26,11 +26,10 @@ use crate::leader::{new_core, Planned};
 use crate::ledger::{Change, Ledger, Outcome};
 use crate::liveness::Liveness;
 use crate::load::TaskText;
-use crate::proto::{self, frame::Body};
 use crate::rundir::RunDir;
 use htc_core::virtual_exec::VirtualExec;
 use htc_core::work::{Command, ExecEvent, TaskToRun};
-use htc_engine::msg::{Came, Hello, ToAgent};
+use htc_engine::msg::{Came, Down, Hello, ToAgent, Up};
 
 mod breaking;
 mod fault;
@@ -303,7 +302,7 @@ fn sim_driver_config() -> DriverConfig {
 }
 
 /// The simulated world as the leader's session sees it: the virtual clock, and the effects of its
-/// turns, which the simulation carries out once the leader's CPU has spent their cost (`Down`).
+/// turns, which the simulation carries out once the leader's CPU has spent their cost (`Downward`).
 #[derive(Default)]
 struct SimNet {
     now: u64,
@@ -394,24 +393,23 @@ impl Leader<'_> {
 
     /// The session's effects so far, to reach the agents at the top of the tree at `at`.
     fn send(&mut self, w: &mut World, fleet: &Fleet, at: u64) {
-        let mut down = Down { w, fleet, at };
+        let mut down = Downward { w, fleet, at };
         self.session.world.effects.drain(..).for_each(|e| e.carry_out(&mut down));
     }
 }
 
 /// The leader's effects of one input, carried out as the node's leader driver does over sockets:
-/// each message as its frames (`wire::leader`), down the connection that leads to its agent.
-struct Down<'a> {
+/// each message down the connection that leads to its agent.
+struct Downward<'a> {
     w: &'a mut World,
     fleet: &'a Fleet,
     /// When they reach the agents at the top of the tree.
     at: u64,
 }
 
-impl effect::Carrier for Down<'_> {
+impl effect::Carrier for Downward<'_> {
     fn to_agent(&mut self, agent: u32, msg: ToAgent) {
-        let (w, fleet, at) = (&mut *self.w, self.fleet, self.at);
-        htc_engine::wire::leader::frames(agent, msg, |body| fleet.send_down(w, at, agent, body));
+        self.fleet.send_down(self.w, self.at, Down { agent, msg });
     }
     // The virtual network keeps no place for an agent to free: what comes over a connection
     // that no longer stands for an agent is dropped there (`Fleet::carries`).
@@ -438,28 +436,25 @@ struct SimTurn<'a> {
 }
 
 impl Carrier for SimTurn<'_> {
-    fn up(&mut self, body: Body) {
+    fn up(&mut self, msg: Up) {
         let l = self.links[self.agent as usize];
         if !l.open {
             return;
         }
         let ev = match l.parent {
-            Some(p) => Ev::ToAgent(p, machine::Input::ChildFrame(body)),
-            None => match to_leader(body) {
-                Some(input) => Ev::ToLeader(input),
-                None => return,
-            },
+            Some(p) => Ev::ToAgent(p, machine::Input::ChildFrame(msg)),
+            None => Ev::ToLeader(Input::from(msg)),
         };
         let at = self.w.now + self.latency_us;
         self.w.at(at, Ev::Over { link: self.agent, gen: l.gen, ev: Box::new(ev) });
     }
-    fn down(&mut self, child: u32, body: Body) {
+    fn down(&mut self, child: u32, msg: Down) {
         let l = self.links[child as usize];
         // A member's Welcome ends its join handshake, which `Fleet::join` models.
-        if matches!(body, Body::Welcome(_)) || !l.open || l.parent != Some(self.agent) {
+        if matches!(msg.msg, ToAgent::Welcome { .. }) || !l.open || l.parent != Some(self.agent) {
             return;
         }
-        let ev = Ev::ToAgent(child, machine::Input::Parent(body));
+        let ev = Ev::ToAgent(child, machine::Input::Parent(msg));
         self.w.at(self.w.now + self.latency_us, Ev::Over { link: child, gen: l.gen, ev: Box::new(ev) });
     }
     fn exec(&mut self, command: Command) {
@@ -501,18 +496,6 @@ fn first_try(first: u64, every: u64, open_at: u64) -> u64 {
     } else {
         first + (open_at - first).div_ceil(every) * every
     }
-}
-
-/// A frame an agent at the top of the tree sends the leader (its own, or one it relays), as
-/// the leader's network side turns it into an input: by the same mappings (`wire::leader`, and
-/// `Input::from` a Hello), so the two cannot read a frame differently.
-fn to_leader(body: Body) -> Option<Input> {
-    Some(match body {
-        Body::Report(report) => Input::Report { agent: report.agent, report: report.into() },
-        Body::Lost(l) => Input::Lost { agent: l.agent, why: l.reason },
-        Body::Hello(h) => Input::from(Hello::from(h)),
-        _ => return None,
-    })
 }
 
 /// An agent's connection to its parent, as the network has it.
@@ -628,16 +611,16 @@ impl Fleet {
         match l.parent {
             None => w.at(at, over(Ev::ToLeader(self.hello(cfg, a, false)))),
             Some(p) => {
-                let hello = proto::Hello {
-                    agent_id: a,
+                let hello = Hello {
+                    agent: a,
                     cores: cfg.cores_per_agent,
                     mem_mb: cfg.mem_mb_per_agent,
                     gpus: cfg.gpus_per_agent,
                     hostname: format!("sim{a}"),
-                    ..Default::default()
+                    came: Came::New,
                 };
                 w.at(at, over(Ev::ToAgent(p, machine::Input::ChildOpened(a))));
-                w.at(at, over(Ev::ToAgent(p, machine::Input::ChildFrame(Body::Hello(hello)))));
+                w.at(at, over(Ev::ToAgent(p, machine::Input::ChildFrame(Up::Hello(hello)))));
             }
         }
         w.at(w.now + 2 * cfg.latency_us, Ev::Tick(a));
@@ -692,11 +675,11 @@ impl Fleet {
 
     /// A frame from the leader for agent `a`, put on the connection to the leader that leads
     /// to it; relays (and heads) pass it down as their machines say.
-    fn send_down(&self, w: &mut World, at: u64, a: u32, body: Body) {
-        let top = self.top(a);
+    fn send_down(&self, w: &mut World, at: u64, down: Down) {
+        let top = self.top(down.agent);
         let l = self.links[top as usize];
         if l.open {
-            let ev = Ev::ToAgent(top, machine::Input::Parent(body));
+            let ev = Ev::ToAgent(top, machine::Input::Parent(down));
             w.at(at, Ev::Over { link: top, gen: l.gen, ev: Box::new(ev) });
         }
     }

@@ -25,8 +25,9 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 use crate::auth;
 use crate::frame::{self, read_frame, FrameError};
 use htc_core::output::OutputMode;
-use htc_engine::proto::{self, frame::Body};
-use htc_engine::wire::PROTOCOL_VERSION;
+use htc_engine::msg::{Down, Up};
+use htc_engine::wire::proto::{self, frame::Body};
+use htc_engine::wire::{self, PROTOCOL_VERSION};
 use htc_exec::executor::{self, Command, ExecConfig, ExecEvent, Handle};
 use htc_exec::leftovers::Sweeper;
 use htc_exec::simexec::{self, ExecKind};
@@ -160,7 +161,7 @@ async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
     // Frames carry the generation of their connection: after a revival the old one may still
     // deliver what it had read.
     let mut gen = 0u32;
-    let (fr_tx, mut fr_rx) = unbounded_channel::<(u32, Result<Body, FrameError>)>();
+    let (fr_tx, mut fr_rx) = unbounded_channel::<(u32, Result<Down, FrameError>)>();
     read_frames(rd, gen, fr_tx.clone());
     let (rejoin_tx, mut rejoin_rx) = unbounded_channel::<Reconnected>();
 
@@ -200,13 +201,13 @@ async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
             _ = sigint.recv() => Input::Signal("interrupted"),
             f = fr_rx.recv(), if parent_open => match f {
                 Some((g, _)) if g != gen => continue,
-                Some((_, Ok(body))) => Input::Parent(body),
+                Some((_, Ok(down))) => Input::Parent(down),
                 Some((_, Err(e))) => { parent_open = false; Input::ParentEnded(e.to_string()) }
                 None => { parent_open = false; Input::ParentEnded("connection closed".into()) }
             },
             c = child_rx.recv(), if children_open => match c {
                 Some(Child::Open { child, tx }) => { children.insert(child, tx); Input::ChildOpened(child) }
-                Some(Child::Up(body)) => Input::ChildFrame(body),
+                Some(Child::Up(up)) => Input::ChildFrame(up),
                 Some(Child::Closed { child, agents, why }) => {
                     children.remove(&child);
                     Input::ChildClosed { child, agents, why }
@@ -312,14 +313,16 @@ impl<'a> Turn<'a> {
 }
 
 impl Carrier for Turn<'_> {
-    fn up(&mut self, body: Body) {
+    fn up(&mut self, msg: Up) {
         if !self.parent_gone {
-            frame::encode_into(body, self.out);
+            frame::encode_into(wire::up::frame(msg), self.out);
         }
     }
-    fn down(&mut self, child: u32, body: Body) {
+    fn down(&mut self, child: u32, msg: Down) {
         if let Some(tx) = self.children.get(&child).filter(|_| !self.parent_gone) {
-            let _ = tx.send(relay::encoded(body));
+            let mut bytes = Vec::new();
+            wire::down::frames(msg.agent, msg.msg, |body| frame::encode_into(body, &mut bytes));
+            let _ = tx.send(bytes);
         }
     }
     fn exec(&mut self, command: Command) {
@@ -349,13 +352,20 @@ impl Carrier for Turn<'_> {
 /// A new connection to the leader, and where that leader listens.
 type Reconnected = Result<(TcpStream, SocketAddr), String>;
 
-/// Feeds the frames of a connection to the agent's loop; reading a frame is not cancel-safe, so
-/// it lives in its own task rather than in select!.
-fn read_frames(mut rd: tokio::net::tcp::OwnedReadHalf, gen: u32, tx: UnboundedSender<(u32, Result<Body, FrameError>)>) {
+/// Feeds what the parent says to the agent's loop; reading a frame is not cancel-safe, so it
+/// lives in its own task rather than in select!. A frame that never goes down is dropped here.
+fn read_frames(mut rd: tokio::net::tcp::OwnedReadHalf, gen: u32, tx: UnboundedSender<(u32, Result<Down, FrameError>)>) {
     tokio::spawn(async move {
         let mut buf = Vec::new();
         loop {
-            let r = read_frame(&mut rd, &mut buf).await;
+            let r = match read_frame(&mut rd, &mut buf).await.map(wire::down::down) {
+                Ok(Some(down)) => Ok(down),
+                Ok(None) => {
+                    tracing::warn!("unexpected frame from above ignored");
+                    continue;
+                }
+                Err(e) => Err(e),
+            };
             let end = r.is_err();
             if tx.send((gen, r)).is_err() || end {
                 break;

@@ -1,6 +1,6 @@
 //! The relay side of an agent with children in the tree: accepts its direct children, checks
 //! their Hellos here (so a stranger or a misplaced agent never reaches the leader), and hands
-//! their frames, and those of the agents below them, to the agent's loop unchanged.
+//! what they say, and what the agents below them say, to the agent's loop.
 
 use std::collections::HashSet;
 
@@ -9,14 +9,15 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::auth::{self, RelayPlace};
 use crate::frame::{self, read_frame, FrameError};
-use htc_engine::proto::{self, frame::Body};
+use htc_engine::msg::Up;
+use htc_engine::wire::{self, proto, proto::frame::Body};
 
 /// What a child connection tells the agent's loop.
 pub enum Child {
     /// A direct child connected: its agent id and the sender for frames down to it.
     Open { child: u32, tx: UnboundedSender<Vec<u8>> },
-    /// A frame from below to pass up.
-    Up(Body),
+    /// What a child (or an agent below it) says, to pass up.
+    Up(Up),
     /// A direct child's connection ended; these agents (it and those below it) are gone.
     Closed { child: u32, agents: Vec<u32>, why: String },
 }
@@ -54,12 +55,6 @@ pub fn listen(
     Ok(())
 }
 
-pub fn encoded(body: Body) -> Vec<u8> {
-    let mut b = Vec::new();
-    frame::encode_into(body, &mut b);
-    b
-}
-
 /// Serves one direct child: authenticates it and checks its Hello, then passes its frames up.
 async fn child_connection(
     mut s: TcpStream,
@@ -82,21 +77,22 @@ async fn child_connection(
     let tx = frame::spawn_writer(wr);
     let _ = up.send(Child::Open { child, tx });
     let mut agents = HashSet::from([hello.agent_id]);
-    let _ = up.send(Child::Up(Body::Hello(hello)));
+    let _ = up.send(Child::Up(Up::Hello(hello.into())));
     let why = loop {
-        match read_frame(&mut rd, &mut buf).await {
-            Ok(body) => {
-                match &body {
-                    Body::Hello(h) => {
-                        agents.insert(h.agent_id);
+        match read_frame(&mut rd, &mut buf).await.map(wire::up::up) {
+            Ok(Some(said)) => {
+                match &said {
+                    Up::Hello(h) => {
+                        agents.insert(h.agent);
                     }
-                    Body::Lost(l) => {
-                        agents.remove(&l.agent);
+                    Up::Lost { agent, .. } => {
+                        agents.remove(agent);
                     }
-                    _ => {}
+                    Up::Report { .. } => {}
                 }
-                let _ = up.send(Child::Up(body));
+                let _ = up.send(Child::Up(said));
             }
+            Ok(None) => break "unexpected frame from agent".to_string(),
             Err(FrameError::Closed) => break "connection to its relay closed".to_string(),
             Err(e) => break e.to_string(),
         }

@@ -37,7 +37,7 @@ pub enum Event {
 }
 
 /// The node's world: the wall clock, and the agents' connections, each message encoded as its
-/// frames (`wire::leader`) and gathered into one write per agent; an agent given up is told to
+/// frames (`wire::down`) and gathered into one write per agent; an agent given up is told to
 /// `given_up`, the network side, which frees its place.
 pub struct Net {
     links: HashMap<u32, UnboundedSender<Vec<u8>>>,
@@ -52,7 +52,7 @@ struct Turn<'a> {
 impl Carrier for Turn<'_> {
     fn to_agent(&mut self, agent: u32, msg: ToAgent) {
         let buf = self.by_agent.entry(agent).or_default();
-        htc_engine::wire::leader::frames(agent, msg, |body| frame::encode_into(body, buf));
+        htc_engine::wire::down::frames(agent, msg, |body| frame::encode_into(body, buf));
     }
     fn given_up(&mut self, agent: u32) {
         if let Some(f) = self.given_up {
@@ -121,7 +121,7 @@ fn dismiss_queued_joins(rx: mpsc::Receiver<Event>) {
             continue;
         };
         let bye = ToAgent::Shutdown { stop: Stop::Finish, reason: "the run has ended".into() };
-        htc_engine::wire::leader::frames(agent, bye, |body| {
+        htc_engine::wire::down::frames(agent, bye, |body| {
             let mut b = Vec::new();
             frame::encode_into(body, &mut b);
             let _ = tx.send(b);
@@ -232,7 +232,7 @@ mod tests {
     use crate::leader::{new_core, Planned};
     use htc_core::record::Outcome;
     use htc_engine::msg;
-    use htc_engine::proto::frame::Body;
+    use htc_engine::wire::proto::frame::Body;
     use std::time::{Duration, Instant};
 
     /// Frames sent so far on an agent's link.

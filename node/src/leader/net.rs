@@ -14,7 +14,7 @@ use super::driver::Event;
 use crate::auth::{self, Door};
 use crate::frame::{self, read_frame, FrameError};
 use htc_engine::msg::{Came, Hello, Stop, ToAgent};
-use htc_engine::proto::{self, frame::Body};
+use htc_engine::wire::proto::{self, frame::Body};
 
 pub struct NetConfig {
     pub secret: Vec<u8>,
@@ -149,7 +149,7 @@ async fn connection(
     // An Ack of nothing new is a heartbeat: sent from here when the core thread sent nothing.
     let mut keepalive = Vec::new();
     let beat = ToAgent::Ack { seq: 0 };
-    htc_engine::wire::leader::frames(hello.agent_id, beat, |body| frame::encode_into(body, &mut keepalive));
+    htc_engine::wire::down::frames(hello.agent_id, beat, |body| frame::encode_into(body, &mut keepalive));
     let tx = frame::spawn_writer_with_keepalive(wr, cfg.heartbeat, keepalive);
     let mut agents: HashSet<u32> = HashSet::new();
     // The agent at the other end; the others it relays for may rejoin around its loss.
@@ -170,7 +170,7 @@ async fn connection(
                 // resume with nothing left): it is told to go, not left to reconnect, refused
                 // as still connected, until the leader's last wait kills it.
                 let bye = ToAgent::Shutdown { stop: Stop::Finish, reason: "the run has ended".into() };
-                htc_engine::wire::leader::frames(agent, bye, |body| drop(tx.send(encoded(body))));
+                htc_engine::wire::down::frames(agent, bye, |body| drop(tx.send(encoded(body))));
                 let mut joined = cfg.lock();
                 for a in agents.iter().filter(|a| joined.get(a) == Some(&conn)).copied().collect::<Vec<_>>() {
                     joined.remove(&a);

@@ -3,12 +3,13 @@
 //! back), and asking busy agents to give back what they have not started.
 
 use super::*;
+use htc_core::work::TaskToRun;
 
 /// One agent's dispatch in the making: how many more it may take, and what it takes.
 struct Batch {
     agent: u32,
     want: u64,
-    specs: Vec<msg::TaskSpec>,
+    specs: Vec<TaskToRun>,
 }
 
 /// Where `Core::start` put a task.
@@ -392,7 +393,7 @@ impl Core<'_> {
         agent: u32,
         id: u64,
         r: Record,
-        specs: &mut Vec<msg::TaskSpec>,
+        specs: &mut Vec<TaskToRun>,
     ) -> Result<(), E> {
         let Some((life, _)) = self.move_life(r.life(), Step::Dispatch) else { return Ok(()) };
         self.in_flight.insert(id, Flight { agent, life });
@@ -402,12 +403,12 @@ impl Core<'_> {
         if r.shape().preemptible {
             self.preemption.dispatched(id, r.shape().priority);
         }
-        specs.push(msg::TaskSpec {
+        specs.push(TaskToRun {
             id,
             attempt: life.attempt_no(),
             command: t.command(&r),
             shell: r.shell(),
-            shape: *r.shape(),
+            shape: r.shape().for_agent(),
         });
         Ok(())
     }

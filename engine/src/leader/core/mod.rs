@@ -31,7 +31,7 @@ use htc_core::tree::Tree;
 use super::effect::{self, Effect, Effects};
 use crate::live;
 use crate::liveness::Liveness;
-use crate::msg::{self, Came, Hello, Stop, ToAgent};
+use crate::msg::{self, Came, Hello, Stop, ToAgent, Up};
 use htc_core::record::{Attempt, Change, Outcome, Record};
 use htc_core::task::{Counts, State};
 
@@ -143,6 +143,17 @@ impl From<Hello> for Input {
             Came::Rejoin { below } => Input::Rejoined { agent, below },
             Came::Fresh => Input::Revived { agent, cores, mem_mb, gpus, hostname },
             Came::Handover => Input::HandedOver { agent, cores, mem_mb, gpus, hostname },
+        }
+    }
+}
+
+/// What an agent's word tells the core: the one reading, for every driver.
+impl From<Up> for Input {
+    fn from(up: Up) -> Input {
+        match up {
+            Up::Hello(h) => Input::from(h),
+            Up::Report { agent, report } => Input::Report { agent, report },
+            Up::Lost { agent, why } => Input::Lost { agent, why },
         }
     }
 }
