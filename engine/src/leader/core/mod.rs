@@ -39,6 +39,7 @@ mod agents;
 pub mod allocation;
 mod allocations;
 mod asking;
+pub mod deps;
 mod dispatch;
 mod figures;
 mod flights;
