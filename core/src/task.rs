@@ -17,10 +17,14 @@ pub enum State {
     /// Out of attempts, or failed in a way a retry cannot fix; never runs again unless a user
     /// asks for it.
     Failed = 4,
+    /// Stopped by a user, or by the failure of a task it depended on (`after=`); never runs
+    /// again unless a user asks for it.
+    Cancelled = 5,
 }
 
 impl State {
-    pub const ALL: [State; 5] = [State::Pending, State::Dispatched, State::Running, State::Done, State::Failed];
+    pub const ALL: [State; 6] =
+        [State::Pending, State::Dispatched, State::Running, State::Done, State::Failed, State::Cancelled];
 
     pub fn from_u8(v: u8) -> Option<State> {
         State::ALL.get(v as usize).copied()
@@ -33,12 +37,13 @@ impl State {
             State::Running => "running",
             State::Done => "done",
             State::Failed => "failed",
+            State::Cancelled => "cancelled",
         }
     }
 
-    /// Done or failed: the task needs nothing more.
+    /// Done, failed or cancelled: the task needs nothing more.
     pub fn is_final(self) -> bool {
-        matches!(self, State::Done | State::Failed)
+        matches!(self, State::Done | State::Failed | State::Cancelled)
     }
 
     /// Dispatched or running: an attempt is out there.
@@ -89,6 +94,9 @@ pub enum Step {
     /// A user asked for a finished task to run again (`htc retry`): a new round of attempts,
     /// numbered after the earlier ones, with this many retries of its own.
     Rerun { retries: u8 },
+    /// A user cancelled it, or a task it depended on (`after=`) failed for good: it never
+    /// starts, or what runs of it is stopped and its end not recorded. Costs no retry.
+    Cancel,
 }
 
 /// Attempts lost with their agent before a loss counts as a failure: a task that takes agents
@@ -120,7 +128,7 @@ pub enum Effect {
     None,
     /// The attempt that just ended is kept in the history and the task waits for another.
     Retry,
-    /// The task is finished (done or failed) for good.
+    /// The task is finished (done, failed or cancelled) for good.
     Final,
 }
 
@@ -181,6 +189,7 @@ pub fn path_to(s: State) -> &'static [Step] {
         State::Running => &[Step::Dispatch, Step::Start],
         State::Done => &[Step::Dispatch, Step::Start, Step::Finish(End::Succeeded)],
         State::Failed => &[Step::Refuse],
+        State::Cancelled => &[Step::Cancel],
     }
 }
 
@@ -224,9 +233,12 @@ pub fn step(life: Life, s: Step) -> Result<(Life, Effect), Invalid> {
             Pending
         }
         (Pending, Step::Refuse) => Failed,
+        (Pending | Dispatched | Running, Step::Cancel) => Cancelled,
         // The budget counts all attempts so far (`retry_or_fail`): the new round's starts here,
         // and must fit in the count (a task has at most `MAX_ATTEMPTS`).
-        (Done | Failed, Step::Rerun { retries }) if (life.attempts as u16 + retries as u16) < MAX_ATTEMPTS as u16 => {
+        (Done | Failed | Cancelled, Step::Rerun { retries })
+            if (life.attempts as u16 + retries as u16) < MAX_ATTEMPTS as u16 =>
+        {
             next.retries = life.attempts + retries;
             Pending
         }
@@ -240,7 +252,7 @@ pub fn step(life: Life, s: Step) -> Result<(Life, Effect), Invalid> {
     };
     next.state = to as u8;
     let effect = match (from, to) {
-        (_, Done | Failed) => Effect::Final,
+        (_, Done | Failed | Cancelled) => Effect::Final,
         (Dispatched | Running, Pending) if !matches!(s, Step::Interrupt | Step::Return | Step::Reclaim) => {
             Effect::Retry
         }
@@ -259,7 +271,7 @@ fn retry_or_fail(life: Life, permanent: bool) -> State {
 
 /// Tasks per state.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Counts(pub [u64; 5]);
+pub struct Counts(pub [u64; 6]);
 
 impl Counts {
     pub fn get(&self, s: State) -> u64 {
@@ -268,9 +280,13 @@ impl Counts {
     pub fn total(&self) -> u64 {
         self.0.iter().sum()
     }
-    /// Tasks not yet done or failed.
+    /// Tasks not yet done, failed or cancelled.
     pub fn unfinished(&self) -> u64 {
         self.get(State::Pending) + self.get(State::Dispatched) + self.get(State::Running)
+    }
+    /// Tasks done, failed or cancelled: they need nothing more.
+    pub fn finished(&self) -> u64 {
+        self.get(State::Done) + self.get(State::Failed) + self.get(State::Cancelled)
     }
     pub fn add(&mut self, s: State) {
         self.0[s as usize] += 1;
@@ -402,6 +418,28 @@ mod tests {
     }
 
     #[test]
+    fn a_task_not_finished_can_be_cancelled_for_good_and_rerun_by_a_user() {
+        for from in [State::Pending, State::Dispatched, State::Running] {
+            let (l, fx) = run(life(State::Pending, 0, 3), path_to(from));
+            let (l, e) = step(l, Step::Cancel).unwrap();
+            assert_eq!((l.state(), e), (State::Cancelled, Effect::Final), "from {}", from.name());
+            assert!(fx.iter().all(|&e| e == Effect::None));
+            // What comes of the stopped attempt is stale.
+            assert!(step(l, Step::Finish(End::Succeeded)).is_err());
+            assert!(step(l, Step::Start).is_err());
+            assert_eq!(step(l, Step::Rerun { retries: 0 }).unwrap().0.state(), State::Pending);
+        }
+        for from in [State::Done, State::Failed, State::Cancelled] {
+            assert!(step(run(life(State::Pending, 0, 0), path_to(from)).0, Step::Cancel).is_err());
+        }
+        let mut c = Counts::default();
+        c.add(State::Running);
+        let (l, _) = run(life(State::Pending, 0, 0), path_to(State::Running));
+        c.step(l, Step::Cancel).unwrap();
+        assert_eq!((c.get(State::Cancelled), c.unfinished(), c.total()), (1, 0, 1));
+    }
+
+    #[test]
     fn permanent_failures_are_never_retried() {
         let (l, fx) = run(life(State::Pending, 0, 5), &[Step::Dispatch, Step::Finish(End::Failed { permanent: true })]);
         assert_eq!((l.state(), fx[1]), (State::Failed, Effect::Final));
@@ -471,6 +509,7 @@ mod tests {
             Step::Refund,
             Step::Return,
             Step::Reclaim,
+            Step::Cancel,
         ];
         let mut counts = Counts::default();
         for from in State::ALL {
@@ -489,7 +528,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(counts.total(), 5 * 11 * 4 * MAX_LOSSES as u64);
+        assert_eq!(counts.total(), State::ALL.len() as u64 * steps.len() as u64 * 4 * MAX_LOSSES as u64);
     }
 
     #[test]

@@ -8,7 +8,7 @@
 
 use std::fmt::Write as _;
 
-use htc_core::task::{Counts, State};
+use htc_core::task::Counts;
 
 pub const FILE: &str = "live";
 const MAGIC: &str = "htc-live 1";
@@ -90,7 +90,7 @@ fn clean(s: &str) -> String {
 
 impl View {
     pub fn finished(&self) -> u64 {
-        self.counts.get(State::Done) + self.counts.get(State::Failed)
+        self.counts.finished()
     }
 
     pub fn encode(&self) -> String {
@@ -100,7 +100,9 @@ impl View {
         let _ = writeln!(s, "job\t{}", clean(&self.job));
         let _ = writeln!(s, "time\t{}\t{}", self.now_us, self.session_start_us);
         let _ = writeln!(s, "state\t{}", clean(&self.state));
-        let _ = writeln!(s, "counts\t{}\t{}\t{}\t{}\t{}\t{}", c[0], c[1], c[2], c[3], c[4], self.finished_start);
+        // Cancelled last: a reader of the five states before it reads the line as it was.
+        let _ =
+            writeln!(s, "counts\t{}\t{}\t{}\t{}\t{}\t{}\t{}", c[0], c[1], c[2], c[3], c[4], self.finished_start, c[5]);
         for n in &self.nodes {
             let _ = writeln!(
                 s,
@@ -162,10 +164,11 @@ impl View {
                 "time" => (v.now_us, v.session_start_us) = (n(1)?, n(2)?),
                 "state" => v.state = s(1),
                 "counts" => {
-                    for (k, c) in v.counts.0.iter_mut().enumerate() {
+                    for (k, c) in v.counts.0[..5].iter_mut().enumerate() {
                         *c = n(k + 1)?;
                     }
                     v.finished_start = n(6)?;
+                    v.counts.0[5] = if f.len() > 7 { n(7)? } else { 0 };
                 }
                 "node" => v.nodes.push(Node {
                     agent: n(1)? as u32,
@@ -204,6 +207,7 @@ impl View {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use htc_core::task::State;
 
     fn sample() -> View {
         View {
@@ -211,7 +215,7 @@ mod tests {
             now_us: 1_700_000_000_000_000,
             session_start_us: 1_699_999_990_000_000,
             state: "running".into(),
-            counts: Counts([5, 1, 2, 90, 2]),
+            counts: Counts([5, 1, 2, 90, 2, 3]),
             finished_start: 10,
             nodes: vec![
                 Node {
@@ -250,7 +254,10 @@ mod tests {
     fn roundtrip_and_tabs_in_fields_cannot_split_them() {
         let v = sample();
         assert_eq!(View::decode(&v.encode(), "live").unwrap(), v);
-        assert_eq!(v.finished(), 92);
+        assert_eq!(v.finished(), 95);
+        // A view written before tasks could be cancelled says none were.
+        let old = v.encode().replace("\t10\t3\n", "\t10\n");
+        assert_eq!(View::decode(&old, "live").unwrap().counts.get(State::Cancelled), 0);
         let mut tabbed = sample();
         tabbed.nodes[1].host = "n\t2".into();
         tabbed.failures[0].reason = "line\nbreak".into();

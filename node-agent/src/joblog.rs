@@ -9,7 +9,7 @@ use std::io::Write;
 
 use serde::Serialize;
 
-use crate::ledger::{Attempt, Ledger, Outcome, ReadTxn, Record, State};
+use crate::ledger::{Attempt, Ledger, Outcome, ReadTxn, Record};
 use crate::load::TaskText;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -193,7 +193,7 @@ pub fn write(
             }
             next += 1;
         }
-        if matches!(r.state(), State::Done | State::Failed) && r.attempts() > 0 {
+        if r.state().is_final() && r.attempts() > 0 {
             mine.push(r.last_attempt());
         }
         for a in mine {

@@ -315,7 +315,7 @@ pub fn check_all(run: &RunDir) -> anyhow::Result<Option<OutputCheck>> {
     let (mut files, mut buf, mut next) = (Files(HashMap::new()), Vec::new(), 0usize);
     ledger.read()?.for_each(|id, r| {
         let group = entries_of(&entries, &mut next, id);
-        let finished = matches!(r.state(), State::Done | State::Failed);
+        let finished = r.state().is_final();
         if !finished || r.attempts() == 0 || r.outcome() == crate::ledger::Outcome::Lost {
             return;
         }

@@ -182,7 +182,7 @@ mod tests {
         t.commit().unwrap();
         assert_eq!(n, Reopened { done: 0, failed: 2, ..Default::default() });
         let r = l.read().unwrap();
-        assert_eq!(r.counts().unwrap(), Counts([3, 0, 0, 1, 0]));
+        assert_eq!(r.counts().unwrap(), Counts([3, 0, 0, 1, 0, 0]));
         assert!(r.failed_ids(10).unwrap().is_empty());
         let rec = r.get(2).unwrap().unwrap();
         assert_eq!((rec.state(), rec.attempts(), rec.shape().retries), (Pending, 3, 3), "one more attempt, the 4th");

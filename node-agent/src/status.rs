@@ -51,7 +51,7 @@ pub fn allocations_line(allocations: &[crate::live::Allocation], now_us: u64) ->
 
 pub fn progress_line(p: &Progress) -> String {
     let c = p.counts;
-    let finished = c.get(State::Done) + c.get(State::Failed);
+    let finished = c.finished();
     let remaining = c.total() - finished;
     let (rate, eta) = rate_eta(p.finished_this_session, p.elapsed, remaining);
     let pct = if c.total() > 0 { 100.0 * finished as f64 / c.total() as f64 } else { 100.0 };
@@ -116,7 +116,7 @@ pub fn progress_bar() -> indicatif::ProgressBar {
 
 pub fn show_progress(bar: &indicatif::ProgressBar, p: &Progress) {
     let c = p.counts;
-    let finished = c.get(State::Done) + c.get(State::Failed);
+    let finished = c.finished();
     let (rate, eta) = rate_eta(p.finished_this_session, p.elapsed, c.total() - finished);
     bar.set_length(c.total());
     bar.set_position(finished);
@@ -366,11 +366,11 @@ impl Report {
         let start = t.meta_u64("session_start_us")?.unwrap_or(0);
         let f0 = t.meta_u64("session_finished_start")?.unwrap_or(0);
         let (mut elapsed_s, mut rate, mut eta_s) = (0.0, 0.0, None);
-        let finished_this_session = (c.get(State::Done) + c.get(State::Failed)).saturating_sub(f0);
+        let finished_this_session = (c.finished()).saturating_sub(f0);
         if start > 0 {
             let end = finished_us.unwrap_or(if key == "running" { now_us() } else { heartbeat });
             let elapsed = Duration::from_micros(end.saturating_sub(start));
-            let finished = c.get(State::Done) + c.get(State::Failed);
+            let finished = c.finished();
             let (r, eta) = rate_eta(finished.saturating_sub(f0), elapsed, c.unfinished());
             elapsed_s = elapsed.as_secs_f64();
             rate = r;

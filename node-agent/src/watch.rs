@@ -319,7 +319,7 @@ mod tests {
             now_us: now_s * 1_000_000,
             session_start_us: 0,
             state: state.into(),
-            counts: Counts([1000 - done, 0, 0, done, 0]),
+            counts: Counts([1000 - done, 0, 0, done, 0, 0]),
             ..Default::default()
         }
     }
@@ -340,7 +340,7 @@ mod tests {
         assert_eq!(m.eta(), None);
         assert_eq!(m.state(21_000_000), "complete (the run has ended)");
         let mut failed = view(22, 990, "complete");
-        failed.counts = Counts([0, 0, 0, 990, 10]);
+        failed.counts = Counts([0, 0, 0, 990, 10, 0]);
         m.update(failed);
         assert_eq!(m.state(22_000_000), "complete, 10 tasks failed (htc output --failed)");
     }

@@ -11,8 +11,9 @@ use htc_core::shape::TaskShape;
 use htc_core::task::{Life, State};
 
 /// Names the layout below and the meta keys; a ledger of another is migrated on open
-/// (`migrate`), or refused when it is newer than this build.
-pub const SCHEMA_VERSION: u32 = 3;
+/// (`migrate`), or refused when it is newer than this build. 4: a task may be cancelled (its
+/// state byte 5), and the counts have a sixth number for them.
+pub const SCHEMA_VERSION: u32 = 4;
 /// The fields, then their checksum.
 pub const RECORD_LEN: usize = FIELDS_LEN + SUM_LEN;
 pub const FIELDS_LEN: usize = 76;
@@ -29,7 +30,8 @@ const fn f(at: usize, width: usize) -> Field {
     Field { at, width }
 }
 
-/// The record of schema 3 (written since before bb08bd2).
+/// The record of schema 3 (written since before bb08bd2) and of schema 4, which lies the same and
+/// whose state may also be cancelled.
 pub mod v3 {
     use super::f;
     pub use super::Field;
@@ -72,10 +74,12 @@ pub mod v3 {
 /// An older schema's record read as today's.
 type Decode = fn(u64, &[u8]) -> Option<Record>;
 
-/// The layouts of older schemas this build migrates from. None has changed since bb08bd2 wrote
-/// schema 3; the test-only schema 2 keeps the path from an older layout proven until one does.
+/// The layouts of older schemas this build migrates from: schema 3 (bb08bd2's, and this one's
+/// before a task could be cancelled); the test-only schema 2 keeps the path from a layout that
+/// moved fields proven.
 fn older(version: u32) -> Option<Decode> {
     match version {
+        3 => Some(decode_v3),
         #[cfg(test)]
         2 => Some(tests::v2::decode),
         _ => None,
@@ -167,6 +171,11 @@ pub fn encode_record(r: &Record, id: u64) -> [u8; RECORD_LEN] {
     let s = sum(&key(id), &b[..FIELDS_LEN]);
     b[FIELDS_LEN..].copy_from_slice(&s);
     b
+}
+
+/// A record of schema 3: as this schema's, and never cancelled.
+fn decode_v3(id: u64, b: &[u8]) -> Option<Record> {
+    decode_record(id, b).filter(|r| r.state() != State::Cancelled)
 }
 
 /// Task `id`'s record from its stored form, or None for one that cannot be a record this
@@ -293,7 +302,7 @@ pub(crate) mod tests {
     #[test]
     fn what_no_record_holds_is_refused_though_sealed() {
         let good = encode_record(&every_field_set(), 1);
-        for (f, v) in [(v3::STATE, 5), (v3::OUTCOME, 9), (v3::FLAGS, 4), (v3::UNUSED, 1)] {
+        for (f, v) in [(v3::STATE, 6), (v3::OUTCOME, 9), (v3::FLAGS, 4), (v3::UNUSED, 1)] {
             let mut b = good;
             b[f.at] = v;
             let s = sum(&key(1), &b[..FIELDS_LEN]);

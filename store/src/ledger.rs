@@ -138,19 +138,20 @@ fn decode_attempt(k: &[u8], b: &[u8]) -> Option<Attempt> {
 }
 
 /// Tasks per state are stored at every commit so readers need no scan.
-fn encode_counts(c: &Counts) -> [u8; 40] {
-    let mut b = [0u8; 40];
+fn encode_counts(c: &Counts) -> [u8; 48] {
+    let mut b = [0u8; 48];
     for (i, n) in c.0.iter().enumerate() {
         b[i * 8..i * 8 + 8].copy_from_slice(&n.to_le_bytes());
     }
     b
 }
 
+/// Six numbers, or five as schema 3 stored them (no task was cancelled then).
 pub fn decode_counts(b: &[u8]) -> Option<Counts> {
-    (b.len() == 40).then(|| {
-        let mut c = [0u64; 5];
-        for (i, v) in c.iter_mut().enumerate() {
-            *v = u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().unwrap());
+    matches!(b.len(), 40 | 48).then(|| {
+        let mut c = [0u64; 6];
+        for (v, n) in c.iter_mut().zip(b.chunks_exact(8)) {
+            *v = u64::from_le_bytes(n.try_into().unwrap());
         }
         Counts(c)
     })
@@ -977,7 +978,7 @@ pub(crate) mod tests {
         let l = Ledger::create(&p).unwrap();
         let mut t = l.write().unwrap();
         t.append(1, &Record::default().walked(&[Step::Refuse]).unwrap()).unwrap();
-        t.put_counts(&Counts([0, 0, 0, 0, 1])).unwrap();
+        t.put_counts(&Counts([0, 0, 0, 0, 1, 0])).unwrap();
         let a = Attempt { attempt: 1, outcome: Outcome::Exited, value: 3, agent: 0, start_us: 1, end_us: 2 };
         t.apply(&Change::Attempt(1, a)).unwrap();
         t.put_meta("total", &1u64.to_le_bytes()).unwrap();
@@ -1035,7 +1036,7 @@ pub(crate) mod tests {
             for id in 1..=1000 {
                 t.append(id, &at_line(id as u32)).unwrap();
             }
-            t.put_counts(&Counts([1000, 0, 0, 0, 0])).unwrap();
+            t.put_counts(&Counts([1000, 0, 0, 0, 0, 0])).unwrap();
             t.commit().unwrap();
             let mut t = l.write().unwrap();
             let mut r = t.get(5).unwrap().unwrap();
@@ -1147,7 +1148,12 @@ pub(crate) mod tests {
         let e = Ledger::open(&p, false).err().expect("a newer schema is refused");
         assert!(matches!(e, LedgerError::Schema { found: 99, .. }), "{e}");
         let shown = e.to_string();
-        assert!(shown.contains(&p.display().to_string()) && shown.contains("99") && shown.contains("3"), "{shown}");
+        assert!(
+            shown.contains(&p.display().to_string())
+                && shown.contains("99")
+                && shown.contains(&SCHEMA_VERSION.to_string()),
+            "{shown}"
+        );
     }
 
     #[test]

@@ -110,7 +110,7 @@ pub fn load(src: &Path, run: &RunDir, ledger: &Ledger, defaults: TaskShape) -> R
     }
     txn.put_meta("classes", p.classes().join("\n").as_bytes())?;
     txn.put_meta("task_file", shown.as_bytes())?;
-    txn.put_counts(&Counts([id, 0, 0, 0, 0]))?;
+    txn.put_counts(&Counts([id, 0, 0, 0, 0, 0]))?;
     txn.commit()?;
     Ok(Loaded { tasks: id, classes: p.classes().to_vec(), max_cores, max_mem_mb })
 }

@@ -543,7 +543,7 @@ mod tests {
             t.append(id, &Record::new(cmd, Default::default())).unwrap();
         }
         t.put_meta("total", &n.to_le_bytes()).unwrap();
-        t.put_counts(&Counts([n, 0, 0, 0, 0])).unwrap();
+        t.put_counts(&Counts([n, 0, 0, 0, 0, 0])).unwrap();
         t.commit().unwrap();
         path
     }

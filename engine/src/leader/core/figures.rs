@@ -34,7 +34,7 @@ impl Figures {
     pub(super) fn new(now_us: u64, counts: &Counts) -> Figures {
         Figures {
             started_us: now_us,
-            finished_start: counts.get(State::Done) + counts.get(State::Failed),
+            finished_start: counts.finished(),
             failed_start: counts.get(State::Failed),
             oks: 0,
             ran_core_us: 0,
@@ -93,7 +93,7 @@ impl Figures {
 
     /// Tasks finished, and failed for good, in this session, by the counts now.
     pub(super) fn finished_since(&self, counts: &Counts) -> u64 {
-        (counts.get(State::Done) + counts.get(State::Failed)).saturating_sub(self.finished_start)
+        (counts.finished()).saturating_sub(self.finished_start)
     }
 
     pub(super) fn failed_since(&self, counts: &Counts) -> u64 {
