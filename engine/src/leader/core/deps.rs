@@ -174,6 +174,11 @@ impl Deps {
         self.ended(id, false, out);
     }
 
+    /// Whether some task waits on `id`.
+    pub fn has_dependents(&self, id: u64) -> bool {
+        self.first.get(id) != 0
+    }
+
     pub fn is_waiting(&self, id: u64) -> bool {
         self.open.get(id) > 0
     }

@@ -274,8 +274,8 @@ impl Core<'_> {
                     .collect::<Result<_, _>>()?,
             };
             for (id, r) in records {
-                if r.state() != State::Pending || self.in_flight.contains(id) {
-                    continue; // done in an earlier session, or out already
+                if r.state() != State::Pending || self.in_flight.contains(id) || self.deps.is_waiting(id) {
+                    continue; // done in an earlier session, out already, or waiting for others
                 }
                 if self.hand_to_key_owner(b.agent, id, &r) {
                     handed += 1;

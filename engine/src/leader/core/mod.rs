@@ -21,6 +21,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use htc_core::affinity::{Affinity, Route};
+use htc_core::arrivals::Arrivals;
 use htc_core::backfill::{self, Memory, Need};
 use htc_core::hist::Summary;
 use htc_core::idmap::{IdMap, IdSet};
@@ -39,6 +40,7 @@ mod agents;
 pub mod allocation;
 mod allocations;
 mod asking;
+mod cancel;
 pub mod deps;
 mod dispatch;
 mod figures;
@@ -57,6 +59,7 @@ mod view;
 
 use allocation::{Allocation, Stage};
 use asking::{Asking, Idle};
+use deps::Deps;
 use figures::Figures;
 use flights::{Flight, Flights};
 use preemption::Preemption;
@@ -133,6 +136,10 @@ pub enum Input {
     },
     /// Time passed: heartbeats are due, silent agents are given up.
     Tick,
+    /// A user cancelled these tasks.
+    Cancel {
+        ids: Vec<u64>,
+    },
 }
 
 /// What a Hello tells the core, by why the agent came: the one reading, for every driver.
@@ -232,7 +239,10 @@ struct Agent {
 }
 
 pub struct Core<'a> {
-    partition: Box<dyn Partition + 'a>,
+    /// The plan of the tasks the run started with, and what arrived since (`Arrivals`).
+    partition: Arrivals<'a>,
+    /// Which tasks wait for which (`deps`).
+    deps: Deps,
     /// Who came, who never did, the last loss (`turnout`).
     turnout: Turnout,
     job_id: String,
@@ -311,7 +321,8 @@ impl<'a> Core<'a> {
         now_us: u64,
     ) -> Core<'a> {
         Core {
-            partition,
+            partition: Arrivals::new(partition),
+            deps: Deps::default(),
             turnout: Turnout::expecting(expected_agents),
             job_id,
             agents: IdMap::default(),
@@ -494,6 +505,9 @@ impl<'a> Core<'a> {
             Input::Tick => self.tick(t, now_us, out)?,
             Input::NeverJoined { agent, why } => self.never_joined(agent, &why),
             Input::Interrupt { signal } => return Ok(Some(Ending::Interrupted(signal))),
+            Input::Cancel { ids } => {
+                self.cancel(t, &ids, out)?;
+            }
         }
         if self.asking.pending() && self.may_ask_back() {
             self.ask_back(out);

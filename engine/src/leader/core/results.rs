@@ -143,7 +143,12 @@ impl Core<'_> {
         life: Life,
     ) -> Result<(), E> {
         r.set_life(life);
-        t.apply(&Change::Record(id, *r))
+        t.apply(&Change::Record(id, *r))?;
+        match life.state() {
+            State::Done => self.release(t, id, true),
+            State::Failed | State::Cancelled => self.release(t, id, false),
+            _ => Ok(()),
+        }
     }
 
     pub(super) fn on_result<E>(

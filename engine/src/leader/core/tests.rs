@@ -8,6 +8,8 @@ use htc_core::shape::TaskShape;
 use htc_core::tree::Tree;
 use std::collections::BTreeMap;
 
+mod deps;
+
 /// Task records in memory; the command of task N is "task N".
 #[derive(Default)]
 struct Mem {

@@ -1,0 +1,92 @@
+//! Tasks that end others' wait, and tasks stopped for good: a final state releases the tasks
+//! that depend on it (`deps`), which go to whoever asks next (`Arrivals`) or are cancelled in
+//! turn; a user's cancel stops what runs of a task and makes it final without a retry.
+
+use std::collections::BTreeMap;
+
+use super::deps::{Added, Kind, Released, Standing};
+use super::*;
+
+impl<'a> Core<'a> {
+    /// Task `id` waits for `on` (tasks that exist): made as it is added, or again on a resume
+    /// for a task not final yet. A dependency that failed already cancels it at once.
+    pub fn depend<E>(&mut self, t: &mut dyn Tasks<Error = E>, id: u64, on: &[(u64, Kind)]) -> Result<Added, E> {
+        let mut standing = Vec::with_capacity(on.len());
+        for &(d, _) in on {
+            let s = match t.get(d)?.map(|r| r.state()) {
+                Some(State::Done) => Standing::Succeeded,
+                Some(State::Failed | State::Cancelled) => Standing::Unsuccessful,
+                // An id with no record is refused before it gets here; should one slip through,
+                // it is a dependency that can never succeed.
+                None => Standing::Unsuccessful,
+                Some(_) => Standing::Open,
+            };
+            standing.push((d, s));
+        }
+        let added = self.deps.add(id, on, |d| standing.iter().find(|(x, _)| *x == d).map_or(Standing::Open, |s| s.1));
+        if let Added::Cancelled { because } = added {
+            tracing::info!(job = %self.job_id, task = id, because, "cancelled: dependency {because} did not succeed");
+            self.cancel_one(t, id)?;
+        }
+        Ok(added)
+    }
+
+    /// Tasks that wait for others to end.
+    pub fn waiting(&self) -> usize {
+        self.deps.waiting()
+    }
+
+    /// Task `id` became final: its dependents may run now, or are cancelled (an `after=` it
+    /// failed), as `deps` decides. Nothing to do, and no cost, for a task nobody waits on.
+    pub(super) fn release<E>(&mut self, t: &mut dyn Tasks<Error = E>, id: u64, ok: bool) -> Result<(), E> {
+        if !self.deps.has_dependents(id) && !self.deps.is_waiting(id) {
+            return Ok(());
+        }
+        let mut out = Released::default();
+        self.deps.ended(id, ok, &mut out);
+        for (task, because) in out.cancelled {
+            tracing::info!(job = %self.job_id, task, because, "cancelled: dependency {because} did not succeed");
+            self.cancel_one(t, task)?;
+        }
+        for task in out.ready {
+            if let Some(r) = t.get(task)? {
+                self.partition.push(task, r.shape().priority);
+            }
+        }
+        Ok(())
+    }
+
+    /// A user's cancel of `ids`: what is queued never starts, what runs is stopped (its agent
+    /// reports it preempted, which finds it landed already and changes nothing). Unknown and
+    /// finished tasks are left as they are. Says how many it cancelled.
+    pub(super) fn cancel<E>(&mut self, t: &mut dyn Tasks<Error = E>, ids: &[u64], out: &mut Effects) -> Result<u64, E> {
+        let mut stop: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+        let mut n = 0;
+        for &id in ids {
+            let Some(holder) = self.cancel_one(t, id)? else { continue };
+            n += 1;
+            if let Some(agent) = holder {
+                stop.entry(agent).or_default().push(id);
+            }
+        }
+        for (agent, ids) in stop {
+            out.push(Effect::ToAgent(agent, ToAgent::Preempt(ids)));
+        }
+        Ok(n)
+    }
+
+    /// Makes task `id` cancelled if it is not final yet: `None` if it was (or is unknown), else
+    /// the agent that holds an attempt of it, if one does.
+    fn cancel_one<E>(&mut self, t: &mut dyn Tasks<Error = E>, id: u64) -> Result<Option<Option<u32>>, E> {
+        let Some(mut r) = t.get(id)? else { return Ok(None) };
+        // An attempt in flight has its life in the flight (a dispatch writes nothing).
+        let now = self.in_flight.get(id).map_or(r.life(), |f| f.life);
+        let Some((life, _)) = self.move_life(now, Step::Cancel) else { return Ok(None) };
+        let holder = self.land(id).map(|f| f.agent);
+        if let Some(a) = holder.and_then(|a| self.agents.get_mut(&a)) {
+            a.ahead_ms = a.ahead_ms.saturating_sub(r.shape().runtime_ms as u64 * r.shape().cores as u64);
+        }
+        self.record(t, id, &mut r, life)?;
+        Ok(Some(holder))
+    }
+}
