@@ -2,6 +2,7 @@
 //! Pure logic with no runtime, shared by the node agent and the SPANK plugin.
 
 pub mod affinity;
+pub mod after;
 pub mod arrivals;
 pub mod backfill;
 pub mod grow;

@@ -23,6 +23,7 @@ pub const MAX_GPUS: u32 = 64;
 /// Durations are kept in milliseconds in a `u32`: about 49 days.
 pub const MAX_DURATION_MS: u64 = u32::MAX as u64;
 
+pub use crate::after::{Kind, Needs};
 pub use crate::shape::{output_cap, TaskShape, DEFAULT_RETRIES};
 
 /// One parsed task. `command` borrows the parser's line buffer.
@@ -39,6 +40,8 @@ pub struct Task<'a> {
     /// Made from a sweep's template (`sweep`): `command` is not in the file, `offset` is the
     /// template's.
     pub generated: bool,
+    /// The earlier tasks it waits for (`after=`, `afterany=`).
+    pub after: &'a Needs,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,6 +58,12 @@ pub enum ErrorKind {
         key: &'static str,
         value: String,
         why: &'static str,
+    },
+    /// `after=` or `afterany=` that names no earlier tasks.
+    BadNeeds {
+        key: &'static str,
+        value: String,
+        why: String,
     },
     TooManyClasses,
     InvalidDirective,
@@ -81,6 +90,7 @@ impl fmt::Display for ErrorKind {
                 write!(f, "unknown option '{k}' (known: cores, mem, gpus, priority, exclusive, preemptible, affinity, timeout, retries, class, runtime, max_output)")
             }
             ErrorKind::BadValue { key, value, why } => write!(f, "bad value '{value}' for {key}: {why}"),
+            ErrorKind::BadNeeds { key, value, why } => write!(f, "bad value '{value}' for {key}: {why}"),
             ErrorKind::TooManyClasses => write!(f, "more than {MAX_CLASSES} distinct classes"),
             ErrorKind::InvalidDirective => write!(f, "'#HTC' directive needs key=value options"),
             ErrorKind::ShellSyntax(why) => write!(f, "shell syntax: {why}"),
@@ -125,6 +135,9 @@ pub struct Parser<R> {
     line_start: u64,
     pos: u64,
     defaults: TaskShape,
+    /// What the lines after an `#HTC after=…` wait for, and what the current line does.
+    default_needs: Needs,
+    needs: Needs,
     classes: Vec<String>,
     tasks: u64,
     eof: bool,
@@ -147,6 +160,7 @@ struct Active {
     sweep: Sweep,
     template: Template,
     options: TaskShape,
+    needs: Needs,
     line: u64,
     offset: u64,
     /// The next combination is the first.
@@ -163,6 +177,8 @@ impl<R: BufRead> Parser<R> {
             line_start: 0,
             pos: 0,
             defaults: TaskShape::default(),
+            default_needs: Needs::default(),
+            needs: Needs::default(),
             classes: vec!["default".to_string()],
             tasks: 0,
             eof: false,
@@ -291,6 +307,7 @@ impl<R: BufRead> Parser<R> {
                 continue;
             }
             let mut options = self.defaults;
+            self.needs.clone_from(&self.default_needs);
             let cmd_start = self.line_options(start, end, &mut options)?;
             let shell = self.check_command(cmd_start, end)?;
             let offset = self.line_start + cmd_start as u64;
@@ -303,7 +320,8 @@ impl<R: BufRead> Parser<R> {
             }
             self.tasks += 1;
             let command = &self.buf[cmd_start..end];
-            return Ok(Some(Task { line: self.line_no, offset, options, command, shell, generated: false }));
+            let after = &self.needs;
+            return Ok(Some(Task { line: self.line_no, offset, options, command, shell, generated: false, after }));
         }
     }
 
@@ -339,10 +357,16 @@ impl<R: BufRead> Parser<R> {
             return self.sweep_directive(args, at, start);
         }
         let mut opts = self.defaults;
-        if !self.parse_options(s, e, &mut opts)? {
+        // A directive's `after=` replaces an earlier directive's: the lines after it wait for
+        // what it names.
+        let mut needs = Needs::default();
+        if !self.parse_options(s, e, &mut opts, &mut needs)? {
             return Err(self.err(start + 1, ErrorKind::InvalidDirective));
         }
         self.defaults = opts;
+        if !needs.is_empty() {
+            self.default_needs = needs;
+        }
         Ok(())
     }
 
@@ -356,7 +380,10 @@ impl<R: BufRead> Parser<R> {
             Some(i) => start + i,
             None => return Err(self.err(start + 1, ErrorKind::UnclosedOptions)),
         };
-        self.parse_options(start + 1, close, options)?;
+        let mut needs = std::mem::take(&mut self.needs);
+        let parsed = self.parse_options(start + 1, close, options, &mut needs);
+        self.needs = needs;
+        parsed?;
         let mut cmd_start = close + 1;
         if cmd_start < end && !is_blank(self.buf[cmd_start]) {
             return Err(self.err(
@@ -403,7 +430,8 @@ impl<R: BufRead> Parser<R> {
             return Err(self.err(cmd_start + 1, ErrorKind::Sweep(why)));
         }
         self.sweeps.push((self.line_no, sweep.tasks().unwrap_or(0)));
-        self.active = Some(Active { sweep, template, options, line: self.line_no, offset, first: true });
+        let needs = self.needs.clone();
+        self.active = Some(Active { sweep, template, options, needs, line: self.line_no, offset, first: true });
         Ok(())
     }
 
@@ -454,12 +482,19 @@ impl<R: BufRead> Parser<R> {
     fn generated_task(&self) -> Task<'_> {
         let a = self.active.as_ref().expect("a sweep is active");
         let shell = needs_shell(&self.generated);
-        Task { line: a.line, offset: a.offset, options: a.options, command: &self.generated, shell, generated: true }
+        let (line, offset, options) = (a.line, a.offset, a.options);
+        Task { line, offset, options, command: &self.generated, shell, generated: true, after: &a.needs }
     }
 
-    /// Parses `key=value` words (separated by blanks or commas) in `buf[s..e]` into `opts`.
-    /// Returns whether any option was present.
-    fn parse_options(&mut self, s: usize, e: usize, opts: &mut TaskShape) -> Result<bool, TaskFileError> {
+    /// Parses `key=value` words (separated by blanks or commas) in `buf[s..e]` into `opts`, and
+    /// `after=`/`afterany=` into `needs`. Returns whether any option was present.
+    fn parse_options(
+        &mut self,
+        s: usize,
+        e: usize,
+        opts: &mut TaskShape,
+        needs: &mut Needs,
+    ) -> Result<bool, TaskFileError> {
         let mut i = s;
         let mut any = false;
         while i < e {
@@ -487,6 +522,14 @@ impl<R: BufRead> Parser<R> {
             let Some((key, value)) = word.split_once('=') else {
                 return Err(self.err(col, ErrorKind::BadOptionSyntax(word)));
             };
+            if let Some(kind) = [Kind::After, Kind::AfterAny].into_iter().find(|k| k.option() == key) {
+                // Tasks before this one: those counted so far (a sweep's all wait alike).
+                needs.parse(value, kind, self.tasks).map_err(|why| {
+                    self.err(col, ErrorKind::BadNeeds { key: kind.option(), value: value.to_string(), why })
+                })?;
+                any = true;
+                continue;
+            }
             self.set_option(key, value, col, opts)?;
             any = true;
         }
@@ -978,6 +1021,40 @@ mod tests {
         assert_eq!(v[1].1.cores, 2);
         assert_eq!(v[2].1.class, 2);
         assert_eq!(v[2].1.cores, 1);
+    }
+
+    /// Each task's `after=`/`afterany=` ids, in order.
+    fn needs(text: &[u8]) -> Result<Vec<Vec<(u64, Kind)>>, TaskFileError> {
+        let mut p = Parser::new(text, "t.txt");
+        let mut v = Vec::new();
+        while let Some(t) = p.next_task()? {
+            v.push(t.after.each().collect());
+        }
+        Ok(v)
+    }
+
+    #[test]
+    fn tasks_wait_for_earlier_ones_by_line_by_directive_and_in_sweeps() {
+        use Kind::*;
+        let v =
+            needs(b"a\nb\n[after=1:2 afterany=1] c\n#HTC after=3\nd\n[after=2] e\n#HTC sweep x=1,2\nf {x}\n").unwrap();
+        assert_eq!(v[0], []);
+        assert_eq!(v[2], [(1, After), (2, After), (1, AfterAny)]);
+        assert_eq!(v[3], [(3, After)], "the directive's, for every line after it");
+        assert_eq!(v[4], [(3, After), (2, After)], "a line's own beside the directive's");
+        assert_eq!(v[5..], [vec![(3, After)], vec![(3, After)]], "each task of a sweep");
+        assert_eq!(needs(b"a\n[after=1-1] b\n").unwrap()[1], [(1, After)]);
+    }
+
+    #[test]
+    fn a_task_that_waits_for_itself_or_a_later_one_is_refused_where_it_says_so() {
+        let e = needs(b"a\n[cores=1 after=2] b\n").unwrap_err();
+        assert_eq!((e.line, e.column), (2, 10));
+        assert!(e.to_string().contains("not before this one"), "{e}");
+        let e = needs(b"[after=1] a\n").unwrap_err();
+        assert!(e.to_string().contains("first task"), "{e}");
+        let e = needs(b"a\n[afterany=x] b\n").unwrap_err();
+        assert!(e.to_string().contains("bad value 'x' for afterany"), "{e}");
     }
 
     #[test]

@@ -9,15 +9,7 @@
 //! either; a run without dependencies pays nothing), and one 12-byte edge per dependency, in an
 //! arena threaded by index and reused as edges fire.
 
-/// What a dependency waits for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    /// `after=`: the task succeeded. Should it fail for good (or be cancelled), the dependent is
-    /// cancelled.
-    After,
-    /// `afterany=`: the task ended, however.
-    AfterAny,
-}
+pub use htc_core::after::Kind;
 
 /// How a named task stands when a dependency on it is made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
