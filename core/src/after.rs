@@ -30,6 +30,8 @@ pub struct Needs(Vec<(RangeInclusive<u64>, Kind)>);
 
 /// The most ids one task may wait for: its edges are the leader's memory.
 pub const MAX_NEEDS: u64 = 10_000_000;
+/// The most ranges: what a task waits for is stored as one value (17 bytes a range).
+pub const MAX_RANGES: usize = 50_000;
 
 impl Needs {
     pub fn is_empty(&self) -> bool {
@@ -50,7 +52,14 @@ impl Needs {
         &self.0
     }
 
+    /// Adds `ids`, joined to the last range when they follow it with the same kind.
     pub fn push(&mut self, ids: RangeInclusive<u64>, kind: Kind) {
+        if let Some((last, k)) = self.0.last_mut() {
+            if *k == kind && last.end().checked_add(1) == Some(*ids.start()) {
+                *last = *last.start()..=*ids.end();
+                return;
+            }
+        }
         self.0.push((ids, kind));
     }
 
@@ -80,7 +89,12 @@ impl Needs {
         if self.count() + added.count() > MAX_NEEDS {
             return Err(format!("more than {MAX_NEEDS} tasks to wait for"));
         }
-        self.0.extend(added.0);
+        if self.0.len() + added.0.len() > MAX_RANGES {
+            return Err(format!("more than {MAX_RANGES} ids and ranges to wait for (write runs of ids as ranges)"));
+        }
+        for (r, k) in added.0 {
+            self.push(r, k);
+        }
         Ok(())
     }
 }
@@ -99,7 +113,9 @@ mod tests {
         n.parse("3", Kind::After, 10).unwrap();
         n.parse("1-2:7", Kind::AfterAny, 10).unwrap();
         assert_eq!(n.count(), 4);
-        let each: Vec<_> = n.each().collect();
+        n.parse("8:9-10", Kind::AfterAny, 10).unwrap();
+        assert_eq!(n.ranges().last(), Some(&(7..=10, Kind::AfterAny)), "runs of ids join into one range");
+        let each: Vec<_> = n.each().take(4).collect();
         assert_eq!(each, [(3, Kind::After), (1, Kind::AfterAny), (2, Kind::AfterAny), (7, Kind::AfterAny)]);
     }
 

@@ -49,6 +49,15 @@ pub fn allocations_line(allocations: &[crate::live::Allocation], now_us: u64) ->
     each.join("; ")
 }
 
+/// The count of cancelled tasks after `label`, or nothing when none was: a run without
+/// cancels reads as it always did.
+fn cancelled(c: &Counts, label: &str) -> String {
+    match c.get(State::Cancelled) {
+        0 => String::new(),
+        n => format!("{label}{n}"),
+    }
+}
+
 pub fn progress_line(p: &Progress) -> String {
     let c = p.counts;
     let finished = c.finished();
@@ -56,10 +65,11 @@ pub fn progress_line(p: &Progress) -> String {
     let (rate, eta) = rate_eta(p.finished_this_session, p.elapsed, remaining);
     let pct = if c.total() > 0 { 100.0 * finished as f64 / c.total() as f64 } else { 100.0 };
     format!(
-        "[htc] {finished}/{} ({pct:.1}%) done={} failed={} running={} queued={} | {rate:.0} tasks/s | ETA {} | {} agents",
+        "[htc] {finished}/{} ({pct:.1}%) done={} failed={}{} running={} queued={} | {rate:.0} tasks/s | ETA {} | {} agents",
         c.total(),
         c.get(State::Done),
         c.get(State::Failed),
+        cancelled(&c, " cancelled="),
         c.get(State::Running),
         c.get(State::Dispatched),
         eta.map(fmt_duration).unwrap_or_else(|| "-".into()),
@@ -202,11 +212,15 @@ pub fn summary(ledger: &Ledger, run: &RunDir, p: &Progress) -> anyhow::Result<St
     let (rate, _) = rate_eta(p.finished_this_session, p.elapsed, 0);
     let _ = writeln!(
         s,
-        "htc: {} tasks: {} done, {} failed, {} unfinished in {} ({rate:.0} tasks/s)",
+        "htc: {} tasks: {} done, {} failed, {}{} unfinished in {} ({rate:.0} tasks/s)",
         c.total(),
         c.get(State::Done),
         c.get(State::Failed),
-        c.get(State::Pending) + c.get(State::Dispatched) + c.get(State::Running),
+        match c.get(State::Cancelled) {
+            0 => String::new(),
+            n => format!("{n} cancelled, "),
+        },
+        c.unfinished(),
         fmt_duration(p.elapsed),
     );
     failures(&t, 10, &mut s)?;
@@ -413,10 +427,11 @@ impl Report {
         let _ = writeln!(s, "state:    {}", self.state);
         let _ = writeln!(
             s,
-            "counts:   total={} done={} failed={} pending={} dispatched={} running={}",
+            "counts:   total={} done={} failed={}{} pending={} dispatched={} running={}",
             c.total(),
             c.get(State::Done),
             c.get(State::Failed),
+            cancelled(c, " cancelled="),
             c.get(State::Pending),
             c.get(State::Dispatched),
             c.get(State::Running)
@@ -477,6 +492,7 @@ impl Report {
                 total: c.total(),
                 done: c.get(State::Done),
                 failed: c.get(State::Failed),
+                cancelled: c.get(State::Cancelled),
                 pending: c.get(State::Pending),
                 dispatched: c.get(State::Dispatched),
                 running: c.get(State::Running),
@@ -532,6 +548,7 @@ struct JsonCounts {
     total: u64,
     done: u64,
     failed: u64,
+    cancelled: u64,
     pending: u64,
     dispatched: u64,
     running: u64,

@@ -4,6 +4,7 @@
 
 mod common;
 
+mod after;
 mod auth;
 mod faults;
 mod fuzz_corpus;

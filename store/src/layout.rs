@@ -6,13 +6,15 @@
 //! All numbers are little-endian. A record is `FIELDS_LEN` bytes of fields (unused bytes zero),
 //! then the CRC-32 of its key and those fields.
 
+use htc_core::after::{Kind, Needs};
 use htc_core::record::{AttemptEnd, CommandAt, Outcome, Record};
 use htc_core::shape::TaskShape;
 use htc_core::task::{Life, State};
 
 /// Names the layout below and the meta keys; a ledger of another is migrated on open
 /// (`migrate`), or refused when it is newer than this build. 4: a task may be cancelled (its
-/// state byte 5), and the counts have a sixth number for them.
+/// state byte 5), the counts have a sixth number for them, and what tasks wait for is in the
+/// `needs` database (`encode_needs`).
 pub const SCHEMA_VERSION: u32 = 4;
 /// The fields, then their checksum.
 pub const RECORD_LEN: usize = FIELDS_LEN + SUM_LEN;
@@ -126,6 +128,45 @@ pub fn unseal<'a>(k: &[u8], stored: &'a [u8]) -> Option<&'a [u8]> {
 /// A task's key: its id, big-endian, so that ids sort in order.
 pub fn key(id: u64) -> [u8; 8] {
     id.to_be_bytes()
+}
+
+/// Bytes of one range of what a task waits for: its first id, its last, and its kind.
+const NEED_LEN: usize = 17;
+
+/// What task `id` waits for (`after=`, `afterany=`), as stored in the `needs` database: each
+/// range as `first u64, last u64, kind u8` (0 `after`, 1 `afterany`), then the checksum under
+/// the task's key.
+pub fn encode_needs(id: u64, n: &Needs) -> Vec<u8> {
+    let mut v = Vec::with_capacity(n.ranges().len() * NEED_LEN);
+    for (r, k) in n.ranges() {
+        v.extend_from_slice(&r.start().to_le_bytes());
+        v.extend_from_slice(&r.end().to_le_bytes());
+        v.push((*k == Kind::AfterAny) as u8);
+    }
+    seal(&key(id), &v)
+}
+
+/// What `encode_needs` wrote, or None for bytes it cannot have written.
+pub fn decode_needs(id: u64, b: &[u8]) -> Option<Needs> {
+    let v = unseal(&key(id), b)?;
+    if v.is_empty() || v.len() % NEED_LEN != 0 {
+        return None;
+    }
+    let mut n = Needs::default();
+    for c in v.chunks_exact(NEED_LEN) {
+        let (a, z) = (u64::from_le_bytes(c[..8].try_into().ok()?), u64::from_le_bytes(c[8..16].try_into().ok()?));
+        let kind = match c[16] {
+            0 => Kind::After,
+            1 => Kind::AfterAny,
+            _ => return None,
+        };
+        // Only earlier tasks are ever named.
+        if a == 0 || a > z || z >= id {
+            return None;
+        }
+        n.push(a..=z, kind);
+    }
+    Some(n)
 }
 
 fn put(b: &mut [u8], f: Field, v: &[u8]) {
@@ -297,6 +338,23 @@ pub(crate) mod tests {
             b[bit / 8] ^= 1 << (bit % 8);
             assert!(decode_record(1, &b).is_none(), "bit {bit}");
         }
+    }
+
+    #[test]
+    fn what_a_task_waits_for_is_read_back_under_its_own_key_only() {
+        let mut n = Needs::default();
+        n.push(1..=5, Kind::After);
+        n.push(7..=7, Kind::AfterAny);
+        let b = encode_needs(9, &n);
+        assert_eq!(decode_needs(9, &b), Some(n.clone()));
+        assert_eq!(decode_needs(8, &b), None, "another task's key");
+        assert_eq!(decode_needs(7, &encode_needs(7, &n)), None, "a task names only earlier ones");
+        for bit in 0..b.len() * 8 {
+            let mut d = b.clone();
+            d[bit / 8] ^= 1 << (bit % 8);
+            assert_eq!(decode_needs(9, &d), None, "bit {bit}");
+        }
+        assert_eq!(decode_needs(9, &encode_needs(9, &Needs::default())), None, "an entry names something");
     }
 
     #[test]

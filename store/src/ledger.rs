@@ -14,7 +14,8 @@
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use crate::journal::{Journal, Log, DB_ATTEMPTS, DB_FAILED, DB_META, DB_TASKS};
+use crate::journal::{Journal, Log, DB_ATTEMPTS, DB_FAILED, DB_META, DB_NEEDS, DB_TASKS};
+use htc_core::after::Needs;
 use lmdb::{Cursor, Database, DatabaseFlags, Environment, EnvironmentFlags, RwTransaction, Transaction, WriteFlags};
 
 pub use crate::layout::{encode_record, key, unseal, RECORD_LEN, SCHEMA_VERSION};
@@ -327,6 +328,8 @@ pub struct Ledger {
     meta: Database,
     attempts: Database,
     failed: Database,
+    /// What tasks wait for; `None` in a ledger of a schema before it, opened read-only.
+    needs: Option<Database>,
     /// The copy on shared storage (`replica`), when the ledger itself is on a node's local disk.
     journal: Option<std::sync::Mutex<Journal>>,
     /// The layout its records are read with: this build's, or an older one a reader that may
@@ -403,7 +406,13 @@ impl Ledger {
             db("attempts").map_err(err)?,
             db("failed").map_err(err)?,
         );
-        Ok(Ledger { _fault, env, path: p, tasks, meta, attempts, failed, journal: None, schema: SCHEMA_VERSION })
+        let needs = match db("needs") {
+            Ok(d) => Some(d),
+            Err(lmdb::Error::NotFound) if read_only => None,
+            Err(e) => return Err(err(e)),
+        };
+        let schema = SCHEMA_VERSION;
+        Ok(Ledger { _fault, env, path: p, tasks, meta, attempts, failed, needs, journal: None, schema })
     }
 
     /// From now on every commit first writes what it changed to `j` (see `replica`).
@@ -445,6 +454,7 @@ impl Ledger {
             DB_TASKS => self.tasks,
             DB_META => self.meta,
             DB_ATTEMPTS => self.attempts,
+            DB_NEEDS => self.needs.expect("a writer's ledger has every database"),
             _ => self.failed,
         }
     }
@@ -452,7 +462,10 @@ impl Ledger {
     /// Hands every entry of every database to `f`, in key order, from one read transaction.
     pub fn dump(&self, mut f: impl FnMut(u8, &[u8], &[u8])) -> Result<()> {
         let txn = self.env.begin_ro_txn().map_err(|e| self.err(e))?;
-        for id in [DB_META, DB_TASKS, DB_ATTEMPTS, DB_FAILED] {
+        for id in [DB_META, DB_TASKS, DB_ATTEMPTS, DB_FAILED, DB_NEEDS] {
+            if id == DB_NEEDS && self.needs.is_none() {
+                continue;
+            }
             let mut c = txn.open_ro_cursor(self.db(id)).map_err(|e| self.err(e))?;
             for item in c.iter_start() {
                 let (k, v) = item.map_err(|e| self.err(e))?;
@@ -660,6 +673,15 @@ impl<'l> WriteTxn<'l> {
         self.put_meta("counts", &encode_counts(c))
     }
 
+    /// What task `id` waits for (`after=`, `afterany=`): written once, as the task is made.
+    pub fn put_needs(&mut self, id: u64, n: &Needs) -> Result<()> {
+        let v = crate::layout::encode_needs(id, n);
+        if let Some(log) = self.log.as_mut() {
+            log.put(DB_NEEDS, &key(id), &v);
+        }
+        self.apply_entry(true, DB_NEEDS, &key(id), &v)
+    }
+
     pub fn meta(&self, k: &str) -> Result<Option<Vec<u8>>> {
         match self.txn.get(self.l.meta, &k) {
             Ok(b) => Ok(Some(self.l.meta_value(k, b)?.to_vec())),
@@ -797,6 +819,21 @@ impl ReadTxn<'_> {
         collect_attempts(self.l, &mut c, id)
     }
 
+    /// Every task that waits for others, with what it waits for, in id order.
+    pub fn for_each_needs(&self, mut f: impl FnMut(u64, Needs)) -> Result<()> {
+        let Some(db) = self.l.needs else { return Ok(()) };
+        let mut c = self.txn.open_ro_cursor(db).map_err(|e| self.l.err(e))?;
+        let mut last = None;
+        for item in c.iter_start() {
+            let (k, v) = item.map_err(|e| self.l.err(e))?;
+            let id = walked_id(k, &mut last, &self.l.path)?;
+            let n = crate::layout::decode_needs(id, v)
+                .ok_or_else(|| self.l.sum_err(format!("what task {id} waits for")))?;
+            f(id, n);
+        }
+        Ok(())
+    }
+
     /// Visits every earlier attempt of every task, by task id then attempt.
     pub fn for_each_attempt(&self, mut f: impl FnMut(u64, Attempt)) -> Result<()> {
         let mut c = self.txn.open_ro_cursor(self.l.attempts).map_err(|e| self.l.err(e))?;
@@ -836,6 +873,7 @@ impl ReadTxn<'_> {
     /// Reads every entry of the attempt history and of the failed-task index; the first error.
     pub fn check_history(&self) -> Result<()> {
         self.for_each_attempt(|_, _| {})?;
+        self.for_each_needs(|_, _| {})?;
         self.walk_sorted(self.l.failed, |k, v| failed_id(self.l, k, v).map(drop))?;
         self.check_meta()?;
         self.check_commit()

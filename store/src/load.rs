@@ -67,6 +67,8 @@ pub fn load(src: &Path, run: &RunDir, ledger: &Ledger, defaults: TaskShape) -> R
     let (mut max_cores, mut max_mem_mb) = (1u16, 0u32);
     // Runtime groups (HFlow's classes): the leader reads them back only when there are several.
     let (mut groups, mut last, mut hinted, mut exclusive) = (std::collections::HashSet::new(), None, 0u64, 0u64);
+    // Tasks that wait for others: the leader reads what they wait for only when there are some.
+    let mut waits = 0u64;
     while let Some(t) = p.next_task()? {
         id += 1;
         // Sweeps can make more tasks than lines: the count is bounded as the lines are.
@@ -95,6 +97,10 @@ pub fn load(src: &Path, run: &RunDir, ledger: &Ledger, defaults: TaskShape) -> R
         let cmd = CommandAt { off: cmd_off, len: t.command.len() as u32, line: t.line as u32, shell: t.shell };
         let r = Record::new(cmd, o);
         txn.append(id, &r)?;
+        if !t.after.is_empty() {
+            txn.put_needs(id, t.after)?;
+            waits += 1;
+        }
         if id.is_multiple_of(BATCH) {
             txn.commit()?;
             txn = ledger.write()?;
@@ -105,6 +111,7 @@ pub fn load(src: &Path, run: &RunDir, ledger: &Ledger, defaults: TaskShape) -> R
     txn.put_meta("hinted", &hinted.to_le_bytes())?;
     txn.put_meta("exclusive", &exclusive.to_le_bytes())?;
     txn.put_meta("groups", &(groups.len() as u64).to_le_bytes())?;
+    txn.put_meta("waits", &waits.to_le_bytes())?;
     if let Some(g) = generated {
         g.finish().map_err(copy_err)?;
     }

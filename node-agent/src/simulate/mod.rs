@@ -209,7 +209,7 @@ pub fn simulate(run: &RunDir, cfg: &SimConfig) -> anyhow::Result<SimReport> {
     let core = new_core(&ledger, &plan, &run.id(), 0)?.with_layout(tree.clone());
     let plan_s = planning.elapsed().as_secs_f64();
     let mut fleet = Fleet::new(tree, &run.id(), cfg, truth);
-    let session = Session::new(core, &ledger, &text, sim_driver_config(), SimNet::default());
+    let mut session = Session::new(core, &ledger, &text, sim_driver_config(), SimNet::default());
     session.begin(&run.id())?;
     let mut leader = Leader { session, inbox: VecDeque::new(), free_at: 0, waking: false, busy_us: 0, due_at: None };
     let (ending, events) = run_to_end(cfg, &mut leader, &mut fleet)?;

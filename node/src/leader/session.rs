@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use super::core::{Core, Ending, Input, Progress, Tasks};
 use super::effect::Effects;
+use htc_core::after::Needs;
 use htc_store::ledger::{Change, Ledger, LedgerError, Record, WriteTxn};
 use htc_store::load::TaskText;
 
@@ -143,10 +144,13 @@ impl<'c, 'l, W: World> Session<'c, 'l, W> {
         cpu_us().saturating_sub(self.cpu_start)
     }
 
-    /// What `htc status` needs to know of this session from its start.
-    pub fn begin(&self, job_id: &str) -> Result<()> {
+    /// What `htc status` needs to know of this session from its start, and what the run's
+    /// tasks wait for (`restore_waits`).
+    pub fn begin(&mut self, job_id: &str) -> Result<()> {
         let now = self.world.now_us();
+        let waits = self.waits()?;
         let mut t = self.ledger.write()?;
+        self.restore_waits(&mut t, waits)?;
         t.put_meta("leader_pid", &(std::process::id() as u64).to_le_bytes())?;
         t.put_meta("session_start_us", &now.to_le_bytes())?;
         t.put_meta("session_finished_start", &self.core.finished_start().to_le_bytes())?;
@@ -157,6 +161,31 @@ impl<'c, 'l, W: World> Session<'c, 'l, W> {
         t.put_meta("session_slurm_job", std::env::var("SLURM_JOB_ID").unwrap_or_default().as_bytes())?;
         t.put_meta("heartbeat_us", &now.to_le_bytes())?;
         t.commit()
+    }
+
+    /// Tasks not final that wait for others wait again in this session's core. A task whose
+    /// dependency failed was cancelled in the failure's own transaction, so none is found
+    /// cancelled here unless the ledger says so.
+    fn restore_waits(&mut self, t: &mut WriteTxn<'l>, waits: Vec<(u64, Needs)>) -> Result<()> {
+        let mut tasks = LedgerTasks { txn: t, text: self.text };
+        for (id, needs) in waits {
+            if tasks.txn.get(id)?.is_some_and(|r| !r.state().is_final()) {
+                let on: Vec<_> = needs.each().collect();
+                self.core.depend(&mut tasks, id, &on)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// What the run's tasks wait for, as the ledger says (nothing read when the task file
+    /// said none).
+    fn waits(&self) -> Result<Vec<(u64, Needs)>> {
+        let mut waits = Vec::new();
+        let read = self.ledger.read()?;
+        if read.meta_u64("waits")? != Some(0) {
+            read.for_each_needs(|id, n| waits.push((id, n)))?;
+        }
+        Ok(waits)
     }
 
     /// When the next chore is due, on the world's clock. Each wakeup of an idle leader costs it
