@@ -32,6 +32,9 @@ pub enum Outcome {
     OutOfMemory = 7,
     /// Stopped for higher-priority work; it runs again without using a retry.
     Preempted = 8,
+    /// Cancelled: by a user (value 0), or because the task it waited for with `after=` did not
+    /// succeed (value: that task's id, as `u32` bits).
+    Cancelled = 9,
 }
 
 impl Outcome {
@@ -46,6 +49,7 @@ impl Outcome {
             6 => Outcome::Unschedulable,
             7 => Outcome::OutOfMemory,
             8 => Outcome::Preempted,
+            9 => Outcome::Cancelled,
             _ => Outcome::None,
         }
     }
@@ -78,6 +82,8 @@ impl Outcome {
             Outcome::Unschedulable => "needs more cores, memory or GPUs than any agent has".into(),
             Outcome::OutOfMemory => format!("out of memory ({value} MiB resident, past its mem=)"),
             Outcome::Preempted => "preempted for higher-priority work".into(),
+            Outcome::Cancelled if value == 0 => "cancelled".into(),
+            Outcome::Cancelled => format!("cancelled: task {} did not succeed (after=)", value as u32),
         }
     }
 }
@@ -267,6 +273,18 @@ impl Record {
     /// No instance can ever run it: its end says why (its life's `Step::Refuse` fails it).
     pub fn set_unschedulable(&mut self) {
         self.outcome = Outcome::Unschedulable;
+    }
+
+    /// Cancelled by a user (`None`), or because task `because` did not succeed: its end says
+    /// which (its life's `Step::Cancel` makes it final).
+    pub fn set_cancelled(&mut self, because: Option<u64>) {
+        self.outcome = Outcome::Cancelled;
+        self.value = because.map_or(0, |id| id as u32 as i32);
+    }
+
+    /// The task whose failure cancelled this one, if that is how it ended.
+    pub fn cancelled_by(&self) -> Option<u64> {
+        (self.outcome == Outcome::Cancelled && self.value != 0).then_some(self.value as u32 as u64)
     }
 
     /// The number of the attempt the record holds (its last), as its task saw it in `$HTC_ATTEMPT`.

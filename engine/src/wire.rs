@@ -35,7 +35,7 @@ impl From<Outcome> for proto::Outcome {
             // Decided by an instance head when a member is gone.
             Outcome::Lost => proto::Outcome::Lost,
             // Decided by the leader, never reported by an agent.
-            Outcome::None | Outcome::Unschedulable => proto::Outcome::Unspecified,
+            Outcome::None | Outcome::Unschedulable | Outcome::Cancelled => proto::Outcome::Unspecified,
         }
     }
 }
@@ -104,7 +104,7 @@ mod tests {
             assert_eq!(Outcome::from(proto::Outcome::from(o)), o);
         }
         // The leader's own verdicts are never sent.
-        for o in [None, Unschedulable] {
+        for o in [None, Unschedulable, Cancelled] {
             assert_eq!(proto::Outcome::from(o), proto::Outcome::Unspecified);
         }
     }

@@ -15,7 +15,8 @@ use crate::rundir::RunDir;
 /// Which tasks run again.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Pick {
-    /// Every task that failed for good.
+    /// Every task that failed for good, and the tasks cancelled because one of them did not
+    /// succeed (`after=`): they wait for it again.
     Failed,
     /// These ids (those not finished are left as they are: they run anyway).
     Tasks(Vec<RangeInclusive<u64>>),
@@ -26,6 +27,7 @@ pub enum Pick {
 pub struct Reopened {
     pub done: u64,
     pub failed: u64,
+    pub cancelled: u64,
     /// Chosen, but not finished (pending): left to run as they are.
     pub unfinished: u64,
     /// Chosen ids without a record (a damaged ledger).
@@ -36,7 +38,7 @@ pub struct Reopened {
 
 impl Reopened {
     pub fn total(&self) -> u64 {
-        self.done + self.failed
+        self.done + self.failed + self.cancelled
     }
 }
 
@@ -60,15 +62,19 @@ pub fn reopen(t: &mut WriteTxn<'_>, ids: impl Iterator<Item = u64>, retries: u8)
         };
         // The record holds the last attempt only: into the history with it, as a retry does
         // (not a task that never started: it needed more than any node has).
-        if r.start_us() != 0 || r.outcome() != crate::ledger::Outcome::Unschedulable {
+        // (not a task that never started: it needed more than any node has, or was cancelled).
+        use crate::ledger::Outcome::{Cancelled, Unschedulable};
+        if r.start_us() != 0 || !matches!(r.outcome(), Unschedulable | Cancelled) {
             t.apply(&Change::Attempt(id, r.last_attempt()))?;
         }
         r.set_life(life);
-        if from == State::Failed {
-            t.apply(&Change::Failed(id, false))?;
-            n.failed += 1;
-        } else {
-            n.done += 1;
+        match from {
+            State::Failed => {
+                t.apply(&Change::Failed(id, false))?;
+                n.failed += 1;
+            }
+            State::Cancelled => n.cancelled += 1,
+            _ => n.done += 1,
         }
         t.apply(&Change::Record(id, r))?;
     }
@@ -80,7 +86,21 @@ pub fn reopen(t: &mut WriteTxn<'_>, ids: impl Iterator<Item = u64>, retries: u8)
 fn picked(ledger: &Ledger, pick: &Pick) -> anyhow::Result<Vec<u64>> {
     let t = ledger.read()?;
     Ok(match pick {
-        Pick::Failed => t.failed_ids(usize::MAX)?,
+        Pick::Failed => {
+            let mut ids = t.failed_ids(usize::MAX)?;
+            if t.counts()?.get(State::Cancelled) > 0 {
+                // Cancelled for a failure (each names the failure that began it): they wait
+                // for its new round, as the ledger's needs say.
+                let failed: std::collections::HashSet<u64> = ids.iter().copied().collect();
+                t.for_each(|id, r| {
+                    if r.state() == State::Cancelled && r.cancelled_by().is_some_and(|f| failed.contains(&f)) {
+                        ids.push(id);
+                    }
+                })?;
+                ids.sort_unstable();
+            }
+            ids
+        }
         Pick::Tasks(ranges) => {
             let total = t.meta_u64("total")?.unwrap_or(0);
             if let Some(r) = ranges.iter().find(|r| *r.end() > total) {
@@ -195,7 +215,7 @@ mod tests {
         assert_eq!(ids, [1, 3]);
         let mut t = l.write().unwrap();
         let n = reopen(&mut t, [1, 3, 9].into_iter(), 2).unwrap();
-        assert_eq!(n, Reopened { done: 1, failed: 0, unfinished: 1, missing: 1, worn_out: 0 });
+        assert_eq!(n, Reopened { done: 1, failed: 0, cancelled: 0, unfinished: 1, missing: 1, worn_out: 0 });
         drop(t);
         std::fs::remove_dir_all(&d).unwrap();
     }

@@ -216,7 +216,7 @@ pub fn encode_record(r: &Record, id: u64) -> [u8; RECORD_LEN] {
 
 /// A record of schema 3: as this schema's, and never cancelled.
 fn decode_v3(id: u64, b: &[u8]) -> Option<Record> {
-    decode_record(id, b).filter(|r| r.state() != State::Cancelled)
+    decode_record(id, b).filter(|r| r.state() != State::Cancelled && r.outcome() != Outcome::Cancelled)
 }
 
 /// Task `id`'s record from its stored form, or None for one that cannot be a record this
@@ -360,7 +360,7 @@ pub(crate) mod tests {
     #[test]
     fn what_no_record_holds_is_refused_though_sealed() {
         let good = encode_record(&every_field_set(), 1);
-        for (f, v) in [(v3::STATE, 6), (v3::OUTCOME, 9), (v3::FLAGS, 4), (v3::UNUSED, 1)] {
+        for (f, v) in [(v3::STATE, 6), (v3::OUTCOME, 10), (v3::FLAGS, 4), (v3::UNUSED, 1)] {
             let mut b = good;
             b[f.at] = v;
             let s = sum(&key(1), &b[..FIELDS_LEN]);

@@ -490,9 +490,13 @@ fn retry(
         return Ok(if n.worn_out > 0 { 1 } else { 0 });
     }
     eprintln!(
-        "htc: {} tasks ({} failed, {} done) go back to pending as new attempts{}",
+        "htc: {} tasks ({} failed, {}{} done) go back to pending as new attempts{}",
         n.total(),
         n.failed,
+        match n.cancelled {
+            0 => String::new(),
+            c => format!("{c} cancelled, "),
+        },
         n.done,
         if n.unfinished > 0 {
             format!("; {} chosen were not finished and run anyway", n.unfinished)

@@ -63,6 +63,8 @@ pub struct Gathered {
     pub tasks: u64,
     pub done: u64,
     pub failed: u64,
+    /// Cancelled: by a user, or because what they waited for did not succeed.
+    pub cancelled: u64,
     pub unfinished: u64,
     pub attempts: u64,
     pub axis: Axis,
@@ -153,6 +155,7 @@ impl Gathered {
         match r.state() {
             State::Done => self.done += 1,
             State::Failed => self.failed += 1,
+            State::Cancelled => self.cancelled += 1,
             _ => {
                 self.unfinished += 1;
                 return;

@@ -116,6 +116,9 @@ pub fn html(g: &Gathered, charts: &[(&'static str, String)]) -> String {
     figure(&mut s, "tasks", "tasks", &g.tasks.to_string());
     figure(&mut s, "done", "done", &g.done.to_string());
     figure(&mut s, "failed", "failed", &g.failed.to_string());
+    if g.cancelled > 0 {
+        figure(&mut s, "cancelled", "cancelled", &g.cancelled.to_string());
+    }
     if g.unfinished > 0 {
         figure(&mut s, "unfinished", "not finished", &g.unfinished.to_string());
     }

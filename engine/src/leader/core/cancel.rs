@@ -25,8 +25,8 @@ impl<'a> Core<'a> {
         }
         let added = self.deps.add(id, on, |d| standing.iter().find(|(x, _)| *x == d).map_or(Standing::Open, |s| s.1));
         if let Added::Cancelled { because } = added {
-            tracing::info!(job = %self.job_id, task = id, because, "cancelled: dependency {because} did not succeed");
-            self.cancel_one(t, id)?;
+            tracing::info!(job = %self.job_id, task = id, because, "cancelled: task {because} did not succeed");
+            self.cancel_one(t, id, Some(because))?;
         }
         Ok(added)
     }
@@ -45,8 +45,8 @@ impl<'a> Core<'a> {
         let mut out = Released::default();
         self.deps.ended(id, ok, &mut out);
         for (task, because) in out.cancelled {
-            tracing::info!(job = %self.job_id, task, because, "cancelled: dependency {because} did not succeed");
-            self.cancel_one(t, task)?;
+            tracing::info!(job = %self.job_id, task, because, "cancelled: task {because} did not succeed");
+            self.cancel_one(t, task, Some(because))?;
         }
         for task in out.ready {
             if let Some(r) = t.get(task)? {
@@ -63,7 +63,7 @@ impl<'a> Core<'a> {
         let mut stop: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
         let mut n = 0;
         for &id in ids {
-            let Some(holder) = self.cancel_one(t, id)? else { continue };
+            let Some(holder) = self.cancel_one(t, id, None)? else { continue };
             n += 1;
             if let Some(agent) = holder {
                 stop.entry(agent).or_default().push(id);
@@ -75,9 +75,15 @@ impl<'a> Core<'a> {
         Ok(n)
     }
 
-    /// Makes task `id` cancelled if it is not final yet: `None` if it was (or is unknown), else
-    /// the agent that holds an attempt of it, if one does.
-    fn cancel_one<E>(&mut self, t: &mut dyn Tasks<Error = E>, id: u64) -> Result<Option<Option<u32>>, E> {
+    /// Makes task `id` cancelled (by a user, or because task `because` did not succeed) if it is
+    /// not final yet: `None` if it was (or is unknown), else the agent that holds an attempt of
+    /// it, if one does.
+    fn cancel_one<E>(
+        &mut self,
+        t: &mut dyn Tasks<Error = E>,
+        id: u64,
+        because: Option<u64>,
+    ) -> Result<Option<Option<u32>>, E> {
         let Some(mut r) = t.get(id)? else { return Ok(None) };
         // An attempt in flight has its life in the flight (a dispatch writes nothing).
         let now = self.in_flight.get(id).map_or(r.life(), |f| f.life);
@@ -86,6 +92,7 @@ impl<'a> Core<'a> {
         if let Some(a) = holder.and_then(|a| self.agents.get_mut(&a)) {
             a.ahead_ms = a.ahead_ms.saturating_sub(r.shape().runtime_ms as u64 * r.shape().cores as u64);
         }
+        r.set_cancelled(because);
         self.record(t, id, &mut r, life)?;
         Ok(Some(holder))
     }
