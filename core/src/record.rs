@@ -111,6 +111,19 @@ pub struct CommandAt {
     pub shell: bool,
 }
 
+impl CommandAt {
+    /// The command of a task added while the run ran: kept in the ledger under the task's id
+    /// (`off`), from no line of a file (`line` 0).
+    pub fn added(id: u64, len: u32, shell: bool) -> CommandAt {
+        CommandAt { off: id, len, line: 0, shell }
+    }
+
+    /// Whether the command is in the ledger (an added task's) rather than in the task file.
+    pub fn is_added(&self) -> bool {
+        self.line == 0
+    }
+}
+
 /// How the attempt a record holds (its last) ended, as its agent reported it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AttemptEnd {

@@ -17,8 +17,11 @@ pub const DB_TASKS: u8 = 0;
 pub const DB_META: u8 = 1;
 pub const DB_ATTEMPTS: u8 = 2;
 pub const DB_FAILED: u8 = 3;
-/// What tasks wait for (schema 4 on).
+/// What tasks wait for, the commands of tasks added while a run runs, and the keys they were
+/// added under (schema 4 on).
 pub const DB_NEEDS: u8 = 4;
+pub const DB_COMMANDS: u8 = 5;
+pub const DB_KEYS: u8 = 6;
 
 pub const OP_PUT: u8 = 1;
 const OP_DEL: u8 = 2;
@@ -140,7 +143,7 @@ pub fn decode_frames<E: From<JournalError>>(
         }
         let (op, db) = (payload[0], payload[1]);
         let klen = u16::from_le_bytes([payload[2], payload[3]]) as usize;
-        if 4 + klen > payload.len() || db > DB_NEEDS {
+        if 4 + klen > payload.len() || db > DB_KEYS {
             return Err(damaged(at, "a frame that does not parse"));
         }
         let (key, val) = payload[4..].split_at(klen);

@@ -14,8 +14,10 @@
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use crate::journal::{Journal, Log, DB_ATTEMPTS, DB_FAILED, DB_META, DB_NEEDS, DB_TASKS};
+use crate::journal::{Journal, Log, DB_ATTEMPTS, DB_COMMANDS, DB_FAILED, DB_KEYS, DB_META, DB_NEEDS, DB_TASKS};
 use htc_core::after::Needs;
+use htc_core::record::CommandAt;
+use htc_core::shape::TaskShape;
 use lmdb::{Cursor, Database, DatabaseFlags, Environment, EnvironmentFlags, RwTransaction, Transaction, WriteFlags};
 
 pub use crate::layout::{encode_record, key, unseal, RECORD_LEN, SCHEMA_VERSION};
@@ -136,6 +138,16 @@ fn decode_attempt(k: &[u8], b: &[u8]) -> Option<Attempt> {
         start_us: u64::from_le_bytes(b[12..20].try_into().unwrap()),
         end_us: u64::from_le_bytes(b[20..28].try_into().unwrap()),
     })
+}
+
+/// An added task's command from the `commands` database, checked.
+fn read_added_command(l: &Ledger, txn: &impl Transaction, id: u64) -> Result<Option<Vec<u8>>> {
+    let Some(db) = l.commands else { return Ok(None) };
+    match txn.get(db, &key(id)) {
+        Ok(v) => Ok(Some(unseal(&key(id), v).ok_or_else(|| l.sum_err(format!("the command of task {id}")))?.to_vec())),
+        Err(lmdb::Error::NotFound) => Ok(None),
+        Err(e) => Err(l.err(e)),
+    }
 }
 
 /// Tasks per state are stored at every commit so readers need no scan.
@@ -328,8 +340,11 @@ pub struct Ledger {
     meta: Database,
     attempts: Database,
     failed: Database,
-    /// What tasks wait for; `None` in a ledger of a schema before it, opened read-only.
+    /// What tasks wait for, added tasks' commands, and the keys they were added under; `None`
+    /// in a ledger of a schema before them, opened read-only.
     needs: Option<Database>,
+    commands: Option<Database>,
+    keys: Option<Database>,
     /// The copy on shared storage (`replica`), when the ledger itself is on a node's local disk.
     journal: Option<std::sync::Mutex<Journal>>,
     /// The layout its records are read with: this build's, or an older one a reader that may
@@ -406,13 +421,14 @@ impl Ledger {
             db("attempts").map_err(err)?,
             db("failed").map_err(err)?,
         );
-        let needs = match db("needs") {
-            Ok(d) => Some(d),
-            Err(lmdb::Error::NotFound) if read_only => None,
-            Err(e) => return Err(err(e)),
+        let since_4 = |name| match db(name) {
+            Ok(d) => Ok(Some(d)),
+            Err(lmdb::Error::NotFound) if read_only => Ok(None),
+            Err(e) => Err(err(e)),
         };
+        let (needs, commands, keys) = (since_4("needs")?, since_4("commands")?, since_4("keys")?);
         let schema = SCHEMA_VERSION;
-        Ok(Ledger { _fault, env, path: p, tasks, meta, attempts, failed, needs, journal: None, schema })
+        Ok(Ledger { _fault, env, path: p, tasks, meta, attempts, failed, needs, commands, keys, journal: None, schema })
     }
 
     /// From now on every commit first writes what it changed to `j` (see `replica`).
@@ -455,6 +471,8 @@ impl Ledger {
             DB_META => self.meta,
             DB_ATTEMPTS => self.attempts,
             DB_NEEDS => self.needs.expect("a writer's ledger has every database"),
+            DB_COMMANDS => self.commands.expect("a writer's ledger has every database"),
+            DB_KEYS => self.keys.expect("a writer's ledger has every database"),
             _ => self.failed,
         }
     }
@@ -462,8 +480,8 @@ impl Ledger {
     /// Hands every entry of every database to `f`, in key order, from one read transaction.
     pub fn dump(&self, mut f: impl FnMut(u8, &[u8], &[u8])) -> Result<()> {
         let txn = self.env.begin_ro_txn().map_err(|e| self.err(e))?;
-        for id in [DB_META, DB_TASKS, DB_ATTEMPTS, DB_FAILED, DB_NEEDS] {
-            if id == DB_NEEDS && self.needs.is_none() {
+        for id in [DB_META, DB_TASKS, DB_ATTEMPTS, DB_FAILED, DB_NEEDS, DB_COMMANDS, DB_KEYS] {
+            if id >= DB_NEEDS && self.needs.is_none() {
                 continue;
             }
             let mut c = txn.open_ro_cursor(self.db(id)).map_err(|e| self.err(e))?;
@@ -673,13 +691,65 @@ impl<'l> WriteTxn<'l> {
         self.put_meta("counts", &encode_counts(c))
     }
 
+    /// The id the next task gets: one past the highest.
+    pub fn next_id(&self) -> Result<u64> {
+        let total = self.meta("total")?.and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes);
+        Ok(total + 1)
+    }
+
+    /// Adds a task made while the run runs, under the next id: its record (whose command is
+    /// `CommandAt::added`), its command, what it waits for and the key it was added under, in
+    /// this transaction, so that all of it is there or none.
+    pub fn add_task(
+        &mut self,
+        shape: TaskShape,
+        shell: bool,
+        command: &[u8],
+        needs: &Needs,
+        added_as: Option<&[u8]>,
+    ) -> Result<(u64, Record)> {
+        let id = self.next_id()?;
+        let r = Record::new(CommandAt::added(id, command.len() as u32, shell), shape);
+        self.append(id, &r)?;
+        self.put_raw(DB_COMMANDS, &key(id), &seal(&key(id), command))?;
+        if !needs.is_empty() {
+            self.put_needs(id, needs)?;
+        }
+        if let Some(k) = added_as {
+            self.put_raw(DB_KEYS, k, &seal(k, &id.to_le_bytes()))?;
+        }
+        self.put_meta("total", &id.to_le_bytes())?;
+        Ok((id, r))
+    }
+
+    /// The task added under `key`, if one was.
+    pub fn keyed(&self, k: &[u8]) -> Result<Option<u64>> {
+        match self.txn.get(self.l.db(DB_KEYS), &k) {
+            Ok(v) => {
+                let v = unseal(k, v).ok_or_else(|| self.l.sum_err("a task's key".into()))?;
+                Ok(Some(u64::from_le_bytes(v.try_into().map_err(|_| self.l.sum_err("a task's key".into()))?)))
+            }
+            Err(lmdb::Error::NotFound) => Ok(None),
+            Err(e) => Err(self.l.err(e)),
+        }
+    }
+
+    /// The command of added task `id`.
+    pub fn added_command(&self, id: u64) -> Result<Option<Vec<u8>>> {
+        read_added_command(self.l, &self.txn, id)
+    }
+
+    /// An entry written as it is, and journaled as it is.
+    fn put_raw(&mut self, db: u8, k: &[u8], v: &[u8]) -> Result<()> {
+        if let Some(log) = self.log.as_mut() {
+            log.put(db, k, v);
+        }
+        self.apply_entry(true, db, k, v)
+    }
+
     /// What task `id` waits for (`after=`, `afterany=`): written once, as the task is made.
     pub fn put_needs(&mut self, id: u64, n: &Needs) -> Result<()> {
-        let v = crate::layout::encode_needs(id, n);
-        if let Some(log) = self.log.as_mut() {
-            log.put(DB_NEEDS, &key(id), &v);
-        }
-        self.apply_entry(true, DB_NEEDS, &key(id), &v)
+        self.put_raw(DB_NEEDS, &key(id), &crate::layout::encode_needs(id, n))
     }
 
     pub fn meta(&self, k: &str) -> Result<Option<Vec<u8>>> {
@@ -819,6 +889,11 @@ impl ReadTxn<'_> {
         collect_attempts(self.l, &mut c, id)
     }
 
+    /// The command of added task `id`.
+    pub fn added_command(&self, id: u64) -> Result<Option<Vec<u8>>> {
+        read_added_command(self.l, &self.txn, id)
+    }
+
     /// Every task that waits for others, with what it waits for, in id order.
     pub fn for_each_needs(&self, mut f: impl FnMut(u64, Needs)) -> Result<()> {
         let Some(db) = self.l.needs else { return Ok(()) };
@@ -874,6 +949,11 @@ impl ReadTxn<'_> {
     pub fn check_history(&self) -> Result<()> {
         self.for_each_attempt(|_, _| {})?;
         self.for_each_needs(|_, _| {})?;
+        for (db, what) in [(self.l.commands, "an added task's command"), (self.l.keys, "an added task's key")] {
+            if let Some(db) = db {
+                self.walk_sorted(db, |k, v| unseal(k, v).map(drop).ok_or_else(|| self.l.sum_err(what.into())))?;
+            }
+        }
         self.walk_sorted(self.l.failed, |k, v| failed_id(self.l, k, v).map(drop))?;
         self.check_meta()?;
         self.check_commit()
@@ -996,6 +1076,33 @@ pub(crate) mod tests {
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
         d.join("ledger.mdb")
+    }
+
+    #[test]
+    fn a_task_added_while_the_run_runs_is_whole_in_one_transaction_and_found_by_its_key() {
+        let p = tmp("added");
+        let l = Ledger::create(&p).unwrap();
+        let mut t = l.write().unwrap();
+        t.append(1, &Record::default()).unwrap();
+        t.put_meta("total", &1u64.to_le_bytes()).unwrap();
+        let mut needs = Needs::default();
+        needs.push(1..=1, htc_core::after::Kind::After);
+        let shape = TaskShape { cores: 2, ..Default::default() };
+        let (id, r) = t.add_task(shape, true, b"echo hi | wc", &needs, Some(b"k-1")).unwrap();
+        assert_eq!((id, r.line(), r.cmd_off(), r.shell(), r.shape().cores), (2, 0, 2, true, 2));
+        assert!(r.command().is_added());
+        let (id3, _) = t.add_task(TaskShape::default(), false, b"true", &Needs::default(), None).unwrap();
+        assert_eq!((id3, t.next_id().unwrap()), (3, 4));
+        assert_eq!((t.keyed(b"k-1").unwrap(), t.keyed(b"k-2").unwrap()), (Some(2), None));
+        t.commit().unwrap();
+        let l = Ledger::open(&p, true).unwrap();
+        let r = l.read().unwrap();
+        assert_eq!(r.added_command(2).unwrap().as_deref(), Some(&b"echo hi | wc"[..]));
+        assert_eq!(r.added_command(1).unwrap(), None, "a file's task has none");
+        let mut waits = Vec::new();
+        r.for_each_needs(|id, n| waits.push((id, n))).unwrap();
+        assert_eq!(waits, [(2, needs)]);
+        r.check_history().unwrap();
     }
 
     #[test]
