@@ -138,6 +138,8 @@ pub struct Parser<R> {
     /// What the lines after an `#HTC after=…` wait for, and what the current line does.
     default_needs: Needs,
     needs: Needs,
+    /// `adding`: `after=` ids are the run's, not this file's.
+    adding: bool,
     classes: Vec<String>,
     tasks: u64,
     eof: bool,
@@ -179,6 +181,7 @@ impl<R: BufRead> Parser<R> {
             defaults: TaskShape::default(),
             default_needs: Needs::default(),
             needs: Needs::default(),
+            adding: false,
             classes: vec!["default".to_string()],
             tasks: 0,
             eof: false,
@@ -207,6 +210,14 @@ impl<R: BufRead> Parser<R> {
     /// `--retries`); `#HTC` lines and per-line options still override them.
     pub fn with_defaults(mut self, defaults: TaskShape) -> Self {
         self.defaults = defaults;
+        self
+    }
+
+    /// Lines added to a run that has tasks already (`htc task add --file`): `after=` may name
+    /// any id, as this file's numbering is not the run's; the leader checks each against the
+    /// run's tasks when it adds them.
+    pub fn adding(mut self) -> Self {
+        self.adding = true;
         self
     }
 
@@ -524,7 +535,8 @@ impl<R: BufRead> Parser<R> {
             };
             if let Some(kind) = [Kind::After, Kind::AfterAny].into_iter().find(|k| k.option() == key) {
                 // Tasks before this one: those counted so far (a sweep's all wait alike).
-                needs.parse(value, kind, self.tasks).map_err(|why| {
+                let last = if self.adding { u64::MAX } else { self.tasks };
+                needs.parse(value, kind, last).map_err(|why| {
                     self.err(col, ErrorKind::BadNeeds { key: kind.option(), value: value.to_string(), why })
                 })?;
                 any = true;

@@ -13,6 +13,9 @@ pub enum Effect {
     /// can come back fresh at once (its old link may stay open: a cut network, a stopped
     /// process).
     GivenUp(u32),
+    /// The answer to a client's request to add tasks (`Input::Add`): for the client once the
+    /// turn's writes are committed, never before.
+    Added { request: u64, answer: Result<Vec<u64>, String> },
 }
 
 /// The core's effects of one or more inputs, in order.
@@ -23,6 +26,7 @@ pub type Effects = Vec<Effect>;
 pub trait Carrier {
     fn to_agent(&mut self, agent: u32, msg: ToAgent);
     fn given_up(&mut self, agent: u32);
+    fn added(&mut self, request: u64, answer: Result<Vec<u64>, String>);
 }
 
 impl Effect {
@@ -30,6 +34,7 @@ impl Effect {
         match self {
             Effect::ToAgent(agent, msg) => to.to_agent(agent, msg),
             Effect::GivenUp(agent) => to.given_up(agent),
+            Effect::Added { request, answer } => to.added(request, answer),
         }
     }
 

@@ -414,6 +414,8 @@ impl effect::Carrier for Downward<'_> {
     // The virtual network keeps no place for an agent to free: what comes over a connection
     // that no longer stands for an agent is dropped there (`Fleet::carries`).
     fn given_up(&mut self, _agent: u32) {}
+    // A simulated run has no clients.
+    fn added(&mut self, _request: u64, _answer: Result<Vec<u64>, String>) {}
 }
 
 /// One agent's turn of effects, carried out in the virtual world as the node's agent driver

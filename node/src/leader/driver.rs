@@ -8,7 +8,7 @@ use std::sync::mpsc;
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::core::allocation::Attach;
-use super::core::{Core, Ending, Input, Progress};
+use super::core::{Answer, Core, Ending, Input, NewTask, Progress};
 use super::effect::{Carrier, Effects};
 use super::session::{Session, World};
 use crate::frame;
@@ -34,19 +34,25 @@ pub enum Event {
     AllocationGone(String),
     /// A growing run's submission or look at the queue came back.
     Grow(super::grow::Answer),
+    /// A client adds tasks to an open run: the ids (or why not) go to `reply` once committed.
+    Add(Vec<NewTask>, tokio::sync::oneshot::Sender<Answer>),
 }
 
 /// The node's world: the wall clock, and the agents' connections, each message encoded as its
 /// frames (`wire::down`) and gathered into one write per agent; an agent given up is told to
-/// `given_up`, the network side, which frees its place.
+/// `given_up`, the network side, which frees its place; a client's answer goes to the reply
+/// its request came with.
 pub struct Net {
     links: HashMap<u32, UnboundedSender<Vec<u8>>>,
     given_up: Option<Box<dyn Fn(u32) + Send>>,
+    replies: HashMap<u64, tokio::sync::oneshot::Sender<Answer>>,
+    next_request: u64,
 }
 
 struct Turn<'a> {
     by_agent: HashMap<u32, Vec<u8>>,
     given_up: &'a Option<Box<dyn Fn(u32) + Send>>,
+    replies: &'a mut HashMap<u64, tokio::sync::oneshot::Sender<Answer>>,
 }
 
 impl Carrier for Turn<'_> {
@@ -59,6 +65,13 @@ impl Carrier for Turn<'_> {
             f(agent);
         }
     }
+    // A client gone before its answer (killed mid-request) finds its tasks added: what was
+    // committed stays, and a retry under the same keys gets the same ids.
+    fn added(&mut self, request: u64, answer: Answer) {
+        if let Some(reply) = self.replies.remove(&request) {
+            let _ = reply.send(answer);
+        }
+    }
 }
 
 impl World for Net {
@@ -67,7 +80,7 @@ impl World for Net {
     }
 
     fn carry(&mut self, out: &mut Effects) {
-        let mut turn = Turn { by_agent: HashMap::new(), given_up: &self.given_up };
+        let mut turn = Turn { by_agent: HashMap::new(), given_up: &self.given_up, replies: &mut self.replies };
         out.drain(..).for_each(|e| e.carry_out(&mut turn));
         for (agent, bytes) in turn.by_agent {
             if let Some(tx) = self.links.get(&agent) {
@@ -86,10 +99,10 @@ pub fn run(
     rx: mpsc::Receiver<Event>,
     mut cfg: DriverConfig,
 ) -> Result<(Ending, Progress)> {
-    let net = Net { links: HashMap::new(), given_up: cfg.given_up.take() };
+    let net = Net { links: HashMap::new(), given_up: cfg.given_up.take(), replies: HashMap::new(), next_request: 0 };
     let mut s = Session::new(core, ledger, text, cfg, net);
     s.begin(job_id)?;
-    let mut ending = (s.core.counts().unfinished() == 0).then_some(Ending::Complete);
+    let mut ending = (s.core.counts().unfinished() == 0 && !s.core.is_open()).then_some(Ending::Complete);
     while ending.is_none() {
         let wait = std::time::Duration::from_micros(s.next_due_us().saturating_sub(now_us()));
         ending = match rx.recv_timeout(wait) {
@@ -151,6 +164,12 @@ fn take(s: &mut Session<'_, '_, Net>, first: Event, rx: &mpsc::Receiver<Event>) 
                     g.answer(a, now_us());
                 }
                 None
+            }
+            Event::Add(tasks, reply) => {
+                let request = s.world.next_request;
+                s.world.next_request += 1;
+                s.world.replies.insert(request, reply);
+                Some(Input::Add { request, tasks })
             }
         };
         if let Some(input) = input {

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use super::core::{Core, Ending, Input, Progress, Tasks};
+use super::core::{Core, Ending, Input, NewTask, Progress, Tasks};
 use super::effect::Effects;
 use htc_core::after::Needs;
 use htc_store::ledger::{Change, Ledger, LedgerError, Record, WriteTxn};
@@ -73,7 +73,27 @@ impl Tasks for LedgerTasks<'_, '_> {
         self.txn.apply(c)
     }
     fn command(&self, r: &Record) -> Vec<u8> {
+        if r.command().is_added() {
+            // An added task's command is in the ledger. One that cannot be read (a damaged
+            // page) runs as an empty command, which fails to start: the task fails, and says so.
+            return match self.txn.added_command(r.cmd_off()) {
+                Ok(Some(c)) => c,
+                Ok(None) | Err(_) => {
+                    tracing::error!(task = r.cmd_off(), "the command of an added task cannot be read from the ledger");
+                    Vec::new()
+                }
+            };
+        }
         self.text.command(r).to_vec()
+    }
+    fn next_id(&self) -> Result<u64> {
+        self.txn.next_id()
+    }
+    fn add(&mut self, t: &NewTask) -> Result<(u64, Record)> {
+        self.txn.add_task(t.shape, t.shell, &t.command, &t.needs, t.key.as_deref())
+    }
+    fn keyed(&self, key: &[u8]) -> Result<Option<u64>> {
+        self.txn.keyed(key)
     }
 }
 

@@ -36,6 +36,7 @@ use crate::msg::{self, Came, Hello, Stop, ToAgent, Up};
 use htc_core::record::{Attempt, Change, Outcome, Record};
 use htc_core::task::{Counts, State};
 
+mod adds;
 mod agents;
 pub mod allocation;
 mod allocations;
@@ -79,6 +80,12 @@ pub trait Tasks {
     fn apply(&mut self, c: &Change) -> Result<(), Self::Error>;
     /// The task's command line.
     fn command(&self, r: &Record) -> Vec<u8>;
+    /// The id the next added task gets: one past the highest.
+    fn next_id(&self) -> Result<u64, Self::Error>;
+    /// Adds a task under the next id, with its command, what it waits for and its key.
+    fn add(&mut self, t: &NewTask) -> Result<(u64, Record), Self::Error>;
+    /// The task added under `key`, if one was.
+    fn keyed(&self, key: &[u8]) -> Result<Option<u64>, Self::Error>;
 }
 
 /// What happens, as the core sees it.
@@ -140,7 +147,18 @@ pub enum Input {
     Cancel {
         ids: Vec<u64>,
     },
+    /// A client adds tasks to an open run; the answer is `Effect::Added` with `request`.
+    Add {
+        request: u64,
+        tasks: Vec<adds::NewTask>,
+    },
+    /// `htc close`: the open run takes no more tasks; with `cancel`, what it holds is cancelled.
+    Close {
+        cancel: bool,
+    },
 }
+
+pub use adds::{Answer, NewTask};
 
 /// What a Hello tells the core, by why the agent came: the one reading, for every driver.
 impl From<Hello> for Input {
@@ -243,6 +261,10 @@ pub struct Core<'a> {
     partition: Arrivals<'a>,
     /// Which tasks wait for which (`deps`).
     deps: Deps,
+    /// An open run's state (`adds`); `None`: the run's tasks are those it started with.
+    open: Option<adds::Openness>,
+    /// Answers to adds, held until their tasks are committed (`acks`).
+    answers: Effects,
     /// Who came, who never did, the last loss (`turnout`).
     turnout: Turnout,
     job_id: String,
@@ -323,6 +345,8 @@ impl<'a> Core<'a> {
         Core {
             partition: Arrivals::new(partition),
             deps: Deps::default(),
+            open: None,
+            answers: Vec::new(),
             turnout: Turnout::expecting(expected_agents),
             job_id,
             agents: IdMap::default(),
@@ -421,6 +445,9 @@ impl<'a> Core<'a> {
 
     /// Whether the run is over without an event: every task finished, or no agent left.
     pub fn ending(&self) -> Option<Ending> {
+        if self.stays_open() {
+            return None;
+        }
         if self.counts.unfinished() == 0 {
             return Some(Ending::Complete);
         }
@@ -463,9 +490,10 @@ impl<'a> Core<'a> {
         self.turnout.all_gone(self.agents.values().filter(|a| a.alive).count())
     }
 
-    /// Acks every report received so far: call after the ledger writes of those reports are
-    /// committed, never before.
+    /// Acks every report received so far, and answers the adds: call after the ledger writes
+    /// of those reports and adds are committed, never before.
     pub fn acks(&mut self, out: &mut Effects) {
+        out.append(&mut self.answers);
         for (&id, a) in self.agents.iter_mut() {
             if a.alive && a.last_seq > a.acked_seq {
                 a.acked_seq = a.last_seq;
@@ -508,7 +536,10 @@ impl<'a> Core<'a> {
             Input::Cancel { ids } => {
                 self.cancel(t, &ids, out)?;
             }
+            Input::Add { request, tasks } => self.add(t, request, tasks, out)?,
+            Input::Close { cancel } => self.close(t, cancel, out)?,
         }
+        self.note_busy();
         if self.asking.pending() && self.may_ask_back() {
             self.ask_back(out);
         }

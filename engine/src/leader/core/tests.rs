@@ -8,12 +8,16 @@ use htc_core::shape::TaskShape;
 use htc_core::tree::Tree;
 use std::collections::BTreeMap;
 
+mod adds;
 mod deps;
 
 /// Task records in memory; the command of task N is "task N".
 #[derive(Default)]
 struct Mem {
     records: BTreeMap<u64, Record>,
+    /// Added tasks' commands and keys.
+    added: BTreeMap<u64, Vec<u8>>,
+    keys: BTreeMap<Vec<u8>, u64>,
     attempts: Vec<(u64, Attempt)>,
     failed: Vec<u64>,
     puts: usize,
@@ -59,7 +63,26 @@ impl Tasks for Mem {
         Ok(())
     }
     fn command(&self, r: &Record) -> Vec<u8> {
-        format!("task {}", r.cmd_off()).into_bytes()
+        match self.added.get(&r.cmd_off()).filter(|_| r.command().is_added()) {
+            Some(c) => c.clone(),
+            None => format!("task {}", r.cmd_off()).into_bytes(),
+        }
+    }
+    fn next_id(&self) -> Result<u64, Self::Error> {
+        Ok(self.records.keys().next_back().map_or(1, |id| id + 1))
+    }
+    fn add(&mut self, t: &NewTask) -> Result<(u64, Record), Self::Error> {
+        let id = self.next_id()?;
+        let r = Record::new(CommandAt::added(id, t.command.len() as u32, t.shell), t.shape);
+        self.records.insert(id, r);
+        self.added.insert(id, t.command.clone());
+        if let Some(k) = &t.key {
+            self.keys.insert(k.clone(), id);
+        }
+        Ok((id, r))
+    }
+    fn keyed(&self, key: &[u8]) -> Result<Option<u64>, Self::Error> {
+        Ok(self.keys.get(key).copied())
     }
 }
 
@@ -106,7 +129,7 @@ fn feed_at(c: &mut Core<'_>, m: &mut Mem, t0: u64, events: Vec<Input>) -> (Effec
 fn sent(out: &Effects) -> impl Iterator<Item = (u32, &ToAgent)> {
     out.iter().filter_map(|e| match e {
         Effect::ToAgent(a, m) => Some((*a, m)),
-        Effect::GivenUp(_) => None,
+        Effect::GivenUp(_) | Effect::Added { .. } => None,
     })
 }
 

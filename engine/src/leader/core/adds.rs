@@ -1,0 +1,165 @@
+//! Tasks that arrive while the run runs (an open run, `htc run --open`): a request is added all
+//! or nothing, each task under the next id or, with a key seen before, under the id that key got
+//! then; a ready task goes to whoever asks next (`Arrivals`), one that waits waits (`deps`). And
+//! the run's openness: it ends once it is closed and what it holds is done, or once it has been
+//! idle for its idle time.
+
+use htc_core::after::Needs;
+use htc_core::shape::TaskShape;
+
+use super::deps::Added;
+use super::*;
+
+/// A task a client adds, as its line said it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewTask {
+    /// Its line in what the client sent (for the reason of a refusal).
+    pub line: u64,
+    pub command: Vec<u8>,
+    pub shell: bool,
+    pub shape: TaskShape,
+    pub needs: Needs,
+    /// The client's key: a task added again under the same key is the same task.
+    pub key: Option<Vec<u8>>,
+}
+
+/// The ids of a request's tasks, in order, or why none was added.
+pub type Answer = Result<Vec<u64>, String>;
+
+/// An open run's state.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Openness {
+    /// `htc close`: it takes no more tasks, and ends when what it holds is done.
+    closed: bool,
+    /// With nothing to do for this long, it ends (`--idle-exit`); `None`: never.
+    idle_exit_us: Option<u64>,
+    /// When it last had something to do (a task not final, or an add).
+    busy_us: u64,
+}
+
+impl<'a> Core<'a> {
+    /// An open run: it does not end when its tasks are done, but once closed (or idle for
+    /// `idle_exit_us`), and takes tasks while it runs (`Input::Add`).
+    pub fn open(mut self, idle_exit_us: Option<u64>) -> Self {
+        self.open = Some(Openness { closed: false, idle_exit_us, busy_us: self.now_us });
+        self
+    }
+
+    /// Whether the run takes tasks now.
+    pub fn is_open(&self) -> bool {
+        self.open.is_some_and(|o| !o.closed)
+    }
+
+    /// After each input: an open run with tasks not final is busy.
+    pub(super) fn note_busy(&mut self) {
+        if self.counts.unfinished() > 0 {
+            if let Some(o) = self.open.as_mut() {
+                o.busy_us = self.now_us;
+            }
+        }
+    }
+
+    /// An open run that does not end yet: not closed, and not idle for its idle time.
+    pub(super) fn stays_open(&self) -> bool {
+        let Some(o) = self.open else { return false };
+        !o.closed && o.idle_exit_us.is_none_or(|idle| self.now_us.saturating_sub(o.busy_us) < idle)
+    }
+
+    /// `htc close`: no more tasks; with `cancel`, what is not final is cancelled too.
+    pub(super) fn close<E>(&mut self, t: &mut dyn Tasks<Error = E>, cancel: bool, out: &mut Effects) -> Result<(), E> {
+        if let Some(o) = self.open.as_mut() {
+            o.closed = true;
+        }
+        if cancel {
+            let mut ids = Vec::new();
+            let mut id = 1;
+            let next = t.next_id()?;
+            while id < next {
+                let chunk = t.range(id..(id + 65_536).min(next))?;
+                ids.extend(chunk.into_iter().filter(|(_, r)| !r.state().is_final()).map(|(id, _)| id));
+                id = (id + 65_536).min(next);
+            }
+            self.cancel(t, &ids, out)?;
+        }
+        Ok(())
+    }
+
+    /// A client's request: every task added, or none with the reason.
+    pub(super) fn add<E>(
+        &mut self,
+        t: &mut dyn Tasks<Error = E>,
+        request: u64,
+        tasks: Vec<NewTask>,
+        out: &mut Effects,
+    ) -> Result<(), E> {
+        let answer = self.add_all(t, tasks)?;
+        if let Some(o) = self.open.as_mut() {
+            o.busy_us = self.now_us;
+        }
+        // Ids are given only once their tasks are committed (`acks`); a refusal wrote nothing.
+        let answer = Effect::Added { request, answer };
+        match answer {
+            Effect::Added { answer: Ok(_), .. } => self.answers.push(answer),
+            refused => out.push(refused),
+        }
+        Ok(())
+    }
+
+    fn add_all<E>(&mut self, t: &mut dyn Tasks<Error = E>, tasks: Vec<NewTask>) -> Result<Answer, E> {
+        match self.open {
+            None => return Ok(Err("the run is not open for new tasks (it was not started with --open)".into())),
+            Some(o) if o.closed => return Ok(Err("the run is closed: it takes no new tasks".into())),
+            Some(_) => {}
+        }
+        // Checked first, with the ids they will get, so that a refusal adds nothing.
+        let mut next = t.next_id()?;
+        let mut plan = Vec::with_capacity(tasks.len());
+        let mut keys: HashMap<&[u8], u64> = HashMap::new();
+        for task in &tasks {
+            let known = match task.key.as_deref() {
+                Some(k) => match keys.get(k) {
+                    Some(&id) => Some(id),
+                    None => t.keyed(k)?,
+                },
+                None => None,
+            };
+            let id = known.unwrap_or(next);
+            if known.is_none() {
+                if let Some((r, _)) = task.needs.ranges().iter().find(|(r, _)| *r.end() >= id) {
+                    let why =
+                        format!("line {}: task {} is not before this one (it would be task {id})", task.line, r.end());
+                    return Ok(Err(why));
+                }
+                next += 1;
+            }
+            if let Some(k) = task.key.as_deref() {
+                keys.insert(k, id);
+            }
+            plan.push(known.is_some());
+        }
+        let mut ids = Vec::with_capacity(tasks.len());
+        let mut made: HashMap<Vec<u8>, u64> = HashMap::new();
+        for (task, known) in tasks.iter().zip(plan) {
+            if known || task.key.as_ref().is_some_and(|k| made.contains_key(k)) {
+                let k = task.key.as_deref().expect("a known task has a key");
+                let id = match made.get(k) {
+                    Some(&id) => id,
+                    None => t.keyed(k)?.expect("checked above"),
+                };
+                ids.push(id);
+                continue;
+            }
+            let (id, r) = t.add(task)?;
+            self.counts.add(State::Pending);
+            let on: Vec<_> = task.needs.each().collect();
+            if self.depend(t, id, &on)? == Added::Ready {
+                self.partition.push(id, r.shape().priority);
+            }
+            if let Some(k) = &task.key {
+                made.insert(k.clone(), id);
+            }
+            ids.push(id);
+        }
+        Ok(Ok(ids))
+    }
+}
