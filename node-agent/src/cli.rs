@@ -126,6 +126,19 @@ pub mod htc {
             #[arg(long)]
             dry_run: bool,
         },
+        /// Tasks of an open run (`htc run --open`): add, see, cancel.
+        Task {
+            #[command(subcommand)]
+            cmd: TaskCmd,
+        },
+        /// Close an open run: it takes no more tasks, and ends once what it holds is done.
+        Close {
+            /// A run directory or id.
+            run: String,
+            /// Cancel what it holds that is not finished, too.
+            #[arg(long)]
+            cancel: bool,
+        },
         /// Predict a run on a machine that is not there: the real leader and agent logic on a
         /// virtual clock, tasks lasting their `runtime` hints (default 1 s, or the site's).
         Simulate(SimulateArgs),
@@ -215,10 +228,90 @@ pub mod htc {
         pub json: bool,
     }
 
+    #[derive(Subcommand, Debug)]
+    pub enum TaskCmd {
+        /// Add a task (`-- CMD ARGS…`) or a task file's lines (`--file F`, `-` for stdin, added
+        /// as they come) to an open run; prints each new task's id on a line of its own.
+        Add(TaskAddArgs),
+        /// The state of tasks, a line each: id, state (waiting, blocked, running, done,
+        /// failed, cancelled), exit value, reason. Read from the run's ledger.
+        Status {
+            /// A run directory or id.
+            run: String,
+            /// Task ids and ranges (5 17-20); none with --all.
+            ids: Vec<String>,
+            /// Every task of the run.
+            #[arg(long, conflicts_with = "ids")]
+            all: bool,
+            /// tsv (id, state, exit value, reason; tab-separated) or json (one object per line).
+            #[arg(long, default_value = "tsv", value_name = "tsv|json")]
+            format: String,
+        },
+        /// Cancel tasks of an open run: what is queued never starts, what runs is stopped;
+        /// recorded as cancelled (no retry).
+        Cancel {
+            /// A run directory or id.
+            run: String,
+            /// Task ids and ranges (5 17-20).
+            #[arg(required = true)]
+            ids: Vec<String>,
+        },
+    }
+
+    #[derive(clap::Args, Debug)]
+    pub struct TaskAddArgs {
+        /// A run directory or id.
+        pub run: String,
+        /// Add every line of this task file (the task file's syntax), `-` for stdin.
+        #[arg(long, value_name = "F", conflicts_with = "command")]
+        pub file: Option<PathBuf>,
+        #[arg(long, value_parser = super::positive)]
+        pub cores: Option<usize>,
+        /// Memory, as `mem=` (512M, 4G).
+        #[arg(long)]
+        pub mem: Option<String>,
+        #[arg(long)]
+        pub gpus: Option<u32>,
+        /// Wall-clock limit, as `timeout=` (90s, 10m).
+        #[arg(long)]
+        pub timeout: Option<String>,
+        #[arg(long)]
+        pub retries: Option<u8>,
+        #[arg(long, allow_hyphen_values = true)]
+        pub priority: Option<i16>,
+        /// Start once these tasks succeeded (ids and ranges: 3,7-9).
+        #[arg(long, value_name = "IDS")]
+        pub after: Option<String>,
+        /// Start once these tasks ended, however.
+        #[arg(long, value_name = "IDS")]
+        pub afterany: Option<String>,
+        /// Run the task in this directory (default: the run's, where `htc run` started).
+        #[arg(long, value_name = "DIR")]
+        pub cwd: Option<PathBuf>,
+        /// Set this variable for the task (repeatable); the task otherwise sees the run's
+        /// environment, as every task of the run does.
+        #[arg(long, value_name = "NAME=VALUE")]
+        pub env: Vec<String>,
+        /// Add the task once: adding again under the same key (a client that retries) gives
+        /// the same id.
+        #[arg(long)]
+        pub key: Option<String>,
+        /// The command and its arguments, after `--`.
+        #[arg(last = true)]
+        pub command: Vec<std::ffi::OsString>,
+    }
+
     #[derive(clap::Args, Debug)]
     pub struct RunArgs {
-        /// The task file. Not needed with --resume.
+        /// The task file. Not needed with --resume, nor with --open (tasks may all come later).
         pub file: Option<PathBuf>,
+        /// An open run: it takes tasks while it runs (`htc task add RUN`), and does not end when
+        /// its tasks are done, but on `htc close RUN` or after --idle-exit with nothing to do.
+        #[arg(long)]
+        pub open: bool,
+        /// With --open: end after this long with nothing to do (e.g. 30m, 2h; 0: never).
+        #[arg(long, value_name = "DURATION", requires = "open", default_value = "30m", value_parser = super::duration_ms)]
+        pub idle_exit: u64,
         /// Continue an interrupted run (a run directory or id; default: the newest in ./.htc).
         #[arg(long, value_name = "RUN", num_args = 0..=1, default_missing_value = "")]
         pub resume: Option<String>,
@@ -405,6 +498,13 @@ fn gpu_list(s: &str) -> Result<String, String> {
         }
     }
     Ok(s.to_string())
+}
+
+/// A duration as task files write them (`90s`, `30m`, `2h`, `1h30m`; a bare number is seconds).
+fn duration_ms(s: &str) -> Result<u64, String> {
+    htc_core::taskfile::parse_duration_ms(s)
+        .map(u64::from)
+        .ok_or_else(|| format!("'{s}' is not a duration like 90s, 30m, 2h"))
 }
 
 fn parse_size_mb(s: &str) -> Result<u64, String> {

@@ -75,7 +75,7 @@ pub fn prepare_with(
         defaults.retries = r;
     }
     let file = a.task_file.clone().context("missing --task-file")?;
-    match load::create_run(&base, job_id, &file, a.output, defaults, Some(local.to_path_buf())) {
+    match load::create_run(&base, job_id, Some(&file), a.output, defaults, Some(local.to_path_buf()), None) {
         Ok((run, loaded)) => Ok(Ok((
             run,
             format!("htc: job {job_id}: {} tasks from {} on {nodes} node(s)", loaded.tasks, file.display()),

@@ -21,6 +21,7 @@ pub mod sessionlog;
 pub mod simulate;
 pub mod site;
 pub mod status;
+pub mod task_cmd;
 pub mod watch;
 
 pub use htc_engine::wire::{proto, PROTOCOL_VERSION};

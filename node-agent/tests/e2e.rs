@@ -11,6 +11,7 @@ mod fuzz_corpus;
 mod join;
 mod ledger_flips;
 mod load;
+mod open;
 mod output_and_log;
 mod output_integrity;
 mod report;

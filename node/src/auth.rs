@@ -127,6 +127,9 @@ fn name(b: &Body) -> &'static str {
         Body::Recall(_) => "Recall",
         Body::Attach(_) => "Attach",
         Body::Attached(_) => "Attached",
+        Body::ClientHello(_) => "ClientHello",
+        Body::Request(_) => "Request",
+        Body::Reply(_) => "Reply",
     }
 }
 
@@ -202,6 +205,8 @@ pub async fn connect<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, secret: &[u8]
 pub enum First {
     Hello(proto::Hello),
     Attach(proto::Attach),
+    /// A client of an open run (`htc task add`, …).
+    Client(proto::ClientHello),
 }
 
 /// The accepting side up to the peer's Hello: the handshake, then a Hello as the first frame,
@@ -213,6 +218,7 @@ pub async fn accept_hello<S: AsyncRead + AsyncWrite + Unpin>(
     match accept_first(s, secret).await? {
         First::Hello(h) => Ok(h),
         First::Attach(_) => Err(AuthError::Unexpected { expected: "Hello", got: "Attach" }),
+        First::Client(_) => Err(AuthError::Unexpected { expected: "Hello", got: "ClientHello" }),
     }
 }
 
@@ -224,6 +230,7 @@ pub async fn accept_first<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, secret: 
         Err(_) => Err(AuthError::Timeout),
         Ok(Ok(Body::Hello(h))) => Ok(First::Hello(h)),
         Ok(Ok(Body::Attach(a))) => Ok(First::Attach(a)),
+        Ok(Ok(Body::ClientHello(c))) => Ok(First::Client(c)),
         Ok(Ok(other)) => Err(AuthError::Unexpected { expected: "Hello", got: name(&other) }),
         Ok(Err(e)) => Err(e),
     }

@@ -14,6 +14,7 @@
 pub mod agent;
 pub mod auth;
 pub mod bootstrap;
+pub mod client;
 pub mod continuation;
 pub mod frame;
 pub mod join;

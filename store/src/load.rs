@@ -122,6 +122,36 @@ pub fn load(src: &Path, run: &RunDir, ledger: &Ledger, defaults: TaskShape) -> R
     Ok(Loaded { tasks: id, classes: p.classes().to_vec(), max_cores, max_mem_mb })
 }
 
+/// An open run (`htc run --open`): it takes tasks while it runs, and ends once closed, or once
+/// idle for `idle_exit_ms`. Kept in the ledger's meta (`OPEN`: the idle time in ms, 0: none),
+/// so that every session of the run is open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenRun {
+    pub idle_exit_ms: Option<u64>,
+}
+
+pub const OPEN: &str = "open";
+
+/// Whether the run is open, as its ledger says.
+pub fn open_run(ledger: &Ledger) -> Result<Option<OpenRun>, LedgerError> {
+    let ms = ledger.read()?.meta_u64(OPEN)?;
+    Ok(ms.map(|ms| OpenRun { idle_exit_ms: (ms > 0).then_some(ms) }))
+}
+
+/// An open run started without a task file: its tasks all come while it runs.
+fn load_nothing(run: &RunDir, ledger: &Ledger) -> Result<Loaded, LoadError> {
+    std::fs::write(run.tasks(), b"").map_err(|source| LoadError::Copy { path: "(no task file)".into(), source })?;
+    let mut txn = ledger.write()?;
+    for (k, v) in [("total", 0u64), ("max_cores", 1), ("hinted", 0), ("exclusive", 0), ("groups", 0), ("waits", 0)] {
+        txn.put_meta(k, &v.to_le_bytes())?;
+    }
+    txn.put_meta("classes", b"default")?;
+    txn.put_meta("task_file", b"")?;
+    txn.put_counts(&Counts::default())?;
+    txn.commit()?;
+    Ok(Loaded { tasks: 0, classes: vec!["default".into()], max_cores: 1, max_mem_mb: 0 })
+}
+
 /// The commands sweeps made, written as they are made. Its first line says the offset records
 /// use for its first byte (the copy's size at load), so a copy that changed size later cannot
 /// shift them onto other bytes.
@@ -282,10 +312,11 @@ impl TaskText {
 pub fn create_run(
     base: &Path,
     id: &str,
-    file: &Path,
+    file: Option<&Path>,
     output: htc_core::output::OutputMode,
     defaults: TaskShape,
     ledger: Option<std::path::PathBuf>,
+    open: Option<OpenRun>,
 ) -> Result<(RunDir, Loaded), CreateError> {
     let mut run =
         RunDir::create(base, id).map_err(|e| CreateError::Io(format!("creating {}/.htc/{id}: {e}", base.display())))?;
@@ -304,9 +335,15 @@ pub fn create_run(
     }
     let result = (|| {
         let ledger = Ledger::create(&run.ledger())?;
-        let loaded = load(file, &run, &ledger, defaults)?;
+        let loaded = match file {
+            Some(file) => load(file, &run, &ledger, defaults)?,
+            None => load_nothing(&run, &ledger)?,
+        };
         let mut t = ledger.write()?;
         t.put_meta("output", output.name().as_bytes())?;
+        if let Some(o) = open {
+            t.put_meta(OPEN, &o.idle_exit_ms.unwrap_or(0).to_le_bytes())?;
+        }
         t.commit()?;
         if run.replicated() {
             // Its first snapshot: from now on the run survives the node that holds its ledger.

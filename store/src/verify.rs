@@ -488,9 +488,9 @@ impl Walk {
             v.bad(missing, || "no record".into());
         }
         self.expect = id + 1;
-        match r.map_err(|e| e.to_string()).and_then(|r| plausible(&r, self.last_line, self.text_len).map(|()| r)) {
+        match r.map_err(|e| e.to_string()).and_then(|r| plausible(id, &r, self.last_line, self.text_len).map(|()| r)) {
             Ok(r) => {
-                self.last_line = r.line();
+                self.last_line = self.last_line.max(r.line());
                 self.counts.add(r.state());
                 v.good(id);
             }
@@ -500,8 +500,15 @@ impl Walk {
 }
 
 /// What loading wrote and running never changes: lines grow with ids, commands lie inside the
-/// task file, a task has cores.
-fn plausible(r: &Record, last_line: u32, text_len: u64) -> Result<(), String> {
+/// task file, a task has cores. A task added while the run ran (no line: its command is in the
+/// ledger, under its own id) comes after the file's.
+fn plausible(id: u64, r: &Record, last_line: u32, text_len: u64) -> Result<(), String> {
+    if r.command().is_added() {
+        if r.cmd_off() != id {
+            return Err(format!("its command is kept under task {}", r.cmd_off()));
+        }
+        return if r.shape().cores == 0 { Err("it asks for no cores".into()) } else { Ok(()) };
+    }
     // Tasks of one sweep share their template's line.
     if r.line() < last_line {
         return Err(format!("line {} does not follow line {last_line}", r.line()));

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use htc::cli::htc::{Cli, Cmd, RunArgs, SimulateArgs};
+use htc::cli::htc::{Cli, Cmd, RunArgs, SimulateArgs, TaskCmd};
 use htc::leader::{self, launch, LeaderConfig, Planned};
 use htc::ledger::Ledger;
 use htc::load::{self, CreateError, LoadError};
@@ -50,7 +50,7 @@ fn real_main() -> anyhow::Result<i32> {
         Cmd::Submit { file, sbatch } => submit(&file, &sbatch),
         Cmd::Resume { job, sbatch } => resume(&job, sbatch),
         Cmd::Retry { run, failed, tasks, retries, args } => retry(&run, failed, tasks.as_deref(), retries, args),
-        Cmd::Prepare { file, output } => match create_run(&file, output, None, None)? {
+        Cmd::Prepare { file, output } => match create_run(Some(&file), None, output, None, None)? {
             Ok(run) => {
                 println!("{}", run.path.display());
                 Ok(0)
@@ -74,6 +74,12 @@ fn real_main() -> anyhow::Result<i32> {
             Ok(0)
         }
         Cmd::Verify { run } => verify(&RunDir::locate(run.as_deref())?),
+        Cmd::Task { cmd } => match cmd {
+            TaskCmd::Add(a) => htc::task_cmd::add(a),
+            TaskCmd::Status { run, ids, all, format } => htc::task_cmd::status(&run, &ids, all, &format),
+            TaskCmd::Cancel { run, ids } => htc::task_cmd::cancel(&run, &ids),
+        },
+        Cmd::Close { run, cancel } => htc::task_cmd::close(&run, cancel),
         Cmd::Calibrate { output, tasks, dry_run } => calibrate(output, tasks, dry_run),
         Cmd::Simulate(a) => simulate_cmd(a),
         Cmd::Output { run, task, stdout, stderr, tag, failed } => {
@@ -155,6 +161,8 @@ fn simulate_cmd(a: SimulateArgs) -> anyhow::Result<i32> {
 fn run(a: RunArgs) -> anyhow::Result<i32> {
     let RunArgs {
         file,
+        open,
+        idle_exit,
         resume,
         join,
         agents,
@@ -216,7 +224,8 @@ fn run(a: RunArgs) -> anyhow::Result<i32> {
         let (tx, _ignored) = std::sync::mpsc::channel();
         return join_run(local(&run, output, spawners.unwrap_or(0)), &run, ends_us, quiet, spawners, tx);
     }
-    let (run, output, lock) = match open_run(resume, file, output, retries, ledger_dir.as_deref(), quiet)? {
+    let open = open.then_some(load::OpenRun { idle_exit_ms: (idle_exit > 0).then_some(idle_exit) });
+    let (run, output, lock) = match open_run(resume, file, open, output, retries, ledger_dir.as_deref(), quiet)? {
         Ok(opened) => opened,
         Err(code) => return Ok(code),
     };
@@ -330,6 +339,7 @@ type Opened = (RunDir, OutputMode, rundir::RunLock);
 fn open_run(
     resume: Option<String>,
     file: Option<PathBuf>,
+    open: Option<load::OpenRun>,
     output: OutputMode,
     retries: Option<u8>,
     ledger_dir: Option<&std::path::Path>,
@@ -354,8 +364,8 @@ fn open_run(
             (run, mode, lock)
         }
         (Some(_), Some(_)) => bail!("give either a task file or --resume, not both"),
-        (None, None) => bail!("missing task file (or --resume)"),
-        (None, Some(file)) => match create_run(&file, output, retries, ledger_dir)? {
+        (None, None) if open.is_none() => bail!("missing task file (or --resume, or --open)"),
+        (None, file) => match create_run(file.as_deref(), open, output, retries, ledger_dir)? {
             Ok(run) => {
                 let lock = run.lock()?;
                 (run, output, lock)
@@ -519,7 +529,8 @@ fn retry(
 /// replica in the run directory). A bad task file yields the exit code instead, after the error
 /// was printed; nothing ran.
 fn create_run(
-    file: &std::path::Path,
+    file: Option<&std::path::Path>,
+    open: Option<load::OpenRun>,
     output: OutputMode,
     retries: Option<u8>,
     ledger_dir: Option<&std::path::Path>,
@@ -530,7 +541,7 @@ fn create_run(
     }
     let id = rundir::new_run_id();
     let ledger = ledger_dir.map(|d| htc::replica::node_local(Some(d), &id)).transpose().map_err(anyhow::Error::msg)?;
-    match load::create_run(&std::env::current_dir()?, &id, file, output, defaults, ledger) {
+    match load::create_run(&std::env::current_dir()?, &id, file, output, defaults, ledger, open) {
         Ok((run, _)) => Ok(Ok(run)),
         Err(CreateError::Load(e @ (LoadError::TaskFile(_) | LoadError::Copy { .. } | LoadError::TooMany { .. }))) => {
             eprintln!("htc: {e}");

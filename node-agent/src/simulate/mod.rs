@@ -863,8 +863,15 @@ pub fn simulate_file(file: &std::path::Path, cfg: &SimConfig) -> anyhow::Result<
     let r = (|| {
         let defaults = htc_core::taskfile::TaskShape::default();
         let loading = Instant::now();
-        let (run, _) =
-            crate::load::create_run(&scratch, "sim", file, htc_core::output::OutputMode::None, defaults, None)?;
+        let (run, _) = crate::load::create_run(
+            &scratch,
+            "sim",
+            Some(file),
+            htc_core::output::OutputMode::None,
+            defaults,
+            None,
+            None,
+        )?;
         let load_s = loading.elapsed().as_secs_f64();
         simulate(&run, cfg).map(|r| SimReport { load_s, ..r })
     })();

@@ -277,9 +277,16 @@ mod tests {
         let file = dir.join("t.txt");
         std::fs::write(&file, "true\n".repeat(4)).unwrap();
         let defaults = htc_core::taskfile::TaskShape::default();
-        let (rd, _) =
-            htc_store::load::create_run(&dir, "job", &file, htc_core::output::OutputMode::None, defaults, None)
-                .unwrap();
+        let (rd, _) = htc_store::load::create_run(
+            &dir,
+            "job",
+            Some(&file),
+            htc_core::output::OutputMode::None,
+            defaults,
+            None,
+            None,
+        )
+        .unwrap();
         let ledger = Ledger::open(&rd.ledger(), false).unwrap();
         let text = TaskText::open(&rd.tasks()).unwrap();
         let params = htc_core::hflow::Params { s: 0.002, d: 0.0005, t: 1.0 };

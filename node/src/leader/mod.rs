@@ -3,6 +3,7 @@
 //! agents' connections and carries out its `effect`s, `net` the sockets, `launch` how agents are started (`srun` under Slurm),
 //! `grow` a run that grows itself.
 
+pub mod clients;
 pub mod driver;
 pub mod grow;
 pub mod launch;
@@ -189,6 +190,9 @@ fn configured_core(ledger: &Ledger, cfg: &LeaderConfig, expected: usize) -> anyh
     }
     if let Some(h) = &cfg.handover {
         core = core.expecting_handover(h.wait.as_micros() as u64, h.others);
+    }
+    if let Some(o) = htc_store::load::open_run(ledger)? {
+        core = core.open(o.idle_exit_ms.map(|ms| ms * 1000));
     }
     Ok(core)
 }

@@ -132,6 +132,10 @@ async fn connection(
             drop(permit);
             return allocation(stream, a, cfg, core).await;
         }
+        auth::First::Client(c) => {
+            drop(permit);
+            return super::clients::serve(stream, c, core).await;
+        }
     };
     drop(permit);
     let conn = cfg.next_connection.fetch_add(1, Ordering::Relaxed);

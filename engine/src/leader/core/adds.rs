@@ -126,8 +126,8 @@ impl<'a> Core<'a> {
             let id = known.unwrap_or(next);
             if known.is_none() {
                 if let Some((r, _)) = task.needs.ranges().iter().find(|(r, _)| *r.end() >= id) {
-                    let why =
-                        format!("line {}: task {} is not before this one (it would be task {id})", task.line, r.end());
+                    // The line first: the client names what it sent (`source:line: …`).
+                    let why = format!("{}: task {} is not before this one (it would be task {id})", task.line, r.end());
                     return Ok(Err(why));
                 }
                 next += 1;

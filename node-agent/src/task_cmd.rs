@@ -1,0 +1,308 @@
+//! `htc task add|status|cancel` and `htc close`: what a script or a workflow manager asks of an
+//! open run. Adds, cancels and close go to the run's leader (`htc_node::client`); status reads
+//! the run's ledger, so a flood of queries never reaches the leader, and it answers when no
+//! leader runs.
+
+use std::io::{BufRead, Write};
+use std::time::Duration;
+
+use anyhow::Context;
+use serde::Serialize;
+
+use crate::cli::htc::TaskAddArgs;
+use crate::ledger::{Outcome, Record, State};
+use crate::rundir::RunDir;
+use htc_core::after::Kind;
+use htc_node::client::{Client, ClientError};
+
+/// Lines sent in one request when adding from a stream; a batch also goes when no line came for
+/// `STREAM_WAIT`, so that `tail -f queue | htc task add RUN --file -` adds a line as it comes.
+const STREAM_BATCH: usize = 10_000;
+const STREAM_WAIT: Duration = Duration::from_millis(20);
+
+/// `htc task add`: prints each new task's id on a line of its own. 0 when added; 2 when the
+/// request was refused (nothing of it added); 1 when the run cannot be reached.
+pub fn add(a: TaskAddArgs) -> anyhow::Result<i32> {
+    let run = RunDir::locate(Some(&a.run))?;
+    let mut c = match Client::connect(&run) {
+        Ok(c) => c,
+        Err(e) => return Ok(said(&e)),
+    };
+    let out = std::io::stdout();
+    let mut print = |ids: Vec<u64>| -> anyhow::Result<()> {
+        let mut o = out.lock();
+        ids.into_iter().try_for_each(|id| writeln!(o, "{id}"))?;
+        Ok(o.flush()?)
+    };
+    let result = match &a.file {
+        Some(f) if f.as_os_str() == "-" => {
+            stream(&mut c, std::io::BufReader::new(std::io::stdin()), "(stdin)", &mut print)
+        }
+        Some(f) => {
+            let text = std::fs::read(f).with_context(|| format!("reading {}", f.display()))?;
+            c.add(&text, &f.display().to_string(), 1, a.key.as_deref().map(str::as_bytes)).map(&mut print)
+        }
+        None => {
+            let line = match task_line(&a) {
+                Ok(l) => l,
+                Err(why) => {
+                    eprintln!("htc: {why}");
+                    return Ok(2);
+                }
+            };
+            c.add(&line, "the command line", 1, a.key.as_deref().map(str::as_bytes)).map(&mut print)
+        }
+    };
+    match result {
+        Ok(printed) => printed.map(|()| 0),
+        Err(e) => Ok(said(&e)),
+    }
+}
+
+/// Adds a stream's lines as they come, in batches; `#HTC` lines go again in front of every
+/// later batch, since they set the defaults of the lines after them.
+fn stream(
+    c: &mut Client,
+    input: impl BufRead + Send + 'static,
+    source: &str,
+    print: &mut dyn FnMut(Vec<u64>) -> anyhow::Result<()>,
+) -> Result<anyhow::Result<()>, ClientError> {
+    let (tx, rx) = std::sync::mpsc::channel::<Vec<u8>>();
+    std::thread::spawn(move || {
+        for line in input.split(b'\n') {
+            let Ok(mut l) = line else { break };
+            l.push(b'\n');
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    let (mut directives, mut batch, mut first, mut next_line) = (Vec::new(), Vec::new(), 1u64, 1u64);
+    let mut lines_in_batch = 0;
+    loop {
+        let line = rx.recv_timeout(STREAM_WAIT);
+        let ended = matches!(line, Err(std::sync::mpsc::RecvTimeoutError::Disconnected));
+        if let Ok(l) = line {
+            if l.trim_ascii_start().starts_with(b"#HTC") && !l.trim_ascii_start().starts_with(b"#HTC sweep") {
+                directives.extend_from_slice(&l);
+            }
+            batch.extend_from_slice(&l);
+            lines_in_batch += 1;
+            next_line += 1;
+            // A sweep's directive stays with its template line.
+            let holds = l.trim_ascii_start().starts_with(b"#HTC sweep");
+            if lines_in_batch < STREAM_BATCH || holds {
+                continue;
+            }
+        }
+        if lines_in_batch > 0 && !batch.iter().all(|b| b.is_ascii_whitespace()) {
+            let mut text = directives.clone();
+            let carried = text.iter().filter(|&&b| b == b'\n').count() as u64;
+            text.extend_from_slice(&batch);
+            // The carried directives come first: the batch's own lines keep their numbers.
+            let ids = c.add(&text, source, first.saturating_sub(carried).max(1), None)?;
+            if let Err(e) = print(ids) {
+                return Ok(Err(e));
+            }
+        }
+        (batch, lines_in_batch, first) = (Vec::new(), 0, next_line);
+        if ended {
+            return Ok(Ok(()));
+        }
+    }
+}
+
+/// The task line `htc task add … -- CMD ARGS` stands for: its options, and the command with
+/// each argument quoted for `/bin/sh` where it needs it.
+pub fn task_line(a: &TaskAddArgs) -> Result<Vec<u8>, String> {
+    if a.command.is_empty() {
+        return Err("no command: give it after `--` (htc task add RUN -- CMD ARGS…), or --file".into());
+    }
+    let mut opts = Vec::new();
+    let mut opt = |k: &str, v: Option<String>| {
+        if let Some(v) = v {
+            opts.push(format!("{k}={v}"));
+        }
+    };
+    opt("cores", a.cores.map(|n| n.to_string()));
+    opt("mem", a.mem.clone());
+    opt("gpus", a.gpus.map(|n| n.to_string()));
+    opt("timeout", a.timeout.clone());
+    opt("retries", a.retries.map(|n| n.to_string()));
+    opt("priority", a.priority.map(|n| n.to_string()));
+    for (kind, ids) in [(Kind::After, &a.after), (Kind::AfterAny, &a.afterany)] {
+        opt(kind.option(), ids.as_ref().map(|i| i.replace(',', ":")));
+    }
+    if opts.iter().any(|o| o.contains(char::is_whitespace)) {
+        return Err("an option's value cannot hold blanks".into());
+    }
+    let mut cmd = Vec::new();
+    if let Some(d) = &a.cwd {
+        cmd.extend_from_slice(b"cd ");
+        cmd.extend_from_slice(&quote(d.as_os_str().as_encoded_bytes()));
+        cmd.extend_from_slice(b" && ");
+    }
+    for e in &a.env {
+        let (name, value) = e.split_once('=').ok_or_else(|| format!("--env {e}: not NAME=VALUE"))?;
+        let ok = !name.is_empty()
+            && !name.starts_with(|c: char| c.is_ascii_digit())
+            && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        if !ok {
+            return Err(format!("--env {e}: {name:?} is not a variable name"));
+        }
+        cmd.extend_from_slice(format!("{name}=").as_bytes());
+        cmd.extend_from_slice(&quote(value.as_bytes()));
+        cmd.push(b' ');
+    }
+    let args: Vec<Vec<u8>> = a.command.iter().map(|s| quote(s.as_encoded_bytes())).collect();
+    cmd.extend_from_slice(&args.join(&b' '));
+    if cmd.contains(&b'\n') {
+        return Err("a task's command is one line: an argument holds a newline".into());
+    }
+    let mut line = Vec::new();
+    // `[]` keeps a command that starts with `[` from being read as options.
+    line.extend_from_slice(format!("[{}] ", opts.join(" ")).as_bytes());
+    line.extend_from_slice(&cmd);
+    line.push(b'\n');
+    Ok(line)
+}
+
+/// `s` as one word for `/bin/sh`: as it is when it needs no quoting, else in single quotes.
+fn quote(s: &[u8]) -> Vec<u8> {
+    let plain = |b: &u8| b.is_ascii_alphanumeric() || b"_@%+=:,./-".contains(b);
+    if !s.is_empty() && s.iter().all(plain) {
+        return s.to_vec();
+    }
+    let mut q = vec![b'\''];
+    for &b in s {
+        if b == b'\'' {
+            q.extend_from_slice(b"'\\''");
+        } else {
+            q.push(b);
+        }
+    }
+    q.push(b'\'');
+    q
+}
+
+/// Says why a request did not go through; the exit status for it.
+fn said(e: &ClientError) -> i32 {
+    eprintln!("htc: {e}");
+    match e {
+        ClientError::Refused(_) => 2,
+        _ => 1,
+    }
+}
+
+/// `htc task cancel RUN IDS`.
+pub fn cancel(run: &str, ids: &[String]) -> anyhow::Result<i32> {
+    let ids = id_list(ids)?;
+    let run = RunDir::locate(Some(run))?;
+    let mut c = match Client::connect(&run) {
+        Ok(c) => c,
+        Err(e) => return Ok(said(&e)),
+    };
+    match c.cancel(ids) {
+        Ok(ids) => {
+            eprintln!("htc: {} tasks cancelled, those not finished yet", ids.len());
+            Ok(0)
+        }
+        Err(e) => Ok(said(&e)),
+    }
+}
+
+/// `htc close RUN [--cancel]`.
+pub fn close(run: &str, cancel: bool) -> anyhow::Result<i32> {
+    let run = RunDir::locate(Some(run))?;
+    let mut c = match Client::connect(&run) {
+        Ok(c) => c,
+        Err(e) => return Ok(said(&e)),
+    };
+    match c.close(cancel) {
+        Ok(()) => {
+            let what = if cancel { "what it holds is cancelled" } else { "it ends once what it holds is done" };
+            eprintln!("htc: {} closed: it takes no more tasks; {what}", run.path.display());
+            Ok(0)
+        }
+        Err(e) => Ok(said(&e)),
+    }
+}
+
+fn id_list(ids: &[String]) -> anyhow::Result<Vec<u64>> {
+    let mut v = Vec::new();
+    for s in ids {
+        for r in htc_core::idset::parse(s).map_err(|e| anyhow::anyhow!("{s}: {e}"))? {
+            v.extend(r);
+        }
+    }
+    Ok(v)
+}
+
+#[derive(Serialize)]
+struct Row {
+    id: u64,
+    state: &'static str,
+    exit: Option<i32>,
+    reason: String,
+}
+
+/// `htc task status RUN IDS|--all`: a line each, from the run's ledger.
+pub fn status(run: &str, ids: &[String], all: bool, format: &str) -> anyhow::Result<i32> {
+    if !matches!(format, "tsv" | "json") {
+        anyhow::bail!("--format {format}: tsv or json");
+    }
+    let run = RunDir::open_for_reading(RunDir::find(Some(run))?)?;
+    let ledger = crate::ledger::Ledger::open(&run.ledger(), true)?;
+    let t = ledger.read()?;
+    let total = t.meta_u64("total")?.unwrap_or(0);
+    let ids = if all { (1..=total).collect() } else { id_list(ids)? };
+    let mut needs = std::collections::HashMap::new();
+    t.for_each_needs(|id, n| {
+        needs.insert(id, n);
+    })?;
+    let state_of = |id: u64| t.get(id).ok().flatten().map(|r| r.state());
+    let out = std::io::stdout();
+    let mut o = std::io::BufWriter::new(out.lock());
+    let mut unknown = 0;
+    for id in ids {
+        let Some(r) = t.get(id)? else {
+            unknown += 1;
+            eprintln!("htc: no task {id} (the run has {total})");
+            continue;
+        };
+        let blocked = r.state() == State::Pending
+            && needs.get(&id).is_some_and(|n| {
+                n.each().any(|(d, k)| match (k, state_of(d)) {
+                    (Kind::After, s) => s != Some(State::Done),
+                    (Kind::AfterAny, s) => !s.is_some_and(State::is_final),
+                })
+            });
+        let row = row(id, &r, blocked);
+        if format == "json" {
+            writeln!(o, "{}", serde_json::to_string(&row)?)?;
+        } else {
+            let exit = row.exit.map_or("-".to_string(), |v| v.to_string());
+            writeln!(o, "{}\t{}\t{exit}\t{}", row.id, row.state, row.reason)?;
+        }
+    }
+    o.flush()?;
+    Ok(if unknown > 0 { 2 } else { 0 })
+}
+
+fn row(id: u64, r: &Record, blocked: bool) -> Row {
+    let state = match r.state() {
+        State::Pending if blocked => "blocked",
+        State::Pending | State::Dispatched => "waiting",
+        State::Running => "running",
+        State::Done => "done",
+        State::Failed => "failed",
+        State::Cancelled => "cancelled",
+    };
+    let ended = r.state().is_final();
+    let exit = (ended && r.outcome() == Outcome::Exited).then_some(r.value());
+    let reason = match r.state() {
+        State::Failed | State::Cancelled => r.outcome().describe(r.value()),
+        _ => String::new(),
+    };
+    Row { id, state, exit, reason }
+}

@@ -1,0 +1,129 @@
+//! Open runs through the real `htc`: tasks added while the run runs (one by one, from a stream,
+//! with keys and dependencies), their states, a cancel, the close, what a killed leader's resume
+//! keeps, and the refusals a client gets.
+
+use std::io::Write;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+use crate::common;
+use common::{text, wait_for, Dir, HTC};
+
+/// `htc run --open` in the background, once its leader listens.
+fn open_run(d: &Dir, extra: &[&str]) -> (Child, String) {
+    let mut args = vec!["run", "--open", "-q"];
+    args.extend(extra);
+    let leader = d.spawn_htc(&args, &[]);
+    let listening = || d.path(".htc").exists() && d.run_dir().join("leader.addr").exists();
+    assert!(wait_for(listening, Duration::from_secs(30)), "the open run's leader never listened");
+    (leader, d.run_id())
+}
+
+/// `htc task add` (and the like): its exit status, stdout and stderr.
+fn htc(d: &Dir, args: &[&str]) -> (i32, String, String) {
+    let o = d.htc(args);
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// Task id → state, as `htc task status --all` says.
+fn states(d: &Dir, run: &str) -> Vec<(u64, String)> {
+    let (rc, out, err) = htc(d, &["task", "status", run, "--all"]);
+    assert_eq!(rc, 0, "{err}");
+    out.lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split('\t').collect();
+            (f[0].parse().unwrap(), f[1].to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn an_open_run_takes_tasks_while_it_runs_and_ends_when_closed() {
+    let d = Dir::new("open");
+    let (leader, run) = open_run(&d, &["--agents", "2"]);
+    let (rc, out, err) = htc(&d, &["task", "add", &run, "--", "sh", "-c", "echo one > one.out"]);
+    assert_eq!((rc, out.as_str()), (0, "1\n"), "{err}");
+    let (rc, out, _) =
+        htc(&d, &["task", "add", &run, "--after", "1", "--", "sh", "-c", "test -e one.out && echo two > two.out"]);
+    assert_eq!((rc, out.as_str()), (0, "2\n"));
+    // Keys: a client that retries gets the same id.
+    let add_keyed = || htc(&d, &["task", "add", &run, "--key", "job-7", "--", "true"]).1;
+    assert_eq!((add_keyed(), add_keyed()), ("3\n".to_string(), "3\n".to_string()));
+    // A stream: each line added as it comes, the ids in order.
+    let mut client = Command::new(HTC)
+        .args(["task", "add", &run, "--file", "-"])
+        .current_dir(&d.0)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = client.stdin.take().unwrap();
+    stdin.write_all(b"#HTC retries=0\necho a\nsleep 612.25\n[after=5] echo never\n").unwrap();
+    drop(stdin);
+    let o = client.wait_with_output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "4\n5\n6\n");
+    // (The ledger learns of a start with the task's end: a running task reads as waiting.)
+    let sleeping = || !common::processes_naming(std::ffi::OsStr::new("612.25")).is_empty();
+    assert!(wait_for(sleeping, Duration::from_secs(30)), "task 5 never started");
+    let st = states(&d, &run);
+    assert_eq!(st[5], (6, "blocked".into()), "{st:?}");
+    assert!(d.path("two.out").exists(), "2 ran after 1");
+    // Cancel the running sleep: what waited for it is cancelled with it.
+    let (rc, _, err) = htc(&d, &["task", "cancel", &run, "5"]);
+    assert_eq!(rc, 0, "{err}");
+    let cancelled = || states(&d, &run)[4..].iter().all(|s| s.1 == "cancelled");
+    assert!(wait_for(cancelled, Duration::from_secs(30)), "{:?}", states(&d, &run));
+    let (rc, _, err) = htc(&d, &["close", &run]);
+    assert_eq!(rc, 0, "{err}");
+    let o = leader.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let st = states(&d, &run);
+    let done = st.iter().filter(|s| s.1 == "done").count();
+    assert_eq!((st.len(), done), (6, 4), "{st:?}");
+    // Closed and ended: a new task is refused, and says why.
+    let (rc, _, err) = htc(&d, &["task", "add", &run, "--", "true"]);
+    assert_eq!(rc, 1);
+    assert!(err.contains("not running"), "{err}");
+}
+
+#[test]
+fn a_bad_request_adds_nothing_and_says_where() {
+    let d = Dir::new("open-bad");
+    let (leader, run) = open_run(&d, &[]);
+    d.write("more.txt", "echo fine\n[cores=x] echo bad\n");
+    let (rc, out, err) = htc(&d, &["task", "add", &run, "--file", "more.txt"]);
+    assert_eq!((rc, out.as_str()), (2, ""), "{err}");
+    assert!(err.contains("more.txt:2:"), "{err}");
+    let (rc, _, err) = htc(&d, &["task", "add", &run, "--after", "9", "--", "true"]);
+    assert_eq!(rc, 2);
+    assert!(err.contains("task 9 is not before this one"), "{err}");
+    assert!(states(&d, &run).is_empty(), "nothing was added");
+    let (rc, _, err) = htc(&d, &["close", &run, "--cancel"]);
+    assert_eq!(rc, 0, "{err}");
+    assert_eq!(leader.wait_with_output().unwrap().status.code(), Some(0));
+}
+
+#[test]
+fn an_acknowledged_task_survives_its_leader_killed_and_runs_on_resume() {
+    let d = Dir::new("open-kill");
+    let (leader, run) = open_run(&d, &[]);
+    let (rc, out, _) = htc(&d, &["task", "add", &run, "--", "sh", "-c", "echo ran > ran.out"]);
+    assert_eq!((rc, out.as_str()), (0, "1\n"));
+    // The id was printed: the task is in the ledger, whatever happens to the leader now.
+    let _ = kill(Pid::from_raw(leader.id() as i32), Signal::SIGKILL);
+    let _ = leader.wait_with_output();
+    let resumed = d.spawn_htc(&["run", "--resume", &run, "-q"], &[]);
+    assert!(wait_for(|| d.path("ran.out").exists(), Duration::from_secs(60)), "the added task never ran");
+    let (rc, _, err) = htc(&d, &["close", &run]);
+    assert_eq!(rc, 0, "{err}");
+    let o = resumed.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(states(&d, &run), [(1, "done".to_string())]);
+}

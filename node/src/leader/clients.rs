@@ -1,0 +1,139 @@
+//! The clients of an open run (`htc task add`, `htc task cancel`, `htc close`): requests over one
+//! authenticated connection, each answered in order. Task lines are parsed here, off the core's
+//! thread, so a flood of adds never delays dispatch; what they add is the core's to decide, and
+//! its answer (the ids) comes only once they are committed.
+
+use std::sync::mpsc;
+
+use tokio::net::TcpStream;
+
+use super::core::{Input, NewTask};
+use super::driver::Event;
+use crate::frame::{self, read_frame, FrameError};
+use htc_core::taskfile::Parser;
+use htc_engine::wire::proto::{self, frame::Body, request::What};
+use htc_engine::wire::PROTOCOL_VERSION;
+
+/// Serves one client until it closes its side.
+pub async fn serve(mut s: TcpStream, hello: proto::ClientHello, core: mpsc::Sender<Event>) -> Result<(), String> {
+    if hello.protocol != PROTOCOL_VERSION {
+        let error = format!("protocol {} not supported (the run speaks {PROTOCOL_VERSION})", hello.protocol);
+        let _ =
+            frame::write_frame(&mut s, Body::Reply(proto::Reply { error: error.clone(), ..Default::default() })).await;
+        return Err(error);
+    }
+    let mut buf = Vec::new();
+    loop {
+        let request = match read_frame(&mut s, &mut buf).await {
+            Ok(Body::Request(r)) => r,
+            Ok(_) => return Err("unexpected frame from a client".into()),
+            Err(FrameError::Closed) => return Ok(()),
+            Err(e) => return Err(e.to_string()),
+        };
+        let seq = request.seq;
+        let reply = match answer(request.what, &core).await {
+            Ok(ids) => proto::Reply { seq, ids, error: String::new() },
+            Err(error) => proto::Reply { seq, ids: Vec::new(), error },
+        };
+        frame::write_frame(&mut s, Body::Reply(reply)).await.map_err(|e| e.to_string())?;
+    }
+}
+
+async fn answer(what: Option<What>, core: &mpsc::Sender<Event>) -> Result<Vec<u64>, String> {
+    let gone = |_| "the run is ending".to_string();
+    match what {
+        Some(What::Add(a)) => {
+            let tasks = parse(&a)?;
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            core.send(Event::Add(tasks, tx)).map_err(gone)?;
+            let answer = rx.await.map_err(|_| "the run ended before its tasks were committed".to_string())?;
+            // A refusal of the core's names a line of what the client sent.
+            answer.map_err(|why| {
+                if why.starts_with(|c: char| c.is_ascii_digit()) {
+                    format!("{}:{why}", a.source)
+                } else {
+                    why
+                }
+            })
+        }
+        Some(What::Cancel(c)) => {
+            core.send(Event::Core(Input::Cancel { ids: c.ids.clone() })).map_err(gone)?;
+            Ok(c.ids)
+        }
+        Some(What::Close(c)) => {
+            core.send(Event::Core(Input::Close { cancel: c.cancel })).map_err(gone)?;
+            Ok(Vec::new())
+        }
+        None => Err("an empty request".into()),
+    }
+}
+
+/// A request's task lines as tasks to add; a bad line refuses the whole request, named as
+/// `source:line:column` counted from its `first_line`.
+pub fn parse(a: &proto::AddTasks) -> Result<Vec<NewTask>, String> {
+    let first = a.first_line.max(1);
+    let mut p = Parser::new(&a.lines[..], a.source.clone()).adding();
+    let mut tasks = Vec::new();
+    loop {
+        match p.next_task() {
+            Ok(Some(t)) => {
+                let line = t.line + first - 1;
+                if t.options.class != 0 {
+                    return Err(format!("{}:{line}: class= is not taken by added tasks", a.source));
+                }
+                let needs = t.after.clone();
+                tasks.push(NewTask {
+                    line,
+                    command: t.command.to_vec(),
+                    shell: t.shell,
+                    shape: t.options,
+                    needs,
+                    key: None,
+                });
+            }
+            Ok(None) => break,
+            Err(mut e) => {
+                e.line += first - 1;
+                return Err(e.to_string());
+            }
+        }
+    }
+    if !a.key.is_empty() {
+        let [one] = &mut tasks[..] else {
+            return Err(format!("a key names one task; these lines make {}", tasks.len()));
+        };
+        one.key = Some(a.key.clone());
+    }
+    Ok(tasks)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(lines: &str, first_line: u64, key: &str) -> proto::AddTasks {
+        proto::AddTasks {
+            lines: lines.as_bytes().to_vec(),
+            source: "queue".into(),
+            first_line,
+            key: key.as_bytes().to_vec(),
+        }
+    }
+
+    #[test]
+    fn lines_become_tasks_and_a_bad_one_is_named_where_the_client_sent_it() {
+        let t = parse(&req("echo a\n[cores=2 after=7] echo b\n", 1, "")).unwrap();
+        assert_eq!(t.len(), 2);
+        assert_eq!((t[1].line, t[1].shape.cores, t[1].needs.count()), (2, 2, 1));
+        let e = parse(&req("echo a\n[cores=x] b\n", 40, "")).unwrap_err();
+        assert!(e.starts_with("queue:41:"), "{e}");
+        let e = parse(&req("[class=long] a\n", 1, "")).unwrap_err();
+        assert!(e.contains("class= is not taken"), "{e}");
+    }
+
+    #[test]
+    fn a_key_names_exactly_one_task() {
+        assert_eq!(parse(&req("echo a\n", 1, "k")).unwrap()[0].key.as_deref(), Some(&b"k"[..]));
+        assert!(parse(&req("a\nb\n", 1, "k")).unwrap_err().contains("a key names one task"));
+    }
+}
