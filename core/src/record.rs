@@ -353,3 +353,35 @@ pub struct Attempt {
     pub start_us: u64,
     pub end_us: u64,
 }
+
+/// A task as `htc task status` shows it: its state in a client's words (`waiting`: not started,
+/// ready or out to an agent; `blocked`: waiting for other tasks), its exit value once it ended
+/// by exiting, and why it failed or was cancelled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskStatus {
+    pub id: u64,
+    pub state: &'static str,
+    pub exit: Option<i32>,
+    pub reason: String,
+}
+
+impl TaskStatus {
+    /// Task `id` whose record is `r`, in state `now` (the leader knows a start before the ledger
+    /// does), `blocked` when it waits for others.
+    pub fn of(id: u64, r: &Record, now: State, blocked: bool) -> TaskStatus {
+        let state = match now {
+            State::Pending if blocked => "blocked",
+            State::Pending | State::Dispatched => "waiting",
+            State::Running => "running",
+            State::Done => "done",
+            State::Failed => "failed",
+            State::Cancelled => "cancelled",
+        };
+        let exit = (now.is_final() && r.outcome() == Outcome::Exited).then_some(r.value());
+        let reason = match now {
+            State::Failed | State::Cancelled => r.outcome().describe(r.value()),
+            _ => String::new(),
+        };
+        TaskStatus { id, state, exit, reason }
+    }
+}

@@ -247,6 +247,23 @@ pub mod htc {
             #[arg(long, default_value = "tsv", value_name = "tsv|json")]
             format: String,
         },
+        /// Wait until tasks have ended: exit 0 when every one succeeded, 1 when one failed or
+        /// was cancelled, 124 at --timeout.
+        Wait {
+            /// A run directory or id.
+            run: String,
+            /// Task ids and ranges (5 17-20); none with --all.
+            ids: Vec<String>,
+            /// Every task of the run.
+            #[arg(long, conflicts_with = "ids")]
+            all: bool,
+            /// Until any one of them has ended (its success decides the exit status).
+            #[arg(long)]
+            any: bool,
+            /// Give up after this long (e.g. 90s, 10m).
+            #[arg(long, value_name = "DURATION", value_parser = super::duration_ms)]
+            timeout: Option<u64>,
+        },
         /// Cancel tasks of an open run: what is queued never starts, what runs is stopped;
         /// recorded as cancelled (no retry).
         Cancel {

@@ -10,9 +10,10 @@ use anyhow::Context;
 use serde::Serialize;
 
 use crate::cli::htc::TaskAddArgs;
-use crate::ledger::{Outcome, Record, State};
+use crate::ledger::State;
 use crate::rundir::RunDir;
 use htc_core::after::Kind;
+use htc_core::record::TaskStatus;
 use htc_node::client::{Client, ClientError};
 
 /// Lines sent in one request when adding from a stream; a batch also goes when no line came for
@@ -239,37 +240,118 @@ fn id_list(ids: &[String]) -> anyhow::Result<Vec<u64>> {
 }
 
 #[derive(Serialize)]
-struct Row {
+struct Row<'a> {
     id: u64,
-    state: &'static str,
+    state: &'a str,
     exit: Option<i32>,
-    reason: String,
+    reason: &'a str,
 }
 
-/// `htc task status RUN IDS|--all`: a line each, from the run's ledger.
+/// `htc task status RUN IDS|--all`: a line each, as the run's leader knows them, or from the
+/// run's ledger when no leader runs.
 pub fn status(run: &str, ids: &[String], all: bool, format: &str) -> anyhow::Result<i32> {
     if !matches!(format, "tsv" | "json") {
         anyhow::bail!("--format {format}: tsv or json");
     }
-    let run = RunDir::open_for_reading(RunDir::find(Some(run))?)?;
+    let asked = if all { None } else { Some(id_list(ids)?) };
+    let dir = RunDir::find(Some(run))?;
+    let (rows, total) = match statuses(&dir, asked.as_deref())? {
+        Ok(found) => found,
+        Err(e) => return Ok(said(&e)),
+    };
+    let out = std::io::stdout();
+    let mut o = std::io::BufWriter::new(out.lock());
+    let mut known = std::collections::HashSet::new();
+    for r in &rows {
+        known.insert(r.id);
+        if format == "json" {
+            let row = Row { id: r.id, state: r.state, exit: r.exit, reason: &r.reason };
+            writeln!(o, "{}", serde_json::to_string(&row)?)?;
+        } else {
+            let exit = r.exit.map_or("-".to_string(), |v| v.to_string());
+            writeln!(o, "{}\t{}\t{exit}\t{}", r.id, r.state, r.reason)?;
+        }
+    }
+    o.flush()?;
+    let unknown: Vec<u64> = asked.unwrap_or_default().into_iter().filter(|id| !known.contains(id)).collect();
+    if !unknown.is_empty() {
+        let of = total.map_or(String::new(), |t| format!(" (the run has {t})"));
+        eprintln!("htc: no task {}{of}", unknown.iter().map(u64::to_string).collect::<Vec<_>>().join(", "));
+        return Ok(2);
+    }
+    Ok(0)
+}
+
+/// Tasks as the run's leader knows them, or as its ledger has them when no leader runs (then
+/// with the run's task count).
+type Found = (Vec<TaskStatus>, Option<u64>);
+
+fn statuses(dir: &std::path::Path, ids: Option<&[u64]>) -> anyhow::Result<Result<Found, ClientError>> {
+    match Client::connect(&RunDir::new(dir)) {
+        Ok(mut c) => Ok(c.status(ids.map(<[u64]>::to_vec)).map(|rows| (rows, None))),
+        Err(_) => Ok(Ok(from_ledger(dir.to_path_buf(), ids)?)),
+    }
+}
+
+/// `htc task wait RUN IDS|--all [--any] [--timeout]`: until every task waited for (one, with
+/// `--any`) has ended. 0 when all of them succeeded (the one, with `--any`); 1 when one failed
+/// or was cancelled; 2 for an unknown task; 124 at the timeout.
+pub fn wait(run: &str, ids: &[String], all: bool, any: bool, timeout: Option<Duration>) -> anyhow::Result<i32> {
+    let asked = if all { None } else { Some(id_list(ids)?) };
+    let dir = RunDir::find(Some(run))?;
+    let start = std::time::Instant::now();
+    let mut pause = Duration::from_millis(5);
+    loop {
+        let (rows, _) = match statuses(&dir, asked.as_deref())? {
+            Ok(found) => found,
+            Err(e) => return Ok(said(&e)),
+        };
+        if let Some(asked) = &asked {
+            if let Some(id) = asked.iter().find(|id| !rows.iter().any(|r| r.id == **id)) {
+                eprintln!("htc: no task {id}");
+                return Ok(2);
+            }
+        }
+        let ended = |r: &&TaskStatus| matches!(r.state, "done" | "failed" | "cancelled");
+        let bad = |r: &TaskStatus| r.state != "done";
+        let finished: Vec<&TaskStatus> = rows.iter().filter(ended).collect();
+        if any && !finished.is_empty() {
+            return Ok(i32::from(bad(finished[0])));
+        }
+        if !any && finished.len() == rows.len() {
+            return Ok(i32::from(rows.iter().any(bad)));
+        }
+        if timeout.is_some_and(|t| start.elapsed() >= t) {
+            eprintln!("htc: {} of {} tasks not finished at the timeout", rows.len() - finished.len(), rows.len());
+            return Ok(124);
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(200));
+    }
+}
+
+/// Tasks as the ledger has them (no leader runs), and the run's task count.
+fn from_ledger(dir: std::path::PathBuf, ids: Option<&[u64]>) -> anyhow::Result<(Vec<TaskStatus>, Option<u64>)> {
+    let run = RunDir::open_for_reading(dir)?;
     let ledger = crate::ledger::Ledger::open(&run.ledger(), true)?;
     let t = ledger.read()?;
     let total = t.meta_u64("total")?.unwrap_or(0);
-    let ids = if all { (1..=total).collect() } else { id_list(ids)? };
+    let all: Vec<u64>;
+    let ids = match ids {
+        Some(ids) => ids,
+        None => {
+            all = (1..=total).collect();
+            &all
+        }
+    };
     let mut needs = std::collections::HashMap::new();
     t.for_each_needs(|id, n| {
         needs.insert(id, n);
     })?;
     let state_of = |id: u64| t.get(id).ok().flatten().map(|r| r.state());
-    let out = std::io::stdout();
-    let mut o = std::io::BufWriter::new(out.lock());
-    let mut unknown = 0;
-    for id in ids {
-        let Some(r) = t.get(id)? else {
-            unknown += 1;
-            eprintln!("htc: no task {id} (the run has {total})");
-            continue;
-        };
+    let mut rows = Vec::with_capacity(ids.len());
+    for &id in ids {
+        let Some(r) = t.get(id)? else { continue };
         let blocked = r.state() == State::Pending
             && needs.get(&id).is_some_and(|n| {
                 n.each().any(|(d, k)| match (k, state_of(d)) {
@@ -277,32 +359,7 @@ pub fn status(run: &str, ids: &[String], all: bool, format: &str) -> anyhow::Res
                     (Kind::AfterAny, s) => !s.is_some_and(State::is_final),
                 })
             });
-        let row = row(id, &r, blocked);
-        if format == "json" {
-            writeln!(o, "{}", serde_json::to_string(&row)?)?;
-        } else {
-            let exit = row.exit.map_or("-".to_string(), |v| v.to_string());
-            writeln!(o, "{}\t{}\t{exit}\t{}", row.id, row.state, row.reason)?;
-        }
+        rows.push(TaskStatus::of(id, &r, r.state(), blocked));
     }
-    o.flush()?;
-    Ok(if unknown > 0 { 2 } else { 0 })
-}
-
-fn row(id: u64, r: &Record, blocked: bool) -> Row {
-    let state = match r.state() {
-        State::Pending if blocked => "blocked",
-        State::Pending | State::Dispatched => "waiting",
-        State::Running => "running",
-        State::Done => "done",
-        State::Failed => "failed",
-        State::Cancelled => "cancelled",
-    };
-    let ended = r.state().is_final();
-    let exit = (ended && r.outcome() == Outcome::Exited).then_some(r.value());
-    let reason = match r.state() {
-        State::Failed | State::Cancelled => r.outcome().describe(r.value()),
-        _ => String::new(),
-    };
-    Row { id, state, exit, reason }
+    Ok((rows, Some(total)))
 }

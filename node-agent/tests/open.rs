@@ -56,6 +56,8 @@ fn an_open_run_takes_tasks_while_it_runs_and_ends_when_closed() {
     // Keys: a client that retries gets the same id.
     let add_keyed = || htc(&d, &["task", "add", &run, "--key", "job-7", "--", "true"]).1;
     assert_eq!((add_keyed(), add_keyed()), ("3\n".to_string(), "3\n".to_string()));
+    let (rc, _, err) = htc(&d, &["task", "wait", &run, "1-3", "--timeout", "60s"]);
+    assert_eq!(rc, 0, "all three succeeded: {err}");
     // A stream: each line added as it comes, the ids in order.
     let mut client = Command::new(HTC)
         .args(["task", "add", &run, "--file", "-"])
@@ -69,17 +71,20 @@ fn an_open_run_takes_tasks_while_it_runs_and_ends_when_closed() {
     drop(stdin);
     let o = client.wait_with_output().unwrap();
     assert_eq!(String::from_utf8_lossy(&o.stdout), "4\n5\n6\n");
-    // (The ledger learns of a start with the task's end: a running task reads as waiting.)
-    let sleeping = || !common::processes_naming(std::ffi::OsStr::new("612.25")).is_empty();
-    assert!(wait_for(sleeping, Duration::from_secs(30)), "task 5 never started");
+    // The leader knows a start before its ledger does.
+    let running = || states(&d, &run).get(4).is_some_and(|s| s.1 == "running");
+    assert!(wait_for(running, Duration::from_secs(30)), "{:?}", states(&d, &run));
     let st = states(&d, &run);
     assert_eq!(st[5], (6, "blocked".into()), "{st:?}");
+    assert!(wait_for(|| states(&d, &run)[1].1 == "done", Duration::from_secs(30)), "{:?}", states(&d, &run));
     assert!(d.path("two.out").exists(), "2 ran after 1");
     // Cancel the running sleep: what waited for it is cancelled with it.
     let (rc, _, err) = htc(&d, &["task", "cancel", &run, "5"]);
     assert_eq!(rc, 0, "{err}");
     let cancelled = || states(&d, &run)[4..].iter().all(|s| s.1 == "cancelled");
     assert!(wait_for(cancelled, Duration::from_secs(30)), "{:?}", states(&d, &run));
+    let (rc, _, _) = htc(&d, &["task", "wait", &run, "5", "6"]);
+    assert_eq!(rc, 1, "cancelled is not success");
     let (rc, _, err) = htc(&d, &["close", &run]);
     assert_eq!(rc, 0, "{err}");
     let o = leader.wait_with_output().unwrap();
@@ -105,6 +110,11 @@ fn a_bad_request_adds_nothing_and_says_where() {
     assert_eq!(rc, 2);
     assert!(err.contains("task 9 is not before this one"), "{err}");
     assert!(states(&d, &run).is_empty(), "nothing was added");
+    let (_, out, _) = htc(&d, &["task", "add", &run, "--", "sleep", "30"]);
+    let (rc, _, err) = htc(&d, &["task", "wait", &run, out.trim(), "--timeout", "200ms"]);
+    assert_eq!(rc, 124, "{err}");
+    let (rc, _, err) = htc(&d, &["task", "wait", &run, "7"]);
+    assert_eq!(rc, 2, "no task 7: {err}");
     let (rc, _, err) = htc(&d, &["close", &run, "--cancel"]);
     assert_eq!(rc, 0, "{err}");
     assert_eq!(leader.wait_with_output().unwrap().status.code(), Some(0));

@@ -90,7 +90,22 @@ impl Client {
         self.ask(What::Close(proto::CloseRun { cancel })).map(drop)
     }
 
+    /// How these tasks stand (all: `None`), as the leader knows them.
+    pub fn status(&mut self, ids: Option<Vec<u64>>) -> Result<Vec<htc_core::record::TaskStatus>, ClientError> {
+        let q = proto::StatusOf { all: ids.is_none(), ids: ids.unwrap_or_default() };
+        let reply = self.request(What::Status(q))?;
+        Ok(reply
+            .states
+            .into_iter()
+            .map(|t| htc_core::record::TaskStatus { id: t.id, state: word(&t.state), exit: t.exit, reason: t.reason })
+            .collect())
+    }
+
     fn ask(&mut self, what: What) -> Result<Vec<u64>, ClientError> {
+        self.request(what).map(|r| r.ids)
+    }
+
+    fn request(&mut self, what: What) -> Result<proto::Reply, ClientError> {
         self.seq += 1;
         let request = proto::Request { seq: self.seq, what: Some(what) };
         let (run, addr) = (self.run.clone(), self.addr);
@@ -107,6 +122,11 @@ impl Client {
         if !reply.error.is_empty() {
             return Err(ClientError::Refused(reply.error));
         }
-        Ok(reply.ids)
+        Ok(reply)
     }
+}
+
+/// A state word as the leader sent it, one of those `TaskStatus` has.
+fn word(s: &str) -> &'static str {
+    ["waiting", "blocked", "running", "done", "failed", "cancelled"].into_iter().find(|w| *w == s).unwrap_or("unknown")
 }

@@ -32,23 +32,34 @@ pub async fn serve(mut s: TcpStream, hello: proto::ClientHello, core: mpsc::Send
         };
         let seq = request.seq;
         let reply = match answer(request.what, &core).await {
-            Ok(ids) => proto::Reply { seq, ids, error: String::new() },
-            Err(error) => proto::Reply { seq, ids: Vec::new(), error },
+            Ok(reply) => proto::Reply { seq, ..reply },
+            Err(error) => proto::Reply { seq, error, ..Default::default() },
         };
         frame::write_frame(&mut s, Body::Reply(reply)).await.map_err(|e| e.to_string())?;
     }
 }
 
-async fn answer(what: Option<What>, core: &mpsc::Sender<Event>) -> Result<Vec<u64>, String> {
+async fn answer(what: Option<What>, core: &mpsc::Sender<Event>) -> Result<proto::Reply, String> {
     let gone = |_| "the run is ending".to_string();
+    let ids = |ids| proto::Reply { ids, ..Default::default() };
     match what {
+        Some(What::Status(q)) => {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            core.send(Event::Status((!q.all).then_some(q.ids), tx)).map_err(gone)?;
+            let states = rx.await.map_err(|_| "the run is ending".to_string())?;
+            let states = states
+                .into_iter()
+                .map(|t| proto::TaskState { id: t.id, state: t.state.into(), exit: t.exit, reason: t.reason })
+                .collect();
+            Ok(proto::Reply { states, ..Default::default() })
+        }
         Some(What::Add(a)) => {
             let tasks = parse(&a)?;
             let (tx, rx) = tokio::sync::oneshot::channel();
             core.send(Event::Add(tasks, tx)).map_err(gone)?;
             let answer = rx.await.map_err(|_| "the run ended before its tasks were committed".to_string())?;
             // A refusal of the core's names a line of what the client sent.
-            answer.map_err(|why| {
+            answer.map(ids).map_err(|why| {
                 if why.starts_with(|c: char| c.is_ascii_digit()) {
                     format!("{}:{why}", a.source)
                 } else {
@@ -58,11 +69,11 @@ async fn answer(what: Option<What>, core: &mpsc::Sender<Event>) -> Result<Vec<u6
         }
         Some(What::Cancel(c)) => {
             core.send(Event::Core(Input::Cancel { ids: c.ids.clone() })).map_err(gone)?;
-            Ok(c.ids)
+            Ok(ids(c.ids))
         }
         Some(What::Close(c)) => {
             core.send(Event::Core(Input::Close { cancel: c.cancel })).map_err(gone)?;
-            Ok(Vec::new())
+            Ok(proto::Reply::default())
         }
         None => Err("an empty request".into()),
     }

@@ -36,6 +36,8 @@ pub enum Event {
     Grow(super::grow::Answer),
     /// A client adds tasks to an open run: the ids (or why not) go to `reply` once committed.
     Add(Vec<NewTask>, tokio::sync::oneshot::Sender<Answer>),
+    /// A client asks how these tasks stand (all: `None`).
+    Status(Option<Vec<u64>>, tokio::sync::oneshot::Sender<Vec<htc_core::record::TaskStatus>>),
 }
 
 /// The node's world: the wall clock, and the agents' connections, each message encoded as its
@@ -163,6 +165,10 @@ fn take(s: &mut Session<'_, '_, Net>, first: Event, rx: &mpsc::Receiver<Event>) 
                 if let Some(g) = s.cfg.grow.as_mut() {
                     g.answer(a, now_us());
                 }
+                None
+            }
+            Event::Status(ids, reply) => {
+                let _ = reply.send(s.statuses(ids.as_deref())?);
                 None
             }
             Event::Add(tasks, reply) => {

@@ -10,6 +10,7 @@ use std::time::Duration;
 use super::core::{Core, Ending, Input, NewTask, Progress, Tasks};
 use super::effect::Effects;
 use htc_core::after::Needs;
+use htc_core::record::TaskStatus;
 use htc_store::ledger::{Change, Ledger, LedgerError, Record, WriteTxn};
 use htc_store::load::TaskText;
 
@@ -264,6 +265,39 @@ impl<'c, 'l, W: World> Session<'c, 'l, W> {
             self.txn = None;
         }
         Ok(ending)
+    }
+
+    /// Tasks as a client sees them (all: `None`), from their records and the core; ids with no
+    /// task are left out.
+    pub fn statuses(&self, ids: Option<&[u64]>) -> Result<Vec<TaskStatus>> {
+        // The open transaction's view (what this session wrote, committed or not), else the
+        // ledger's last commit: never a second transaction beside the open one on this thread.
+        let read: Option<htc_store::ledger::ReadTxn<'_>> =
+            if self.txn.is_none() { Some(self.ledger.read()?) } else { None };
+        let get = |id| match (&self.txn, &read) {
+            (Some(t), _) => t.get(id),
+            (None, Some(r)) => r.get(id),
+            (None, None) => unreachable!("one of the two is open"),
+        };
+        let all: Vec<u64>;
+        let ids = match ids {
+            Some(ids) => ids,
+            None => {
+                let next = match &self.txn {
+                    Some(t) => t.next_id()?,
+                    None => read.as_ref().expect("opened above").meta_u64("total")?.unwrap_or(0) + 1,
+                };
+                all = (1..next).collect();
+                &all
+            }
+        };
+        let mut out = Vec::with_capacity(ids.len());
+        for &id in ids {
+            if let Some(r) = get(id)? {
+                out.push(self.core.status_of(id, &r));
+            }
+        }
+        Ok(out)
     }
 
     /// Writes a meta value in the open transaction.

@@ -163,3 +163,12 @@ impl<'a> Core<'a> {
         Ok(Ok(ids))
     }
 }
+
+impl Core<'_> {
+    /// Task `id` as a client sees it now, from its record and what the core knows beyond it (an
+    /// attempt out to an agent, a wait for other tasks).
+    pub fn status_of(&self, id: u64, r: &Record) -> htc_core::record::TaskStatus {
+        let now = self.in_flight.get(id).map_or(r.state(), |f| f.life.state());
+        htc_core::record::TaskStatus::of(id, r, now, self.deps.is_waiting(id))
+    }
+}
