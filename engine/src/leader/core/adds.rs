@@ -154,6 +154,7 @@ impl<'a> Core<'a> {
             let on: Vec<_> = task.needs.each().collect();
             if self.depend(t, id, &on)? == Added::Ready {
                 self.partition.push(id, r.shape().priority);
+                self.fresh_arrivals = true;
             }
             if let Some(k) = &task.key {
                 made.insert(k.clone(), id);

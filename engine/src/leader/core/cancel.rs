@@ -51,6 +51,7 @@ impl<'a> Core<'a> {
         for task in out.ready {
             if let Some(r) = t.get(task)? {
                 self.partition.push(task, r.shape().priority);
+                self.fresh_arrivals = true;
             }
         }
         Ok(())

@@ -104,6 +104,7 @@ impl Core<'_> {
     pub(super) fn dispatch_all<E>(&mut self, t: &mut dyn Tasks<Error = E>, out: &mut Effects) -> Result<(), E> {
         self.fresh_retries = false;
         self.fresh_handoffs = false;
+        self.fresh_arrivals = false;
         self.figures.scans += 1;
         let mut ids: Vec<u32> =
             self.agents.iter().filter(|(_, a)| a.alive && a.credit > 0).map(|(id, _)| *id).collect();

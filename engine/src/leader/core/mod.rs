@@ -272,6 +272,10 @@ pub struct Core<'a> {
     retry: VecDeque<u64>,
     /// Ids joined `retry` since agents other than the reporting one were last offered them.
     fresh_retries: bool,
+    /// Tasks arrived since agents were last all offered work (added, or ready now that what
+    /// they waited for ended): an idle agent with credit takes them at once, not at its next
+    /// report.
+    fresh_arrivals: bool,
     /// Asking queued work back for idle slots at the tail (`asking`).
     asking: Asking,
     /// What this session has to show (`figures`).
@@ -352,6 +356,7 @@ impl<'a> Core<'a> {
             agents: IdMap::default(),
             retry: VecDeque::new(),
             fresh_retries: false,
+            fresh_arrivals: false,
             in_flight: Flights::new(counts.total()),
             counts,
             horizon_ms: None,
@@ -540,6 +545,9 @@ impl<'a> Core<'a> {
             Input::Close { cancel } => self.close(t, cancel, out)?,
         }
         self.note_busy();
+        if self.fresh_arrivals {
+            self.dispatch_all(t, out)?;
+        }
         if self.asking.pending() && self.may_ask_back() {
             self.ask_back(out);
         }

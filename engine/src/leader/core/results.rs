@@ -310,7 +310,7 @@ impl Core<'_> {
         // New retries can go to any agent with credit, not only the one that reported;
         // older ones wait for an agent that fits to report (its dispatch takes retries
         // first), so a retry nobody can take does not cost a scan of every agent per report.
-        if self.fresh_retries || self.fresh_handoffs || !report.recalled.is_empty() {
+        if self.fresh_retries || self.fresh_handoffs || self.fresh_arrivals || !report.recalled.is_empty() {
             self.dispatch_all(t, out)?;
         }
         self.hold_if_failing(out);

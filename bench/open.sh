@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Open runs (issue 40): what a client of a running run waits for, with the real `htc` and real
+# processes.
+#   1. add latency: `htc task add RUN -- true` one after another into an idle open run, from the
+#      call to the id printed (the CLI's start, connect, the secret's proof, the commit);
+#   2. start latency: from the id printed to the task's first instruction (it writes the time);
+#   3. adds through one stream: N lines through `htc task add RUN --file -` (the tasks run with
+#      --exec none, so what is measured is the add path, not the spawn rate), to the last id;
+#   4. `htc task status RUN --all` of those N tasks.
+#
+#   bench/open.sh
+#   ADDS=500 STREAM=1000000 bench/open.sh
+#
+# Env: ADDS (200), STREAM (200000), HTC (target/dist/htc), OUT (bench/results/open-<date>.txt).
+set -euo pipefail
+
+BENCH=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$BENCH/.." && pwd)
+ADDS=${ADDS:-200}
+STREAM=${STREAM:-200000}
+HTC=${HTC:-$ROOT/target/dist/htc}
+# shellcheck source=bench/lib.sh
+. "$BENCH/lib.sh"
+bench_setup open
+
+echo "date: $(date -u +%FT%TZ)  host: $(hostname)  nproc: $(nproc)  commit: $(git -C "$ROOT" rev-parse --short HEAD)"
+echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
+echo "adds: $ADDS one by one; stream: $STREAM lines; htc: $HTC"
+
+HTC="$HTC" WORK="$WORK" ADDS="$ADDS" STREAM="$STREAM" python3 - <<'EOF'
+import os, subprocess, time, statistics, glob
+
+htc, work = os.environ["HTC"], os.environ["WORK"]
+adds, stream = int(os.environ["ADDS"]), int(os.environ["STREAM"])
+env = dict(os.environ, HTC_SITE_CONFIG="/dev/null")
+
+def open_run(d, *extra):
+    os.makedirs(d)
+    p = subprocess.Popen([htc, "run", "--open", "-q", *extra], cwd=d, env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while not glob.glob(f"{d}/.htc/*/leader.addr"):
+        time.sleep(0.01)
+    return p, os.path.basename(glob.glob(f"{d}/.htc/*")[0])
+
+def pct(v, q):
+    v = sorted(v)
+    return v[min(len(v) - 1, int(q * len(v)))]
+
+# 1 and 2: one by one, each task writing when it started.
+d = f"{work}/latency"
+p, run = open_run(d)
+acked, ids = [], []
+for i in range(adds):
+    t0 = time.time()
+    out = subprocess.run([htc, "task", "add", run, "--", "sh", "-c", 'date +%s.%N > "s.$HTC_TASK_ID"'],
+                         cwd=d, env=env, capture_output=True, text=True, check=True).stdout
+    t1 = time.time()
+    acked.append((int(out), t1, t1 - t0))
+    time.sleep(0.02)  # idle between adds: each finds the run idle
+subprocess.run([htc, "task", "wait", run, "--all"], cwd=d, env=env, check=True)
+starts = []
+for id_, t1, _ in acked:
+    with open(f"{d}/s.{id_}") as f:
+        starts.append(float(f.read()) - t1)
+subprocess.run([htc, "close", run], cwd=d, env=env, check=True, capture_output=True)
+p.wait()
+lat = [a[2] * 1e3 for a in acked]
+st = [s * 1e3 for s in starts]
+print(f"\n1. add latency, call to id printed ({adds} adds): p50 {pct(lat, .5):.1f} ms  p99 {pct(lat, .99):.1f} ms  max {max(lat):.1f} ms")
+print(f"2. start latency, id printed to the task's start: p50 {pct(st, .5):.1f} ms  p99 {pct(st, .99):.1f} ms  max {max(st):.1f} ms")
+
+# 3 and 4: one stream.
+d = f"{work}/stream"
+p, run = open_run(d, "--exec", "none")
+lines = "true\n" * stream
+t0 = time.time()
+r = subprocess.run([htc, "task", "add", run, "--file", "-"], cwd=d, env=env, input=lines,
+                   capture_output=True, text=True, check=True)
+t1 = time.time()
+n = len(r.stdout.split())
+assert n == stream, (n, stream)
+print(f"3. {stream} adds through one stream: {t1 - t0:.2f} s to the last id ({stream / (t1 - t0):,.0f} tasks/s)")
+subprocess.run([htc, "task", "wait", run, "--all"], cwd=d, env=env, check=True)
+t0 = time.time()
+r = subprocess.run([htc, "task", "status", run, "--all"], cwd=d, env=env, capture_output=True, text=True, check=True)
+t1 = time.time()
+assert len(r.stdout.splitlines()) == stream
+print(f"4. htc task status --all of {stream} tasks (leader running): {(t1 - t0) * 1e3:.0f} ms")
+subprocess.run([htc, "close", run], cwd=d, env=env, check=True, capture_output=True)
+p.wait()
+EOF
