@@ -4,38 +4,9 @@
 //! the run's openness: it ends once it is closed and what it holds is done, or once it has been
 //! idle for its idle time.
 
-use htc_core::after::Needs;
-use htc_core::shape::TaskShape;
-
 use super::deps::Added;
+use super::open::{Answer, NewTask, Openness};
 use super::*;
-
-/// A task a client adds, as its line said it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NewTask {
-    /// Its line in what the client sent (for the reason of a refusal).
-    pub line: u64,
-    pub command: Vec<u8>,
-    pub shell: bool,
-    pub shape: TaskShape,
-    pub needs: Needs,
-    /// The client's key: a task added again under the same key is the same task.
-    pub key: Option<Vec<u8>>,
-}
-
-/// The ids of a request's tasks, in order, or why none was added.
-pub type Answer = Result<Vec<u64>, String>;
-
-/// An open run's state.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Openness {
-    /// `htc close`: it takes no more tasks, and ends when what it holds is done.
-    closed: bool,
-    /// With nothing to do for this long, it ends (`--idle-exit`); `None`: never.
-    idle_exit_us: Option<u64>,
-    /// When it last had something to do (a task not final, or an add).
-    busy_us: u64,
-}
 
 impl<'a> Core<'a> {
     /// An open run: it does not end when its tasks are done, but once closed (or idle for

@@ -47,6 +47,7 @@ mod dispatch;
 mod figures;
 mod flights;
 mod handover;
+pub mod open;
 mod preempt;
 mod preemption;
 mod results;
@@ -150,7 +151,7 @@ pub enum Input {
     /// A client adds tasks to an open run; the answer is `Effect::Added` with `request`.
     Add {
         request: u64,
-        tasks: Vec<adds::NewTask>,
+        tasks: Vec<open::NewTask>,
     },
     /// `htc close`: the open run takes no more tasks; with `cancel`, what it holds is cancelled.
     Close {
@@ -158,7 +159,7 @@ pub enum Input {
     },
 }
 
-pub use adds::{Answer, NewTask};
+pub use open::{Answer, NewTask};
 
 /// What a Hello tells the core, by why the agent came: the one reading, for every driver.
 impl From<Hello> for Input {
@@ -262,7 +263,7 @@ pub struct Core<'a> {
     /// Which tasks wait for which (`deps`).
     deps: Deps,
     /// An open run's state (`adds`); `None`: the run's tasks are those it started with.
-    open: Option<adds::Openness>,
+    open: Option<open::Openness>,
     /// Answers to adds, held until their tasks are committed (`acks`).
     answers: Effects,
     /// Who came, who never did, the last loss (`turnout`).
