@@ -123,17 +123,22 @@ fn a_bad_request_adds_nothing_and_says_where() {
 #[test]
 fn an_acknowledged_task_survives_its_leader_killed_and_runs_on_resume() {
     let d = Dir::new("open-kill");
-    let (leader, run) = open_run(&d, &[]);
-    let (rc, out, _) = htc(&d, &["task", "add", &run, "--", "sh", "-c", "echo ran > ran.out"]);
+    // One slot, held by task 1: task 2 is acknowledged but cannot have started when the leader
+    // dies.
+    let (leader, run) = open_run(&d, &["--agents", "1", "--cores-per-agent", "1"]);
+    let (rc, out, _) = htc(&d, &["task", "add", &run, "--", "sleep", "1.5"]);
     assert_eq!((rc, out.as_str()), (0, "1\n"));
+    let (rc, out, _) = htc(&d, &["task", "add", &run, "--", "sh", "-c", "echo ran > ran.out"]);
+    assert_eq!((rc, out.as_str()), (0, "2\n"));
     // The id was printed: the task is in the ledger, whatever happens to the leader now.
     let _ = kill(Pid::from_raw(leader.id() as i32), Signal::SIGKILL);
     let _ = leader.wait_with_output();
+    assert!(!d.path("ran.out").exists(), "task 2 started before the leader died");
     let resumed = d.spawn_htc(&["run", "--resume", &run, "-q"], &[]);
     assert!(wait_for(|| d.path("ran.out").exists(), Duration::from_secs(60)), "the added task never ran");
-    let (rc, _, err) = htc(&d, &["close", &run]);
-    assert_eq!(rc, 0, "{err}");
+    // The resumed leader listens where its address file says once it says so.
+    assert!(wait_for(|| htc(&d, &["close", &run]).0 == 0, Duration::from_secs(30)), "the resumed run never closed");
     let o = resumed.wait_with_output().unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-    assert_eq!(states(&d, &run), [(1, "done".to_string())]);
+    assert_eq!(states(&d, &run), [(1, "done".to_string()), (2, "done".to_string())]);
 }
