@@ -6,18 +6,25 @@
 #   2. start latency: from the id printed to the task's first instruction (it writes the time);
 #   3. adds through one stream: N lines through `htc task add RUN --file -` (the tasks run with
 #      --exec none, so what is measured is the add path, not the spawn rate), to the last id;
-#   4. `htc task status RUN --all` of those N tasks.
+#   4. `htc task status RUN --all` of those N tasks;
+#   5. CONCURRENT one-task `htc task add` processes at once (64 at a time): every id distinct,
+#      none lost, and the rate;
+#   6. the leader's CPU per task (`htc status --json`) with LEADER tasks arriving in batches of
+#      100 while it runs, against the same tasks in a file (both --exec none).
 #
 #   bench/open.sh
 #   ADDS=500 STREAM=1000000 bench/open.sh
 #
-# Env: ADDS (200), STREAM (200000), HTC (target/dist/htc), OUT (bench/results/open-<date>.txt).
+# Env: ADDS (200), STREAM (200000), CONCURRENT (10000), LEADER (200000), HTC (target/dist/htc),
+#      OUT (bench/results/open-<date>.txt).
 set -euo pipefail
 
 BENCH=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$BENCH/.." && pwd)
 ADDS=${ADDS:-200}
 STREAM=${STREAM:-200000}
+CONCURRENT=${CONCURRENT:-10000}
+LEADER=${LEADER:-200000}
 HTC=${HTC:-$ROOT/target/dist/htc}
 # shellcheck source=bench/lib.sh
 . "$BENCH/lib.sh"
@@ -25,13 +32,15 @@ bench_setup open
 
 echo "date: $(date -u +%FT%TZ)  host: $(hostname)  nproc: $(nproc)  commit: $(git -C "$ROOT" rev-parse --short HEAD)"
 echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
-echo "adds: $ADDS one by one; stream: $STREAM lines; htc: $HTC"
+echo "adds: $ADDS one by one; stream: $STREAM lines; concurrent: $CONCURRENT; leader: $LEADER tasks; htc: $HTC"
 
-HTC="$HTC" WORK="$WORK" ADDS="$ADDS" STREAM="$STREAM" python3 - <<'EOF'
-import os, subprocess, time, statistics, glob
+HTC="$HTC" WORK="$WORK" ADDS="$ADDS" STREAM="$STREAM" CONCURRENT="$CONCURRENT" LEADER="$LEADER" python3 - <<'EOF'
+import os, subprocess, time, statistics, glob, json
+from concurrent.futures import ThreadPoolExecutor
 
 htc, work = os.environ["HTC"], os.environ["WORK"]
 adds, stream = int(os.environ["ADDS"]), int(os.environ["STREAM"])
+concurrent, leader_n = int(os.environ["CONCURRENT"]), int(os.environ["LEADER"])
 env = dict(os.environ, HTC_SITE_CONFIG="/dev/null")
 
 def open_run(d, *extra):
@@ -88,4 +97,49 @@ assert len(r.stdout.splitlines()) == stream
 print(f"4. htc task status --all of {stream} tasks (leader running): {(t1 - t0) * 1e3:.0f} ms")
 subprocess.run([htc, "close", run], cwd=d, env=env, check=True, capture_output=True)
 p.wait()
+
+# 5. Many clients at once.
+d = f"{work}/concurrent"
+p, run = open_run(d, "--exec", "none")
+def one(i):
+    r = subprocess.run([htc, "task", "add", run, "--", "true", str(i)], cwd=d, env=env, capture_output=True, text=True)
+    return r.returncode, r.stdout.strip()
+t0 = time.time()
+with ThreadPoolExecutor(64) as ex:
+    got = list(ex.map(one, range(concurrent)))
+t1 = time.time()
+ok = [int(o) for rc, o in got if rc == 0]
+subprocess.run([htc, "task", "wait", run, "--all"], cwd=d, env=env, check=True)
+st = subprocess.run([htc, "task", "status", run, "--all"], cwd=d, env=env, capture_output=True, text=True, check=True)
+subprocess.run([htc, "close", run], cwd=d, env=env, check=True, capture_output=True)
+p.wait()
+print(f"5. {concurrent} one-task adds, 64 at a time: {len(ok)} acknowledged, {len(set(ok))} distinct ids, "
+      f"{len(st.stdout.splitlines())} tasks in the run; {concurrent / (t1 - t0):,.0f} adds/s")
+
+# 6. The leader's CPU per task: arriving in batches of 100, against the same tasks in a file.
+def leader_cpu(d, run):
+    out = subprocess.run([htc, "status", run, "--json"], cwd=d, env=env, capture_output=True, text=True, check=True).stdout
+    return json.loads(out)["leader_cpu_us_per_task"]
+d = f"{work}/file"
+os.makedirs(d)
+with open(f"{d}/t.txt", "w") as f:
+    f.write("true\n" * leader_n)
+subprocess.run([htc, "run", "t.txt", "--exec", "none", "-q"], cwd=d, env=env, check=True)
+from_file = leader_cpu(d, os.path.basename(glob.glob(f"{d}/.htc/*")[0]))
+d = f"{work}/arriving"
+p, run = open_run(d, "--exec", "none")
+w = subprocess.Popen([htc, "task", "add", run, "--file", "-"], cwd=d, env=env, stdin=subprocess.PIPE,
+                     stdout=subprocess.DEVNULL)
+for _ in range(leader_n // 100):
+    w.stdin.write(b"true\n" * 100)
+    w.stdin.flush()
+    time.sleep(0.025)  # past the stream's batching wait: each 100 a request of its own
+w.stdin.close()
+w.wait()
+subprocess.run([htc, "task", "wait", run, "--all"], cwd=d, env=env, check=True)
+subprocess.run([htc, "close", run], cwd=d, env=env, check=True, capture_output=True)
+p.wait()
+arriving = leader_cpu(d, run)
+print(f"6. leader CPU per task, {leader_n} tasks: arriving in batches of 100 {arriving:.2f} us, "
+      f"in a file {from_file:.2f} us ({arriving / from_file:.2f}x)")
 EOF
