@@ -169,7 +169,8 @@ fn failures(t: &ReadTxn<'_>, limit: usize, out: &mut String) -> anyhow::Result<(
 /// that continues it is already on its way (resubmitted, or a joined job takes it over).
 pub fn finish(run: &RunDir, outcome: &leader::Outcome, quiet: bool, resume_hint: bool) -> anyhow::Result<i32> {
     let c = outcome.progress.counts;
-    let failed = c.get(State::Failed);
+    // A cancelled task did not succeed either.
+    let failed = c.get(State::Failed) + c.get(State::Cancelled);
     // A Slurm job's run is named by its job id: a new job continues it.
     let resume = match resume_hint {
         false => String::new(),

@@ -87,8 +87,10 @@ fn an_open_run_takes_tasks_while_it_runs_and_ends_when_closed() {
     assert_eq!(rc, 1, "cancelled is not success");
     let (rc, _, err) = htc(&d, &["close", &run]);
     assert_eq!(rc, 0, "{err}");
+    let (rc, _, err) = htc(&d, &["close", &run]);
+    assert!(rc == 2 && err.contains("not open") || rc == 1, "closed twice: {rc} {err}");
     let o = leader.wait_with_output().unwrap();
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(1), "two tasks were cancelled: not every task succeeded: {}", text(&o));
     let st = states(&d, &run);
     let done = st.iter().filter(|s| s.1 == "done").count();
     assert_eq!((st.len(), done), (6, 4), "{st:?}");
@@ -117,7 +119,7 @@ fn a_bad_request_adds_nothing_and_says_where() {
     assert_eq!(rc, 2, "no task 7: {err}");
     let (rc, _, err) = htc(&d, &["close", &run, "--cancel"]);
     assert_eq!(rc, 0, "{err}");
-    assert_eq!(leader.wait_with_output().unwrap().status.code(), Some(0));
+    assert_eq!(leader.wait_with_output().unwrap().status.code(), Some(1), "its sleep was cancelled");
 }
 
 #[test]
@@ -141,4 +143,26 @@ fn an_acknowledged_task_survives_its_leader_killed_and_runs_on_resume() {
     let o = resumed.wait_with_output().unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert_eq!(states(&d, &run), [(1, "done".to_string()), (2, "done".to_string())]);
+}
+
+#[test]
+fn a_run_started_from_a_file_alone_is_not_open() {
+    let d = Dir::new("not-open");
+    d.write("t.txt", "sleep 60\n");
+    let leader = d.spawn_htc(&["run", "t.txt", "-q"], &[]);
+    let listening = || d.path(".htc").exists() && d.run_dir().join("leader.addr").exists();
+    assert!(wait_for(listening, Duration::from_secs(30)));
+    let run = d.run_id();
+    let (rc, _, err) = htc(&d, &["task", "add", &run, "--", "true"]);
+    assert_eq!(rc, 2, "{err}");
+    assert!(err.contains("not open for new tasks"), "{err}");
+    let (rc, _, err) = htc(&d, &["close", &run]);
+    assert_eq!(rc, 2, "{err}");
+    assert!(err.contains("not open"), "{err}");
+    // A cancel works on any run: its only task cancelled, the run ends.
+    let (rc, _, err) = htc(&d, &["task", "cancel", &run, "1"]);
+    assert_eq!(rc, 0, "{err}");
+    let o = leader.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(1), "its one task was cancelled: {}", text(&o));
+    assert_eq!(states(&d, &run), [(1, "cancelled".to_string())]);
 }

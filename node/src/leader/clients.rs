@@ -72,7 +72,9 @@ async fn answer(what: Option<What>, core: &mpsc::Sender<Event>) -> Result<proto:
             Ok(ids(c.ids))
         }
         Some(What::Close(c)) => {
-            core.send(Event::Core(Input::Close { cancel: c.cancel })).map_err(gone)?;
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            core.send(Event::Close(c.cancel, tx)).map_err(gone)?;
+            rx.await.map_err(|_| "the run is ending".to_string())??;
             Ok(proto::Reply::default())
         }
         None => Err("an empty request".into()),

@@ -36,6 +36,9 @@ pub enum Event {
     Grow(super::grow::Answer),
     /// A client adds tasks to an open run: the ids (or why not) go to `reply` once committed.
     Add(Vec<NewTask>, tokio::sync::oneshot::Sender<Answer>),
+    /// A client closes the run (`cancel`: and cancels what it holds); refused for a run that is
+    /// not open.
+    Close(bool, tokio::sync::oneshot::Sender<std::result::Result<(), String>>),
     /// A client asks how these tasks stand (all: `None`).
     Status(Option<Vec<u64>>, tokio::sync::oneshot::Sender<Vec<htc_core::record::TaskStatus>>),
 }
@@ -166,6 +169,16 @@ fn take(s: &mut Session<'_, '_, Net>, first: Event, rx: &mpsc::Receiver<Event>) 
                     g.answer(a, now_us());
                 }
                 None
+            }
+            Event::Close(cancel, reply) => {
+                if s.core.is_open() {
+                    let _ = reply.send(Ok(()));
+                    Some(Input::Close { cancel })
+                } else {
+                    let _ =
+                        reply.send(Err("the run is not open (it was not started with --open), or is closed".into()));
+                    None
+                }
             }
             Event::Status(ids, reply) => {
                 let _ = reply.send(s.statuses(ids.as_deref())?);
