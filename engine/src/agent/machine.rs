@@ -369,6 +369,11 @@ impl Machine {
             // While reviving, what the spawners report is the end of what they were told to stop.
             Input::Exec(_) if matches!(self.parent, Parent::Reviving { .. }) => false,
             Input::Signal(what) => {
+                // Results that wait for the report gap go first: a task that ended is not run
+                // again elsewhere for want of its report (a joined job's scancel).
+                if self.parent == Parent::Open && !self.results.is_empty() {
+                    self.report(now_us, 0, false, 0, out);
+                }
                 self.stop(what.to_string(), out);
                 false
             }
@@ -1105,6 +1110,17 @@ mod tests {
         step(&mut m, 2, Input::ExecEnded);
         let err = m.outcome().unwrap().unwrap_err();
         assert!(err.starts_with("terminated by a signal; running tasks were stopped"), "{err}");
+
+        // Results still waiting for the report gap go up before the tasks are stopped.
+        let mut m = holding(2, 8);
+        step(&mut m, GAP, Input::Exec(vec![done(0)]));
+        assert!(step(&mut m, GAP + 1, Input::Exec(vec![done(1)])).is_empty(), "waits for the gap");
+        let out = step(&mut m, GAP + 2, Input::Signal("terminated by a signal"));
+        assert!(
+            matches!(&out[..], [Effect::Up(Up::Report { report, .. }), Effect::Exec(Command::Abort)]
+                if report.results.iter().map(|r| r.id).collect::<Vec<_>>() == [1]),
+            "{out:?}"
+        );
     }
 
     #[test]
