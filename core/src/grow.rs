@@ -94,6 +94,9 @@ pub struct Situation {
     /// Other jobs wait for nodes (pending for resources or priority, not grown by this run):
     /// the run takes no more nodes, and gives back those it grew.
     pub others_waiting: bool,
+    /// How long an open run has had nothing to do (no task unfinished, no add); `None` while it
+    /// has, or for a run that is not open (it ends when it has nothing left).
+    pub idle_us: Option<u64>,
 }
 
 /// What the leader should do now.
@@ -132,6 +135,9 @@ pub struct Grower {
 /// The least time between two submissions.
 pub const QUIET_US: u64 = 30_000_000;
 
+/// How long an open run may have nothing to do before its grown jobs go.
+pub const IDLE_GRACE_US: u64 = 60_000_000;
+
 impl Grower {
     pub fn new(spec: GrowSpec) -> Grower {
         Grower { spec, jobs: BTreeMap::new(), last_us: None }
@@ -156,9 +162,12 @@ impl Grower {
     }
 
     /// Grown jobs in the run that should leave it now: all of them while other jobs wait for
-    /// nodes (a grown job holds nodes only while nobody else wants them).
+    /// nodes (a grown job holds nodes only while nobody else wants them), and when an open run
+    /// has had nothing to do for [`IDLE_GRACE_US`] (a grown job holds nodes only while there is
+    /// work for them; the grace keeps them across the pause between two waves of adds).
     pub fn yielding(&self, s: &Situation) -> Vec<String> {
-        if !s.others_waiting {
+        let idle = s.idle_us.is_some_and(|t| t >= IDLE_GRACE_US);
+        if !s.others_waiting && !idle {
             return Vec::new();
         }
         self.jobs.iter().filter(|(j, g)| **g == Grown::Joined && s.joined.contains(j)).map(|(j, _)| j.clone()).collect()
@@ -290,6 +299,7 @@ mod tests {
             cores_per_node: 4,
             own_minutes: 10,
             others_waiting: false,
+            idle_us: None,
         }
     }
 
@@ -352,6 +362,17 @@ mod tests {
         g.ended("7");
         assert!(g.yielding(&busy).is_empty());
         assert!(matches!(g.decide(&situation(200, 100_000, &["7"])), Decision::Submit { .. }));
+    }
+
+    #[test]
+    fn an_open_run_idle_past_the_grace_lets_its_grown_jobs_go() {
+        let mut g = Grower::new(GrowSpec { max_jobs: 3, nodes: 1, minutes: Some(10) });
+        g.submitted("7".into(), 0);
+        g.submitted("8".into(), 0);
+        let idle = |us| Situation { idle_us: Some(us), ..situation(60, 0, &["7"]) };
+        assert_eq!(g.decide(&idle(IDLE_GRACE_US)), Decision::Wait, "no work, no growth");
+        assert!(g.yielding(&idle(IDLE_GRACE_US - 1)).is_empty(), "a pause between waves keeps them");
+        assert_eq!(g.yielding(&idle(IDLE_GRACE_US)), ["7"], "8 has not joined: nothing to let go");
     }
 
     #[test]

@@ -232,7 +232,7 @@ pub mod htc {
     pub enum TaskCmd {
         /// Add a task (`-- CMD ARGS…`) or a task file's lines (`--file F`, `-` for stdin, added
         /// as they come) to an open run; prints each new task's id on a line of its own.
-        Add(TaskAddArgs),
+        Add(Box<TaskAddArgs>),
         /// The state of tasks, a line each: id, state (waiting, blocked, running, done,
         /// failed, cancelled), exit value, reason. Read from the run's ledger.
         Status {
@@ -309,6 +309,11 @@ pub mod htc {
         /// environment, as every task of the run does.
         #[arg(long, value_name = "NAME=VALUE")]
         pub env: Vec<String>,
+        /// Send variables of this shell's environment with the task, as `sbatch --export`:
+        /// `ALL` (all of them but `SLURM_*` and `HTC_*`, which belong to where the task runs)
+        /// or names (`PATH,OMP_NUM_THREADS`). Default: none; the task sees the run's.
+        #[arg(long, value_name = "ALL|NAMES")]
+        pub export: Option<String>,
         /// Add the task once: adding again under the same key (a client that retries) gives
         /// the same id.
         #[arg(long)]
@@ -446,8 +451,9 @@ pub mod agent {
 
     #[derive(clap::Args, Clone)]
     pub struct LeadArgs {
-        /// The task file (absolute; checked at submit time by the plugin).
-        #[arg(long, required_unless_present = "join_run")]
+        /// The task file (absolute; checked at submit time by the plugin). Not needed for an
+        /// open run (`--open`), whose tasks may all come later.
+        #[arg(long, required_unless_present_any = ["join_run", "open", "resume_run"])]
         pub task_file: Option<PathBuf>,
         /// Join this running run (`--htc-join`: its run directory, or the job id of one in
         /// `.htc/` here) with this job's nodes, instead of leading a run: its agents take a
@@ -491,6 +497,11 @@ pub mod agent {
         /// time, submit up to MAX_JOBS jobs of NODES nodes for TIME that join it.
         #[arg(long, value_name = "MAX_JOBS[:NODES[:TIME]]", value_parser = htc_core::grow::GrowSpec::parse)]
         pub grow: Option<htc_core::grow::GrowSpec>,
+        /// An open run (`--htc-open`): it takes tasks while it runs and ends on `htc close`, or
+        /// after this long with nothing to do (0: never). A run that continues keeps what its
+        /// ledger says.
+        #[arg(long, value_name = "IDLE", value_parser = super::duration_ms, conflicts_with = "join_run")]
+        pub open: Option<u64>,
     }
 }
 

@@ -74,12 +74,27 @@ pub fn prepare_with(
     if let Some(r) = a.retries {
         defaults.retries = r;
     }
-    let file = a.task_file.clone().context("missing --task-file")?;
-    match load::create_run(&base, job_id, Some(&file), a.output, defaults, Some(local.to_path_buf()), None) {
-        Ok((run, loaded)) => Ok(Ok((
-            run,
-            format!("htc: job {job_id}: {} tasks from {} on {nodes} node(s)", loaded.tasks, file.display()),
-        ))),
+    let file = a.task_file.as_deref();
+    if file.is_none() && a.open.is_none() {
+        anyhow::bail!("missing --task-file");
+    }
+    let open = a.open.map(|ms| load::OpenRun { idle_exit_ms: (ms > 0).then_some(ms) });
+    match load::create_run(&base, job_id, file, a.output, defaults, Some(local.to_path_buf()), open) {
+        Ok((run, loaded)) => {
+            let what = match file {
+                Some(f) => format!("{} tasks from {}", loaded.tasks, f.display()),
+                None => "no tasks yet".to_string(),
+            };
+            let open = match a.open {
+                None => String::new(),
+                Some(0) => format!("; open: htc task add {job_id} … adds tasks, htc close {job_id} ends it"),
+                Some(ms) => format!(
+                    "; open: htc task add {job_id} … adds tasks, htc close {job_id} ends it, as do {} with nothing to do",
+                    crate::status::fmt_duration(Duration::from_millis(ms))
+                ),
+            };
+            Ok(Ok((run, format!("htc: job {job_id}: {what} on {nodes} node(s){open}"))))
+        }
         Err(CreateError::Load(e)) => Ok(Err(e.to_string())),
         Err(e) => Err(e.into()),
     }

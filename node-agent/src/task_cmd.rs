@@ -143,16 +143,18 @@ pub fn task_line(a: &TaskAddArgs) -> Result<Vec<u8>, String> {
         cmd.extend_from_slice(&quote(d.as_os_str().as_encoded_bytes()));
         cmd.extend_from_slice(b" && ");
     }
+    let mut vars = exported(a.export.as_deref(), std::env::vars_os())?;
     for e in &a.env {
         let (name, value) = e.split_once('=').ok_or_else(|| format!("--env {e}: not NAME=VALUE"))?;
-        let ok = !name.is_empty()
-            && !name.starts_with(|c: char| c.is_ascii_digit())
-            && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
-        if !ok {
+        if !is_var_name(name.as_bytes()) {
             return Err(format!("--env {e}: {name:?} is not a variable name"));
         }
-        cmd.extend_from_slice(format!("{name}=").as_bytes());
-        cmd.extend_from_slice(&quote(value.as_bytes()));
+        vars.push((name.into(), value.into()));
+    }
+    for (name, value) in vars {
+        cmd.extend_from_slice(name.as_encoded_bytes());
+        cmd.push(b'=');
+        cmd.extend_from_slice(&quote(value.as_encoded_bytes()));
         cmd.push(b' ');
     }
     let args: Vec<Vec<u8>> = a.command.iter().map(|s| quote(s.as_encoded_bytes())).collect();
@@ -166,6 +168,45 @@ pub fn task_line(a: &TaskAddArgs) -> Result<Vec<u8>, String> {
     line.extend_from_slice(&cmd);
     line.push(b'\n');
     Ok(line)
+}
+
+fn is_var_name(name: &[u8]) -> bool {
+    !name.is_empty() && !name[0].is_ascii_digit() && name.iter().all(|b| b.is_ascii_alphanumeric() || *b == b'_')
+}
+
+/// The variables `--export` sends, from the caller's environment `env`: `ALL` (but for those a
+/// shell could not set, those holding a newline, and `SLURM_*`/`HTC_*`: they describe the
+/// caller's job and task, not the one the task runs in), or the names listed (each must be set).
+fn exported(
+    export: Option<&str>,
+    env: impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+) -> Result<Vec<(std::ffi::OsString, std::ffi::OsString)>, String> {
+    let Some(export) = export.map(str::trim) else { return Ok(Vec::new()) };
+    let env: Vec<_> = env.collect();
+    if export.eq_ignore_ascii_case("ALL") {
+        let sendable = |(n, v): &(std::ffi::OsString, std::ffi::OsString)| {
+            let n = n.as_encoded_bytes();
+            is_var_name(n)
+                && !n.starts_with(b"SLURM_")
+                && !n.starts_with(b"HTC_")
+                && !v.as_encoded_bytes().contains(&b'\n')
+        };
+        return Ok(env.into_iter().filter(sendable).collect());
+    }
+    let mut vars = Vec::new();
+    for name in export.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        if !is_var_name(name.as_bytes()) {
+            return Err(format!("--export {export}: {name:?} is not a variable name"));
+        }
+        let Some((_, value)) = env.iter().find(|(n, _)| n == name) else {
+            return Err(format!("--export {export}: {name} is not set here"));
+        };
+        if value.as_encoded_bytes().contains(&b'\n') {
+            return Err(format!("--export {export}: {name} holds a newline; a task's command is one line"));
+        }
+        vars.push((name.into(), value.clone()));
+    }
+    Ok(vars)
 }
 
 /// `s` as one word for `/bin/sh`: as it is when it needs no quoting, else in single quotes.
@@ -362,4 +403,34 @@ fn from_ledger(dir: std::path::PathBuf, ids: Option<&[u64]>) -> anyhow::Result<(
         rows.push(TaskStatus::of(id, &r, r.state(), blocked));
     }
     Ok((rows, Some(total)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::exported;
+    use std::ffi::OsString;
+
+    fn env() -> impl Iterator<Item = (OsString, OsString)> {
+        [("PATH", "/opt/bin:/bin"), ("SLURM_JOB_ID", "7"), ("HTC_TASK_ID", "3"), ("F", "a\nb"), ("X", "1 2")]
+            .into_iter()
+            .map(|(n, v)| (n.into(), v.into()))
+    }
+
+    fn names(v: Vec<(OsString, OsString)>) -> Vec<String> {
+        v.into_iter().map(|(n, _)| n.into_string().unwrap()).collect()
+    }
+
+    #[test]
+    fn export_sends_the_caller_s_variables_as_asked() {
+        assert!(exported(None, env()).unwrap().is_empty(), "by default the run's environment");
+        assert_eq!(
+            names(exported(Some("ALL"), env()).unwrap()),
+            ["PATH", "X"],
+            "not the job's, the task's, nor a newline"
+        );
+        assert_eq!(exported(Some("X, PATH"), env()).unwrap()[0], ("X".into(), "1 2".into()));
+        assert_eq!(exported(Some("NOPE"), env()).unwrap_err(), "--export NOPE: NOPE is not set here");
+        assert!(exported(Some("F"), env()).unwrap_err().contains("holds a newline"));
+        assert!(exported(Some("1X"), env()).unwrap_err().contains("is not a variable name"));
+    }
 }

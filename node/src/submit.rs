@@ -3,7 +3,6 @@
 //! that continues it (`--htc-resubmit`), as `htc resume` would. Each `sbatch` runs from the
 //! run's submit directory without this job's Slurm variables.
 
-use std::ffi::OsString;
 use std::process::Command;
 
 use anyhow::{bail, Context};
@@ -63,8 +62,7 @@ pub fn resubmit(run: &RunDir, nth: u64) -> anyhow::Result<String> {
     let mut t = ledger.write()?;
     t.put_meta("resubmits", &nth.to_le_bytes())?;
     t.commit()?;
-    let mut file = OsString::from("--htc=");
-    file.push(htc_store::load::file_for_sbatch(run, &ledger)?);
+    let file = htc_store::load::sbatch_run_option(run, &ledger)?;
     let mut cmd = sbatch_for(run)?;
     cmd.arg(file).arg(format!("--htc-resume={}", run.id())).args(&args).arg("--wrap=:");
     let out = cmd.output().context("running sbatch")?;

@@ -3,7 +3,8 @@
 //!
 //! `AGENT lead --task-file FILE [--retries N] [--fanout K] [--output MODE] [--partition PLAN]
 //! [--agents-per-node N] [--instance-nodes N] [--max-fails N] [--resume-run JOBID] [--resubmit N]
-//! [--grow SPEC] [--ledger-dir DIR] --script SCRIPT [ARGS…]`, or for a joining job
+//! [--grow SPEC] [--open IDLE] [--ledger-dir DIR] --script SCRIPT [ARGS…]` (without
+//! `--task-file` for `--htc-open` alone), or for a joining job
 //! `AGENT lead --join-run RUNDIR [--agents-per-node N] [--instance-nodes N] [--ledger-dir DIR]
 //! --script SCRIPT [ARGS…]`: the activating option's flag, then each setting of the options
 //! table that goes with the job's mode, in table order.
@@ -23,8 +24,11 @@ pub const SCRIPT_FLAG: &str = "--script";
 /// `fanout=`), but only where it goes with the mode: a joining job gets the run's fan-out.
 pub fn agent_argv_prefix(cfg: &PluginConfig, req: &BatchRequest) -> Vec<OsString> {
     let first = &OPTIONS[activator(req.mode)];
-    let mut v: Vec<OsString> =
-        vec![cfg.agent.clone().into(), "lead".into(), first.agent_flag.into(), req.target.clone().into()];
+    let mut v: Vec<OsString> = vec![cfg.agent.clone().into(), "lead".into()];
+    // An open run without a task file has no activator's value (`--htc-open` follows).
+    if !req.target.as_os_str().is_empty() {
+        v.extend([first.agent_flag.into(), req.target.clone().into()]);
+    }
     for (i, def) in OPTIONS.iter().enumerate().filter(|(_, def)| def.goes_with(req.mode)) {
         let value = req.settings.get(i).cloned().or_else(|| def.site_default.and_then(|site| site(cfg)));
         if let Some(value) = value {

@@ -8,6 +8,9 @@ use crate::value::Value;
 /// Why `--htc=FILE` and `--htc-join` exclude each other.
 pub const JOIN_TAKES_NO_FILE: &str = "--htc-join joins a running run; it takes no --htc=FILE";
 
+/// Why `--htc-open` and `--htc-join` exclude each other.
+pub const OPEN_WITH_JOIN: &str = "the run's own job decides whether it is open";
+
 /// The value of each option of [`OPTIONS`] given in this process, by its place in the table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UserOptions {
@@ -39,8 +42,15 @@ impl UserOptions {
         OPTIONS.iter().zip(&self.values).enumerate().filter_map(|(i, (def, v))| Some((i, def, v.as_ref()?)))
     }
 
+    /// Whether the options make a job of `mode`: its activator given, or for `Run` an option
+    /// that opens a run without a task file.
     pub fn has(&self, mode: Mode) -> bool {
-        self.get(activator(mode)).is_some()
+        self.get(activator(mode)).is_some() || mode == Mode::Run && self.opens()
+    }
+
+    /// Whether the run is to be open (`--htc-open`).
+    pub fn opens(&self) -> bool {
+        self.given().any(|(_, def, _)| def.role == Role::Opens)
     }
 
     /// The settings given without `--htc` or `--htc-join` (they do nothing then).
@@ -59,13 +69,16 @@ impl UserOptions {
         if !self.has(Mode::Join) {
             return v;
         }
-        if self.has(Mode::Run) {
+        if self.get(activator(Mode::Run)).is_some() {
             v.push(JOIN_TAKES_NO_FILE.to_string());
         }
         for (_, def, _) in self.given() {
-            if let Role::Setting(WithJoin::Refused(why)) = def.role {
-                v.push(format!("{} cannot be used with --htc-join ({why})", def.flag()));
-            }
+            let why = match def.role {
+                Role::Setting(WithJoin::Refused(why)) => why,
+                Role::Opens => OPEN_WITH_JOIN,
+                _ => continue,
+            };
+            v.push(format!("{} cannot be used with --htc-join ({why})", def.flag()));
         }
         v
     }
@@ -109,6 +122,9 @@ pub mod tests {
             assert!(o.join_conflicts().is_empty());
         }
         assert!(opts(&[("htc", "/t"), ("htc-retries", "1")]).orphans().is_empty());
+        // --htc-open makes a run of its own, without a task file.
+        let o = opts(&[("htc-open", ""), ("htc-retries", "1"), ("htc-grow", "2")]);
+        assert!(o.orphans().is_empty() && o.has(Mode::Run) && o.opens() && !o.has(Mode::Join));
         // --htc-join activates on its own: its companions are not orphans.
         let o = opts(&[("htc-join", "7"), ("htc-agents-per-node", "2"), ("htc-instance-nodes", "3")]);
         assert!(o.orphans().is_empty());
@@ -130,6 +146,7 @@ pub mod tests {
             ("htc-resume", "99", "--htc-resume continues a run that ended, --htc-join joins one that is running"),
             ("htc-resubmit", "2", "only the run's own job resubmits the run"),
             ("htc-grow", "3:1:30", "the run's own job grows it"),
+            ("htc-open", "1h", OPEN_WITH_JOIN),
         ];
         for (name, value, why) in each {
             let o = opts(&[("htc-join", "1234"), (name, value)]);

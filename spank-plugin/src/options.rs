@@ -53,6 +53,10 @@ pub enum Role {
     Activates(Mode),
     /// A setting of the run: nothing without an option that activates the plugin.
     Setting(WithJoin),
+    /// A setting of `Run` jobs that also makes a job one without a task file: `--htc-open`
+    /// alone starts a run whose tasks all come later. Refused with `--htc-join` (a joining
+    /// job's run decides when it ends).
+    Opens,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -177,6 +181,16 @@ pub const OPTIONS: &[OptionDef] = &[
         site_default: None,
     },
     OptionDef {
+        name: c"htc-open",
+        arginfo: c"IDLE",
+        usage: c"An open run: it takes tasks while it runs (`htc task add`), with or without --htc=FILE, and ends on `htc close`, or after IDLE with nothing to do (--htc-open=IDLE, e.g. 2h; 0: never; default 30m), or at its time limit (continued by --htc-resubmit, still open).",
+        kind: Kind::Idle,
+        role: Role::Opens,
+        job_control: "HTC_OPEN",
+        agent_flag: "--open",
+        site_default: None,
+    },
+    OptionDef {
         name: c"htc-join",
         arginfo: c"RUN",
         usage: c"Join the running run of job RUN (same user, submitted from this directory), or the one in run directory RUN, with this job's nodes: they take a share of its remaining tasks. Takes no --htc=FILE; goes with --htc-agents-per-node and --htc-instance-nodes only (the run's other settings apply).",
@@ -221,16 +235,22 @@ impl OptionDef {
     pub fn activates(&self) -> Option<Mode> {
         match self.role {
             Role::Activates(m) => Some(m),
-            Role::Setting(_) => None,
+            Role::Setting(_) | Role::Opens => None,
         }
+    }
+
+    /// Whether giving it alone makes an HTC job (an activator, or `--htc-open`): it needs a
+    /// usable plugin, as an activator does.
+    pub fn starts_a_job(&self) -> bool {
+        !matches!(self.role, Role::Setting(_))
     }
 
     /// Whether a job of `mode` hands this setting to its agent (never for an activator, which
     /// the agent gets first, on its own).
     pub fn goes_with(&self, mode: Mode) -> bool {
         match (self.role, mode) {
-            (Role::Activates(_), _) => false,
-            (Role::Setting(_), Mode::Run) => true,
+            (Role::Activates(_), _) | (Role::Opens, Mode::Join) => false,
+            (Role::Setting(_) | Role::Opens, Mode::Run) => true,
             (Role::Setting(with_join), Mode::Join) => with_join == WithJoin::Passed,
         }
     }
@@ -285,6 +305,7 @@ mod tests {
         ("htc-resume", "4711", ["--resume-run", "4711"], "../x", "'../x' is not a job id"),
         ("htc-resubmit", "2", ["--resubmit", "2"], "101", "'101' is not a whole number from 1 to 100"),
         ("htc-grow", "2:2:1-00:30", ["--grow", "2:2:1470"], "0", "'0' is not a number of jobs (1 to 1000)"),
+        ("htc-open", "2h", ["--open", "7200000ms"], "soon", "'soon' is not a duration like 90s, 30m, 2h (0: never)"),
         ("htc-join", "/home/u/.htc/9", ["--join-run", "/home/u/.htc/9"], "0", "'0' is not a job id"),
     ];
 
@@ -417,7 +438,7 @@ mod tests {
             // What the plugin must keep from the agent (and from everything it starts).
             assert!(is_private_env(def.option_job_env().as_bytes()), "{name}");
             assert!(is_private_env(job_env_name(def.job_control).as_bytes()), "{name}");
-            if def.activates().is_none() {
+            if matches!(def.role, Role::Setting(_)) {
                 assert!(def.usage.to_str().unwrap().starts_with("With --htc: "), "{name}");
             }
             // A range the help states is the one the value is held to.

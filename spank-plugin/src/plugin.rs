@@ -179,6 +179,7 @@ fn register_options(sp: &Spank) -> Result<(), String> {
             arginfo: Some(def.arginfo.to_bytes_with_nul()),
             usage: def.usage.to_bytes_with_nul(),
             val: options::val(i),
+            value_optional: def.kind.value_optional(),
         };
         sp.register_option(&spec, option_cb).map_err(|e| format!("htc: cannot register option {}: {e}", def.flag()))?;
     }
@@ -223,7 +224,7 @@ fn inert_option(val: c_int, arg: &OsStr, remote: c_int, ctx: Context) -> c_int {
         return -1;
     }
     // Any value marks an HTC job (which an inert batch step must fail, see below).
-    if options::from_val(val).is_some_and(|i| OPTIONS[i].activates().is_some()) {
+    if options::from_val(val).is_some_and(|i| OPTIONS[i].starts_a_job()) {
         state().inert_htc_option = true;
     }
     0
@@ -247,7 +248,7 @@ fn allocator_option(val: c_int, arg: &OsStr) -> c_int {
         log::error(&format!("htc: {name}={}: {msg}", arg.to_string_lossy()));
         -1
     };
-    if def.activates().is_some() {
+    if def.starts_a_job() {
         if let Some(rc) = refuse_activation(&name, &fail) {
             return rc;
         }
@@ -490,7 +491,7 @@ fn inert_batch_task_init(sp: &Spank) -> c_int {
     let present = |name: &str| matches!(sp.getenv(name), Ok(Some(_)));
     let htc_job = OPTIONS
         .iter()
-        .filter(|def| def.activates().is_some())
+        .filter(|def| def.starts_a_job())
         .any(|def| present(&request::job_env_name(def.job_control)) || present(&def.option_job_env()))
         || state().inert_htc_option;
     if !htc_job {

@@ -6,7 +6,7 @@ use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 
 use crate::config::UserOptions;
-use crate::options::{activator, Mode, OPTIONS};
+use crate::options::{activator, Mode, Role, OPTIONS};
 use crate::value::Value;
 
 /// Step id of the batch step (`SLURM_BATCH_SCRIPT` in <slurm/slurm.h>).
@@ -23,7 +23,8 @@ pub fn job_env_name(jc_name: &str) -> String {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BatchRequest {
     pub mode: Mode,
-    /// The task file (`Run`) or the run directory to join (`Join`): absolute.
+    /// The task file (`Run`) or the run directory to join (`Join`): absolute. Empty for an open
+    /// run without a task file (`--htc-open` alone).
     pub target: PathBuf,
     /// The settings that go with `mode` (`OptionDef::goes_with`); nothing else is set.
     pub settings: UserOptions,
@@ -73,6 +74,7 @@ impl BatchRequest {
             (_, Some(Value::Path(file))) if !file.as_os_str().is_empty() => {
                 (Mode::Run, resolve_against(base, file.as_os_str()))
             }
+            _ if opts.opens() => (Mode::Run, PathBuf::new()),
             _ => return None,
         };
         Some(BatchRequest::new(mode, target, opts))
@@ -81,7 +83,10 @@ impl BatchRequest {
     /// `(name, value)` pairs for `spank_job_control_setenv`: the activating option's, then the
     /// settings in table order.
     pub fn job_control_vars(&self) -> Vec<(&'static str, OsString)> {
-        let mut v = vec![(OPTIONS[activator(self.mode)].job_control, self.target.clone().into_os_string())];
+        let mut v = Vec::new();
+        if !self.target.as_os_str().is_empty() {
+            v.push((OPTIONS[activator(self.mode)].job_control, self.target.clone().into_os_string()));
+        }
         v.extend(self.settings.given().map(|(_, def, value)| (def.job_control, value.to_arg())));
         v
     }
@@ -108,8 +113,13 @@ impl BatchRequest {
         getenv: impl Fn(&str) -> Option<OsString>,
     ) -> Result<Option<BatchRequest>, String> {
         let name = job_env_name(OPTIONS[activator(mode)].job_control);
-        let Some(target) = getenv(&name).map(PathBuf::from) else { return Ok(None) };
-        if !target.is_absolute() {
+        let opens = || OPTIONS.iter().any(|d| d.role == Role::Opens && getenv(&job_env_name(d.job_control)).is_some());
+        let target = match getenv(&name).map(PathBuf::from) {
+            Some(target) => target,
+            None if mode == Mode::Run && opens() => PathBuf::new(),
+            None => return Ok(None),
+        };
+        if !target.is_absolute() && !target.as_os_str().is_empty() {
             return Err(match mode {
                 Mode::Run => format!("{name}={}: not an absolute path", target.display()),
                 Mode::Join => format!("{name}: {} is not an absolute run directory", target.display()),
@@ -199,6 +209,26 @@ mod tests {
         assert_eq!(BatchRequest::from_job_env(get), Ok(Some(req.clone())));
         // ... and, without the job-control variables, from the remote option values.
         assert_eq!(BatchRequest::from_remote_options(&o, None, Path::new("/")), Ok(Some(req)));
+    }
+
+    #[test]
+    fn an_open_run_needs_no_task_file() {
+        let agent = crate::plugstack::PluginConfig::default().agent.into_os_string();
+        let o = opts(&[("htc-open", ""), ("htc-grow", "2")]);
+        let req = BatchRequest::from_allocator(&o).unwrap().unwrap();
+        assert_eq!((req.mode, req.target.as_os_str()), (Mode::Run, OsStr::new("")));
+        let vars = req.job_control_vars();
+        assert_eq!(vars, vec![("HTC_GROW", OsString::from("2:1")), ("HTC_OPEN", "1800000ms".into())]);
+        assert_eq!(BatchRequest::from_job_env(job_env(&vars)), Ok(Some(req.clone())));
+        assert_eq!(BatchRequest::from_remote_options(&o, None, Path::new("/")), Ok(Some(req.clone())));
+        let argv = crate::argv::agent_argv_prefix(&Default::default(), &req);
+        let want = [agent, "lead".into(), "--grow".into(), "2:1".into(), "--open".into(), "1800000ms".into()];
+        assert_eq!(argv[..6], want, "no --task-file: {argv:?}");
+        // With a task file, that comes first as for any run.
+        let o = opts(&[("htc", "/t"), ("htc-open", "0")]);
+        let req = BatchRequest::from_allocator(&o).unwrap().unwrap();
+        assert_eq!(req.job_control_vars(), vec![("HTC_FILE", OsString::from("/t")), ("HTC_OPEN", "0ms".into())]);
+        assert_eq!(BatchRequest::from_job_env(job_env(&req.job_control_vars())), Ok(Some(req)));
     }
 
     #[test]

@@ -79,6 +79,8 @@ pub struct OptionSpec {
     pub arginfo: Option<&'static [u8]>,
     pub usage: &'static [u8],
     pub val: c_int,
+    /// The value may be left out (getopt's `optional_argument`: `--NAME=VALUE` for one).
+    pub value_optional: bool,
 }
 
 /// Signature of option callbacks.
@@ -117,7 +119,12 @@ impl Spank {
             name: spec.name.as_ptr() as *mut c_char,
             arginfo: spec.arginfo.map_or(ptr::null_mut(), |a| a.as_ptr() as *mut c_char),
             usage: spec.usage.as_ptr() as *mut c_char,
-            has_arg: spec.arginfo.is_some() as c_int,
+            // 0: no value, 1: a value, 2: an optional value (spank.h's `has_arg`).
+            has_arg: match (spec.arginfo.is_some(), spec.value_optional) {
+                (false, _) => 0,
+                (true, false) => 1,
+                (true, true) => 2,
+            },
             val: spec.val,
             cb: Some(cb),
         };

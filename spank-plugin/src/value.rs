@@ -27,6 +27,9 @@ pub enum Kind {
     TaskFile,
     /// A run to join: a job id or a run directory ([`parse_join`]); sbatch checks that it runs.
     Run,
+    /// How long an open run may have nothing to do before it ends ([`parse_idle`]); the value
+    /// may be left out (`--htc-open`), for the default.
+    Idle,
 }
 
 /// A parsed option value.
@@ -39,7 +42,13 @@ pub enum Value {
     /// Kept as given (not lossily converted): a task file path may be any bytes.
     Path(PathBuf),
     Run(JoinTarget),
+    /// Milliseconds; 0: never.
+    Idle(u64),
 }
+
+/// An open run's idle exit when `--htc-open` names none: as `htc run --open`'s, long enough
+/// for a workflow manager's next wave, short enough that a forgotten run gives its nodes back.
+pub const IDLE_EXIT_DEFAULT_MS: u64 = 30 * 60 * 1000;
 
 impl Kind {
     /// Every value is parsed from its text as Slurm hands it over; only a task file keeps
@@ -54,7 +63,14 @@ impl Kind {
             Kind::Grow => parse_grow(&text).map(Value::Grow),
             Kind::TaskFile => Ok(Value::Path(PathBuf::from(arg))),
             Kind::Run => parse_join(&text).map(Value::Run),
+            Kind::Idle => parse_idle(&text).map(Value::Idle),
         }
+    }
+
+    /// Whether the option may be given without a value (`--NAME` alone; `--NAME=VALUE` then
+    /// for a value, as getopt reads optional values).
+    pub fn value_optional(&self) -> bool {
+        matches!(self, Kind::Idle)
     }
 }
 
@@ -69,6 +85,7 @@ impl Value {
             Value::Path(p) => p.clone().into_os_string(),
             Value::Run(JoinTarget::Job(j)) => j.to_string().into(),
             Value::Run(JoinTarget::Dir(d)) => d.clone().into_os_string(),
+            Value::Idle(ms) => format!("{ms}ms").into(),
         }
     }
 }
@@ -119,6 +136,18 @@ pub fn parse_grow(s: &str) -> Result<GrowSpec, String> {
 
 fn grow_time_too_long(time: &str) -> String {
     format!("'{time}' is longer than Slurm's longest time limit ({GROW_MINUTES_MAX} minutes)")
+}
+
+/// An idle time as task files write durations (`90s`, `30m`, `2h`); empty for the default, `0`
+/// for never.
+pub fn parse_idle(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    if t.is_empty() {
+        return Ok(IDLE_EXIT_DEFAULT_MS);
+    }
+    htc_core::taskfile::parse_duration_ms(t)
+        .map(u64::from)
+        .ok_or_else(|| format!("'{s}' is not a duration like 90s, 30m, 2h (0: never)"))
 }
 
 /// The run to join: digits are a job id, anything else a run directory.
@@ -189,6 +218,18 @@ mod tests {
         assert!(parse(Kind::Output, "files").unwrap_err().contains("streams, per-task or none"));
         assert_eq!(parse(Kind::Plan, " even "), Ok(Value::Plan(Plan::Even)));
         assert_eq!(parse(Kind::Plan, "fluxp"), Err("'fluxp' is not a partition plan (hflow or even)".to_string()));
+    }
+
+    #[test]
+    fn idle_times_default_and_round_trip() {
+        assert_eq!(parse(Kind::Idle, ""), Ok(Value::Idle(IDLE_EXIT_DEFAULT_MS)));
+        assert_eq!(parse(Kind::Idle, " 2h "), Ok(Value::Idle(7_200_000)));
+        assert_eq!(parse(Kind::Idle, "0"), Ok(Value::Idle(0)));
+        assert_eq!(parse(Kind::Idle, "soon"), Err("'soon' is not a duration like 90s, 30m, 2h (0: never)".into()));
+        for ms in [0, 1, 90_000, IDLE_EXIT_DEFAULT_MS] {
+            assert_eq!(Kind::Idle.parse(&Value::Idle(ms).to_arg()), Ok(Value::Idle(ms)));
+        }
+        assert!(Kind::Idle.value_optional() && !Kind::TaskFile.value_optional());
     }
 
     #[test]

@@ -209,6 +209,19 @@ pub fn file_for_sbatch(run: &RunDir, ledger: &Ledger) -> Result<std::path::PathB
     Ok(run.tasks())
 }
 
+/// The option that gives sbatch the run to continue (with `--htc-resume`): `--htc=FILE` as
+/// [`file_for_sbatch`] says, or `--htc-open` for an open run started without a task file (its
+/// empty copy is no task file sbatch takes; the continuation is open as its ledger says).
+pub fn sbatch_run_option(run: &RunDir, ledger: &Ledger) -> Result<std::ffi::OsString, LedgerError> {
+    let no_file = ledger.read()?.meta("task_file")?.is_some_and(|f| f.is_empty());
+    if no_file && open_run(ledger)?.is_some() {
+        return Ok("--htc-open".into());
+    }
+    let mut option = std::ffi::OsString::from("--htc=");
+    option.push(file_for_sbatch(run, ledger)?);
+    Ok(option)
+}
+
 /// Bytes of command text records may point into: the copy of the task file, then the commands
 /// its sweeps made.
 pub fn text_len(run: &RunDir) -> u64 {

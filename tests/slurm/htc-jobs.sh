@@ -434,6 +434,64 @@ grown_run() {
     [[ $failed == 0 ]] || { echo "--- slurm-$a.out"; tail -n 30 "$w/slurm-$a.out"; }
 }
 
+# --htc-open: a run without a task file, fed from the login node in waves while it runs and joined
+# by a second job between them; a key, dependencies, a cancel; every task's state, output and
+# attempt checked against the ledger once the run ended; the close. Then an open run that ends by
+# itself after its idle time.
+open_run() {
+    local w a b c state ids st ledger n1=100 n2=300 long
+    w=$(cluster_workdir open)
+    printf '#!/bin/bash\n' >"$w/job.sh"
+    seq 1 "$n1" | sed 's|.*|sleep 0.1; echo "$HTC_TASK_ID $SLURMD_NODENAME" >> ids.txt|' >"$w/wave1.txt"
+    seq 1 "$n2" | sed 's|.*|sleep 0.2; echo "$HTC_TASK_ID $SLURMD_NODENAME" >> ids.txt|' >"$w/wave2.txt"
+    chown -R "$HTC_CLUSTER_USER" "$w"
+    a=$(submit "$w" -N 1 --exclusive --htc-open job.sh) || { bad "open: submit the open run"; return; }
+    wait_leader "$w" "$a" || { bad "open: the open run's leader never listened"; cluster_logs 20; return; }
+    check "open: the job says it is open and how to feed it" grep -qs "htc: job $a: no tasks yet on 1 node(s); open: htc task add $a" "$w/slurm-$a.out" "$w/.htc/$a/job.out"
+    ids=$(as_user -C "$w" "$bin/htc" task add "$a" --file - <"$w/wave1.txt" | paste -sd' ')
+    check "open: wave 1 from a pipe, ids 1-$n1 in order" test "$ids" = "$(seq -s' ' 1 "$n1")"
+    b=$(submit "$w" -N 2 --exclusive --htc-join="$a" job.sh) || { bad "open: submit the joining job"; return; }
+    long=$(as_user -C "$w" "$bin/htc" task add "$a" --key long -- sleep 600)
+    check "open: a key gives the same id again ($long)" test "$(as_user -C "$w" "$bin/htc" task add "$a" --key long -- sleep 600)" = "$long"
+    as_user -C "$w" "$bin/htc" task add "$a" --after "$long" -- touch never.txt >/dev/null
+    ids=$(as_user -C "$w" "$bin/htc" task add "$a" --file "$w/wave2.txt" | paste -sd' ')
+    check "open: wave 2 from a file, ids 103-$((n1 + n2 + 2))" test "$ids" = "$(seq -s' ' 103 $((n1 + n2 + 2)))"
+    as_user -C "$w" "$bin/htc" task add "$a" --after "1-100,103-$((n1 + n2 + 2))" -- sh -c 'wc -l < ids.txt > count.txt' >/dev/null
+    check "open: waiting for both waves and the task after them succeeds" as_user -C "$w" "$bin/htc" task wait "$a" 1-100 103-403 --timeout 180s
+    st=$(as_user -C "$w" "$bin/htc" task status "$a" "$long" 102)
+    check "open: the long task runs, its dependent is blocked ($(echo $st))" test "$(cut -f2 <<<"$st" | paste -sd' ')" = "running blocked"
+    check "open: cancel the long task" as_user -C "$w" "$bin/htc" task cancel "$a" "$long"
+    as_user -C "$w" "$bin/htc" task wait "$a" "$long" 102 --timeout 60s
+    check "open: a cancelled task's wait says so (exit 1)" test $? = 1
+    st=$(as_user -C "$w" "$bin/htc" task status "$a" --all)
+    check "open: the leader's states: 401 done, the long task and its dependent cancelled" \
+        test "$(cut -f2 <<<"$st" | sort | uniq -c | awk '{printf "%s %s ", $2, $1}')" = "cancelled 2 done 401 "
+    check "open: the close is taken" as_user -C "$w" "$bin/htc" close "$a"
+    state=$(wait_job "$a" 120)
+    check "open: the closed run's job ends, FAILED as a run with cancelled tasks does (was $state)" test "$state" = FAILED
+    state=$(wait_job "$b" 120)
+    check "open: the joining job $b ended with the run, COMPLETED (was $state)" test "$state" = COMPLETED
+    ledger=$(as_user -C "$w" "$bin/htc" task status "$a" --all)
+    check "open: the ledger says what the leader said" test "$ledger" = "$st"
+    check "open: every task of both waves once" \
+        test "$(cut -d' ' -f1 "$w/ids.txt" | sort -n | paste -sd' ')" = "$(seq -s' ' 1 100) $(seq -s' ' 103 402)"
+    check "open: tasks ran on all 3 nodes" test "$(cut -d' ' -f2 "$w/ids.txt" | sort -u | wc -l)" = 3
+    check "open: the last task ran after both waves" test "$(cat "$w/count.txt" 2>/dev/null)" = 400
+    check "open: the cancelled task's dependent never ran" test ! -e "$w/never.txt"
+    check "open: no task ran twice, as htc log says" \
+        test "$(as_user -C "$w" "$bin/htc" log "$a" | awk 'NR > 1 {c[$1]++} END {for (k in c) if (c[k] > 1) r++; print r + 0}')" = 0
+    out=$(as_user -C "$w" "$bin/htc" task add "$a" -- true 2>&1)
+    check "open: an add to the ended run is refused ($out)" grep -q "not running" <<<"$out"
+    # Idle exit: one task, then nothing for 5 s: the job ends by itself.
+    c=$(submit "$w" -N 1 --htc-open=5s job.sh) || { bad "open: submit the idle run"; return; }
+    wait_leader "$w" "$c" || { bad "open: the idle run's leader never listened"; return; }
+    as_user -C "$w" "$bin/htc" task add "$c" -- sh -c 'echo idle > idle.txt' >/dev/null
+    state=$(wait_job "$c" 90)
+    check "open: the idle open run ended by itself, COMPLETED (was $state)" test "$state" = COMPLETED
+    check "open: its one task ran" grep -q idle "$w/idle.txt"
+    [[ $failed == 0 ]] || for j in "$a" "$b" "$c"; do echo "--- slurm-$j.out"; tail -n 20 "$w/slurm-$j.out"; done
+}
+
 if [[ -n ${HTC_JOBS_ONLY:-} ]]; then # one test on 4 nodes, while developing it
     printf '\n!!! HTC_JOBS_ONLY=%s: only this test runs, the others are SKIPPED\n\n' "$HTC_JOBS_ONLY" >&2
     "$root/tests/cluster/start-cluster.sh" -n 4 -m netns -c 2 >/dev/null || { echo "cluster did not start"; exit 1; }
@@ -478,6 +536,8 @@ echo "-- --htc-join: a second allocation joins a running run"
 timed joined_job
 timed joined_job_cancelled
 timed grown_run
+echo "-- --htc-open: tasks added from the login node while the run runs"
+timed open_run
 
 [[ $failed == 0 ]] || cluster_logs 20
 "$root/tests/cluster/stop-cluster.sh" >/dev/null 2>&1

@@ -75,7 +75,7 @@ fn real_main() -> anyhow::Result<i32> {
         }
         Cmd::Verify { run } => verify(&RunDir::locate(run.as_deref())?),
         Cmd::Task { cmd } => match cmd {
-            TaskCmd::Add(a) => htc::task_cmd::add(a),
+            TaskCmd::Add(a) => htc::task_cmd::add(*a),
             TaskCmd::Status { run, ids, all, format } => htc::task_cmd::status(&run, &ids, all, &format),
             TaskCmd::Cancel { run, ids } => htc::task_cmd::cancel(&run, &ids),
             TaskCmd::Wait { run, ids, all, any, timeout } => {
@@ -455,9 +455,7 @@ fn resume(job: &str, mut sbatch: Vec<std::ffi::OsString>) -> anyhow::Result<i32>
     // sbatch checks the file it is given; the new job continues the ledger and loads nothing.
     // A run with sweeps is checked through its original file, whose `rows=` tables resolve
     // beside it (the run's copy has them elsewhere).
-    let checked = htc::load::file_for_sbatch(&RunDir::new(&path), &Ledger::open(&run.ledger(), true)?)?;
-    let mut file = std::ffi::OsString::from("--htc=");
-    file.push(&checked);
+    let file = htc::load::sbatch_run_option(&RunDir::new(&path), &Ledger::open(&run.ledger(), true)?)?;
     let mut cmd = std::process::Command::new("sbatch");
     cmd.arg(file).arg(format!("--htc-resume={first}")).args(&sbatch).arg("--wrap=:");
     eprintln!("htc: {} unfinished tasks of job {job}: {cmd:?}", report.counts.unfinished());

@@ -236,7 +236,7 @@ async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
                 Some(Err(why)) => Input::ReviveFailed(why),
                 None => continue,
             },
-            _ = tick.tick() => Input::Tick,
+            _ = tick.tick() => { execs.unstick(); Input::Tick }
         };
         let now = start.elapsed().as_micros() as u64;
         m.handle(now, input, &mut effects);
@@ -576,6 +576,8 @@ struct Executors {
     stopping: bool,
     /// Spawners told to reset that have not said so yet.
     resetting: usize,
+    /// The clock `Spread` is told the time by.
+    epoch: std::time::Instant,
 }
 
 impl Executors {
@@ -592,6 +594,7 @@ impl Executors {
                 spread: Spread::new(vec![cfg.slots]),
                 stopping: false,
                 resetting: 0,
+                epoch: std::time::Instant::now(),
             });
         }
         let k = match cfg.spawners {
@@ -605,6 +608,7 @@ impl Executors {
             spread: Spread::new(Vec::new()),
             stopping: false,
             resetting: 0,
+            epoch: std::time::Instant::now(),
         };
         // One pool for all the spawn loops: a task gets devices whichever loop runs it.
         let gpus = htc_exec::gpu::Pool::new(cfg.gpus.clone());
@@ -687,7 +691,31 @@ impl Executors {
         }
         let ended = batch.iter().filter(|e| matches!(e, ExecEvent::Finished(_) | ExecEvent::Recalled { .. })).count();
         self.spread.finished(i, ended);
+        if self.handles.len() > 1 {
+            let now = self.epoch.elapsed().as_micros() as u64;
+            for e in batch {
+                let id = match e {
+                    ExecEvent::Started { id, .. } | ExecEvent::Recalled { id, .. } => *id,
+                    ExecEvent::Finished(f) => f.id,
+                    ExecEvent::Reset => continue,
+                };
+                self.spread.left_queue(i, id, now);
+            }
+            self.unstick();
+        }
         false
+    }
+
+    /// A spawner's queue is its own: what waits behind its long tasks while another spawner
+    /// idles goes back up, and the leader sends it again, to the idle one. Also on each tick:
+    /// an idle spawner says nothing more.
+    fn unstick(&mut self) {
+        if self.handles.len() > 1 {
+            if let Some((j, ids)) = self.spread.stuck(self.epoch.elapsed().as_micros() as u64) {
+                tracing::debug!(spawner = j, tasks = ids.len(), "tasks queued behind busy slots given back");
+                self.handles[j].send(Command::Recall(ids));
+            }
+        }
     }
 
     fn join(self) {
@@ -771,6 +799,7 @@ mod tests {
             spread: Spread::new(Vec::new()),
             stopping: false,
             resetting: 0,
+            epoch: std::time::Instant::now(),
         };
         let mut x = idle();
         assert_eq!(x.ended(1).as_deref(), Some("spawn loop 1 stopped unexpectedly"));

@@ -3,19 +3,34 @@
 //! agent and one report stream per node. `Spread` decides which spawner runs each task; it is
 //! pure, and the driver feeds it what it sends and what ends.
 
+use std::collections::VecDeque;
+
 use htc_exec::executor::TaskToRun;
 
-/// Tasks held by each spawner, against its slots.
+/// Tasks held by each spawner, against its slots, and which of them wait unstarted.
 #[derive(Debug, Clone)]
 pub struct Spread {
     slots: Vec<usize>,
     held: Vec<usize>,
+    /// Per spawner, the tasks it holds and has not said it started, in the order sent. A
+    /// spawner's queue is its own: one whose slots all run long tasks keeps these waiting
+    /// while another may idle (`stuck`).
+    unstarted: Vec<VecDeque<u64>>,
+    /// Asked back by `stuck` and not back yet: not asked again.
+    asked: Vec<u64>,
+    /// When each spawner last started, ended or gave back a task (µs).
+    moved_us: Vec<u64>,
 }
+
+/// How long a spawner's slots must all have run the same tasks before what waits behind them
+/// is asked back: short tasks start what they queue soon enough, and asking back costs a trip
+/// to the leader.
+pub const STUCK_AFTER_US: u64 = 1_000_000;
 
 impl Spread {
     pub fn new(slots: Vec<usize>) -> Spread {
-        let held = vec![0; slots.len()];
-        Spread { slots, held }
+        let n = slots.len();
+        Spread { slots, held: vec![0; n], unstarted: vec![VecDeque::new(); n], asked: Vec::new(), moved_us: vec![0; n] }
     }
 
     /// Splits `tasks` among the spawners, each to the one with the fewest held per slot among
@@ -26,6 +41,7 @@ impl Spread {
         for t in tasks {
             let i = self.pick(t.shape.cores.max(1) as usize);
             self.held[i] += 1;
+            self.unstarted[i].push_back(t.id);
             out[i].push(t);
         }
         out
@@ -38,11 +54,55 @@ impl Spread {
         }
     }
 
+    /// Task `id` of spawner `i` started, ended or was given back (at `now_us`): it waits there
+    /// no more.
+    pub fn left_queue(&mut self, i: usize, id: u64, now_us: u64) {
+        let Some(q) = self.unstarted.get_mut(i) else { return };
+        self.moved_us[i] = now_us;
+        // Mostly the oldest: a spawner starts its queue in order, but for priorities.
+        if q.front() == Some(&id) {
+            q.pop_front();
+        } else if let Some(at) = q.iter().position(|&x| x == id) {
+            q.remove(at);
+        }
+        if let Some(at) = self.asked.iter().position(|&x| x == id) {
+            self.asked.swap_remove(at);
+        }
+    }
+
     /// Spawner `i` dropped everything it held (a reset).
     pub fn emptied(&mut self, i: usize) {
         if let Some(h) = self.held.get_mut(i) {
             *h = 0;
         }
+        if let Some(q) = self.unstarted.get_mut(i) {
+            self.asked.retain(|id| !q.contains(id));
+            q.clear();
+        }
+    }
+
+    /// Tasks to ask back from a spawner whose slots have all run the same tasks for
+    /// [`STUCK_AFTER_US`] while another has idle slots and nothing queued: (spawner, ids), its
+    /// latest first, as many as the idle slots. Given back, they go up as recalled, and the
+    /// leader hands them out again, to an idle slot.
+    pub fn stuck(&mut self, now_us: u64) -> Option<(usize, Vec<u64>)> {
+        let running = |i: usize| self.held[i] - self.unstarted[i].len().min(self.held[i]);
+        let idle: usize = (0..self.slots.len())
+            .filter(|&i| self.unstarted[i].is_empty())
+            .map(|i| self.slots[i].saturating_sub(running(i)))
+            .sum();
+        if idle == 0 {
+            return None;
+        }
+        let j = (0..self.slots.len()).find(|&j| {
+            running(j) >= self.slots[j]
+                && now_us.saturating_sub(self.moved_us[j]) >= STUCK_AFTER_US
+                && self.unstarted[j].iter().any(|id| !self.asked.contains(id))
+        })?;
+        let ids: Vec<u64> =
+            self.unstarted[j].iter().rev().filter(|id| !self.asked.contains(id)).take(idle).copied().collect();
+        self.asked.extend(&ids);
+        Some((j, ids))
     }
 
     fn pick(&self, cores: usize) -> usize {
@@ -94,6 +154,32 @@ mod tests {
         // Wider than all: the widest takes it (and its executor says unschedulable).
         let out = s.assign(tasks(&[5]));
         assert_eq!(out[0].len(), 1);
+    }
+
+    #[test]
+    fn tasks_queued_behind_busy_slots_are_asked_back_for_an_idle_one() {
+        const T: u64 = STUCK_AFTER_US;
+        let mut s = Spread::new(vec![1, 1]);
+        let out = s.assign(tasks(&[1, 1, 1, 1]));
+        assert_eq!((ids(&out[0]), ids(&out[1])), (vec![1, 3], vec![2, 4]));
+        for (i, id) in [(0, 1), (1, 2)] {
+            s.left_queue(i, id, 0);
+        }
+        assert_eq!(s.stuck(5 * T), None, "both run, each with one queued: nothing idles");
+        // Spawner 0 ran 1 and 3; spawner 1 still runs 2 (a long task), with 4 queued behind it.
+        s.left_queue(0, 3, T / 2);
+        s.finished(0, 2);
+        assert_eq!(s.stuck(T / 2), None, "2 may end soon");
+        assert_eq!(s.stuck(T), Some((1, vec![4])));
+        assert_eq!(s.stuck(2 * T), None, "asked once");
+        s.left_queue(1, 4, 2 * T);
+        s.finished(1, 1);
+        assert_eq!(s.stuck(9 * T), None, "given back");
+        // A spawner with a free slot and a queue starts it itself: nothing is asked.
+        let mut s = Spread::new(vec![2, 1]);
+        s.assign(tasks(&[1, 1, 1]));
+        s.left_queue(0, 1, 0);
+        assert_eq!(s.stuck(9 * T), None);
     }
 
     #[test]

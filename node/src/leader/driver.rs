@@ -52,7 +52,27 @@ pub struct Net {
     given_up: Option<Box<dyn Fn(u32) + Send>>,
     replies: HashMap<u64, tokio::sync::oneshot::Sender<Answer>>,
     next_request: u64,
+    /// Status requests being answered, a slice per turn of the loop.
+    statuses: std::collections::VecDeque<StatusJob>,
 }
+
+/// A client's status request: the ids left to look up, what was found, where it goes.
+struct StatusJob {
+    ids: StatusIds,
+    found: Vec<htc_core::record::TaskStatus>,
+    reply: tokio::sync::oneshot::Sender<Vec<htc_core::record::TaskStatus>>,
+}
+
+enum StatusIds {
+    /// Every task: the whole range is fixed once its first slice is read.
+    All(Option<std::ops::Range<u64>>),
+    /// These, from `next` on.
+    Some(Vec<u64>, usize),
+}
+
+/// Ids looked up per turn: a status of a million tasks then holds the loop ~20 ms at a time,
+/// never long enough to delay a result, a dispatch or a heartbeat by much.
+const STATUS_SLICE: usize = 16_384;
 
 struct Turn<'a> {
     by_agent: HashMap<u32, Vec<u8>>,
@@ -104,12 +124,19 @@ pub fn run(
     rx: mpsc::Receiver<Event>,
     mut cfg: DriverConfig,
 ) -> Result<(Ending, Progress)> {
-    let net = Net { links: HashMap::new(), given_up: cfg.given_up.take(), replies: HashMap::new(), next_request: 0 };
+    let net = Net {
+        links: HashMap::new(),
+        given_up: cfg.given_up.take(),
+        replies: HashMap::new(),
+        next_request: 0,
+        statuses: Default::default(),
+    };
     let mut s = Session::new(core, ledger, text, cfg, net);
     s.begin(job_id)?;
     let mut ending = (s.core.counts().unfinished() == 0 && !s.core.is_open()).then_some(Ending::Complete);
     while ending.is_none() {
-        let wait = std::time::Duration::from_micros(s.next_due_us().saturating_sub(now_us()));
+        let due = if s.world.statuses.is_empty() { s.next_due_us() } else { 0 };
+        let wait = std::time::Duration::from_micros(due.saturating_sub(now_us()));
         ending = match rx.recv_timeout(wait) {
             Ok(first) => take(&mut s, first, &rx)?,
             Err(mpsc::RecvTimeoutError::Timeout) => None,
@@ -121,10 +148,48 @@ pub fn run(
         ending = ending.or_else(|| s.core.ending());
         s.commit(ending.as_ref())?;
         s.chores()?;
+        status_slice(&mut s)?;
     }
     let (ending, progress, _) = s.end(ending.unwrap())?;
     dismiss_queued_joins(rx);
     Ok((ending, progress))
+}
+
+/// Answers a slice of the first status request; the whole of it once its last slice is read.
+fn status_slice(s: &mut Session<'_, '_, Net>) -> Result<()> {
+    let Some(first) = s.world.statuses.front() else { return Ok(()) };
+    let end = match first.ids {
+        StatusIds::All(None) => Some(s.next_task_id()?),
+        _ => None,
+    };
+    let job = s.world.statuses.front_mut().expect("looked at above");
+    let slice: Vec<u64> = match &mut job.ids {
+        StatusIds::All(range) => {
+            let r = range.get_or_insert(1..end.unwrap_or(1));
+            let end = r.end.min(r.start + STATUS_SLICE as u64);
+            let ids = (r.start..end).collect();
+            r.start = end;
+            ids
+        }
+        StatusIds::Some(ids, next) => {
+            let end = ids.len().min(*next + STATUS_SLICE);
+            let slice = ids[*next..end].to_vec();
+            *next = end;
+            slice
+        }
+    };
+    let mut found = s.statuses(Some(&slice))?;
+    let job = s.world.statuses.front_mut().expect("still there");
+    job.found.append(&mut found);
+    let done = match &job.ids {
+        StatusIds::All(r) => r.as_ref().is_some_and(|r| r.is_empty()),
+        StatusIds::Some(ids, next) => *next == ids.len(),
+    };
+    if done {
+        let job = s.world.statuses.pop_front().expect("still there");
+        let _ = job.reply.send(job.found);
+    }
+    Ok(())
 }
 
 /// Agents whose join was still queued when the run ended (a short run, a resume with nothing
@@ -181,7 +246,11 @@ fn take(s: &mut Session<'_, '_, Net>, first: Event, rx: &mpsc::Receiver<Event>) 
                 }
             }
             Event::Status(ids, reply) => {
-                let _ = reply.send(s.statuses(ids.as_deref())?);
+                let ids = match ids {
+                    Some(ids) => StatusIds::Some(ids, 0),
+                    None => StatusIds::All(None),
+                };
+                s.world.statuses.push_back(StatusJob { ids, found: Vec::new(), reply });
                 None
             }
             Event::Add(tasks, reply) => {

@@ -128,9 +128,14 @@ impl Growing {
             others_waiting: self.others_waiting,
             ..core.grow_situation(now_us, self.own_minutes)
         };
+        let (why, reason) = if situation.others_waiting {
+            ("other jobs wait for nodes", "gives its nodes back to jobs that wait for them")
+        } else {
+            ("the open run has had nothing to do for a while", "gives its nodes back: the open run has nothing to do")
+        };
         for job in self.grower.yielding(&situation) {
-            println!("htc: grow: other jobs wait for nodes; job {job} gives its nodes back");
-            core.leave_allocation(&job, "gives its nodes back to jobs that wait for them", out);
+            println!("htc: grow: {why}; job {job} gives its nodes back");
+            core.leave_allocation(&job, reason, out);
         }
         let Decision::Submit { nodes, minutes, reason } = self.grower.decide(&situation) else { return };
         // Quiet from now: the job id comes back later.

@@ -283,11 +283,7 @@ impl<'c, 'l, W: World> Session<'c, 'l, W> {
         let ids = match ids {
             Some(ids) => ids,
             None => {
-                let next = match &self.txn {
-                    Some(t) => t.next_id()?,
-                    None => read.as_ref().expect("opened above").meta_u64("total")?.unwrap_or(0) + 1,
-                };
-                all = (1..next).collect();
+                all = (1..self.next_task_id()?).collect();
                 &all
             }
         };
@@ -298,6 +294,14 @@ impl<'c, 'l, W: World> Session<'c, 'l, W> {
             }
         }
         Ok(out)
+    }
+
+    /// The id the next task added would get: the run's tasks are `1..` it.
+    pub fn next_task_id(&self) -> Result<u64> {
+        match &self.txn {
+            Some(t) => t.next_id(),
+            None => Ok(self.ledger.read()?.meta_u64("total")?.unwrap_or(0) + 1),
+        }
     }
 
     /// Writes a meta value in the open transaction.

@@ -30,6 +30,13 @@ impl<'a> Core<'a> {
         }
     }
 
+    /// How long an open run (not closed) has had nothing to do; `None` while it has, or for a
+    /// run that is not open.
+    pub fn idle_us(&self) -> Option<u64> {
+        let o = self.open.filter(|o| !o.closed)?;
+        (self.counts.unfinished() == 0).then(|| self.now_us.saturating_sub(o.busy_us))
+    }
+
     /// An open run that does not end yet: not closed, and not idle for its idle time.
     pub(super) fn stays_open(&self) -> bool {
         let Some(o) = self.open else { return false };

@@ -199,6 +199,7 @@ impl Core<'_> {
             cores_per_node: self.agents.values().filter(|a| a.alive).map(|a| a.cores as u64).max().unwrap_or(1),
             own_minutes,
             others_waiting: false,
+            idle_us: self.idle_us(),
         }
     }
 
