@@ -28,6 +28,8 @@ pub struct View {
     pub counts: Counts,
     /// Tasks finished before this session (a resumed run's), so the rate counts only this one's.
     pub finished_start: u64,
+    /// Pending tasks that wait for others (`after=`), among `counts`' pending.
+    pub blocked: u64,
     pub nodes: Vec<Node>,
     pub failures: Vec<Failure>,
     /// The allocations that joined the run (`--htc-join`), in the order they came.
@@ -101,8 +103,11 @@ impl View {
         let _ = writeln!(s, "time\t{}\t{}", self.now_us, self.session_start_us);
         let _ = writeln!(s, "state\t{}", clean(&self.state));
         // Cancelled last: a reader of the five states before it reads the line as it was.
-        let _ =
-            writeln!(s, "counts\t{}\t{}\t{}\t{}\t{}\t{}\t{}", c[0], c[1], c[2], c[3], c[4], self.finished_start, c[5]);
+        let _ = writeln!(
+            s,
+            "counts\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+            c[0], c[1], c[2], c[3], c[4], self.finished_start, c[5], self.blocked
+        );
         for n in &self.nodes {
             let _ = writeln!(
                 s,
@@ -169,6 +174,7 @@ impl View {
                     }
                     v.finished_start = n(6)?;
                     v.counts.0[5] = if f.len() > 7 { n(7)? } else { 0 };
+                    v.blocked = if f.len() > 8 { n(8)? } else { 0 };
                 }
                 "node" => v.nodes.push(Node {
                     agent: n(1)? as u32,
@@ -217,6 +223,7 @@ mod tests {
             state: "running".into(),
             counts: Counts([5, 1, 2, 90, 2, 3]),
             finished_start: 10,
+            blocked: 3,
             nodes: vec![
                 Node {
                     agent: 0,

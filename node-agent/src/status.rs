@@ -58,6 +58,14 @@ fn cancelled(c: &Counts, label: &str) -> String {
     }
 }
 
+/// The count of blocked tasks after `label`, or nothing when none is.
+fn blocked(n: u64, label: &str) -> String {
+    match n {
+        0 => String::new(),
+        n => format!("{label}{n}"),
+    }
+}
+
 pub fn progress_line(p: &Progress) -> String {
     let c = p.counts;
     let finished = c.finished();
@@ -65,13 +73,14 @@ pub fn progress_line(p: &Progress) -> String {
     let (rate, eta) = rate_eta(p.finished_this_session, p.elapsed, remaining);
     let pct = if c.total() > 0 { 100.0 * finished as f64 / c.total() as f64 } else { 100.0 };
     format!(
-        "[htc] {finished}/{} ({pct:.1}%) done={} failed={}{} running={} queued={} | {rate:.0} tasks/s | ETA {} | {} agents",
+        "[htc] {finished}/{} ({pct:.1}%) done={} failed={}{} running={} queued={}{} | {rate:.0} tasks/s | ETA {} | {} agents",
         c.total(),
         c.get(State::Done),
         c.get(State::Failed),
         cancelled(&c, " cancelled="),
         c.get(State::Running),
         c.get(State::Dispatched),
+        blocked(p.blocked, " blocked="),
         eta.map(fmt_duration).unwrap_or_else(|| "-".into()),
         p.agents
     )
@@ -323,6 +332,8 @@ pub struct Report {
     pub eta_s: Option<f64>,
     /// CPU seconds the leader process spent leading this session (user + system).
     pub leader_cpu_s: f64,
+    /// Pending tasks that wait for others (`after=`), as the leader last wrote.
+    pub blocked: u64,
     /// Tasks finished (done or failed) in this session.
     pub finished_this_session: u64,
     /// The agents' reports the leader handled in this session: results per report.
@@ -410,6 +421,7 @@ impl Report {
             rate,
             eta_s,
             leader_cpu_s: t.meta_u64("leader_cpu_us")?.unwrap_or(0) as f64 / 1e6,
+            blocked: t.meta_u64("blocked")?.unwrap_or(0),
             finished_this_session,
             reports: t.meta("reports")?.and_then(Summary::from_bytes).unwrap_or_default(),
             result_delays: t.meta("result_delays")?.and_then(Summary::from_bytes).unwrap_or_default(),
@@ -428,12 +440,13 @@ impl Report {
         let _ = writeln!(s, "state:    {}", self.state);
         let _ = writeln!(
             s,
-            "counts:   total={} done={} failed={}{} pending={} dispatched={} running={}",
+            "counts:   total={} done={} failed={}{} pending={}{} dispatched={} running={}",
             c.total(),
             c.get(State::Done),
             c.get(State::Failed),
             cancelled(c, " cancelled="),
             c.get(State::Pending),
+            blocked(self.blocked, " blocked="),
             c.get(State::Dispatched),
             c.get(State::Running)
         );
@@ -495,6 +508,7 @@ impl Report {
                 failed: c.get(State::Failed),
                 cancelled: c.get(State::Cancelled),
                 pending: c.get(State::Pending),
+                blocked: self.blocked,
                 dispatched: c.get(State::Dispatched),
                 running: c.get(State::Running),
             },
@@ -551,6 +565,8 @@ struct JsonCounts {
     failed: u64,
     cancelled: u64,
     pending: u64,
+    /// Among `pending`: those that wait for other tasks.
+    blocked: u64,
     dispatched: u64,
     running: u64,
 }

@@ -146,13 +146,14 @@ pub fn draw(f: &mut Frame, m: &Model, now_us: u64, table: &mut TableState) {
     f.render_widget(
         Paragraph::new(
             format!(
-                "done {}  failed {}  running {}  queued at nodes {}  pending {}\n\
+                "done {}  failed {}  running {}  queued at nodes {}  pending {}{}\n\
              {:.0} tasks/s  ETA {}  elapsed {}  {nodes_line}",
                 v.counts.get(State::Done),
                 v.counts.get(State::Failed),
                 v.counts.get(State::Running),
                 v.counts.get(State::Dispatched),
                 v.counts.get(State::Pending),
+                if v.blocked > 0 { format!(" ({} blocked)", v.blocked) } else { String::new() },
                 m.rate(),
                 m.eta().map(fmt_duration).unwrap_or_else(|| "-".into()),
                 fmt_duration(Duration::from_micros(v.now_us.saturating_sub(v.session_start_us))),

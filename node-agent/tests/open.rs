@@ -76,6 +76,12 @@ fn an_open_run_takes_tasks_while_it_runs_and_ends_when_closed() {
     assert!(wait_for(running, Duration::from_secs(30)), "{:?}", states(&d, &run));
     let st = states(&d, &run);
     assert_eq!(st[5], (6, "blocked".into()), "{st:?}");
+    // `htc status` counts it, from what the leader writes with its commits.
+    let blocked = || {
+        let o = d.htc(&["status", &run, "--json"]);
+        String::from_utf8_lossy(&o.stdout).contains("\"blocked\":1,")
+    };
+    assert!(wait_for(blocked, Duration::from_secs(10)), "{}", text(&d.htc(&["status", &run, "--json"])));
     assert!(wait_for(|| states(&d, &run)[1].1 == "done", Duration::from_secs(30)), "{:?}", states(&d, &run));
     assert!(d.path("two.out").exists(), "2 ran after 1");
     // Cancel the running sleep: what waited for it is cancelled with it.

@@ -66,6 +66,8 @@ pub struct Gathered {
     /// Cancelled: by a user, or because what they waited for did not succeed.
     pub cancelled: u64,
     pub unfinished: u64,
+    /// Among the unfinished: those that wait for other tasks, as the leader last wrote.
+    pub blocked: u64,
     pub attempts: u64,
     pub axis: Axis,
     /// Core-µs per bin, the whole job.
@@ -206,6 +208,7 @@ pub fn gather(ledger: &Ledger, run: &str) -> anyhow::Result<Gathered> {
     g.task_file = text("task_file")?;
     let names: Vec<String> = text("classes")?.lines().map(Into::into).collect();
     g.leader_cpu_us = t.meta_u64("leader_cpu_us")?;
+    g.blocked = t.meta_u64("blocked")?.unwrap_or(0);
     let mut earlier: HashMap<u64, Vec<Attempt>> = HashMap::new();
     t.for_each_attempt(|id, a| earlier.entry(id).or_default().push(a))?;
     t.for_each(|id, r| {

@@ -122,6 +122,9 @@ pub fn html(g: &Gathered, charts: &[(&'static str, String)]) -> String {
     if g.unfinished > 0 {
         figure(&mut s, "unfinished", "not finished", &g.unfinished.to_string());
     }
+    if g.blocked > 0 {
+        figure(&mut s, "blocked", "waiting for other tasks", &g.blocked.to_string());
+    }
     figure(&mut s, "attempts", "attempts", &g.attempts.to_string());
     if g.outputs_cut > 0 {
         figure(&mut s, "outputs_cut", "tasks whose output was cut (max_output)", &g.outputs_cut.to_string());

@@ -319,6 +319,7 @@ impl<'c, 'l, W: World> Session<'c, 'l, W> {
             t.put_counts(&self.core.counts())?;
             t.put_meta("heartbeat_us", &now.to_le_bytes())?;
             t.put_meta("leader_cpu_us", &self.led_us().to_le_bytes())?;
+            t.put_meta("blocked", &self.core.blocked().to_le_bytes())?;
             t.put_meta("reports", &self.core.report_sizes().to_bytes())?;
             t.put_meta("result_delays", &self.core.result_delays().to_bytes())?;
             if matches!(ending, Some(Ending::Complete)) {
@@ -335,6 +336,7 @@ impl<'c, 'l, W: World> Session<'c, 'l, W> {
             let mut t = self.ledger.write()?;
             t.put_meta("heartbeat_us", &now.to_le_bytes())?;
             t.put_meta("leader_cpu_us", &self.led_us().to_le_bytes())?;
+            t.put_meta("blocked", &self.core.blocked().to_le_bytes())?;
             t.commit()?;
             self.last.commit = now;
         }

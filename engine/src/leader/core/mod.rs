@@ -203,6 +203,8 @@ pub struct Progress {
     /// Tasks finished (done or failed) in this session, for the rate.
     pub finished_this_session: u64,
     pub agents: usize,
+    /// Pending tasks that wait for others.
+    pub blocked: u64,
     /// Allocations that joined the run and still run: should the leader's own end, one of them
     /// takes the run over (no resubmission).
     pub joined_running: usize,

@@ -19,12 +19,18 @@ impl Core<'_> {
         self.asking.recalls.moved
     }
 
+    /// Pending tasks that wait for others (`after=`).
+    pub fn blocked(&self) -> u64 {
+        self.deps.waiting() as u64
+    }
+
     pub fn progress(&self, now_us: u64) -> Progress {
         Progress {
             counts: self.counts,
             elapsed: std::time::Duration::from_micros(now_us.saturating_sub(self.figures.started_us())),
             finished_this_session: self.figures.finished_since(&self.counts),
             agents: self.agents.values().filter(|a| a.alive).count(),
+            blocked: self.blocked(),
             joined_running: self.allocations.iter().filter(|a| a.stage == Stage::Running).count(),
         }
     }
@@ -60,6 +66,7 @@ impl Core<'_> {
             state: state.into(),
             counts: self.counts,
             finished_start: self.figures.finished_start(),
+            blocked: self.blocked(),
             nodes,
             failures: self.figures.recent_failures().cloned().collect(),
             allocations: self.allocations.iter().map(|a| self.allocation_view(a)).collect(),
