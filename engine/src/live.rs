@@ -223,7 +223,7 @@ mod tests {
             state: "running".into(),
             counts: Counts([5, 1, 2, 90, 2, 3]),
             finished_start: 10,
-            blocked: 3,
+            blocked: 4,
             nodes: vec![
                 Node {
                     agent: 0,
@@ -263,8 +263,12 @@ mod tests {
         assert_eq!(View::decode(&v.encode(), "live").unwrap(), v);
         assert_eq!(v.finished(), 95);
         // A view written before tasks could be cancelled says none were.
-        let old = v.encode().replace("\t10\t3\n", "\t10\n");
+        let old = v.encode().replace("\t10\t3\t4\n", "\t10\n");
         assert_eq!(View::decode(&old, "live").unwrap().counts.get(State::Cancelled), 0);
+        // ... and one written before blocked tasks were counted, none blocked.
+        let old = v.encode().replace("\t10\t3\t4\n", "\t10\t3\n");
+        let back = View::decode(&old, "live").unwrap();
+        assert_eq!((back.counts.get(State::Cancelled), back.blocked), (3, 0));
         let mut tabbed = sample();
         tabbed.nodes[1].host = "n\t2".into();
         tabbed.failures[0].reason = "line\nbreak".into();

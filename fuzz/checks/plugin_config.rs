@@ -48,7 +48,7 @@ pub fn check(data: &[u8]) {
                 }
                 (Kind::Run, Value::Run(JoinTarget::Job(j))) => assert!(j >= 1),
                 (Kind::Run, Value::Run(JoinTarget::Dir(d))) => assert!(!d.as_os_str().is_empty()),
-                (Kind::Output, Value::Output(_)) | (Kind::Plan, Value::Plan(_)) => {}
+                (Kind::Output, Value::Output(_)) | (Kind::Plan, Value::Plan(_)) | (Kind::Idle, Value::Idle(_)) => {}
                 (Kind::TaskFile, Value::Path(p)) => assert_eq!(p.as_os_str().as_bytes(), *w),
                 (kind, v) => panic!("{kind:?} parsed to {v:?}"),
             }
@@ -56,13 +56,14 @@ pub fn check(data: &[u8]) {
     }
 
     // The job-control variables, read back in slurmstepd from a (possibly corrupt) environment.
-    let names = ["HTC_FILE", "HTC_RETRIES", "HTC_FANOUT", "HTC_OUTPUT"].map(job_env_name);
+    let names = ["HTC_FILE", "HTC_RETRIES", "HTC_FANOUT", "HTC_OUTPUT", "HTC_OPEN"].map(job_env_name);
     let getenv = |name: &str| {
         let i = names.iter().position(|n| n == name)?;
         words.get(i).filter(|w| !w.is_empty() || i == 0).map(|w| OsString::from_vec(w.to_vec()))
     };
     if let Ok(Some(req)) = BatchRequest::from_job_env(getenv) {
-        assert!(req.target.is_absolute());
+        // Absolute, or none for an open run without a task file.
+        assert!(req.target.is_absolute() || req.target.as_os_str().is_empty() && req.settings.opens());
         // What sbatch would store must read back the same.
         let vars = req.job_control_vars();
         let env: Vec<(String, OsString)> = vars.iter().map(|(n, v)| (job_env_name(n), v.clone())).collect();

@@ -114,12 +114,13 @@ impl BatchRequest {
     ) -> Result<Option<BatchRequest>, String> {
         let name = job_env_name(OPTIONS[activator(mode)].job_control);
         let opens = || OPTIONS.iter().any(|d| d.role == Role::Opens && getenv(&job_env_name(d.job_control)).is_some());
-        let target = match getenv(&name).map(PathBuf::from) {
-            Some(target) => target,
-            None if mode == Mode::Run && opens() => PathBuf::new(),
+        let (target, given) = match getenv(&name).map(PathBuf::from) {
+            Some(target) => (target, true),
+            None if mode == Mode::Run && opens() => (PathBuf::new(), false),
             None => return Ok(None),
         };
-        if !target.is_absolute() && !target.as_os_str().is_empty() {
+        // A task file given must be absolute, empty included; only one not given is left out.
+        if given && !target.is_absolute() {
             return Err(match mode {
                 Mode::Run => format!("{name}={}: not an absolute path", target.display()),
                 Mode::Join => format!("{name}: {} is not an absolute run directory", target.display()),
