@@ -186,3 +186,40 @@ fn a_run_started_from_a_file_alone_is_not_open() {
     assert_eq!(o.status.code(), Some(1), "its one task was cancelled: {}", text(&o));
     assert_eq!(states(&d, &run), [(1, "cancelled".to_string())]);
 }
+
+#[test]
+fn a_client_killed_mid_stream_leaves_what_was_acknowledged_and_no_half_line() {
+    use std::io::{BufRead, BufReader};
+    let d = Dir::new("open-client-killed");
+    let (leader, run) = open_run(&d, &[]);
+    let mut client = Command::new(HTC)
+        .args(["task", "add", &run, "--file", "-"])
+        .current_dir(&d.0)
+        .env("HTC_SITE_CONFIG", "/dev/null")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = client.stdin.take().unwrap();
+    let mut ids = BufReader::new(client.stdout.take().unwrap()).lines();
+    stdin.write_all(b"true\n".repeat(5).as_slice()).unwrap();
+    stdin.flush().unwrap();
+    let acked: Vec<String> = (0..5).map(|_| ids.next().unwrap().unwrap()).collect();
+    assert_eq!(acked, ["1", "2", "3", "4", "5"]);
+    // Two more lines and half of a third, then the client dies.
+    stdin.write_all(b"true\ntrue\necho half").unwrap();
+    stdin.flush().unwrap();
+    std::thread::sleep(Duration::from_millis(5));
+    let _ = kill(Pid::from_raw(client.id() as i32), Signal::SIGKILL);
+    let _ = client.wait();
+    let (rc, _, err) = htc(&d, &["task", "wait", &run, "--all", "--timeout", "30s"]);
+    assert_eq!(rc, 0, "{err}");
+    let st = states(&d, &run);
+    let n = st.len() as u64;
+    // The acknowledged five, and the whole lines it may have sent before it died: no half line.
+    assert!((5..=7).contains(&n), "{st:?}");
+    assert!(st.iter().enumerate().all(|(i, s)| s.0 == i as u64 + 1 && s.1 == "done"), "{st:?}");
+    let (rc, _, err) = htc(&d, &["close", &run]);
+    assert_eq!(rc, 0, "{err}");
+    assert_eq!(leader.wait_with_output().unwrap().status.code(), Some(0));
+}

@@ -387,19 +387,37 @@ resubmitted_at_time_limit() {
 }
 
 # The run's own job (1 node) reaches its time limit while two joined jobs (--htc-join; 2 nodes,
-# 1 node) run: one of them takes the run over from its replica and finishes it, and both keep
+# 1 node) run and a client adds tasks to it (an open run): one of the jobs takes the run over from
+# its replica, answers the client's retries with the ids already given, and finishes it; both keep
 # their agents and the tasks those run; the leader's job resubmits nothing. Nothing recorded
 # done before the hand-over runs again; re-runs are at most the tasks in flight on the first
 # job's node (2 CPUs). The work (1000 x 1 s on 8 CPUs, ~125 s) outlasts the first job's minute
 # however late in its 30 s check Slurm enforces the limit.
 joined_both() { grep -qs "joins run" "$1/slurm-$2.out" && grep -qs "joins run" "$1/slurm-$3.out"; }
+# A client of the open run: a task a second under its own key, through the time limit and the
+# hand-over; a call no leader takes (between the two) is made again, as a client that retries
+# would. WORKDIR/acked.txt: "KEY ID" for each id printed.
+keyed_adds() { # WORKDIR RUN N
+    local k id
+    for ((k = 1; k <= $3; k++)); do
+        until id=$(as_user -C "$1" "$bin/htc" task add "$2" --key "k$k" -- sh -c \
+            "echo \$HTC_TASK_ID \$SLURMD_NODENAME \$HTC_ATTEMPT >> ids.txt; echo k$k \$HTC_TASK_ID >> added.txt" 2>>"$1/adds.err"); do
+            sleep 0.5
+        done
+        echo "k$k $id" >>"$1/acked.txt"
+        sleep 1
+    done
+}
 handed_over() {
-    local w a b c i j state lines unique first again lead stay
+    local w a b c i j state lines unique first again lead stay adder n=100 k id same=0
     w=$(cluster_workdir handover)
     seq 1 1000 | sed "s|.*|sleep 1; echo \"\$HTC_TASK_ID \$SLURMD_NODENAME \$HTC_ATTEMPT\" >> ids.txt|" >"$w/tasks.txt"
     chown -R "$HTC_CLUSTER_USER" "$w"
-    a=$(submit "$w" -N 1 --exclusive -t 1 --htc=tasks.txt --htc-resubmit=2 --wrap=:) || { bad "hand-over: submit"; return; }
+    # Open, so that a client adds tasks through the hand-over; closed once it is done.
+    a=$(submit "$w" -N 1 --exclusive -t 1 --htc=tasks.txt --htc-open --htc-resubmit=2 --wrap=:) || { bad "hand-over: submit"; return; }
     wait_leader "$w" "$a"
+    keyed_adds "$w" "$a" "$n" &
+    adder=$!
     b=$(submit "$w" -N 2 --exclusive -t 10 --htc-join="$a" --wrap=:) || { bad "hand-over: submit a joining job"; return; }
     c=$(submit "$w" -N 1 --exclusive -t 10 --htc-join="$a" --wrap=:) || { bad "hand-over: submit a joining job"; return; }
     # The scenario is a hand-over to jobs that were in the run: both must have joined before
@@ -412,6 +430,15 @@ handed_over() {
     state=$(wait_job "$a" 240)
     check "hand-over: the run's job $a stopped at its time limit (was $state)" test "$state" = TIMEOUT
     done_snapshot "$w" "$a"
+    wait "$adder"
+    check "hand-over: $n keyed adds acknowledged through the hand-over, each once" \
+        test "$(cut -d' ' -f1 "$w/acked.txt" | sort -u | wc -l) $(cut -d' ' -f2 "$w/acked.txt" | sort -u | wc -l)" = "$n $n"
+    # A client that retries after the hand-over gets the ids the first leader gave.
+    while read -r k id; do
+        [[ $(as_user -C "$w" "$bin/htc" task add "$a" --key "$k" -- true 2>/dev/null) == "$id" ]] && same=$((same + 1))
+    done <"$w/acked.txt"
+    check "hand-over: every key added again gives its first id ($same of $n)" test "$same" = "$n"
+    check "hand-over: the new leader takes the close" as_user -C "$w" "$bin/htc" close "$a"
     for j in "$b" "$c"; do
         state=$(wait_job "$j" 300)
         check "hand-over: the joined job $j COMPLETED (was $state)" test "$state" = COMPLETED
@@ -425,7 +452,7 @@ handed_over() {
     check "hand-over: htc status $a shows every task done" all_done "$w" "$a"
     lines=$(wc -l <"$w/ids.txt")
     unique=$(cut -d' ' -f1 "$w/ids.txt" | sort -u | wc -l)
-    check "hand-over: every task ran ($unique of 1000)" test "$unique" = 1000
+    check "hand-over: every task ran ($unique of 1000 and $n added)" test "$unique" = $((1000 + n))
     check "hand-over: $((lines - unique)) re-run(s), at most the 2 CPUs' tasks in flight on job $a's node" \
         test $((lines - unique)) -le 2
     # A task that ran on a joined job's node and again: its agent did not keep it.
@@ -433,7 +460,10 @@ handed_over() {
     again=$(awk -v a="$first" '{ n[$1]++; if (!($1 in on)) on[$1] = $2 } END { for (t in n) if (n[t] > 1 && on[t] != a) printf "%s ", t }' "$w/ids.txt")
     check "hand-over: no task that ran on jobs $b and $c's nodes ran again${again:+: $again}" test -z "$again"
     none_done_ran_again "hand-over" "$w"
+    check "hand-over: every keyed task ran, as the id it was acknowledged with" \
+        test "$(sort -u "$w/added.txt" | sort)" = "$(sort "$w/acked.txt")"
     [[ $failed == 0 ]] || for j in "$a" "$b" "$c"; do echo "--- slurm-$j.out"; tail -n 20 "$w/slurm-$j.out"; done
+    [[ $failed == 0 ]] || { echo "--- adds.err"; sort "$w/adds.err" | uniq -c | sort -rn | head -n 5; }
 }
 
 # Six nodes: the faults take four; the last two scenarios, which wait on Slurm's time limit, run
