@@ -15,8 +15,11 @@
 #   bench/open.sh
 #   ADDS=500 STREAM=1000000 bench/open.sh
 #
+#   7. with HQ=/path/to/hq: HyperQueue's open jobs beside, where it has the operation (add
+#      latency, start latency, the state of STREAM tasks).
+#
 # Env: ADDS (200), STREAM (200000), CONCURRENT (10000), LEADER (200000), HTC (target/dist/htc),
-#      OUT (bench/results/open-<date>.txt).
+#      HQ (an `hq` binary; section 7 is left out without it), OUT (bench/results/open-<date>.txt).
 set -euo pipefail
 
 BENCH=$(cd "$(dirname "$0")" && pwd)
@@ -34,7 +37,7 @@ echo "date: $(date -u +%FT%TZ)  host: $(hostname)  nproc: $(nproc)  commit: $(gi
 echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
 echo "adds: $ADDS one by one; stream: $STREAM lines; concurrent: $CONCURRENT; leader: $LEADER tasks; htc: $HTC"
 
-HTC="$HTC" WORK="$WORK" ADDS="$ADDS" STREAM="$STREAM" CONCURRENT="$CONCURRENT" LEADER="$LEADER" python3 - <<'EOF'
+HQ="${HQ:-}" HTC="$HTC" WORK="$WORK" ADDS="$ADDS" STREAM="$STREAM" CONCURRENT="$CONCURRENT" LEADER="$LEADER" python3 - <<'EOF'
 import os, subprocess, time, statistics, glob, json
 from concurrent.futures import ThreadPoolExecutor
 
@@ -77,6 +80,7 @@ lat = [a[2] * 1e3 for a in acked]
 st = [s * 1e3 for s in starts]
 print(f"\n1. add latency, call to id printed ({adds} adds): p50 {pct(lat, .5):.1f} ms  p99 {pct(lat, .99):.1f} ms  max {max(lat):.1f} ms")
 print(f"2. start latency, id printed to the task's start: p50 {pct(st, .5):.1f} ms  p99 {pct(st, .99):.1f} ms  max {max(st):.1f} ms")
+htc_add, htc_start = (pct(lat, .5), pct(lat, .99)), (pct(st, .5), pct(st, .99))
 
 # 3 and 4: one stream.
 d = f"{work}/stream"
@@ -95,6 +99,7 @@ r = subprocess.run([htc, "task", "status", run, "--all"], cwd=d, env=env, captur
 t1 = time.time()
 assert len(r.stdout.splitlines()) == stream
 print(f"4. htc task status --all of {stream} tasks (leader running): {(t1 - t0) * 1e3:.0f} ms")
+htc_status_ms = (t1 - t0) * 1e3
 subprocess.run([htc, "close", run], cwd=d, env=env, check=True, capture_output=True)
 p.wait()
 
@@ -118,8 +123,11 @@ print(f"5. {concurrent} one-task adds, 64 at a time: {len(ok)} acknowledged, {le
 
 # 6. The leader's CPU per task: arriving in batches of 100, against the same tasks in a file.
 def leader_cpu(d, run):
-    out = subprocess.run([htc, "status", run, "--json"], cwd=d, env=env, capture_output=True, text=True, check=True).stdout
-    return json.loads(out)["leader_cpu_us_per_task"]
+    """The leader's µs per task, leading alone and with what it spent before (the file's load)."""
+    out = json.loads(subprocess.run([htc, "status", run, "--json"], cwd=d, env=env, capture_output=True,
+                                    text=True, check=True).stdout)
+    n = out["counts"]["done"]
+    return out["leader_cpu_us_per_task"], (out["leader_cpu_s"] + out["load_cpu_s"]) * 1e6 / n
 d = f"{work}/file"
 os.makedirs(d)
 with open(f"{d}/t.txt", "w") as f:
@@ -140,6 +148,56 @@ subprocess.run([htc, "task", "wait", run, "--all"], cwd=d, env=env, check=True)
 subprocess.run([htc, "close", run], cwd=d, env=env, check=True, capture_output=True)
 p.wait()
 arriving = leader_cpu(d, run)
-print(f"6. leader CPU per task, {leader_n} tasks: arriving in batches of 100 {arriving:.2f} us, "
-      f"in a file {from_file:.2f} us ({arriving / from_file:.2f}x)")
+print(f"6. leader CPU per task, {leader_n} tasks: arriving in batches of 100 {arriving[0]:.2f} us, "
+      f"in a file {from_file[0]:.2f} us ({arriving[0] / from_file[0]:.2f}x); with what each spent before "
+      f"leading (the file's load, the process's start): {arriving[1]:.2f} against {from_file[1]:.2f} us "
+      f"({arriving[1] / from_file[1]:.2f}x)")
+
+# 7. HyperQueue's open jobs beside, where it has the operation: `hq job open`, then
+#    `hq submit --job J` per task (its add; it has no dependencies between submits, no keys),
+#    and `hq task list` for the state of many tasks.
+hq = os.environ.get("HQ")
+if hq:
+    d = f"{work}/hq"
+    os.makedirs(d)
+    base = [hq, "--server-dir", f"{d}/server"]
+    q = lambda *a, **kw: subprocess.run(base + list(a), cwd=d, capture_output=True, text=True, **kw)
+    srv = subprocess.Popen(base + ["server", "start"], cwd=d, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while q("server", "info").returncode != 0:
+        time.sleep(0.05)
+    wk = subprocess.Popen(base + ["worker", "start"], cwd=d, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while not json.loads(q("--output-mode", "json", "worker", "list").stdout or "[]"):
+        time.sleep(0.05)
+    job = json.loads(q("--output-mode", "json", "job", "open", check=True).stdout)["id"]
+    acked = []
+    for i in range(adds):
+        t0 = time.time()
+        q("submit", "--job", str(job), "--", "sh", "-c", 'date +%s.%N > "s.$HQ_TASK_ID"', check=True)
+        t1 = time.time()
+        acked.append((t1, t1 - t0))
+        time.sleep(0.02)
+    q("job", "close", str(job), check=True)
+    q("job", "wait", str(job))
+    files = sorted(glob.glob(f"{d}/s.*"), key=lambda f: int(f.rsplit(".", 1)[1]))
+    assert len(files) == adds, (len(files), adds)
+    starts = [float(open(f).read()) - t1 for f, (t1, _) in zip(files, acked)]
+    lat = [a[1] * 1e3 for a in acked]
+    st = [s * 1e3 for s in starts]
+    version = q("--version").stdout.strip()
+    print(f"\n7. {version} beside, the same operations:")
+    print(f"   add (hq submit --job): p50 {pct(lat, .5):.1f} ms  p99 {pct(lat, .99):.1f} ms   "
+          f"(htc task add: p50 {htc_add[0]:.1f} ms  p99 {htc_add[1]:.1f} ms)")
+    print(f"   start after the add: p50 {pct(st, .5):.1f} ms  p99 {pct(st, .99):.1f} ms   "
+          f"(htc: p50 {htc_start[0]:.1f} ms  p99 {htc_start[1]:.1f} ms)")
+    # The state of many tasks: one job of `stream` tasks (an array, HQ's batched submit).
+    big = json.loads(q("--output-mode", "json", "submit", "--array", f"1-{stream}", "--", "true", check=True).stdout)["id"]
+    q("job", "wait", str(big))
+    t0 = time.time()
+    r = q("--output-mode", "json", "task", "list", str(big), check=True)
+    t1 = time.time()
+    print(f"   state of {stream} tasks (hq task list, json): {(t1 - t0) * 1e3:.0f} ms   "
+          f"(htc task status --all: {htc_status_ms:.0f} ms)")
+    wk.terminate()
+    q("server", "stop")
+    srv.wait()
 EOF

@@ -332,6 +332,8 @@ pub struct Report {
     pub eta_s: Option<f64>,
     /// CPU seconds the leader process spent leading this session (user + system).
     pub leader_cpu_s: f64,
+    /// CPU seconds it spent before (loading the task file, for a fresh run).
+    pub load_cpu_s: f64,
     /// Pending tasks that wait for others (`after=`), as the leader last wrote.
     pub blocked: u64,
     /// Tasks finished (done or failed) in this session.
@@ -421,6 +423,7 @@ impl Report {
             rate,
             eta_s,
             leader_cpu_s: t.meta_u64("leader_cpu_us")?.unwrap_or(0) as f64 / 1e6,
+            load_cpu_s: t.meta_u64("load_cpu_us")?.unwrap_or(0) as f64 / 1e6,
             blocked: t.meta_u64("blocked")?.unwrap_or(0),
             finished_this_session,
             reports: t.meta("reports")?.and_then(Summary::from_bytes).unwrap_or_default(),
@@ -516,6 +519,7 @@ impl Report {
             rate: num(self.rate),
             eta_s: self.eta_s.map(num),
             leader_cpu_s: num(self.leader_cpu_s),
+            load_cpu_s: num(self.load_cpu_s),
             leader_cpu_us_per_task: (self.finished_this_session > 0)
                 .then(|| num(self.leader_cpu_s * 1e6 / self.finished_this_session as f64)),
             reports: self.reports.n,
@@ -548,6 +552,7 @@ struct Json<'a> {
     rate: f64,
     eta_s: Option<f64>,
     leader_cpu_s: f64,
+    load_cpu_s: f64,
     leader_cpu_us_per_task: Option<f64>,
     reports: u64,
     results_per_report: Option<f64>,

@@ -173,6 +173,9 @@ impl<'c, 'l, W: World> Session<'c, 'l, W> {
         let mut t = self.ledger.write()?;
         self.restore_waits(&mut t, waits)?;
         t.put_meta("leader_pid", &(std::process::id() as u64).to_le_bytes())?;
+        // What the process spent before leading: for a fresh `htc run FILE`, reading the file
+        // into the ledger (an open run's tasks are read while it leads, and counted there).
+        t.put_meta("load_cpu_us", &self.cpu_start.to_le_bytes())?;
         t.put_meta("session_start_us", &now.to_le_bytes())?;
         t.put_meta("session_finished_start", &self.core.finished_start().to_le_bytes())?;
         t.put_meta("job_id", job_id.as_bytes())?;
