@@ -23,4 +23,5 @@ pub mod output;
 pub mod prologue;
 pub mod simexec;
 pub mod spawn;
+pub mod stopping;
 pub mod throttle;

@@ -136,6 +136,10 @@ enum Parent {
     },
 }
 
+/// How long an agent stopped by a signal waits for its spawners to give back what they have
+/// not started: they answer at once; what runs meanwhile goes on until the stop.
+pub const GIVE_BACK_US: u64 = 100_000;
+
 pub struct Machine {
     id: u32,
     tree: Arc<Tree>,
@@ -159,6 +163,9 @@ pub struct Machine {
     results: Vec<TaskResult>,
     /// Taken out of the queue unstarted on a Recall, for the next report.
     recalled: Vec<u64>,
+    /// Stopped by a signal while holding tasks: what has not started is given back first,
+    /// until this time (µs), then the agent stops as the signal said.
+    giving_back: Option<(&'static str, u64)>,
     children: HashSet<u32>,
     parent: Parent,
     shutting_down: bool,
@@ -216,6 +223,7 @@ impl Machine {
             started: Vec::new(),
             results: Vec::new(),
             recalled: Vec::new(),
+            giving_back: None,
             children: HashSet::new(),
             parent: Parent::Open,
             shutting_down: false,
@@ -368,13 +376,19 @@ impl Machine {
             }
             // While reviving, what the spawners report is the end of what they were told to stop.
             Input::Exec(_) if matches!(self.parent, Parent::Reviving { .. }) => false,
+            Input::Signal(what)
+                if self.giving_back.is_none() && self.parent == Parent::Open && !self.holding.is_empty() =>
+            {
+                // What has not started goes back to the leader first (a joined job's scancel):
+                // it counts no attempt for a task that never ran here. The spawners start
+                // nothing more and give back their queues; what runs is stopped after.
+                out.push(Effect::Exec(Command::Hold(true)));
+                out.push(Effect::Exec(Command::Recall(self.holding.iter().copied().collect())));
+                self.giving_back = Some((what, now_us + GIVE_BACK_US));
+                false
+            }
             Input::Signal(what) => {
-                // Results that wait for the report gap go first: a task that ended is not run
-                // again elsewhere for want of its report (a joined job's scancel).
-                if self.parent == Parent::Open && !self.results.is_empty() {
-                    self.report(now_us, 0, false, 0, out);
-                }
-                self.stop(what.to_string(), out);
+                self.stop_on_signal(now_us, what, out);
                 false
             }
             // The agent goes away as a whole: its connection closes, and the leader gives its
@@ -417,6 +431,11 @@ impl Machine {
                 false
             }
         };
+        if let Some((what, until)) = self.giving_back {
+            if now_us >= until {
+                self.stop_on_signal(now_us, what, out);
+            }
+        }
         self.after(now_us, urgent, out);
     }
 
@@ -560,6 +579,16 @@ impl Machine {
     }
 
     /// Stops the tasks and stops reporting: what ran is not recorded, and runs again elsewhere.
+    /// Stops as a signal said. Results that wait for the report gap go first, and what was
+    /// given back: a task that ended is not run again elsewhere for want of its report.
+    fn stop_on_signal(&mut self, now_us: u64, what: &'static str, out: &mut Vec<Effect>) {
+        self.giving_back = None;
+        if self.parent == Parent::Open && (!self.results.is_empty() || !self.recalled.is_empty()) {
+            self.report(now_us, 0, false, 0, out);
+        }
+        self.stop(what.to_string(), out);
+    }
+
     fn stop(&mut self, why: String, out: &mut Vec<Effect>) {
         if !matches!(self.parent, Parent::Cut { .. }) {
             self.parent = Parent::Cut { why, own: true };
@@ -1111,16 +1140,37 @@ mod tests {
         let err = m.outcome().unwrap().unwrap_err();
         assert!(err.starts_with("terminated by a signal; running tasks were stopped"), "{err}");
 
-        // Results still waiting for the report gap go up before the tasks are stopped.
+        // Holding tasks, it first gives back what has not started; then the results still
+        // waiting for the report gap and what came back go up before the tasks are stopped.
         let mut m = holding(2, 8);
         step(&mut m, GAP, Input::Exec(vec![done(0)]));
         assert!(step(&mut m, GAP + 1, Input::Exec(vec![done(1)])).is_empty(), "waits for the gap");
         let out = step(&mut m, GAP + 2, Input::Signal("terminated by a signal"));
-        assert!(
-            matches!(&out[..], [Effect::Up(Up::Report { report, .. }), Effect::Exec(Command::Abort)]
-                if report.results.iter().map(|r| r.id).collect::<Vec<_>>() == [1]),
-            "{out:?}"
-        );
+        let mut asked: Vec<u64> = match &out[..] {
+            [Effect::Exec(Command::Hold(true)), Effect::Exec(Command::Recall(ids))] => ids.clone(),
+            _ => panic!("{out:?}"),
+        };
+        asked.sort_unstable();
+        assert_eq!(asked, (2..8).collect::<Vec<u64>>(), "all it holds: the spawners know which started");
+        let back = (4..8).map(|id| ExecEvent::Recalled { id, attempt: 1 }).collect();
+        // What came back goes up at once (it is wanted elsewhere), the rest with the stop.
+        let mut out = step(&mut m, GAP + 3, Input::Exec(back));
+        assert!(!out.iter().any(|e| matches!(e, Effect::Exec(Command::Abort))), "{out:?}");
+        out.extend(step(&mut m, GAP + 3 + GIVE_BACK_US, Input::Tick));
+        let reported: Vec<(Vec<u64>, Vec<u64>)> = out
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Up(Up::Report { report, .. }) => {
+                    Some((report.results.iter().map(|r| r.id).collect(), report.recalled.clone()))
+                }
+                _ => None,
+            })
+            .collect();
+        let results: Vec<u64> = reported.iter().flat_map(|r| r.0.clone()).collect();
+        let recalled: Vec<u64> = reported.iter().flat_map(|r| r.1.clone()).collect();
+        assert_eq!((results, recalled), (vec![1], vec![4, 5, 6, 7]), "{out:?}");
+        assert!(matches!(out.last(), Some(Effect::Exec(Command::Abort))), "{out:?}");
+        assert!(step(&mut m, GAP + 9 + GIVE_BACK_US, Input::Signal("again")).is_empty());
     }
 
     #[test]

@@ -452,7 +452,7 @@ impl Executor {
             if orders.reset_done(self.running.len()) {
                 self.events.push(ExecEvent::Reset);
             }
-            if orders.may_start(now_us()) {
+            if orders.may_start(now_us()) && !crate::stopping::requested() {
                 self.start_queued();
             }
             // Closed without taking them out of the epoll set: their watches have fired and fire

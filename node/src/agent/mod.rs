@@ -188,6 +188,13 @@ async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?,
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?,
     );
+    // The spawners stop starting tasks within the signal's delivery (`stopping`); the loop
+    // hears of it later, through tokio.
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        // SAFETY: the action only stores to an atomic, which is async-signal-safe, and it stays
+        // registered for the life of the process, as the static it touches does.
+        unsafe { signal_hook_registry::register(sig, htc_exec::stopping::request) }?;
+    }
     let mut effects = Vec::new();
     let mut out = Vec::new();
     // Real tasks only: simulated ones leave nothing behind.
