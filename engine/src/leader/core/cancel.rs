@@ -23,7 +23,11 @@ impl<'a> Core<'a> {
             };
             standing.push((d, s));
         }
-        let added = self.deps.add(id, on, |d| standing.iter().find(|(x, _)| *x == d).map_or(Standing::Open, |s| s.1));
+        // Looked up by id, not scanned: a fan-in waits for a million tasks (a range is sorted
+        // already, so this sort costs one pass).
+        standing.sort_unstable_by_key(|s| s.0);
+        let of = |d| standing.binary_search_by_key(&d, |s| s.0).map_or(Standing::Open, |i| standing[i].1);
+        let added = self.deps.add(id, on, of);
         if let Added::Cancelled { because } = added {
             tracing::info!(job = %self.job_id, task = id, because, "cancelled: task {because} did not succeed");
             self.cancel_one(t, id, Some(because))?;
