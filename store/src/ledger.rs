@@ -150,6 +150,22 @@ fn read_added_command(l: &Ledger, txn: &impl Transaction, id: u64) -> Result<Opt
     }
 }
 
+/// Up to `max` tasks' needs from task `start` on, in id order.
+fn read_needs_from(l: &Ledger, txn: &impl Transaction, start: u64, max: usize) -> Result<Vec<(u64, Needs)>> {
+    let Some(db) = l.needs else { return Ok(Vec::new()) };
+    let mut c = txn.open_ro_cursor(db).map_err(|e| l.err(e))?;
+    let (mut out, mut last) = (Vec::new(), None);
+    for item in c.iter_from(key(start)).take(max) {
+        let (k, v) = item.map_err(|e| l.err(e))?;
+        let id = walked_id(k, &mut last, &l.path)?;
+        out.push((
+            id,
+            crate::layout::decode_needs(id, v).ok_or_else(|| l.sum_err(format!("what task {id} waits for")))?,
+        ));
+    }
+    Ok(out)
+}
+
 /// Tasks per state are stored at every commit so readers need no scan.
 fn encode_counts(c: &Counts) -> [u8; 48] {
     let mut b = [0u8; 48];
@@ -739,6 +755,12 @@ impl<'l> WriteTxn<'l> {
         read_added_command(self.l, &self.txn, id)
     }
 
+    /// Up to `max` tasks' needs from task `start` on, in id order, as this transaction sees
+    /// them: a slice at a time, so that a million waiting tasks are never all in memory.
+    pub fn needs_from(&self, start: u64, max: usize) -> Result<Vec<(u64, Needs)>> {
+        read_needs_from(self.l, &self.txn, start, max)
+    }
+
     /// An entry written as it is, and journaled as it is.
     fn put_raw(&mut self, db: u8, k: &[u8], v: &[u8]) -> Result<()> {
         if let Some(log) = self.log.as_mut() {
@@ -1101,8 +1123,15 @@ pub(crate) mod tests {
         assert_eq!(r.added_command(1).unwrap(), None, "a file's task has none");
         let mut waits = Vec::new();
         r.for_each_needs(|id, n| waits.push((id, n))).unwrap();
-        assert_eq!(waits, [(2, needs)]);
+        assert_eq!(waits, [(2, needs.clone())]);
         r.check_history().unwrap();
+        // A writer reads them a slice at a time.
+        let l = Ledger::open(&p, false).unwrap();
+        let mut t = l.write().unwrap();
+        let (id4, _) = t.add_task(TaskShape::default(), false, b"true", &needs, None).unwrap();
+        assert_eq!(t.needs_from(0, 1).unwrap(), [(2, needs.clone())]);
+        assert_eq!(t.needs_from(3, 9).unwrap(), [(id4, needs.clone())]);
+        assert!(t.needs_from(id4 + 1, 9).unwrap().is_empty());
     }
 
     #[test]

@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use super::core::{Core, Ending, Input, NewTask, Progress, Tasks};
 use super::effect::Effects;
-use htc_core::after::Needs;
 use htc_core::record::TaskStatus;
 use htc_store::ledger::{Change, Ledger, LedgerError, Record, WriteTxn};
 use htc_store::load::TaskText;
@@ -55,6 +54,10 @@ pub trait World {
     /// Carries out the effects of the turns so far (frames to agents, agents given up).
     fn carry(&mut self, out: &mut Effects);
 }
+
+/// Waiting tasks are made to wait again a slice of the ledger's `needs` at a time
+/// (`restore_waits`), never all of them in memory at once.
+const WAITS_SLICE: usize = 65_536;
 
 /// The ledger's write transaction and the run's task text, as the core's `Tasks`.
 pub struct LedgerTasks<'t, 'l> {
@@ -169,9 +172,8 @@ impl<'c, 'l, W: World> Session<'c, 'l, W> {
     /// tasks wait for (`restore_waits`).
     pub fn begin(&mut self, job_id: &str) -> Result<()> {
         let now = self.world.now_us();
-        let waits = self.waits()?;
         let mut t = self.ledger.write()?;
-        self.restore_waits(&mut t, waits)?;
+        self.restore_waits(&mut t)?;
         t.put_meta("leader_pid", &(std::process::id() as u64).to_le_bytes())?;
         // What the process spent before leading: for a fresh `htc run FILE`, reading the file
         // into the ledger (an open run's tasks are read while it leads, and counted there).
@@ -190,26 +192,24 @@ impl<'c, 'l, W: World> Session<'c, 'l, W> {
     /// Tasks not final that wait for others wait again in this session's core. A task whose
     /// dependency failed was cancelled in the failure's own transaction, so none is found
     /// cancelled here unless the ledger says so.
-    fn restore_waits(&mut self, t: &mut WriteTxn<'l>, waits: Vec<(u64, Needs)>) -> Result<()> {
-        let mut tasks = LedgerTasks { txn: t, text: self.text };
-        for (id, needs) in waits {
-            if tasks.txn.get(id)?.is_some_and(|r| !r.state().is_final()) {
-                let on: Vec<_> = needs.each().collect();
-                self.core.depend(&mut tasks, id, &on)?;
+    fn restore_waits(&mut self, t: &mut WriteTxn<'l>) -> Result<()> {
+        // Nothing to read when the task file said none waits.
+        if t.meta("waits")?.is_some_and(|w| w == 0u64.to_le_bytes()) {
+            return Ok(());
+        }
+        let mut next = 0;
+        loop {
+            let slice = t.needs_from(next, WAITS_SLICE)?;
+            let Some(&(last, _)) = slice.last() else { return Ok(()) };
+            next = last + 1;
+            let mut tasks = LedgerTasks { txn: t, text: self.text };
+            for (id, needs) in slice {
+                if tasks.txn.get(id)?.is_some_and(|r| !r.state().is_final()) {
+                    let on: Vec<_> = needs.each().collect();
+                    self.core.depend(&mut tasks, id, &on)?;
+                }
             }
         }
-        Ok(())
-    }
-
-    /// What the run's tasks wait for, as the ledger says (nothing read when the task file
-    /// said none).
-    fn waits(&self) -> Result<Vec<(u64, Needs)>> {
-        let mut waits = Vec::new();
-        let read = self.ledger.read()?;
-        if read.meta_u64("waits")? != Some(0) {
-            read.for_each_needs(|id, n| waits.push((id, n)))?;
-        }
-        Ok(waits)
     }
 
     /// When the next chore is due, on the world's clock. Each wakeup of an idle leader costs it
