@@ -83,16 +83,16 @@ pub struct Deps {
 }
 
 impl Deps {
-    /// Task `id` depends on `on`, each named task standing as `standing` says now. Made once per
-    /// task (when it is added, or again on a resume for the dependencies still open).
-    pub fn add(&mut self, id: u64, on: &[(u64, Kind)], standing: impl Fn(u64) -> Standing) -> Added {
-        if let Some(&(because, _)) =
-            on.iter().find(|&&(d, k)| k == Kind::After && standing(d) == Standing::Unsuccessful)
-        {
+    /// Task `id` depends on `on`, the `i`th named task standing as `standing(i)` says now (by
+    /// place, not id: a fan-in names a million, and nothing is looked up). Made once per task
+    /// (when it is added, or again on a resume for the dependencies still open).
+    pub fn add(&mut self, id: u64, on: &[(u64, Kind)], standing: impl Fn(usize) -> Standing) -> Added {
+        let failed = |(i, &(_, k)): &(usize, &(u64, Kind))| k == Kind::After && standing(*i) == Standing::Unsuccessful;
+        if let Some((_, &(because, _))) = on.iter().enumerate().find(failed) {
             return Added::Cancelled { because };
         }
         let mut n = 0;
-        for &(d, kind) in on.iter().filter(|&&(d, _)| standing(d) == Standing::Open) {
+        for (_, &(d, kind)) in on.iter().enumerate().filter(|&(i, _)| standing(i) == Standing::Open) {
             let dependent = if kind == Kind::AfterAny { id | ANY } else { id };
             let next = self.first.get(d).wrapping_sub(1);
             let e = self.new_edge(dependent, next);
@@ -192,7 +192,7 @@ mod tests {
     use super::*;
     use std::collections::HashMap;
 
-    fn open(_: u64) -> Standing {
+    fn open(_: usize) -> Standing {
         Standing::Open
     }
 
@@ -216,10 +216,11 @@ mod tests {
     #[test]
     fn what_has_ended_already_counts_as_its_end_says() {
         let mut d = Deps::default();
-        let standing = |id| HashMap::from([(1, Standing::Succeeded), (2, Standing::Unsuccessful)])[&id];
-        assert_eq!(d.add(5, &[(1, Kind::After)], standing), Added::Ready);
-        assert_eq!(d.add(6, &[(2, Kind::AfterAny)], standing), Added::Ready);
-        assert_eq!(d.add(7, &[(1, Kind::After), (2, Kind::After)], standing), Added::Cancelled { because: 2 });
+        let of = |id| HashMap::from([(1, Standing::Succeeded), (2, Standing::Unsuccessful)])[&id];
+        let mut add = |id, on: &[(u64, Kind)]| d.add(id, on, |i| of(on[i].0));
+        assert_eq!(add(5, &[(1, Kind::After)]), Added::Ready);
+        assert_eq!(add(6, &[(2, Kind::AfterAny)]), Added::Ready);
+        assert_eq!(add(7, &[(1, Kind::After), (2, Kind::After)]), Added::Cancelled { because: 2 });
         assert_eq!(d.waiting(), 0);
     }
 
