@@ -14,8 +14,9 @@ pub struct Spread {
     held: Vec<usize>,
     /// Per spawner, the tasks it holds and has not said it started, in the order sent. A
     /// spawner's queue is its own: one whose slots all run long tasks keeps these waiting
-    /// while another may idle (`stuck`).
-    unstarted: Vec<VecDeque<u64>>,
+    /// while another may idle (`stuck`). With each, whether it may be asked back: not a task
+    /// with `mem=` or GPUs, which may wait there for its memory or devices as the leader placed it.
+    unstarted: Vec<VecDeque<(u64, bool)>>,
     /// Asked back by `stuck` and not back yet: not asked again.
     asked: Vec<u64>,
     /// When each spawner last started, ended or gave back a task (µs).
@@ -25,7 +26,7 @@ pub struct Spread {
 /// How long a spawner's slots must all have run the same tasks before what waits behind them
 /// is asked back: short tasks start what they queue soon enough, and asking back costs a trip
 /// to the leader.
-pub const STUCK_AFTER_US: u64 = 1_000_000;
+pub const STUCK_AFTER_US: u64 = 5_000_000;
 
 impl Spread {
     pub fn new(slots: Vec<usize>) -> Spread {
@@ -41,7 +42,7 @@ impl Spread {
         for t in tasks {
             let i = self.pick(t.shape.cores.max(1) as usize);
             self.held[i] += 1;
-            self.unstarted[i].push_back(t.id);
+            self.unstarted[i].push_back((t.id, t.shape.mem_mb == 0 && t.shape.gpus == 0));
             out[i].push(t);
         }
         out
@@ -60,9 +61,9 @@ impl Spread {
         let Some(q) = self.unstarted.get_mut(i) else { return };
         self.moved_us[i] = now_us;
         // Mostly the oldest: a spawner starts its queue in order, but for priorities.
-        if q.front() == Some(&id) {
+        if q.front().is_some_and(|f| f.0 == id) {
             q.pop_front();
-        } else if let Some(at) = q.iter().position(|&x| x == id) {
+        } else if let Some(at) = q.iter().position(|x| x.0 == id) {
             q.remove(at);
         }
         if let Some(at) = self.asked.iter().position(|&x| x == id) {
@@ -76,7 +77,7 @@ impl Spread {
             *h = 0;
         }
         if let Some(q) = self.unstarted.get_mut(i) {
-            self.asked.retain(|id| !q.contains(id));
+            self.asked.retain(|id| !q.iter().any(|x| x.0 == *id));
             q.clear();
         }
     }
@@ -97,10 +98,15 @@ impl Spread {
         let j = (0..self.slots.len()).find(|&j| {
             running(j) >= self.slots[j]
                 && now_us.saturating_sub(self.moved_us[j]) >= STUCK_AFTER_US
-                && self.unstarted[j].iter().any(|id| !self.asked.contains(id))
+                && self.unstarted[j].iter().any(|&(id, may)| may && !self.asked.contains(&id))
         })?;
-        let ids: Vec<u64> =
-            self.unstarted[j].iter().rev().filter(|id| !self.asked.contains(id)).take(idle).copied().collect();
+        let ids: Vec<u64> = self.unstarted[j]
+            .iter()
+            .rev()
+            .filter(|&&(id, may)| may && !self.asked.contains(&id))
+            .take(idle)
+            .map(|x| x.0)
+            .collect();
         self.asked.extend(&ids);
         Some((j, ids))
     }
@@ -175,6 +181,16 @@ mod tests {
         s.left_queue(1, 4, 2 * T);
         s.finished(1, 1);
         assert_eq!(s.stuck(9 * T), None, "given back");
+        // A task with mem= waits where the leader placed it, for its memory: never asked back.
+        let mut s = Spread::new(vec![1, 1]);
+        let mut t = tasks(&[1, 1, 1, 1]);
+        t[3].shape.mem_mb = 100;
+        s.assign(t);
+        for (i, id) in [(0, 1), (1, 2), (0, 3)] {
+            s.left_queue(i, id, 0);
+        }
+        s.finished(0, 2);
+        assert_eq!(s.stuck(9 * T), None, "4 waits behind 2 for its memory");
         // A spawner with a free slot and a queue starts it itself: nothing is asked.
         let mut s = Spread::new(vec![2, 1]);
         s.assign(tasks(&[1, 1, 1]));
