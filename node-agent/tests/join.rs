@@ -29,7 +29,7 @@ fn agents_that_join_a_running_run_share_its_tasks_and_each_task_runs_once() {
     d.write("t.txt", "sleep 0.05\n".repeat(n));
     let mut lead = d.spawn_htc(&["run", "t.txt", "--agents", "1", "--cores-per-agent", "1", "-q"], &[]);
     // Alone on one core the run takes 15 s: the join comes as soon as the leader is there.
-    assert!(wait_for(|| d.path(".htc").exists() && d.run_dir().join("leader.addr").exists(), Duration::from_secs(30)));
+    assert!(wait_for(|| d.leader_listens(), Duration::from_secs(30)));
     let run = d.run_dir();
     let join = d.htc(&["run", "--join", run.to_str().unwrap(), "--agents", "2", "--cores-per-agent", "2"]);
     assert!(join.status.success(), "{}", text(&join));
@@ -78,7 +78,7 @@ fn joins_that_cannot_be_taken_are_refused_and_the_run_goes_on_unharmed() {
     let gate = d.path("gate");
     d.write("t.txt", format!("while [ ! -e {} ]; do sleep 0.05; done\n", gate.display()).repeat(4));
     let mut lead = d.spawn_htc(&["run", "t.txt", "--agents", "1", "--cores-per-agent", "2", "-q"], &[]);
-    assert!(wait_for(|| d.path(".htc").exists() && d.run_dir().join("leader.addr").exists(), Duration::from_secs(30)));
+    assert!(wait_for(|| d.leader_listens(), Duration::from_secs(30)));
     let run = d.run_dir();
     // A run directory that points at the leader but holds another secret.
     let fake = d.path("fake");
@@ -109,7 +109,7 @@ fn joined_agents_leave_in_good_order_at_their_time_limit_and_the_run_finishes_wi
     let n = 200;
     d.write("t.txt", "sleep 0.05\n".repeat(n));
     let lead = d.spawn_htc(&["run", "t.txt", "--agents", "1", "--cores-per-agent", "1", "-q"], &[]);
-    assert!(wait_for(|| d.path(".htc").exists() && d.run_dir().join("leader.addr").exists(), Duration::from_secs(30)));
+    assert!(wait_for(|| d.leader_listens(), Duration::from_secs(30)));
     let run = d.run_dir();
     // Two seconds of work, then they must go: they hand back what is queued and end.
     let join = d.htc(&[

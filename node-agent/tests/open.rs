@@ -17,7 +17,7 @@ fn open_run(d: &Dir, extra: &[&str]) -> (Child, String) {
     let mut args = vec!["run", "--open", "-q"];
     args.extend(extra);
     let leader = d.spawn_htc(&args, &[]);
-    let listening = || d.path(".htc").exists() && d.run_dir().join("leader.addr").exists();
+    let listening = || d.leader_listens();
     assert!(wait_for(listening, Duration::from_secs(30)), "the open run's leader never listened");
     (leader, d.run_id())
 }
@@ -170,7 +170,7 @@ fn a_run_started_from_a_file_alone_is_not_open() {
     let d = Dir::new("not-open");
     d.write("t.txt", "sleep 60\n");
     let leader = d.spawn_htc(&["run", "t.txt", "-q"], &[]);
-    let listening = || d.path(".htc").exists() && d.run_dir().join("leader.addr").exists();
+    let listening = || d.leader_listens();
     assert!(wait_for(listening, Duration::from_secs(30)));
     let run = d.run_id();
     let (rc, _, err) = htc(&d, &["task", "add", &run, "--", "true"]);

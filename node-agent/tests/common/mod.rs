@@ -57,6 +57,13 @@ impl Dir {
         assert_eq!(runs.len(), 1, "expected exactly one run: {runs:?}");
         runs.pop().unwrap()
     }
+    /// Whether the one run under `.htc/` has a leader that listens. The run directory is made
+    /// a moment after `.htc/`: none there yet is not listening (`run_dir` would panic).
+    pub fn leader_listens(&self) -> bool {
+        let runs: Vec<PathBuf> =
+            fs::read_dir(self.path(".htc")).map(|r| r.flatten().map(|e| e.path()).collect()).unwrap_or_default();
+        matches!(&runs[..], [one] if one.join("leader.addr").exists())
+    }
     pub fn run_id(&self) -> String {
         self.run_dir().file_name().unwrap().to_string_lossy().into_owned()
     }
