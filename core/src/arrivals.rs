@@ -7,47 +7,93 @@
 //! An instance takes its own share of the plan first, then arrivals, and steals from another's
 //! share only when there are none: an arrival is work no instance was promised.
 
-use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::BTreeMap;
 
 use crate::partition::{Block, Partition};
 
 pub struct Arrivals<'a> {
     plan: Box<dyn Partition + 'a>,
-    /// Highest priority first, then the lowest id.
-    queue: BinaryHeap<(i16, Reverse<u64>)>,
-    /// Arrivals waiting, per priority (for `top_priority`).
-    by_priority: BTreeMap<i16, u64>,
+    /// Per priority, the ids that may run, as ranges: a million released at once, or added in
+    /// one request, are one entry, not 16 bytes each.
+    queue: BTreeMap<i16, Ranges>,
+    waiting: u64,
+}
+
+/// Ids as ranges that never touch (start → end, exclusive), and how many.
+#[derive(Default)]
+struct Ranges {
+    by_start: BTreeMap<u64, u64>,
+    len: u64,
+}
+
+impl Ranges {
+    /// Adds `id`, joined to the ranges it touches; false if it was there already.
+    fn insert(&mut self, id: u64) -> bool {
+        let before = self.by_start.range(..=id).next_back().map(|(&s, &e)| (s, e));
+        if before.is_some_and(|(_, e)| e > id) {
+            return false;
+        }
+        let start = match before {
+            Some((s, e)) if e == id => s,
+            _ => id,
+        };
+        let end = self.by_start.remove(&(id + 1)).unwrap_or(id + 1);
+        self.by_start.insert(start, end);
+        self.len += 1;
+        true
+    }
+
+    /// Up to `max` of the lowest ids, appended to `out`.
+    fn pop(&mut self, max: u64, out: &mut Vec<std::ops::Range<u64>>) -> u64 {
+        let mut taken = 0;
+        while taken < max {
+            let Some((s, e)) = self.by_start.pop_first() else { break };
+            let n = (e - s).min(max - taken);
+            out.push(s..s + n);
+            if s + n < e {
+                self.by_start.insert(s + n, e);
+            }
+            taken += n;
+        }
+        self.len -= taken;
+        taken
+    }
 }
 
 impl<'a> Arrivals<'a> {
     pub fn new(plan: Box<dyn Partition + 'a>) -> Self {
-        Arrivals { plan, queue: BinaryHeap::new(), by_priority: BTreeMap::new() }
+        Arrivals { plan, queue: BTreeMap::new(), waiting: 0 }
     }
 
     /// Task `id`, of `priority=`, may run now.
     pub fn push(&mut self, id: u64, priority: i16) {
-        self.queue.push((priority, Reverse(id)));
-        *self.by_priority.entry(priority).or_default() += 1;
+        if self.queue.entry(priority).or_default().insert(id) {
+            self.waiting += 1;
+        }
     }
 
     /// Arrivals not handed out yet.
     pub fn waiting(&self) -> u64 {
-        self.queue.len() as u64
+        self.waiting
     }
 
-    fn pop(&mut self, max: u64) -> Vec<u64> {
-        let mut ids = Vec::with_capacity(max.min(self.queue.len() as u64) as usize);
-        while ids.len() < max as usize {
-            let Some((p, Reverse(id))) = self.queue.pop() else { break };
-            let n = self.by_priority.get_mut(&p).expect("counted when pushed");
-            *n -= 1;
-            if *n == 0 {
-                self.by_priority.remove(&p);
+    /// Up to `max` arrivals, highest priority first, then lowest id: one range when they are
+    /// consecutive.
+    fn pop(&mut self, max: u64) -> Block {
+        let mut runs = Vec::new();
+        let mut taken = 0;
+        while taken < max {
+            let Some(mut top) = self.queue.last_entry() else { break };
+            taken += top.get_mut().pop(max - taken, &mut runs);
+            if top.get().len == 0 {
+                top.remove();
             }
-            ids.push(id);
         }
-        ids
+        self.waiting -= taken;
+        match &runs[..] {
+            [one] => Block::Range(one.clone()),
+            _ => Block::Ids(runs.into_iter().flatten().collect()),
+        }
     }
 }
 
@@ -56,8 +102,8 @@ impl Partition for Arrivals<'_> {
         if let Some(own) = self.plan.take(instance, max, 0) {
             return Some(own);
         }
-        if !self.queue.is_empty() && max > 0 {
-            return Some(Block::Ids(self.pop(max)));
+        if self.waiting > 0 && max > 0 {
+            return Some(self.pop(max));
         }
         self.plan.take(instance, max, steal)
     }
@@ -67,7 +113,7 @@ impl Partition for Arrivals<'_> {
     }
 
     fn top_priority(&self) -> Option<(i16, u64)> {
-        let mine = self.by_priority.last_key_value().map(|(&p, &n)| (p, n));
+        let mine = self.queue.last_key_value().map(|(&p, ids)| (p, ids.len));
         match (self.plan.top_priority(), mine) {
             (Some((a, n)), Some((b, m))) if a == b => Some((a, n + m)),
             (Some(x), Some(y)) => Some(x.max(y)),
@@ -108,6 +154,19 @@ mod tests {
         assert_eq!(ids(a.take(0, 2, 2)), [6, 7], "then the back of the other's share");
         assert_eq!(ids(a.take(1, 9, 9)), [4, 5]);
         assert_eq!((a.take(1, 9, 9), a.remaining()), (None, 0));
+    }
+
+    #[test]
+    fn consecutive_arrivals_are_one_range_in_whatever_order_they_came() {
+        let mut a = Arrivals::new(Box::new(Even::new(0..0, 1)));
+        for id in (10..20).rev().chain([5, 7, 6, 10]) {
+            a.push(id, 0);
+        }
+        assert_eq!((a.waiting(), a.queue[&0].by_start.len()), (13, 2), "5-7 and 10-19; 10 once");
+        assert!(matches!(a.take(0, 2, 0), Some(Block::Range(r)) if r == (5..7)));
+        assert_eq!(ids(a.take(0, 4, 0)), [7, 10, 11, 12], "across two ranges");
+        assert!(matches!(a.take(0, 100, 0), Some(Block::Range(r)) if r == (13..20)));
+        assert_eq!((a.take(0, 1, 0), a.waiting()), (None, 0));
     }
 
     #[test]

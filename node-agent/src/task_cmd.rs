@@ -338,10 +338,13 @@ fn statuses(dir: &std::path::Path, ids: Option<&[u64]>) -> anyhow::Result<Result
 /// `--any`) has ended. 0 when all of them succeeded (the one, with `--any`); 1 when one failed
 /// or was cancelled; 2 for an unknown task; 124 at the timeout.
 pub fn wait(run: &str, ids: &[String], all: bool, any: bool, timeout: Option<Duration>) -> anyhow::Result<i32> {
-    let asked = if all { None } else { Some(id_list(ids)?) };
+    let mut asked = if all { None } else { Some(id_list(ids)?) };
     let dir = RunDir::find(Some(run))?;
     let start = std::time::Instant::now();
     let mut pause = Duration::from_millis(5);
+    // Each call after the first asks only about the tasks not ended yet: a wait for a million
+    // tasks reads each of them about once, not once per call.
+    let (mut ended_n, mut ended_bad) = (0usize, false);
     loop {
         let (rows, _) = match statuses(&dir, asked.as_deref())? {
             Ok(found) => found,
@@ -359,13 +362,17 @@ pub fn wait(run: &str, ids: &[String], all: bool, any: bool, timeout: Option<Dur
         if any && !finished.is_empty() {
             return Ok(i32::from(bad(finished[0])));
         }
+        ended_bad |= finished.iter().any(|r| bad(r));
+        ended_n += finished.len();
         if !any && finished.len() == rows.len() {
-            return Ok(i32::from(rows.iter().any(bad)));
+            return Ok(i32::from(ended_bad));
         }
         if timeout.is_some_and(|t| start.elapsed() >= t) {
-            eprintln!("htc: {} of {} tasks not finished at the timeout", rows.len() - finished.len(), rows.len());
+            let left = rows.len() - finished.len();
+            eprintln!("htc: {left} of {} tasks not finished at the timeout", ended_n + left);
             return Ok(124);
         }
+        asked = Some(rows.iter().filter(|r| !ended(r)).map(|r| r.id).collect());
         std::thread::sleep(pause);
         pause = (pause * 2).min(Duration::from_millis(200));
     }

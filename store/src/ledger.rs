@@ -141,6 +141,24 @@ fn decode_attempt(k: &[u8], b: &[u8]) -> Option<Attempt> {
 }
 
 /// An added task's command from the `commands` database, checked.
+/// The records of `ids` in id order, with one cursor walk.
+fn read_range(l: &Ledger, txn: &impl Transaction, ids: std::ops::Range<u64>) -> Result<Vec<(u64, Record)>> {
+    let mut out = Vec::with_capacity(ids.end.saturating_sub(ids.start).min(1 << 16) as usize);
+    if ids.is_empty() {
+        return Ok(out);
+    }
+    let mut c = txn.open_ro_cursor(l.tasks).map_err(|e| l.err(e))?;
+    for item in c.iter_from(key(ids.start)) {
+        let (k, v) = item.map_err(|e| l.err(e))?;
+        let id = u64::from_be_bytes(k.try_into().map_err(|_| LedgerError::Corrupt { id: 0, len: k.len() })?);
+        if id >= ids.end {
+            break;
+        }
+        out.push((id, l.decode(id, v)?));
+    }
+    Ok(out)
+}
+
 fn read_added_command(l: &Ledger, txn: &impl Transaction, id: u64) -> Result<Option<Vec<u8>>> {
     let Some(db) = l.commands else { return Ok(None) };
     match txn.get(db, &key(id)) {
@@ -576,7 +594,7 @@ impl Ledger {
 
     pub fn write(&self) -> Result<WriteTxn<'_>> {
         let txn = self.env.begin_rw_txn().map_err(|e| self.err(e))?;
-        Ok(WriteTxn { l: self, txn, log: self.journal.as_ref().map(|_| Default::default()) })
+        Ok(WriteTxn { l: self, txn, log: self.journal.as_ref().map(|_| Default::default()), added_total: None })
     }
 
     pub fn read(&self) -> Result<ReadTxn<'_>> {
@@ -595,6 +613,9 @@ pub struct WriteTxn<'l> {
     txn: RwTransaction<'l>,
     /// What this transaction changed, for the journal; `None` when there is none.
     log: Option<Log>,
+    /// The highest task id once this transaction added tasks: kept here and written to the
+    /// meta `total` once, at the commit, not once per task added.
+    added_total: Option<u64>,
 }
 
 impl<'l> WriteTxn<'l> {
@@ -608,20 +629,7 @@ impl<'l> WriteTxn<'l> {
 
     /// The records of `ids` in id order, read with one cursor walk instead of a lookup each.
     pub fn range(&self, ids: std::ops::Range<u64>) -> Result<Vec<(u64, Record)>> {
-        let mut out = Vec::with_capacity(ids.end.saturating_sub(ids.start).min(1 << 16) as usize);
-        if ids.is_empty() {
-            return Ok(out);
-        }
-        let mut c = self.txn.open_ro_cursor(self.l.tasks).map_err(|e| self.l.err(e))?;
-        for item in c.iter_from(key(ids.start)) {
-            let (k, v) = item.map_err(|e| self.l.err(e))?;
-            let id = u64::from_be_bytes(k.try_into().map_err(|_| LedgerError::Corrupt { id: 0, len: k.len() })?);
-            if id >= ids.end {
-                break;
-            }
-            out.push((id, self.l.decode(id, v)?));
-        }
-        Ok(out)
+        read_range(self.l, &self.txn, ids)
     }
 
     /// Applies one change, to the ledger and, with a journal, to what this transaction
@@ -709,6 +717,9 @@ impl<'l> WriteTxn<'l> {
 
     /// The id the next task gets: one past the highest.
     pub fn next_id(&self) -> Result<u64> {
+        if let Some(total) = self.added_total {
+            return Ok(total + 1);
+        }
         let total = self.meta("total")?.and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes);
         Ok(total + 1)
     }
@@ -734,7 +745,7 @@ impl<'l> WriteTxn<'l> {
         if let Some(k) = added_as {
             self.put_raw(DB_KEYS, k, &seal(k, &id.to_le_bytes()))?;
         }
-        self.put_meta("total", &id.to_le_bytes())?;
+        self.added_total = Some(id);
         Ok((id, r))
     }
 
@@ -775,6 +786,9 @@ impl<'l> WriteTxn<'l> {
     }
 
     pub fn meta(&self, k: &str) -> Result<Option<Vec<u8>>> {
+        if let (Some(total), "total") = (self.added_total, k) {
+            return Ok(Some(total.to_le_bytes().to_vec()));
+        }
         match self.txn.get(self.l.meta, &k) {
             Ok(b) => Ok(Some(self.l.meta_value(k, b)?.to_vec())),
             Err(lmdb::Error::NotFound) => Ok(None),
@@ -807,6 +821,9 @@ impl<'l> WriteTxn<'l> {
     /// Commits; with a journal, what changed is written to it first, so that nothing is
     /// acknowledged that only this node's disk holds.
     pub fn commit(mut self) -> Result<()> {
+        if let Some(total) = self.added_total.take() {
+            self.put_meta("total", &total.to_le_bytes())?;
+        }
         // Not journaled: a restored ledger has transaction ids of its own.
         // SAFETY: the id of this live transaction.
         let id = unsafe { mdb_txn_id(self.txn.txn().cast()) } as u64;
@@ -827,6 +844,11 @@ pub struct ReadTxn<'l> {
 }
 
 impl ReadTxn<'_> {
+    /// The records of `ids` in id order, read with one cursor walk instead of a lookup each.
+    pub fn range(&self, ids: std::ops::Range<u64>) -> Result<Vec<(u64, Record)>> {
+        read_range(self.l, &self.txn, ids)
+    }
+
     /// The schema version the ledger's meta names.
     pub fn schema(&self) -> Result<u32> {
         let v = self.meta("schema")?.ok_or(LedgerError::MissingMeta("schema"))?;
@@ -1119,6 +1141,9 @@ pub(crate) mod tests {
         t.commit().unwrap();
         let l = Ledger::open(&p, true).unwrap();
         let r = l.read().unwrap();
+        // The count of tasks is written once, at the commit.
+        assert_eq!(r.meta_u64("total").unwrap(), Some(3));
+        assert_eq!(r.range(2..9).unwrap().iter().map(|(id, _)| *id).collect::<Vec<_>>(), [2, 3]);
         assert_eq!(r.added_command(2).unwrap().as_deref(), Some(&b"echo hi | wc"[..]));
         assert_eq!(r.added_command(1).unwrap(), None, "a file's task has none");
         let mut waits = Vec::new();
@@ -1129,6 +1154,7 @@ pub(crate) mod tests {
         let l = Ledger::open(&p, false).unwrap();
         let mut t = l.write().unwrap();
         let (id4, _) = t.add_task(TaskShape::default(), false, b"true", &needs, None).unwrap();
+        assert_eq!(t.meta("total").unwrap(), Some(4u64.to_le_bytes().to_vec()), "this transaction's count");
         assert_eq!(t.needs_from(0, 1).unwrap(), [(2, needs.clone())]);
         assert_eq!(t.needs_from(3, 9).unwrap(), [(id4, needs.clone())]);
         assert!(t.needs_from(id4 + 1, 9).unwrap().is_empty());

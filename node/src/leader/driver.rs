@@ -163,22 +163,20 @@ fn status_slice(s: &mut Session<'_, '_, Net>) -> Result<()> {
         _ => None,
     };
     let job = s.world.statuses.front_mut().expect("looked at above");
-    let slice: Vec<u64> = match &mut job.ids {
+    let mut found = match &mut job.ids {
         StatusIds::All(range) => {
             let r = range.get_or_insert(1..end.unwrap_or(1));
-            let end = r.end.min(r.start + STATUS_SLICE as u64);
-            let ids = (r.start..end).collect();
-            r.start = end;
-            ids
+            let slice = r.start..r.end.min(r.start + STATUS_SLICE as u64);
+            r.start = slice.end;
+            s.statuses_in(slice)?
         }
         StatusIds::Some(ids, next) => {
-            let end = ids.len().min(*next + STATUS_SLICE);
-            let slice = ids[*next..end].to_vec();
-            *next = end;
-            slice
+            let slice = *next..ids.len().min(*next + STATUS_SLICE);
+            *next = slice.end;
+            let ids = ids[slice].to_vec();
+            s.statuses_of(&ids)?
         }
     };
-    let mut found = s.statuses(Some(&slice))?;
     let job = s.world.statuses.front_mut().expect("still there");
     job.found.append(&mut found);
     let done = match &job.ids {

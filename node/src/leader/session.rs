@@ -203,10 +203,16 @@ impl<'c, 'l, W: World> Session<'c, 'l, W> {
             let Some(&(last, _)) = slice.last() else { return Ok(()) };
             next = last + 1;
             let mut tasks = LedgerTasks { txn: t, text: self.text };
+            // Records read with one walk per run of consecutive ids, not a lookup each.
+            let mut records = Vec::new();
+            for run in slice.chunk_by(|(a, _), (b, _)| *b == a + 1) {
+                records.extend(tasks.txn.range(run[0].0..run[run.len() - 1].0 + 1)?);
+            }
+            let mut records = records.into_iter().peekable();
             for (id, needs) in slice {
-                if tasks.txn.get(id)?.is_some_and(|r| !r.state().is_final()) {
-                    let on: Vec<_> = needs.each().collect();
-                    self.core.depend(&mut tasks, id, &on)?;
+                let r = records.next_if(|(r, _)| *r == id).map(|(_, r)| r);
+                if r.is_some_and(|r| !r.state().is_final()) {
+                    self.core.depend(&mut tasks, id, &needs)?;
                 }
             }
         }
@@ -270,33 +276,47 @@ impl<'c, 'l, W: World> Session<'c, 'l, W> {
         Ok(ending)
     }
 
-    /// Tasks as a client sees them (all: `None`), from their records and the core; ids with no
-    /// task are left out.
-    pub fn statuses(&self, ids: Option<&[u64]>) -> Result<Vec<TaskStatus>> {
-        // The open transaction's view (what this session wrote, committed or not), else the
-        // ledger's last commit: never a second transaction beside the open one on this thread.
-        let read: Option<htc_store::ledger::ReadTxn<'_>> =
-            if self.txn.is_none() { Some(self.ledger.read()?) } else { None };
-        let get = |id| match (&self.txn, &read) {
-            (Some(t), _) => t.get(id),
-            (None, Some(r)) => r.get(id),
-            (None, None) => unreachable!("one of the two is open"),
-        };
-        let all: Vec<u64>;
-        let ids = match ids {
-            Some(ids) => ids,
-            None => {
-                all = (1..self.next_task_id()?).collect();
-                &all
-            }
-        };
+    /// Tasks `ids` as a client sees them, from their records and the core; ids with no task
+    /// are left out.
+    pub fn statuses_of(&self, ids: &[u64]) -> Result<Vec<TaskStatus>> {
         let mut out = Vec::with_capacity(ids.len());
-        for &id in ids {
-            if let Some(r) = get(id)? {
-                out.push(self.core.status_of(id, &r));
+        self.with_reads(|get, _| {
+            for &id in ids {
+                if let Some(r) = get(id)? {
+                    out.push(self.core.status_of(id, &r));
+                }
+            }
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// The tasks with ids in `ids` as a client sees them, read with one walk of the ledger.
+    pub fn statuses_in(&self, ids: std::ops::Range<u64>) -> Result<Vec<TaskStatus>> {
+        let mut out = Vec::new();
+        self.with_reads(|_, range| {
+            out = range(ids)?.iter().map(|(id, r)| self.core.status_of(*id, r)).collect();
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// `f` given the open transaction's view (what this session wrote, committed or not), else
+    /// the ledger's last commit: never a second transaction beside the open one on this thread.
+    fn with_reads(
+        &self,
+        f: impl FnOnce(
+            &dyn Fn(u64) -> Result<Option<Record>>,
+            &dyn Fn(std::ops::Range<u64>) -> Result<Vec<(u64, Record)>>,
+        ) -> Result<()>,
+    ) -> Result<()> {
+        match &self.txn {
+            Some(t) => f(&|id| t.get(id), &|ids| t.range(ids)),
+            None => {
+                let r = self.ledger.read()?;
+                f(&|id| r.get(id), &|ids| r.range(ids))
             }
         }
-        Ok(out)
     }
 
     /// The id the next task added would get: the run's tasks are `1..` it.

@@ -129,8 +129,7 @@ impl<'a> Core<'a> {
             }
             let (id, r) = t.add(task)?;
             self.counts.add(State::Pending);
-            let on: Vec<_> = task.needs.each().collect();
-            if self.depend(t, id, &on)? == Added::Ready {
+            if self.depend(t, id, &task.needs)? == Added::Ready {
                 self.partition.push(id, r.shape().priority);
                 self.fresh_arrivals = true;
             }

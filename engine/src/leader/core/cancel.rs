@@ -4,24 +4,45 @@
 
 use std::collections::BTreeMap;
 
-use super::deps::{Added, Kind, Released, Standing};
+use super::deps::{Added, Released, Standing};
 use super::*;
+use htc_core::after::Needs;
+
+/// Records read at a time, by `depend` and `release`: a slice's records are in memory at once.
+const READ_SLICE: u64 = 65_536;
+
+/// The records of `ids` (those there are): a lookup for one, a walk for more.
+fn records<E>(t: &dyn Tasks<Error = E>, ids: std::ops::Range<u64>) -> Result<Vec<(u64, Record)>, E> {
+    if ids.end - ids.start == 1 {
+        return Ok(t.get(ids.start)?.map(|r| (ids.start, r)).into_iter().collect());
+    }
+    t.range(ids)
+}
 
 impl<'a> Core<'a> {
     /// Task `id` waits for `on` (tasks that exist): made as it is added, or again on a resume
     /// for a task not final yet. A dependency that failed already cancels it at once.
-    pub fn depend<E>(&mut self, t: &mut dyn Tasks<Error = E>, id: u64, on: &[(u64, Kind)]) -> Result<Added, E> {
-        // A byte each, in the order named: a fan-in waits for a million tasks.
-        let mut standing = Vec::with_capacity(on.len());
-        for &(d, _) in on {
-            standing.push(match t.get(d)?.map(|r| r.state()) {
-                Some(State::Done) => Standing::Succeeded,
-                Some(State::Failed | State::Cancelled) => Standing::Unsuccessful,
-                // An id with no record is refused before it gets here; should one slip through,
-                // it is a dependency that can never succeed.
-                None => Standing::Unsuccessful,
-                Some(_) => Standing::Open,
-            });
+    pub fn depend<E>(&mut self, t: &mut dyn Tasks<Error = E>, id: u64, on: &Needs) -> Result<Added, E> {
+        // A byte each, in the order named: a fan-in waits for a million tasks, read a range
+        // at a time with one walk of the ledger each, not a lookup each.
+        let mut standing = Vec::with_capacity(on.count().min(1 << 24) as usize);
+        for (ids, _) in on.ranges() {
+            let mut from = *ids.start();
+            while from <= *ids.end() {
+                let to = ids.end().saturating_add(1).min(from + READ_SLICE);
+                let mut records = records(t, from..to)?.into_iter().peekable();
+                for d in from..to {
+                    // An id with no record is refused before it gets here; should one slip
+                    // through, it is a dependency that can never succeed.
+                    let state = records.next_if(|(id, _)| *id == d).map(|(_, r)| r.state());
+                    standing.push(match state {
+                        Some(State::Done) => Standing::Succeeded,
+                        Some(State::Failed | State::Cancelled) | None => Standing::Unsuccessful,
+                        Some(_) => Standing::Open,
+                    });
+                }
+                from = to;
+            }
         }
         let added = self.deps.add(id, on, |i| standing[i]);
         if let Added::Cancelled { because } = added {
@@ -48,11 +69,17 @@ impl<'a> Core<'a> {
             tracing::info!(job = %self.job_id, task, because, "cancelled: task {because} did not succeed");
             self.cancel_one(t, task, Some(because))?;
         }
-        for task in out.ready {
-            if let Some(r) = t.get(task)? {
-                self.partition.push(task, r.shape().priority);
-                self.fresh_arrivals = true;
+        // In id order, consecutive ones read with one walk of the ledger: a fan-out's million
+        // are released by one end.
+        let mut ready = out.ready;
+        ready.sort_unstable();
+        for run in ready.chunk_by(|a, b| b == &(a + 1)) {
+            for ids in run.chunks(READ_SLICE as usize) {
+                for (task, r) in records(t, ids[0]..ids[ids.len() - 1] + 1)? {
+                    self.partition.push(task, r.shape().priority);
+                }
             }
+            self.fresh_arrivals = true;
         }
         Ok(())
     }

@@ -10,6 +10,7 @@
 //! arena threaded by index and reused as edges fire.
 
 pub use htc_core::after::Kind;
+use htc_core::after::Needs;
 
 /// How a named task stands when a dependency on it is made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,13 +87,13 @@ impl Deps {
     /// Task `id` depends on `on`, the `i`th named task standing as `standing(i)` says now (by
     /// place, not id: a fan-in names a million, and nothing is looked up). Made once per task
     /// (when it is added, or again on a resume for the dependencies still open).
-    pub fn add(&mut self, id: u64, on: &[(u64, Kind)], standing: impl Fn(usize) -> Standing) -> Added {
-        let failed = |(i, &(_, k)): &(usize, &(u64, Kind))| k == Kind::After && standing(*i) == Standing::Unsuccessful;
-        if let Some((_, &(because, _))) = on.iter().enumerate().find(failed) {
+    pub fn add(&mut self, id: u64, on: &Needs, standing: impl Fn(usize) -> Standing) -> Added {
+        let failed = |&(i, (_, k)): &(usize, (u64, Kind))| k == Kind::After && standing(i) == Standing::Unsuccessful;
+        if let Some((_, (because, _))) = on.each().enumerate().find(failed) {
             return Added::Cancelled { because };
         }
         let mut n = 0;
-        for (_, &(d, kind)) in on.iter().enumerate().filter(|&(i, _)| standing(i) == Standing::Open) {
+        for (_, (d, kind)) in on.each().enumerate().filter(|&(i, _)| standing(i) == Standing::Open) {
             let dependent = if kind == Kind::AfterAny { id | ANY } else { id };
             let next = self.first.get(d).wrapping_sub(1);
             let e = self.new_edge(dependent, next);
@@ -196,6 +197,15 @@ mod tests {
         Standing::Open
     }
 
+    /// `on` as a task line's list.
+    fn on(on: &[(u64, Kind)]) -> Needs {
+        let mut n = Needs::default();
+        for &(id, k) in on {
+            n.push(id..=id, k);
+        }
+        n
+    }
+
     fn ended(d: &mut Deps, id: u64, ok: bool) -> Released {
         let mut out = Released::default();
         d.ended(id, ok, &mut out);
@@ -205,7 +215,7 @@ mod tests {
     #[test]
     fn a_task_waits_for_each_open_dependency_and_is_ready_after_the_last() {
         let mut d = Deps::default();
-        assert_eq!(d.add(3, &[(1, Kind::After), (2, Kind::After)], open), Added::Waiting(2));
+        assert_eq!(d.add(3, &on(&[(1, Kind::After), (2, Kind::After)]), open), Added::Waiting(2));
         assert!(d.is_waiting(3));
         assert_eq!(ended(&mut d, 1, true), Released::default());
         assert_eq!(ended(&mut d, 2, true), Released { ready: vec![3], cancelled: vec![] });
@@ -217,7 +227,7 @@ mod tests {
     fn what_has_ended_already_counts_as_its_end_says() {
         let mut d = Deps::default();
         let of = |id| HashMap::from([(1, Standing::Succeeded), (2, Standing::Unsuccessful)])[&id];
-        let mut add = |id, on: &[(u64, Kind)]| d.add(id, on, |i| of(on[i].0));
+        let mut add = |id, list: &[(u64, Kind)]| d.add(id, &on(list), |i| of(list[i].0));
         assert_eq!(add(5, &[(1, Kind::After)]), Added::Ready);
         assert_eq!(add(6, &[(2, Kind::AfterAny)]), Added::Ready);
         assert_eq!(add(7, &[(1, Kind::After), (2, Kind::After)]), Added::Cancelled { because: 2 });
@@ -227,10 +237,10 @@ mod tests {
     #[test]
     fn a_failure_cancels_after_dependents_transitively_and_releases_afterany_ones() {
         let mut d = Deps::default();
-        d.add(2, &[(1, Kind::After)], open);
-        d.add(3, &[(2, Kind::After)], open);
-        d.add(4, &[(2, Kind::AfterAny)], open);
-        d.add(5, &[(1, Kind::AfterAny)], open);
+        d.add(2, &on(&[(1, Kind::After)]), open);
+        d.add(3, &on(&[(2, Kind::After)]), open);
+        d.add(4, &on(&[(2, Kind::AfterAny)]), open);
+        d.add(5, &on(&[(1, Kind::AfterAny)]), open);
         let out = ended(&mut d, 1, false);
         assert_eq!(out.ready, vec![5, 4], "5 waited for 1's end; 4 for 2's, cancelled");
         assert_eq!(out.cancelled, vec![(2, 1), (3, 1)], "each names the failure that began it");
@@ -240,7 +250,7 @@ mod tests {
     #[test]
     fn a_task_cancelled_twice_over_is_said_once() {
         let mut d = Deps::default();
-        d.add(3, &[(1, Kind::After), (2, Kind::After)], open);
+        d.add(3, &on(&[(1, Kind::After), (2, Kind::After)]), open);
         assert_eq!(ended(&mut d, 1, false).cancelled, vec![(3, 1)]);
         assert_eq!(ended(&mut d, 2, false), Released::default());
     }
@@ -248,8 +258,8 @@ mod tests {
     #[test]
     fn a_task_cancelled_through_two_paths_at_once_is_said_once() {
         let mut d = Deps::default();
-        d.add(2, &[(1, Kind::After)], open);
-        d.add(3, &[(1, Kind::After), (2, Kind::After)], open);
+        d.add(2, &on(&[(1, Kind::After)]), open);
+        d.add(3, &on(&[(1, Kind::After), (2, Kind::After)]), open);
         assert_eq!(ended(&mut d, 1, false).cancelled, vec![(3, 1), (2, 1)]);
         assert_eq!(d.waiting(), 0);
     }
@@ -257,9 +267,9 @@ mod tests {
     #[test]
     fn a_cancelled_waiting_task_releases_its_dependents() {
         let mut d = Deps::default();
-        d.add(2, &[(1, Kind::After)], open);
-        d.add(3, &[(2, Kind::After)], open);
-        d.add(4, &[(2, Kind::AfterAny)], open);
+        d.add(2, &on(&[(1, Kind::After)]), open);
+        d.add(3, &on(&[(2, Kind::After)]), open);
+        d.add(4, &on(&[(2, Kind::AfterAny)]), open);
         let mut out = Released::default();
         d.cancel(2, &mut out);
         assert_eq!(out, Released { ready: vec![4], cancelled: vec![(3, 2)] });
@@ -271,7 +281,7 @@ mod tests {
     fn a_chain_runs_one_by_one() {
         let mut d = Deps::default();
         for id in 1..1_000 {
-            assert_eq!(d.add(id, &[(id - 1, Kind::After)], open), Added::Waiting(1));
+            assert_eq!(d.add(id, &on(&[(id - 1, Kind::After)]), open), Added::Waiting(1));
         }
         for id in 0..999 {
             assert_eq!(ended(&mut d, id, true).ready, vec![id + 1]);
@@ -286,9 +296,10 @@ mod tests {
         let n = 100_000u64;
         let mut d = Deps::default();
         for id in 1..=n {
-            d.add(id, &[(0, Kind::After)], open);
+            d.add(id, &on(&[(0, Kind::After)]), open);
         }
-        let all: Vec<(u64, Kind)> = (1..=n).map(|i| (i, Kind::After)).collect();
+        let mut all = Needs::default();
+        all.push(1..=n, Kind::After);
         assert_eq!(d.add(n + 1, &all, open), Added::Waiting(n as u32));
         let per_task = d.bytes() as f64 / n as f64;
         assert!(per_task <= 64.0, "{per_task:.1} bytes per waiting task");
