@@ -363,6 +363,8 @@ pub struct TaskStatus {
     pub state: &'static str,
     pub exit: Option<i32>,
     pub reason: String,
+    /// The name it was added with (`htc task add --name`), if any.
+    pub name: Option<String>,
 }
 
 impl TaskStatus {
@@ -382,6 +384,6 @@ impl TaskStatus {
             State::Failed | State::Cancelled => r.outcome().describe(r.value()),
             _ => String::new(),
         };
-        TaskStatus { id, state, exit, reason }
+        TaskStatus { id, state, exit, reason, name: None }
     }
 }

@@ -318,6 +318,10 @@ pub mod htc {
         /// the same id.
         #[arg(long)]
         pub key: Option<String>,
+        /// A name for the task, shown by `htc task status` (up to 255 bytes, no control
+        /// characters). Names need not be unique.
+        #[arg(long)]
+        pub name: Option<String>,
         /// The command and its arguments, after `--`.
         #[arg(last = true)]
         pub command: Vec<std::ffi::OsString>,

@@ -10,11 +10,11 @@ use anyhow::Context;
 use serde::Serialize;
 
 use crate::cli::htc::TaskAddArgs;
-use crate::ledger::State;
+use crate::ledger::{Reads, State};
 use crate::rundir::RunDir;
 use htc_core::after::Kind;
 use htc_core::record::TaskStatus;
-use htc_node::client::{Client, ClientError};
+use htc_node::client::{Client, ClientError, OneTask};
 
 /// Lines sent in one request when adding from a stream; a batch also goes when no line came for
 /// `STREAM_WAIT`, so that `tail -f queue | htc task add RUN --file -` adds a line as it comes.
@@ -36,12 +36,16 @@ pub fn add(a: TaskAddArgs) -> anyhow::Result<i32> {
         Ok(o.flush()?)
     };
     let result = match &a.file {
+        Some(f) if f.as_os_str() == "-" && (a.key.is_some() || a.name.is_some()) => {
+            eprintln!("htc: --key and --name name one task; a stream (--file -) adds many");
+            return Ok(2);
+        }
         Some(f) if f.as_os_str() == "-" => {
             stream(&mut c, std::io::BufReader::new(std::io::stdin()), "(stdin)", &mut print)
         }
         Some(f) => {
             let text = std::fs::read(f).with_context(|| format!("reading {}", f.display()))?;
-            c.add(&text, &f.display().to_string(), 1, a.key.as_deref().map(str::as_bytes)).map(&mut print)
+            c.add(&text, &f.display().to_string(), 1, one(&a)).map(&mut print)
         }
         None => {
             let line = match task_line(&a) {
@@ -51,13 +55,18 @@ pub fn add(a: TaskAddArgs) -> anyhow::Result<i32> {
                     return Ok(2);
                 }
             };
-            c.add(&line, "the command line", 1, a.key.as_deref().map(str::as_bytes)).map(&mut print)
+            c.add(&line, "the command line", 1, one(&a)).map(&mut print)
         }
     };
     match result {
         Ok(printed) => printed.map(|()| 0),
         Err(e) => Ok(said(&e)),
     }
+}
+
+/// The key and name of the request's one task, if given.
+fn one(a: &TaskAddArgs) -> OneTask<'_> {
+    OneTask { key: a.key.as_deref().map(str::as_bytes), name: a.name.as_deref() }
 }
 
 /// Adds a stream's lines as they come, in batches; `#HTC` lines go again in front of every
@@ -101,7 +110,7 @@ fn stream(
             let carried = text.iter().filter(|&&b| b == b'\n').count() as u64;
             text.extend_from_slice(&batch);
             // The carried directives come first: the batch's own lines keep their numbers.
-            let ids = c.add(&text, source, first.saturating_sub(carried).max(1), None)?;
+            let ids = c.add(&text, source, first.saturating_sub(carried).max(1), OneTask::default())?;
             if let Err(e) = print(ids) {
                 return Ok(Err(e));
             }
@@ -286,6 +295,8 @@ struct Row<'a> {
     state: &'a str,
     exit: Option<i32>,
     reason: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<&'a str>,
 }
 
 /// `htc task status RUN IDS|--all`: a line each, as the run's leader knows them, or from the
@@ -306,11 +317,13 @@ pub fn status(run: &str, ids: &[String], all: bool, format: &str) -> anyhow::Res
     for r in &rows {
         known.insert(r.id);
         if format == "json" {
-            let row = Row { id: r.id, state: r.state, exit: r.exit, reason: &r.reason };
+            let row = Row { id: r.id, state: r.state, exit: r.exit, reason: &r.reason, name: r.name.as_deref() };
             writeln!(o, "{}", serde_json::to_string(&row)?)?;
         } else {
             let exit = r.exit.map_or("-".to_string(), |v| v.to_string());
-            writeln!(o, "{}\t{}\t{exit}\t{}", r.id, r.state, r.reason)?;
+            // A name, for a task given one, is a fifth column.
+            let name = r.name.as_deref().map_or(String::new(), |n| format!("\t{n}"));
+            writeln!(o, "{}\t{}\t{exit}\t{}{name}", r.id, r.state, r.reason)?;
         }
     }
     o.flush()?;
@@ -397,6 +410,7 @@ fn from_ledger(dir: std::path::PathBuf, ids: Option<&[u64]>) -> anyhow::Result<(
         needs.insert(id, n);
     })?;
     let state_of = |id: u64| t.get(id).ok().flatten().map(|r| r.state());
+    let named = t.has_names()?;
     let mut rows = Vec::with_capacity(ids.len());
     for &id in ids {
         let Some(r) = t.get(id)? else { continue };
@@ -407,7 +421,11 @@ fn from_ledger(dir: std::path::PathBuf, ids: Option<&[u64]>) -> anyhow::Result<(
                     (Kind::AfterAny, s) => !s.is_some_and(State::is_final),
                 })
             });
-        rows.push(TaskStatus::of(id, &r, r.state(), blocked));
+        let mut row = TaskStatus::of(id, &r, r.state(), blocked);
+        if named {
+            row.name = t.added_name(id, &r)?.map(|n| String::from_utf8_lossy(&n).into_owned());
+        }
+        rows.push(row);
     }
     Ok((rows, Some(total)))
 }

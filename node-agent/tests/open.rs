@@ -48,7 +48,7 @@ fn states(d: &Dir, run: &str) -> Vec<(u64, String)> {
 fn an_open_run_takes_tasks_while_it_runs_and_ends_when_closed() {
     let d = Dir::new("open");
     let (leader, run) = open_run(&d, &["--agents", "2"]);
-    let (rc, out, err) = htc(&d, &["task", "add", &run, "--", "sh", "-c", "echo one > one.out"]);
+    let (rc, out, err) = htc(&d, &["task", "add", &run, "--name", "the first", "--", "sh", "-c", "echo one > one.out"]);
     assert_eq!((rc, out.as_str()), (0, "1\n"), "{err}");
     let (rc, out, _) =
         htc(&d, &["task", "add", &run, "--after", "1", "--", "sh", "-c", "test -e one.out && echo two > two.out"]);
@@ -58,6 +58,8 @@ fn an_open_run_takes_tasks_while_it_runs_and_ends_when_closed() {
     assert_eq!((add_keyed(), add_keyed()), ("3\n".to_string(), "3\n".to_string()));
     let (rc, _, err) = htc(&d, &["task", "wait", &run, "1-3", "--timeout", "60s"]);
     assert_eq!(rc, 0, "all three succeeded: {err}");
+    let (_, out, _) = htc(&d, &["task", "status", &run, "1"]);
+    assert_eq!(out, "1\tdone\t0\t\tthe first\n", "its name, from the leader");
     // A stream: each line added as it comes, the ids in order.
     let mut client = Command::new(HTC)
         .args(["task", "add", &run, "--file", "-"])
@@ -67,7 +69,7 @@ fn an_open_run_takes_tasks_while_it_runs_and_ends_when_closed() {
         .spawn()
         .unwrap();
     let mut stdin = client.stdin.take().unwrap();
-    stdin.write_all(b"#HTC retries=0\necho a\nsleep 612.25\n[after=5] echo never\n").unwrap();
+    stdin.write_all(b"#HTC retries=0\n[class=quick] echo a\nsleep 612.25\n[after=5] echo never\n").unwrap();
     drop(stdin);
     let o = client.wait_with_output().unwrap();
     assert_eq!(String::from_utf8_lossy(&o.stdout), "4\n5\n6\n");
@@ -103,6 +105,15 @@ fn an_open_run_takes_tasks_while_it_runs_and_ends_when_closed() {
     let st = states(&d, &run);
     let done = st.iter().filter(|s| s.1 == "done").count();
     assert_eq!((st.len(), done), (6, 4), "{st:?}");
+    // A name is the task's fifth column from the ledger too, once no leader runs.
+    let (_, out, _) = htc(&d, &["task", "status", &run, "1", "2"]);
+    assert_eq!(out, "1\tdone\t0\t\tthe first\n2\tdone\t0\t\n");
+    let (_, out, _) = htc(&d, &["task", "status", &run, "1", "--format", "json"]);
+    assert!(out.contains(r#""name":"the first""#), "{out}");
+    // An added task's class is the run's: the report counts it by its name.
+    let o = d.htc(&["report", &run, "-o", "rep"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(std::fs::read_to_string(d.path("rep/report.html")).unwrap().contains("quick"));
     // Closed and ended: a new task is refused, and says why.
     let (rc, _, err) = htc(&d, &["task", "add", &run, "--", "true"]);
     assert_eq!(rc, 1);

@@ -35,6 +35,14 @@ pub struct Client {
     buf: Vec<u8>,
 }
 
+/// What only a request of one task may carry: the key that makes its add idempotent, and
+/// its name.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OneTask<'a> {
+    pub key: Option<&'a [u8]>,
+    pub name: Option<&'a str>,
+}
+
 impl Client {
     pub fn connect(run: &RunDir) -> Result<Client, ClientError> {
         let name = run.path.display().to_string();
@@ -68,13 +76,14 @@ impl Client {
         lines: &[u8],
         source: &str,
         first_line: u64,
-        key: Option<&[u8]>,
+        one: OneTask<'_>,
     ) -> Result<Vec<u64>, ClientError> {
         let add = proto::AddTasks {
             lines: lines.to_vec(),
             source: source.to_string(),
             first_line,
-            key: key.unwrap_or_default().to_vec(),
+            key: one.key.unwrap_or_default().to_vec(),
+            name: one.name.unwrap_or_default().to_string(),
         };
         self.ask(What::Add(add))
     }
@@ -97,7 +106,13 @@ impl Client {
         Ok(reply
             .states
             .into_iter()
-            .map(|t| htc_core::record::TaskStatus { id: t.id, state: word(&t.state), exit: t.exit, reason: t.reason })
+            .map(|t| htc_core::record::TaskStatus {
+                id: t.id,
+                state: word(&t.state),
+                exit: t.exit,
+                reason: t.reason,
+                name: (!t.name.is_empty()).then_some(t.name),
+            })
             .collect())
     }
 

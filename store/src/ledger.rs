@@ -140,7 +140,6 @@ fn decode_attempt(k: &[u8], b: &[u8]) -> Option<Attempt> {
     })
 }
 
-/// An added task's command from the `commands` database, checked.
 /// The records of `ids` in id order, with one cursor walk.
 fn read_range(l: &Ledger, txn: &impl Transaction, ids: std::ops::Range<u64>) -> Result<Vec<(u64, Record)>> {
     let mut out = Vec::with_capacity(ids.end.saturating_sub(ids.start).min(1 << 16) as usize);
@@ -159,6 +158,26 @@ fn read_range(l: &Ledger, txn: &impl Transaction, ids: std::ops::Range<u64>) -> 
     Ok(out)
 }
 
+/// The name added task `id` (its record `r`) was given, if any (`add_task`).
+fn read_added_name(l: &Ledger, txn: &impl Transaction, id: u64, r: &Record) -> Result<Option<Vec<u8>>> {
+    if !r.command().is_added() {
+        return Ok(None);
+    }
+    let whole = read_added_command(l, txn, id)?.unwrap_or_default();
+    Ok(whole.get(r.cmd_len() as usize..).filter(|n| !n.is_empty()).map(<[u8]>::to_vec))
+}
+
+/// Whether any task of the ledger was added with a name (then `read_added_name` is worth it).
+fn has_names(l: &Ledger, txn: &impl Transaction) -> Result<bool> {
+    match txn.get(l.meta, &"named") {
+        Ok(_) => Ok(true),
+        Err(lmdb::Error::NotFound) => Ok(false),
+        Err(e) => Err(l.err(e)),
+    }
+}
+
+/// An added task's command from the `commands` database, checked: the command, then its name
+/// if it was given one (`add_task`).
 fn read_added_command(l: &Ledger, txn: &impl Transaction, id: u64) -> Result<Option<Vec<u8>>> {
     let Some(db) = l.commands else { return Ok(None) };
     match txn.get(db, &key(id)) {
@@ -594,7 +613,13 @@ impl Ledger {
 
     pub fn write(&self) -> Result<WriteTxn<'_>> {
         let txn = self.env.begin_rw_txn().map_err(|e| self.err(e))?;
-        Ok(WriteTxn { l: self, txn, log: self.journal.as_ref().map(|_| Default::default()), added_total: None })
+        Ok(WriteTxn {
+            l: self,
+            txn,
+            log: self.journal.as_ref().map(|_| Default::default()),
+            added_total: None,
+            named: false,
+        })
     }
 
     pub fn read(&self) -> Result<ReadTxn<'_>> {
@@ -616,6 +641,8 @@ pub struct WriteTxn<'l> {
     /// The highest task id once this transaction added tasks: kept here and written to the
     /// meta `total` once, at the commit, not once per task added.
     added_total: Option<u64>,
+    /// This transaction marked the ledger as holding tasks with names (meta `named`).
+    named: bool,
 }
 
 impl<'l> WriteTxn<'l> {
@@ -734,11 +761,23 @@ impl<'l> WriteTxn<'l> {
         command: &[u8],
         needs: &Needs,
         added_as: Option<&[u8]>,
+        name: Option<&[u8]>,
     ) -> Result<(u64, Record)> {
         let id = self.next_id()?;
         let r = Record::new(CommandAt::added(id, command.len() as u32, shell), shape);
         self.append(id, &r)?;
-        self.put_raw(DB_COMMANDS, &key(id), &seal(&key(id), command))?;
+        // A name follows the command in one entry: the record's length says where it starts,
+        // and a task without one (every task of a ledger before names) costs nothing more.
+        match name {
+            Some(n) => {
+                self.put_raw(DB_COMMANDS, &key(id), &seal(&key(id), &[command, n].concat()))?;
+                if !self.named {
+                    self.put_meta("named", &[1])?;
+                    self.named = true;
+                }
+            }
+            None => self.put_raw(DB_COMMANDS, &key(id), &seal(&key(id), command))?,
+        }
         if !needs.is_empty() {
             self.put_needs(id, needs)?;
         }
@@ -761,7 +800,7 @@ impl<'l> WriteTxn<'l> {
         }
     }
 
-    /// The command of added task `id`.
+    /// The command of added task `id`, then its name if it was given one.
     pub fn added_command(&self, id: u64) -> Result<Option<Vec<u8>>> {
         read_added_command(self.l, &self.txn, id)
     }
@@ -835,6 +874,48 @@ impl<'l> WriteTxn<'l> {
             j.append(log).map_err(|e| LedgerError::Replica(e.to_string()))?;
         }
         self.txn.commit().map_err(|e| l.err(e))
+    }
+}
+
+/// What a reader of tasks needs, from a write transaction's view (what it wrote, committed or
+/// not) or a read transaction's (the last commit).
+pub trait Reads {
+    fn get(&self, id: u64) -> Result<Option<Record>>;
+    /// The records of `ids` in id order, read with one cursor walk.
+    fn range(&self, ids: std::ops::Range<u64>) -> Result<Vec<(u64, Record)>>;
+    /// Whether any task was added with a name.
+    fn has_names(&self) -> Result<bool>;
+    /// The name task `id` (of record `r`) was added with, if any.
+    fn added_name(&self, id: u64, r: &Record) -> Result<Option<Vec<u8>>>;
+}
+
+impl Reads for WriteTxn<'_> {
+    fn get(&self, id: u64) -> Result<Option<Record>> {
+        WriteTxn::get(self, id)
+    }
+    fn range(&self, ids: std::ops::Range<u64>) -> Result<Vec<(u64, Record)>> {
+        WriteTxn::range(self, ids)
+    }
+    fn has_names(&self) -> Result<bool> {
+        Ok(self.named || has_names(self.l, &self.txn)?)
+    }
+    fn added_name(&self, id: u64, r: &Record) -> Result<Option<Vec<u8>>> {
+        read_added_name(self.l, &self.txn, id, r)
+    }
+}
+
+impl Reads for ReadTxn<'_> {
+    fn get(&self, id: u64) -> Result<Option<Record>> {
+        ReadTxn::get(self, id)
+    }
+    fn range(&self, ids: std::ops::Range<u64>) -> Result<Vec<(u64, Record)>> {
+        ReadTxn::range(self, ids)
+    }
+    fn has_names(&self) -> Result<bool> {
+        has_names(self.l, &self.txn)
+    }
+    fn added_name(&self, id: u64, r: &Record) -> Result<Option<Vec<u8>>> {
+        read_added_name(self.l, &self.txn, id, r)
     }
 }
 
@@ -933,7 +1014,7 @@ impl ReadTxn<'_> {
         collect_attempts(self.l, &mut c, id)
     }
 
-    /// The command of added task `id`.
+    /// The command of added task `id`, then its name if it was given one.
     pub fn added_command(&self, id: u64) -> Result<Option<Vec<u8>>> {
         read_added_command(self.l, &self.txn, id)
     }
@@ -1132,10 +1213,10 @@ pub(crate) mod tests {
         let mut needs = Needs::default();
         needs.push(1..=1, htc_core::after::Kind::After);
         let shape = TaskShape { cores: 2, ..Default::default() };
-        let (id, r) = t.add_task(shape, true, b"echo hi | wc", &needs, Some(b"k-1")).unwrap();
+        let (id, r) = t.add_task(shape, true, b"echo hi | wc", &needs, Some(b"k-1"), Some(b"count")).unwrap();
         assert_eq!((id, r.line(), r.cmd_off(), r.shell(), r.shape().cores), (2, 0, 2, true, 2));
         assert!(r.command().is_added());
-        let (id3, _) = t.add_task(TaskShape::default(), false, b"true", &Needs::default(), None).unwrap();
+        let (id3, _) = t.add_task(TaskShape::default(), false, b"true", &Needs::default(), None, None).unwrap();
         assert_eq!((id3, t.next_id().unwrap()), (3, 4));
         assert_eq!((t.keyed(b"k-1").unwrap(), t.keyed(b"k-2").unwrap()), (Some(2), None));
         t.commit().unwrap();
@@ -1144,7 +1225,13 @@ pub(crate) mod tests {
         // The count of tasks is written once, at the commit.
         assert_eq!(r.meta_u64("total").unwrap(), Some(3));
         assert_eq!(r.range(2..9).unwrap().iter().map(|(id, _)| *id).collect::<Vec<_>>(), [2, 3]);
-        assert_eq!(r.added_command(2).unwrap().as_deref(), Some(&b"echo hi | wc"[..]));
+        use super::Reads;
+        let (two, three) = (r.get(2).unwrap().unwrap(), r.get(3).unwrap().unwrap());
+        assert_eq!(r.added_command(2).unwrap().as_deref(), Some(&b"echo hi | wccount"[..]), "its name after it");
+        assert_eq!(two.cmd_len(), 12);
+        assert!(r.has_names().unwrap());
+        assert_eq!(r.added_name(2, &two).unwrap().as_deref(), Some(&b"count"[..]));
+        assert_eq!(r.added_name(3, &three).unwrap(), None);
         assert_eq!(r.added_command(1).unwrap(), None, "a file's task has none");
         let mut waits = Vec::new();
         r.for_each_needs(|id, n| waits.push((id, n))).unwrap();
@@ -1153,7 +1240,7 @@ pub(crate) mod tests {
         // A writer reads them a slice at a time.
         let l = Ledger::open(&p, false).unwrap();
         let mut t = l.write().unwrap();
-        let (id4, _) = t.add_task(TaskShape::default(), false, b"true", &needs, None).unwrap();
+        let (id4, _) = t.add_task(TaskShape::default(), false, b"true", &needs, None, None).unwrap();
         assert_eq!(t.meta("total").unwrap(), Some(4u64.to_le_bytes().to_vec()), "this transaction's count");
         assert_eq!(t.needs_from(0, 1).unwrap(), [(2, needs.clone())]);
         assert_eq!(t.needs_from(3, 9).unwrap(), [(id4, needs.clone())]);

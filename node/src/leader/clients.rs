@@ -49,7 +49,13 @@ async fn answer(what: Option<What>, core: &mpsc::Sender<Event>) -> Result<proto:
             let states = rx.await.map_err(|_| "the run is ending".to_string())?;
             let states = states
                 .into_iter()
-                .map(|t| proto::TaskState { id: t.id, state: t.state.into(), exit: t.exit, reason: t.reason })
+                .map(|t| proto::TaskState {
+                    id: t.id,
+                    state: t.state.into(),
+                    exit: t.exit,
+                    reason: t.reason,
+                    name: t.name.unwrap_or_default(),
+                })
                 .collect();
             Ok(proto::Reply { states, ..Default::default() })
         }
@@ -81,6 +87,9 @@ async fn answer(what: Option<What>, core: &mpsc::Sender<Event>) -> Result<proto:
     }
 }
 
+/// The longest name a task may be given.
+const MAX_NAME: usize = 255;
+
 /// A request's task lines as tasks to add; a bad line refuses the whole request, named as
 /// `source:line:column` counted from its `first_line`.
 pub fn parse(a: &proto::AddTasks) -> Result<Vec<NewTask>, String> {
@@ -91,9 +100,6 @@ pub fn parse(a: &proto::AddTasks) -> Result<Vec<NewTask>, String> {
         match p.next_task() {
             Ok(Some(t)) => {
                 let line = t.line + first - 1;
-                if t.options.class != 0 {
-                    return Err(format!("{}:{line}: class= is not taken by added tasks", a.source));
-                }
                 let needs = t.after.clone();
                 tasks.push(NewTask {
                     line,
@@ -102,6 +108,8 @@ pub fn parse(a: &proto::AddTasks) -> Result<Vec<NewTask>, String> {
                     shape: t.options,
                     needs,
                     key: None,
+                    name: None,
+                    class: None,
                 });
             }
             Ok(None) => break,
@@ -111,11 +119,23 @@ pub fn parse(a: &proto::AddTasks) -> Result<Vec<NewTask>, String> {
             }
         }
     }
-    if !a.key.is_empty() {
-        let [one] = &mut tasks[..] else {
-            return Err(format!("a key names one task; these lines make {}", tasks.len()));
-        };
-        one.key = Some(a.key.clone());
+    // A class goes by its name: `shape.class` is the parser's number for it, this request's;
+    // the core gives the run's.
+    let classes = p.classes();
+    for task in tasks.iter_mut().filter(|t| t.shape.class != 0) {
+        task.class = Some(classes[task.shape.class as usize].clone());
+    }
+    if !a.name.is_empty() && (a.name.len() > MAX_NAME || a.name.chars().any(char::is_control)) {
+        return Err(format!("--name: {MAX_NAME} bytes at most, and no control characters"));
+    }
+    for (what, given) in [("key", !a.key.is_empty()), ("name", !a.name.is_empty())] {
+        if given && tasks.len() != 1 {
+            return Err(format!("a {what} names one task; these lines make {}", tasks.len()));
+        }
+    }
+    if let [one] = &mut tasks[..] {
+        one.key = (!a.key.is_empty()).then(|| a.key.clone());
+        one.name = (!a.name.is_empty()).then(|| a.name.clone().into_bytes());
     }
     Ok(tasks)
 }
@@ -130,6 +150,7 @@ mod tests {
             source: "queue".into(),
             first_line,
             key: key.as_bytes().to_vec(),
+            name: String::new(),
         }
     }
 
@@ -140,13 +161,27 @@ mod tests {
         assert_eq!((t[1].line, t[1].shape.cores, t[1].needs.count()), (2, 2, 1));
         let e = parse(&req("echo a\n[cores=x] b\n", 40, "")).unwrap_err();
         assert!(e.starts_with("queue:41:"), "{e}");
-        let e = parse(&req("[class=long] a\n", 1, "")).unwrap_err();
-        assert!(e.contains("class= is not taken"), "{e}");
+    }
+
+    #[test]
+    fn a_class_goes_by_its_name_for_the_core_to_number() {
+        let t = parse(&req("[class=long] a\nb\n[class=short] c\n[class=long] d\n", 1, "")).unwrap();
+        let classes: Vec<_> = t.iter().map(|t| t.class.as_deref()).collect();
+        assert_eq!(classes, [Some("long"), None, Some("short"), Some("long")]);
     }
 
     #[test]
     fn a_key_names_exactly_one_task() {
         assert_eq!(parse(&req("echo a\n", 1, "k")).unwrap()[0].key.as_deref(), Some(&b"k"[..]));
         assert!(parse(&req("a\nb\n", 1, "k")).unwrap_err().contains("a key names one task"));
+    }
+
+    #[test]
+    fn a_name_names_exactly_one_task_and_is_one_line() {
+        let named = |lines: &str, name: &str| parse(&proto::AddTasks { name: name.into(), ..req(lines, 1, "") });
+        assert_eq!(named("echo a\n", "align 7").unwrap()[0].name.as_deref(), Some(&b"align 7"[..]));
+        assert!(named("a\nb\n", "n").unwrap_err().contains("a name names one task"));
+        assert!(named("a\n", "two\nlines").unwrap_err().contains("no control characters"));
+        assert!(named("a\n", &"x".repeat(256)).unwrap_err().contains("255 bytes"));
     }
 }

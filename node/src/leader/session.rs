@@ -10,7 +10,7 @@ use std::time::Duration;
 use super::core::{Core, Ending, Input, NewTask, Progress, Tasks};
 use super::effect::Effects;
 use htc_core::record::TaskStatus;
-use htc_store::ledger::{Change, Ledger, LedgerError, Record, WriteTxn};
+use htc_store::ledger::{Change, Ledger, LedgerError, Reads, Record, WriteTxn};
 use htc_store::load::TaskText;
 
 type Result<T> = std::result::Result<T, LedgerError>;
@@ -81,7 +81,11 @@ impl Tasks for LedgerTasks<'_, '_> {
             // An added task's command is in the ledger. One that cannot be read (a damaged
             // page) runs as an empty command, which fails to start: the task fails, and says so.
             return match self.txn.added_command(r.cmd_off()) {
-                Ok(Some(c)) => c,
+                // Its name, if it has one, follows the command.
+                Ok(Some(mut c)) => {
+                    c.truncate(r.cmd_len() as usize);
+                    c
+                }
                 Ok(None) | Err(_) => {
                     tracing::error!(task = r.cmd_off(), "the command of an added task cannot be read from the ledger");
                     Vec::new()
@@ -94,10 +98,17 @@ impl Tasks for LedgerTasks<'_, '_> {
         self.txn.next_id()
     }
     fn add(&mut self, t: &NewTask) -> Result<(u64, Record)> {
-        self.txn.add_task(t.shape, t.shell, &t.command, &t.needs, t.key.as_deref())
+        self.txn.add_task(t.shape, t.shell, &t.command, &t.needs, t.key.as_deref(), t.name.as_deref())
     }
     fn keyed(&self, key: &[u8]) -> Result<Option<u64>> {
         self.txn.keyed(key)
+    }
+    fn classes(&self) -> Result<Vec<String>> {
+        let names = self.txn.meta("classes")?.unwrap_or_else(|| b"default".to_vec());
+        Ok(String::from_utf8_lossy(&names).lines().map(Into::into).collect())
+    }
+    fn set_classes(&mut self, names: &[String]) -> Result<()> {
+        self.txn.put_meta("classes", names.join("\n").as_bytes())
     }
 }
 
@@ -279,43 +290,40 @@ impl<'c, 'l, W: World> Session<'c, 'l, W> {
     /// Tasks `ids` as a client sees them, from their records and the core; ids with no task
     /// are left out.
     pub fn statuses_of(&self, ids: &[u64]) -> Result<Vec<TaskStatus>> {
-        let mut out = Vec::with_capacity(ids.len());
-        self.with_reads(|get, _| {
+        self.with_reads(|t| {
+            let mut records = Vec::with_capacity(ids.len());
             for &id in ids {
-                if let Some(r) = get(id)? {
-                    out.push(self.core.status_of(id, &r));
-                }
+                records.extend(t.get(id)?.map(|r| (id, r)));
             }
-            Ok(())
-        })?;
-        Ok(out)
+            self.statuses(t, &records)
+        })
     }
 
     /// The tasks with ids in `ids` as a client sees them, read with one walk of the ledger.
     pub fn statuses_in(&self, ids: std::ops::Range<u64>) -> Result<Vec<TaskStatus>> {
-        let mut out = Vec::new();
-        self.with_reads(|_, range| {
-            out = range(ids)?.iter().map(|(id, r)| self.core.status_of(*id, r)).collect();
-            Ok(())
-        })?;
+        self.with_reads(|t| self.statuses(t, &t.range(ids)?))
+    }
+
+    /// Tasks of these records as a client sees them, with their names when any task has one.
+    fn statuses(&self, t: &dyn Reads, records: &[(u64, Record)]) -> Result<Vec<TaskStatus>> {
+        let named = t.has_names()?;
+        let mut out = Vec::with_capacity(records.len());
+        for (id, r) in records {
+            let mut s = self.core.status_of(*id, r);
+            if named {
+                s.name = t.added_name(*id, r)?.map(|n| String::from_utf8_lossy(&n).into_owned());
+            }
+            out.push(s);
+        }
         Ok(out)
     }
 
     /// `f` given the open transaction's view (what this session wrote, committed or not), else
     /// the ledger's last commit: never a second transaction beside the open one on this thread.
-    fn with_reads(
-        &self,
-        f: impl FnOnce(
-            &dyn Fn(u64) -> Result<Option<Record>>,
-            &dyn Fn(std::ops::Range<u64>) -> Result<Vec<(u64, Record)>>,
-        ) -> Result<()>,
-    ) -> Result<()> {
+    fn with_reads<T>(&self, f: impl FnOnce(&dyn Reads) -> Result<T>) -> Result<T> {
         match &self.txn {
-            Some(t) => f(&|id| t.get(id), &|ids| t.range(ids)),
-            None => {
-                let r = self.ledger.read()?;
-                f(&|id| r.get(id), &|ids| r.range(ids))
-            }
+            Some(t) => f(t),
+            None => f(&self.ledger.read()?),
         }
     }
 

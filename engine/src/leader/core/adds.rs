@@ -7,6 +7,7 @@
 use super::deps::Added;
 use super::open::{Answer, NewTask, Openness};
 use super::*;
+use htc_core::taskfile::MAX_CLASSES;
 
 impl<'a> Core<'a> {
     /// An open run: it does not end when its tasks are done, but once closed (or idle for
@@ -83,7 +84,7 @@ impl<'a> Core<'a> {
         Ok(())
     }
 
-    fn add_all<E>(&mut self, t: &mut dyn Tasks<Error = E>, tasks: Vec<NewTask>) -> Result<Answer, E> {
+    fn add_all<E>(&mut self, t: &mut dyn Tasks<Error = E>, mut tasks: Vec<NewTask>) -> Result<Answer, E> {
         match self.open {
             None => return Ok(Err("the run is not open for new tasks (it was not started with --open)".into())),
             Some(o) if o.closed => return Ok(Err("the run is closed: it takes no new tasks".into())),
@@ -115,6 +116,12 @@ impl<'a> Core<'a> {
             }
             plan.push(known.is_some());
         }
+        // Classes last among the checks: the run's list grows only for a request that is added.
+        match class_numbers(t, &tasks)? {
+            Ok(Some(numbers)) => tasks.iter_mut().zip(numbers).for_each(|(task, n)| task.shape.class = n),
+            Ok(None) => {}
+            Err(why) => return Ok(Err(why)),
+        }
         let mut ids = Vec::with_capacity(tasks.len());
         let mut made: HashMap<Vec<u8>, u64> = HashMap::new();
         for (task, known) in tasks.iter().zip(plan) {
@@ -140,6 +147,40 @@ impl<'a> Core<'a> {
         }
         Ok(Ok(ids))
     }
+}
+
+/// The run's number for each task's class (`None`: every task's is `default`), the run's list
+/// grown by the names it did not have; the reason when that would pass `MAX_CLASSES`.
+fn class_numbers<E>(t: &mut dyn Tasks<Error = E>, tasks: &[NewTask]) -> Result<Result<Option<Vec<u16>>, String>, E> {
+    if tasks.iter().all(|task| task.class.is_none()) {
+        return Ok(Ok(None));
+    }
+    let mut names = t.classes()?;
+    let before = names.len();
+    let mut number: HashMap<String, u16> = names.iter().enumerate().map(|(i, n)| (n.clone(), i as u16)).collect();
+    let mut out = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        let Some(class) = &task.class else {
+            out.push(0);
+            continue;
+        };
+        let n = match number.get(class) {
+            Some(&n) => n,
+            None if names.len() >= MAX_CLASSES => {
+                return Ok(Err(format!("{}: class {class} would be one more than the run's {MAX_CLASSES}", task.line)));
+            }
+            None => {
+                names.push(class.clone());
+                number.insert(class.clone(), (names.len() - 1) as u16);
+                (names.len() - 1) as u16
+            }
+        };
+        out.push(n);
+    }
+    if names.len() > before {
+        t.set_classes(&names)?;
+    }
+    Ok(Ok(Some(out)))
 }
 
 impl Core<'_> {

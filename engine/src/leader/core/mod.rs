@@ -87,6 +87,10 @@ pub trait Tasks {
     fn add(&mut self, t: &NewTask) -> Result<(u64, Record), Self::Error>;
     /// The task added under `key`, if one was.
     fn keyed(&self, key: &[u8]) -> Result<Option<u64>, Self::Error>;
+    /// The run's class names (`class=`), by number: 0 is `default`.
+    fn classes(&self) -> Result<Vec<String>, Self::Error>;
+    /// The run's class names, now with those that added tasks named first.
+    fn set_classes(&mut self, names: &[String]) -> Result<(), Self::Error>;
 }
 
 /// What happens, as the core sees it.

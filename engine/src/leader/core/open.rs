@@ -15,6 +15,11 @@ pub struct NewTask {
     pub needs: Needs,
     /// The client's key: a task added again under the same key is the same task.
     pub key: Option<Vec<u8>>,
+    /// The name the client gave it (`htc task add --name`), shown by `htc task status`.
+    pub name: Option<Vec<u8>>,
+    /// Its `class=`, by name: the run's number for it is the core's to give (`shape.class` is
+    /// set then); `None` for `default`.
+    pub class: Option<String>,
 }
 
 /// The ids of a request's tasks, in order, or why none was added.

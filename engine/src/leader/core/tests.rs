@@ -18,6 +18,8 @@ struct Mem {
     /// Added tasks' commands and keys.
     added: BTreeMap<u64, Vec<u8>>,
     keys: BTreeMap<Vec<u8>, u64>,
+    /// The run's class names beyond `default`.
+    classes: Vec<String>,
     attempts: Vec<(u64, Attempt)>,
     failed: Vec<u64>,
     puts: usize,
@@ -83,6 +85,13 @@ impl Tasks for Mem {
     }
     fn keyed(&self, key: &[u8]) -> Result<Option<u64>, Self::Error> {
         Ok(self.keys.get(key).copied())
+    }
+    fn classes(&self) -> Result<Vec<String>, Self::Error> {
+        Ok(std::iter::once("default".to_string()).chain(self.classes.iter().cloned()).collect())
+    }
+    fn set_classes(&mut self, names: &[String]) -> Result<(), Self::Error> {
+        self.classes = names[1..].to_vec();
+        Ok(())
     }
 }
 

@@ -12,6 +12,8 @@ fn task(line: u64, cmd: &str) -> NewTask {
         shape: TaskShape::default(),
         needs: Needs::default(),
         key: None,
+        name: None,
+        class: None,
     }
 }
 
@@ -134,4 +136,28 @@ fn an_open_run_idle_for_its_idle_time_ends_and_close_with_cancel_stops_what_it_h
     assert_eq!(end, None);
     let (_, end) = feed_at(&mut c, &mut m, 1_000_000, vec![Input::Tick]);
     assert_eq!(end, Some(Ending::Complete), "idle for its idle time");
+}
+
+fn classed(line: u64, cmd: &str, class: &str) -> NewTask {
+    NewTask { class: Some(class.into()), ..task(line, cmd) }
+}
+
+#[test]
+fn an_added_task_s_class_is_the_run_s_by_name_and_a_request_past_the_last_class_adds_nothing() {
+    let mut m = Mem { classes: vec!["long".into()], ..Default::default() };
+    let mut c = core(&m, 1).open(None);
+    let (out, _) = feed_committed(
+        &mut c,
+        &mut m,
+        vec![add(1, vec![classed(1, "a", "short"), task(2, "b"), classed(3, "c", "long"), classed(4, "d", "short")])],
+    );
+    assert_eq!(answers(&out), [(1, Ok(vec![1, 2, 3, 4]))]);
+    let class = |m: &Mem, id| m.records[&id].shape().class;
+    assert_eq!((class(&m, 1), class(&m, 2), class(&m, 3), class(&m, 4)), (2, 0, 1, 2));
+    assert_eq!(m.classes, ["long", "short"], "a new name is the run's next class");
+    m.classes = (1..htc_core::taskfile::MAX_CLASSES).map(|i| format!("c{i}")).collect();
+    let (out, _) = feed_committed(&mut c, &mut m, vec![add(2, vec![task(1, "e"), classed(2, "f", "one-more")])]);
+    let [(2, Err(why))] = &answers(&out)[..] else { panic!("{:?}", answers(&out)) };
+    assert!(why.starts_with("2: class one-more would be one more"), "{why}");
+    assert_eq!((m.records.len(), m.classes.len()), (4, htc_core::taskfile::MAX_CLASSES - 1), "nothing added");
 }
