@@ -124,12 +124,15 @@ print(f"5. {concurrent} one-task adds, 64 at a time: {len(ok)} acknowledged, {le
       f"{len(st.stdout.splitlines())} tasks in the run; {concurrent / (t1 - t0):,.0f} adds/s")
 
 # 6. The leader's CPU per task: arriving in batches of 100, against the same tasks in a file.
+def status_json(d, run):
+    return json.loads(subprocess.run([htc, "status", run, "--json"], cwd=d, env=env, capture_output=True,
+                                     text=True, check=True).stdout)
 def leader_cpu(d, run):
-    """The leader's µs per task, leading alone and with what it spent before (the file's load)."""
-    out = json.loads(subprocess.run([htc, "status", run, "--json"], cwd=d, env=env, capture_output=True,
-                                    text=True, check=True).stdout)
+    """The leader's µs per task, leading alone and with what it spent before (the file's load),
+    and the run's seconds."""
+    out = status_json(d, run)
     n = out["counts"]["done"]
-    return out["leader_cpu_us_per_task"], (out["leader_cpu_s"] + out["load_cpu_s"]) * 1e6 / n
+    return out["leader_cpu_us_per_task"], (out["leader_cpu_s"] + out["load_cpu_s"]) * 1e6 / n, out["elapsed_s"]
 d = f"{work}/file"
 os.makedirs(d)
 with open(f"{d}/t.txt", "w") as f:
@@ -149,12 +152,29 @@ def arriving(d, batch):
     subprocess.run([htc, "close", run], cwd=d, env=env, check=True, capture_output=True)
     p.wait()
     return leader_cpu(d, run)
+# What an open run costs while nothing arrives (its timer, heartbeats, the live view), per second.
+d = f"{work}/idle"
+p, run = open_run(d, "--exec", "none")
+time.sleep(10)
+subprocess.run([htc, "close", run], cwd=d, env=env, check=True, capture_output=True)
+p.wait()
+idle = status_json(d, run)
+idle_per_s = idle["leader_cpu_s"] / idle["elapsed_s"]
+costs = {}
 for batch in (100, 1000):
     a = arriving(f"{work}/arriving-{batch}", batch)
+    costs[batch] = a
     print(f"6. leader CPU per task, {leader_n} tasks: arriving in batches of {batch} {a[0]:.2f} us, "
           f"in a file {from_file[0]:.2f} us ({a[0] / from_file[0]:.2f}x); with what each spent before "
           f"leading (the file's load, the process's start): {a[1]:.2f} against {from_file[1]:.2f} us "
           f"({a[1] / from_file[1]:.2f}x)")
+# Each run's cost as idle seconds + requests + tasks: the two batch sizes give the last two.
+(a100, _, t100), (a1000, _, t1000) = costs[100], costs[1000]
+left = lambda a, t: a * leader_n - idle_per_s * t * 1e6
+per_request = (left(a100, t100) - left(a1000, t1000)) / (leader_n / 100 - leader_n / 1000)
+per_task = (left(a1000, t1000) - per_request * leader_n / 1000) / leader_n
+print(f"   of which: an idle open run {idle_per_s * 1e3:.2f} ms per second ({idle_per_s * t100 * 1e6 / leader_n:.2f} us "
+      f"per task over the {t100:.0f} s of batches of 100), {per_request:.0f} us per request, {per_task:.2f} us per task")
 
 # 7. HyperQueue's open jobs beside, where it has the operation: `hq job open`, then
 #    `hq submit --job J` per task (its add; it has no dependencies between submits, no keys),

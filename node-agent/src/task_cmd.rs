@@ -363,8 +363,10 @@ pub fn wait(run: &str, ids: &[String], all: bool, any: bool, timeout: Option<Dur
             Ok(found) => found,
             Err(e) => return Ok(said(&e)),
         };
-        if let Some(asked) = &asked {
-            if let Some(id) = asked.iter().find(|id| !rows.iter().any(|r| r.id == **id)) {
+        // Rows come for the ids asked that exist: one missing is a task the run does not have.
+        if let Some(asked) = asked.as_ref().filter(|a| a.len() != rows.len()) {
+            let found: std::collections::HashSet<u64> = rows.iter().map(|r| r.id).collect();
+            if let Some(id) = asked.iter().find(|id| !found.contains(id)) {
                 eprintln!("htc: no task {id}");
                 return Ok(2);
             }

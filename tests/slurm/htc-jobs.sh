@@ -399,25 +399,34 @@ joined_job_cancelled() {
     [[ $failed == 0 ]] || { echo "--- slurm-$a.out"; tail -n 20 "$w/slurm-$a.out"; echo "--- slurm-$b.out"; tail -n 20 "$w/elsewhere/slurm-$b.out"; }
 }
 
-# --htc-grow: a run on 1 node of a 4-node cluster where 2 nodes are busy with plain jobs. Its work
-# (400 x 0.5 s on 2 CPUs) is more than its node can do before its time limit, so it submits a
-# job that joins it: asked for 2 nodes, cut to the 1 that is free now (sbatch --test-only says
-# 2 start only when a plain job's time is up). Then the tail is in sight and it submits no more.
-# Every task once; the plain jobs are untouched.
+# --htc-grow: an open run on 1 node of a 4-node cluster where 2 nodes are busy with plain jobs,
+# fed from the login node in waves. Its work (400 x 0.5 s on 2 CPUs) is more than its node can do
+# before its time limit, so it submits a job that joins it: asked for 2 nodes, cut to the 1 that
+# is free now (sbatch --test-only says 2 start only when a plain job's time is up). A third wave
+# comes while it grows; then the tail is in sight and it submits no more. Every task once; the
+# plain jobs are untouched.
 grown_run() {
-    local w a i p plain=() state grown n=400
+    local w a i p plain=() state grown ids n=400 more=20
     w=$(cluster_workdir grown)
-    seq 1 "$n" | sed 's|.*|sleep 0.5; echo "$HTC_TASK_ID $SLURMD_NODENAME" >> ids.txt|' >"$w/tasks.txt"
+    printf '#!/bin/bash\n' >"$w/job.sh"
+    seq 1 "$((n + more))" | sed 's|.*|sleep 0.5; echo "$HTC_TASK_ID $SLURMD_NODENAME" >> ids.txt|' >"$w/tasks.txt"
     chown -R "$HTC_CLUSTER_USER" "$w"
-    a=$(submit "$w" -N 1 --exclusive -t 2 --htc=tasks.txt --htc-grow=2:2:2 --wrap=:) || { bad "grow: submit the run"; return; }
-    for ((i = 0; i < 100; i++)); do
-        [[ $(job_state "$a") == RUNNING ]] && break
-        sleep 0.2
-    done
+    a=$(submit "$w" -N 1 --exclusive -t 2 --htc-open --htc-grow=2:2:2 job.sh) || { bad "grow: submit the run"; return; }
+    wait_leader "$w" "$a" || { bad "grow: the open run's leader never listened"; cluster_logs 20; return; }
     for i in 1 2; do
         p=$(submit "$w" -N 1 --exclusive -t 2 --wrap="sleep 15") || { bad "grow: submit plain job $i"; return; }
         plain+=("$p")
     done
+    ids=$(head -n 200 "$w/tasks.txt" | as_user -C "$w" "$bin/htc" task add "$a" --file - | paste -sd' ')
+    ids+=" $(sed -n "201,${n}p" "$w/tasks.txt" | as_user -C "$w" "$bin/htc" task add "$a" --file - | paste -sd' ')"
+    check "grow: waves 1 and 2, ids 1-$n in order" test "$ids" = "$(seq -s' ' 1 "$n")"
+    for ((i = 0; i < 300; i++)); do
+        grep -qs 'grow: submitted job' "$w/slurm-$a.out" && break
+        sleep 0.2
+    done
+    ids=$(sed -n "$((n + 1)),\$p" "$w/tasks.txt" | as_user -C "$w" "$bin/htc" task add "$a" --file - | paste -sd' ')
+    check "grow: wave 3 while it grows, ids $((n + 1))-$((n + more))" test "$ids" = "$(seq -s' ' $((n + 1)) $((n + more)))"
+    check "grow: the close is taken" as_user -C "$w" "$bin/htc" close "$a"
     state=$(wait_job "$a" 240)
     check "grow: the run's job $a COMPLETED (was $state)" test "$state" = COMPLETED
     grown=$(grep -o 'grow: submitted job [0-9]*' "$w/slurm-$a.out" | awk '{print $NF}')
@@ -429,7 +438,7 @@ grown_run() {
         check "grow: grown job $p ended with the run (was $state)" test "$state" = COMPLETED -o "$state" = CANCELLED
     done
     check "grow: a grown job joined and ran tasks" test "$(cut -d' ' -f2 "$w/ids.txt" | sort -u | wc -l)" -ge 2
-    check "grow: all $n tasks exactly once" each_once "$w/ids.txt" "$n"
+    check "grow: all $((n + more)) tasks exactly once" each_once "$w/ids.txt" "$((n + more))"
     for p in "${plain[@]}"; do
         state=$(wait_job "$p" 120)
         check "grow: plain job $p COMPLETED (was $state)" test "$state" = COMPLETED
