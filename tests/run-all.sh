@@ -100,6 +100,14 @@ else
     cargo test --release -p spank-plugin --locked
 fi
 
+step "python client: pip install ./clients/python, its pytest suite against real open runs"
+# In a venv of its own: the package as a user installs it, pytest pinned, from the registry.
+venv=$(mktemp -d /tmp/htc-py.XXXXXX)
+python3 -m venv "$venv"
+"$venv/bin/pip" install -q --disable-pip-version-check "pytest==9.2.0" "$root/clients/python"
+(cd "$root/clients/python" && HTC="$root/target/release/htc" "$venv/bin/python" -m pytest -q -p no:cacheprovider tests)
+rm -rf "$venv"
+
 if [[ ${HTC_SKIP_SLURM:-0} == 1 ]]; then
     echo "the cargo tiers passed; the Slurm tier was skipped (HTC_SKIP_SLURM=1)"
     exit 0

@@ -135,7 +135,8 @@ pub fn run(
     s.begin(job_id)?;
     let mut ending = (s.core.counts().unfinished() == 0 && !s.core.is_open()).then_some(Ending::Complete);
     while ending.is_none() {
-        let due = if s.world.statuses.is_empty() { s.next_due_us() } else { 0 };
+        // A status waits for the commit of what the turns wrote (`status_slice`).
+        let due = if s.world.statuses.is_empty() { s.next_due_us() } else { s.commit_due_us().unwrap_or(0) };
         let wait = std::time::Duration::from_micros(due.saturating_sub(now_us()));
         ending = match rx.recv_timeout(wait) {
             Ok(first) => take(&mut s, first, &rx)?,
@@ -157,6 +158,11 @@ pub fn run(
 
 /// Answers a slice of the first status request; the whole of it once its last slice is read.
 fn status_slice(s: &mut Session<'_, '_, Net>) -> Result<()> {
+    // Only what is committed: a task said `done` has its record and output in the ledger (a
+    // client reads its output next), and a leader killed now would not run it again.
+    if s.commit_due_us().is_some() {
+        return Ok(());
+    }
     let Some(first) = s.world.statuses.front() else { return Ok(()) };
     let end = match first.ids {
         StatusIds::All(None) => Some(s.next_task_id()?),

@@ -1,0 +1,134 @@
+"""The Executor against real open runs of the real `htc` ($HTC, or target/release/htc of this
+repository): results and outputs, failures with their reason, dependencies, cancels, keys, and
+the run's close at shutdown."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import pathlib
+import subprocess
+import time
+
+import pytest
+
+from slurm_htc import Executor, HtcError, TaskFailed, TaskResult
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+HTC = os.environ.get("HTC") or str(ROOT / "target" / "release" / "htc")
+
+
+@pytest.fixture
+def ex(tmp_path: pathlib.Path):
+    with Executor(htc=HTC, cwd=str(tmp_path)) as e:
+        yield e
+
+
+def test_many_submits_resolve_with_their_exit_and_output(ex: Executor) -> None:
+    futures = [ex.submit(f"echo task-{i}") for i in range(200)]
+    done = list(cf.as_completed(futures, timeout=120))
+    assert len(done) == 200
+    ids = sorted(f.result().task_id for f in futures)
+    assert ids == list(range(1, 201)), "one task each, every id once"
+    r = futures[7].result()
+    assert isinstance(r, TaskResult) and r.exit_code == 0
+    assert r.stdout() == "task-7\n"
+
+
+def test_a_program_and_its_arguments_are_quoted_and_stderr_is_kept(ex: Executor) -> None:
+    f = ex.submit(["sh", "-c", 'echo "$1 $2" >&2', "sh", "two words", "it's"])
+    assert f.result(timeout=60).stderr() == "two words it's\n"
+
+
+def test_a_failure_raises_with_the_run_s_reason_and_cancels_what_waits_for_it(ex: Executor) -> None:
+    bad = ex.submit("exit 3", retries=0)
+    after = ex.submit("true", after=[bad])
+    anyway = ex.submit("echo ran", afterany=[bad])
+    with pytest.raises(TaskFailed) as e:
+        bad.result(timeout=60)
+    assert e.value.exit_code == 3 and "exit 3" in e.value.reason
+    with pytest.raises(TaskFailed) as e:
+        after.result(timeout=60)
+    assert f"task {bad.task_id} did not succeed" in e.value.reason, e.value.reason
+    assert anyway.result(timeout=60).stdout() == "ran\n"
+
+
+def test_after_orders_the_tasks(ex: Executor, tmp_path: pathlib.Path) -> None:
+    first = ex.submit(f"sleep 0.3; echo first >> {tmp_path}/order")
+    second = ex.submit(f"echo second >> {tmp_path}/order", after=[first])
+    second.result(timeout=60)
+    assert (tmp_path / "order").read_text() == "first\nsecond\n"
+
+
+def test_map_gives_results_in_order(ex: Executor) -> None:
+    out = [r.stdout() for r in ex.map(lambda i: f"echo {i * i}", range(5), timeout=60)]
+    assert out == ["0\n", "1\n", "4\n", "9\n", "16\n"]
+
+
+def test_cancel_stops_a_running_task_and_wait_sees_it(ex: Executor) -> None:
+    long = ex.submit("sleep 600")
+    long.wait_id(timeout=30)
+    time.sleep(0.5)
+    assert long.cancel()
+    assert long.cancelled()
+    done, not_done = cf.wait([long], timeout=5)
+    assert long in done and not not_done
+    state = subprocess.run([HTC, "task", "status", ex.run, str(long.task_id)], cwd=ex._cwd,
+                           capture_output=True, text=True)
+    deadline = time.monotonic() + 30
+    while "cancelled" not in state.stdout and time.monotonic() < deadline:
+        time.sleep(0.1)
+        state = subprocess.run([HTC, "task", "status", ex.run, str(long.task_id)], cwd=ex._cwd,
+                               capture_output=True, text=True)
+    assert "\tcancelled\t" in state.stdout, state
+
+
+def test_a_key_adds_a_task_once_and_a_name_is_shown(ex: Executor) -> None:
+    a = ex.submit("echo keyed", key="job-1", name="the keyed one")
+    b = ex.submit("echo keyed", key="job-1")
+    assert a.wait_id(30) == b.wait_id(30)
+    a.result(timeout=60)
+    out = subprocess.run([HTC, "task", "status", ex.run, str(a.task_id)], cwd=ex._cwd,
+                         capture_output=True, text=True).stdout
+    assert out.rstrip("\n").split("\t")[-1] == "the keyed one"
+
+
+def test_bad_options_are_refused_before_anything_is_sent(ex: Executor) -> None:
+    with pytest.raises(TypeError):
+        ex.submit("true", threads=2)
+    with pytest.raises(ValueError):
+        ex.submit("true", mem="1 G")
+    with pytest.raises(ValueError):
+        ex.submit("echo a\necho b")
+
+
+def test_a_refused_line_fails_its_future_and_the_next_submit_works(ex: Executor) -> None:
+    bad = ex.submit("true", mem="lots")
+    with pytest.raises(HtcError) as e:
+        bad.result(timeout=60)
+    assert "mem" in str(e.value)
+    assert ex.submit("true").result(timeout=60).exit_code == 0
+
+
+def test_shutdown_closes_the_run_it_started(tmp_path: pathlib.Path) -> None:
+    ex = Executor(htc=HTC, cwd=str(tmp_path))
+    f = ex.submit("sleep 0.2")
+    ex.shutdown(wait=True)
+    assert f.done() and f.result().exit_code == 0
+    assert ex._leader is not None and ex._leader.returncode == 0, "the run ended: closed, all done"
+    with pytest.raises(RuntimeError):
+        ex.submit("true")
+
+
+def test_an_executor_attaches_to_a_running_run_and_leaves_it_open(tmp_path: pathlib.Path) -> None:
+    with Executor(htc=HTC, cwd=str(tmp_path)) as owner:
+        with Executor(owner.run, htc=HTC, cwd=str(tmp_path)) as guest:
+            assert guest.submit("true").result(timeout=60).exit_code == 0
+        assert owner.submit("true").result(timeout=60).task_id == 2, "still open after the guest left"
+
+
+def test_an_unknown_run_is_a_clear_error(tmp_path: pathlib.Path) -> None:
+    ex = Executor("no-such-run", htc=HTC, cwd=str(tmp_path))
+    with pytest.raises(HtcError):
+        ex.submit("true", key="k").result(timeout=30)
+    ex.shutdown()
