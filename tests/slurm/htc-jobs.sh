@@ -504,6 +504,31 @@ open_run() {
     [[ $failed == 0 ]] || for j in "$a" "$b" "$c"; do echo "--- slurm-$j.out"; tail -n 20 "$w/slurm-$j.out"; done
 }
 
+# The Python client on the cluster, as a user runs it on the login node: Executor(slurm=...)
+# submits `sbatch --htc-open` of 2 nodes, waits for its leader, runs futures (one after all the
+# others) and closes the job at shutdown.
+python_client() {
+    local w out job state
+    w=$(cluster_workdir python)
+    mkdir -p "$w/py" && cp -r "$root/clients/python/src/slurm_htc" "$w/py/"
+    cat >"$w/client.py" <<EOF
+from slurm_htc import Executor
+with Executor(slurm={"nodes": 2, "time": "5"}, htc="$bin/htc", cores=1) as ex:
+    fs = [ex.submit("echo \$SLURMD_NODENAME") for _ in range(40)]
+    last = ex.submit("echo after all", after=fs)
+    nodes = {f.result().stdout().strip() for f in fs}
+    print(ex.run, len(nodes), last.result().stdout().strip())
+EOF
+    chown -R "$HTC_CLUSTER_USER" "$w"
+    out=$(as_user -C "$w" env PYTHONPATH="$w/py" python3 client.py 2>&1) || true
+    job=$(tail -n 1 <<<"$out" | cut -d' ' -f1)
+    check "python: 40 futures on the 2 nodes of job $job, then the one after them ($(tail -n 1 <<<"$out"))" \
+        test "$(tail -n 1 <<<"$out" | cut -d' ' -f2-)" = "2 after all"
+    [[ $job =~ ^[0-9]+$ ]] || { echo "$out" | tail -n 20; return; }
+    state=$(wait_job "$job" 60)
+    check "python: the executor's job ended at its shutdown, COMPLETED (was $state)" test "$state" = COMPLETED
+}
+
 if [[ -n ${HTC_JOBS_ONLY:-} ]]; then # one test on 4 nodes, while developing it
     printf '\n!!! HTC_JOBS_ONLY=%s: only this test runs, the others are SKIPPED\n\n' "$HTC_JOBS_ONLY" >&2
     "$root/tests/cluster/start-cluster.sh" -n 4 -m netns -c 2 >/dev/null || { echo "cluster did not start"; exit 1; }
@@ -550,6 +575,7 @@ timed joined_job_cancelled
 timed grown_run
 echo "-- --htc-open: tasks added from the login node while the run runs"
 timed open_run
+timed python_client
 
 [[ $failed == 0 ]] || cluster_logs 20
 "$root/tests/cluster/stop-cluster.sh" >/dev/null 2>&1
