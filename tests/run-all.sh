@@ -100,11 +100,12 @@ else
     cargo test --release -p spank-plugin --locked
 fi
 
-step "python client: pip install ./clients/python, its pytest suite against real open runs"
-# In a venv of its own: the package as a user installs it, pytest pinned, from the registry.
+step "python client: pip install ./clients/python, mypy --strict, its pytest suite against real open runs"
+# In a venv of its own: the package as a user installs it, pytest and mypy pinned, from the registry.
 venv=$(mktemp -d /tmp/htc-py.XXXXXX)
 python3 -m venv "$venv"
-"$venv/bin/pip" install -q --disable-pip-version-check "pytest==9.2.0" "$root/clients/python"
+"$venv/bin/pip" install -q --disable-pip-version-check "pytest==9.2.0" "mypy==1.13.0" "$root/clients/python"
+(cd "$root/clients/python" && "$venv/bin/mypy" --strict --cache-dir=/dev/null src)
 (cd "$root/clients/python" && HTC="$root/target/release/htc" "$venv/bin/python" -m pytest -q -p no:cacheprovider tests)
 rm -rf "$venv"
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import functools
 import glob
 import json
 import os
@@ -243,8 +244,8 @@ class Executor(concurrent.futures.Executor):
                         self._bin,
                         self.run,
                         self._cwd,
-                        lambda i, feed=feed: self._known(feed.owed.popleft(), i),
-                        lambda why, feed=feed: self._ended(feed, why),
+                        functools.partial(self._acknowledged, feed),
+                        functools.partial(self._ended, feed),
                     )
                 self._feed.owed.append(fut)
                 assert self._feed.stream is not None
@@ -254,6 +255,10 @@ class Executor(concurrent.futures.Executor):
                 self._feed.stream = None
         fut.set_exception(HtcError("the run takes no tasks: its add stream ended"))
         fut._known.set()
+
+    def _acknowledged(self, feed: _Feed, task_id: int) -> None:
+        """The stream's next id: the task of the oldest line it owes."""
+        self._known(feed.owed.popleft(), task_id)
 
     def _known(self, fut: TaskFuture, task_id: int) -> None:
         fut.task_id = task_id
