@@ -115,7 +115,7 @@ def test_shutdown_closes_the_run_it_started(tmp_path: pathlib.Path) -> None:
     f = ex.submit("sleep 0.2")
     ex.shutdown(wait=True)
     assert f.done() and f.result().exit_code == 0
-    assert ex._leader is not None and ex._leader.returncode == 0, "the run ended: closed, all done"
+    assert ex._run.leader is not None and ex._run.leader.returncode == 0, "the run ended: closed, all done"
     with pytest.raises(RuntimeError):
         ex.submit("true")
 

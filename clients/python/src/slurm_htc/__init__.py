@@ -6,10 +6,14 @@
         futures = [ex.submit(["gzip", "-k", f]) for f in files]
         for f in concurrent.futures.as_completed(futures):
             print(f.result().task_id)
+
+`Run` is the open run underneath, one `htc` call per method (add, status, cancel, close), for
+tools that keep their own books (the Snakemake plugin).
 """
 
-from ._htc import HtcError
+from ._htc import HtcError, task_line
 from .executor import Executor, TaskFailed, TaskFuture, TaskResult
+from .run import ENDED, Run
 
-__all__ = ["Executor", "HtcError", "TaskFailed", "TaskFuture", "TaskResult"]
+__all__ = ["ENDED", "Executor", "HtcError", "Run", "TaskFailed", "TaskFuture", "TaskResult", "task_line"]
 __version__ = "0.1.0"

@@ -11,17 +11,13 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import functools
-import glob
-import json
-import os
-import subprocess
-import tempfile
 import threading
 import time
 from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence
 
-from ._htc import Command, HtcError, call, find_binary, id_ranges, task_line
+from ._htc import Command, HtcError, task_line
 from ._stream import Stream
+from .run import ENDED, Run
 
 # Polls start this often after news and slow down to the last when nothing changes; with many
 # tasks unfinished, no more often than `POLL_PER_TASK_S` each, so that the leader spends on the
@@ -45,10 +41,10 @@ class TaskResult:
         self._ex, self.task_id, self.exit_code = executor, task_id, exit_code
 
     def stdout(self) -> str:
-        return self._ex._htc("output", self._ex.run, str(self.task_id), "--stdout")
+        return self._ex._run.output(self.task_id, "stdout")
 
     def stderr(self) -> str:
-        return call(self._ex._bin, ["output", self._ex.run, str(self.task_id), "--stderr"], cwd=self._ex._cwd, stderr=True)
+        return self._ex._run.output(self.task_id, "stderr")
 
     def __repr__(self) -> str:
         return f"TaskResult(task_id={self.task_id}, exit_code={self.exit_code})"
@@ -118,20 +114,18 @@ class Executor(concurrent.futures.Executor):
         start_timeout: float = 120.0,
         **defaults: Any,
     ) -> None:
-        self._bin = find_binary(htc)
-        self._cwd = os.fspath(cwd) if cwd is not None else None
         self._defaults = dict(defaults)
         unknown = set(self._defaults) - {"cores", "mem", "gpus", "timeout", "retries", "priority"}
         if unknown:
             raise TypeError(f"unknown task option(s): {', '.join(sorted(unknown))}")
-        self._leader: Optional[subprocess.Popen] = None  # type: ignore[type-arg]
-        self._started = run is None
         if run is not None:
-            self.run = run
+            self._run = Run(run, htc=htc, cwd=cwd)
         elif slurm is not None:
-            self.run = self._start_slurm(slurm, idle_exit, start_timeout)
+            self._run = Run.start_slurm(slurm, htc=htc, cwd=cwd, idle_exit=idle_exit, timeout=start_timeout)
         else:
-            self.run = self._start_local(idle_exit, start_timeout)
+            self._run = Run.start(htc=htc, cwd=cwd, idle_exit=idle_exit, timeout=start_timeout)
+        self.run = self._run.id
+        self._bin, self._cwd = self._run.binary, self._run.cwd
         self._lock = threading.Condition()
         self._feed = _Feed()
         # Futures of tasks not ended, by task id: two submits under one key are one task.
@@ -140,53 +134,6 @@ class Executor(concurrent.futures.Executor):
         self._shut = False
         self._poller = threading.Thread(target=self._poll, name="slurm-htc-poll", daemon=True)
         self._poller.start()
-
-    # -- starting and attaching -------------------------------------------------------------
-
-    def _start_local(self, idle_exit: str, timeout: float) -> str:
-        log = tempfile.TemporaryFile(mode="w+")
-        self._leader = subprocess.Popen(
-            [self._bin, "run", "--open", "-q", "--idle-exit", idle_exit],
-            cwd=self._cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=log,
-        )
-        # The run's id ends with its leader's pid.
-        pattern = os.path.join(self._cwd or ".", ".htc", f"*-{self._leader.pid}", "leader.addr")
-        return self._wait_leader(pattern, timeout, log)
-
-    def _start_slurm(self, slurm: Mapping[str, Any], idle_exit: str, timeout: float) -> str:
-        args = ["sbatch", "--parsable", f"--htc-open={idle_exit}"]
-        if "nodes" in slurm:
-            args.append(f"--nodes={slurm['nodes']}")
-        if "time" in slurm:
-            args.append(f"--time={slurm['time']}")
-        if slurm.get("grow"):
-            args.append(f"--htc-grow={slurm['grow']}")
-        args += [str(a) for a in slurm.get("sbatch_args", ())] + ["--wrap=:"]
-        p = subprocess.run(args, cwd=self._cwd, capture_output=True, text=True)
-        if p.returncode != 0:
-            raise HtcError(f"sbatch: {p.stderr.strip() or p.returncode}")
-        job = p.stdout.strip().split(";")[0]
-        return self._wait_leader(os.path.join(self._cwd or ".", ".htc", job, "leader.addr"), timeout, None)
-
-    def _wait_leader(self, pattern: str, timeout: float, log: Optional[Any]) -> str:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            found = glob.glob(pattern)
-            if found:
-                return os.path.basename(os.path.dirname(found[0]))
-            if self._leader is not None and self._leader.poll() is not None:
-                break
-            time.sleep(0.01)
-        said = ""
-        if log is not None:
-            log.seek(0)
-            said = log.read().strip()
-        if self._leader is not None and self._leader.poll() is None:
-            self._leader.kill()
-        raise HtcError(f"the open run's leader did not start: {said or 'no leader listened in time'}")
 
     # -- submitting -------------------------------------------------------------------------
 
@@ -223,13 +170,10 @@ class Executor(concurrent.futures.Executor):
 
     def _add_one(self, fut: TaskFuture, line: str, key: Optional[str], name: Optional[str]) -> None:
         """A task with a key or a name: a request of its own (a key names one task)."""
-        args = ["task", "add", self.run, "--file", "/dev/stdin"]
-        args += ["--key", key] if key is not None else []
-        args += ["--name", name] if name is not None else []
         try:
-            task_id = int(call(self._bin, args, cwd=self._cwd, input=line + "\n"))
-        except (HtcError, ValueError) as e:
-            fut.set_exception(e if isinstance(e, HtcError) else HtcError(str(e)))
+            [task_id] = self._run.add([line], key=key, name=name)
+        except HtcError as e:
+            fut.set_exception(e)
             fut._known.set()
             return
         self._known(fut, task_id)
@@ -297,11 +241,8 @@ class Executor(concurrent.futures.Executor):
 
     # -- states, cancels, the end -----------------------------------------------------------
 
-    def _htc(self, *args: str) -> str:
-        return call(self._bin, list(args), cwd=self._cwd)
-
     def _cancel(self, ids: Sequence[int]) -> None:
-        self._htc("task", "cancel", self.run, *id_ranges(ids))
+        self._run.cancel(ids)
 
     def _poll(self) -> None:
         pause = POLL_FIRST_S
@@ -323,13 +264,10 @@ class Executor(concurrent.futures.Executor):
     def _resolve(self, ids: Sequence[int]) -> bool:
         """One `htc task status` of `ids`: the futures of those that ended are resolved."""
         try:
-            out = self._htc("task", "status", self.run, "--format", "json", *id_ranges(ids))
+            rows = self._run.status(ids)
         except HtcError:
             return False  # the run between leaders (a hand-over): asked again at the next poll
-        ended = []
-        for row in map(json.loads, out.splitlines()):
-            if row["state"] in ("done", "failed", "cancelled"):
-                ended.append(row)
+        ended = [row for row in rows.values() if row["state"] in ENDED]
         with self._lock:
             futs = [(row, fut) for row in ended for fut in self._pending.pop(row["id"], [])]
         for row, fut in futs:
@@ -363,13 +301,8 @@ class Executor(concurrent.futures.Executor):
         if wait:
             concurrent.futures.wait(pending)
             self._poller.join()
-        if self._started:
-            try:
-                self._htc("close", self.run)
-            except HtcError:
-                pass  # ended already
-            if self._leader is not None and wait:
-                self._leader.wait()
+        if self._run.started:
+            self._run.close(wait=wait)
 
 
 def _ids(futures: Sequence[concurrent.futures.Future]) -> list[int]:  # type: ignore[type-arg]

@@ -1,0 +1,164 @@
+"""`Run`: one open run as the `htc` binary reaches it: started here or on Slurm, or attached to;
+tasks added in one request, their states asked in one call, cancelled in one, the run closed.
+`Executor` (futures) and the Snakemake plugin are both built on it."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import tempfile
+import time
+from typing import IO, Any, Dict, List, Mapping, Optional, Sequence
+
+from ._htc import HtcError, call, find_binary, id_ranges
+
+# The states after which a task changes no more.
+ENDED = ("done", "failed", "cancelled")
+
+
+class Run:
+    """An open run: `Run(id)` attaches to a running one (its id or directory), `Run.start()`
+    starts one here (`htc run --open`), `Run.start_slurm({...})` submits `sbatch --htc-open`.
+    Each method is one `htc` call; errors raise `HtcError` with what `htc` said."""
+
+    def __init__(self, run: str, *, htc: Optional[str] = None, cwd: Optional[str] = None) -> None:
+        self.id = run
+        self.binary = find_binary(htc)
+        self.cwd = os.fspath(cwd) if cwd is not None else None
+        # The leader's process, when this `Run` started it here.
+        self.leader: Optional[subprocess.Popen] = None  # type: ignore[type-arg]
+        self.started = False
+
+    @classmethod
+    def start(
+        cls,
+        *,
+        htc: Optional[str] = None,
+        cwd: Optional[str] = None,
+        idle_exit: str = "30m",
+        timeout: float = 120.0,
+        own_session: bool = False,
+    ) -> "Run":
+        """Starts an open run here, in `cwd`; it ends `idle_exit` after its last task once nothing
+        is added (or at `close`). With `own_session`, a Ctrl-C at this terminal does not reach
+        the leader: the caller cancels what it wants, as Snakemake does."""
+        binary = find_binary(htc)
+        log = tempfile.TemporaryFile(mode="w+")
+        leader = subprocess.Popen(
+            [binary, "run", "--open", "-q", "--idle-exit", idle_exit],
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            start_new_session=own_session,
+        )
+        # The run's id ends with its leader's pid.
+        pattern = os.path.join(cwd or ".", ".htc", f"*-{leader.pid}", "leader.addr")
+        run = cls(_wait_leader(pattern, timeout, leader, log), htc=binary, cwd=cwd)
+        run.leader, run.started = leader, True
+        return run
+
+    @classmethod
+    def start_slurm(
+        cls,
+        slurm: Mapping[str, Any],
+        *,
+        htc: Optional[str] = None,
+        cwd: Optional[str] = None,
+        idle_exit: str = "30m",
+        timeout: float = 120.0,
+    ) -> "Run":
+        """Submits `sbatch --htc-open` (`slurm`: `nodes`, `time`, `grow`, `sbatch_args`) and
+        waits until its leader listens."""
+        args = ["sbatch", "--parsable", f"--htc-open={idle_exit}"]
+        if slurm.get("nodes") is not None:
+            args.append(f"--nodes={slurm['nodes']}")
+        if slurm.get("time") is not None:
+            args.append(f"--time={slurm['time']}")
+        if slurm.get("grow"):
+            args.append(f"--htc-grow={slurm['grow']}")
+        args += [str(a) for a in slurm.get("sbatch_args", ())] + ["--wrap=:"]
+        p = subprocess.run(args, cwd=cwd, capture_output=True, text=True)
+        if p.returncode != 0:
+            raise HtcError(f"sbatch: {p.stderr.strip() or p.returncode}")
+        job = p.stdout.strip().split(";")[0]
+        pattern = os.path.join(cwd or ".", ".htc", job, "leader.addr")
+        run = cls(_wait_leader(pattern, timeout, None, None), htc=htc, cwd=cwd)
+        run.started = True
+        return run
+
+    def htc(self, *args: str, input: Optional[str] = None) -> str:
+        """`htc ARGS` in the run's working directory; its stdout."""
+        return call(self.binary, list(args), cwd=self.cwd, input=input)
+
+    def add(self, lines: Sequence[str], *, key: Optional[str] = None, name: Optional[str] = None) -> List[int]:
+        """Adds task lines (`[options] command`) in one request; their ids, in order. With `key`
+        (one line), adding again under the same key gives the same id."""
+        if not lines:
+            return []
+        # A key or a name is for one task, which `htc` takes from a file, not from a stream.
+        one = key is not None or name is not None
+        args = ["task", "add", self.id, "--file", "/dev/stdin" if one else "-"]
+        args += ["--key", key] if key is not None else []
+        args += ["--name", name] if name is not None else []
+        out = self.htc(*args, input="".join(line + "\n" for line in lines))
+        ids = [int(w) for w in out.split()]
+        if len(ids) != len(lines):
+            raise HtcError(f"htc task add: {len(lines)} lines sent, {len(ids)} ids back")
+        return ids
+
+    def status(self, ids: Sequence[int]) -> Dict[int, Dict[str, Any]]:
+        """The states of `ids` (one call): by id, `{"state", "exit", "reason", ...}` as `htc task
+        status --format json` gives them."""
+        if not ids:
+            return {}
+        out = self.htc("task", "status", self.id, "--format", "json", *id_ranges(ids))
+        rows = (json.loads(line) for line in out.splitlines())
+        return {int(row["id"]): row for row in rows}
+
+    def cancel(self, ids: Sequence[int]) -> None:
+        """Cancels `ids` (one call): what waits never starts, what runs is stopped."""
+        if ids:
+            self.htc("task", "cancel", self.id, *id_ranges(ids))
+
+    def output(self, task_id: int, stream: str = "stdout") -> str:
+        """A task's stdout or stderr, as the run kept it."""
+        if stream == "stderr":
+            return call(self.binary, ["output", self.id, str(task_id), "--stderr"], cwd=self.cwd, stderr=True)
+        return self.htc("output", self.id, str(task_id), "--stdout")
+
+    def close(self, *, wait: bool = False) -> None:
+        """The run takes no more tasks and ends once what it holds is done; with `wait`, returns
+        then (when it was started here). A run already ended is no error."""
+        try:
+            self.htc("close", self.id)
+        except HtcError:
+            pass
+        if wait and self.leader is not None:
+            self.leader.wait()
+
+
+def _wait_leader(
+    pattern: str,
+    timeout: float,
+    leader: Optional[subprocess.Popen],  # type: ignore[type-arg]
+    log: Optional[IO[str]],
+) -> str:
+    """The run id of the first leader address matching `pattern`, once one is written."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        found = glob.glob(pattern)
+        if found:
+            return os.path.basename(os.path.dirname(found[0]))
+        if leader is not None and leader.poll() is not None:
+            break
+        time.sleep(0.01)
+    said = ""
+    if log is not None:
+        log.seek(0)
+        said = log.read().strip()
+    if leader is not None and leader.poll() is None:
+        leader.kill()
+    raise HtcError(f"the open run's leader did not start: {said or 'no leader listened in time'}")
