@@ -49,6 +49,7 @@ on_exit() {
     set +e
     [[ -z $rpm_pid ]] || kill -- -"$rpm_pid" 2>/dev/null
     [[ -z $rpm_build ]] || rm -rf "$rpm_build"
+    [[ -z ${HTC_PY_VENV:-} ]] || rm -rf "$HTC_PY_VENV"
     print_times
     ((${#skipped[@]} == 0)) || banner "TESTS WERE SKIPPED: this was NOT a run of every test" "${skipped[@]}"
     exit "$rc"
@@ -100,14 +101,22 @@ else
     cargo test --release -p spank-plugin --locked
 fi
 
-step "python client: pip install ./clients/python, mypy --strict, its pytest suite against real open runs"
-# In a venv of its own: the package as a user installs it, pytest and mypy pinned, from the registry.
-venv=$(mktemp -d /tmp/htc-py.XXXXXX)
-python3 -m venv "$venv"
-"$venv/bin/pip" install -q --disable-pip-version-check "pytest==9.2.0" "mypy==1.13.0" "$root/clients/python"
-(cd "$root/clients/python" && "$venv/bin/mypy" --strict --cache-dir=/dev/null src)
-(cd "$root/clients/python" && HTC="$root/target/release/htc" "$venv/bin/python" -m pytest -q -p no:cacheprovider tests)
-rm -rf "$venv"
+step "python clients: slurm_htc and the Snakemake plugin, mypy --strict, their pytest suites against real runs and real Snakemake"
+# In a venv of its own: the packages as a user installs them, Snakemake, its cluster-generic
+# executor, pytest and mypy pinned, from the registry. The Slurm tier runs Snakemake from it too
+# (as the cluster's user: the venv is readable by all); it is removed at the end.
+HTC_PY_VENV=$(mktemp -d /tmp/htc-py.XXXXXX)
+export HTC_PY_VENV
+chmod 755 "$HTC_PY_VENV"
+# /usr/bin/python3 where there is one: a Python under /root (pyenv) is out of the cluster user's reach.
+"$(command -v /usr/bin/python3 || command -v python3)" -m venv "$HTC_PY_VENV"
+"$HTC_PY_VENV/bin/pip" install -q --disable-pip-version-check "pytest==9.2.0" "mypy==1.13.0" \
+    "snakemake==9.27.1" "snakemake-interface-executor-plugins==9.4.0" \
+    "snakemake-executor-plugin-cluster-generic==1.0.9" "$root/clients/python" "$root/clients/snakemake"
+for c in python snakemake; do
+    (cd "$root/clients/$c" && "$HTC_PY_VENV/bin/mypy" --strict --cache-dir=/dev/null src)
+    (cd "$root/clients/$c" && HTC="$root/target/release/htc" "$HTC_PY_VENV/bin/python" -m pytest -q -p no:cacheprovider tests)
+done
 
 if [[ ${HTC_SKIP_SLURM:-0} == 1 ]]; then
     echo "the cargo tiers passed; the Slurm tier was skipped (HTC_SKIP_SLURM=1)"

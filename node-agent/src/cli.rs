@@ -243,8 +243,10 @@ pub mod htc {
             /// Every task of the run.
             #[arg(long, conflicts_with = "ids")]
             all: bool,
-            /// tsv (id, state, exit value, reason; tab-separated) or json (one object per line).
-            #[arg(long, default_value = "tsv", value_name = "tsv|json")]
+            /// tsv (id, state, exit value, reason; tab-separated), json (one object per line), or
+            /// word (`success`, `failed` or `running`, a line each: a status command for
+            /// Snakemake's cluster-generic executor and tools like it).
+            #[arg(long, default_value = "tsv", value_name = "tsv|json|word")]
             format: String,
         },
         /// Wait until tasks have ended: exit 0 when every one succeeded, 1 when one failed or

@@ -302,8 +302,8 @@ struct Row<'a> {
 /// `htc task status RUN IDS|--all`: a line each, as the run's leader knows them, or from the
 /// run's ledger when no leader runs.
 pub fn status(run: &str, ids: &[String], all: bool, format: &str) -> anyhow::Result<i32> {
-    if !matches!(format, "tsv" | "json") {
-        anyhow::bail!("--format {format}: tsv or json");
+    if !matches!(format, "tsv" | "json" | "word") {
+        anyhow::bail!("--format {format}: tsv, json or word");
     }
     let asked = if all { None } else { Some(id_list(ids)?) };
     let dir = RunDir::find(Some(run))?;
@@ -319,6 +319,8 @@ pub fn status(run: &str, ids: &[String], all: bool, format: &str) -> anyhow::Res
         if format == "json" {
             let row = Row { id: r.id, state: r.state, exit: r.exit, reason: &r.reason, name: r.name.as_deref() };
             writeln!(o, "{}", serde_json::to_string(&row)?)?;
+        } else if format == "word" {
+            writeln!(o, "{}", word(r.state))?;
         } else {
             let exit = r.exit.map_or("-".to_string(), |v| v.to_string());
             // A name, for a task given one, is a fifth column.
@@ -334,6 +336,17 @@ pub fn status(run: &str, ids: &[String], all: bool, format: &str) -> anyhow::Res
         return Ok(2);
     }
     Ok(0)
+}
+
+/// A state as the one word that tools calling a status command take (Snakemake's
+/// cluster-generic executor, and the grid executors built like it): `success`, `failed`, or
+/// `running` for a task that has not ended.
+fn word(state: &str) -> &'static str {
+    match state {
+        "done" => "success",
+        "failed" | "cancelled" => "failed",
+        _ => "running",
+    }
 }
 
 /// Tasks as the run's leader knows them, or as its ledger has them when no leader runs (then
@@ -434,8 +447,15 @@ fn from_ledger(dir: std::path::PathBuf, ids: Option<&[u64]>) -> anyhow::Result<(
 
 #[cfg(test)]
 mod tests {
-    use super::exported;
+    use super::{exported, word};
     use std::ffi::OsString;
+
+    #[test]
+    fn a_state_is_one_of_the_three_words_status_commands_print() {
+        let words: Vec<_> =
+            ["waiting", "blocked", "running", "done", "failed", "cancelled"].into_iter().map(word).collect();
+        assert_eq!(words, ["running", "running", "running", "success", "failed", "failed"]);
+    }
 
     fn env() -> impl Iterator<Item = (OsString, OsString)> {
         [("PATH", "/opt/bin:/bin"), ("SLURM_JOB_ID", "7"), ("HTC_TASK_ID", "3"), ("F", "a\nb"), ("X", "1 2")]

@@ -37,6 +37,13 @@ impl Drop for Restored {
     }
 }
 
+/// Whether `path`, or a directory on the way to it, exists but may not be read by this user.
+fn denied(path: &Path) -> bool {
+    let kind = |r: io::Result<()>| r.err().map(|e| e.kind());
+    kind(fs::metadata(path).map(drop)) == Some(io::ErrorKind::PermissionDenied)
+        || (path.is_dir() && kind(fs::read_dir(path).map(drop)) == Some(io::ErrorKind::PermissionDenied))
+}
+
 /// Whether `dir` holds a run: its ledger, or a replica of one kept elsewhere.
 fn is_run(dir: &Path) -> bool {
     dir.join("ledger.mdb").exists() || crate::replica::Replica::of(dir).exists()
@@ -116,11 +123,20 @@ impl RunDir {
     }
 
     /// The directory `locate` finds, its ledger not opened.
+    ///
+    /// A run directory another user made cannot be read (0700, as `create` makes it): that is
+    /// said as such, not as a run that does not exist.
     pub fn find(arg: Option<&str>) -> io::Result<PathBuf> {
         let runs = Path::new(".htc");
         let path = match arg {
             Some(a) if is_run(Path::new(a)) => PathBuf::from(a),
             Some(a) if is_run(&runs.join(a)) => runs.join(a),
+            Some(a) if denied(Path::new(a)) || denied(&runs.join(a)) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!("'{a}': permission denied: the run is another user's (its directory is theirs alone)"),
+                ))
+            }
             Some(a) => {
                 return Err(io::Error::new(
                     io::ErrorKind::NotFound,

@@ -529,6 +529,44 @@ EOF
     check "python: the executor's job ended at its shutdown, COMPLETED (was $state)" test "$state" = COMPLETED
 }
 
+# `snakemake --executor htc --htc-nodes 2`: the plugin submits `sbatch --htc-open` and runs the
+# workflow's jobs in that one job; the same outputs as Snakemake's local executor. Snakemake and
+# the plugin come from the venv tests/run-all.sh made ($HTC_PY_VENV), readable by the user.
+snakemake_on_cluster() {
+    local w out job state sm=${HTC_PY_VENV:-}/bin/snakemake
+    [[ -x $sm ]] || { bad "snakemake: no venv with Snakemake (HTC_PY_VENV=${HTC_PY_VENV:-})"; return; }
+    w=$(cluster_workdir snakemake)
+    mkdir -p "$w/local" "$w/htc"
+    for d in local htc; do cp "$root/clients/snakemake/tests/Snakefile" "$w/$d/"; done
+    chown -R "$HTC_CLUSTER_USER" "$w"
+    as_user -C "$w/local" "$sm" --cores 2 --config samples=30 >"$w/local.log" 2>&1
+    out=$(as_user -C "$w/htc" "$sm" --executor htc --jobs 100 --htc-nodes 2 --htc-time 5 \
+        --htc-binary "$bin/htc" --config samples=30 2>&1)
+    echo "$out" >"$w/htc.log"
+    check "snakemake: 92 jobs through the plugin on 2 nodes" grep -q "92 of 92 steps (100%) done" "$w/htc.log"
+    grep -q "92 of 92 steps" "$w/htc.log" || tail -n 20 "$w/htc.log"
+    check "snakemake: the outputs are the local executor's" diff -r "$w/local/out" "$w/htc/out"
+    job=$(ls "$w/htc/.htc" 2>/dev/null | head -n 1)
+    [[ $job =~ ^[0-9]+$ ]] || { bad "snakemake: no run of a Slurm job in $w/htc/.htc"; tail -n 20 <<<"$out"; return; }
+    check "snakemake: its tasks ran on both nodes ($(sort -u "$w/htc/nodes.log" | xargs))" \
+        test "$(sort -u "$w/htc/nodes.log" | wc -l)" = 2
+    state=$(wait_job "$job" 60)
+    check "snakemake: the run's job ended when Snakemake did, COMPLETED (was $state)" test "$state" = COMPLETED
+    # A run of another user (root's, here) is refused with the reason, before any job.
+    mkdir -p "$w/root" && chmod 755 "$w/root"
+    (cd "$w/root" && exec "$bin/htc" run --open -q --idle-exit 60s </dev/null >/dev/null 2>&1) &
+    local leader=$! r
+    for _ in $(seq 100); do r=$(ls "$w/root/.htc" 2>/dev/null | head -n 1); [[ -n $r && -e $w/root/.htc/$r/leader.addr ]] && break; sleep 0.1; done
+    out=$(as_user -C "$w/htc" "$sm" --executor htc --jobs 1 --htc-run "$w/root/.htc/$r" \
+        --htc-binary "$bin/htc" --forceall --config samples=1 2>&1)
+    echo "$out" >"$w/refused.log"
+    check "snakemake: another user's run is refused ($(grep -m1 'slurm-htc:' "$w/refused.log"))" \
+        grep -q "slurm-htc: .*ermission denied" "$w/refused.log"
+    grep -q "slurm-htc: .*ermission denied" "$w/refused.log" || tail -n 20 "$w/refused.log"
+    "$bin/htc" close "$w/root/.htc/$r" >/dev/null 2>&1
+    wait "$leader"
+}
+
 if [[ -n ${HTC_JOBS_ONLY:-} ]]; then # one test on 4 nodes, while developing it
     printf '\n!!! HTC_JOBS_ONLY=%s: only this test runs, the others are SKIPPED\n\n' "$HTC_JOBS_ONLY" >&2
     "$root/tests/cluster/start-cluster.sh" -n 4 -m netns -c 2 >/dev/null || { echo "cluster did not start"; exit 1; }
@@ -576,6 +614,7 @@ timed grown_run
 echo "-- --htc-open: tasks added from the login node while the run runs"
 timed open_run
 timed python_client
+timed snakemake_on_cluster
 
 [[ $failed == 0 ]] || cluster_logs 20
 "$root/tests/cluster/stop-cluster.sh" >/dev/null 2>&1

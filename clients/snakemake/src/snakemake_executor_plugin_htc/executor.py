@@ -1,0 +1,262 @@
+"""`snakemake --executor htc`: Snakemake's jobs as tasks of one slurm-htc open run.
+
+Every ready job goes in one `htc task add` request; the states of all active jobs come from one
+`htc task status` per poll; a cancel is one `htc task cancel`. The run is started here (`htc run
+--open`) or on Slurm (`sbatch --htc-open`), or attached to (`--htc-run`). A job whose output
+Snakemake marked incomplete with one of our task ids (Snakemake was killed) is taken up again:
+still running, it is waited for; done, it is reported so; failed, it is added anew. With
+`--rerun-incomplete`, such a task still running is cancelled before its job is added again.
+"""
+
+import json
+import time
+from collections import defaultdict
+from typing import Any, AsyncGenerator, Dict, List, Optional, Tuple
+
+from slurm_htc import ENDED, HtcError, Run
+from snakemake_interface_common.exceptions import WorkflowError
+from snakemake_interface_executor_plugins.executors.base import SubmittedJobInfo
+from snakemake_interface_executor_plugins.executors.remote import RemoteExecutor
+from snakemake_interface_executor_plugins.jobs import JobExecutorInterface
+
+from . import tasks
+
+# Polls come this often after a change, doubling to the last while nothing changes; with many
+# jobs active, no more often than `POLL_PER_JOB_S` each (the leader answers ~1 µs per id).
+POLL_FIRST_S, POLL_MAX_S, POLL_PER_JOB_S = 0.01, 1.0, 20e-6
+# After this long without a change, whether the run still has a leader is asked too.
+LIVENESS_S = 10.0
+# States of a run in which its waiting tasks will not run (`htc status --json`).
+GONE = ("interrupted", "succeeded", "failed", "not_started")
+
+
+def external_id(run: Run, task_id: int) -> str:
+    return f"{run.id}/{task_id}"
+
+
+def parse_external_id(text: str) -> Optional[Tuple[str, int]]:
+    """`RUN/ID` as `external_id` writes it; `None` for another executor's id."""
+    run, _, tid = text.rpartition("/")
+    return (run, int(tid)) if run and tid.isdigit() else None
+
+
+class Executor(RemoteExecutor):  # type: ignore[misc]  # (the interface is untyped)
+    # The base class starts polling before `__post_init__` runs: these hold from the start.
+    _runs: Dict[str, Run] = {}
+    _pause = POLL_FIRST_S
+    _changed_at = _live_at = 0.0
+
+    def __post_init__(self) -> None:
+        s = self.workflow.executor_settings
+        self._workdir: str = self.workflow.workdir_init
+        slurm = {"nodes": s.nodes, "time": s.time, "grow": s.grow, "sbatch_args": (s.sbatch_args or "").split()}
+        try:
+            if s.run:
+                self._run = Run(s.run, htc=s.binary, cwd=self._workdir)
+                self._check_open(self._run)
+            elif s.nodes:
+                self._run = Run.start_slurm(slurm, htc=s.binary, cwd=self._workdir, idle_exit=s.idle_exit)
+            else:
+                self._run = Run.start(htc=s.binary, cwd=self._workdir, idle_exit=s.idle_exit, own_session=True)
+        except HtcError as e:
+            raise WorkflowError(f"slurm-htc: {e}")
+        self.logger.info(f"slurm-htc: jobs go to the open run {self._run.id}")
+        # Runs a job's task may be in: ours, and those a killed Snakemake left tasks in.
+        self._runs: Dict[str, Run] = {self._run.id: self._run}
+        self._changed_at = self._live_at = time.monotonic()
+        self._gone: Dict[str, int] = defaultdict(int)
+
+    def _check_open(self, run: Run) -> None:
+        """A run named with `--htc-run` must be one that takes tasks: a clear error now, not a
+        failure of every job later."""
+        info = json.loads(run.htc("status", run.id, "--json"))
+        if info.get("state") != "running":
+            raise HtcError(f"the run {run.id} is {info.get('state')}: it takes no tasks")
+        # Adds nothing, but a run that was closed, or is another user's, refuses it.
+        run.htc("task", "add", run.id, "--file", "-", input="")
+
+    # -- submitting ------------------------------------------------------------------------
+
+    def run_job(self, job: JobExecutorInterface) -> None:
+        self.run_jobs([job])
+
+    def run_jobs(self, jobs: List[JobExecutorInterface]) -> None:
+        """All ready jobs in one request."""
+        added: List[JobExecutorInterface] = []
+        lines: List[str] = []
+        for job in jobs:
+            self.run_job_pre(job)
+            if self._take_up(job):
+                continue
+            try:
+                lines.append(self._line(job))
+                added.append(job)
+            except (WorkflowError, ValueError, OSError) as e:
+                self.report_job_error(SubmittedJobInfo(job), msg=f"slurm-htc: {e}")
+        try:
+            ids = self._run.add(lines)
+        except HtcError as e:
+            for job in added:
+                self.report_job_error(SubmittedJobInfo(job), msg=f"slurm-htc: the run took no task: {e}")
+            return
+        for job, task_id in zip(added, ids):
+            self.report_job_submission(SubmittedJobInfo(job, external_jobid=external_id(self._run, task_id)))
+        self._pause = POLL_FIRST_S
+
+    def _line(self, job: JobExecutorInterface) -> str:
+        direct = None if self.workflow.executor_settings.spawn_snakemake else tasks.direct_command(job, self.workflow)
+        if direct is None:
+            return tasks.line(job, "/bin/sh", self.format_job_exec(job), self._workdir, self.tmpdir)
+        # As the local executor does before it runs a rule: output directories made, old
+        # outputs removed, inputs waited for (the spawned Snakemake would do it otherwise).
+        self.workflow.async_run(job.prepare())
+        executable, command = direct
+        return tasks.line(job, executable, command, self._workdir, self.tmpdir)
+
+    def _take_up(self, job: JobExecutorInterface) -> bool:
+        """A task a killed Snakemake left for this job: waited for (true), or out of the way."""
+        ours = [p for p in map(parse_external_id, self.workflow.persistence.external_jobids(job)) if p]
+        if len(ours) != 1:
+            return False
+        run_id, task_id = ours[0]
+        try:
+            run = self._runs.get(run_id) or Run(run_id, htc=self._run.binary, cwd=self._workdir)
+            row = run.status([task_id]).get(task_id)
+        except HtcError:
+            return False  # that run is gone: the job runs anew
+        if row is None or row["state"] in ("failed", "cancelled"):
+            return False
+        if self.workflow.dag_settings.force_incomplete:  # --rerun-incomplete: run it anew
+            if row["state"] not in ENDED:
+                run.cancel([task_id])
+            return False
+        self._runs[run.id] = run
+        self.logger.info(f"slurm-htc: job {job.jobid} is task {task_id} of {run.id}, left by an earlier Snakemake")
+        self.report_job_submission(SubmittedJobInfo(job, external_jobid=external_id(run, task_id)))
+        return True
+
+    # -- states ----------------------------------------------------------------------------
+
+    async def check_active_jobs(
+        self, active_jobs: List[SubmittedJobInfo]
+    ) -> AsyncGenerator[SubmittedJobInfo, None]:
+        """One `htc task status` per run (there is one, unless a killed Snakemake left tasks in
+        another) for all active jobs."""
+        by_run: Dict[str, List[Tuple[int, SubmittedJobInfo]]] = defaultdict(list)
+        for info in active_jobs:
+            parsed = parse_external_id(info.external_jobid or "")
+            assert parsed is not None, info.external_jobid
+            by_run[parsed[0]].append((parsed[1], info))
+        changed = False
+        for run_id, items in by_run.items():
+            run = self._runs[run_id]
+            try:
+                async with self.status_rate_limiter:
+                    rows = run.status([t for t, _ in items])
+            except HtcError as e:
+                # Between two leaders (a hand-over), or the run gone: the liveness check decides.
+                self.logger.debug(f"slurm-htc: status of {run_id}: {e}")
+                rows = {}
+            gone = self._gone_reason(run) if time.monotonic() - self._changed_at > LIVENESS_S else None
+            for task_id, info in items:
+                row = rows.get(task_id)
+                state = row["state"] if row else None
+                if state == "done":
+                    self.report_job_success(info)
+                elif state in ("failed", "cancelled"):
+                    self.report_job_error(info, msg=self._why(run, task_id, row or {}))
+                elif gone is not None:
+                    self.report_job_error(info, msg=f"slurm-htc: task {task_id} will not run: {gone}")
+                else:
+                    yield info
+                    continue
+                changed = True
+        self._pace(changed, len(active_jobs))
+
+    def _pace(self, changed: bool, active: int) -> None:
+        now = time.monotonic()
+        least = max(POLL_FIRST_S, POLL_PER_JOB_S * active)
+        if changed:
+            self._changed_at = now
+            self._pause = least
+        else:
+            self._pause = min(max(self._pause, least) * 2, max(POLL_MAX_S, least))
+        self.next_seconds_between_status_checks = self._pause
+
+    def _gone_reason(self, run: Run) -> Optional[str]:
+        """Why `run`'s waiting tasks will not run, once it was seen without a leader twice, at
+        least `LIVENESS_S` apart; `None` while it runs."""
+        if time.monotonic() - self._live_at < LIVENESS_S:
+            return None
+        self._live_at = time.monotonic()
+        try:
+            state = json.loads(run.htc("status", run.id, "--json")).get("state")
+        except (HtcError, ValueError):
+            state = "unreadable"
+        if state not in GONE and state != "unreadable":
+            self._gone[run.id] = 0
+            return None
+        self._gone[run.id] += 1
+        if self._gone[run.id] < 2:
+            return None
+        return f"the run {run.id} is {state} (`htc run --resume` or `scontrol requeue` continues it)"
+
+    def _why(self, run: Run, task_id: int, row: Dict[str, Any]) -> str:
+        reason = row.get("reason") or row.get("state") or "failed"
+        text = f"slurm-htc: task {task_id} of {run.id}: {reason}"
+        try:
+            err = run.output(task_id, "stderr").strip()
+        except HtcError:
+            err = ""
+        if err:
+            tail = "\n".join(err.splitlines()[-20:])
+            text += f"\nits stderr (the end; all of it: htc output {run.id} {task_id} --stderr):\n{tail}\n"
+        return text
+
+    # -- the end ---------------------------------------------------------------------------
+
+    def cancel_jobs(self, active_jobs: List[SubmittedJobInfo]) -> None:
+        """One `htc task cancel` per run for all active jobs; then each job's books are closed
+        as the local executor leaves them after a Ctrl-C: a job whose task had ended well is
+        recorded as done, any other has its outputs and its incomplete mark removed. A new
+        Snakemake then runs only what is missing, without `--rerun-incomplete`."""
+        by_run: Dict[str, List[Tuple[int, SubmittedJobInfo]]] = defaultdict(list)
+        for info in active_jobs:
+            parsed = parse_external_id(info.external_jobid or "")
+            if parsed:
+                by_run[parsed[0]].append((parsed[1], info))
+        for run_id, items in by_run.items():
+            run = self._runs[run_id]
+            ids = [t for t, _ in items]
+            try:
+                run.cancel(ids)
+                rows = run.status(ids)
+            except HtcError as e:
+                self.logger.info(f"slurm-htc: cancel in {run_id}: {e}")
+                continue
+            for task_id, info in items:
+                self._close_books(info, rows.get(task_id, {}).get("state") == "done")
+
+    def _close_books(self, info: SubmittedJobInfo, done: bool) -> None:
+        job: Any = info.job
+        if done:
+            try:
+                self.workflow.async_run(job.postprocess())
+                return
+            except Exception as e:  # its outputs are not there after all: cleaned up below
+                self.logger.debug(f"slurm-htc: job {job.jobid}: {e}")
+        try:
+            self.workflow.async_run(job.postprocess(error=True))
+        except Exception as e:
+            self.logger.info(f"slurm-htc: job {job.jobid} left incomplete: {e}")
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        if self._run.started:
+            # Ends once what it holds is done; a run Snakemake was cancelled from holds nothing.
+            self._run.close()
+            if self._run.leader is not None:
+                try:
+                    self._run.leader.wait(timeout=30)
+                except Exception:  # subprocess.TimeoutExpired: it ends on its own later
+                    pass

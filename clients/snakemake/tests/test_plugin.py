@@ -1,0 +1,178 @@
+"""`snakemake --executor htc` against real open runs: Snakemake from the package registry (pinned
+by the caller), the real `htc` ($HTC), real processes and signals."""
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+from typing import Dict, List, Optional
+
+import pytest
+
+HTC = os.environ.get("HTC", "htc")
+BIN = pathlib.Path(sys.executable).parent
+SNAKEMAKE = str(BIN / "snakemake")
+
+WORKFLOW = (pathlib.Path(__file__).parent / "Snakefile").read_text()
+
+# Each job appends to runs.log: how often each ran, whoever ran it.
+SLOW = """
+N = int(config.get("samples", 8))
+rule all:
+    input: expand("out/{i}.txt", i=range(N))
+rule slow:
+    output: "out/{i}.txt"
+    shell: "sleep 2; echo {wildcards.i} >> runs.log; echo {wildcards.i} > {output}"
+"""
+
+
+def snakemake(wd: pathlib.Path, *args: str, timeout: float = 240) -> "subprocess.CompletedProcess[str]":
+    env = dict(os.environ, HTC=HTC, PATH=f"{BIN}:{os.environ['PATH']}")
+    return subprocess.run(
+        [SNAKEMAKE, *args], cwd=wd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def start(wd: pathlib.Path, *args: str) -> "subprocess.Popen[str]":
+    env = dict(os.environ, HTC=HTC, PATH=f"{BIN}:{os.environ['PATH']}")
+    log = open(wd / "snakemake.log", "w")
+    # SIGINT as a terminal's Ctrl-C delivers it (a background job would inherit it ignored).
+    return subprocess.Popen(
+        [SNAKEMAKE, *args], cwd=wd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+
+
+def outputs(wd: pathlib.Path) -> Dict[str, bytes]:
+    return {str(p.relative_to(wd)): p.read_bytes() for p in sorted((wd / "out").rglob("*")) if p.is_file()}
+
+
+def htc(wd: pathlib.Path, *args: str) -> str:
+    return subprocess.run([HTC, *args], cwd=wd, capture_output=True, text=True, check=True).stdout
+
+
+def runs(wd: pathlib.Path) -> List[str]:
+    return sorted(p.name for p in (wd / ".htc").iterdir()) if (wd / ".htc").exists() else []
+
+
+def states(wd: pathlib.Path, run: str) -> List[str]:
+    return [line.split("\t")[1] for line in htc(wd, "task", "status", run, "--all").splitlines()]
+
+
+def wait_for(what, timeout: float = 30.0, step: float = 0.05):  # type: ignore[no-untyped-def]
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        got = what()
+        if got:
+            return got
+        time.sleep(step)
+    raise AssertionError("timed out")
+
+
+def test_a_workflow_gives_what_the_local_executor_gives(tmp_path: pathlib.Path) -> None:
+    local, ours = tmp_path / "local", tmp_path / "htc"
+    for wd in (local, ours):
+        wd.mkdir()
+        (wd / "Snakefile").write_text(WORKFLOW)
+    n = 100  # 301 jobs
+    p = snakemake(local, "--cores", "2", "--config", f"samples={n}")
+    assert p.returncode == 0, p.stderr[-3000:]
+    p = snakemake(ours, "--executor", "htc", "--jobs", "100", "--config", f"samples={n}")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert outputs(ours) == outputs(local)
+    assert len(outputs(ours)) == 3 * n + 1
+    [run] = runs(ours)
+    assert states(ours, run) == ["done"] * (3 * n + 1), "one task per job, each once"
+    info = htc(ours, "status", run, "--json")
+    assert '"state":"succeeded"' in info, "the run it started was closed and ended: " + info
+    # Nothing is left to do: Snakemake's books agree with the outputs.
+    p = snakemake(ours, "--executor", "htc", "--jobs", "100", "--config", f"samples={n}")
+    assert p.returncode == 0 and "Nothing to be done" in p.stderr, p.stderr[-2000:]
+
+
+def test_ctrl_c_cancels_the_jobs_and_a_new_snakemake_finishes_only_what_is_missing(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "Snakefile").write_text(SLOW)
+    sm = start(tmp_path, "--executor", "htc", "--jobs", "4", "--config", "samples=8")
+    wait_for(lambda: (tmp_path / "runs.log").exists() and "running" in states(tmp_path, runs(tmp_path)[0]))
+    sm.send_signal(signal.SIGINT)
+    assert sm.wait(60) != 0
+    [run] = runs(tmp_path)
+    left = states(tmp_path, run)
+    assert "cancelled" in left and not {"waiting", "running"} & set(left), left
+    p = snakemake(tmp_path, "--executor", "htc", "--jobs", "4", "--config", "samples=8")
+    assert p.returncode == 0, p.stderr[-3000:]
+    ran = (tmp_path / "runs.log").read_text().split()
+    assert sorted(ran, key=int) == [str(i) for i in range(8)], f"each job ran once: {ran}"
+
+
+def test_a_killed_snakemake_s_running_tasks_are_waited_for_not_run_twice(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "Snakefile").write_text(SLOW.replace("sleep 2", "sleep 4"))
+    sm = start(tmp_path, "--executor", "htc", "--jobs", "8", "--config", "samples=4")
+    wait_for(lambda: runs(tmp_path) and states(tmp_path, runs(tmp_path)[0]).count("running") == 2)
+    sm.kill()  # SIGKILL: no cancel, the lock left behind; its run goes on with the tasks
+    sm.wait()
+    assert snakemake(tmp_path, "--unlock").returncode == 0
+    p = snakemake(tmp_path, "--executor", "htc", "--jobs", "8", "--config", "samples=4")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stderr.count("left by an earlier Snakemake") == 4, p.stderr[-3000:]
+    ran = (tmp_path / "runs.log").read_text().split()
+    assert sorted(ran, key=int) == ["0", "1", "2", "3"], f"each job ran once: {ran}"
+
+
+def test_rerun_incomplete_cancels_what_a_killed_snakemake_left_running(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "Snakefile").write_text(SLOW.replace("sleep 2", "sleep 30"))
+    sm = start(tmp_path, "--executor", "htc", "--jobs", "8", "--config", "samples=2")
+    wait_for(lambda: runs(tmp_path) and states(tmp_path, runs(tmp_path)[0]).count("running") == 2)
+    first = runs(tmp_path)[0]
+    sm.kill()
+    sm.wait()
+    assert snakemake(tmp_path, "--unlock").returncode == 0
+    # The jobs run anew (30 s each): only their start is waited for, then Snakemake is stopped.
+    sm = start(tmp_path, "--executor", "htc", "--jobs", "8", "--rerun-incomplete", "--config", "samples=2")
+    assert wait_for(lambda: states(tmp_path, first) == ["cancelled", "cancelled"], timeout=60)
+    wait_for(lambda: len(runs(tmp_path)) == 2 and states(tmp_path, runs(tmp_path)[-1]).count("running") == 2)
+    sm.send_signal(signal.SIGINT)
+    sm.wait(60)
+
+
+def test_a_job_no_node_can_hold_fails_with_the_reason(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "Snakefile").write_text(
+        'rule big:\n    output: "big.txt"\n    threads: 4096\n    shell: "touch {output}"\n'
+    )
+    p = snakemake(tmp_path, "--executor", "htc", "--jobs", "1", timeout=120)
+    assert p.returncode != 0
+    assert "needs more cores, memory or GPUs than any agent has" in p.stderr, p.stderr[-3000:]
+
+
+def test_a_run_that_takes_no_tasks_is_a_clear_error(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "Snakefile").write_text(SLOW)
+    leader = subprocess.Popen([HTC, "run", "--open", "-q"], cwd=tmp_path, stderr=subprocess.DEVNULL)
+    [run] = wait_for(lambda: [p.name for p in (tmp_path / ".htc").glob(f"*-{leader.pid}") if (p / "leader.addr").exists()])
+    htc(tmp_path, "close", run)
+    leader.wait(30)
+    p = snakemake(tmp_path, "--executor", "htc", "--jobs", "2", "--htc-run", run)
+    assert p.returncode != 0
+    assert f"the run {run} is succeeded: it takes no tasks" in p.stderr, p.stderr[-2000:]
+
+
+def test_the_generic_route_htc_task_commands_as_cluster_generic_s(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "Snakefile").write_text(WORKFLOW)
+    leader = subprocess.Popen([HTC, "run", "--open", "-q"], cwd=tmp_path, stderr=subprocess.DEVNULL)
+    [run] = wait_for(lambda: [p.name for p in (tmp_path / ".htc").glob(f"*-{leader.pid}") if (p / "leader.addr").exists()])
+    cancel = tmp_path / "htc-cancel"
+    cancel.write_text(f'#!/bin/sh\nexec {HTC} task cancel {run} "$@"\n')
+    cancel.chmod(0o755)
+    p = snakemake(
+        tmp_path, "--executor", "cluster-generic", "--jobs", "10", "--seconds-between-status-checks", "1",
+        "--cluster-generic-submit-cmd", f"{HTC} task add {run} --cores {{threads}} --",
+        "--cluster-generic-status-cmd", f"{HTC} task status {run} --format word",
+        "--cluster-generic-cancel-cmd", str(cancel),
+        "--config", "samples=2",
+    )
+    htc(tmp_path, "close", run)
+    leader.wait(30)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert (tmp_path / "out/merged.txt").read_text() == "5 s000\n5 s001\n"
+    assert states(tmp_path, run) == ["done"] * 7
