@@ -356,7 +356,8 @@ pub mod htc {
         #[arg(long, value_parser = super::positive)]
         pub cores_per_agent: Option<usize>,
         /// Spawn loops (executor threads) per agent, splitting its cores; 0 = one per core.
-        /// Default: one per core, or one when a task needs several cores.
+        /// Default: one per core, or one when a task needs several cores, and one for an open
+        /// run (a task added later may need them all): `--open --spawners 0` for one-core tasks.
         #[arg(long)]
         pub spawners: Option<usize>,
         /// Tree fan-out: agents per parent; more agents than this form a tree of relays.

@@ -42,9 +42,16 @@ pub struct Loaded {
 }
 
 /// The most cores any task of the run asks for (as wide as can be for runs loaded before it was
-/// kept).
+/// kept, and for an open run). Agents size their spawn loops by it: one per CPU while no task
+/// needs more than one core (`node::agent::default_spawners`); `htc run --open --spawners 0`
+/// keeps a loop per CPU for an open run of one-core tasks.
 pub fn widest_task(ledger: &Ledger) -> Result<u64, LedgerError> {
-    Ok(ledger.read()?.meta_u64("max_cores")?.unwrap_or(u64::MAX))
+    let r = ledger.read()?;
+    // An open run's tasks come while it runs: any of them may need all of an agent's cores.
+    if r.meta_u64(OPEN)?.is_some() {
+        return Ok(u64::MAX);
+    }
+    Ok(r.meta_u64("max_cores")?.unwrap_or(u64::MAX))
 }
 
 /// Copies `src` into the run and loads it into `ledger`. Errors name `src` as the user wrote it.

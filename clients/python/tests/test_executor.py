@@ -35,6 +35,14 @@ def test_many_submits_resolve_with_their_exit_and_output(ex: Executor) -> None:
     assert r.stdout() == "task-7\n"
 
 
+def test_a_task_may_ask_for_every_core_of_the_run_s_agent(ex: Executor) -> None:
+    # An open run's agents cannot know how wide its tasks will be: a loop per CPU would refuse
+    # one of several cores ("could not start: Argument list too long", as it once did).
+    wide = ex.submit("nproc", cores=len(os.sched_getaffinity(0)))
+    one = ex.submit("true", cores=1)
+    assert wide.result(timeout=60).exit_code == 0 and one.result(timeout=60).exit_code == 0
+
+
 def test_a_program_and_its_arguments_are_quoted_and_stderr_is_kept(ex: Executor) -> None:
     f = ex.submit(["sh", "-c", 'echo "$1 $2" >&2', "sh", "two words", "it's"])
     assert f.result(timeout=60).stderr() == "two words it's\n"
