@@ -54,6 +54,13 @@ cluster_env
 bin=$HTC_CLUSTER_DIR/htc-bin
 make -s -C "$root" install BINDIR="$bin" PLUGINDIR="$bin" PLUGSTACKDIR="$HTC_CLUSTER_DIR/plugstack.conf.d" >/dev/null
 
+# The Slurm plugin's job step drops every SLURM_* variable, SLURM_CONF too, before its inner
+# srun: that srun finds the configuration where a real cluster keeps it, or not at all.
+made_conf=
+if [[ ! -e /etc/slurm/slurm.conf ]]; then
+    mkdir -p /etc/slurm && ln -s "$SLURM_CONF" /etc/slurm/slurm.conf && made_conf=1
+fi
+trap '[[ -z $made_conf ]] || rm -f /etc/slurm/slurm.conf' EXIT
 cores=$((nodes * 2))
 echo "date: $(date -u +%FT%TZ)  host: $(hostname)  nproc: $(nproc)  cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)"
 echo "cluster: $nodes nodes x 2 CPUs on this machine (network namespaces), Slurm $(sinfo -V 2>/dev/null | cut -d' ' -f2)"

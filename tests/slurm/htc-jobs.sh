@@ -539,12 +539,12 @@ snakemake_on_cluster() {
     mkdir -p "$w/local" "$w/htc"
     for d in local htc; do cp "$root/clients/snakemake/tests/Snakefile" "$w/$d/"; done
     chown -R "$HTC_CLUSTER_USER" "$w"
-    as_user -C "$w/local" "$sm" --cores 2 --config samples=30 >"$w/local.log" 2>&1
+    as_user -C "$w/local" "$sm" --cores 2 --config samples=100 >"$w/local.log" 2>&1
     out=$(as_user -C "$w/htc" "$sm" --executor htc --jobs 100 --htc-nodes 2 --htc-time 5 \
-        --htc-binary "$bin/htc" --config samples=30 2>&1)
+        --htc-binary "$bin/htc" --config samples=100 2>&1)
     echo "$out" >"$w/htc.log"
-    check "snakemake: 92 jobs through the plugin on 2 nodes" grep -q "92 of 92 steps (100%) done" "$w/htc.log"
-    grep -q "92 of 92 steps" "$w/htc.log" || tail -n 20 "$w/htc.log"
+    check "snakemake: 302 jobs through the plugin on 2 nodes" grep -q "302 of 302 steps (100%) done" "$w/htc.log"
+    grep -q "302 of 302 steps" "$w/htc.log" || tail -n 20 "$w/htc.log"
     check "snakemake: the outputs are the local executor's" diff -r "$w/local/out" "$w/htc/out"
     job=$(ls "$w/htc/.htc" 2>/dev/null | head -n 1)
     [[ $job =~ ^[0-9]+$ ]] || { bad "snakemake: no run of a Slurm job in $w/htc/.htc"; tail -n 20 <<<"$out"; return; }

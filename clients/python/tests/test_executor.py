@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from slurm_htc import Executor, HtcError, TaskFailed, TaskResult
+from slurm_htc import Executor, HtcError, Run, TaskFailed, TaskResult
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 HTC = os.environ.get("HTC") or str(ROOT / "target" / "release" / "htc")
@@ -41,6 +41,15 @@ def test_a_task_may_ask_for_every_core_of_the_run_s_agent(ex: Executor) -> None:
     wide = ex.submit("nproc", cores=len(os.sched_getaffinity(0)))
     one = ex.submit("true", cores=1)
     assert wide.result(timeout=60).exit_code == 0 and one.result(timeout=60).exit_code == 0
+
+
+def test_cancelling_a_finished_task_is_no_error_and_changes_nothing(ex: Executor) -> None:
+    f = ex.submit("true")
+    tid = f.result(timeout=60).task_id
+    assert f.cancel() is False, "a future that ended cannot be cancelled"
+    run = Run(ex.run, htc=HTC, cwd=ex._cwd)
+    run.cancel([tid])  # as Snakemake's cancel of jobs that ended meanwhile does
+    assert run.status([tid])[tid]["state"] == "done"
 
 
 def test_a_program_and_its_arguments_are_quoted_and_stderr_is_kept(ex: Executor) -> None:

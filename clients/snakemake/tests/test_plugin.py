@@ -139,11 +139,13 @@ def test_rerun_incomplete_cancels_what_a_killed_snakemake_left_running(tmp_path:
 
 def test_a_job_no_node_can_hold_fails_with_the_reason(tmp_path: pathlib.Path) -> None:
     (tmp_path / "Snakefile").write_text(
-        'rule big:\n    output: "big.txt"\n    threads: 4096\n    shell: "touch {output}"\n'
+        'rule all:\n    input: "wide.txt", "big.txt"\n'
+        'rule wide:\n    output: "wide.txt"\n    threads: 4096\n    shell: "touch {output}"\n'
+        'rule big:\n    output: "big.txt"\n    resources: mem_mb=1000000000\n    shell: "touch {output}"\n'
     )
-    p = snakemake(tmp_path, "--executor", "htc", "--jobs", "1", timeout=120)
+    p = snakemake(tmp_path, "--executor", "htc", "--jobs", "2", "--keep-going", timeout=120)
     assert p.returncode != 0
-    assert "needs more cores, memory or GPUs than any agent has" in p.stderr, p.stderr[-3000:]
+    assert p.stderr.count("needs more cores, memory or GPUs than any agent has") == 2, p.stderr[-3000:]
 
 
 def test_a_run_that_takes_no_tasks_is_a_clear_error(tmp_path: pathlib.Path) -> None:
@@ -176,3 +178,16 @@ def test_the_generic_route_htc_task_commands_as_cluster_generic_s(tmp_path: path
     assert p.returncode == 0, p.stderr[-3000:]
     assert (tmp_path / "out/merged.txt").read_text() == "5 s000\n5 s001\n"
     assert states(tmp_path, run) == ["done"] * 7
+
+
+def test_a_failed_job_s_error_carries_its_stderr_and_the_jobs_added_with_it_run(tmp_path: pathlib.Path) -> None:
+    # Both are ready at once, so they go in one request.
+    (tmp_path / "Snakefile").write_text(
+        'rule all:\n    input: "good.txt", "bad.txt"\n'
+        'rule good:\n    output: "good.txt"\n    shell: "touch {output}"\n'
+        "rule bad:\n    output: \"bad.txt\"\n    shell: \"echo 'unclosed > {output}\"\n"
+    )
+    p = snakemake(tmp_path, "--executor", "htc", "--jobs", "2", "--keep-going", timeout=120)
+    assert p.returncode != 0
+    assert ": exit 2\nits stderr" in p.stderr and "unexpected EOF" in p.stderr, p.stderr[-3000:]
+    assert (tmp_path / "good.txt").exists(), "the good job of the same request ran"

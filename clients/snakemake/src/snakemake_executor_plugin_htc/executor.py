@@ -94,14 +94,21 @@ class Executor(RemoteExecutor):  # type: ignore[misc]  # (the interface is untyp
             except (WorkflowError, ValueError, OSError) as e:
                 self.report_job_error(SubmittedJobInfo(job), msg=f"slurm-htc: {e}")
         try:
-            ids = self._run.add(lines)
-        except HtcError as e:
-            for job in added:
-                self.report_job_error(SubmittedJobInfo(job), msg=f"slurm-htc: the run took no task: {e}")
-            return
+            ids: List[Optional[int]] = list(self._run.add(lines))
+        except HtcError:
+            # One bad line refuses the whole request: each job alone, so that only it fails.
+            ids = [self._add_alone(job, line) for job, line in zip(added, lines)]
         for job, task_id in zip(added, ids):
-            self.report_job_submission(SubmittedJobInfo(job, external_jobid=external_id(self._run, task_id)))
+            if task_id is not None:
+                self.report_job_submission(SubmittedJobInfo(job, external_jobid=external_id(self._run, task_id)))
         self._pause = POLL_FIRST_S
+
+    def _add_alone(self, job: JobExecutorInterface, line: str) -> Optional[int]:
+        try:
+            return self._run.add([line])[0]
+        except HtcError as e:
+            self.report_job_error(SubmittedJobInfo(job), msg=f"slurm-htc: the run took no task: {e}")
+            return None
 
     def _line(self, job: JobExecutorInterface) -> str:
         direct = None if self.workflow.executor_settings.spawn_snakemake else tasks.direct_command(job, self.workflow)
