@@ -13,7 +13,7 @@
 # workflow started (citizenship: StartTime - SubmitTime). The outputs of every contender are
 # compared with the local executor's.
 #
-#   bench/snakemake.sh [-n NODES]     (as root, after cargo build --release --workspace)
+#   bench/snakemake.sh [-n NODES]     (as root; `make install` builds and installs the dist binaries)
 #
 # Env: SAMPLES (100), PLAIN (2), JOBS (100: snakemake --jobs for the Slurm plugin; the htc plugin
 #      gets 1000), CONTENDERS (default: all four), VENV (a venv with Snakemake and the plugins,
