@@ -47,7 +47,7 @@ def test_cancelling_a_finished_task_is_no_error_and_changes_nothing(ex: Executor
     f = ex.submit("true")
     tid = f.result(timeout=60).task_id
     assert f.cancel() is False, "a future that ended cannot be cancelled"
-    run = Run(ex.run, htc=HTC, cwd=ex._cwd)
+    run = Run(ex.run, htc=HTC, cwd=ex._run.cwd)
     run.cancel([tid])  # as Snakemake's cancel of jobs that ended meanwhile does
     assert run.status([tid])[tid]["state"] == "done"
 
@@ -90,12 +90,12 @@ def test_cancel_stops_a_running_task_and_wait_sees_it(ex: Executor) -> None:
     assert long.cancelled()
     done, not_done = cf.wait([long], timeout=5)
     assert long in done and not not_done
-    state = subprocess.run([HTC, "task", "status", ex.run, str(long.task_id)], cwd=ex._cwd,
+    state = subprocess.run([HTC, "task", "status", ex.run, str(long.task_id)], cwd=ex._run.cwd,
                            capture_output=True, text=True)
     deadline = time.monotonic() + 30
     while "cancelled" not in state.stdout and time.monotonic() < deadline:
         time.sleep(0.1)
-        state = subprocess.run([HTC, "task", "status", ex.run, str(long.task_id)], cwd=ex._cwd,
+        state = subprocess.run([HTC, "task", "status", ex.run, str(long.task_id)], cwd=ex._run.cwd,
                                capture_output=True, text=True)
     assert "\tcancelled\t" in state.stdout, state
 
@@ -105,7 +105,7 @@ def test_a_key_adds_a_task_once_and_a_name_is_shown(ex: Executor) -> None:
     b = ex.submit("echo keyed", key="job-1")
     assert a.wait_id(30) == b.wait_id(30)
     a.result(timeout=60)
-    out = subprocess.run([HTC, "task", "status", ex.run, str(a.task_id)], cwd=ex._cwd,
+    out = subprocess.run([HTC, "task", "status", ex.run, str(a.task_id)], cwd=ex._run.cwd,
                          capture_output=True, text=True).stdout
     assert out.rstrip("\n").split("\t")[-1] == "the keyed one"
 

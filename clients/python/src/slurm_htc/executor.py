@@ -125,7 +125,6 @@ class Executor(concurrent.futures.Executor):
         else:
             self._run = Run.start(htc=htc, cwd=cwd, idle_exit=idle_exit, timeout=start_timeout)
         self.run = self._run.id
-        self._bin, self._cwd = self._run.binary, self._run.cwd
         self._lock = threading.Condition()
         self._feed = _Feed()
         # Futures of tasks not ended, by task id: two submits under one key are one task.
@@ -185,9 +184,9 @@ class Executor(concurrent.futures.Executor):
                     self._feed = _Feed()
                     feed = self._feed
                     feed.stream = Stream(
-                        self._bin,
+                        self._run.binary,
                         self.run,
-                        self._cwd,
+                        self._run.cwd,
                         functools.partial(self._acknowledged, feed),
                         functools.partial(self._ended, feed),
                     )
