@@ -38,6 +38,12 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// Whether the task's process was started to end this way (a queued task can end only as
+    /// a spawn failure, unschedulable, preempted or cancelled).
+    pub fn ran(self) -> bool {
+        matches!(self, Outcome::Exited | Outcome::Signaled | Outcome::TimedOut | Outcome::OutOfMemory)
+    }
+
     /// The stored byte back to an outcome; an unknown byte reads as `None`.
     pub fn from_u8(v: u8) -> Outcome {
         match v {

@@ -9,8 +9,10 @@ use std::time::{Duration, Instant};
 
 /// The longest an event waits for company. The agent reports under load once per report gap
 /// (100 ms or more), so this holds back no report; it lags only the agent's count of what
-/// runs, whose queues hold far more than this much work. At a low rate nothing waits.
-pub const HOLD: Duration = Duration::from_millis(5);
+/// runs, whose queues hold far more than this much work. At a low rate nothing waits. 10 ms
+/// rather than 5 halved the main thread's wake-ups, and its CPU per `true` task fell from 5.4
+/// to 4.4 µs (bench/agent-ceiling.sh, bench/RESULTS.md §20).
+pub const HOLD: Duration = Duration::from_millis(10);
 
 /// What to do with events waiting to be handed off.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -701,12 +701,16 @@ impl Executors {
         if self.handles.len() > 1 {
             let now = self.epoch.elapsed().as_micros() as u64;
             for e in batch {
-                let id = match e {
-                    ExecEvent::Started { id, .. } | ExecEvent::Recalled { id, .. } => *id,
-                    ExecEvent::Finished(f) => f.id,
-                    ExecEvent::Reset => continue,
-                };
-                self.spread.left_queue(i, id, now);
+                match e {
+                    ExecEvent::Started { id, .. } | ExecEvent::Recalled { id, .. } => {
+                        self.spread.left_queue(i, *id, now)
+                    }
+                    // Its process ran, so it left the queue when it started: looking for it
+                    // there again was a walk of the whole queue for every task.
+                    ExecEvent::Finished(f) if f.outcome.ran() => self.spread.moved(i, now),
+                    ExecEvent::Finished(f) => self.spread.left_queue(i, f.id, now),
+                    ExecEvent::Reset => {}
+                }
             }
             self.unstick();
         }

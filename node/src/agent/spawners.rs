@@ -71,6 +71,13 @@ impl Spread {
         }
     }
 
+    /// Spawner `i` ended a task that had started (at `now_us`).
+    pub fn moved(&mut self, i: usize, now_us: u64) {
+        if let Some(m) = self.moved_us.get_mut(i) {
+            *m = now_us;
+        }
+    }
+
     /// Spawner `i` dropped everything it held (a reset).
     pub fn emptied(&mut self, i: usize) {
         if let Some(h) = self.held.get_mut(i) {
