@@ -17,9 +17,12 @@
 //! A task must be born in its cgroup: moved after the spawn returns, its shell may already
 //! have started the program that allocates, which stays outside. In v1 the spawning thread
 //! itself steps into the slot's cgroup for the spawn (v1 moves single threads) and back out, so
-//! the child starts inside. v2 moves whole processes only: there the task starts through
-//! `/bin/sh -c 'echo 0 >PROCS; exec "$@"'`, which moves itself before it runs the command, and
-//! the RSS watch stays on as well, in case it could not.
+//! the child starts inside: two moves a task, each taking the kernel's global
+//! `cgroup_threadgroup_rwsem` for writing (8 to 18 µs a pair here, bench/RESULTS.md §20). v2
+//! starts the task in its cgroup (`clone3` with `CLONE_INTO_CGROUP`, `spawn::Spawner::spawn_into`),
+//! which moves nothing. Where the kernel refuses that (before Linux 5.7, a sandbox without
+//! `clone3`), the task starts through `/bin/sh -c 'echo 0 >PROCS; exec "$@"'`, which moves
+//! itself before it runs the command, and the RSS watch stays on as well, in case it could not.
 //!
 //! The kernel's OOM killer kills one process of the cgroup; the executor sees the cgroup's
 //! `oom_kill` count grow and kills the task's whole process group, as the watch does.
@@ -131,11 +134,11 @@ impl Root {
             let _ = write(&dir.join("memory.oom.group"), "1");
             let _ = write(&dir.join("memory.swap.max"), "0");
         }
-        let tasks = match self.version {
-            Version::V1 => Some(open_w(&dir.join("tasks"))?),
-            Version::V2 => None,
+        let (tasks, handle) = match self.version {
+            Version::V1 => (Some(open_w(&dir.join("tasks"))?), None),
+            Version::V2 => (None, Some(fs::File::open(&dir)?)),
         };
-        let mut slot = Slot { dir, version: self.version, limit_mb: 0, tasks, kills: 0 };
+        let mut slot = Slot { dir, version: self.version, limit_mb: 0, tasks, handle, kills: 0 };
         slot.kills = slot.read_kills()?;
         Ok(slot)
     }
@@ -181,6 +184,8 @@ pub struct Slot {
     limit_mb: u32,
     /// Its `tasks` file (v1), kept open.
     tasks: Option<fs::File>,
+    /// Its directory (v2), kept open: a task is born here through it (`CLONE_INTO_CGROUP`).
+    handle: Option<fs::File>,
     /// Its count of OOM kills when last read: nothing runs in it between tasks, so this is the
     /// count before the next one.
     kills: u64,
@@ -235,6 +240,12 @@ impl Slot {
     /// there; `Root::leave_thread` takes it back.
     pub fn enter_thread(&self) -> io::Result<()> {
         write_to(self.tasks.as_ref().ok_or(io::ErrorKind::Unsupported)?, gettid())
+    }
+
+    /// The descriptor of its directory (v2), to start a task in it.
+    pub fn handle(&self) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        self.handle.as_ref().map(|f| f.as_raw_fd())
     }
 
     /// The file a process writes `0` to to move itself in.

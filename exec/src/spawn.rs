@@ -8,6 +8,13 @@
 //! `posix_spawn` before: every signal at its default and unblocked, a process group of its
 //! own, stdin from /dev/null, stdout and stderr on the given descriptors, nothing else open.
 //!
+//! A task with a memory limit on cgroup v2 is born in its slot's cgroup: `clone3` with
+//! `CLONE_INTO_CGROUP` (Linux >= 5.7), which takes no global lock, where moving a process in
+//! afterwards takes the kernel's `cgroup_threadgroup_rwsem` for writing, against every fork on
+//! the node. glibc has no wrapper for it that runs a function on a given stack, so the few
+//! instructions that do are here (x86_64; elsewhere `spawn_into` says it cannot, and the
+//! executor moves the task in as before).
+//!
 //! The child shares this process's memory until its `execve`, with this thread suspended
 //! (`CLONE_VFORK`): it may only make raw system calls, and every signal stays blocked until
 //! its handlers are reset, so none of this process's handlers can run in it. A spawner thread
@@ -46,6 +53,16 @@ pub fn block_signals_in_this_thread(sigchld: bool) {
     }
     let _ = set.thread_block();
     BLOCKED.with(|b| b.set(true));
+}
+
+/// Why a child was not started in its cgroup (`Spawner::spawn_into`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IntoError {
+    /// The kernel would not start it there (no `clone3` or `CLONE_INTO_CGROUP`, a sandbox that
+    /// refuses it, no right to the cgroup: the errno): nothing was started.
+    Refused(i32),
+    /// It started there but could not run its program (the errno), as `spawn`'s error.
+    Failed(i32),
 }
 
 /// A started child: its pid, and its pidfd where the kernel gives one.
@@ -119,6 +136,68 @@ impl Spawner {
         Ok(Child { pid, pidfd })
     }
 
+    /// As `spawn`, with the child born in the cgroup v2 directory `cgroup` (an open descriptor
+    /// of it). `Refused` when the kernel will not: then nothing started, and the caller may
+    /// start it another way.
+    pub fn spawn_into(
+        &mut self,
+        prog: &CStr,
+        argv: &[*const libc::c_char],
+        envp: &[*const libc::c_char],
+        out: RawFd,
+        err: RawFd,
+        cgroup: RawFd,
+    ) -> Result<Child, IntoError> {
+        debug_assert!(argv.last().is_some_and(|p| p.is_null()) && envp.last().is_some_and(|p| p.is_null()));
+        let mut plan = Plan { prog, argv, envp, dev_null: self.dev_null.as_raw_fd(), out, err, errno: 0 };
+        let (pid, pidfd) = self.clone3_child(&mut plan, cgroup).map_err(IntoError::Refused)?;
+        // SAFETY: the kernel stored a new descriptor of ours there (CLONE_PIDFD) or left -1.
+        let pidfd = (pidfd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(pidfd) });
+        if plan.errno != 0 {
+            let _ = waitpid(Pid::from_raw(pid), None);
+            return Err(IntoError::Failed(plan.errno));
+        }
+        Ok(Child { pid, pidfd })
+    }
+
+    /// One clone3 into `cgroup`: (pid, pidfd or -1), once the child has exec'd or exited.
+    fn clone3_child(&mut self, plan: &mut Plan, cgroup: RawFd) -> Result<(libc::pid_t, RawFd), i32> {
+        let mut fd: libc::c_int = -1;
+        let mut flags = (libc::CLONE_VM | libc::CLONE_VFORK) as u64 | CLONE_INTO_CGROUP;
+        if self.pidfds {
+            flags |= libc::CLONE_PIDFD as u64;
+        }
+        let mut args = CloneArgs {
+            flags,
+            pidfd: &mut fd as *mut libc::c_int as u64,
+            exit_signal: libc::SIGCHLD as u64,
+            stack: self.stack.as_mut_ptr() as u64,
+            stack_size: std::mem::size_of_val(&*self.stack) as u64,
+            cgroup: cgroup as u64,
+            ..CloneArgs::default()
+        };
+        let all: u64 = !0;
+        let mut old: u64 = 0;
+        let blocked = BLOCKED.with(|b| b.get());
+        // SAFETY: as in clone_child: the stack is ours and unused while this thread waits
+        // (CLONE_VFORK), the plan outlives the child's use of it, and signals are blocked
+        // around the clone unless this thread blocks them for good.
+        let r = unsafe {
+            if !blocked {
+                sigprocmask(libc::SIG_SETMASK, &all, &mut old);
+            }
+            let r = clone3_run(&mut args, child, plan as *mut Plan as *mut libc::c_void);
+            if !blocked {
+                sigprocmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+            }
+            r
+        };
+        if r < 0 {
+            return Err(-r as i32);
+        }
+        Ok((r as libc::pid_t, fd))
+    }
+
     /// One clone: (pid, pidfd or -1), returning once the child has exec'd or exited.
     fn clone_child(&mut self, plan: &mut Plan, pidfd: bool) -> Result<(libc::pid_t, RawFd), i32> {
         let mut fd: libc::c_int = -1;
@@ -150,6 +229,78 @@ impl Spawner {
         };
         Ok((pid, fd))
     }
+}
+
+/// Start the child in the cgroup whose directory descriptor is `CloneArgs::cgroup`.
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
+/// The kernel's `struct clone_args`, as of Linux 5.7 (with `cgroup`).
+#[repr(C)]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+
+/// `clone3(args)` whose child runs `f(arg)` on `args.stack` and exits with what it returns:
+/// the child's pid, or -errno.
+///
+/// # Safety
+///
+/// `args.stack`..`+stack_size` is memory the child may use as its stack, 16-byte aligned at
+/// its top, and nothing else uses it until the child is gone or has exec'd (CLONE_VFORK); `f`
+/// is safe to run in the child (with CLONE_VM: raw system calls only).
+#[cfg(target_arch = "x86_64")]
+unsafe fn clone3_run(
+    args: &mut CloneArgs,
+    f: extern "C" fn(*mut libc::c_void) -> libc::c_int,
+    arg: *mut libc::c_void,
+) -> libc::c_long {
+    let ret: libc::c_long;
+    // The child comes back from the system call with 0 in rax, on its new stack (the kernel
+    // sets rsp to its top), every other register as the parent had it: it calls f(arg) from
+    // r12 and r13 and exits with its result; it never reaches the parent's code again.
+    std::arch::asm!(
+        "syscall",
+        "test rax, rax",
+        "jnz 2f",
+        "xor ebp, ebp",
+        "mov rdi, r12",
+        "call r13",
+        "mov edi, eax",
+        "mov eax, {exit}",
+        "syscall",
+        "ud2",
+        "2:",
+        exit = const libc::SYS_exit,
+        inlateout("rax") libc::SYS_clone3 => ret,
+        in("rdi") args as *mut CloneArgs,
+        in("rsi") std::mem::size_of::<CloneArgs>(),
+        in("r12") arg,
+        in("r13") f,
+        lateout("rcx") _,
+        lateout("r11") _,
+    );
+    ret
+}
+
+/// Elsewhere the executor moves the task into its cgroup itself.
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn clone3_run(
+    _args: &mut CloneArgs,
+    _f: extern "C" fn(*mut libc::c_void) -> libc::c_int,
+    _arg: *mut libc::c_void,
+) -> libc::c_long {
+    -(libc::ENOSYS as libc::c_long)
 }
 
 /// Raw `rt_sigprocmask`: all 64 signals, glibc's internal ones included.
@@ -336,6 +487,43 @@ mod tests {
         for line in s.lines() {
             assert!(line.ends_with("0000000000000000"), "{line}");
         }
+    }
+
+    /// Born in a cgroup v2 directory made for the test, where this machine has a v2
+    /// hierarchy the test may write to (the executor's tests run the memory limits).
+    #[test]
+    fn a_child_is_born_in_the_cgroup_asked_for() {
+        let Some(dir) = v2_test_cgroup() else {
+            return eprintln!("no writable cgroup v2 hierarchy here");
+        };
+        let cg = std::fs::File::open(&dir).unwrap();
+        let mut sp = Spawner::new(true).unwrap();
+        let mut f = tempfile_in_memory();
+        let prog = CString::new("/bin/cat").unwrap();
+        let owned = [CString::new("cat").unwrap(), CString::new("/proc/self/cgroup").unwrap()];
+        let argv = [owned[0].as_ptr(), owned[1].as_ptr(), std::ptr::null()];
+        let env = [std::ptr::null()];
+        let c = sp.spawn_into(&prog, &argv, &env, f.as_raw_fd(), f.as_raw_fd(), cg.as_raw_fd()).unwrap();
+        assert_eq!(wait(c.pid), 0);
+        let s = read_all(&mut f);
+        let name = dir.file_name().unwrap().to_str().unwrap();
+        assert!(s.lines().any(|l| l.starts_with("0::/") && l.ends_with(name)), "{s}");
+        // A missing program is still its errno; a descriptor that is no cgroup, refused.
+        let missing = CString::new("/nonexistent").unwrap();
+        let r = sp.spawn_into(&missing, &argv, &env, f.as_raw_fd(), f.as_raw_fd(), cg.as_raw_fd());
+        assert_eq!(r.unwrap_err(), IntoError::Failed(libc::ENOENT));
+        let r = sp.spawn_into(&prog, &argv, &env, f.as_raw_fd(), f.as_raw_fd(), f.as_raw_fd());
+        assert!(matches!(r, Err(IntoError::Refused(_))), "{r:?}");
+        let _ = std::fs::remove_dir(&dir);
+    }
+
+    /// A new cgroup in this machine's v2 hierarchy, where there is one and it may be written.
+    fn v2_test_cgroup() -> Option<std::path::PathBuf> {
+        let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+        let (mount, _) = crate::memcg::mount_of(&info, crate::memcg::Version::V2)?;
+        let dir = mount.join(format!("htc-spawn-test-{}", std::process::id()));
+        std::fs::create_dir(&dir).ok()?;
+        Some(dir)
     }
 
     fn read_all(f: &mut std::fs::File) -> String {

@@ -19,6 +19,7 @@ mod resources;
 mod retry;
 mod run;
 mod sim;
+mod spawn_syscalls;
 mod storage;
 mod sweep;
 mod task_view;

@@ -17,18 +17,18 @@ impl Executor {
         let mut groups = Vec::new();
         let mut killed = Vec::new();
         let v1 = self.cfg.memcg.as_ref().is_some_and(|r| r.version() == crate::memcg::Version::V1);
-        let limited: Vec<(libc::pid_t, usize, Option<u64>)> = self
+        let limited: Vec<(libc::pid_t, usize, Option<u64>, bool)> = self
             .running
             .iter()
             .filter(|(_, r)| r.task.shape.mem_mb > 0 && r.oom_mb.is_none())
-            .map(|(&pid, r)| (pid, r.slots[0], r.oom_kills_before))
+            .map(|(&pid, r)| (pid, r.slots[0], r.oom_kills_before, r.born_in_cgroup))
             .collect();
-        for (pid, slot, before) in limited {
+        for (pid, slot, before, born) in limited {
             match before {
                 Some(before) => match self.cgroup_oom(slot, before) {
                     Some(mb) => killed.push((pid, mb)),
                     // v2 tasks moved themselves in, or tried to: the watch backs them up.
-                    None if !v1 => groups.push(pid),
+                    None if !v1 && !born => groups.push(pid),
                     None => {}
                 },
                 None => groups.push(pid),
@@ -103,6 +103,23 @@ impl Executor {
                 tracing::error!(job = %self.cfg.job_id, error = %e, "and its limit could not be lifted");
             }
             self.cfg.memcg = None;
+        }
+    }
+
+    /// v2: the descriptor of slot `slot`'s cgroup, for the task to be born in it, unless the
+    /// kernel refused that before.
+    pub(super) fn born_into(&self, slot: usize) -> Option<RawFd> {
+        self.cfg.memcg.as_ref().filter(|r| r.version() == crate::memcg::Version::V2 && self.into_cgroup)?;
+        self.cgroups.get(slot)?.as_ref()?.handle()
+    }
+
+    /// The kernel would not start a task in its cgroup (`errno`): the task is moved in instead,
+    /// this time, and from now on where the refusal will stand.
+    pub(super) fn refused_into(&mut self, errno: i32) {
+        let lasting = !matches!(errno, libc::EAGAIN | libc::ENOMEM | libc::EMFILE | libc::ENFILE | libc::EINTR);
+        if lasting && self.into_cgroup {
+            self.into_cgroup = false;
+            tracing::info!(job = %self.cfg.job_id, error = %io::Error::from_raw_os_error(errno), "tasks cannot be started in their memory cgroup here (clone3 with CLONE_INTO_CGROUP); each moves itself in");
         }
     }
 

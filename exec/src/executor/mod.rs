@@ -206,6 +206,8 @@ struct Running {
     oom_mb: Option<u64>,
     /// In its slot's memory cgroup: the cgroup's count of OOM kills when the task started.
     oom_kills_before: Option<u64>,
+    /// Started inside that cgroup (not moved in by itself afterwards): no RSS watch needed.
+    born_in_cgroup: bool,
     /// Set when SIGTERM went out; SIGKILL follows at this instant.
     kill_at: Option<Instant>,
     serial: u64,
@@ -255,6 +257,8 @@ struct Executor {
     mem_checked: Option<Instant>,
     /// Each slot's memory cgroup, made when it first runs a task with `mem=` (`cfg.memcg`).
     cgroups: Vec<Option<crate::memcg::Slot>>,
+    /// Tasks are started in their v2 memory cgroup (`clone3`), until the kernel refuses it.
+    into_cgroup: bool,
     /// Running tasks that may be preempted: while none, the queue's head never looks for any.
     preemptible_running: usize,
     /// "No pidfd" lines, at most one a minute (out of descriptors, every spawn would log).
@@ -381,6 +385,7 @@ impl Executor {
             space_low: false,
             mem_checked: None,
             cgroups: Vec::new(),
+            into_cgroup: true,
             preemptible_running: 0,
             pidfd_log: crate::throttle::Throttle::new(Duration::from_secs(60)),
             env,

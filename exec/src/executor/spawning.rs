@@ -2,6 +2,18 @@
 //! descriptors made, the child cloned and watched; or its spawn failure reported.
 
 use super::*;
+use crate::spawn::{Child, IntoError};
+use std::ffi::CStr;
+
+/// What a spawn starts: the program, its argv and environment (NULL-terminated), and where its
+/// stdout and stderr go.
+pub(super) struct Program<'a> {
+    prog: &'a CStr,
+    argv: &'a [*const libc::c_char],
+    envp: &'a [*const libc::c_char],
+    out: RawFd,
+    err: RawFd,
+}
 
 impl Executor {
     pub(super) fn resolve(&mut self, prog: &[u8]) -> Option<CString> {
@@ -87,27 +99,58 @@ impl Executor {
 
         self.bind(&slots, crate::gpu::nearest_cpus(&devices));
         let oom_kills_before = self.limit_memory(slot, t.shape.mem_mb);
-        let (prog, argv, _wrapper) = match oom_kills_before.and(self.cgroup_wrapper(slot)) {
-            Some(w) => (CString::from(c"/bin/sh"), w.argv(&argv), Some(w)),
-            None => (prog, argv, None),
+        let what = Program { prog: &prog, argv: &argv, envp: &envp, out: out_fd, err: err_fd };
+        let (spawned, inside) = match oom_kills_before.and_then(|_| self.born_into(slot)) {
+            Some(handle) => {
+                match self.spawner.spawn_into(what.prog, what.argv, what.envp, what.out, what.err, handle) {
+                    Ok(c) => (Ok(c), true),
+                    Err(IntoError::Failed(errno)) => (Err(errno), true),
+                    Err(IntoError::Refused(errno)) => {
+                        self.refused_into(errno);
+                        self.spawn_moved(slot, oom_kills_before, &what)
+                    }
+                }
+            }
+            None => self.spawn_moved(slot, oom_kills_before, &what),
         };
         let v1 = self.cfg.memcg.as_ref().is_some_and(|r| r.version() == crate::memcg::Version::V1);
-        let inside = v1 && oom_kills_before.is_some() && self.enter_cgroup(slot);
         // Not born in its cgroup (v1): the watch enforces its mem= instead.
         let oom_kills_before = oom_kills_before.filter(|_| inside || !v1);
-        let spawned = self.spawner.spawn(&prog, &argv, &envp, out_fd, err_fd);
-        if inside {
-            self.leave_cgroup(slot);
-        }
         drop(per_task);
         match spawned {
-            Ok(crate::spawn::Child { pid, pidfd }) => self.started(t, slots, start_us, pid, pidfd, oom_kills_before),
+            Ok(crate::spawn::Child { pid, pidfd }) => {
+                self.started(t, slots, start_us, pid, pidfd, (oom_kills_before, inside))
+            }
             Err(errno) => {
                 let name = String::from_utf8_lossy(prog.as_bytes()).into_owned();
                 let msg = format!("htc: {name}: {}\n", io::Error::from_raw_os_error(errno));
                 self.spawn_failed(t, slots, start_us, errno, msg)
             }
         }
+    }
+
+    /// Starts `what` without `CLONE_INTO_CGROUP`: where the task has a memory cgroup, v1 moves
+    /// this thread in for the spawn, v2 has the task move itself in (`memcg::Wrapper`). With
+    /// whether it was born inside.
+    fn spawn_moved(
+        &mut self,
+        slot: usize,
+        oom_kills_before: Option<u64>,
+        what: &Program,
+    ) -> (Result<Child, i32>, bool) {
+        let wrapper = oom_kills_before.and(self.cgroup_wrapper(slot));
+        let wrapped = wrapper.as_ref().map(|w| w.argv(what.argv));
+        let (prog, argv) = match &wrapped {
+            Some(argv) => (c"/bin/sh", &argv[..]),
+            None => (what.prog, what.argv),
+        };
+        let v1 = self.cfg.memcg.as_ref().is_some_and(|r| r.version() == crate::memcg::Version::V1);
+        let inside = v1 && oom_kills_before.is_some() && self.enter_cgroup(slot);
+        let spawned = self.spawner.spawn(prog, argv, what.envp, what.out, what.err);
+        if inside {
+            self.leave_cgroup(slot);
+        }
+        (spawned, inside)
     }
 
     /// The program and argv of `t`: `/bin/sh -c` for a shell task, else its words with the
@@ -195,7 +238,7 @@ impl Executor {
         start_us: u64,
         pid: libc::pid_t,
         pidfd: Option<OwnedFd>,
-        oom_kills_before: Option<u64>,
+        (oom_kills_before, born_in_cgroup): (Option<u64>, bool),
     ) {
         self.events.push(ExecEvent::Started { id: t.id, attempt: t.attempt, start_us });
         self.serial += 1;
@@ -217,6 +260,7 @@ impl Executor {
             preempted: false,
             oom_mb: None,
             oom_kills_before,
+            born_in_cgroup,
             kill_at: None,
             serial,
             pidfd,
