@@ -6,10 +6,12 @@
 #
 #   bench/agent-ceiling.sh                       # 20,000 `true` tasks, 3 rounds, with and without mem=
 #   TASKS=50000 ROUNDS=5 bench/agent-ceiling.sh
+#   HTC_BASE=/tmp/base/htc bench/agent-ceiling.sh   # an older build side by side
 #
 # Env: TASKS (20000), ROUNDS (3), STRACE_TASKS (3000: the one run under strace -f that counts
 #      system calls; 0 skips it), MEM (64M), MEM_LIMIT (auto: how `mem=` is enforced, see
-#      `htc run --help`), LAYOUTS ("true mem"), HTC (default target/dist/htc), OUT (report file;
+#      `htc run --help`), LAYOUTS ("true mem"), HTC (default target/dist/htc), HTC_BASE (an
+#      older htc, its htc-agent beside it, run in turn with the new one), OUT (report file;
 #      default bench/results/agent-ceiling-<date>.txt).
 # Keep the machine otherwise idle: the interrupt counts are the whole machine's (the idle rate,
 # measured first, is taken off).
@@ -34,5 +36,5 @@ gcc -O2 -o "$RAW/rawloop" "$BENCH/rawloop.c"
     echo "# bench/agent-ceiling.sh, $(date -u '+%Y-%m-%d %H:%M UTC'), $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')"
     python3 "$BENCH/agent_ceiling.py" --htc "$HTC" --rawloop "$RAW/rawloop" --tasks "${TASKS:-20000}" \
         --rounds "${ROUNDS:-3}" --strace-tasks "${STRACE_TASKS:-3000}" --mem "${MEM:-64M}" \
-        --mem-limit "${MEM_LIMIT:-auto}" --layouts "${LAYOUTS:-true mem}"
+        --mem-limit "${MEM_LIMIT:-auto}" --layouts "${LAYOUTS:-true mem}" --base "${HTC_BASE:-}"
 } 2>&1 | tee "$OUT"

@@ -17,7 +17,9 @@ CPU on the same tasks, rounds as the outer loop, and reports medians per task:
   alone: it takes the kernel's global cgroup_threadgroup_rwsem for writing.
 
 The ceiling is 1 / the largest of the serialized costs (a thread every task passes through, the
-cgroup moves), in tasks/s per node.
+cgroup moves), in tasks/s per node. The main threads' cost per second with nothing to do (timers,
+heartbeats: measured with one task that sleeps) is taken off first: it does not grow with the
+rate, so at a node's ceiling it is a small share of each task's.
 """
 
 from __future__ import annotations
@@ -315,6 +317,7 @@ def main() -> None:
     ap.add_argument("--mem", default="64M")
     ap.add_argument("--mem-limit", default="auto")
     ap.add_argument("--layouts", default="true mem")
+    ap.add_argument("--base", default="", help="an older htc (its htc-agent beside it), run side by side")
     a = ap.parse_args()
 
     cpus = len(os.sched_getaffinity(0))
@@ -328,7 +331,9 @@ def main() -> None:
             "true": (tasks, []),
             "mem": (mem_tasks, ["--mem-limit", a.mem_limit]),
         }
-        chosen = {k: v for k, v in layouts.items() if k in a.layouts.split()}
+        chosen = {k: (a.htc, *v) for k, v in layouts.items() if k in a.layouts.split()}
+        if a.base:
+            chosen.update({f"{k} (base)": (a.base, *v) for k, v in layouts.items() if k in a.layouts.split()})
         print(f"machine: {cpus} CPUs, {os.uname().release}, memory cgroups: {memory_hierarchy()}")
         print(f"tasks: {a.tasks} `true` per run, {a.rounds} rounds, medians; mem= tasks: mem={a.mem}")
         idle = idle_ipi_rate()
@@ -338,16 +343,28 @@ def main() -> None:
         runs: dict[str, list[Sample]] = {k: [] for k in chosen}
         for r in range(a.rounds):
             raw.append(run_raw(a.rawloop, tasks, work / "raw", cpus))
-            for name, (f, args) in chosen.items():
-                runs[name].append(run_htc(a.htc, args, f, work / name))
+            for name, (htc, f, args) in chosen.items():
+                runs[name].append(run_htc(htc, args, f, work / "run"))
             print(f"round {r + 1}: raw {a.tasks / raw[-1].wall_s:.0f}/s, " + ", ".join(
                 f"{n} {a.tasks / s[-1].wall_s:.0f}/s" for n, s in runs.items()))
 
         report(a.tasks, raw, runs, idle)
+        # What the threads cost per second with one task that sleeps: timers and heartbeats,
+        # paid whatever the rate, which a per-task figure at this machine's rate includes.
+        quiet = work / "quiet.txt"
+        quiet.write_text("sleep 3\n")
+        builds = {"": a.htc, **({" (base)": a.base} if a.base else {})}
+        per_s: dict[str, dict[str, float]] = {}
+        for tag, htc in builds.items():
+            q = run_htc(htc, [], quiet, work / "run")
+            per_s[tag] = {r: q.busiest(r) / q.wall_s for r in ("leader main", "agent main")}
+            print(f"idle cost{tag}, one `sleep 3` task: " + ", ".join(
+                f"{r} {v / 1000:.0f} µs/s" for r, v in per_s[tag].items()))
         serial: dict[str, float] = {}
         for name, samples in runs.items():
+            rate = per_s[" (base)" if name.endswith("(base)") else ""]
             for role in ("leader main", "agent main"):
-                us = statistics.median(s.busiest(role) for s in samples) / a.tasks / 1000
+                us = statistics.median((s.busiest(role) - rate[role] * s.wall_s) for s in samples) / a.tasks / 1000
                 serial[f"{role} ({name})"] = us
             for role in {r for s in samples for r in s.by_role() if "other" in r and r.startswith("leader")}:
                 us = statistics.median(s.busiest(role) for s in samples) / a.tasks / 1000
@@ -355,17 +372,17 @@ def main() -> None:
 
         if shutil.which("strace") and a.strace_tasks > 0:
             print(f"\nsystem calls per task, one run of {a.strace_tasks} tasks under strace -f (counts only):")
-            for name, (f, args) in chosen.items():
-                small = work / f"small-{name}.txt"
+            for name, (htc, f, args) in chosen.items():
+                small = work / "small.txt"
                 head = f.read_text().splitlines(keepends=True)
-                small.write_text("".join(head[: a.strace_tasks + (1 if name == "mem" else 0)]))
-                counts = strace_counts(a.htc, args, small, work / f"strace-{name}")
+                small.write_text("".join(head[: a.strace_tasks + (1 if head[0].startswith("#") else 0)]))
+                counts = strace_counts(htc, args, small, work / "strace")
                 for role, c in sorted(counts.items()):
                     total = sum(c.values())
                     mm = sum(c.get(k, 0) for k in MM_CALLS)
                     top = sorted(c.items(), key=lambda kv: -kv[1])[:8]
                     print(
-                        f"  {name:5} {role:15} all {total / a.strace_tasks:6.2f}  futex {c.get('futex', 0) / a.strace_tasks:5.2f}"
+                        f"  {name:12} {role:15} all {total / a.strace_tasks:6.2f}  futex {c.get('futex', 0) / a.strace_tasks:5.2f}"
                         f"  mm-wide {mm / a.strace_tasks:5.3f}  cgroup writes {c.get('write (cgroup file)', 0) / a.strace_tasks:4.2f}"
                         f"  | " + " ".join(f"{k} {v / a.strace_tasks:.2f}" for k, v in top)
                     )
@@ -374,9 +391,10 @@ def main() -> None:
 
         move = v1_move_us()
         if move is not None and "mem" in chosen:
-            serial["v1 cgroup move in+out (mem)"] = move
+            for name in [n for n in chosen if n.startswith("mem")]:
+                serial[f"v1 cgroup move in+out ({name})"] = move
             print(f"\nv1 memory cgroup: a thread moved in and back out: {move:.1f} µs (global rwsem, per mem= task)")
-        print("\nserialized costs per task (µs): " + ", ".join(f"{k} {v:.2f}" for k, v in serial.items()))
+        print("\nserialized costs per task (µs; the main threads' idle cost per second taken off): " + ", ".join(f"{k} {v:.2f}" for k, v in serial.items()))
         for name in chosen:
             mine = {k: v for k, v in serial.items() if f"({name})" in k}
             worst = max(mine, key=lambda k: mine[k])
