@@ -10,9 +10,11 @@ use std::time::{Duration, Instant};
 /// The longest an event waits for company. The agent reports under load once per report gap
 /// (100 ms or more), so this holds back no report; it lags only the agent's count of what
 /// runs, whose queues hold far more than this much work. At a low rate nothing waits. 10 ms
-/// rather than 5 halved the main thread's wake-ups, and its CPU per `true` task fell from 5.4
-/// to 4.4 µs (bench/agent-ceiling.sh, bench/RESULTS.md §20).
-pub const HOLD: Duration = Duration::from_millis(10);
+/// rather than 5 cut the main thread's wake-ups by a third at the default layout, but with 16
+/// one-slot agents the leader's CPU per task measured 4.56 µs against 3.98 (5 rounds), where
+/// the same build swings by as much between runs here (bench/RESULTS.md §20): 5 until a
+/// quieter machine tells.
+pub const HOLD: Duration = Duration::from_millis(5);
 
 /// What to do with events waiting to be handed off.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
