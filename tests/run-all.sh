@@ -49,13 +49,30 @@ on_exit() {
     set +e
     [[ -z $rpm_pid ]] || kill -- -"$rpm_pid" 2>/dev/null
     [[ -z $rpm_build ]] || rm -rf "$rpm_build"
-    [[ -z ${HTC_PY_VENV:-} ]] || rm -rf "$HTC_PY_VENV"
+    [[ -z ${py_pid:-} ]] || kill "$py_pid" 2>/dev/null
+    [[ -z ${HTC_PY_VENV:-} ]] || rm -rf "$HTC_PY_VENV" "$HTC_PY_VENV.log"
     print_times
     ((${#skipped[@]} == 0)) || banner "TESTS WERE SKIPPED: this was NOT a run of every test" "${skipped[@]}"
     exit "$rc"
 }
 trap on_exit EXIT
 ((${#skipped[@]} == 0)) || banner "TESTS SKIPPED: a pass of this run is not a pass of every test" "${skipped[@]}"
+
+# The Python step's venv: the packages as a user installs them, Snakemake, its cluster-generic
+# executor, pytest and mypy pinned, from the registry. The Slurm tier runs Snakemake from it too
+# (as the cluster's user: the venv is readable by all); it is removed at the end. Made from the
+# start, in the background and at SCHED_IDLE: mostly a download, it overlaps the builds. The
+# clients themselves are installed in their step: pip builds them in the checkout, which must stay
+# clean until tests/fresh-build.sh has looked at it.
+HTC_PY_VENV=$(mktemp -d /tmp/htc-py.XXXXXX)
+export HTC_PY_VENV
+chmod 755 "$HTC_PY_VENV"
+# /usr/bin/python3 where there is one: a Python under /root (pyenv) is out of the cluster user's reach.
+chrt --idle 0 bash -c '"$1" -m venv "$2" && "$2/bin/pip" install -q --disable-pip-version-check "pytest==9.2.0" \
+    "mypy==1.13.0" "snakemake==9.27.1" "snakemake-interface-executor-plugins==9.4.0" \
+    "snakemake-executor-plugin-cluster-generic==1.0.9"' \
+    _ "$(command -v /usr/bin/python3 || command -v python3)" "$HTC_PY_VENV" >"$HTC_PY_VENV.log" 2>&1 &
+py_pid=$!
 
 step "hygiene: cargo fmt --check, cargo clippy -D warnings, the crates' layering"
 cargo fmt --all --check
@@ -102,17 +119,12 @@ else
 fi
 
 step "python clients: slurm_htc and the Snakemake plugin, mypy --strict, their pytest suites against real runs and real Snakemake"
-# In a venv of its own: the packages as a user installs them, Snakemake, its cluster-generic
-# executor, pytest and mypy pinned, from the registry. The Slurm tier runs Snakemake from it too
-# (as the cluster's user: the venv is readable by all); it is removed at the end.
-HTC_PY_VENV=$(mktemp -d /tmp/htc-py.XXXXXX)
-export HTC_PY_VENV
-chmod 755 "$HTC_PY_VENV"
-# /usr/bin/python3 where there is one: a Python under /root (pyenv) is out of the cluster user's reach.
-"$(command -v /usr/bin/python3 || command -v python3)" -m venv "$HTC_PY_VENV"
-"$HTC_PY_VENV/bin/pip" install -q --disable-pip-version-check "pytest==9.2.0" "mypy==1.13.0" \
-    "snakemake==9.27.1" "snakemake-interface-executor-plugins==9.4.0" \
-    "snakemake-executor-plugin-cluster-generic==1.0.9" "$root/clients/python" "$root/clients/snakemake"
+if ! wait "$py_pid"; then
+    cat "$HTC_PY_VENV.log"
+    echo "the Python clients' venv could not be made" >&2
+    exit 1
+fi
+"$HTC_PY_VENV/bin/pip" install -q --disable-pip-version-check "$root/clients/python" "$root/clients/snakemake"
 for c in python snakemake; do
     (cd "$root/clients/$c" && "$HTC_PY_VENV/bin/mypy" --strict --cache-dir=/dev/null src)
     (cd "$root/clients/$c" && HTC="$root/target/release/htc" "$HTC_PY_VENV/bin/python" -m pytest -q -p no:cacheprovider tests)
