@@ -119,7 +119,10 @@ else
 fi
 
 step "python clients: slurm_htc and the Snakemake plugin, mypy --strict, their pytest suites against real runs and real Snakemake"
-if ! wait "$py_pid"; then
+py_ok=0
+wait "$py_pid" || py_ok=$?
+py_pid='' # reaped: its pid is no longer ours to kill
+if ((py_ok != 0)); then
     cat "$HTC_PY_VENV.log"
     echo "the Python clients' venv could not be made" >&2
     exit 1
