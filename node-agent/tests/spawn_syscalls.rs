@@ -28,16 +28,26 @@ fn traced_run(tasks: usize, mem: bool) -> Calls {
     file.push_str(&"true\n".repeat(tasks));
     d.write("t.txt", file);
     let trace = d.path("trace");
-    let o = std::process::Command::new("strace")
-        .args(["-f", "-qq", "-y", "-o"])
-        .arg(&trace)
-        .args(["-e", "trace=clone,clone3,mmap,munmap,mprotect,madvise,mremap,write"])
-        .args([crate::common::HTC, "run", "-q", "--mem-limit", "auto", "t.txt"])
-        .current_dir(&d.0)
-        .env("HTC_SITE_CONFIG", "/dev/null")
-        .env("XDG_CONFIG_HOME", &d.0)
-        .output()
-        .expect("strace runs (CI installs it; apt-get install strace)");
+    let run = || {
+        let _ = fs::remove_dir_all(d.path(".htc"));
+        std::process::Command::new("strace")
+            .args(["-f", "-qq", "-y", "-o"])
+            .arg(&trace)
+            .args(["-e", "trace=clone,clone3,mmap,munmap,mprotect,madvise,mremap,write"])
+            .args([crate::common::HTC, "run", "-q", "--mem-limit", "auto", "t.txt"])
+            .current_dir(&d.0)
+            .env("HTC_SITE_CONFIG", "/dev/null")
+            .env("XDG_CONFIG_HOME", &d.0)
+            .output()
+            .expect("strace runs (CI installs it; apt-get install strace)")
+    };
+    let mut o = run();
+    if !o.status.success() {
+        // Counted, not timed: a run that failed under ptrace beside the other tests is said and
+        // tried once more; what the counts show is asserted on a run that passed.
+        eprintln!("the traced run failed, once more: {}", text(&o));
+        o = run();
+    }
     assert!(o.status.success(), "{}", text(&o));
     count(&fs::read_to_string(&trace).unwrap())
 }

@@ -245,6 +245,17 @@ impl Instance {
         self.own.holds(id)
     }
 
+    /// Whether only heartbeats and the lease wait for time here (`Machine::quiet`): an agent
+    /// alone in its instance; a head watches its members every tick.
+    pub fn quiet(&self) -> bool {
+        self.members.len() == 1 && !self.shutting_down && self.own.quiet()
+    }
+
+    /// The heartbeat this instance keeps (`Liveness`).
+    pub fn heartbeat_us(&self) -> u64 {
+        self.own.heartbeat_us()
+    }
+
     pub fn handle(&mut self, now_us: u64, input: Input, out: &mut Vec<Effect>) {
         if !self.heads {
             return self.own.handle(now_us, input, out);

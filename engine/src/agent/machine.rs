@@ -783,6 +783,24 @@ impl Machine {
         }
     }
 
+    pub fn heartbeat_us(&self) -> u64 {
+        self.live.heartbeat_us
+    }
+
+    /// Whether nothing here waits for time to pass but heartbeats and the lease: no news held
+    /// back for the report gap, no stop under way, a parent that is there. The carrier then
+    /// ticks at the heartbeat's pace instead of every few milliseconds.
+    pub fn quiet(&self) -> bool {
+        self.parent == Parent::Open
+            && !self.has_news()
+            && !self.resync
+            && !self.held
+            && !self.shutting_down
+            && self.giving_back.is_none()
+            && self.exec_ended_at.is_none()
+            && self.children.is_empty()
+    }
+
     fn has_news(&self) -> bool {
         !self.results.is_empty() || !self.started.is_empty() || !self.recalled.is_empty()
     }
@@ -916,6 +934,27 @@ mod tests {
         assert_eq!(r.started.iter().map(|s| s.id).collect::<Vec<_>>(), [3]);
         assert_eq!((r.seq, r.want, r.idle), (1, 0, 0), "29 queued: not yet a quarter of the target to ask for");
         assert_eq!(m.unacked_results(), 3);
+    }
+
+    /// The carrier ticks slowly only while nothing but heartbeats and the lease waits for
+    /// time: news held back for the gap, a relay's children or a stop under way keep it fast.
+    #[test]
+    fn quiet_only_while_nothing_waits_for_the_gap() {
+        let mut m = holding(4, 8);
+        let started = (0..2).map(|id| ExecEvent::Started { id, attempt: 1, start_us: 5 });
+        step(&mut m, 3, Input::Exec(started.collect()));
+        assert!(!m.quiet(), "two starts wait for the gap");
+        let out = step(&mut m, GAP + 3, Input::Tick);
+        assert_eq!(reports(&out).len(), 1);
+        assert!(m.quiet(), "reported: only the running tasks' ends are awaited");
+        step(&mut m, GAP + 4, Input::Exec(vec![done(0)]));
+        step(&mut m, GAP + 5, Input::Exec(vec![done(1)]));
+        assert!(!m.quiet(), "a result waits for the gap");
+        step(&mut m, GAP + 6, Input::Signal("terminated by a signal"));
+        assert!(!m.quiet(), "stopping");
+        let mut relay = Machine::new(2, 1, tree());
+        step(&mut relay, 0, Input::ChildOpened(6));
+        assert!(!relay.quiet(), "a relay watches its children");
     }
 
     /// Issue 25: under load results travel in batches, one report per gap; a lone result after

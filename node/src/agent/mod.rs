@@ -50,6 +50,9 @@ pub fn default_spawners(widest_task: u64) -> usize {
 /// The agents' report timer: short enough that a slot waits little for work, long enough that a
 /// busy agent's results travel in batches. `htc simulate` uses it too.
 pub const FLUSH_EVERY: Duration = Duration::from_millis(5);
+/// The longest tick while nothing but heartbeats and the lease waits for time (`Machine::quiet`):
+/// an idle agent cost 9-12 ms of CPU a second ticking every 5 ms (bench/RESULTS.md §20).
+const QUIET_EVERY: Duration = Duration::from_millis(50);
 
 /// The least time between reports under load when not the layout's (`pace::gap_for`):
 /// HTC_REPORT_MS from the job's environment, for measuring what the gap costs and gains.
@@ -182,8 +185,13 @@ async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
     }
     let mut children: HashMap<u32, UnboundedSender<Vec<u8>>> = HashMap::new();
     let (mut parent_open, mut children_open, mut exec_open) = (true, true, true);
-    let mut tick = tokio::time::interval(cfg.flush_every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Every `flush_every` while something waits for its time (a report held back for the gap, a
+    // stop under way); at the heartbeat's pace, at most `QUIET_EVERY`, while only heartbeats and
+    // the lease do: a node whose tasks run long then wakes 20 times a second, not 200.
+    let quiet_every = Duration::from_micros(m.heartbeat_us()).min(QUIET_EVERY).max(cfg.flush_every);
+    let mut last_tick = tokio::time::Instant::now();
+    let tick = tokio::time::sleep(cfg.flush_every);
+    tokio::pin!(tick);
     let (mut sigterm, mut sigint) = (
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?,
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?,
@@ -243,10 +251,14 @@ async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
                 Some(Err(why)) => Input::ReviveFailed(why),
                 None => continue,
             },
-            _ = tick.tick() => { execs.unstick(); Input::Tick }
+            _ = &mut tick => { last_tick = tokio::time::Instant::now(); execs.unstick(); Input::Tick }
         };
         let now = start.elapsed().as_micros() as u64;
         m.handle(now, input, &mut effects);
+        let due = last_tick + if m.quiet() { quiet_every } else { cfg.flush_every };
+        if tick.deadline() != due {
+            tick.as_mut().reset(due);
+        }
         let mut turn = Turn::new(&cfg, &secret, &rejoin_tx, &children, &mut execs, &mut out, now);
         effects.drain(..).for_each(|e| e.carry_out(&mut turn));
         let (close, revive) = (turn.close, turn.revive);
