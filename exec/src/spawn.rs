@@ -126,14 +126,7 @@ impl Spawner {
             }
             r => r?,
         };
-        // SAFETY: the kernel stored a new descriptor of ours there (CLONE_PIDFD) or left -1.
-        let pidfd = (pidfd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(pidfd) });
-        if plan.errno != 0 {
-            // It exited without exec: reap it here, where it is known.
-            let _ = waitpid(Pid::from_raw(pid), None);
-            return Err(plan.errno);
-        }
-        Ok(Child { pid, pidfd })
+        started(pid, pidfd, &plan)
     }
 
     /// As `spawn`, with the child born in the cgroup v2 directory `cgroup` (an open descriptor
@@ -151,13 +144,7 @@ impl Spawner {
         debug_assert!(argv.last().is_some_and(|p| p.is_null()) && envp.last().is_some_and(|p| p.is_null()));
         let mut plan = Plan { prog, argv, envp, dev_null: self.dev_null.as_raw_fd(), out, err, errno: 0 };
         let (pid, pidfd) = self.clone3_child(&mut plan, cgroup).map_err(IntoError::Refused)?;
-        // SAFETY: the kernel stored a new descriptor of ours there (CLONE_PIDFD) or left -1.
-        let pidfd = (pidfd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(pidfd) });
-        if plan.errno != 0 {
-            let _ = waitpid(Pid::from_raw(pid), None);
-            return Err(IntoError::Failed(plan.errno));
-        }
-        Ok(Child { pid, pidfd })
+        started(pid, pidfd, &plan).map_err(IntoError::Failed)
     }
 
     /// One clone3 into `cgroup`: (pid, pidfd or -1), once the child has exec'd or exited.
@@ -229,6 +216,18 @@ impl Spawner {
         };
         Ok((pid, fd))
     }
+}
+
+/// A clone returned `pid` (and `pidfd`, or -1): the child, or the errno of the step it failed
+/// at before its exec, the child then reaped here, where it is known.
+fn started(pid: libc::pid_t, pidfd: RawFd, plan: &Plan) -> Result<Child, i32> {
+    // SAFETY: the kernel stored a new descriptor of ours there (CLONE_PIDFD) or left -1.
+    let pidfd = (pidfd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(pidfd) });
+    if plan.errno != 0 {
+        let _ = waitpid(Pid::from_raw(pid), None);
+        return Err(plan.errno);
+    }
+    Ok(Child { pid, pidfd })
 }
 
 /// Start the child in the cgroup whose directory descriptor is `CloneArgs::cgroup`.
