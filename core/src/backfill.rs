@@ -18,7 +18,9 @@
 //! starts and ends, and asks what may start where. Times are microseconds, sizes MiB. Tasks
 //! without `mem=`, and nodes without a budget, are not accounted for memory.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::idmap::IdMap;
 
 /// How memory decides what starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -42,6 +44,14 @@ impl std::str::FromStr for Policy {
             "ignore" => Ok(Policy::Ignore),
             _ => Err(format!("'{s}' is not a memory policy (backfill, fcfs, ignore)")),
         }
+    }
+}
+
+/// The smaller of two amounts, 0 standing for none.
+fn least(a: u64, b: u64) -> u64 {
+    match (a, b) {
+        (0, x) | (x, 0) => x,
+        (a, b) => a.min(b),
     }
 }
 
@@ -86,7 +96,7 @@ struct Node {
     largest: Size,
     used: u64,
     gpus_used: u32,
-    holds: HashMap<u64, Hold>,
+    holds: IdMap<u64, Hold>,
     /// The waiting task this node is kept for.
     reserved: Option<Need>,
     /// The exclusive task running here.
@@ -148,10 +158,15 @@ pub struct Memory {
     waiting: BTreeMap<u64, Need>,
     by_size: BTreeMap<(u64, u32, bool), BTreeSet<u64>>,
     /// Which node each reserved task is kept on.
-    reserved_on: HashMap<u64, u32>,
-    learned: HashMap<u64, Learned>,
+    reserved_on: IdMap<u64, u32>,
+    learned: IdMap<u64, Learned>,
     /// Every task is committed, not only those with memory or GPUs: the run has exclusive tasks.
     whole_nodes: bool,
+    /// The least memory (MiB) and the fewest GPUs any task offered has declared (0: none yet):
+    /// what `could_start` divides a node's free memory and devices by.
+    smallest: (u64, u32),
+    /// A task was offered: until then nothing is known of what tasks declare.
+    offered: bool,
 }
 
 /// Why a task did not start on the node offered.
@@ -199,7 +214,7 @@ impl Memory {
             largest: Size { mem_mb: budget_mb, cores, gpus },
             used: 0,
             gpus_used: 0,
-            holds: HashMap::new(),
+            holds: IdMap::default(),
             reserved: None,
             exclusive: None,
         };
@@ -261,9 +276,11 @@ impl Memory {
     pub fn admit(&mut self, node: u32, need: Need, now_us: u64) -> Result<(), Refusal> {
         let Some(n) = self.nodes.get(&node) else { return Ok(()) };
         let mem = self.mem_of(n.budget, &need);
+        self.offered = true;
         if mem == 0 && need.gpus == 0 && !self.whole_nodes {
             return Ok(());
         }
+        self.smallest = (least(self.smallest.0, mem), least(self.smallest.1.into(), need.gpus.into()) as u32);
         if mem > 0 && self.policy == Policy::Fcfs && self.waiting.keys().next().is_some_and(|&w| w < need.task) {
             return Err(Refusal::Behind);
         }
@@ -526,6 +543,24 @@ impl Memory {
         self.nodes.get(&node).map(|n| (n.used, n.budget))
     }
 
+    /// At most how many more tasks could start on `node` now, as far as its free memory and GPUs
+    /// tell: each task needs at least the least memory, or the fewest GPUs, offered so far;
+    /// `Some(0)` before any task was offered, when nothing is known yet. `None` while neither
+    /// limits (no task has declared either, or the node accounts neither: GPU tasks do not wait
+    /// on a node without GPUs, they go elsewhere).
+    pub fn could_start(&self, node: u32) -> Option<u64> {
+        let n = self.nodes.get(&node)?;
+        let accounts = (n.budget > 0 && self.policy != Policy::Ignore, n.gpus > 0);
+        if !self.offered {
+            return (accounts.0 || accounts.1).then_some(0);
+        }
+        let (mem, gpus) = self.smallest;
+        let by_mem = (mem > 0 && accounts.0).then(|| n.budget.saturating_sub(n.used) / mem);
+        let by_gpus = (gpus > 0 && accounts.1).then(|| u64::from(n.gpus.saturating_sub(n.gpus_used) / gpus));
+        // A task may need only one of the two: the larger count bounds what could start.
+        by_mem.into_iter().chain(by_gpus).max()
+    }
+
     /// The task a node is kept for.
     pub fn reservation(&self, node: u32) -> Option<u64> {
         self.nodes.get(&node).and_then(|n| n.reserved.map(|r| r.task))
@@ -547,6 +582,26 @@ mod tests {
         m.join(0, 1000, 4, 0);
         m.join(1, 1000, 4, 0);
         m
+    }
+
+    #[test]
+    fn what_could_start_counts_the_smallest_need_offered_into_what_is_free() {
+        let mut m = two_nodes(Policy::Backfill);
+        assert_eq!(m.could_start(0), Some(0), "nothing known yet");
+        m.join(3, 0, 4, 0);
+        assert_eq!(m.could_start(3), None, "a node that accounts nothing");
+        assert_eq!(m.admit(0, need(1, 0, 0), 0), Ok(()));
+        assert_eq!(m.could_start(0), None, "a task without mem= does not bound anything");
+        assert_eq!(m.admit(0, need(2, 300, 0), 0), Ok(()));
+        assert_eq!(m.could_start(0), Some(2), "700 free, 300 each");
+        assert_eq!(m.admit(0, need(3, 100, 0), 0), Ok(()));
+        assert_eq!((m.could_start(0), m.could_start(1)), (Some(6), Some(10)));
+        m.join(2, 0, 4, 2);
+        assert_eq!(m.could_start(2), None, "no budget, no GPU task yet");
+        assert_eq!(m.admit(2, Need { gpus: 1, ..need(4, 0, 0) }, 0), Ok(()));
+        assert_eq!(m.could_start(2), Some(1));
+        m.set_policy(Policy::Ignore);
+        assert_eq!(m.could_start(0), None, "memory ignored");
     }
 
     #[test]

@@ -262,6 +262,11 @@ impl Core<'_> {
                 // In steps of a core's worth, checking the horizon after each.
                 Some(_) => b.want.min(a.cores.max(1) as u64),
             };
+            // With memory or GPUs full, a block past what could start would go whole into the
+            // waiting queue, a costlier path per task than the partition: no more than that, or a
+            // core's worth (tasks that declare neither still flow; the run's first offer learns
+            // what its tasks declare).
+            let room = self.mem.could_start(b.agent).map_or(room, |fit| room.min(fit.max(cores)));
             if room == 0 {
                 return Ok(false);
             }

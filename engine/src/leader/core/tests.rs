@@ -265,6 +265,27 @@ fn memory_is_committed_per_agent_and_a_big_task_waits_for_its_reservation() {
 }
 
 #[test]
+fn a_full_agent_s_deep_ask_leaves_the_partition_where_it_is_rather_than_in_the_waiting_queue() {
+    // 1,000 tasks of 100 MiB; one agent of 2 cores and 1,000 MiB asks for 500 (a fast node's
+    // queue). Ten fit; the rest would all wait, each through the costlier waiting path.
+    let mut m = Mem::with(1_000, 0, 1);
+    m.records.values_mut().for_each(|r| r.shape_mut().mem_mb = 100);
+    let mut c = core(&m, 1);
+    let joined = Input::Joined { agent: 0, cores: 2, mem_mb: 1000, gpus: 0, hostname: "n0".into() };
+    let (out, _) = feed(&mut c, &mut m, vec![joined, want(0, 500)]);
+    assert_eq!(dispatched(&out)[0].1.len(), 10);
+    assert!(c.mem.waiting() <= 2, "a core's worth waits, not the block: {}", c.mem.waiting());
+    for seq in 1..=20u64 {
+        let done: Vec<(u64, u32)> = (0..5).map(|i| ((seq - 1) * 5 + i + 1, 1)).collect();
+        let (out, _) = feed(&mut c, &mut m, vec![report(0, 5, 0, &done)]);
+        let sent: usize = dispatched(&out).iter().map(|(_, t)| t.len()).sum();
+        assert_eq!(sent, 5, "what ended is replaced");
+        assert!(c.mem.waiting() <= 4, "report {seq}: {} wait", c.mem.waiting());
+    }
+    assert_eq!(c.mem.committed(0), Some((1000, 1000)));
+}
+
+#[test]
 fn a_task_waiting_for_memory_fails_as_unschedulable_when_the_only_big_agent_is_lost() {
     let mut m = Mem::with(2, 0, 1);
     m.records.get_mut(&1).unwrap().shape_mut().mem_mb = 1500;
