@@ -355,9 +355,9 @@ pub mod htc {
         /// Cores (task slots) per agent; default: this machine's CPUs divided among the agents.
         #[arg(long, value_parser = super::positive)]
         pub cores_per_agent: Option<usize>,
-        /// Spawn loops (executor threads) per agent, splitting its cores; 0 = one per core.
-        /// Default: one per core, or one when a task needs several cores, and one for an open
-        /// run (a task added later may need them all): `--open --spawners 0` for one-core tasks.
+        /// Spawn loops (executor threads) per agent, splitting its cores. Default (0): one per
+        /// core, and beside them one for tasks that need several cores, which borrows the loops
+        /// of as many cores while it runs them (open runs too: a task added later may need them).
         #[arg(long)]
         pub spawners: Option<usize>,
         /// Tree fan-out: agents per parent; more agents than this form a tree of relays.

@@ -524,7 +524,7 @@ fn slots_used(run: &Path) -> std::collections::BTreeSet<u32> {
 }
 
 #[test]
-fn the_default_layout_is_one_agent_with_a_spawn_loop_per_cpu_unless_a_task_needs_more_cores() {
+fn the_default_layout_is_one_agent_with_a_spawn_loop_per_cpu_and_one_for_wide_tasks_beside_them() {
     let cpus = htc::executor::allowed_cpus().len();
     let d = Dir::new("layout-narrow");
     d.write("tasks.txt", "true\n".repeat(400));
@@ -532,8 +532,10 @@ fn the_default_layout_is_one_agent_with_a_spawn_loop_per_cpu_unless_a_task_needs
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(agents_used(&d.run_dir()), HashSet::from([0]), "one agent");
     assert_eq!(slots_used(&d.run_dir()), (0..cpus as u32).collect(), "every CPU's spawn loop ran tasks");
-    let spawners = (0..).take_while(|&i| d.run_dir().join("out/agent-0").join(htc::executor::index_name(i)).exists());
-    assert_eq!(spawners.count(), cpus, "one spawner (and index file) per CPU");
+    let spawners =
+        || (0..).take_while(|&i| d.run_dir().join("out/agent-0").join(htc::executor::index_name(i)).exists());
+    let wide = usize::from(cpus > 1);
+    assert_eq!(spawners().count(), cpus + wide, "one spawner (and index file) per CPU, and the wide one");
     // `htc output` finds a task's output in whichever spawner's index holds it.
     let last = d.htc(&["output", &d.run_id(), "400"]);
     assert!(last.status.success(), "{}", text(&last));
@@ -541,12 +543,19 @@ fn the_default_layout_is_one_agent_with_a_spawn_loop_per_cpu_unless_a_task_needs
     if cpus < 2 {
         return; // a two-core task cannot run here at all
     }
+    // A wide task among narrow ones: it runs in the wide spawner, whose slots follow the loops'
+    // (its first is numbered `cpus`), and the narrow ones keep every CPU's loop.
     let d = Dir::new("layout-wide");
-    d.write("tasks.txt", "true\n[cores=2] test \"$HTC_CORES\" = 2\ntrue\n");
+    let narrow = "true\n".repeat(200);
+    d.write("tasks.txt", format!("{narrow}[cores=2] test \"$HTC_CORES\" = 2\n{narrow}"));
     let o = d.htc(&["run", "tasks.txt", "-q"]);
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(agents_used(&d.run_dir()), HashSet::from([0]), "one agent with every CPU");
-    assert!(!d.run_dir().join("out/agent-0/index.1").exists(), "one spawn loop: a wide task needs every core");
+    let used = slots_used(&d.run_dir());
+    assert!((0..cpus as u32).all(|s| used.contains(&s)), "every loop still ran tasks: {used:?}");
+    assert!(used.contains(&(cpus as u32)), "the wide task ran in the wide spawner: {used:?}");
+    let out = d.htc(&["output", &d.run_id(), "201"]);
+    assert!(out.status.success(), "{}", text(&out));
 }
 
 #[test]

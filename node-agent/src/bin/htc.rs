@@ -323,8 +323,9 @@ fn join_run(
 /// task. A spawn loop runs a task on its own slots only: one too narrow would refuse it.
 fn spawn_loops(asked: Option<usize>, slots: usize, widest: u64) -> anyhow::Result<usize> {
     let spawners = asked.unwrap_or(agent::default_spawners(widest));
-    let loop_slots = slots / if spawners == 0 { slots } else { spawners.clamp(1, slots) };
-    if widest > loop_slots as u64 && widest <= slots as u64 {
+    // With a loop per core (0), a wider task runs in the wide spawner beside them.
+    let loop_slots = slots / spawners.clamp(1, slots);
+    if spawners > 0 && widest > loop_slots as u64 && widest <= slots as u64 {
         bail!(
             "--spawners {spawners}: a task needs {widest} cores, but each of the agent's spawn loops would \
              have {loop_slots}; use --spawners 1"

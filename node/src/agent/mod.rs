@@ -28,7 +28,7 @@ use htc_core::output::OutputMode;
 use htc_engine::msg::{Down, Up};
 use htc_engine::wire::proto::{self, frame::Body};
 use htc_engine::wire::{self, PROTOCOL_VERSION};
-use htc_exec::executor::{self, Command, ExecConfig, ExecEvent, Handle};
+use htc_exec::executor::{self, Command, ExecConfig, ExecEvent, Handle, TaskToRun};
 use htc_exec::leftovers::Sweeper;
 use htc_exec::simexec::{self, ExecKind};
 use htc_store::rundir::RunDir;
@@ -37,14 +37,11 @@ use machine::{Carrier, Input};
 use relay::Child;
 use spawners::Spread;
 
-/// Spawn loops for a run whose widest task needs `widest_task` cores: one per slot (0), unless a
-/// task needs several, which only one executor holding them all can run.
-pub fn default_spawners(widest_task: u64) -> usize {
-    if widest_task > 1 {
-        1
-    } else {
-        0
-    }
+/// Spawn loops for a run whose widest task needs `widest_task` cores: one per slot (0) whatever
+/// it is, a task needing several running in the wide spawner beside them (`Spread`). Open runs,
+/// whose widest task is not known when they start, get the same.
+pub fn default_spawners(_widest_task: u64) -> usize {
+    0
 }
 
 /// The agents' report timer: short enough that a slot waits little for work, long enough that a
@@ -209,49 +206,53 @@ async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
     let mut leftovers = (cfg.exec == ExecKind::Real).then(|| Sweeper::new(cfg.agent_id, cfg.keep_daemons));
     let mut swept = std::time::Instant::now();
     let outcome = loop {
-        let input = tokio::select! {
-            // Killed from outside (scancel, kill): stop the tasks, which live in their own
-            // process groups, rather than leave them running without an agent.
-            _ = sigterm.recv() => Input::Signal("terminated by a signal"),
-            _ = sigint.recv() => Input::Signal("interrupted"),
-            f = fr_rx.recv(), if parent_open => match f {
-                Some((g, _)) if g != gen => continue,
-                Some((_, Ok(down))) => Input::Parent(down),
-                Some((_, Err(e))) => { parent_open = false; Input::ParentEnded(e.to_string()) }
-                None => { parent_open = false; Input::ParentEnded("connection closed".into()) }
-            },
-            c = child_rx.recv(), if children_open => match c {
-                Some(Child::Open { child, tx }) => { children.insert(child, tx); Input::ChildOpened(child) }
-                Some(Child::Up(up)) => Input::ChildFrame(up),
-                Some(Child::Closed { child, agents, why }) => {
-                    children.remove(&child);
-                    Input::ChildClosed { child, agents, why }
-                }
-                None => { children_open = false; continue }
-            },
-            batch = ev_rx.recv(), if exec_open => match batch {
-                Some((i, Some(batch))) => if execs.ran(i, &batch) { Input::ExecReset } else { Input::Exec(batch) },
-                Some((i, None)) => match execs.ended(i) {
-                    Some(why) => Input::ExecFailed(why),
+        let input = if let Some(batch) = execs.own_events() {
+            Input::Exec(batch)
+        } else {
+            tokio::select! {
+                // Killed from outside (scancel, kill): stop the tasks, which live in their own
+                // process groups, rather than leave them running without an agent.
+                _ = sigterm.recv() => Input::Signal("terminated by a signal"),
+                _ = sigint.recv() => Input::Signal("interrupted"),
+                f = fr_rx.recv(), if parent_open => match f {
+                    Some((g, _)) if g != gen => continue,
+                    Some((_, Ok(down))) => Input::Parent(down),
+                    Some((_, Err(e))) => { parent_open = false; Input::ParentEnded(e.to_string()) }
+                    None => { parent_open = false; Input::ParentEnded("connection closed".into()) }
+                },
+                c = child_rx.recv(), if children_open => match c {
+                    Some(Child::Open { child, tx }) => { children.insert(child, tx); Input::ChildOpened(child) }
+                    Some(Child::Up(up)) => Input::ChildFrame(up),
+                    Some(Child::Closed { child, agents, why }) => {
+                        children.remove(&child);
+                        Input::ChildClosed { child, agents, why }
+                    }
+                    None => { children_open = false; continue }
+                },
+                batch = ev_rx.recv(), if exec_open => match batch {
+                    Some((i, Some(batch))) => if execs.ran(i, &batch) { Input::ExecReset } else { Input::Exec(batch) },
+                    Some((i, None)) => match execs.ended(i) {
+                        Some(why) => Input::ExecFailed(why),
+                        None => continue,
+                    },
+                    None => { exec_open = false; Input::ExecEnded }
+                },
+                s = rejoin_rx.recv() => match s {
+                    Some(Ok((stream, leader))) => {
+                        // After a hand-over the run's leader listens elsewhere.
+                        cfg.leader = leader;
+                        let (rd, w) = stream.into_split();
+                        gen += 1;
+                        read_frames(rd, gen, fr_tx.clone());
+                        wr = w;
+                        parent_open = true;
+                        Input::Rejoined
+                    }
+                    Some(Err(why)) => Input::ReviveFailed(why),
                     None => continue,
                 },
-                None => { exec_open = false; Input::ExecEnded }
-            },
-            s = rejoin_rx.recv() => match s {
-                Some(Ok((stream, leader))) => {
-                    // After a hand-over the run's leader listens elsewhere.
-                    cfg.leader = leader;
-                    let (rd, w) = stream.into_split();
-                    gen += 1;
-                    read_frames(rd, gen, fr_tx.clone());
-                    wr = w;
-                    parent_open = true;
-                    Input::Rejoined
-                }
-                Some(Err(why)) => Input::ReviveFailed(why),
-                None => continue,
-            },
-            _ = &mut tick => { last_tick = tokio::time::Instant::now(); execs.unstick(); Input::Tick }
+                _ = &mut tick => { last_tick = tokio::time::Instant::now(); execs.unstick(); Input::Tick }
+            }
         };
         let now = start.elapsed().as_micros() as u64;
         m.handle(now, input, &mut effects);
@@ -597,9 +598,59 @@ struct Executors {
     resetting: usize,
     /// The clock `Spread` is told the time by.
     epoch: std::time::Instant,
+    /// The agent's own hold (its parent silent), and whether the wide spawner was told to hold:
+    /// also while the loops lent to it still run.
+    held: bool,
+    wide_held: bool,
+    /// Told to finish while the wide spawner's gate was shut: it is told once the gate opens.
+    finish_wide: bool,
+    /// Narrow tasks that found every loop lent to the wide spawner, until one is back; and
+    /// told to finish meanwhile, the loops are told once none waits.
+    waiting: htc_core::slots::Queue,
+    finish_loops: bool,
+    /// What became of waiting tasks asked back or stopped, for the machine (`own_events`).
+    own: Vec<ExecEvent>,
 }
 
 impl Executors {
+    /// No spawner yet, tasks split as `spread` says.
+    fn with(spread: Spread) -> Executors {
+        Executors {
+            handles: Vec::new(),
+            threads: Vec::new(),
+            spread,
+            stopping: false,
+            resetting: 0,
+            epoch: std::time::Instant::now(),
+            held: false,
+            wide_held: false,
+            finish_wide: false,
+            waiting: Default::default(),
+            finish_loops: false,
+            own: Vec::new(),
+        }
+    }
+
+    /// Events of tasks that waited here for a loop, not in any spawner: the agent's loop feeds
+    /// them to the machine before it waits for anything else.
+    fn own_events(&mut self) -> Option<Vec<ExecEvent>> {
+        (!self.own.is_empty()).then(|| std::mem::take(&mut self.own))
+    }
+
+    /// Tasks to the spawners `Spread` picks; those with no loop free wait here.
+    fn run(&mut self, tasks: Vec<TaskToRun>) {
+        let (parts, wait) = self.spread.assign(tasks);
+        // The wide spawner hears of its gate before of its tasks: it must not start one on CPUs
+        // whose loops still run.
+        self.gate();
+        for (h, part) in self.handles.iter().zip(parts) {
+            if !part.is_empty() {
+                h.send(Command::Run(part));
+            }
+        }
+        self.waiting.add(wait);
+    }
+
     fn start(cfg: &AgentConfig, job_id: &str, events: UnboundedSender<Spawned>) -> anyhow::Result<Executors> {
         let sink = |i: usize| {
             let sink = Sink { i, tx: events.clone() };
@@ -607,28 +658,17 @@ impl Executors {
         };
         if cfg.exec != ExecKind::Real {
             let (h, t) = simexec::start(cfg.exec, cfg.slots, sink(0))?;
-            return Ok(Executors {
-                handles: vec![h],
-                threads: vec![Some(t)],
-                spread: Spread::new(vec![cfg.slots]),
-                stopping: false,
-                resetting: 0,
-                epoch: std::time::Instant::now(),
-            });
+            let mut x = Executors::with(Spread::new(vec![cfg.slots]));
+            x.handles.push(h);
+            x.threads.push(Some(t));
+            return Ok(x);
         }
         let k = match cfg.spawners {
             0 => cfg.slots,
             n => n,
         }
         .clamp(1, cfg.slots.max(1));
-        let mut x = Executors {
-            handles: Vec::new(),
-            threads: Vec::new(),
-            spread: Spread::new(Vec::new()),
-            stopping: false,
-            resetting: 0,
-            epoch: std::time::Instant::now(),
-        };
+        let mut x = Executors::with(Spread::new(Vec::new()));
         // One pool for all the spawn loops: a task gets devices whichever loop runs it.
         let gpus = htc_exec::gpu::Pool::new(cfg.gpus.clone());
         let memcg = memory_cgroups(cfg)?;
@@ -651,37 +691,120 @@ impl Executors {
             slots.push(n);
         }
         x.spread = Spread::new(slots);
+        if cfg.spawners == 0 && k > 1 {
+            // Beside the loops, one for tasks that need several of their CPUs: its slots are
+            // numbered after theirs, for its own output files.
+            let ec = ExecConfig {
+                slots: k,
+                spawner: k,
+                first_slot: k,
+                gpus: gpus.clone(),
+                memcg: memcg.clone(),
+                ..exec_config(cfg, job_id)
+            };
+            let (h, t) = executor::start(ec, sink(k))?;
+            x.handles.push(h);
+            x.threads.push(Some(t));
+            x.spread = Spread::with_wide(k);
+        }
         Ok(x)
+    }
+
+    /// After what changed the lent loops: the waiting tasks go to loops back from the wide
+    /// spawner, which holds while lent loops still run tasks (or the agent holds), and finishes
+    /// held back go once nothing stands in their way.
+    fn regate(&mut self) {
+        if self.spread.wide().is_none() {
+            return;
+        }
+        if !self.waiting.is_empty() && !self.spread.lent_out() {
+            let tasks: Vec<TaskToRun> = self.waiting.drain().collect();
+            self.run(tasks);
+        }
+        self.gate();
+        if self.finish_loops && self.waiting.is_empty() {
+            self.finish_loops = false;
+            let wide = self.spread.wide();
+            for (i, h) in self.handles.iter().enumerate() {
+                if Some(i) != wide {
+                    h.send(Command::Finish);
+                }
+            }
+        }
+    }
+
+    /// The wide spawner holds while the loops lent to it hold tasks, or the agent holds; told
+    /// to finish meanwhile, it is told once they are empty.
+    fn gate(&mut self) {
+        let Some(w) = self.spread.wide() else { return };
+        let open = self.spread.gate_open();
+        let hold = self.held || !open;
+        if hold != self.wide_held {
+            self.wide_held = hold;
+            self.handles[w].send(Command::Hold(hold));
+        }
+        if self.finish_wide && open {
+            self.finish_wide = false;
+            self.handles[w].send(Command::Finish);
+        }
     }
 
     fn send(&mut self, c: Command) {
         match c {
-            Command::Run(tasks) if self.handles.len() > 1 => {
-                for (h, part) in self.handles.iter().zip(self.spread.assign(tasks)) {
-                    if !part.is_empty() {
-                        h.send(Command::Run(part));
-                    }
-                }
-            }
+            Command::Run(tasks) if self.handles.len() > 1 => self.run(tasks),
             Command::Run(tasks) => self.handles[0].send(Command::Run(tasks)),
             Command::Finish => {
                 self.stopping = true;
-                self.handles.iter().for_each(|h| h.send(Command::Finish));
+                let wide = self.spread.wide();
+                for (i, h) in self.handles.iter().enumerate() {
+                    if Some(i) == wide && !self.spread.gate_open() {
+                        self.finish_wide = true;
+                    } else if Some(i) != wide && !self.waiting.is_empty() {
+                        self.finish_loops = true;
+                    } else {
+                        h.send(Command::Finish);
+                    }
+                }
             }
             Command::Abort => {
                 self.stopping = true;
+                self.drop_waiting();
                 self.handles.iter().for_each(|h| h.send(Command::Abort));
             }
-            Command::Hold(held) => self.handles.iter().for_each(|h| h.send(Command::Hold(held))),
+            Command::Hold(held) => {
+                self.held = held;
+                let wide = self.spread.wide();
+                for (i, h) in self.handles.iter().enumerate() {
+                    if Some(i) != wide {
+                        h.send(Command::Hold(held));
+                    }
+                }
+                self.regate();
+            }
             Command::Lease(until) => self.handles.iter().for_each(|h| h.send(Command::Lease(until))),
-            // Each spawner stops those it has and ignores the others.
-            Command::Stop(ids) => self.handles.iter().for_each(|h| h.send(Command::Stop(ids.clone()))),
-            Command::Recall(ids) => self.handles.iter().for_each(|h| h.send(Command::Recall(ids.clone()))),
+            // Each spawner stops those it has and ignores the others; so do the waiting here.
+            Command::Stop(ids) => {
+                self.waiting.preempt(&ids, htc_exec::clock::now_us(), &mut self.own);
+                self.handles.iter().for_each(|h| h.send(Command::Stop(ids.clone())));
+            }
+            Command::Recall(ids) => {
+                self.waiting.recall(&ids, &mut self.own);
+                self.handles.iter().for_each(|h| h.send(Command::Recall(ids.clone())));
+            }
             Command::Reset => {
+                self.drop_waiting();
                 self.resetting = self.handles.len();
                 self.handles.iter().for_each(|h| h.send(Command::Reset));
             }
         }
+    }
+
+    /// The waiting tasks are dropped with everything else (an abort, a reset), and so are the
+    /// finishes held back for them.
+    fn drop_waiting(&mut self) {
+        self.waiting.clear();
+        self.finish_wide = false;
+        self.finish_loops = false;
     }
 
     /// Spawner `i`'s thread ended. Unasked, that is a failure: the others are stopped too, and
@@ -706,6 +829,7 @@ impl Executors {
         if batch.contains(&ExecEvent::Reset) {
             self.spread.emptied(i);
             self.resetting = self.resetting.saturating_sub(1);
+            self.regate();
             return self.resetting == 0;
         }
         let ended = batch.iter().filter(|e| matches!(e, ExecEvent::Finished(_) | ExecEvent::Recalled { .. })).count();
@@ -723,7 +847,15 @@ impl Executors {
                     ExecEvent::Finished(f) => self.spread.left_queue(i, f.id, now),
                     ExecEvent::Reset => {}
                 }
+                if Some(i) == self.spread.wide() {
+                    match e {
+                        ExecEvent::Finished(f) => self.spread.wide_ended(f.id),
+                        ExecEvent::Recalled { id, .. } => self.spread.wide_ended(*id),
+                        _ => {}
+                    }
+                }
             }
+            self.regate();
             self.unstick();
         }
         false
@@ -816,14 +948,7 @@ mod tests {
         assert!(matches!(rx.try_recv(), Ok((1, None))));
         assert!(rx.try_recv().is_err(), "and then the channel is closed");
 
-        let idle = || Executors {
-            handles: Vec::new(),
-            threads: Vec::new(),
-            spread: Spread::new(Vec::new()),
-            stopping: false,
-            resetting: 0,
-            epoch: std::time::Instant::now(),
-        };
+        let idle = || Executors::with(Spread::new(Vec::new()));
         let mut x = idle();
         assert_eq!(x.ended(1).as_deref(), Some("spawn loop 1 stopped unexpectedly"));
         assert!(x.ended(0).is_none(), "the others were told to stop");

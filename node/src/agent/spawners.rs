@@ -2,6 +2,12 @@
 //! loop per CPU keeps tiny tasks flowing (bench/RESULTS.md §1), while the leader still sees one
 //! agent and one report stream per node. `Spread` decides which spawner runs each task; it is
 //! pure, and the driver feeds it what it sends and what ends.
+//!
+//! A task wider than a loop goes to the wide spawner (the last one, holding every CPU's slot),
+//! which borrows the loops of as many CPUs, from the first: they take nothing new, and the wide
+//! spawner starts nothing until they are empty (`gate_open`). It gives them back once it holds
+//! nothing. So narrow tasks keep their loop per CPU, and a wide task never shares its CPUs with
+//! them; while every loop is lent, narrow tasks wait for one (`assign`).
 
 use std::collections::VecDeque;
 
@@ -21,6 +27,13 @@ pub struct Spread {
     asked: Vec<u64>,
     /// When each spawner last started, ended or gave back a task (µs).
     moved_us: Vec<u64>,
+    /// The wide spawner's index, when there is one.
+    wide: Option<usize>,
+    /// What the wide spawner holds, with the cores each asks.
+    wide_tasks: Vec<(u64, usize)>,
+    /// How many loops, from the first, are lent to the wide spawner. It only grows while the wide
+    /// spawner holds anything: its first-fit slots then stay below it (`lend`).
+    lent: usize,
 }
 
 /// How long a spawner's slots must all have run the same tasks before what waits behind them
@@ -31,21 +44,67 @@ pub const STUCK_AFTER_US: u64 = 5_000_000;
 impl Spread {
     pub fn new(slots: Vec<usize>) -> Spread {
         let n = slots.len();
-        Spread { slots, held: vec![0; n], unstarted: vec![VecDeque::new(); n], asked: Vec::new(), moved_us: vec![0; n] }
+        Spread {
+            slots,
+            held: vec![0; n],
+            unstarted: vec![VecDeque::new(); n],
+            asked: Vec::new(),
+            moved_us: vec![0; n],
+            wide: None,
+            wide_tasks: Vec::new(),
+            lent: 0,
+        }
+    }
+
+    /// `loops` one-slot loops, one per CPU, and after them the wide spawner with a slot for
+    /// each of their CPUs.
+    pub fn with_wide(loops: usize) -> Spread {
+        let mut s = Spread::new([vec![1; loops], vec![loops]].concat());
+        s.wide = Some(loops);
+        s
     }
 
     /// Splits `tasks` among the spawners, each to the one with the fewest held per slot among
     /// those wide enough for it (ties: the lowest index); a task wider than every spawner goes
-    /// to the widest, whose executor reports it unschedulable. Returns one list per spawner.
-    pub fn assign(&mut self, tasks: Vec<TaskToRun>) -> Vec<Vec<TaskToRun>> {
+    /// to the widest, whose executor reports it unschedulable. With a wide spawner, a task
+    /// wider than a loop goes to it; a narrow one finds no loop while all are lent, and waits
+    /// (the second list) to be assigned again once they are back (`lent_out`). Returns one
+    /// list per spawner, and those that wait.
+    pub fn assign(&mut self, tasks: Vec<TaskToRun>) -> (Vec<Vec<TaskToRun>>, Vec<TaskToRun>) {
         let mut out: Vec<Vec<TaskToRun>> = vec![Vec::new(); self.slots.len()];
+        let mut wait = Vec::new();
         for t in tasks {
-            let i = self.pick(t.shape.cores.max(1) as usize);
+            let cores = t.shape.cores.max(1) as usize;
+            let Some(i) = self.pick(cores) else {
+                wait.push(t);
+                continue;
+            };
+            if Some(i) == self.wide {
+                self.wide_tasks.push((t.id, cores));
+                self.lend();
+            }
             self.held[i] += 1;
             self.unstarted[i].push_back((t.id, t.shape.mem_mb == 0 && t.shape.gpus == 0));
             out[i].push(t);
         }
-        out
+        (out, wait)
+    }
+
+    /// Whether every loop is lent to the wide spawner: a narrow task would wait.
+    pub fn lent_out(&self) -> bool {
+        self.wide.is_some_and(|w| self.lent >= w)
+    }
+
+    /// The wide spawner, when there is one.
+    pub fn wide(&self) -> Option<usize> {
+        self.wide
+    }
+
+    /// Lends the wide spawner as many loops as the cores of what it holds (all, at most).
+    fn lend(&mut self) {
+        let Some(w) = self.wide else { return };
+        let cores: usize = self.wide_tasks.iter().map(|t| t.1).sum();
+        self.lent = self.lent.max(cores.min(w));
     }
 
     /// `n` tasks of spawner `i` ended.
@@ -53,6 +112,22 @@ impl Spread {
         if let Some(h) = self.held.get_mut(i) {
             *h = h.saturating_sub(n);
         }
+    }
+
+    /// Task `id` of the wide spawner ended or came back: once it holds nothing, the loops it
+    /// borrowed are the loops' again.
+    pub fn wide_ended(&mut self, id: u64) {
+        if let Some(at) = self.wide_tasks.iter().position(|t| t.0 == id) {
+            self.wide_tasks.swap_remove(at);
+        }
+        if self.wide_tasks.is_empty() {
+            self.lent = 0;
+        }
+    }
+
+    /// Whether the wide spawner may start what it holds: the loops lent to it hold nothing.
+    pub fn gate_open(&self) -> bool {
+        self.held[..self.lent].iter().all(|&h| h == 0)
     }
 
     /// Task `id` of spawner `i` started, ended or was given back (at `now_us`): it waits there
@@ -87,6 +162,10 @@ impl Spread {
             self.asked.retain(|id| !q.iter().any(|x| x.0 == *id));
             q.clear();
         }
+        if Some(i) == self.wide {
+            self.wide_tasks.clear();
+            self.lent = 0;
+        }
     }
 
     /// Tasks to ask back from a spawner whose slots have all run the same tasks for
@@ -95,14 +174,18 @@ impl Spread {
     /// leader hands them out again, to an idle slot.
     pub fn stuck(&mut self, now_us: u64) -> Option<(usize, Vec<u64>)> {
         let running = |i: usize| self.held[i] - self.unstarted[i].len().min(self.held[i]);
-        let idle: usize = (0..self.slots.len())
+        // The wide spawner's slots are its loops' CPUs, and lent loops take nothing new: only
+        // the loops not lent count, either way.
+        let loops = self.wide.map_or(0..self.slots.len(), |w| self.lent..w);
+        let idle: usize = loops
+            .clone()
             .filter(|&i| self.unstarted[i].is_empty())
             .map(|i| self.slots[i].saturating_sub(running(i)))
             .sum();
         if idle == 0 {
             return None;
         }
-        let j = (0..self.slots.len()).find(|&j| {
+        let j = loops.into_iter().find(|&j| {
             running(j) >= self.slots[j]
                 && now_us.saturating_sub(self.moved_us[j]) >= STUCK_AFTER_US
                 && self.unstarted[j].iter().any(|&(id, may)| may && !self.asked.contains(&id))
@@ -118,11 +201,17 @@ impl Spread {
         Some((j, ids))
     }
 
-    fn pick(&self, cores: usize) -> usize {
+    fn pick(&self, cores: usize) -> Option<usize> {
+        if let Some(w) = self.wide {
+            // Loops not lent, for what one slot runs; the wide spawner for the rest.
+            return if cores == 1 { (self.lent..w).min_by_key(|&i| self.held[i]) } else { Some(w) };
+        }
         let fits = (0..self.slots.len()).filter(|&i| self.slots[i] >= cores);
         // held / slots compared without division: a/b < c/d  <=>  a*d < c*b.
         let best = fits.min_by(|&a, &b| (self.held[a] * self.slots[b]).cmp(&(self.held[b] * self.slots[a])));
-        best.unwrap_or_else(|| (0..self.slots.len()).max_by_key(|&i| (self.slots[i], usize::MAX - i)).unwrap_or(0))
+        Some(
+            best.unwrap_or_else(|| (0..self.slots.len()).max_by_key(|&i| (self.slots[i], usize::MAX - i)).unwrap_or(0)),
+        )
     }
 }
 
@@ -148,11 +237,11 @@ mod tests {
     #[test]
     fn tasks_go_round_the_spawners_by_load() {
         let mut s = Spread::new(vec![1, 1]);
-        let out = s.assign(tasks(&[1, 1, 1, 1]));
+        let out = s.assign(tasks(&[1, 1, 1, 1])).0;
         assert_eq!((ids(&out[0]), ids(&out[1])), (vec![1, 3], vec![2, 4]));
         // Spawner 1 finished both: the next two go to it first.
         s.finished(1, 2);
-        let out = s.assign(tasks(&[1, 1, 1]));
+        let out = s.assign(tasks(&[1, 1, 1])).0;
         assert_eq!((out[0].len(), out[1].len()), (1, 2));
     }
 
@@ -160,12 +249,12 @@ mod tests {
     fn load_is_per_slot_and_wide_tasks_go_where_they_fit() {
         // 3 CPUs split 2 + 1: the two-slot spawner takes two of every three.
         let mut s = Spread::new(vec![2, 1]);
-        let out = s.assign(tasks(&[1, 1, 1, 1, 1, 1]));
+        let out = s.assign(tasks(&[1, 1, 1, 1, 1, 1])).0;
         assert_eq!((out[0].len(), out[1].len()), (4, 2));
-        let out = s.assign(tasks(&[2, 2]));
+        let out = s.assign(tasks(&[2, 2])).0;
         assert_eq!((out[0].len(), out[1].len()), (2, 0), "only spawner 0 has two cores");
         // Wider than all: the widest takes it (and its executor says unschedulable).
-        let out = s.assign(tasks(&[5]));
+        let out = s.assign(tasks(&[5])).0;
         assert_eq!(out[0].len(), 1);
     }
 
@@ -173,7 +262,7 @@ mod tests {
     fn tasks_queued_behind_busy_slots_are_asked_back_for_an_idle_one() {
         const T: u64 = STUCK_AFTER_US;
         let mut s = Spread::new(vec![1, 1]);
-        let out = s.assign(tasks(&[1, 1, 1, 1]));
+        let out = s.assign(tasks(&[1, 1, 1, 1])).0;
         assert_eq!((ids(&out[0]), ids(&out[1])), (vec![1, 3], vec![2, 4]));
         for (i, id) in [(0, 1), (1, 2)] {
             s.left_queue(i, id, 0);
@@ -205,11 +294,57 @@ mod tests {
         assert_eq!(s.stuck(9 * T), None);
     }
 
+    fn lens(parts: &(Vec<Vec<TaskToRun>>, Vec<TaskToRun>)) -> (Vec<usize>, usize) {
+        (parts.0.iter().map(Vec::len).collect(), parts.1.len())
+    }
+
+    #[test]
+    fn a_wide_task_borrows_loops_which_drain_first_and_come_back_when_it_is_done() {
+        // 4 CPUs: loops 0-3, the wide spawner 4.
+        let mut s = Spread::with_wide(4);
+        assert_eq!(lens(&s.assign(tasks(&[1, 1, 1, 1, 1]))), (vec![2, 1, 1, 1, 0], 0));
+        assert!(s.gate_open(), "nothing lent");
+        // A 2-core task borrows loops 0 and 1, which still hold tasks: it waits for them.
+        let mut wide = tasks(&[1, 1, 1, 1, 1, 2]);
+        wide.drain(..5);
+        let out = s.assign(wide);
+        assert_eq!(ids(&out.0[4]), vec![6]);
+        assert!(!s.gate_open(), "loops 0 and 1 still hold tasks");
+        // Narrow tasks go to loops 2 and 3 only.
+        assert_eq!(lens(&s.assign(tasks(&[1, 1]))), (vec![0, 0, 1, 1, 0], 0));
+        s.finished(0, 2);
+        assert!(!s.gate_open());
+        s.finished(1, 1);
+        assert!(s.gate_open(), "lent loops empty: the wide task may start");
+        // It ends: loops 0 and 1 take tasks again.
+        s.finished(4, 1);
+        s.wide_ended(6);
+        assert_eq!(lens(&s.assign(tasks(&[1, 1]))), (vec![1, 1, 0, 0, 0], 0));
+    }
+
+    #[test]
+    fn while_every_loop_is_lent_narrow_tasks_wait_for_one() {
+        let mut s = Spread::with_wide(2);
+        assert_eq!(lens(&s.assign(tasks(&[2, 1, 3]))), (vec![0, 0, 2], 1), "the 3-core one fails there");
+        assert!(s.lent_out());
+        // Lent loops only grow while it holds anything: slots given first-fit stay below.
+        s.wide_ended(1);
+        assert_eq!(lens(&s.assign(tasks(&[1]))), (vec![0, 0, 0], 1));
+        s.wide_ended(3);
+        assert!(!s.lent_out());
+        assert_eq!(lens(&s.assign(tasks(&[1]))), (vec![1, 0, 0], 0));
+        // A reset gives everything back.
+        s.assign(tasks(&[2]));
+        s.emptied(2);
+        assert!(s.gate_open());
+        assert_eq!(lens(&s.assign(tasks(&[1]))), (vec![0, 1, 0], 0));
+    }
+
     #[test]
     fn finishing_more_than_held_does_not_underflow() {
         let mut s = Spread::new(vec![1]);
         s.finished(0, 3);
         s.finished(9, 1);
-        assert_eq!(s.assign(tasks(&[1])).len(), 1);
+        assert_eq!(s.assign(tasks(&[1])).0.len(), 1);
     }
 }
