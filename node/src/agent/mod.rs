@@ -672,15 +672,27 @@ impl Executors {
         // One pool for all the spawn loops: a task gets devices whichever loop runs it.
         let gpus = htc_exec::gpu::Pool::new(cfg.gpus.clone());
         let memcg = memory_cgroups(cfg)?;
-        let mut slots = Vec::new();
-        for i in 0..k {
-            let (first, n) = crate::slurm::node_share(cfg.slots, k, i);
-            let cpus = if cfg.cpus.is_empty() { Vec::new() } else { cfg.cpus[first..first + n].to_vec() };
+        // (spawner, its CPUs, its slots, its first slot): the loops, then beside them one for
+        // tasks that need several of their CPUs, its slots numbered after theirs for its own
+        // output files.
+        let mut specs: Vec<(usize, Vec<usize>, usize, usize)> = (0..k)
+            .map(|i| {
+                let (first, n) = crate::slurm::node_share(cfg.slots, k, i);
+                let cpus = if cfg.cpus.is_empty() { Vec::new() } else { cfg.cpus[first..first + n].to_vec() };
+                (i, cpus, n, first)
+            })
+            .collect();
+        let loops: Vec<usize> = specs.iter().map(|s| s.2).collect();
+        let wide = cfg.spawners == 0 && k > 1;
+        if wide {
+            specs.push((k, cfg.cpus.clone(), k, k));
+        }
+        for (i, cpus, slots, first_slot) in specs {
             let ec = ExecConfig {
                 cpus,
-                slots: n,
+                slots,
                 spawner: i,
-                first_slot: first,
+                first_slot,
                 gpus: gpus.clone(),
                 memcg: memcg.clone(),
                 ..exec_config(cfg, job_id)
@@ -688,25 +700,8 @@ impl Executors {
             let (h, t) = executor::start(ec, sink(i))?;
             x.handles.push(h);
             x.threads.push(Some(t));
-            slots.push(n);
         }
-        x.spread = Spread::new(slots);
-        if cfg.spawners == 0 && k > 1 {
-            // Beside the loops, one for tasks that need several of their CPUs: its slots are
-            // numbered after theirs, for its own output files.
-            let ec = ExecConfig {
-                slots: k,
-                spawner: k,
-                first_slot: k,
-                gpus: gpus.clone(),
-                memcg: memcg.clone(),
-                ..exec_config(cfg, job_id)
-            };
-            let (h, t) = executor::start(ec, sink(k))?;
-            x.handles.push(h);
-            x.threads.push(Some(t));
-            x.spread = Spread::with_wide(k);
-        }
+        x.spread = if wide { Spread::with_wide(k) } else { Spread::new(loops) };
         Ok(x)
     }
 
