@@ -83,6 +83,26 @@ pub fn open_index(path: &Path) -> io::Result<File> {
     Ok(f)
 }
 
+/// The output index files in an agent's output directory, by spawner: `index`, `index.1`, ….
+/// A spawner makes its index with its first task's output, so some numbers may be missing.
+pub fn index_files(dir: &Path) -> io::Result<Vec<std::path::PathBuf>> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir(dir)? {
+        let name = e?.file_name();
+        let n = match name.to_str() {
+            Some("index") => 0,
+            Some(n) => match n.strip_prefix("index.").and_then(|k| k.parse::<usize>().ok()) {
+                Some(k) if k > 0 => k,
+                _ => continue,
+            },
+            None => continue,
+        };
+        found.push((n, dir.join(name)));
+    }
+    found.sort();
+    Ok(found.into_iter().map(|(_, p)| p).collect())
+}
+
 pub fn read_index(path: &Path) -> io::Result<Vec<IndexEntry>> {
     let mut b = Vec::new();
     File::open(path)?.read_to_end(&mut b)?;

@@ -121,7 +121,6 @@ pub fn lead_session(
     let every = std::env::var("HTC_PROGRESS_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(30u64);
     let fanout = a.fanout.unwrap_or(DEFAULT_FANOUT).max(1);
     let site = crate::site::Site::load()?;
-    let widest = load::widest_task(&crate::ledger::Ledger::open(&run.ledger(), true)?)?;
     // One agent per node by default: its spawn loops keep the node's CPUs busy, and the leader
     // hears from one agent per node.
     let agents_per_node = a.agents_per_node.unwrap_or(1).max(1);
@@ -134,7 +133,7 @@ pub fn lead_session(
         agent_bin: leader::launch::agent_binary(),
         nodes,
         agents_per_node,
-        spawners: crate::agent::default_spawners(widest),
+        spawners: crate::agent::LOOP_PER_SLOT,
         output: a.output,
         fanout,
         instance_size,

@@ -9,7 +9,6 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 
-use crate::executor;
 use crate::ledger::{Ledger, Record, State};
 use crate::output::{self, IndexEntry, OutputMode};
 use crate::rundir::RunDir;
@@ -46,11 +45,7 @@ fn all_entries(run: &RunDir) -> io::Result<Vec<(IndexEntry, u32)>> {
         else {
             continue;
         };
-        for i in 0.. {
-            let ix = e.path().join(executor::index_name(i));
-            if !ix.exists() {
-                break;
-            }
+        for ix in output::index_files(&e.path())? {
             all.extend(output::read_index(&ix)?.into_iter().map(|x| (x, agent)));
         }
     }
@@ -393,7 +388,11 @@ pub fn print_one(run: &RunDir, task: u64, want_out: bool, want_err: bool) -> any
 /// The index entry of the recorded attempt of `task` (number and start time) in an agent's
 /// output directory, in any of the agent's spawners' index files.
 fn find_output(dir: &Path, task: u64, attempt: u32, start_us: u64) -> anyhow::Result<Option<IndexEntry>> {
-    let indexes = (0..).map(|i| dir.join(executor::index_name(i))).take_while(|p| p.exists());
+    let indexes = match output::index_files(dir) {
+        Ok(ix) => ix,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
     for ix in indexes {
         if let Some(e) = output::find_entry(&ix, task, |e| e.is_of(attempt, start_us))? {
             return Ok(Some(e));

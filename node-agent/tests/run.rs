@@ -515,12 +515,17 @@ fn agents_used(run: &Path) -> HashSet<u32> {
 /// The output slots that tasks of agent 0 wrote to, from all its spawners' index files.
 fn slots_used(run: &Path) -> std::collections::BTreeSet<u32> {
     let dir = run.join("out/agent-0");
-    (0..)
-        .map(|i| dir.join(htc::executor::index_name(i)))
-        .take_while(|p| p.exists())
+    htc::output::index_files(&dir)
+        .unwrap()
+        .into_iter()
         .flat_map(|p| htc::output::read_index(&p).unwrap())
         .map(|e| e.slot)
         .collect()
+}
+
+/// Index files (one per spawner that stored output) of agent 0.
+fn index_files(d: &Dir) -> usize {
+    htc::output::index_files(&d.run_dir().join("out/agent-0")).unwrap().len()
 }
 
 #[test]
@@ -532,10 +537,13 @@ fn the_default_layout_is_one_agent_with_a_spawn_loop_per_cpu_and_one_for_wide_ta
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(agents_used(&d.run_dir()), HashSet::from([0]), "one agent");
     assert_eq!(slots_used(&d.run_dir()), (0..cpus as u32).collect(), "every CPU's spawn loop ran tasks");
-    let spawners =
-        || (0..).take_while(|&i| d.run_dir().join("out/agent-0").join(htc::executor::index_name(i)).exists());
-    let wide = usize::from(cpus > 1);
-    assert_eq!(spawners().count(), cpus + wide, "one spawner (and index file) per CPU, and the wide one");
+    // The wide spawner makes its files with its first task: none ran here.
+    assert_eq!(index_files(&d), cpus, "one spawner (and index file) per CPU, none yet for wide tasks");
+    let slot_files = std::fs::read_dir(d.run_dir().join("out/agent-0"))
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with("slot-"))
+        .count();
+    assert_eq!(slot_files, 2 * cpus, "a stdout and a stderr file per CPU");
     // `htc output` finds a task's output in whichever spawner's index holds it.
     let last = d.htc(&["output", &d.run_id(), "400"]);
     assert!(last.status.success(), "{}", text(&last));
@@ -554,6 +562,7 @@ fn the_default_layout_is_one_agent_with_a_spawn_loop_per_cpu_and_one_for_wide_ta
     let used = slots_used(&d.run_dir());
     assert!((0..cpus as u32).all(|s| used.contains(&s)), "every loop still ran tasks: {used:?}");
     assert!(used.contains(&(cpus as u32)), "the wide task ran in the wide spawner: {used:?}");
+    assert_eq!(index_files(&d), cpus + 1, "the wide spawner made its index with its task");
     let out = d.htc(&["output", &d.run_id(), "201"]);
     assert!(out.status.success(), "{}", text(&out));
 }

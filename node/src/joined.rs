@@ -127,7 +127,7 @@ impl Stay {
             agent_bin: launch::agent_binary(),
             nodes: self.shape.nodes,
             agents_per_node: self.shape.agents_per_node,
-            spawners: agent::default_spawners(joined.widest_task),
+            spawners: agent::LOOP_PER_SLOT,
             output: joined.output.parse().unwrap_or(self.shape.output),
             fanout: joined.fanout,
             instance_size: self.shape.instance_size,

@@ -42,9 +42,8 @@ pub struct Loaded {
 }
 
 /// The most cores any task of the run asks for (as wide as can be for runs loaded before it was
-/// kept, and for an open run). Agents size their spawn loops by it: one per CPU while no task
-/// needs more than one core (`node::agent::default_spawners`); `htc run --open --spawners 0`
-/// keeps a loop per CPU for an open run of one-core tasks.
+/// kept, and for an open run). `--spawners N` is refused by it when N loops would each be too
+/// narrow for a task (the default, a loop per CPU, runs wide tasks beside them).
 pub fn widest_task(ledger: &Ledger) -> Result<u64, LedgerError> {
     let r = ledger.read()?;
     // An open run's tasks come while it runs: any of them may need all of an agent's cores.

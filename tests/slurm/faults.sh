@@ -391,7 +391,7 @@ resubmitted_at_time_limit() {
 # its replica, answers the client's retries with the ids already given, and finishes it; both keep
 # their agents and the tasks those run; the leader's job resubmits nothing. Nothing recorded
 # done before the hand-over runs again; re-runs are at most the tasks in flight on the first
-# job's node (2 CPUs). The work (1000 x 1 s on 8 CPUs, ~125 s) outlasts the first job's minute
+# job's node (2 CPUs). The work (800 x 1 s on 8 CPUs, ~100 s) outlasts the first job's minute
 # however late in its 30 s check Slurm enforces the limit.
 joined_both() { grep -qs "joins run" "$1/slurm-$2.out" && grep -qs "joins run" "$1/slurm-$3.out"; }
 # A client of the open run: a task a second under its own key, through the time limit and the
@@ -411,7 +411,7 @@ keyed_adds() { # WORKDIR RUN N
 handed_over() {
     local w a b c i j state lines unique first again lead stay adder n=100 k id same=0
     w=$(cluster_workdir handover)
-    seq 1 1000 | sed "s|.*|sleep 1; echo \"\$HTC_TASK_ID \$SLURMD_NODENAME \$HTC_ATTEMPT\" >> ids.txt|" >"$w/tasks.txt"
+    seq 1 800 | sed "s|.*|sleep 1; echo \"\$HTC_TASK_ID \$SLURMD_NODENAME \$HTC_ATTEMPT\" >> ids.txt|" >"$w/tasks.txt"
     chown -R "$HTC_CLUSTER_USER" "$w"
     # Open, so that a client adds tasks through the hand-over; closed once it is done.
     a=$(submit "$w" -N 1 --exclusive -t 1 --htc=tasks.txt --htc-open --htc-resubmit=2 --wrap=:) || { bad "hand-over: submit"; return; }
@@ -452,7 +452,7 @@ handed_over() {
     check "hand-over: htc status $a shows every task done" all_done "$w" "$a"
     lines=$(wc -l <"$w/ids.txt")
     unique=$(cut -d' ' -f1 "$w/ids.txt" | sort -u | wc -l)
-    check "hand-over: every task ran ($unique of 1000 and $n added)" test "$unique" = $((1000 + n))
+    check "hand-over: every task ran ($unique of 800 and $n added)" test "$unique" = $((800 + n))
     check "hand-over: $((lines - unique)) re-run(s), at most the 2 CPUs' tasks in flight on job $a's node" \
         test $((lines - unique)) -le 2
     # A task that ran on a joined job's node and again: its agent did not keep it.

@@ -42,14 +42,13 @@ run_many() { # NODES N [SBATCH OPTIONS...] -> checks on a job of N tasks recordi
     check "$nodes node(s): summary in the job output" grep -q "$n tasks: $n done, 0 failed" "$w/slurm-$j.out"
     run_dir_private "$nodes node(s)" "$w/.htc/$j"
     # One agent per node by default (each with its own output directory), running a spawn loop
-    # (and an index file) per CPU: 2 per node here; an agent of several CPUs also has the wide
-    # spawner's, for tasks that need several of them.
+    # (and an index file) per CPU: 2 per node here. The wide spawner beside them, for tasks that
+    # need several CPUs, makes its files with its first task: none here.
     check "$nodes node(s): ${AGENTS_PER_NODE:-1} agent(s) per node ($(ls "$w/.htc/$j/out" | xargs))" \
         test "$(ls -d "$w/.htc/$j/out"/agent-* | wc -l)" = "$((${AGENTS_PER_NODE:-1} * nodes))"
     local loops=$((2 / ${AGENTS_PER_NODE:-1}))
-    local wide=$((loops > 1 ? 1 : 0))
-    check "$nodes node(s): $loops spawn loop(s) per agent, and $wide wide spawner" \
-        test "$(ls "$w/.htc/$j/out"/agent-*/index* | wc -l)" = "$(((loops + wide) * ${AGENTS_PER_NODE:-1} * nodes))"
+    check "$nodes node(s): $loops spawn loop(s) per agent" \
+        test "$(ls "$w/.htc/$j/out"/agent-*/index* | wc -l)" = "$((loops * ${AGENTS_PER_NODE:-1} * nodes))"
     if [[ -n ${INSTANCE_NODES:-} ]]; then
         # Only the heads join the leader; every other agent joins its head (agents log at info).
         check "$nodes nodes: $((nodes / INSTANCE_NODES)) instance heads joined the leader" \

@@ -95,8 +95,8 @@ impl ExecConfig {
     }
 }
 
-/// `index` for the first spawner, `index.N` for the others (`htc output` reads them in order).
-pub fn index_name(spawner: usize) -> String {
+/// `index` for the first spawner, `index.N` for the others (`output::index_files` finds them).
+fn index_name(spawner: usize) -> String {
     if spawner == 0 {
         "index".into()
     } else {
@@ -216,20 +216,41 @@ struct Running {
 }
 
 struct Slot {
-    out: File,
-    err: File,
-    /// Where the next task's output starts: only the executor appends to a slot's files.
-    out_end: u64,
-    err_end: u64,
+    /// Its stream files (streams mode), made when it first stores a task's output: a slot that
+    /// never runs a task (most of the wide spawner's, in a run without wide tasks) leaves none.
+    streams: Option<Streams>,
     /// The running task's stdout and stderr captures (streams mode): descriptors whose numbers
     /// stay, pointed at fresh files before each spawn.
     capture: Option<(crate::capture::Capture, crate::capture::Capture)>,
 }
 
-impl Slot {
-    fn new(out: File, err: File, capture: Option<(crate::capture::Capture, crate::capture::Capture)>) -> Slot {
+/// A slot's stream files: every task that ran in it appends its stdout and stderr to them.
+pub(super) struct Streams {
+    out: File,
+    err: File,
+    /// Where the next task's output starts: only the executor appends to a slot's files.
+    pub(super) out_end: u64,
+    pub(super) err_end: u64,
+}
+
+impl Streams {
+    fn open(dir: &std::path::Path, slot: usize) -> io::Result<Streams> {
+        let open = |name: String| {
+            OpenOptions::new().append(true).create(true).custom_flags(libc::O_CLOEXEC).open(dir.join(name))
+        };
+        let (out, err) = (open(format!("slot-{slot}.out"))?, open(format!("slot-{slot}.err"))?);
         let (out_end, err_end) = (end_of(out.as_raw_fd()), end_of(err.as_raw_fd()));
-        Slot { out, err, out_end, err_end, capture }
+        Ok(Streams { out, err, out_end, err_end })
+    }
+
+    /// Appends `msg` to stderr: (where it starts, whether it was written).
+    pub(super) fn append_err(&mut self, msg: &[u8]) -> (u64, bool) {
+        let at = self.err_end;
+        let kept = (&self.err).write_all(msg).is_ok();
+        if kept {
+            self.err_end += msg.len() as u64;
+        }
+        (at, kept)
     }
 }
 
@@ -244,7 +265,10 @@ struct Executor {
     deadlines: Deadlines<Instant, libc::pid_t>,
     serial: u64,
     events: Vec<ExecEvent>,
+    /// The output index (streams mode), made with the first entry, as the slots' files are.
     index: Option<BufWriter<File>>,
+    /// Where tasks' stdout and stderr go with no output kept.
+    null: File,
     /// Set when output storage failed (a full disk, a failed index write): the loop then stops
     /// with it, reporting only what was recorded whole.
     fault: Option<io::Error>,
@@ -325,30 +349,18 @@ impl Executor {
         } else {
             None
         };
-        let dir = &cfg.out_dir;
         let mut slots = Vec::new();
-        let mut index = None;
         let scratch = crate::capture::Scratch::find();
-        if cfg.output == OutputMode::Streams {
-            fs::create_dir_all(dir)?;
-            let open = |name: String| {
-                OpenOptions::new().append(true).create(true).custom_flags(libc::O_CLOEXEC).open(dir.join(name))
-            };
-            for s in cfg.first_slot..cfg.first_slot + cfg.slots {
-                use crate::capture::Capture;
-                let capture = Some((Capture::new(&scratch)?, Capture::new(&scratch)?));
-                slots.push(Slot::new(open(format!("slot-{s}.out"))?, open(format!("slot-{s}.err"))?, capture));
-            }
-            index = Some(BufWriter::with_capacity(64 << 10, crate::output::open_index(&dir.join(cfg.index_name()))?));
-        } else {
-            if cfg.output == OutputMode::PerTask {
-                fs::create_dir_all(dir)?;
-            }
-            for _ in 0..cfg.slots {
-                let null = || OpenOptions::new().write(true).custom_flags(libc::O_CLOEXEC).open("/dev/null");
-                slots.push(Slot::new(null()?, null()?, None));
-            }
+        if cfg.output != OutputMode::None {
+            fs::create_dir_all(&cfg.out_dir)?;
         }
+        for _ in 0..cfg.slots {
+            use crate::capture::Capture;
+            let streams = cfg.output == OutputMode::Streams;
+            let capture = if streams { Some((Capture::new(&scratch)?, Capture::new(&scratch)?)) } else { None };
+            slots.push(Slot { streams: None, capture });
+        }
+        let null = OpenOptions::new().write(true).custom_flags(libc::O_CLOEXEC).open("/dev/null")?;
         let mut env = Vec::new();
         let mut path = b"/usr/local/bin:/usr/bin:/bin".to_vec();
         for (k, v) in &cfg.env {
@@ -378,7 +390,8 @@ impl Executor {
             deadlines: Deadlines::default(),
             serial: 0,
             events: Vec::new(),
-            index,
+            index: None,
+            null,
             fault: None,
             space_checked: None,
             handoff: Handoff::default(),

@@ -20,30 +20,34 @@ impl Executor {
     /// Appends an ended task's captures to its slot's streams (at most its `max_output=` of
     /// each) and indexes them with their checksums; a cut is noted for `htc output`.
     pub(super) fn store_capture(&mut self, r: &Running) {
-        let s = &mut self.slots[r.slots[0]];
-        let Some((cap_out, cap_err)) = &s.capture else { return };
-        let (out_off, err_off) = (s.out_end, s.err_end);
+        let slot = r.slots[0];
+        if self.slots[slot].capture.is_none() || self.streams(slot).is_err() {
+            return;
+        }
+        let s = &mut self.slots[slot];
+        let (Some((cap_out, cap_err)), Some(f)) = (&s.capture, s.streams.as_mut()) else { return };
+        let (out_off, err_off) = (f.out_end, f.err_end);
         let cap = r.task.shape.max_output_bytes();
-        let copied = cap_out.append_to(&mut &s.out, cap, &mut self.copy_buf).and_then(|o| {
-            s.out_end += o.kept;
-            let e = cap_err.append_to(&mut &s.err, cap, &mut self.copy_buf)?;
-            s.err_end += e.kept;
+        let copied = cap_out.append_to(&mut &f.out, cap, &mut self.copy_buf).and_then(|o| {
+            f.out_end += o.kept;
+            let e = cap_err.append_to(&mut &f.err, cap, &mut self.copy_buf)?;
+            f.err_end += e.kept;
             Ok((o, e))
         });
         let (o, e) = match copied {
             Ok(oe) => oe,
             Err(e) => {
                 // Re-read the ends: a partial append must not shift the next task's offsets.
-                (s.out_end, s.err_end) = (end_of(s.out.as_raw_fd()), end_of(s.err.as_raw_fd()));
+                (f.out_end, f.err_end) = (end_of(f.out.as_raw_fd()), end_of(f.err.as_raw_fd()));
                 let e = self.storage_error("appending a task's output", e);
                 self.fault.get_or_insert(e);
                 return;
             }
         };
-        let entry = IndexEntry {
+        self.write_index(&IndexEntry {
             id: r.task.id,
             attempt: r.task.attempt,
-            slot: (self.cfg.first_slot + r.slots[0]) as u32,
+            slot: (self.cfg.first_slot + slot) as u32,
             out_off,
             out_len: o.kept,
             err_off,
@@ -51,13 +55,7 @@ impl Executor {
             start_us: r.start_us,
             out_crc: o.crc,
             err_crc: e.crc,
-        };
-        if let Some(ix) = self.index.as_mut() {
-            if let Err(e) = ix.write_all(&entry.encode()) {
-                let e = self.storage_error("writing the output index", e);
-                self.fault.get_or_insert(e);
-            }
-        }
+        });
         let cuts: Vec<(&str, u64)> = [("stdout", o), ("stderr", e)]
             .into_iter()
             .filter(|(_, a)| a.written > a.kept)
@@ -95,6 +93,41 @@ impl Executor {
         let w = OpenOptions::new().append(true).create(true).custom_flags(libc::O_CLOEXEC).open(&path);
         if let Err(e) = w.and_then(|mut f| f.write_all(line.as_bytes())) {
             tracing::warn!(agent = self.cfg.agent, task = r.task.id, error = %e, "the cut of its output is not recorded");
+        }
+    }
+
+    /// `slot`'s stream files, made at its first use; where they cannot be, the output storage
+    /// failed (`fault`).
+    pub(super) fn streams(&mut self, slot: usize) -> Result<&mut Streams, ()> {
+        if self.slots[slot].streams.is_none() {
+            match Streams::open(&self.cfg.out_dir, self.cfg.first_slot + slot) {
+                Ok(s) => self.slots[slot].streams = Some(s),
+                Err(e) => {
+                    let e = self.storage_error("making a slot's output files", e);
+                    self.fault.get_or_insert(e);
+                    return Err(());
+                }
+            }
+        }
+        Ok(self.slots[slot].streams.as_mut().expect("made above"))
+    }
+
+    /// Adds an entry to the output index, made with its first entry.
+    pub(super) fn write_index(&mut self, entry: &IndexEntry) {
+        if self.index.is_none() {
+            match crate::output::open_index(&self.cfg.out_dir.join(self.cfg.index_name())) {
+                Ok(f) => self.index = Some(BufWriter::with_capacity(64 << 10, f)),
+                Err(e) => {
+                    let e = self.storage_error("making the output index", e);
+                    self.fault.get_or_insert(e);
+                    return;
+                }
+            }
+        }
+        let ix = self.index.as_mut().expect("made above");
+        if let Err(e) = ix.write_all(&entry.encode()) {
+            let e = self.storage_error("writing the output index", e);
+            self.fault.get_or_insert(e);
         }
     }
 

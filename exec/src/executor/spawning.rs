@@ -226,7 +226,7 @@ impl Executor {
                 let Some((out, err)) = &self.slots[slot].capture else { unreachable!("streams mode has captures") };
                 Ok((out.task_fd(), err.task_fd(), None))
             }
-            OutputMode::None => Ok((self.slots[slot].out.as_raw_fd(), self.slots[slot].err.as_raw_fd(), None)),
+            OutputMode::None => Ok((self.null.as_raw_fd(), self.null.as_raw_fd(), None)),
         }
     }
 
@@ -272,14 +272,11 @@ impl Executor {
     /// `htc output` shows it, and it ends as a spawn failure with `errno`.
     pub(super) fn spawn_failed(&mut self, t: TaskToRun, slots: Vec<usize>, start_us: u64, errno: i32, msg: String) {
         let slot = slots[0];
-        if let Some(s) = self.slots.get_mut(slot) {
-            let (out_off, err_off) = (s.out_end, s.err_end);
-            let kept = (&s.err).write_all(msg.as_bytes()).is_ok();
-            if kept {
-                s.err_end += msg.len() as u64;
-            }
-            if let Some(ix) = self.index.as_mut() {
-                let e = IndexEntry {
+        if self.cfg.output == OutputMode::Streams {
+            // The reason goes where its stderr would have gone, for `htc output`.
+            if let Ok(s) = self.streams(slot) {
+                let (out_off, (err_off, kept)) = (s.out_end, s.append_err(msg.as_bytes()));
+                self.write_index(&IndexEntry {
                     id: t.id,
                     attempt: t.attempt,
                     slot: (self.cfg.first_slot + slot) as u32,
@@ -290,11 +287,7 @@ impl Executor {
                     start_us,
                     out_crc: 0,
                     err_crc: if kept { crc32fast::hash(msg.as_bytes()) } else { 0 },
-                };
-                if let Err(e) = ix.write_all(&e.encode()) {
-                    let e = self.storage_error("writing the output index", e);
-                    self.fault.get_or_insert(e);
-                }
+                });
             }
         }
         self.release(&t, &slots);

@@ -319,10 +319,10 @@ fn join_run(
     Ok(0)
 }
 
-/// The spawn loops of each agent of `slots` cores: as asked, else the default for the widest
-/// task. A spawn loop runs a task on its own slots only: one too narrow would refuse it.
+/// The spawn loops of each agent of `slots` cores: as asked, else one per slot. Asked loops run
+/// a task on their own slots only: ones too narrow for the widest task are refused here.
 fn spawn_loops(asked: Option<usize>, slots: usize, widest: u64) -> anyhow::Result<usize> {
-    let spawners = asked.unwrap_or(agent::default_spawners(widest));
+    let spawners = asked.unwrap_or(agent::LOOP_PER_SLOT);
     // With a loop per core (0), a wider task runs in the wide spawner beside them.
     let loop_slots = slots / spawners.clamp(1, slots);
     if spawners > 0 && widest > loop_slots as u64 && widest <= slots as u64 {

@@ -37,12 +37,9 @@ use machine::{Carrier, Input};
 use relay::Child;
 use spawners::Spread;
 
-/// Spawn loops for a run whose widest task needs `widest_task` cores: one per slot (0) whatever
-/// it is, a task needing several running in the wide spawner beside them (`Spread`). Open runs,
-/// whose widest task is not known when they start, get the same.
-pub fn default_spawners(_widest_task: u64) -> usize {
-    0
-}
+/// The default `spawners`: a spawn loop per slot, whatever the tasks' widths; a task needing
+/// several cores runs in the wide spawner beside them (`Spread`). `--spawners N` asks for N loops.
+pub const LOOP_PER_SLOT: usize = 0;
 
 /// The agents' report timer: short enough that a slot waits little for work, long enough that a
 /// busy agent's results travel in batches. `htc simulate` uses it too.
