@@ -267,30 +267,8 @@ fn collect_attempts(l: &Ledger, c: &mut lmdb::RoCursor<'_>, id: u64) -> Result<V
     Ok(out)
 }
 
-extern "C" {
-    // lmdb-rkv links LMDB but does not re-export its FFI; these are from lmdb.h.
-    fn mdb_env_get_fd(env: *mut libc::c_void, fd: *mut libc::c_int) -> libc::c_int;
-    fn mdb_env_get_path(env: *mut libc::c_void, path: *mut *const libc::c_char) -> libc::c_int;
-    fn mdb_cursor_open(txn: *mut libc::c_void, dbi: libc::c_uint, cursor: *mut *mut libc::c_void) -> libc::c_int;
-    fn mdb_cursor_get(cursor: *mut libc::c_void, key: *mut MdbVal, data: *mut MdbVal, op: libc::c_int) -> libc::c_int;
-    fn mdb_cursor_close(cursor: *mut libc::c_void);
-    fn mdb_txn_id(txn: *mut libc::c_void) -> libc::size_t;
-    fn mdb_env_set_assert(
-        env: *mut libc::c_void,
-        func: Option<unsafe extern "C" fn(*mut libc::c_void, *const libc::c_char)>,
-    ) -> libc::c_int;
-}
-
-/// lmdb.h's MDB_val.
-#[repr(C)]
-struct MdbVal {
-    size: libc::size_t,
-    data: *mut libc::c_void,
-}
-
-/// lmdb.h: MDB_NEXT of MDB_cursor_op, and MDB_NOTFOUND.
-const MDB_NEXT: libc::c_int = 8;
-const MDB_NOTFOUND: libc::c_int = -30798;
+use crate::cursor::TaskCursor;
+use crate::ffi::*;
 
 /// LMDB checks some of its invariants with assertions that end in abort(); a damaged page trips
 /// them. This runs first: the user reads which file is damaged, and htc exits with its error
@@ -615,6 +593,7 @@ impl Ledger {
         let txn = self.env.begin_rw_txn().map_err(|e| self.err(e))?;
         Ok(WriteTxn {
             l: self,
+            tasks: TaskCursor::new(),
             txn,
             log: self.journal.as_ref().map(|_| Default::default()),
             added_total: None,
@@ -635,6 +614,8 @@ impl Ledger {
 
 pub struct WriteTxn<'l> {
     l: &'l Ledger,
+    /// Before `txn`: dropped (closed) before an abandoned transaction is aborted.
+    tasks: TaskCursor,
     txn: RwTransaction<'l>,
     /// What this transaction changed, for the journal; `None` when there is none.
     log: Option<Log>,
@@ -647,11 +628,21 @@ pub struct WriteTxn<'l> {
 
 impl<'l> WriteTxn<'l> {
     pub fn get(&self, id: u64) -> Result<Option<Record>> {
-        match self.txn.get(self.l.tasks, &key(id)) {
-            Ok(b) => self.l.decode(id, b).map(Some),
-            Err(lmdb::Error::NotFound) => Ok(None),
-            Err(e) => Err(self.l.err(e)),
+        // SAFETY: this live transaction and its task database; the bytes are decoded (copied)
+        // before anything else touches the transaction.
+        let got = unsafe { self.tasks.get(self.txn.txn().cast(), self.l.tasks.dbi(), id, &key(id)) };
+        match got {
+            Ok(Some(b)) => self.l.decode(id, b).map(Some),
+            Ok(None) => Ok(None),
+            Err(rc) => Err(self.l.err(lmdb::Error::from_err_code(rc))),
         }
+    }
+
+    /// Writes a task's record through the transaction's cursor (`cursor`).
+    fn put_task(&mut self, id: u64, k: &[u8; 8], v: &[u8]) -> Result<()> {
+        // SAFETY: this live transaction and its task database.
+        let put = unsafe { self.tasks.put(self.txn.txn().cast(), self.l.tasks.dbi(), id, k, v) };
+        put.map_err(|rc| self.l.err(lmdb::Error::from_err_code(rc)))
     }
 
     /// The records of `ids` in id order, read with one cursor walk instead of a lookup each.
@@ -662,8 +653,14 @@ impl<'l> WriteTxn<'l> {
     /// Applies one change, to the ledger and, with a journal, to what this transaction
     /// journals: both from the same entry.
     pub fn apply(&mut self, c: &Change) -> Result<()> {
+        if let Change::Record(id, ref r) = *c {
+            // The most frequent change by far: no allocation, and in place where it was read.
+            let (k, v) = (key(id), encode_record(r, id));
+            self.journal(c, DB_TASKS, &k, Some(&v));
+            return self.put_task(id, &k, &v);
+        }
         let (db, k, v): (u8, Vec<u8>, Option<Vec<u8>>) = match *c {
-            Change::Record(id, ref r) => (DB_TASKS, key(id).to_vec(), Some(encode_record(r, id).to_vec())),
+            Change::Record(..) => unreachable!("written above"),
             Change::Attempt(id, ref a) => {
                 let k = attempt_key(id, self.attempts_of(id)?.len().min(255) as u8);
                 (DB_ATTEMPTS, k.to_vec(), Some(encode_attempt(a, &k).to_vec()))
@@ -868,6 +865,7 @@ impl<'l> WriteTxn<'l> {
         let id = unsafe { mdb_txn_id(self.txn.txn().cast()) } as u64;
         let stored = seal(TXN_KEY.as_bytes(), &id.to_le_bytes());
         self.txn.put(self.l.meta, &TXN_KEY, &stored, WriteFlags::empty()).map_err(|e| self.l.err(e))?;
+        self.tasks.close();
         let l = self.l;
         if let (Some(j), Some(log)) = (&l.journal, self.log) {
             let mut j = j.lock().unwrap_or_else(|e| e.into_inner());
@@ -1312,6 +1310,57 @@ pub(crate) mod tests {
         assert!(e.contains("names commit"), "{e}");
         drop(l);
         assert!(Ledger::open(&p, true).is_err());
+    }
+
+    #[test]
+    fn a_record_read_then_rewritten_lands_on_its_own_key_whatever_was_written_between() {
+        // Records go back through the transaction's cursor, in place when it still stands on
+        // the key read (`cursor`). Between the read and the write here: other records read and
+        // written, new tasks appended past the end and keys put in the middle of the tree (page
+        // splits that move entries under the cursor), the record itself deleted (the cursor then
+        // stands nowhere), and an aborted transaction before.
+        let p = tmp("cursor");
+        let l = Ledger::create(&p).unwrap();
+        let mut t = l.write().unwrap();
+        for id in (2..=4000).step_by(2) {
+            t.append(id, &at_line(id as u32)).unwrap();
+        }
+        t.commit().unwrap();
+        drop(l.write().unwrap()); // a cursor opened by nothing, its transaction abandoned
+        let mut t = l.write().unwrap();
+        let _ = t.get(10).unwrap();
+        drop(t); // a cursor opened, its transaction abandoned: closed before the abort
+        let mut t = l.write().unwrap();
+        let moved = [100u64, 2000, 3998, 50, 60];
+        for (id, between) in moved.into_iter().zip(0..) {
+            let mut r = t.get(id).unwrap().unwrap();
+            match between {
+                0 => {
+                    let other = t.get(102).unwrap().unwrap();
+                    t.apply(&Change::Record(102, other)).unwrap();
+                }
+                // Odd ids are new keys among the even ones: LMDB splits pages under the cursor.
+                1 => (1..2000u64).step_by(2).for_each(|k| {
+                    t.apply_entry(true, DB_TASKS, &key(k), &encode_record(&at_line(k as u32), k)).unwrap()
+                }),
+                2 => (4002..=6000u64).step_by(2).for_each(|k| t.append(k, &at_line(k as u32)).unwrap()),
+                3 => assert!(t.get(6001).unwrap().is_none()),
+                _ => t.apply_entry(false, DB_TASKS, &key(id), &[]).unwrap(),
+            }
+            r.take(Step::Dispatch).unwrap();
+            t.apply(&Change::Record(id, r)).unwrap();
+        }
+        t.commit().unwrap();
+        let t = l.read().unwrap();
+        for id in moved {
+            let r = t.get(id).unwrap().unwrap();
+            assert_eq!((r.line(), r.state()), (id as u32, State::Dispatched), "task {id}");
+        }
+        for id in (1..2000u64).chain((2000..=6000).step_by(2)) {
+            let r = t.get(id).unwrap().unwrap_or_else(|| panic!("task {id} is gone"));
+            assert_eq!(r.line(), id as u32, "task {id}");
+            assert_eq!(r.state() == State::Dispatched, moved.contains(&id), "task {id}");
+        }
     }
 
     #[test]

@@ -8,6 +8,8 @@
 //! May use: `htc-core` (records, task states), LMDB, files, `libc`. May not use: the engine's
 //! machines, the wire format, sockets or processes: the store knows tasks, not agents.
 
+mod cursor;
+mod ffi;
 pub mod host;
 pub mod journal;
 pub mod layout;

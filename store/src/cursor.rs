@@ -1,0 +1,121 @@
+//! A write transaction's own cursor on the task records. A leader reads a task's record when its
+//! result comes and writes it back at once; results come in runs of nearby ids (an agent's
+//! share of the partition). Through `mdb_get` and `mdb_put` each of those was a walk from the
+//! root (two a task: 37% of the leader's core thread with 2 M tasks, bench/RESULTS.md §22).
+//! Through one cursor, LMDB first looks for the key on the page the cursor stands on, and a
+//! record read and then rewritten is replaced where the cursor stands (`MDB_CURRENT`).
+
+use std::cell::Cell;
+
+use crate::ffi::*;
+
+/// An LMDB return code other than success.
+pub(crate) type Code = libc::c_int;
+
+pub(crate) struct TaskCursor {
+    /// Opened at first use; null before.
+    c: Cell<*mut libc::c_void>,
+    /// The task the cursor stands on, as far as this knows: a hint, checked before it is used
+    /// (another writer of the same database may have moved entries meanwhile).
+    at: Cell<Option<u64>>,
+}
+
+impl TaskCursor {
+    pub(crate) fn new() -> TaskCursor {
+        TaskCursor { c: Cell::new(std::ptr::null_mut()), at: Cell::new(None) }
+    }
+
+    /// # Safety
+    ///
+    /// `txn` is a live write transaction, the same at every call until `close`, and `dbi` one
+    /// of its databases, the same at every call.
+    unsafe fn cursor(&self, txn: *mut libc::c_void, dbi: libc::c_uint) -> Result<*mut libc::c_void, Code> {
+        if self.c.get().is_null() {
+            let mut c = std::ptr::null_mut();
+            match mdb_cursor_open(txn, dbi, &mut c) {
+                0 => self.c.set(c),
+                rc => return Err(rc),
+            }
+        }
+        Ok(self.c.get())
+    }
+
+    /// The value stored under `key` (task `id`), or `None`. The bytes are LMDB's, valid until
+    /// the transaction next writes.
+    ///
+    /// # Safety
+    ///
+    /// As for `cursor`; the slice is not used after the transaction's next write or its end.
+    pub(crate) unsafe fn get<'t>(
+        &self,
+        txn: *mut libc::c_void,
+        dbi: libc::c_uint,
+        id: u64,
+        key: &[u8; 8],
+    ) -> Result<Option<&'t [u8]>, Code> {
+        let c = self.cursor(txn, dbi)?;
+        self.at.set(None);
+        let mut k = MdbVal { size: key.len(), data: key.as_ptr() as *mut _ };
+        let mut v = MdbVal { size: 0, data: std::ptr::null_mut() };
+        match mdb_cursor_get(c, &mut k, &mut v, MDB_SET_KEY) {
+            0 => {
+                self.at.set(Some(id));
+                Ok(Some(std::slice::from_raw_parts(v.data as *const u8, v.size)))
+            }
+            MDB_NOTFOUND => Ok(None),
+            rc => Err(rc),
+        }
+    }
+
+    /// Stores `val` under `key` (task `id`): in place when the cursor stands on that key (the
+    /// read just before), else where the key goes.
+    ///
+    /// # Safety
+    ///
+    /// As for `cursor`.
+    pub(crate) unsafe fn put(
+        &self,
+        txn: *mut libc::c_void,
+        dbi: libc::c_uint,
+        id: u64,
+        key: &[u8; 8],
+        val: &[u8],
+    ) -> Result<(), Code> {
+        let c = self.cursor(txn, dbi)?;
+        let here = self.at.replace(None) == Some(id) && self.stands_on(c, key);
+        let mut k = MdbVal { size: key.len(), data: key.as_ptr() as *mut _ };
+        let mut v = MdbVal { size: val.len(), data: val.as_ptr() as *mut _ };
+        match mdb_cursor_put(c, &mut k, &mut v, if here { MDB_CURRENT } else { 0 }) {
+            0 => {
+                self.at.set(Some(id));
+                Ok(())
+            }
+            rc => Err(rc),
+        }
+    }
+
+    /// Whether the cursor `c` stands on `key`: a look at its current entry, no search.
+    unsafe fn stands_on(&self, c: *mut libc::c_void, key: &[u8; 8]) -> bool {
+        let mut k = MdbVal { size: 0, data: std::ptr::null_mut() };
+        let mut v = MdbVal { size: 0, data: std::ptr::null_mut() };
+        mdb_cursor_get(c, &mut k, &mut v, MDB_GET_CURRENT) == 0
+            && std::slice::from_raw_parts(k.data as *const u8, k.size) == key
+    }
+
+    /// Closes the cursor. It must happen before its transaction ends: a write transaction frees
+    /// its cursors itself when it ends, and a second close would free it twice.
+    pub(crate) fn close(&self) {
+        let c = self.c.replace(std::ptr::null_mut());
+        if !c.is_null() {
+            // SAFETY: a cursor this opened, of a transaction that has not ended (see above).
+            unsafe { mdb_cursor_close(c) };
+        }
+        self.at.set(None);
+    }
+}
+
+impl Drop for TaskCursor {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
