@@ -1327,7 +1327,7 @@ pub(crate) mod tests {
         }
         t.commit().unwrap();
         drop(l.write().unwrap()); // a cursor opened by nothing, its transaction abandoned
-        let mut t = l.write().unwrap();
+        let t = l.write().unwrap();
         let _ = t.get(10).unwrap();
         drop(t); // a cursor opened, its transaction abandoned: closed before the abort
         let mut t = l.write().unwrap();
