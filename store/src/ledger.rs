@@ -653,14 +653,13 @@ impl<'l> WriteTxn<'l> {
     /// Applies one change, to the ledger and, with a journal, to what this transaction
     /// journals: both from the same entry.
     pub fn apply(&mut self, c: &Change) -> Result<()> {
-        if let Change::Record(id, ref r) = *c {
-            // The most frequent change by far: no allocation, and in place where it was read.
-            let (k, v) = (key(id), encode_record(r, id));
-            self.journal(c, DB_TASKS, &k, Some(&v));
-            return self.put_task(id, &k, &v);
-        }
         let (db, k, v): (u8, Vec<u8>, Option<Vec<u8>>) = match *c {
-            Change::Record(..) => unreachable!("written above"),
+            Change::Record(id, ref r) => {
+                // The most frequent change by far: no allocation, and in place where it was read.
+                let (k, v) = (key(id), encode_record(r, id));
+                self.journal(c, DB_TASKS, &k, Some(&v));
+                return self.put_task(id, &k, &v);
+            }
             Change::Attempt(id, ref a) => {
                 let k = attempt_key(id, self.attempts_of(id)?.len().min(255) as u8);
                 (DB_ATTEMPTS, k.to_vec(), Some(encode_attempt(a, &k).to_vec()))
