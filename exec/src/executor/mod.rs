@@ -225,12 +225,12 @@ struct Slot {
 }
 
 /// A slot's stream files: every task that ran in it appends its stdout and stderr to them.
-pub(super) struct Streams {
+struct Streams {
     out: File,
     err: File,
     /// Where the next task's output starts: only the executor appends to a slot's files.
-    pub(super) out_end: u64,
-    pub(super) err_end: u64,
+    out_end: u64,
+    err_end: u64,
 }
 
 impl Streams {
@@ -244,7 +244,7 @@ impl Streams {
     }
 
     /// Appends `msg` to stderr: (where it starts, whether it was written).
-    pub(super) fn append_err(&mut self, msg: &[u8]) -> (u64, bool) {
+    fn append_err(&mut self, msg: &[u8]) -> (u64, bool) {
         let at = self.err_end;
         let kept = (&self.err).write_all(msg).is_ok();
         if kept {
