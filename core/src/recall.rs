@@ -70,18 +70,29 @@ impl Recalls {
     }
 }
 
-/// Whom to ask for how many tasks, to fill `demand` idle slots: each task is asked of the agent
-/// with the most still queued beyond its slots (`queued`: agent, tasks), so the queues that are
-/// furthest behind shrink first and evenly. Returns (agent, tasks), in agent order.
+/// Agents asked at most, about, for one demand: each answers with a report of its own, and
+/// queues levelled a task at a time spread a small demand over every agent whose queue was as
+/// long (16 one-slot agents answered up to 162 recalls in the last 2 s of a run, bench/RESULTS.md
+/// §22).
+const ASKED_PER_DEMAND: u64 = 4;
+
+/// Whom to ask for how many tasks, to fill `demand` idle slots: each part of the demand (a
+/// task, or a quarter of it for a larger one) is asked of the agent with the most still queued
+/// beyond its slots (`queued`: agent, tasks), so the queues that are furthest behind shrink
+/// first and about evenly. Returns (agent, tasks), in agent order.
 pub fn plan(demand: u64, queued: &[(u32, u64)]) -> Vec<(u32, u64)> {
     let mut heap: BinaryHeap<(u64, std::cmp::Reverse<u32>)> =
         queued.iter().filter(|(_, n)| *n > 0).map(|&(a, n)| (n, std::cmp::Reverse(a))).collect();
     let mut take: HashMap<u32, u64> = HashMap::new();
-    for _ in 0..demand {
+    let part = demand.div_ceil(ASKED_PER_DEMAND).max(1);
+    let mut left = demand;
+    while left > 0 {
         let Some((n, std::cmp::Reverse(a))) = heap.pop() else { break };
-        *take.entry(a).or_default() += 1;
-        if n > 1 {
-            heap.push((n - 1, std::cmp::Reverse(a)));
+        let k = part.min(n).min(left);
+        *take.entry(a).or_default() += k;
+        left -= k;
+        if n > k {
+            heap.push((n - k, std::cmp::Reverse(a)));
         }
     }
     let mut v: Vec<(u32, u64)> = take.into_iter().collect();
@@ -92,6 +103,14 @@ pub fn plan(demand: u64, queued: &[(u32, u64)]) -> Vec<(u32, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_demand_among_equal_queues_is_asked_of_a_few_agents_not_of_every_one() {
+        let queued: Vec<(u32, u64)> = (0..16).map(|a| (a, 300)).collect();
+        let p = plan(32, &queued);
+        assert_eq!(p.iter().map(|(_, n)| n).sum::<u64>(), 32);
+        assert_eq!(p.len() as u64, ASKED_PER_DEMAND, "{p:?}");
+    }
 
     #[test]
     fn the_longest_queues_give_first_and_no_more_than_they_hold() {
