@@ -127,6 +127,16 @@ impl Pace {
         urgent || (news && self.last_news_us.is_none_or(waited))
     }
 
+    /// The earliest time at which news that is not urgent is due (`due`): the carrier wakes then
+    /// rather than looking every few milliseconds while a report waits for the gap.
+    pub fn due_at(&self) -> u64 {
+        let Some(t) = self.last_news_us else { return 0 };
+        match self.phase_us {
+            Some(p) if self.gap_us > 0 => ((t + p) / self.gap_us + 1) * self.gap_us - p,
+            _ => t + self.gap_us,
+        }
+    }
+
     /// Whether a heartbeat is due: nothing went up for a heartbeat, or for the gap when that is
     /// longer (a report is a heartbeat too).
     pub fn beat_due(&self, now_us: u64, heartbeat_us: u64) -> bool {
@@ -191,6 +201,21 @@ mod tests {
         p.sent(1_000_000, false);
         p.sent(1_200_000, true);
         assert!(p.due(1_210_000, true, false));
+    }
+
+    #[test]
+    fn news_is_due_from_the_moment_due_at_names_not_before() {
+        let mut plain = Pace::new(32, 20_000);
+        assert_eq!(plain.due_at(), 0, "no news yet: at once");
+        plain.sent(1_000, false);
+        let mut aligned = Pace::new(32, 100_000);
+        aligned.align(1_030_000);
+        aligned.sent(5_000, false);
+        for p in [&plain, &aligned] {
+            let at = p.due_at();
+            assert!(!p.due(at - 1, true, false) && p.due(at, true, false), "{p:?} due at {at}");
+        }
+        assert_eq!(aligned.due_at(), 70_000, "the shared clock's next window");
     }
 
     #[test]

@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use htc_core::tree::Tree;
 
-use super::machine::{queue_target, Effect, Input, Machine};
+use super::machine::{queue_target, Effect, Input, Machine, Wake};
 use crate::liveness::Liveness;
 use crate::msg::{Capacity, Down, Report, Stop, TaskResult, ToAgent, Up};
 use crate::pace::{self, Pace, REPORT_BATCH};
@@ -245,10 +245,14 @@ impl Instance {
         self.own.holds(id)
     }
 
-    /// Whether only heartbeats and the lease wait for time here (`Machine::quiet`): an agent
-    /// alone in its instance; a head watches its members every tick.
-    pub fn quiet(&self) -> bool {
-        self.members.len() == 1 && !self.shutting_down && self.own.quiet()
+    /// When the carrier must next tick (`Machine::wake`): an agent alone in its instance knows;
+    /// a head watches its members every tick.
+    pub fn wake(&self) -> Wake {
+        if self.members.len() == 1 && !self.shutting_down {
+            self.own.wake()
+        } else {
+            Wake::Soon
+        }
     }
 
     /// The heartbeat this instance keeps (`Liveness`).

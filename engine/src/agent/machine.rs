@@ -49,6 +49,18 @@ pub enum Input {
     ReviveFailed(String),
 }
 
+/// When the driver must next tick the machine (`Machine::wake`), whatever else comes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wake {
+    /// Every `FLUSH_EVERY`: something waits whose time this machine does not know ahead (a
+    /// stop under way, a relay's children, a parent in doubt).
+    Soon,
+    /// At this time of the machine's clock: news held back for the report gap, and nothing else.
+    At(u64),
+    /// Only heartbeats and the lease wait: at the heartbeat's pace.
+    Quiet,
+}
+
 /// What the driver must do.
 #[derive(Debug)]
 pub enum Effect {
@@ -765,9 +777,7 @@ impl Machine {
             return;
         }
         let target = self.pace.target();
-        let want = if self.shutting_down { 0 } else { target.saturating_sub(self.outstanding + self.asked) };
-        // Small requests cost a frame each; wait until at least a quarter of the target is due.
-        let want = if want >= target / 4 || self.outstanding + self.asked == 0 { want } else { 0 };
+        let want = self.want();
         // Work about to run out, or a slot newly with nothing to start (the tail, the end),
         // cannot wait for the gap: the parent must hear of the idle slot to fill it. A result
         // is such news too: the parent counted that slot busy since it sent the task.
@@ -783,22 +793,41 @@ impl Machine {
         }
     }
 
+    /// Tasks to ask for now: what the queue's target lacks, once that is at least a quarter of
+    /// it (small requests cost a frame each), or anything when nothing is held or asked.
+    fn want(&self) -> u64 {
+        let target = self.pace.target();
+        let want = if self.shutting_down { 0 } else { target.saturating_sub(self.outstanding + self.asked) };
+        if want >= target / 4 || self.outstanding + self.asked == 0 {
+            want
+        } else {
+            0
+        }
+    }
+
     pub fn heartbeat_us(&self) -> u64 {
         self.live.heartbeat_us
     }
 
-    /// Whether nothing here waits for time to pass but heartbeats and the lease: no news held
-    /// back for the report gap, no stop under way, a parent that is there. The carrier then
-    /// ticks at the heartbeat's pace instead of every few milliseconds.
-    pub fn quiet(&self) -> bool {
-        self.parent == Parent::Open
-            && !self.has_news()
+    /// When the carrier must next tick, beyond what inputs bring. Under load only news held
+    /// back for the report gap waits for time, and the gap's end is known: ticking every
+    /// `FLUSH_EVERY` instead was 200 wake-ups a second of the agent's main thread that did
+    /// nothing but look (bench/RESULTS.md §23).
+    pub fn wake(&self) -> Wake {
+        let simple = self.parent == Parent::Open
             && !self.resync
             && !self.held
             && !self.shutting_down
             && self.giving_back.is_none()
             && self.exec_ended_at.is_none()
-            && self.children.is_empty()
+            && self.children.is_empty();
+        if !simple {
+            Wake::Soon
+        } else if self.has_news() || self.want() > 0 {
+            Wake::At(self.pace.due_at())
+        } else {
+            Wake::Quiet
+        }
     }
 
     fn has_news(&self) -> bool {
@@ -936,25 +965,26 @@ mod tests {
         assert_eq!(m.unacked_results(), 3);
     }
 
-    /// The carrier ticks slowly only while nothing but heartbeats and the lease waits for
-    /// time: news held back for the gap, a relay's children or a stop under way keep it fast.
+    /// The carrier ticks when the gap ends while news waits for it, slowly while nothing but
+    /// heartbeats and the lease waits for time, and fast while a relay's children or a stop
+    /// under way do.
     #[test]
-    fn quiet_only_while_nothing_waits_for_the_gap() {
+    fn the_carrier_wakes_when_held_news_is_due_and_only_then_under_load() {
         let mut m = holding(4, 8);
         let started = (0..2).map(|id| ExecEvent::Started { id, attempt: 1, start_us: 5 });
         step(&mut m, 3, Input::Exec(started.collect()));
-        assert!(!m.quiet(), "two starts wait for the gap");
-        let out = step(&mut m, GAP + 3, Input::Tick);
-        assert_eq!(reports(&out).len(), 1);
-        assert!(m.quiet(), "reported: only the running tasks' ends are awaited");
-        step(&mut m, GAP + 4, Input::Exec(vec![done(0)]));
-        step(&mut m, GAP + 5, Input::Exec(vec![done(1)]));
-        assert!(!m.quiet(), "a result waits for the gap");
-        step(&mut m, GAP + 6, Input::Signal("terminated by a signal"));
-        assert!(!m.quiet(), "stopping");
+        let Wake::At(due) = m.wake() else { panic!("two starts wait for the gap: {:?}", m.wake()) };
+        assert!(reports(&step(&mut m, due - 1, Input::Tick)).is_empty(), "not before {due}");
+        assert_eq!(reports(&step(&mut m, due, Input::Tick)).len(), 1, "at {due}");
+        assert_eq!(m.wake(), Wake::Quiet, "reported: only the running tasks' ends are awaited");
+        step(&mut m, due + 1, Input::Exec(vec![done(0)]));
+        step(&mut m, due + 2, Input::Exec(vec![done(1)]));
+        assert_eq!(m.wake(), Wake::At(due + GAP), "a result waits for the gap after the last report");
+        step(&mut m, due + 6, Input::Signal("terminated by a signal"));
+        assert_eq!(m.wake(), Wake::Soon, "stopping");
         let mut relay = Machine::new(2, 1, tree());
         step(&mut relay, 0, Input::ChildOpened(6));
-        assert!(!relay.quiet(), "a relay watches its children");
+        assert_eq!(relay.wake(), Wake::Soon, "a relay watches its children");
     }
 
     /// Issue 25: under load results travel in batches, one report per gap; a lone result after

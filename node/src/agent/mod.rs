@@ -33,7 +33,7 @@ use htc_exec::leftovers::Sweeper;
 use htc_exec::simexec::{self, ExecKind};
 use htc_store::rundir::RunDir;
 
-use machine::{Carrier, Input};
+use machine::{Carrier, Input, Wake};
 use relay::Child;
 use spawners::Spread;
 
@@ -44,7 +44,7 @@ pub const LOOP_PER_SLOT: usize = 0;
 /// The agents' report timer: short enough that a slot waits little for work, long enough that a
 /// busy agent's results travel in batches. `htc simulate` uses it too.
 pub const FLUSH_EVERY: Duration = Duration::from_millis(5);
-/// The longest tick while nothing but heartbeats and the lease waits for time (`Machine::quiet`):
+/// The longest tick while nothing but heartbeats and the lease waits for time (`Wake::Quiet`):
 /// an idle agent cost 9-12 ms of CPU a second ticking every 5 ms (bench/RESULTS.md §20).
 const QUIET_EVERY: Duration = Duration::from_millis(50);
 
@@ -179,9 +179,10 @@ async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
     }
     let mut children: HashMap<u32, UnboundedSender<Vec<u8>>> = HashMap::new();
     let (mut parent_open, mut children_open, mut exec_open) = (true, true, true);
-    // Every `flush_every` while something waits for its time (a report held back for the gap, a
-    // stop under way); at the heartbeat's pace, at most `QUIET_EVERY`, while only heartbeats and
-    // the lease do: a node whose tasks run long then wakes 20 times a second, not 200.
+    // When a report held back for the gap is due; every `flush_every` while something else
+    // waits for its time (a stop under way, a relay's children); at the heartbeat's pace, at
+    // most `QUIET_EVERY`, while only heartbeats and the lease do: a node whose tasks run long
+    // then wakes 20 times a second, not 200.
     let quiet_every = Duration::from_micros(m.heartbeat_us()).min(QUIET_EVERY).max(cfg.flush_every);
     let mut last_tick = tokio::time::Instant::now();
     let tick = tokio::time::sleep(cfg.flush_every);
@@ -253,7 +254,14 @@ async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
         };
         let now = start.elapsed().as_micros() as u64;
         m.handle(now, input, &mut effects);
-        let due = last_tick + if m.quiet() { quiet_every } else { cfg.flush_every };
+        let due = match m.wake() {
+            Wake::Soon => last_tick + cfg.flush_every,
+            Wake::Quiet => last_tick + quiet_every,
+            // Never sooner than the ticks were: a time already past would spin the loop.
+            Wake::At(us) => {
+                (start + Duration::from_micros(us)).clamp(last_tick + cfg.flush_every, last_tick + quiet_every)
+            }
+        };
         if tick.deadline() != due {
             tick.as_mut().reset(due);
         }
