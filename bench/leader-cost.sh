@@ -61,7 +61,8 @@ out = []
 for c in range(len(rows[0])):
     v = [r[c] for r in rows]
     out.append("-" if "-" in v else "%.2f" % statistics.median(map(float, v)))
-print("  ".join(out))'
+# The us/task of every round too: this machine swings by more than most changes gain.
+print("  ".join(out) + "  [" + " ".join(r[0] for r in rows) + "]")'
 }
 
 builds=("$HTC")
@@ -74,7 +75,7 @@ for l in "${layouts[@]}"; do
 done
 
 echo
-printf '%-62s %-8s %s\n' "layout (htc run ...)" "build" "us/task  tasks/s  results/report (mean p99)  result delay ms (p50 p99)"
+printf '%-62s %-8s %s\n' "layout (htc run ...)" "build" "us/task  tasks/s  results/report (mean p99)  result delay ms (p50 p99)  [us/task by round]"
 for s in "${sets[@]}"; do
     for i in "${!builds[@]}"; do : >"$WORK/rows.$i"; done
     for ((r = 1; r <= ROUNDS; r++)); do

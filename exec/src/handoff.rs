@@ -10,11 +10,10 @@ use std::time::{Duration, Instant};
 /// The longest an event waits for company. The agent reports under load once per report gap
 /// (100 ms or more), so this holds back no report; it lags only the agent's count of what
 /// runs, whose queues hold far more than this much work. At a low rate nothing waits. 10 ms
-/// rather than 5 cut the main thread's wake-ups by a third at the default layout, but with 16
-/// one-slot agents the leader's CPU per task measured 4.56 µs against 3.98 (5 rounds), where
-/// the same build swings by as much between runs here (bench/RESULTS.md §20): 5 until a
-/// quieter machine tells.
-pub const HOLD: Duration = Duration::from_millis(5);
+/// rather than 5 halved the main thread's wake-ups at the default layout (its CPU 4.1 µs a
+/// `true` task against 5.2, with `mem=` 4.8 against 6.2) with the leader's cost unchanged
+/// (bench/RESULTS.md §23); session 27's figures against it were this machine's swing.
+pub const HOLD: Duration = Duration::from_millis(10);
 
 /// What to do with events waiting to be handed off.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
