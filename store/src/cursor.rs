@@ -40,19 +40,20 @@ impl TaskCursor {
         Ok(self.c.get())
     }
 
-    /// The value stored under `key` (task `id`), or `None`. The bytes are LMDB's, valid until
-    /// the transaction next writes.
+    /// What `read` makes of the value stored under `key` (task `id`), or `None`. The bytes are
+    /// LMDB's, valid only until the transaction next writes: they go no further than `read`.
     ///
     /// # Safety
     ///
-    /// As for `cursor`; the slice is not used after the transaction's next write or its end.
-    pub(crate) unsafe fn get<'t>(
+    /// As for `cursor`.
+    pub(crate) unsafe fn get<R>(
         &self,
         txn: *mut libc::c_void,
         dbi: libc::c_uint,
         id: u64,
         key: &[u8; 8],
-    ) -> Result<Option<&'t [u8]>, Code> {
+        read: impl FnOnce(&[u8]) -> R,
+    ) -> Result<Option<R>, Code> {
         let c = self.cursor(txn, dbi)?;
         self.at.set(None);
         let mut k = MdbVal { size: key.len(), data: key.as_ptr() as *mut _ };
@@ -60,7 +61,7 @@ impl TaskCursor {
         match mdb_cursor_get(c, &mut k, &mut v, MDB_SET_KEY) {
             0 => {
                 self.at.set(Some(id));
-                Ok(Some(std::slice::from_raw_parts(v.data as *const u8, v.size)))
+                Ok(Some(read(std::slice::from_raw_parts(v.data as *const u8, v.size))))
             }
             MDB_NOTFOUND => Ok(None),
             rc => Err(rc),

@@ -628,12 +628,12 @@ pub struct WriteTxn<'l> {
 
 impl<'l> WriteTxn<'l> {
     pub fn get(&self, id: u64) -> Result<Option<Record>> {
-        // SAFETY: this live transaction and its task database; the bytes are decoded (copied)
-        // before anything else touches the transaction.
-        let got = unsafe { self.tasks.get(self.txn.txn().cast(), self.l.tasks.dbi(), id, &key(id)) };
+        // SAFETY: this live transaction and its task database.
+        let got = unsafe {
+            self.tasks.get(self.txn.txn().cast(), self.l.tasks.dbi(), id, &key(id), |b| self.l.decode(id, b))
+        };
         match got {
-            Ok(Some(b)) => self.l.decode(id, b).map(Some),
-            Ok(None) => Ok(None),
+            Ok(found) => found.transpose(),
             Err(rc) => Err(self.l.err(lmdb::Error::from_err_code(rc))),
         }
     }

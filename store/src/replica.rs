@@ -23,6 +23,9 @@ pub use crate::journal::{encode, header};
 use crate::journal::{read_frames, Entry, Journal, JournalError, Tail, OP_END, OP_PUT};
 use crate::ledger::{Ledger, LedgerError};
 
+/// Generations `restore` reads before it gives up on a leader that keeps replacing them.
+const RESTORE_TRIES: usize = 8;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ReplicaError {
     #[error("{path}: {source}")]
@@ -146,9 +149,11 @@ impl Replica {
     }
 
     /// Builds a new ledger at `dest` (replacing any file there) from the newest snapshot and its
-    /// journal. A generation that a live leader replaces while this reads is read again.
+    /// journal. A generation that a live leader replaces while this reads is read again, up to
+    /// `RESTORE_TRIES` generations: a leader starts one when its journal has grown as large as
+    /// its snapshot, so only a reader starved of CPU is overtaken more than once or twice.
     pub fn restore(&self, dest: &Path) -> Result<Ledger> {
-        for _ in 0..3 {
+        for _ in 0..RESTORE_TRIES {
             let gen = self.latest()?.ok_or_else(|| ReplicaError::NoSnapshot(self.dir.display().to_string()))?;
             match self.restore_gen(gen, dest) {
                 Err(ReplicaError::Io { source, .. })
@@ -161,7 +166,7 @@ impl Replica {
         }
         Err(ReplicaError::Io {
             path: self.dir.display().to_string(),
-            source: io::Error::other("its generations changed three times while being read"),
+            source: io::Error::other(format!("its generations changed {RESTORE_TRIES} times while being read")),
         })
     }
 
@@ -514,7 +519,7 @@ mod tests {
                 new_generation(&live);
                 // A leader starts a generation once its journal has grown as large as its
                 // snapshot, far less often than this; back to back, a reader on a loaded machine
-                // could see every try overtaken (`restore` tries three generations).
+                // could see every try overtaken (`restore` tries `RESTORE_TRIES` generations).
                 std::thread::sleep(std::time::Duration::from_millis(20));
             }
         }
