@@ -10,9 +10,11 @@
 #
 # Env: TASKS (20000), ROUNDS (3), STRACE_TASKS (3000: the one run under strace -f that counts
 #      system calls; 0 skips it), MEM (64M), MEM_LIMIT (auto: how `mem=` is enforced, see
-#      `htc run --help`), LAYOUTS ("true mem"), HTC (default target/dist/htc), HTC_BASE (an
-#      older htc, its htc-agent beside it, run in turn with the new one), OUT (report file;
-#      default bench/results/agent-ceiling-<date>.txt).
+#      `htc run --help`), LAYOUTS ("true mem"; add "loops16", "loops64", …: `true` tasks on
+#      that many spawn loops, `--cores-per-agent N`, on this machine's CPUs, for what the
+#      agent's main thread pays per task with a many-core node's loops), HTC (default
+#      target/dist/htc), HTC_BASE (an older htc, its htc-agent beside it, run in turn with
+#      the new one), OUT (report file; default bench/results/agent-ceiling-<date>.txt).
 # Keep the machine otherwise idle: the interrupt counts are the whole machine's (the idle rate,
 # measured first, is taken off).
 set -euo pipefail

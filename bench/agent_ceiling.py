@@ -331,6 +331,12 @@ def main() -> None:
             "true": (tasks, []),
             "mem": (mem_tasks, ["--mem-limit", a.mem_limit]),
         }
+        # `loopsN`: N spawn loops on this machine's CPUs (`--cores-per-agent N`), each handing
+        # off its few tasks: what the agent's main thread pays per task as a many-core node's
+        # loops fan in to it, measured where there are few cores.
+        for name in a.layouts.split():
+            if m := re.fullmatch(r"loops(\d+)", name):
+                layouts[name] = (tasks, ["--cores-per-agent", m.group(1)])
         chosen = {k: (a.htc, *v) for k, v in layouts.items() if k in a.layouts.split()}
         if a.base:
             chosen.update({f"{k} (base)": (a.base, *v) for k, v in layouts.items() if k in a.layouts.split()})

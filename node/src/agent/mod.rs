@@ -856,14 +856,14 @@ impl Executors {
                 }
             }
             self.regate();
-            self.unstick();
         }
         false
     }
 
     /// A spawner's queue is its own: what waits behind its long tasks while another spawner
-    /// idles goes back up, and the leader sends it again, to the idle one. Also on each tick:
-    /// an idle spawner says nothing more.
+    /// idles goes back up, and the leader sends it again, to the idle one. On each tick (at
+    /// least every `QUIET_EVERY`), not on each hand-off: it looks at every spawner, and a wait
+    /// of `STUCK_AFTER_US` is seconds.
     fn unstick(&mut self) {
         if self.handles.len() > 1 {
             if let Some((j, ids)) = self.spread.stuck(self.epoch.elapsed().as_micros() as u64) {
