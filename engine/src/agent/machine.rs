@@ -6,6 +6,7 @@
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 
+use htc_core::idmap::IdSet;
 use htc_core::tree::Tree;
 
 use crate::liveness::Liveness;
@@ -194,7 +195,8 @@ pub struct Machine {
     /// The end of the last lease given the executor (`Command::Lease`), 0 before the first.
     lease_sent_us: u64,
     /// Tasks received and not finished (queued or running), for a resync.
-    holding: HashSet<u64>,
+    /// Hashed by one multiply (`IdSet`): an insert and a remove per task.
+    holding: IdSet<u64>,
     /// The leader asked for a resync: the next report lists `holding`.
     resync: bool,
     /// Whether a lost parent is worth reconnecting around (a relay: the leader is still there).
@@ -246,7 +248,7 @@ impl Machine {
             held: false,
             told_to_hold: false,
             lease_sent_us: 0,
-            holding: HashSet::new(),
+            holding: IdSet::default(),
             resync: false,
             can_rejoin: false,
             rejoined: false,

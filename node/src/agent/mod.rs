@@ -826,7 +826,7 @@ impl Executors {
     /// Spawner `i` reported these events. True when that completes a reset: every spawner
     /// stopped what it ran and dropped its queue.
     fn ran(&mut self, i: usize, batch: &[ExecEvent]) -> bool {
-        if batch.contains(&ExecEvent::Reset) {
+        if batch.iter().any(|e| matches!(e, ExecEvent::Reset)) {
             self.spread.emptied(i);
             self.resetting = self.resetting.saturating_sub(1);
             self.regate();
