@@ -36,9 +36,40 @@ pub fn parse(s: &str) -> Result<Vec<RangeInclusive<u64>>, String> {
     Ok(out)
 }
 
+/// `ids` (any order) as the list `parse` reads back: `5,17-20`.
+pub fn format(ids: &[u64]) -> String {
+    let mut sorted = ids.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let mut spans: Vec<RangeInclusive<u64>> = Vec::new();
+    for id in sorted {
+        match spans.last_mut() {
+            Some(r) if *r.end() + 1 == id => *r = *r.start()..=id,
+            _ => spans.push(id..=id),
+        }
+    }
+    let show = |r: &RangeInclusive<u64>| {
+        if r.start() == r.end() {
+            r.start().to_string()
+        } else {
+            format!("{}-{}", r.start(), r.end())
+        }
+    };
+    spans.iter().map(show).collect::<Vec<_>>().join(",")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_formatted_list_parses_back_to_its_ids() {
+        let f = format(&[20, 5, 17, 18, 19, 5, 3]);
+        assert_eq!(f, "3,5,17-20");
+        let back: Vec<u64> = parse(&f).unwrap().into_iter().flatten().collect();
+        assert_eq!(back, [3, 5, 17, 18, 19, 20]);
+        assert_eq!(format(&[]), "");
+    }
 
     #[test]
     fn lists_and_ranges() {

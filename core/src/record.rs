@@ -360,6 +360,9 @@ pub struct Attempt {
     pub end_us: u64,
 }
 
+/// The state of a task whose record is damaged.
+pub const DAMAGED: &str = "damaged";
+
 /// A task as `htc task status` shows it: its state in a client's words (`waiting`: not started,
 /// ready or out to an agent; `blocked`: waiting for other tasks), its exit value once it ended
 /// by exiting, and why it failed or was cancelled.
@@ -391,5 +394,11 @@ impl TaskStatus {
             _ => String::new(),
         };
         TaskStatus { id, state, exit, reason, name: None }
+    }
+
+    /// Task `id`, which the run has, but whose record the ledger cannot vouch for (`why`): a
+    /// reader says so rather than leave it out.
+    pub fn damaged(id: u64, why: &str) -> TaskStatus {
+        TaskStatus { id, state: DAMAGED, exit: None, reason: format!("{why} (htc verify tells more)"), name: None }
     }
 }

@@ -234,7 +234,8 @@ pub mod htc {
         /// as they come) to an open run; prints each new task's id on a line of its own.
         Add(Box<TaskAddArgs>),
         /// The state of tasks, a line each: id, state (waiting, blocked, running, done,
-        /// failed, cancelled), exit value, reason. Read from the run's ledger.
+        /// failed, cancelled; damaged for a task whose ledger record cannot be vouched for, and
+        /// then exit 3), exit value, reason. Read from the run's ledger.
         Status {
             /// A run directory or id.
             run: String,
@@ -250,7 +251,7 @@ pub mod htc {
             format: String,
         },
         /// Wait until tasks have ended: exit 0 when every one succeeded, 1 when one failed or
-        /// was cancelled, 124 at --timeout.
+        /// was cancelled, 2 for an unknown task, 3 for a damaged one, 124 at --timeout.
         Wait {
             /// A run directory or id.
             run: String,

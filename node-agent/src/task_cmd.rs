@@ -15,6 +15,7 @@ use crate::rundir::RunDir;
 use htc_core::after::Kind;
 use htc_core::record::TaskStatus;
 use htc_node::client::{Client, ClientError, OneTask};
+use htc_store::vouch::Found as Vouched;
 
 /// Lines sent in one request when adding from a stream; a batch also goes when no line came for
 /// `STREAM_WAIT`, so that `tail -f queue | htc task add RUN --file -` adds a line as it comes.
@@ -329,6 +330,9 @@ pub fn status(run: &str, ids: &[String], all: bool, format: &str) -> anyhow::Res
         }
     }
     o.flush()?;
+    if let Some(code) = damaged(&dir, &rows) {
+        return Ok(code);
+    }
     let unknown: Vec<u64> = asked.unwrap_or_default().into_iter().filter(|id| !known.contains(id)).collect();
     if !unknown.is_empty() {
         let of = total.map_or(String::new(), |t| format!(" (the run has {t})"));
@@ -338,13 +342,33 @@ pub fn status(run: &str, ids: &[String], all: bool, format: &str) -> anyhow::Res
     Ok(0)
 }
 
+/// The exit status of a reader whose answer holds tasks the ledger cannot vouch for.
+pub const DAMAGED_EXIT: i32 = 3;
+
+/// Says which of `rows` the ledger cannot vouch for, if any: then the exit status for it.
+fn damaged(dir: &std::path::Path, rows: &[TaskStatus]) -> Option<i32> {
+    let ids: Vec<u64> = rows.iter().filter(|r| r.state == htc_core::record::DAMAGED).map(|r| r.id).collect();
+    if ids.is_empty() {
+        return None;
+    }
+    let list = htc_core::idset::format(&ids);
+    eprintln!(
+        "htc: {}: the ledger is damaged: it cannot vouch for task{} {list}; `htc verify {}` tells what it still vouches for",
+        dir.display(),
+        if ids.len() == 1 { "" } else { "s" },
+        dir.display()
+    );
+    Some(DAMAGED_EXIT)
+}
+
 /// A state as the one word that tools calling a status command take (Snakemake's
 /// cluster-generic executor, and the grid executors built like it): `success`, `failed`, or
 /// `running` for a task that has not ended.
 fn word(state: &str) -> &'static str {
     match state {
         "done" => "success",
-        "failed" | "cancelled" => "failed",
+        // What cannot be vouched for did not succeed.
+        "failed" | "cancelled" | htc_core::record::DAMAGED => "failed",
         _ => "running",
     }
 }
@@ -362,7 +386,8 @@ fn statuses(dir: &std::path::Path, ids: Option<&[u64]>) -> anyhow::Result<Result
 
 /// `htc task wait RUN IDS|--all [--any] [--timeout]`: until every task waited for (one, with
 /// `--any`) has ended. 0 when all of them succeeded (the one, with `--any`); 1 when one failed
-/// or was cancelled; 2 for an unknown task; 124 at the timeout.
+/// or was cancelled; 2 for an unknown task; 3 for one the ledger cannot vouch for (damaged);
+/// 124 at the timeout.
 pub fn wait(run: &str, ids: &[String], all: bool, any: bool, timeout: Option<Duration>) -> anyhow::Result<i32> {
     let mut asked = if all { None } else { Some(id_list(ids)?) };
     let dir = RunDir::find(Some(run))?;
@@ -383,6 +408,10 @@ pub fn wait(run: &str, ids: &[String], all: bool, any: bool, timeout: Option<Dur
                 eprintln!("htc: no task {id}");
                 return Ok(2);
             }
+        }
+        // A task whose record is damaged will never be seen to end.
+        if let Some(code) = damaged(&dir, &rows) {
+            return Ok(code);
         }
         let ended = |r: &&TaskStatus| matches!(r.state, "done" | "failed" | "cancelled");
         let bad = |r: &TaskStatus| r.state != "done";
@@ -406,19 +435,18 @@ pub fn wait(run: &str, ids: &[String], all: bool, any: bool, timeout: Option<Dur
     }
 }
 
-/// Tasks as the ledger has them (no leader runs), and the run's task count.
+/// Tasks as the ledger has them (no leader runs), and the run's task count. A task the run has
+/// whose record is damaged is a `damaged` row, never left out.
 fn from_ledger(dir: std::path::PathBuf, ids: Option<&[u64]>) -> anyhow::Result<(Vec<TaskStatus>, Option<u64>)> {
     let run = RunDir::open_for_reading(dir)?;
     let ledger = crate::ledger::Ledger::open(&run.ledger(), true)?;
     let t = ledger.read()?;
-    let total = t.meta_u64("total")?.unwrap_or(0);
-    let all: Vec<u64>;
-    let ids = match ids {
-        Some(ids) => ids,
-        None => {
-            all = (1..=total).collect();
-            &all
-        }
+    // A damaged meta page could name an older tree, whose pages may since have been reused.
+    t.check_commit()?;
+    let total = htc_store::vouch::total(&t)?;
+    let found = match ids {
+        Some(ids) => htc_store::vouch::tasks(&t, ids, total)?,
+        None => htc_store::vouch::range(&t, 1..total + 1, total)?,
     };
     let mut needs = std::collections::HashMap::new();
     t.for_each_needs(|id, n| {
@@ -426,9 +454,16 @@ fn from_ledger(dir: std::path::PathBuf, ids: Option<&[u64]>) -> anyhow::Result<(
     })?;
     let state_of = |id: u64| t.get(id).ok().flatten().map(|r| r.state());
     let named = t.has_names()?;
-    let mut rows = Vec::with_capacity(ids.len());
-    for &id in ids {
-        let Some(r) = t.get(id)? else { continue };
+    let mut rows = Vec::with_capacity(found.len());
+    for (id, f) in found {
+        let r = match f {
+            Vouched::Record(r) => r,
+            Vouched::Damaged(why) => {
+                rows.push(TaskStatus::damaged(id, why));
+                continue;
+            }
+            Vouched::Unknown => continue,
+        };
         let blocked = r.state() == State::Pending
             && needs.get(&id).is_some_and(|n| {
                 n.each().any(|(d, k)| match (k, state_of(d)) {

@@ -1,6 +1,7 @@
 //! Every byte of a small ledger's used pages, flipped in turn: `htc verify` reports the damage,
-//! or the flip changed nothing any command prints. No flip may make `status`, `log` or `output`
-//! print a value other than the undamaged ledger's, nor end any command by a signal.
+//! or the flip changed nothing any command prints. No flip may make `status`, `log`, `output`,
+//! `task status` or `task wait` print a value other than the undamaged ledger's, leave a task
+//! out, or exit 0 on damage, nor end any command by a signal.
 
 use crate::common;
 
@@ -64,11 +65,16 @@ fn nodes(page: &[u8]) -> Vec<(&[u8], &[u8])> {
 
 /// What the user-facing readers print of the run, each with its exit status; run side by side.
 fn readings(d: &Dir, run: &str) -> Vec<(i32, String)> {
-    let cmds: [&[&str]; 4] = [
+    let cmds: [&[&str]; 8] = [
         &["status", run, "--json"],
         &["log", run, "--format", "json"],
         &["output", run, "--tag"],
         &["output", run, "2", "--stderr"],
+        // The readers of task states that clients (Python, Snakemake) and scripts call.
+        &["task", "status", run, "--all"],
+        &["task", "status", run, "--all", "--format", "json"],
+        &["task", "status", run, "1-5"],
+        &["task", "wait", run, "--all", "--timeout", "1s"],
     ];
     std::thread::scope(|s| {
         let running: Vec<_> = cmds.iter().map(|args| s.spawn(|| d.htc(args))).collect();
@@ -126,10 +132,13 @@ fn every_flipped_byte_of_a_small_ledger_is_reported_by_verify_or_changes_nothing
                 wrong.push(format!("byte {at} (page {}): verify exits {verdict}: {}", at / PAGE, text(&v)));
             }
             for ((c, out), (tc, tout)) in now.iter().zip(&truth) {
-                // Refused (2, with a message), or exactly what the undamaged ledger says.
-                // A refusal may come after lines that were read whole: each must be a true one.
-                let true_lines = out.lines().all(|l| tout.lines().any(|t| t == l));
-                if !((*c == 2 && true_lines) || (c == tc && out == tout)) {
+                // Refused (2, with a message; 3 from a task-state reader that names the tasks
+                // it cannot vouch for), or exactly what the undamaged ledger says. A refusal may
+                // come after lines that were read whole: each must be a true one, or a row that
+                // says its task is damaged.
+                let damaged_row = |l: &str| l.contains("\tdamaged\t") || l.contains(r#""state":"damaged""#);
+                let true_lines = out.lines().all(|l| damaged_row(l) || tout.lines().any(|t| t == l));
+                if !(((*c == 2 || *c == 3) && true_lines) || (c == tc && out == tout)) {
                     wrong.push(format!("byte {at} (page {}): a reader exits {c} and prints {out:?}", at / PAGE));
                 }
             }

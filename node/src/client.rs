@@ -143,5 +143,8 @@ impl Client {
 
 /// A state word as the leader sent it, one of those `TaskStatus` has.
 fn word(s: &str) -> &'static str {
-    ["waiting", "blocked", "running", "done", "failed", "cancelled"].into_iter().find(|w| *w == s).unwrap_or("unknown")
+    ["waiting", "blocked", "running", "done", "failed", "cancelled", htc_core::record::DAMAGED]
+        .into_iter()
+        .find(|w| *w == s)
+        .unwrap_or("unknown")
 }

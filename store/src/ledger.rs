@@ -922,6 +922,11 @@ pub struct ReadTxn<'l> {
 }
 
 impl ReadTxn<'_> {
+    /// The ledger's file, as errors name it.
+    pub fn path(&self) -> &str {
+        &self.l.path
+    }
+
     /// The records of `ids` in id order, read with one cursor walk instead of a lookup each.
     pub fn range(&self, ids: std::ops::Range<u64>) -> Result<Vec<(u64, Record)>> {
         read_range(self.l, &self.txn, ids)

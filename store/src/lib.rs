@@ -21,3 +21,4 @@ pub mod replica;
 pub mod rundir;
 pub mod storage;
 pub mod verify;
+pub mod vouch;

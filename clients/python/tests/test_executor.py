@@ -149,3 +149,37 @@ def test_an_unknown_run_is_a_clear_error(tmp_path: pathlib.Path) -> None:
     with pytest.raises(HtcError):
         ex.submit("true", key="k").result(timeout=30)
     ex.shutdown()
+
+
+def _damage_record(ledger: pathlib.Path, task_id: int) -> int:
+    """Flips a byte of each stored entry keyed by `task_id` (an 8-byte big-endian key after its
+    LMDB node header's key size), as damaged storage would; how many it flipped."""
+    data = bytearray(ledger.read_bytes())
+    pattern = b"\x08\x00" + task_id.to_bytes(8, "big")
+    flipped, at = 0, data.find(pattern)
+    while at >= 0:
+        data[at + len(pattern) + 2] ^= 0x10
+        flipped += 1
+        at = data.find(pattern, at + 1)
+    ledger.write_bytes(bytes(data))
+    return flipped
+
+
+def test_a_task_whose_record_is_damaged_fails_its_future_and_is_not_left_out(tmp_path: pathlib.Path) -> None:
+    ex = Executor(htc=HTC, cwd=str(tmp_path))
+    try:
+        ok = ex.submit("true")
+        ok.result(timeout=60)
+        stuck = ex.submit("sleep 60")
+        time.sleep(0.5)
+        leader = ex._run.leader
+        assert leader is not None
+        leader.kill()  # the run's leader dies: the executor reads the ledger from now on
+        leader.wait()
+        assert _damage_record(tmp_path / ".htc" / ex.run / "ledger.mdb", 2) > 0
+        with pytest.raises(TaskFailed, match="damaged"):
+            stuck.result(timeout=30)
+        rows = Run(ex.run, htc=HTC, cwd=str(tmp_path)).status([1, 2])
+        assert rows[1]["state"] == "done" and rows[2]["state"] == "damaged", rows
+    finally:
+        ex.shutdown(wait=False)

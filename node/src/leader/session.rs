@@ -12,6 +12,7 @@ use super::effect::Effects;
 use htc_core::record::TaskStatus;
 use htc_store::ledger::{Change, Ledger, LedgerError, Reads, Record, WriteTxn};
 use htc_store::load::TaskText;
+use htc_store::vouch::Found;
 
 type Result<T> = std::result::Result<T, LedgerError>;
 
@@ -288,27 +289,32 @@ impl<'c, 'l, W: World> Session<'c, 'l, W> {
     }
 
     /// Tasks `ids` as a client sees them, from their records and the core; ids with no task
-    /// are left out.
+    /// are left out, and a task whose record is damaged is said to be (`vouch`).
     pub fn statuses_of(&self, ids: &[u64]) -> Result<Vec<TaskStatus>> {
-        self.with_reads(|t| {
-            let mut records = Vec::with_capacity(ids.len());
-            for &id in ids {
-                records.extend(t.get(id)?.map(|r| (id, r)));
-            }
-            self.statuses(t, &records)
-        })
+        let total = self.next_task_id()? - 1;
+        self.with_reads(|t| self.statuses(t, &htc_store::vouch::tasks(t, ids, total)?))
     }
 
     /// The tasks with ids in `ids` as a client sees them, read with one walk of the ledger.
     pub fn statuses_in(&self, ids: std::ops::Range<u64>) -> Result<Vec<TaskStatus>> {
-        self.with_reads(|t| self.statuses(t, &t.range(ids)?))
+        let total = self.next_task_id()? - 1;
+        self.with_reads(|t| self.statuses(t, &htc_store::vouch::range(t, ids, total)?))
     }
 
-    /// Tasks of these records as a client sees them, with their names when any task has one.
-    fn statuses(&self, t: &dyn Reads, records: &[(u64, Record)]) -> Result<Vec<TaskStatus>> {
+    /// Tasks as found in the ledger, as a client sees them, with their names when any task
+    /// has one.
+    fn statuses(&self, t: &dyn Reads, found: &[(u64, Found)]) -> Result<Vec<TaskStatus>> {
         let named = t.has_names()?;
-        let mut out = Vec::with_capacity(records.len());
-        for (id, r) in records {
+        let mut out = Vec::with_capacity(found.len());
+        for (id, f) in found {
+            let r = match f {
+                Found::Record(r) => r,
+                Found::Damaged(why) => {
+                    out.push(TaskStatus::damaged(*id, why));
+                    continue;
+                }
+                Found::Unknown => continue,
+            };
             let mut s = self.core.status_of(*id, r);
             if named {
                 s.name = t.added_name(*id, r)?.map(|n| String::from_utf8_lossy(&n).into_owned());

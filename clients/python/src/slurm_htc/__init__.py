@@ -13,7 +13,7 @@ tools that keep their own books (the Snakemake plugin).
 
 from ._htc import HtcError, task_line
 from .executor import Executor, TaskFailed, TaskFuture, TaskResult
-from .run import ENDED, Run
+from .run import DAMAGED, ENDED, Run
 
-__all__ = ["ENDED", "Executor", "HtcError", "Run", "TaskFailed", "TaskFuture", "TaskResult", "task_line"]
+__all__ = ["DAMAGED", "ENDED", "Executor", "HtcError", "Run", "TaskFailed", "TaskFuture", "TaskResult", "task_line"]
 __version__ = "0.1.0"

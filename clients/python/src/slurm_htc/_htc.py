@@ -24,12 +24,18 @@ def find_binary(given: Optional[str] = None) -> str:
 
 
 def call(
-    binary: str, args: Sequence[str], *, cwd: Optional[str] = None, input: Optional[str] = None, stderr: bool = False
+    binary: str,
+    args: Sequence[str],
+    *,
+    cwd: Optional[str] = None,
+    input: Optional[str] = None,
+    stderr: bool = False,
+    ok: Sequence[int] = (0,),
 ) -> str:
     """Runs `htc ARGS`; its stdout (`stderr`: its stderr, as `htc output --stderr` prints a
-    task's there), or `HtcError` with what it said on stderr."""
+    task's there), or `HtcError` with what it said on stderr for an exit status not in `ok`."""
     p = subprocess.run([binary, *args], cwd=cwd, input=input, capture_output=True, text=True)
-    if p.returncode != 0:
+    if p.returncode not in ok:
         said = p.stderr.strip() or f"exit {p.returncode}"
         raise HtcError(f"htc {' '.join(args[:2])}: {said}")
     return p.stderr if stderr else p.stdout

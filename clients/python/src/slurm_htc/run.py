@@ -14,8 +14,13 @@ from typing import IO, Any, Dict, List, Mapping, Optional, Sequence
 
 from ._htc import HtcError, call, find_binary, id_ranges
 
-# The states after which a task changes no more.
-ENDED = ("done", "failed", "cancelled")
+# The state of a task whose record in the run's ledger is damaged: the run cannot vouch for it,
+# so a client takes it as failed (never as done, and never leaves it out).
+DAMAGED = "damaged"
+# The states after which a task changes no more, as a client sees them.
+ENDED = ("done", "failed", "cancelled", DAMAGED)
+# `htc task status`'s exit status when its answer holds damaged tasks (their rows say so).
+DAMAGED_EXIT = 3
 
 
 class Run:
@@ -111,10 +116,11 @@ class Run:
 
     def status(self, ids: Sequence[int]) -> Dict[int, Dict[str, Any]]:
         """The states of `ids` (one call): by id, `{"state", "exit", "reason", ...}` as `htc task
-        status --format json` gives them."""
+        status --format json` gives them; a task whose record is damaged has state `damaged`."""
         if not ids:
             return {}
-        out = self.htc("task", "status", self.id, "--format", "json", *id_ranges(ids))
+        args = ["task", "status", self.id, "--format", "json", *id_ranges(ids)]
+        out = call(self.binary, args, cwd=self.cwd, ok=(0, DAMAGED_EXIT))
         rows = (json.loads(line) for line in out.splitlines())
         return {int(row["id"]): row for row in rows}
 

@@ -13,7 +13,7 @@ import time
 from collections import defaultdict
 from typing import Any, AsyncGenerator, Dict, List, Optional, Tuple
 
-from slurm_htc import ENDED, HtcError, Run
+from slurm_htc import DAMAGED, ENDED, HtcError, Run
 from snakemake_interface_common.exceptions import WorkflowError
 from snakemake_interface_executor_plugins.executors.base import SubmittedJobInfo
 from snakemake_interface_executor_plugins.executors.remote import RemoteExecutor
@@ -131,7 +131,7 @@ class Executor(RemoteExecutor):  # type: ignore[misc]  # (the interface is untyp
             row = run.status([task_id]).get(task_id)
         except HtcError:
             return False  # that run is gone: the job runs anew
-        if row is None or row["state"] in ("failed", "cancelled"):
+        if row is None or row["state"] in ("failed", "cancelled", DAMAGED):
             return False
         if self.workflow.dag_settings.force_incomplete:  # --rerun-incomplete: run it anew
             if row["state"] not in ENDED:
@@ -170,7 +170,7 @@ class Executor(RemoteExecutor):  # type: ignore[misc]  # (the interface is untyp
                 state = row["state"] if row else None
                 if state == "done":
                     self.report_job_success(info)
-                elif state in ("failed", "cancelled"):
+                elif state in ("failed", "cancelled", DAMAGED):
                     self.report_job_error(info, msg=self._why(run, task_id, row or {}))
                 elif gone is not None:
                     self.report_job_error(info, msg=f"slurm-htc: task {task_id} will not run: {gone}")
