@@ -6,6 +6,7 @@ mod common;
 
 mod after;
 mod auth;
+mod clients;
 mod faults;
 mod fuzz_corpus;
 mod join;

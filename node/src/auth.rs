@@ -25,9 +25,13 @@ use htc_engine::wire::PROTOCOL_VERSION;
 pub const NONCE_LEN: usize = 32;
 /// A peer that has not finished the handshake (and said Hello) by then is dropped.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Connections in their handshake at once; more are closed at once, so strangers cannot use up
-/// the agent's file descriptors.
+/// Connections in their handshake at once, so strangers cannot use up the agent's file
+/// descriptors: more wait in the listener's queue (`slurm::BACKLOG`) until a place is free.
 pub const MAX_PENDING: usize = 64;
+/// When every place is taken, the connection that has held one longest is turned out once it has
+/// held it this long: an honest peer finishes in a round trip, so a few strangers that connect
+/// and say nothing cannot keep the run's agents and clients waiting for `HANDSHAKE_TIMEOUT`.
+pub const TURN_OUT_AFTER: Duration = Duration::from_secs(2);
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -90,6 +94,8 @@ pub enum AuthError {
     Refused(String),
     #[error("no random nonce: {0}")]
     Random(std::io::Error),
+    #[error("turned out: its handshake took over {} s while every place was taken", TURN_OUT_AFTER.as_secs())]
+    TurnedOut,
 }
 
 /// A fresh nonce from the kernel's CSPRNG.
@@ -309,9 +315,80 @@ pub fn accept_backoff(failures: u32) -> Duration {
     Duration::from_millis(10u64 << failures.min(7)).min(Duration::from_secs(1))
 }
 
+/// Who holds the door's places, oldest first: pure, fed the time.
+#[derive(Default)]
+pub struct Holders {
+    next: u64,
+    held: std::collections::VecDeque<(u64, Instant)>,
+}
+
+impl Holders {
+    /// A new holder since `now`: its number.
+    pub fn enter(&mut self, now: Instant) -> u64 {
+        self.next += 1;
+        self.held.push_back((self.next, now));
+        self.next
+    }
+
+    /// Holder `id` left (its handshake ended, or it was turned out).
+    pub fn leave(&mut self, id: u64) {
+        if let Some(i) = self.held.iter().position(|(h, _)| *h == id) {
+            self.held.remove(i);
+        }
+    }
+
+    /// With every place taken at `now`: the holder to turn out (the oldest, once it has held its
+    /// place `TURN_OUT_AFTER`), or when to ask again.
+    pub fn turn_out(&self, now: Instant) -> Result<u64, Instant> {
+        match self.held.front() {
+            Some(&(id, since)) if now.duration_since(since) >= TURN_OUT_AFTER => Ok(id),
+            Some(&(_, since)) => Err(since + TURN_OUT_AFTER),
+            None => Err(now + TURN_OUT_AFTER),
+        }
+    }
+}
+
+/// A connection's place in its handshake, given by `Door::pass`; freed when dropped (after its
+/// Hello).
+pub struct Pass {
+    _permit: OwnedSemaphorePermit,
+    id: u64,
+    turned_out: tokio::sync::oneshot::Receiver<()>,
+    door: Arc<Door>,
+}
+
+impl Pass {
+    /// `handshake`, unless the door turns this connection out first.
+    pub async fn hold<T>(
+        &mut self,
+        handshake: impl std::future::Future<Output = Result<T, AuthError>>,
+    ) -> Result<T, AuthError> {
+        tokio::select! {
+            r = handshake => r,
+            _ = &mut self.turned_out => Err(AuthError::TurnedOut),
+        }
+    }
+}
+
+impl Drop for Pass {
+    fn drop(&mut self) {
+        let mut h = self.door.holders();
+        h.0.leave(self.id);
+        h.1.remove(&self.id);
+    }
+}
+
+/// The door's clock: tokio's, so that a test with paused time sees its turn-outs at once.
+fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
+
+type Held = (Holders, std::collections::HashMap<u64, tokio::sync::oneshot::Sender<()>>);
+
 /// Where strangers are turned away: bounds the connections in their handshake and logs refusals.
 pub struct Door {
     pending: Arc<Semaphore>,
+    held: Mutex<Held>,
     refusals: Mutex<Refusals>,
     job: String,
     /// Accepts failed in a row (out of descriptors, say).
@@ -327,6 +404,7 @@ impl Door {
     pub fn new(job: &str) -> Arc<Door> {
         Arc::new(Door {
             pending: Arc::new(Semaphore::new(MAX_PENDING)),
+            held: Default::default(),
             refusals: Default::default(),
             job: job.into(),
             failing: Default::default(),
@@ -356,14 +434,46 @@ impl Door {
         }
     }
 
-    /// A place for one more connection in its handshake, held until it has said Hello; `None`
-    /// when `MAX_PENDING` are already waiting (the caller closes the connection).
-    pub fn enter(self: &Arc<Self>, peer: SocketAddr) -> Option<OwnedSemaphorePermit> {
-        let permit = self.pending.clone().try_acquire_owned().ok();
-        if permit.is_none() {
-            self.refused(peer, &format!("{MAX_PENDING} connections already in their handshake"));
-        }
-        permit
+    fn holders(&self) -> std::sync::MutexGuard<'_, Held> {
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A place for one more connection in its handshake, held until it has said Hello: waits
+    /// while all `MAX_PENDING` are taken (the connections wait in the listener's queue, none is
+    /// refused), turning out the oldest holder once it has held its place `TURN_OUT_AFTER`.
+    /// Call before accepting the connection it is for.
+    pub async fn pass(self: &Arc<Self>) -> Pass {
+        let permit = loop {
+            if let Ok(p) = self.pending.clone().try_acquire_owned() {
+                break p;
+            }
+            let again = {
+                let mut h = self.holders();
+                match h.0.turn_out(now()) {
+                    Ok(id) => {
+                        h.0.leave(id);
+                        if let Some(tx) = h.1.remove(&id) {
+                            let _ = tx.send(());
+                        }
+                        // Its permit comes back as its task ends.
+                        now() + Duration::from_millis(1)
+                    }
+                    Err(at) => at,
+                }
+            };
+            tokio::select! {
+                p = self.pending.clone().acquire_owned() => break p.expect("the door's semaphore is never closed"),
+                _ = tokio::time::sleep_until(again.into()) => {}
+            }
+        };
+        let (tx, turned_out) = tokio::sync::oneshot::channel();
+        let id = {
+            let mut h = self.holders();
+            let id = h.0.enter(now());
+            h.1.insert(id, tx);
+            id
+        };
+        Pass { _permit: permit, id, turned_out, door: self.clone() }
     }
 
     /// Logs one refused connection (rate-limited; what is not logged is summed up at the end of
@@ -534,6 +644,42 @@ mod tests {
             r.on_refusal(t0 + 2 * LOG_WINDOW);
         }
         assert_eq!((r.summary(), r.summary()), (Some(3), None));
+    }
+
+    #[test]
+    fn a_full_door_turns_out_its_oldest_holder_once_it_held_its_place_long_enough() {
+        let mut h = Holders::default();
+        let t0 = Instant::now();
+        assert_eq!(h.turn_out(t0), Err(t0 + TURN_OUT_AFTER), "no holder: nothing to turn out");
+        let (a, b) = (h.enter(t0), h.enter(t0 + Duration::from_millis(500)));
+        assert_eq!(h.turn_out(t0 + Duration::from_secs(1)), Err(t0 + TURN_OUT_AFTER), "not yet: ask again then");
+        assert_eq!(h.turn_out(t0 + TURN_OUT_AFTER), Ok(a), "the oldest, once it held its place long enough");
+        h.leave(a);
+        assert_eq!(h.turn_out(t0 + TURN_OUT_AFTER), Err(t0 + Duration::from_millis(500) + TURN_OUT_AFTER));
+        h.leave(b);
+        h.leave(b);
+        assert_eq!(h.turn_out(t0 + TURN_OUT_AFTER * 10).ok(), None, "a holder that left is not turned out");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn connections_wait_for_a_place_and_a_silent_holder_is_turned_out_for_them() {
+        let door = Door::new("job");
+        let mut passes = Vec::new();
+        for _ in 0..MAX_PENDING {
+            passes.push(door.pass().await);
+        }
+        // Every place taken: the next waits; when the oldest has held its place too long, it is
+        // turned out and its place is the next one's.
+        let mut oldest = passes.remove(0);
+        let next = tokio::spawn({
+            let door = door.clone();
+            async move { door.pass().await }
+        });
+        let silent = oldest.hold(std::future::pending::<Result<(), AuthError>>());
+        assert!(matches!(silent.await, Err(AuthError::TurnedOut)));
+        drop(oldest);
+        let got = tokio::time::timeout(TURN_OUT_AFTER * 2, next).await;
+        assert!(got.is_ok(), "the waiting connection got the place");
     }
 
     #[test]

@@ -206,6 +206,29 @@ pub fn node_ip() -> IpAddr {
 /// interface of the node. When that address is not one of this host's (a node name that resolves
 /// elsewhere), listens on every interface instead and says so.
 pub fn listen(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    let l = bind(addr)?;
+    deepen_backlog(&l)?;
+    Ok(l)
+}
+
+/// Connections the kernel holds for the listener until it accepts them (capped by
+/// `net.core.somaxconn`, 4096 on current kernels). The accept loop takes no more connections
+/// than it can authenticate at once (`auth::MAX_PENDING`); the rest wait here, and past this
+/// queue a client's SYN is retried by its kernel: thousands of clients at once wait, none is
+/// refused. (The standard library listens with a queue of 128.)
+pub const BACKLOG: i32 = 4096;
+
+fn deepen_backlog(l: &std::net::TcpListener) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: listen(2) on a socket this listener owns; on Linux a second listen of a listening
+    // socket only sets its queue's length.
+    if unsafe { libc::listen(l.as_raw_fd(), BACKLOG) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     match std::net::TcpListener::bind(addr) {
         Err(e) if e.kind() == std::io::ErrorKind::AddrNotAvailable && !addr.ip().is_unspecified() => {
             tracing::warn!(%addr, "the node's address is not on this host; listening on every interface");

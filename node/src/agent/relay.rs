@@ -35,15 +35,17 @@ pub fn listen(
     let door = auth::Door::new(job_id);
     tokio::spawn(async move {
         loop {
+            // A place first: while every one is taken, connections wait in the listener's queue.
+            let permit = door.pass().await;
             let (s, peer) = match listener.accept().await {
                 Ok(a) => a,
                 Err(e) => {
+                    drop(permit);
                     door.accept_failed(&e).await;
                     continue;
                 }
             };
             door.accepted();
-            let Some(permit) = door.enter(peer) else { continue };
             let (secret, door, up, place) = (secret.clone(), door.clone(), up.clone(), place.clone());
             tokio::spawn(async move {
                 if let Err(e) = child_connection(s, permit, place, &secret, up).await {
@@ -58,13 +60,13 @@ pub fn listen(
 /// Serves one direct child: authenticates it and checks its Hello, then passes its frames up.
 async fn child_connection(
     mut s: TcpStream,
-    permit: tokio::sync::OwnedSemaphorePermit,
+    mut permit: auth::Pass,
     place: RelayPlace,
     secret: &[u8],
     up: UnboundedSender<Child>,
 ) -> Result<(), String> {
     frame::tune(&s).map_err(|e| e.to_string())?;
-    let hello = auth::accept_hello(&mut s, secret).await.map_err(|e| e.to_string())?;
+    let hello = permit.hold(auth::accept_hello(&mut s, secret)).await.map_err(|e| e.to_string())?;
     drop(permit);
     if let Err(why) = auth::check_hello(&hello, Some(&place)) {
         let reject = Body::Reject(proto::Reject { reason: why.clone(), agent_id: hello.agent_id });

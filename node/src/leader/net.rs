@@ -75,18 +75,22 @@ impl NetConfig {
 pub async fn serve(listener: TcpListener, cfg: Arc<NetConfig>, core: mpsc::Sender<Event>) {
     let door = Door::new(&cfg.job_id);
     loop {
+        // A place first: while every one is taken, connections wait in the listener's queue.
+        let pass = door.pass().await;
         match listener.accept().await {
             Ok((stream, peer)) => {
                 door.accepted();
-                let Some(permit) = door.enter(peer) else { continue };
                 let (cfg, core, door) = (cfg.clone(), core.clone(), door.clone());
                 tokio::spawn(async move {
-                    if let Err(e) = connection(stream, peer, permit, &cfg, core).await {
+                    if let Err(e) = connection(stream, peer, pass, &cfg, core).await {
                         door.refused(peer, &e);
                     }
                 });
             }
-            Err(e) => door.accept_failed(&e).await,
+            Err(e) => {
+                drop(pass);
+                door.accept_failed(&e).await
+            }
         }
     }
 }
@@ -121,12 +125,12 @@ fn encoded(body: Body) -> Vec<u8> {
 async fn connection(
     mut stream: TcpStream,
     peer: SocketAddr,
-    permit: tokio::sync::OwnedSemaphorePermit,
+    mut permit: auth::Pass,
     cfg: &NetConfig,
     core: mpsc::Sender<Event>,
 ) -> Result<(), String> {
     frame::tune(&stream).map_err(|e| e.to_string())?;
-    let hello = match auth::accept_first(&mut stream, &cfg.secret).await.map_err(|e| e.to_string())? {
+    let hello = match permit.hold(auth::accept_first(&mut stream, &cfg.secret)).await.map_err(|e| e.to_string())? {
         auth::First::Hello(h) => h,
         auth::First::Attach(a) => {
             drop(permit);
