@@ -305,7 +305,8 @@ pub mod htc {
         /// Start once these tasks ended, however.
         #[arg(long, value_name = "IDS")]
         pub afterany: Option<String>,
-        /// Run the task in this directory (default: the run's, where `htc run` started).
+        /// Run the task in this directory (default: the run's, where `htc run` started). It
+        /// must exist; a relative one is taken from where this command runs.
         #[arg(long, value_name = "DIR")]
         pub cwd: Option<PathBuf>,
         /// Set this variable for the task (repeatable); the task otherwise sees the run's

@@ -149,6 +149,12 @@ pub fn task_line(a: &TaskAddArgs) -> Result<Vec<u8>, String> {
     }
     let mut cmd = Vec::new();
     if let Some(d) = &a.cwd {
+        // Checked here, where the user sees the error, not when the task runs; a relative one
+        // is where this command was given, wherever the run's workdir is.
+        let d = std::path::absolute(d).map_err(|e| format!("--cwd {}: {e}", d.display()))?;
+        if !d.is_dir() {
+            return Err(format!("--cwd {}: no such directory", d.display()));
+        }
         cmd.extend_from_slice(b"cd ");
         cmd.extend_from_slice(&quote(d.as_os_str().as_encoded_bytes()));
         cmd.extend_from_slice(b" && ");
@@ -255,9 +261,21 @@ pub fn cancel(run: &str, ids: &[String]) -> anyhow::Result<i32> {
         Err(e) => return Ok(said(&e)),
     };
     match c.cancel(ids) {
-        Ok(ids) => {
-            eprintln!("htc: {} tasks cancelled, those not finished yet", ids.len());
-            Ok(0)
+        Ok(done) => {
+            let list = |ids: &[u64]| htc_core::idset::format(ids);
+            let mut said = format!("htc: {} cancelled", done.cancelled.len());
+            if !done.cancelled.is_empty() {
+                said += &format!(" ({})", list(&done.cancelled));
+            }
+            if !done.ended.is_empty() {
+                said += &format!("; {} had ended already, left as they were ({})", done.ended.len(), list(&done.ended));
+            }
+            eprintln!("{said}");
+            if done.unknown.is_empty() {
+                return Ok(0);
+            }
+            eprintln!("htc: no task {} in {}", list(&done.unknown), run.path.display());
+            Ok(2)
         }
         Err(e) => Ok(said(&e)),
     }
@@ -378,8 +396,19 @@ fn word(state: &str) -> &'static str {
 type Found = (Vec<TaskStatus>, Option<u64>);
 
 fn statuses(dir: &std::path::Path, ids: Option<&[u64]>) -> anyhow::Result<Result<Found, ClientError>> {
-    match Client::connect(&RunDir::new(dir)) {
-        Ok(mut c) => Ok(c.status(ids.map(<[u64]>::to_vec)).map(|rows| (rows, None))),
+    // The ledger answers when the leader does not let this reader in soon (as when it is
+    // busy or gone): as long as before, one handshake's time.
+    let patience = htc_node::client::patience().min(htc_node::auth::HANDSHAKE_TIMEOUT);
+    match Client::connect_within(&RunDir::new(dir), patience) {
+        Ok(mut c) => match c.status(ids.map(<[u64]>::to_vec)) {
+            Ok(rows) => Ok(Ok((rows, None))),
+            // The leader ending (closed, its tasks done) between the connect and its answer:
+            // what it committed is in the ledger.
+            Err(ClientError::NoAnswer { .. }) | Err(ClientError::Refused(_)) => {
+                Ok(Ok(from_ledger(dir.to_path_buf(), ids)?))
+            }
+            Err(e) => Ok(Err(e)),
+        },
         Err(_) => Ok(Ok(from_ledger(dir.to_path_buf(), ids)?)),
     }
 }

@@ -234,3 +234,47 @@ fn a_client_killed_mid_stream_leaves_what_was_acknowledged_and_no_half_line() {
     assert_eq!(rc, 0, "{err}");
     assert_eq!(leader.wait_with_output().unwrap().status.code(), Some(0));
 }
+
+#[test]
+fn a_client_is_told_what_its_cancel_close_key_and_cwd_did_and_a_wait_after_close_ends_well() {
+    let d = Dir::new("open-small");
+    let (leader, run) = open_run(&d, &[]);
+    let (rc, out, err) = htc(&d, &["task", "add", &run, "--key", "k", "--", "true"]);
+    assert_eq!((rc, out.as_str()), (0, "1\n"), "{err}");
+    // The same key with another command is a mistake, not the old id.
+    let (rc, out, err) = htc(&d, &["task", "add", &run, "--key", "k", "--", "false"]);
+    assert_eq!((rc, out.as_str()), (2, ""), "{err}");
+    assert!(err.contains("key \"k\" names task 1, added with another command"), "{err}");
+    // A directory that is not there is refused before anything is sent.
+    let (rc, _, err) = htc(&d, &["task", "add", &run, "--cwd", "no/such/dir", "--", "true"]);
+    assert_eq!(rc, 2, "{err}");
+    assert!(err.contains("no such directory"), "{err}");
+    let (rc, out, _) = htc(&d, &["task", "add", &run, "--", "sleep", "600"]);
+    assert_eq!((rc, out.as_str()), (0, "2\n"));
+    let (rc, _, err) = htc(&d, &["task", "wait", &run, "1", "--timeout", "60s"]);
+    assert_eq!(rc, 0, "{err}");
+    // A cancel says what it cancelled, what had ended, and what the run does not have.
+    let (rc, _, err) = htc(&d, &["task", "cancel", &run, "1-2", "9"]);
+    assert_eq!(rc, 2, "{err}");
+    assert!(
+        err.contains("1 cancelled (2)") && err.contains("1 had ended already") && err.contains("no task 9"),
+        "{err}"
+    );
+    let (rc, _, err) = htc(&d, &["task", "cancel", &run, "1"]);
+    assert_eq!(rc, 0, "a cancel of ended tasks only is no error: {err}");
+    // A close, then a close that cancels: both taken; a wait right after ends with the run.
+    let (rc, out, _) = htc(&d, &["task", "add", &run, "--", "sleep", "600"]);
+    assert_eq!((rc, out.as_str()), (0, "3\n"));
+    let (rc, _, err) = htc(&d, &["close", &run]);
+    assert_eq!(rc, 0, "{err}");
+    let (rc, _, err) = htc(&d, &["close", &run, "--cancel"]);
+    assert_eq!(rc, 0, "closing again, with --cancel: {err}");
+    let (rc, _, err) = htc(&d, &["task", "wait", &run, "3", "--timeout", "60s"]);
+    assert_eq!(rc, 1, "task 3 was cancelled: {err}");
+    let o = leader.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(1), "a cancelled task: the run did not succeed");
+    let (rc, out, err) = htc(&d, &["task", "status", &run, "1-3"]);
+    assert_eq!(rc, 0, "{err}");
+    let states: Vec<&str> = out.lines().map(|l| l.split('\t').nth(1).unwrap()).collect();
+    assert_eq!(states, ["done", "cancelled", "cancelled"]);
+}

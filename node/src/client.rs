@@ -36,6 +36,16 @@ pub struct Client {
     buf: Vec<u8>,
 }
 
+/// What a cancel did, by task.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Cancelled {
+    pub cancelled: Vec<u64>,
+    /// Ended before the cancel: left as they were.
+    pub ended: Vec<u64>,
+    /// Not tasks of the run.
+    pub unknown: Vec<u64>,
+}
+
 /// What only a request of one task may carry: the key that makes its add idempotent, and
 /// its name.
 #[derive(Debug, Clone, Copy, Default)]
@@ -71,11 +81,16 @@ impl Client {
     /// queue full, a handshake cut short) or stopped is tried again, with growing waits, for up
     /// to `PATIENCE`: load is answered with waiting, never taken for a wrong secret.
     pub fn connect(run: &RunDir) -> Result<Client, ClientError> {
+        Client::connect_within(run, patience())
+    }
+
+    /// `connect`, giving up after `patience`: a reader with somewhere else to look (the ledger)
+    /// need not wait as long as a request only the leader can carry out.
+    pub fn connect_within(run: &RunDir, patience: Duration) -> Result<Client, ClientError> {
         let name = run.path.display().to_string();
         let unreadable = |source| ClientError::Unreadable { run: name.clone(), source };
         let secret = run.read_secret().map_err(unreadable)?;
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(unreadable)?;
-        let patience = patience();
         let start = std::time::Instant::now();
         let (mut tries, mut said) = (0u32, false);
         loop {
@@ -135,9 +150,21 @@ impl Client {
         self.ask(What::Add(add))
     }
 
-    /// Cancels these tasks: what is queued never starts, what runs is stopped.
-    pub fn cancel(&mut self, ids: Vec<u64>) -> Result<Vec<u64>, ClientError> {
-        self.ask(What::Cancel(proto::TaskIds { ids }))
+    /// Cancels these tasks: what is queued never starts, what runs is stopped. Which of them
+    /// it cancelled, which had ended already, and which the run does not have.
+    pub fn cancel(&mut self, ids: Vec<u64>) -> Result<Cancelled, ClientError> {
+        let reply = self.request(What::Cancel(proto::TaskIds { ids }))?;
+        let before: std::collections::HashMap<u64, &str> =
+            reply.states.iter().map(|t| (t.id, t.state.as_str())).collect();
+        let mut out = Cancelled::default();
+        for id in reply.ids {
+            match before.get(&id) {
+                None => out.unknown.push(id),
+                Some(&("done" | "failed" | "cancelled")) => out.ended.push(id),
+                Some(_) => out.cancelled.push(id),
+            }
+        }
+        Ok(out)
     }
 
     /// Closes the run: it takes no more tasks and ends once what it holds is done (with
@@ -220,7 +247,7 @@ async fn saying<F: std::future::Future>(fut: F, at: Option<std::time::Instant>, 
 }
 
 /// `HTC_CLIENT_PATIENCE` seconds, else `PATIENCE`.
-fn patience() -> Duration {
+pub fn patience() -> Duration {
     std::env::var("HTC_CLIENT_PATIENCE")
         .ok()
         .and_then(|v| v.trim().parse::<f64>().ok())

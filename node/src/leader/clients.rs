@@ -44,19 +44,7 @@ async fn answer(what: Option<What>, core: &mpsc::Sender<Event>) -> Result<proto:
     let ids = |ids| proto::Reply { ids, ..Default::default() };
     match what {
         Some(What::Status(q)) => {
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            core.send(Event::Status((!q.all).then_some(q.ids), tx)).map_err(gone)?;
-            let states = rx.await.map_err(|_| "the run is ending".to_string())?;
-            let states = states
-                .into_iter()
-                .map(|t| proto::TaskState {
-                    id: t.id,
-                    state: t.state.into(),
-                    exit: t.exit,
-                    reason: t.reason,
-                    name: t.name.unwrap_or_default(),
-                })
-                .collect();
+            let states = states(core, (!q.all).then_some(q.ids)).await?;
             Ok(proto::Reply { states, ..Default::default() })
         }
         Some(What::Add(a)) => {
@@ -74,8 +62,11 @@ async fn answer(what: Option<What>, core: &mpsc::Sender<Event>) -> Result<proto:
             })
         }
         Some(What::Cancel(c)) => {
+            // How they stood before: the client tells which it cancelled, which had ended and
+            // which the run does not have.
+            let states = states(core, Some(c.ids.clone())).await?;
             core.send(Event::Core(Input::Cancel { ids: c.ids.clone() })).map_err(gone)?;
-            Ok(ids(c.ids))
+            Ok(proto::Reply { ids: c.ids, states, ..Default::default() })
         }
         Some(What::Close(c)) => {
             let (tx, rx) = tokio::sync::oneshot::channel();
@@ -85,6 +76,23 @@ async fn answer(what: Option<What>, core: &mpsc::Sender<Event>) -> Result<proto:
         }
         None => Err("an empty request".into()),
     }
+}
+
+/// How these tasks stand (all: `None`), as the core answers once its writes are committed.
+async fn states(core: &mpsc::Sender<Event>, ids: Option<Vec<u64>>) -> Result<Vec<proto::TaskState>, String> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    core.send(Event::Status(ids, tx)).map_err(|_| "the run is ending".to_string())?;
+    let states = rx.await.map_err(|_| "the run is ending".to_string())?;
+    Ok(states
+        .into_iter()
+        .map(|t| proto::TaskState {
+            id: t.id,
+            state: t.state.into(),
+            exit: t.exit,
+            reason: t.reason,
+            name: t.name.unwrap_or_default(),
+        })
+        .collect())
 }
 
 /// The longest name a task may be given.

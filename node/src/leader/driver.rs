@@ -239,13 +239,13 @@ fn take(s: &mut Session<'_, '_, Net>, first: Event, rx: &mpsc::Receiver<Event>) 
                 }
                 None
             }
+            // Closing a closed run again is no error, and with `cancel` cancels what it holds.
             Event::Close(cancel, reply) => {
-                if s.core.is_open() {
+                if s.core.is_open_run() {
                     let _ = reply.send(Ok(()));
                     Some(Input::Close { cancel })
                 } else {
-                    let _ =
-                        reply.send(Err("the run is not open (it was not started with --open), or is closed".into()));
+                    let _ = reply.send(Err("the run is not open (it was not started with --open)".into()));
                     None
                 }
             }

@@ -87,7 +87,11 @@ def task_line(
     text = cmd if isinstance(cmd, str) else shlex.join(cmd)
     front = ""
     if cwd is not None:
-        front += f"cd {shlex.quote(os.fspath(cwd))} && "
+        # Checked here, where the caller sees it, not when the task runs (as `htc task add --cwd`).
+        where = os.path.abspath(os.fspath(cwd))
+        if not os.path.isdir(where):
+            raise ValueError(f"cwd={os.fspath(cwd)!r}: no such directory")
+        front += f"cd {shlex.quote(where)} && "
     for name, value in (env or {}).items():
         if not name.isidentifier():
             raise ValueError(f"env: {name!r} is not a variable name")

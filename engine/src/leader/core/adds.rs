@@ -22,6 +22,11 @@ impl<'a> Core<'a> {
         self.open.is_some_and(|o| !o.closed)
     }
 
+    /// Whether the run was started open (closed since or not): one a client may close.
+    pub fn is_open_run(&self) -> bool {
+        self.open.is_some()
+    }
+
     /// After each input: an open run with tasks not final is busy.
     pub(super) fn note_busy(&mut self) {
         if self.counts.unfinished() > 0 {
@@ -93,15 +98,27 @@ impl<'a> Core<'a> {
         // Checked first, with the ids they will get, so that a refusal adds nothing.
         let mut next = t.next_id()?;
         let mut plan = Vec::with_capacity(tasks.len());
-        let mut keys: HashMap<&[u8], u64> = HashMap::new();
+        let mut keys: HashMap<&[u8], (u64, &[u8])> = HashMap::new();
         for task in &tasks {
             let known = match task.key.as_deref() {
                 Some(k) => match keys.get(k) {
-                    Some(&id) => Some(id),
-                    None => t.keyed(k)?,
+                    Some(&(id, command)) => Some((id, command.to_vec())),
+                    None => match t.keyed(k)? {
+                        Some(id) => Some((id, t.get(id)?.map(|r| t.command(&r)).unwrap_or_default())),
+                        None => None,
+                    },
                 },
                 None => None,
             };
+            // A key is a promise that a retry is the same task: another command under it is a
+            // client's mistake, refused rather than answered with the other task's id.
+            if let Some((id, command)) = known.as_ref().filter(|(_, c)| *c != task.command) {
+                let key = String::from_utf8_lossy(task.key.as_deref().unwrap_or_default());
+                let had = String::from_utf8_lossy(command);
+                let why = format!("{}: key {key:?} names task {id}, added with another command ({had:?})", task.line);
+                return Ok(Err(why));
+            }
+            let known = known.map(|(id, _)| id);
             let id = known.unwrap_or(next);
             if known.is_none() {
                 if let Some((r, _)) = task.needs.ranges().iter().find(|(r, _)| *r.end() >= id) {
@@ -112,7 +129,7 @@ impl<'a> Core<'a> {
                 next += 1;
             }
             if let Some(k) = task.key.as_deref() {
-                keys.insert(k, id);
+                keys.entry(k).or_insert((id, &task.command));
             }
             plan.push(known.is_some());
         }

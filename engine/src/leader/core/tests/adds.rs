@@ -88,13 +88,31 @@ fn a_request_is_added_all_or_nothing_and_a_key_adds_once() {
         &mut c,
         &mut m,
         vec![
-            add(2, vec![keyed(1, "a", "k1"), keyed(2, "a again", "k1"), task(3, "b")]),
-            add(3, vec![keyed(1, "a once more", "k1"), after(2, "c", 1)]),
+            add(2, vec![keyed(1, "a", "k1"), keyed(2, "a", "k1"), task(3, "b")]),
+            add(3, vec![keyed(1, "a", "k1"), after(2, "c", 1)]),
         ],
     );
     assert_eq!(answers(&out), [(2, Ok(vec![1, 1, 2])), (3, Ok(vec![1, 3]))]);
     assert_eq!((m.records.len(), c.counts().total()), (3, 3));
     assert_eq!(c.waiting(), 1, "task 3 waits for task 1");
+    // The same key with another command, in a later request or within one, is refused, and
+    // nothing of that request is added.
+    let (out, _) = feed_committed(
+        &mut c,
+        &mut m,
+        vec![
+            add(4, vec![task(1, "d"), keyed(2, "a changed", "k1")]),
+            add(5, vec![keyed(1, "e", "k2"), keyed(2, "f", "k2")]),
+        ],
+    );
+    let refused = answers(&out);
+    assert!(
+        matches!(&refused[..], [(4, Err(a)), (5, Err(b))]
+            if a.starts_with("2: key \"k1\" names task 1, added with another command (\"a\")")
+            && b.starts_with("2: key \"k2\" names task 4")),
+        "{refused:?}"
+    );
+    assert_eq!(m.records.len(), 3, "nothing of either request was added");
 }
 
 #[test]
