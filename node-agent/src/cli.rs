@@ -426,6 +426,10 @@ pub mod htc {
         /// with its task. Under Slurm: HTC_KEEP_DAEMONS=1 in the job's environment.
         #[arg(long)]
         pub keep_daemons: bool,
+        /// Run in the background: print the run's id once its leader listens, and exit
+        /// (`RUN=$(htc run --open --detach)`); the leader's stderr goes to RUN/leader.err.
+        #[arg(long)]
+        pub detach: bool,
     }
 }
 

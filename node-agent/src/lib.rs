@@ -12,6 +12,7 @@
 
 pub mod calibrate;
 pub mod cli;
+pub mod detach;
 pub mod joblog;
 pub mod lead;
 pub mod output_view;

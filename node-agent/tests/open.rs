@@ -278,3 +278,43 @@ fn a_client_is_told_what_its_cancel_close_key_and_cwd_did_and_a_wait_after_close
     let states: Vec<&str> = out.lines().map(|l| l.split('\t').nth(1).unwrap()).collect();
     assert_eq!(states, ["done", "cancelled", "cancelled"]);
 }
+
+#[test]
+fn a_detached_run_prints_its_own_id_once_it_listens_even_beside_another() {
+    let d = Dir::new("open-detach");
+    let detach = || {
+        Command::new(HTC)
+            .args(["run", "--open", "--detach"])
+            .current_dir(&d.0)
+            .env("HTC_SITE_CONFIG", "/dev/null")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    // Two at once in one directory: each learns its own run, not the newest.
+    let (a, b) = (detach(), detach());
+    let ids: Vec<String> = [a, b]
+        .into_iter()
+        .map(|c| {
+            let o = c.wait_with_output().unwrap();
+            assert!(o.status.success(), "{}", text(&o));
+            String::from_utf8_lossy(&o.stdout).trim().to_string()
+        })
+        .collect();
+    assert_ne!(ids[0], ids[1]);
+    for run in &ids {
+        assert!(d.0.join(".htc").join(run).join("leader.addr").exists(), "{run} listens");
+        let (rc, out, err) = htc(&d, &["task", "add", run, "--", "true"]);
+        assert_eq!((rc, out.as_str()), (0, "1\n"), "{err}");
+        let (rc, _, err) = htc(&d, &["close", run]);
+        assert_eq!(rc, 0, "{err}");
+    }
+    let ended = || ids.iter().all(|r| !d.0.join(".htc").join(r).join("leader.addr").exists());
+    assert!(wait_for(ended, Duration::from_secs(30)), "both runs ended once closed");
+    // A run that cannot start says why, and the detaching command fails.
+    let o = d.htc(&["run", "no-such-file.txt", "--detach"]);
+    assert_ne!(o.status.code(), Some(0));
+    assert!(text(&o).contains("no-such-file.txt"), "{}", text(&o));
+}

@@ -98,6 +98,7 @@ fn real_main() -> anyhow::Result<i32> {
         }
         Cmd::Report { run, output } => report(run, output),
         Cmd::Log { run, format } => log(run, format),
+        Cmd::Run(a) if a.detach => htc::detach::detach(a.resume.as_deref()),
         Cmd::Run(a) => run(a),
     }
 }
@@ -188,6 +189,7 @@ fn run(a: RunArgs) -> anyhow::Result<i32> {
         mem_limit,
         no_steal,
         keep_daemons,
+        detach: _,
     } = a;
     let site = Site::load()?;
     // Options are checked before a run is made, so a refused one leaves nothing behind.
