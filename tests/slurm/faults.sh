@@ -397,11 +397,14 @@ joined_both() { grep -qs "joins run" "$1/slurm-$2.out" && grep -qs "joins run" "
 # A client of the open run: a task a second under its own key, through the time limit and the
 # hand-over; a call no leader takes (between the two) is made again, as a client that retries
 # would. WORKDIR/acked.txt: "KEY ID" for each id printed.
+keyed_add() { # WORKDIR RUN KEY: the add a client retries, the same command under the same key
+    as_user -C "$1" "$bin/htc" task add "$2" --key "$3" -- sh -c \
+        "echo \$HTC_TASK_ID \$SLURMD_NODENAME \$HTC_ATTEMPT >> ids.txt; echo $3 \$HTC_TASK_ID >> added.txt"
+}
 keyed_adds() { # WORKDIR RUN N
     local k id
     for ((k = 1; k <= $3; k++)); do
-        until id=$(as_user -C "$1" "$bin/htc" task add "$2" --key "k$k" -- sh -c \
-            "echo \$HTC_TASK_ID \$SLURMD_NODENAME \$HTC_ATTEMPT >> ids.txt; echo k$k \$HTC_TASK_ID >> added.txt" 2>>"$1/adds.err"); do
+        until id=$(keyed_add "$1" "$2" "k$k" 2>>"$1/adds.err"); do
             sleep 0.5
         done
         echo "k$k $id" >>"$1/acked.txt"
@@ -435,7 +438,7 @@ handed_over() {
         test "$(cut -d' ' -f1 "$w/acked.txt" | sort -u | wc -l) $(cut -d' ' -f2 "$w/acked.txt" | sort -u | wc -l)" = "$n $n"
     # A client that retries after the hand-over gets the ids the first leader gave.
     while read -r k id; do
-        [[ $(as_user -C "$w" "$bin/htc" task add "$a" --key "$k" -- true 2>/dev/null) == "$id" ]] && same=$((same + 1))
+        [[ $(keyed_add "$w" "$a" "$k" 2>/dev/null) == "$id" ]] && same=$((same + 1))
     done <"$w/acked.txt"
     check "hand-over: every key added again gives its first id ($same of $n)" test "$same" = "$n"
     check "hand-over: the new leader takes the close" as_user -C "$w" "$bin/htc" close "$a"
