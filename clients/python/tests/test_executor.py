@@ -183,3 +183,14 @@ def test_a_task_whose_record_is_damaged_fails_its_future_and_is_not_left_out(tmp
         assert rows[1]["state"] == "done" and rows[2]["state"] == "damaged", rows
     finally:
         ex.shutdown(wait=False)
+
+
+def test_output_that_is_not_utf8_is_there_as_bytes_and_as_text_with_the_errors_chosen(ex: Executor) -> None:
+    r = ex.submit(["printf", "caf\\351\\n"]).result(timeout=60)
+    assert r.stdout_bytes() == b"caf\xe9\n"
+    with pytest.raises(UnicodeDecodeError):
+        r.stdout()
+    assert r.stdout(errors="replace") == "caf\ufffd\n"
+    assert r.stdout(errors="surrogateescape").encode("utf-8", "surrogateescape") == b"caf\xe9\n"
+    e = ex.submit(["sh", "-c", "printf '\\377' >&2"]).result(timeout=60)
+    assert e.stderr_bytes() == b"\xff"

@@ -41,6 +41,15 @@ def call(
     return p.stderr if stderr else p.stdout
 
 
+def call_bytes(binary: str, args: Sequence[str], *, cwd: Optional[str] = None, stderr: bool = False) -> bytes:
+    """`call`, but the output as the bytes `htc` wrote: a task's output need not be text."""
+    p = subprocess.run([binary, *args], cwd=cwd, capture_output=True)
+    if p.returncode != 0:
+        said = p.stderr.decode(errors="replace").strip() or f"exit {p.returncode}"
+        raise HtcError(f"htc {' '.join(args[:2])}: {said}")
+    return p.stderr if stderr else p.stdout
+
+
 def id_ranges(ids: Iterable[int]) -> list[str]:
     """Ids as `htc` takes them: `5 17-20`, consecutive ones as one range."""
     out: list[str] = []

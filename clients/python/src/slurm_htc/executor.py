@@ -40,11 +40,22 @@ class TaskResult:
     def __init__(self, executor: "Executor", task_id: int, exit_code: int) -> None:
         self._ex, self.task_id, self.exit_code = executor, task_id, exit_code
 
-    def stdout(self) -> str:
-        return self._ex._run.output(self.task_id, "stdout")
+    def stdout(self, errors: str = "strict") -> str:
+        """Its stdout as UTF-8 text, decoded with `errors` (as `bytes.decode`: `replace`,
+        `surrogateescape`, ... for output that may not be UTF-8)."""
+        return self._ex._run.output(self.task_id, "stdout", errors=errors)
 
-    def stderr(self) -> str:
-        return self._ex._run.output(self.task_id, "stderr")
+    def stderr(self, errors: str = "strict") -> str:
+        """Its stderr as UTF-8 text, decoded with `errors`."""
+        return self._ex._run.output(self.task_id, "stderr", errors=errors)
+
+    def stdout_bytes(self) -> bytes:
+        """Its stdout, the bytes it wrote."""
+        return self._ex._run.output_bytes(self.task_id, "stdout")
+
+    def stderr_bytes(self) -> bytes:
+        """Its stderr, the bytes it wrote."""
+        return self._ex._run.output_bytes(self.task_id, "stderr")
 
     def __repr__(self) -> str:
         return f"TaskResult(task_id={self.task_id}, exit_code={self.exit_code})"

@@ -12,7 +12,7 @@ import tempfile
 import time
 from typing import IO, Any, Dict, List, Mapping, Optional, Sequence
 
-from ._htc import HtcError, call, find_binary, id_ranges
+from ._htc import HtcError, call, call_bytes, find_binary, id_ranges
 
 # The state of a task whose record in the run's ledger is damaged: the run cannot vouch for it,
 # so a client takes it as failed (never as done, and never leaves it out).
@@ -129,11 +129,18 @@ class Run:
         if ids:
             self.htc("task", "cancel", self.id, *id_ranges(ids))
 
-    def output(self, task_id: int, stream: str = "stdout") -> str:
-        """A task's stdout or stderr, as the run kept it."""
-        if stream == "stderr":
-            return call(self.binary, ["output", self.id, str(task_id), "--stderr"], cwd=self.cwd, stderr=True)
-        return self.htc("output", self.id, str(task_id), "--stdout")
+    def output_bytes(self, task_id: int, stream: str = "stdout") -> bytes:
+        """A task's stdout or stderr, the bytes the run kept."""
+        # `htc output --stderr` writes the task's stderr on its own stderr.
+        err = stream == "stderr"
+        args = ["output", self.id, str(task_id), "--stderr" if err else "--stdout"]
+        return call_bytes(self.binary, args, cwd=self.cwd, stderr=err)
+
+    def output(self, task_id: int, stream: str = "stdout", *, errors: str = "strict") -> str:
+        """A task's stdout or stderr as UTF-8 text, decoded with `errors` as `bytes.decode`
+        takes it (`strict` raises `UnicodeDecodeError` on bytes that are not UTF-8; `replace`,
+        `surrogateescape`, ... do not)."""
+        return self.output_bytes(task_id, stream).decode("utf-8", errors)
 
     def close(self, *, wait: bool = False) -> None:
         """The run takes no more tasks and ends once what it holds is done; with `wait`, returns

@@ -212,7 +212,8 @@ class Executor(RemoteExecutor):  # type: ignore[misc]  # (the interface is untyp
         reason = row.get("reason") or row.get("state") or "failed"
         text = f"slurm-htc: task {task_id} of {run.id}: {reason}"
         try:
-            err = run.output(task_id, "stderr").strip()
+            # A job's stderr need not be text: the report of its failure must not fail.
+            err = run.output(task_id, "stderr", errors="replace").strip()
         except HtcError:
             err = ""
         if err:
