@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 /// runs, whose queues hold far more than this much work. At a low rate nothing waits. 10 ms
 /// rather than 5 halved the main thread's wake-ups at the default layout (its CPU 4.1 µs a
 /// `true` task against 5.2, with `mem=` 4.8 against 6.2) with the leader's cost unchanged
-/// (bench/RESULTS.md §23); session 27's figures against it were this machine's swing.
+/// (bench/RESULTS.md §23); §20's figures against it were this machine's swing.
 pub const HOLD: Duration = Duration::from_millis(10);
 
 /// What to do with events waiting to be handed off.
