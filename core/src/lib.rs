@@ -15,6 +15,7 @@ pub mod output;
 pub mod partition;
 pub mod recall;
 pub mod record;
+pub mod salvage;
 pub mod shape;
 pub mod shellsyntax;
 pub mod slots;

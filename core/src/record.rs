@@ -4,7 +4,7 @@
 //! the steps of `task::step`.
 
 use crate::shape::TaskShape;
-use crate::task::{step, Effect, Invalid, Life, State, Step};
+use crate::task::{step, Effect, End, Invalid, Life, State, Step};
 
 /// The errno values a failed spawn reports, as Linux numbers them (the agents' and the leader's
 /// platform). Kept here so that this crate needs no `libc`; the node agent's tests check them
@@ -35,6 +35,9 @@ pub enum Outcome {
     /// Cancelled: by a user (value 0), or because the task it waited for with `after=` did not
     /// succeed (value: that task's id, as `u32` bits).
     Cancelled = 9,
+    /// The session that ran it ended while it ran (its leader killed, its job requeued): it runs
+    /// again as a new attempt, at no cost to its retries.
+    Interrupted = 10,
 }
 
 impl Outcome {
@@ -56,7 +59,18 @@ impl Outcome {
             7 => Outcome::OutOfMemory,
             8 => Outcome::Preempted,
             9 => Outcome::Cancelled,
+            10 => Outcome::Interrupted,
             _ => Outcome::None,
+        }
+    }
+
+    /// What an attempt that ended so means for the task's life (`task::step`).
+    pub fn end(self, value: i32) -> End {
+        match self {
+            Outcome::Exited if value == 0 => End::Succeeded,
+            Outcome::Lost => End::Lost,
+            Outcome::Preempted => End::Preempted,
+            _ => End::Failed { permanent: self.is_permanent(value) },
         }
     }
 
@@ -90,6 +104,7 @@ impl Outcome {
             Outcome::Preempted => "preempted for higher-priority work".into(),
             Outcome::Cancelled if value == 0 => "cancelled".into(),
             Outcome::Cancelled => format!("cancelled: task {} did not succeed (after=)", value as u32),
+            Outcome::Interrupted => "interrupted: the session running it stopped".into(),
         }
     }
 }

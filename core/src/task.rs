@@ -76,8 +76,8 @@ pub enum Step {
     Start,
     /// The attempt ended.
     Finish(End),
-    /// The session that ran it ended (leader killed, job requeued): the attempt is forgotten and
-    /// costs no retry.
+    /// The session that ran it ended (leader killed, job requeued): the attempt costs no retry,
+    /// but its number stays used, so that its re-run is a new attempt (`$HTC_ATTEMPT`, `htc log`).
     Interrupt,
     /// Given back unstarted by its agent when asked (a recall): the attempt is forgotten and
     /// costs no retry, and its number is free again (nothing of it can come back late).
@@ -223,11 +223,11 @@ pub fn step(life: Life, s: Step) -> Result<(Life, Effect), Invalid> {
             Pending
         }
         (Dispatched | Running, Step::Finish(End::Preempted)) => Failed,
-        (Dispatched | Running, Step::Interrupt) | (Dispatched, Step::Return) => {
+        (Dispatched, Step::Return) => {
             next.attempts = life.attempts.saturating_sub(1);
             Pending
         }
-        (Dispatched, Step::Reclaim) => {
+        (Dispatched | Running, Step::Interrupt) | (Dispatched, Step::Reclaim) => {
             next.attempts = life.attempts.saturating_sub(1);
             next.returns = life.returns.saturating_add(1);
             Pending
@@ -472,9 +472,11 @@ mod tests {
     }
 
     #[test]
-    fn an_interrupted_attempt_is_forgotten() {
+    fn an_interrupted_attempt_costs_no_retry_but_keeps_its_number() {
         let (l, fx) = run(life(State::Pending, 0, 1), &[Step::Dispatch, Step::Start, Step::Interrupt]);
         assert_eq!((l.state(), l.attempts, fx[2]), (State::Pending, 0, Effect::None));
+        let (l, _) = run(l, &[Step::Dispatch]);
+        assert_eq!(l.attempt_no(), 2, "its re-run is attempt 2");
     }
 
     #[test]

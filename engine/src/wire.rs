@@ -35,7 +35,9 @@ impl From<Outcome> for proto::Outcome {
             // Decided by an instance head when a member is gone.
             Outcome::Lost => proto::Outcome::Lost,
             // Decided by the leader, never reported by an agent.
-            Outcome::None | Outcome::Unschedulable | Outcome::Cancelled => proto::Outcome::Unspecified,
+            Outcome::None | Outcome::Unschedulable | Outcome::Cancelled | Outcome::Interrupted => {
+                proto::Outcome::Unspecified
+            }
         }
     }
 }

@@ -21,6 +21,7 @@ pub mod memory;
 pub mod memwatch;
 pub mod output;
 pub mod prologue;
+pub mod results;
 pub mod simexec;
 pub mod spawn;
 pub mod stopping;

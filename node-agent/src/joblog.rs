@@ -60,7 +60,7 @@ pub fn exit_and_signal(outcome: Outcome, value: i32) -> (i32, i32) {
         Outcome::OutOfMemory => (-1, libc::SIGKILL),
         Outcome::Preempted => (-1, libc::SIGTERM),
         Outcome::SpawnFailed => (if value == libc::EACCES || value == libc::ENOEXEC { 126 } else { 127 }, 0),
-        Outcome::Lost | Outcome::Unschedulable | Outcome::Cancelled | Outcome::None => (-1, 0),
+        Outcome::Lost | Outcome::Interrupted | Outcome::Unschedulable | Outcome::Cancelled | Outcome::None => (-1, 0),
     }
 }
 

@@ -63,8 +63,8 @@ pub fn prepare_with(
     if complete {
         let _lock = existing.lock()?;
         let run = adopt(existing, local)?;
-        let n = leader::driver::reset_interrupted(&run)?;
-        let said = format!("htc: job {job_id} restarted; continuing its run ({n} tasks left to run, those in flight when it stopped among them)");
+        let n = leader::driver::reset_interrupted(&run, leader::driver::Survivors::None)?;
+        let said = format!("htc: job {job_id} restarted; continuing its run ({})", n.said());
         return Ok(Ok((run, said)));
     }
     if let Some(earlier) = a.resume_run {

@@ -11,7 +11,7 @@ use htc_store::ledger::Ledger;
 use htc_store::replica::{self, Replica};
 use htc_store::rundir::RunDir;
 
-use crate::leader::driver::reset_interrupted;
+use crate::leader::driver::{reset_interrupted, Survivors};
 
 /// Whether a Slurm job's run finished loading: its replica has a snapshot (written once the
 /// tasks are in), or, in a run directory from before the ledger moved to the node, the ledger in
@@ -59,14 +59,12 @@ pub fn resume_run(
     let (run, n) = {
         let _lock = run.lock()?;
         let run = adopt(run, local)?;
-        let n = reset_interrupted(&run)?;
+        let n = reset_interrupted(&run, Survivors::None)?;
         remove_earlier_ledgers(&run, job_id, ledger_dir);
         (run, n)
     };
     link_job(&run, job_id)?;
-    let said = format!(
-        "htc: job {job_id} continues the run of job {earlier} ({n} tasks left to run, those in flight when it stopped among them)"
-    );
+    let said = format!("htc: job {job_id} continues the run of job {earlier} ({})", n.said());
     Ok(Ok((run, said)))
 }
 
@@ -83,7 +81,8 @@ pub fn take_over(
         Err(why) => return Ok(Err(why.to_string())),
     };
     let run = adopt(run.clone(), &local)?;
-    let n = reset_interrupted(&run)?;
+    // Its agents that kept running bring what they hold: only ends are salvaged.
+    let n = reset_interrupted(&run, Survivors::Maybe)?.left;
     remove_earlier_ledgers(&run, job_id, ledger_dir);
     link_job(&run, job_id)?;
     Ok(Ok((run, n)))

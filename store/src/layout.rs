@@ -360,7 +360,7 @@ pub(crate) mod tests {
     #[test]
     fn what_no_record_holds_is_refused_though_sealed() {
         let good = encode_record(&every_field_set(), 1);
-        for (f, v) in [(v3::STATE, 6), (v3::OUTCOME, 10), (v3::FLAGS, 4), (v3::UNUSED, 1)] {
+        for (f, v) in [(v3::STATE, 6), (v3::OUTCOME, 11), (v3::FLAGS, 4), (v3::UNUSED, 1)] {
             let mut b = good;
             b[f.at] = v;
             let s = sum(&key(1), &b[..FIELDS_LEN]);

@@ -82,6 +82,9 @@ pub struct ExecConfig {
     /// `LINGER`), so that a daemon on its way out of it (`setsid server &` as a task's last
     /// command) gets out; zero: at the task's end.
     pub linger: Duration,
+    /// This loop's results journal (`crate::results`): every start and end it reports is
+    /// written there first. None: not kept (tests of the loop alone).
+    pub results: Option<PathBuf>,
 }
 
 /// Time for a daemon that a task started as it ended to leave the task's process group: `setsid`
@@ -267,6 +270,11 @@ struct Executor {
     events: Vec<ExecEvent>,
     /// The output index (streams mode), made with the first entry, as the slots' files are.
     index: Option<BufWriter<File>>,
+    /// Starts and ends, journaled before they are reported (`cfg.results`).
+    journal: Option<crate::results::Journal>,
+    /// Tasks this loop stopped because it was told to drop everything: their ends are no
+    /// results, so they are never journaled as such (they ran, and did not end: interrupted).
+    aborted: std::collections::HashSet<(u64, u32)>,
     /// Where tasks' stdout and stderr go with no output kept.
     null: File,
     /// Set when output storage failed (a full disk, a failed index write): the loop then stops
@@ -354,6 +362,9 @@ impl Executor {
         if cfg.output != OutputMode::None {
             fs::create_dir_all(&cfg.out_dir)?;
         }
+        if let Some(dir) = cfg.results.as_ref().and_then(|p| p.parent()) {
+            fs::create_dir_all(dir)?;
+        }
         for _ in 0..cfg.slots {
             use crate::capture::Capture;
             let streams = cfg.output == OutputMode::Streams;
@@ -391,6 +402,8 @@ impl Executor {
             serial: 0,
             events: Vec::new(),
             index: None,
+            journal: cfg.results.clone().map(crate::results::Journal::new),
+            aborted: Default::default(),
             null,
             fault: None,
             space_checked: None,
@@ -489,7 +502,7 @@ impl Executor {
                         if let Some(e) = self.space_fault() {
                             return Err(self.stop_on_fault(e));
                         }
-                        if let Err(e) = self.flush_index() {
+                        if let Err(e) = self.flush_index().and_then(|()| self.journal_events()) {
                             return Err(self.stop_on_fault(e));
                         }
                         sink(std::mem::take(&mut self.events));
@@ -500,7 +513,9 @@ impl Executor {
             }
             if orders.done(self.running.len(), self.queue.len()) {
                 self.end_lingering(true);
-                return self.flush_index();
+                // What was not handed off (the network side gone) is journaled all the same:
+                // the next session learns from it what ended and what was interrupted.
+                return self.flush_index().and(self.journal_events());
             }
             let mut timeout = self
                 .deadlines
@@ -664,6 +679,7 @@ impl Executor {
     fn abort_all(&mut self) {
         let now = Instant::now();
         for (&pid, r) in self.running.iter_mut() {
+            self.aborted.insert((r.task.id, r.task.attempt));
             if r.kill_at.is_none() {
                 r.kill_at = Some(now + self.cfg.kill_grace);
                 // SAFETY: kill takes no pointers. The task is in `running`, so not reaped yet:
@@ -758,6 +774,7 @@ mod tests {
             gpus: crate::gpu::Pool::default(),
             memcg: None,
             linger: Duration::ZERO,
+            results: Some(dir.join("results")),
         };
         (cfg, dir)
     }

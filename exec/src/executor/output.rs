@@ -152,11 +152,27 @@ impl Executor {
         io::Error::new(e.kind(), format!("{what} {}: {e}", path.display()))
     }
 
+    /// Starts and ends about to be reported (and the ends of tasks this loop did not stop
+    /// itself) go into the results journal first.
+    pub(super) fn journal_events(&mut self) -> io::Result<()> {
+        let Some(j) = self.journal.as_mut() else { return Ok(()) };
+        let aborted = &self.aborted;
+        j.note(&self.events, |id, attempt| !aborted.contains(&(id, attempt)));
+        j.write()
+    }
+
     /// Output storage failed: stop every task. The ends not yet reported are dropped (their
-    /// output may be cut short or unindexed), so those tasks run again on resume.
+    /// output may be cut short or unindexed), so those tasks run again on resume, as new
+    /// attempts: their starts are journaled if the disk still takes them.
     pub(super) fn stop_on_fault(&mut self, e: io::Error) -> io::Error {
         self.queue.clear();
         self.abort_all();
+        if let Some(j) = self.journal.as_mut() {
+            j.note(&self.events, |_, _| false);
+            if let Err(e) = j.write() {
+                tracing::warn!(agent = self.cfg.agent, error = %e, "the starts of the tasks stopped are not journaled");
+            }
+        }
         self.events.clear();
         // A full disk is the likeliest cause of any write error, and the most useful to name.
         let e = self.disk_full().unwrap_or(e);

@@ -359,13 +359,10 @@ fn open_run(
             let local = || htc::replica::node_local(ledger_dir, &run.id()).map_err(anyhow::Error::msg);
             let run = if run.ledger().exists() { run } else { run.clone().take_over(&local()?)? };
             // Verified (apart) before this process maps the ledger at all.
-            let n = leader::driver::reset_interrupted(&run)?;
+            let n = leader::driver::reset_interrupted(&run, leader::driver::Survivors::None)?;
             let mode = stored_output_mode(&run)?.unwrap_or(output);
             if !quiet {
-                eprintln!(
-                    "htc: resuming {} ({n} tasks left to run, those in flight when it stopped among them)",
-                    run.path.display()
-                );
+                eprintln!("htc: resuming {} ({})", run.path.display(), n.said());
             }
             (run, mode, lock)
         }

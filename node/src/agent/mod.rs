@@ -698,6 +698,7 @@ impl Executors {
                 slots,
                 spawner: i,
                 first_slot,
+                results: Some(cfg.run.agent_out(cfg.agent_id).join(htc_exec::results::file_name(i))),
                 gpus: gpus.clone(),
                 memcg: memcg.clone(),
                 ..exec_config(cfg, job_id)
@@ -903,6 +904,7 @@ fn exec_config(cfg: &AgentConfig, job_id: &str) -> ExecConfig {
         gpus: htc_exec::gpu::Pool::default(),
         memcg: None,
         linger: if cfg.keep_daemons { htc_exec::executor::LINGER } else { Duration::ZERO },
+        results: Some(cfg.run.agent_out(cfg.agent_id).join(htc_exec::results::file_name(0))),
     }
 }
 

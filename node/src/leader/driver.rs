@@ -12,8 +12,10 @@ use super::core::{Answer, Core, Ending, Input, NewTask, Progress};
 use super::effect::{Carrier, Effects};
 use super::session::{Session, World};
 use crate::frame;
+use htc_core::record::{Change, Outcome};
+use htc_core::salvage::salvage;
+pub use htc_core::salvage::Survivors;
 use htc_core::task::Counts;
-use htc_core::task::Step;
 use htc_engine::msg::{Stop, ToAgent};
 use htc_store::ledger::{Ledger, LedgerError};
 use htc_store::load::TaskText;
@@ -299,15 +301,51 @@ fn link(s: &mut Session<'_, '_, Net>, input: Input, tx: UnboundedSender<Vec<u8>>
     Ok(input)
 }
 
-/// Prepares a ledger for another session after an interruption: tasks that were dispatched or
-/// running when the leader died go back to pending (they may run again: the ledger cannot know
-/// whether they finished; most are recorded pending already, as in flight is the leader's memory,
-/// not its disk). Done and failed tasks are never touched. Returns the tasks left to run.
+/// What preparing a ledger for another session found (`reset_interrupted`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Reset {
+    /// Tasks left to run.
+    pub left: u64,
+    /// Tasks whose attempts had ended, as their agents journaled, without the stopped leader
+    /// recording it: recorded now, they do not run again.
+    pub recovered: u64,
+    /// Attempts that were running when the session stopped: they run again, as new attempts.
+    pub interrupted: u64,
+    /// Journal entries that failed their checksum (not believed: their tasks run again).
+    pub unbelieved: u64,
+}
+
+impl Reset {
+    /// What a resume tells its user, after "resuming RUN".
+    pub fn said(&self) -> String {
+        let mut s = format!("{} tasks left to run", self.left);
+        if self.recovered > 0 {
+            s.push_str(&format!("; {} ended that the stopped leader had not recorded, recorded now", self.recovered));
+        }
+        if self.interrupted > 0 {
+            s.push_str(&format!("; {} were running and run again as new attempts", self.interrupted));
+        }
+        if self.unbelieved > 0 {
+            s.push_str(&format!(
+                "; {} damaged entries of the agents' results journals were not believed",
+                self.unbelieved
+            ));
+        }
+        s
+    }
+}
+
+/// Prepares a ledger for another session after an interruption. What the agents journaled
+/// (`htc_exec::results`) that the ledger had not committed is salvaged (`htc_core::salvage`):
+/// attempts that ended are recorded as they ended, and attempts that were running (or were in
+/// flight in the ledger) are recorded interrupted, so that they run again as new attempts with a
+/// row in the history. With `Survivors::Maybe` (a hand-over), what started and did not end waits
+/// for its agent instead. Done and failed tasks are never touched.
 ///
 /// The whole ledger is read back first, in a child process (`verify_apart`), before this process
 /// opens it: writing into a damaged one would follow its broken pages, a resume must not spread
 /// damage or re-run what it cannot vouch for, and some damage crashes or hangs a read.
-pub fn reset_interrupted(run: &htc_store::rundir::RunDir) -> Result<u64> {
+pub fn reset_interrupted(run: &htc_store::rundir::RunDir, survivors: Survivors) -> Result<Reset> {
     let text_len = htc_store::load::text_len(run);
     let v = htc_store::verify::verify_apart(&run.ledger(), text_len, htc_store::verify::STALL)?;
     // Counts are rewritten below; unreadable records, a lost total or a broken history are what a
@@ -316,25 +354,54 @@ pub fn reset_interrupted(run: &htc_store::rundir::RunDir) -> Result<u64> {
         let why = format!("{why}; it is not resumed");
         return Err(htc_store::ledger::LedgerError::Damaged { path: run.ledger().display().to_string(), why });
     }
+    let (mut told, unbelieved) = htc_exec::results::read_run(&run.out()).unwrap_or_else(|e| {
+        // Without them the resume is what it was before journals: in-flight work runs again.
+        tracing::warn!(run = %run.path.display(), error = %e, "the agents' results journals cannot be read");
+        (Vec::new(), 0)
+    });
+    told.sort_by_key(|t| t.id);
     let ledger = Ledger::open(&run.ledger(), false)?;
     let mut t = ledger.write()?;
+    // Counted from the records as they are (what mends stored counts that differ), then moved
+    // with each record salvaged.
     let mut counts = Counts::default();
-    t.update_all(|_, r| {
-        // Counted from the records as they are (what mends stored counts that differ), then
-        // moved with the task by the one step function.
+    let mut in_flight = Vec::new();
+    t.update_all(|id, r| {
         counts.add(r.state());
-        // The interrupted attempt is not a failure of the task: it does not use up a retry.
-        match counts.step(r.life(), Step::Interrupt) {
-            Ok((life, _)) => {
-                r.set_life(life);
-                true
-            }
-            Err(_) => false,
+        if r.state().in_flight() {
+            in_flight.push(id);
         }
+        false
     })?;
+    let mut ids: Vec<u64> = told.iter().map(|t| t.id).chain(in_flight).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let mut reset = Reset { unbelieved, ..Reset::default() };
+    let now = now_us();
+    for id in ids {
+        let Some(r) = t.get(id)? else { continue };
+        let lo = told.partition_point(|t| t.id < id);
+        let hi = told.partition_point(|t| t.id <= id);
+        let Some(changes) = salvage(id, &r, &told[lo..hi], survivors, now) else { continue };
+        for c in &changes {
+            match c {
+                Change::Record(_, after) => {
+                    counts.0[r.state() as usize] -= 1;
+                    counts.0[after.state() as usize] += 1;
+                    if after.state().is_final() || after.attempts() > r.attempts() {
+                        reset.recovered += 1;
+                    }
+                }
+                Change::Attempt(_, a) if a.outcome == Outcome::Interrupted => reset.interrupted += 1,
+                _ => {}
+            }
+            t.apply(c)?;
+        }
+    }
     t.put_counts(&counts)?;
     t.commit()?;
-    Ok(counts.unfinished())
+    reset.left = counts.unfinished();
+    Ok(reset)
 }
 
 #[cfg(test)]

@@ -190,12 +190,7 @@ impl Core<'_> {
         e: Ended,
     ) -> Result<(), E> {
         let Ended { outcome, value, start_us, end_us, ran_on: agent } = e;
-        let end = match outcome {
-            Outcome::Exited if value == 0 => End::Succeeded,
-            Outcome::Lost => End::Lost,
-            Outcome::Preempted => End::Preempted,
-            _ => End::Failed { permanent: outcome.is_permanent(value) },
-        };
+        let end = outcome.end(value);
         let Some((life, effect)) = self.move_life(f.life, Step::Finish(end)) else { return Ok(()) };
         self.note_streak(f.agent, id, end);
         if end == End::Succeeded && start_us != 0 && end_us >= start_us {
