@@ -318,3 +318,65 @@ fn a_detached_run_prints_its_own_id_once_it_listens_even_beside_another() {
     assert_ne!(o.status.code(), Some(0));
     assert!(text(&o).contains("no-such-file.txt"), "{}", text(&o));
 }
+
+/// A leader killed while a stream of short tasks runs (issue 52): the resume records what the
+/// agents journaled as ended though the leader had not committed it, so only what was running
+/// runs again, and every re-run is a new attempt (`$HTC_ATTEMPT`) with a row in `htc log` for the
+/// attempt that was cut short.
+#[test]
+fn a_killed_leader_s_resume_reruns_only_what_ran_each_as_a_new_logged_attempt() {
+    let d = Dir::new("open-kill-stream");
+    let (leader, run) = open_run(&d, &["--agents", "2", "--cores-per-agent", "1"]);
+    let runs = d.path("runs.txt");
+    let n = 3000;
+    let line = format!("echo $HTC_TASK_ID $HTC_ATTEMPT >> {}\n", runs.display());
+    let mut client = Command::new(HTC)
+        .args(["task", "add", &run, "--file", "-"])
+        .current_dir(&d.0)
+        .env("HTC_SITE_CONFIG", "/dev/null")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    client.stdin.take().unwrap().write_all(line.repeat(n).as_bytes()).unwrap();
+    assert!(client.wait().unwrap().success());
+    let started = || std::fs::read_to_string(&runs).map(|s| s.lines().count()).unwrap_or(0);
+    assert!(wait_for(|| started() >= n / 3, Duration::from_secs(120)), "the tasks never ran");
+    let _ = kill(Pid::from_raw(leader.id() as i32), Signal::SIGKILL);
+    let _ = leader.wait_with_output();
+    let dir = d.run_dir();
+    assert!(wait_for(|| !common::agents_alive(&dir, 2), Duration::from_secs(30)), "the agents outlived their leader");
+    let resumed = d.spawn_htc(&["run", "--resume", &run], &[]);
+    assert!(
+        wait_for(|| htc(&d, &["task", "wait", &run, "--all", "--timeout", "5s"]).0 == 0, Duration::from_secs(180)),
+        "the resumed run never finished"
+    );
+    let (rc, _, err) = htc(&d, &["close", &run]);
+    assert_eq!(rc, 0, "{err}");
+    let o = resumed.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let mut seen: std::collections::BTreeMap<u64, Vec<u32>> = Default::default();
+    for l in std::fs::read_to_string(&runs).unwrap().lines() {
+        let (id, attempt) = l.split_once(' ').unwrap();
+        seen.entry(id.parse().unwrap()).or_default().push(attempt.parse().unwrap());
+    }
+    assert_eq!(seen.len(), n, "every task ran");
+    let again: Vec<(&u64, &Vec<u32>)> = seen.iter().filter(|(_, a)| a.len() > 1).collect();
+    // Two slots: at most two tasks can have been running when the agents stopped.
+    assert!(again.len() <= 2, "{} tasks ran again: {again:?}; {}", again.len(), text(&o));
+    let (_, log, _) = htc(&d, &["log", &run, "--format", "json"]);
+    for (id, attempts) in &again {
+        let mut distinct = attempts.to_vec();
+        distinct.dedup();
+        assert_eq!(distinct.len(), attempts.len(), "task {id} ran twice as the same attempt: {attempts:?}");
+        for a in attempts.iter() {
+            let row = format!("\"Seq\":{id},");
+            let attempt = format!("\"Attempt\":{a},");
+            assert!(
+                log.lines().any(|l| l.contains(&row) && l.contains(&attempt)),
+                "no log row for task {id}'s attempt {a}:\n{log}"
+            );
+        }
+    }
+    assert!(states(&d, &run).iter().all(|(_, s)| s == "done"));
+}
