@@ -185,7 +185,23 @@ pub fn write(
         if err.is_some() {
             return;
         }
-        let command = text.command(r);
+        // An added task's command is in the ledger, not in the run's copy of the task file.
+        let added;
+        let command: &[u8] = if r.command().is_added() {
+            added = match txn.added_command(r.cmd_off()) {
+                Ok(c) => c.map(|mut c| {
+                    c.truncate(r.cmd_len() as usize);
+                    c
+                }),
+                Err(e) => {
+                    err = Some(std::io::Error::other(e.to_string()));
+                    return;
+                }
+            };
+            added.as_deref().unwrap_or_default()
+        } else {
+            text.command(r)
+        };
         let mut mine = Vec::new();
         while next < earlier.len() && earlier[next].0 <= id {
             if earlier[next].0 == id {

@@ -175,12 +175,13 @@ pub fn task_line(a: &TaskAddArgs) -> Result<Vec<u8>, String> {
     }
     let args: Vec<Vec<u8>> = a.command.iter().map(|s| quote(s.as_encoded_bytes())).collect();
     cmd.extend_from_slice(&args.join(&b' '));
-    if cmd.contains(&b'\n') {
-        return Err("a task's command is one line: an argument holds a newline".into());
-    }
+    debug_assert!(!cmd.contains(&b'\n'), "quote() leaves no newline");
     let mut line = Vec::new();
     // `[]` keeps a command that starts with `[` from being read as options.
     line.extend_from_slice(format!("[{}] ", opts.join(" ")).as_bytes());
+    if cmd.windows(NL.len()).any(|w| w == NL) {
+        line.extend_from_slice(NL_DEF);
+    }
     line.extend_from_slice(&cmd);
     line.push(b'\n');
     Ok(line)
@@ -191,8 +192,8 @@ fn is_var_name(name: &[u8]) -> bool {
 }
 
 /// The variables `--export` sends, from the caller's environment `env`: `ALL` (but for those a
-/// shell could not set, those holding a newline, and `SLURM_*`/`HTC_*`: they describe the
-/// caller's job and task, not the one the task runs in), or the names listed (each must be set).
+/// shell could not set, and `SLURM_*`/`HTC_*`: they describe the caller's job and task, not the
+/// one the task runs in), or the names listed (each must be set).
 fn exported(
     export: Option<&str>,
     env: impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
@@ -200,12 +201,9 @@ fn exported(
     let Some(export) = export.map(str::trim) else { return Ok(Vec::new()) };
     let env: Vec<_> = env.collect();
     if export.eq_ignore_ascii_case("ALL") {
-        let sendable = |(n, v): &(std::ffi::OsString, std::ffi::OsString)| {
+        let sendable = |(n, _): &(std::ffi::OsString, std::ffi::OsString)| {
             let n = n.as_encoded_bytes();
-            is_var_name(n)
-                && !n.starts_with(b"SLURM_")
-                && !n.starts_with(b"HTC_")
-                && !v.as_encoded_bytes().contains(&b'\n')
+            is_var_name(n) && !n.starts_with(b"SLURM_") && !n.starts_with(b"HTC_")
         };
         return Ok(env.into_iter().filter(sendable).collect());
     }
@@ -217,15 +215,19 @@ fn exported(
         let Some((_, value)) = env.iter().find(|(n, _)| n == name) else {
             return Err(format!("--export {export}: {name} is not set here"));
         };
-        if value.as_encoded_bytes().contains(&b'\n') {
-            return Err(format!("--export {export}: {name} holds a newline; a task's command is one line"));
-        }
         vars.push((name.into(), value.clone()));
     }
     Ok(vars)
 }
 
-/// `s` as one word for `/bin/sh`: as it is when it needs no quoting, else in single quotes.
+/// A newline in a word, quoted: a task's command is one line, so a newline is the shell's
+/// `$htc_nl`, which `NL_DEF` sets (POSIX: a command substitution keeps a newline that is not
+/// its last character).
+const NL: &[u8] = b"'\"$htc_nl\"'";
+const NL_DEF: &[u8] = b"htc_nl=$(printf '\\n_'); htc_nl=${htc_nl%_}; ";
+
+/// `s` as one word for `/bin/sh`: as it is when it needs no quoting, else in single quotes (a
+/// newline in it as `NL`).
 fn quote(s: &[u8]) -> Vec<u8> {
     let plain = |b: &u8| b.is_ascii_alphanumeric() || b"_@%+=:,./-".contains(b);
     if !s.is_empty() && s.iter().all(plain) {
@@ -235,6 +237,8 @@ fn quote(s: &[u8]) -> Vec<u8> {
     for &b in s {
         if b == b'\'' {
             q.extend_from_slice(b"'\\''");
+        } else if b == b'\n' {
+            q.extend_from_slice(NL);
         } else {
             q.push(b);
         }
@@ -511,8 +515,9 @@ fn from_ledger(dir: std::path::PathBuf, ids: Option<&[u64]>) -> anyhow::Result<(
 
 #[cfg(test)]
 mod tests {
-    use super::{exported, word};
+    use super::{exported, quote, word, NL_DEF};
     use std::ffi::OsString;
+    use std::os::unix::ffi::OsStringExt;
 
     #[test]
     fn a_state_is_one_of_the_three_words_status_commands_print() {
@@ -534,14 +539,27 @@ mod tests {
     #[test]
     fn export_sends_the_caller_s_variables_as_asked() {
         assert!(exported(None, env()).unwrap().is_empty(), "by default the run's environment");
-        assert_eq!(
-            names(exported(Some("ALL"), env()).unwrap()),
-            ["PATH", "X"],
-            "not the job's, the task's, nor a newline"
-        );
+        assert_eq!(names(exported(Some("ALL"), env()).unwrap()), ["PATH", "F", "X"], "not the job's, nor the task's");
         assert_eq!(exported(Some("X, PATH"), env()).unwrap()[0], ("X".into(), "1 2".into()));
         assert_eq!(exported(Some("NOPE"), env()).unwrap_err(), "--export NOPE: NOPE is not set here");
-        assert!(exported(Some("F"), env()).unwrap_err().contains("holds a newline"));
+        assert_eq!(exported(Some("F"), env()).unwrap()[0], ("F".into(), "a\nb".into()));
         assert!(exported(Some("1X"), env()).unwrap_err().contains("is not a variable name"));
+    }
+
+    /// A word with newlines (anywhere: first, last, twice) is quoted on one line, and the shell
+    /// reads it back byte for byte.
+    #[test]
+    fn words_holding_newlines_are_one_line_the_shell_reads_back() {
+        let words: [&[u8]; 5] = [b"a\nb", b"\nx\n\n", b"it's\n", b"\n", b"plain"];
+        let mut line = NL_DEF.to_vec();
+        line.extend_from_slice(b"printf '[%s]'");
+        for w in words {
+            line.push(b' ');
+            line.extend_from_slice(&quote(w));
+        }
+        assert!(!line.contains(&b'\n'));
+        let o = std::process::Command::new("/bin/sh").arg("-c").arg(OsString::from_vec(line)).output().unwrap();
+        let want: Vec<u8> = words.iter().flat_map(|w| [b"[".as_slice(), w, b"]"].concat()).collect();
+        assert_eq!(String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&want));
     }
 }

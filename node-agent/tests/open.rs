@@ -380,3 +380,27 @@ fn a_killed_leader_s_resume_reruns_only_what_ran_each_as_a_new_logged_attempt() 
     }
     assert!(states(&d, &run).iter().all(|(_, s)| s == "done"));
 }
+
+/// Arguments and `--env` values holding newlines (first, last, several) reach the task byte for
+/// byte: a task's command is one line, and `htc task add` quotes a newline so that it stays one.
+#[test]
+fn arguments_holding_newlines_reach_the_task_as_given() {
+    let d = Dir::new("open-newlines");
+    let (leader, run) = open_run(&d, &[]);
+    let words = ["a\nb", "\nx\n\n", "it's\n", "plain"];
+    let mut args =
+        vec!["task", "add", &run, "--env", "V=p\nq", "--", "sh", "-c", r#"printf '[%s]' "$V" "$@" > out.txt"#, "sh"];
+    args.extend(words);
+    let (rc, out, err) = htc(&d, &args);
+    assert_eq!((rc, out.as_str()), (0, "1\n"), "{err}");
+    let (rc, _, err) = htc(&d, &["task", "wait", &run, "1", "--timeout", "60s"]);
+    assert_eq!(rc, 0, "{err}");
+    let want: String = std::iter::once("p\nq").chain(words).map(|w| format!("[{w}]")).collect();
+    assert_eq!(std::fs::read_to_string(d.path("out.txt")).unwrap(), want);
+    // `htc log` shows an added task's command, as it shows a file's.
+    let (_, log, _) = htc(&d, &["log", &run]);
+    assert!(log.contains("sh -c 'printf") && log.contains("$htc_nl"), "{log}");
+    let (rc, _, err) = htc(&d, &["close", &run]);
+    assert_eq!(rc, 0, "{err}");
+    assert_eq!(leader.wait_with_output().unwrap().status.code(), Some(0));
+}

@@ -1,6 +1,7 @@
 """`snakemake --executor htc` against real open runs: Snakemake from the package registry (pinned
 by the caller), the real `htc` ($HTC), real processes and signals."""
 
+import json
 import os
 import pathlib
 import signal
@@ -111,36 +112,80 @@ def test_ctrl_c_cancels_the_jobs_and_a_new_snakemake_finishes_only_what_is_missi
     assert [(tmp_path / f"out/{i}.txt").read_text() for i in range(8)] == [f"{i}\n" for i in range(8)]
 
 
-def test_a_killed_snakemake_s_running_tasks_are_waited_for_not_run_twice(tmp_path: pathlib.Path) -> None:
-    # Both tasks run at once and outlast the restart: Snakemake finds them still running.
-    (tmp_path / "Snakefile").write_text(SLOW.replace("sleep 2", "sleep 8"))
+def killed_with_two_running(tmp_path: pathlib.Path, sleep: int) -> str:
+    """A Snakemake killed (SIGKILL: no cancel, its lock left behind) while both its jobs' tasks
+    run; its run goes on with them. The run's id."""
+    (tmp_path / "Snakefile").write_text(SLOW.replace("sleep 2", f"sleep {sleep}"))
     sm = start(tmp_path, "--executor", "htc", "--jobs", "8", "--config", "samples=2")
     wait_for(lambda: runs(tmp_path) and states(tmp_path, runs(tmp_path)[0]).count("running") == 2)
-    sm.kill()  # SIGKILL: no cancel, the lock left behind; its run goes on with the tasks
-    sm.wait()
-    assert snakemake(tmp_path, "--unlock").returncode == 0
-    p = snakemake(tmp_path, "--executor", "htc", "--jobs", "8", "--config", "samples=2")
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert p.stderr.count("left by an earlier Snakemake") == 2, p.stderr[-3000:]
-    ran = (tmp_path / "runs.log").read_text().split()
-    assert sorted(ran, key=int) == ["0", "1"], f"each job ran once: {ran}"
-    assert len(runs(tmp_path)) == 2 and len(states(tmp_path, runs(tmp_path)[1])) == 0, "nothing added anew"
-
-
-def test_rerun_incomplete_cancels_what_a_killed_snakemake_left_running(tmp_path: pathlib.Path) -> None:
-    (tmp_path / "Snakefile").write_text(SLOW.replace("sleep 2", "sleep 30"))
-    sm = start(tmp_path, "--executor", "htc", "--jobs", "8", "--config", "samples=2")
-    wait_for(lambda: runs(tmp_path) and states(tmp_path, runs(tmp_path)[0]).count("running") == 2)
-    first = runs(tmp_path)[0]
     sm.kill()
     sm.wait()
     assert snakemake(tmp_path, "--unlock").returncode == 0
-    # The jobs run anew (30 s each): only their start is waited for, then Snakemake is stopped.
-    sm = start(tmp_path, "--executor", "htc", "--jobs", "8", "--rerun-incomplete", "--config", "samples=2")
-    assert wait_for(lambda: states(tmp_path, first) == ["cancelled", "cancelled"], timeout=60)
-    wait_for(lambda: len(runs(tmp_path)) == 2 and states(tmp_path, runs(tmp_path)[-1]).count("running") == 2)
+    [run] = runs(tmp_path)
+    return run
+
+
+@pytest.mark.parametrize("rerun_incomplete", [False, True], ids=["plain", "rerun-incomplete"])
+def test_a_killed_snakemake_s_run_and_tasks_are_taken_up_not_run_twice(tmp_path: pathlib.Path, rerun_incomplete: bool) -> None:
+    # Both tasks outlast the restart: the next Snakemake finds them still running, in the run it
+    # finds open, and with --rerun-incomplete too waits for them rather than run them again.
+    run = killed_with_two_running(tmp_path, 8)
+    flags = ["--rerun-incomplete"] if rerun_incomplete else []
+    p = snakemake(tmp_path, "--executor", "htc", "--jobs", "8", *flags, "--config", "samples=2")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert f"jobs go to the open run {run}, which a killed Snakemake started" in p.stderr, p.stderr[-3000:]
+    assert p.stderr.count("left by an earlier Snakemake") == 2, p.stderr[-3000:]
+    ran = (tmp_path / "runs.log").read_text().split()
+    assert sorted(ran, key=int) == ["0", "1"], f"each job ran once: {ran}"
+    assert runs(tmp_path) == [run] and states(tmp_path, run) == ["done", "done"], "nothing added anew"
+    assert '"state":"succeeded"' in htc(tmp_path, "status", run, "--json"), "the run was closed at the end"
+
+
+def test_a_run_a_killed_snakemake_left_is_used_for_new_jobs_and_closed(tmp_path: pathlib.Path) -> None:
+    run = killed_with_two_running(tmp_path, 3)
+    p = snakemake(tmp_path, "--executor", "htc", "--jobs", "8", "--config", "samples=4")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert runs(tmp_path) == [run], "no second run beside it"
+    assert states(tmp_path, run) == ["done"] * 4
+    assert '"state":"succeeded"' in htc(tmp_path, "status", run, "--json")
+    assert not (tmp_path / ".snakemake/htc/run").exists(), "the record goes with the run"
+
+
+def test_a_workflow_with_nothing_to_do_starts_no_run(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "Snakefile").write_text(SLOW.replace("sleep 2", "true"))
+    assert snakemake(tmp_path, "--executor", "htc", "--jobs", "2", "--config", "samples=2").returncode == 0
+    [run] = runs(tmp_path)
+    p = snakemake(tmp_path, "--executor", "htc", "--jobs", "2", "--config", "samples=2")
+    assert p.returncode == 0 and "Nothing to be done" in p.stderr, p.stderr[-2000:]
+    assert runs(tmp_path) == [run], "no run started for nothing"
+
+
+def test_a_second_ctrl_c_does_not_cut_the_cancel_short(tmp_path: pathlib.Path) -> None:
+    # Many short jobs, so that some end while the cancel closes the books.
+    (tmp_path / "Snakefile").write_text(SLOW.replace("sleep 2", "sleep 0.0$(( {wildcards.i} % 10 ))"))
+    sm = start(tmp_path, "--executor", "htc", "--jobs", "50", "--config", "samples=200")
+    wait_for(lambda: (tmp_path / "runs.log").exists() and len((tmp_path / "runs.log").read_text().split()) > 30, timeout=60)
     sm.send_signal(signal.SIGINT)
-    sm.wait(60)
+    time.sleep(0.05)
+    sm.send_signal(signal.SIGINT)  # the impatient user's
+    assert sm.wait(120) != 0
+    [run] = runs(tmp_path)
+    assert '"state":"running"' not in htc(tmp_path, "status", run, "--json"), "the run was closed"
+    # The jobs whose tasks the run recorded done (a task whose end raced the cancel is recorded
+    # cancelled, and its job may run again, as Snakemake's jobs may).
+    state = dict(line.split("\t")[:2] for line in htc(tmp_path, "task", "status", run, "--all").splitlines())
+    done_before = {
+        json.loads(row)["Command"].split(">> runs.log")[0].split("echo ")[-1].strip()
+        for row in htc(tmp_path, "log", run, "--format", "json").splitlines()
+        if state[str(json.loads(row)["Seq"])] == "done"
+    }
+    assert len(done_before) > 20
+    p = snakemake(tmp_path, "--executor", "htc", "--jobs", "50", "--config", "samples=200")
+    assert p.returncode == 0, p.stderr[-3000:]
+    ran = (tmp_path / "runs.log").read_text().split()
+    again = [i for i in done_before if ran.count(i) > 1]
+    assert not again, f"{len(again)} jobs that had finished ran again: {sorted(again, key=int)[:20]}"
+    assert len(set(ran)) == 200
 
 
 def test_a_job_no_node_can_hold_fails_with_the_reason(tmp_path: pathlib.Path) -> None:

@@ -93,22 +93,39 @@ def task_line(
     for name, ids in (("after", after), ("afterany", afterany)):
         if ids:
             opts.append(f"{name}={':'.join(str(i) for i in ids)}")
-    text = cmd if isinstance(cmd, str) else shlex.join(cmd)
+    if isinstance(cmd, str):
+        # A script of several lines runs as written, through `eval` of it on one line.
+        text = cmd if "\n" not in cmd else f"eval {_quote(cmd)}"
+    else:
+        text = " ".join(_quote(w) for w in cmd)
     front = ""
     if cwd is not None:
         # Checked here, where the caller sees it, not when the task runs (as `htc task add --cwd`).
         where = os.path.abspath(os.fspath(cwd))
         if not os.path.isdir(where):
             raise ValueError(f"cwd={os.fspath(cwd)!r}: no such directory")
-        front += f"cd {shlex.quote(where)} && "
+        front += f"cd {_quote(where)} && "
     for name, value in (env or {}).items():
         if not name.isidentifier():
             raise ValueError(f"env: {name!r} is not a variable name")
-        front += f"{name}={shlex.quote(value)} "
+        front += f"{name}={_quote(value)} "
     text = front + text
-    if "\n" in text or not text.strip():
-        raise ValueError("a task's command is one line, not empty")
+    if not text.strip():
+        raise ValueError("a task's command is empty")
+    if _NL in text:
+        text = _NL_DEF + text
     return f"[{' '.join(opts)}] {text}"
+
+
+# A task's command is one line: a newline in a word is the shell's `$htc_nl`, which `_NL_DEF`
+# sets (as `htc task add` quotes it; a command substitution keeps a newline not at its end).
+_NL = "'\"$htc_nl\"'"
+_NL_DEF = "htc_nl=$(printf '\\n_'); htc_nl=${htc_nl%_}; "
+
+
+def _quote(word: str) -> str:
+    """`word` as one word for `/bin/sh`, on one line."""
+    return shlex.quote(word).replace("\n", _NL)
 
 
 def _duration(v: object) -> str:

@@ -10,7 +10,7 @@ import os
 import subprocess
 import tempfile
 import time
-from typing import IO, Any, Dict, List, Mapping, Optional, Sequence
+from typing import IO, Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from ._htc import HtcError, call, call_bytes, find_binary, id_ranges
 
@@ -74,9 +74,14 @@ class Run:
         cwd: Optional[str] = None,
         idle_exit: str = "30m",
         timeout: float = 120.0,
+        say: Optional[Callable[[str], None]] = None,
     ) -> "Run":
         """Submits `sbatch --htc-open` (`slurm`: `nodes`, `time`, `grow`, `sbatch_args`) and
-        waits until its leader listens."""
+        waits until its leader listens: as long as the job is pending (a busy cluster's normal
+        wait; `say` is told its state and reason as they change), then at most `timeout` once it
+        runs. A job that ends first, a leader that does not come, or a Ctrl-C here: the job is
+        cancelled (nothing is left to start later and hold nodes for nobody) and `HtcError`
+        (or the `KeyboardInterrupt`) raised."""
         args = ["sbatch", "--parsable", f"--htc-open={idle_exit}"]
         if slurm.get("nodes") is not None:
             args.append(f"--nodes={slurm['nodes']}")
@@ -90,7 +95,11 @@ class Run:
             raise HtcError(f"sbatch: {p.stderr.strip() or p.returncode}")
         job = p.stdout.strip().split(";")[0]
         pattern = os.path.join(cwd or ".", ".htc", job, "leader.addr")
-        run = cls(_wait_leader(pattern, timeout, None, None), htc=htc, cwd=cwd)
+        try:
+            run = cls(_wait_slurm_leader(job, pattern, timeout, say or (lambda _: None)), htc=htc, cwd=cwd)
+        except BaseException:
+            subprocess.run(["scancel", job], capture_output=True)
+            raise
         run.started = True
         return run
 
@@ -142,15 +151,59 @@ class Run:
         `surrogateescape`, ... do not)."""
         return self.output_bytes(task_id, stream).decode("utf-8", errors)
 
-    def close(self, *, wait: bool = False) -> None:
-        """The run takes no more tasks and ends once what it holds is done; with `wait`, returns
-        then (when it was started here). A run already ended is no error."""
+    def close(self, *, wait: bool = False, cancel: bool = False) -> None:
+        """The run takes no more tasks and ends once what it holds is done (with `cancel`: what
+        it holds is cancelled); with `wait`, returns then (when it was started here). A run
+        already ended is no error."""
         try:
-            self.htc("close", self.id)
+            self.htc("close", self.id, *(["--cancel"] if cancel else []))
         except HtcError:
             pass
         if wait and self.leader is not None:
             self.leader.wait()
+
+
+# How often a pending job's state is asked of Slurm: from the first to the last, doubling (one
+# `squeue` call each: a long wait costs the controller a few calls a minute).
+QUEUE_FIRST_S, QUEUE_MAX_S = 1.0, 15.0
+
+
+def _wait_slurm_leader(job: str, pattern: str, timeout: float, say: Callable[[str], None]) -> str:
+    """The run id of Slurm job `job` once its leader listens (`pattern`): waited for as long as
+    the job is pending, then `timeout` at most."""
+    said, pause, next_look = "", QUEUE_FIRST_S, 0.0
+    running_since: Optional[float] = None
+    while True:
+        found = glob.glob(pattern)
+        if found:
+            return os.path.basename(os.path.dirname(found[0]))
+        now = time.monotonic()
+        if now >= next_look:
+            q = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T %r"], capture_output=True, text=True)
+            state, _, reason = q.stdout.strip().partition(" ")
+            if not state and (q.returncode == 0 or "Invalid job id" in q.stderr):
+                state = "ENDED"  # gone from the queue
+            if state in ("PENDING", "CONFIGURING", "REQUEUED", "RESIZING", "SUSPENDED"):
+                running_since = None
+            elif state == "RUNNING":
+                running_since = running_since or now
+            elif state:
+                raise HtcError(
+                    f"the Slurm job {job} of the open run ended ({state.lower()}) before its leader "
+                    f"listened; see slurm-{job}.out"
+                )
+            # No state: the controller did not answer; asked again later.
+            news = f"the Slurm job {job} of the open run is {state.lower()}"
+            news += f" ({reason})" if reason and reason != "None" else ""
+            changed = bool(state) and news != said
+            if changed:
+                say(news)
+                said = news
+            pause = QUEUE_FIRST_S if changed else min(pause * 2, QUEUE_MAX_S)
+            next_look = now + pause
+        if running_since is not None and now - running_since > timeout:
+            raise HtcError(f"the open run's leader did not start within {timeout:g} s of its Slurm job {job} running")
+        time.sleep(0.05)
 
 
 def _wait_leader(

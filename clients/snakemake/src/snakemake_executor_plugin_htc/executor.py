@@ -3,17 +3,23 @@
 Every ready job goes in one `htc task add` request; the states of all active jobs come from one
 `htc task status` per poll; a cancel is one `htc task cancel`. The run is started here (`htc run
 --open`) or on Slurm (`sbatch --htc-open`), or attached to (`--htc-run`). A job whose output
-Snakemake marked incomplete with one of our task ids (Snakemake was killed) is taken up again:
-still running, it is waited for; done, it is reported so; failed, it is added anew. With
-`--rerun-incomplete`, such a task still running is cancelled before its job is added again.
+Snakemake marked incomplete with one of our task ids (Snakemake was killed) is taken up again,
+with `--rerun-incomplete` or without: still running, it is waited for; done, it is reported so;
+failed, it is added anew. The run itself is started with the first job (a workflow with nothing
+to do starts nothing) and noted in `.snakemake/htc/run`: the next Snakemake uses a run that a
+killed one left open, and closes it at its end. A second Ctrl-C does not cut a cancel short.
 """
 
 import json
+import os
+import signal
+import threading
 import time
+from contextlib import contextmanager
 from collections import defaultdict
-from typing import Any, AsyncGenerator, Dict, List, Optional, Tuple
+from typing import Any, AsyncGenerator, Dict, Iterator, List, Optional, Tuple
 
-from slurm_htc import DAMAGED, ENDED, HtcError, Run
+from slurm_htc import DAMAGED, HtcError, Run
 from snakemake_interface_common.exceptions import WorkflowError
 from snakemake_interface_executor_plugins.executors.base import SubmittedJobInfo
 from snakemake_interface_executor_plugins.executors.remote import RemoteExecutor
@@ -28,6 +34,17 @@ POLL_FIRST_S, POLL_MAX_S, POLL_PER_JOB_S = 0.01, 1.0, 20e-6
 LIVENESS_S = 10.0
 # States of a run in which its waiting tasks will not run (`htc status --json`).
 GONE = ("interrupted", "succeeded", "failed", "not_started")
+# Where a Snakemake notes the run it started, in its working directory: the next one uses that
+# run if this one was killed and left it open (Snakemake's lock keeps two from one directory).
+RECORD = os.path.join(".snakemake", "htc", "run")
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
 
 
 def external_id(run: Run, task_id: int) -> str:
@@ -43,28 +60,72 @@ def parse_external_id(text: str) -> Optional[Tuple[str, int]]:
 class Executor(RemoteExecutor):  # type: ignore[misc]  # (the interface is untyped)
     # The base class starts polling before `__post_init__` runs: these hold from the start.
     _runs: Dict[str, Run] = {}
+    _run_: Optional[Run] = None
+    _owned = False
     _pause = POLL_FIRST_S
     _changed_at = _live_at = 0.0
 
     def __post_init__(self) -> None:
         s = self.workflow.executor_settings
         self._workdir: str = self.workflow.workdir_init
-        slurm = {"nodes": s.nodes, "time": s.time, "grow": s.grow, "sbatch_args": (s.sbatch_args or "").split()}
-        try:
-            if s.run:
-                self._run = Run(s.run, htc=s.binary, cwd=self._workdir)
-                self._check_open(self._run)
-            elif s.nodes:
-                self._run = Run.start_slurm(slurm, htc=s.binary, cwd=self._workdir, idle_exit=s.idle_exit)
-            else:
-                self._run = Run.start(htc=s.binary, cwd=self._workdir, idle_exit=s.idle_exit, own_session=True)
-        except HtcError as e:
-            raise WorkflowError(f"slurm-htc: {e}")
-        self.logger.info(f"slurm-htc: jobs go to the open run {self._run.id}")
+        self._binary = s.binary
+        # The run, started (or found) with the first job: a workflow with nothing to do starts
+        # nothing, on this machine or on Slurm.
+        self._run_: Optional[Run] = None
+        # Whether this Snakemake closes the run when it ends: one it started, or one a killed
+        # Snakemake of this directory started and left (recorded in `RECORD`); not `--htc-run`.
+        self._owned = False
         # Runs a job's task may be in: ours, and those a killed Snakemake left tasks in.
-        self._runs: Dict[str, Run] = {self._run.id: self._run}
+        self._runs = {}
+        # Jobs submitted that have not ended, by external id: the active jobs, and those a status
+        # check holds meanwhile (Snakemake takes them out of its list while it checks).
+        self._out: Dict[str, SubmittedJobInfo] = {}
         self._changed_at = self._live_at = time.monotonic()
         self._gone: Dict[str, int] = defaultdict(int)
+        _Interrupts(self.logger).install()
+
+    @property
+    def _run(self) -> Run:
+        if self._run_ is None:
+            try:
+                self._run_ = self._open_run()
+            except HtcError as e:
+                raise WorkflowError(f"slurm-htc: {e}")
+            self._runs[self._run_.id] = self._run_
+        return self._run_
+
+    def _open_run(self) -> Run:
+        """`--htc-run`'s run; else the open run a killed Snakemake of this directory left, if it
+        still takes tasks; else a new one, here or on Slurm, recorded for the next Snakemake."""
+        s = self.workflow.executor_settings
+        if s.run:
+            run = Run(s.run, htc=self._binary, cwd=self._workdir)
+            self._check_open(run)
+            self.logger.info(f"slurm-htc: jobs go to the open run {run.id}")
+            return run
+        record = os.path.join(self._workdir, RECORD)
+        left = _read(record)
+        if left:
+            try:
+                run = Run(left, htc=self._binary, cwd=self._workdir)
+                self._check_open(run)
+                self._owned = True
+                self.logger.info(f"slurm-htc: jobs go to the open run {run.id}, which a killed Snakemake started")
+                return run
+            except HtcError as e:
+                self.logger.debug(f"slurm-htc: the run {left} an earlier Snakemake left: {e}")
+        slurm = {"nodes": s.nodes, "time": s.time, "grow": s.grow, "sbatch_args": (s.sbatch_args or "").split()}
+        if s.nodes:
+            run = Run.start_slurm(slurm, htc=self._binary, cwd=self._workdir, idle_exit=s.idle_exit, say=self.logger.info)
+        else:
+            run = Run.start(htc=self._binary, cwd=self._workdir, idle_exit=s.idle_exit, own_session=True)
+        self._owned = True
+        os.makedirs(os.path.dirname(record), exist_ok=True)
+        with open(record + ".new", "w") as f:
+            f.write(run.id + "\n")
+        os.replace(record + ".new", record)
+        self.logger.info(f"slurm-htc: jobs go to the open run {run.id}")
+        return run
 
     def _check_open(self, run: Run) -> None:
         """A run named with `--htc-run` must be one that takes tasks: a clear error now, not a
@@ -100,8 +161,13 @@ class Executor(RemoteExecutor):  # type: ignore[misc]  # (the interface is untyp
             ids = [self._add_alone(job, line) for job, line in zip(added, lines)]
         for job, task_id in zip(added, ids):
             if task_id is not None:
-                self.report_job_submission(SubmittedJobInfo(job, external_jobid=external_id(self._run, task_id)))
+                self._submitted(SubmittedJobInfo(job, external_jobid=external_id(self._run, task_id)))
         self._pause = POLL_FIRST_S
+
+    def _submitted(self, info: SubmittedJobInfo) -> None:
+        """A job is a task now: Snakemake is told, and it is this executor's until it ended."""
+        self._out[info.external_jobid] = info
+        self.report_job_submission(info)
 
     def _add_alone(self, job: JobExecutorInterface, line: str) -> Optional[int]:
         try:
@@ -113,7 +179,7 @@ class Executor(RemoteExecutor):  # type: ignore[misc]  # (the interface is untyp
     def _line(self, job: JobExecutorInterface) -> str:
         direct = None if self.workflow.executor_settings.spawn_snakemake else tasks.direct_command(job, self.workflow)
         if direct is None:
-            return tasks.line(job, "/bin/sh", self.format_job_exec(job), self._workdir, self.tmpdir)
+            return tasks.line(job, "/bin/sh", self.format_job_exec(job), self._workdir, self.tmpdir, spawned=True)
         # As the local executor does before it runs a rule: output directories made, old
         # outputs removed, inputs waited for (the spawned Snakemake would do it otherwise).
         self.workflow.async_run(job.prepare())
@@ -127,19 +193,17 @@ class Executor(RemoteExecutor):  # type: ignore[misc]  # (the interface is untyp
             return False
         run_id, task_id = ours[0]
         try:
-            run = self._runs.get(run_id) or Run(run_id, htc=self._run.binary, cwd=self._workdir)
+            run = self._runs.get(run_id) or Run(run_id, htc=self._binary, cwd=self._workdir)
             row = run.status([task_id]).get(task_id)
         except HtcError:
             return False  # that run is gone: the job runs anew
         if row is None or row["state"] in ("failed", "cancelled", DAMAGED):
             return False
-        if self.workflow.dag_settings.force_incomplete:  # --rerun-incomplete: run it anew
-            if row["state"] not in ENDED:
-                run.cancel([task_id])
-            return False
+        # With or without --rerun-incomplete: its task is the job's run, still going or done;
+        # running it anew beside it would write its outputs twice at once.
         self._runs[run.id] = run
         self.logger.info(f"slurm-htc: job {job.jobid} is task {task_id} of {run.id}, left by an earlier Snakemake")
-        self.report_job_submission(SubmittedJobInfo(job, external_jobid=external_id(run, task_id)))
+        self._submitted(SubmittedJobInfo(job, external_jobid=external_id(run, task_id)))
         return True
 
     # -- states ----------------------------------------------------------------------------
@@ -177,6 +241,7 @@ class Executor(RemoteExecutor):  # type: ignore[misc]  # (the interface is untyp
                 else:
                     yield info
                     continue
+                self._out.pop(info.external_jobid, None)
                 changed = True
         self._pace(changed, len(active_jobs))
 
@@ -223,6 +288,39 @@ class Executor(RemoteExecutor):  # type: ignore[misc]  # (the interface is untyp
 
     # -- the end ---------------------------------------------------------------------------
 
+    def cancel(self) -> None:
+        """Snakemake's Ctrl-C: the jobs cancelled, their books closed, the run closed, all of it
+        whatever more Ctrl-Cs come meanwhile (an impatient user's second one would otherwise leave
+        finished jobs marked incomplete, to run again, and the run open)."""
+        with _patient(self.logger):
+            # The status checks stop first: nothing is reported meanwhile.
+            with self.lock:
+                self.wait = False
+            self.wait_thread.join()
+            active = list(self._out.values())
+            self.cancel_jobs(active)
+            self._close_the_rest(active)
+            if self._owned and self._run_ is not None:
+                # What a request cut short by the Ctrl-C added, unknown to Snakemake, stops too.
+                self._run_.close(cancel=True)
+            self.shutdown()
+
+    def _close_the_rest(self, active: List[SubmittedJobInfo]) -> None:
+        """The books of the jobs the Ctrl-C caught between Snakemake's scheduler and this
+        executor: those reported done that the scheduler had not closed yet (it closes them in
+        its next round, which a Ctrl-C ends) are closed as done; those it had started that were
+        never submitted (the Ctrl-C came during their `htc task add`) as not done. Else they are
+        left marked incomplete, and the next Snakemake refuses to start or runs them again."""
+        scheduler = getattr(self.workflow, "scheduler", None)
+        finished = list(getattr(scheduler, "_tofinish", None) or ())
+        for job in finished:
+            self._close_job(job, True)
+        seen = {id(info.job) for info in active} | {id(job) for job in finished}
+        seen |= {id(job) for job in getattr(scheduler, "_toerror", None) or ()}
+        for job in list(getattr(scheduler, "running", None) or ()):
+            if id(job) not in seen and not getattr(job, "is_local", False):
+                self._close_job(job, False)
+
     def cancel_jobs(self, active_jobs: List[SubmittedJobInfo]) -> None:
         """One `htc task cancel` per run for all active jobs; then each job's books are closed
         as the local executor leaves them after a Ctrl-C: a job whose task had ended well is
@@ -246,7 +344,9 @@ class Executor(RemoteExecutor):  # type: ignore[misc]  # (the interface is untyp
                 self._close_books(info, rows.get(task_id, {}).get("state") == "done")
 
     def _close_books(self, info: SubmittedJobInfo, done: bool) -> None:
-        job: Any = info.job
+        self._close_job(info.job, done)
+
+    def _close_job(self, job: Any, done: bool) -> None:
         if done:
             try:
                 self.workflow.async_run(job.postprocess())
@@ -259,12 +359,63 @@ class Executor(RemoteExecutor):  # type: ignore[misc]  # (the interface is untyp
             self.logger.info(f"slurm-htc: job {job.jobid} left incomplete: {e}")
 
     def shutdown(self) -> None:
-        super().shutdown()
-        if self._run.started:
+        with _patient(self.logger):
+            super().shutdown()
+            run = self._run_
+            if run is None or not self._owned:
+                return
             # Ends once what it holds is done; a run Snakemake was cancelled from holds nothing.
-            self._run.close()
-            if self._run.leader is not None:
+            run.close()
+            if _read(os.path.join(self._workdir, RECORD)) == run.id:
+                os.unlink(os.path.join(self._workdir, RECORD))
+            if run.leader is not None:
                 try:
-                    self._run.leader.wait(timeout=30)
+                    run.leader.wait(timeout=30)
                 except Exception:  # subprocess.TimeoutExpired: it ends on its own later
                     pass
+
+
+# Ctrl-Cs past the first that are noted, not raised, while the jobs are cancelled and their books
+# closed; the next one stops Snakemake at once (jobs may be left marked incomplete then).
+PATIENCE = 3
+
+
+class _Interrupts:
+    """SIGINT for a Snakemake whose jobs are remote: the first Ctrl-C is a `KeyboardInterrupt`, as
+    always (Snakemake then cancels the jobs); the next `PATIENCE` are noted, so that an impatient
+    user's second Ctrl-C cannot cut the cancel short, which would leave finished jobs marked
+    incomplete (to run again) and the run open."""
+
+    def __init__(self, logger: Any) -> None:
+        self.logger, self.count = logger, 0
+
+    def install(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, self.caught)
+
+    def caught(self, signum: int, frame: Any) -> None:
+        self.count += 1
+        if self.count == 1 or self.count > PATIENCE + 1:
+            raise KeyboardInterrupt
+        left = PATIENCE + 1 - self.count
+        self.logger.info(
+            "slurm-htc: cancelling the jobs and closing their books; Snakemake ends once that is done"
+            f" ({left} more Ctrl-C to stop at once, leaving jobs marked incomplete)"
+        )
+
+
+@contextmanager
+def _patient(logger: Any) -> Iterator[None]:
+    """While this lasts, Ctrl-C is noted, not raised (where Snakemake runs in the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def noted(signum: int, frame: Any) -> None:
+        logger.info("slurm-htc: cancelling the jobs and closing their books; Snakemake ends once that is done")
+
+    before = signal.signal(signal.SIGINT, noted)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)

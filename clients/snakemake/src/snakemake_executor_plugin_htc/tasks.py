@@ -24,14 +24,20 @@ THREAD_VARIABLES = (
 MAX_LINE = 131_071 - 4096
 
 
-def options(job: Any) -> Dict[str, object]:
+# What the `python -m snakemake` that runs a spawned job takes itself, on top of the job's
+# `mem_mb`: its task's memory limit is the sum, so that every rule the local executor runs with
+# its `mem_mb` runs (measured: 70-150 MiB resident here; docs/snakemake.md).
+WRAPPER_MB = 256
+
+
+def options(job: Any, spawned: bool = False) -> Dict[str, object]:
     """The task's options from the job's threads and resources. Retries stay Snakemake's
-    (`--retries`): the run tries each task once."""
+    (`--retries`): the run tries each task once. A `spawned` job's memory has the wrapper's."""
     res: Mapping[str, Any] = job.resources
     opts: Dict[str, object] = {"cores": max(1, int(job.threads)), "retries": 0}
     mem = res.get("mem_mb")
     if isinstance(mem, int) and mem > 0:
-        opts["mem"] = f"{mem}M"
+        opts["mem"] = f"{mem + WRAPPER_MB if spawned else mem}M"
     runtime = res.get("runtime")  # minutes, as Snakemake writes it
     if isinstance(runtime, int) and runtime > 0:
         opts["timeout"] = f"{runtime}m"
@@ -66,7 +72,7 @@ def direct_command(job: Any, workflow: Any) -> Optional[Tuple[str, str]]:
     return executable, " ".join((prefix, cmd, shell._process_suffix)).strip()
 
 
-def line(job: Any, executable: str, command: str, workdir: str, scripts: str) -> str:
+def line(job: Any, executable: str, command: str, workdir: str, scripts: str, spawned: bool = False) -> str:
     """The task line: `cd WORKDIR && VARS EXECUTABLE -c COMMAND`, or `EXECUTABLE SCRIPT` when the
     command is long or has more than one line (written to a file under `scripts`). The variables
     are those Snakemake's `shell()` sets: the thread counts, and `TMPDIR` from `resources.tmpdir`."""
@@ -82,4 +88,4 @@ def line(job: Any, executable: str, command: str, workdir: str, scripts: str) ->
         body = f"{shlex.quote(executable)} {shlex.quote(path)}"
     else:
         body = f"{shlex.quote(executable)} -c {shlex.quote(command)}"
-    return task_line(body, options(job), cwd=workdir, env=env)
+    return task_line(body, options(job, spawned), cwd=workdir, env=env)
