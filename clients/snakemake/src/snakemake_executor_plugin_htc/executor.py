@@ -82,7 +82,8 @@ class Executor(RemoteExecutor):  # type: ignore[misc]  # (the interface is untyp
         self._out: Dict[str, SubmittedJobInfo] = {}
         self._changed_at = self._live_at = time.monotonic()
         self._gone: Dict[str, int] = defaultdict(int)
-        _Interrupts(self.logger).install()
+        self._interrupts = _Interrupts(self.logger)
+        self._interrupts.install()
 
     @property
     def _run(self) -> Run:
@@ -360,19 +361,23 @@ class Executor(RemoteExecutor):  # type: ignore[misc]  # (the interface is untyp
 
     def shutdown(self) -> None:
         with _patient(self.logger):
-            super().shutdown()
-            run = self._run_
-            if run is None or not self._owned:
-                return
-            # Ends once what it holds is done; a run Snakemake was cancelled from holds nothing.
-            run.close()
-            if _read(os.path.join(self._workdir, RECORD)) == run.id:
-                os.unlink(os.path.join(self._workdir, RECORD))
-            if run.leader is not None:
-                try:
-                    run.leader.wait(timeout=30)
-                except Exception:  # subprocess.TimeoutExpired: it ends on its own later
-                    pass
+            self._shutdown()
+        self._interrupts.uninstall()
+
+    def _shutdown(self) -> None:
+        super().shutdown()
+        run = self._run_
+        if run is None or not self._owned:
+            return
+        # Ends once what it holds is done; a run Snakemake was cancelled from holds nothing.
+        run.close()
+        if _read(os.path.join(self._workdir, RECORD)) == run.id:
+            os.unlink(os.path.join(self._workdir, RECORD))
+        if run.leader is not None:
+            try:
+                run.leader.wait(timeout=30)
+            except Exception:  # subprocess.TimeoutExpired: it ends on its own later
+                pass
 
 
 # Ctrl-Cs past the first that are noted, not raised, while the jobs are cancelled and their books
@@ -388,10 +393,17 @@ class _Interrupts:
 
     def __init__(self, logger: Any) -> None:
         self.logger, self.count = logger, 0
+        self.before: Any = None
 
     def install(self) -> None:
         if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, self.caught)
+            self.before = signal.signal(signal.SIGINT, self.caught)
+
+    def uninstall(self) -> None:
+        """The handler there was before, once Snakemake's run is over (it may go on in-process)."""
+        if self.before is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, self.before)
+            self.before = None
 
     def caught(self, signum: int, frame: Any) -> None:
         self.count += 1
