@@ -8,7 +8,9 @@ import concurrent.futures as cf
 import os
 import pathlib
 import subprocess
+import sys
 import time
+from typing import List
 
 import pytest
 
@@ -202,3 +204,40 @@ def test_output_that_is_not_utf8_is_there_as_bytes_and_as_text_with_the_errors_c
     assert r.stdout(errors="surrogateescape").encode("utf-8", "surrogateescape") == b"caf\xe9\n"
     e = ex.submit(["sh", "-c", "printf '\\377' >&2"]).result(timeout=60)
     assert e.stderr_bytes() == b"\xff"
+
+
+CRASHING = """
+import os, sys
+from slurm_htc import Executor
+ex = Executor(htc=sys.argv[1], cwd=sys.argv[2], record=sys.argv[3])
+print(ex.run, flush=True)
+quick = ex.submit("echo quick >> runs.txt", key="quick")
+slow = ex.submit("sleep 2; echo slow >> runs.txt", key="slow")
+if sys.argv[4] == "crash":
+    quick.result(timeout=60)
+    os._exit(9)  # a crash: no shutdown, the run left open
+print(quick.result(timeout=60).task_id, slow.result(timeout=60).task_id, flush=True)
+ex.shutdown()
+"""
+
+
+def test_a_program_restarted_after_a_crash_finds_its_run_and_its_keyed_tasks(tmp_path: pathlib.Path) -> None:
+    record = str(tmp_path / "run.txt")
+
+    def program(mode: str) -> List[str]:
+        p = subprocess.run(
+            [sys.executable, "-c", CRASHING, HTC, str(tmp_path), record, mode],
+            capture_output=True, text=True, timeout=120,
+        )
+        assert p.returncode == (9 if mode == "crash" else 0), p.stderr
+        return p.stdout.split()
+
+    [first] = program("crash")
+    assert open(record).read().strip() == first, "the run it started is noted"
+    run, quick, slow = program("again")
+    assert run == first, "the restarted program uses the run it had started"
+    assert (quick, slow) == ("1", "2"), "the keys found the same tasks"
+    assert sorted((tmp_path / "runs.txt").read_text().split()) == ["quick", "slow"], "each ran once"
+    assert not os.path.exists(record), "the record goes with the run, closed at shutdown"
+    info = subprocess.run([HTC, "status", run, "--json"], cwd=tmp_path, capture_output=True, text=True).stdout
+    assert '"state":"running"' not in info, info

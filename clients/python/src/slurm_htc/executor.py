@@ -11,6 +11,8 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import functools
+import logging
+import os
 import threading
 import time
 from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence
@@ -23,6 +25,9 @@ from .run import ENDED, Run
 # tasks unfinished, no more often than `POLL_PER_TASK_S` each, so that the leader spends on the
 # client's questions a few percent of what it spends on the tasks (~1 µs per id asked).
 POLL_FIRST_S, POLL_MAX_S, POLL_PER_TASK_S = 0.005, 0.5, 20e-6
+
+# Which run an executor started or found, and a Slurm job's wait: `logging.getLogger("slurm_htc")`.
+_log = logging.getLogger("slurm_htc")
 
 
 class TaskFailed(Exception):
@@ -111,7 +116,13 @@ class Executor(concurrent.futures.Executor):
     a running one (its id or directory); `Executor(slurm={"nodes": 4, "time": "2:00:00"})` submits
     `sbatch --htc-open` and waits for its leader. Keyword defaults (`cores`, `mem`, `gpus`,
     `timeout`, `retries`, `priority`) apply to every `submit`. A run this executor started is
-    closed at `shutdown`.
+    closed at `shutdown`; its id is `run` (and logged to the `slurm_htc` logger).
+
+    With `record=PATH` a program finds its run again after a crash: the executor notes the run it
+    starts in that file, and a later `Executor(record=PATH)` attaches to the run the file names
+    while it still takes tasks (and closes it at its `shutdown`, removing the file) instead of
+    starting another. Submits with the same `key=` then get the same tasks: those that finished
+    give their results without running again.
     """
 
     def __init__(
@@ -123,18 +134,34 @@ class Executor(concurrent.futures.Executor):
         slurm: Optional[Mapping[str, Any]] = None,
         idle_exit: str = "30m",
         start_timeout: float = 120.0,
+        record: Optional[str] = None,
         **defaults: Any,
     ) -> None:
         self._defaults = dict(defaults)
         unknown = set(self._defaults) - {"cores", "mem", "gpus", "timeout", "retries", "priority"}
         if unknown:
             raise TypeError(f"unknown task option(s): {', '.join(sorted(unknown))}")
-        if run is not None:
-            self._run = Run(run, htc=htc, cwd=cwd)
-        elif slurm is not None:
-            self._run = Run.start_slurm(slurm, htc=htc, cwd=cwd, idle_exit=idle_exit, timeout=start_timeout)
-        else:
-            self._run = Run.start(htc=htc, cwd=cwd, idle_exit=idle_exit, timeout=start_timeout)
+        left = _read(record) if record is not None and run is None else ""
+        self._run = Run(run or left, htc=htc, cwd=cwd)
+        if left:
+            try:
+                self._run.check_open()
+                # Closed at shutdown, as the program that started it would have.
+                self._run.started = True
+                _log.info("slurm-htc: using the open run %s, noted in %s", left, record)
+            except HtcError as e:
+                _log.info("slurm-htc: not the run %s noted in %s: %s", left, record, e)
+                left = ""
+        if run is None and not left:
+            if slurm is not None:
+                say = functools.partial(_log.info, "slurm-htc: %s")
+                self._run = Run.start_slurm(slurm, htc=htc, cwd=cwd, idle_exit=idle_exit, timeout=start_timeout, say=say)
+            else:
+                self._run = Run.start(htc=htc, cwd=cwd, idle_exit=idle_exit, timeout=start_timeout)
+            _log.info("slurm-htc: started the open run %s", self._run.id)
+            if record is not None:
+                _write(record, self._run.id)
+        self._record = record
         self.run = self._run.id
         self._lock = threading.Condition()
         self._feed = _Feed()
@@ -313,6 +340,24 @@ class Executor(concurrent.futures.Executor):
             self._poller.join()
         if self._run.started:
             self._run.close(wait=wait)
+            if self._record is not None and _read(self._record) == self._run.id:
+                os.unlink(self._record)
+
+
+def _read(path: str) -> str:
+    """The run id a record file names; empty when there is none."""
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _write(path: str, run_id: str) -> None:
+    """Notes `run_id` in `path`, whole or not at all."""
+    with open(path + ".new", "w") as f:
+        f.write(run_id + "\n")
+    os.replace(path + ".new", path)
 
 
 def _ids(futures: Sequence[concurrent.futures.Future]) -> list[int]:  # type: ignore[type-arg]

@@ -103,6 +103,13 @@ class Run:
         run.started = True
         return run
 
+    def check_open(self) -> None:
+        """`HtcError` unless the run is running and takes tasks from this user (an empty add)."""
+        info = json.loads(self.htc("status", self.id, "--json"))
+        if info.get("state") != "running":
+            raise HtcError(f"the run {self.id} is {info.get('state')}: it takes no tasks")
+        self.htc("task", "add", self.id, "--file", "-", input="")
+
     def htc(self, *args: str, input: Optional[str] = None) -> str:
         """`htc ARGS` in the run's working directory; its stdout."""
         return call(self.binary, list(args), cwd=self.cwd, input=input)
