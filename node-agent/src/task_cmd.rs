@@ -90,6 +90,9 @@ fn stream(
     });
     let (mut directives, mut batch, mut first, mut next_line) = (Vec::new(), Vec::new(), 1u64, 1u64);
     let mut lines_in_batch = 0;
+    // An empty stream is still one request: a run that takes no tasks refuses it, and an open
+    // run counts it as its client's word (`--idle-exit` counts from it).
+    let mut sent = false;
     loop {
         let line = rx.recv_timeout(STREAM_WAIT);
         let ended = matches!(line, Err(std::sync::mpsc::RecvTimeoutError::Disconnected));
@@ -112,12 +115,16 @@ fn stream(
             text.extend_from_slice(&batch);
             // The carried directives come first: the batch's own lines keep their numbers.
             let ids = c.add(&text, source, first.saturating_sub(carried).max(1), OneTask::default())?;
+            sent = true;
             if let Err(e) = print(ids) {
                 return Ok(Err(e));
             }
         }
         (batch, lines_in_batch, first) = (Vec::new(), 0, next_line);
         if ended {
+            if !sent {
+                c.add(b"", source, 1, OneTask::default())?;
+            }
             return Ok(Ok(()));
         }
     }

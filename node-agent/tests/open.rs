@@ -404,3 +404,38 @@ fn arguments_holding_newlines_reach_the_task_as_given() {
     assert_eq!(rc, 0, "{err}");
     assert_eq!(leader.wait_with_output().unwrap().status.code(), Some(0));
 }
+
+/// An open run's idle time counts from its last task's end or its client's last add, whichever
+/// is later: an empty add (`--file -` of nothing) keeps it, and without one it ends on time.
+#[test]
+fn an_empty_add_keeps_an_open_run_past_its_idle_time_and_without_it_the_run_ends() {
+    let d = Dir::new("open-kept");
+    let (leader, run) = open_run(&d, &["--idle-exit", "2s"]);
+    let empty_add = || {
+        let mut c = Command::new(HTC)
+            .args(["task", "add", &run, "--file", "-"])
+            .current_dir(&d.0)
+            .env("HTC_SITE_CONFIG", "/dev/null")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        c.stdout.append(&mut c.stderr);
+        (c.status.code(), String::from_utf8_lossy(&c.stdout).into_owned())
+    };
+    let t0 = std::time::Instant::now();
+    for _ in 0..4 {
+        std::thread::sleep(Duration::from_millis(800));
+        assert_eq!(empty_add(), (Some(0), String::new()), "kept at {:?}", t0.elapsed());
+    }
+    let heard = std::time::Instant::now();
+    let o = leader.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let after = heard.elapsed();
+    assert!(
+        after >= Duration::from_millis(1500) && after < Duration::from_secs(6),
+        "ended {after:?} after the last add"
+    );
+    // Ended idle, with nothing written since its last commit: finished, not interrupted.
+    let (_, status, _) = htc(&d, &["status", &run, "--json"]);
+    assert!(status.contains("\"state\":\"succeeded\""), "{status}");
+}

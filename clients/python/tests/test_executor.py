@@ -241,3 +241,31 @@ def test_a_program_restarted_after_a_crash_finds_its_run_and_its_keyed_tasks(tmp
     assert not os.path.exists(record), "the record goes with the run, closed at shutdown"
     info = subprocess.run([HTC, "status", run, "--json"], cwd=tmp_path, capture_output=True, text=True).stdout
     assert '"state":"running"' not in info, info
+
+
+KEPT = """
+import os, sys, time
+from slurm_htc import Executor
+ex = Executor(htc=sys.argv[1], cwd=sys.argv[2], idle_exit="3s")
+ex.submit("true").result(timeout=60)
+time.sleep(5)  # idle past the run's idle time, alive: the run is kept
+ex.submit("true").result(timeout=60)
+print(ex.run, flush=True)
+os._exit(9)  # killed: nobody keeps the run any more
+"""
+
+
+def test_a_run_is_kept_while_its_client_lives_and_ends_soon_after_it_is_killed(tmp_path: pathlib.Path) -> None:
+    p = subprocess.run([sys.executable, "-c", KEPT, HTC, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 9, p.stderr
+    run = p.stdout.strip()
+    t0 = time.monotonic()
+
+    def state() -> str:
+        out = subprocess.run([HTC, "status", run, "--json"], cwd=tmp_path, capture_output=True, text=True).stdout
+        return out.split('"state":"', 1)[1].split('"', 1)[0]
+
+    while state() == "running" and time.monotonic() - t0 < 30:
+        time.sleep(0.2)
+    assert state() == "succeeded", "the orphan run ended by itself"
+    assert time.monotonic() - t0 < 3 + 4, "within its idle time of the client's last word"

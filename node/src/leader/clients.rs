@@ -101,6 +101,11 @@ const MAX_NAME: usize = 255;
 /// A request's task lines as tasks to add; a bad line refuses the whole request, named as
 /// `source:line:column` counted from its `first_line`.
 pub fn parse(a: &proto::AddTasks) -> Result<Vec<NewTask>, String> {
+    // An empty request (`htc task add --file -` of an empty stream) adds nothing and is no
+    // error: a client that says it is there (an open run's idle time counts from its last add).
+    if a.lines.is_empty() {
+        return Ok(Vec::new());
+    }
     let first = a.first_line.max(1);
     let mut p = Parser::new(&a.lines[..], a.source.clone()).adding();
     let mut tasks = Vec::new();

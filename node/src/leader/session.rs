@@ -351,6 +351,11 @@ impl<'c, 'l, W: World> Session<'c, 'l, W> {
     pub fn commit(&mut self, ending: Option<&Ending>) -> Result<()> {
         let now = self.world.now_us();
         let since = now.saturating_sub(self.last.commit);
+        if matches!(ending, Some(Ending::Complete)) {
+            // The end is recorded even when nothing else changed since the last commit (an open
+            // run that ends idle): `htc status` tells a finished run from an interrupted one by it.
+            self.txn()?;
+        }
         if self.txn.is_some() && (since >= us(self.cfg.commit_interval) || ending.is_some()) {
             let mut t = self.txn.take().expect("checked above");
             t.put_counts(&self.core.counts())?;

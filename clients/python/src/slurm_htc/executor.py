@@ -25,6 +25,10 @@ from .run import ENDED, Run
 # tasks unfinished, no more often than `POLL_PER_TASK_S` each, so that the leader spends on the
 # client's questions a few percent of what it spends on the tasks (~1 µs per id asked).
 POLL_FIRST_S, POLL_MAX_S, POLL_PER_TASK_S = 0.005, 0.5, 20e-6
+# A run this executor started ends `IDLE_EXIT` after its last task unless the executor still
+# speaks to it: while it lives it does so at least every `KEEP_ALIVE_S`. So a program killed
+# leaves an idle run (on Slurm, an allocation) for seconds, not the half hour of a fixed idle time.
+IDLE_EXIT, KEEP_ALIVE_S = "15s", 4.0
 
 # Which run an executor started or found, and a Slurm job's wait: `logging.getLogger("slurm_htc")`.
 _log = logging.getLogger("slurm_htc")
@@ -132,7 +136,7 @@ class Executor(concurrent.futures.Executor):
         htc: Optional[str] = None,
         cwd: Optional[str] = None,
         slurm: Optional[Mapping[str, Any]] = None,
-        idle_exit: str = "30m",
+        idle_exit: str = IDLE_EXIT,
         start_timeout: float = 120.0,
         record: Optional[str] = None,
         **defaults: Any,
@@ -162,6 +166,7 @@ class Executor(concurrent.futures.Executor):
             if record is not None:
                 _write(record, self._run.id)
         self._record = record
+        self._keep_alive_s = min(KEEP_ALIVE_S, _seconds(idle_exit) / 3) if _seconds(idle_exit) > 0 else KEEP_ALIVE_S
         self.run = self._run.id
         self._lock = threading.Condition()
         self._feed = _Feed()
@@ -286,7 +291,12 @@ class Executor(concurrent.futures.Executor):
         while True:
             with self._lock:
                 while not self._pending and not self._shut:
-                    self._lock.wait()
+                    if not self._lock.wait(self._keep_alive_s) and not self._pending and not self._shut:
+                        self._lock.release()
+                        try:
+                            self._run.keep_alive()
+                        finally:
+                            self._lock.acquire()
                 if not self._pending and self._shut:
                     return
                 ids = list(self._pending)
@@ -342,6 +352,16 @@ class Executor(concurrent.futures.Executor):
             self._run.close(wait=wait)
             if self._record is not None and _read(self._record) == self._run.id:
                 os.unlink(self._record)
+
+
+def _seconds(duration: str) -> float:
+    """`90`, `90s`, `15m`, `2h` in seconds (as `htc` reads an idle time); 0 when unreadable."""
+    d = duration.strip()
+    unit = {"s": 1, "m": 60, "h": 3600}.get(d[-1:], 0)
+    try:
+        return float(d[:-1]) * unit if unit else float(d)
+    except ValueError:
+        return 0.0
 
 
 def _read(path: str) -> str:

@@ -103,6 +103,14 @@ class Run:
         run.started = True
         return run
 
+    def keep_alive(self) -> None:
+        """Says the client is still there (an empty add): an open run's idle time counts from its
+        last task's end or its last add, whichever is later. A run gone is no error here."""
+        try:
+            self.htc("task", "add", self.id, "--file", "-", input="")
+        except HtcError:
+            pass
+
     def check_open(self) -> None:
         """`HtcError` unless the run is running and takes tasks from this user (an empty add)."""
         info = json.loads(self.htc("status", self.id, "--json"))

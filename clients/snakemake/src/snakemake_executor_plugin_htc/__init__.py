@@ -32,9 +32,9 @@ class ExecutorSettings(ExecutorSettingsBase):  # type: ignore[misc]  # (the inte
         default=None, metadata={"help": "More sbatch options for that job, e.g. '--partition=short --account=x'."}
     )
     idle_exit: str = field(
-        default="5m",
-        metadata={"help": "A run started here or on Slurm ends this long after its last task, if "
-                  "Snakemake did not close it (killed)."},
+        default="15s",
+        metadata={"help": "A run started here or on Slurm ends this long after its last task once "
+                  "Snakemake no longer speaks to it (killed): while Snakemake lives it keeps the run."},
     )
     binary: Optional[str] = field(
         default=None, metadata={"help": "The htc binary (default: $HTC, else htc on the PATH)."}

@@ -32,6 +32,8 @@ from . import tasks
 POLL_FIRST_S, POLL_MAX_S, POLL_PER_JOB_S = 0.01, 1.0, 20e-6
 # After this long without a change, whether the run still has a leader is asked too.
 LIVENESS_S = 10.0
+# How often a living Snakemake tells its run so (`--htc-idle-exit` is 15 s by default).
+KEEP_ALIVE_S = 4.0
 # States of a run in which its waiting tasks will not run (`htc status --json`).
 GONE = ("interrupted", "succeeded", "failed", "not_started")
 # Where a Snakemake notes the run it started, in its working directory: the next one uses that
@@ -82,6 +84,7 @@ class Executor(RemoteExecutor):  # type: ignore[misc]  # (the interface is untyp
         self._out: Dict[str, SubmittedJobInfo] = {}
         self._changed_at = self._live_at = time.monotonic()
         self._gone: Dict[str, int] = defaultdict(int)
+        self._stop = threading.Event()
         self._interrupts = _Interrupts(self.logger)
         self._interrupts.install()
 
@@ -93,7 +96,14 @@ class Executor(RemoteExecutor):  # type: ignore[misc]  # (the interface is untyp
             except HtcError as e:
                 raise WorkflowError(f"slurm-htc: {e}")
             self._runs[self._run_.id] = self._run_
+            threading.Thread(target=self._keep_alive, args=(self._run_,), name="htc-keep-alive", daemon=True).start()
         return self._run_
+
+    def _keep_alive(self, run: Run) -> None:
+        """While this Snakemake lives, the run it uses is told so (its idle time counts from then):
+        a Snakemake killed leaves an idle run, or allocation, for `--htc-idle-exit` only."""
+        while not self._stop.wait(KEEP_ALIVE_S):
+            run.keep_alive()
 
     def _open_run(self) -> Run:
         """`--htc-run`'s run; else the open run a killed Snakemake of this directory left, if it
@@ -366,6 +376,7 @@ class Executor(RemoteExecutor):  # type: ignore[misc]  # (the interface is untyp
 
     def _shutdown(self) -> None:
         super().shutdown()
+        self._stop.set()
         run = self._run_
         if run is None or not self._owned:
             return
