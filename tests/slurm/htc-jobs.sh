@@ -531,6 +531,51 @@ EOF
     check "python: the executor's job ended at its shutdown, COMPLETED (was $state)" test "$state" = COMPLETED
 }
 
+# The clients' Slurm jobs outlive no use (issue 52), on the 4 nodes: a Python client killed after
+# its work leaves its run's job idle for its 10 s idle time, not the 30 minutes of a fixed one; a
+# client that gives up on a pending job (Ctrl-C) cancels it, so it never starts for nobody; a
+# Snakemake with nothing to do submits nothing. The node-seconds held idle are in the checks.
+clients_leave_no_idle_allocation() {
+    local w out job state t0 held client sm=${HTC_PY_VENV:-}/bin/snakemake
+    w=$(cluster_workdir idle)
+    mkdir -p "$w/py" "$w/sm" && cp -r "$root/clients/python/src/slurm_htc" "$w/py/"
+    printf '%s\n' "import os" "from slurm_htc import Executor" \
+        "ex = Executor(slurm={'nodes': 4, 'time': '5'}, htc='$bin/htc')" \
+        "ex.submit('true').result()" "print(ex.run, flush=True)" "os._exit(9)" >"$w/killed.py"
+    # SIGINT as at a terminal (a background job would inherit it ignored).
+    printf '%s\n' "import logging, signal, sys" "from slurm_htc import Executor" \
+        "signal.signal(signal.SIGINT, signal.default_int_handler)" \
+        "logging.basicConfig(level=logging.INFO, stream=sys.stdout, format='%(message)s')" \
+        "Executor(slurm={'nodes': 4, 'time': '5', 'sbatch_args': ['--begin=now+3600']}, htc='$bin/htc')" >"$w/pending.py"
+    printf '%s\n' 'rule all:' '    input: "a.txt"' 'rule a:' '    output: "a.txt"' '    shell: "touch {output}"' >"$w/sm/Snakefile"
+    touch "$w/sm/a.txt"
+    chown -R "$HTC_CLUSTER_USER" "$w"
+    out=$(as_user -C "$w" env PYTHONPATH="$w/py" python3 killed.py 2>&1) || true
+    t0=$(_htc_usec)
+    job=$(tail -n 1 <<<"$out")
+    [[ $job =~ ^[0-9]+$ ]] || { bad "idle: the killed client's job ($out)"; return; }
+    state=$(wait_job "$job" 120)
+    held=$((($(_htc_usec) - t0) * 4 / 1000000))
+    check "idle: a killed client's 4-node job ended by itself, $state, $held node-s after the kill (<= 60)" \
+        test "$state" = COMPLETED -a "$held" -le 60
+    # Pending for an hour (--begin): the client waits, saying so; a Ctrl-C cancels the job.
+    as_user -C "$w" env PYTHONPATH="$w/py" python3 pending.py >"$w/pending.log" 2>&1 &
+    client=$!
+    for _ in $(seq 100); do grep -q "is pending" "$w/pending.log" && break; sleep 0.1; done
+    pkill -INT -u "$HTC_CLUSTER_USER" -f "python3 pending.py"
+    wait "$client"
+    job=$(grep -o 'Slurm job [0-9]*' "$w/pending.log" | head -n 1 | cut -d' ' -f3)
+    check "idle: a client waits for its pending job and says so ($(grep -m1 'is pending' "$w/pending.log"))" \
+        grep -q "is pending (BeginTime)" "$w/pending.log"
+    check "idle: given up (Ctrl-C), the pending job $job is cancelled, never started ($(job_state "$job"))" \
+        test "$(job_state "$job")" = CANCELLED
+    [[ -x $sm ]] || { bad "idle: no venv with Snakemake (HTC_PY_VENV=${HTC_PY_VENV:-})"; return; }
+    out=$(as_user -C "$w/sm" "$sm" --executor htc --jobs 4 --htc-nodes 4 --htc-time 5 --htc-binary "$bin/htc" 2>&1)
+    check "idle: a Snakemake with nothing to do submits no job" \
+        test -z "$(ls "$w/sm/.htc" 2>/dev/null)" -a -n "$(grep 'Nothing to be done' <<<"$out")"
+    grep -q 'Nothing to be done' <<<"$out" || tail -n 5 <<<"$out"
+}
+
 # `snakemake --executor htc --htc-nodes 2`: the plugin submits `sbatch --htc-open` and runs the
 # workflow's jobs in that one job; the same outputs as Snakemake's local executor. Snakemake and
 # the plugin come from the venv tests/run-all.sh made ($HTC_PY_VENV), readable by the user.
@@ -617,6 +662,7 @@ echo "-- --htc-open: tasks added from the login node while the run runs"
 timed open_run
 timed python_client
 timed snakemake_on_cluster
+timed clients_leave_no_idle_allocation
 
 [[ $failed == 0 ]] || cluster_logs 20
 "$root/tests/cluster/stop-cluster.sh" >/dev/null 2>&1

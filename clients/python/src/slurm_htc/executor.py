@@ -28,7 +28,7 @@ POLL_FIRST_S, POLL_MAX_S, POLL_PER_TASK_S = 0.005, 0.5, 20e-6
 # A run this executor started ends `IDLE_EXIT` after its last task unless the executor still
 # speaks to it: while it lives it does so at least every `KEEP_ALIVE_S`. So a program killed
 # leaves an idle run (on Slurm, an allocation) for seconds, not the half hour of a fixed idle time.
-IDLE_EXIT, KEEP_ALIVE_S = "15s", 4.0
+IDLE_EXIT, KEEP_ALIVE_S = "10s", 3.0
 
 # Which run an executor started or found, and a Slurm job's wait: `logging.getLogger("slurm_htc")`.
 _log = logging.getLogger("slurm_htc")

@@ -32,7 +32,7 @@ class ExecutorSettings(ExecutorSettingsBase):  # type: ignore[misc]  # (the inte
         default=None, metadata={"help": "More sbatch options for that job, e.g. '--partition=short --account=x'."}
     )
     idle_exit: str = field(
-        default="15s",
+        default="10s",
         metadata={"help": "A run started here or on Slurm ends this long after its last task once "
                   "Snakemake no longer speaks to it (killed): while Snakemake lives it keeps the run."},
     )

@@ -32,8 +32,8 @@ from . import tasks
 POLL_FIRST_S, POLL_MAX_S, POLL_PER_JOB_S = 0.01, 1.0, 20e-6
 # After this long without a change, whether the run still has a leader is asked too.
 LIVENESS_S = 10.0
-# How often a living Snakemake tells its run so (`--htc-idle-exit` is 15 s by default).
-KEEP_ALIVE_S = 4.0
+# How often a living Snakemake tells its run so (`--htc-idle-exit` is 10 s by default).
+KEEP_ALIVE_S = 3.0
 # States of a run in which its waiting tasks will not run (`htc status --json`).
 GONE = ("interrupted", "succeeded", "failed", "not_started")
 # Where a Snakemake notes the run it started, in its working directory: the next one uses that
