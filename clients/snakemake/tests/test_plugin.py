@@ -112,7 +112,7 @@ def test_ctrl_c_cancels_the_jobs_and_a_new_snakemake_finishes_only_what_is_missi
     assert [(tmp_path / f"out/{i}.txt").read_text() for i in range(8)] == [f"{i}\n" for i in range(8)]
 
 
-def killed_with_two_running(tmp_path: pathlib.Path, sleep: int) -> str:
+def killed_with_two_running(tmp_path: pathlib.Path, sleep: str) -> str:
     """A Snakemake killed (SIGKILL: no cancel, its lock left behind) while both its jobs' tasks
     run; its run goes on with them. The run's id."""
     (tmp_path / "Snakefile").write_text(SLOW.replace("sleep 2", f"sleep {sleep}"))
@@ -128,26 +128,19 @@ def killed_with_two_running(tmp_path: pathlib.Path, sleep: int) -> str:
 @pytest.mark.parametrize("rerun_incomplete", [False, True], ids=["plain", "rerun-incomplete"])
 def test_a_killed_snakemake_s_run_and_tasks_are_taken_up_not_run_twice(tmp_path: pathlib.Path, rerun_incomplete: bool) -> None:
     # Both tasks outlast the restart: the next Snakemake finds them still running, in the run it
-    # finds open, and with --rerun-incomplete too waits for them rather than run them again.
-    run = killed_with_two_running(tmp_path, 8)
+    # finds open, and with --rerun-incomplete too waits for them rather than run them again. Its
+    # two new jobs go to that run as well, no second run beside it, and it closes the run.
+    # Jobs 0 and 1 outlast the restart; the new ones, 2 and 3, are quick.
+    run = killed_with_two_running(tmp_path, "$(( {wildcards.i} < 2 ? 6 : 0 ))")
     flags = ["--rerun-incomplete"] if rerun_incomplete else []
-    p = snakemake(tmp_path, "--executor", "htc", "--jobs", "8", *flags, "--config", "samples=2")
+    p = snakemake(tmp_path, "--executor", "htc", "--jobs", "8", *flags, "--config", "samples=4")
     assert p.returncode == 0, p.stderr[-3000:]
     assert f"jobs go to the open run {run}, which a killed Snakemake started" in p.stderr, p.stderr[-3000:]
     assert p.stderr.count("left by an earlier Snakemake") == 2, p.stderr[-3000:]
     ran = (tmp_path / "runs.log").read_text().split()
-    assert sorted(ran, key=int) == ["0", "1"], f"each job ran once: {ran}"
-    assert runs(tmp_path) == [run] and states(tmp_path, run) == ["done", "done"], "nothing added anew"
+    assert sorted(ran, key=int) == ["0", "1", "2", "3"], f"each job ran once: {ran}"
+    assert runs(tmp_path) == [run] and states(tmp_path, run) == ["done"] * 4, "no second run"
     assert '"state":"succeeded"' in htc(tmp_path, "status", run, "--json"), "the run was closed at the end"
-
-
-def test_a_run_a_killed_snakemake_left_is_used_for_new_jobs_and_closed(tmp_path: pathlib.Path) -> None:
-    run = killed_with_two_running(tmp_path, 3)
-    p = snakemake(tmp_path, "--executor", "htc", "--jobs", "8", "--config", "samples=4")
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert runs(tmp_path) == [run], "no second run beside it"
-    assert states(tmp_path, run) == ["done"] * 4
-    assert '"state":"succeeded"' in htc(tmp_path, "status", run, "--json")
     assert not (tmp_path / ".snakemake/htc/run").exists(), "the record goes with the run"
 
 
