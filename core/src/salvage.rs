@@ -82,7 +82,8 @@ pub fn salvage(id: u64, r: &Record, told: &[Told], survivors: Survivors, now_us:
             take(&mut rec, Step::Dispatch)?;
         }
         if rec.attempt_no() != a {
-            return changed(id, rec, r, out); // a journal this ledger cannot place: leave it
+            // A journal this ledger cannot place: what came before it stands, and this is left.
+            return changed(id, held, r, out);
         }
         match ended {
             Some(t) => {
@@ -279,6 +280,17 @@ mod tests {
         assert_eq!(salvage(7, &pending(), &[start(0, 1, 1)], Survivors::Maybe, 9), None, "its agent may bring it");
         let c = salvage(7, &pending(), &[end(0, 1, 1, Outcome::Exited, 0)], Survivors::Maybe, 9).expect("changed");
         assert_eq!(record_of(&c).state(), State::Done);
+    }
+
+    #[test]
+    fn a_stale_end_is_not_believed_and_nothing_stays_in_flight() {
+        // The ledger's attempt 2 is in flight and journaled as started; a stray entry names 1.
+        let r = pending().walked(&[Step::Dispatch, Step::Reclaim, Step::Dispatch, Step::Start]).unwrap();
+        assert_eq!(r.attempt_no(), 2);
+        let c = salvage(7, &r, &[end(0, 1, 1, Outcome::Exited, 0)], Survivors::None, 9).expect("changed");
+        let after = record_of(&c);
+        assert!(!after.state().in_flight(), "nothing is left in flight: {after:?}");
+        assert_ne!(after.state(), State::Done, "the stray end is not believed");
     }
 
     #[test]

@@ -335,6 +335,14 @@ impl Reset {
     }
 }
 
+/// A record left in flight that salvage could not place: interrupted, as before journals, so
+/// that no task stays in flight in the ledger of a new session.
+fn interrupted(id: u64, r: &htc_core::record::Record) -> Option<Vec<Change>> {
+    let mut r = *r;
+    r.take(htc_core::task::Step::Interrupt).ok()?;
+    Some(vec![Change::Record(id, r)])
+}
+
 /// Prepares a ledger for another session after an interruption. What the agents journaled
 /// (`htc_exec::results`) that the ledger had not committed is salvaged (`htc_core::salvage`):
 /// attempts that ended are recorded as they ended, and attempts that were running (or were in
@@ -382,7 +390,9 @@ pub fn reset_interrupted(run: &htc_store::rundir::RunDir, survivors: Survivors) 
         let Some(r) = t.get(id)? else { continue };
         let lo = told.partition_point(|t| t.id < id);
         let hi = told.partition_point(|t| t.id <= id);
-        let Some(changes) = salvage(id, &r, &told[lo..hi], survivors, now) else { continue };
+        let Some(changes) = salvage(id, &r, &told[lo..hi], survivors, now).or_else(|| interrupted(id, &r)) else {
+            continue;
+        };
         for c in &changes {
             match c {
                 Change::Record(_, after) => {
