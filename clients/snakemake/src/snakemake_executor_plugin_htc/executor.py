@@ -15,9 +15,8 @@ import os
 import signal
 import threading
 import time
-from contextlib import contextmanager
 from collections import defaultdict
-from typing import Any, AsyncGenerator, Dict, Iterator, List, Optional, Tuple
+from typing import Any, AsyncGenerator, Dict, List, Optional, Tuple
 
 from slurm_htc import DAMAGED, HtcError, Run
 from snakemake_interface_common.exceptions import WorkflowError
@@ -303,18 +302,18 @@ class Executor(RemoteExecutor):  # type: ignore[misc]  # (the interface is untyp
         """Snakemake's Ctrl-C: the jobs cancelled, their books closed, the run closed, all of it
         whatever more Ctrl-Cs come meanwhile (an impatient user's second one would otherwise leave
         finished jobs marked incomplete, to run again, and the run open)."""
-        with _patient(self.logger):
-            # The status checks stop first: nothing is reported meanwhile.
-            with self.lock:
-                self.wait = False
-            self.wait_thread.join()
-            active = list(self._out.values())
-            self.cancel_jobs(active)
-            self._close_the_rest(active)
-            if self._owned and self._run_ is not None:
-                # What a request cut short by the Ctrl-C added, unknown to Snakemake, stops too.
-                self._run_.close(cancel=True)
-            self.shutdown()
+        self._interrupts.patient()
+        # The status checks stop first: nothing is reported meanwhile.
+        with self.lock:
+            self.wait = False
+        self.wait_thread.join()
+        active = list(self._out.values())
+        self.cancel_jobs(active)
+        self._close_the_rest(active)
+        if self._owned and self._run_ is not None:
+            # What a request cut short by the Ctrl-C added, unknown to Snakemake, stops too.
+            self._run_.close(cancel=True)
+        self.shutdown()
 
     def _close_the_rest(self, active: List[SubmittedJobInfo]) -> None:
         """The books of the jobs the Ctrl-C caught between Snakemake's scheduler and this
@@ -370,8 +369,8 @@ class Executor(RemoteExecutor):  # type: ignore[misc]  # (the interface is untyp
             self.logger.info(f"slurm-htc: job {job.jobid} left incomplete: {e}")
 
     def shutdown(self) -> None:
-        with _patient(self.logger):
-            self._shutdown()
+        self._interrupts.patient()
+        self._shutdown()
         self._interrupts.uninstall()
 
     def _shutdown(self) -> None:
@@ -416,6 +415,11 @@ class _Interrupts:
             signal.signal(signal.SIGINT, self.before)
             self.before = None
 
+    def patient(self) -> None:
+        """From now on, a Ctrl-C is noted (up to `PATIENCE`), not raised: a cancel or the close
+        of the books is under way."""
+        self.count = max(self.count, 1)
+
     def caught(self, signum: int, frame: Any) -> None:
         self.count += 1
         if self.count == 1 or self.count > PATIENCE + 1:
@@ -425,20 +429,3 @@ class _Interrupts:
             "slurm-htc: cancelling the jobs and closing their books; Snakemake ends once that is done"
             f" ({left} more Ctrl-C to stop at once, leaving jobs marked incomplete)"
         )
-
-
-@contextmanager
-def _patient(logger: Any) -> Iterator[None]:
-    """While this lasts, Ctrl-C is noted, not raised (where Snakemake runs in the main thread)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def noted(signum: int, frame: Any) -> None:
-        logger.info("slurm-htc: cancelling the jobs and closing their books; Snakemake ends once that is done")
-
-    before = signal.signal(signal.SIGINT, noted)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, before)
