@@ -13,7 +13,7 @@ tools that keep their own books (the Snakemake plugin).
 
 from ._htc import HtcError, task_line
 from .executor import Executor, TaskFailed, TaskFuture, TaskResult
-from .run import DAMAGED, ENDED, Run
+from .run import DAMAGED, ENDED, Run, drop_record, read_record, write_record
 
-__all__ = ["DAMAGED", "ENDED", "Executor", "HtcError", "Run", "TaskFailed", "TaskFuture", "TaskResult", "task_line"]
+__all__ = ["DAMAGED", "ENDED", "Executor", "HtcError", "Run", "TaskFailed", "TaskFuture", "TaskResult", "drop_record", "read_record", "task_line", "write_record"]
 __version__ = "0.1.0"

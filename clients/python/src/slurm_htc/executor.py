@@ -12,14 +12,13 @@ import collections
 import concurrent.futures
 import functools
 import logging
-import os
 import threading
 import time
 from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence
 
 from ._htc import Command, HtcError, task_line
 from ._stream import Stream
-from .run import ENDED, Run
+from .run import ENDED, Run, drop_record, read_record, write_record
 
 # Polls start this often after news and slow down to the last when nothing changes; with many
 # tasks unfinished, no more often than `POLL_PER_TASK_S` each, so that the leader spends on the
@@ -145,7 +144,7 @@ class Executor(concurrent.futures.Executor):
         unknown = set(self._defaults) - {"cores", "mem", "gpus", "timeout", "retries", "priority"}
         if unknown:
             raise TypeError(f"unknown task option(s): {', '.join(sorted(unknown))}")
-        left = _read(record) if record is not None and run is None else ""
+        left = read_record(record) if record is not None and run is None else ""
         self._run = Run(run or left, htc=htc, cwd=cwd)
         if left:
             try:
@@ -164,7 +163,7 @@ class Executor(concurrent.futures.Executor):
                 self._run = Run.start(htc=htc, cwd=cwd, idle_exit=idle_exit, timeout=start_timeout)
             _log.info("slurm-htc: started the open run %s", self._run.id)
             if record is not None:
-                _write(record, self._run.id)
+                write_record(record, self._run.id)
         self._record = record
         self._keep_alive_s = min(KEEP_ALIVE_S, _seconds(idle_exit) / 3) if _seconds(idle_exit) > 0 else KEEP_ALIVE_S
         self.run = self._run.id
@@ -350,8 +349,8 @@ class Executor(concurrent.futures.Executor):
             self._poller.join()
         if self._run.started:
             self._run.close(wait=wait)
-            if self._record is not None and _read(self._record) == self._run.id:
-                os.unlink(self._record)
+            if self._record is not None:
+                drop_record(self._record, self._run.id)
 
 
 def _seconds(duration: str) -> float:
@@ -362,22 +361,6 @@ def _seconds(duration: str) -> float:
         return float(d[:-1]) * unit if unit else float(d)
     except ValueError:
         return 0.0
-
-
-def _read(path: str) -> str:
-    """The run id a record file names; empty when there is none."""
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
-def _write(path: str, run_id: str) -> None:
-    """Notes `run_id` in `path`, whole or not at all."""
-    with open(path + ".new", "w") as f:
-        f.write(run_id + "\n")
-    os.replace(path + ".new", path)
 
 
 def _ids(futures: Sequence[concurrent.futures.Future]) -> list[int]:  # type: ignore[type-arg]

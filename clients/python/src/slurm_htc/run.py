@@ -112,7 +112,9 @@ class Run:
             pass
 
     def check_open(self) -> None:
-        """`HtcError` unless the run is running and takes tasks from this user (an empty add)."""
+        """`HtcError` unless the run is running and takes tasks from this user: a run named by a
+        user or a record must be one that takes tasks, a clear error now, not a failure of every
+        task later. The empty add adds nothing, but a closed run, or another user's, refuses it."""
         info = json.loads(self.htc("status", self.id, "--json"))
         if info.get("state") != "running":
             raise HtcError(f"the run {self.id} is {info.get('state')}: it takes no tasks")
@@ -176,6 +178,30 @@ class Run:
             pass
         if wait and self.leader is not None:
             self.leader.wait()
+
+
+def read_record(path: str) -> str:
+    """The run id a record file (`write_record`) names; empty when there is none."""
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def write_record(path: str, run_id: str) -> None:
+    """Notes `run_id` in `path` (its directory made), whole or not at all: how a client finds the
+    run it started again after a crash."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path + ".new", "w") as f:
+        f.write(run_id + "\n")
+    os.replace(path + ".new", path)
+
+
+def drop_record(path: str, run_id: str) -> None:
+    """Removes the record, if it still names `run_id` (its run was closed)."""
+    if read_record(path) == run_id:
+        os.unlink(path)
 
 
 # How often a pending job's state is asked of Slurm: from the first to the last, doubling (one

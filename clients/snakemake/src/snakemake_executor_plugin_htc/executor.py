@@ -18,7 +18,7 @@ import time
 from collections import defaultdict
 from typing import Any, AsyncGenerator, Dict, List, Optional, Tuple
 
-from slurm_htc import DAMAGED, HtcError, Run
+from slurm_htc import DAMAGED, HtcError, Run, drop_record, read_record, write_record
 from snakemake_interface_common.exceptions import WorkflowError
 from snakemake_interface_executor_plugins.executors.base import SubmittedJobInfo
 from snakemake_interface_executor_plugins.executors.remote import RemoteExecutor
@@ -38,14 +38,6 @@ GONE = ("interrupted", "succeeded", "failed", "not_started")
 # Where a Snakemake notes the run it started, in its working directory: the next one uses that
 # run if this one was killed and left it open (Snakemake's lock keeps two from one directory).
 RECORD = os.path.join(".snakemake", "htc", "run")
-
-
-def _read(path: str) -> str:
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return ""
 
 
 def external_id(run: Run, task_id: int) -> str:
@@ -110,15 +102,15 @@ class Executor(RemoteExecutor):  # type: ignore[misc]  # (the interface is untyp
         s = self.workflow.executor_settings
         if s.run:
             run = Run(s.run, htc=self._binary, cwd=self._workdir)
-            self._check_open(run)
+            run.check_open()
             self.logger.info(f"slurm-htc: jobs go to the open run {run.id}")
             return run
         record = os.path.join(self._workdir, RECORD)
-        left = _read(record)
+        left = read_record(record)
         if left:
             try:
                 run = Run(left, htc=self._binary, cwd=self._workdir)
-                self._check_open(run)
+                run.check_open()
                 self._owned = True
                 self.logger.info(f"slurm-htc: jobs go to the open run {run.id}, which a killed Snakemake started")
                 return run
@@ -130,21 +122,9 @@ class Executor(RemoteExecutor):  # type: ignore[misc]  # (the interface is untyp
         else:
             run = Run.start(htc=self._binary, cwd=self._workdir, idle_exit=s.idle_exit, own_session=True)
         self._owned = True
-        os.makedirs(os.path.dirname(record), exist_ok=True)
-        with open(record + ".new", "w") as f:
-            f.write(run.id + "\n")
-        os.replace(record + ".new", record)
+        write_record(record, run.id)
         self.logger.info(f"slurm-htc: jobs go to the open run {run.id}")
         return run
-
-    def _check_open(self, run: Run) -> None:
-        """A run named with `--htc-run` must be one that takes tasks: a clear error now, not a
-        failure of every job later."""
-        info = json.loads(run.htc("status", run.id, "--json"))
-        if info.get("state") != "running":
-            raise HtcError(f"the run {run.id} is {info.get('state')}: it takes no tasks")
-        # Adds nothing, but a run that was closed, or is another user's, refuses it.
-        run.htc("task", "add", run.id, "--file", "-", input="")
 
     # -- submitting ------------------------------------------------------------------------
 
@@ -381,8 +361,7 @@ class Executor(RemoteExecutor):  # type: ignore[misc]  # (the interface is untyp
             return
         # Ends once what it holds is done; a run Snakemake was cancelled from holds nothing.
         run.close()
-        if _read(os.path.join(self._workdir, RECORD)) == run.id:
-            os.unlink(os.path.join(self._workdir, RECORD))
+        drop_record(os.path.join(self._workdir, RECORD), run.id)
         if run.leader is not None:
             try:
                 run.leader.wait(timeout=30)
