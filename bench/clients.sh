@@ -31,36 +31,15 @@ echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 echo "clients: $N at once; strangers: $S; rounds: $ROUNDS; htc: $HTC; hq: ${HQ:-none}"
 ulimit -n "$(ulimit -Hn)"
 
-HQ="${HQ:-}" HTC="$HTC" WORK="$WORK" N="$N" S="$S" ROUNDS="$ROUNDS" python3 - <<'EOF'
-import glob, os, socket, statistics, subprocess, time
+BENCH="$BENCH" HQ="${HQ:-}" HTC="$HTC" WORK="$WORK" N="$N" S="$S" ROUNDS="$ROUNDS" python3 - <<'EOF'
+import glob, os, socket, statistics, subprocess, sys, time
+
+sys.path.insert(0, os.environ["BENCH"])
+from gate import gated  # noqa: E402
 
 htc, work, hq = os.environ["HTC"], os.environ["WORK"], os.environ.get("HQ")
 n, strangers, rounds = int(os.environ["N"]), int(os.environ["S"]), int(os.environ["ROUNDS"])
 env = dict(os.environ, HTC_SITE_CONFIG="/dev/null")
-
-def gated(cwd, argv):
-    """Runs `argv` (a list per process) as processes started together; (exit codes, stdouts, seconds
-    from the gate's opening to the last exit)."""
-    gate = f"{cwd}/gate"
-    if os.path.exists(gate):
-        os.unlink(gate)
-    os.mkfifo(gate)
-    fd = os.open(gate, os.O_RDWR)
-    # A pipe each for stdout (the id); stderr shared, one file: 10,000 clients stay within the
-    # descriptors a process may hold.
-    err = open(f"{cwd}/stderr.txt", "w+b")
-    procs = [subprocess.Popen(["sh", "-c", 'read _ < "$0" && exec "$@"', gate, *a], cwd=cwd, env=env,
-                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err)
-             for a in argv]
-    time.sleep(1.0)
-    t0 = time.time()
-    os.write(fd, b"\n" * len(procs))
-    outs = [p.communicate()[0] for p in procs]
-    t1 = time.time()
-    os.close(fd)
-    err.seek(0)
-    said = sorted({l.strip() for l in err.read().decode(errors="replace").splitlines() if l.strip()})
-    return [p.returncode for p in procs], outs, t1 - t0, said
 
 def open_run(d):
     os.makedirs(d)
@@ -78,12 +57,12 @@ rows = {"raw": [], "htc": [], "hq": []}
 for r in range(rounds):
     d = f"{work}/raw-{r}"
     os.makedirs(d)
-    codes, _, secs, _ = gated(d, [["true"]] * n)
+    codes, _, secs, _ = gated(d, [["true"]] * n, env)
     rows["raw"].append((secs, sum(c != 0 for c in codes), 0, n))
 
     d = f"{work}/htc-{r}"
     p, run = open_run(d)
-    codes, outs, secs, errs = gated(d, [[htc, "task", "add", run, "--", "true"]] * n)
+    codes, outs, secs, errs = gated(d, [[htc, "task", "add", run, "--", "true"]] * n, env)
     ids = [int(o.strip()) for c, o in zip(codes, outs) if c == 0]
     st = subprocess.run([htc, "task", "status", run, "--all"], cwd=d, env=env, capture_output=True, text=True)
     have = {int(l.split("\t")[0]) for l in st.stdout.splitlines()}
@@ -104,7 +83,7 @@ for r in range(rounds):
         worker = subprocess.Popen(base + ["worker", "start", "--cpus", "2"], cwd=d, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         job = subprocess.run(base + ["job", "open"], capture_output=True, text=True, check=True).stdout
         jid = "".join(ch for ch in job.split("id:")[-1] if ch.isdigit()) or "1"
-        codes, outs, secs, errs = gated(d, [base + ["submit", "--job", jid, "--", "true"]] * n)
+        codes, outs, secs, errs = gated(d, [base + ["submit", "--job", jid, "--", "true"]] * n, env)
         info = subprocess.run(base + ["job", "info", jid, "--output-mode", "json"], capture_output=True, text=True)
         import json
         try:

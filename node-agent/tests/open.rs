@@ -325,8 +325,26 @@ fn a_detached_run_prints_its_own_id_once_it_listens_even_beside_another() {
 /// attempt that was cut short.
 #[test]
 fn a_killed_leader_s_resume_reruns_only_what_ran_each_as_a_new_logged_attempt() {
-    let d = Dir::new("open-kill-stream");
-    let (leader, run) = open_run(&d, &["--agents", "2", "--cores-per-agent", "1"]);
+    killed_leader_s_stream(&Dir::new("open-kill-stream"), false);
+}
+
+/// The same with the ledger on node-local storage, as under Slurm, and that node lost with the
+/// leader: the resume rebuilds the ledger from its replica in the run directory, which must hold
+/// every added task (their records, not only their commands), the ones not yet run included.
+#[test]
+fn a_killed_leader_s_tasks_are_all_resumed_from_the_replica_when_its_node_local_ledger_is_lost() {
+    killed_leader_s_stream(&Dir::new("open-kill-replica"), true);
+}
+
+fn killed_leader_s_stream(d: &Dir, lose_the_node: bool) {
+    let local = d.path("node-local");
+    std::fs::create_dir(&local).unwrap();
+    std::fs::set_permissions(&local, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    let mut args = vec!["--agents", "2", "--cores-per-agent", "1"];
+    if lose_the_node {
+        args.extend(["--ledger-dir", local.to_str().unwrap()]);
+    }
+    let (leader, run) = open_run(d, &args);
     let runs = d.path("runs.txt");
     let n = 3000;
     let line = format!("echo $HTC_TASK_ID $HTC_ATTEMPT >> {}\n", runs.display());
@@ -346,12 +364,24 @@ fn a_killed_leader_s_resume_reruns_only_what_ran_each_as_a_new_logged_attempt() 
     let _ = leader.wait_with_output();
     let dir = d.run_dir();
     assert!(wait_for(|| !common::agents_alive(&dir, 2), Duration::from_secs(30)), "the agents outlived their leader");
-    let resumed = d.spawn_htc(&["run", "--resume", &run], &[]);
-    assert!(
-        wait_for(|| htc(&d, &["task", "wait", &run, "--all", "--timeout", "5s"]).0 == 0, Duration::from_secs(180)),
-        "the resumed run never finished"
-    );
-    let (rc, _, err) = htc(&d, &["close", &run]);
+    if lose_the_node {
+        assert!(!dir.join("ledger.mdb").exists(), "the ledger is node-local");
+        std::fs::remove_dir_all(&local).unwrap();
+        std::fs::create_dir(&local).unwrap();
+        std::fs::set_permissions(&local, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    }
+    let resumed = std::cell::RefCell::new(d.spawn_htc(&["run", "--resume", &run], &[]));
+    // A resume that refuses the run ends at once: no waiting out the timeout for it.
+    let finished = || {
+        let gone = resumed.borrow_mut().try_wait().unwrap().is_some_and(|s| !s.success());
+        gone || htc(d, &["task", "wait", &run, "--all", "--timeout", "5s"]).0 == 0
+    };
+    assert!(wait_for(finished, Duration::from_secs(180)), "the resumed run never finished");
+    let mut resumed = resumed.into_inner();
+    if resumed.try_wait().unwrap().is_some() {
+        panic!("the resume ended before its close: {}", text(&resumed.wait_with_output().unwrap()));
+    }
+    let (rc, _, err) = htc(d, &["close", &run]);
     assert_eq!(rc, 0, "{err}");
     let o = resumed.wait_with_output().unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
@@ -364,7 +394,7 @@ fn a_killed_leader_s_resume_reruns_only_what_ran_each_as_a_new_logged_attempt() 
     let again: Vec<(&u64, &Vec<u32>)> = seen.iter().filter(|(_, a)| a.len() > 1).collect();
     // Two slots: at most two tasks can have been running when the agents stopped.
     assert!(again.len() <= 2, "{} tasks ran again: {again:?}; {}", again.len(), text(&o));
-    let (_, log, _) = htc(&d, &["log", &run, "--format", "json"]);
+    let (_, log, _) = htc(d, &["log", &run, "--format", "json"]);
     for (id, attempts) in &again {
         let mut distinct = attempts.to_vec();
         distinct.dedup();
@@ -378,7 +408,7 @@ fn a_killed_leader_s_resume_reruns_only_what_ran_each_as_a_new_logged_attempt() 
             );
         }
     }
-    assert!(states(&d, &run).iter().all(|(_, s)| s == "done"));
+    assert!(states(d, &run).iter().all(|(_, s)| s == "done"));
 }
 
 /// Arguments and `--env` values holding newlines (first, last, several) reach the task byte for

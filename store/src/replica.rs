@@ -476,6 +476,48 @@ mod tests {
     }
 
     #[test]
+    fn tasks_added_after_the_snapshot_are_restored_whole_whatever_their_state() {
+        use htc_core::after::{Kind, Needs};
+        use htc_core::shape::TaskShape;
+        // An open run: the snapshot is taken before any task exists.
+        let d = tempdir();
+        let mut live = Ledger::create(&d.join("live.mdb")).unwrap();
+        let replica = Replica::of(&d);
+        live.attach_journal(replica.begin(&live).unwrap());
+        {
+            let mut t = live.write().unwrap();
+            let mut needs = Needs::default();
+            t.add_task(TaskShape::default(), true, b"echo one", &needs, Some(b"k1"), None).unwrap();
+            needs.push(1..=1, Kind::After);
+            t.add_task(TaskShape { cores: 2, ..Default::default() }, false, b"two", &needs, None, Some(b"n2")).unwrap();
+            t.add_task(TaskShape::default(), true, b"three", &Needs::default(), None, None).unwrap();
+            t.commit().unwrap();
+        }
+        // Task 1 ends, task 2 is dispatched (not journaled), task 3 never starts.
+        {
+            let mut t = live.write().unwrap();
+            t.apply(&Change::Record(1, record(State::Done, 0))).unwrap();
+            t.apply(&Change::Record(2, record(State::Dispatched, 0))).unwrap();
+            t.commit().unwrap();
+        }
+        let copy = replica.restore(&d.join("copy.mdb")).unwrap();
+        let r = copy.read().unwrap();
+        assert_eq!(r.meta_u64("total").unwrap(), Some(3));
+        let states: Vec<_> = r.range(1..10).unwrap().iter().map(|(id, rec)| (*id, rec.state())).collect();
+        assert_eq!(states, [(1, State::Done), (2, State::Pending), (3, State::Pending)], "every added task is there");
+        let two = r.get(2).unwrap().unwrap();
+        assert!(two.command().is_added());
+        assert_eq!((two.shape().cores, two.cmd_len()), (2, 3));
+        assert_eq!(r.added_command(2).unwrap().as_deref(), Some(&b"twon2"[..]), "its command, then its name");
+        assert_eq!(r.added_command(3).unwrap().as_deref(), Some(&b"three"[..]));
+        let mut waiting = Vec::new();
+        r.for_each_needs(|id, _| waiting.push(id)).unwrap();
+        assert_eq!(waiting, [2], "what it waits for");
+        drop(r);
+        assert_eq!(copy.write().unwrap().keyed(b"k1").unwrap(), Some(1), "the key it was added under");
+    }
+
+    #[test]
     fn a_snapshot_that_cannot_be_written_leaves_the_journal_going() {
         let d = tempdir();
         let (live, replica) = journaled(&d);
