@@ -16,6 +16,7 @@ import json
 import os
 import random
 import re
+import resource
 import statistics
 import struct
 import subprocess
@@ -26,6 +27,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gate import gated  # noqa: E402
 
 HTC, WORK = os.environ["HTC"], os.environ["WORK"]
+# A pipe per client: as many descriptors as this process may hold.
+resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)
 NODES = os.environ.get("NODES", "4")
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
 
@@ -238,19 +241,26 @@ def flips():
                          cwd=d, capture_output=True, text=True, check=True).stdout
     job = out.strip().splitlines()[-1].split(";")[0]
     state = wait_end(job)
-    ledger = f"{d}/.htc/{job}/ledger.mdb"
-    assert os.path.exists(ledger), f"job {job} ({state}) left no ledger at {ledger}: {os.listdir(f'{d}/.htc/{job}')}"
-    pristine = open(ledger, "rb").read()
+    # A Slurm job's ledger is node-local while it runs; what stays is its replica in the run
+    # directory (snapshot and journal, every byte of them used), which readers restore from.
+    # A ledger in the run directory is flipped in the bytes LMDB's live pages use.
+    run = f"{d}/.htc/{job}"
+    if os.path.exists(f"{run}/ledger.mdb"):
+        files = {f"{run}/ledger.mdb": None}
+    else:
+        files = {p: None for p in sorted(glob.glob(f"{run}/ledger/snapshot.*") + glob.glob(f"{run}/ledger/journal.*"))}
+    assert files, f"job {job} ({state}) left no ledger: {os.listdir(run)}"
+    pristine = {p: open(p, "rb").read() for p in files}
+    where = [(p, at) for p, b in pristine.items() for at in (used_bytes(b) if p.endswith(".mdb") else range(len(b)))]
     truth = readings(d, job)
     assert truth == readings(d, job), "the readings are repeatable"
-    bytes_ = used_bytes(pristine)
     rng = random.Random(int(os.environ.get("SEED", "52")))
     reported = harmless = 0
     wrong = []
-    for at in rng.sample(bytes_, count):
-        damaged = bytearray(pristine)
+    for path, at in rng.sample(where, count):
+        damaged = bytearray(pristine[path])
         damaged[at] ^= 1 << rng.randrange(8)
-        open(ledger, "wb").write(damaged)
+        open(path, "wb").write(damaged)
         verdict = htc(d, "verify", job, check=False).returncode
         now = readings(d, job)
         reported += verdict != 0
@@ -258,11 +268,12 @@ def flips():
         for (out, c), (tout, tc) in zip(now, truth):
             true_lines = all("\tdamaged\t" in ln or '"state":"damaged"' in ln or ln in tout.splitlines() for ln in out.splitlines())
             if not ((c in (2, 3) and true_lines) or (c == tc and out == tout)):
-                wrong.append(f"byte {at} (page {at // PAGE}): verify {verdict}; a reader exits {c}, prints {out[:200]!r}")
-    open(ledger, "wb").write(pristine)
-    print(f"\n{count} random bit flips of job {job}'s ledger ({state}, 2000 tasks on {NODES} nodes, "
-          f"{len(pristine) // PAGE} pages, {len(bytes_)} used bytes): {reported} reported by verify, {harmless} changed nothing; "
-          f"readers that answered 0 while leaving out or changing a task: {len(wrong)}")
+                wrong.append(f"{os.path.basename(path)} byte {at} of {len(damaged)}: verify {verdict}; a reader exits {c}, prints {out[:200]!r}")
+        open(path, "wb").write(pristine[path])
+    sizes = ", ".join(f"{os.path.basename(p)} {len(b):,} B" for p, b in pristine.items())
+    print(f"\n{count} random bit flips of job {job}'s ledger ({state}, 2000 tasks on {NODES} nodes; {sizes}): "
+          f"{reported} reported by verify, {harmless} changed nothing; "
+          f"wrong answers (a task left out or changed without a refusal): {len(wrong)}")
     for w in wrong[:20]:
         print("   " + w)
 

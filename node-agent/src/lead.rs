@@ -166,9 +166,11 @@ pub fn lead_session(
             let submit = Arc::new(submit::SbatchJoin { run: run.clone(), own_options: slurm::own_job_options() });
             leader::grow::Growing::new(spec, own_minutes, submit)
         }),
-        handover: survivors
-            .as_ref()
-            .map(|_| leader::Handover { wait: HANDOVER_SETTLE, others: continuation::others_kept(run, job_id) }),
+        handover: survivors.as_ref().map(|_| leader::Handover {
+            wait: HANDOVER_SETTLE,
+            others: continuation::others_kept(run, job_id),
+            awaiting: continuation::awaited_starts(run),
+        }),
     };
     submit::note_resume_args(run, nodes, resume_args(nodes, a))?;
     leader::run(cfg, |addr, tx| match survivors {

@@ -114,6 +114,22 @@ pub fn join_run_dir(run: &Path, base: &Path) -> PathBuf {
     }
 }
 
+/// What the agents of the session before a take-over journaled of the tasks whose last
+/// journaled attempt started and did not end (every entry of those tasks): `take_over` left them
+/// to their agents' word, and the new leader records those no agent brings back as interrupted.
+/// Read before this session's agents write: after the take-over, before the leader starts.
+pub fn awaited_starts(run: &RunDir) -> Vec<htc_core::salvage::Told> {
+    let Ok((mut told, _)) = htc_exec::results::read_run(&run.out()) else { return Vec::new() };
+    told.sort_by_key(|t| (t.id, t.attempt, t.end.is_some()));
+    let open: std::collections::HashSet<u64> = told
+        .chunk_by(|a, b| a.id == b.id)
+        .filter(|g| g.last().is_some_and(|t| t.end.is_none()))
+        .map(|g| g[0].id)
+        .collect();
+    told.retain(|t| open.contains(&t.id));
+    told
+}
+
 /// Agents of the run's other joined jobs that may come to a leader taking the run over with
 /// their tasks: those of one-agent instances (the only ones that wait for a new leader) of jobs
 /// still running when the old leader last wrote its live view.

@@ -3,8 +3,9 @@
 //! Under Slurm the LMDB ledger lives on the leader's node-local disk (LMDB's locks and memory
 //! map do not belong on NFS or Lustre). The run directory in the submit directory keeps, in
 //! `ledger/`, a snapshot (every entry of the ledger's databases) and a journal of what changed
-//! since: every record of a task that ended, the attempt history, the index of failed tasks, and
-//! the leader's meta (counts and heartbeat at most once a second). The journal is written and
+//! since: every task added to an open run (its record, command, dependencies and key), every
+//! record of a task that ended, the attempt history, the index of failed tasks, and the leader's
+//! meta (counts and heartbeat at most once a second). The journal is written and
 //! flushed before the commit whose acknowledgements it covers, so whatever an agent was told is
 //! recorded survives the loss of the leader's node; tasks merely dispatched or running are not
 //! journaled (a resume runs them again anyway).

@@ -69,11 +69,14 @@ pub struct LeaderConfig {
 
 /// A session that took the run over expects agents that kept their tasks: its own, and
 /// `others` of the run's other joined jobs; it waits up to `wait` for them to say what they
-/// hold before it hands anything out.
-#[derive(Debug, Clone, Copy)]
+/// hold before it hands anything out. `awaiting`: what the agents journaled of the attempts
+/// that wait for their word (`continuation::awaited_starts`); those no agent brings back are
+/// recorded interrupted once the wait is over.
+#[derive(Debug, Clone)]
 pub struct Handover {
     pub wait: Duration,
     pub others: usize,
+    pub awaiting: Vec<htc_core::salvage::Told>,
 }
 
 pub struct Outcome {
@@ -189,7 +192,7 @@ fn configured_core(ledger: &Ledger, cfg: &LeaderConfig, expected: usize) -> anyh
         core = core.with_deadline(end);
     }
     if let Some(h) = &cfg.handover {
-        core = core.expecting_handover(h.wait.as_micros() as u64, h.others);
+        core = core.expecting_handover(h.wait.as_micros() as u64, h.others, h.awaiting.clone());
     }
     if let Some(o) = htc_store::load::open_run(ledger)? {
         core = core.open(o.idle_exit_ms.map(|ms| ms * 1000));

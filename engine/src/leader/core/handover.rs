@@ -7,14 +7,18 @@
 //! second time.
 
 use super::*;
+use htc_core::salvage::{salvage, Survivors, Told};
 
 impl Core<'_> {
     /// The layout's heads, and `others` agents of other allocations, come from a hand-over
     /// holding tasks: nothing is handed out until each has said what it holds, or `wait_us`
-    /// has passed.
-    pub fn expecting_handover(mut self, wait_us: u64, others: usize) -> Self {
+    /// has passed. `awaiting`: the journal entries of the tasks whose started attempts wait for
+    /// their agent's word (`htc_core::salvage` with `Survivors::Maybe` left them).
+    pub fn expecting_handover(mut self, wait_us: u64, others: usize, mut awaiting: Vec<Told>) -> Self {
         let heads = self.layout.as_ref().map(|t| t.heads().to_vec()).unwrap_or_default();
         self.settling = Some(Settling::new(heads, others, self.now_us + wait_us));
+        awaiting.sort_by_key(|t| t.id);
+        self.awaiting = awaiting;
         self
     }
 
@@ -104,13 +108,43 @@ impl Core<'_> {
             return Ok(());
         }
         let s = self.settling.take().expect("checked above");
+        let interrupted = self.interrupt_unclaimed(t)?;
         tracing::info!(
             job = %self.job_id,
             back = self.adoptees.len(),
             adopted = s.adopted(),
             missing = s.missing(),
+            interrupted,
             "hand-over settled: work goes out"
         );
         self.dispatch_all(t, out)
+    }
+
+    /// The attempts journaled as started and not ended that no agent brought back: their agents
+    /// are gone, so they were interrupted. Recorded so (their number used, a history row) before
+    /// anything goes out, so that each runs again as a new attempt that `htc log` shows, as
+    /// after a resume. Returns how many.
+    fn interrupt_unclaimed<E>(&mut self, t: &mut dyn Tasks<Error = E>) -> Result<u64, E> {
+        let awaiting = std::mem::take(&mut self.awaiting);
+        let mut n = 0;
+        for told in awaiting.chunk_by(|a, b| a.id == b.id) {
+            let id = told[0].id;
+            if self.in_flight.contains(id) {
+                continue;
+            }
+            let Some(r) = t.get(id)? else { continue };
+            let Some(changes) = salvage(id, &r, told, Survivors::None, self.now_us) else { continue };
+            // An interruption leaves a pending task pending: the counts stand. Anything else
+            // (which a journal salvaged at the take-over does not lead to) is left as it was.
+            let keeps = changes.iter().all(|c| !matches!(c, Change::Record(_, after) if after.state() != r.state()));
+            if !keeps {
+                continue;
+            }
+            for c in &changes {
+                t.apply(c)?;
+            }
+            n += 1;
+        }
+        Ok(n)
     }
 }

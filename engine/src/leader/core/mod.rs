@@ -327,6 +327,9 @@ pub struct Core<'a> {
     allocations: Vec<Allocation>,
     /// This session took the run over: the wait for the agents that kept their tasks.
     settling: Option<Settling>,
+    /// What the last session's agents journaled of the attempts they started and had not
+    /// ended, by task id: interrupted once the wait is over, unless an agent brought them.
+    awaiting: Vec<htc_core::salvage::Told>,
     /// Agents that came from a hand-over: what they hold or ran may be pending here.
     adoptees: IdSet<u32>,
     /// Those of them from other allocations than this leader's own, each an instance of its own
@@ -386,6 +389,7 @@ impl<'a> Core<'a> {
             no_steal: false,
             allocations: Vec::new(),
             settling: None,
+            awaiting: Vec::new(),
             adoptees: IdSet::default(),
             strays: IdSet::default(),
         }

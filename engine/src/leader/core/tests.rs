@@ -1113,7 +1113,7 @@ fn taken_over(m: &Mem) -> Core<'static> {
     let n = m.records.len() as u64;
     Core::new(Box::new(Even::new(1..n + 1, 2)), "job".into(), 2, m.counts(), 0)
         .with_layout(Arc::new(Tree::grafted(3, 2, 1, 2)))
-        .expecting_handover(20_000_000, 0)
+        .expecting_handover(20_000_000, 0, Vec::new())
 }
 
 #[test]
@@ -1159,6 +1159,30 @@ fn after_a_hand_over_an_agent_that_does_not_come_back_is_waited_for_only_so_long
 }
 
 #[test]
+fn after_a_hand_over_what_started_on_an_agent_that_does_not_come_back_runs_again_as_a_new_logged_attempt() {
+    use htc_core::salvage::Told;
+    let started = |agent, id| Told { agent, id, attempt: 1, start_us: 500, end: None };
+    let mut m = Mem::with(40, 0, 1);
+    let n = m.records.len() as u64;
+    // Task 1 started on agent 3, which comes back holding it; task 7 on agent 0, of the job
+    // that went, which does not.
+    let mut c = Core::new(Box::new(Even::new(1..n + 1, 2)), "job".into(), 2, m.counts(), 0)
+        .with_layout(Arc::new(Tree::grafted(3, 2, 1, 2)))
+        .expecting_handover(20_000_000, 0, vec![started(0, 7), started(3, 1)]);
+    feed(&mut c, &mut m, vec![handed_over(3, 2), holding(3, 8, &[1]), handed_over(4, 2), holding(4, 8, &[])]);
+    let (out2, _) = feed_at(&mut c, &mut m, 2_000, vec![want(3, 8), want(4, 8)]);
+    let rows: Vec<(u64, u8, Outcome)> = m.attempts.iter().map(|(id, a)| (*id, a.attempt, a.outcome)).collect();
+    assert_eq!(rows, [(7, 1, Outcome::Interrupted)], "the lost attempt has its row, the kept one none");
+    assert_eq!(m.state(7), State::Pending);
+    let all: Vec<(u64, u32)> = dispatched(&out2).into_iter().flat_map(|(_, t)| t).collect();
+    assert!(!all.iter().any(|(id, _)| *id == 1), "task 1 stays with agent 3");
+    match all.iter().find(|(id, _)| *id == 7) {
+        Some((_, attempt)) => assert_eq!(*attempt, 2, "task 7 runs again as attempt 2"),
+        None => assert_eq!(m.records[&7].attempt_no(), 1, "task 7's attempt 1 stays used: its next is 2"),
+    }
+}
+
+#[test]
 fn a_leader_stopped_by_a_signal_leaves_the_agents_of_a_joined_allocation_to_the_next() {
     let mut m = Mem::with(100, 0, 1);
     let mut c = layout_core(&m, 1);
@@ -1182,7 +1206,7 @@ fn after_a_hand_over_another_allocation_s_agents_keep_their_ids_and_their_tasks(
     let n = m.records.len() as u64;
     let mut c = Core::new(Box::new(Even::new(1..n + 1, 2)), "job".into(), 2, m.counts(), 0)
         .with_layout(Arc::new(Tree::grafted(3, 2, 1, 2)))
-        .expecting_handover(20_000_000, 2);
+        .expecting_handover(20_000_000, 2, Vec::new());
     let events = vec![
         handed_over(3, 2),
         holding(3, 8, &[1]),
