@@ -181,6 +181,43 @@ def test_a_second_ctrl_c_does_not_cut_the_cancel_short(tmp_path: pathlib.Path) -
     assert len(set(ran)) == 200
 
 
+def test_sigterm_does_what_the_local_executor_does_and_never_hangs(tmp_path: pathlib.Path) -> None:
+    # Snakemake's SIGTERM, as with the local executor: no more jobs start, those submitted are
+    # waited for and recorded, exit 1; here the run is closed too. Many ready jobs, and SIGTERM
+    # repeated, so that one lands while the scheduler holds its lock (selecting jobs, recording
+    # finished ones), where Snakemake's own handler, run as the signal handler, hangs it for good.
+    n = 150
+    (tmp_path / "Snakefile").write_text(SLOW.replace("sleep 2", "sleep 0.0$(( {wildcards.i} % 10 ))"))
+    sm = start(tmp_path, "--executor", "htc", "--jobs", "30", "--config", f"samples={n}")
+    wait_for(lambda: (tmp_path / "runs.log").exists() and len((tmp_path / "runs.log").read_text().split()) > 10, timeout=60)
+    end = time.monotonic() + 0.3
+    while time.monotonic() < end:
+        sm.send_signal(signal.SIGTERM)
+        time.sleep(0.02)
+    try:
+        rc = sm.wait(30)
+    except subprocess.TimeoutExpired:
+        sm.kill()
+        sm.wait()
+        raise AssertionError("Snakemake hung on SIGTERM")
+    log = (tmp_path / "snakemake.log").read_text()
+    assert rc == 1 and "Will exit after finishing currently running jobs" in log, log[-3000:]
+    [run] = runs(tmp_path)
+    done = states(tmp_path, run)
+    ran = (tmp_path / "runs.log").read_text().split()
+    assert set(done) == {"done"} and len(done) < n, f"the jobs submitted were waited for, no more started: {done}"
+    assert len(ran) == len(set(ran)) == len(done)
+    assert '"state":"succeeded"' in htc(tmp_path, "status", run, "--json"), "the run was closed"
+    assert not (tmp_path / ".snakemake/htc/run").exists()
+    # Nothing is left marked incomplete (so --rerun-incomplete changes nothing), and the next
+    # Snakemake would run exactly the jobs that had not run.
+    assert not list((tmp_path / ".snakemake/incomplete").rglob("*"))
+    p = snakemake(tmp_path, "--dry-run", "--executor", "htc", "--jobs", "30", "--config", f"samples={n}")
+    assert p.returncode == 0, p.stderr[-3000:]
+    todo = {int(line.split("out/")[1].split(".")[0]) for line in p.stdout.splitlines() if line.strip().startswith("output: out/")}
+    assert todo == set(range(n)) - set(map(int, ran)), p.stdout[-3000:]
+
+
 def test_a_job_no_node_can_hold_fails_with_the_reason(tmp_path: pathlib.Path) -> None:
     (tmp_path / "Snakefile").write_text(
         'rule all:\n    input: "wide.txt", "big.txt"\n'

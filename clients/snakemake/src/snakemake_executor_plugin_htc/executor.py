@@ -8,10 +8,14 @@ with `--rerun-incomplete` or without: still running, it is waited for; done, it 
 failed, it is added anew. The run itself is started with the first job (a workflow with nothing
 to do starts nothing) and noted in `.snakemake/htc/run`: the next Snakemake uses a run that a
 killed one left open, and closes it at its end. A second Ctrl-C does not cut a cancel short.
+SIGTERM is Snakemake's, as with the local executor: no more jobs start, those submitted are
+waited for and recorded, the run is closed, and Snakemake exits 1; from the first jobs on, its
+handler runs in a thread of its own, so that a SIGTERM cannot hang Snakemake (see `_Terminate`).
 """
 
 import json
 import os
+import queue
 import signal
 import threading
 import time
@@ -78,6 +82,9 @@ class Executor(RemoteExecutor):  # type: ignore[misc]  # (the interface is untyp
         self._stop = threading.Event()
         self._interrupts = _Interrupts(self.logger)
         self._interrupts.install()
+        # Snakemake's scheduler sets its SIGTERM handler after this executor is made: it is taken
+        # over with the first jobs (`run_jobs`, in the main thread), before any task exists.
+        self._terminate = _Terminate()
 
     @property
     def _run(self) -> Run:
@@ -133,6 +140,7 @@ class Executor(RemoteExecutor):  # type: ignore[misc]  # (the interface is untyp
 
     def run_jobs(self, jobs: List[JobExecutorInterface]) -> None:
         """All ready jobs in one request."""
+        self._terminate.install()
         added: List[JobExecutorInterface] = []
         lines: List[str] = []
         for job in jobs:
@@ -352,6 +360,7 @@ class Executor(RemoteExecutor):  # type: ignore[misc]  # (the interface is untyp
         self._interrupts.patient()
         self._shutdown()
         self._interrupts.uninstall()
+        self._terminate.uninstall()
 
     def _shutdown(self) -> None:
         super().shutdown()
@@ -408,3 +417,40 @@ class _Interrupts:
             "slurm-htc: cancelling the jobs and closing their books; Snakemake ends once that is done"
             f" ({left} more Ctrl-C to stop at once, leaving jobs marked incomplete)"
         )
+
+
+class _Terminate:
+    """SIGTERM for a Snakemake whose jobs are remote: Snakemake's own handler (the scheduler's
+    `exit_gracefully`: no more jobs start, those running are waited for and recorded, then
+    Snakemake exits 1, as with the local executor), run in a thread of its own. Run as the signal
+    handler, in the main thread, it takes the scheduler's lock, which that same thread holds while
+    it selects jobs or records finished ones: a SIGTERM then hangs Snakemake for good, with its
+    run kept alive and its tasks' ends never recorded. Here the handler only queues the signal
+    (`SimpleQueue.put` is safe in a signal handler) and the thread waits for the lock."""
+
+    def __init__(self) -> None:
+        self.before: Any = None
+        self.signals: "queue.SimpleQueue[Optional[int]]" = queue.SimpleQueue()
+
+    def install(self) -> None:
+        if self.before is not None or threading.current_thread() is not threading.main_thread():
+            return
+        before = signal.getsignal(signal.SIGTERM)
+        if not callable(before):  # no Python handler (SIG_DFL, SIG_IGN): nothing to take over
+            return
+        self.before = before
+        threading.Thread(target=self._deliver, args=(before,), name="htc-sigterm", daemon=True).start()
+        signal.signal(signal.SIGTERM, self.caught)
+
+    def uninstall(self) -> None:
+        if self.before is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self.before)
+            self.before = None
+            self.signals.put(None)
+
+    def caught(self, signum: int, frame: Any) -> None:
+        self.signals.put(signum)
+
+    def _deliver(self, handler: Any) -> None:
+        while (signum := self.signals.get()) is not None:
+            handler(signum, None)
