@@ -25,7 +25,7 @@ const STREAM_WAIT: Duration = Duration::from_millis(20);
 /// `htc task add`: prints each new task's id on a line of its own. 0 when added; 2 when the
 /// request was refused (nothing of it added); 1 when the run cannot be reached.
 pub fn add(a: TaskAddArgs) -> anyhow::Result<i32> {
-    let run = RunDir::locate(Some(&a.run))?;
+    let run = leaders_run(&a.run)?;
     let mut c = match Client::connect(&run) {
         Ok(c) => c,
         Err(e) => return Ok(said(&e)),
@@ -63,6 +63,13 @@ pub fn add(a: TaskAddArgs) -> anyhow::Result<i32> {
         Ok(printed) => printed.map(|()| 0),
         Err(e) => Ok(said(&e)),
     }
+}
+
+/// The run a request only its leader carries out goes to (add, cancel, close): found, its ledger
+/// not opened. Opening it for reading would rebuild a Slurm run's replica on this host, the
+/// whole ledger for each client: 10,000 clients at once on a login node would each rebuild it.
+fn leaders_run(run: &str) -> anyhow::Result<RunDir> {
+    Ok(RunDir::new(RunDir::find(Some(run))?))
 }
 
 /// The key and name of the request's one task, if given.
@@ -266,7 +273,7 @@ fn said(e: &ClientError) -> i32 {
 /// `htc task cancel RUN IDS`.
 pub fn cancel(run: &str, ids: &[String]) -> anyhow::Result<i32> {
     let ids = id_list(ids)?;
-    let run = RunDir::locate(Some(run))?;
+    let run = leaders_run(run)?;
     let mut c = match Client::connect(&run) {
         Ok(c) => c,
         Err(e) => return Ok(said(&e)),
@@ -294,7 +301,7 @@ pub fn cancel(run: &str, ids: &[String]) -> anyhow::Result<i32> {
 
 /// `htc close RUN [--cancel]`.
 pub fn close(run: &str, cancel: bool) -> anyhow::Result<i32> {
-    let run = RunDir::locate(Some(run))?;
+    let run = leaders_run(run)?;
     let mut c = match Client::connect(&run) {
         Ok(c) => c,
         Err(e) => return Ok(said(&e)),

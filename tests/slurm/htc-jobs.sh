@@ -472,6 +472,11 @@ open_run() {
     check "open: wave 2 from a file, ids 103-$((n1 + n2 + 2))" test "$ids" = "$(seq -s' ' 103 $((n1 + n2 + 2)))"
     as_user -C "$w" "$bin/htc" task add "$a" --after "1-100,103-$((n1 + n2 + 2))" -- sh -c 'wc -l < ids.txt > count.txt' >/dev/null
     check "open: waiting for both waves and the task after them succeeds" as_user -C "$w" "$bin/htc" task wait "$a" 1-100 103-403 --timeout 180s
+    # A request only the leader carries out reads no ledger on the login node (there it would be
+    # rebuilt from the replica for each client): with no temporary directory to rebuild it in, a
+    # cancel of a finished task still goes through.
+    check "open: a cancel from the login node rebuilds no ledger there" \
+        as_user -C "$w" env TMPDIR=/nonexistent "$bin/htc" task cancel "$a" 1
     st=$(as_user -C "$w" "$bin/htc" task status "$a" "$long" 102)
     check "open: the long task runs, its dependent is blocked ($(echo $st))" test "$(cut -f2 <<<"$st" | paste -sd' ')" = "running blocked"
     check "open: cancel the long task" as_user -C "$w" "$bin/htc" task cancel "$a" "$long"
