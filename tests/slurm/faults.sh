@@ -467,6 +467,10 @@ handed_over() {
     check "hand-over: every task ran ($unique of 800 and $n added)" test "$unique" = $((800 + n))
     check "hand-over: $((lines - unique)) re-run(s), at most the 2 CPUs' tasks in flight on job $a's node" \
         test $((lines - unique)) -le 2
+    # What started on job $a's node and never came back to the new leader was interrupted: its
+    # re-run is a new attempt (issue 52), as after a resume.
+    check "hand-over: each re-run is a new attempt ($(cut -d' ' -f1,3 "$w/ids.txt" | sort | uniq -d | head -n 3 | xargs))" \
+        test -z "$(cut -d' ' -f1,3 "$w/ids.txt" | sort | uniq -d)"
     # A task that ran on a joined job's node and again: its agent did not keep it.
     first=$(head -n 1 "$w/ids.txt" | cut -d' ' -f2)
     again=$(awk -v a="$first" '{ n[$1]++; if (!($1 in on)) on[$1] = $2 } END { for (t in n) if (n[t] > 1 && on[t] != a) printf "%s ", t }' "$w/ids.txt")
