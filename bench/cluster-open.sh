@@ -26,7 +26,7 @@ exec > >(tee "$out") 2>&1
 cluster_env
 install_htc
 work=$(cluster_workdir cluster-open)
-install -m 0644 "$root/bench/cluster_open.py" "$root/bench/gate.py" "$work/"
+install -m 0644 "$root/bench/cluster_open.py" "$root/bench/gate.py" "$root/bench/journal.py" "$work/"
 
 echo "date: $(date -u +%FT%TZ)  host: $(hostname)  nproc: $(nproc)  commit: $(git -C "$root" rev-parse --short HEAD)"
 echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"

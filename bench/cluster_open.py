@@ -25,6 +25,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gate import gated  # noqa: E402
+from journal import open_attempts  # noqa: E402
 
 HTC, WORK = os.environ["HTC"], os.environ["WORK"]
 # A pipe per client: as many descriptors as this process may hold.
@@ -116,17 +117,6 @@ def leader_of(job):
     return None
 
 
-def journal_open(run):
-    """(task, attempt) started and not ended, per the agents' results journals."""
-    started, ended = set(), set()
-    for path in glob.glob(f"{run}/out/agent-*/results*"):
-        b = open(path, "rb").read()
-        for i in range(0, len(b) - len(b) % 40, 40):
-            tid, att, kind = struct.unpack_from("<QIB", b, i)
-            (started if kind == 1 else ended).add((tid, att))
-    return len(started - ended)
-
-
 def lines_in(path):
     try:
         with open(path, "rb") as f:
@@ -154,7 +144,7 @@ def rerun():
         os.kill(pid, 9)
         state = wait_end(job)
         run = os.path.realpath(f"{d}/.htc/{job}")
-        open_attempts = journal_open(run)
+        running = open_attempts(run)
         out = subprocess.run([HTC, "resume", job], cwd=d, capture_output=True, text=True)
         got = re.search(r"Submitted batch job (\d+)", out.stdout + out.stderr)
         assert got, f"htc resume {job}: {out.stdout}{out.stderr}"
@@ -178,8 +168,8 @@ def rerun():
             logged[row["Seq"]].add(row["Attempt"])
         visible = sum(1 for t, a in reruns.items() if len(set(a)) == len(a) and set(a) <= logged[t])
         missing = m - len(seen)
-        rows.append((target, open_attempts, len(reruns), visible, missing))
-        print(f"   try {k}: job {job} killed at {target} started ({state}); journal: {open_attempts} running; "
+        rows.append((target, running, len(reruns), visible, missing))
+        print(f"   try {k}: job {job} killed at {target} started ({state}); journal: {running} running; "
               f"resumed as {job2} ({state2}); re-runs {len(reruns)}, visible {visible}; never ran {missing}")
         subprocess.run(["rm", "-rf", d])
     print(f"\n{tries} tries of {m} streamed tasks on a {NODES}-node open job, leader killed, `htc resume`:")

@@ -28,8 +28,11 @@ echo "date: $(date -u +%FT%TZ)  host: $(hostname)  nproc: $(nproc)  commit: $(gi
 echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
 echo "tasks per try: $N streamed; tries: $TRIES; htc: $HTC"
 
-HTC="$HTC" WORK="$WORK" N="$N" TRIES="$TRIES" python3 - <<'EOF'
-import collections, glob, json, os, random, signal, struct, subprocess, time
+BENCH="$BENCH" HTC="$HTC" WORK="$WORK" N="$N" TRIES="$TRIES" python3 - <<'EOF'
+import collections, glob, json, os, random, signal, subprocess, sys, time
+
+sys.path.insert(0, os.environ["BENCH"])
+from journal import open_attempts  # noqa: E402
 
 htc, work = os.environ["HTC"], os.environ["WORK"]
 n, tries = int(os.environ["N"]), int(os.environ["TRIES"])
@@ -60,16 +63,6 @@ def children(pids):
             continue
         kids += ppid in pids
     return kids
-
-def journal_open(run):
-    """(task, attempt) started and not ended, per the agents' results journals."""
-    started, ended = set(), set()
-    for path in glob.glob(f"{run}/out/agent-*/results*"):
-        b = open(path, "rb").read()
-        for i in range(0, len(b) - len(b) % 40, 40):
-            tid, att, kind = struct.unpack_from("<QIB", b, i)
-            (started if kind == 1 else ended).add((tid, att))
-    return len(started - ended)
 
 def htc_cmd(cwd, *args, check=True):
     p = subprocess.run([htc, *args], cwd=cwd, env=env, capture_output=True, text=True)
@@ -109,7 +102,7 @@ for k in range(tries):
     t0 = time.time()
     while [p for p in procs_naming(run) if p != leader.pid] and time.time() - t0 < 60:
         time.sleep(0.05)
-    open_attempts = journal_open(run)
+    journaled = open_attempts(run)
     resumed = subprocess.Popen([htc, "run", "--resume", rid], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     t0 = time.time()
@@ -130,8 +123,8 @@ for k in range(tries):
         logged[r["Seq"]].add(r["Attempt"])
     visible = sum(1 for t, a in reruns.items() if len(set(a)) == len(a) and set(a) <= logged[t])
     missing = n - len(seen)
-    rows.append((target, running, open_attempts, len(reruns), visible, missing))
-    print(f"try {k}: killed at {target} started; running {running} (journal: {open_attempts} open); "
+    rows.append((target, running, journaled, len(reruns), visible, missing))
+    print(f"try {k}: killed at {target} started; running {running} (journal: {journaled} open); "
           f"re-runs {len(reruns)}, visible {visible}; never ran {missing}; resume said: {said[0] if said else '-'}")
     subprocess.run(["rm", "-rf", cwd])
 
