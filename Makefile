@@ -29,6 +29,9 @@ TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 PROFILE    ?= dist
 TARGET     := $(TARGET_DIR)/$(PROFILE)
 MAN_OUT    := $(TARGET_DIR)/man
+# The plugin installed: this build's, or one built for another Slurm release's headers
+# (SLURM_INCLUDE_DIR), e.g. tests/cluster/release-plugin.sh's.
+PLUGIN_SO  ?= $(TARGET)/libspank_htc.so
 PKG_OUT    ?= $(TARGET_DIR)/packages
 
 .PHONY: all man install uninstall deb rpm dist test
@@ -46,7 +49,7 @@ install: all man
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(PLUGINDIR) $(DESTDIR)$(PLUGSTACKDIR) \
 		$(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man8
 	install -m 0755 $(TARGET)/htc $(TARGET)/htc-agent $(DESTDIR)$(BINDIR)/
-	install -m 0755 $(TARGET)/libspank_htc.so $(DESTDIR)$(PLUGINDIR)/spank_htc.so
+	install -m 0755 $(PLUGIN_SO) $(DESTDIR)$(PLUGINDIR)/spank_htc.so
 	sed -e 's|@PLUGINDIR@|$(PLUGINDIR)|g' -e 's|@BINDIR@|$(BINDIR)|g' \
 		-e 's|@PLUGIN_ARGS@|$(if $(PLUGIN_ARGS), $(PLUGIN_ARGS))|g' \
 		packaging/htc.conf.in > $(DESTDIR)$(PLUGSTACKDIR)/htc.conf

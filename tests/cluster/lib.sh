@@ -19,6 +19,8 @@
 : "${HTC_CLUSTER_DIR:=/var/lib/slurm-htc-test}"
 : "${HTC_CLUSTER_USER:=htcuser}"
 : "${HTC_CLUSTER_GROUP:=htcextra}"
+# A release root (release-root.sh) for a cluster of another Slurm release; empty: the host's.
+: "${HTC_CLUSTER_ROOT:=}"
 # Prefix of the network namespaces in netns mode; only those are ever deleted.
 # Derived from the state dir so clusters in different dirs never share one.
 : "${HTC_CLUSTER_NETNS:=htc-${HTC_CLUSTER_DIR##*/}}"
@@ -192,6 +194,20 @@ cluster_plugin_add() {
     chmod 0644 "$HTC_CLUSTER_DIR/plugstack.conf.d/$1.conf"
 }
 
+# cluster_plugin_so: the spank_htc.so built for the release the cluster runs: the host's build
+# (target/PROFILE), or release-plugin.sh's for a release root's.
+cluster_plugin_so() {
+    local root so
+    root=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd)
+    if [[ -n ${HTC_CLUSTER_ROOT:-} ]]; then
+        so=$("$root/tests/cluster/release-plugin.sh" --path "$HTC_CLUSTER_ROOT") || return 1
+    else
+        so=$root/target/${HTC_PROFILE:-release}/libspank_htc.so
+    fi
+    [[ -r $so ]] || { printf 'cluster_plugin_so: no plugin at %s\n' "$so" >&2; return 1; }
+    printf '%s\n' "$so"
+}
+
 cluster_plugin_clear() {
     rm -f -- "$HTC_CLUSTER_DIR"/plugstack.conf.d/*.conf
 }
@@ -250,11 +266,13 @@ results() { echo "$passed passed, $failed failed"; [[ $failed == 0 ]]; }
 # The documented install path (`make install`), into the test cluster's own directories:
 # binaries and plugin in $HTC_CLUSTER_DIR/htc-bin, the plugstack line beside the cluster's config.
 # The tests install the `release` build they ran on (HTC_PROFILE=dist, as the benchmarks set it,
-# for what ships; packages.sh tests the packages built that way).
+# for what ships; packages.sh tests the packages built that way), and the plugin built for the
+# cluster's release (cluster_plugin_so).
 install_htc() {
-    local root bin=$HTC_CLUSTER_DIR/htc-bin
+    local root bin=$HTC_CLUSTER_DIR/htc-bin so
     root=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd)
+    so=$(cluster_plugin_so) || return 1
     make -s -C "$root" install PROFILE="${HTC_PROFILE:-release}" BINDIR="$bin" PLUGINDIR="$bin" \
-        PLUGSTACKDIR="$HTC_CLUSTER_DIR/plugstack.conf.d" >/dev/null
+        PLUGIN_SO="$so" PLUGSTACKDIR="$HTC_CLUSTER_DIR/plugstack.conf.d" >/dev/null
     chmod 0755 "$bin"
 }

@@ -28,6 +28,12 @@ roots=${HTC_RELEASE_ROOTS:-/var/cache/slurm-htc}
 dir=$roots/$suite
 # Written last: a root without it was cut short (a full disk, a lost mirror, a stopped run).
 stamp=$dir/.htc-release-root
+# The packages the cluster's daemons (slurmdbd too: accounting), the plugin's build and the
+# user's Python (the Snakemake tests make their venv there) need, and no more. The database
+# server is the host's: one MariaDB serves both releases' slurmdbd.
+include=slurm-wlm,slurmctld,slurmd,slurm-client,slurmdbd,munge,libslurm-dev,python3,python3-venv
+# A root made with another package list is made afresh.
+made_with=$dir/.htc-release-include
 
 mirror() {
     if [[ -n ${HTC_DEBIAN_MIRROR:-} ]]; then
@@ -39,7 +45,13 @@ mirror() {
     echo "${m:-http://deb.debian.org/debian}"
 }
 
-if [[ ! -f $stamp ]]; then
+# A root in use by a cluster is not made afresh under it: its view (tests/cluster/root-view.sh)
+# would show a half-made tree.
+if [[ -f $stamp && $(cat "$made_with" 2>/dev/null) != "$include" ]] && grep -q "/run/slurm-htc-view/" /proc/self/mountinfo; then
+    echo "release-root.sh: $dir must be made afresh, but a test cluster uses it: stop it first (stop-cluster.sh)" >&2
+    exit 1
+fi
+if [[ ! -f $stamp || $(cat "$made_with" 2>/dev/null) != "$include" ]]; then
     if ! command -v debootstrap >/dev/null; then
         echo "release-root.sh: installing debootstrap" >&2
         DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends debootstrap >/dev/null
@@ -47,8 +59,7 @@ if [[ ! -f $stamp ]]; then
     mkdir -p "$roots"
     rm -rf -- "$dir.new"
     echo "release-root.sh: making $dir from $(mirror) (about a minute)" >&2
-    # The packages the cluster's daemons and the plugin's build need, and no more.
-    if ! debootstrap --variant=minbase --include=slurm-wlm,slurmctld,slurmd,slurm-client,munge,libslurm-dev \
+    if ! debootstrap --variant=minbase --include="$include" \
         "$suite" "$dir.new" "$(mirror)" >"$roots/$suite.log" 2>&1; then
         echo "release-root.sh: debootstrap failed; the last of $roots/$suite.log:" >&2
         tail -n 5 "$roots/$suite.log" >&2
@@ -56,6 +67,7 @@ if [[ ! -f $stamp ]]; then
     fi
     rm -rf -- "$dir"
     mv -- "$dir.new" "$dir"
+    echo "$include" >"$made_with"
     chroot "$dir" dpkg-query -W -f='${Version}\n' slurm-wlm >"$stamp"
 fi
 echo "release-root.sh: $dir holds Slurm $(cat "$stamp")" >&2

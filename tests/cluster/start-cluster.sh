@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Bring up a throw-away Slurm 22.05 cluster on this machine for tests:
-# one slurmctld and N slurmd, either all on 127.0.0.1 (loopback, multiple-slurmd)
-# or one network + UTS namespace per node (netns, distinct hostnames n1..nN).
+# Bring up a throw-away Slurm cluster on this machine for tests: one slurmctld and
+# N slurmd, either all on 127.0.0.1 (loopback, multiple-slurmd) or one network + UTS
+# namespace per node (netns, distinct hostnames n1..nN). The host's Slurm (Debian 12:
+# 22.05), or another release's from a root made by release-root.sh (HTC_CLUSTER_ROOT).
 #
 #   start-cluster.sh [-n NODES] [-m loopback|netns] [-c CPUS_PER_NODE]
 #
@@ -18,6 +19,9 @@
 #   HTC_CLUSTER_SCHED        SchedulerParameters, default batch_sched_delay=0; set it
 #                            empty for Slurm's defaults (benchmarks that must look
 #                            like a real site)
+#   HTC_CLUSTER_ROOT         a release root (release-root.sh): daemons, jobs and the
+#                            tests' clients then run chrooted in a view of it
+#                            (root-view.sh); default: the host's Slurm
 # Afterwards tests source $HTC_CLUSTER_DIR/env (or lib.sh, then cluster_env).
 # On failure the daemons are left running for inspection; stop-cluster.sh or the
 # next start cleans up.
@@ -26,6 +30,8 @@ set -euo pipefail
 here=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=lib.sh
 . "$here/lib.sh"
+# shellcheck source=root-view.sh
+. "$here/root-view.sh"
 
 usage() {
     sed -n '6p' "${BASH_SOURCE[0]}" | sed 's/^# *//' >&2
@@ -63,7 +69,9 @@ conf=$dir/slurm.conf
 short=$(hostname -s)
 
 # --- packages ---------------------------------------------------------------
-pkgs=(slurm-wlm slurmctld slurmd slurm-client munge)
+# munge is the host's in either case: one munged serves every release's daemons.
+pkgs=(munge)
+[[ -n $HTC_CLUSTER_ROOT ]] || pkgs+=(slurm-wlm slurmctld slurmd slurm-client)
 missing=0
 for p in "${pkgs[@]}"; do
     [[ $(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null) == installed ]] || missing=1
@@ -77,6 +85,12 @@ t_apt=$(_htc_elapsed "$t0")
 
 # --- a clean slate ----------------------------------------------------------
 "$here/stop-cluster.sh"
+# In a release root every Slurm program runs chrooted in its view; `in_root` prefixes them.
+view='' in_root=()
+if [[ -n $HTC_CLUSTER_ROOT ]]; then
+    view=$(root_view_path)
+    in_root=(chroot "$view")
+fi
 
 if ! id -u "$HTC_CLUSTER_USER" >/dev/null 2>&1; then
     useradd --create-home --user-group --shell /bin/bash "$HTC_CLUSTER_USER"
@@ -133,6 +147,12 @@ if ! munge -n </dev/null >/dev/null 2>&1; then
     cp /run/munge/munged.pid "$dir/run/munged.pid"
 fi
 
+# --- the release ------------------------------------------------------------
+# After munged: the view shares its socket's directory.
+if [[ -n $view ]]; then root_view_mount "$HTC_CLUSTER_ROOT" "$(cd -- "$here/../.." && pwd)"; fi
+# The release the cluster runs, for the tests (e.g. 22.05.8).
+release=$("${in_root[@]}" /usr/sbin/slurmctld -V | awk '{print $2}')
+
 # --- configuration ----------------------------------------------------------
 if [[ $mode == loopback ]]; then
     ctld_host="$short(127.0.0.1)"
@@ -145,7 +165,7 @@ else
 fi
 
 cat >"$conf" <<EOF
-# Written by tests/cluster/start-cluster.sh ($mode, $nodes nodes); rewritten on every start.
+# Written by tests/cluster/start-cluster.sh ($mode, $nodes nodes, Slurm $release); rewritten on every start.
 ClusterName=htctest
 SlurmctldHost=$ctld_host
 SlurmctldPort=$ctld_port
@@ -191,13 +211,26 @@ printf 'include %s/plugstack.conf.d/*.conf\n' "$dir" >"$dir/plugstack.conf"
 
 # Clients as root go through this wrapper: in netns mode only the head
 # namespace can reach slurmctld. nsenter (not `ip netns exec`) leaves /sys alone.
+# In a release root they run chrooted in its view, in the caller's directory where the view has
+# it (the checkout, /tmp, /home and the cluster's dir are there at the same paths).
 client=$dir/bin/slurm-client
-if [[ $mode == netns ]]; then
-    printf '#!/bin/sh\n# Run a command in the head namespace of the test cluster.\nexec nsenter --net=/run/netns/%s-head -- "$@"\n' \
-        "$HTC_CLUSTER_NETNS" >"$client"
-else
-    printf '#!/bin/sh\n# Loopback cluster: clients reach slurmctld from anywhere.\nexec "$@"\n' >"$client"
-fi
+{
+    echo '#!/bin/sh'
+    if [[ $mode == netns ]]; then
+        echo '# Run a command in the head namespace of the test cluster.'
+        printf 'net="nsenter --net=/run/netns/%s-head --"\n' "$HTC_CLUSTER_NETNS"
+    else
+        echo '# Loopback cluster: clients reach slurmctld from anywhere.'
+        echo 'net='
+    fi
+    if [[ -n $view ]]; then
+        echo "# Slurm $release: chrooted in the view of $HTC_CLUSTER_ROOT."
+        # shellcheck disable=SC2016 # written for the wrapper
+        printf 'exec $net chroot %s /bin/sh -c '"'"'cd "$1" 2>/dev/null || cd /; shift; exec "$@"'"'"' sh "$PWD" "$@"\n' "$view"
+    else
+        echo 'exec $net "$@"'
+    fi
+} >"$client"
 chmod 0755 "$client"
 
 cat >"$dir/env" <<EOF
@@ -210,6 +243,9 @@ export HTC_CLUSTER_USER=$HTC_CLUSTER_USER
 export HTC_CLUSTER_GROUP=$HTC_CLUSTER_GROUP
 export HTC_CLUSTER_NETNS=$HTC_CLUSTER_NETNS
 export HTC_CLUSTER_CLIENT=$client
+export HTC_CLUSTER_ROOT=$HTC_CLUSTER_ROOT
+export HTC_CLUSTER_VIEW=$view
+export HTC_CLUSTER_RELEASE=$release
 EOF
 chmod 0644 "$conf" "$dir/plugstack.conf" "$dir/env"
 # shellcheck source=/dev/null
@@ -254,7 +290,7 @@ overdue() { (($(_htc_elapsed "$t_daemons" | cut -d. -f1) >= timeout)); }
 
 # A clean environment, so nothing of the caller's leaks into prolog/epilog or
 # job steps; the marker lets stop-cluster.sh find exactly these processes.
-daemon_env=(env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin "$(_htc_marker)")
+daemon_env=("${in_root[@]}" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin "$(_htc_marker)")
 t_daemons=$EPOCHREALTIME
 ctld_prefix=()
 if [[ $mode == netns ]]; then ctld_prefix=(nsenter --net="/run/netns/$head_ns" --); fi
@@ -276,8 +312,8 @@ for i in $(seq "$nodes"); do
         # gives each node its own hostname and /etc/hosts.
         # shellcheck disable=SC2016 # expanded by the inner sh
         nsenter --net="/run/netns/$HTC_CLUSTER_NETNS-n$i" -- unshare --uts --mount -- \
-            sh -c 'mount --bind "$1" /etc/hosts && hostname "$2" && shift 2 && exec "$@"' \
-            sh "$dir/hosts" "n$i" "${daemon_env[@]}" /usr/sbin/slurmd -f "$conf" -N "n$i" ||
+            sh -c 'mount --bind "$1" "$3/etc/hosts" && hostname "$2" && shift 3 && exec "$@"' \
+            sh "$dir/hosts" "n$i" "$view" "${daemon_env[@]}" /usr/sbin/slurmd -f "$conf" -N "n$i" ||
             fail "slurmd n$i did not start"
     fi
 done
@@ -293,7 +329,7 @@ while :; do
     sleep 0.05
 done
 
-printf 'start-cluster: %d node(s), %s mode, %s CPUs each: all idle %s s after starting the daemons (packages %s s, total %s s); env: %s\n' \
-    "$nodes" "$mode" "$cpus" "$(_htc_elapsed "$t_daemons")" "$t_apt" "$(_htc_elapsed "$t0")" "$dir/env"
+printf 'start-cluster: Slurm %s, %d node(s), %s mode, %s CPUs each: all idle %s s after starting the daemons (packages %s s, total %s s); env: %s\n' \
+    "$release" "$nodes" "$mode" "$cpus" "$(_htc_elapsed "$t_daemons")" "$t_apt" "$(_htc_elapsed "$t0")" "$dir/env"
 plugins=$(cat "$dir"/plugstack.conf.d/*.conf 2>/dev/null || true)
 if [[ -n $plugins ]]; then printf 'start-cluster: plugstack lines:\n%s\n' "$plugins"; fi

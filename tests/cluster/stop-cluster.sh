@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Stop the test cluster made by start-cluster.sh: slurmctld, every slurmd,
-# their slurmstepds and job processes, the munged it started, and its network
-# namespaces. Safe to run any number of times, with or without a cluster.
+# their slurmstepds and job processes, the munged it started, its network
+# namespaces and its release root's view. Safe to run any number of times, with or
+# without a cluster.
 set -euo pipefail
 
 here=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=lib.sh
 . "$here/lib.sh"
+# shellcheck source=root-view.sh
+. "$here/root-view.sh"
 
 [[ $EUID -eq 0 ]] || _htc_die "must run as root"
 
@@ -16,6 +19,8 @@ if [[ -r $HTC_CLUSTER_DIR/env ]]; then
     . "$HTC_CLUSTER_DIR/env"
 fi
 conf="$HTC_CLUSTER_DIR/slurm.conf"
+# A chrooted slurmstepd's files read, from here, as the view's path of them.
+view=$(root_view_path)
 
 # pid ppid state, for every process, read straight from /proc (procps may be absent).
 proc_table() {
@@ -36,7 +41,7 @@ proc_table() {
 # or, if orphaned, by a job env that points at this cluster's slurm.conf.
 collect_pids() {
     local -A want=()
-    local pid ppid state p f
+    local pid ppid state p f l
     while read -r p; do
         [[ -n $p ]] && want[$p]=1
     done < <(
@@ -46,7 +51,8 @@ collect_pids() {
     )
     while read -r p; do
         for f in /proc/"$p"/fd/*; do
-            if [[ $(readlink "$f" 2>/dev/null) == "$HTC_CLUSTER_DIR"/log/* ]]; then
+            l=$(readlink "$f" 2>/dev/null) || continue
+            if [[ $l == "$HTC_CLUSTER_DIR"/log/* || $l == "$view$HTC_CLUSTER_DIR"/log/* ]]; then
                 want[$p]=1
                 break
             fi
@@ -160,3 +166,6 @@ if [[ -d /run/netns ]]; then
         fi
     done
 fi
+
+# Last: nothing of the cluster holds a file in the view any more.
+root_view_umount
