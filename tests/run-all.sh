@@ -51,6 +51,8 @@ on_exit() {
     [[ -z $rpm_build ]] || rm -rf "$rpm_build"
     [[ -z ${py_pid:-} ]] || kill "$py_pid" 2>/dev/null
     [[ -z ${HTC_PY_VENV:-} ]] || rm -rf "$HTC_PY_VENV" "$HTC_PY_VENV.log"
+    [[ -z ${second_pid:-} ]] || kill "$second_pid" 2>/dev/null
+    [[ -z ${second:-} ]] || rm -rf "$second"
     print_times
     ((${#skipped[@]} == 0)) || banner "TESTS WERE SKIPPED: this was NOT a run of every test" "${skipped[@]}"
     exit "$rc"
@@ -59,20 +61,46 @@ trap on_exit EXIT
 ((${#skipped[@]} == 0)) || banner "TESTS SKIPPED: a pass of this run is not a pass of every test" "${skipped[@]}"
 
 # The Python step's venv: the packages as a user installs them, Snakemake, its cluster-generic
-# executor, pytest and mypy pinned, from the registry. The Slurm tier runs Snakemake from it too
-# (as the cluster's user: the venv is readable by all); it is removed at the end. Made from the
-# start, in the background and at SCHED_IDLE: mostly a download, it overlaps the builds. The
-# clients themselves are installed in their step: pip builds them in the checkout, which must stay
-# clean until tests/fresh-build.sh has looked at it.
+# executor, pytest and mypy pinned (tests/py-pins.txt), from the registry. The Slurm tier runs
+# Snakemake from it too (as the cluster's user: the venv is readable by all); it is removed at the
+# end. Made from the start, in the background and at SCHED_IDLE: mostly a download, it overlaps
+# the builds. The clients themselves are installed in their step: pip builds them in the checkout,
+# which must stay clean until tests/fresh-build.sh has looked at it.
 HTC_PY_VENV=$(mktemp -d /tmp/htc-py.XXXXXX)
 export HTC_PY_VENV
 chmod 755 "$HTC_PY_VENV"
 # /usr/bin/python3 where there is one: a Python under /root (pyenv) is out of the cluster user's reach.
-chrt --idle 0 bash -c '"$1" -m venv "$2" && "$2/bin/pip" install -q --disable-pip-version-check "pytest==9.2.0" \
-    "mypy==1.13.0" "snakemake==9.27.1" "snakemake-interface-executor-plugins==9.4.0" \
-    "snakemake-executor-plugin-cluster-generic==1.0.9"' \
-    _ "$(command -v /usr/bin/python3 || command -v python3)" "$HTC_PY_VENV" >"$HTC_PY_VENV.log" 2>&1 &
+chrt --idle 0 bash -c '"$1" -m venv "$2" && "$2/bin/pip" install -q --disable-pip-version-check -r "$3"' \
+    _ "$(command -v /usr/bin/python3 || command -v python3)" "$HTC_PY_VENV" "$root/tests/py-pins.txt" \
+    >"$HTC_PY_VENV.log" 2>&1 &
 py_pid=$!
+
+# The second Slurm release's root (Debian 13's 24.11, tests/cluster/release-root.sh: kept between
+# runs on one machine, a minute's download on a new one) and its users' venv, made with its Python,
+# likewise in the background; the build step waits for the root, the second release's tier for
+# the venv. Skipped with the Slurm tier (HTC_SKIP_SLURM=1).
+second=$(mktemp -d /tmp/htc-second.XXXXXX)
+chmod 755 "$second"
+second_venv=$second/venv
+second_pid=''
+if [[ ${HTC_SKIP_SLURM:-0} != 1 ]]; then
+    # shellcheck disable=SC2016 # expanded by the inner bash
+    chrt --idle 0 bash -c 'r=0; "$1/tests/cluster/release-root.sh" trixie >"$2/root" 2>"$2/root.log" || r=$?
+        echo "$r" >"$2/root.status"; ((r == 0)) || exit "$r"
+        "$1/tests/cluster/release-venv.sh" "$(cat "$2/root")" "$3" >"$2/venv.log" 2>&1' \
+        _ "$root" "$second" "$second_venv" &
+    second_pid=$!
+fi
+# wait_second_root: the root's path, once release-root.sh has ended (false if it failed).
+wait_second_root() {
+    while [[ ! -e $second/root.status ]]; do sleep 1; done
+    if [[ $(cat "$second/root.status") != 0 ]]; then
+        cat "$second/root.log" >&2
+        echo "the second Slurm release's root could not be made" >&2
+        return 1
+    fi
+    cat "$second/root"
+}
 
 step "hygiene: cargo fmt --check, cargo clippy -D warnings, the crates' layering"
 cargo fmt --all --check
@@ -91,6 +119,11 @@ step "build (release, once for every tier)"
 # the fresh build just built.
 cargo build --release --workspace --exclude spank-plugin --locked
 cargo build --release -p spank-plugin --locked
+if [[ ${HTC_SKIP_SLURM:-0} != 1 ]]; then
+    # The plugin for the second release too, against its root's headers (its own crate only).
+    second_root=$(wait_second_root)
+    tests/cluster/release-plugin.sh "$second_root"
+fi
 
 # htc-core and htc-engine ran above, in debug (with their debug_assert!s): their release test
 # binaries would add two LTO links (about 50 s) and no test.
@@ -128,6 +161,13 @@ if ((py_ok != 0)); then
     exit 1
 fi
 "$HTC_PY_VENV/bin/pip" install -q --disable-pip-version-check "$root/clients/python" "$root/clients/snakemake"
+if [[ -n $second_pid ]]; then
+    # The second release's venv: the clients too, as its users install them.
+    wait "$second_pid" || { cat "$second/venv.log"; echo "the second release's venv could not be made" >&2; exit 1; }
+    second_pid=''
+    tests/cluster/release-venv.sh "$second_root" "$second_venv" "$root/clients/python" "$root/clients/snakemake" >"$second/venv.log" 2>&1 ||
+        { cat "$second/venv.log"; echo "the clients could not be installed in the second release's venv" >&2; exit 1; }
+fi
 for c in python snakemake; do
     (cd "$root/clients/$c" && "$HTC_PY_VENV/bin/mypy" --strict --cache-dir=/dev/null src)
     (cd "$root/clients/$c" && HTC="$root/target/release/htc" "$HTC_PY_VENV/bin/python" -m pytest -q -p no:cacheprovider tests)
@@ -139,24 +179,35 @@ if [[ ${HTC_SKIP_SLURM:-0} == 1 ]]; then
 fi
 [[ $(id -u) == 0 ]] || { echo "the Slurm tier needs root (set HTC_SKIP_SLURM=1 to skip it)" >&2; exit 1; }
 
-# The RPM build (packages.sh's: a whole offline build from vendored crates, minutes of CPU), then
-# version.sh's plugin built as for another Slurm release, go on beside the Slurm scenarios before
-# them, at SCHED_IDLE: they get only the CPU the scenarios' waits leave idle (jobs waiting on
-# Slurm, tasks that sleep), so they do not slow them. packages.sh waits for the RPM and checks
-# what it made; version.sh finds its plugin built (or waits for cargo's lock).
+# The RPM build (packages.sh's: a whole offline build from vendored crates, minutes of CPU) goes
+# on beside the Slurm scenarios before it, at SCHED_IDLE: it gets only the CPU the scenarios'
+# waits leave idle (jobs waiting on Slurm, tasks that sleep), so it does not slow them.
+# packages.sh waits for the RPM and checks what it made.
 rpm_build=$(mktemp -d /tmp/htc-rpm.XXXXXX)
 # shellcheck disable=SC2016 # expanded by the inner bash
-setsid bash -c 'chrt --idle 0 make -s -C "$1" rpm PKG_OUT="$2/pkgs" >"$2/out" 2>&1; echo $? >"$2/status"
-    chrt --idle 0 "$1/tests/slurm/version.sh" --build-only >"$2/otherver.out" 2>&1' \
+setsid bash -c 'chrt --idle 0 make -s -C "$1" rpm PKG_OUT="$2/pkgs" >"$2/out" 2>&1; echo $? >"$2/status"' \
     _ "$root" "$rpm_build" &
 rpm_pid=$! # a process group of its own (setsid), stopped whole should this script end first
 export HTC_RPM_BUILD=$rpm_build
 
+# slurm_release INCLUDE-DIR: the release its headers are of, e.g. 22.05.8.
+slurm_release() { "$root/packaging/slurm-version.sh" "$1"; }
 failed=0
 for t in "$root"/tests/slurm/*.sh; do
-    step "slurm: $(basename "$t")"
+    step "slurm $(slurm_release /usr/include): $(basename "$t")"
     if ! "$t"; then
         echo "FAILED: $t"
+        failed=$((failed + 1))
+    fi
+done
+# The second release: its own cluster in its root, the same scripts. Those named here are the
+# ones whose subject differs between releases (the plugin's loading and version guard, the
+# workload, faults and recovery, joins, open runs and their clients); htc-jobs.sh runs its
+# second-release set (it says which).
+for t in version.sh faults.sh htc-jobs.sh; do
+    step "slurm $(slurm_release "$second_root/usr/include"): $t"
+    if ! HTC_CLUSTER_ROOT=$second_root HTC_PY_VENV=$second_venv "$root/tests/slurm/$t"; then
+        echo "FAILED: $t on the second release"
         failed=$((failed + 1))
     fi
 done

@@ -15,11 +15,7 @@ path_only=0
 [[ ${1-} == --path ]] && { path_only=1; shift; }
 (($# == 1)) || { sed -n '6,7p' "${BASH_SOURCE[0]}" | sed 's/^# *//' >&2; exit 2; }
 root=$1
-header=$root/usr/include/slurm/slurm_version.h
-[[ -r $header ]] || { echo "release-plugin.sh: no Slurm headers in $root ($header)" >&2; exit 2; }
-number=$(awk '/define SLURM_VERSION_NUMBER/ { print $3 }' "$header")
-[[ $number =~ ^0x[0-9a-fA-F]{6}$ ]] || { echo "release-plugin.sh: cannot read SLURM_VERSION_NUMBER from $header" >&2; exit 2; }
-release=$(printf '%d.%02d' $((number >> 16)) $(((number >> 8) & 0xff)))
+release=$("$repo/packaging/slurm-version.sh" "$root/usr/include" | cut -d. -f1,2) || exit 2
 profile=${HTC_PROFILE:-release}
 out=$repo/target/slurm-$release/$profile/libspank_htc.so
 if ((path_only)); then

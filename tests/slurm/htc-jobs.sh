@@ -629,6 +629,31 @@ if [[ -n ${HTC_JOBS_ONLY:-} ]]; then # one test on 4 nodes, while developing it
     exit $((failed > 0))
 fi
 
+if [[ -n $HTC_CLUSTER_ROOT ]]; then
+    # A second release (tests/run-all.sh runs every scenario on the first): the workload, its
+    # tree and instances, joins and growth, open runs with the Python client and Snakemake. The
+    # rest (bad input, prologue, retries, sweeps, the watch, memory) is the same code whichever
+    # Slurm runs it.
+    echo "== 4 nodes (network namespaces), the second release's set"
+    "$root/tests/cluster/start-cluster.sh" -n 4 -m netns -c 2 >/dev/null || { echo "cluster did not start"; exit 1; }
+    cluster_env
+    echo "-- Slurm $HTC_CLUSTER_RELEASE from $HTC_CLUSTER_ROOT"
+    install_htc
+    timed run_many 4 10000
+    timed run_many 4 3000 --htc-fanout=2
+    INSTANCE_NODES=2 timed run_many 4 3000 --htc-instance-nodes=2 --export=ALL,HTC_LOG=info
+    timed joined_job
+    timed grown_run
+    timed open_run
+    timed python_client
+    timed snakemake_on_cluster
+    [[ $failed == 0 ]] || cluster_logs 20
+    "$root/tests/cluster/stop-cluster.sh" >/dev/null 2>&1
+    echo "$passed passed, $failed failed"
+    [[ $failed == 0 ]]
+    exit
+fi
+
 echo "== 1 node (loopback)"
 "$root/tests/cluster/start-cluster.sh" -n 1 -c 2 >/dev/null || { echo "cluster did not start"; exit 1; }
 cluster_env

@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
-# The version guard on a real Slurm: spank_htc.so built for ANOTHER Slurm release
-# (HTC_SLURM_VERSION_OVERRIDE, into its own CARGO_TARGET_DIR) is loaded by this cluster's Slurm,
-# logs one clear line in slurmd, leaves jobs without --htc exactly as they are without the
-# plugin, refuses --htc with the reason (nothing queued), fails an HTC job that was queued before
-# the "upgrade" instead of running its script, and leaves srun/salloc alone. Then the real plugin
-# is put back and works again. Runs its own throw-away cluster (own state dir and ports).
+# The version guard on a real Slurm: spank_htc.so built for ANOTHER Slurm release is loaded by
+# this cluster's Slurm, logs one clear line in slurmd, leaves jobs without --htc exactly as they
+# are without the plugin, refuses --htc with the reason (nothing queued), fails an HTC job that
+# was queued before the "upgrade" instead of running its script, and leaves srun/salloc alone.
+# Then the real plugin is put back and works again. Runs its own throw-away cluster (own state dir
+# and ports), of the host's Slurm or of a release root's (HTC_CLUSTER_ROOT, start-cluster.sh).
 #
-#   tests/slurm/version.sh          (as root; builds the other-version plugin if needed:
-#                                    cargo build -p spank-plugin --release first)
+#   tests/slurm/version.sh          (as root)
 #
-# Environment: SO (the real plugin, default target/release/libspank_htc.so), OTHER_SO (a plugin
-# built for another release; default: built here into $HTC_OTHERVER_TARGET, default
+# The other release's plugin is a real one where there is one: on a release root's cluster the
+# host's build (target/release), on the host's the build for the second release's root
+# (tests/cluster/release-plugin.sh, kept under target/slurm-RELEASE). Without that, one is built
+# as if for another release (HTC_SLURM_VERSION_OVERRIDE) into $HTC_OTHERVER_TARGET (default
 # /tmp/htc-plugin-otherver).
+#
+# Environment: SO (the real plugin, default the cluster's: cluster_plugin_so), OTHER_SO (the
+# other release's).
 set -uo pipefail
 
 root=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -22,18 +26,33 @@ harness=$root/tests/cluster
 # shellcheck source=/dev/null
 . "$harness/lib.sh"
 
-real_src=${SO:-$root/target/release/libspank_htc.so}
+real_src=${SO:-$(cluster_plugin_so)} || exit 2
 [[ -r $real_src ]] || { echo "no plugin at $real_src: cargo build -p spank-plugin --release" >&2; exit 2; }
 
-# The headers' release, and another one to pretend the plugin was built for.
-hdr=$(awk '/define SLURM_VERSION_NUMBER/ {print $3}' "${SLURM_INCLUDE_DIR:-/usr/include}/slurm/slurm_version.h")
-[[ $hdr =~ ^0x[0-9a-fA-F]{6}$ ]] || { echo "cannot read SLURM_VERSION_NUMBER from slurm_version.h" >&2; exit 2; }
-if ((hdr >> 8 == 0x1702)); then other=0x160500; else other=0x170200; fi
+version_number() { # HEADERS-ROOT -> SLURM_VERSION_NUMBER of its slurm_version.h
+    local n
+    n=$(awk '/define SLURM_VERSION_NUMBER/ {print $3}' "$1/slurm/slurm_version.h")
+    [[ $n =~ ^0x[0-9a-fA-F]{6}$ ]] || { echo "cannot read SLURM_VERSION_NUMBER from $1/slurm/slurm_version.h" >&2; exit 2; }
+    echo "$n"
+}
 rel() { printf '%d.%02d' $(($1 >> 16)) $((($1 >> 8) & 0xff)); }
+second_root=${HTC_RELEASE_ROOTS:-/var/cache/slurm-htc}/trixie
+other_src=${OTHER_SO:-}
+if [[ -n $HTC_CLUSTER_ROOT ]]; then
+    hdr=$(version_number "$HTC_CLUSTER_ROOT/usr/include")
+    other=$(version_number "${SLURM_INCLUDE_DIR:-/usr/include}")
+    : "${other_src:=$root/target/release/libspank_htc.so}"
+elif [[ -z $other_src ]] && second=$("$harness/release-plugin.sh" --path "$second_root" 2>/dev/null); then
+    hdr=$(version_number "${SLURM_INCLUDE_DIR:-/usr/include}")
+    other=$(version_number "$second_root/usr/include")
+    other_src=$second
+else
+    hdr=$(version_number "${SLURM_INCLUDE_DIR:-/usr/include}")
+    if ((hdr >> 8 == 0x1702)); then other=0x160500; else other=0x170200; fi
+fi
 built=$(rel "$other") host=$(rel "$hdr")
 
-other_src=${OTHER_SO:-}
-# `version.sh --build-only`: only that build (tests/run-all.sh starts it beside the Slurm tier).
+# `version.sh --build-only`: only the build of a plugin as if for another release.
 build_only=0
 [[ ${1-} == --build-only ]] && build_only=1
 if [[ -z $other_src ]]; then
@@ -43,6 +62,7 @@ if [[ -z $other_src ]]; then
         cargo build --release --locked -q -p spank-plugin) || { echo "build failed" >&2; exit 2; }
     other_src=$target/release/libspank_htc.so
 fi
+echo "Slurm $host, with the plugin built for $built: $other_src"
 ((build_only)) && exit 0
 
 
