@@ -8,7 +8,8 @@ use crate::common;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
 
 use common::{text, Dir};
 use htc::ledger::{Ledger, State};
@@ -20,12 +21,12 @@ struct Disk(PathBuf);
 impl Disk {
     fn mount(at: &Path, size: &str) -> Disk {
         let opts = format!("size={size},mode=0755");
-        mount_tmpfs(at, &opts, MsFlags::empty());
+        mount_tmpfs(at, &opts, 0);
         Disk(at.to_path_buf())
     }
 
     fn resize(&self, size: &str) {
-        mount_tmpfs(&self.0, &format!("size={size}"), MsFlags::MS_REMOUNT);
+        mount_tmpfs(&self.0, &format!("size={size}"), libc::MS_REMOUNT);
     }
 
     /// Fills the disk up to `leave` bytes free with a file `fill`.
@@ -45,16 +46,23 @@ impl Disk {
     }
 }
 
-fn mount_tmpfs(at: &Path, opts: &str, flags: MsFlags) {
-    if let Err(e) = mount(Some("tmpfs"), at, Some("tmpfs"), flags, Some(opts)) {
-        panic!("mount tmpfs on {} ({opts}): {} — these tests need root", at.display(), std::io::Error::from(e));
+// libc's mount(2), not nix's: nix's `mount` feature here only would give the test build other
+// features than the release build's, and rebuild nix and every crate above it for the tests.
+fn mount_tmpfs(at: &Path, opts: &str, flags: libc::c_ulong) {
+    let (src, at_c, opts_c) = (c"tmpfs", CString::new(at.as_os_str().as_bytes()).unwrap(), CString::new(opts).unwrap());
+    // SAFETY: every pointer is a NUL-terminated string that outlives the call.
+    let rc = unsafe { libc::mount(src.as_ptr(), at_c.as_ptr(), src.as_ptr(), flags, opts_c.as_ptr().cast()) };
+    if rc != 0 {
+        panic!("mount tmpfs on {} ({opts}): {} — these tests need root", at.display(), std::io::Error::last_os_error());
     }
 }
 
 impl Drop for Disk {
     fn drop(&mut self) {
         // Detaching the mount this test made; MNT_DETACH also works while it is busy.
-        let _ = umount2(&self.0, MntFlags::MNT_DETACH);
+        let at = CString::new(self.0.as_os_str().as_bytes()).unwrap();
+        // SAFETY: a NUL-terminated path that outlives the call.
+        unsafe { libc::umount2(at.as_ptr(), libc::MNT_DETACH) };
     }
 }
 
