@@ -11,7 +11,9 @@
 //!   variant into its own `CARGO_TARGET_DIR`.
 //!
 //! `spank_prepend_task_argv` (Slurm >= 23.11) is not linked but looked up at run time
-//! (src/spank.rs), so one plugin binary never references a function its host may lack.
+//! (src/spank.rs), so one plugin binary never references a function its host may lack; the
+//! symbol `slurm_spank_init_failure_mode` (Slurm >= 25.05) is defined only when the headers
+//! define `ESPANK_JOB_FAILURE`.
 
 use std::env;
 use std::path::PathBuf;
@@ -59,6 +61,13 @@ fn main() {
         if !text.contains(needed) {
             panic!("bindings lack `{needed}`: unsupported <slurm/spank.h>");
         }
+    }
+
+    // Slurm >= 25.05: a plugin may say that a failure of its init fails the job rather than
+    // drain the node (src/plugin.rs); only where the headers define the value.
+    println!("cargo:rustc-check-cfg=cfg(spank_init_failure_mode)");
+    if text.contains("ESPANK_JOB_FAILURE") {
+        println!("cargo:rustc-cfg=spank_init_failure_mode");
     }
 
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR"));

@@ -120,9 +120,11 @@ step "build (release, once for every tier)"
 cargo build --release --workspace --exclude spank-plugin --locked
 cargo build --release -p spank-plugin --locked
 if [[ ${HTC_SKIP_SLURM:-0} != 1 ]]; then
-    # The plugin for the second release too, against its root's headers (its own crate only).
+    # The plugin for the second release too, against its root's headers (its own crate only), and
+    # for the newest Debian ships, against its headers alone (version.sh checks what it uses).
     second_root=$(wait_second_root)
     tests/cluster/release-plugin.sh "$second_root"
+    tests/cluster/release-plugin.sh "$(tests/cluster/release-headers.sh sid)"
 fi
 
 # htc-core and htc-engine ran above, in debug (with their debug_assert!s): their release test
@@ -205,9 +207,9 @@ for t in "$root"/tests/slurm/*.sh; do
 done
 # The second release: its own cluster in its root, the same scripts. Those named here are the
 # ones whose subject differs between releases (the plugin's loading and version guard, the
-# workload, faults and recovery, joins, open runs and their clients); htc-jobs.sh runs its
-# second-release set (it says which).
-for t in version.sh faults.sh htc-jobs.sh; do
+# workload, faults, preemption and recovery, the site's cgroups, accounting and limits, joins,
+# open runs and their clients); htc-jobs.sh runs its second-release set (it says which).
+for t in version.sh faults.sh site.sh htc-jobs.sh; do
     step "slurm $(slurm_release "$second_root/usr/include"): $t"
     if ! HTC_CLUSTER_ROOT=$second_root HTC_PY_VENV=$second_venv "$root/tests/slurm/$t"; then
         echo "FAILED: $t on the second release"

@@ -130,6 +130,10 @@ pub struct Grower {
     /// When it last submitted (or a submission failed): one submission per `QUIET_US`, so
     /// that a job just submitted is counted before the next is considered.
     last_us: Option<u64>,
+    /// The site's limits refused a submission while this many grown jobs were active: none is
+    /// asked for again until fewer are (one of them ended, which may make room under a limit
+    /// such as MaxSubmitJobsPerUser), so a refusal is never asked again in a loop.
+    refused_at: Option<u32>,
 }
 
 /// The least time between two submissions.
@@ -140,7 +144,7 @@ pub const IDLE_GRACE_US: u64 = 60_000_000;
 
 impl Grower {
     pub fn new(spec: GrowSpec) -> Grower {
-        Grower { spec, jobs: BTreeMap::new(), last_us: None }
+        Grower { spec, jobs: BTreeMap::new(), last_us: None, refused_at: None }
     }
 
     /// A grown job was submitted as `job`.
@@ -152,6 +156,16 @@ impl Grower {
     /// A submission failed: try again after the quiet time.
     pub fn failed(&mut self, now_us: u64) {
         self.last_us = Some(now_us);
+    }
+
+    /// The site's limits refused a submission (`refused_by_limit`): none again until one of the
+    /// grown jobs active now ends. True the first time (while not already held back), to be
+    /// said once.
+    pub fn refused(&mut self, now_us: u64) -> bool {
+        self.last_us = Some(now_us);
+        let first = self.refused_at.is_none();
+        self.refused_at = Some(self.active());
+        first
     }
 
     /// A grown job ended (its allocation left the run, or it never came).
@@ -194,7 +208,11 @@ impl Grower {
                 *g = Grown::Joined;
             }
         }
+        if self.refused_at.is_some_and(|n| self.active() < n) {
+            self.refused_at = None;
+        }
         if s.others_waiting
+            || self.refused_at.is_some()
             || self.active() >= self.spec.max_jobs
             || self.last_us.is_some_and(|t| s.now_us < t + QUIET_US)
         {
@@ -224,6 +242,15 @@ impl Grower {
         );
         Decision::Submit { nodes: self.spec.nodes, minutes, reason }
     }
+}
+
+/// Whether sbatch's refusal (its message) is one of the site's limits: an association's or a
+/// QOS's (MaxSubmitJobs and the like), or an account or QOS the user may not use. Asking again
+/// changes nothing until one of the user's jobs ends, unlike a controller that did not answer.
+pub fn refused_by_limit(why: &str) -> bool {
+    const SIGNS: [&str; 6] =
+        ["MaxSubmitJob", "violates accounting/QOS policy", "Invalid account", "Invalid qos", "QOSMax", "AssocMax"];
+    SIGNS.iter().any(|s| why.contains(s))
 }
 
 /// A grown job's shape: nodes, and its time limit in minutes.
@@ -322,6 +349,48 @@ mod tests {
         // One ends: room for another.
         g.ended("101");
         assert!(matches!(g.decide(&situation(200, 100_000, &["102"])), Decision::Submit { .. }));
+    }
+
+    #[test]
+    fn a_refusal_by_the_site_s_limits_is_not_asked_again_until_a_grown_job_ends() {
+        let mut g = Grower::new(GrowSpec { max_jobs: 3, nodes: 1, minutes: Some(10) });
+        assert!(matches!(g.decide(&situation(0, 100_000, &[])), Decision::Submit { .. }));
+        g.submitted("101".into(), 0);
+        assert!(matches!(g.decide(&situation(31, 100_000, &["101"])), Decision::Submit { .. }));
+        assert!(g.refused(31), "the first refusal is said");
+        // Long after the quiet time, with work to spare and room under max_jobs: nothing.
+        for t in [62, 600, 6_000] {
+            assert_eq!(g.decide(&situation(t, 100_000, &["101"])), Decision::Wait, "at {t} s");
+        }
+        // 101 ends: its place under the limit may be free again; one more try.
+        g.ended("101");
+        assert!(matches!(g.decide(&situation(6_001, 100_000, &[])), Decision::Submit { .. }));
+        assert!(g.refused(6_001), "held back again: said again, once");
+        assert!(!g.refused(6_002), "while held back, not said again");
+        assert_eq!(g.decide(&situation(9_000, 100_000, &[])), Decision::Wait);
+        // A plain failure (no limit) is tried again after the quiet time.
+        let mut g = Grower::new(GrowSpec { max_jobs: 3, nodes: 1, minutes: Some(10) });
+        g.failed(0);
+        assert!(matches!(g.decide(&situation(31, 100_000, &[])), Decision::Submit { .. }));
+    }
+
+    #[test]
+    fn the_site_s_limits_are_told_from_other_refusals() {
+        for why in [
+            "sbatch: error: QOSMaxSubmitJobPerUserLimit\nsbatch: error: Batch job submission failed: Job violates accounting/QOS policy (job submit limit, user's size and/or time limits)",
+            "sbatch: error: AssocMaxSubmitJobLimit",
+            "sbatch: error: Batch job submission failed: Invalid account or account/partition combination specified",
+            "sbatch: error: Batch job submission failed: Invalid qos specification",
+        ] {
+            assert!(refused_by_limit(why), "{why}");
+        }
+        for why in [
+            "sbatch: error: Batch job submission failed: Unable to contact slurm controller (connect failure)",
+            "sbatch: error: Batch job submission failed: Requested node configuration is not available",
+            "running sbatch: No such file or directory (os error 2)",
+        ] {
+            assert!(!refused_by_limit(why), "{why}");
+        }
     }
 
     #[test]

@@ -121,9 +121,8 @@ impl Submit for SbatchJoin {
         cmd.arg("--parsable").arg(format!("--htc-join={}", self.run.id())).arg("--wrap=:");
         let out = cmd.output().map_err(|e| format!("running sbatch: {e}"))?;
         if !out.status.success() {
-            let why = format!("sbatch: {}", String::from_utf8_lossy(&out.stderr).trim());
-            println!("htc: grow: {why}");
-            return Err(why);
+            // Said by the leader, as often as it asks (a refusal by a limit once).
+            return Err(format!("sbatch: {}", String::from_utf8_lossy(&out.stderr).trim()));
         }
         let job = String::from_utf8_lossy(&out.stdout).trim().split(';').next().unwrap_or_default().to_string();
         println!("htc: grow: submitted job {job}");

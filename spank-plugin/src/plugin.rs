@@ -50,6 +50,15 @@ pub static plugin_version: AtomicU32 = AtomicU32::new(BUILD_VERSION);
 #[no_mangle]
 #[allow(non_upper_case_globals)]
 pub static spank_plugin_version: c_uint = 1;
+/// Slurm 25.05 and later read this when the plugin's `slurm_spank_init` fails: the job fails,
+/// instead of their default (`ESPANK_NODE_FAILURE`) of draining the node. The plugin fails
+/// nothing there by design (a bad plugstack line leaves it inert), so this is the guarantee
+/// should that ever change. Defined only where the headers have it (build.rs): no older release
+/// is handed a symbol it does not know.
+#[cfg(spank_init_failure_mode)]
+#[no_mangle]
+#[allow(non_upper_case_globals)]
+pub static slurm_spank_init_failure_mode: c_int = ffi::ESPANK_JOB_FAILURE as c_int;
 
 const _: () = assert!(ffi::HTC_SLURM_BATCH_SCRIPT as u64 == request::BATCH_STEP_ID as u64);
 const _: () = assert!(std::mem::size_of::<AtomicU32>() == std::mem::size_of::<c_uint>());

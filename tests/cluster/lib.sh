@@ -13,6 +13,7 @@
 #   cluster_plugin_add NAME LINE  write LINE to plugstack.conf.d/NAME.conf (a SPANK plugin)
 #   cluster_plugin_clear        remove every plugstack.conf.d/*.conf
 #   cluster_logs [LINES]        print the tail of every daemon log (for failure reports)
+#   _htc_detached CMD...        start a daemon holding none of the caller's descriptors
 #
 # Not `set -e` here on purpose: this file is sourced into the caller's shell.
 
@@ -29,6 +30,21 @@
 # stop-cluster.sh can find them without matching on names that another cluster
 # on the machine shares.
 _htc_marker() { printf 'HTC_CLUSTER_DAEMON=%s' "$HTC_CLUSTER_DIR"; }
+
+# _htc_detached CMD...: start a daemon that outlives the caller, with no descriptor of ours but
+# stdin, stdout and stderr (to /dev/null): a daemon keeps every descriptor it inherits, and one
+# held by a caller's `flock /tmp/htc-slurm.lock` (or a pipe a caller reads to its end) would be
+# held until the daemon dies.
+_htc_detached() {
+    (
+        local fd
+        for fd in /proc/$BASHPID/fd/*; do
+            fd=${fd##*/}
+            if ((fd > 2)); then eval "exec $fd>&-"; fi
+        done
+        exec "$@" </dev/null >/dev/null 2>&1
+    ) &
+}
 
 _htc_die() { printf '%s: error: %s\n' "${0##*/}" "$*" >&2; exit 1; }
 

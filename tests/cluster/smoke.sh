@@ -84,11 +84,12 @@ expect_eq "SLURMD_NODENAME on 4 loopback nodes" "$(printf 'n%s\n' 1 2 3 4)" "$(c
 ok "4-node loopback: SLURMD_NODENAME is n1..n4"
 
 # A step that holds every allocated CPU, then an --overlap step beside it. Without
-# --overlap the second step would wait ("Requested nodes are busy") and time out.
+# --overlap the second step would wait ("Requested nodes are busy") and time out. Each asks for a
+# part of the job's memory: memory is consumable, and --overlap shares only CPUs before 23.11.
 cat >"$work/overlap.sh" <<'EOF'
 #!/bin/bash
 # Its stderr would get "step cancelled" noise when it is killed below.
-srun -N4 --ntasks-per-node=1 sleep 60 2>/dev/null &
+srun -N4 --ntasks-per-node=1 --mem=100 sleep 60 2>/dev/null &
 bg=$!
 for _ in $(seq 100); do
     squeue -h -s -j "$SLURM_JOB_ID" -o %i | grep -x "$SLURM_JOB_ID.0" >/dev/null && break
@@ -96,7 +97,7 @@ for _ in $(seq 100); do
 done
 # squeue lists a step only while it runs.
 squeue -h -s -j "$SLURM_JOB_ID" -o %i | grep -x "$SLURM_JOB_ID.0" | sed 's/^[0-9]*/step/'
-timeout 15 srun --overlap -N4 --ntasks-per-node=1 printenv SLURMD_NODENAME | sort
+timeout 15 srun --overlap -N4 --ntasks-per-node=1 --mem=100 printenv SLURMD_NODENAME | sort
 rc=${PIPESTATUS[0]}
 kill "$bg"
 wait "$bg" || true

@@ -14,6 +14,7 @@
 #   HTC_CLUSTER_NETNS        netns name prefix, default htc-<basename of the state dir>
 #   HTC_CLUSTER_CTLD_PORT    slurmctld port, default 6817
 #   HTC_CLUSTER_SLURMD_PORT  first loopback slurmd port, default 17001
+#   HTC_CLUSTER_DBD_PORT     slurmdbd port, default the slurmctld port + 2
 #   HTC_CLUSTER_TIMEOUT      seconds to wait for all nodes idle, default 60
 #   HTC_CLUSTER_DEBUG        SlurmctldDebug/SlurmdDebug, default info
 #   HTC_CLUSTER_SCHED        SchedulerParameters, default batch_sched_delay=0; set it
@@ -22,6 +23,11 @@
 #   HTC_CLUSTER_ROOT         a release root (release-root.sh): daemons, jobs and the
 #                            tests' clients then run chrooted in a view of it
 #                            (root-view.sh); default: the host's Slurm
+# The cluster is configured as sites run Slurm: cgroups (proctrack, task with cores and memory
+# constrained, accounting gathered from them), task affinity, slurmdbd accounting over MariaDB
+# enforcing associations, limits and QOS (accounting.sh: the accounts, users and QOS), and two
+# partitions over all nodes: "scavenger", the default, whose jobs a job of "high" preempts
+# (PreemptType=preempt/partition_prio, PreemptMode=REQUEUE).
 # Afterwards tests source $HTC_CLUSTER_DIR/env (or lib.sh, then cluster_env).
 # On failure the daemons are left running for inspection; stop-cluster.sh or the
 # next start cleans up.
@@ -32,6 +38,8 @@ here=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
 . "$here/lib.sh"
 # shellcheck source=root-view.sh
 . "$here/root-view.sh"
+# shellcheck source=accounting.sh
+. "$here/accounting.sh"
 
 usage() {
     sed -n '6p' "${BASH_SOURCE[0]}" | sed 's/^# *//' >&2
@@ -59,6 +67,7 @@ shift $((OPTIND - 1))
     _htc_die "HTC_CLUSTER_DIR must be an absolute path other than /"
 ctld_port=${HTC_CLUSTER_CTLD_PORT:-6817}
 slurmd_port=${HTC_CLUSTER_SLURMD_PORT:-17001}
+dbd_port=${HTC_CLUSTER_DBD_PORT:-$((ctld_port + 2))}
 timeout=${HTC_CLUSTER_TIMEOUT:-60}
 debug=${HTC_CLUSTER_DEBUG:-info}
 sched_params=${HTC_CLUSTER_SCHED-batch_sched_delay=0}
@@ -69,9 +78,9 @@ conf=$dir/slurm.conf
 short=$(hostname -s)
 
 # --- packages ---------------------------------------------------------------
-# munge is the host's in either case: one munged serves every release's daemons.
-pkgs=(munge)
-[[ -n $HTC_CLUSTER_ROOT ]] || pkgs+=(slurm-wlm slurmctld slurmd slurm-client)
+# munge and MariaDB are the host's in either case: one of each serves every release's daemons.
+pkgs=(munge mariadb-server)
+[[ -n $HTC_CLUSTER_ROOT ]] || pkgs+=(slurm-wlm slurmctld slurmd slurmdbd slurm-client)
 missing=0
 for p in "${pkgs[@]}"; do
     [[ $(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null) == installed ]] || missing=1
@@ -84,7 +93,7 @@ fi
 t_apt=$(_htc_elapsed "$t0")
 
 # --- a clean slate ----------------------------------------------------------
-"$here/stop-cluster.sh"
+HTC_CLUSTER_KEEP_DB=1 "$here/stop-cluster.sh"
 # In a release root every Slurm program runs chrooted in its view; `in_root` prefixes them.
 view='' in_root=()
 if [[ -n $HTC_CLUSTER_ROOT ]]; then
@@ -104,7 +113,7 @@ fi
 # Fresh state, so job ids restart at 1 and no node remembers being DOWN.
 # plugstack.conf.d/ is kept: it is test configuration, not cluster state.
 rm -rf -- "${dir:?}/state" "$dir/spool" "$dir/log" "$dir/run" "$dir/work" "${dir:?}/bin" \
-    "$dir/env" "$dir/slurm.conf" "$dir/hosts"
+    "$dir/env" "$dir/slurm.conf" "$dir/cgroup.conf" "$dir/slurmdbd.conf" "$dir/hosts"
 install -d -m 0755 "$dir" "$dir/state" "$dir/spool" "$dir/log" "$dir/run" "$dir/bin" \
     "$dir/plugstack.conf.d"
 # World-writable with sticky bit like /tmp: tests make their job dirs here.
@@ -114,9 +123,9 @@ for i in $(seq "$nodes"); do install -d -m 0755 "$dir/spool/slurmd-n$i"; done
 # In loopback mode every daemon listens in the root namespace: a second
 # cluster (another HTC_CLUSTER_DIR) needs its own ports, so say so up front.
 if [[ $mode == loopback ]] && command -v ss >/dev/null; then
-    for port in "$ctld_port" $(seq "$slurmd_port" $((slurmd_port + nodes - 1))); do
+    for port in "$ctld_port" "$dbd_port" $(seq "$slurmd_port" $((slurmd_port + nodes - 1))); do
         if [[ -n $(ss -Hltn "sport = :$port") ]]; then
-            _htc_die "TCP port $port is in use (another cluster?); pick others with HTC_CLUSTER_CTLD_PORT / HTC_CLUSTER_SLURMD_PORT"
+            _htc_die "TCP port $port is in use (another cluster?); pick others with HTC_CLUSTER_CTLD_PORT / HTC_CLUSTER_DBD_PORT / HTC_CLUSTER_SLURMD_PORT"
         fi
     done
 fi
@@ -128,16 +137,8 @@ if ! munge -n </dev/null >/dev/null 2>&1; then
         runuser -u munge -- mungekey --create --keyfile=/etc/munge/munge.key
     fi
     install -d -o munge -g munge -m 0755 /run/munge
-    # --force: a munged killed earlier leaves its socket behind. munged outlives this
-    # script and keeps every descriptor it inherits: one held by the caller's
-    # `flock /tmp/htc-slurm.lock` would hold that lock until munged dies, so close them.
-    (
-        for fd in /proc/$BASHPID/fd/*; do
-            fd=${fd##*/}
-            if ((fd > 2)); then eval "exec $fd>&-"; fi
-        done
-        exec runuser -u munge -- /usr/sbin/munged --force
-    )
+    # --force: a munged killed earlier leaves its socket behind.
+    _htc_detached runuser -u munge -- /usr/sbin/munged --force
     for _ in $(seq 50); do
         munge -n </dev/null >/dev/null 2>&1 && break
         sleep 0.1
@@ -147,23 +148,31 @@ if ! munge -n </dev/null >/dev/null 2>&1; then
     cp /run/munge/munged.pid "$dir/run/munged.pid"
 fi
 
+# --- MariaDB ----------------------------------------------------------------
+acct_db_start
+
 # --- the release ------------------------------------------------------------
-# After munged: the view shares its socket's directory.
+# After munged and MariaDB: the view shares their sockets' directories.
 if [[ -n $view ]]; then root_view_mount "$HTC_CLUSTER_ROOT" "$(cd -- "$here/../.." && pwd)"; fi
 # The release the cluster runs, for the tests (e.g. 22.05.8).
 release=$("${in_root[@]}" /usr/sbin/slurmctld -V | awk '{print $2}')
+# The accounts made on an earlier start are kept (its records emptied); else made below.
+accounts=1
+acct_db_reset "$release" || accounts=0
 
 # --- configuration ----------------------------------------------------------
 if [[ $mode == loopback ]]; then
-    ctld_host="$short(127.0.0.1)"
+    ctld_host="$short(127.0.0.1)" dbd_addr=127.0.0.1
     if ((nodes == 1)); then ports=$slurmd_port; else ports="[$slurmd_port-$((slurmd_port + nodes - 1))]"; fi
     node_line="NodeName=n[1-$nodes] NodeHostname=$short NodeAddr=127.0.0.1 Port=$ports"
 else
-    ctld_host="$short(10.199.0.1)"
+    ctld_host="$short(10.199.0.1)" dbd_addr=10.199.0.1
     if ((nodes == 1)); then addrs=10.199.0.11; else addrs="10.199.0.[11-$((10 + nodes))]"; fi
     node_line="NodeName=n[1-$nodes] NodeAddr=$addrs"
 fi
 
+# A node's memory, a core's share of it (more than the machine has, with SlurmdParameters below).
+mem_per_cpu=1000
 cat >"$conf" <<EOF
 # Written by tests/cluster/start-cluster.sh ($mode, $nodes nodes, Slurm $release); rewritten on every start.
 ClusterName=htctest
@@ -172,14 +181,20 @@ SlurmctldPort=$ctld_port
 SlurmUser=root
 AuthType=auth/munge
 CredType=cred/munge
-# No systemd and no usable cgroup hierarchy here.
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
+# What sites run: every job and step in cgroups (cgroup.conf beside this file: cores and memory
+# constrained), tasks bound to their cores, accounting gathered from the cgroups.
+ProctrackType=proctrack/cgroup
+TaskPlugin=task/cgroup,task/affinity
+JobAcctGatherType=jobacct_gather/cgroup
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=$dbd_addr
+AccountingStoragePort=$dbd_port
+AccountingStorageEnforce=associations,limits,qos
 JobCompType=jobcomp/none
 SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
+# Cores and memory consumable, as at sites: a job without --mem gets DefMemPerCPU a core.
+SelectTypeParameters=CR_Core_Memory
+DefMemPerCPU=$mem_per_cpu
 # Nodes may claim more CPUs than the machine has.
 SlurmdParameters=config_overrides
 ReturnToService=2
@@ -188,7 +203,7 @@ MailProg=/bin/true
 # Without an epilog slurmd sends no EPILOG_COMPLETE, the scheduler is not woken
 # when a job ends, and job arrays crawl (1000 tasks: 191 s instead of 13 s).
 Epilog=/bin/true
-# No accounting: the final job state lives only in slurmctld memory this long.
+# A finished job's record stays in slurmctld's memory this long: tests read it with scontrol.
 MinJobAge=600
 # Slurm's default batch_sched_delay=3 leaves every sbatch job pending for up
 # to 3 s until a periodic scheduler pass; tests want it started at once.
@@ -202,9 +217,26 @@ SlurmdSpoolDir=$dir/spool/slurmd-%n
 SlurmdPidFile=$dir/run/slurmd-%n.pid
 SlurmdLogFile=$dir/log/slurmd-%n.log
 SlurmdDebug=$debug
-$node_line CPUs=$cpus RealMemory=1000 State=UNKNOWN
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+$node_line CPUs=$cpus RealMemory=$((cpus * mem_per_cpu)) State=UNKNOWN
+# Where HTC work lives at sites: a default low-priority partition whose jobs are requeued when a
+# job of the high-priority one needs their nodes. Tests change a partition's PreemptMode and
+# GraceTime with scontrol.
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+PartitionName=scavenger Nodes=ALL Default=YES PriorityTier=1 PreemptMode=REQUEUE MaxTime=INFINITE State=UP
+PartitionName=high Nodes=ALL PriorityTier=10 PreemptMode=OFF MaxTime=INFINITE State=UP
 EOF
+
+# autodetect: cgroup/v1 on this project's machines (v1 controllers, no v2), cgroup/v2 on a kernel
+# that mounts the unified hierarchy.
+cat >"$dir/cgroup.conf" <<EOF
+# Written by tests/cluster/start-cluster.sh; rewritten on every start.
+CgroupPlugin=autodetect
+ConstrainCores=yes
+ConstrainRAMSpace=yes
+EOF
+
+acct_dbd_conf "$dbd_port" "$release"
 
 # Tests enable a SPANK plugin by dropping a line into plugstack.conf.d/NAME.conf.
 printf 'include %s/plugstack.conf.d/*.conf\n' "$dir" >"$dir/plugstack.conf"
@@ -247,7 +279,7 @@ export HTC_CLUSTER_ROOT=$HTC_CLUSTER_ROOT
 export HTC_CLUSTER_VIEW=$view
 export HTC_CLUSTER_RELEASE=$release
 EOF
-chmod 0644 "$conf" "$dir/plugstack.conf" "$dir/env"
+chmod 0644 "$conf" "$dir/cgroup.conf" "$dir/plugstack.conf" "$dir/env"
 # shellcheck source=/dev/null
 . "$dir/env"
 
@@ -294,6 +326,13 @@ daemon_env=("${in_root[@]}" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin "$(_htc_ma
 t_daemons=$EPOCHREALTIME
 ctld_prefix=()
 if [[ $mode == netns ]]; then ctld_prefix=(nsenter --net="/run/netns/$head_ns" --); fi
+# slurmdbd first: slurmctld registers with it, and the associations must be there before any job.
+"${ctld_prefix[@]}" "${daemon_env[@]}" SLURM_CONF="$conf" /usr/sbin/slurmdbd || fail "slurmdbd did not start"
+until cluster_cmd sacctmgr -n list cluster >/dev/null 2>&1; do
+    overdue && fail "slurmdbd not answering after $timeout s"
+    sleep 0.05
+done
+((accounts)) || acct_populate htctest "$release" >/dev/null || fail "sacctmgr could not make the accounts"
 "${ctld_prefix[@]}" "${daemon_env[@]}" /usr/sbin/slurmctld -f "$conf" || fail "slurmctld did not start"
 
 # A slurmd that finds no controller retries its registration only after 1 s,
@@ -320,7 +359,7 @@ done
 
 # --- wait for all nodes idle ------------------------------------------------
 while :; do
-    idle=$(cluster_cmd sinfo -h -N -o '%T' 2>/dev/null | grep -cx idle || true)
+    idle=$(cluster_cmd sinfo -h -N -o '%N %T' 2>/dev/null | sort -u | grep -c ' idle$' || true)
     ((idle == nodes)) && break
     # The pid file appears only once slurmctld has daemonized.
     pid=$(cat "$dir/run/slurmctld.pid" 2>/dev/null || true)

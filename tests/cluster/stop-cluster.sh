@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Stop the test cluster made by start-cluster.sh: slurmctld, every slurmd,
-# their slurmstepds and job processes, the munged it started, its network
-# namespaces and its release root's view. Safe to run any number of times, with or
+# their slurmstepds and job processes, its slurmdbd, the munged and MariaDB it
+# started, its network namespaces and its release root's view. Safe to run any number of times, with or
 # without a cluster.
 set -euo pipefail
 
@@ -106,24 +106,12 @@ wait_gone() { # TENTHS PIDS... -> prints the ones that outlived the wait
 
 mapfile -t pids < <(collect_pids)
 if ((${#pids[@]})); then
-    # The daemons get SIGTERM so they exit cleanly; slurmstepd and job processes
-    # get SIGKILL at once (slurmstepd sits out SIGTERM, costing seconds). Any
-    # survivor gets SIGKILL after 3 s.
-    daemons=() others=()
-    for p in "${pids[@]}"; do
-        case $(cat "/proc/$p/comm" 2>/dev/null) in
-            slurmctld | slurmd) daemons+=("$p") ;;
-            # slurmctld stops its own helper; killing it first makes slurmctld
-            # hang for seconds on shutdown.
-            slurmscriptd) ;;
-            *) others+=("$p") ;;
-        esac
-    done
-    kill_all KILL "${others[@]}"
-    kill_all TERM "${daemons[@]}"
-    mapfile -t pids < <(wait_gone 30 "${pids[@]}")
+    # Everything gets SIGKILL: the next start wipes the cluster's state (and empties its
+    # accounting records), so nothing is lost that a clean exit would keep, and a clean exit
+    # costs seconds (slurmctld 2 s with accounting, slurmd 1.3 s with its cgroups, slurmdbd 1 s;
+    # slurmstepd sits out SIGTERM).
     kill_all KILL "${pids[@]}"
-    mapfile -t pids < <(wait_gone 20 "${pids[@]}")
+    mapfile -t pids < <(wait_gone 30 "${pids[@]}")
     # A dying slurmd may just have forked something.
     mapfile -t late < <(collect_pids)
     kill_all KILL "${late[@]}"
@@ -134,29 +122,44 @@ if ((${#pids[@]})); then
         exit 1
     fi
 fi
-# munged only if this cluster started it, and only once no other Slurm daemon
-# is left: another cluster (another HTC_CLUSTER_DIR) may be using it.
-munged_pidfile=$HTC_CLUSTER_DIR/run/munged.pid
-if [[ -r $munged_pidfile ]]; then
-    p=$(<"$munged_pidfile")
-    mapfile -t users < <(grep -lxE 'slurmctld|slurmd|slurmstepd' /proc/[0-9]*/comm 2>/dev/null |
-        cut -d/ -f3 || true)
+# The cgroups Slurm made for the jobs (slurm_nK/uid_U/job_J/... in each v1 controller), which a
+# slurmstepd killed with the cluster leaves behind: the next cluster's job of the same id on a
+# node of the same name would find them, with another job's cpuset and limits. Empty once their
+# processes are gone, so rmdir takes them, deepest first; the nodes' own slurm_nK stay.
+for i in $(seq "${HTC_CLUSTER_NODES:-0}"); do
+    for d in /sys/fs/cgroup/*/slurm_n"$i"/uid_*; do
+        [[ -d $d ]] && { find "$d" -depth -type d -exec rmdir {} + 2>/dev/null || true; }
+    done
+done
+
+# stop_shared NAME PIDFILE USERS: the munged or MariaDB this cluster started (its pid file), only
+# once no process named as in USERS (a regex of names) is left: another cluster (another
+# HTC_CLUSTER_DIR) may be using it.
+stop_shared() {
+    local name=$1 pidfile=$2 p users
+    [[ -r $pidfile ]] || return 0
+    p=$(<"$pidfile")
+    mapfile -t users < <(grep -lxE "$3" /proc/[0-9]*/comm 2>/dev/null | cut -d/ -f3 || true)
     mapfile -t users < <(alive "${users[@]}")
-    if [[ $(cat "/proc/$p/comm" 2>/dev/null) != munged ]]; then
-        rm -f -- "$munged_pidfile"
+    if [[ $(cat "/proc/$p/comm" 2>/dev/null) != "$name" ]]; then
+        :
     elif ((${#users[@]})); then
-        printf 'stop-cluster: leaving munged (pid %s) running for other Slurm daemons: %s\n' \
-            "$p" "${users[*]}" >&2
-        rm -f -- "$munged_pidfile"
+        printf 'stop-cluster: leaving %s (pid %s) running for others: %s\n' "$name" "$p" "${users[*]}" >&2
     else
         kill -TERM "$p" 2>/dev/null || true
-        if [[ -n $(wait_gone 30 "$p") ]]; then
+        # MariaDB writes its buffers out before it exits.
+        if [[ -n $(wait_gone 100 "$p") ]]; then
             kill -KILL "$p" 2>/dev/null || true
-            [[ -z $(wait_gone 20 "$p") ]] || _htc_die "munged (pid $p) survived SIGKILL"
+            [[ -z $(wait_gone 20 "$p") ]] || _htc_die "$name (pid $p) survived SIGKILL"
         fi
-        rm -f -- "$munged_pidfile"
     fi
-fi
+    rm -f -- "$pidfile"
+}
+stop_shared munged "$HTC_CLUSTER_DIR/run/munged.pid" 'slurmctld|slurmd|slurmstepd|slurmdbd'
+# MariaDB is kept when start-cluster.sh clears the slate for the next cluster (a second a start).
+# shellcheck source=accounting.sh
+. "$here/accounting.sh"
+[[ ${HTC_CLUSTER_KEEP_DB:-0} == 1 ]] || stop_shared mariadbd "$acct_db_pidfile" 'slurmdbd'
 
 # Only namespaces named with our prefix, which start-cluster.sh made.
 if [[ -d /run/netns ]]; then

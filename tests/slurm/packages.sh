@@ -95,6 +95,31 @@ check "htc.conf: one optional line for the installed plugin and agent" test \
     "$(grep -v '^#' "$out/deb.conf")" = "optional $plugindir/spank_htc.so agent=/usr/bin/htc-agent"
 check "htc.conf documents the plugin arguments" bash -c \
     "for a in agent= fanout= ledger_dir= disabled; do grep -q \"^#.*\$a\" '$out/deb.conf' || exit 1; done"
+# The package for another release (Debian 13's 24.11, its plugin built against that root's
+# headers by release-plugin.sh) says so, and this machine's Slurm keeps it out.
+other_root=$("$root/tests/cluster/release-root.sh" trixie 2>"$out/other-root.log")
+other_so=$("$root/tests/cluster/release-plugin.sh" --path "$other_root")
+[[ -r $other_so ]] || "$root/tests/cluster/release-plugin.sh" "$other_root" >>"$out/other-root.log" 2>&1
+other=$("$root/packaging/slurm-version.sh" "$other_root/usr/include")
+IFS=. read -r omaj omin _ <<<"$other"
+other_mm=$(printf '%d.%02d' "$omaj" "$((10#$omin))")
+mkdir -p "$out/other-bin" "$out/other-pkg"
+cp "$root/target/${HTC_PROFILE:-release}/htc" "$root/target/${HTC_PROFILE:-release}/htc-agent" "$out/other-bin/"
+cp "$other_so" "$out/other-bin/libspank_htc.so" 2>/dev/null
+BIN_DIR=$out/other-bin MAN_DIR=$root/target/man OUT_DIR=$out/other-pkg SLURM_INCLUDE_DIR=$other_root/usr/include \
+    "$root/packaging/build-deb.sh" >"$out/other-deb.out" 2>&1
+other_deb=$(tail -n 1 "$out/other-deb.out")
+check "a .deb for Slurm $other builds ($other_deb)" test -s "$other_deb"
+check "its Depends pins Slurm $other_mm" bash -c \
+    "dpkg-deb -f '$other_deb' Depends | grep -qF 'slurm-wlm-basic-plugins (>= $other_mm)'"
+DEBIAN_FRONTEND=noninteractive apt-get install -s -q "$other_deb" >"$out/other-apt.out" 2>&1 </dev/null
+check "apt refuses it beside Slurm $slurm: unmet dependency ($(grep -m1 -o 'Depends: slurm-wlm-basic-plugins[^,]*' "$out/other-apt.out"))" \
+    grep -q "Depends: slurm-wlm-basic-plugins (>= $other_mm)" "$out/other-apt.out"
+DEBIAN_FRONTEND=noninteractive dpkg -i "$other_deb" >"$out/other-dpkg.out" 2>&1 </dev/null
+check "dpkg -i refuses to configure it (exit $?: $(grep -m1 -o 'depends on slurm-wlm-basic-plugins[^;]*' "$out/other-dpkg.out"))" \
+    bash -c "grep -q 'dependency problems' '$out/other-dpkg.out' && ! dpkg-query -W -f='\${db:Status-Status}' slurm-htc 2>/dev/null | grep -qx installed"
+DEBIAN_FRONTEND=noninteractive dpkg -P slurm-htc >/dev/null 2>&1 </dev/null
+
 mkdir -p "$out/ctrl"
 dpkg-deb -e "$deb1" "$out/ctrl"
 check "the maintainer scripts (preinst, postrm) start, stop or signal nothing" bash -c \

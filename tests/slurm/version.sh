@@ -65,6 +65,27 @@ fi
 echo "Slurm $host, with the plugin built for $built: $other_src"
 ((build_only)) && exit 0
 
+# What a release added is used exactly where its headers have it: the symbol that makes a failing
+# init fail the job instead of draining the node (Slurm >= 25.05) is in a plugin if and only if
+# its headers define ESPANK_JOB_FAILURE: this cluster's, and on the host's tier the newest Debian
+# ships (release-headers.sh sid; run-all.sh builds it), which has it.
+failure_mode() { # SO INCLUDE-DIR LABEL WANT(0|1)
+    local has want=0
+    grep -qs ESPANK_JOB_FAILURE "$2/slurm/slurm_errno.h" "$2/slurm/spank.h" && want=1
+    has=$(nm -D --defined-only "$1" | grep -c ' slurm_spank_init_failure_mode$')
+    check "the plugin for Slurm $3 defines slurm_spank_init_failure_mode: $has (its headers: $want)" \
+        test "$has" = "$want" -a "$want" = "$4"
+}
+inc=${SLURM_INCLUDE_DIR:-/usr/include}
+[[ -z $HTC_CLUSTER_ROOT ]] || inc=$HTC_CLUSTER_ROOT/usr/include
+failure_mode "$real_src" "$inc" "$host" 0
+if [[ -z $HTC_CLUSTER_ROOT ]]; then
+    newest=$("$harness/release-headers.sh" sid) || exit 2
+    newest_so=$("$harness/release-plugin.sh" --path "$newest" 2>/dev/null) ||
+        newest_so=$("$harness/release-plugin.sh" "$newest" | tail -n 1) || exit 2
+    failure_mode "$newest_so" "$newest/usr/include" "$("$root/packaging/slurm-version.sh" "$newest/usr/include") (headers only)" 1
+fi
+
 
 dir=$HTC_CLUSTER_DIR
 install -d -m 0755 "$dir" "$dir/plugstack.conf.d"

@@ -183,6 +183,12 @@ impl Growing {
                 tracing::info!(%job, "submitted a job to join the run");
                 self.grower.submitted(job, now_us);
             }
+            // A limit of the site's: said once, and not asked again until a grown job ends.
+            Err(why) if htc_core::grow::refused_by_limit(&why) => {
+                if self.grower.refused(now_us) {
+                    println!("htc: grow: the site's limits refuse another job; the run goes on with the nodes it has ({why})");
+                }
+            }
             Err(why) => tracing::warn!(%why, "could not submit a job to join the run"),
         }
     }

@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# What a site's configuration (start-cluster.sh: cgroups with cores and memory constrained, task
+# affinity, slurmdbd accounting enforcing associations, limits and QOS, a scavenger partition)
+# asks of `sbatch --htc` jobs, on 4 nodes (network namespaces), as an unprivileged user:
+#   confined   every task in the job's cgroups, on one of the cores Slurm gave its agent, within
+#              the step's memory, and the agent's log says how it enforces mem=
+#   accounted  sacct shows the job under the user's account with the CPU time its tasks used,
+#              and one step for the agents, not one per task
+#   limited    a grown job submitted under the run's account and QOS; the one after it, which
+#              the QOS's MaxSubmitJobsPerUser refuses, said once and not asked again, while the
+#              run goes on with what it has
+#
+#   tests/slurm/site.sh          (as root, after cargo build --release --workspace)
+set -uo pipefail
+
+root=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd)
+export HTC_CLUSTER_DIR=${HTC_CLUSTER_DIR:-/var/lib/slurm-htc-test}
+# shellcheck source=/dev/null
+. "$root/tests/cluster/lib.sh"
+
+bin=$HTC_CLUSTER_DIR/htc-bin
+
+submit() { # DIR ARGS... -> job id
+    local dir=$1 out
+    shift
+    out=$(as_user -C "$dir" sbatch --parsable "$@" 2>&1) || { echo "$out" >&2; return 1; }
+    echo "$out" | tail -n 1 | cut -d';' -f1
+}
+
+# CPU ids of a list such as 0-1,3 (Cpus_allowed_list, scontrol's CPU_IDs), one a line.
+cpu_ids() {
+    tr ',' '\n' <<<"$1" | awk -F- 'NF { for (c = $1; c <= ($2 == "" ? $1 : $2); c++) print c }'
+}
+
+# Two agents on each node (--htc-agents-per-node=2), a CPU each; every task writes where it ran:
+# its node, agent, the CPUs it may use, its memory cgroup and the limit of the step above it.
+confined() {
+    local w j state bad_cg bad_cpu shared limits how
+    w=$(cluster_workdir confined)
+    # shellcheck disable=SC2016 # expanded by the task
+    seq 1 40 | sed 's|.*|cg=$(sed -n "s/^[0-9]*:memory://p" /proc/self/cgroup); d=/sys/fs/cgroup/memory$cg; while b=${d##*/}; [ -n "$b" ] \&\& { [ ! -e "$d/memory.limit_in_bytes" ] \|\| [ "${b#task_}" != "$b" ]; }; do d=${d%/*}; done; echo "$HTC_TASK_ID $SLURMD_NODENAME $HTC_AGENT $(awk "/^Cpus_allowed_list/ { print \\$2 }" /proc/self/status) $cg $(cat $d/memory.limit_in_bytes)" >> where.txt; sleep 0.2|' >"$w/tasks.txt"
+    chown -R "$HTC_CLUSTER_USER" "$w"
+    j=$(submit "$w" -N 4 --exclusive --mem=600M --htc-agents-per-node=2 --export=ALL,HTC_LOG=info --htc=tasks.txt --wrap=:) ||
+        { bad "confined: submit"; return; }
+    state=$(wait_job "$j" 120)
+    check "confined: job $j COMPLETED (was $state)" test "$state" = COMPLETED
+    check "confined: all 40 tasks wrote where they ran" test "$(cut -d' ' -f1 "$w/where.txt" 2>/dev/null | sort -u | wc -l)" = 40
+    # slurm_<node>/uid_<uid>/job_<job>/step_<step>: the job's, on the node the task ran on.
+    bad_cg=$(awk -v j="$j" -v u="$(id -u "$HTC_CLUSTER_USER")" '$5 !~ ("^/slurm_" $2 "/uid_" u "/job_" j "/step_") { print $1 }' "$w/where.txt" | head -n 3 | xargs)
+    check "confined: every task in its node's cgroup of job $j${bad_cg:+ (not: tasks $bad_cg)}" test -z "$bad_cg"
+    bad_cpu=$(awk '$4 !~ /^[0-9]+$/ { print $1 }' "$w/where.txt" | head -n 3 | xargs)
+    check "confined: every task bound to one CPU${bad_cpu:+ (not: tasks $bad_cpu)}" test -z "$bad_cpu"
+    # The two agents of a node were given one CPU each: their tasks never share one.
+    shared=$(awk '{ a[$2 " " $4][$3] = 1 } END { for (k in a) { n = 0; for (x in a[k]) n++; if (n > 1) print k } }' "$w/where.txt" | xargs)
+    check "confined: a node's two agents' tasks on CPUs of their own${shared:+ (shared: $shared)}" test -z "$shared"
+    check "confined: both CPUs of every node used ($(awk '{ print $2 ":" $4 }' "$w/where.txt" | sort -u | xargs))" \
+        test "$(awk '{ print $2 ":" $4 }' "$w/where.txt" | sort -u | wc -l)" = 8
+    limits=$(cut -d' ' -f6 "$w/where.txt" | sort -u | xargs)
+    check "confined: every task within its step's --mem limit ($limits)" test "$limits" = $((600 << 20))
+    how=$(grep -o "tasks' mem= enforced by [a-z ]*" "$w/slurm-$j.out" | sort | uniq -c | xargs)
+    check "confined: each of the 8 agents logs how it enforces mem= ($how)" \
+        test "$(grep -c "tasks' mem= enforced by" "$w/slurm-$j.out")" = 8
+    [[ $failed == 0 ]] || { head -n 5 "$w/where.txt"; tail -n 20 "$w/slurm-$j.out"; }
+}
+
+# sacct's TotalCPU as seconds: [D-]HH:MM:SS, MM:SS.mmm or HH:MM:SS.mmm.
+cpu_seconds() {
+    awk -v t="$1" 'BEGIN { d = 0; if (t ~ /-/) { split(t, a, "-"); d = a[1]; t = a[2] }
+        n = split(t, p, ":"); s = 0; for (i = 1; i <= n; i++) s = s * 60 + p[i]; printf "%d\n", s + d * 86400 }'
+}
+
+# 16 tasks each burning 1 s of CPU on 2 nodes.
+accounted() {
+    local w j state rec steps cpu i
+    w=$(cluster_workdir accounted)
+    seq 1 16 | sed 's|.*|perl -e '"'"'1 while (times)[0] < 1'"'"'|' >"$w/tasks.txt"
+    chown -R "$HTC_CLUSTER_USER" "$w"
+    j=$(submit "$w" -N 2 --exclusive --htc=tasks.txt --wrap=:) || { bad "accounted: submit"; return; }
+    state=$(wait_job "$j" 120)
+    check "accounted: job $j COMPLETED (was $state)" test "$state" = COMPLETED
+    # slurmctld sends the job's end and each step's to slurmdbd on its own time: the steps'
+    # CPU (summed into the job's line) may come seconds after the job's end.
+    for ((i = 0; i < 150; i++)); do
+        # Not -X: the job's own line has the steps' CPU summed only beside them.
+        rec=$(cluster_cmd sacct -n -P -j "$j" -o JobID,State,Account,User,UserCPU 2>/dev/null | sed -n "s/^$j|//p")
+        cpu=$(cpu_seconds "$(cut -d'|' -f4 <<<"$rec")")
+        [[ $rec == COMPLETED* && $cpu -ge 15 ]] && break
+        sleep 0.2
+    done
+    check "accounted: sacct has job $j COMPLETED, account htc, user $HTC_CLUSTER_USER ($rec)" \
+        test "$(cut -d'|' -f1-3 <<<"$rec")" = "COMPLETED|htc|$HTC_CLUSTER_USER"
+    # The tasks' loop counts user time; its calls of times() cost system time besides.
+    check "accounted: the job's user CPU time is its tasks' 16 s (sacct: $cpu s)" test "$cpu" -ge 15 -a "$cpu" -le 30
+    steps=$(cluster_cmd sacct -n -P -j "$j" -o JobID | grep -c '\.')
+    check "accounted: no step per task ($steps steps: $(cluster_cmd sacct -n -P -j "$j" -o JobID | grep '\.' | xargs))" \
+        test "$steps" -le 3
+}
+
+# An open run under account spare and QOS capped (MaxSubmitJobsPerUser=2) that wants to grow by
+# up to 3 jobs: the first grown job makes 2 of the user's jobs; the second is refused, and not
+# asked for again while the first is there.
+limited() {
+    local w a i grown rec state said
+    w=$(cluster_workdir limited)
+    printf '#!/bin/bash\n' >"$w/job.sh"
+    chown -R "$HTC_CLUSTER_USER" "$w"
+    a=$(submit "$w" -N 1 --exclusive -t 3 -A spare --qos=capped --htc-open --htc-grow=3:1:3 job.sh) ||
+        { bad "limited: submit the run"; return; }
+    wait_leader "$w" "$a" || { bad "limited: the open run's leader never listened"; return; }
+    # 600 tasks of 2 s: 1,200 core-s, more than the run's 2 CPUs and one grown job (3 min, so
+    # that it is still there when the test ends: its end would let the run ask once more) do.
+    seq 1 600 | sed 's/.*/sleep 2/' | as_user -C "$w" "$bin/htc" task add "$a" --file - >/dev/null
+    for ((i = 0; i < 600; i++)); do
+        grep -qs "the site's limits refuse" "$w/slurm-$a.out" && break
+        sleep 0.2
+    done
+    grown=$(grep -o 'grow: submitted job [0-9]*' "$w/slurm-$a.out" | awk '{ print $NF }' | xargs)
+    check "limited: one grown job submitted ($grown)" test "$(wc -w <<<"$grown")" = 1
+    for g in $grown; do
+        rec=$(_htc_job_record "$g")
+        check "limited: grown job $g under the run's account and QOS ($(_htc_field "$rec" Account) $(_htc_field "$rec" QOS))" \
+            test "$(_htc_field "$rec" Account) $(_htc_field "$rec" QOS)" = "spare capped"
+    done
+    check "limited: the refusal is said, with Slurm's reason" \
+        grep -q "grow: the site's limits refuse another job; the run goes on with the nodes it has (sbatch: .*MaxSubmitJob" "$w/slurm-$a.out"
+    # Longer than the 30 s between two submissions: nothing asked again.
+    sleep 35
+    said=$(grep -c "grow: submitting a job" "$w/slurm-$a.out")
+    check "limited: not asked again ($said submissions asked in all, the refused one included)" test "$said" = 2
+    check "limited: the refusal said once" test "$(grep -c "the site's limits refuse" "$w/slurm-$a.out")" = 1
+    # The run goes on: what is left is cancelled, the run closed, and it ends well.
+    as_user -C "$w" "$bin/htc" task cancel "$a" 1-600 >/dev/null
+    as_user -C "$w" "$bin/htc" close "$a" >/dev/null
+    state=$(wait_job "$a" 120)
+    check "limited: the run's job $a ended (was $state)" test "$state" = COMPLETED -o "$state" = FAILED
+    for g in $grown; do
+        state=$(wait_job "$g" 120)
+        check "limited: grown job $g ended with the run (was $state)" test "$state" = COMPLETED -o "$state" = CANCELLED
+    done
+    [[ $failed == 0 ]] || { echo "--- slurm-$a.out"; tail -n 30 "$w/slurm-$a.out"; }
+}
+
+echo "== 4 nodes (network namespaces), the site's configuration"
+"$root/tests/cluster/start-cluster.sh" -n 4 -m netns -c 2 >/dev/null || { echo "cluster did not start"; exit 1; }
+cluster_env
+echo "-- Slurm $HTC_CLUSTER_RELEASE${HTC_CLUSTER_ROOT:+ from $HTC_CLUSTER_ROOT}"
+install_htc
+for t in ${SITE_ONLY:-confined accounted limited}; do
+    timed "$t"
+done
+[[ $failed == 0 ]] || cluster_logs 20
+"$root/tests/cluster/stop-cluster.sh" >/dev/null 2>&1
+results
