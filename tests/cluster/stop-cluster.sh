@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Stop the test cluster made by start-cluster.sh: slurmctld, every slurmd,
 # their slurmstepds and job processes, its slurmdbd, the munged and MariaDB it
-# started, its network namespaces and its release root's view. Safe to run any number of times, with or
-# without a cluster.
+# started, its network namespaces and its release root's view. Safe to run any
+# number of times, with or without a cluster.
 set -euo pipefail
 
 here=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
@@ -144,7 +144,9 @@ stop_shared() {
     if [[ $(cat "/proc/$p/comm" 2>/dev/null) != "$name" ]]; then
         :
     elif ((${#users[@]})); then
+        # The pid file stays: the last stop-cluster.sh to find no user stops it.
         printf 'stop-cluster: leaving %s (pid %s) running for others: %s\n' "$name" "$p" "${users[*]}" >&2
+        return 0
     else
         kill -TERM "$p" 2>/dev/null || true
         # MariaDB writes its buffers out before it exits.
