@@ -269,7 +269,9 @@ preempted() {
 
 # `scontrol suspend`, then `scontrol resume` 15 s later: every process of the job, the leader's
 # and the agents' on every node, stood still for longer than the agents' silence bound (10 s).
-# None is given up for it, and no task runs twice.
+# The leader excuses its own standing still; each agent, past its lease, holds its queue and asks
+# the leader whether it still holds it (engine/src/agent/stall.rs) instead of fencing itself. None
+# is given up for it, and no task runs twice.
 suspended() {
     local w j state lines unique
     read -r w j < <(start_job suspend) || { bad "suspend: submit"; return; }
@@ -285,7 +287,9 @@ suspended() {
     lines=$(wc -l <"$w/ids.txt")
     unique=$(cut -d' ' -f1 "$w/ids.txt" | sort -u | wc -l)
     check "suspend: every task ran once ($unique of $N, $lines runs)" test "$unique" = "$N" -a "$lines" = "$N"
-    check "suspend: no agent was given up" bash -c "! grep -q 'agent lost' '$w/slurm-$j.out'"
+    check "suspend: no agent was given up" bash -c "! grep -qE 'agent lost|lease expired' '$w/slurm-$j.out'"
+    check "suspend: the agents asked the leader after standing still" \
+        grep -q 'this agent stood still past its lease' "$w/slurm-$j.out"
     [[ $failed == 0 ]] || tail -n 20 "$w/slurm-$j.out"
 }
 
@@ -345,12 +349,13 @@ leader_killed_then_resumed() {
 }
 
 # A node fails as Slurm sees it (`scontrol update state=down`): slurmctld ends the job on every
-# node (NODE_FAIL) and requeues it. Within KillWait no task process is left on any node; once the
+# node (NODE_FAIL) and requeues it (submitted with --requeue, as a site without JobRequeue=1
+# asks its users to). Within KillWait no task process is left on any node; once the
 # node is back, the requeued session continues the run from the replica and re-runs only what
 # was in flight.
 node_failed() {
     local w j
-    read -r w j < <(start_job nodefail) || { bad "node failed: submit"; return; }
+    read -r w j < <(start_job nodefail --requeue) || { bad "node failed: submit"; return; }
     done_snapshot "$w" "$j"
     cluster_cmd scontrol update nodename=n4 state=down reason=htc-node-failed-test
     for _ in $(seq 600); do
@@ -545,10 +550,7 @@ if [[ -z ${FAULTS_ONLY:-} ]]; then
     wait_idle 6 || bad "the six nodes idle before the time-limit scenarios"
     side_by_side resubmitted_at_time_limit handed_over
 fi
-# Not in the list yet: suspended (a whole job suspended past the lease: its agents give
-# themselves up when it resumes, as an agent stopped alone must; they need to ask their parent
-# first). FAULTS_ONLY=suspended runs it.
-for t in ${FAULTS_ONLY:-killed_agent link_down link_cut_and_back cancelled_then_resumed requeued preempted node_failed leader_killed_then_resumed time_limit}; do
+for t in ${FAULTS_ONLY:-killed_agent link_down link_cut_and_back cancelled_then_resumed requeued preempted suspended node_failed leader_killed_then_resumed time_limit}; do
     timed "$t"
 done
 

@@ -24,6 +24,7 @@ use std::sync::Arc;
 use htc_core::tree::Tree;
 
 use super::machine::{queue_target, Effect, Input, Machine, Wake};
+use super::stall::Stall;
 use crate::liveness::Liveness;
 use crate::msg::{Capacity, Down, Report, Stop, TaskResult, ToAgent, Up};
 use crate::pace::{self, Pace, REPORT_BATCH};
@@ -47,6 +48,9 @@ struct Member {
     held: u64,
     /// When it was last heard from.
     heard_us: u64,
+    /// The last report's sequence number: a report with a new one and no results is a probe
+    /// (`stall`), to be acknowledged as results are.
+    seq: u64,
 }
 
 /// A task handed to a member and not finished.
@@ -62,7 +66,7 @@ struct Held {
 
 impl Member {
     fn new(slots: u32, mem_mb: u64, gpus: u32, heard_us: u64) -> Member {
-        Member { slots, mem_mb, gpus, mem_used: 0, gpus_used: 0, credit: 0, idle: 0, held: 0, heard_us }
+        Member { slots, mem_mb, gpus, mem_used: 0, gpus_used: 0, credit: 0, idle: 0, held: 0, heard_us, seq: 0 }
     }
 
     /// What `t` takes of this member's memory and GPUs.
@@ -118,8 +122,13 @@ pub struct Instance {
     returned: Vec<u64>,
     /// Tasks given back unstarted on the leader's Recall (from the queue, or by their holder).
     recalled: Vec<u64>,
-    /// Member reports with results that wait for the next report of the head: (member, seq).
+    /// Member reports with results, or probes, that wait for the next report of the head:
+    /// (member, seq).
     pending: Vec<(u32, u64)>,
+    /// A member's probe is among `pending`: it cannot wait for the report gap.
+    probed: bool,
+    /// The head's own standing still, between ticks: its members' silence then is excused.
+    stall: Stall,
     /// Member reports carried by the head's reports not acknowledged yet: (head seq, member, seq).
     carried: VecDeque<(u64, u32, u64)>,
     shutting_down: bool,
@@ -169,6 +178,8 @@ impl Instance {
             returned: Vec::new(),
             recalled: Vec::new(),
             pending: Vec::new(),
+            probed: false,
+            stall: Stall::default(),
             carried: VecDeque::new(),
             shutting_down: false,
             left: 0,
@@ -293,6 +304,18 @@ impl Instance {
     /// Heartbeats to the members, and members silent past the bound given up: their started
     /// tasks are lost, and they are told to stop (a hung one does so when it resumes).
     fn watch_members(&mut self, now_us: u64, out: &mut Vec<Effect>) {
+        if let Some(gap) = self.stall.stood_still(now_us, self.live.hold_us) {
+            // What the members sent meanwhile waits unread: they are judged only on time the
+            // head was there to hear them, as the leader judges its agents.
+            tracing::warn!(
+                head = self.id,
+                stood_s = gap as f64 / 1e6,
+                "the head stood still; its members' silence in that time is excused"
+            );
+            for m in self.members.values_mut() {
+                m.heard_us = m.heard_us.saturating_add(gap).min(now_us);
+            }
+        }
         let silent: Vec<u32> = self
             .members
             .iter()
@@ -469,9 +492,12 @@ impl Instance {
                 self.started.push(s);
             }
         }
-        if !r.results.is_empty() {
+        let probe = r.results.is_empty() && r.seq > m.seq;
+        m.seq = m.seq.max(r.seq);
+        if !r.results.is_empty() || probe {
             self.pending.push((member, r.seq));
         }
+        self.probed |= probe;
         for id in r.recalled {
             if self.held.get(&id).is_some_and(|h| h.holder == member && !h.started) {
                 self.release(member, id);
@@ -683,6 +709,7 @@ impl Instance {
         let want = if self.shutting_down || last { 0 } else { target.saturating_sub(have) };
         let want = if want >= target / 4 || have == 0 { want } else { 0 };
         let news = !self.results.is_empty()
+            || self.probed
             || !self.started.is_empty()
             || !self.returned.is_empty()
             || !self.recalled.is_empty();
@@ -698,6 +725,7 @@ impl Instance {
             || beat
             || self.resync
             || capacity.is_some()
+            || self.probed
             || !self.recalled.is_empty()
             || self.results.len() >= REPORT_BATCH
             || (want > 0 && have < target / 4);
@@ -709,7 +737,8 @@ impl Instance {
         }
         (self.told_slots, self.told_idle) = (slots, idle);
         self.pace.sent(now_us, want == 0 && !news && !self.resync);
-        if !self.results.is_empty() {
+        self.probed = false;
+        if !self.results.is_empty() || !self.pending.is_empty() {
             self.seq += 1;
             let seq = self.seq;
             self.carried.extend(self.pending.drain(..).map(|(m, s)| (seq, m, s)));
@@ -777,6 +806,21 @@ mod tests {
     fn step(i: &mut Instance, now: u64, input: Input) -> Vec<Effect> {
         let mut out = Vec::new();
         i.handle(now, input, &mut out);
+        out
+    }
+
+    /// Ticks every 50 ms after `from` and up to `to`, and the leader's heartbeat every 250 ms,
+    /// as they come while the head runs (so that it never stands still).
+    fn beats_to(i: &mut Instance, from: u64, to: u64) -> Vec<Effect> {
+        let mut out = Vec::new();
+        let mut now = from;
+        while now < to {
+            now = (now + 50_000).min(to);
+            if now % 250_000 == 0 {
+                i.handle(now, down(0, ToAgent::Ack { seq: 0 }), &mut out);
+            }
+            i.handle(now, Input::Tick, &mut out);
+        }
         out
     }
 
@@ -1109,7 +1153,7 @@ mod tests {
             "{out:?}"
         );
         // Silent for the bound: lost, told to stop, its started task reported lost.
-        let out = step(&mut h, 10_000_002, Input::Tick);
+        let out = beats_to(&mut h, 1_000_000, 10_000_002);
         assert!(
             !out.iter()
                 .any(|e| matches!(e, Effect::Down { child: 1, msg: Down { msg: ToAgent::Shutdown { .. }, .. } })),
@@ -1132,6 +1176,56 @@ mod tests {
         // Its late report changes nothing.
         step(&mut h, 10_000_004 + GAP, member_report(1, 1, 0, 0, &[], &[6]));
         assert!(ups(&step(&mut h, 10_000_005 + 2 * GAP, Input::Tick)).iter().all(|r| r.results.is_empty()));
+    }
+
+    /// A member that stood still past its lease probes (`stall`): a report with a new sequence
+    /// number and no results. The head carries it up at once, not after the report gap, and the
+    /// leader's ack of the head's report answers it, as it answers results.
+    #[test]
+    fn a_member_s_probe_goes_up_at_once_and_the_leader_s_ack_answers_it() {
+        let live = Liveness::new(std::time::Duration::from_secs(10));
+        let mut h = head().with_liveness(live);
+        step(&mut h, 0, Input::Tick);
+        step(&mut h, 0, Input::ChildOpened(1));
+        step(&mut h, 0, Input::ChildFrame(hello(1, 2, 0, 0)));
+        step(&mut h, 1, down(0, ToAgent::Dispatch((1..=8).map(spec).collect())));
+        step(&mut h, 2, member_report(1, 0, 16, 2, &[], &[]));
+        step(&mut h, 3, member_report(1, 0, 0, 0, &[5], &[]));
+        let out = step(&mut h, 4, member_report(1, 1, 0, 0, &[], &[]));
+        let r = ups(&out);
+        assert_eq!(r.iter().map(|r| r.seq).collect::<Vec<_>>(), [1], "at once, with a sequence number: {out:?}");
+        let out = step(&mut h, 5, down(0, ToAgent::Ack { seq: 1 }));
+        assert!(
+            out.iter()
+                .any(|e| matches!(e, Effect::Down { child: 1, msg: Down { agent: 1, msg: ToAgent::Ack { seq: 1 } } })),
+            "{out:?}"
+        );
+        // A report of nothing new with the same number is no probe.
+        assert!(ups(&step(&mut h, 6, member_report(1, 1, 0, 0, &[], &[]))).is_empty());
+    }
+
+    /// A whole job suspended: the head stood still with its members, and their frames of before
+    /// wait unread. Their silence in that time is excused, as the leader excuses its agents'.
+    #[test]
+    fn a_head_that_stood_still_gives_up_no_member_for_that_time() {
+        let live = Liveness::new(std::time::Duration::from_secs(10));
+        let mut h = head().with_liveness(live);
+        step(&mut h, 0, Input::Tick);
+        step(&mut h, 0, Input::ChildOpened(1));
+        step(&mut h, 0, Input::ChildFrame(hello(1, 2, 0, 0)));
+        beats_to(&mut h, 0, 1_000_000);
+        let out = step(&mut h, 30_000_000, Input::Tick);
+        assert!(
+            !out.iter()
+                .any(|e| matches!(e, Effect::Down { child: 1, msg: Down { msg: ToAgent::Shutdown { .. }, .. } })),
+            "{out:?}"
+        );
+        // Its silence counts again from then: the bound after, it is lost.
+        let out = beats_to(&mut h, 30_000_000, 40_000_000);
+        assert!(
+            out.iter().any(|e| matches!(e, Effect::Down { child: 1, msg: Down { msg: ToAgent::Shutdown { .. }, .. } })),
+            "{out:?}"
+        );
     }
 
     #[test]

@@ -15,6 +15,8 @@ use htc_core::work::{Command, ExecEvent};
 
 pub use crate::pace::REPORT_BATCH;
 use crate::pace::{self, Pace};
+
+use super::stall::{Probe, Stall, PROBE_HOLDS};
 /// How long a finished relay waits for its children to close before it exits anyway.
 pub const CHILDREN_GRACE_US: u64 = 30_000_000;
 
@@ -190,6 +192,8 @@ pub struct Machine {
     last_heard_us: Option<u64>,
     /// The executor was told to start nothing more (the parent fell silent).
     held: bool,
+    /// This agent's own standing still, and its probe of the parent after it.
+    stall: Stall,
     /// The parent said to start nothing more (Shutdown with `hold`): for good.
     told_to_hold: bool,
     /// The end of the last lease given the executor (`Command::Lease`), 0 before the first.
@@ -246,6 +250,7 @@ impl Machine {
             live: Liveness::default(),
             last_heard_us: None,
             held: false,
+            stall: Stall::default(),
             told_to_hold: false,
             lease_sent_us: 0,
             holding: IdSet::default(),
@@ -353,6 +358,10 @@ impl Machine {
             return;
         }
         let heard = *self.last_heard_us.get_or_insert(now_us);
+        let probing = match self.stall.stood_still(now_us, self.live.hold_us) {
+            Some(stood_us) => self.stood_still(now_us, heard, stood_us, out),
+            None => false,
+        };
         // A frame read after the lease ran out may be stale: it waited in the socket while this
         // agent was stopped (SIGSTOP), and the leader may have given the agent up since. The
         // lease is judged first, as a tick would, and such a frame renews nothing.
@@ -444,7 +453,7 @@ impl Machine {
                 self.tick(now_us, heard, out);
                 false
             }
-        };
+        } || probing;
         if let Some((what, until)) = self.giving_back {
             if now_us >= until {
                 self.stop_on_signal(now_us, what, out);
@@ -455,6 +464,11 @@ impl Machine {
 
     /// A message from the parent; says whether a report must go at once.
     fn heard_from_parent(&mut self, now_us: u64, down: Down, out: &mut Vec<Effect>) -> bool {
+        if self.stall.probe().is_some() && !self.answers_probe(&down) {
+            // Perhaps read from before a give-up: it renews nothing, and what it brings waits
+            // behind the hold.
+            return self.on_parent(down, out);
+        }
         self.last_heard_us = Some(now_us);
         self.renew_lease(now_us, out);
         let urgent = self.on_parent(down, out);
@@ -515,16 +529,68 @@ impl Machine {
     }
 
     /// Fencing: a parent silent past the lease may have given this agent up and sent its tasks
-    /// elsewhere; stopping them first keeps any task from running twice.
+    /// elsewhere; stopping them first keeps any task from running twice. After this agent stood
+    /// still, the probe's end stands for the lease.
     fn lease_ran_out(&self, now_us: u64, heard: u64) -> bool {
-        matches!(self.parent, Parent::Open | Parent::Rejoining)
-            && !self.shutting_down
-            && now_us.saturating_sub(heard) >= self.live.lease_us
+        let out = match self.stall.probe() {
+            Some(p) => now_us >= p.until_us,
+            None => now_us.saturating_sub(heard) >= self.live.lease_us,
+        };
+        out && matches!(self.parent, Parent::Open | Parent::Rejoining) && !self.shutting_down
     }
 
     fn fence(&mut self, now_us: u64, heard: u64, out: &mut Vec<Effect>) {
-        let secs = now_us.saturating_sub(heard) as f64 / 1e6;
-        self.given_up(format!("no word from its parent for {secs:.1} s (lease expired)"), out);
+        let secs = |us: u64| us as f64 / 1e6;
+        let why = match self.stall.probe() {
+            Some(p) => format!(
+                "stood still for {:.1} s, and its parent did not answer within {:.1} s after (lease expired)",
+                secs(p.stood_us),
+                secs(PROBE_HOLDS * self.live.hold_us)
+            ),
+            None => format!("no word from its parent for {:.1} s (lease expired)", secs(now_us.saturating_sub(heard))),
+        };
+        self.given_up(why, out);
+    }
+
+    /// This agent's own loop stood still for `stood_us` (see `stall`). Past the lease its parent
+    /// may have given it up meanwhile, or stood still with it: the queue holds and a probe goes
+    /// up (a report with a sequence number of its own, at once: says so). Within the lease no
+    /// parent can have given it up yet (`lost_after` is twice the lease), and nothing changes.
+    fn stood_still(&mut self, now_us: u64, heard: u64, stood_us: u64, out: &mut Vec<Effect>) -> bool {
+        let open = self.parent == Parent::Open && !self.shutting_down && self.giving_back.is_none();
+        if !open || self.stall.probe().is_some() || now_us.saturating_sub(heard) < self.live.lease_us {
+            return false;
+        }
+        tracing::warn!(
+            agent = self.id,
+            stood_s = stood_us as f64 / 1e6,
+            "this agent stood still past its lease; holding its queue until its parent says it still holds it"
+        );
+        self.seq += 1;
+        self.unacked.push_back((self.seq, 0, now_us));
+        let until_us = now_us + PROBE_HOLDS * self.live.hold_us;
+        self.stall.ask(Probe { seq: self.seq, until_us, stood_us });
+        if !self.held {
+            self.held = true;
+            out.push(Effect::Exec(Command::Hold(true)));
+        }
+        true
+    }
+
+    /// Whether `down` acknowledges the probe's report: the parent read it, after this agent
+    /// stood still, and still holds this agent.
+    fn answers_probe(&mut self, down: &Down) -> bool {
+        let seq = match down.msg {
+            ToAgent::Ack { seq } | ToAgent::Resync { seq } if down.agent == self.id => seq,
+            _ => return false,
+        };
+        let Some(p) = self.stall.answered(seq) else { return false };
+        tracing::info!(
+            agent = self.id,
+            stood_s = p.stood_us as f64 / 1e6,
+            "its parent still holds this agent; going on"
+        );
+        true
     }
 
     /// The executor may start tasks until the parent's silence would make this agent unsure
@@ -911,6 +977,18 @@ mod tests {
     fn step(m: &mut Machine, now: u64, input: Input) -> Vec<Effect> {
         let mut out = Vec::new();
         m.handle(now, input, &mut out);
+        out
+    }
+
+    /// Ticks as the driver gives them while the agent runs (at least every 50 ms), after `from`
+    /// and up to `to` (the last one at `to`): the time passes without the agent standing still.
+    fn ticks_to(m: &mut Machine, from: u64, to: u64) -> Vec<Effect> {
+        let mut out = Vec::new();
+        let mut now = from;
+        while now < to {
+            now = (now + 50_000).min(to);
+            m.handle(now, Input::Tick, &mut out);
+        }
         out
     }
 
@@ -1368,24 +1446,69 @@ mod tests {
         assert!(why.contains("no word from its parent for 5.0 s (lease expired)"), "{why}");
     }
 
-    /// An agent stopped (SIGSTOP) past its lease reads, when it goes on, frames that waited in
-    /// its socket: the lease is judged before them, so a stale dispatch or heartbeat neither
-    /// renews it nor reaches the executor; the agent fences itself as a tick would have.
+    /// An agent stopped alone (SIGSTOP) past its lease reads, when it goes on, frames that
+    /// waited in its socket, perhaps from before its parent gave it up. It cannot tell, so it
+    /// holds its queue and asks (`stall`): a stale dispatch or heartbeat renews nothing and starts
+    /// nothing; a parent that gave it up answers nothing, and the agent fences itself when the
+    /// probe's time is up.
     #[test]
-    fn a_frame_read_after_the_lease_ran_out_is_stale_and_the_agent_fences_itself_first() {
+    fn an_agent_stopped_alone_past_its_lease_asks_its_parent_and_without_an_answer_fences_itself() {
         let live = Liveness::new(std::time::Duration::from_secs(10));
         let mut m = Machine::new(0, 1, tree()).with_liveness(live);
         step(&mut m, 0, Input::Tick);
         step(&mut m, 1, dispatch(0, 0..8));
         let out = step(&mut m, 20_000_000, dispatch(0, 8..16));
-        assert!(out.iter().any(|e| matches!(e, Effect::Exec(Command::Abort))), "{out:?}");
+        assert!(out.iter().any(|e| matches!(e, Effect::Exec(Command::Hold(true)))), "{out:?}");
+        assert!(!out.iter().any(|e| matches!(e, Effect::Exec(Command::Lease(_) | Command::Abort))), "{out:?}");
+        assert_eq!(reports(&out).iter().map(|r| r.seq).collect::<Vec<_>>(), [1], "the probe goes at once");
+        let beat = step(&mut m, 20_500_000, down(0, ToAgent::Ack { seq: 0 }));
         assert!(
-            !out.iter().any(|e| matches!(e, Effect::Exec(Command::Run(_) | Command::Lease(_)))),
-            "the stale frame was taken: {out:?}"
+            !beat.iter().any(|e| matches!(e, Effect::Exec(Command::Lease(_) | Command::Hold(false)))),
+            "an older ack answers nothing: {beat:?}"
         );
-        step(&mut m, 20_000_001, Input::ExecEnded);
+        let mut now = 20_500_000;
+        while now < 20_000_000 + PROBE_HOLDS * live.hold_us - 50_000 {
+            now += 50_000;
+            let out = step(&mut m, now, Input::Tick);
+            assert!(!out.iter().any(|e| matches!(e, Effect::Exec(Command::Abort))), "at {now}: {out:?}");
+        }
+        let out = step(&mut m, 20_000_000 + PROBE_HOLDS * live.hold_us, Input::Tick);
+        assert!(out.iter().any(|e| matches!(e, Effect::Exec(Command::Abort))), "{out:?}");
+        step(&mut m, 22_000_001, Input::ExecEnded);
         let why = m.outcome().unwrap().unwrap_err();
-        assert!(why.contains("no word from its parent for 20.0 s (lease expired)"), "{why}");
+        assert!(why.contains("stood still for 20.0 s, and its parent did not answer within 2.0 s after"), "{why}");
+    }
+
+    /// A whole job suspended (`scontrol suspend`, `PreemptMode=SUSPEND`): the parent stood still
+    /// too, and answers the probe; the agent goes on with what it holds, nothing stopped. Standing
+    /// still within the lease asks nothing: no parent can have given the agent up yet.
+    #[test]
+    fn an_agent_that_stood_still_with_its_parent_goes_on_when_its_probe_is_answered() {
+        let live = Liveness::new(std::time::Duration::from_secs(10));
+        let mut m = Machine::new(0, 1, tree()).with_liveness(live);
+        step(&mut m, 0, Input::Tick);
+        step(&mut m, 1, dispatch(0, 0..8));
+        let short = step(&mut m, 3_000_000, Input::Tick);
+        assert!(!short.iter().any(|e| matches!(e, Effect::Exec(Command::Abort))), "{short:?}");
+        assert!(reports(&short).iter().all(|r| r.seq == 0), "no probe within the lease: {short:?}");
+        step(&mut m, 3_000_001, down(0, ToAgent::Ack { seq: 0 }));
+        let woke = step(&mut m, 30_000_000, Input::Tick);
+        assert!(woke.iter().any(|e| matches!(e, Effect::Exec(Command::Hold(true)))), "{woke:?}");
+        assert_eq!(reports(&woke).iter().map(|r| r.seq).collect::<Vec<_>>(), [1]);
+        let answer = step(&mut m, 30_010_000, down(0, ToAgent::Ack { seq: 1 }));
+        assert!(answer.iter().any(|e| matches!(e, Effect::Exec(Command::Hold(false)))), "{answer:?}");
+        let renewed = 30_010_000 + live.hold_us;
+        assert!(answer.iter().any(|e| matches!(e, Effect::Exec(Command::Lease(u)) if *u == renewed)), "{answer:?}");
+        for now in (30_060_000..36_000_000).step_by(50_000) {
+            let out =
+                step(&mut m, now, if now % 250_000 < 50_000 { down(0, ToAgent::Ack { seq: 1 }) } else { Input::Tick });
+            assert!(
+                !out.iter().any(|e| matches!(e, Effect::Exec(Command::Abort | Command::Hold(true)))),
+                "at {now}: {out:?}"
+            );
+        }
+        assert_eq!(m.outcome(), None);
+        assert!(m.holds(0) && m.holds(7), "what it held, it holds");
     }
 
     /// Issue 24, finding 4: a cut link stops the acks at once, while heartbeats take a second to
@@ -1452,7 +1575,7 @@ mod tests {
         step(&mut m, 0, Input::Tick);
         step(&mut m, 1, dispatch(0, 0..32));
         step(&mut m, 2, Input::Exec(vec![done(0)]));
-        let out = step(&mut m, 5_000_002, Input::Tick);
+        let out = ticks_to(&mut m, 2, 5_000_002);
         assert!(out.iter().any(|e| matches!(e, Effect::Exec(Command::Reset))), "{out:?}");
         assert!(!out.iter().any(|e| matches!(e, Effect::Exec(Command::Abort))), "{out:?}");
         // What the reset kills is not reported, nor what ended before it.
