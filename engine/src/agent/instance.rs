@@ -816,7 +816,7 @@ mod tests {
         let mut now = from;
         while now < to {
             now = (now + 50_000).min(to);
-            if now % 250_000 == 0 {
+            if now.is_multiple_of(250_000) {
                 i.handle(now, down(0, ToAgent::Ack { seq: 0 }), &mut out);
             }
             i.handle(now, Input::Tick, &mut out);

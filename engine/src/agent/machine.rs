@@ -1501,7 +1501,7 @@ mod tests {
         assert!(answer.iter().any(|e| matches!(e, Effect::Exec(Command::Lease(u)) if *u == renewed)), "{answer:?}");
         for now in (30_060_000..36_000_000).step_by(50_000) {
             let out =
-                step(&mut m, now, if now % 250_000 < 50_000 { down(0, ToAgent::Ack { seq: 1 }) } else { Input::Tick });
+                step(&mut m, now, if (now % 250_000) < 50_000 { down(0, ToAgent::Ack { seq: 1 }) } else { Input::Tick });
             assert!(
                 !out.iter().any(|e| matches!(e, Effect::Exec(Command::Abort | Command::Hold(true)))),
                 "at {now}: {out:?}"
