@@ -114,7 +114,7 @@ pub enum Came {
 /// An agent's (or an instance head's) report.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Report {
-    /// Increases by one per report that carries results.
+    /// Increases by one per report that carries results, or that probes (`agent::stall`).
     pub seq: u64,
     pub started: Vec<Started>,
     pub results: Vec<TaskResult>,
@@ -134,6 +134,9 @@ pub struct Report {
     pub recalled: Vec<u64>,
     /// Nothing queued and nothing running (read by nobody: the leader counts for itself).
     pub drained: bool,
+    /// The agent (or a member of the head's) was signalled: SIGTERM, under Slurm a cancel or
+    /// a preemption.
+    pub signalled: bool,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -251,6 +251,49 @@ pub fn time_left() -> Option<u64> {
     parse_time_left(String::from_utf8_lossy(&out.stdout).trim())
 }
 
+/// The grace Slurm gives job `job` now that it was signalled: what is left of its partition's
+/// `GraceTime` since its `PreemptTime`, while it still runs. `None` for a job not preempted (a
+/// cancel, its time limit, a signal sent by hand), a grace longer than `GRACE_AT_MOST_US`, or if
+/// Slurm cannot be asked. Two controller RPCs (the job, its partition), once a run. Times are
+/// asked in UTC so that they compare with this clock.
+pub fn grace_left(job: &str) -> Option<u64> {
+    let show = |what: &str, name: &str| -> Option<String> {
+        let out = Command::new("scontrol")
+            .args(["show", what, "-o", name])
+            .env("TZ", "UTC")
+            .stderr(Stdio::null())
+            .output()
+            .ok()?;
+        out.status.success().then(|| String::from_utf8_lossy(&out.stdout).lines().next().unwrap_or("").to_string())
+    };
+    let job_line = show("job", job)?;
+    if !job_line.contains("JobState=RUNNING") || job_line.contains("PreemptTime=None") {
+        return None; // not preempted: no ask of its partition
+    }
+    let partition = scontrol_fields(&job_line).into_iter().find(|(k, _)| *k == "Partition")?.1;
+    let part_line = show("partition", &partition)?;
+    let now_s = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).ok()?.as_secs();
+    parse_grace(&job_line, &part_line, now_s)
+}
+
+/// The longest grace `grace_left` takes for one: sites give preempted jobs minutes, not hours.
+const GRACE_AT_MOST_US: u64 = 30 * 60 * 1_000_000;
+
+/// A signalled job's grace, from its `scontrol show job -o` and its partition's `scontrol show
+/// partition -o` lines (times in UTC), at `now_s` (see `grace_left`).
+pub fn parse_grace(job_line: &str, part_line: &str, now_s: u64) -> Option<u64> {
+    let job = scontrol_fields(job_line);
+    let field = |k: &str| job.iter().find(|(key, _)| *key == k).map(|(_, v)| v.as_str());
+    if field("JobState")? != "RUNNING" {
+        return None;
+    }
+    let preempted_s = slurm_time(field("PreemptTime")?)?;
+    let part = scontrol_fields(part_line);
+    let grace_s: u64 = part.iter().find(|(k, _)| *k == "GraceTime")?.1.parse().ok()?;
+    let left_us = (preempted_s + grace_s).checked_sub(now_s)? * 1_000_000;
+    (left_us > 0 && grace_s * 1_000_000 <= GRACE_AT_MOST_US).then_some(left_us)
+}
+
 /// Whether Slurm says job `job` is over (any state but pending, configuring, running or
 /// suspended; or gone from its memory). None when `squeue` cannot be asked.
 pub fn job_over(job: &str) -> Option<bool> {
@@ -283,7 +326,12 @@ pub fn parse_time_left(s: &str) -> Option<u64> {
 /// seconds, reading the time as if it were UTC: only compared with other answers of the same
 /// clock. `None` for any other answer (a refusal, a job that could never run).
 pub fn test_only_start(text: &str) -> Option<u64> {
-    let at = text.split(" to start at ").nth(1)?.split_whitespace().next()?;
+    slurm_time(text.split(" to start at ").nth(1)?.split_whitespace().next()?)
+}
+
+/// A time as Slurm prints it (`2026-11-27T03:10:00`), in seconds since the epoch as if it were
+/// UTC; `None` for anything else (`None`, `Unknown`).
+fn slurm_time(at: &str) -> Option<u64> {
     let (date, time) = at.split_once('T')?;
     let num = |s: &str| s.parse::<u64>().ok();
     let d: Vec<u64> = date.split('-').map(num).collect::<Option<_>>()?;
@@ -378,6 +426,24 @@ mod tests {
         assert_eq!(super::output_pattern("/runs/74/out-174-74.txt", "74"), "/runs/74/out-174-%j.txt");
         assert_eq!(super::output_pattern("o74", "74"), "o%j");
         assert_eq!(super::output_pattern("/w/x.out", ""), "/w/x.out");
+    }
+
+    #[test]
+    fn a_grace_is_what_is_left_of_the_partition_s_grace_time_since_the_preemption() {
+        use super::parse_grace;
+        let job = |state: &str, at: &str| {
+            format!("JobId=7 JobName=my job UserId=u(1) JobState={state} Reason=None PreemptTime={at} Partition=scavenger NodeList=n[1-4]")
+        };
+        let part = "PartitionName=scavenger AllowGroups=ALL GraceTime=15 PreemptMode=CANCEL";
+        let at = 1_795_749_005; // 2026-11-27T03:10:05
+        let preempted = job("RUNNING", "2026-11-27T03:10:05");
+        assert_eq!(parse_grace(&preempted, part, at + 4), Some(11_000_000));
+        assert_eq!(parse_grace(&preempted, part, at + 15), None, "over");
+        assert_eq!(parse_grace(&job("RUNNING", "None"), part, at), None, "a signal that is no preemption");
+        assert_eq!(parse_grace(&job("COMPLETING", "2026-11-27T03:10:05"), part, at), None);
+        assert_eq!(parse_grace(&preempted, "PartitionName=scavenger GraceTime=0", at), None, "no grace");
+        assert_eq!(parse_grace(&preempted, "PartitionName=scavenger GraceTime=7200", at), None, "hours: none");
+        assert_eq!(parse_grace("", part, at), None);
     }
 
     #[test]

@@ -267,6 +267,56 @@ preempted() {
     check "preempt: the new session says it continues the run" grep -q "job $j restarted; continuing its run" "$w/slurm-$j.out"
 }
 
+# PreemptMode=CANCEL with a GraceTime (a scavenger partition that cancels what it preempts):
+# Slurm signals the run's job step (SIGTERM, not its batch script) and ends the job GraceTime
+# (15 s) later. The agents say they were signalled; the leader asks Slurm (the job's PreemptTime,
+# its partition's GraceTime), finds the grace and uses it: nothing more starts, the 8 tasks of
+# 4 s in flight finish and are recorded, the queues come back, and the run ends interrupted before
+# Slurm's end. `htc resume` then finishes it, re-running nothing.
+preempted_with_grace() {
+    local w j j2 hi nodes state out lines unique ran
+    w=$(cluster_workdir grace)
+    seq 1 64 | sed 's|.*|sleep 4; echo "$HTC_TASK_ID $SLURMD_NODENAME $HTC_ATTEMPT" >> ids.txt|' >"$w/tasks.txt"
+    chown -R "$HTC_CLUSTER_USER" "$w"
+    cluster_cmd scontrol update PartitionName=scavenger PreemptMode=CANCEL GraceTime=15
+    j=$(submit "$w" -N 4 --exclusive --htc=tasks.txt --wrap=:) || { bad "grace: submit"; return; }
+    # Preempted 1 s into the second wave: 8 tasks with 3 s to go.
+    for _ in $(seq 600); do
+        [[ $(cat "$w/ids.txt" 2>/dev/null | wc -l) -ge 8 ]] && break
+        sleep 0.1
+    done
+    sleep 1
+    nodes=$(_htc_field "$(_htc_job_record "$j")" NodeList)
+    hi=$(submit "$w" -p high -w "$nodes" -N 4 --exclusive -t 1 --wrap='sleep 2') || { bad "grace: the high-priority job: submit"; return; }
+    state=$(wait_job "$j" 120)
+    cluster_cmd scontrol update PartitionName=scavenger PreemptMode=REQUEUE GraceTime=0
+    check "grace: the run's job $j ended, preempted ($state)" grep -qE '^(PREEMPTED|FAILED)$' <<<"$state"
+    check "grace: the leader used the grace" grep -q 'signalled with a grace' "$w/slurm-$j.out"
+    check "grace: no agent stopped its tasks" bash -c "! grep -q 'running tasks were stopped' '$w/slurm-$j.out'"
+    check "grace: the run ended interrupted, with the resume advice" grep -q "interrupted; continue with: htc resume $j" "$w/slurm-$j.out"
+    state=$(wait_job "$hi" 120)
+    check "grace: the high-priority job $hi COMPLETED (was $state)" test "$state" = COMPLETED
+    out=$(as_user -C "$w" "$bin/htc" status "$j")
+    check "grace: htc status advises htc resume $j" grep -q "htc resume $j" <<<"$out"
+    # The tasks in flight finished in the grace, and every task that ran is recorded done.
+    ran=$(wc -l <"$w/ids.txt")
+    check "grace: the 8 tasks in flight finished ($ran ran)" test "$ran" -ge 16
+    check "grace: every task that ran is recorded done ($ran ran)" \
+        test "$(as_user -C "$w" "$bin/htc" status "$j" --json | grep -o '"done":[0-9]*' | cut -d: -f2)" = "$ran"
+    done_snapshot "$w" "$j"
+    out=$(as_user -C "$w" "$bin/htc" resume "$j" 2>&1)
+    j2=$(grep -o 'Submitted batch job [0-9]*' <<<"$out" | awk '{ print $4 }')
+    check "grace: htc resume $j submitted job ${j2:-none}" test -n "$j2"
+    [[ -n $j2 ]] || { echo "$out"; return; }
+    state=$(wait_job "$j2" 300)
+    check "grace: job $j2 COMPLETED (was $state)" test "$state" = COMPLETED
+    lines=$(wc -l <"$w/ids.txt")
+    unique=$(cut -d' ' -f1 "$w/ids.txt" | sort -u | wc -l)
+    check "grace: every task ran once (${unique} of 64, $lines runs)" test "$unique" = 64 -a "$lines" = 64
+    none_done_ran_again "grace" "$w"
+    [[ $failed == 0 ]] || tail -n 30 "$w/slurm-$j.out"
+}
+
 # `scontrol suspend`, then `scontrol resume` 15 s later: every process of the job, the leader's
 # and the agents' on every node, stood still for longer than the agents' silence bound (10 s).
 # The leader excuses its own standing still; each agent, past its lease, holds its queue and asks
@@ -550,7 +600,7 @@ if [[ -z ${FAULTS_ONLY:-} ]]; then
     wait_idle 6 || bad "the six nodes idle before the time-limit scenarios"
     side_by_side resubmitted_at_time_limit handed_over
 fi
-for t in ${FAULTS_ONLY:-killed_agent link_down link_cut_and_back cancelled_then_resumed requeued preempted suspended node_failed leader_killed_then_resumed time_limit}; do
+for t in ${FAULTS_ONLY:-killed_agent link_down link_cut_and_back cancelled_then_resumed requeued preempted preempted_with_grace suspended node_failed leader_killed_then_resumed time_limit}; do
     timed "$t"
 done
 

@@ -127,6 +127,10 @@ pub struct Instance {
     pending: Vec<(u32, u64)>,
     /// A member's probe is among `pending`: it cannot wait for the report gap.
     probed: bool,
+    /// A member (or the head) was signalled (`Report::signalled`); said in every report after.
+    signalled: bool,
+    /// ... and the leader has not heard it yet: it cannot wait for the report gap.
+    signal_untold: bool,
     /// The head's own standing still, between ticks: its members' silence then is excused.
     stall: Stall,
     /// Member reports carried by the head's reports not acknowledged yet: (head seq, member, seq).
@@ -179,6 +183,8 @@ impl Instance {
             recalled: Vec::new(),
             pending: Vec::new(),
             probed: false,
+            signalled: false,
+            signal_untold: false,
             stall: Stall::default(),
             carried: VecDeque::new(),
             shutting_down: false,
@@ -498,6 +504,9 @@ impl Instance {
             self.pending.push((member, r.seq));
         }
         self.probed |= probe;
+        if r.signalled && !self.signalled {
+            (self.signalled, self.signal_untold) = (true, true);
+        }
         for id in r.recalled {
             if self.held.get(&id).is_some_and(|h| h.holder == member && !h.started) {
                 self.release(member, id);
@@ -710,6 +719,7 @@ impl Instance {
         let want = if want >= target / 4 || have == 0 { want } else { 0 };
         let news = !self.results.is_empty()
             || self.probed
+            || self.signal_untold
             || !self.started.is_empty()
             || !self.returned.is_empty()
             || !self.recalled.is_empty();
@@ -726,6 +736,7 @@ impl Instance {
             || self.resync
             || capacity.is_some()
             || self.probed
+            || self.signal_untold
             || !self.recalled.is_empty()
             || self.results.len() >= REPORT_BATCH
             || (want > 0 && have < target / 4);
@@ -738,6 +749,7 @@ impl Instance {
         (self.told_slots, self.told_idle) = (slots, idle);
         self.pace.sent(now_us, want == 0 && !news && !self.resync);
         self.probed = false;
+        self.signal_untold = false;
         if !self.results.is_empty() || !self.pending.is_empty() {
             self.seq += 1;
             let seq = self.seq;
@@ -764,6 +776,7 @@ impl Instance {
             holding,
             capacity,
             recalled: std::mem::take(&mut self.recalled),
+            signalled: self.signalled,
         };
         out.push(Effect::Up(Up::Report { agent: self.id, report }));
     }

@@ -151,9 +151,12 @@ enum Parent {
     },
 }
 
-/// How long an agent stopped by a signal waits for its spawners to give back what they have
-/// not started: they answer at once; what runs meanwhile goes on until the stop.
-pub const GIVE_BACK_US: u64 = 100_000;
+/// How long an agent stopped by a signal waits before it stops what runs: its spawners give
+/// back what they have not started at once, and the leader, signalled with it under Slurm, may
+/// say within this time that the job has a grace (a preemption's `GraceTime`: `Stop::Hold`, so
+/// what runs is finished) or that it ends now (`Stop::Abort`). An ask to the controller: up to
+/// a second on a loaded one.
+pub const GIVE_BACK_US: u64 = 1_000_000;
 
 pub struct Machine {
     id: u32,
@@ -194,6 +197,11 @@ pub struct Machine {
     held: bool,
     /// This agent's own standing still, and its probe of the parent after it.
     stall: Stall,
+    /// SIGTERM or SIGINT came (`Input::Signal`): every report says so, for the leader to ask
+    /// Slurm whether the job has a grace.
+    signalled: bool,
+    /// The signal is news for the next report.
+    signal_untold: bool,
     /// The parent said to start nothing more (Shutdown with `hold`): for good.
     told_to_hold: bool,
     /// The end of the last lease given the executor (`Command::Lease`), 0 before the first.
@@ -251,6 +259,8 @@ impl Machine {
             last_heard_us: None,
             held: false,
             stall: Stall::default(),
+            signalled: false,
+            signal_untold: false,
             told_to_hold: false,
             lease_sent_us: 0,
             holding: IdSet::default(),
@@ -399,6 +409,16 @@ impl Machine {
             }
             // While reviving, what the spawners report is the end of what they were told to stop.
             Input::Exec(_) if matches!(self.parent, Parent::Reviving { .. }) => false,
+            // The leader said to finish what runs (a grace, or --max-fails): that stands; the
+            // leader ends the grace, or this agent stops should the leader go.
+            Input::Signal(what) if self.told_to_hold && self.parent == Parent::Open => {
+                tracing::info!(
+                    agent = self.id,
+                    what,
+                    "signalled while finishing what runs, as the leader said: going on"
+                );
+                false
+            }
             Input::Signal(what)
                 if self.giving_back.is_none() && self.parent == Parent::Open && !self.holding.is_empty() =>
             {
@@ -408,7 +428,9 @@ impl Machine {
                 out.push(Effect::Exec(Command::Hold(true)));
                 out.push(Effect::Exec(Command::Recall(self.holding.iter().copied().collect())));
                 self.giving_back = Some((what, now_us + GIVE_BACK_US));
-                false
+                // The leader hears of it at once: it may know of a grace.
+                self.signal_untold = !std::mem::replace(&mut self.signalled, true);
+                self.signal_untold
             }
             Input::Signal(what) => {
                 self.stop_on_signal(now_us, what, out);
@@ -713,6 +735,10 @@ impl Machine {
             ToAgent::Shutdown { stop, reason } => {
                 tracing::info!(agent = self.id, ?stop, %reason, "shutdown");
                 self.shutting_down = true;
+                if stop != Stop::Abort {
+                    // What runs is to finish: a signal of this agent's own waits no more.
+                    self.giving_back = None;
+                }
                 if stop == Stop::Hold {
                     self.told_to_hold = true;
                     out.push(Effect::Exec(Command::Hold(true)));
@@ -899,7 +925,7 @@ impl Machine {
     }
 
     fn has_news(&self) -> bool {
-        !self.results.is_empty() || !self.started.is_empty() || !self.recalled.is_empty()
+        self.signal_untold || !self.results.is_empty() || !self.started.is_empty() || !self.recalled.is_empty()
     }
 
     fn report(&mut self, now_us: u64, want: u32, drained: bool, idle: u32, out: &mut Vec<Effect>) {
@@ -932,6 +958,7 @@ impl Machine {
             idle,
             holding,
             recalled: std::mem::take(&mut self.recalled),
+            signalled: std::mem::take(&mut self.signal_untold) || self.signalled,
             ..Report::default()
         };
         out.push(Effect::Up(Up::Report { agent: self.id, report }));
@@ -1294,16 +1321,22 @@ mod tests {
         let mut m = holding(2, 8);
         step(&mut m, GAP, Input::Exec(vec![done(0)]));
         assert!(step(&mut m, GAP + 1, Input::Exec(vec![done(1)])).is_empty(), "waits for the gap");
-        let out = step(&mut m, GAP + 2, Input::Signal("terminated by a signal"));
-        let mut asked: Vec<u64> = match &out[..] {
-            [Effect::Exec(Command::Hold(true)), Effect::Exec(Command::Recall(ids))] => ids.clone(),
-            _ => panic!("{out:?}"),
+        // The leader hears of the signal at once (it may know of a grace), with what waited.
+        let signal = step(&mut m, GAP + 2, Input::Signal("terminated by a signal"));
+        let mut asked: Vec<u64> = match &signal[..] {
+            [Effect::Exec(Command::Hold(true)), Effect::Exec(Command::Recall(ids)), Effect::Up(Up::Report { report, .. })]
+                if report.signalled =>
+            {
+                ids.clone()
+            }
+            _ => panic!("{signal:?}"),
         };
         asked.sort_unstable();
         assert_eq!(asked, (2..8).collect::<Vec<u64>>(), "all it holds: the spawners know which started");
         let back = (4..8).map(|id| ExecEvent::Recalled { id, attempt: 1 }).collect();
         // What came back goes up at once (it is wanted elsewhere), the rest with the stop.
-        let mut out = step(&mut m, GAP + 3, Input::Exec(back));
+        let mut out = signal;
+        out.extend(step(&mut m, GAP + 3, Input::Exec(back)));
         assert!(!out.iter().any(|e| matches!(e, Effect::Exec(Command::Abort))), "{out:?}");
         out.extend(step(&mut m, GAP + 3 + GIVE_BACK_US, Input::Tick));
         let reported: Vec<(Vec<u64>, Vec<u64>)> = out
@@ -1320,6 +1353,24 @@ mod tests {
         assert_eq!((results, recalled), (vec![1], vec![4, 5, 6, 7]), "{out:?}");
         assert!(matches!(out.last(), Some(Effect::Exec(Command::Abort))), "{out:?}");
         assert!(step(&mut m, GAP + 9 + GIVE_BACK_US, Input::Signal("again")).is_empty());
+    }
+
+    /// A preemption with a grace: the leader, told of the signal, says to finish what runs
+    /// (`Stop::Hold`) within the give-back time. The agent stops nothing when that time is up,
+    /// nor on Slurm's signals after; it finishes and leaves.
+    #[test]
+    fn a_signalled_agent_told_to_finish_what_runs_stops_nothing() {
+        let mut m = holding(2, 8);
+        step(&mut m, 2, Input::Signal("terminated by a signal"));
+        let hold = Down { agent: 0, msg: ToAgent::Shutdown { stop: Stop::Hold, reason: "a grace".into() } };
+        let out = step(&mut m, 100_000, Input::Parent(hold));
+        assert!(out.iter().any(|e| matches!(e, Effect::Exec(Command::Finish))), "{out:?}");
+        let mut later = ticks_to(&mut m, 100_000, 2 * GIVE_BACK_US);
+        later.extend(step(&mut m, 2 * GIVE_BACK_US + 1, Input::Signal("terminated by a signal")));
+        assert!(!later.iter().any(|e| matches!(e, Effect::Exec(Command::Abort))), "{later:?}");
+        step(&mut m, 2 * GIVE_BACK_US + 2, Input::Exec(vec![done(0), done(1)]));
+        step(&mut m, 2 * GIVE_BACK_US + 3, Input::ExecEnded);
+        assert_eq!(m.outcome(), Some(Ok(())));
     }
 
     #[test]
@@ -1500,8 +1551,11 @@ mod tests {
         let renewed = 30_010_000 + live.hold_us;
         assert!(answer.iter().any(|e| matches!(e, Effect::Exec(Command::Lease(u)) if *u == renewed)), "{answer:?}");
         for now in (30_060_000..36_000_000).step_by(50_000) {
-            let out =
-                step(&mut m, now, if (now % 250_000) < 50_000 { down(0, ToAgent::Ack { seq: 1 }) } else { Input::Tick });
+            let out = step(
+                &mut m,
+                now,
+                if (now % 250_000) < 50_000 { down(0, ToAgent::Ack { seq: 1 }) } else { Input::Tick },
+            );
             assert!(
                 !out.iter().any(|e| matches!(e, Effect::Exec(Command::Abort | Command::Hold(true)))),
                 "at {now}: {out:?}"

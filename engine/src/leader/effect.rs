@@ -16,6 +16,10 @@ pub enum Effect {
     /// The answer to a client's request to add tasks (`Input::Add`): for the client once the
     /// turn's writes are committed, never before.
     Added { request: u64, answer: Result<Vec<u64>, String> },
+    /// An agent was signalled (`Report::signalled`), the first this run: under Slurm the driver
+    /// asks whether the job has a grace (a preemption's `GraceTime`) and says so
+    /// (`Input::Grace`); it says nothing otherwise, and the signalled agents stop.
+    Signalled,
 }
 
 /// The core's effects of one or more inputs, in order.
@@ -27,6 +31,7 @@ pub trait Carrier {
     fn to_agent(&mut self, agent: u32, msg: ToAgent);
     fn given_up(&mut self, agent: u32);
     fn added(&mut self, request: u64, answer: Result<Vec<u64>, String>);
+    fn signalled(&mut self);
 }
 
 impl Effect {
@@ -35,6 +40,7 @@ impl Effect {
             Effect::ToAgent(agent, msg) => to.to_agent(agent, msg),
             Effect::GivenUp(agent) => to.given_up(agent),
             Effect::Added { request, answer } => to.added(request, answer),
+            Effect::Signalled => to.signalled(),
         }
     }
 

@@ -67,7 +67,8 @@ impl From<proto::Hello> for Hello {
 }
 
 fn report_frame(agent: u32, r: Report) -> proto::Report {
-    let Report { seq, started, results, want, idle, cores, returned, holding, capacity, recalled, drained } = r;
+    let Report { seq, started, results, want, idle, cores, returned, holding, capacity, recalled, drained, signalled } =
+        r;
     proto::Report {
         seq,
         started: started
@@ -85,6 +86,7 @@ fn report_frame(agent: u32, r: Report) -> proto::Report {
         holding: holding.unwrap_or_default(),
         capacity: capacity.map(proto::Capacity::from),
         recalled,
+        signalled,
     }
 }
 
@@ -102,6 +104,7 @@ impl From<proto::Report> for Report {
             capacity: r.capacity.map(Capacity::from),
             recalled: r.recalled,
             drained: r.drained,
+            signalled: r.signalled,
         }
     }
 }
@@ -207,6 +210,7 @@ mod tests {
             capacity: Some(Capacity { mem_mb: 1, largest_mem_mb: 2, gpus: 3, largest_gpus: 4, largest_cores: 5 }),
             recalled: vec![15],
             drained: true,
+            signalled: true,
         };
         let ups = [
             Up::Hello(hello(Came::New)),

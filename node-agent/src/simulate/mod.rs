@@ -296,6 +296,7 @@ fn sim_driver_config() -> DriverConfig {
         progress: None,
         live_dir: None,
         given_up: None,
+        signalled: None,
         grow: None,
         durable: false,
     }
@@ -416,6 +417,8 @@ impl effect::Carrier for Downward<'_> {
     fn given_up(&mut self, _agent: u32) {}
     // A simulated run has no clients.
     fn added(&mut self, _request: u64, _answer: Result<Vec<u64>, String>) {}
+    // Nor signals.
+    fn signalled(&mut self) {}
 }
 
 /// One agent's turn of effects, carried out in the virtual world as the node's agent driver

@@ -52,6 +52,7 @@ pub enum Event {
 pub struct Net {
     links: HashMap<u32, UnboundedSender<Vec<u8>>>,
     given_up: Option<Box<dyn Fn(u32) + Send>>,
+    signalled: Option<Box<dyn Fn() + Send>>,
     replies: HashMap<u64, tokio::sync::oneshot::Sender<Answer>>,
     next_request: u64,
     /// Status requests being answered, a slice per turn of the loop.
@@ -79,6 +80,7 @@ const STATUS_SLICE: usize = 16_384;
 struct Turn<'a> {
     by_agent: HashMap<u32, Vec<u8>>,
     given_up: &'a Option<Box<dyn Fn(u32) + Send>>,
+    signalled: &'a Option<Box<dyn Fn() + Send>>,
     replies: &'a mut HashMap<u64, tokio::sync::oneshot::Sender<Answer>>,
 }
 
@@ -90,6 +92,11 @@ impl Carrier for Turn<'_> {
     fn given_up(&mut self, agent: u32) {
         if let Some(f) = self.given_up {
             f(agent);
+        }
+    }
+    fn signalled(&mut self) {
+        if let Some(f) = self.signalled {
+            f();
         }
     }
     // A client gone before its answer (killed mid-request) finds its tasks added: what was
@@ -107,7 +114,12 @@ impl World for Net {
     }
 
     fn carry(&mut self, out: &mut Effects) {
-        let mut turn = Turn { by_agent: HashMap::new(), given_up: &self.given_up, replies: &mut self.replies };
+        let mut turn = Turn {
+            by_agent: HashMap::new(),
+            given_up: &self.given_up,
+            signalled: &self.signalled,
+            replies: &mut self.replies,
+        };
         out.drain(..).for_each(|e| e.carry_out(&mut turn));
         for (agent, bytes) in turn.by_agent {
             if let Some(tx) = self.links.get(&agent) {
@@ -129,6 +141,7 @@ pub fn run(
     let net = Net {
         links: HashMap::new(),
         given_up: cfg.given_up.take(),
+        signalled: cfg.signalled.take(),
         replies: HashMap::new(),
         next_request: 0,
         statuses: Default::default(),
@@ -468,6 +481,7 @@ mod tests {
             progress: None,
             live_dir: None,
             given_up: None,
+            signalled: None,
             grow: None,
             durable: true,
         };

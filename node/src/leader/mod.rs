@@ -139,6 +139,7 @@ pub fn run(
         progress: cfg.progress,
         live_dir: Some(cfg.run.path.clone()),
         given_up: Some(Box::new(move |agent| evict.give_up(agent))),
+        signalled: std::env::var("SLURM_JOB_ID").ok().map(|job| ask_grace(job, tx.clone())),
         grow: cfg.grow.map(|mut g| {
             let tx = tx.clone();
             g.answer_to(move |a| {
@@ -247,6 +248,20 @@ fn pending_groups(ledger: &Ledger) -> Result<Option<Vec<Group>>, htc_store::ledg
     Ok(Some(grouper.finish()))
 }
 
+/// An agent of job `job` was signalled: Slurm signals a preempted job's steps, not its batch
+/// script, so the leader hears of a preemption's grace from its agents. The ask (one controller
+/// RPC) runs beside the loop; a grace found comes back as an input, none leaves the agents to stop.
+fn ask_grace(job: String, tx: mpsc::Sender<Event>) -> Box<dyn Fn() + Send> {
+    Box::new(move || {
+        let (job, tx) = (job.clone(), tx.clone());
+        std::thread::spawn(move || {
+            if let Some(grace_us) = crate::slurm::grace_left(&job) {
+                let _ = tx.send(Event::Core(self::core::Input::Grace { signal: libc::SIGTERM, grace_us }));
+            }
+        });
+    })
+}
+
 async fn forward_signals(tx: mpsc::Sender<Event>) {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut int), Ok(mut term)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) else {
@@ -263,6 +278,16 @@ async fn forward_signals(tx: mpsc::Sender<Event>) {
             eprintln!("htc: second signal, exiting now; resume with `htc run --resume`");
             std::process::exit(128 + sig);
         }
-        let _ = tx.send(Event::Core(self::core::Input::Interrupt { signal: sig }));
+        // Under Slurm a SIGTERM may come with a grace (a preemption's GraceTime): Slurm says.
+        let job = (sig == libc::SIGTERM).then(|| std::env::var("SLURM_JOB_ID").ok()).flatten();
+        let grace = match job {
+            Some(job) => tokio::task::spawn_blocking(move || crate::slurm::grace_left(&job)).await.ok().flatten(),
+            None => None,
+        };
+        let input = match grace {
+            Some(grace_us) => self::core::Input::Grace { signal: sig, grace_us },
+            None => self::core::Input::Interrupt { signal: sig },
+        };
+        let _ = tx.send(Event::Core(input));
     }
 }

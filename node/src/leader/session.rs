@@ -41,6 +41,9 @@ pub struct DriverConfig {
     /// Told of each agent the core gives up (`net::NetConfig::give_up`), so that its old
     /// connection does not keep it from coming back.
     pub given_up: Option<Box<dyn Fn(u32) + Send>>,
+    /// Told when an agent was first signalled (`Effect::Signalled`): under Slurm, asks whether
+    /// the job has a grace and feeds the answer back (`Input::Grace`).
+    pub signalled: Option<Box<dyn Fn() + Send>>,
     /// A run that grows itself (`--htc-grow`).
     pub grow: Option<super::grow::Growing>,
     /// The ledger is synced to disk every `SYNC_EVERY` and at the end; not in a simulation,

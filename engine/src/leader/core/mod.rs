@@ -146,6 +146,12 @@ pub enum Input {
     Interrupt {
         signal: i32,
     },
+    /// Stopped by a signal, and Slurm ends the job `grace_us` from now (a preemption's
+    /// `GraceTime`): the run finishes what runs and starts nothing more until then.
+    Grace {
+        signal: i32,
+        grace_us: u64,
+    },
     /// Time passed: heartbeats are due, silent agents are given up.
     Tick,
     /// A user cancelled these tasks.
@@ -213,6 +219,9 @@ pub struct Progress {
     /// takes the run over (no resubmission).
     pub joined_running: usize,
 }
+
+/// How long before the end of a grace (`Input::Grace`) the run stops what still runs.
+pub const GRACE_MARGIN_US: u64 = 2_000_000;
 
 #[derive(Debug, PartialEq, Eq)]
 pub enum Ending {
@@ -300,8 +309,12 @@ pub struct Core<'a> {
     late: IdSet<u64>,
     /// The time of the input being handled.
     now_us: u64,
-    /// The agents were told to start nothing more (`max_fails` reached).
+    /// The agents were told to start nothing more (`max_fails` reached, or a grace).
     told_to_hold: bool,
+    /// Signalled with a grace (`Input::Grace`): the signal, and when the run ends at the latest.
+    grace: Option<(i32, u64)>,
+    /// An agent said it was signalled, and the driver was asked about a grace (`Effect::Signalled`).
+    asked_grace: bool,
     /// Rejoined agents asked to resync, with the tasks they held when asked: those they do not
     /// list in their answer were lost on the way with the relay.
     resyncs: IdMap<u32, Vec<u64>>,
@@ -379,6 +392,8 @@ impl<'a> Core<'a> {
             late: Default::default(),
             now_us,
             told_to_hold: false,
+            grace: None,
+            asked_grace: false,
             resyncs: IdMap::default(),
             mem: Memory::new(backfill::Policy::default()),
             affinity: Affinity::expecting(0..expected_agents as u32),
@@ -468,6 +483,11 @@ impl<'a> Core<'a> {
             return Some(Ending::Complete);
         }
         let in_flight = self.counts.get(State::Dispatched) + self.counts.get(State::Running);
+        if let Some((signal, until_us)) = self.grace {
+            if in_flight == 0 || self.now_us >= until_us {
+                return Some(Ending::Interrupted(signal));
+            }
+        }
         if let Some(failed) = self.failed_too_often().filter(|_| in_flight == 0) {
             return Some(Ending::TooManyFailures(failed));
         }
@@ -479,6 +499,28 @@ impl<'a> Core<'a> {
         let alive = self.agents.values().filter(|a| a.alive).count();
         let why = self.turnout.given_up(alive, self.now_us, self.live.lost_after_us, self.counts.unfinished());
         why.map(Ending::AgentsLost)
+    }
+
+    /// A signal, and Slurm's end of the job `grace_us` away: every agent finishes what runs,
+    /// starts nothing more, and gives back its queue, until `GRACE_MARGIN_US` before that end
+    /// (time to record the last results and stop); what ends within it is recorded. A grace too
+    /// short for that is none.
+    fn use_grace(&mut self, signal: i32, grace_us: u64, out: &mut Effects) -> Option<Ending> {
+        if grace_us < 2 * GRACE_MARGIN_US {
+            return Some(Ending::Interrupted(signal));
+        }
+        if self.grace.is_some() {
+            return None;
+        }
+        let secs = grace_us / 1_000_000;
+        tracing::warn!(job = %self.job_id, signal, grace_s = secs, "signalled with a grace: finishing what runs, starting nothing more");
+        self.grace = Some((signal, self.now_us + grace_us - GRACE_MARGIN_US));
+        self.told_to_hold = true;
+        let reason = format!("the job ends in {secs} s (signal {signal}, with a grace): finishing what runs");
+        for (&agent, _) in self.agents.iter().filter(|(_, a)| a.alive) {
+            out.push(Effect::stop(agent, Stop::Hold, reason.clone()));
+        }
+        None
     }
 
     /// A Shutdown for every live agent; but a leader stopped by a signal (its job's time
@@ -549,6 +591,7 @@ impl<'a> Core<'a> {
             Input::Tick => self.tick(t, now_us, out)?,
             Input::NeverJoined { agent, why } => self.never_joined(agent, &why),
             Input::Interrupt { signal } => return Ok(Some(Ending::Interrupted(signal))),
+            Input::Grace { signal, grace_us } => return Ok(self.use_grace(signal, grace_us, out)),
             Input::Cancel { ids } => {
                 self.cancel(t, &ids, out)?;
             }

@@ -261,6 +261,9 @@ impl Core<'_> {
             return Ok(());
         }
         self.figures.report(report.results.len());
+        if report.signalled && !std::mem::replace(&mut self.asked_grace, true) {
+            out.push(Effect::Signalled);
+        }
         if self.is_adoptee(agent) {
             // Started or ran before this leader knew of it (a hand-over): its own now.
             let ids = report.started.iter().map(|s| s.id).chain(report.results.iter().map(|r| r.id));

@@ -138,7 +138,7 @@ fn feed_at(c: &mut Core<'_>, m: &mut Mem, t0: u64, events: Vec<Input>) -> (Effec
 fn sent(out: &Effects) -> impl Iterator<Item = (u32, &ToAgent)> {
     out.iter().filter_map(|e| match e {
         Effect::ToAgent(a, m) => Some((*a, m)),
-        Effect::GivenUp(_) | Effect::Added { .. } => None,
+        Effect::GivenUp(_) | Effect::Added { .. } | Effect::Signalled => None,
     })
 }
 
@@ -926,6 +926,56 @@ fn near_the_time_limit_no_task_starts_that_its_hint_says_cannot_finish() {
     let (_, end) = feed(&mut c, &mut m, [1, 3, 5].into_iter().map(|id| result(0, id, id, 1, 0)).collect());
     assert_eq!(end, Some(Ending::OutOfTime(3)));
     assert_eq!(m.state(2), State::Pending, "left for the next session");
+}
+
+fn signalled(agent: u32) -> Input {
+    Input::Report { agent, report: msg::Report { signalled: true, ..Default::default() } }
+}
+
+/// A preemption with a `GraceTime`: the agents say they were signalled, the driver is asked
+/// once whether Slurm gives a grace, and with one every agent finishes what runs and starts
+/// nothing more; the run ends interrupted once nothing is in flight.
+#[test]
+fn a_grace_finishes_what_runs_starts_nothing_more_and_ends_interrupted() {
+    let mut m = Mem::with(10, 0, 1);
+    let mut c = core(&m, 2);
+    let (out, _) = feed(&mut c, &mut m, vec![join(0, 2), join(1, 2), want(0, 2), want(1, 2)]);
+    let running: Vec<(u32, u64)> =
+        dispatched(&out).into_iter().flat_map(|(a, t)| t.into_iter().map(move |(id, _)| (a, id))).collect();
+    assert_eq!(running.len(), 4);
+    let (out, end) = feed_at(&mut c, &mut m, 2_000, vec![signalled(0), signalled(1)]);
+    assert_eq!(out.iter().filter(|e| matches!(e, Effect::Signalled)).count(), 1, "asked once: {out:?}");
+    assert_eq!(end, None, "no grace known yet: the run goes on");
+    let (out, end) = feed_at(&mut c, &mut m, 3_000, vec![Input::Grace { signal: 15, grace_us: 10_000_000 }]);
+    assert!(told(&out, 0, Stop::Hold) && told(&out, 1, Stop::Hold), "{out:?}");
+    assert_eq!(end, None, "4 tasks in flight");
+    let (a, id) = running[0];
+    let (out, end) = feed_at(&mut c, &mut m, 4_000, vec![result(a, 1, id, 1, 0), want(a, 5)]);
+    assert!(dispatched(&out).is_empty(), "nothing more starts: {out:?}");
+    assert_eq!(end, None);
+    let rest: Vec<Input> = running[1..].iter().map(|&(a, id)| result(a, 2, id, 1, 0)).collect();
+    let (_, end) = feed_at(&mut c, &mut m, 5_000, rest);
+    assert_eq!(end, Some(Ending::Interrupted(15)));
+    assert_eq!(m.state(running[3].1), State::Done, "what ended in the grace is recorded");
+}
+
+/// What still runs at the grace's end (less the margin to record and stop) is stopped; a grace
+/// too short for that margin is none.
+#[test]
+fn a_grace_ends_before_slurm_s_end_and_a_short_one_is_none() {
+    let mut m = Mem::with(10, 0, 1);
+    let mut c = core(&m, 1);
+    feed(&mut c, &mut m, vec![join(0, 2), want(0, 2)]);
+    let (_, end) = feed_at(&mut c, &mut m, 2_000, vec![Input::Grace { signal: 15, grace_us: 10_000_000 }]);
+    assert_eq!(end, None);
+    let until = 2_000 + 10_000_000 - GRACE_MARGIN_US;
+    let (_, end) = feed_at(&mut c, &mut m, until - 1, vec![Input::Tick]);
+    assert_eq!(end, None);
+    let (_, end) = feed_at(&mut c, &mut m, until, vec![Input::Tick]);
+    assert_eq!(end, Some(Ending::Interrupted(15)));
+    let mut c = core(&m, 1);
+    let (_, end) = feed(&mut c, &mut m, vec![join(0, 2), Input::Grace { signal: 15, grace_us: GRACE_MARGIN_US }]);
+    assert_eq!(end, Some(Ending::Interrupted(15)));
 }
 
 #[test]
