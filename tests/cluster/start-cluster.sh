@@ -220,9 +220,10 @@ SlurmdDebug=$debug
 $node_line CPUs=$cpus RealMemory=$((cpus * mem_per_cpu)) State=UNKNOWN
 # Where HTC work lives at sites: a default low-priority partition whose jobs are requeued when a
 # job of the high-priority one needs their nodes. Tests change a partition's PreemptMode and
-# GraceTime with scontrol.
+# GraceTime with scontrol; GANG lets one be SUSPEND (the gang scheduler resumes what it suspends;
+# with OverSubscribe=NO it time-slices nothing).
 PreemptType=preempt/partition_prio
-PreemptMode=REQUEUE
+PreemptMode=REQUEUE,GANG
 PartitionName=scavenger Nodes=ALL Default=YES PriorityTier=1 PreemptMode=REQUEUE MaxTime=INFINITE State=UP
 PartitionName=high Nodes=ALL PriorityTier=10 PreemptMode=OFF MaxTime=INFINITE State=UP
 EOF

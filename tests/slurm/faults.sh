@@ -317,6 +317,35 @@ preempted_with_grace() {
     [[ $failed == 0 ]] || tail -n 30 "$w/slurm-$j.out"
 }
 
+# PreemptMode=SUSPEND (under GANG): a high-priority job on the run's nodes suspends the run's job
+# for as long as it runs (15 s: past the agents' lease), and the gang scheduler resumes it after.
+# As for `scontrol suspend`: no agent is given up, no task runs twice. Each job asks half of a
+# node's memory: a suspended job keeps its memory, and the preemptor must fit beside it.
+suspended_by_preemption() {
+    local w j hi nodes state lines unique seen=''
+    cluster_cmd scontrol update PartitionName=scavenger PreemptMode=SUSPEND
+    read -r w j < <(start_job gang --mem=900M) || { bad "gang: submit"; cluster_cmd scontrol update PartitionName=scavenger PreemptMode=REQUEUE; return; }
+    nodes=$(_htc_field "$(_htc_job_record "$j")" NodeList)
+    hi=$(submit "$w" -p high -w "$nodes" -N 4 --mem=900M -t 1 --wrap='sleep 15') || { bad "gang: the high-priority job: submit"; return; }
+    for _ in $(seq 100); do
+        [[ $(job_state "$j") == SUSPENDED ]] && { seen=yes; break; }
+        sleep 0.1
+    done
+    check "gang: the high-priority job $hi suspended the run's job $j" test -n "$seen"
+    state=$(wait_job "$hi" 120)
+    check "gang: the high-priority job $hi COMPLETED (was $state)" test "$state" = COMPLETED
+    state=$(wait_job "$j" 300)
+    cluster_cmd scontrol update PartitionName=scavenger PreemptMode=REQUEUE
+    check "gang: job $j COMPLETED (was $state)" test "$state" = COMPLETED
+    check "gang: htc status $j shows every task done" all_done "$w" "$j"
+    lines=$(wc -l <"$w/ids.txt")
+    unique=$(cut -d' ' -f1 "$w/ids.txt" | sort -u | wc -l)
+    check "gang: every task ran once ($unique of $N, $lines runs)" test "$unique" = "$N" -a "$lines" = "$N"
+    check "gang: no agent was given up" bash -c "! grep -qE 'agent lost|lease expired' '$w/slurm-$j.out'"
+    check "gang: the agents asked the leader after standing still" grep -q 'this agent stood still past its lease' "$w/slurm-$j.out"
+    [[ $failed == 0 ]] || tail -n 20 "$w/slurm-$j.out"
+}
+
 # `scontrol suspend`, then `scontrol resume` 15 s later: every process of the job, the leader's
 # and the agents' on every node, stood still for longer than the agents' silence bound (10 s).
 # The leader excuses its own standing still; each agent, past its lease, holds its queue and asks
@@ -600,7 +629,7 @@ if [[ -z ${FAULTS_ONLY:-} ]]; then
     wait_idle 6 || bad "the six nodes idle before the time-limit scenarios"
     side_by_side resubmitted_at_time_limit handed_over
 fi
-for t in ${FAULTS_ONLY:-killed_agent link_down link_cut_and_back cancelled_then_resumed requeued preempted preempted_with_grace suspended node_failed leader_killed_then_resumed time_limit}; do
+for t in ${FAULTS_ONLY:-killed_agent link_down link_cut_and_back cancelled_then_resumed requeued preempted preempted_with_grace suspended suspended_by_preemption node_failed leader_killed_then_resumed time_limit}; do
     timed "$t"
 done
 
