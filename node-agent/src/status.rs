@@ -200,6 +200,12 @@ pub fn finish(run: &RunDir, outcome: &leader::Outcome, quiet: bool, resume_hint:
             }
             128 + sig
         }
+        Ending::Preempted(sig) => {
+            if outcome.progress.joined_running == 0 {
+                eprintln!("htc: preempted; what ran in its grace is recorded{resume}");
+            }
+            128 + sig
+        }
         Ending::TooManyFailures(n) => {
             eprintln!("htc: stopped after {n} failed tasks (--max-fails); the rest did not run{resume}");
             1

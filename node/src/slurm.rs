@@ -254,7 +254,7 @@ pub fn time_left() -> Option<u64> {
 /// The grace Slurm gives job `job` now that it was signalled: what is left of its partition's
 /// `GraceTime` since its `PreemptTime`, while it still runs. `None` for a job not preempted (a
 /// cancel, its time limit, a signal sent by hand), a grace longer than `GRACE_AT_MOST_US`, or if
-/// Slurm cannot be asked. Two controller RPCs (the job, its partition), once a run. Times are
+/// Slurm cannot be asked. Two to four controller RPCs (the job, its partition), once a run. Times are
 /// asked in UTC so that they compare with this clock.
 pub fn grace_left(job: &str) -> Option<u64> {
     let show = |what: &str, name: &str| -> Option<String> {
@@ -266,15 +266,33 @@ pub fn grace_left(job: &str) -> Option<u64> {
             .ok()?;
         out.status.success().then(|| String::from_utf8_lossy(&out.stdout).lines().next().unwrap_or("").to_string())
     };
-    let job_line = show("job", job)?;
-    if !job_line.contains("JobState=RUNNING") || job_line.contains("PreemptTime=None") {
-        return None; // not preempted: no ask of its partition
+    // Slurm may signal a preempted job's steps before a look sees the preemption recorded; a
+    // job that runs on unpreempted was signalled by hand.
+    let mut job_line = String::new();
+    for look in 0..PREEMPT_LOOKS {
+        if look > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(150));
+        }
+        job_line = show("job", job)?;
+        if !job_line.contains("JobState=RUNNING") || !job_line.contains("PreemptTime=None") {
+            break;
+        }
+    }
+    let preempted = job_line.contains("JobState=RUNNING") && !job_line.contains("PreemptTime=None");
+    let state = job_line.split_whitespace().find(|w| w.starts_with("JobState=")).unwrap_or("").to_string();
+    tracing::info!(job, preempted, %state, "asked Slurm whether the signalled job was preempted");
+    if !preempted {
+        return None; // no ask of its partition
     }
     let partition = scontrol_fields(&job_line).into_iter().find(|(k, _)| *k == "Partition")?.1;
     let part_line = show("partition", &partition)?;
     let now_s = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).ok()?.as_secs();
     parse_grace(&job_line, &part_line, now_s)
 }
+
+/// How many times `grace_left` looks for the job's preemption before it takes the signal for
+/// none: within the agents' wait for the leader's word (`GIVE_BACK_US`, 2 s).
+const PREEMPT_LOOKS: u32 = 3;
 
 /// The longest grace `grace_left` takes for one: sites give preempted jobs minutes, not hours.
 const GRACE_AT_MOST_US: u64 = 30 * 60 * 1_000_000;

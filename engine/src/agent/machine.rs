@@ -155,8 +155,8 @@ enum Parent {
 /// back what they have not started at once, and the leader, signalled with it under Slurm, may
 /// say within this time that the job has a grace (a preemption's `GraceTime`: `Stop::Hold`, so
 /// what runs is finished) or that it ends now (`Stop::Abort`). An ask to the controller: up to
-/// a second on a loaded one.
-pub const GIVE_BACK_US: u64 = 1_000_000;
+/// a second on a loaded one, and a second look when the first came before the preemption.
+pub const GIVE_BACK_US: u64 = 2_000_000;
 
 pub struct Machine {
     id: u32,

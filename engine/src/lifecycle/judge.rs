@@ -25,6 +25,8 @@ pub enum SessionEnd {
     Terminated,
     /// Another signal (SIGINT).
     Interrupted,
+    /// Preempted by Slurm, with a grace that the run used.
+    Preempted,
     /// No agent was left to run the remaining tasks.
     AgentsLost,
     /// `--max-fails` stopped it.
@@ -61,11 +63,11 @@ pub fn at_time_limit(signal_us: u64, end_us: Option<u64>) -> bool {
 }
 
 /// Whether a session that ended so, at `ended_us`, continues in a resubmitted job
-/// (`--htc-resubmit`): out of time, agents lost, or SIGTERM at the time limit; not when someone
-/// cancelled the job (SIGTERM before its end) or the run ended.
+/// (`--htc-resubmit`): out of time, agents lost, preempted, or SIGTERM at the time limit; not when
+/// someone cancelled the job (SIGTERM before its end) or the run ended.
 pub fn resubmit_due(end: SessionEnd, ended_us: u64, job_end_us: Option<u64>) -> bool {
     match end {
-        SessionEnd::OutOfTime | SessionEnd::AgentsLost => true,
+        SessionEnd::OutOfTime | SessionEnd::AgentsLost | SessionEnd::Preempted => true,
         SessionEnd::Terminated => at_time_limit(ended_us, job_end_us),
         SessionEnd::Complete | SessionEnd::Interrupted | SessionEnd::TooManyFailures => false,
     }

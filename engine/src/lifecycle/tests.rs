@@ -287,7 +287,8 @@ fn a_cancel_in_the_last_2_s_cannot_be_told_from_the_limit() {
 
 #[test]
 fn what_ends_a_session_decides_its_resubmission() {
-    for end in [SessionEnd::OutOfTime, SessionEnd::AgentsLost] {
+    // A preemption's grace used: the run continues in a job of its own, as at the time limit.
+    for end in [SessionEnd::OutOfTime, SessionEnd::AgentsLost, SessionEnd::Preempted] {
         assert_eq!(ended(end, 0, 5 * S).1, [Effect::CountResubmits], "{end:?}");
     }
     for end in [SessionEnd::Complete, SessionEnd::Interrupted, SessionEnd::TooManyFailures] {

@@ -289,6 +289,7 @@ impl Carrier for Driver {
             leader::Ending::Complete => SessionEnd::Complete,
             leader::Ending::Interrupted(libc::SIGTERM) => SessionEnd::Terminated,
             leader::Ending::Interrupted(_) => SessionEnd::Interrupted,
+            leader::Ending::Preempted(_) => SessionEnd::Preempted,
             leader::Ending::AgentsLost(_) => SessionEnd::AgentsLost,
             leader::Ending::TooManyFailures(_) => SessionEnd::TooManyFailures,
             leader::Ending::OutOfTime(_) => SessionEnd::OutOfTime,

@@ -121,6 +121,7 @@ fn ending_state(e: &Ending) -> String {
     match e {
         Ending::Complete => "complete".into(),
         Ending::Interrupted(sig) => format!("interrupted by signal {sig}"),
+        Ending::Preempted(sig) => format!("preempted (signal {sig}); what ran in its grace is recorded"),
         Ending::AgentsLost(why) => format!("stopped: {why}"),
         Ending::TooManyFailures(n) => format!("stopped: {n} tasks failed (--max-fails)"),
         Ending::OutOfTime(n) => format!("stopped: {n} tasks cannot finish before the time limit"),

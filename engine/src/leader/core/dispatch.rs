@@ -152,7 +152,7 @@ impl Core<'_> {
     /// waits for busy agents' keys and what agents behind gave back.
     pub(super) fn dispatch<E>(&mut self, t: &mut dyn Tasks<Error = E>, agent: u32, out: &mut Effects) -> Result<(), E> {
         if self.failed_too_often().is_some()
-            || self.grace.is_some()
+            || (self.grace.is_some() && self.allocation_of(agent).is_none())
             || self.agents[&agent].drained
             || self.mem.runs_exclusive(agent)
             || self.leaving(agent)

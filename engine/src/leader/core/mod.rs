@@ -229,6 +229,9 @@ pub enum Ending {
     Complete,
     /// Stopped by a signal; the run can be resumed.
     Interrupted(i32),
+    /// Preempted with a grace (`Input::Grace`), which it used: what ran in it finished, nothing
+    /// more started; the run can be resumed, and `--htc-resubmit` continues it.
+    Preempted(i32),
     /// No agent is left to run the remaining tasks.
     AgentsLost(String),
     /// `--max-fails`: this many tasks failed for good, so nothing more was started and the
@@ -484,8 +487,8 @@ impl<'a> Core<'a> {
         }
         let in_flight = self.counts.get(State::Dispatched) + self.counts.get(State::Running);
         if let Some((signal, until_us)) = self.grace {
-            if in_flight == 0 || self.now_us >= until_us {
-                return Some(Ending::Interrupted(signal));
+            if self.own_in_flight() == 0 || self.now_us >= until_us {
+                return Some(Ending::Preempted(signal));
             }
         }
         if let Some(failed) = self.failed_too_often().filter(|_| in_flight == 0) {
@@ -507,7 +510,7 @@ impl<'a> Core<'a> {
     /// short for that is none.
     fn use_grace(&mut self, signal: i32, grace_us: u64, out: &mut Effects) -> Option<Ending> {
         if grace_us < 2 * GRACE_MARGIN_US {
-            return Some(Ending::Interrupted(signal));
+            return Some(Ending::Preempted(signal));
         }
         if self.grace.is_some() {
             return None;
@@ -517,10 +520,27 @@ impl<'a> Core<'a> {
         self.grace = Some((signal, self.now_us + grace_us - GRACE_MARGIN_US));
         self.told_to_hold = true;
         let reason = format!("the job ends in {secs} s (signal {signal}, with a grace): finishing what runs");
-        for (&agent, _) in self.agents.iter().filter(|(_, a)| a.alive) {
+        // Joined allocations are not preempted with it: their agents go on, and one of them
+        // takes the run over when this session ends (`handover`).
+        let own: Vec<u32> = self
+            .agents
+            .iter()
+            .filter(|(&id, a)| a.alive && self.allocation_of(id).is_none())
+            .map(|(&id, _)| id)
+            .collect();
+        for agent in own {
             out.push(Effect::stop(agent, Stop::Hold, reason.clone()));
         }
         None
+    }
+
+    /// Tasks in flight with the agents of the leader's own job (not of joined allocations).
+    fn own_in_flight(&self) -> usize {
+        self.agents
+            .iter()
+            .filter(|(&id, a)| a.alive && self.allocation_of(id).is_none())
+            .map(|(&id, _)| self.in_flight.of_agent(id).len())
+            .sum()
     }
 
     /// A Shutdown for every live agent; but a leader stopped by a signal (its job's time
@@ -530,13 +550,14 @@ impl<'a> Core<'a> {
         let reason = match ending {
             Ending::Complete => "all tasks finished".to_string(),
             Ending::Interrupted(s) => format!("leader got signal {s}"),
+            Ending::Preempted(s) => format!("preempted (signal {s}); its grace is over"),
             Ending::AgentsLost(w) => w.clone(),
             Ending::TooManyFailures(n) => format!("{n} tasks failed (--max-fails)"),
             Ending::OutOfTime(n) => format!("{n} tasks cannot finish before the time limit"),
         };
         let stop = if *ending == Ending::Complete { Stop::Finish } else { Stop::Abort };
         let handed_over = |agent: u32| {
-            matches!(ending, Ending::Interrupted(_))
+            matches!(ending, Ending::Interrupted(_) | Ending::Preempted(_))
                 && self.allocation_of(agent).is_some_and(|i| self.allocations[i].stage == Stage::Running)
         };
         for (&agent, _) in self.agents.iter().filter(|(&id, a)| a.alive && !handed_over(id)) {

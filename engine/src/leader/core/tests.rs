@@ -955,7 +955,7 @@ fn a_grace_finishes_what_runs_starts_nothing_more_and_ends_interrupted() {
     assert_eq!(end, None);
     let rest: Vec<Input> = running[1..].iter().map(|&(a, id)| result(a, 2, id, 1, 0)).collect();
     let (_, end) = feed_at(&mut c, &mut m, 5_000, rest);
-    assert_eq!(end, Some(Ending::Interrupted(15)));
+    assert_eq!(end, Some(Ending::Preempted(15)));
     assert_eq!(m.state(running[3].1), State::Done, "what ended in the grace is recorded");
 }
 
@@ -972,10 +972,10 @@ fn a_grace_ends_before_slurm_s_end_and_a_short_one_is_none() {
     let (_, end) = feed_at(&mut c, &mut m, until - 1, vec![Input::Tick]);
     assert_eq!(end, None);
     let (_, end) = feed_at(&mut c, &mut m, until, vec![Input::Tick]);
-    assert_eq!(end, Some(Ending::Interrupted(15)));
+    assert_eq!(end, Some(Ending::Preempted(15)));
     let mut c = core(&m, 1);
     let (_, end) = feed(&mut c, &mut m, vec![join(0, 2), Input::Grace { signal: 15, grace_us: GRACE_MARGIN_US }]);
-    assert_eq!(end, Some(Ending::Interrupted(15)));
+    assert_eq!(end, Some(Ending::Preempted(15)));
 }
 
 #[test]
