@@ -52,7 +52,6 @@ on_exit() {
     [[ -z ${py_pid:-} ]] || kill "$py_pid" 2>/dev/null
     [[ -z ${HTC_PY_VENV:-} ]] || rm -rf "$HTC_PY_VENV" "$HTC_PY_VENV.log"
     [[ -z ${second_pid:-} ]] || kill "$second_pid" 2>/dev/null
-    [[ -z ${second_tier_pid:-} ]] || kill -- -"$second_tier_pid" 2>/dev/null
     [[ -z ${second:-} ]] || rm -rf "$second"
     print_times
     ((${#skipped[@]} == 0)) || banner "TESTS WERE SKIPPED: this was NOT a run of every test" "${skipped[@]}"
@@ -88,8 +87,7 @@ if [[ ${HTC_SKIP_SLURM:-0} != 1 ]]; then
     # shellcheck disable=SC2016 # expanded by the inner bash
     chrt --idle 0 bash -c 'r=0; "$1/tests/cluster/release-root.sh" trixie >"$2/root" 2>"$2/root.log" || r=$?
         echo "$r" >"$2/root.status"; ((r == 0)) || exit "$r"
-        r=0; "$1/tests/cluster/release-venv.sh" "$(cat "$2/root")" "$3" >"$2/venv.log" 2>&1 || r=$?
-        echo "$r" >"$2/venv.status"; exit "$r"' \
+        "$1/tests/cluster/release-venv.sh" "$(cat "$2/root")" "$3" >"$2/venv.log" 2>&1' \
         _ "$root" "$second" "$second_venv" &
     second_pid=$!
 fi
@@ -129,40 +127,6 @@ if [[ ${HTC_SKIP_SLURM:-0} != 1 ]]; then
     tests/cluster/release-plugin.sh "$(tests/cluster/release-headers.sh sid)"
 fi
 
-# The second release's Slurm tier, beside the cargo and Python steps (which start no cluster):
-# its own cluster in its root, the same scripts. Those named here are the ones whose subject
-# differs between releases (the plugin's loading and version guard, the workload, faults,
-# preemption and recovery, the site's cgroups, accounting and limits, joins, open runs and their
-# clients); htc-jobs.sh runs its second-release set (it says which). The host release's tier
-# waits for it: two clusters never run at once (Slurm names a job's cgroups by node, the same in
-# both). Its output and times are printed when it is waited for.
-second_tier_pid=''
-if [[ ${HTC_SKIP_SLURM:-0} != 1 && $(id -u) == 0 ]]; then
-    # shellcheck disable=SC2016 # expanded by the inner bash
-    setsid bash -c 'root=$1 second=$2 second_root=$3 release=$4
-        while [[ ! -e $second/venv.status ]]; do sleep 1; done
-        if [[ $(cat "$second/venv.status") != 0 ]]; then
-            cat "$second/venv.log"; echo "the second release'"'"'s venv could not be made"; echo 1 >"$second/tier.failed"; exit 1
-        fi
-        "$root/tests/cluster/release-venv.sh" "$second_root" "$second/venv" "$root/clients/python" "$root/clients/snakemake" >"$second/venv.log" 2>&1 ||
-            { cat "$second/venv.log"; echo "the clients could not be installed in the second release'"'"'s venv"; echo 1 >"$second/tier.failed"; exit 1; }
-        failed=0
-        for t in version.sh faults.sh site.sh htc-jobs.sh; do
-            printf "\n== slurm %s: %s ==\n" "$release" "$t"
-            t0=$SECONDS
-            if ! HTC_CLUSTER_ROOT=$second_root HTC_PY_VENV=$second/venv "$root/tests/slurm/$t"; then
-                echo "FAILED: $t on the second release"
-                failed=$((failed + 1))
-            fi
-            printf "%5d s  slurm %s: %s (beside the cargo and Python steps)\n" $((SECONDS - t0)) "$release" "$t" >>"$second/tier.times"
-        done
-        "$root/tests/cluster/stop-cluster.sh" >/dev/null 2>&1 || true
-        echo "$failed" >"$second/tier.failed"' \
-        _ "$root" "$second" "$second_root" "$("$root/packaging/slurm-version.sh" "$second_root/usr/include")" \
-        >"$second/tier.log" 2>&1 &
-    second_tier_pid=$!
-fi
-
 # htc-core and htc-engine ran above, in debug (with their debug_assert!s): their release test
 # binaries would add two LTO links (about 50 s) and no test.
 step "cargo tests: store, exec, node, agent, plugin, end-to-end htc run"
@@ -199,6 +163,13 @@ if ((py_ok != 0)); then
     exit 1
 fi
 "$HTC_PY_VENV/bin/pip" install -q --disable-pip-version-check "$root/clients/python" "$root/clients/snakemake"
+if [[ -n $second_pid ]]; then
+    # The second release's venv: the clients too, as its users install them.
+    wait "$second_pid" || { cat "$second/venv.log"; echo "the second release's venv could not be made" >&2; exit 1; }
+    second_pid=''
+    tests/cluster/release-venv.sh "$second_root" "$second_venv" "$root/clients/python" "$root/clients/snakemake" >"$second/venv.log" 2>&1 ||
+        { cat "$second/venv.log"; echo "the clients could not be installed in the second release's venv" >&2; exit 1; }
+fi
 # Side by side on pytest-xdist workers: the tests mostly wait on runs and on Snakemake's polls, so
 # more workers than cores pay (the Snakemake suite: 109 s serial, 48 s on 3 workers here).
 for c in python:4 snakemake:3; do
@@ -227,16 +198,21 @@ export HTC_RPM_BUILD=$rpm_build
 # slurm_release INCLUDE-DIR: the release its headers are of, e.g. 22.05.8.
 slurm_release() { "$root/packaging/slurm-version.sh" "$1"; }
 failed=0
-step "slurm $(slurm_release "$second_root/usr/include"): its tier, run beside the cargo and Python steps (its output)"
-wait "$second_tier_pid" || true
-second_tier_pid='' second_pid='' # both reaped: their pids are no longer ours to kill
-cat "$second/tier.log"
-[[ -f $second/tier.times ]] && mapfile -t -O "${#steps[@]}" steps <"$second/tier.times"
-failed=$(cat "$second/tier.failed" 2>/dev/null || echo 1)
 for t in "$root"/tests/slurm/*.sh; do
     step "slurm $(slurm_release /usr/include): $(basename "$t")"
     if ! "$t"; then
         echo "FAILED: $t"
+        failed=$((failed + 1))
+    fi
+done
+# The second release: its own cluster in its root, the same scripts. Those named here are the
+# ones whose subject differs between releases (the plugin's loading and version guard, the
+# workload, faults, preemption and recovery, the site's cgroups, accounting and limits, joins,
+# open runs and their clients); htc-jobs.sh runs its second-release set (it says which).
+for t in version.sh faults.sh site.sh htc-jobs.sh; do
+    step "slurm $(slurm_release "$second_root/usr/include"): $t"
+    if ! HTC_CLUSTER_ROOT=$second_root HTC_PY_VENV=$second_venv "$root/tests/slurm/$t"; then
+        echo "FAILED: $t on the second release"
         failed=$((failed + 1))
     fi
 done
