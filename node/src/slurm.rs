@@ -257,6 +257,7 @@ pub fn time_left() -> Option<u64> {
 /// Slurm cannot be asked. Two to four controller RPCs (the job, its partition), once a run. Times are
 /// asked in UTC so that they compare with this clock.
 pub fn grace_left(job: &str) -> Option<u64> {
+    let started = std::time::Instant::now();
     let show = |what: &str, name: &str| -> Option<String> {
         let out = Command::new("scontrol")
             .args(["show", what, "-o", name])
@@ -266,6 +267,10 @@ pub fn grace_left(job: &str) -> Option<u64> {
             .ok()?;
         out.status.success().then(|| String::from_utf8_lossy(&out.stdout).lines().next().unwrap_or("").to_string())
     };
+    // The partition's GraceTime is asked beside the job's state: on a controller busy with the
+    // preemption each ask may take a second, and the agents wait `GIVE_BACK_US` in all.
+    let partition = var("SLURM_JOB_PARTITION").ok().filter(|p| !p.is_empty() && !p.contains(','));
+    let part_look = partition.clone().map(|p| std::thread::spawn(move || show("partition", &p)));
     // Slurm may signal a preempted job's steps before a look sees the preemption recorded; a
     // job that runs on unpreempted was signalled by hand.
     let mut job_line = String::new();
@@ -274,24 +279,36 @@ pub fn grace_left(job: &str) -> Option<u64> {
             std::thread::sleep(std::time::Duration::from_millis(150));
         }
         job_line = show("job", job)?;
-        if !job_line.contains("JobState=RUNNING") || !job_line.contains("PreemptTime=None") {
+        let state = job_line.split_whitespace().find_map(|w| w.strip_prefix("JobState=")).unwrap_or("");
+        if !runs(state) || !job_line.contains("PreemptTime=None") {
             break;
         }
     }
-    let preempted = job_line.contains("JobState=RUNNING") && !job_line.contains("PreemptTime=None");
-    let state = job_line.split_whitespace().find(|w| w.starts_with("JobState=")).unwrap_or("").to_string();
-    tracing::info!(job, preempted, %state, "asked Slurm whether the signalled job was preempted");
+    let state = job_line.split_whitespace().find_map(|w| w.strip_prefix("JobState=")).unwrap_or("").to_string();
+    let preempted = runs(&state) && !job_line.contains("PreemptTime=None");
+    let looked_ms = started.elapsed().as_millis() as u64;
     if !preempted {
-        return None; // no ask of its partition
+        tracing::warn!(job, %state, looked_ms, "signalled; Slurm records no preemption: no grace");
+        return None; // the partition's look, if started, ends on its own
     }
-    let partition = scontrol_fields(&job_line).into_iter().find(|(k, _)| *k == "Partition")?.1;
-    let part_line = show("partition", &partition)?;
+    let part_line = match part_look.and_then(|h| h.join().ok()).flatten() {
+        Some(line) => line,
+        None => show("partition", &scontrol_fields(&job_line).into_iter().find(|(k, _)| *k == "Partition")?.1)?,
+    };
     let now_s = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).ok()?.as_secs();
-    parse_grace(&job_line, &part_line, now_s)
+    let grace = parse_grace(&job_line, &part_line, now_s);
+    tracing::warn!(job, grace_us = grace, looked_ms = started.elapsed().as_millis() as u64, "signalled; Slurm records a preemption");
+    grace
+}
+
+/// Whether Slurm's name for a job's state is one of a running job: a job being signalled (a
+/// preemption's SIGTERM, on 24.11 under load) shows `SIGNALING` instead of `RUNNING`.
+fn runs(state: &str) -> bool {
+    matches!(state, "RUNNING" | "SIGNALING")
 }
 
 /// How many times `grace_left` looks for the job's preemption before it takes the signal for
-/// none: within the agents' wait for the leader's word (`GIVE_BACK_US`, 2 s).
+/// none: within the agents' wait for the leader's word (`GIVE_BACK_US`, 5 s).
 const PREEMPT_LOOKS: u32 = 3;
 
 /// The longest grace `grace_left` takes for one: sites give preempted jobs minutes, not hours.
@@ -302,7 +319,7 @@ const GRACE_AT_MOST_US: u64 = 30 * 60 * 1_000_000;
 pub fn parse_grace(job_line: &str, part_line: &str, now_s: u64) -> Option<u64> {
     let job = scontrol_fields(job_line);
     let field = |k: &str| job.iter().find(|(key, _)| *key == k).map(|(_, v)| v.as_str());
-    if field("JobState")? != "RUNNING" {
+    if !runs(field("JobState")?) {
         return None;
     }
     let preempted_s = slurm_time(field("PreemptTime")?)?;
@@ -321,7 +338,7 @@ pub fn job_over(job: &str) -> Option<bool> {
         // A purged job: "Invalid job id specified".
         return String::from_utf8_lossy(&out.stderr).contains("Invalid job id").then_some(true);
     }
-    Some(!matches!(state.as_str(), "PENDING" | "CONFIGURING" | "RUNNING" | "SUSPENDED" | "RESIZING"))
+    Some(!(runs(&state) || matches!(state.as_str(), "PENDING" | "CONFIGURING" | "SUSPENDED" | "RESIZING")))
 }
 
 /// `squeue`'s `%L`: `[days-][hours:]minutes:seconds`, or `UNLIMITED`/`NOT_SET`; in µs.
@@ -458,6 +475,8 @@ mod tests {
         assert_eq!(parse_grace(&preempted, part, at + 4), Some(11_000_000));
         assert_eq!(parse_grace(&preempted, part, at + 15), None, "over");
         assert_eq!(parse_grace(&job("RUNNING", "None"), part, at), None, "a signal that is no preemption");
+        let signalling = job("SIGNALING", "2026-11-27T03:10:05");
+        assert_eq!(parse_grace(&signalling, part, at), Some(15_000_000), "SIGNALING is running");
         assert_eq!(parse_grace(&job("COMPLETING", "2026-11-27T03:10:05"), part, at), None);
         assert_eq!(parse_grace(&preempted, "PartitionName=scavenger GraceTime=0", at), None, "no grace");
         assert_eq!(parse_grace(&preempted, "PartitionName=scavenger GraceTime=7200", at), None, "hours: none");

@@ -154,9 +154,11 @@ enum Parent {
 /// How long an agent stopped by a signal waits before it stops what runs: its spawners give
 /// back what they have not started at once, and the leader, signalled with it under Slurm, may
 /// say within this time that the job has a grace (a preemption's `GraceTime`: `Stop::Hold`, so
-/// what runs is finished) or that it ends now (`Stop::Abort`). An ask to the controller: up to
-/// a second on a loaded one, and a second look when the first came before the preemption.
-pub const GIVE_BACK_US: u64 = 2_000_000;
+/// what runs is finished) or that it ends now (`Stop::Abort`). An ask to the controller: a
+/// second or two on one busy with the preemption (2 s were too few on the test cluster), and a
+/// second look when the first came before the preemption. Well within Slurm's `KillWait`
+/// (30 s by default) when no word comes.
+pub const GIVE_BACK_US: u64 = 5_000_000;
 
 pub struct Machine {
     id: u32,

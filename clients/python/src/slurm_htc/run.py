@@ -226,7 +226,7 @@ def _wait_slurm_leader(job: str, pattern: str, timeout: float, say: Callable[[st
                 state = "ENDED"  # gone from the queue
             if state in ("PENDING", "CONFIGURING", "REQUEUED", "RESIZING", "SUSPENDED"):
                 running_since = None
-            elif state == "RUNNING":
+            elif state in ("RUNNING", "SIGNALING"):  # signalled: still running
                 running_since = running_since or now
             elif state:
                 raise HtcError(
