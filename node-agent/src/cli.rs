@@ -515,6 +515,19 @@ pub mod agent {
         /// ledger says.
         #[arg(long, value_name = "IDLE", value_parser = super::duration_ms, conflicts_with = "join_run")]
         pub open: Option<u64>,
+        /// Keep every node to the end (`--htc-keep-nodes`): without it, once all that is left
+        /// runs, nodes whose agents hold nothing are given back to Slurm (an open run's after
+        /// 30 s idle).
+        #[arg(long, value_name = "yes|no", num_args = 0..=1, default_missing_value = "yes", value_parser = super::yes_no)]
+        pub keep_nodes: Option<bool>,
+    }
+}
+
+fn yes_no(s: &str) -> Result<bool, String> {
+    match s {
+        "yes" => Ok(true),
+        "no" => Ok(false),
+        _ => Err(format!("'{s}' is neither yes nor no")),
     }
 }
 

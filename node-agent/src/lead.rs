@@ -161,6 +161,8 @@ pub fn lead_session(
         deadline_us: end_us.map(|e| e.saturating_sub(lifecycle::KILL_WAIT_US)),
         mem_policy: Default::default(),
         no_steal: false,
+        // Not after a hand-over: its agents may be another job's.
+        give_back_from: (a.keep_nodes != Some(true) && survivors.is_none()).then(|| slurm::var("SLURMD_NODENAME").ok()).flatten(),
         grow: a.grow.map(|spec| {
             let own_minutes = end_us.map_or(60, |e| e.saturating_sub(now_us()).div_ceil(60_000_000));
             let submit = Arc::new(submit::SbatchJoin { run: run.clone(), own_options: slurm::own_job_options() });

@@ -329,6 +329,32 @@ pub fn parse_grace(job_line: &str, part_line: &str, now_s: u64) -> Option<u64> {
     (left_us > 0 && grace_s * 1_000_000 <= GRACE_AT_MOST_US).then_some(left_us)
 }
 
+/// Shrinks job `job` to its nodes but `given` (`scontrol update JobId=… NodeList=…`, the job's
+/// own right): Slurm frees them at once for the jobs that wait. Its nodes are the job's node
+/// list as this process got it (`SLURM_JOB_NODELIST`), expanded by `scontrol show hostnames`.
+/// scontrol writes the job's new environment as `slurm_job_<id>_resize.{sh,csh}` into its
+/// working directory: it runs in `dir` (the run directory), and they are removed.
+pub fn shrink_job(job: &str, given: &[String], dir: &std::path::Path) -> anyhow::Result<()> {
+    let list = var("SLURM_JOB_NODELIST")?;
+    let out = Command::new("scontrol").args(["show", "hostnames", &list]).output().context("running scontrol")?;
+    anyhow::ensure!(out.status.success(), "scontrol show hostnames {list}: {}", String::from_utf8_lossy(&out.stderr).trim());
+    let nodes = String::from_utf8_lossy(&out.stdout).into_owned();
+    let keep: Vec<&str> = nodes.split_whitespace().filter(|n| !given.iter().any(|g| g == n)).collect();
+    anyhow::ensure!(!keep.is_empty(), "no node of {list} would be left");
+    let arg = format!("NodeList={}", keep.join(","));
+    let out = Command::new("scontrol")
+        .args(["update", &format!("JobId={job}"), &arg])
+        .current_dir(dir)
+        .output()
+        .context("running scontrol")?;
+    for ext in ["sh", "csh"] {
+        let _ = std::fs::remove_file(dir.join(format!("slurm_job_{job}_resize.{ext}")));
+    }
+    anyhow::ensure!(out.status.success(), "scontrol update JobId={job} {arg}: {}", String::from_utf8_lossy(&out.stderr).trim());
+    tracing::info!(job, %arg, "the job was shrunk");
+    Ok(())
+}
+
 /// Whether Slurm says job `job` is over (any state but pending, configuring, running or
 /// suspended; or gone from its memory). None when `squeue` cannot be asked.
 pub fn job_over(job: &str) -> Option<bool> {

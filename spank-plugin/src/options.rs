@@ -181,6 +181,16 @@ pub const OPTIONS: &[OptionDef] = &[
         site_default: None,
     },
     OptionDef {
+        name: c"htc-keep-nodes",
+        arginfo: c"yes|no",
+        usage: c"With --htc: keep every node of the job to its end. By default, once all the run has left is running, the nodes with nothing left to run go back to Slurm for the jobs that wait (an open run's after 30 s with nothing to do).",
+        kind: Kind::Switch,
+        role: Role::Setting(WithJoin::Refused("the run's own job decides what it gives back")),
+        job_control: "HTC_KEEP_NODES",
+        agent_flag: "--keep-nodes",
+        site_default: None,
+    },
+    OptionDef {
         name: c"htc-open",
         arginfo: c"IDLE",
         usage: c"An open run: it takes tasks while it runs (`htc task add`), with or without --htc=FILE, and ends on `htc close`, or after IDLE with nothing to do (--htc-open=IDLE, e.g. 2h; 0: never; default 30m), or at its time limit (continued by --htc-resubmit, still open).",
@@ -305,6 +315,7 @@ mod tests {
         ("htc-resume", "4711", ["--resume-run", "4711"], "../x", "'../x' is not a job id"),
         ("htc-resubmit", "2", ["--resubmit", "2"], "101", "'101' is not a whole number from 1 to 100"),
         ("htc-grow", "2:2:1-00:30", ["--grow", "2:2:1470"], "0", "'0' is not a number of jobs (1 to 1000)"),
+        ("htc-keep-nodes", "", ["--keep-nodes", "yes"], "always", "'always' is neither yes nor no"),
         ("htc-open", "2h", ["--open", "7200000ms"], "soon", "'soon' is not a duration like 90s, 30m, 2h (0: never)"),
         ("htc-join", "/home/u/.htc/9", ["--join-run", "/home/u/.htc/9"], "0", "'0' is not a job id"),
     ];

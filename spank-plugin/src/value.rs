@@ -30,6 +30,8 @@ pub enum Kind {
     /// How long an open run may have nothing to do before it ends ([`parse_idle`]); the value
     /// may be left out (`--htc-open`), for the default.
     Idle,
+    /// On or off: `--NAME` alone or `=yes` is on, `=no` off ([`parse_switch`]).
+    Switch,
 }
 
 /// A parsed option value.
@@ -44,6 +46,7 @@ pub enum Value {
     Run(JoinTarget),
     /// Milliseconds; 0: never.
     Idle(u64),
+    Switch(bool),
 }
 
 /// An open run's idle exit when `--htc-open` names none: as `htc run --open`'s, long enough
@@ -64,13 +67,14 @@ impl Kind {
             Kind::TaskFile => Ok(Value::Path(PathBuf::from(arg))),
             Kind::Run => parse_join(&text).map(Value::Run),
             Kind::Idle => parse_idle(&text).map(Value::Idle),
+            Kind::Switch => parse_switch(&text).map(Value::Switch),
         }
     }
 
     /// Whether the option may be given without a value (`--NAME` alone; `--NAME=VALUE` then
     /// for a value, as getopt reads optional values).
     pub fn value_optional(&self) -> bool {
-        matches!(self, Kind::Idle)
+        matches!(self, Kind::Idle | Kind::Switch)
     }
 }
 
@@ -86,7 +90,17 @@ impl Value {
             Value::Run(JoinTarget::Job(j)) => j.to_string().into(),
             Value::Run(JoinTarget::Dir(d)) => d.clone().into_os_string(),
             Value::Idle(ms) => format!("{ms}ms").into(),
+            Value::Switch(on) => if *on { "yes" } else { "no" }.into(),
         }
+    }
+}
+
+/// `yes` (or nothing: the option alone) or `no`.
+pub fn parse_switch(s: &str) -> Result<bool, String> {
+    match s.trim() {
+        "" | "yes" => Ok(true),
+        "no" => Ok(false),
+        _ => Err(format!("'{s}' is neither yes nor no")),
     }
 }
 
@@ -230,6 +244,12 @@ mod tests {
             assert_eq!(Kind::Idle.parse(&Value::Idle(ms).to_arg()), Ok(Value::Idle(ms)));
         }
         assert!(Kind::Idle.value_optional() && !Kind::TaskFile.value_optional());
+        assert_eq!(parse(Kind::Switch, ""), Ok(Value::Switch(true)));
+        assert_eq!(parse(Kind::Switch, " no"), Ok(Value::Switch(false)));
+        assert_eq!(parse(Kind::Switch, "on"), Err("'on' is neither yes nor no".into()));
+        for on in [true, false] {
+            assert_eq!(Kind::Switch.parse(&Value::Switch(on).to_arg()), Ok(Value::Switch(on)));
+        }
     }
 
     #[test]

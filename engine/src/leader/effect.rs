@@ -20,6 +20,10 @@ pub enum Effect {
     /// asks whether the job has a grace (a preemption's `GraceTime`) and says so
     /// (`Input::Grace`); it says nothing otherwise, and the signalled agents stop.
     Signalled,
+    /// Nodes of the run's own allocation whose agents all left with nothing left for them
+    /// (`core::give_back`): every one given back so far. Under Slurm the driver shrinks the job
+    /// to the others.
+    GiveBack { nodes: Vec<String> },
 }
 
 /// The core's effects of one or more inputs, in order.
@@ -32,6 +36,7 @@ pub trait Carrier {
     fn given_up(&mut self, agent: u32);
     fn added(&mut self, request: u64, answer: Result<Vec<u64>, String>);
     fn signalled(&mut self);
+    fn give_back(&mut self, nodes: Vec<String>);
 }
 
 impl Effect {
@@ -41,6 +46,7 @@ impl Effect {
             Effect::GivenUp(agent) => to.given_up(agent),
             Effect::Added { request, answer } => to.added(request, answer),
             Effect::Signalled => to.signalled(),
+            Effect::GiveBack { nodes } => to.give_back(nodes),
         }
     }
 

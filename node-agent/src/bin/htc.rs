@@ -254,6 +254,7 @@ fn run(a: RunArgs) -> anyhow::Result<i32> {
         deadline_us: time_limit.map(|s| rundir::now_us() + s * 1_000_000),
         mem_policy,
         no_steal,
+        give_back_from: None,
         grow: None,
         handover: None,
     };

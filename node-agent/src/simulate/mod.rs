@@ -297,6 +297,7 @@ fn sim_driver_config() -> DriverConfig {
         live_dir: None,
         given_up: None,
         signalled: None,
+        give_back: None,
         grow: None,
         durable: false,
     }
@@ -419,6 +420,8 @@ impl effect::Carrier for Downward<'_> {
     fn added(&mut self, _request: u64, _answer: Result<Vec<u64>, String>) {}
     // Nor signals.
     fn signalled(&mut self) {}
+    // Nor a Slurm job to shrink (its core gives no nodes back: `giving_back_nodes` is unset).
+    fn give_back(&mut self, _nodes: Vec<String>) {}
 }
 
 /// One agent's turn of effects, carried out in the virtual world as the node's agent driver

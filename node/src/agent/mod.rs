@@ -539,7 +539,9 @@ async fn join(me: &JoinAs, to: SocketAddr, secret: &[u8], how: Joining) -> anyho
     };
     frame::tune(&stream)?;
     auth::connect(&mut stream, secret).await.with_context(|| format!("authenticating with {to}"))?;
-    let hostname = htc_store::host::hostname();
+    // Under Slurm the node's name as Slurm knows it: what squeue shows, and what the leader
+    // names when it gives the node back (`scontrol update … NodeList=`).
+    let hostname = std::env::var("SLURMD_NODENAME").ok().filter(|n| !n.is_empty()).unwrap_or_else(htc_store::host::hostname);
     let hello = proto::Hello {
         agent_id: me.agent,
         cores: me.slots as u32,

@@ -53,6 +53,7 @@ pub struct Net {
     links: HashMap<u32, UnboundedSender<Vec<u8>>>,
     given_up: Option<Box<dyn Fn(u32) + Send>>,
     signalled: Option<Box<dyn Fn() + Send>>,
+    give_back: Option<Box<dyn Fn(Vec<String>) + Send>>,
     replies: HashMap<u64, tokio::sync::oneshot::Sender<Answer>>,
     next_request: u64,
     /// Status requests being answered, a slice per turn of the loop.
@@ -81,6 +82,7 @@ struct Turn<'a> {
     by_agent: HashMap<u32, Vec<u8>>,
     given_up: &'a Option<Box<dyn Fn(u32) + Send>>,
     signalled: &'a Option<Box<dyn Fn() + Send>>,
+    give_back: &'a Option<Box<dyn Fn(Vec<String>) + Send>>,
     replies: &'a mut HashMap<u64, tokio::sync::oneshot::Sender<Answer>>,
 }
 
@@ -97,6 +99,11 @@ impl Carrier for Turn<'_> {
     fn signalled(&mut self) {
         if let Some(f) = self.signalled {
             f();
+        }
+    }
+    fn give_back(&mut self, nodes: Vec<String>) {
+        if let Some(f) = self.give_back {
+            f(nodes);
         }
     }
     // A client gone before its answer (killed mid-request) finds its tasks added: what was
@@ -118,6 +125,7 @@ impl World for Net {
             by_agent: HashMap::new(),
             given_up: &self.given_up,
             signalled: &self.signalled,
+            give_back: &self.give_back,
             replies: &mut self.replies,
         };
         out.drain(..).for_each(|e| e.carry_out(&mut turn));
@@ -142,6 +150,7 @@ pub fn run(
         links: HashMap::new(),
         given_up: cfg.given_up.take(),
         signalled: cfg.signalled.take(),
+        give_back: cfg.give_back.take(),
         replies: HashMap::new(),
         next_request: 0,
         statuses: Default::default(),
@@ -482,6 +491,7 @@ mod tests {
             live_dir: None,
             given_up: None,
             signalled: None,
+            give_back: None,
             grow: None,
             durable: true,
         };

@@ -61,6 +61,10 @@ pub struct LeaderConfig {
     pub mem_policy: htc_core::backfill::Policy,
     /// No instance takes from another's share (`--no-steal`, for measurements).
     pub no_steal: bool,
+    /// Under Slurm, the leader's node name (`SLURMD_NODENAME`), when the run gives back the
+    /// nodes of its own allocation that nothing is left for (`core::give_back`); `None`: it
+    /// keeps them to the end.
+    pub give_back_from: Option<String>,
     /// A run that grows itself (`--htc-grow`): its policy and how it submits.
     pub grow: Option<grow::Growing>,
     /// This session took the run over with agents that kept their tasks (`Core::expecting_handover`).
@@ -140,6 +144,7 @@ pub fn run(
         live_dir: Some(cfg.run.path.clone()),
         given_up: Some(Box::new(move |agent| evict.give_up(agent))),
         signalled: std::env::var("SLURM_JOB_ID").ok().map(|job| ask_grace(job, tx.clone())),
+        give_back: cfg.give_back_from.as_ref().map(|_| shrink_job(cfg.job_id.clone(), cfg.run.path.clone())),
         grow: cfg.grow.map(|mut g| {
             let tx = tx.clone();
             g.answer_to(move |a| {
@@ -185,6 +190,9 @@ fn configured_core(ledger: &Ledger, cfg: &LeaderConfig, expected: usize) -> anyh
         .with_memory_policy(cfg.mem_policy);
     if cfg.no_steal {
         core = core.without_stealing();
+    }
+    if let Some(node) = &cfg.give_back_from {
+        core = core.giving_back_nodes(node.clone());
     }
     if let Some(n) = cfg.max_fails {
         core = core.with_max_fails(n);
@@ -259,6 +267,26 @@ fn ask_grace(job: String, tx: mpsc::Sender<Event>) -> Box<dyn Fn() + Send> {
                 let _ = tx.send(Event::Core(self::core::Input::Grace { signal: libc::SIGTERM, grace_us }));
             }
         });
+    })
+}
+
+/// Nodes the core gave back: the job is shrunk to the others, in a thread of its own (a
+/// controller RPC or two, never in the core's loop), one shrink after another.
+fn shrink_job(job: String, run_dir: std::path::PathBuf) -> Box<dyn Fn(Vec<String>) + Send> {
+    let (tx, rx) = mpsc::channel::<Vec<String>>();
+    std::thread::spawn(move || {
+        while let Ok(mut nodes) = rx.recv() {
+            // Only the latest word counts: it names every node given back so far.
+            while let Ok(more) = rx.try_recv() {
+                nodes = more;
+            }
+            if let Err(e) = crate::slurm::shrink_job(&job, &nodes, &run_dir) {
+                tracing::warn!(job = %job, nodes = ?nodes, "could not give nodes back to Slurm: {e:#}");
+            }
+        }
+    });
+    Box::new(move |nodes| {
+        let _ = tx.send(nodes);
     })
 }
 

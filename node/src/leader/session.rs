@@ -44,6 +44,9 @@ pub struct DriverConfig {
     /// Told when an agent was first signalled (`Effect::Signalled`): under Slurm, asks whether
     /// the job has a grace and feeds the answer back (`Input::Grace`).
     pub signalled: Option<Box<dyn Fn() + Send>>,
+    /// Told of the nodes the core gives back (`Effect::GiveBack`): under Slurm, shrinks the job
+    /// to the others.
+    pub give_back: Option<Box<dyn Fn(Vec<String>) + Send>>,
     /// A run that grows itself (`--htc-grow`).
     pub grow: Option<super::grow::Growing>,
     /// The ledger is synced to disk every `SYNC_EVERY` and at the end; not in a simulation,

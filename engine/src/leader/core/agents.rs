@@ -28,7 +28,7 @@ impl Core<'_> {
     ) -> Result<(), E> {
         let Some(a) = self.agents.get_mut(&agent).filter(|a| a.alive) else { return Ok(()) };
         a.alive = false;
-        let leaving = self.allocation_of(agent).is_some_and(|i| self.allocations[i].stage != Stage::Running);
+        let leaving = self.leaving(agent);
         let a = self.agents.get_mut(&agent).expect("checked above");
         if self.told_to_hold || a.drained || leaving {
             tracing::info!(job = %self.job_id, agent, host = %a.hostname, "agent left, as told");
@@ -46,6 +46,7 @@ impl Core<'_> {
             self.push_retry(id);
         }
         self.fail_unfit_waiting(t)?;
+        self.left_with_node(agent, out);
         self.dispatch_all(t, out)
     }
 

@@ -90,9 +90,10 @@ impl Core<'_> {
         std::iter::once(self.deadline_us).chain(joined).try_fold(0, |m, e| e.map(|e| m.max(e)))
     }
 
-    /// Whether `agent` was told to leave with its allocation.
+    /// Whether `agent` was told to leave with its allocation, or with its node (`give_back`).
     pub(super) fn leaving(&self, agent: u32) -> bool {
-        self.allocation_of(agent).is_some_and(|i| self.allocations[i].stage != Stage::Running)
+        self.give_back.leaving(agent)
+            || self.allocation_of(agent).is_some_and(|i| self.allocations[i].stage != Stage::Running)
     }
 
     /// Allocations whose end has come are told to leave: each of their live agents starts

@@ -91,6 +91,16 @@ impl Flights {
         }
     }
 
+    /// How many tasks all agents hold.
+    pub(super) fn held_total(&self) -> u64 {
+        self.per_agent.values().map(|&(n, _)| n).sum()
+    }
+
+    /// How many attempts in flight their agents said they started.
+    pub(super) fn running(&self) -> usize {
+        self.starts.len()
+    }
+
     /// How many tasks an agent holds (sent to it and not finished, in transit included).
     pub(super) fn held(&self, agent: u32) -> u64 {
         self.per_agent.get(&agent).map_or(0, |&(n, _)| n)

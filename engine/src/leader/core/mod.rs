@@ -46,6 +46,7 @@ pub mod deps;
 mod dispatch;
 mod figures;
 mod flights;
+mod give_back;
 mod handover;
 pub mod open;
 mod preempt;
@@ -351,6 +352,8 @@ pub struct Core<'a> {
     /// Those of them from other allocations than this leader's own, each an instance of its own
     /// until their launcher attaches again (`keep_ids`).
     strays: IdSet<u32>,
+    /// Nodes of the run's own allocation given back at its tail (`give_back`).
+    give_back: give_back::GiveBack,
 }
 
 /// How an attempt ended, as reported (or decided, for a lost agent).
@@ -410,6 +413,7 @@ impl<'a> Core<'a> {
             awaiting: Vec::new(),
             adoptees: IdSet::default(),
             strays: IdSet::default(),
+            give_back: Default::default(),
         }
     }
 
@@ -655,6 +659,7 @@ impl<'a> Core<'a> {
         self.preempt_for_waiting(t, out)?;
         self.leave_due(t, out)?;
         self.settle(t, out)?;
+        self.give_back_idle(out);
         let every = self.live.beat_every_us(self.reporters());
         for (&agent, a) in self.agents.iter_mut().filter(|(_, a)| a.alive) {
             if now_us.saturating_sub(a.told_us) >= every {

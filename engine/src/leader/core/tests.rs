@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 
 mod adds;
 mod deps;
+mod give_back;
 
 /// Task records in memory; the command of task N is "task N".
 #[derive(Default)]
@@ -138,7 +139,7 @@ fn feed_at(c: &mut Core<'_>, m: &mut Mem, t0: u64, events: Vec<Input>) -> (Effec
 fn sent(out: &Effects) -> impl Iterator<Item = (u32, &ToAgent)> {
     out.iter().filter_map(|e| match e {
         Effect::ToAgent(a, m) => Some((*a, m)),
-        Effect::GivenUp(_) | Effect::Added { .. } | Effect::Signalled => None,
+        Effect::GivenUp(_) | Effect::Added { .. } | Effect::Signalled | Effect::GiveBack { .. } => None,
     })
 }
 

@@ -1,0 +1,121 @@
+//! Nodes given back: once everything the run has left runs (nothing waits to be handed out,
+//! nothing sits queued behind a busy slot), the nodes of the leader's own allocation whose
+//! agents hold nothing can never get work again but a failed task's retry, which the nodes that
+//! stay take. Their agents are told to leave (`Stop::Hold`: an empty agent just goes), and when
+//! every agent of a node has gone, the node goes back to Slurm (`Effect::GiveBack`: the driver
+//! shrinks the job, `scontrol update JobId=… NodeList=…`), so that a run's uneven tail holds one
+//! node, not all of them, and jobs queued behind it start. An open run that is not closed may
+//! get tasks at any time: its node goes only after standing idle `OPEN_IDLE_US`.
+//!
+//! Never the leader's node (the batch step runs there), nor a joined allocation's (those leave
+//! with their own job), nor an agent that relays for others or heads an instance of several.
+
+use super::*;
+
+/// How long a node of an open run (one that takes tasks) stands idle before it is given back.
+pub const OPEN_IDLE_US: u64 = 30_000_000;
+
+/// The give-back's state: off unless the driver says where the leader runs.
+#[derive(Debug, Default)]
+pub(super) struct GiveBack {
+    /// The leader's node; `None`: nodes are not given back (a local run, `--htc-keep-nodes`).
+    leader_node: Option<String>,
+    /// Agents told to leave with their node.
+    leaving: IdSet<u32>,
+    /// Nodes told to leave, and those given back, in the order they went.
+    told: Vec<String>,
+    given: Vec<String>,
+    /// Since when each node of an open run has held nothing.
+    idle_since: HashMap<String, u64>,
+}
+
+impl GiveBack {
+    pub(super) fn leaving(&self, agent: u32) -> bool {
+        self.leaving.contains(&agent)
+    }
+}
+
+impl Core<'_> {
+    /// Gives back the nodes of the leader's own allocation that hold nothing once the run has
+    /// nothing waiting (`give_back`): never the leader's own node (`leader_node`, as its
+    /// agents name it).
+    pub fn giving_back_nodes(mut self, leader_node: String) -> Self {
+        self.give_back.leader_node = Some(leader_node);
+        self
+    }
+
+    /// The nodes given back so far.
+    pub fn nodes_given_back(&self) -> &[String] {
+        &self.give_back.given
+    }
+
+    /// Whether everything the run has left is running: nothing to hand out, nothing queued.
+    fn all_left_runs(&self) -> bool {
+        let held = self.in_flight.held_total();
+        held == self.counts.unfinished() && self.in_flight.running() as u64 >= held
+    }
+
+    /// Tells the agents of each node with nothing left for it to leave (see the module).
+    pub(super) fn give_back_idle(&mut self, out: &mut Effects) {
+        let Some(leader_node) = self.give_back.leader_node.clone() else { return };
+        if self.told_to_hold || self.grace.is_some() || self.settling() || self.counts.unfinished() == 0 {
+            return;
+        }
+        if !self.all_left_runs() {
+            self.give_back.idle_since.clear();
+            return;
+        }
+        let mut nodes: HashMap<&str, bool> = HashMap::new();
+        for (&id, a) in self.agents.iter().filter(|(_, a)| a.alive) {
+            let empty = self.allocation_of(id).is_none()
+                && !self.give_back.leaving(id)
+                && self.in_flight.held(id) == 0
+                && self.stands_alone(id);
+            *nodes.entry(a.hostname.as_str()).or_insert(true) &= empty;
+        }
+        let mut idle: Vec<String> = nodes
+            .into_iter()
+            .filter(|&(node, empty)| empty && node != leader_node && !self.give_back.told.iter().any(|t| t == node))
+            .map(|(node, _)| node.to_string())
+            .collect();
+        idle.sort();
+        if self.is_open() {
+            let now = self.now_us;
+            let since = &mut self.give_back.idle_since;
+            since.retain(|n, _| idle.contains(n));
+            idle.retain(|n| now.saturating_sub(*since.entry(n.clone()).or_insert(now)) >= OPEN_IDLE_US);
+        }
+        for node in idle {
+            let agents: Vec<u32> =
+                self.agents.iter().filter(|(_, a)| a.alive && a.hostname == node).map(|(&id, _)| id).collect();
+            tracing::info!(job = %self.job_id, %node, agents = agents.len(), "nothing is left for a node: it goes back to Slurm");
+            for agent in agents {
+                self.give_back.leaving.insert(agent);
+                out.push(Effect::stop(agent, Stop::Hold, format!("nothing is left for node {node}: it goes back to Slurm")));
+            }
+            self.give_back.told.push(node);
+        }
+    }
+
+    /// Whether `agent` has no one below it: no live agent it relays for, no instance members.
+    fn stands_alone(&self, agent: u32) -> bool {
+        let Some(tree) = &self.layout else { return true };
+        tree.instance_len(agent) <= 1
+            && tree.children(Some(agent)).all(|c| !self.agents.get(&c).is_some_and(|a| a.alive))
+    }
+
+    /// An agent told to leave with its node went: when it was the node's last, the node goes
+    /// back (`Effect::GiveBack`, with every node given back so far).
+    pub(super) fn left_with_node(&mut self, agent: u32, out: &mut Effects) {
+        if !self.give_back.leaving(agent) {
+            return;
+        }
+        let node = self.agents[&agent].hostname.clone();
+        if self.agents.values().any(|a| a.alive && a.hostname == node) || self.give_back.given.contains(&node) {
+            return;
+        }
+        tracing::warn!(job = %self.job_id, %node, "node given back to Slurm: nothing was left for it");
+        self.give_back.given.push(node);
+        out.push(Effect::GiveBack { nodes: self.give_back.given.clone() });
+    }
+}
