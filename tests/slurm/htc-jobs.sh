@@ -240,6 +240,42 @@ unhinted_long_tasks_move() {
     echo "   htc status: $elapsed s; long tasks per node: $nodes"
 }
 
+# Nodes given back: one `sleep 16` and 24 x `sleep 1` on 4 nodes x 2 cores. The short ones are
+# done in 3-4 s; from then on the long one is all that is left, and the nodes with nothing left go
+# back to Slurm (a second after they stood idle): the run's job shrinks, and a plain job queued
+# behind it starts on them long before the run ends. Every task still runs once, no agent is
+# lost, and `htc status` shows the run complete.
+nodes_given_back() {
+    local w j p state given run_end plain_start left
+    w=$(cluster_workdir giveback)
+    {
+        echo 'sleep 16; echo "$HTC_TASK_ID $SLURMD_NODENAME" >> ids.txt'
+        for _ in $(seq 24); do echo 'sleep 1; echo "$HTC_TASK_ID $SLURMD_NODENAME" >> ids.txt'; done
+    } >"$w/tasks.txt"
+    chown -R "$HTC_CLUSTER_USER" "$w"
+    j=$(submit "$w" -N 4 --exclusive --htc=tasks.txt --wrap=:) || { bad "give back: submit"; return; }
+    wait_leader "$w" "$j" || { bad "give back: the leader of job $j did not start"; return; }
+    p=$(submit "$w" -N 2 --wrap='sleep 1') || { bad "give back: the plain job: submit"; return; }
+    state=$(wait_job "$j" 120)
+    check "give back: job $j COMPLETED (was $state)" test "$state" = COMPLETED
+    check "give back: every task ran once" each_once "$w/ids.txt" 25
+    given=$(grep -c 'node given back to Slurm' "$w/slurm-$j.out")
+    check "give back: the nodes with nothing left went back to Slurm ($given)" test "$given" -ge 2
+    check "give back: no agent was lost" bash -c "! grep -qE 'agent lost|could not give' '$w/slurm-$j.out'"
+    left=$(_htc_field "$(_htc_job_record "$j")" NumNodes)
+    check "give back: the job ended on the nodes it kept ($left of 4)" test "$left" -le 2
+    state=$(wait_job "$p" 60)
+    check "give back: the plain job $p queued behind it COMPLETED (was $state)" test "$state" = COMPLETED
+    run_end=$(date -d "$(_htc_field "$(_htc_job_record "$j")" EndTime)" +%s)
+    plain_start=$(date -d "$(_htc_field "$(_htc_job_record "$p")" StartTime)" +%s)
+    check "give back: the plain job started $((run_end - plain_start)) s before the run ended (>= 8)" \
+        test $((run_end - plain_start)) -ge 8
+    as_user -C "$w" "$bin/htc" status "$j" >"$w/status.txt" 2>&1
+    check "give back: htc status shows the run complete" grep -q "finished, all tasks succeeded" "$w/status.txt"
+    ls "$w"/slurm_job_* >/dev/null 2>&1 && bad "give back: scontrol's resize scripts were left in the run's directory"
+    [[ $failed == 0 ]] || tail -n 20 "$w/slurm-$j.out"
+}
+
 # Issue 24, D7: under Slurm too, a process a task starts outside its process group (`setsid`,
 # as a daemon does) ends with its task, while the job goes on; HTC_KEEP_DAEMONS=1 keeps it until
 # the agents end. Task 2 looks for task 1's daemon after task 1 has ended.
@@ -644,6 +680,7 @@ if [[ -n $HTC_CLUSTER_ROOT ]]; then
     INSTANCE_NODES=2 timed run_many 4 3000 --htc-instance-nodes=2 --export=ALL,HTC_LOG=info
     timed joined_job
     timed grown_run
+    timed nodes_given_back
     timed open_run
     timed python_client
     timed snakemake_on_cluster
@@ -679,6 +716,7 @@ INSTANCE_NODES=2 timed run_many 4 3000 --htc-instance-nodes=2 --export=ALL,HTC_L
 timed controller_cost
 timed long_tasks_spread
 timed unhinted_long_tasks_move
+timed nodes_given_back
 timed daemons_end_with_their_task
 timed watched_job
 timed memory_job

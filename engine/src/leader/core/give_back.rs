@@ -5,7 +5,9 @@
 //! every agent of a node has gone, the node goes back to Slurm (`Effect::GiveBack`: the driver
 //! shrinks the job, `scontrol update JobId=… NodeList=…`), so that a run's uneven tail holds one
 //! node, not all of them, and jobs queued behind it start. An open run that is not closed may
-//! get tasks at any time: its node goes only after standing idle `OPEN_IDLE_US`.
+//! get tasks at any time: its node goes only after standing idle `OPEN_IDLE_US`; another's after
+//! `IDLE_US`, so that a run of short tasks, whose tail is over in a moment, costs the
+//! controller nothing more.
 //!
 //! Never the leader's node (the batch step runs there), nor a joined allocation's (those leave
 //! with their own job), nor an agent that relays for others or heads an instance of several.
@@ -14,6 +16,9 @@ use super::*;
 
 /// How long a node of an open run (one that takes tasks) stands idle before it is given back.
 pub const OPEN_IDLE_US: u64 = 30_000_000;
+
+/// How long a node of any other run stands idle before it is given back.
+pub const IDLE_US: u64 = 1_000_000;
 
 /// The give-back's state: off unless the driver says where the leader runs.
 #[derive(Debug, Default)]
@@ -25,7 +30,7 @@ pub(super) struct GiveBack {
     /// Nodes told to leave, and those given back, in the order they went.
     told: Vec<String>,
     given: Vec<String>,
-    /// Since when each node of an open run has held nothing.
+    /// Since when each node has held nothing, all that is left running.
     idle_since: HashMap<String, u64>,
 }
 
@@ -79,12 +84,11 @@ impl Core<'_> {
             .map(|(node, _)| node.to_string())
             .collect();
         idle.sort();
-        if self.is_open() {
-            let now = self.now_us;
-            let since = &mut self.give_back.idle_since;
-            since.retain(|n, _| idle.contains(n));
-            idle.retain(|n| now.saturating_sub(*since.entry(n.clone()).or_insert(now)) >= OPEN_IDLE_US);
-        }
+        let wait = if self.is_open() { OPEN_IDLE_US } else { IDLE_US };
+        let now = self.now_us;
+        let since = &mut self.give_back.idle_since;
+        since.retain(|n, _| idle.contains(n));
+        idle.retain(|n| now.saturating_sub(*since.entry(n.clone()).or_insert(now)) >= wait);
         for node in idle {
             let agents: Vec<u32> =
                 self.agents.iter().filter(|(_, a)| a.alive && a.hostname == node).map(|(&id, _)| id).collect();

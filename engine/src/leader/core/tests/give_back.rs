@@ -1,7 +1,7 @@
 //! Nodes given back at the run's tail (`core::give_back`).
 
 use super::*;
-use crate::leader::core::give_back::OPEN_IDLE_US;
+use crate::leader::core::give_back::{IDLE_US, OPEN_IDLE_US};
 
 fn started(agent: u32, seq: u64, ids: &[u64]) -> Input {
     let started = ids.iter().map(|&id| msg::Started { id, attempt: 1, start_us: 1 }).collect();
@@ -34,17 +34,20 @@ fn an_idle_node_goes_back_once_all_that_is_left_runs() {
     let mut m = Mem::with(3, 0, 1);
     let (mut c, on) = three_running(&mut m);
     let (out, _) = feed_at(&mut c, &mut m, 3_000, vec![result(2, 1, on[&2], 1, 0), Input::Tick]);
+    assert!(stopped(&out).is_empty(), "not before it stood idle for IDLE_US: {out:?}");
+    let (out, _) = feed_at(&mut c, &mut m, 3_001 + IDLE_US, vec![Input::Tick]);
     assert!(told(&out, 2, Stop::Hold), "{out:?}");
     assert!(!stopped(&out).contains(&1) && !stopped(&out).contains(&0), "{out:?}");
     assert_eq!(given_back(&out), None, "not before its agent has gone");
-    let (out, end) = feed_at(&mut c, &mut m, 4_000, vec![Input::Lost { agent: 2, why: "connection closed".into() }]);
+    let (out, end) = feed_at(&mut c, &mut m, 4_000 + IDLE_US, vec![Input::Lost { agent: 2, why: "connection closed".into() }]);
     assert_eq!(given_back(&out), Some(vec!["node2".to_string()]));
     assert_eq!(end, None);
     assert_eq!(c.turnout.last_loss(), None, "its going is not a loss");
     // The leader's node holds nothing now either: it stays; node1 goes when it is done.
-    let (out, _) = feed_at(&mut c, &mut m, 5_000, vec![result(0, 1, on[&0], 1, 0), Input::Tick]);
-    assert!(stopped(&out).is_empty(), "{out:?}");
-    let (out, _) = feed_at(&mut c, &mut m, 6_000, vec![result(1, 1, on[&1], 1, 0), Input::Tick]);
+    let (out, _) = feed_at(&mut c, &mut m, 5_000 + IDLE_US, vec![result(0, 1, on[&0], 1, 0), Input::Tick]);
+    let (out2, _) = feed_at(&mut c, &mut m, 6_000 + 3 * IDLE_US, vec![Input::Tick]);
+    assert!(stopped(&out).is_empty() && stopped(&out2).is_empty(), "{out:?} {out2:?}");
+    let (out, _) = feed_at(&mut c, &mut m, 7_000 + 3 * IDLE_US, vec![result(1, 1, on[&1], 1, 0), Input::Tick]);
     assert_eq!(c.ending(), Some(Ending::Complete), "{out:?}");
     assert_eq!(c.nodes_given_back(), ["node2"]);
 }
@@ -56,13 +59,15 @@ fn nothing_goes_back_while_a_task_waits() {
     let mut m = Mem::with(4, 0, 1);
     let (mut c, on) = three_running(&mut m);
     let (out, _) = feed_at(&mut c, &mut m, 3_000, vec![result(2, 1, on[&2], 1, 0), Input::Tick]);
-    assert!(stopped(&out).is_empty(), "task 4 is not handed out yet: {out:?}");
+    let (out2, _) = feed_at(&mut c, &mut m, 3_001 + IDLE_US, vec![Input::Tick]);
+    assert!(stopped(&out).is_empty() && stopped(&out2).is_empty(), "task 4 is not handed out yet: {out:?} {out2:?}");
     // Now every task is out: the one handed to agent 2 queued, not started.
     let (out, _) = feed_at(&mut c, &mut m, 3_500, vec![want(2, 1)]);
     assert_eq!(dispatched(&out).len(), 1, "the last task goes to the idle agent: {out:?}");
-    let (out, _) = feed_at(&mut c, &mut m, 4_000, vec![Input::Tick]);
+    let (out, _) = feed_at(&mut c, &mut m, 4_000 + IDLE_US, vec![Input::Tick]);
     assert!(stopped(&out).is_empty(), "it is queued there, not started: {out:?}");
-    let (out, _) = feed_at(&mut c, &mut m, 4_500, vec![result(1, 1, on[&1], 1, 0), Input::Tick]);
+    let (out, _) = feed_at(&mut c, &mut m, 4_500 + IDLE_US, vec![result(1, 1, on[&1], 1, 0), Input::Tick]);
+    feed_at(&mut c, &mut m, 5_000 + 3 * IDLE_US, vec![Input::Tick]);
     assert!(stopped(&out).is_empty(), "agent 2's task has not started: {out:?}");
 }
 
@@ -75,7 +80,8 @@ fn a_run_that_keeps_its_nodes_gives_none_back() {
     let on: BTreeMap<u32, u64> = dispatched(&out).into_iter().map(|(a, t)| (a, t[0].0)).collect();
     feed_at(&mut c, &mut m, 2_000, on.iter().map(|(&a, &id)| started(a, 0, &[id])).collect());
     let (out, _) = feed_at(&mut c, &mut m, 3_000, vec![result(2, 1, on[&2], 1, 0), Input::Tick]);
-    assert!(stopped(&out).is_empty(), "{out:?}");
+    let (out2, _) = feed_at(&mut c, &mut m, 4_000 + 2 * OPEN_IDLE_US, vec![Input::Tick]);
+    assert!(stopped(&out).is_empty() && stopped(&out2).is_empty(), "{out:?} {out2:?}");
 }
 
 /// An open run that takes tasks gives an idle node back only after `OPEN_IDLE_US`: the next
