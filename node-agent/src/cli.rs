@@ -515,9 +515,9 @@ pub mod agent {
         /// ledger says.
         #[arg(long, value_name = "IDLE", value_parser = super::duration_ms, conflicts_with = "join_run")]
         pub open: Option<u64>,
-        /// Keep every node to the end (`--htc-keep-nodes`): without it, once all that is left
-        /// runs, nodes whose agents hold nothing are given back to Slurm (an open run's after
-        /// 30 s idle).
+        /// Keep every node to the end (`--htc-keep-nodes`), or (`no`) give back, once all that
+        /// is left runs, the nodes whose agents hold nothing (an open run's after 30 s idle).
+        /// Without it: given back on Slurm 24.11 and later (`slurm::GIVES_BACK_FROM`).
         #[arg(long, value_name = "yes|no", num_args = 0..=1, default_missing_value = "yes", value_parser = super::yes_no)]
         pub keep_nodes: Option<bool>,
     }

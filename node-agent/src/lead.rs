@@ -107,6 +107,17 @@ pub fn session_end_us(run: &RunDir) -> u64 {
     ledger.and_then(|l| l.read().ok()?.meta_u64("session_end_us").ok()?).unwrap_or_else(now_us)
 }
 
+/// Whether the run gives back the nodes nothing is left for (`--htc-keep-nodes`): by default
+/// on the Slurm releases where that is known to free them at once (`slurm::GIVES_BACK_FROM`);
+/// never after a hand-over, whose agents may be another job's.
+fn gives_back(keep_nodes: Option<bool>, handed_over: bool) -> bool {
+    let gives = match keep_nodes {
+        Some(keep) => !keep,
+        None => slurm::release().is_some_and(|r| r >= slurm::GIVES_BACK_FROM),
+    };
+    gives && !handed_over
+}
+
 /// Leads a session of `run` with this job's nodes, holding the run's lock: one srun step of
 /// agents (or, after a hand-over, the agents this job already runs, with their tasks), the
 /// leader until the run ends or this job does.
@@ -161,8 +172,7 @@ pub fn lead_session(
         deadline_us: end_us.map(|e| e.saturating_sub(lifecycle::KILL_WAIT_US)),
         mem_policy: Default::default(),
         no_steal: false,
-        // Not after a hand-over: its agents may be another job's.
-        give_back_from: (a.keep_nodes != Some(true) && survivors.is_none()).then(|| slurm::var("SLURMD_NODENAME").ok()).flatten(),
+        give_back_from: gives_back(a.keep_nodes, survivors.is_some()).then(|| slurm::var("SLURMD_NODENAME").ok()).flatten(),
         grow: a.grow.map(|spec| {
             let own_minutes = end_us.map_or(60, |e| e.saturating_sub(now_us()).div_ceil(60_000_000));
             let submit = Arc::new(submit::SbatchJoin { run: run.clone(), own_options: slurm::own_job_options() });

@@ -183,7 +183,7 @@ pub const OPTIONS: &[OptionDef] = &[
     OptionDef {
         name: c"htc-keep-nodes",
         arginfo: c"yes|no",
-        usage: c"With --htc: keep every node of the job to its end. By default, once all the run has left is running, the nodes with nothing left to run go back to Slurm for the jobs that wait (an open run's after 30 s with nothing to do).",
+        usage: c"With --htc: keep every node of the job to its end (=no: give them back, also before Slurm 24.11, where the default keeps them). By default, once all the run has left is running, the nodes with nothing left to run go back to Slurm for the jobs that wait (an open run's after 30 s with nothing to do).",
         kind: Kind::Switch,
         role: Role::Setting(WithJoin::Refused("the run's own job decides what it gives back")),
         job_control: "HTC_KEEP_NODES",

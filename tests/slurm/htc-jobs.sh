@@ -240,36 +240,56 @@ unhinted_long_tasks_move() {
     echo "   htc status: $elapsed s; long tasks per node: $nodes"
 }
 
-# Nodes given back: one `sleep 16` and 24 x `sleep 1` on 4 nodes x 2 cores. The short ones are
+# Nodes given back: one `sleep 20` and 24 x `sleep 1` on 4 nodes x 2 cores. The short ones are
 # done in 3-4 s; from then on the long one is all that is left, and the nodes with nothing left go
-# back to Slurm (a second after they stood idle): the run's job shrinks, and a plain job queued
-# behind it starts on them long before the run ends. Every task still runs once, no agent is
-# lost, and `htc status` shows the run complete.
+# back to Slurm (a second after they stood idle): the run's job shrinks and Slurm has them idle
+# while the run still runs; a plain job queued behind it starts on them at the scheduler's next
+# pass. Every task still runs once, no agent is
+# lost, and `htc status` shows the run complete. On a release older than slurm::GIVES_BACK_FROM
+# (22.05: its scheduler then started no pending job for minutes) the run keeps its nodes.
 nodes_given_back() {
-    local w j p state given run_end plain_start left
+    local w j p state given run_end plain_start left gives=yes
+    [[ $(printf '%s\n' "$HTC_CLUSTER_RELEASE" 24.11 | sort -V | head -n 1) == 24.11 ]] || gives=
     w=$(cluster_workdir giveback)
     {
-        echo 'sleep 16; echo "$HTC_TASK_ID $SLURMD_NODENAME" >> ids.txt'
+        echo 'sleep 20; echo "$HTC_TASK_ID $SLURMD_NODENAME" >> ids.txt'
         for _ in $(seq 24); do echo 'sleep 1; echo "$HTC_TASK_ID $SLURMD_NODENAME" >> ids.txt'; done
     } >"$w/tasks.txt"
     chown -R "$HTC_CLUSTER_USER" "$w"
     j=$(submit "$w" -N 4 --exclusive --htc=tasks.txt --wrap=:) || { bad "give back: submit"; return; }
     wait_leader "$w" "$j" || { bad "give back: the leader of job $j did not start"; return; }
     p=$(submit "$w" -N 2 --wrap='sleep 1') || { bad "give back: the plain job: submit"; return; }
+    # While the run still runs: the nodes it gave back are Slurm's to hand out (idle, or taken
+    # by the plain job), none drained or down.
+    local i free=''
+    for ((i = 0; i < 150; i++)); do
+        [[ -n $gives && $(_htc_field "$(_htc_job_record "$j")" NumNodes) -le 2 ]] || { sleep 0.1; continue; }
+        left=$(cluster_cmd scontrol show hostnames "$(_htc_field "$(_htc_job_record "$j")" NodeList)")
+        free=$(cluster_cmd sinfo -h -N -o '%N %T' | sort -u | grep -vw "$left" | awk '$2 ~ /^(idle|planned|allocated|mixed)$/ { print $1 }' | xargs)
+        [[ $(job_state "$j") == RUNNING ]] || free=''
+        break
+    done
     state=$(wait_job "$j" 120)
     check "give back: job $j COMPLETED (was $state)" test "$state" = COMPLETED
     check "give back: every task ran once" each_once "$w/ids.txt" 25
     given=$(grep -c 'node given back to Slurm' "$w/slurm-$j.out")
+    left=$(_htc_field "$(_htc_job_record "$j")" NumNodes)
+    if [[ -z $gives ]]; then
+        check "give back: Slurm $HTC_CLUSTER_RELEASE: the run kept its nodes ($left of 4, $given given back)" test "$left" = 4 -a "$given" = 0
+        wait_job "$p" 60 >/dev/null
+        return
+    fi
     check "give back: the nodes with nothing left went back to Slurm ($given)" test "$given" -ge 2
     check "give back: no agent was lost" bash -c "! grep -qE 'agent lost|could not give' '$w/slurm-$j.out'"
-    left=$(_htc_field "$(_htc_job_record "$j")" NumNodes)
     check "give back: the job ended on the nodes it kept ($left of 4)" test "$left" -le 2
     state=$(wait_job "$p" 60)
+    check "give back: while the run ran, Slurm had the nodes it gave back to hand out (${free:-none})" test "$(wc -w <<<"$free")" -ge 2
     check "give back: the plain job $p queued behind it COMPLETED (was $state)" test "$state" = COMPLETED
+    # Slurm starts it at its scheduler's next pass (a shrink starts none): the backfill's
+    # (bf_interval, 30 s by default) may come after this run's end. A measurement, not a check.
     run_end=$(date -d "$(_htc_field "$(_htc_job_record "$j")" EndTime)" +%s)
     plain_start=$(date -d "$(_htc_field "$(_htc_job_record "$p")" StartTime)" +%s)
-    check "give back: the plain job started $((run_end - plain_start)) s before the run ended (>= 8)" \
-        test $((run_end - plain_start)) -ge 8
+    echo "     the plain job started $((run_end - plain_start)) s before the run ended"
     as_user -C "$w" "$bin/htc" status "$j" >"$w/status.txt" 2>&1
     check "give back: htc status shows the run complete" grep -q "finished, all tasks succeeded" "$w/status.txt"
     ls "$w"/slurm_job_* >/dev/null 2>&1 && bad "give back: scontrol's resize scripts were left in the run's directory"
@@ -655,12 +675,12 @@ snakemake_on_cluster() {
     wait "$leader"
 }
 
-if [[ -n ${HTC_JOBS_ONLY:-} ]]; then # one test on 4 nodes, while developing it
+if [[ -n ${HTC_JOBS_ONLY:-} ]]; then # these tests (names, in order) on 4 nodes, while developing them
     printf '\n!!! HTC_JOBS_ONLY=%s: only this test runs, the others are SKIPPED\n\n' "$HTC_JOBS_ONLY" >&2
     "$root/tests/cluster/start-cluster.sh" -n 4 -m netns -c 2 >/dev/null || { echo "cluster did not start"; exit 1; }
     cluster_env
     install_htc
-    "$HTC_JOBS_ONLY"
+    for t in $HTC_JOBS_ONLY; do timed "$t"; done
     echo "$passed passed, $failed failed"
     exit $((failed > 0))
 fi
