@@ -3,8 +3,9 @@
 # and the wait of a plain job queued behind the run, with the nodes given back (the default) and
 # kept to the end (--htc-keep-nodes), alternating, ROUNDS times each, on one 4-node cluster.
 #
-# The run: 4 nodes x 2 CPUs, 56 x `sleep 1` and two `sleep 20` (the file's first lines: the
-# leader's node, n1, runs both). The short ones are done after ~10 s; the tail is the rest of
+# The run: 4 nodes x 2 CPUs, 56 x `sleep 1` and two `sleep 40` (the file's first lines: the
+# leader's node, n1, runs both). The short ones are done after ~10 s (the tail is longer than the
+# backfill interval, 30 s, at whose pass Slurm starts the plain job on nodes given back); the tail is the rest of
 # the long ones, on one node. A plain 2-node job (`sleep 5`) is submitted 2 s after the run
 # starts and queues behind it.
 #
@@ -44,7 +45,7 @@ one() { # LABEL [SBATCH OPTIONS...] -> "tail_s idle_node_s wait_s"
     shift
     w=$(cluster_workdir "giveback-$label")
     {
-        for _ in 1 2; do echo 'sleep 20; echo "L $SLURMD_NODENAME $(date +%s.%N)" >> ends.txt'; done
+        for _ in 1 2; do echo 'sleep 40; echo "L $SLURMD_NODENAME $(date +%s.%N)" >> ends.txt'; done
         for _ in $(seq 56); do echo 'sleep 1; echo "S $SLURMD_NODENAME $(date +%s.%N)" >> ends.txt'; done
     } >"$w/tasks.txt"
     chown -R "$HTC_CLUSTER_USER" "$w"

@@ -172,7 +172,9 @@ pub fn lead_session(
         deadline_us: end_us.map(|e| e.saturating_sub(lifecycle::KILL_WAIT_US)),
         mem_policy: Default::default(),
         no_steal: false,
-        give_back_from: gives_back(a.keep_nodes, survivors.is_some()).then(|| slurm::var("SLURMD_NODENAME").ok()).flatten(),
+        give_back_from: gives_back(a.keep_nodes, survivors.is_some())
+            .then(|| slurm::var("SLURMD_NODENAME").ok())
+            .flatten(),
         grow: a.grow.map(|spec| {
             let own_minutes = end_us.map_or(60, |e| e.saturating_sub(now_us()).div_ceil(60_000_000));
             let submit = Arc::new(submit::SbatchJoin { run: run.clone(), own_options: slurm::own_job_options() });

@@ -297,7 +297,12 @@ pub fn grace_left(job: &str) -> Option<u64> {
     };
     let now_s = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).ok()?.as_secs();
     let grace = parse_grace(&job_line, &part_line, now_s);
-    tracing::warn!(job, grace_us = grace, looked_ms = started.elapsed().as_millis() as u64, "signalled; Slurm records a preemption");
+    tracing::warn!(
+        job,
+        grace_us = grace,
+        looked_ms = started.elapsed().as_millis() as u64,
+        "signalled; Slurm records a preemption"
+    );
     grace
 }
 
@@ -358,7 +363,11 @@ pub const GIVES_BACK_FROM: (u32, u32) = (24, 11);
 pub fn shrink_job(job: &str, given: &[String], dir: &std::path::Path) -> anyhow::Result<()> {
     let list = var("SLURM_JOB_NODELIST")?;
     let out = Command::new("scontrol").args(["show", "hostnames", &list]).output().context("running scontrol")?;
-    anyhow::ensure!(out.status.success(), "scontrol show hostnames {list}: {}", String::from_utf8_lossy(&out.stderr).trim());
+    anyhow::ensure!(
+        out.status.success(),
+        "scontrol show hostnames {list}: {}",
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
     let nodes = String::from_utf8_lossy(&out.stdout).into_owned();
     let keep: Vec<&str> = nodes.split_whitespace().filter(|n| !given.iter().any(|g| g == n)).collect();
     anyhow::ensure!(!keep.is_empty(), "no node of {list} would be left");
@@ -371,7 +380,11 @@ pub fn shrink_job(job: &str, given: &[String], dir: &std::path::Path) -> anyhow:
     for ext in ["sh", "csh"] {
         let _ = std::fs::remove_file(dir.join(format!("slurm_job_{job}_resize.{ext}")));
     }
-    anyhow::ensure!(out.status.success(), "scontrol update JobId={job} {arg}: {}", String::from_utf8_lossy(&out.stderr).trim());
+    anyhow::ensure!(
+        out.status.success(),
+        "scontrol update JobId={job} {arg}: {}",
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
     tracing::info!(job, %arg, "the job was shrunk");
     Ok(())
 }

@@ -541,7 +541,8 @@ async fn join(me: &JoinAs, to: SocketAddr, secret: &[u8], how: Joining) -> anyho
     auth::connect(&mut stream, secret).await.with_context(|| format!("authenticating with {to}"))?;
     // Under Slurm the node's name as Slurm knows it: what squeue shows, and what the leader
     // names when it gives the node back (`scontrol update … NodeList=`).
-    let hostname = std::env::var("SLURMD_NODENAME").ok().filter(|n| !n.is_empty()).unwrap_or_else(htc_store::host::hostname);
+    let hostname =
+        std::env::var("SLURMD_NODENAME").ok().filter(|n| !n.is_empty()).unwrap_or_else(htc_store::host::hostname);
     let hello = proto::Hello {
         agent_id: me.agent,
         cores: me.slots as u32,

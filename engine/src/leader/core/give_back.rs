@@ -95,7 +95,11 @@ impl Core<'_> {
             tracing::info!(job = %self.job_id, %node, agents = agents.len(), "nothing is left for a node: it goes back to Slurm");
             for agent in agents {
                 self.give_back.leaving.insert(agent);
-                out.push(Effect::stop(agent, Stop::Hold, format!("nothing is left for node {node}: it goes back to Slurm")));
+                out.push(Effect::stop(
+                    agent,
+                    Stop::Hold,
+                    format!("nothing is left for node {node}: it goes back to Slurm"),
+                ));
             }
             self.give_back.told.push(node);
         }

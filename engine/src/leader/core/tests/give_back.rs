@@ -39,7 +39,8 @@ fn an_idle_node_goes_back_once_all_that_is_left_runs() {
     assert!(told(&out, 2, Stop::Hold), "{out:?}");
     assert!(!stopped(&out).contains(&1) && !stopped(&out).contains(&0), "{out:?}");
     assert_eq!(given_back(&out), None, "not before its agent has gone");
-    let (out, end) = feed_at(&mut c, &mut m, 4_000 + IDLE_US, vec![Input::Lost { agent: 2, why: "connection closed".into() }]);
+    let (out, end) =
+        feed_at(&mut c, &mut m, 4_000 + IDLE_US, vec![Input::Lost { agent: 2, why: "connection closed".into() }]);
     assert_eq!(given_back(&out), Some(vec!["node2".to_string()]));
     assert_eq!(end, None);
     assert_eq!(c.turnout.last_loss(), None, "its going is not a loss");
