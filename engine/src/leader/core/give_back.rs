@@ -20,26 +20,6 @@ pub const OPEN_IDLE_US: u64 = 30_000_000;
 /// How long a node of any other run stands idle before it is given back.
 pub const IDLE_US: u64 = 1_000_000;
 
-/// The give-back's state: off unless the driver says where the leader runs.
-#[derive(Debug, Default)]
-pub(super) struct GiveBack {
-    /// The leader's node; `None`: nodes are not given back (a local run, `--htc-keep-nodes`).
-    leader_node: Option<String>,
-    /// Agents told to leave with their node.
-    leaving: IdSet<u32>,
-    /// Nodes told to leave, and those given back, in the order they went.
-    told: Vec<String>,
-    given: Vec<String>,
-    /// Since when each node has held nothing, all that is left running.
-    idle_since: HashMap<String, u64>,
-}
-
-impl GiveBack {
-    pub(super) fn leaving(&self, agent: u32) -> bool {
-        self.leaving.contains(&agent)
-    }
-}
-
 impl Core<'_> {
     /// Gives back the nodes of the leader's own allocation that hold nothing once the run has
     /// nothing waiting (`give_back`): never the leader's own node (`leader_node`, as its

@@ -11,7 +11,7 @@
 //! allocations, `handover` a run taken over, `preempt` stops low-priority work for high, `view`
 //! what the core shows. Parts of the state that keep their own invariants are types of files
 //! that use nothing of this one: `flights` (what each agent holds), `allocation` (one
-//! allocation), `settling` (the wait of a hand-over).
+//! allocation), `settling` (the wait of a hand-over), `nodes_back` (the nodes given back by `give_back`).
 //!
 //! A task costs the ledger one write, when its attempt ends: dispatch and start live in memory
 //! (`in_flight`), since a leader that dies loses them anyway (the next session re-runs what was
@@ -48,6 +48,7 @@ mod figures;
 mod flights;
 mod give_back;
 mod handover;
+mod nodes_back;
 pub mod open;
 mod preempt;
 mod preemption;
@@ -353,7 +354,7 @@ pub struct Core<'a> {
     /// until their launcher attaches again (`keep_ids`).
     strays: IdSet<u32>,
     /// Nodes of the run's own allocation given back at its tail (`give_back`).
-    give_back: give_back::GiveBack,
+    give_back: nodes_back::GiveBack,
 }
 
 /// How an attempt ended, as reported (or decided, for a lost agent).
