@@ -48,7 +48,10 @@ pub fn check(data: &[u8]) {
                 }
                 (Kind::Run, Value::Run(JoinTarget::Job(j))) => assert!(j >= 1),
                 (Kind::Run, Value::Run(JoinTarget::Dir(d))) => assert!(!d.as_os_str().is_empty()),
-                (Kind::Output, Value::Output(_)) | (Kind::Plan, Value::Plan(_)) | (Kind::Idle, Value::Idle(_)) => {}
+                (Kind::Output, Value::Output(_))
+                | (Kind::Plan, Value::Plan(_))
+                | (Kind::Idle, Value::Idle(_))
+                | (Kind::Switch, Value::Switch(_)) => {}
                 (Kind::TaskFile, Value::Path(p)) => assert_eq!(p.as_os_str().as_bytes(), *w),
                 (kind, v) => panic!("{kind:?} parsed to {v:?}"),
             }
