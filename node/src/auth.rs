@@ -220,8 +220,9 @@ pub enum First {
 pub async fn accept_hello<S: AsyncRead + AsyncWrite + Unpin>(
     s: &mut S,
     secret: &[u8],
+    pass: Pass,
 ) -> Result<proto::Hello, AuthError> {
-    match accept_first(s, secret).await? {
+    match accept_first(s, secret, pass).await? {
         First::Hello(h) => Ok(h),
         First::Attach(_) => Err(AuthError::Unexpected { expected: "Hello", got: "Attach" }),
         First::Client(_) => Err(AuthError::Unexpected { expected: "Hello", got: "ClientHello" }),
@@ -229,8 +230,16 @@ pub async fn accept_hello<S: AsyncRead + AsyncWrite + Unpin>(
 }
 
 /// The accepting side up to the first frame, a Hello or an Attach (the leader takes both).
-pub async fn accept_first<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, secret: &[u8]) -> Result<First, AuthError> {
-    accept(s, secret).await?;
+/// `pass` is the connection's place at the door, held only until the peer has proven the secret:
+/// then it is no stranger, and once it has the proof of this side it takes itself as let in, so
+/// turning it out before its first frame would fail its first request, not its handshake.
+pub async fn accept_first<S: AsyncRead + AsyncWrite + Unpin>(
+    s: &mut S,
+    secret: &[u8],
+    mut pass: Pass,
+) -> Result<First, AuthError> {
+    pass.hold(accept(s, secret)).await?;
+    drop(pass);
     let mut buf = Vec::new();
     match tokio::time::timeout(HANDSHAKE_TIMEOUT, read_small(s, &mut buf)).await {
         Err(_) => Err(AuthError::Timeout),
@@ -682,6 +691,33 @@ mod tests {
         drop(oldest);
         let got = tokio::time::timeout(TURN_OUT_AFTER * 2, next).await;
         assert!(got.is_ok(), "the waiting connection got the place");
+    }
+
+    #[tokio::test]
+    async fn a_peer_that_proved_the_secret_is_not_turned_out_while_its_first_frame_is_slow() {
+        let door = Door::new("job");
+        let secret = b"s3cret";
+        let (mut a, mut c) = tokio::io::duplex(4096);
+        let first = door.pass().await;
+        let accepting = tokio::spawn(async move { accept_first(&mut a, secret, first).await });
+        connect(&mut c, secret).await.unwrap();
+        // Every other place taken, and one more waiting: without its place given back after the
+        // proof, this connection would be the oldest holder and turned out.
+        let mut others = Vec::new();
+        for _ in 1..MAX_PENDING {
+            others.push(door.pass().await);
+        }
+        let waiting = tokio::spawn({
+            let door = door.clone();
+            async move { door.pass().await }
+        });
+        // The peer, let in, is slow to say what it is (a client swapped out on a busy node).
+        tokio::time::sleep(TURN_OUT_AFTER + Duration::from_millis(500)).await;
+        let hello = proto::ClientHello { protocol: PROTOCOL_VERSION };
+        frame::write_frame(&mut c, Body::ClientHello(hello)).await.unwrap();
+        let got = accepting.await.unwrap();
+        assert!(matches!(got, Ok(First::Client(_))), "{:?}", got.err());
+        assert!(waiting.is_finished(), "the place it left was given to the waiting connection");
     }
 
     #[test]

@@ -60,14 +60,13 @@ pub fn listen(
 /// Serves one direct child: authenticates it and checks its Hello, then passes its frames up.
 async fn child_connection(
     mut s: TcpStream,
-    mut permit: auth::Pass,
+    permit: auth::Pass,
     place: RelayPlace,
     secret: &[u8],
     up: UnboundedSender<Child>,
 ) -> Result<(), String> {
     frame::tune(&s).map_err(|e| e.to_string())?;
-    let hello = permit.hold(auth::accept_hello(&mut s, secret)).await.map_err(|e| e.to_string())?;
-    drop(permit);
+    let hello = auth::accept_hello(&mut s, secret, permit).await.map_err(|e| e.to_string())?;
     if let Err(why) = auth::check_hello(&hello, Some(&place)) {
         let reject = Body::Reject(proto::Reject { reason: why.clone(), agent_id: hello.agent_id });
         let _ = frame::write_frame(&mut s, reject).await;

@@ -125,23 +125,16 @@ fn encoded(body: Body) -> Vec<u8> {
 async fn connection(
     mut stream: TcpStream,
     peer: SocketAddr,
-    mut permit: auth::Pass,
+    permit: auth::Pass,
     cfg: &NetConfig,
     core: mpsc::Sender<Event>,
 ) -> Result<(), String> {
     frame::tune(&stream).map_err(|e| e.to_string())?;
-    let hello = match permit.hold(auth::accept_first(&mut stream, &cfg.secret)).await.map_err(|e| e.to_string())? {
+    let hello = match auth::accept_first(&mut stream, &cfg.secret, permit).await.map_err(|e| e.to_string())? {
         auth::First::Hello(h) => h,
-        auth::First::Attach(a) => {
-            drop(permit);
-            return allocation(stream, a, cfg, core).await;
-        }
-        auth::First::Client(c) => {
-            drop(permit);
-            return super::clients::serve(stream, c, core).await;
-        }
+        auth::First::Attach(a) => return allocation(stream, a, cfg, core).await,
+        auth::First::Client(c) => return super::clients::serve(stream, c, core).await,
     };
-    drop(permit);
     let conn = cfg.next_connection.fetch_add(1, Ordering::Relaxed);
     if let Err(why) = admit(&hello, cfg, conn) {
         let _ = frame::write_frame(
