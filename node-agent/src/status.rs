@@ -218,6 +218,10 @@ pub fn finish(run: &RunDir, outcome: &leader::Outcome, quiet: bool, resume_hint:
             eprintln!("htc: {why}{resume}");
             2
         }
+        Ending::AgentNotStarted(why) => {
+            eprintln!("htc: {why}: the run stopped, for the node's admin to see to{resume}");
+            2
+        }
     })
 }
 

@@ -33,6 +33,9 @@ pub enum SessionEnd {
     TooManyFailures,
     /// What is left cannot finish before the time limit, by the tasks' runtime hints.
     OutOfTime,
+    /// An agent could not start on its node: a broken node, which a resubmitted job might be
+    /// given again.
+    AgentNotStarted,
 }
 
 /// The run's live view as the driver read it.
@@ -69,6 +72,8 @@ pub fn resubmit_due(end: SessionEnd, ended_us: u64, job_end_us: Option<u64>) -> 
     match end {
         SessionEnd::OutOfTime | SessionEnd::AgentsLost | SessionEnd::Preempted => true,
         SessionEnd::Terminated => at_time_limit(ended_us, job_end_us),
-        SessionEnd::Complete | SessionEnd::Interrupted | SessionEnd::TooManyFailures => false,
+        SessionEnd::Complete | SessionEnd::Interrupted | SessionEnd::TooManyFailures | SessionEnd::AgentNotStarted => {
+            false
+        }
     }
 }

@@ -291,7 +291,8 @@ fn what_ends_a_session_decides_its_resubmission() {
     for end in [SessionEnd::OutOfTime, SessionEnd::AgentsLost, SessionEnd::Preempted] {
         assert_eq!(ended(end, 0, 5 * S).1, [Effect::CountResubmits], "{end:?}");
     }
-    for end in [SessionEnd::Complete, SessionEnd::Interrupted, SessionEnd::TooManyFailures] {
+    for end in [SessionEnd::Complete, SessionEnd::Interrupted, SessionEnd::TooManyFailures, SessionEnd::AgentNotStarted]
+    {
         assert_eq!(ended(end, 0, END + S).1, NOT_CONTINUED, "{end:?}");
     }
     // A job without a time limit has none to reach.

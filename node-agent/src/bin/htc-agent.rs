@@ -293,6 +293,7 @@ impl Carrier for Driver {
             leader::Ending::AgentsLost(_) => SessionEnd::AgentsLost,
             leader::Ending::TooManyFailures(_) => SessionEnd::TooManyFailures,
             leader::Ending::OutOfTime(_) => SessionEnd::OutOfTime,
+            leader::Ending::AgentNotStarted(_) => SessionEnd::AgentNotStarted,
         };
         let joined_running = outcome.progress.joined_running;
         self.outcome = Some(outcome);

@@ -10,6 +10,7 @@ pub mod launch;
 pub mod net;
 pub mod session;
 pub mod srun;
+pub mod srun_output;
 pub use htc_engine::leader::{core, effect, plan};
 
 use std::net::SocketAddr;

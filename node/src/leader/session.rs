@@ -128,6 +128,7 @@ fn ending_state(e: &Ending) -> String {
         Ending::AgentsLost(why) => format!("stopped: {why}"),
         Ending::TooManyFailures(n) => format!("stopped: {n} tasks failed (--max-fails)"),
         Ending::OutOfTime(n) => format!("stopped: {n} tasks cannot finish before the time limit"),
+        Ending::AgentNotStarted(why) => format!("stopped: {why}"),
     }
 }
 

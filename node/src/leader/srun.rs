@@ -11,6 +11,7 @@ use anyhow::{bail, Context};
 use super::core::Input;
 use super::driver::Event;
 use super::launch::{watch, Agents};
+use super::srun_output::{read, LastWords, Line};
 use crate::work_args::WorkArgs;
 use htc_core::output::OutputMode;
 use htc_exec::simexec::ExecKind;
@@ -55,6 +56,9 @@ impl Srun {
             // members that connect to their instance's head.
             .arg(if agents as u32 > self.fanout || self.instance_size > 1 { "--mpi=pmi2" } else { "--mpi=none" })
             .arg("--input=none")
+            // Each agent's lines carry its rank: an agent that exits before it joins is said
+            // with its own last words (`srun_output`).
+            .arg("--label")
             .arg("--job-name=htc-agents")
             .arg(&self.agent_bin)
             .args(
@@ -83,15 +87,20 @@ impl Srun {
                 }
                 .argv(),
             )
-            .stdin(Stdio::null());
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped());
         // Agents log to the job's output; keep it to what matters unless the user asked.
         if std::env::var_os("HTC_LOG").is_none() {
             cmd.env("HTC_LOG", "warn");
         }
-        let child = cmd.spawn().context("starting srun (is it on PATH?)")?;
+        let mut child = cmd.spawn().context("starting srun (is it on PATH?)")?;
         let (etx, erx) = mpsc::channel();
-        // If srun ends, any agent that never joined is gone for good.
         let (first, never) = (self.first_agent, agents as u32);
+        if let Some(err) = child.stderr.take() {
+            let core = core.clone();
+            std::thread::spawn(move || relay(err, first, &core));
+        }
+        // If srun ends, any agent that never joined is gone for good.
         let core2 = core.clone();
         let (ltx, lrx) = mpsc::channel();
         watch(child, Vec::new(), core, ltx, "srun".into());
@@ -104,5 +113,32 @@ impl Srun {
             let _ = etx.send(());
         });
         Ok(Agents::new(agents, erx, 1))
+    }
+}
+
+/// Passes srun's stderr on to the leader's, each agent's lines without their label, and tells
+/// the core of every agent that exited badly, with its last line (the cause, if it never joined).
+fn relay(err: std::process::ChildStderr, first: u32, core: &mpsc::Sender<Event>) {
+    use std::io::{BufRead, Write};
+    let mut words = LastWords::default();
+    let mut out = std::io::stderr();
+    for line in std::io::BufReader::new(err).split(b'\n') {
+        let Ok(line) = line else { break };
+        let line = String::from_utf8_lossy(&line);
+        // The job's output file: nothing to do when it cannot be written.
+        let _ = match read(&line) {
+            Line::Task { rank, text } => {
+                words.said(rank, text);
+                writeln!(out, "{text}")
+            }
+            Line::Exited { nodes, ranks, how } => {
+                for rank in ranks {
+                    let why = words.why(rank, nodes, how);
+                    let _ = core.send(Event::Core(Input::AgentExited { agent: first + rank, why }));
+                }
+                writeln!(out, "{line}")
+            }
+            Line::Other(text) => writeln!(out, "{text}"),
+        };
     }
 }

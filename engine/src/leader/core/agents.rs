@@ -310,4 +310,18 @@ impl Core<'_> {
             }
         }
     }
+
+    /// An agent's process exited badly. One that never joined could not start on its node (its
+    /// program missing there, or refusing the node's setup): a node broken, not lost, so the run
+    /// stops and says which and why, rather than run on without it and come back to it when
+    /// resumed or resubmitted. One that joined is lost the usual way, by its link. Members join
+    /// their head, not the leader, which cannot tell whether one did: only heads are judged (a
+    /// node's agents fail alike, and every node of the default layout has a head).
+    pub(super) fn agent_exited(&mut self, agent: u32, why: String) -> Option<Ending> {
+        if self.agents.contains_key(&agent) || self.instance_of(agent).is_none() {
+            return None;
+        }
+        tracing::error!(job = %self.job_id, agent, %why, "an agent could not start");
+        Some(Ending::AgentNotStarted(format!("the agent could not start {why}")))
+    }
 }

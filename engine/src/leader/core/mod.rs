@@ -145,6 +145,12 @@ pub enum Input {
         agent: u32,
         why: String,
     },
+    /// An agent's process exited badly (the srun step says so), `why` naming its node and its
+    /// last words.
+    AgentExited {
+        agent: u32,
+        why: String,
+    },
     Interrupt {
         signal: i32,
     },
@@ -242,6 +248,9 @@ pub enum Ending {
     /// What is left (this many tasks) cannot finish before the time limit, by their runtime
     /// hints; it waits for a resume.
     OutOfTime(u64),
+    /// An agent could not start on its node (why): the node is broken, and the run stops until
+    /// it is fixed; it can be resumed then.
+    AgentNotStarted(String),
 }
 
 struct Agent {
@@ -559,6 +568,7 @@ impl<'a> Core<'a> {
             Ending::AgentsLost(w) => w.clone(),
             Ending::TooManyFailures(n) => format!("{n} tasks failed (--max-fails)"),
             Ending::OutOfTime(n) => format!("{n} tasks cannot finish before the time limit"),
+            Ending::AgentNotStarted(why) => why.clone(),
         };
         let stop = if *ending == Ending::Complete { Stop::Finish } else { Stop::Abort };
         let handed_over = |agent: u32| {
@@ -616,6 +626,11 @@ impl<'a> Core<'a> {
             }
             Input::Tick => self.tick(t, now_us, out)?,
             Input::NeverJoined { agent, why } => self.never_joined(agent, &why),
+            Input::AgentExited { agent, why } => {
+                if let Some(ending) = self.agent_exited(agent, why) {
+                    return Ok(Some(ending));
+                }
+            }
             Input::Interrupt { signal } => return Ok(Some(Ending::Interrupted(signal))),
             Input::Grace { signal, grace_us } => return Ok(self.use_grace(signal, grace_us, out)),
             Input::Cancel { ids } => {

@@ -1003,6 +1003,25 @@ fn the_run_ends_on_a_signal_or_when_every_agent_is_gone() {
     assert!(matches!(end, Some(Ending::AgentsLost(ref w)) if w.contains("3 tasks unfinished")), "{end:?}");
 }
 
+/// An agent that exits before it joined could not start on its node: the run stops, saying
+/// where and why, and every agent that did join is told to stop. One that exits after joining
+/// is lost by its link, as any other.
+#[test]
+fn an_agent_that_exits_before_joining_stops_the_run_with_where_and_why() {
+    let mut m = Mem::with(3, 2, 1);
+    let mut c = core(&m, 2);
+    let exited =
+        |agent| Input::AgentExited { agent, why: format!("on c{agent}: execve(): No such file (exit code 2)") };
+    let (_, end) = feed(&mut c, &mut m, vec![join(0, 1), exited(0)]);
+    assert_eq!(end, None, "agent 0 joined: its end is a loss, seen by its link");
+    let (_, end) = feed(&mut c, &mut m, vec![exited(1)]);
+    let Some(Ending::AgentNotStarted(why)) = end else { panic!("{end:?}") };
+    assert_eq!(why, "the agent could not start on c1: execve(): No such file (exit code 2)");
+    let mut out = Vec::new();
+    c.shutdown(&Ending::AgentNotStarted(why), &mut out);
+    assert!(matches!(out.as_slice(), [Effect::ToAgent(0, ToAgent::Shutdown { stop: Stop::Abort, .. })]), "{out:?}");
+}
+
 /// Agent 0 was given up (hung) and comes back having stopped what it held: its tasks ran
 /// elsewhere already; it is a member again and gets new work, and what it reports of its old
 /// attempts changes nothing.

@@ -1,0 +1,141 @@
+//! What the agents' `srun --label` step writes on its stderr, read line by line: each agent's
+//! lines (labelled with its task rank), and srun's word on a task that exited badly. An agent
+//! that exits before it joined could not start on its node (its program missing there, or the
+//! node's setup refused): the leader learns which node and why from here, at once, instead of
+//! waiting for the whole step to end.
+
+use std::collections::HashMap;
+
+/// One line of srun's stderr.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Line<'a> {
+    /// Written by the step's task `rank` (an agent, or slurmstepd in its name before the exec).
+    Task { rank: u32, text: &'a str },
+    /// srun: these tasks, on these nodes, exited badly (`how`: "exit code 2", a signal's name).
+    Exited { nodes: &'a str, ranks: Vec<u32>, how: &'a str },
+    /// Anything else srun says.
+    Other(&'a str),
+}
+
+/// Reads one line (without its newline).
+pub fn read(line: &str) -> Line<'_> {
+    if let Some(e) = exited(line) {
+        return e;
+    }
+    // `--label`: "RANK: text", the rank right-aligned (padded with spaces) to the widest one.
+    let trimmed = line.trim_start_matches(' ');
+    if let Some((rank, text)) = trimmed.split_once(": ") {
+        if !rank.is_empty() && rank.bytes().all(|b| b.is_ascii_digit()) {
+            if let Ok(rank) = rank.parse() {
+                return Line::Task { rank, text };
+            }
+        }
+    }
+    Line::Other(line)
+}
+
+/// srun's "srun: error: c3: task 2: Exited with exit code 2" (one task), "srun: error:
+/// c[1-2]: tasks 0-1,3: Exited with exit code 1", or "…: task 2: Killed" (a signal).
+fn exited(line: &str) -> Option<Line<'_>> {
+    let rest = line.strip_prefix("srun: error: ")?;
+    let (nodes, rest) = rest.split_once(": task")?;
+    let rest = rest.strip_prefix("s ").or_else(|| rest.strip_prefix(' '))?;
+    let (list, how) = rest.split_once(": ")?;
+    let ranks = ranks(list)?;
+    let how = how.strip_prefix("Exited with ").unwrap_or(how);
+    Some(Line::Exited { nodes, ranks, how })
+}
+
+/// "0-2,5" → [0, 1, 2, 5]; `None` for anything else.
+fn ranks(list: &str) -> Option<Vec<u32>> {
+    let mut out = Vec::new();
+    for part in list.split(',') {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        let (a, b): (u32, u32) = (a.parse().ok()?, b.parse().ok()?);
+        if b < a || b - a > 1_000_000 {
+            return None;
+        }
+        out.extend(a..=b);
+    }
+    Some(out)
+}
+
+/// Each rank's last line, to say why it exited: bounded, one short line per rank.
+#[derive(Default)]
+pub struct LastWords {
+    by_rank: HashMap<u32, String>,
+}
+
+/// What is kept of a line.
+const KEEP: usize = 300;
+
+impl LastWords {
+    pub fn said(&mut self, rank: u32, text: &str) {
+        let mut cut = text.len().min(KEEP);
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let words = self.by_rank.entry(rank).or_default();
+        words.clear();
+        words.push_str(text[..cut].trim_end());
+    }
+
+    /// Why `rank` exited: its last line, and srun's `how`, on `nodes`.
+    pub fn why(&self, rank: u32, nodes: &str, how: &str) -> String {
+        match self.by_rank.get(&rank).filter(|w| !w.is_empty()) {
+            Some(w) => format!("on {nodes}: {w} ({how})"),
+            None => format!("on {nodes}: it exited with {how}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn srun_s_lines_are_told_apart() {
+        assert_eq!(
+            read("srun: error: c3: task 2: Exited with exit code 2"),
+            Line::Exited { nodes: "c3", ranks: vec![2], how: "exit code 2" }
+        );
+        assert_eq!(
+            read("srun: error: c[1-2]: tasks 0-1,3: Exited with exit code 1"),
+            Line::Exited { nodes: "c[1-2]", ranks: vec![0, 1, 3], how: "exit code 1" }
+        );
+        assert_eq!(
+            read("srun: error: c4: task 7: Killed"),
+            Line::Exited { nodes: "c4", ranks: vec![7], how: "Killed" }
+        );
+        assert_eq!(
+            read(" 2: slurmstepd: error: execve(): /opt/htc-agent: No such file or directory"),
+            Line::Task { rank: 2, text: "slurmstepd: error: execve(): /opt/htc-agent: No such file or directory" }
+        );
+        assert_eq!(read("12: htc-agent: WARN ..."), Line::Task { rank: 12, text: "htc-agent: WARN ..." });
+        for other in [
+            "srun: error: Unable to create step for job 5: Invalid generic resource",
+            "srun: Job step aborted",
+            "srun: error: c3: task x: Exited with exit code 2",
+            "srun: error: c3: tasks 5-2: Exited with exit code 2",
+            "warning: a: b",
+            ": nothing",
+            "",
+        ] {
+            assert_eq!(read(other), Line::Other(other), "{other}");
+        }
+    }
+
+    #[test]
+    fn the_last_words_are_short_and_name_the_node() {
+        let mut w = LastWords::default();
+        assert_eq!(w.why(1, "c2", "exit code 1"), "on c2: it exited with exit code 1");
+        w.said(1, "first");
+        w.said(1, "slurmstepd: error: execve(): /x: No such file or directory  ");
+        assert_eq!(
+            w.why(1, "c2", "exit code 2"),
+            "on c2: slurmstepd: error: execve(): /x: No such file or directory (exit code 2)"
+        );
+        w.said(2, &"é".repeat(400));
+        assert!(w.why(2, "c3", "Killed").len() < KEEP + 40);
+    }
+}
