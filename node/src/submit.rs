@@ -64,7 +64,7 @@ pub fn resubmit(run: &RunDir, nth: u64) -> anyhow::Result<String> {
     t.commit()?;
     let file = htc_store::load::sbatch_run_option(run, &ledger)?;
     let mut cmd = sbatch_for(run)?;
-    cmd.arg(file).arg(format!("--htc-resume={}", run.id())).args(&args).arg("--wrap=:");
+    cmd.arg(file).arg(format!("--htc-resume={}", run.id())).args(&args).arg(slurm::GUARD_SCRIPT);
     let out = cmd.output().context("running sbatch")?;
     if !out.status.success() {
         bail!("sbatch: {}", String::from_utf8_lossy(&out.stderr).trim());
@@ -118,7 +118,7 @@ impl Submit for SbatchJoin {
         println!("htc: grow: submitting a job of {nodes} node(s) for {minutes} min to join the run: {reason}");
         let (nodes, minutes) = self.fit((nodes, minutes));
         let mut cmd = self.sbatch((nodes, minutes)).map_err(|e| e.to_string())?;
-        cmd.arg("--parsable").arg(format!("--htc-join={}", self.run.id())).arg("--wrap=:");
+        cmd.arg("--parsable").arg(format!("--htc-join={}", self.run.id())).arg(slurm::GUARD_SCRIPT);
         let out = cmd.output().map_err(|e| format!("running sbatch: {e}"))?;
         if !out.status.success() {
             // Said by the leader, as often as it asks (a refusal by a limit once).

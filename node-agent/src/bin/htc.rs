@@ -386,7 +386,7 @@ fn submit(file: &std::path::Path, sbatch: &[std::ffi::OsString]) -> anyhow::Resu
     let status = std::process::Command::new("sbatch")
         .arg(htc)
         .args(sbatch)
-        .arg("--wrap=:")
+        .arg(htc::slurm::GUARD_SCRIPT)
         .status()
         .context("running sbatch (is Slurm's client installed?)")?;
     Ok(status.code().unwrap_or(1))
@@ -458,7 +458,7 @@ fn resume(job: &str, mut sbatch: Vec<std::ffi::OsString>) -> anyhow::Result<i32>
     // beside it (the run's copy has them elsewhere).
     let file = htc::load::sbatch_run_option(&RunDir::new(&path), &Ledger::open(&run.ledger(), true)?)?;
     let mut cmd = std::process::Command::new("sbatch");
-    cmd.arg(file).arg(format!("--htc-resume={first}")).args(&sbatch).arg("--wrap=:");
+    cmd.arg(file).arg(format!("--htc-resume={first}")).args(&sbatch).arg(htc::slurm::GUARD_SCRIPT);
     eprintln!("htc: {} unfinished tasks of job {job}: {cmd:?}", report.counts.unfinished());
     let status = cmd.status().context("running sbatch (is Slurm's client installed?)")?;
     Ok(status.code().unwrap_or(1))

@@ -22,6 +22,15 @@ ENDED = ("done", "failed", "cancelled", DAMAGED)
 # `htc task status`'s exit status when its answer holds damaged tasks (their rows say so).
 DAMAGED_EXIT = 3
 
+# The batch script of the jobs this client submits, as `htc submit` has it: where the plugin is
+# loaded the agent runs instead and the script never does; on a node without it Slurm runs the
+# script as a plain job, which then fails saying so instead of passing for a run that did nothing.
+GUARD_SCRIPT = (
+    '--wrap=echo "htc: job $SLURM_JOB_ID ran as a plain batch script on $SLURMD_NODENAME: the slurm-htc '
+    "plugin is not loaded there (its plugstack line, or spank_htc.so); this job ran none of the run's tasks\" >&2; exit 1"
+)
+
+
 
 class Run:
     """An open run: `Run(id)` attaches to a running one (its id or directory), `Run.start()`
@@ -89,7 +98,7 @@ class Run:
             args.append(f"--time={slurm['time']}")
         if slurm.get("grow"):
             args.append(f"--htc-grow={slurm['grow']}")
-        args += [str(a) for a in slurm.get("sbatch_args", ())] + ["--wrap=:"]
+        args += [str(a) for a in slurm.get("sbatch_args", ())] + [GUARD_SCRIPT]
         p = subprocess.run(args, cwd=cwd, capture_output=True, text=True)
         if p.returncode != 0:
             raise HtcError(f"sbatch: {p.stderr.strip() or p.returncode}")
