@@ -35,6 +35,11 @@ pub enum PrologueError {
     State(String),
 }
 
+/// Set (to 1) for the batch script while it runs as the run's prologue, and only then: a script
+/// can tell it runs under slurm-htc, not as a plain job on a node without the plugin (`htc
+/// submit`'s script fails there saying so). Not passed on to the tasks.
+pub const MARK: &str = "HTC_PROLOGUE";
+
 const WRAPPER: &str = r#"__htc_state=$1; __htc_script=$2; shift 2
 __htc_dump() {
   __htc_rc=$?
@@ -77,7 +82,7 @@ pub fn run(script: &Path, args: &[OsString], state: &Path) -> Result<Prologue, P
     } else {
         Command::new(script)
     };
-    cmd.args(args).stdin(std::process::Stdio::null());
+    cmd.args(args).stdin(std::process::Stdio::null()).env(MARK, "1");
     // SAFETY: clean_child_state makes only async-signal-safe system calls.
     unsafe {
         cmd.pre_exec(|| {
@@ -112,8 +117,8 @@ pub fn run(script: &Path, args: &[OsString], state: &Path) -> Result<Prologue, P
         .filter_map(|kv| {
             let i = kv.iter().position(|&b| b == b'=')?;
             let (k, v) = (&kv[..i], &kv[i + 1..]);
-            // Bash's own bookkeeping, not the user's environment.
-            (!matches!(k, b"_" | b"SHLVL" | b"OLDPWD"))
+            // Bash's own bookkeeping, not the user's environment; the mark is the prologue's.
+            (!matches!(k, b"_" | b"SHLVL" | b"OLDPWD") && k != MARK.as_bytes())
                 .then(|| (OsString::from_vec(k.to_vec()), OsString::from_vec(v.to_vec())))
         })
         .collect();
@@ -204,6 +209,7 @@ mod tests {
         assert_eq!(get("FOO").as_deref(), Some("bar"));
         assert_eq!(get("ARG1").as_deref(), Some("first arg"));
         assert_eq!(get("NOT_EXPORTED"), None);
+        assert_eq!(get(MARK), None, "the prologue's mark is not the tasks'");
         assert_eq!(r.cwd, PathBuf::from("/tmp"));
         assert_eq!(r.umask, 0o027);
         assert!(r.captured);
@@ -233,6 +239,13 @@ mod tests {
         drop(stray);
         // 0-2 and the directory `ls` reads, as from a shell on a terminal.
         assert_eq!(view, "0\n1\n2\n3\nSigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n");
+    }
+
+    #[test]
+    fn the_script_knows_it_runs_as_the_prologue() {
+        let (p, st) = script("mark", "[ \"$HTC_PROLOGUE\" = 1 ] || exit 7\n");
+        run(&p, &[], &st).unwrap();
+        assert!(std::process::Command::new("sh").arg(&p).status().unwrap().code() == Some(7), "not elsewhere");
     }
 
     #[test]

@@ -34,7 +34,8 @@ pub mod htc {
             #[arg(long, default_value = "streams")]
             output: OutputMode,
         },
-        /// Submit a task file to Slurm: `sbatch --htc=FILE [SBATCH OPTIONS]` with an empty batch script.
+        /// Submit a task file to Slurm: `sbatch --htc=FILE [SBATCH OPTIONS]` with a batch script that
+        /// runs only where the plugin is not loaded, and fails the job saying so.
         Submit {
             file: PathBuf,
             /// Options passed to sbatch as they are (e.g. -N 4 -t 1:00:00).

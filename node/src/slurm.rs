@@ -8,13 +8,14 @@ use std::process::{Command, Stdio};
 use anyhow::Context;
 
 /// The batch script of every job slurm-htc submits (`htc submit`, `htc resume`, grown and
-/// resubmitted jobs): where the plugin is loaded the agent runs instead and the script never
-/// does; where it is not (a node without the plugin, or without its plugstack line), Slurm
-/// only warns in slurmd's log and runs the script as a plain job, which then fails saying so
-/// instead of passing for a run that did nothing.
-pub const GUARD_SCRIPT: &str = "--wrap=echo \"htc: job $SLURM_JOB_ID ran as a plain batch script on \
+/// resubmitted jobs): where the plugin is loaded the agent runs it as the run's prologue, with
+/// `HTC_PROLOGUE=1`, and it does nothing; where it is not (a node without the plugin, or without
+/// its plugstack line), Slurm only warns in slurmd's log and runs the script as a plain job,
+/// which then fails saying so instead of passing for a run that did nothing.
+pub const GUARD_SCRIPT: &str =
+    "--wrap=[ \"$HTC_PROLOGUE\" = 1 ] || { echo \"htc: job $SLURM_JOB_ID ran as a plain batch script on \
 $SLURMD_NODENAME: the slurm-htc plugin is not loaded there (its plugstack line, or spank_htc.so); \
-this job ran none of the run's tasks\" >&2; exit 1";
+this job ran none of the run's tasks\" >&2; exit 1; }";
 
 /// The Slurm cluster this process runs on ("" outside a Slurm job): a run joins only
 /// allocations of its own cluster.

@@ -140,12 +140,77 @@ limited() {
     [[ $failed == 0 ]] || { echo "--- slurm-$a.out"; tail -n 30 "$w/slurm-$a.out"; }
 }
 
+# What an admin may get wrong on one node, made in that node's own mount namespace (its slurmd's,
+# which every slurmstepd it starts inherits: start-cluster.sh), undone after.
+on_node() { # NODE CMD...
+    local pid
+    pid=$(pgrep -f -- "slurmd -f $HTC_CLUSTER_DIR/slurm.conf -N $1\$" | head -n 1)
+    [[ -n $pid ]] || { echo "no slurmd for $1" >&2; return 1; }
+    shift
+    nsenter -t "$pid" -m -- "$@"
+}
+# Over PATH (as the node's slurmd sees it, in the release's view if any) on NODE: DIR.
+cover() { on_node "$1" mount --bind "$3" "${HTC_CLUSTER_VIEW:-}$2"; }
+uncover() { on_node "$1" umount "${HTC_CLUSTER_VIEW:-}$2"; }
+none_drained() { ! cluster_cmd sinfo -h -N -o '%T' | grep -qiE 'drain|down|fail'; }
+
+# The agent's program missing on a node that is not the batch node: the run stops at once, in one
+# line naming the node and why; no node drained; once the node is fixed, a resume finishes it.
+agent_missing() {
+    local w j j2 state out said copy=$HTC_CLUSTER_DIR/htc-bin-without-agent
+    w=$(cluster_workdir agent-missing)
+    # shellcheck disable=SC2016 # expanded by the task
+    seq 1 40 | sed 's/.*/sleep 0.5; echo "$HTC_TASK_ID" >> ids.txt/' >"$w/tasks.txt"
+    chown -R "$HTC_CLUSTER_USER" "$w"
+    rm -rf "$copy" && cp -a "$bin" "$copy" && rm -f "$copy/htc-agent"
+    cover n3 "$bin" "$copy" || { bad "agent missing: could not hide the agent on n3"; return; }
+    j=$(submit "$w" -N 4 --exclusive --htc=tasks.txt --wrap=:) || { uncover n3 "$bin"; bad "agent missing: submit"; return; }
+    state=$(wait_job "$j" 120)
+    uncover n3 "$bin"
+    check "agent missing on n3: job $j FAILED (was $state)" test "$state" = FAILED
+    said=$(grep -c '^htc: the agent could not start on n3: .*htc-agent.*No such file or directory' "$w/slurm-$j.out")
+    check "agent missing on n3: one line names the node and the cause ($said)" test "$said" = 1
+    check "agent missing on n3: no node drained" none_drained
+    out=$(as_user -C "$w" "$bin/htc" resume "$j" 2>&1)
+    j2=$(grep -o 'Submitted batch job [0-9]*' <<<"$out" | awk '{ print $4 }')
+    [[ -n $j2 ]] || { bad "agent missing: htc resume $j: $out"; return; }
+    state=$(wait_job "$j2" 120)
+    check "agent missing: the node fixed, job $j2 resumes the run to its end (was $state)" test "$state" = COMPLETED
+    check "agent missing: every task ran ($(sort -u "$w/ids.txt" | wc -l) of 40)" test "$(sort -u "$w/ids.txt" | wc -l)" = 40
+    [[ $failed == 0 ]] || tail -n 20 "$w/slurm-$j.out"
+}
+
+# The plugin loaded on some nodes only: where it is not, Slurm runs the batch script as a plain job
+# (it warns only in slurmd's log); the plugin is not needed on the other nodes of a run.
+plugin_missing() {
+    local w j state said empty=$HTC_CLUSTER_DIR/plugstack-none.d
+    w=$(cluster_workdir plugin-missing)
+    # shellcheck disable=SC2016 # expanded by the task
+    seq 1 40 | sed 's/.*/echo "$HTC_TASK_ID $SLURMD_NODENAME" >> ids.txt/' >"$w/tasks.txt"
+    chown -R "$HTC_CLUSTER_USER" "$w"
+    install -d -m 0755 "$empty"
+    cover n4 "$HTC_CLUSTER_DIR/plugstack.conf.d" "$empty" || { bad "plugin missing: could not hide it on n4"; return; }
+    j=$(submit "$w" -N 4 --exclusive --htc=tasks.txt --wrap=:) || bad "plugin missing: submit"
+    state=$(wait_job "$j" 120)
+    check "plugin missing on n4 only, the batch step on n1: job $j COMPLETED (was $state)" test "$state" = COMPLETED
+    check "plugin missing on n4: every task ran once, n4's too ($(grep -c ' n4$' "$w/ids.txt"))" \
+        bash -c "[[ \$(cut -d' ' -f1 '$w/ids.txt' | sort -u | wc -l) == 40 && \$(wc -l <'$w/ids.txt') == 40 ]] && grep -q ' n4$' '$w/ids.txt'"
+    out=$(as_user -C "$w" "$bin/htc" submit tasks.txt -N 1 -w n4 --parsable 2>&1)
+    j=$(tail -n 1 <<<"$out" | cut -d';' -f1)
+    state=$(wait_job "$j" 60)
+    uncover n4 "$HTC_CLUSTER_DIR/plugstack.conf.d"
+    check "plugin missing on n4: htc submit's job $j on n4 FAILED, not passed as a plain job (was $state)" test "$state" = FAILED
+    said=$(grep -c "^htc: job $j ran as a plain batch script on n4: the slurm-htc plugin is not loaded there" "$w/slurm-$j.out")
+    check "plugin missing on n4: one line says so ($said)" test "$said" = 1
+    check "plugin missing on n4: no node drained" none_drained
+}
+
 echo "== 4 nodes (network namespaces), the site's configuration"
 "$root/tests/cluster/start-cluster.sh" -n 4 -m netns -c 2 >/dev/null || { echo "cluster did not start"; exit 1; }
 cluster_env
 echo "-- Slurm $HTC_CLUSTER_RELEASE${HTC_CLUSTER_ROOT:+ from $HTC_CLUSTER_ROOT}"
 install_htc
-for t in ${SITE_ONLY:-confined accounted limited}; do
+for t in ${SITE_ONLY:-confined accounted limited agent_missing plugin_missing}; do
     timed "$t"
 done
 [[ $failed == 0 ]] || cluster_logs 20

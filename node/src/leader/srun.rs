@@ -98,7 +98,8 @@ impl Srun {
         let (first, never) = (self.first_agent, agents as u32);
         if let Some(err) = child.stderr.take() {
             let core = core.clone();
-            std::thread::spawn(move || relay(err, first, &core));
+            let program = self.agent_bin.display().to_string();
+            std::thread::spawn(move || relay(err, first, &program, &core));
         }
         // If srun ends, any agent that never joined is gone for good.
         let core2 = core.clone();
@@ -118,7 +119,7 @@ impl Srun {
 
 /// Passes srun's stderr on to the leader's, each agent's lines without their label, and tells
 /// the core of every agent that exited badly, with its last line (the cause, if it never joined).
-fn relay(err: std::process::ChildStderr, first: u32, core: &mpsc::Sender<Event>) {
+fn relay(err: std::process::ChildStderr, first: u32, program: &str, core: &mpsc::Sender<Event>) {
     use std::io::{BufRead, Write};
     let mut words = LastWords::default();
     let mut out = std::io::stderr();
@@ -133,7 +134,7 @@ fn relay(err: std::process::ChildStderr, first: u32, core: &mpsc::Sender<Event>)
             }
             Line::Exited { nodes, ranks, how } => {
                 for rank in ranks {
-                    let why = words.why(rank, nodes, how);
+                    let why = words.why(rank, nodes, how, program);
                     let _ = core.send(Event::Core(Input::AgentExited { agent: first + rank, why }));
                 }
                 writeln!(out, "{line}")

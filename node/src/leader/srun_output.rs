@@ -80,13 +80,29 @@ impl LastWords {
         words.push_str(text[..cut].trim_end());
     }
 
-    /// Why `rank` exited: its last line, and srun's `how`, on `nodes`.
-    pub fn why(&self, rank: u32, nodes: &str, how: &str) -> String {
-        match self.by_rank.get(&rank).filter(|w| !w.is_empty()) {
-            Some(w) => format!("on {nodes}: {w} ({how})"),
-            None => format!("on {nodes}: it exited with {how}"),
+    /// Why `rank`, running `program`, exited: its last line, and srun's `how`, on `nodes`. A
+    /// rank that said nothing never ran `program`: slurmstepd's exec of it failed, which it logs
+    /// in slurmd's log only and reports as an exit code that is the exec's errno.
+    pub fn why(&self, rank: u32, nodes: &str, how: &str, program: &str) -> String {
+        if let Some(w) = self.by_rank.get(&rank).filter(|w| !w.is_empty()) {
+            return format!("on {nodes}: {w} ({how})");
+        }
+        let errno = how.strip_prefix("exit code ").and_then(|c| c.parse::<i32>().ok()).filter(|&c| c > 0);
+        match errno {
+            Some(e) => format!(
+                "on {nodes}: {program} did not run there ({how}: {}, as slurmstepd's exec of it reports; \
+                 slurmd's log on {nodes} has its line)",
+                strerror(e)
+            ),
+            None => format!("on {nodes}: {program} ended before it said anything ({how})"),
         }
     }
+}
+
+/// The C library's text for `errno`, without std's " (os error N)".
+fn strerror(errno: i32) -> String {
+    let text = std::io::Error::from_raw_os_error(errno).to_string();
+    text.strip_suffix(&format!(" (os error {errno})")).map(str::to_string).unwrap_or(text)
 }
 
 #[cfg(test)]
@@ -128,14 +144,22 @@ mod tests {
     #[test]
     fn the_last_words_are_short_and_name_the_node() {
         let mut w = LastWords::default();
-        assert_eq!(w.why(1, "c2", "exit code 1"), "on c2: it exited with exit code 1");
-        w.said(1, "first");
-        w.said(1, "slurmstepd: error: execve(): /x: No such file or directory  ");
         assert_eq!(
-            w.why(1, "c2", "exit code 2"),
-            "on c2: slurmstepd: error: execve(): /x: No such file or directory (exit code 2)"
+            w.why(1, "c2", "exit code 2", "/x/htc-agent"),
+            "on c2: /x/htc-agent did not run there (exit code 2: No such file or directory, as slurmstepd's exec of it \
+             reports; slurmd's log on c2 has its line)"
+        );
+        assert_eq!(
+            w.why(1, "c2", "Killed", "/x/htc-agent"),
+            "on c2: /x/htc-agent ended before it said anything (Killed)"
+        );
+        w.said(1, "first");
+        w.said(1, "htc-agent: error: --mem-limit cgroup: no memory cgroup  ");
+        assert_eq!(
+            w.why(1, "c2", "exit code 1", "/x/htc-agent"),
+            "on c2: htc-agent: error: --mem-limit cgroup: no memory cgroup (exit code 1)"
         );
         w.said(2, &"é".repeat(400));
-        assert!(w.why(2, "c3", "Killed").len() < KEEP + 40);
+        assert!(w.why(2, "c3", "Killed", "/x").len() < KEEP + 40);
     }
 }

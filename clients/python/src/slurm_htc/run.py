@@ -23,11 +23,12 @@ ENDED = ("done", "failed", "cancelled", DAMAGED)
 DAMAGED_EXIT = 3
 
 # The batch script of the jobs this client submits, as `htc submit` has it: where the plugin is
-# loaded the agent runs instead and the script never does; on a node without it Slurm runs the
-# script as a plain job, which then fails saying so instead of passing for a run that did nothing.
+# loaded the agent runs it as the run's prologue (HTC_PROLOGUE=1) and it does nothing; on a node
+# without it Slurm runs it as a plain job, which then fails saying so instead of passing for a run
+# that did nothing.
 GUARD_SCRIPT = (
-    '--wrap=echo "htc: job $SLURM_JOB_ID ran as a plain batch script on $SLURMD_NODENAME: the slurm-htc '
-    "plugin is not loaded there (its plugstack line, or spank_htc.so); this job ran none of the run's tasks\" >&2; exit 1"
+    '--wrap=[ "$HTC_PROLOGUE" = 1 ] || { echo "htc: job $SLURM_JOB_ID ran as a plain batch script on '
+    "$SLURMD_NODENAME: the slurm-htc plugin is not loaded there (its plugstack line, or spank_htc.so); this job ran none of the run's tasks\" >&2; exit 1; }"
 )
 
 
