@@ -149,6 +149,7 @@ pub fn lead_session(
         fanout,
         instance_size,
         lost_after: site.lost_after,
+        mem_limit: site.mem_limit,
         first_agent: 0,
         await_leader_s: 0,
     };

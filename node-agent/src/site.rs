@@ -21,6 +21,10 @@ pub struct Site {
     pub lost_after: std::time::Duration,
     /// What the leader's CPU costs per report and per task (`htc simulate` charges it).
     pub leader: LeaderCost,
+    /// How the agents of Slurm jobs enforce tasks' `mem=` (`htc run --mem-limit`'s choices):
+    /// `cgroup` makes an agent that cannot use its node's memory cgroups fail to start, and so
+    /// stop the run saying where and why, rather than fall back to watching resident memory.
+    pub mem_limit: crate::memcg::Enforce,
     /// The file these came from, if any.
     pub source: Option<PathBuf>,
 }
@@ -34,6 +38,7 @@ impl Default for Site {
             partition: Plan::Hflow,
             lost_after: crate::liveness::DEFAULT_LOST_AFTER,
             leader: LeaderCost::default(),
+            mem_limit: crate::memcg::Enforce::Auto,
             source: None,
         }
     }
@@ -133,6 +138,10 @@ impl Site {
                 "partition" => site.partition = value.parse().map_err(bad)?,
                 "leader_per_report_s" => site.leader.per_report_us = seconds()? * 1e6,
                 "leader_per_task_s" => site.leader.per_task_us = seconds()? * 1e6,
+                "mem_limit" => {
+                    site.mem_limit = <crate::memcg::Enforce as clap::ValueEnum>::from_str(value, false)
+                        .map_err(|_| bad(format!("mem_limit: expected auto, cgroup or watch, found {value:?}")))?
+                }
                 "lost_after_s" => match seconds()? {
                     v if v >= 0.1 => site.lost_after = std::time::Duration::from_secs_f64(v),
                     _ => return Err(bad(format!("lost_after_s: at least 0.1 s, found {value:?}"))),
@@ -140,7 +149,7 @@ impl Site {
                 _ => {
                     return Err(bad(format!(
                         "unknown key {key:?} (known: instance_start_s, dispatch_s, task_runtime_s, partition, \
-                         lost_after_s, leader_per_report_s, leader_per_task_s)"
+                         lost_after_s, leader_per_report_s, leader_per_task_s, mem_limit)"
                     )))
                 }
             }
@@ -161,6 +170,7 @@ impl Site {
         let LeaderCost { per_report_us, per_task_us } = self.leader;
         s.push_str(&format!("leader_per_report_s = {:.9}\n", per_report_us / 1e6));
         s.push_str(&format!("leader_per_task_s = {:.9}\n", per_task_us / 1e6));
+        s.push_str(&format!("mem_limit = {}\n", self.mem_limit.name()));
         s
     }
 }
@@ -176,6 +186,7 @@ mod tests {
             partition: Plan::Even,
             lost_after: std::time::Duration::from_millis(2500),
             leader: LeaderCost { per_report_us: 21.5, per_task_us: 0.75 },
+            mem_limit: crate::memcg::Enforce::Cgroup,
             source: None,
         };
         let text = site.render("htc calibrate\non host x");
@@ -197,6 +208,8 @@ mod tests {
         assert!(Site::parse("just words", "s").unwrap_err().to_string().contains("expected `key = value`"));
         assert!(Site::parse("dispatch_s = -1", "s").is_err());
         assert!(Site::parse("dispatch_s = NaN", "s").is_err());
+        let e = Site::parse("mem_limit = kernel", "s").unwrap_err().to_string();
+        assert_eq!(e, "s:1: mem_limit: expected auto, cgroup or watch, found \"kernel\"");
     }
 
     #[test]

@@ -33,6 +33,8 @@ pub struct Shape {
     pub output: OutputMode,
     /// The site's bound on silent agents.
     pub lost_after: Duration,
+    /// How the site has the agents enforce tasks' `mem=`.
+    pub mem_limit: htc_exec::memcg::Enforce,
     /// When this job must be gone from the run (its end less KillWait), unix µs.
     pub leave_us: Option<u64>,
 }
@@ -132,6 +134,7 @@ impl Stay {
             fanout: joined.fanout,
             instance_size: self.shape.instance_size,
             lost_after: self.shape.lost_after,
+            mem_limit: self.shape.mem_limit,
             first_agent: joined.first_agent,
             // Agents with members would have to carry theirs through a hand-over too: they do
             // not wait (`Instance::with_await_leader`), and a new leader starts its own.

@@ -124,12 +124,14 @@ fn join(mut d: Driver, run: RunDir, script: &OsString, script_args: &[OsString])
     let instance_size = (d.a.instance_nodes.unwrap_or(1).max(1) * agents_per_node) as u32;
     let mut job = d.job(&run);
     job.agents_wait = instance_size == 1;
+    let site = htc::site::Site::load().unwrap_or_default();
     let shape = Shape {
         nodes: d.nodes,
         agents_per_node,
         instance_size,
         output: d.a.output,
-        lost_after: htc::site::Site::load().unwrap_or_default().lost_after,
+        lost_after: site.lost_after,
+        mem_limit: site.mem_limit,
         leave_us: job.leave_us(),
     };
     d.stay = Some(Stay::new(run.clone(), &d.job_id, shape));

@@ -31,6 +31,8 @@ pub struct Srun {
     pub instance_size: u32,
     /// The site's bound on silent peers (`liveness`).
     pub lost_after: std::time::Duration,
+    /// How the agents enforce tasks' `mem=`: the site's choice (`auto` unless it says).
+    pub mem_limit: htc_exec::memcg::Enforce,
     /// The run-wide id of the first agent: 0, or what the leader gave a joining allocation.
     pub first_agent: u32,
     /// How long the agents wait for a new leader when theirs goes (`WorkArgs::await_leader_s`).
@@ -71,7 +73,7 @@ impl Srun {
                     cpus: String::new(),
                     mem_mb: None,
                     gpus: None,
-                    mem_limit: Default::default(),
+                    mem_limit: self.mem_limit,
                     output: self.output,
                     fanout: self.fanout,
                     agents: 1,
