@@ -124,6 +124,8 @@ impl Srun {
 fn relay(err: std::process::ChildStderr, first: u32, program: &str, core: &mpsc::Sender<Event>) {
     use std::io::{BufRead, Write};
     let mut words = LastWords::default();
+    // The first node Slurm could not launch on: why every agent of the aborted step ended.
+    let mut launch: Option<String> = None;
     let mut out = std::io::stderr();
     for line in std::io::BufReader::new(err).split(b'\n') {
         let Ok(line) = line else { break };
@@ -134,9 +136,14 @@ fn relay(err: std::process::ChildStderr, first: u32, program: &str, core: &mpsc:
                 words.said(rank, text);
                 writeln!(out, "{text}")
             }
+            Line::LaunchFailed { node, why } => {
+                launch
+                    .get_or_insert_with(|| format!("on {node}: Slurm could not launch the agents' step there ({why})"));
+                writeln!(out, "{line}")
+            }
             Line::Exited { nodes, ranks, how } => {
                 for rank in ranks {
-                    let why = words.why(rank, nodes, how, program);
+                    let why = launch.clone().unwrap_or_else(|| words.why(rank, nodes, how, program));
                     let _ = core.send(Event::Core(Input::AgentExited { agent: first + rank, why }));
                 }
                 writeln!(out, "{line}")

@@ -13,6 +13,9 @@ pub enum Line<'a> {
     Task { rank: u32, text: &'a str },
     /// srun: these tasks, on these nodes, exited badly (`how`: "exit code 2", a signal's name).
     Exited { nodes: &'a str, ranks: Vec<u32>, how: &'a str },
+    /// srun: Slurm could not launch the step's tasks on `node` (the step is then aborted, and
+    /// the tasks that did start are killed: the cause is this, not their end).
+    LaunchFailed { node: &'a str, why: &'a str },
     /// Anything else srun says.
     Other(&'a str),
 }
@@ -21,6 +24,13 @@ pub enum Line<'a> {
 pub fn read(line: &str) -> Line<'_> {
     if let Some(e) = exited(line) {
         return e;
+    }
+    if let Some((node, why)) = line
+        .strip_prefix("srun: error: Task launch for ")
+        .and_then(|r| r.split_once(" failed on node "))
+        .and_then(|(_, r)| r.split_once(": "))
+    {
+        return Line::LaunchFailed { node, why };
     }
     // `--label`: "RANK: text", the rank right-aligned (padded with spaces) to the widest one.
     let trimmed = line.trim_start_matches(' ');
@@ -128,6 +138,10 @@ mod tests {
             Line::Task { rank: 2, text: "slurmstepd: error: execve(): /opt/htc-agent: No such file or directory" }
         );
         assert_eq!(read("12: htc-agent: WARN ..."), Line::Task { rank: 12, text: "htc-agent: WARN ..." });
+        assert_eq!(
+            read("srun: error: Task launch for StepId=1.0 failed on node n4: Header lengths are longer than data received"),
+            Line::LaunchFailed { node: "n4", why: "Header lengths are longer than data received" }
+        );
         for other in [
             "srun: error: Unable to create step for job 5: Invalid generic resource",
             "srun: Job step aborted",

@@ -321,7 +321,7 @@ impl Core<'_> {
         if self.agents.contains_key(&agent) || self.instance_of(agent).is_none() {
             return None;
         }
-        tracing::error!(job = %self.job_id, agent, %why, "an agent could not start");
+        tracing::info!(job = %self.job_id, agent, %why, "an agent could not start");
         Some(Ending::AgentNotStarted(format!("the agent could not start {why}")))
     }
 }
