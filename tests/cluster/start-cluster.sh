@@ -20,6 +20,7 @@
 #   HTC_CLUSTER_SCHED        SchedulerParameters, default batch_sched_delay=0; set it
 #                            empty for Slurm's defaults (benchmarks that must look
 #                            like a real site)
+#   HTC_CLUSTER_CONF_EXTRA   lines added at the end of slurm.conf (a benchmark's own settings)
 #   HTC_CLUSTER_ROOT         a release root (release-root.sh): daemons, jobs and the
 #                            tests' clients then run chrooted in a view of it
 #                            (root-view.sh); default: the host's Slurm
@@ -226,6 +227,7 @@ PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE,GANG
 PartitionName=scavenger Nodes=ALL Default=YES PriorityTier=1 PreemptMode=REQUEUE MaxTime=INFINITE State=UP
 PartitionName=high Nodes=ALL PriorityTier=10 PreemptMode=OFF MaxTime=INFINITE State=UP
+${HTC_CLUSTER_CONF_EXTRA:-}
 EOF
 
 # autodetect: cgroup/v1 on this project's machines (v1 controllers, no v2), cgroup/v2 on a kernel
