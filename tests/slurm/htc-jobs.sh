@@ -577,7 +577,7 @@ python_client() {
     cat >"$w/client.py" <<EOF
 from slurm_htc import Executor
 with Executor(slurm={"nodes": 2, "time": "5"}, htc="$bin/htc", cores=1) as ex:
-    fs = [ex.submit("echo \$SLURMD_NODENAME") for _ in range(40)]
+    fs = [ex.submit("sleep 0.2; echo \$SLURMD_NODENAME") for _ in range(40)]
     last = ex.submit("echo after all", after=fs)
     nodes = {f.result().stdout().strip() for f in fs}
     print(ex.run, len(nodes), last.result().stdout().strip())

@@ -9,6 +9,11 @@
 #   limited    a grown job submitted under the run's account and QOS; the one after it, which
 #              the QOS's MaxSubmitJobsPerUser refuses, said once and not asked again, while the
 #              run goes on with what it has
+#   agent_missing   the agent's program missing on one node: the run stops in one line naming
+#              the node and why, no node drained; `htc resume` under the run's account and QOS,
+#              refused once by the QOS's limit, then finishing it once the node is fixed
+#   plugin_missing  the plugin on some nodes only: a run works where the batch step's node has
+#              it; `htc submit`'s job on a node without it fails saying so
 #
 #   tests/slurm/site.sh          (as root, after cargo build --release --workspace)
 set -uo pipefail
@@ -164,16 +169,29 @@ agent_missing() {
     chown -R "$HTC_CLUSTER_USER" "$w"
     rm -rf "$copy" && cp -a "$bin" "$copy" && rm -f "$copy/htc-agent"
     cover n3 "$bin" "$copy" || { bad "agent missing: could not hide the agent on n3"; return; }
-    j=$(submit "$w" -N 4 --exclusive --htc=tasks.txt --wrap=:) || { uncover n3 "$bin"; bad "agent missing: submit"; return; }
+    j=$(submit "$w" -N 4 --exclusive -A spare --qos=capped --htc=tasks.txt --wrap=:) ||
+        { uncover n3 "$bin"; bad "agent missing: submit"; return; }
     state=$(wait_job "$j" 120)
     uncover n3 "$bin"
     check "agent missing on n3: job $j FAILED (was $state)" test "$state" = FAILED
     said=$(grep -c '^htc: the agent could not start on n3: .*htc-agent.*No such file or directory' "$w/slurm-$j.out")
     check "agent missing on n3: one line names the node and the cause ($said)" test "$said" = 1
     check "agent missing on n3: no node drained" none_drained
+    # The resume under the run's account and QOS, whose MaxSubmitJobsPerUser (2) two held jobs
+    # of the user's fill first: refused with Slurm's reason, once, and nothing of the run changed.
+    local h1 h2 rc rec
+    h1=$(submit "$w" -N 1 -A spare --qos=capped --hold --wrap=:) && h2=$(submit "$w" -N 1 -A spare --qos=capped --hold --wrap=:)
+    out=$(as_user -C "$w" "$bin/htc" resume "$j" 2>&1)
+    rc=$?
+    cluster_cmd scancel "$h1" "$h2"
+    check "resume under the QOS's limit: refused (rc $rc), Slurm's reason said once" \
+        test "$rc" != 0 -a "$(grep -c 'MaxSubmitJob' <<<"$out")" = 1
     out=$(as_user -C "$w" "$bin/htc" resume "$j" 2>&1)
     j2=$(grep -o 'Submitted batch job [0-9]*' <<<"$out" | awk '{ print $4 }')
     [[ -n $j2 ]] || { bad "agent missing: htc resume $j: $out"; return; }
+    rec=$(_htc_job_record "$j2")
+    check "resume: job $j2 under the run's account and QOS ($(_htc_field "$rec" Account) $(_htc_field "$rec" QOS))" \
+        test "$(_htc_field "$rec" Account) $(_htc_field "$rec" QOS)" = "spare capped"
     state=$(wait_job "$j2" 120)
     check "agent missing: the node fixed, job $j2 resumes the run to its end (was $state)" test "$state" = COMPLETED
     check "agent missing: every task ran ($(sort -u "$w/ids.txt" | wc -l) of 40)" test "$(sort -u "$w/ids.txt" | wc -l)" = 40
