@@ -158,11 +158,20 @@ on_node() { # NODE CMD...
 cover() { on_node "$1" mount --bind "$3" "${HTC_CLUSTER_VIEW:-}$2"; }
 uncover() { on_node "$1" umount "${HTC_CLUSTER_VIEW:-}$2"; }
 none_drained() { ! cluster_cmd sinfo -h -N -o '%T' | grep -qiE 'drain|down|fail'; }
+# What every admin mistake must come to: the job FAILED, one line of its output saying why, no
+# node drained.
+failed_in_one_line() { # LABEL JOB STATE OUTPUT REGEX
+    local said
+    check "$1: job $2 FAILED (was $3)" test "$3" = FAILED
+    said=$(grep -c -- "$5" "$4")
+    check "$1: one line says why ($said)" test "$said" = 1
+    check "$1: no node drained" none_drained
+}
 
 # The agent's program missing on a node that is not the batch node: the run stops at once, in one
 # line naming the node and why; no node drained; once the node is fixed, a resume finishes it.
 agent_missing() {
-    local w j j2 state out said copy=$HTC_CLUSTER_DIR/htc-bin-without-agent
+    local w j j2 state out copy=$HTC_CLUSTER_DIR/htc-bin-without-agent
     w=$(cluster_workdir agent-missing)
     # shellcheck disable=SC2016 # expanded by the task
     seq 1 40 | sed 's/.*/sleep 0.5; echo "$HTC_TASK_ID" >> ids.txt/' >"$w/tasks.txt"
@@ -173,10 +182,8 @@ agent_missing() {
         { uncover n3 "$bin"; bad "agent missing: submit"; return; }
     state=$(wait_job "$j" 120)
     uncover n3 "$bin"
-    check "agent missing on n3: job $j FAILED (was $state)" test "$state" = FAILED
-    said=$(grep -c '^htc: the agent could not start on n3: .*htc-agent.*No such file or directory' "$w/slurm-$j.out")
-    check "agent missing on n3: one line names the node and the cause ($said)" test "$said" = 1
-    check "agent missing on n3: no node drained" none_drained
+    failed_in_one_line "agent missing on n3" "$j" "$state" "$w/slurm-$j.out" \
+        '^htc: the agent could not start on n3: .*htc-agent.*No such file or directory'
     # The resume under the run's account and QOS, whose MaxSubmitJobsPerUser (2) two held jobs
     # of the user's fill first: refused with Slurm's reason, once, and nothing of the run changed.
     local h1 h2 rc rec
@@ -201,7 +208,7 @@ agent_missing() {
 # The plugin loaded on some nodes only: where it is not, Slurm runs the batch script as a plain job
 # (it warns only in slurmd's log); the plugin is not needed on the other nodes of a run.
 plugin_missing() {
-    local w j state said empty=$HTC_CLUSTER_DIR/plugstack-none.d
+    local w j state out empty=$HTC_CLUSTER_DIR/plugstack-none.d
     w=$(cluster_workdir plugin-missing)
     # shellcheck disable=SC2016 # expanded by the task
     seq 1 40 | sed 's/.*/echo "$HTC_TASK_ID $SLURMD_NODENAME" >> ids.txt/' >"$w/tasks.txt"
@@ -217,10 +224,8 @@ plugin_missing() {
     j=$(tail -n 1 <<<"$out" | cut -d';' -f1)
     state=$(wait_job "$j" 60)
     uncover n4 "$HTC_CLUSTER_DIR/plugstack.conf.d"
-    check "plugin missing on n4: htc submit's job $j on n4 FAILED, not passed as a plain job (was $state)" test "$state" = FAILED
-    said=$(grep -c "^htc: job $j ran as a plain batch script on n4: the slurm-htc plugin is not loaded there" "$w/slurm-$j.out")
-    check "plugin missing on n4: one line says so ($said)" test "$said" = 1
-    check "plugin missing on n4: no node drained" none_drained
+    failed_in_one_line "plugin missing on n4, htc submit's job there" "$j" "$state" "$w/slurm-$j.out" \
+        "^htc: job $j ran as a plain batch script on n4: the slurm-htc plugin is not loaded there"
 }
 
 echo "== 4 nodes (network namespaces), the site's configuration"
