@@ -211,7 +211,8 @@ plugin_missing() {
     local w j state out empty=$HTC_CLUSTER_DIR/plugstack-none.d
     w=$(cluster_workdir plugin-missing)
     # shellcheck disable=SC2016 # expanded by the task
-    seq 1 40 | sed 's/.*/echo "$HTC_TASK_ID $SLURMD_NODENAME" >> ids.txt/' >"$w/tasks.txt"
+    # Tasks of 0.3 s: n4's agent joins while there is still work (echo alone ends before it does).
+    seq 1 40 | sed 's/.*/echo "$HTC_TASK_ID $SLURMD_NODENAME" >> ids.txt; sleep 0.3/' >"$w/tasks.txt"
     chown -R "$HTC_CLUSTER_USER" "$w"
     install -d -m 0755 "$empty"
     cover n4 "$HTC_CLUSTER_DIR/plugstack.conf.d" "$empty" || { bad "plugin missing: could not hide it on n4"; return; }
