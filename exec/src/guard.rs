@@ -4,7 +4,8 @@
 //! processes are re-parented to the guard, which kills each one's process group and exits with
 //! the agent's status. When the guard dies instead, the kernel sends the agent SIGTERM
 //! (`PR_SET_PDEATHSIG`), and the agent stops its tasks and leaves as for any SIGTERM. Signals
-//! sent to the guard (scancel, Ctrl-C, kill) are passed on to the agent.
+//! sent to the guard (scancel, Ctrl-C, kill) are passed on to the agent. Once the agent and its
+//! tasks are gone, the guard removes the agent's memory cgroups (`memcg::remove_left_by`).
 
 use std::io;
 
@@ -49,6 +50,7 @@ fn watch(agent: Pid) -> i32 {
     loop {
         if let Some(code) = reap(agent.as_raw()) {
             stop_orphans();
+            crate::memcg::remove_left_by(agent.as_raw() as u32);
             return code;
         }
         if let Ok(sig) = set.wait() {

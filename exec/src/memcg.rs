@@ -72,29 +72,14 @@ pub struct Root {
 impl Root {
     /// Makes the agent's directory of slot cgroups, or says why it cannot.
     pub fn create() -> Result<Root, String> {
-        let own = fs::read_to_string("/proc/self/cgroup").map_err(|e| format!("/proc/self/cgroup: {e}"))?;
-        let (version, path) = memory_cgroup(&own).ok_or("no memory cgroup controller")?;
-        let info = fs::read_to_string("/proc/self/mountinfo").map_err(|e| format!("/proc/self/mountinfo: {e}"))?;
-        let (mount, root) = mount_of(&info, version).ok_or("the memory cgroup hierarchy is not mounted")?;
-        let rel = path.strip_prefix(root.as_str()).unwrap_or(&path).trim_start_matches('/');
-        let own_dir = if rel.is_empty() { mount } else { mount.join(rel) };
-        let parent = match version {
-            Version::V1 => own_dir.clone(),
-            Version::V2 => {
-                let controllers = fs::read_to_string(own_dir.join("cgroup.controllers")).unwrap_or_default();
-                if !controllers.split_whitespace().any(|c| c == "memory") {
-                    return Err(format!("{}: no memory controller", own_dir.display()));
-                }
-                own_dir.parent().map(Path::to_path_buf).ok_or("the agent is in the root cgroup")?
-            }
-        };
+        let Place { version, own_dir, parent } = Place::find()?;
         // Without the kernel's count of OOM kills (before 4.13) a kill could not be told.
         let events = own_dir.join(if version == Version::V1 { "memory.oom_control" } else { "memory.events" });
         if oom_kill_count(&fs::read_to_string(&events).unwrap_or_default()).is_none() {
             return Err(format!("{}: the kernel keeps no count of OOM kills", events.display()));
         }
         remove_stale(&parent);
-        let dir = parent.join(format!("htc-{}", std::process::id()));
+        let dir = parent.join(dir_name(std::process::id()));
         fs::create_dir(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
         let home = match version {
             Version::V1 => Some(open_w(&own_dir.join("tasks")).map_err(|e| format!("{}: {e}", own_dir.display()))?),
@@ -141,6 +126,53 @@ impl Root {
         let mut slot = Slot { dir, version: self.version, limit_mb: 0, tasks, handle, kills: 0 };
         slot.kills = slot.read_kills()?;
         Ok(slot)
+    }
+}
+
+/// Where an agent's directory of slot cgroups goes: beside its own cgroup's processes (v1), or
+/// beside its own cgroup (v2, where a cgroup with children holds no processes).
+struct Place {
+    version: Version,
+    /// The calling process's own memory cgroup.
+    own_dir: PathBuf,
+    /// Where `htc-PID` goes.
+    parent: PathBuf,
+}
+
+impl Place {
+    fn find() -> Result<Place, String> {
+        let own = fs::read_to_string("/proc/self/cgroup").map_err(|e| format!("/proc/self/cgroup: {e}"))?;
+        let (version, path) = memory_cgroup(&own).ok_or("no memory cgroup controller")?;
+        let info = fs::read_to_string("/proc/self/mountinfo").map_err(|e| format!("/proc/self/mountinfo: {e}"))?;
+        let (mount, root) = mount_of(&info, version).ok_or("the memory cgroup hierarchy is not mounted")?;
+        let rel = path.strip_prefix(root.as_str()).unwrap_or(&path).trim_start_matches('/');
+        let own_dir = if rel.is_empty() { mount } else { mount.join(rel) };
+        let parent = match version {
+            Version::V1 => own_dir.clone(),
+            Version::V2 => {
+                let controllers = fs::read_to_string(own_dir.join("cgroup.controllers")).unwrap_or_default();
+                if !controllers.split_whitespace().any(|c| c == "memory") {
+                    return Err(format!("{}: no memory controller", own_dir.display()));
+                }
+                own_dir.parent().map(Path::to_path_buf).ok_or("the agent is in the root cgroup")?
+            }
+        };
+        Ok(Place { version, own_dir, parent })
+    }
+}
+
+fn dir_name(agent: u32) -> String {
+    format!("htc-{agent}")
+}
+
+/// Removes the slot cgroups of `agent`, a child of the caller in the caller's cgroup that is gone
+/// now, with every task of it (the guard, `guard::split`). `Root`'s drop does not run for an
+/// agent killed, nor for one that leaves while a thread still holds it, and under Slurm what is
+/// left would outlive the job: the step's cgroup cannot be removed while it has children, so
+/// every job would leave its cgroups on every node.
+pub fn remove_left_by(agent: u32) {
+    if let Ok(place) = Place::find() {
+        remove_tree(&place.parent.join(dir_name(agent)));
     }
 }
 

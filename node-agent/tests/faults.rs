@@ -136,6 +136,18 @@ fn tasks_of(agent: i32) -> Vec<i32> {
     in_groups(&children(agent))
 }
 
+/// The directory of slot cgroups agent `pid` made (`memcg::Root`, cgroup v1): the agent makes it
+/// at its start where it may (`--mem-limit auto`).
+/// The tests run as root where the cgroup v1 memory hierarchy is writable (as
+/// `resources::a_memory_cgroup_stops_a_task_at_its_mem` requires).
+fn slot_cgroups_of(pid: i32) -> std::path::PathBuf {
+    let own = fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    let path = own.lines().find_map(|l| l.split_once(":memory:").map(|(_, p)| p.trim_start_matches('/').to_string()));
+    let dir = Path::new("/sys/fs/cgroup/memory").join(path.expect("a memory cgroup")).join(format!("htc-{pid}"));
+    assert!(dir.exists(), "agent {pid} made no memory cgroups ({})", dir.display());
+    dir
+}
+
 /// Tasks never outlive their agent: killed with SIGKILL, its guard stops what it left (each
 /// task's whole process group, background children included); and killing the guard instead
 /// makes the agent stop its tasks and leave.
@@ -151,18 +163,23 @@ fn the_tasks_of_a_killed_agent_are_stopped_whichever_process_is_killed() {
     })
     .expect("two agents, each running one task of three processes (sh and two sleeps)");
 
-    // SIGKILL to the agent itself: its guard stops the task it left.
+    // SIGKILL to the agent itself: its guard stops the task it left, and removes the memory
+    // cgroups the agent made (under Slurm they would keep the step's cgroup from going).
     let agent = agent_pids(&run, 0)[0];
     let tasks = tasks_of(agent);
+    let cgroups = slot_cgroups_of(agent);
     signal(agent, Signal::SIGKILL);
     assert!(wait_for(|| tasks.iter().all(|&p| !alive(p)), Duration::from_secs(5)), "left running: {tasks:?}");
+    assert!(wait_for(|| !cgroups.exists(), Duration::from_secs(5)), "{} left behind", cgroups.display());
 
-    // SIGKILL to the guard: the agent hears of it, stops its task and leaves.
+    // SIGKILL to the guard: the agent hears of it, stops its task and leaves, its cgroups with it.
     let (guard, agent) = (guard_pids(&run, 1)[0], agent_pids(&run, 1)[0]);
     let tasks = tasks_of(agent);
+    let cgroups = slot_cgroups_of(agent);
     signal(guard, Signal::SIGKILL);
     assert!(wait_for(|| tasks.iter().all(|&p| !alive(p)), Duration::from_secs(5)), "left running: {tasks:?}");
     assert!(wait_for(|| !alive(agent), Duration::from_secs(5)), "the agent stayed");
+    assert!(wait_for(|| !cgroups.exists(), Duration::from_secs(5)), "{} left behind", cgroups.display());
 
     // With both agents gone the run stops, resumable.
     let status = wait_some(Duration::from_secs(30), || leader.try_wait().unwrap()).expect("the leader did not end");

@@ -17,6 +17,19 @@ pub const GUARD_SCRIPT: &str =
 $SLURMD_NODENAME: the slurm-htc plugin is not loaded there (its plugstack line, or spank_htc.so); \
 this job ran none of the run's tasks\" >&2; exit 1; }";
 
+/// What sbatch said on stderr when it refused a job, in one line for the run's output: its
+/// lines (each `sbatch: error: …`) joined, `sbatch:` said once.
+pub fn sbatch_refusal(stderr: &[u8]) -> String {
+    let text = String::from_utf8_lossy(stderr);
+    let lines: Vec<&str> = text
+        .lines()
+        .map(|l| l.trim())
+        .filter(|l| !l.is_empty())
+        .map(|l| l.strip_prefix("sbatch: ").unwrap_or(l))
+        .collect();
+    format!("sbatch: {}", lines.join("; "))
+}
+
 /// The Slurm cluster this process runs on ("" outside a Slurm job): a run joins only
 /// allocations of its own cluster.
 pub fn cluster_name() -> String {
@@ -461,6 +474,17 @@ fn days_since_epoch(y: u64, m: u64, d: u64) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_refusal_of_sbatch_s_is_one_line() {
+        let said = b"sbatch: error: QOSMaxSubmitJobPerUserLimit\nsbatch: error: Batch job submission failed: Job violates accounting/QOS policy (job submit limit, user's size and/or time limits)\n";
+        assert_eq!(
+            super::sbatch_refusal(said),
+            "sbatch: error: QOSMaxSubmitJobPerUserLimit; error: Batch job submission failed: Job violates \
+accounting/QOS policy (job submit limit, user's size and/or time limits)"
+        );
+        assert_eq!(super::sbatch_refusal(b"\n"), "sbatch: ");
+    }
+
     #[test]
     fn the_start_sbatch_test_only_foresees_is_read() {
         let line = "sbatch: Job 57 to start at 2026-11-27T03:10:05 using 2 processors on nodes n2 in partition debug";

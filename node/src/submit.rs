@@ -67,7 +67,7 @@ pub fn resubmit(run: &RunDir, nth: u64) -> anyhow::Result<String> {
     cmd.arg(file).arg(format!("--htc-resume={}", run.id())).args(&args).arg(slurm::GUARD_SCRIPT);
     let out = cmd.output().context("running sbatch")?;
     if !out.status.success() {
-        bail!("sbatch: {}", String::from_utf8_lossy(&out.stderr).trim());
+        bail!("{}", slurm::sbatch_refusal(&out.stderr));
     }
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
@@ -122,7 +122,7 @@ impl Submit for SbatchJoin {
         let out = cmd.output().map_err(|e| format!("running sbatch: {e}"))?;
         if !out.status.success() {
             // Said by the leader, as often as it asks (a refusal by a limit once).
-            return Err(format!("sbatch: {}", String::from_utf8_lossy(&out.stderr).trim()));
+            return Err(slurm::sbatch_refusal(&out.stderr));
         }
         let job = String::from_utf8_lossy(&out.stdout).trim().split(';').next().unwrap_or_default().to_string();
         println!("htc: grow: submitted job {job}");

@@ -19,7 +19,9 @@ export HTC_CLUSTER_DIR=${HTC_CLUSTER_DIR:-/var/lib/slurm-htc-test}
 . "$root/tests/cluster/lib.sh"
 
 bin=$HTC_CLUSTER_DIR/htc-bin
-N=480
+# 240 tasks of 0.3 s: 9 s of work on the 8 CPUs, past every fault's own time (a scenario that
+# needs a longer run says so with a local N: bash's locals reach the functions it calls).
+N=240
 TASK_S=0.3
 # The lost node's 2 CPUs: what they were running, and what they could start within the hold.
 MAX_RERUNS=$((2 + 2 * 4))
@@ -153,7 +155,8 @@ link_down() {
 # reported yet (under load reports go once per 100 ms gap, issue 25; tasks here take 0.3 s): 6.
 # Once the link is back, the agent the leader gave up joins again as a fresh member and gets work.
 link_cut_and_back() {
-    local w j state ns=$HTC_CLUSTER_NETNS-n4
+    # 18 s of work: n4 comes back after 12 s with some of it left to take.
+    local w j state ns=$HTC_CLUSTER_NETNS-n4 N=480
     read -r w j < <(start_job linkback --export=ALL,HTC_LOG=info) || { bad "link back: submit"; return; }
     done_snapshot "$w" "$j"
     ip -n "$ns" link set eth0 down

@@ -504,6 +504,43 @@ grown_run() {
     [[ $failed == 0 ]] || { echo "--- slurm-$a.out"; tail -n 30 "$w/slurm-$a.out"; }
 }
 
+# An open run on 3 nodes with every task done waits for its next ones: after standing idle 30 s
+# (core::give_back::OPEN_IDLE_US) its 2 nodes besides the leader's go back to Slurm while it
+# still runs, and a wave added then runs on the node it kept. Slurm 24.11 and later
+# (slurm::GIVES_BACK_FROM), as nodes_given_back.
+open_run_gives_back() {
+    local w a state i left
+    w=$(cluster_workdir open-giveback)
+    printf '#!/bin/bash\n' >"$w/job.sh"
+    chown -R "$HTC_CLUSTER_USER" "$w"
+    a=$(submit "$w" -N 3 --exclusive --htc-open job.sh) || { bad "open give back: submit"; return; }
+    wait_leader "$w" "$a" || { bad "open give back: the leader never listened"; return; }
+    # shellcheck disable=SC2016 # expanded by the task
+    seq 1 24 | sed 's|.*|sleep 0.5; echo "$HTC_TASK_ID $SLURMD_NODENAME" >> ids.txt|' |
+        as_user -C "$w" "$bin/htc" task add "$a" --file - >/dev/null
+    check "open give back: the first wave done" as_user -C "$w" "$bin/htc" task wait "$a" 1-24 --timeout 60s
+    check "open give back: it ran on the 3 nodes" test "$(cut -d' ' -f2 "$w/ids.txt" | sort -u | wc -l)" = 3
+    for ((i = 0; i < 300; i++)); do
+        (($(grep -c 'node given back to Slurm' "$w/slurm-$a.out") >= 2)) && break
+        sleep 0.2
+    done
+    left=$(_htc_field "$(_htc_job_record "$a")" NumNodes)
+    check "open give back: idle, the run gave 2 nodes back and holds 1 ($left), still running ($(job_state "$a"))" \
+        test "$(grep -c 'node given back to Slurm' "$w/slurm-$a.out") $left $(job_state "$a")" = "2 1 RUNNING"
+    # shellcheck disable=SC2016 # expanded by the task
+    seq 25 30 | sed 's|.*|echo "$HTC_TASK_ID $SLURMD_NODENAME" >> ids.txt|' |
+        as_user -C "$w" "$bin/htc" task add "$a" --file - >/dev/null
+    check "open give back: the next wave done" as_user -C "$w" "$bin/htc" task wait "$a" 25-30 --timeout 60s
+    check "open give back: on the node it kept ($(tail -n 6 "$w/ids.txt" | cut -d' ' -f2 | sort -u | xargs))" \
+        test "$(tail -n 6 "$w/ids.txt" | cut -d' ' -f2 | sort -u | wc -l)" = 1
+    check "open give back: no agent was lost" bash -c "! grep -qE 'agent lost|could not give' '$w/slurm-$a.out'"
+    as_user -C "$w" "$bin/htc" close "$a" >/dev/null
+    state=$(wait_job "$a" 60)
+    check "open give back: closed, job $a COMPLETED (was $state)" test "$state" = COMPLETED
+    check "open give back: every task ran once" each_once "$w/ids.txt" 30
+    [[ $failed == 0 ]] || tail -n 20 "$w/slurm-$a.out"
+}
+
 # --htc-open: a run without a task file, fed from the login node in waves while it runs and joined
 # by a second job between them; a key, dependencies, a cancel; every task's state, output and
 # attempt checked against the ledger once the run ended; the close. Then an open run that ends by
@@ -702,6 +739,7 @@ if [[ -n $HTC_CLUSTER_ROOT ]]; then
     timed grown_run
     timed nodes_given_back
     timed open_run
+    timed open_run_gives_back
     timed python_client
     timed snakemake_on_cluster
     [[ $failed == 0 ]] || cluster_logs 20

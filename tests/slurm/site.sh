@@ -9,6 +9,8 @@
 #   limited    a grown job submitted under the run's account and QOS; the one after it, which
 #              the QOS's MaxSubmitJobsPerUser refuses, said once and not asked again, while the
 #              run goes on with what it has
+#   resubmit_refused  --htc-resubmit under that QOS, full: the resubmission refused, said once
+#              with Slurm's reason and the resume advice, not asked again
 #   agent_missing   the agent's program missing on one node: the run stops in one line naming
 #              the node and why, no node drained; `htc resume` under the run's account and QOS,
 #              refused once by the QOS's limit, then finishing it once the node is fixed
@@ -62,6 +64,14 @@ confined() {
         test "$(awk '{ print $2 ":" $4 }' "$w/where.txt" | sort -u | wc -l)" = 8
     limits=$(cut -d' ' -f6 "$w/where.txt" | sort -u | xargs)
     check "confined: every task within its step's --mem limit ($limits)" test "$limits" = $((600 << 20))
+    # The agents' slot cgroups go with them, so that Slurm can remove the job's on every node.
+    local left i
+    for ((i = 0; i < 50; i++)); do
+        left=$(find /sys/fs/cgroup/memory/ -maxdepth 4 -type d -name "job_$j" 2>/dev/null | xargs)
+        [[ -z $left ]] && break
+        sleep 0.2
+    done
+    check "confined: no cgroup of job $j left on any node${left:+ ($(find $left -type d -name 'htc-*' | head -n 3 | xargs))}" test -z "$left"
     how=$(grep -o "tasks' mem= enforced by [a-z ]*" "$w/slurm-$j.out" | sort | uniq -c | xargs)
     check "confined: each of the 8 agents logs how it enforces mem= ($how)" \
         test "$(grep -c "tasks' mem= enforced by" "$w/slurm-$j.out")" = 8
@@ -145,6 +155,31 @@ limited() {
     [[ $failed == 0 ]] || { echo "--- slurm-$a.out"; tail -n 30 "$w/slurm-$a.out"; }
 }
 
+# --htc-resubmit under the run's QOS, whose MaxSubmitJobsPerUser (2) the run's job and a held one
+# of the user's fill: the run ends at once (a task's runtime= does not fit its minute), the leader's
+# resubmission is refused, said once with Slurm's reason and the resume advice, and not asked again.
+resubmit_refused() {
+    local w j h state done
+    w=$(cluster_workdir resubmit-refused)
+    # shellcheck disable=SC2016 # expanded by the task
+    { printf '[runtime=1s] echo "$HTC_TASK_ID" >> ids.txt\n%.0s' 1 2 3 4; printf '[runtime=10m] sleep 600\n'; } >"$w/tasks.txt"
+    chown -R "$HTC_CLUSTER_USER" "$w"
+    h=$(submit "$w" -N 1 -A spare --qos=capped --hold --wrap=:) || { bad "resubmit refused: submit the held job"; return; }
+    j=$(submit "$w" -N 1 -t 1 -A spare --qos=capped --htc=tasks.txt --htc-resubmit=2 --wrap=:) ||
+        { cluster_cmd scancel "$h"; bad "resubmit refused: submit"; return; }
+    state=$(wait_job "$j" 120)
+    check "resubmit refused: no job but the held one left ($(cluster_cmd squeue -h -u "$HTC_CLUSTER_USER" -o %i | xargs))" \
+        test "$(cluster_cmd squeue -h -u "$HTC_CLUSTER_USER" -o %i | xargs)" = "$h"
+    cluster_cmd scancel "$h"
+    check "resubmit refused: job $j ended before its limit (was $state)" test "$state" = FAILED
+    check "resubmit refused: said once, with Slurm's reason and the resume advice" \
+        test "$(grep -c "could not resubmit: .*MaxSubmitJob.*continue with: htc resume $j" "$w/slurm-$j.out")" = 1
+    check "resubmit refused: asked once" test "$(grep -cE 'could not resubmit|resubmitted \(' "$w/slurm-$j.out")" = 1
+    done=$(as_user -C "$w" "$bin/htc" status "$j" --json | grep -o '"done":[0-9]*' | cut -d: -f2)
+    check "resubmit refused: the short tasks done ($done of 4)" test "$done" = 4
+    [[ $failed == 0 ]] || tail -n 20 "$w/slurm-$j.out"
+}
+
 # What an admin may get wrong on one node, made in that node's own mount namespace (its slurmd's,
 # which every slurmstepd it starts inherits: start-cluster.sh), undone after.
 on_node() { # NODE CMD...
@@ -210,8 +245,8 @@ agent_missing() {
 plugin_missing() {
     local w j state out empty=$HTC_CLUSTER_DIR/plugstack-none.d
     w=$(cluster_workdir plugin-missing)
-    # shellcheck disable=SC2016 # expanded by the task
     # Tasks of 0.3 s: n4's agent joins while there is still work (echo alone ends before it does).
+    # shellcheck disable=SC2016 # expanded by the task
     seq 1 40 | sed 's/.*/echo "$HTC_TASK_ID $SLURMD_NODENAME" >> ids.txt; sleep 0.3/' >"$w/tasks.txt"
     chown -R "$HTC_CLUSTER_USER" "$w"
     install -d -m 0755 "$empty"
@@ -234,9 +269,18 @@ echo "== 4 nodes (network namespaces), the site's configuration"
 cluster_env
 echo "-- Slurm $HTC_CLUSTER_RELEASE${HTC_CLUSTER_ROOT:+ from $HTC_CLUSTER_ROOT}"
 install_htc
-for t in ${SITE_ONLY:-confined accounted limited agent_missing plugin_missing}; do
-    timed "$t"
-done
+if [[ -n ${SITE_ONLY:-} ]]; then
+    printf '\n!!! SITE_ONLY="%s": only these run, the others are SKIPPED\n\n' "$SITE_ONLY" >&2
+    for t in $SITE_ONLY; do timed "$t"; done
+else
+    timed confined
+    # limited waits most of its minute on the grower's quiet time; on 2 nodes (its run's and one
+    # grown job's), beside accounted on the other 2, under another QOS than limited's cap.
+    side_by_side accounted limited
+    timed resubmit_refused
+    timed agent_missing
+    timed plugin_missing
+fi
 [[ $failed == 0 ]] || cluster_logs 20
 "$root/tests/cluster/stop-cluster.sh" >/dev/null 2>&1
 results

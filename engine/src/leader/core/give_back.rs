@@ -5,7 +5,8 @@
 //! every agent of a node has gone, the node goes back to Slurm (`Effect::GiveBack`: the driver
 //! shrinks the job, `scontrol update JobId=… NodeList=…`), so that a run's uneven tail holds one
 //! node, not all of them, and jobs queued behind it start. An open run that is not closed may
-//! get tasks at any time: its node goes only after standing idle `OPEN_IDLE_US`; another's after
+//! get tasks at any time: its node goes only after standing idle `OPEN_IDLE_US` (also when the
+//! run has nothing at all to do, waiting for its next tasks); another's after
 //! `IDLE_US`, so that a run of short tasks, whose tail is over in a moment, costs the
 //! controller nothing more.
 //!
@@ -43,7 +44,10 @@ impl Core<'_> {
     /// Tells the agents of each node with nothing left for it to leave (see the module).
     pub(super) fn give_back_idle(&mut self, out: &mut Effects) {
         let Some(leader_node) = self.give_back.leader_node.clone() else { return };
-        if self.told_to_hold || self.grace.is_some() || self.settling() || self.counts.unfinished() == 0 {
+        // A closed run with nothing unfinished is ending; an open one may wait for its next
+        // tasks for hours, and its nodes with nothing to do go back while it waits.
+        let ending = self.counts.unfinished() == 0 && !self.is_open();
+        if self.told_to_hold || self.grace.is_some() || self.settling() || ending {
             return;
         }
         if !self.all_left_runs() {

@@ -99,3 +99,23 @@ fn an_open_run_gives_a_node_back_after_it_stood_idle() {
     let (out, _) = feed_at(&mut c, &mut m, 3_001 + OPEN_IDLE_US, vec![Input::Tick]);
     assert!(told(&out, 2, Stop::Hold), "{out:?}");
 }
+
+/// An open run with every task done waits for its next ones: its nodes but the leader's go
+/// back after standing idle `OPEN_IDLE_US`, and what is added then runs on the node it kept.
+#[test]
+fn an_open_run_with_nothing_to_do_gives_back_all_but_the_leader_s_node() {
+    let mut m = Mem::with(3, 0, 1);
+    let (c, on) = three_running(&mut m);
+    let mut c = c.open(None);
+    let ends: Vec<Input> = on.iter().map(|(&a, &id)| result(a, 1, id, 1, 0)).chain([Input::Tick]).collect();
+    let (out, _) = feed_at(&mut c, &mut m, 3_000, ends);
+    assert!(stopped(&out).is_empty(), "not before they stood idle: {out:?}");
+    let (out, _) = feed_at(&mut c, &mut m, 3_010 + OPEN_IDLE_US, vec![Input::Tick]);
+    assert!(told(&out, 1, Stop::Hold) && told(&out, 2, Stop::Hold), "{out:?}");
+    assert!(!stopped(&out).contains(&0), "the leader's node stays: {out:?}");
+    let lost = |a: u32| Input::Lost { agent: a, why: "connection closed".into() };
+    let (out, end) = feed_at(&mut c, &mut m, 4_010 + OPEN_IDLE_US, vec![lost(1), lost(2)]);
+    assert_eq!(given_back(&out), Some(vec!["node1".to_string(), "node2".to_string()]));
+    assert_eq!(end, None, "the open run goes on");
+    assert_eq!(c.turnout.last_loss(), None, "their going is no loss");
+}
