@@ -78,13 +78,16 @@ impl Root {
         if oom_kill_count(&fs::read_to_string(&events).unwrap_or_default()).is_none() {
             return Err(format!("{}: the kernel keeps no count of OOM kills", events.display()));
         }
-        remove_stale(&parent);
-        let dir = parent.join(dir_name(std::process::id()));
-        fs::create_dir(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        // Before the directory is made: a failure after it would leave it behind (a Slurm step's
+        // own cgroup may be the user's to make cgroups in and yet its `tasks` not be writable).
         let home = match version {
             Version::V1 => Some(open_w(&own_dir.join("tasks")).map_err(|e| format!("{}: {e}", own_dir.display()))?),
             Version::V2 => None,
         };
+        remove_stale(&parent);
+        let dir = parent.join(dir_name(std::process::id()));
+        fs::create_dir(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        // From here its drop removes it.
         let root = Root { dir, version, home };
         if version == Version::V2 {
             write(&root.dir.join("cgroup.subtree_control"), "+memory")

@@ -31,6 +31,26 @@
 # on the machine shares.
 _htc_marker() { printf 'HTC_CLUSTER_DAEMON=%s' "$HTC_CLUSTER_DIR"; }
 
+# _htc_node_slurmd I [SRC DEST]...: node nI's slurmd (netns mode) in its network namespace and in
+# a UTS and mount namespace of its own: its hostname, the cluster's hosts file as /etc/hosts, and
+# each SRC bind-mounted over DEST (a path as the node sees it, in the release's view if any).
+# start-cluster.sh starts every node so; a test that needs one node set up otherwise starts its
+# slurmd again so. Not `ip netns exec`: it remounts /sys, hiding /sys/fs/cgroup, and slurmd
+# 22.05 then refuses to start.
+_htc_node_slurmd() {
+    local i=$1 view=${HTC_CLUSTER_VIEW:-} root=() mounts
+    shift
+    [[ -z $view ]] || root=(chroot "$view")
+    mounts=$(printf 'mount --bind %q %q && ' "$HTC_CLUSTER_DIR/hosts" "$view/etc/hosts")
+    while (($# >= 2)); do
+        mounts+=$(printf 'mount --bind %q %q && ' "$1" "$view$2")
+        shift 2
+    done
+    nsenter --net="/run/netns/$HTC_CLUSTER_NETNS-n$i" -- unshare --uts --mount -- \
+        sh -c "$mounts hostname n$i && exec \"\$@\"" sh "${root[@]}" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin \
+        "$(_htc_marker)" /usr/sbin/slurmd -f "$HTC_CLUSTER_DIR/slurm.conf" -N "n$i"
+}
+
 # _htc_detached CMD...: start a daemon that outlives the caller, with no descriptor of ours but
 # stdin, stdout and stderr (to /dev/null): a daemon keeps every descriptor it inherits, and one
 # held by a caller's `flock /tmp/htc-slurm.lock` (or a pipe a caller reads to its end) would be

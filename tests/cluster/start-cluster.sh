@@ -349,14 +349,8 @@ for i in $(seq "$nodes"); do
     if [[ $mode == loopback ]]; then
         "${daemon_env[@]}" /usr/sbin/slurmd -f "$conf" -N "n$i" || fail "slurmd n$i did not start"
     else
-        # Not `ip netns exec`: it remounts /sys, hiding /sys/fs/cgroup, and
-        # slurmd 22.05 then refuses to start. A private UTS + mount namespace
-        # gives each node its own hostname and /etc/hosts.
-        # shellcheck disable=SC2016 # expanded by the inner sh
-        nsenter --net="/run/netns/$HTC_CLUSTER_NETNS-n$i" -- unshare --uts --mount -- \
-            sh -c 'mount --bind "$1" "$3/etc/hosts" && hostname "$2" && shift 3 && exec "$@"' \
-            sh "$dir/hosts" "n$i" "$view" "${daemon_env[@]}" /usr/sbin/slurmd -f "$conf" -N "n$i" ||
-            fail "slurmd n$i did not start"
+        # A private UTS + mount namespace gives each node its own hostname and /etc/hosts.
+        _htc_node_slurmd "$i" || fail "slurmd n$i did not start"
     fi
 done
 

@@ -16,6 +16,8 @@
 #              refused once by the QOS's limit, then finishing it once the node is fixed
 #   plugin_missing  the plugin on some nodes only: a run works where the batch step's node has
 #              it; `htc submit`'s job on a node without it fails saying so
+#   cgroups_unusable  memory cgroups the agents cannot use: under `mem_limit = cgroup` the run
+#              stops in one line naming a node and why; by default they watch, and say so
 #
 #   tests/slurm/site.sh          (as root, after cargo build --release --workspace)
 set -uo pipefail
@@ -264,6 +266,35 @@ plugin_missing() {
         "^htc: job $j ran as a plain batch script on n4: the slurm-htc plugin is not loaded there"
 }
 
+# Where the agents cannot use memory cgroups: on this site's Slurm (cgroup/v1) a step's own
+# cgroup is the job user's to make cgroups in but its `tasks` file is root's, so an agent could
+# not step its spawning threads back out of its slots' cgroups. With a site.conf of
+# `mem_limit = cgroup` the run stops in one line naming a node and why (each agent finds it before
+# it joins), no node drained; by default (auto) every agent enforces mem= by the RSS watch, and
+# says so and why.
+cgroups_unusable() {
+    local w j state how
+    w=$(cluster_workdir cgroups-unusable)
+    # shellcheck disable=SC2016 # expanded by the task
+    seq 1 40 | sed 's/.*/echo "$HTC_TASK_ID $SLURMD_NODENAME" >> ids.txt; sleep 0.3/' >"$w/tasks.txt"
+    printf 'mem_limit = cgroup\n' >"$w/site.conf"
+    chown -R "$HTC_CLUSTER_USER" "$w"
+    j=$(submit "$w" -N 4 --exclusive --export="ALL,HTC_SITE_CONFIG=$w/site.conf" --htc=tasks.txt --wrap=:) ||
+        bad "cgroups unusable: submit"
+    state=$(wait_job "$j" 120)
+    failed_in_one_line "memory cgroups unusable, mem_limit = cgroup" "$j" "$state" "$w/slurm-$j.out" \
+        '^htc: the agent could not start on n[1-4]: htc-agent: --mem-limit cgroup: .*Permission denied'
+    rm -f "$w/ids.txt"
+    j=$(submit "$w" -N 4 --exclusive --export=ALL,HTC_LOG=info --htc=tasks.txt --wrap=:) || bad "cgroups unusable: submit"
+    state=$(wait_job "$j" 120)
+    check "memory cgroups unusable, by default: job $j COMPLETED (was $state)" test "$state" = COMPLETED
+    check "memory cgroups unusable, by default: every task ran once" \
+        test "$(cut -d' ' -f1 "$w/ids.txt" | sort -u | wc -l) $(wc -l <"$w/ids.txt")" = "40 40"
+    how=$(grep -c "tasks' mem= enforced by watching their resident memory agent=[0-9]* why=.*Permission denied" "$w/slurm-$j.out")
+    check "memory cgroups unusable, by default: each of the 4 agents says it watches instead, and why ($how)" test "$how" = 4
+    [[ $failed == 0 ]] || tail -n 20 "$w/slurm-$j.out"
+}
+
 echo "== 4 nodes (network namespaces), the site's configuration"
 "$root/tests/cluster/start-cluster.sh" -n 4 -m netns -c 2 >/dev/null || { echo "cluster did not start"; exit 1; }
 cluster_env
@@ -280,6 +311,7 @@ else
     timed resubmit_refused
     timed agent_missing
     timed plugin_missing
+    timed cgroups_unusable
 fi
 [[ $failed == 0 ]] || cluster_logs 20
 "$root/tests/cluster/stop-cluster.sh" >/dev/null 2>&1

@@ -142,6 +142,10 @@ async fn connect(addr: SocketAddr) -> anyhow::Result<TcpStream> {
 // a split would pass around by the dozen.
 async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
     let secret = cfg.run.read_secret().context("reading the job secret")?;
+    // What keeps this agent from running tasks is found before it joins: one that cannot start
+    // stops the run saying where and why (`srun_output`); one that joined and then left would
+    // only be lost, and the run go on without its node.
+    let memcg = if cfg.exec == ExecKind::Real { memory_cgroups(&cfg)? } else { None };
     let (job_id, stream) = join(&JoinAs::of(&cfg), cfg.parent, &secret, Joining::First).await?;
 
     let (child_tx, mut child_rx) = unbounded_channel::<Child>();
@@ -152,7 +156,7 @@ async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
     drop(child_tx);
 
     let (ev_tx, mut ev_rx) = unbounded_channel::<Spawned>();
-    let mut execs = Executors::start(&cfg, &job_id, ev_tx)?;
+    let mut execs = Executors::start(&cfg, &job_id, memcg, ev_tx)?;
 
     let (rd, mut wr) = stream.into_split();
     // Frames carry the generation of their connection: after a revival the old one may still
@@ -659,7 +663,12 @@ impl Executors {
         self.waiting.add(wait);
     }
 
-    fn start(cfg: &AgentConfig, job_id: &str, events: UnboundedSender<Spawned>) -> anyhow::Result<Executors> {
+    fn start(
+        cfg: &AgentConfig,
+        job_id: &str,
+        memcg: Option<Arc<htc_exec::memcg::Root>>,
+        events: UnboundedSender<Spawned>,
+    ) -> anyhow::Result<Executors> {
         let sink = |i: usize| {
             let sink = Sink { i, tx: events.clone() };
             move |batch| sink.send(batch)
@@ -679,7 +688,6 @@ impl Executors {
         let mut x = Executors::with(Spread::new(Vec::new()));
         // One pool for all the spawn loops: a task gets devices whichever loop runs it.
         let gpus = htc_exec::gpu::Pool::new(cfg.gpus.clone());
-        let memcg = memory_cgroups(cfg)?;
         // (spawner, its CPUs, its slots, its first slot): the loops, then beside them one for
         // tasks that need several of their CPUs, its slots numbered after theirs for its own
         // output files.

@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
@@ -30,7 +31,7 @@ pub struct Srun {
     /// Agents per 2nd-level instance.
     pub instance_size: u32,
     /// The site's bound on silent peers (`liveness`).
-    pub lost_after: std::time::Duration,
+    pub lost_after: Duration,
     /// How the agents enforce tasks' `mem=`: the site's choice (`auto` unless it says).
     pub mem_limit: htc_exec::memcg::Enforce,
     /// The run-wide id of the first agent: 0, or what the leader gave a joining allocation.
@@ -119,16 +120,44 @@ impl Srun {
     }
 }
 
+/// How long an agent's exit waits for its last words: srun says a task exited as soon as it
+/// hears of it, and the task's own last line, forwarded on another connection, may come after.
+const WORDS_GRACE: Duration = Duration::from_millis(500);
+
 /// Passes srun's stderr on to the leader's, each agent's lines without their label, and tells
 /// the core of every agent that exited badly, with its last line (the cause, if it never joined).
 fn relay(err: std::process::ChildStderr, first: u32, program: &str, core: &mpsc::Sender<Event>) {
     use std::io::{BufRead, Write};
+    let (tx, lines) = mpsc::channel::<Vec<u8>>();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(err).split(b'\n') {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
     let mut words = LastWords::default();
     // The first node Slurm could not launch on: why every agent of the aborted step ended.
     let mut launch: Option<String> = None;
+    // Exits told once their grace is over: (due, rank, nodes, how).
+    let mut exits: Vec<(Instant, u32, String, String)> = Vec::new();
     let mut out = std::io::stderr();
-    for line in std::io::BufReader::new(err).split(b'\n') {
-        let Ok(line) = line else { break };
+    loop {
+        let wait = exits.first().map_or(Duration::from_secs(3600), |e| e.0.saturating_duration_since(Instant::now()));
+        let next = lines.recv_timeout(wait);
+        let now = if next.is_err() { Instant::now() + WORDS_GRACE } else { Instant::now() };
+        while exits.first().is_some_and(|e| e.0 <= now) {
+            let (_, rank, nodes, how) = exits.remove(0);
+            let why = launch.clone().unwrap_or_else(|| words.why(rank, &nodes, &how, program));
+            let _ = core.send(Event::Core(Input::AgentExited { agent: first + rank, why }));
+        }
+        let line = match next {
+            Ok(line) => line,
+            Err(mpsc::RecvTimeoutError::Timeout) => continue,
+            Err(mpsc::RecvTimeoutError::Disconnected) if exits.is_empty() => return,
+            Err(mpsc::RecvTimeoutError::Disconnected) => continue,
+        };
         let line = String::from_utf8_lossy(&line);
         // The job's output file: nothing to do when it cannot be written.
         let _ = match read(&line) {
@@ -142,10 +171,8 @@ fn relay(err: std::process::ChildStderr, first: u32, program: &str, core: &mpsc:
                 writeln!(out, "{line}")
             }
             Line::Exited { nodes, ranks, how } => {
-                for rank in ranks {
-                    let why = launch.clone().unwrap_or_else(|| words.why(rank, nodes, how, program));
-                    let _ = core.send(Event::Core(Input::AgentExited { agent: first + rank, why }));
-                }
+                let due = Instant::now() + WORDS_GRACE;
+                exits.extend(ranks.into_iter().map(|rank| (due, rank, nodes.to_string(), how.to_string())));
                 writeln!(out, "{line}")
             }
             Line::Other(text) => writeln!(out, "{text}"),
