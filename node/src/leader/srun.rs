@@ -12,7 +12,7 @@ use anyhow::{bail, Context};
 use super::core::Input;
 use super::driver::Event;
 use super::launch::{watch, Agents};
-use super::srun_output::{read, LastWords, Line};
+use super::srun_output::{read, Exits, LastWords, Line};
 use crate::work_args::WorkArgs;
 use htc_core::output::OutputMode;
 use htc_exec::simexec::ExecKind;
@@ -120,10 +120,6 @@ impl Srun {
     }
 }
 
-/// How long an agent's exit waits for its last words: srun says a task exited as soon as it
-/// hears of it, and the task's own last line, forwarded on another connection, may come after.
-const WORDS_GRACE: Duration = Duration::from_millis(500);
-
 /// Passes srun's stderr on to the leader's, each agent's lines without their label, and tells
 /// the core of every agent that exited badly, with its last line (the cause, if it never joined).
 fn relay(err: std::process::ChildStderr, first: u32, program: &str, core: &mpsc::Sender<Event>) {
@@ -140,23 +136,22 @@ fn relay(err: std::process::ChildStderr, first: u32, program: &str, core: &mpsc:
     let mut words = LastWords::default();
     // The first node Slurm could not launch on: why every agent of the aborted step ended.
     let mut launch: Option<String> = None;
-    // Exits told once their grace is over: (due, rank, nodes, how).
-    let mut exits: Vec<(Instant, u32, String, String)> = Vec::new();
+    let mut exits = Exits::default();
+    let t0 = Instant::now();
+    let now_us = || t0.elapsed().as_micros() as u64;
     let mut out = std::io::stderr();
     loop {
-        let wait = exits.first().map_or(Duration::from_secs(3600), |e| e.0.saturating_duration_since(Instant::now()));
+        let wait = exits.next_in_us(now_us()).map_or(Duration::from_secs(3600), Duration::from_micros);
         let next = lines.recv_timeout(wait);
-        let now = if next.is_err() { Instant::now() + WORDS_GRACE } else { Instant::now() };
-        while exits.first().is_some_and(|e| e.0 <= now) {
-            let (_, rank, nodes, how) = exits.remove(0);
-            let why = launch.clone().unwrap_or_else(|| words.why(rank, &nodes, &how, program));
-            let _ = core.send(Event::Core(Input::AgentExited { agent: first + rank, why }));
+        let ended = matches!(next, Err(mpsc::RecvTimeoutError::Disconnected));
+        for e in exits.due(now_us(), ended) {
+            let why = launch.clone().unwrap_or_else(|| words.why(e.rank, &e.nodes, &e.how, program));
+            let _ = core.send(Event::Core(Input::AgentExited { agent: first + e.rank, why }));
         }
         let line = match next {
             Ok(line) => line,
             Err(mpsc::RecvTimeoutError::Timeout) => continue,
-            Err(mpsc::RecvTimeoutError::Disconnected) if exits.is_empty() => return,
-            Err(mpsc::RecvTimeoutError::Disconnected) => continue,
+            Err(mpsc::RecvTimeoutError::Disconnected) => return,
         };
         let line = String::from_utf8_lossy(&line);
         // The job's output file: nothing to do when it cannot be written.
@@ -171,8 +166,7 @@ fn relay(err: std::process::ChildStderr, first: u32, program: &str, core: &mpsc:
                 writeln!(out, "{line}")
             }
             Line::Exited { nodes, ranks, how } => {
-                let due = Instant::now() + WORDS_GRACE;
-                exits.extend(ranks.into_iter().map(|rank| (due, rank, nodes.to_string(), how.to_string())));
+                exits.said(now_us(), nodes, ranks, how);
                 writeln!(out, "{line}")
             }
             Line::Other(text) => writeln!(out, "{text}"),

@@ -109,6 +109,43 @@ impl LastWords {
     }
 }
 
+/// An exited rank is told once its last words had time to come: srun says a task exited as soon
+/// as it hears of it, and the task's own last line, forwarded on another connection, may come
+/// after (several agents failing at once were told by their exec's errno, a wrong cause).
+pub const WORDS_GRACE_US: u64 = 500_000;
+
+/// Exits waiting for their grace, in the order srun said them.
+#[derive(Default)]
+pub struct Exits {
+    waiting: std::collections::VecDeque<Exit>,
+}
+
+/// A rank srun said exited, at `said_us`, with its nodes and how.
+pub struct Exit {
+    pub said_us: u64,
+    pub rank: u32,
+    pub nodes: String,
+    pub how: String,
+}
+
+impl Exits {
+    pub fn said(&mut self, now_us: u64, nodes: &str, ranks: Vec<u32>, how: &str) {
+        let exit = |rank| Exit { said_us: now_us, rank, nodes: nodes.to_string(), how: how.to_string() };
+        self.waiting.extend(ranks.into_iter().map(exit));
+    }
+
+    /// How long until the next is due (`None`: none waits).
+    pub fn next_in_us(&self, now_us: u64) -> Option<u64> {
+        self.waiting.front().map(|e| (e.said_us + WORDS_GRACE_US).saturating_sub(now_us))
+    }
+
+    /// Those due by `now_us`; every one once srun's output has ended (`ended`).
+    pub fn due(&mut self, now_us: u64, ended: bool) -> Vec<Exit> {
+        let n = self.waiting.iter().take_while(|e| ended || e.said_us + WORDS_GRACE_US <= now_us).count();
+        self.waiting.drain(..n).collect()
+    }
+}
+
 /// The C library's text for `errno`, without std's " (os error N)".
 fn strerror(errno: i32) -> String {
     let text = std::io::Error::from_raw_os_error(errno).to_string();
@@ -118,6 +155,22 @@ fn strerror(errno: i32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_exit_is_told_after_its_grace_or_when_srun_s_output_ends() {
+        let mut x = Exits::default();
+        assert_eq!(x.next_in_us(0), None);
+        x.said(1_000, "n3", vec![2], "exit code 1");
+        x.said(201_000, "n[1-2]", vec![0, 1], "exit code 1");
+        assert_eq!(x.next_in_us(101_000), Some(WORDS_GRACE_US - 100_000));
+        assert!(x.due(1_000 + WORDS_GRACE_US - 1, false).is_empty(), "not before its grace");
+        let due = x.due(1_000 + WORDS_GRACE_US, false);
+        assert_eq!(due.iter().map(|e| (e.rank, e.nodes.as_str())).collect::<Vec<_>>(), [(2, "n3")]);
+        assert_eq!(x.next_in_us(1_000 + WORDS_GRACE_US), Some(200_000));
+        let rest = x.due(1_000 + WORDS_GRACE_US, true);
+        assert_eq!(rest.iter().map(|e| e.rank).collect::<Vec<_>>(), [0, 1], "all once the output ended");
+        assert_eq!(x.next_in_us(0), None);
+    }
 
     #[test]
     fn srun_s_lines_are_told_apart() {
