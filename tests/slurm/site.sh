@@ -202,6 +202,7 @@ failed_in_one_line() { # LABEL JOB STATE OUTPUT REGEX
     check "$1: job $2 FAILED (was $3)" test "$3" = FAILED
     said=$(grep -c -- "$5" "$4")
     check "$1: one line says why ($said)" test "$said" = 1
+    [[ $said == 1 ]] || tail -n 20 "$4"
     check "$1: no node drained" none_drained
 }
 

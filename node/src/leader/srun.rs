@@ -99,17 +99,25 @@ impl Srun {
         let mut child = cmd.spawn().context("starting srun (is it on PATH?)")?;
         let (etx, erx) = mpsc::channel();
         let (first, never) = (self.first_agent, agents as u32);
+        // Closed when the relay has told every exit srun said.
+        let (told_tx, told) = mpsc::channel::<()>();
         if let Some(err) = child.stderr.take() {
             let core = core.clone();
             let program = self.agent_bin.display().to_string();
-            std::thread::spawn(move || relay(err, first, &program, &core));
+            std::thread::spawn(move || {
+                relay(err, first, &program, &core);
+                drop(told_tx);
+            });
         }
-        // If srun ends, any agent that never joined is gone for good.
+        // If srun ends, any agent that never joined is gone for good: said after the relay has
+        // told how each exited (why one could not start), which would otherwise race it and
+        // lose to "all agents are gone". Bounded, should a stray child keep srun's stderr open.
         let core2 = core.clone();
         let (ltx, lrx) = mpsc::channel();
         watch(child, Vec::new(), core, ltx, "srun".into());
         std::thread::spawn(move || {
             if lrx.recv().is_ok() {
+                let _ = told.recv_timeout(Duration::from_secs(2));
                 for agent in first..first + never {
                     let _ = core2.send(Event::Core(Input::NeverJoined { agent, why: "the srun step ended".into() }));
                 }
