@@ -75,6 +75,13 @@ pub fn work(a: WorkArgs) -> anyhow::Result<()> {
     let tree = std::sync::Arc::new(htc_core::tree::Tree::grafted(first_agent, agents, instance_size, fanout));
     let ids = first_agent + agent_id..first_agent + agent_id + count;
     let places = place(&tree, ids, slurm, leader, &run)?;
+    // The leader asks Slurm about a signal's grace when it runs in a job (`leader::ask_grace`),
+    // as the agents, spawned by it or by srun, then do too; elsewhere no word is to come.
+    let give_back = Duration::from_micros(if std::env::var_os("SLURM_JOB_ID").is_some() {
+        htc_engine::agent::machine::GIVE_BACK_US
+    } else {
+        htc_engine::agent::machine::GIVE_BACK_UNASKED_US
+    });
     let mut cfgs = Vec::new();
     for (id, place) in places {
         cfgs.push(AgentConfig {
@@ -99,6 +106,7 @@ pub fn work(a: WorkArgs) -> anyhow::Result<()> {
             live: Liveness::new(Duration::from_millis(lost_after_ms)),
             keep_daemons,
             await_leader: (await_leader_s > 0).then(|| Duration::from_secs(await_leader_s)),
+            give_back,
         });
     }
     if cfgs.len() == 1 {

@@ -245,6 +245,12 @@ impl Instance {
         self
     }
 
+    /// See `Machine::with_give_back`: a head's signal goes to its own machine too.
+    pub fn with_give_back(mut self, us: u64) -> Self {
+        self.own = self.own.with_give_back(us);
+        self
+    }
+
     /// See `Machine::with_await_leader`: only an agent that heads no members waits for a new
     /// leader with its tasks (a head would have to carry its members' through as well).
     pub fn with_await_leader(mut self, can: bool) -> Self {

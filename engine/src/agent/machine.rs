@@ -160,6 +160,10 @@ enum Parent {
 /// (30 s by default) when no word comes.
 pub const GIVE_BACK_US: u64 = 5_000_000;
 
+/// The give-back time of an agent whose leader has no Slurm job to ask about a grace: what has
+/// not started comes back from the spawners within milliseconds, and no word is to come.
+pub const GIVE_BACK_UNASKED_US: u64 = 500_000;
+
 pub struct Machine {
     id: u32,
     tree: Arc<Tree>,
@@ -186,6 +190,8 @@ pub struct Machine {
     /// Stopped by a signal while holding tasks: what has not started is given back first,
     /// until this time (µs), then the agent stops as the signal said.
     giving_back: Option<(&'static str, u64)>,
+    /// How long `giving_back` lasts: `GIVE_BACK_US`, or `GIVE_BACK_UNASKED_US` (`with_give_back`).
+    give_back_us: u64,
     children: HashSet<u32>,
     parent: Parent,
     shutting_down: bool,
@@ -252,6 +258,7 @@ impl Machine {
             results: Vec::new(),
             recalled: Vec::new(),
             giving_back: None,
+            give_back_us: GIVE_BACK_US,
             children: HashSet::new(),
             parent: Parent::Open,
             shutting_down: false,
@@ -287,6 +294,14 @@ impl Machine {
     /// An agent that, given up, stops its tasks and comes back empty instead of leaving.
     pub fn with_revive(mut self, can: bool) -> Self {
         self.can_revive = can;
+        self
+    }
+
+    /// How long a signalled agent gives back what has not started before it stops what runs:
+    /// under Slurm, time for the leader's word on a grace (`GIVE_BACK_US`); without a job to
+    /// ask, only for the spawners' answer (`GIVE_BACK_UNASKED_US`).
+    pub fn with_give_back(mut self, us: u64) -> Self {
+        self.give_back_us = us;
         self
     }
 
@@ -429,7 +444,7 @@ impl Machine {
                 // nothing more and give back their queues; what runs is stopped after.
                 out.push(Effect::Exec(Command::Hold(true)));
                 out.push(Effect::Exec(Command::Recall(self.holding.iter().copied().collect())));
-                self.giving_back = Some((what, now_us + GIVE_BACK_US));
+                self.giving_back = Some((what, now_us + self.give_back_us));
                 // The leader hears of it at once: it may know of a grace.
                 self.signal_untold = !std::mem::replace(&mut self.signalled, true);
                 self.signal_untold
@@ -1355,6 +1370,18 @@ mod tests {
         assert_eq!((results, recalled), (vec![1], vec![4, 5, 6, 7]), "{out:?}");
         assert!(matches!(out.last(), Some(Effect::Exec(Command::Abort))), "{out:?}");
         assert!(step(&mut m, GAP + 9 + GIVE_BACK_US, Input::Signal("again")).is_empty());
+    }
+
+    /// With no Slurm job for the leader to ask (`GIVE_BACK_UNASKED_US`), what runs is stopped
+    /// once the spawners could answer, not after the wait for a word that will not come.
+    #[test]
+    fn a_signalled_agent_with_no_grace_to_ask_about_stops_after_the_short_give_back() {
+        let mut m = holding(2, 8).with_give_back(GIVE_BACK_UNASKED_US);
+        step(&mut m, 2, Input::Signal("terminated by a signal"));
+        let before = ticks_to(&mut m, 2, GIVE_BACK_UNASKED_US);
+        assert!(!before.iter().any(|e| matches!(e, Effect::Exec(Command::Abort))), "{before:?}");
+        let after = ticks_to(&mut m, GIVE_BACK_UNASKED_US, GIVE_BACK_UNASKED_US + 100_000);
+        assert!(after.iter().any(|e| matches!(e, Effect::Exec(Command::Abort))), "{after:?}");
     }
 
     /// A preemption with a grace: the leader, told of the signal, says to finish what runs

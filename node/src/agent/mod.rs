@@ -94,6 +94,9 @@ pub struct AgentConfig {
     /// An agent of a joined allocation: should the leader go, how long to wait for the run's
     /// new one (`Machine::with_await_leader`).
     pub await_leader: Option<Duration>,
+    /// How long a signalled agent gives back what has not started before it stops what runs
+    /// (`Machine::with_give_back`).
+    pub give_back: Duration,
 }
 
 pub fn run(cfg: AgentConfig) -> anyhow::Result<()> {
@@ -177,7 +180,8 @@ async fn run_async(mut cfg: AgentConfig) -> anyhow::Result<()> {
         .with_clock(wall_us)
         .with_rejoin(can_rejoin)
         .with_revive(true)
-        .with_await_leader(cfg.await_leader.is_some());
+        .with_await_leader(cfg.await_leader.is_some())
+        .with_give_back(cfg.give_back.as_micros() as u64);
     if let Some(gap) = cfg.report_gap {
         m = m.with_report_gap(gap.as_micros() as u64);
     }
