@@ -78,7 +78,7 @@ pub fn min_cpus_per_node() -> Option<usize> {
 
 /// The sbatch options of job `line` (`scontrol show job -o`) that a continuation of its run must
 /// keep as the user asked for them: name, time limit, partition, account, QOS, memory,
-/// constraints, exclusivity, reservation, GPUs and other generic resources, mail, comment,
+/// constraints, nodes excluded, exclusivity, reservation, GPUs and other generic resources, mail, comment,
 /// licenses, and where its output goes (`-o`/`-e` as patterns, `output_pattern`). Values Slurm
 /// shows for "none" are left out.
 pub fn job_options(line: &str) -> Vec<String> {
@@ -105,6 +105,9 @@ pub fn job_options(line: &str) -> Vec<String> {
     opt("mem-per-cpu", get("MinMemoryCPU").filter(|m| *m != "0"));
     opt("constraint", get("Features"));
     opt("reservation", get("Reservation"));
+    // Nodes the user kept the job off stay off; nodes asked for by name (`-w`) are not asked
+    // again: a continuation may be of another size, and those nodes may be why it is needed.
+    opt("exclude", get("ExcNodeList"));
     opt(
         "gres",
         get("TresPerNode")
@@ -509,7 +512,7 @@ accounting/QOS policy (job submit limit, user's size and/or time limits)"
             Nice=0 Account=proj QOS=normal JobState=RUNNING Reason=None Dependency=(null) TimeLimit=00:01:00 \
             Partition=debug NodeList=n[1-4] NumNodes=4 NumCPUs=8 CPUs/Task=1 ReqB:S:C:T=0:0:*:* \
             TRES=cpu=8,mem=1200M,node=4 MinCPUsNode=1 MinMemoryNode=300M MinTmpDiskNode=0 Features=fast&big \
-            OverSubscribe=NO Reservation=(null) Contiguous=0 Licenses=(null) Comment=a run TresPerNode=gres:gpu:2 \
+            ReqNodeList=n[1-4] ExcNodeList=n[7-9] OverSubscribe=NO Reservation=(null) Contiguous=0 Licenses=(null) Comment=a run TresPerNode=gres:gpu:2 \
             MailUser=u@x MailType=END Command=(null)";
         assert_eq!(
             super::job_options(line),
@@ -521,6 +524,7 @@ accounting/QOS policy (job submit limit, user's size and/or time limits)"
                 "--qos=normal",
                 "--mem=300M",
                 "--constraint=fast&big",
+                "--exclude=n[7-9]",
                 "--gres=gpu:2",
                 "--mail-user=u@x",
                 "--mail-type=END",
@@ -528,7 +532,8 @@ accounting/QOS policy (job submit limit, user's size and/or time limits)"
                 "--exclusive",
             ]
         );
-        let shared = "JobId=3 JobName=wrap Account=(null) QOS=(null) TimeLimit=UNLIMITED Partition=p \
+        let shared =
+            "JobId=3 JobName=wrap Account=(null) QOS=(null) TimeLimit=UNLIMITED Partition=p ExcNodeList=(null) \
             MinMemoryCPU=1G OverSubscribe=OK WorkDir=/home/u StdErr=/home/u/slurm-3.out StdIn=/dev/null \
             StdOut=/home/u/slurm-3.out";
         assert_eq!(
