@@ -274,8 +274,8 @@ timed() {
 }
 # `side_by_side F...`: scenarios whose minutes go to waiting on Slurm (a time limit) run at
 # once, each in a subshell whose output is kept and then printed in turn, its checks counted
-# here. They must not share nodes (the cluster needs room for all) or look for each other's
-# processes.
+# here. Each F is a command line, split at spaces ("name arg..."). They must not share nodes
+# (the cluster needs room for all) or look for each other's processes.
 side_by_side() {
     local f o outs=() pids=() p q
     for f in "$@"; do
@@ -283,7 +283,8 @@ side_by_side() {
         outs+=("$o")
         (
             passed=0 failed=0
-            timed "$f"
+            # shellcheck disable=SC2086 # a command line, split into its words
+            timed $f
             echo "side_by_side_counts $passed $failed"
         ) >"$o" 2>&1 &
         pids+=($!)
@@ -307,8 +308,10 @@ results() { echo "$passed passed, $failed failed"; [[ $failed == 0 ]]; }
 install_htc() {
     local root bin=$HTC_CLUSTER_DIR/htc-bin so
     root=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd)
-    so=$(cluster_plugin_so) || return 1
+    # Without it the scenarios would run what an earlier install left: the script stops here.
+    so=$(cluster_plugin_so) || { echo "install_htc: nothing to install; stopping" >&2; exit 1; }
     make -s -C "$root" install PROFILE="${HTC_PROFILE:-release}" BINDIR="$bin" PLUGINDIR="$bin" \
-        PLUGIN_SO="$so" PLUGSTACKDIR="$HTC_CLUSTER_DIR/plugstack.conf.d" >/dev/null
+        PLUGIN_SO="$so" PLUGSTACKDIR="$HTC_CLUSTER_DIR/plugstack.conf.d" >/dev/null ||
+        { echo "install_htc: make install failed; stopping" >&2; exit 1; }
     chmod 0755 "$bin"
 }

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Faults during `sbatch --htc` jobs on a real 4-node Slurm cluster (network namespaces): one
-# node's agent killed with SIGKILL, and one node's network link taken down, mid-run. Each job
-# must still end COMPLETED with every task done, and leave no task process behind. Re-runs: a
-# killed agent's tasks die with it (its guard), so only what it was running re-runs; a node cut
-# off goes on for `hold` (1 s by default: four missed heartbeats) before it starts nothing more,
-# so what it was running plus what it started in that second may run twice. Then the job-level
-# faults: scancel, scontrol requeue, preemption by a high-priority partition's job (requeue), a
-# node Slurm declares down, the leader's node lost with its ledger, the time limit (with and
-# without --htc-resubmit); each continued run re-runs only what was in flight.
+# Faults during `sbatch --htc` jobs on a real Slurm cluster (network namespaces; the faults on 4
+# nodes of 10, beside the scenarios that wait on time limits): one node's agent killed with SIGKILL,
+# and one node's network link taken down, mid-run. Each job must still end COMPLETED with every task
+# done, and leave no task process behind. Re-runs: a killed agent's tasks die with it (its guard),
+# so only what it was running re-runs; a node cut off goes on for `hold` (1 s by default: four
+# missed heartbeats) before it starts nothing more, so what it was running plus what it started in
+# that second may run twice. Then the job-level faults: scancel, scontrol requeue, preemption by a
+# high-priority partition's job (requeue), a node Slurm declares down, the leader's node lost with
+# its ledger, the time limit (with and without --htc-resubmit); each continued run re-runs only what
+# was in flight.
 #
 #   tests/slurm/faults.sh          (as root, after cargo build --release --workspace)
 #   FAULTS_ONLY="node_failed ..."  (some of them)
@@ -25,6 +26,15 @@ N=240
 TASK_S=0.3
 # The lost node's 2 CPUs: what they were running, and what they could start within the hold.
 MAX_RERUNS=$((2 + 2 * 4))
+# Ten nodes: the faults' jobs on n1-n4 (the scenarios name n3 and n4), beside them the two that
+# wait on Slurm's time limit on n5-n10 (2 nodes and 4), so that their minutes are not added to
+# the faults'. Each side's jobs keep off the other's nodes (-x, which a resubmitted job keeps
+# too), and the limit side's run in a partition of their own that nothing preempts (`limits`,
+# made below): the faults change the scavenger partition's preemption, and on 22.05 the gang
+# scheduler requeued a scavenger job on n5-n10 the moment it started, while a high-priority job
+# ran on n1-n4 (a requeued job waits two minutes).
+FAULT_SIDE=(-x "n[5-10]")
+LIMIT_SIDE=(-p limits -x "n[1-4]")
 
 submit() { # DIR ARGS... -> job id
     local dir=$1 out
@@ -66,7 +76,7 @@ start_job() { # NAME [SBATCH OPTIONS...] -> "workdir job"
     shift
     seq 1 "$N" | sed "s|.*|sleep $TASK_S; echo \"\$HTC_TASK_ID \$SLURMD_NODENAME \$HTC_ATTEMPT\" >> ids.txt|" >"$w/tasks.txt"
     chown -R "$HTC_CLUSTER_USER" "$w"
-    j=$(submit "$w" -N 4 --exclusive "$@" --htc=tasks.txt --wrap=:) || return 1
+    j=$(submit "$w" -N 4 --exclusive "${FAULT_SIDE[@]}" "$@" --htc=tasks.txt --wrap=:) || return 1
     for _ in $(seq 600); do
         [[ $(cat "$w/ids.txt" 2>/dev/null | wc -l) -ge $((N / 10)) ]] && break
         sleep 0.1
@@ -283,7 +293,7 @@ preempted_with_grace() {
     seq 1 64 | sed 's|.*|sleep 4; echo "$HTC_TASK_ID $SLURMD_NODENAME $HTC_ATTEMPT" >> ids.txt|' >"$w/tasks.txt"
     chown -R "$HTC_CLUSTER_USER" "$w"
     cluster_cmd scontrol update PartitionName=scavenger PreemptMode=CANCEL GraceTime=15
-    j=$(submit "$w" -N 4 --exclusive --htc=tasks.txt --htc-resubmit=1 --wrap=:) || { bad "grace: submit"; return; }
+    j=$(submit "$w" -N 4 --exclusive "${FAULT_SIDE[@]}" --htc=tasks.txt --htc-resubmit=1 --wrap=:) || { bad "grace: submit"; return; }
     # Preempted 1 s into the second wave: 8 tasks with 3 s to go.
     for _ in $(seq 600); do
         [[ $(cat "$w/ids.txt" 2>/dev/null | wc -l) -ge 8 ]] && break
@@ -461,7 +471,7 @@ time_limit() {
     w=$(cluster_workdir timelimit)
     { printf '[runtime=1s] echo "$HTC_TASK_ID" >> ids.txt\n%.0s' $(seq 8); printf '[runtime=10m] sleep 600\n%.0s' 1 2; } >"$w/tasks.txt"
     chown -R "$HTC_CLUSTER_USER" "$w"
-    j=$(submit "$w" -N 2 -t 3 --htc=tasks.txt --wrap=:) || { bad "time limit: submit"; return; }
+    j=$(submit "$w" -N 2 -t 3 "${FAULT_SIDE[@]}" --htc=tasks.txt --wrap=:) || { bad "time limit: submit"; return; }
     state=$(wait_job "$j" 120)
     check "time limit: job $j ended before its limit (was $state)" test "$state" = FAILED
     done=$(as_user -C "$w" "$bin/htc" status "$j" --json | grep -o '"done":[0-9]*' | cut -d: -f2)
@@ -477,7 +487,7 @@ job_opts() {
     local rec k out=""
     rec=$(_htc_job_record "$1") || return 1
     local v
-    for k in JobName TimeLimit Partition Account QOS MinMemoryNode OverSubscribe NumNodes; do
+    for k in JobName TimeLimit Partition Account QOS MinMemoryNode OverSubscribe NumNodes ExcNodeList; do
         v=$(_htc_field "$rec" "$k")
         # A pending job shows its node count as the range asked for ("2-2"), a running one as "2".
         [[ $k == NumNodes && $v == *-* && ${v%-*} == "${v#*-}" ]] && v=${v%-*}
@@ -499,7 +509,7 @@ resubmitted_at_time_limit() {
     w=$(cluster_workdir resubmit)
     seq 1 150 | sed "s|.*|sleep 3; echo \"\$HTC_TASK_ID \$SLURMD_NODENAME \$HTC_ATTEMPT\" >> ids.txt|" >"$w/tasks.txt"
     chown -R "$HTC_CLUSTER_USER" "$w"
-    j=$(submit "$w" -N 2 --exclusive -t 1 -J tlname --mem=300 -o 'tl-%j.out' --htc=tasks.txt --htc-resubmit=2 --wrap=:) || { bad "resubmit: submit"; return; }
+    j=$(submit "$w" -N 2 --exclusive -t 1 "${LIMIT_SIDE[@]}" -J tlname --mem=300 -o 'tl-%j.out' --htc=tasks.txt --htc-resubmit=2 --wrap=:) || { bad "resubmit: submit"; return; }
     local want_opts; want_opts=$(job_opts "$j")
     state=$(wait_job "$j" 240)
     check "resubmit: job $j stopped at its time limit (was $state)" test "$state" = TIMEOUT
@@ -556,12 +566,12 @@ handed_over() {
     seq 1 800 | sed "s|.*|sleep 1; echo \"\$HTC_TASK_ID \$SLURMD_NODENAME \$HTC_ATTEMPT\" >> ids.txt|" >"$w/tasks.txt"
     chown -R "$HTC_CLUSTER_USER" "$w"
     # Open, so that a client adds tasks through the hand-over; closed once it is done.
-    a=$(submit "$w" -N 1 --exclusive -t 1 --htc=tasks.txt --htc-open --htc-resubmit=2 --wrap=:) || { bad "hand-over: submit"; return; }
+    a=$(submit "$w" -N 1 --exclusive -t 1 "${LIMIT_SIDE[@]}" --htc=tasks.txt --htc-open --htc-resubmit=2 --wrap=:) || { bad "hand-over: submit"; return; }
     wait_leader "$w" "$a"
     keyed_adds "$w" "$a" "$n" &
     adder=$!
-    b=$(submit "$w" -N 2 --exclusive -t 10 --htc-join="$a" --wrap=:) || { bad "hand-over: submit a joining job"; return; }
-    c=$(submit "$w" -N 1 --exclusive -t 10 --htc-join="$a" --wrap=:) || { bad "hand-over: submit a joining job"; return; }
+    b=$(submit "$w" -N 2 --exclusive -t 10 "${LIMIT_SIDE[@]}" --htc-join="$a" --wrap=:) || { bad "hand-over: submit a joining job"; return; }
+    c=$(submit "$w" -N 1 --exclusive -t 10 "${LIMIT_SIDE[@]}" --htc-join="$a" --wrap=:) || { bad "hand-over: submit a joining job"; return; }
     # The scenario is a hand-over to jobs that were in the run: both must have joined before
     # job $a's limit (nodes still busy would start one only after it, to take over alone).
     for ((i = 0; i < 200; i++)); do
@@ -612,27 +622,33 @@ handed_over() {
     [[ $failed == 0 ]] || { echo "--- adds.err"; sort "$w/adds.err" | uniq -c | sort -rn | head -n 5; }
 }
 
-# Six nodes: the faults take four; the last two scenarios, which wait on Slurm's time limit, run
-# side by side on four and two.
-echo "== 6 nodes (network namespaces)"
-"$root/tests/cluster/start-cluster.sh" -n 6 -m netns -c 2 >/dev/null || { echo "cluster did not start"; exit 1; }
+quick_faults() {
+    local t
+    for t in "$@"; do
+        timed "$t"
+    done
+}
+
+echo "== 10 nodes (network namespaces)"
+"$root/tests/cluster/start-cluster.sh" -n 10 -m netns -c 2 >/dev/null || { echo "cluster did not start"; exit 1; }
 cluster_env
 install_htc
-# FAULTS_ONLY="name ..." runs some of them (while working on one): said loudly, as it is no pass.
+cluster_cmd scontrol create PartitionName=limits Nodes="n[5-10]" PriorityTier=1 PreemptMode=OFF State=UP ||
+    { echo "could not make the limits partition"; exit 1; }
+# node_failed last: after it Slurm may keep n4 idle but unscheduled (IDLE+PLANNED) for two
+# minutes, and the next job on n1-n4 waited that long.
+quick=(killed_agent link_down link_cut_and_back cancelled_then_resumed requeued preempted preempted_with_grace
+    suspended suspended_by_preemption leader_killed_then_resumed time_limit node_failed)
+# FAULTS_ONLY="name ..." runs some of them, one after the other (while working on one): said
+# loudly, as it is no pass.
 if [[ -n ${FAULTS_ONLY:-} ]]; then
     printf '\n!!! FAULTS_ONLY="%s": only these faults run, the others are SKIPPED\n\n' "$FAULTS_ONLY" >&2
+    # shellcheck disable=SC2086 # a list of names
+    quick_faults $FAULTS_ONLY
+else
+    wait_idle 10 || bad "the ten nodes idle before the scenarios"
+    side_by_side resubmitted_at_time_limit handed_over "quick_faults ${quick[*]}"
 fi
-# A minute or more each of waiting for a time limit: at once, on nodes of their own (2 and 4),
-# and first, on a fresh cluster: after node_failed, Slurm kept its node idle but unscheduled
-# (IDLE+PLANNED, the job for it pending on Resources) for over a minute, so the hand-over's second
-# joined job started only after the run's job had reached its limit.
-if [[ -z ${FAULTS_ONLY:-} ]]; then
-    wait_idle 6 || bad "the six nodes idle before the time-limit scenarios"
-    side_by_side resubmitted_at_time_limit handed_over
-fi
-for t in ${FAULTS_ONLY:-killed_agent link_down link_cut_and_back cancelled_then_resumed requeued preempted preempted_with_grace suspended suspended_by_preemption node_failed leader_killed_then_resumed time_limit}; do
-    timed "$t"
-done
 
 [[ $failed == 0 ]] || cluster_logs 20
 "$root/tests/cluster/stop-cluster.sh" >/dev/null 2>&1
