@@ -78,9 +78,9 @@ pub fn min_cpus_per_node() -> Option<usize> {
 
 /// The sbatch options of job `line` (`scontrol show job -o`) that a continuation of its run must
 /// keep as the user asked for them: name, time limit, partition, account, QOS, memory,
-/// constraints, nodes excluded, exclusivity, reservation, GPUs and other generic resources, mail, comment,
-/// licenses, and where its output goes (`-o`/`-e` as patterns, `output_pattern`). Values Slurm
-/// shows for "none" are left out.
+/// constraints, nodes excluded, exclusivity, reservation, GPUs and other generic resources, mail,
+/// comment, licenses, and where its output goes (`-o`/`-e` as patterns, `output_pattern`). Values
+/// Slurm shows for "none" are left out.
 pub fn job_options(line: &str) -> Vec<String> {
     let fields = scontrol_fields(line);
     let get = |k: &str| {
