@@ -127,16 +127,19 @@ enum Grown {
 pub struct Grower {
     spec: GrowSpec,
     jobs: BTreeMap<String, Grown>,
-    /// When it last submitted (or a submission failed): one submission per `QUIET_US`, so
+    /// When it last submitted (or a submission failed): one submission per `quiet_us`, so
     /// that a job just submitted is counted before the next is considered.
     last_us: Option<u64>,
+    /// The least time between two submissions: [`QUIET_US`] unless the site says otherwise.
+    quiet_us: u64,
     /// The site's limits refused a submission while this many grown jobs were active: none is
     /// asked for again until fewer are (one of them ended, which may make room under a limit
     /// such as MaxSubmitJobsPerUser), so a refusal is never asked again in a loop.
     refused_at: Option<u32>,
 }
 
-/// The least time between two submissions.
+/// The least time between two submissions, by default: one grown job is counted in the queue
+/// before the next is considered, and a run's submissions stay a trickle to the controller.
 pub const QUIET_US: u64 = 30_000_000;
 
 /// How long an open run may have nothing to do before its grown jobs go.
@@ -144,7 +147,12 @@ pub const IDLE_GRACE_US: u64 = 60_000_000;
 
 impl Grower {
     pub fn new(spec: GrowSpec) -> Grower {
-        Grower { spec, jobs: BTreeMap::new(), last_us: None, refused_at: None }
+        Grower { spec, jobs: BTreeMap::new(), last_us: None, quiet_us: QUIET_US, refused_at: None }
+    }
+
+    /// With another least time between two submissions (the site's `grow_gap_s`).
+    pub fn with_quiet(self, quiet_us: u64) -> Grower {
+        Grower { quiet_us, ..self }
     }
 
     /// A grown job was submitted as `job`.
@@ -214,7 +222,7 @@ impl Grower {
         if s.others_waiting
             || self.refused_at.is_some()
             || self.active() >= self.spec.max_jobs
-            || self.last_us.is_some_and(|t| s.now_us < t + QUIET_US)
+            || self.last_us.is_some_and(|t| s.now_us < t + self.quiet_us)
         {
             return Decision::Wait;
         }
@@ -328,6 +336,15 @@ mod tests {
             others_waiting: false,
             idle_us: None,
         }
+    }
+
+    #[test]
+    fn the_site_s_gap_between_two_submissions_replaces_the_default() {
+        let mut g = Grower::new(GrowSpec { max_jobs: 3, nodes: 1, minutes: Some(10) }).with_quiet(5 * S);
+        assert!(matches!(g.decide(&situation(0, 1000, &[])), Decision::Submit { .. }));
+        g.submitted("101".into(), 0);
+        assert_eq!(g.decide(&situation(4, 1000, &[])), Decision::Wait, "within the site's 5 s");
+        assert!(matches!(g.decide(&situation(5, 1000, &[])), Decision::Submit { .. }), "after 5 s, not 30");
     }
 
     #[test]

@@ -176,10 +176,12 @@ pub fn lead_session(
         give_back_from: gives_back(a.keep_nodes, survivors.is_some())
             .then(|| slurm::var("SLURMD_NODENAME").ok())
             .flatten(),
+        open_idle_give_back: site.open_idle_give_back,
         grow: a.grow.map(|spec| {
             let own_minutes = end_us.map_or(60, |e| e.saturating_sub(now_us()).div_ceil(60_000_000));
             let submit = Arc::new(submit::SbatchJoin { run: run.clone(), own_options: slurm::own_job_options() });
-            leader::grow::Growing::new(spec, own_minutes, submit)
+            let grower = htc_core::grow::Grower::new(spec).with_quiet(site.grow_gap.as_micros() as u64);
+            leader::grow::Growing::new(grower, own_minutes, submit)
         }),
         handover: survivors.as_ref().map(|_| leader::Handover {
             wait: HANDOVER_SETTLE,

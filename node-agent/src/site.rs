@@ -25,6 +25,12 @@ pub struct Site {
     /// `cgroup` makes an agent that cannot use its node's memory cgroups fail to start, and so
     /// stop the run saying where and why, rather than fall back to watching resident memory.
     pub mem_limit: crate::memcg::Enforce,
+    /// The least time between two jobs a run submits to grow (`--htc-grow`): how fast a run may
+    /// add to the controller's queue.
+    pub grow_gap: std::time::Duration,
+    /// How long a node of an open run stands idle before it goes back to Slurm: the longer,
+    /// the likelier the run's next tasks find it still there.
+    pub open_idle_give_back: std::time::Duration,
     /// The file these came from, if any.
     pub source: Option<PathBuf>,
 }
@@ -39,6 +45,8 @@ impl Default for Site {
             lost_after: crate::liveness::DEFAULT_LOST_AFTER,
             leader: LeaderCost::default(),
             mem_limit: crate::memcg::Enforce::Auto,
+            grow_gap: std::time::Duration::from_micros(htc_core::grow::QUIET_US),
+            open_idle_give_back: std::time::Duration::from_micros(htc_engine::leader::core::OPEN_IDLE_US),
             source: None,
         }
     }
@@ -146,10 +154,17 @@ impl Site {
                     v if v >= 0.1 => site.lost_after = std::time::Duration::from_secs_f64(v),
                     _ => return Err(bad(format!("lost_after_s: at least 0.1 s, found {value:?}"))),
                 },
+                // At least a second: a grown job is counted in the queue before the next is
+                // considered (the queue is looked at every few seconds).
+                "grow_gap_s" => match seconds()? {
+                    v if v >= 1.0 => site.grow_gap = std::time::Duration::from_secs_f64(v),
+                    _ => return Err(bad(format!("grow_gap_s: at least 1 s, found {value:?}"))),
+                },
+                "open_idle_give_back_s" => site.open_idle_give_back = std::time::Duration::from_secs_f64(seconds()?),
                 _ => {
                     return Err(bad(format!(
                         "unknown key {key:?} (known: instance_start_s, dispatch_s, task_runtime_s, partition, \
-                         lost_after_s, leader_per_report_s, leader_per_task_s, mem_limit)"
+                         lost_after_s, leader_per_report_s, leader_per_task_s, mem_limit, grow_gap_s, open_idle_give_back_s)"
                     )))
                 }
             }
@@ -171,6 +186,8 @@ impl Site {
         s.push_str(&format!("leader_per_report_s = {:.9}\n", per_report_us / 1e6));
         s.push_str(&format!("leader_per_task_s = {:.9}\n", per_task_us / 1e6));
         s.push_str(&format!("mem_limit = {}\n", self.mem_limit.name()));
+        s.push_str(&format!("grow_gap_s = {}\n", self.grow_gap.as_secs_f64()));
+        s.push_str(&format!("open_idle_give_back_s = {}\n", self.open_idle_give_back.as_secs_f64()));
         s
     }
 }
@@ -187,6 +204,8 @@ mod tests {
             lost_after: std::time::Duration::from_millis(2500),
             leader: LeaderCost { per_report_us: 21.5, per_task_us: 0.75 },
             mem_limit: crate::memcg::Enforce::Cgroup,
+            grow_gap: std::time::Duration::from_secs(5),
+            open_idle_give_back: std::time::Duration::from_secs(7),
             source: None,
         };
         let text = site.render("htc calibrate\non host x");
@@ -210,6 +229,8 @@ mod tests {
         assert!(Site::parse("dispatch_s = NaN", "s").is_err());
         let e = Site::parse("mem_limit = kernel", "s").unwrap_err().to_string();
         assert_eq!(e, "s:1: mem_limit: expected auto, cgroup or watch, found \"kernel\"");
+        let e = Site::parse("\ngrow_gap_s = 0.5", "s").unwrap_err().to_string();
+        assert_eq!(e, "s:2: grow_gap_s: at least 1 s, found \"0.5\"");
     }
 
     #[test]

@@ -28,7 +28,7 @@ TASK_S=0.3
 MAX_RERUNS=$((2 + 2 * 4))
 # Ten nodes: the faults' jobs on n1-n4 (the scenarios name n3 and n4), beside them the two that
 # wait on Slurm's time limit on n5-n10 (2 nodes and 4), so that their minutes are not added to
-# the faults'. Each side's jobs keep off the other's nodes (-x, which a resubmitted job keeps
+# the faults', and after the hand-over three faults that need no named node (limit_side_faults). Each side's jobs keep off the other's nodes (-x, which a resubmitted job keeps
 # too), and the limit side's run in a partition of their own that nothing preempts (`limits`,
 # made below): the faults change the scavenger partition's preemption, and on 22.05 the gang
 # scheduler requeued a scavenger job on n5-n10 the moment it started, while a high-priority job
@@ -67,6 +67,29 @@ job_procs() { # JOB
     for p in $(pgrep -u "$HTC_CLUSTER_USER"); do
         { tr '\0' '\n' <"/proc/$p/environ"; } 2>/dev/null | grep -qx "SLURM_JOB_ID=$1" && echo "$p"
     done
+}
+
+# No process of a task of this lane's jobs (`sleep $TASK_S`, which each lane makes its own) left.
+no_task_left() { ! pgrep -u "$HTC_CLUSTER_USER" -f "sleep $TASK_S( |;|\$)" >/dev/null; }
+
+# If job JOB runs 20 s without OUT saying PATTERN, what its processes wait on (a continuation
+# that stalled before its first line, once on 22.05, left nothing else to go by).
+report_stall() { # OUT JOB PATTERN
+    local i p
+    for ((i = 0; i < 600; i++)); do
+        grep -qs "$3" "$1" && return 0
+        [[ $(job_state "$2") == RUNNING ]] && break
+        sleep 0.2
+    done
+    sleep 20
+    grep -qs "$3" "$1" && return 0
+    echo "--- job $2 ($(job_state "$2")) has run 20 s without saying '$3'; its processes:"
+    for p in $(job_procs "$2"); do
+        echo "$p $(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null)"
+        echo "    threads' wchan: $(cat /proc/"$p"/task/*/wchan 2>/dev/null | xargs)"
+        head -n 4 "/proc/$p/stack" 2>/dev/null | sed 's/^/    /'
+    done
+    tail -n 5 "$1"
 }
 
 # A job of N short tasks recording "id node attempt"; waits until a tenth are done.
@@ -121,7 +144,7 @@ finished_well() { # LABEL WORKDIR JOB STATE
     check "$label: a re-run is a new attempt" \
         test "$(sort -k1,1n -k3,3n "$w/ids.txt" | awk 'prev == $1 && pa == $3 { d++ } { prev = $1; pa = $3 } END { print d + 0 }')" = 0
     check "$label: the leader said which agent it lost" grep -q 'agent lost' "$w/slurm-$j.out"
-    check "$label: no task process left" bash -c "! pgrep -u '$HTC_CLUSTER_USER' -f 'sleep $TASK_S' >/dev/null"
+    check "$label: no task process left" no_task_left
     [[ $failed == 0 ]] || tail -n 20 "$w/slurm-$j.out"
 }
 
@@ -204,7 +227,7 @@ cancelled_then_resumed() {
     state=$(wait_job "$j" 120)
     check "cancel: job $j CANCELLED (was $state)" test "$state" = CANCELLED
     sleep 2
-    check "cancel: no task process left on any node" bash -c "! pgrep -u '$HTC_CLUSTER_USER' -f 'sleep $TASK_S' >/dev/null"
+    check "cancel: no task process left on any node" no_task_left
     out=$(as_user -C "$w" "$bin/htc" status "$j")
     check "cancel: htc status advises htc resume $j" grep -q "htc resume $j" <<<"$out"
     done_before=$(as_user -C "$w" "$bin/htc" status "$j" --json | grep -o '"done":[0-9]*' | cut -d: -f2)
@@ -254,7 +277,7 @@ requeued() {
     sessions=$(grep -c "^== job $j (restart" "$w/.htc/$j/job.out")
     check "requeue: the run's job.out has both sessions ($sessions)" test "$sessions" = 2
     check "requeue: it keeps what the first session printed" grep -q "htc: job $j: $N tasks from" "$w/.htc/$j/job.out"
-    check "requeue: no task process left" bash -c "! pgrep -u '$HTC_CLUSTER_USER' -f 'sleep $TASK_S' >/dev/null"
+    check "requeue: no task process left" no_task_left
 }
 
 # PreemptMode=REQUEUE (the site's scavenger partition, where the run's job is): a job of the
@@ -435,7 +458,7 @@ leader_killed_then_resumed() {
     check "leader killed: the resumed job left no ledger on its node" \
         test ! -e "/tmp/htc-$(id -u "$HTC_CLUSTER_USER")-$j2"
     check "leader killed: nor the killed leader's ($(dirname "$local"))" test ! -e "$(dirname "$local")"
-    check "leader killed: no task process left" bash -c "! pgrep -u '$HTC_CLUSTER_USER' -f 'sleep $TASK_S' >/dev/null"
+    check "leader killed: no task process left" no_task_left
 }
 
 # A node fails as Slurm sees it (`scontrol update state=down`): slurmctld ends the job on every
@@ -521,7 +544,10 @@ resubmitted_at_time_limit() {
     check "resubmit: the leader submitted the next job (${j2:-none}) itself" test -n "$j2"
     [[ -n $j2 ]] || { tail -n 20 "$w/tl-$j.out"; return; }
     same "resubmit: job $j2 keeps the options job $j was given" "$want_opts" "$(job_opts "$j2")"
+    report_stall "$w/tl-$j2.out" "$j2" "continues the run of job $j" &
+    local watch=$!
     state=$(wait_job "$j2" 240)
+    wait "$watch"
     check "resubmit: job $j2 COMPLETED (was $state)" test "$state" = COMPLETED
     check "resubmit: job $j2 wrote its output where job $j's -o tl-%j.out says (tl-$j2.out)" \
         test -s "$w/tl-$j2.out" -a ! -e "$w/slurm-$j2.out"
@@ -533,6 +559,7 @@ resubmitted_at_time_limit() {
     none_done_ran_again "resubmit" "$w"
     check "resubmit: the second job says what it continues" grep -q "continues the run of job $j" "$w/tl-$j2.out"
     check "resubmit: no task process left" bash -c "! pgrep -u '$HTC_CLUSTER_USER' -f '^sleep 3$|sleep 3; echo' >/dev/null"
+    [[ $failed == 0 ]] || { for o in "tl-$j.out" "tl-$j2.out"; do echo "--- $o"; tail -n 20 "$w/$o"; done; ls -l "$w/.htc"; }
 }
 
 # The run's own job (1 node) reaches its time limit while two joined jobs (--htc-join; 2 nodes,
@@ -629,6 +656,16 @@ quick_faults() {
     done
 }
 
+# The limit side's second lane: the hand-over, then the faults that name no node and leave the
+# scavenger partition as it is, on 4 of n5-n10 (the resubmitted job holds the other 2), in
+# their own partition, with tasks of their own (`sleep 0.31`: each lane's no_task_left sees
+# only its own).
+limit_side_faults() {
+    local FAULT_SIDE=("${LIMIT_SIDE[@]}") TASK_S=0.31
+    timed handed_over
+    quick_faults cancelled_then_resumed requeued leader_killed_then_resumed
+}
+
 echo "== 10 nodes (network namespaces)"
 "$root/tests/cluster/start-cluster.sh" -n 10 -m netns -c 2 >/dev/null || { echo "cluster did not start"; exit 1; }
 cluster_env
@@ -637,8 +674,8 @@ cluster_cmd scontrol create PartitionName=limits Nodes="n[5-10]" PriorityTier=1 
     { echo "could not make the limits partition"; exit 1; }
 # node_failed last: after it Slurm may keep n4 idle but unscheduled (IDLE+PLANNED) for two
 # minutes, and the next job on n1-n4 waited that long.
-quick=(killed_agent link_down link_cut_and_back cancelled_then_resumed requeued preempted preempted_with_grace
-    suspended suspended_by_preemption leader_killed_then_resumed time_limit node_failed)
+quick=(killed_agent link_down link_cut_and_back preempted preempted_with_grace suspended suspended_by_preemption
+    time_limit node_failed)
 # FAULTS_ONLY="name ..." runs some of them, one after the other (while working on one): said
 # loudly, as it is no pass.
 if [[ -n ${FAULTS_ONLY:-} ]]; then
@@ -647,7 +684,7 @@ if [[ -n ${FAULTS_ONLY:-} ]]; then
     quick_faults $FAULTS_ONLY
 else
     wait_idle 10 || bad "the ten nodes idle before the scenarios"
-    side_by_side resubmitted_at_time_limit handed_over "quick_faults ${quick[*]}"
+    side_by_side resubmitted_at_time_limit limit_side_faults "quick_faults ${quick[*]}"
 fi
 
 [[ $failed == 0 ]] || cluster_logs 20

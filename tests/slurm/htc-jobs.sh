@@ -504,21 +504,24 @@ grown_run() {
     [[ $failed == 0 ]] || { echo "--- slurm-$a.out"; tail -n 30 "$w/slurm-$a.out"; }
 }
 
-# An open run on 3 nodes with every task done waits for its next ones: after standing idle 30 s
-# (core::give_back::OPEN_IDLE_US) its 2 nodes besides the leader's go back to Slurm while it
-# still runs, and a wave added then runs on the node it kept. Slurm 24.11 and later
-# (slurm::GIVES_BACK_FROM), as nodes_given_back.
+# An open run on 3 nodes with every task done waits for its next ones: after standing idle for
+# the site's open_idle_give_back_s (30 s by default, 5 s here) its 2 nodes besides the leader's go
+# back to Slurm while it still runs, and a wave added then runs on the node it kept. Slurm 24.11
+# and later (slurm::GIVES_BACK_FROM), as nodes_given_back.
 open_run_gives_back() {
-    local w a state i left
+    local w a state i left t0 idle=5
     w=$(cluster_workdir open-giveback)
     printf '#!/bin/bash\n' >"$w/job.sh"
+    printf 'open_idle_give_back_s = %s\n' "$idle" >"$w/site.conf"
     chown -R "$HTC_CLUSTER_USER" "$w"
-    a=$(submit "$w" -N 3 --exclusive --htc-open job.sh) || { bad "open give back: submit"; return; }
+    a=$(submit "$w" -N 3 --exclusive --export=ALL,HTC_SITE_CONFIG="$w/site.conf" --htc-open job.sh) ||
+        { bad "open give back: submit"; return; }
     wait_leader "$w" "$a" || { bad "open give back: the leader never listened"; return; }
     # shellcheck disable=SC2016 # expanded by the task
     seq 1 24 | sed 's|.*|sleep 0.5; echo "$HTC_TASK_ID $SLURMD_NODENAME" >> ids.txt|' |
         as_user -C "$w" "$bin/htc" task add "$a" --file - >/dev/null
     check "open give back: the first wave done" as_user -C "$w" "$bin/htc" task wait "$a" 1-24 --timeout 60s
+    t0=$(date +%s.%N)
     check "open give back: it ran on the 3 nodes" test "$(cut -d' ' -f2 "$w/ids.txt" | sort -u | wc -l)" = 3
     # The job shrinks once the leader has told Slurm (scontrol update), just after its line.
     for ((i = 0; i < 300; i++)); do
@@ -528,6 +531,10 @@ open_run_gives_back() {
     done
     check "open give back: idle, the run gave 2 nodes back and holds 1 ($left), still running ($(job_state "$a"))" \
         test "$(grep -c 'node given back to Slurm' "$w/slurm-$a.out") $left $(job_state "$a")" = "2 1 RUNNING"
+    # The idle time runs from the last task's end, a moment before `htc task wait` saw it.
+    local took; took=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+    check "open give back: not before the site's $idle s idle ($took s after the wave)" \
+        awk -v t="$took" -v i="$idle" 'BEGIN { exit !(t >= i - 1) }' 
     # shellcheck disable=SC2016 # expanded by the task
     seq 25 30 | sed 's|.*|echo "$HTC_TASK_ID $SLURMD_NODENAME" >> ids.txt|' |
         as_user -C "$w" "$bin/htc" task add "$a" --file - >/dev/null
@@ -725,9 +732,10 @@ fi
 
 if [[ -n $HTC_CLUSTER_ROOT ]]; then
     # A second release (tests/run-all.sh runs every scenario on the first): the workload, its
-    # tree and instances, joins and growth, open runs with the Python client and Snakemake. The
-    # rest (bad input, prologue, retries, sweeps, the watch, memory) is the same code whichever
-    # Slurm runs it.
+    # tree and instances, joins, nodes given back, open runs with the Python client and
+    # Snakemake. The rest (bad input, prologue, retries, sweeps, the watch, memory) is the same
+    # code whichever Slurm runs it; so is growth's plan (grown_run), whose sbatch and join this
+    # release sees in site.sh's `limited`.
     echo "== 4 nodes (network namespaces), the second release's set"
     "$root/tests/cluster/start-cluster.sh" -n 4 -m netns -c 2 >/dev/null || { echo "cluster did not start"; exit 1; }
     cluster_env
@@ -737,7 +745,6 @@ if [[ -n $HTC_CLUSTER_ROOT ]]; then
     timed run_many 4 3000 --htc-fanout=2
     INSTANCE_NODES=2 timed run_many 4 3000 --htc-instance-nodes=2 --export=ALL,HTC_LOG=info
     timed joined_job
-    timed grown_run
     timed nodes_given_back
     timed open_run
     timed open_run_gives_back

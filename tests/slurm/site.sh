@@ -74,7 +74,7 @@ confined() {
         sleep 0.2
     done
     check "confined: no cgroup of job $j left on any node${left:+ ($(find $left -type d -name 'htc-*' | head -n 3 | xargs))}" test -z "$left"
-    how=$(grep -o "tasks' mem= enforced by [a-z ]*" "$w/slurm-$j.out" | sort | uniq -c | xargs)
+    how=$(grep -o "tasks' mem= enforced by [a-z ]*" "$w/slurm-$j.out" | sort | uniq -c | sed 's/^ *//' | paste -sd';')
     check "confined: each of the 8 agents logs how it enforces mem= ($how)" \
         test "$(grep -c "tasks' mem= enforced by" "$w/slurm-$j.out")" = 8
     [[ $failed == 0 ]] || { head -n 5 "$w/where.txt"; tail -n 20 "$w/slurm-$j.out"; }
@@ -115,13 +115,16 @@ accounted() {
 
 # An open run under account spare and QOS capped (MaxSubmitJobsPerUser=2) that wants to grow by
 # up to 3 jobs: the first grown job makes 2 of the user's jobs; the second is refused, and not
-# asked for again while the first is there.
+# asked for again while the first is there. The site's least time between two submissions
+# (grow_gap_s, 30 s by default) is 5 s here, so that "not again" is seen in seconds.
 limited() {
-    local w a i grown rec state said
+    local w a i grown rec state said gap=5
     w=$(cluster_workdir limited)
     printf '#!/bin/bash\n' >"$w/job.sh"
+    printf 'grow_gap_s = %s\n' "$gap" >"$w/site.conf"
     chown -R "$HTC_CLUSTER_USER" "$w"
-    a=$(submit "$w" -N 1 --exclusive -t 3 -A spare --qos=capped --htc-open --htc-grow=3:1:3 job.sh) ||
+    a=$(submit "$w" -N 1 --exclusive -t 3 -A spare --qos=capped --export=ALL,HTC_SITE_CONFIG="$w/site.conf" \
+        --htc-open --htc-grow=3:1:3 job.sh) ||
         { bad "limited: submit the run"; return; }
     wait_leader "$w" "$a" || { bad "limited: the open run's leader never listened"; return; }
     # 600 tasks of 2 s: 1,200 core-s, more than the run's 2 CPUs and one grown job (3 min, so
@@ -140,8 +143,8 @@ limited() {
     done
     check "limited: the refusal is said, with Slurm's reason" \
         grep -q "grow: the site's limits refuse another job; the run goes on with the nodes it has (sbatch: .*MaxSubmitJob" "$w/slurm-$a.out"
-    # Longer than the 30 s between two submissions: nothing asked again.
-    sleep 35
+    # Three times the least time between two submissions: nothing asked again.
+    sleep $((3 * gap))
     said=$(grep -c "grow: submitting a job" "$w/slurm-$a.out")
     check "limited: not asked again ($said submissions asked in all, the refused one included)" test "$said" = 2
     check "limited: the refusal said once" test "$(grep -c "the site's limits refuse" "$w/slurm-$a.out")" = 1

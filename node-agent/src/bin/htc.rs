@@ -255,6 +255,7 @@ fn run(a: RunArgs) -> anyhow::Result<i32> {
         mem_policy,
         no_steal,
         give_back_from: None,
+        open_idle_give_back: site.open_idle_give_back,
         grow: None,
         handover: None,
     };

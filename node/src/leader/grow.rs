@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use htc_core::grow::{Decision, GrowSpec, Grower};
+use htc_core::grow::{Decision, Grower};
 
 use super::core::Core;
 use super::effect::Effects;
@@ -86,16 +86,8 @@ pub struct Growing {
 }
 
 impl Growing {
-    pub fn new(spec: GrowSpec, own_minutes: u64, submit: Arc<dyn Submit>) -> Growing {
-        Growing {
-            grower: Grower::new(spec),
-            own_minutes,
-            submit,
-            tell: None,
-            last: None,
-            looked: None,
-            others_waiting: false,
-        }
+    pub fn new(grower: Grower, own_minutes: u64, submit: Arc<dyn Submit>) -> Growing {
+        Growing { grower, own_minutes, submit, tell: None, last: None, looked: None, others_waiting: false }
     }
 
     /// Where the answers of submissions and of the queue go: to the driver, which hands them

@@ -66,6 +66,9 @@ pub struct LeaderConfig {
     /// nodes of its own allocation that nothing is left for (`core::give_back`); `None`: it
     /// keeps them to the end.
     pub give_back_from: Option<String>,
+    /// How long a node of an open run stands idle before it is given back (the site's
+    /// `open_idle_give_back_s`).
+    pub open_idle_give_back: Duration,
     /// A run that grows itself (`--htc-grow`): its policy and how it submits.
     pub grow: Option<grow::Growing>,
     /// This session took the run over with agents that kept their tasks (`Core::expecting_handover`).
@@ -193,7 +196,8 @@ fn configured_core(ledger: &Ledger, cfg: &LeaderConfig, expected: usize) -> anyh
         core = core.without_stealing();
     }
     if let Some(node) = &cfg.give_back_from {
-        core = core.giving_back_nodes(node.clone());
+        core =
+            core.giving_back_nodes(node.clone()).open_idle_before_give_back(cfg.open_idle_give_back.as_micros() as u64);
     }
     if let Some(n) = cfg.max_fails {
         core = core.with_max_fails(n);

@@ -15,7 +15,8 @@
 
 use super::*;
 
-/// How long a node of an open run (one that takes tasks) stands idle before it is given back.
+/// How long a node of an open run (one that takes tasks) stands idle before it is given back,
+/// unless the site says otherwise (`Core::open_idle_before_give_back`).
 pub const OPEN_IDLE_US: u64 = 30_000_000;
 
 /// How long a node of any other run stands idle before it is given back.
@@ -27,6 +28,13 @@ impl Core<'_> {
     /// agents name it).
     pub fn giving_back_nodes(mut self, leader_node: String) -> Self {
         self.give_back.leader_node = Some(leader_node);
+        self
+    }
+
+    /// How long a node of an open run stands idle before it is given back (`OPEN_IDLE_US` by
+    /// default): the longer, the likelier the run's next tasks find it still there.
+    pub fn open_idle_before_give_back(mut self, us: u64) -> Self {
+        self.give_back.open_idle_us = Some(us);
         self
     }
 
@@ -68,7 +76,7 @@ impl Core<'_> {
             .map(|(node, _)| node.to_string())
             .collect();
         idle.sort();
-        let wait = if self.is_open() { OPEN_IDLE_US } else { IDLE_US };
+        let wait = if self.is_open() { self.give_back.open_idle_us.unwrap_or(OPEN_IDLE_US) } else { IDLE_US };
         let now = self.now_us;
         let since = &mut self.give_back.idle_since;
         since.retain(|n, _| idle.contains(n));

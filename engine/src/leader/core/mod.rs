@@ -209,6 +209,7 @@ pub const AUDIT_EVERY_LOST_AFTER: u64 = 6;
 
 pub use streak::BLACK_HOLE_STREAK;
 
+pub use give_back::OPEN_IDLE_US;
 pub use preemption::MAX_PREEMPTIONS;
 
 /// Hinted work per core an agent may hold before it gets only what it can start (`with_horizon`).

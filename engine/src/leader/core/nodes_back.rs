@@ -18,6 +18,9 @@ pub(super) struct GiveBack {
     pub(super) given: Vec<String>,
     /// Since when each node has held nothing, all that is left running.
     pub(super) idle_since: HashMap<String, u64>,
+    /// How long an open run's node stands idle before it goes, if not `OPEN_IDLE_US` (the
+    /// site's `open_idle_give_back_s`).
+    pub(super) open_idle_us: Option<u64>,
 }
 
 impl GiveBack {

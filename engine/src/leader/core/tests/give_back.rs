@@ -100,6 +100,30 @@ fn an_open_run_gives_a_node_back_after_it_stood_idle() {
     assert!(told(&out, 2, Stop::Hold), "{out:?}");
 }
 
+/// The site may have an open run's nodes stand idle longer or shorter than `OPEN_IDLE_US`
+/// (`open_idle_before_give_back`): the node goes after that, not before, and a closed run's
+/// `IDLE_US` is not changed by it.
+#[test]
+fn an_open_run_s_idle_time_is_the_site_s() {
+    let mut m = Mem::with(3, 0, 1);
+    let (c, on) = three_running(&mut m);
+    let mut c = c.open(None).open_idle_before_give_back(5_000_000);
+    let (out, _) = feed_at(&mut c, &mut m, 3_000, vec![result(2, 1, on[&2], 1, 0), Input::Tick]);
+    assert!(stopped(&out).is_empty(), "{out:?}");
+    let (out, _) = feed_at(&mut c, &mut m, 3_001 + 5_000_000 - 10, vec![Input::Tick]);
+    assert!(stopped(&out).is_empty(), "not before the site's 5 s: {out:?}");
+    let (out, _) = feed_at(&mut c, &mut m, 3_001 + 5_000_000, vec![Input::Tick]);
+    assert!(told(&out, 2, Stop::Hold), "after 5 s, not OPEN_IDLE_US: {out:?}");
+
+    let mut m = Mem::with(3, 0, 1);
+    let (c, on) = three_running(&mut m);
+    let mut c = c.open_idle_before_give_back(60_000_000);
+    let (out, _) = feed_at(&mut c, &mut m, 3_000, vec![result(2, 1, on[&2], 1, 0), Input::Tick]);
+    assert!(stopped(&out).is_empty(), "{out:?}");
+    let (out, _) = feed_at(&mut c, &mut m, 3_001 + IDLE_US, vec![Input::Tick]);
+    assert!(told(&out, 2, Stop::Hold), "a run that takes no tasks keeps IDLE_US: {out:?}");
+}
+
 /// An open run with every task done waits for its next ones: its nodes but the leader's go
 /// back after standing idle `OPEN_IDLE_US`, and what is added then runs on the node it kept.
 #[test]
