@@ -2,7 +2,8 @@
 """Fails when the modules of a workspace crate import each other in a circle.
 
 Cargo refuses a cycle between crates but not between the modules of one crate, and such a circle
-is how one crate had grown into a 22-module knot before it was split (docs/dev/crate-split-plan.md).
+is how one crate had grown into a 22-module knot before it was split into the crates that
+docs/architecture.md describes.
 This reads the sources, not the compiler, so it needs nothing but python3 (3.11: tomllib).
 
 What counts, decided here once:

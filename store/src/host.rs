@@ -1,6 +1,6 @@
 //! Facts about this machine every layer asks: its name and the wall clock. Here, at the bottom,
 //! so that the ledger's replica (which records the host it was made on) does not reach up into
-//! the agent for them (that edge tied 22 modules into one import cycle: docs/dev/crate-split-plan.md).
+//! the agent for them (that edge once tied 22 modules into one import cycle).
 
 /// This node's host name ("?" if the system will not say).
 pub fn hostname() -> String {
