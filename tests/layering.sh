@@ -12,11 +12,12 @@ fail=0
 declare -A may=(
     [htc-core]=""
     [htc-engine]="htc-core"
-    [htc-store]="htc-core"
-    [htc-exec]="htc-core"
-    [htc-node]="htc-core htc-engine htc-store htc-exec"
+    [htc-host]=""
+    [htc-store]="htc-core htc-host"
+    [htc-exec]="htc-core htc-host"
+    [htc-node]="htc-core htc-engine htc-host htc-store htc-exec"
 )
-ours="htc-core htc-engine htc-store htc-exec htc-node node-agent spank-plugin"
+ours="htc-core htc-engine htc-host htc-store htc-exec htc-node node-agent spank-plugin"
 for crate in "${!may[@]}"; do
     deps=$(cargo tree -p "$crate" -e normal --prefix none --format '{p}' --locked | awk '{print $1}' | sort -u)
     for d in $deps; do

@@ -2,15 +2,13 @@
 //! slots, deadlines, preemption, memory), `spawn` and `capture` (starting a task and keeping its
 //! output), `memcg`, `memwatch` and `memory` (memory limits and what a node has), `gpu`,
 //! `prologue`, `output` (the output files and their index), `guard` and `leftovers` (nothing a
-//! task starts outlives it), `throttle`, `handoff`, `disk` (free space) and `clock`; `simexec`
+//! task starts outlives it), `throttle` and `handoff`; `simexec`
 //! the simulated executors (`--exec none|sleep`). All speak `htc_core::work`'s messages.
 //!
-//! May use: `htc-core`, processes, files, `libc`. May not use: the store, the engine's machines,
+//! May use: `htc-core`, `htc-host` (the clock, free space), processes, files, `libc`. May not use: the store, the engine's machines,
 //! the wire format or sockets.
 
 pub mod capture;
-pub mod clock;
-pub mod disk;
 pub mod executor;
 pub mod gpu;
 pub mod guard;

@@ -8,10 +8,10 @@ use std::io;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use crate::clock::now_us;
 use crate::executor::Handle;
 use htc_core::virtual_exec::VirtualExec;
 use htc_core::work::{Command, ExecEvent};
+use htc_host::now_us;
 
 /// How an agent runs its tasks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]

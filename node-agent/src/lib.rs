@@ -31,8 +31,9 @@ pub use htc_exec::{
     capture, executor, gpu, guard, handoff, leftovers, memcg, memory, memwatch, output, prologue, simexec, spawn,
     throttle,
 };
+pub use htc_host as host;
 pub use htc_node::{agent, auth, bootstrap, frame, join, leader, livefile, pmi, slurm, work_args};
-pub use htc_store::{host, layout, ledger, load, mapfault, pagecheck, replica, rundir, storage, verify};
+pub use htc_store::{layout, ledger, load, mapfault, pagecheck, replica, rundir, verify};
 
 /// Logs to stderr; `HTC_LOG` takes a tracing filter (e.g. `info`, or `htc_engine=debug` for one crate: the
 /// engine, store, exec and node crates log under their own names).

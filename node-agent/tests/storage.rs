@@ -31,7 +31,7 @@ impl Disk {
 
     /// Fills the disk up to `leave` bytes free with a file `fill`.
     fn fill(&self, leave: u64) {
-        let free = htc::storage::free_bytes(&self.0).unwrap();
+        let free = htc::host::free_bytes(&self.0).unwrap();
         let n = free.saturating_sub(leave);
         let f = fs::File::create(self.0.join("fill")).unwrap();
         use std::io::Write;

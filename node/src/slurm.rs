@@ -212,7 +212,7 @@ pub fn node_ip() -> IpAddr {
     if let Ok(n) = std::env::var("SLURMD_NODENAME") {
         names.push(n);
     }
-    names.push(htc_store::host::hostname());
+    names.push(htc_host::hostname());
     let addrs: Vec<IpAddr> = names
         .iter()
         .filter_map(|n| (n.as_str(), 0).to_socket_addrs().ok())

@@ -334,8 +334,8 @@ fn name_full_disk(path: &Path, e: lmdb::Error) -> lmdb::Error {
         return e;
     }
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    match crate::storage::free_bytes(dir) {
-        Some(free) if free < crate::storage::NEARLY_FULL => lmdb::Error::Other(libc::ENOSPC),
+    match htc_host::free_bytes(dir) {
+        Some(free) if free < htc_host::NEARLY_FULL => lmdb::Error::Other(libc::ENOSPC),
         _ => e,
     }
 }

@@ -3,14 +3,13 @@
 //! directory (`replica`) that a run recovers from when the node-local ledger is lost, and their
 //! file format with the open journal the ledger writes to (`journal`); the checks that a ledger is
 //! whole (`verify`, `pagecheck`, `mapfault`); the run directory (`rundir`) and loading a task file
-//! into it (`load`); free space (`storage`) and the host (`host`).
+//! into it (`load`). Free space and the host come from `htc-host`.
 //!
-//! May use: `htc-core` (records, task states), LMDB, files, `libc`. May not use: the engine's
+//! May use: `htc-core` (records, task states), `htc-host`, LMDB, files, `libc`. May not use: the engine's
 //! machines, the wire format, sockets or processes: the store knows tasks, not agents.
 
 mod cursor;
 mod ffi;
-pub mod host;
 pub mod journal;
 pub mod layout;
 pub mod ledger;
@@ -19,6 +18,5 @@ pub mod mapfault;
 pub mod pagecheck;
 pub mod replica;
 pub mod rundir;
-pub mod storage;
 pub mod verify;
 pub mod vouch;

@@ -103,7 +103,7 @@ impl Replica {
 
     /// Records where the live ledger is: `htc status` on that host reads it directly.
     pub fn set_where(&self, ledger: &Path) -> Result<()> {
-        let text = format!("{}\n{}\n", crate::host::hostname(), ledger.display());
+        let text = format!("{}\n{}\n", htc_host::hostname(), ledger.display());
         let tmp = self.dir.join("where.tmp");
         fs::write(&tmp, text).and_then(|()| fs::rename(&tmp, self.where_file())).map_err(io_err(&self.dir))
     }
@@ -113,7 +113,7 @@ impl Replica {
         let text = fs::read_to_string(self.where_file()).ok()?;
         let mut lines = text.lines();
         let (host, path) = (lines.next()?, PathBuf::from(lines.next()?));
-        (host == crate::host::hostname() && path.exists()).then_some(path)
+        (host == htc_host::hostname() && path.exists()).then_some(path)
     }
 
     /// Starts a new generation: a snapshot of `ledger` as it is now (no write transaction may be
@@ -237,7 +237,7 @@ impl Replica {
 /// filesystem is refused, since LMDB's lock and map are not safe there.
 pub fn node_local(dir: Option<&Path>, job_id: &str) -> std::result::Result<PathBuf, String> {
     let base = dir.map(Path::to_path_buf).unwrap_or_else(std::env::temp_dir);
-    if let Some(kind) = crate::storage::network_fs(&base) {
+    if let Some(kind) = htc_host::network_fs(&base) {
         return Err(format!(
             "the ledger directory {} is on {kind}; the ledger needs node-local storage (plugin argument ledger_dir=)",
             base.display()

@@ -316,7 +316,7 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
     (yoe + era * 400 + (m <= 2) as i64, m, d)
 }
 
-pub use crate::host::now_us;
+pub use htc_host::now_us;
 
 #[cfg(test)]
 mod tests {

@@ -37,12 +37,12 @@ use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use crate::clock::now_us;
 use crate::handoff::{Handoff, When};
 use crate::output::{IndexEntry, OutputMode};
 use htc_core::orders::{Orders, Todo};
 use htc_core::record::Outcome;
 use htc_core::slots::{self, Deadlines, Due, Holder, Next, Queue, Room};
+use htc_host::now_us;
 
 pub use htc_core::work::{recall_from, Command, ExecEvent, Finished, TaskToRun};
 

@@ -140,7 +140,7 @@ impl Executor {
     /// failed writing their output.
     pub(super) fn disk_full(&self) -> Option<io::Error> {
         let dir = &self.cfg.out_dir;
-        let free = crate::disk::free_bytes(dir).filter(|&b| b < crate::disk::NEARLY_FULL)?;
+        let free = htc_host::free_bytes(dir).filter(|&b| b < htc_host::NEARLY_FULL)?;
         Some(io::Error::new(
             io::ErrorKind::StorageFull,
             format!("the disk holding {} is full ({free} bytes free)", dir.display()),
@@ -193,7 +193,7 @@ impl Executor {
             return None;
         }
         self.space_checked = Some(now);
-        let free = crate::disk::free_bytes(&self.cfg.out_dir)?;
+        let free = htc_host::free_bytes(&self.cfg.out_dir)?;
         self.space_low = free < SPACE_LOW;
         self.disk_full()
     }

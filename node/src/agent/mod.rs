@@ -361,7 +361,7 @@ impl Carrier for Turn<'_> {
     fn exec(&mut self, command: Command) {
         let command = match command {
             // From the machine's clock to the executors' (the wall clock's µs).
-            Command::Lease(until) => Command::Lease(htc_store::host::now_us() + until.saturating_sub(self.now_us)),
+            Command::Lease(until) => Command::Lease(htc_host::now_us() + until.saturating_sub(self.now_us)),
             c => c,
         };
         self.execs.send(command);
@@ -549,8 +549,7 @@ async fn join(me: &JoinAs, to: SocketAddr, secret: &[u8], how: Joining) -> anyho
     auth::connect(&mut stream, secret).await.with_context(|| format!("authenticating with {to}"))?;
     // Under Slurm the node's name as Slurm knows it: what squeue shows, and what the leader
     // names when it gives the node back (`scontrol update … NodeList=`).
-    let hostname =
-        std::env::var("SLURMD_NODENAME").ok().filter(|n| !n.is_empty()).unwrap_or_else(htc_store::host::hostname);
+    let hostname = std::env::var("SLURMD_NODENAME").ok().filter(|n| !n.is_empty()).unwrap_or_else(htc_host::hostname);
     let hello = proto::Hello {
         agent_id: me.agent,
         cores: me.slots as u32,
@@ -800,7 +799,7 @@ impl Executors {
             Command::Lease(until) => self.handles.iter().for_each(|h| h.send(Command::Lease(until))),
             // Each spawner stops those it has and ignores the others; so do the waiting here.
             Command::Stop(ids) => {
-                self.waiting.preempt(&ids, htc_exec::clock::now_us(), &mut self.own);
+                self.waiting.preempt(&ids, htc_host::now_us(), &mut self.own);
                 self.handles.iter().for_each(|h| h.send(Command::Stop(ids.clone())));
             }
             Command::Recall(ids) => {
@@ -972,12 +971,5 @@ mod tests {
         let mut x = idle();
         x.send(Command::Finish);
         assert!(x.ended(0).is_none(), "told to finish: the normal end");
-    }
-
-    /// A full disk is the same to the executors (which then blame no task) as to the ledger
-    /// (which names ENOSPC); each crate keeps the bound, since neither may use the other.
-    #[test]
-    fn the_executors_and_the_store_agree_on_a_full_disk() {
-        assert_eq!(htc_exec::disk::NEARLY_FULL, htc_store::storage::NEARLY_FULL);
     }
 }

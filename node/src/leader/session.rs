@@ -201,7 +201,7 @@ impl<'c, 'l, W: World> Session<'c, 'l, W> {
         t.put_meta("session_start_us", &now.to_le_bytes())?;
         t.put_meta("session_finished_start", &self.core.finished_start().to_le_bytes())?;
         t.put_meta("job_id", job_id.as_bytes())?;
-        t.put_meta("leader_host", htc_store::host::hostname().as_bytes())?;
+        t.put_meta("leader_host", htc_host::hostname().as_bytes())?;
         // The Slurm job this session runs in (a resumed run's differs from its first): status
         // asks Slurm about it when the heartbeat alone cannot tell a dead leader yet.
         t.put_meta("session_slurm_job", std::env::var("SLURM_JOB_ID").unwrap_or_default().as_bytes())?;

@@ -1,16 +1,37 @@
-//! What the filesystems under a run can still take: a full disk must be an error with a name, not
-//! a task "failure" that uses up retries or a torn record that hides what was done.
+//! What every layer asks of this machine: its name, the wall clock, and what a filesystem can
+//! still take and what kind it is. At the bottom of the crates that do I/O, once, so that the
+//! store (whose replica records the host it was made on) and the executors (which stamp starts
+//! and ends, and must not blame a task for a full disk) need nothing of each other or above.
 
 use std::path::Path;
 
-/// Free space below this counts as a full disk: tasks that fail then are not blamed for it. The
-/// executors keep the same bound (`htc_exec::disk::NEARLY_FULL`).
+/// This node's host name ("?" if the system will not say).
+pub fn hostname() -> String {
+    match nix::unistd::gethostname() {
+        Ok(name) => name.to_string_lossy().into_owned(),
+        Err(_) => "?".into(),
+    }
+}
+
+/// Microseconds since the Unix epoch (0 if the clock is before it).
+#[inline]
+pub fn now_us() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0)
+}
+
+/// Free space below this counts as a full disk: a task that fails then is not blamed for it (nor
+/// uses up its retries), and the ledger says the disk is full instead of tearing a record.
 pub const NEARLY_FULL: u64 = 1 << 20;
 
 /// Bytes an unprivileged writer may still use on the filesystem holding `dir`.
 pub fn free_bytes(dir: &Path) -> Option<u64> {
     let st = nix::sys::statvfs::statvfs(dir).ok()?;
     Some((st.blocks_available() as u64).saturating_mul(st.fragment_size() as u64))
+}
+
+/// Whether the filesystem holding `dir` is (nearly) full; one that cannot be asked is not.
+pub fn is_full(dir: &Path) -> bool {
+    free_bytes(dir).is_some_and(|b| b < NEARLY_FULL)
 }
 
 /// The kind of shared filesystem holding `dir`, if it is one: LMDB's lock file and memory map are
@@ -30,11 +51,6 @@ pub fn network_fs(dir: &Path) -> Option<&'static str> {
     }
 }
 
-/// Whether the filesystem holding `dir` is (nearly) full.
-pub fn is_full(dir: &Path) -> bool {
-    free_bytes(dir).is_some_and(|b| b < NEARLY_FULL)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -45,5 +61,11 @@ mod tests {
         assert!(free_bytes(Path::new("/no/such/dir/here")).is_none());
         assert!(!is_full(Path::new("/no/such/dir/here")), "unknown is not full");
         assert_eq!(network_fs(Path::new("/proc")), None);
+    }
+
+    #[test]
+    fn a_name_and_a_clock_after_2020() {
+        assert!(!hostname().is_empty());
+        assert!(now_us() > 1_577_836_800_000_000);
     }
 }
