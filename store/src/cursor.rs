@@ -7,14 +7,17 @@
 
 use std::cell::Cell;
 
-use crate::ffi::*;
+use lmdb_sys::{
+    mdb_cursor_close, mdb_cursor_get, mdb_cursor_open, mdb_cursor_put, MDB_cursor, MDB_dbi, MDB_txn, MDB_val,
+    MDB_CURRENT, MDB_GET_CURRENT, MDB_NOTFOUND, MDB_SET_KEY,
+};
 
 /// An LMDB return code other than success.
 pub(crate) type Code = libc::c_int;
 
 pub(crate) struct TaskCursor {
     /// Opened at first use; null before.
-    c: Cell<*mut libc::c_void>,
+    c: Cell<*mut MDB_cursor>,
     /// The task the cursor stands on, as far as this knows: a hint, checked before it is used
     /// (another writer of the same database may have moved entries meanwhile).
     at: Cell<Option<u64>>,
@@ -29,7 +32,7 @@ impl TaskCursor {
     ///
     /// `txn` is a live write transaction, the same at every call until `close`, and `dbi` one
     /// of its databases, the same at every call.
-    unsafe fn cursor(&self, txn: *mut libc::c_void, dbi: libc::c_uint) -> Result<*mut libc::c_void, Code> {
+    unsafe fn cursor(&self, txn: *mut MDB_txn, dbi: MDB_dbi) -> Result<*mut MDB_cursor, Code> {
         if self.c.get().is_null() {
             let mut c = std::ptr::null_mut();
             match mdb_cursor_open(txn, dbi, &mut c) {
@@ -48,20 +51,20 @@ impl TaskCursor {
     /// As for `cursor`.
     pub(crate) unsafe fn get<R>(
         &self,
-        txn: *mut libc::c_void,
-        dbi: libc::c_uint,
+        txn: *mut MDB_txn,
+        dbi: MDB_dbi,
         id: u64,
         key: &[u8; 8],
         read: impl FnOnce(&[u8]) -> R,
     ) -> Result<Option<R>, Code> {
         let c = self.cursor(txn, dbi)?;
         self.at.set(None);
-        let mut k = MdbVal { size: key.len(), data: key.as_ptr() as *mut _ };
-        let mut v = MdbVal { size: 0, data: std::ptr::null_mut() };
+        let mut k = MDB_val { mv_size: key.len(), mv_data: key.as_ptr() as *mut _ };
+        let mut v = MDB_val { mv_size: 0, mv_data: std::ptr::null_mut() };
         match mdb_cursor_get(c, &mut k, &mut v, MDB_SET_KEY) {
             0 => {
                 self.at.set(Some(id));
-                Ok(Some(read(std::slice::from_raw_parts(v.data as *const u8, v.size))))
+                Ok(Some(read(std::slice::from_raw_parts(v.mv_data as *const u8, v.mv_size))))
             }
             MDB_NOTFOUND => Ok(None),
             rc => Err(rc),
@@ -76,16 +79,16 @@ impl TaskCursor {
     /// As for `cursor`.
     pub(crate) unsafe fn put(
         &self,
-        txn: *mut libc::c_void,
-        dbi: libc::c_uint,
+        txn: *mut MDB_txn,
+        dbi: MDB_dbi,
         id: u64,
         key: &[u8; 8],
         val: &[u8],
     ) -> Result<(), Code> {
         let c = self.cursor(txn, dbi)?;
         let here = self.at.replace(None) == Some(id) && self.stands_on(c, key);
-        let mut k = MdbVal { size: key.len(), data: key.as_ptr() as *mut _ };
-        let mut v = MdbVal { size: val.len(), data: val.as_ptr() as *mut _ };
+        let mut k = MDB_val { mv_size: key.len(), mv_data: key.as_ptr() as *mut _ };
+        let mut v = MDB_val { mv_size: val.len(), mv_data: val.as_ptr() as *mut _ };
         match mdb_cursor_put(c, &mut k, &mut v, if here { MDB_CURRENT } else { 0 }) {
             0 => {
                 self.at.set(Some(id));
@@ -96,11 +99,11 @@ impl TaskCursor {
     }
 
     /// Whether the cursor `c` stands on `key`: a look at its current entry, no search.
-    unsafe fn stands_on(&self, c: *mut libc::c_void, key: &[u8; 8]) -> bool {
-        let mut k = MdbVal { size: 0, data: std::ptr::null_mut() };
-        let mut v = MdbVal { size: 0, data: std::ptr::null_mut() };
+    unsafe fn stands_on(&self, c: *mut MDB_cursor, key: &[u8; 8]) -> bool {
+        let mut k = MDB_val { mv_size: 0, mv_data: std::ptr::null_mut() };
+        let mut v = MDB_val { mv_size: 0, mv_data: std::ptr::null_mut() };
         mdb_cursor_get(c, &mut k, &mut v, MDB_GET_CURRENT) == 0
-            && std::slice::from_raw_parts(k.data as *const u8, k.size) == key
+            && std::slice::from_raw_parts(k.mv_data as *const u8, k.mv_size) == key
     }
 
     /// Closes the cursor. It must happen before its transaction ends: a write transaction frees

@@ -268,7 +268,10 @@ fn collect_attempts(l: &Ledger, c: &mut lmdb::RoCursor<'_>, id: u64) -> Result<V
 }
 
 use crate::cursor::TaskCursor;
-use crate::ffi::*;
+use lmdb_sys::{
+    mdb_cursor_close, mdb_cursor_get, mdb_cursor_open, mdb_env_get_fd, mdb_env_get_path, mdb_env_set_assert, mdb_txn_id,
+    MDB_env, MDB_val, MDB_NEXT, MDB_NOTFOUND,
+};
 
 /// LMDB checks some of its invariants with assertions that end in abort(); a damaged page trips
 /// them. This runs first: the user reads which file is damaged, and htc exits with its error
@@ -278,7 +281,7 @@ use crate::ffi::*;
 ///
 /// Only LMDB calls it (`mdb_env_set_assert`): `env` is the environment whose check failed and
 /// `msg` null or a NUL-terminated string, both valid for the call.
-unsafe extern "C" fn on_lmdb_assert(env: *mut libc::c_void, msg: *const libc::c_char) {
+unsafe extern "C" fn on_lmdb_assert(env: *mut MDB_env, msg: *const libc::c_char) {
     // One write(2) each, unbuffered: a short write or a closed stderr only loses the message.
     let put = |b: &[u8]| {
         let _ = nix::unistd::write(std::io::stderr(), b);
@@ -315,7 +318,7 @@ fn close_on_exec(env: &Environment) -> std::io::Result<()> {
     use nix::fcntl::{fcntl, FcntlArg, FdFlag};
     let mut fd: libc::c_int = -1;
     // SAFETY: env is an open environment; mdb_env_get_fd only stores its data file's fd.
-    let rc = unsafe { mdb_env_get_fd(env.env().cast(), &mut fd) };
+    let rc = unsafe { mdb_env_get_fd(env.env(), &mut fd) };
     if rc != 0 {
         return Err(std::io::Error::from_raw_os_error(rc));
     }
@@ -437,7 +440,7 @@ impl Ledger {
             crate::mapfault::register_blaming_nulls(base, len, &what)
         });
         // SAFETY: installing a callback on the environment we just opened.
-        unsafe { mdb_env_set_assert(env.env().cast(), Some(on_lmdb_assert)) };
+        unsafe { mdb_env_set_assert(env.env(), Some(on_lmdb_assert)) };
         close_on_exec(&env).map_err(|e| err(lmdb::Error::from_err_code(e.raw_os_error().unwrap_or(libc::EIO))))?;
         let db = |name| {
             if read_only {
@@ -630,7 +633,7 @@ impl<'l> WriteTxn<'l> {
     pub fn get(&self, id: u64) -> Result<Option<Record>> {
         // SAFETY: this live transaction and its task database.
         let got = unsafe {
-            self.tasks.get(self.txn.txn().cast(), self.l.tasks.dbi(), id, &key(id), |b| self.l.decode(id, b))
+            self.tasks.get(self.txn.txn(), self.l.tasks.dbi(), id, &key(id), |b| self.l.decode(id, b))
         };
         match got {
             Ok(found) => found.transpose(),
@@ -641,7 +644,7 @@ impl<'l> WriteTxn<'l> {
     /// Writes a task's record through the transaction's cursor (`cursor`).
     fn put_task(&mut self, id: u64, k: &[u8; 8], v: &[u8]) -> Result<()> {
         // SAFETY: this live transaction and its task database.
-        let put = unsafe { self.tasks.put(self.txn.txn().cast(), self.l.tasks.dbi(), id, k, v) };
+        let put = unsafe { self.tasks.put(self.txn.txn(), self.l.tasks.dbi(), id, k, v) };
         put.map_err(|rc| self.l.err(lmdb::Error::from_err_code(rc)))
     }
 
@@ -864,7 +867,7 @@ impl<'l> WriteTxn<'l> {
         }
         // Not journaled: a restored ledger has transaction ids of its own.
         // SAFETY: the id of this live transaction.
-        let id = unsafe { mdb_txn_id(self.txn.txn().cast()) } as u64;
+        let id = unsafe { mdb_txn_id(self.txn.txn()) } as u64;
         let stored = seal(TXN_KEY.as_bytes(), &id.to_le_bytes());
         self.txn.put(self.l.meta, &TXN_KEY, &stored, WriteFlags::empty()).map_err(|e| self.l.err(e))?;
         self.tasks.close();
@@ -961,7 +964,7 @@ impl ReadTxn<'_> {
     pub fn txn_id(&self) -> u64 {
         use lmdb::Transaction;
         // SAFETY: the id of this live transaction.
-        unsafe { mdb_txn_id(self.txn.txn().cast()) as u64 }
+        unsafe { mdb_txn_id(self.txn.txn()) as u64 }
     }
 
     /// Checks that the tree read is the one the newest commit wrote: each commit stores its
@@ -1137,26 +1140,26 @@ impl ReadTxn<'_> {
             |why: &str| LedgerError::Damaged { path: self.l.path.clone(), why: format!("its free-page list {why}") };
         let mut c = std::ptr::null_mut();
         // SAFETY: a cursor on database 0 of this live read transaction, closed below.
-        let rc = unsafe { mdb_cursor_open(self.txn.txn().cast(), 0, &mut c) };
+        let rc = unsafe { mdb_cursor_open(self.txn.txn(), 0, &mut c) };
         if rc != 0 {
             return Err(self.l.err(lmdb::Error::from_err_code(rc)));
         }
         let walk = || -> Result<()> {
             loop {
-                let mut k = MdbVal { size: 0, data: std::ptr::null_mut() };
-                let mut v = MdbVal { size: 0, data: std::ptr::null_mut() };
+                let mut k = MDB_val { mv_size: 0, mv_data: std::ptr::null_mut() };
+                let mut v = MDB_val { mv_size: 0, mv_data: std::ptr::null_mut() };
                 // SAFETY: an open cursor and two out-parameters.
                 match unsafe { mdb_cursor_get(c, &mut k, &mut v, MDB_NEXT) } {
                     0 => {}
                     MDB_NOTFOUND => return Ok(()),
                     rc => return Err(self.l.err(lmdb::Error::from_err_code(rc))),
                 }
-                if v.data.is_null() || !v.size.is_multiple_of(8) || v.size == 0 {
+                if v.mv_data.is_null() || !v.mv_size.is_multiple_of(8) || v.mv_size == 0 {
                     return Err(damaged("has an entry of the wrong size"));
                 }
                 // SAFETY: LMDB returned a value of this size inside the map, alive until the
                 // transaction ends.
-                let bytes = unsafe { std::slice::from_raw_parts(v.data as *const u8, v.size) };
+                let bytes = unsafe { std::slice::from_raw_parts(v.mv_data as *const u8, v.mv_size) };
                 let words: Vec<u64> =
                     bytes.chunks_exact(8).map(|w| u64::from_ne_bytes(w.try_into().unwrap())).collect();
                 let pages = &words[1..];

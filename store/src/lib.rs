@@ -9,7 +9,6 @@
 //! machines, the wire format, sockets or processes: the store knows tasks, not agents.
 
 mod cursor;
-mod ffi;
 pub mod journal;
 pub mod layout;
 pub mod ledger;
