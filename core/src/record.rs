@@ -145,15 +145,25 @@ impl CommandAt {
     }
 }
 
-/// How the attempt a record holds (its last) ended, as its agent reported it.
+/// How one attempt ended, and when it ran: what every report of an end carries — an agent's
+/// `Finished`, the wire's `TaskResult`, a record's last attempt, an earlier `Attempt`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AttemptEnd {
+pub struct Ended {
     pub outcome: Outcome,
     pub value: i32,
-    pub agent: u32,
-    /// 0: it never started (the record keeps an earlier start then).
+    /// Unix time, microseconds; 0: it never started (a record keeps an earlier start then), or
+    /// not known (a head telling of a member's lost task).
     pub start_us: u64,
     pub end_us: u64,
+}
+
+impl Ended {
+    /// No end yet: what a record holds before its first attempt ends.
+    pub const NONE: Ended = Ended { outcome: Outcome::None, value: 0, start_us: 0, end_us: 0 };
+
+    pub fn new(outcome: Outcome, value: i32, start_us: u64, end_us: u64) -> Ended {
+        Ended { outcome, value, start_us, end_us }
+    }
 }
 
 /// One task: where its command is and what it asks (set at load), and its life with the end of
@@ -171,11 +181,9 @@ pub struct Record {
     /// Dispatches that came back unstarted (a lost agent's queue, a refund): each took an
     /// attempt number of its own, so `$HTC_ATTEMPT` of the last attempt counts them too.
     returns: u8,
-    outcome: Outcome,
-    value: i32,
+    /// The agent that ran its last attempt.
     agent: u32,
-    start_us: u64,
-    end_us: u64,
+    last: Ended,
 }
 
 impl Default for Record {
@@ -188,26 +196,14 @@ impl Default for Record {
 impl Record {
     /// A task as loaded: pending, never tried.
     pub fn new(cmd: CommandAt, shape: TaskShape) -> Record {
-        Record {
-            cmd,
-            shape,
-            state: State::Pending,
-            attempts: 0,
-            losses: 0,
-            returns: 0,
-            outcome: Outcome::None,
-            value: 0,
-            agent: 0,
-            start_us: 0,
-            end_us: 0,
-        }
+        Record { cmd, shape, state: State::Pending, attempts: 0, losses: 0, returns: 0, agent: 0, last: Ended::NONE }
     }
 
     /// A record as stored: the ledger's layout gives each part back as it was written.
-    pub fn from_parts(cmd: CommandAt, shape: TaskShape, life: Life, last: AttemptEnd) -> Record {
+    pub fn from_parts(cmd: CommandAt, shape: TaskShape, life: Life, agent: u32, last: Ended) -> Record {
         let mut r = Record::new(cmd, shape);
         r.set_life(life);
-        r.set_ended(last);
+        r.set_ended(agent, last);
         r
     }
 
@@ -247,19 +243,19 @@ impl Record {
         self.returns
     }
     pub fn outcome(&self) -> Outcome {
-        self.outcome
+        self.last.outcome
     }
     pub fn value(&self) -> i32 {
-        self.value
+        self.last.value
     }
     pub fn agent(&self) -> u32 {
         self.agent
     }
     pub fn start_us(&self) -> u64 {
-        self.start_us
+        self.last.start_us
     }
     pub fn end_us(&self) -> u64 {
-        self.end_us
+        self.last.end_us
     }
 
     /// The fields `task::step` reads and moves.
@@ -293,32 +289,29 @@ impl Record {
         Ok(self)
     }
 
-    /// Keeps how its last attempt ended; an end without a start keeps the start known before.
-    pub fn set_ended(&mut self, e: AttemptEnd) {
-        self.outcome = e.outcome;
-        self.value = e.value;
-        self.agent = e.agent;
-        if e.start_us != 0 {
-            self.start_us = e.start_us;
-        }
-        self.end_us = e.end_us;
+    /// Keeps how its last attempt, run by `agent`, ended; an end without a start keeps the
+    /// start known before.
+    pub fn set_ended(&mut self, agent: u32, e: Ended) {
+        let start_us = if e.start_us != 0 { e.start_us } else { self.last.start_us };
+        self.agent = agent;
+        self.last = Ended { start_us, ..e };
     }
 
     /// No instance can ever run it: its end says why (its life's `Step::Refuse` fails it).
     pub fn set_unschedulable(&mut self) {
-        self.outcome = Outcome::Unschedulable;
+        self.last.outcome = Outcome::Unschedulable;
     }
 
     /// Cancelled by a user (`None`), or because task `because` did not succeed: its end says
     /// which (its life's `Step::Cancel` makes it final).
     pub fn set_cancelled(&mut self, because: Option<u64>) {
-        self.outcome = Outcome::Cancelled;
-        self.value = because.map_or(0, |id| id as u32 as i32);
+        self.last.outcome = Outcome::Cancelled;
+        self.last.value = because.map_or(0, |id| id as u32 as i32);
     }
 
     /// The task whose failure cancelled this one, if that is how it ended.
     pub fn cancelled_by(&self) -> Option<u64> {
-        (self.outcome == Outcome::Cancelled && self.value != 0).then_some(self.value as u32 as u64)
+        (self.last.outcome == Outcome::Cancelled && self.last.value != 0).then_some(self.last.value as u32 as u64)
     }
 
     /// The number of the attempt the record holds (its last), as its task saw it in `$HTC_ATTEMPT`.
@@ -328,25 +321,12 @@ impl Record {
 
     /// The attempt the record holds (its last), numbered as its agent was told.
     pub fn last_attempt(&self) -> Attempt {
-        Attempt {
-            attempt: self.attempt_no().min(255) as u8,
-            outcome: self.outcome(),
-            value: self.value,
-            agent: self.agent,
-            start_us: self.start_us,
-            end_us: self.end_us,
-        }
+        Attempt { attempt: self.attempt_no().min(255) as u8, agent: self.agent, ended: self.last }
     }
 
     /// How its last attempt ended.
-    pub fn ended(&self) -> AttemptEnd {
-        AttemptEnd {
-            outcome: self.outcome,
-            value: self.value,
-            agent: self.agent,
-            start_us: self.start_us,
-            end_us: self.end_us,
-        }
+    pub fn ended(&self) -> Ended {
+        self.last
     }
 }
 
@@ -368,11 +348,8 @@ pub enum Change {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Attempt {
     pub attempt: u8,
-    pub outcome: Outcome,
-    pub value: i32,
     pub agent: u32,
-    pub start_us: u64,
-    pub end_us: u64,
+    pub ended: Ended,
 }
 
 /// The state of a task whose record is damaged.

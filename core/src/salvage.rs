@@ -15,7 +15,7 @@
 //!
 //! Pure: records and journal entries in, the record and the changes out.
 
-use crate::record::{Attempt, AttemptEnd, Change, Outcome, Record};
+use crate::record::{Attempt, Change, Ended, Outcome, Record};
 use crate::task::{Effect, State, Step};
 
 /// One journal entry: an agent started an attempt of a task, or told how it ended.
@@ -93,16 +93,10 @@ pub fn salvage(id: u64, r: &Record, told: &[Told], survivors: Survivors, now_us:
                 }
                 let before = rec.life();
                 let (life, effect) = crate::task::step(before, Step::Finish(outcome.end(value))).ok()?;
-                rec.set_ended(AttemptEnd { outcome, value, agent: t.agent, start_us: start, end_us });
+                rec.set_ended(t.agent, Ended::new(outcome, value, start, end_us));
                 if effect == Effect::Retry {
-                    let row = Attempt {
-                        attempt: before.attempt_no().min(255) as u8,
-                        outcome,
-                        value,
-                        agent: t.agent,
-                        start_us: rec.start_us(),
-                        end_us,
-                    };
+                    let row =
+                        Attempt { attempt: before.attempt_no().min(255) as u8, agent: t.agent, ended: rec.ended() };
                     out.push(Change::Attempt(id, row));
                 }
                 rec.set_life(life);
@@ -142,12 +136,9 @@ fn interrupt(id: u64, rec: &mut Record, out: &mut Vec<Change>, started: Option<(
     let attempt = rec.attempt_no().min(255) as u8;
     take(rec, Step::Interrupt)?;
     if let Some((agent, start_us)) = started {
-        let e = AttemptEnd { outcome: Outcome::Interrupted, value: 0, agent, start_us, end_us: now_us.max(start_us) };
-        rec.set_ended(e);
-        out.push(Change::Attempt(
-            id,
-            Attempt { attempt, outcome: e.outcome, value: 0, agent, start_us, end_us: e.end_us },
-        ));
+        let ended = Ended::new(Outcome::Interrupted, 0, start_us, now_us.max(start_us));
+        rec.set_ended(agent, ended);
+        out.push(Change::Attempt(id, Attempt { attempt, agent, ended }));
     }
     Some(())
 }
@@ -206,7 +197,7 @@ mod tests {
         let row = rows(&c);
         assert_eq!(row.len(), 1);
         assert_eq!(
-            (row[0].attempt, row[0].outcome, row[0].agent, row[0].start_us, row[0].end_us),
+            (row[0].attempt, row[0].ended.outcome, row[0].agent, row[0].ended.start_us, row[0].ended.end_us),
             (1, Outcome::Interrupted, 2, 100, 999)
         );
     }
@@ -219,7 +210,7 @@ mod tests {
         let c = salvage(7, &r, &told, Survivors::None, 999).expect("changed");
         let rows = rows(&c);
         assert_eq!(
-            rows.iter().map(|a| (a.attempt, a.outcome)).collect::<Vec<_>>(),
+            rows.iter().map(|a| (a.attempt, a.ended.outcome)).collect::<Vec<_>>(),
             [(1, Outcome::Exited), (2, Outcome::Interrupted)]
         );
         let r = record_of(&c);

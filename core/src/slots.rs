@@ -7,7 +7,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
-use crate::record::Outcome;
+use crate::record::{Ended, Outcome};
 use crate::work::{recall_from, ExecEvent, Finished, TaskToRun};
 
 /// Tasks sent to the agent and not started: higher priority first, the leader's order within
@@ -43,10 +43,7 @@ impl Queue {
                 out.push(ExecEvent::Finished(Finished {
                     id: t.id,
                     attempt: t.attempt,
-                    outcome: Outcome::Preempted,
-                    value: 0,
-                    start_us: now_us,
-                    end_us: now_us,
+                    ended: Ended::new(Outcome::Preempted, 0, now_us, now_us),
                 }));
             }
             keep

@@ -11,7 +11,7 @@
 //! output, signals' grace (a stopped task ends at once).
 
 use crate::orders::{Orders, Todo};
-use crate::record::{errno, Outcome};
+use crate::record::{errno, Ended, Outcome};
 use crate::slots::{self, Holder, Next, Queue, Room};
 use crate::work::{Command, ExecEvent, Finished, TaskToRun};
 
@@ -197,7 +197,7 @@ impl VirtualExec {
 }
 
 fn finished(t: &TaskToRun, outcome: Outcome, value: i32, start_us: u64, end_us: u64) -> ExecEvent {
-    ExecEvent::Finished(Finished { id: t.id, attempt: t.attempt, outcome, value, start_us, end_us })
+    ExecEvent::Finished(Finished { id: t.id, attempt: t.attempt, ended: Ended::new(outcome, value, start_us, end_us) })
 }
 
 #[cfg(test)]
@@ -241,14 +241,14 @@ mod tests {
     fn instant_finishes_everything_at_once() {
         let done = run_out(&mut VirtualExec::instant(), (1..=1000).map(|i| task(i, 1, 60_000)).collect());
         assert_eq!(done.len(), 1000);
-        assert!(done.iter().all(|f| f.outcome == Outcome::Exited && f.end_us == 0));
+        assert!(done.iter().all(|f| f.ended.outcome == Outcome::Exited && f.ended.end_us == 0));
     }
 
     #[test]
     fn tasks_hold_their_slots_for_their_runtime() {
         // 6 tasks of 100 ms on 2 slots: three rounds, the last ending at 300 ms.
         let done = run_out(&mut VirtualExec::new(2, 0, by_hint()), (1..=6).map(|i| task(i, 1, 100)).collect());
-        let ends: Vec<u64> = done.iter().map(|f| f.end_us).collect();
+        let ends: Vec<u64> = done.iter().map(|f| f.ended.end_us).collect();
         assert_eq!(ends, vec![100_000, 100_000, 200_000, 200_000, 300_000, 300_000]);
     }
 
@@ -258,9 +258,9 @@ mod tests {
         let done =
             run_out(&mut VirtualExec::new(2, 0, by_hint()), vec![task(1, 1, 100), task(2, 2, 100), task(3, 8, 0)]);
         let by_id = |id| done.iter().find(|f| f.id == id).unwrap();
-        assert_eq!((by_id(2).start_us, by_id(2).end_us), (100_000, 200_000));
-        assert_eq!((by_id(3).outcome, by_id(3).value), (Outcome::SpawnFailed, errno::E2BIG));
-        assert_eq!(by_id(3).end_us, 100_000, "refused when it reaches the head of the queue");
+        assert_eq!((by_id(2).ended.start_us, by_id(2).ended.end_us), (100_000, 200_000));
+        assert_eq!((by_id(3).ended.outcome, by_id(3).ended.value), (Outcome::SpawnFailed, errno::E2BIG));
+        assert_eq!(by_id(3).ended.end_us, 100_000, "refused when it reaches the head of the queue");
     }
 
     #[test]
@@ -275,7 +275,7 @@ mod tests {
         let preempted: Vec<u64> = ev
             .iter()
             .filter_map(|e| match e {
-                ExecEvent::Finished(f) if f.outcome == Outcome::Preempted => Some(f.id),
+                ExecEvent::Finished(f) if f.ended.outcome == Outcome::Preempted => Some(f.id),
                 _ => None,
             })
             .collect();
@@ -295,9 +295,12 @@ mod tests {
         let within = with(task(3, 1, 100), |s| s.timeout_ms = 300);
         let done = run_out(&mut VirtualExec::new(1, 0, by_hint()), vec![limited, task(2, 1, 100), within]);
         let by_id = |id| done.iter().find(|f| f.id == id).unwrap();
-        assert_eq!((by_id(1).outcome, by_id(1).value, by_id(1).end_us), (Outcome::TimedOut, TERMINATED, 300_000));
-        assert_eq!((by_id(2).start_us, by_id(2).outcome), (300_000, Outcome::Exited));
-        assert_eq!((by_id(3).end_us, by_id(3).outcome), (500_000, Outcome::Exited), "within its limit");
+        assert_eq!(
+            (by_id(1).ended.outcome, by_id(1).ended.value, by_id(1).ended.end_us),
+            (Outcome::TimedOut, TERMINATED, 300_000)
+        );
+        assert_eq!((by_id(2).ended.start_us, by_id(2).ended.outcome), (300_000, Outcome::Exited));
+        assert_eq!((by_id(3).ended.end_us, by_id(3).ended.outcome), (500_000, Outcome::Exited), "within its limit");
     }
 
     #[test]
@@ -341,7 +344,7 @@ mod tests {
         let ended: Vec<(u64, Outcome)> = ev
             .iter()
             .filter_map(|e| match e {
-                ExecEvent::Finished(f) => Some((f.id, f.outcome)),
+                ExecEvent::Finished(f) => Some((f.id, f.ended.outcome)),
                 _ => None,
             })
             .collect();

@@ -2,7 +2,7 @@
 //! gives, the events they answer with. Every executor (real processes, `--exec none|sleep`, the
 //! simulator) speaks this, and the agent's machine is tested against it without processes.
 
-use crate::record::Outcome;
+use crate::record::Ended;
 use crate::shape::TaskShape;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,10 +33,7 @@ impl TaskToRun {
 pub struct Finished {
     pub id: u64,
     pub attempt: u32,
-    pub outcome: Outcome,
-    pub value: i32,
-    pub start_us: u64,
-    pub end_us: u64,
+    pub ended: Ended,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,7 +4,7 @@
 //! prost frames of `proto/htc.proto`, so a field added to the wire touches the mapping, not the
 //! decisions. They stand beside `leader` and `agent`, as both speak them.
 
-use htc_core::record::Outcome;
+use htc_core::record::Ended;
 use htc_core::work::TaskToRun;
 
 /// What the leader says to one agent.
@@ -151,11 +151,7 @@ pub struct Started {
 pub struct TaskResult {
     pub id: u64,
     pub attempt: u32,
-    pub outcome: Outcome,
-    pub value: i32,
-    /// Unix time, microseconds; 0: not known (a head telling of a member's lost task).
-    pub start_us: u64,
-    pub end_us: u64,
+    pub ended: Ended,
     /// The member agent that ran it, when not the reporting agent.
     pub ran_on: Option<u32>,
 }
@@ -163,7 +159,7 @@ pub struct TaskResult {
 /// As the wire's: zeros, and no outcome (which fails the task).
 impl Default for TaskResult {
     fn default() -> TaskResult {
-        TaskResult { id: 0, attempt: 0, outcome: Outcome::None, value: 0, start_us: 0, end_us: 0, ran_on: None }
+        TaskResult { id: 0, attempt: 0, ended: Ended::NONE, ran_on: None }
     }
 }
 

@@ -99,7 +99,7 @@ impl Journal {
                     encode(id, attempt, STARTED, Outcome::None, 0, start_us, 0)
                 }
                 ExecEvent::Finished(f) if keep(f.id, f.attempt) => {
-                    encode(f.id, f.attempt, ENDED, f.outcome, f.value, f.start_us, f.end_us)
+                    encode(f.id, f.attempt, ENDED, f.ended.outcome, f.ended.value, f.ended.start_us, f.ended.end_us)
                 }
                 _ => continue,
             };
@@ -182,6 +182,7 @@ pub fn read_run(out: &Path) -> io::Result<(Vec<Told>, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use htc_core::record::Ended;
     use htc_core::work::Finished;
 
     #[test]
@@ -191,7 +192,7 @@ mod tests {
         std::fs::create_dir_all(dir.join("agent-3")).unwrap();
         let mut j = Journal::new(dir.join("agent-3").join(file_name(1)));
         let fin = |id, outcome, value| {
-            ExecEvent::Finished(Finished { id, attempt: 2, outcome, value, start_us: 10, end_us: 20 })
+            ExecEvent::Finished(Finished { id, attempt: 2, ended: Ended::new(outcome, value, 10, 20) })
         };
         let events = [
             ExecEvent::Started { id: 5, attempt: 2, start_us: 10 },

@@ -124,7 +124,7 @@ mod tests {
     fn none_finishes_everything_at_once() {
         let (done, _) = run(ExecKind::None, 1, (1..=1000).map(|i| task(i, 1, 60_000)).collect());
         assert_eq!(done.len(), 1000);
-        assert!(done.iter().all(|f| f.outcome == Outcome::Exited && f.value == 0));
+        assert!(done.iter().all(|f| f.ended.outcome == Outcome::Exited && f.ended.value == 0));
     }
 
     #[test]

@@ -6,9 +6,10 @@ use std::fs;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 
-/// Runs `check` on every file of the target's corpus; fails if the corpus is missing or empty
-/// (a replay of nothing proves nothing) and names every input whose check panicked.
-pub fn replay(target: &str, check: fn(&[u8])) {
+/// Runs `check` on every file of the target's corpus and gives back what it said of each; fails
+/// if the corpus is missing or empty (a replay of nothing proves nothing) and names every input
+/// whose check panicked.
+pub fn replay<R>(target: &str, check: impl Fn(&[u8]) -> R) -> Vec<R> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus").join(target);
     let entries = fs::read_dir(&dir).unwrap_or_else(|e| panic!("fuzz corpus {}: {e}", dir.display()));
     let mut inputs: Vec<PathBuf> = entries
@@ -17,14 +18,15 @@ pub fn replay(target: &str, check: fn(&[u8])) {
         .collect();
     inputs.sort();
     assert!(!inputs.is_empty(), "fuzz corpus {} is empty", dir.display());
-    let failed: Vec<String> = inputs
-        .iter()
-        .filter(|p| {
-            let data = fs::read(p).unwrap();
-            catch_unwind(AssertUnwindSafe(|| check(&data))).is_err()
-        })
-        .map(|p| p.display().to_string())
-        .collect();
+    let mut said = Vec::new();
+    let mut failed = Vec::new();
+    for p in &inputs {
+        let data = fs::read(p).unwrap();
+        match catch_unwind(AssertUnwindSafe(|| check(&data))) {
+            Ok(r) => said.push(r),
+            Err(_) => failed.push(p.display().to_string()),
+        }
+    }
     assert!(
         failed.is_empty(),
         "{target}: {} of {} inputs fail the checks:\n{}",
@@ -33,4 +35,5 @@ pub fn replay(target: &str, check: fn(&[u8])) {
         failed.join("\n")
     );
     eprintln!("{target}: {} inputs replayed", inputs.len());
+    said
 }

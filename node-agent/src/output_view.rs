@@ -423,7 +423,7 @@ mod tests {
 
     /// A record in its `attempts`th attempt (after one lost, if `lost`), started by `agent`.
     fn ran(attempts: u8, lost: bool, agent: u32, start_us: u64) -> Record {
-        use htc_core::record::{AttemptEnd, CommandAt, Outcome};
+        use htc_core::record::{CommandAt, Ended};
         use htc_core::task::{End, Step};
         let mut steps = Vec::new();
         if lost {
@@ -435,7 +435,7 @@ mod tests {
         steps.push(Step::Dispatch);
         let shape = htc_core::shape::TaskShape { retries: 10, ..Default::default() };
         let mut r = Record::new(CommandAt::default(), shape).walked(&steps).unwrap();
-        r.set_ended(AttemptEnd { outcome: Outcome::None, value: 0, agent, start_us, end_us: 0 });
+        r.set_ended(agent, Ended { start_us, ..Ended::NONE });
         r
     }
 

@@ -7,7 +7,7 @@
 //! then the CRC-32 of its key and those fields.
 
 use htc_core::after::{Kind, Needs};
-use htc_core::record::{AttemptEnd, CommandAt, Outcome, Record};
+use htc_core::record::{CommandAt, Ended, Outcome, Record};
 use htc_core::shape::TaskShape;
 use htc_core::task::{Life, State};
 
@@ -206,7 +206,7 @@ pub fn encode_record(r: &Record, id: u64) -> [u8; RECORD_LEN] {
     put(&mut b, RETURNS, &[l.returns()]);
     put(&mut b, OUTCOME, &[e.outcome as u8]);
     put(&mut b, VALUE, &e.value.to_le_bytes());
-    put(&mut b, AGENT, &e.agent.to_le_bytes());
+    put(&mut b, AGENT, &r.agent().to_le_bytes());
     put(&mut b, START_US, &e.start_us.to_le_bytes());
     put(&mut b, END_US, &e.end_us.to_le_bytes());
     let s = sum(&key(id), &b[..FIELDS_LEN]);
@@ -255,14 +255,13 @@ pub fn decode_record(id: u64, b: &[u8]) -> Option<Record> {
         affinity: u32::from_le_bytes(get(b, AFFINITY)),
     };
     let life = Life::of(state, byte(ATTEMPTS), byte(RETRIES), byte(LOSSES), byte(RETURNS));
-    let ended = AttemptEnd {
+    let ended = Ended {
         outcome,
         value: i32::from_le_bytes(get(b, VALUE)),
-        agent: u32::from_le_bytes(get(b, AGENT)),
         start_us: u64::from_le_bytes(get(b, START_US)),
         end_us: u64::from_le_bytes(get(b, END_US)),
     };
-    Some(Record::from_parts(cmd, shape, life, ended))
+    Some(Record::from_parts(cmd, shape, life, u32::from_le_bytes(get(b, AGENT)), ended))
 }
 
 #[cfg(test)]
@@ -309,7 +308,7 @@ pub(crate) mod tests {
         let lost = Step::Finish(End::Lost);
         let steps = [Step::Dispatch, Step::Start, lost, Step::Dispatch, Step::Reclaim, Step::Dispatch, fail];
         let mut r = Record::new(cmd, shape).walked(&steps).unwrap();
-        r.set_ended(AttemptEnd { outcome: Outcome::Signaled, value: -9, agent: 11, start_us: 12, end_us: 13 });
+        r.set_ended(11, Ended::new(Outcome::Signaled, -9, 12, 13));
         r
     }
 

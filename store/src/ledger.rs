@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use crate::journal::{Journal, Log, DB_ATTEMPTS, DB_COMMANDS, DB_FAILED, DB_KEYS, DB_META, DB_NEEDS, DB_TASKS};
 use htc_core::after::Needs;
-use htc_core::record::CommandAt;
+use htc_core::record::{CommandAt, Ended};
 use htc_core::shape::TaskShape;
 use lmdb::{Cursor, Database, DatabaseFlags, Environment, EnvironmentFlags, RwTransaction, Transaction, WriteFlags};
 
@@ -117,12 +117,12 @@ pub fn decode_record(id: u64, b: &[u8]) -> Result<Record> {
 
 fn encode_attempt(a: &Attempt, k: &[u8; 9]) -> [u8; ATTEMPT_LEN] {
     let mut b = [0u8; ATTEMPT_LEN];
-    b[0] = a.outcome as u8;
+    b[0] = a.ended.outcome as u8;
     b[1] = a.attempt;
-    b[4..8].copy_from_slice(&a.value.to_le_bytes());
+    b[4..8].copy_from_slice(&a.ended.value.to_le_bytes());
     b[8..12].copy_from_slice(&a.agent.to_le_bytes());
-    b[12..20].copy_from_slice(&a.start_us.to_le_bytes());
-    b[20..28].copy_from_slice(&a.end_us.to_le_bytes());
+    b[12..20].copy_from_slice(&a.ended.start_us.to_le_bytes());
+    b[20..28].copy_from_slice(&a.ended.end_us.to_le_bytes());
     let s = sum(k, &b[..28]);
     b[28..].copy_from_slice(&s);
     b
@@ -132,11 +132,13 @@ fn encode_attempt(a: &Attempt, k: &[u8; 9]) -> [u8; ATTEMPT_LEN] {
 fn decode_attempt(k: &[u8], b: &[u8]) -> Option<Attempt> {
     (b.len() == ATTEMPT_LEN && unseal(k, b).is_some()).then(|| Attempt {
         attempt: b[1],
-        outcome: Outcome::from_u8(b[0]),
-        value: i32::from_le_bytes(b[4..8].try_into().unwrap()),
         agent: u32::from_le_bytes(b[8..12].try_into().unwrap()),
-        start_us: u64::from_le_bytes(b[12..20].try_into().unwrap()),
-        end_us: u64::from_le_bytes(b[20..28].try_into().unwrap()),
+        ended: Ended {
+            outcome: Outcome::from_u8(b[0]),
+            value: i32::from_le_bytes(b[4..8].try_into().unwrap()),
+            start_us: u64::from_le_bytes(b[12..20].try_into().unwrap()),
+            end_us: u64::from_le_bytes(b[20..28].try_into().unwrap()),
+        },
     })
 }
 
@@ -269,8 +271,8 @@ fn collect_attempts(l: &Ledger, c: &mut lmdb::RoCursor<'_>, id: u64) -> Result<V
 
 use crate::cursor::TaskCursor;
 use lmdb_sys::{
-    mdb_cursor_close, mdb_cursor_get, mdb_cursor_open, mdb_env_get_fd, mdb_env_get_path, mdb_env_set_assert, mdb_txn_id,
-    MDB_env, MDB_val, MDB_NEXT, MDB_NOTFOUND,
+    mdb_cursor_close, mdb_cursor_get, mdb_cursor_open, mdb_env_get_fd, mdb_env_get_path, mdb_env_set_assert,
+    mdb_txn_id, MDB_env, MDB_val, MDB_NEXT, MDB_NOTFOUND,
 };
 
 /// LMDB checks some of its invariants with assertions that end in abort(); a damaged page trips
@@ -632,9 +634,7 @@ pub struct WriteTxn<'l> {
 impl<'l> WriteTxn<'l> {
     pub fn get(&self, id: u64) -> Result<Option<Record>> {
         // SAFETY: this live transaction and its task database.
-        let got = unsafe {
-            self.tasks.get(self.txn.txn(), self.l.tasks.dbi(), id, &key(id), |b| self.l.decode(id, b))
-        };
+        let got = unsafe { self.tasks.get(self.txn.txn(), self.l.tasks.dbi(), id, &key(id), |b| self.l.decode(id, b)) };
         match got {
             Ok(found) => found.transpose(),
             Err(rc) => Err(self.l.err(lmdb::Error::from_err_code(rc))),
@@ -1274,7 +1274,7 @@ pub(crate) mod tests {
         let mut t = l.write().unwrap();
         t.append(1, &Record::default().walked(&[Step::Refuse]).unwrap()).unwrap();
         t.put_counts(&Counts([0, 0, 0, 0, 1, 0])).unwrap();
-        let a = Attempt { attempt: 1, outcome: Outcome::Exited, value: 3, agent: 0, start_us: 1, end_us: 2 };
+        let a = Attempt { attempt: 1, agent: 0, ended: Ended::new(Outcome::Exited, 3, 1, 2) };
         t.apply(&Change::Attempt(1, a)).unwrap();
         t.put_meta("total", &1u64.to_le_bytes()).unwrap();
         t.apply(&Change::Failed(1, true)).unwrap();
@@ -1389,7 +1389,7 @@ pub(crate) mod tests {
             r.take(Step::Dispatch).unwrap();
             r.take(Step::Finish(End::Succeeded)).unwrap();
             t.apply(&Change::Record(5, r)).unwrap();
-            let a = Attempt { attempt: 1, outcome: Outcome::Exited, value: 1, agent: 0, start_us: 1, end_us: 2 };
+            let a = Attempt { attempt: 1, agent: 0, ended: Ended::new(Outcome::Exited, 1, 1, 2) };
             t.apply(&Change::Attempt(5, a)).unwrap();
             t.commit().unwrap();
             let mut t = l.write().unwrap();

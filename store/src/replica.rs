@@ -376,11 +376,12 @@ pub fn lock_path(ledger: &Path) -> PathBuf {
 mod tests {
     use super::*;
     use crate::ledger::{Attempt, Change, Outcome, Record, State};
+    use htc_core::record::Ended;
 
     fn record(state: State, value: i32) -> Record {
         let cmd = htc_core::record::CommandAt { len: 4, ..Default::default() };
         let mut r = Record::new(cmd, Default::default()).walked(htc_core::task::path_to(state)).unwrap();
-        r.set_ended(htc_core::record::AttemptEnd { outcome: Outcome::None, value, agent: 0, start_us: 0, end_us: 0 });
+        r.set_ended(0, Ended { value, ..Ended::NONE });
         r
     }
 
@@ -418,7 +419,7 @@ mod tests {
         // Task 3 ends, task 4 is only dispatched, task 5 fails for good; a retried attempt of 3.
         {
             let mut t = live.write().unwrap();
-            let a = Attempt { attempt: 1, outcome: Outcome::Exited, value: 1, agent: 2, start_us: 1, end_us: 2 };
+            let a = Attempt { attempt: 1, agent: 2, ended: Ended::new(Outcome::Exited, 1, 1, 2) };
             t.apply(&Change::Attempt(3, a)).unwrap();
             t.apply(&Change::Record(3, record(State::Done, 0))).unwrap();
             t.apply(&Change::Record(4, record(State::Dispatched, 0))).unwrap();

@@ -28,7 +28,7 @@ use super::stall::Stall;
 use crate::liveness::Liveness;
 use crate::msg::{Capacity, Down, Report, Stop, TaskResult, ToAgent, Up};
 use crate::pace::{self, Pace, REPORT_BATCH};
-use htc_core::record::Outcome;
+use htc_core::record::{Ended, Outcome};
 use htc_core::work::TaskToRun;
 
 /// A member as the head sees it (the head's own machine included).
@@ -560,9 +560,8 @@ impl Instance {
                 self.results.push(TaskResult {
                     id,
                     attempt: h.attempt,
-                    outcome: Outcome::Lost,
                     ran_on: Some(member),
-                    ..Default::default()
+                    ended: Ended { outcome: Outcome::Lost, ..Ended::NONE },
                 });
             } else {
                 self.returned.push(id);
@@ -819,7 +818,7 @@ mod tests {
 
     /// Task `id`'s first attempt ended well on the head's own machine.
     fn finished(id: u64) -> ExecEvent {
-        ExecEvent::Finished(Finished { id, attempt: 1, outcome: Outcome::Exited, value: 0, start_us: 1, end_us: 2 })
+        ExecEvent::Finished(Finished { id, attempt: 1, ended: Ended::new(Outcome::Exited, 0, 1, 2) })
     }
 
     fn step(i: &mut Instance, now: u64, input: Input) -> Vec<Effect> {
@@ -863,7 +862,12 @@ mod tests {
         let started = started.iter().map(|&id| crate::msg::Started { id, attempt: 1, start_us: 5 }).collect();
         let results = done
             .iter()
-            .map(|&id| TaskResult { id, attempt: 1, outcome: Outcome::Exited, ..Default::default() })
+            .map(|&id| TaskResult {
+                id,
+                attempt: 1,
+                ended: Ended { outcome: Outcome::Exited, ..Ended::NONE },
+                ..Default::default()
+            })
             .collect();
         let report = Report { seq, started, results, want, idle, ..Default::default() };
         Input::ChildFrame(Up::Report { agent, report })
@@ -1124,7 +1128,8 @@ mod tests {
         assert!(!closed.iter().any(|e| matches!(e, Effect::Up(Up::Lost { .. }))), "the leader never knew agent 1");
         // The instance shrank: said at once, with what the member held.
         let r = ups(&closed);
-        let lost: Vec<(u64, Outcome, Option<u32>)> = r[0].results.iter().map(|r| (r.id, r.outcome, r.ran_on)).collect();
+        let lost: Vec<(u64, Outcome, Option<u32>)> =
+            r[0].results.iter().map(|r| (r.id, r.ended.outcome, r.ran_on)).collect();
         let l = Outcome::Lost;
         assert_eq!(lost, vec![(5, l, Some(1)), (6, l, Some(1))], "started there: lost, the leader retries them");
         assert_eq!(r[0].cores, 2);
@@ -1189,7 +1194,7 @@ mod tests {
         // Its started task goes up as lost at once: the instance shrank.
         let lost: Vec<u64> = ups(&out)
             .iter()
-            .flat_map(|r| r.results.iter().filter(|r| r.outcome == Outcome::Lost).map(|r| r.id))
+            .flat_map(|r| r.results.iter().filter(|r| r.ended.outcome == Outcome::Lost).map(|r| r.id))
             .collect();
         assert_eq!(lost, vec![5]);
         // Its late report changes nothing.

@@ -847,15 +847,7 @@ impl Machine {
                 ExecEvent::Finished(f) => {
                     self.outstanding = self.outstanding.saturating_sub(1);
                     self.holding.remove(&f.id);
-                    self.results.push(TaskResult {
-                        id: f.id,
-                        attempt: f.attempt,
-                        outcome: f.outcome,
-                        value: f.value,
-                        start_us: f.start_us,
-                        end_us: f.end_us,
-                        ran_on: None,
-                    });
+                    self.results.push(TaskResult { id: f.id, attempt: f.attempt, ran_on: None, ended: f.ended });
                 }
             }
         }
@@ -991,7 +983,7 @@ pub fn queue_target(slots: usize) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use htc_core::record::Outcome;
+    use htc_core::record::{Ended, Outcome};
     use htc_core::work::{Finished, TaskToRun};
 
     /// The least time between reports (`pace`) of one of `tree()`'s eight instances.
@@ -1015,7 +1007,7 @@ mod tests {
     }
 
     fn done(id: u64) -> ExecEvent {
-        ExecEvent::Finished(Finished { id, attempt: 1, outcome: Outcome::Exited, value: 0, start_us: 10, end_us: 20 })
+        ExecEvent::Finished(Finished { id, attempt: 1, ended: Ended::new(Outcome::Exited, 0, 10, 20) })
     }
 
     fn step(m: &mut Machine, now: u64, input: Input) -> Vec<Effect> {

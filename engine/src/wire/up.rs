@@ -5,7 +5,7 @@
 use super::proto::{self, frame::Body};
 use super::PROTOCOL_VERSION;
 use crate::msg::{Came, Capacity, Hello, Report, Started, TaskResult, Up};
-use htc_core::record::Outcome;
+use htc_core::record::{Ended, Outcome};
 
 /// The frame that carries `up`. A Hello carries this end's protocol (a relay checked its
 /// child's before it passed it on) and no process id (the sender's own connection says it).
@@ -117,7 +117,7 @@ impl From<proto::TaskStarted> for Started {
 
 impl From<TaskResult> for proto::TaskResult {
     fn from(r: TaskResult) -> proto::TaskResult {
-        let TaskResult { id, attempt, outcome, value, start_us, end_us, ran_on } = r;
+        let TaskResult { id, attempt, ended: Ended { outcome, value, start_us, end_us }, ran_on } = r;
         proto::TaskResult {
             id,
             attempt,
@@ -136,10 +136,12 @@ impl From<proto::TaskResult> for TaskResult {
         TaskResult {
             id: r.id,
             attempt: r.attempt,
-            outcome: Outcome::from(proto::Outcome::try_from(r.outcome).unwrap_or(proto::Outcome::Unspecified)),
-            value: r.value,
-            start_us: r.start_us,
-            end_us: r.end_us,
+            ended: Ended {
+                outcome: Outcome::from(proto::Outcome::try_from(r.outcome).unwrap_or(proto::Outcome::Unspecified)),
+                value: r.value,
+                start_us: r.start_us,
+                end_us: r.end_us,
+            },
             ran_on: r.ran_on,
         }
     }
@@ -183,21 +185,13 @@ mod tests {
         assert_eq!(Report::from(r.clone()).holding, None);
         assert_eq!(Report::from(proto::Report { resync: true, ..r }).holding, Some(vec![1]));
         let unknown = proto::TaskResult { outcome: 99, ..Default::default() };
-        assert_eq!(TaskResult::from(unknown).outcome, Outcome::None);
+        assert_eq!(TaskResult::from(unknown).ended.outcome, Outcome::None);
     }
 
     #[test]
     fn everything_an_agent_says_reads_back_as_it_was_said() {
         let hello = |came| Hello { agent: 4, cores: 2, mem_mb: 100, gpus: 1, hostname: "n4".into(), came };
-        let result = TaskResult {
-            id: 8,
-            attempt: 2,
-            outcome: Outcome::Signaled,
-            value: 9,
-            start_us: 10,
-            end_us: 11,
-            ran_on: Some(5),
-        };
+        let result = TaskResult { id: 8, attempt: 2, ran_on: Some(5), ended: Ended::new(Outcome::Signaled, 9, 10, 11) };
         let report = Report {
             seq: 3,
             started: vec![Started { id: 7, attempt: 1, start_us: 6 }],

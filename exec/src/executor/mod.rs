@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 use crate::handoff::{Handoff, When};
 use crate::output::{IndexEntry, OutputMode};
 use htc_core::orders::{Orders, Todo};
-use htc_core::record::Outcome;
+use htc_core::record::{Ended, Outcome};
 use htc_core::slots::{self, Deadlines, Due, Holder, Next, Queue, Room};
 use htc_host::now_us;
 
@@ -606,10 +606,7 @@ impl Executor {
                     let f = Finished {
                         id: t.id,
                         attempt: t.attempt,
-                        outcome: Outcome::SpawnFailed,
-                        value: libc::E2BIG,
-                        start_us: now,
-                        end_us: now,
+                        ended: Ended::new(Outcome::SpawnFailed, libc::E2BIG, now, now),
                     };
                     self.events.push(ExecEvent::Finished(f));
                 }
@@ -847,12 +844,12 @@ mod tests {
             name,
             reaping,
         );
-        assert_eq!((f[0].outcome, f[0].value), (Outcome::Exited, 0));
-        assert_eq!((f[1].outcome, f[1].value), (Outcome::Exited, 3));
-        assert_eq!((f[2].outcome, f[2].value), (Outcome::Signaled, libc::SIGSEGV));
-        assert_eq!((f[3].outcome, f[3].value), (Outcome::TimedOut, libc::SIGTERM));
-        assert_eq!((f[4].outcome, f[4].value), (Outcome::SpawnFailed, libc::ENOENT));
-        assert_eq!((f[6].outcome, f[6].value), (Outcome::TimedOut, libc::SIGKILL));
+        assert_eq!((f[0].ended.outcome, f[0].ended.value), (Outcome::Exited, 0));
+        assert_eq!((f[1].ended.outcome, f[1].ended.value), (Outcome::Exited, 3));
+        assert_eq!((f[2].ended.outcome, f[2].ended.value), (Outcome::Signaled, libc::SIGSEGV));
+        assert_eq!((f[3].ended.outcome, f[3].ended.value), (Outcome::TimedOut, libc::SIGTERM));
+        assert_eq!((f[4].ended.outcome, f[4].ended.value), (Outcome::SpawnFailed, libc::ENOENT));
+        assert_eq!((f[6].ended.outcome, f[6].ended.value), (Outcome::TimedOut, libc::SIGKILL));
         let idx = crate::output::read_index(&dir.join("index")).unwrap();
         let e = idx.iter().find(|e| e.id == 6).unwrap();
         let out = fs::read(dir.join(format!("slot-{}.out", e.slot))).unwrap();
@@ -872,11 +869,11 @@ mod tests {
         let tasks =
             vec![with_mem(task(1, &hold(200), 0), 50), with_mem(task(2, &hold(20), 0), 100), task(3, &hold(30), 0)];
         let (f, dir) = run_tasks(tasks, 3, "oom", Reaping::detect());
-        assert_eq!(f[0].outcome, Outcome::OutOfMemory, "{:?}", f[0]);
-        assert!((50..400).contains(&f[0].value), "resident MiB seen: {}", f[0].value);
-        assert!(f[0].end_us - f[0].start_us < 1_900_000, "killed before its sleep ended");
-        assert_eq!((f[1].outcome, f[1].value), (Outcome::Exited, 0));
-        assert_eq!((f[2].outcome, f[2].value), (Outcome::Exited, 0));
+        assert_eq!(f[0].ended.outcome, Outcome::OutOfMemory, "{:?}", f[0]);
+        assert!((50..400).contains(&f[0].ended.value), "resident MiB seen: {}", f[0].ended.value);
+        assert!(f[0].ended.end_us - f[0].ended.start_us < 1_900_000, "killed before its sleep ended");
+        assert_eq!((f[1].ended.outcome, f[1].ended.value), (Outcome::Exited, 0));
+        assert_eq!((f[2].ended.outcome, f[2].ended.value), (Outcome::Exited, 0));
         fs::remove_dir_all(dir).unwrap();
     }
 
@@ -913,7 +910,7 @@ mod tests {
         let marker = std::env::temp_dir().join(format!("htc-bg-{}", std::process::id()));
         let cmd = format!("(sleep 1; touch {}) & exit 0", marker.display());
         let (f, _) = run_tasks(vec![task(1, &cmd, 0)], 1, "bg", Reaping::detect());
-        assert_eq!(f[0].outcome, Outcome::Exited);
+        assert_eq!(f[0].ended.outcome, Outcome::Exited);
         std::thread::sleep(Duration::from_millis(1500));
         assert!(!marker.exists(), "a straggler of the task outlived it");
     }
@@ -940,14 +937,14 @@ mod tests {
             let ids: HashSet<u64> = f.iter().map(|f| f.id).collect();
             assert_eq!(f.len(), 300, "executor {base}: one result per task");
             assert_eq!(ids, (base..base + 300).collect(), "executor {base}: exactly its own tasks");
-            let of = |i: u64| f.iter().find(|f| f.id == base + i).map(|f| (f.outcome, f.value)).unwrap();
+            let of = |i: u64| f.iter().find(|f| f.id == base + i).map(|f| (f.ended.outcome, f.ended.value)).unwrap();
             assert_eq!(of(200), (Outcome::Exited, 0));
             assert_eq!(of(201), (Outcome::TimedOut, libc::SIGTERM));
             assert_eq!(of(202), (Outcome::Exited, (base / 1000) as i32 + 3));
             assert!(f
                 .iter()
                 .filter(|f| ![base + 201, base + 202].contains(&f.id))
-                .all(|f| f.outcome == Outcome::Exited && f.value == 0));
+                .all(|f| f.ended.outcome == Outcome::Exited && f.ended.value == 0));
         }
         std::thread::sleep(Duration::from_millis(1500));
         for m in markers {
@@ -971,7 +968,7 @@ mod tests {
         // What the process starts on its own must still be its to wait for.
         let mut child = std::process::Command::new("sh").args(["-c", "sleep 0.3; exit 7"]).spawn().unwrap();
         let (f, _) = run_tasks((1..=50).map(|i| task(i, "true", 0)).collect(), 2, "others", Reaping::detect());
-        assert!(f.iter().all(|f| f.outcome == Outcome::Exited));
+        assert!(f.iter().all(|f| f.ended.outcome == Outcome::Exited));
         assert_eq!(child.wait().unwrap().code(), Some(7));
     }
 }

@@ -129,10 +129,7 @@ impl Executor {
         self.events.push(ExecEvent::Finished(Finished {
             id: r.task.id,
             attempt: r.task.attempt,
-            outcome,
-            value,
-            start_us: r.start_us,
-            end_us,
+            ended: Ended::new(outcome, value, r.start_us, end_us),
         }));
     }
 

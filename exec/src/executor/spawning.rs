@@ -294,10 +294,7 @@ impl Executor {
         self.events.push(ExecEvent::Finished(Finished {
             id: t.id,
             attempt: t.attempt,
-            outcome: Outcome::SpawnFailed,
-            value: errno,
-            start_us,
-            end_us: now_us(),
+            ended: Ended::new(Outcome::SpawnFailed, errno, start_us, now_us()),
         }));
     }
 

@@ -121,10 +121,10 @@ impl Gathered {
     /// One ended attempt of a task of `cores` cores; `last` when it ended the task.
     fn attempt(&mut self, a: &Attempt, cores: u16, last: bool) {
         self.attempts += 1;
-        if a.outcome == Outcome::Unschedulable {
+        if a.ended.outcome == Outcome::Unschedulable {
             return; // no node ever ran it
         }
-        let ok = a.outcome == Outcome::Exited && a.value == 0;
+        let ok = a.ended.outcome == Outcome::Exited && a.ended.value == 0;
         let n = self.node(a.agent);
         if ok {
             n.done += 1;
@@ -132,19 +132,20 @@ impl Gathered {
             n.failed += 1;
         }
         // Never started, or times no clock gives (a damaged record): not on the timeline.
-        if a.start_us == 0 || a.end_us < a.start_us || a.end_us > i64::MAX as u64 / 4 {
+        if a.ended.start_us == 0 || a.ended.end_us < a.ended.start_us || a.ended.end_us > i64::MAX as u64 / 4 {
             return;
         }
-        self.place(a.start_us, a.end_us);
-        self.first_start_us = if self.first_start_us == 0 { a.start_us } else { self.first_start_us.min(a.start_us) };
-        self.last_end_us = self.last_end_us.max(a.end_us);
+        self.place(a.ended.start_us, a.ended.end_us);
+        self.first_start_us =
+            if self.first_start_us == 0 { a.ended.start_us } else { self.first_start_us.min(a.ended.start_us) };
+        self.last_end_us = self.last_end_us.max(a.ended.end_us);
         let (ax, c) = (self.axis.clone(), cores.max(1) as f64);
-        ax.spread(&mut self.busy, a.start_us, a.end_us, c);
+        ax.spread(&mut self.busy, a.ended.start_us, a.ended.end_us, c);
         let n = self.nodes.get_mut(&a.agent).expect("made above");
-        ax.spread(&mut n.busy, a.start_us, a.end_us, c);
-        n.busy_core_us += (a.end_us - a.start_us) as f64 * c;
+        ax.spread(&mut n.busy, a.ended.start_us, a.ended.end_us, c);
+        n.busy_core_us += (a.ended.end_us - a.ended.start_us) as f64 * c;
         if last {
-            let b = ax.bin(a.end_us);
+            let b = ax.bin(a.ended.end_us);
             self.finished[b] += 1.0;
         }
     }
@@ -232,6 +233,7 @@ pub fn gather(ledger: &Ledger, run: &str) -> anyhow::Result<Gathered> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use htc_core::record::Ended;
 
     fn rec(state: State, outcome: Outcome, value: i32, agent: u32, s: u64, e: u64) -> Record {
         use htc_core::task::{End, Step};
@@ -244,7 +246,7 @@ mod tests {
         let steps = [Step::Dispatch, Step::Start, Step::Finish(end)];
         let mut r = Record::default().walked(&steps).unwrap();
         assert_eq!(r.state(), state);
-        r.set_ended(htc_core::record::AttemptEnd { outcome, value, agent, start_us: s, end_us: e });
+        r.set_ended(agent, htc_core::record::Ended::new(outcome, value, s, e));
         r
     }
 
@@ -253,8 +255,7 @@ mod tests {
         let mut g = Gathered { busy: vec![0.0; BINS], finished: vec![0.0; BINS], ..Default::default() };
         let s = 1_000_000_000;
         g.task(1, &rec(State::Done, Outcome::Exited, 0, 0, s, s + 2_000_000), &[]);
-        let retried =
-            Attempt { attempt: 1, outcome: Outcome::Exited, value: 3, agent: 1, start_us: s, end_us: s + 1_000_000 };
+        let retried = Attempt { attempt: 1, agent: 1, ended: Ended::new(Outcome::Exited, 3, s, s + 1_000_000) };
         g.task(2, &rec(State::Failed, Outcome::Exited, 3, 1, s + 1_000_000, s + 4_000_000), &[retried]);
         g.task(3, &rec(State::Pending, Outcome::None, 0, 0, 0, 0), &[]);
         assert_eq!((g.tasks, g.done, g.failed, g.unfinished, g.attempts), (3, 1, 1, 1, 3));

@@ -424,7 +424,7 @@ pub fn reset_interrupted(run: &htc_store::rundir::RunDir, survivors: Survivors) 
                         reset.recovered += 1;
                     }
                 }
-                Change::Attempt(_, a) if a.outcome == Outcome::Interrupted => reset.interrupted += 1,
+                Change::Attempt(_, a) if a.ended.outcome == Outcome::Interrupted => reset.interrupted += 1,
                 _ => {}
             }
             t.apply(c)?;
@@ -440,7 +440,7 @@ pub fn reset_interrupted(run: &htc_store::rundir::RunDir, survivors: Survivors) 
 mod tests {
     use super::*;
     use crate::leader::{new_core, Planned};
-    use htc_core::record::Outcome;
+    use htc_core::record::{Ended, Outcome};
     use htc_engine::msg;
     use htc_engine::wire::proto::frame::Body;
     use std::time::{Duration, Instant};
@@ -534,8 +534,7 @@ mod tests {
                     .map(|&id| msg::TaskResult {
                         id,
                         attempt: 1,
-                        outcome: Outcome::Exited,
-                        end_us: now_us(),
+                        ended: Ended { outcome: Outcome::Exited, end_us: now_us(), ..Ended::NONE },
                         ..Default::default()
                     })
                     .collect();

@@ -109,8 +109,8 @@ impl Core<'_> {
         let Some(f) = self.land(id) else { return Ok(()) };
         if f.life.state() == State::Running {
             if let Some(mut r) = t.get(id)? {
-                let lost = Ended { outcome: Outcome::Lost, value: 0, start_us, end_us: now_us, ran_on: agent };
-                self.finish_attempt(t, id, &mut r, f, lost)?;
+                let lost = Ended::new(Outcome::Lost, 0, start_us, now_us);
+                self.finish_attempt(t, id, &mut r, f, agent, lost)?;
             }
         } else {
             self.in_flight.insert(id, f);

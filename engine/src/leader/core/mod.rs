@@ -33,7 +33,7 @@ use super::effect::{self, Effect, Effects};
 use crate::live;
 use crate::liveness::Liveness;
 use crate::msg::{self, Came, Hello, Stop, ToAgent, Up};
-use htc_core::record::{Attempt, Change, Outcome, Record};
+use htc_core::record::{Attempt, Change, Ended, Outcome, Record};
 use htc_core::task::{Counts, State};
 
 mod adds;
@@ -365,16 +365,6 @@ pub struct Core<'a> {
     strays: IdSet<u32>,
     /// Nodes of the run's own allocation given back at its tail (`give_back`).
     give_back: nodes_back::GiveBack,
-}
-
-/// How an attempt ended, as reported (or decided, for a lost agent).
-struct Ended {
-    outcome: Outcome,
-    value: i32,
-    start_us: u64,
-    end_us: u64,
-    /// The agent that ran it (a member of the reporting head's instance, or the head).
-    ran_on: u32,
 }
 
 impl<'a> Core<'a> {

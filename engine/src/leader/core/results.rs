@@ -3,7 +3,6 @@
 
 use super::dispatch::group_of;
 use super::*;
-use htc_core::record::AttemptEnd;
 
 impl Core<'_> {
     /// Once `--max-fails` is reached: every agent finishes what runs, starts nothing more, and
@@ -98,14 +97,7 @@ impl Core<'_> {
         let Some((life, _)) = self.move_life(r.life(), Step::Refund) else { return Ok(()) };
         if from == State::Failed {
             // The failure that was final stays in the history, as every ended attempt does.
-            let a = Attempt {
-                attempt: r.life().attempt_no().min(255) as u8,
-                outcome: r.outcome(),
-                value: r.value(),
-                agent: r.agent(),
-                start_us: r.start_us(),
-                end_us: r.end_us(),
-            };
+            let a = Attempt { attempt: r.life().attempt_no().min(255) as u8, agent: r.agent(), ended: r.ended() };
             t.apply(&Change::Attempt(id, a))?;
             t.apply(&Change::Failed(id, false))?;
         }
@@ -169,27 +161,23 @@ impl Core<'_> {
         if let Some(a) = self.agents.get_mut(&agent) {
             a.ahead_ms = a.ahead_ms.saturating_sub(r.shape().runtime_ms as u64 * r.shape().cores as u64);
         }
-        let ended = Ended {
-            outcome: res.outcome,
-            value: res.value,
-            start_us: res.start_us,
-            // A head telling of a member's lost task knows no end: it is now.
-            end_us: if res.end_us == 0 { now_us } else { res.end_us },
-            ran_on: res.ran_on.unwrap_or(agent),
-        };
-        self.finish_attempt(t, res.id, &mut r, f, ended)
+        // A head telling of a member's lost task knows no end: it is now.
+        let end_us = if res.ended.end_us == 0 { now_us } else { res.ended.end_us };
+        self.finish_attempt(t, res.id, &mut r, f, res.ran_on.unwrap_or(agent), Ended { end_us, ..res.ended })
     }
 
-    /// Records how an attempt ended and moves the task to done, failed, or back to pending.
+    /// Records how an attempt, run by agent `ran_on` (a member of the reporting head's instance,
+    /// or the head), ended and moves the task to done, failed, or back to pending.
     pub(super) fn finish_attempt<E>(
         &mut self,
         t: &mut dyn Tasks<Error = E>,
         id: u64,
         r: &mut Record,
         f: Flight,
+        ran_on: u32,
         e: Ended,
     ) -> Result<(), E> {
-        let Ended { outcome, value, start_us, end_us, ran_on: agent } = e;
+        let Ended { outcome, value, start_us, end_us } = e;
         let end = outcome.end(value);
         let Some((life, effect)) = self.move_life(f.life, Step::Finish(end)) else { return Ok(()) };
         self.note_streak(f.agent, id, end);
@@ -200,16 +188,9 @@ impl Core<'_> {
                 self.mem.observe(group_of(r), end_us - start_us);
             }
         }
-        r.set_ended(AttemptEnd { outcome, value, agent, start_us, end_us });
+        r.set_ended(ran_on, e);
         if effect == task::Effect::Retry {
-            let a = Attempt {
-                attempt: f.life.attempt_no().min(255) as u8,
-                outcome,
-                value,
-                agent,
-                start_us: r.start_us(),
-                end_us,
-            };
+            let a = Attempt { attempt: f.life.attempt_no().min(255) as u8, agent: ran_on, ended: r.ended() };
             t.apply(&Change::Attempt(id, a))?;
             if end == End::Preempted {
                 self.preemption.run_again_later(id);
@@ -276,7 +257,7 @@ impl Core<'_> {
             self.on_started(agent, s);
         }
         for r in &report.results {
-            self.figures.result_arrived(self.now_us, r.end_us);
+            self.figures.result_arrived(self.now_us, r.ended.end_us);
             self.on_result(t, agent, r, self.now_us)?;
         }
         for &id in &report.returned {

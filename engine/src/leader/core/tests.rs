@@ -3,7 +3,7 @@
 
 use super::*;
 use htc_core::partition::Even;
-use htc_core::record::CommandAt;
+use htc_core::record::{CommandAt, Ended};
 use htc_core::shape::TaskShape;
 use htc_core::tree::Tree;
 use std::collections::BTreeMap;
@@ -111,7 +111,12 @@ fn want(agent: u32, n: u32) -> Input {
 
 /// Attempt `attempt` of task `id` exited with `exit`.
 fn exited(id: u64, attempt: u32, exit: i32) -> msg::TaskResult {
-    msg::TaskResult { id, attempt, outcome: Outcome::Exited, value: exit, ..Default::default() }
+    msg::TaskResult {
+        id,
+        attempt,
+        ended: Ended { outcome: Outcome::Exited, value: exit, ..Ended::NONE },
+        ..Default::default()
+    }
 }
 
 fn result(agent: u32, seq: u64, id: u64, attempt: u32, exit: i32) -> Input {
@@ -212,7 +217,12 @@ fn higher_priority_work_that_no_agent_can_take_preempts_a_lower_preemptible_task
     let (out, _) = feed(&mut c, &mut m, vec![Input::Tick]);
     assert!(!sent(&out).any(|(_, m)| matches!(m, ToAgent::Preempt(_))), "not twice");
     // It ends preempted: no retry used, a new attempt number; task 2 runs first.
-    let pre = msg::TaskResult { id: 1, attempt: 1, outcome: Outcome::Preempted, ..Default::default() };
+    let pre = msg::TaskResult {
+        id: 1,
+        attempt: 1,
+        ended: Ended { outcome: Outcome::Preempted, ..Ended::NONE },
+        ..Default::default()
+    };
     let rep = Input::Report {
         agent: 0,
         report: msg::Report { seq: 2, results: vec![pre], want: 2, idle: 2, ..Default::default() },
@@ -222,7 +232,7 @@ fn higher_priority_work_that_no_agent_can_take_preempts_a_lower_preemptible_task
     // The ledger holds it as before this dispatch (flights live in memory), a retry richer.
     assert_eq!((m.records[&1].state(), m.records[&1].shape().retries), (State::Pending, 1));
     assert_eq!(
-        m.attempts.iter().filter(|(id, _)| *id == 1).map(|(_, a)| a.outcome).collect::<Vec<_>>(),
+        m.attempts.iter().filter(|(id, _)| *id == 1).map(|(_, a)| a.ended.outcome).collect::<Vec<_>>(),
         [Outcome::Preempted]
     );
 }
@@ -435,9 +445,8 @@ fn instance_heads_stand_for_their_members_which_the_ledger_names() {
     let lost = |agent: u32, id| msg::TaskResult {
         id,
         attempt: 1,
-        outcome: Outcome::Lost,
         ran_on: Some(agent + 1),
-        ..Default::default()
+        ended: Ended { outcome: Outcome::Lost, ..Ended::NONE },
     };
     let from_head = |agent: u32, seq, cores, results| Input::Report {
         agent,
@@ -447,7 +456,7 @@ fn instance_heads_stand_for_their_members_which_the_ledger_names() {
     assert_eq!(dispatched(&out), vec![(2, vec![(5, 1), (6, 1), (7, 1), (8, 1)])], "head 2 holds instance 1's share");
     assert_eq!(c.progress(0).agents, 2, "a member that says Hello to the leader is ignored");
 
-    let ok = msg::TaskResult { outcome: Outcome::Exited, ..lost(2, 5) };
+    let ok = msg::TaskResult { ended: Ended { outcome: Outcome::Exited, ..Ended::NONE }, ..lost(2, 5) };
     let (out, _) = feed(&mut c, &mut m, vec![from_head(2, 1, 4, vec![ok, lost(2, 6)])]);
     assert_eq!((m.state(5), m.records[&5].agent()), (State::Done, 3), "the ledger names the member that ran it");
     assert_eq!(m.state(6), State::Pending, "lost with its member: retried");
@@ -469,7 +478,12 @@ fn instance_heads_stand_for_their_members_which_the_ledger_names() {
 fn report(agent: u32, want: u32, idle: u32, done: &[(u64, u32)]) -> Input {
     let results = done
         .iter()
-        .map(|&(id, attempt)| msg::TaskResult { id, attempt, outcome: Outcome::Exited, ..Default::default() })
+        .map(|&(id, attempt)| msg::TaskResult {
+            id,
+            attempt,
+            ended: Ended { outcome: Outcome::Exited, ..Ended::NONE },
+            ..Default::default()
+        })
         .collect();
     Input::Report { agent, report: msg::Report { want, idle, results, ..Default::default() } }
 }
@@ -643,9 +657,12 @@ fn the_hflow_plan_learns_the_runtimes_the_file_did_not_give() {
         .map(|id| msg::TaskResult {
             id,
             attempt: 1,
-            outcome: Outcome::Exited,
-            start_us: 1_000_000 + id * 10_000,
-            end_us: 1_000_000 + (id + 1) * 10_000,
+            ended: Ended {
+                outcome: Outcome::Exited,
+                start_us: 1_000_000 + id * 10_000,
+                end_us: 1_000_000 + (id + 1) * 10_000,
+                ..Ended::NONE
+            },
             ..Default::default()
         })
         .collect();
@@ -727,7 +744,7 @@ fn a_lost_agent_s_tasks_go_to_another_without_using_a_retry() {
     // Task 1 was running when its agent went: a loss. Task 2 never left the agent's queue.
     assert_eq!((m.records[&1].losses(), m.records[&2].losses()), (1, 0));
     // The lost attempt's history row starts when its agent said it started (`htc log`).
-    let lost_run: Vec<_> = m.attempts.iter().filter(|(id, _)| *id == 1).map(|(_, a)| a.start_us).collect();
+    let lost_run: Vec<_> = m.attempts.iter().filter(|(id, _)| *id == 1).map(|(_, a)| a.ended.start_us).collect();
     assert_eq!(lost_run, [5]);
     assert_eq!(end, None);
     // A late result from the lost agent changes nothing.
@@ -1241,7 +1258,7 @@ fn after_a_hand_over_what_started_on_an_agent_that_does_not_come_back_runs_again
         .expecting_handover(20_000_000, 0, vec![started(0, 7), started(3, 1)]);
     feed(&mut c, &mut m, vec![handed_over(3, 2), holding(3, 8, &[1]), handed_over(4, 2), holding(4, 8, &[])]);
     let (out2, _) = feed_at(&mut c, &mut m, 2_000, vec![want(3, 8), want(4, 8)]);
-    let rows: Vec<(u64, u8, Outcome)> = m.attempts.iter().map(|(id, a)| (*id, a.attempt, a.outcome)).collect();
+    let rows: Vec<(u64, u8, Outcome)> = m.attempts.iter().map(|(id, a)| (*id, a.attempt, a.ended.outcome)).collect();
     assert_eq!(rows, [(7, 1, Outcome::Interrupted)], "the lost attempt has its row, the kept one none");
     assert_eq!(m.state(7), State::Pending);
     let all: Vec<(u64, u32)> = dispatched(&out2).into_iter().flat_map(|(_, t)| t).collect();

@@ -98,7 +98,12 @@ fn a_user_s_cancel_stops_what_runs_and_its_late_result_changes_nothing() {
     assert_eq!(sent(&out).collect::<Vec<_>>(), [(0, &ToAgent::Preempt(vec![2]))], "only what runs is stopped");
     assert_eq!((m.state(2), m.state(3), m.state(4)), (State::Cancelled, State::Cancelled, State::Cancelled));
     // The agent says it stopped 2: that attempt has landed already, nothing is retried.
-    let preempted = msg::TaskResult { id: 2, attempt: 1, outcome: Outcome::Preempted, ..Default::default() };
+    let preempted = msg::TaskResult {
+        id: 2,
+        attempt: 1,
+        ended: Ended { outcome: Outcome::Preempted, ..Ended::NONE },
+        ..Default::default()
+    };
     let stop =
         Input::Report { agent: 0, report: msg::Report { seq: 1, results: vec![preempted], ..Default::default() } };
     let (out, _) = feed(&mut c, &mut m, vec![stop, want(0, 8)]);
