@@ -172,10 +172,16 @@ if [[ -n $second_pid ]]; then
 fi
 # Side by side on pytest-xdist workers: the tests mostly wait on runs and on Snakemake's polls, so
 # more workers than cores pay (the Snakemake suite: 109 s serial, 48 s on 3 workers here).
-for c in python:4 snakemake:3; do
-    n=${c#*:} c=${c%:*}
+# Each client's unit tests (its pure parts) run first with no htc anywhere in reach, as they must
+# on a machine without one; then the rest against real runs.
+for c in python:4:test_units.py:test_task_line.py snakemake:3:test_tasks.py; do
+    IFS=: read -r c n rest <<<"$c"
+    IFS=: read -ra units <<<"$rest"
     (cd "$root/clients/$c" && "$HTC_PY_VENV/bin/mypy" --strict --cache-dir=/dev/null src)
-    (cd "$root/clients/$c" && HTC="$root/target/release/htc" "$HTC_PY_VENV/bin/python" -m pytest -q -p no:cacheprovider -n "$n" tests)
+    (cd "$root/clients/$c" && env -u HTC PATH="$HTC_PY_VENV/bin:/usr/bin:/bin" \
+        "$HTC_PY_VENV/bin/python" -m pytest -q -p no:cacheprovider "${units[@]/#/tests/}")
+    (cd "$root/clients/$c" && HTC="$root/target/release/htc" "$HTC_PY_VENV/bin/python" -m pytest -q -p no:cacheprovider \
+        -n "$n" tests "${units[@]/#/--ignore=tests/}")
 done
 
 if [[ ${HTC_SKIP_SLURM:-0} == 1 ]]; then

@@ -338,6 +338,7 @@ pub mod htc {
         pub file: Option<PathBuf>,
         /// An open run: it takes tasks while it runs (`htc task add RUN`), and does not end when
         /// its tasks are done, but on `htc close RUN` or after --idle-exit with nothing to do.
+        /// Its id is printed on stdout (one line) once its leader listens.
         #[arg(long)]
         pub open: bool,
         /// With --open: end after this long with nothing to do (e.g. 30m, 2h; 0: never).

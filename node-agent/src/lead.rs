@@ -188,6 +188,8 @@ pub fn lead_session(
             others: continuation::others_kept(run, job_id),
             awaiting: continuation::awaited_starts(run),
         }),
+        // A Slurm run's id is its job's, known before it starts.
+        published: None,
     };
     submit::note_resume_args(run, nodes, resume_args(nodes, a))?;
     leader::run(cfg, |addr, tx| match survivors {

@@ -21,7 +21,7 @@ fn lost_attempts(run: &Path) -> Vec<(u64, Attempt)> {
     let mut lost = Vec::new();
     let _ = t.for_each(|id, _| {
         for a in t.attempts(id).unwrap_or_default() {
-            if a.outcome == Outcome::Lost {
+            if a.ended.outcome == Outcome::Lost {
                 lost.push((id, a));
             }
         }

@@ -460,7 +460,7 @@ fn losing_a_relay_its_children_rejoin_the_leader_and_keep_working() {
     let mut ends: Vec<(u32, u64)> = Vec::new();
     t.for_each(|id, r| {
         assert_eq!(r.state(), State::Done, "task {id}");
-        lost += t.attempts(id).unwrap().iter().filter(|a| a.outcome == htc::ledger::Outcome::Lost).count();
+        lost += t.attempts(id).unwrap().iter().filter(|a| a.ended.outcome == htc::ledger::Outcome::Lost).count();
         if r.agent() == 0 {
             last_on_0 = last_on_0.max(r.end_us());
         }
@@ -631,7 +631,7 @@ fn a_killed_member_costs_its_started_tasks_which_run_again_and_its_head_carries_
     let (mut lost_on_1, mut after_by_0) = (0, 0);
     t.for_each(|id, r| {
         assert_eq!(r.state(), State::Done, "task {id}");
-        for a in t.attempts(id).unwrap().iter().filter(|a| a.outcome == htc::ledger::Outcome::Lost) {
+        for a in t.attempts(id).unwrap().iter().filter(|a| a.ended.outcome == htc::ledger::Outcome::Lost) {
             assert_eq!(a.agent, 1, "task {id} lost on agent {}", a.agent);
             lost_on_1 += 1;
             after_by_0 += (r.agent() != 1) as u32;
@@ -657,8 +657,8 @@ fn a_killed_head_s_member_comes_back_to_the_leader_and_works_on() {
     let t = l.read().unwrap();
     let mut lost_at = u64::MAX;
     t.for_each(|id, _| {
-        for a in t.attempts(id).unwrap().iter().filter(|a| a.outcome == htc::ledger::Outcome::Lost) {
-            lost_at = lost_at.min(a.end_us);
+        for a in t.attempts(id).unwrap().iter().filter(|a| a.ended.outcome == htc::ledger::Outcome::Lost) {
+            lost_at = lost_at.min(a.ended.end_us);
         }
     })
     .unwrap();

@@ -269,3 +269,23 @@ def test_a_run_is_kept_while_its_client_lives_and_ends_soon_after_it_is_killed(t
         time.sleep(0.2)
     assert state() == "succeeded", "the orphan run ended by itself"
     assert time.monotonic() - t0 < 3 + 4, "within its idle time of the client's last word"
+
+
+def test_runs_started_side_by_side_each_know_their_own_id(tmp_path: pathlib.Path) -> None:
+    # The id comes from the run's own stdout, not from the directory: two runs of one directory
+    # started at once each get theirs.
+    runs = [Run.start(htc=HTC, cwd=str(tmp_path), idle_exit="0") for _ in range(3)]
+    try:
+        assert len({r.id for r in runs}) == 3
+        for r in runs:
+            assert r.leader is not None and r.id.endswith(f"-{r.leader.pid}")
+            assert len(r.add(["true"])) == 1
+    finally:
+        for r in runs:
+            r.close(wait=True)
+
+
+def test_a_run_that_cannot_start_says_why(tmp_path: pathlib.Path) -> None:
+    (tmp_path / ".htc").write_text("")  # where the run's directory would go
+    with pytest.raises(HtcError, match=r"the open run's leader did not start: htc: creating .*\.htc/"):
+        Run.start(htc=HTC, cwd=str(tmp_path), timeout=30)

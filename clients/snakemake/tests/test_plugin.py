@@ -229,10 +229,18 @@ def test_a_job_no_node_can_hold_fails_with_the_reason(tmp_path: pathlib.Path) ->
     assert p.stderr.count("needs more cores, memory or GPUs than any agent has") == 2, p.stderr[-3000:]
 
 
+def open_run(wd: pathlib.Path) -> tuple["subprocess.Popen[str]", str]:
+    """An open run in `wd` and its id, which `htc run --open` prints once its leader listens."""
+    leader = subprocess.Popen([HTC, "run", "--open", "-q"], cwd=wd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert leader.stdout is not None
+    run = leader.stdout.readline().strip()
+    assert run, "htc run --open ended without printing its id"
+    return leader, run
+
+
 def test_a_run_that_takes_no_tasks_is_a_clear_error(tmp_path: pathlib.Path) -> None:
     (tmp_path / "Snakefile").write_text(SLOW)
-    leader = subprocess.Popen([HTC, "run", "--open", "-q"], cwd=tmp_path, stderr=subprocess.DEVNULL)
-    [run] = wait_for(lambda: [p.name for p in (tmp_path / ".htc").glob(f"*-{leader.pid}") if (p / "leader.addr").exists()])
+    leader, run = open_run(tmp_path)
     htc(tmp_path, "close", run)
     leader.wait(30)
     p = snakemake(tmp_path, "--executor", "htc", "--jobs", "2", "--htc-run", run)
@@ -242,8 +250,7 @@ def test_a_run_that_takes_no_tasks_is_a_clear_error(tmp_path: pathlib.Path) -> N
 
 def test_the_generic_route_htc_task_commands_as_cluster_generic_s(tmp_path: pathlib.Path) -> None:
     (tmp_path / "Snakefile").write_text(WORKFLOW)
-    leader = subprocess.Popen([HTC, "run", "--open", "-q"], cwd=tmp_path, stderr=subprocess.DEVNULL)
-    [run] = wait_for(lambda: [p.name for p in (tmp_path / ".htc").glob(f"*-{leader.pid}") if (p / "leader.addr").exists()])
+    leader, run = open_run(tmp_path)
     cancel = tmp_path / "htc-cancel"
     cancel.write_text(f'#!/bin/sh\nexec {HTC} task cancel {run} "$@"\n')
     cancel.chmod(0o755)

@@ -258,6 +258,7 @@ fn run(a: RunArgs) -> anyhow::Result<i32> {
         open_idle_give_back: site.open_idle_give_back,
         grow: None,
         handover: None,
+        published: open.is_some().then(|| say_id(run.id())),
     };
     let outcome = leader::run(cfg, |addr, tx| local.start(&run, addr, tx))?;
     let code = htc::status::finish(&run, &outcome, quiet, true);
@@ -266,6 +267,18 @@ fn run(a: RunArgs) -> anyhow::Result<i32> {
     }
     drop(lock);
     code
+}
+
+/// What `htc run --open` does once its leader listens: prints the run's id on stdout, the one
+/// line it writes there, as `--detach` does (`RUN=$(htc run --open --detach)`), so a program
+/// that keeps the run as its child (the Python client) reads the id of the run it started. A
+/// reader gone already is no error: the run goes on.
+fn say_id(id: String) -> Box<dyn FnOnce() + Send> {
+    Box::new(move || {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{id}").and_then(|()| out.flush());
+    })
 }
 
 /// `htc run --join RUN`: this machine's agents join a running run and work on its tasks until

@@ -792,7 +792,9 @@ impl Fleet {
                     self.starts += 1;
                     self.started.insert(*id);
                 }
-                ExecEvent::Finished(f) if f.outcome == Outcome::Exited => self.last_end = self.last_end.max(f.end_us),
+                ExecEvent::Finished(f) if f.ended.outcome == Outcome::Exited => {
+                    self.last_end = self.last_end.max(f.ended.end_us)
+                }
                 _ => {}
             }
         }

@@ -858,7 +858,7 @@ impl Executors {
                     }
                     // Its process ran, so it left the queue when it started: looking for it
                     // there again was a walk of the whole queue for every task.
-                    ExecEvent::Finished(f) if f.outcome.ran() => self.spread.moved(i, now),
+                    ExecEvent::Finished(f) if f.ended.outcome.ran() => self.spread.moved(i, now),
                     ExecEvent::Finished(f) => self.spread.left_queue(i, f.id, now),
                     ExecEvent::Reset => {}
                 }

@@ -73,6 +73,9 @@ pub struct LeaderConfig {
     pub grow: Option<grow::Growing>,
     /// This session took the run over with agents that kept their tasks (`Core::expecting_handover`).
     pub handover: Option<Handover>,
+    /// Called once the leader's address is in the run directory, when clients can find the run:
+    /// `htc run --open` prints the run's id then.
+    pub published: Option<Box<dyn FnOnce() + Send>>,
 }
 
 /// A session that took the run over expects agents that kept their tasks: its own, and
@@ -140,6 +143,9 @@ pub fn run(
     let net_cfg = Arc::new(net_cfg);
     // From here allocations may join the run (`--join`), until the session ends.
     cfg.run.publish_leader(&at).context("publishing the leader's address in the run directory")?;
+    if let Some(published) = cfg.published {
+        published();
+    }
     let run_dir = cfg.run.clone();
     let evict = net_cfg.clone();
     let driver_cfg = DriverConfig {

@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence
 
-from ._htc import Command, HtcError, task_line
+from ._htc import OPTIONS, Command, HtcError, task_line
 from ._stream import Stream
 from .run import ENDED, Run, drop_record, read_record, write_record
 
@@ -141,7 +141,7 @@ class Executor(concurrent.futures.Executor):
         **defaults: Any,
     ) -> None:
         self._defaults = dict(defaults)
-        unknown = set(self._defaults) - {"cores", "mem", "gpus", "timeout", "retries", "priority"}
+        unknown = set(self._defaults) - set(OPTIONS)
         if unknown:
             raise TypeError(f"unknown task option(s): {', '.join(sorted(unknown))}")
         left = read_record(record) if record is not None and run is None else ""
@@ -197,7 +197,7 @@ class Executor(concurrent.futures.Executor):
         under the same key (after a crash) gives the same task."""
         if self._shut:
             raise RuntimeError("cannot submit after shutdown")
-        unknown = set(options) - {"cores", "mem", "gpus", "timeout", "retries", "priority"}
+        unknown = set(options) - set(OPTIONS)
         if unknown:
             raise TypeError(f"unknown task option(s): {', '.join(sorted(unknown))}")
         opts = {**self._defaults, **options}

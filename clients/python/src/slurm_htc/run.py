@@ -4,9 +4,9 @@ tasks added in one request, their states asked in one call, cancelled in one, th
 
 from __future__ import annotations
 
-import glob
 import json
 import os
+import selectors
 import subprocess
 import tempfile
 import time
@@ -65,13 +65,11 @@ class Run:
             [binary, "run", "--open", "-q", "--idle-exit", idle_exit],
             cwd=cwd,
             stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
             stderr=log,
             start_new_session=own_session,
         )
-        # The run's id ends with its leader's pid.
-        pattern = os.path.join(cwd or ".", ".htc", f"*-{leader.pid}", "leader.addr")
-        run = cls(_wait_leader(pattern, timeout, leader, log), htc=binary, cwd=cwd)
+        run = cls(_read_run_id(leader, timeout, log), htc=binary, cwd=cwd)
         run.leader, run.started = leader, True
         return run
 
@@ -104,9 +102,9 @@ class Run:
         if p.returncode != 0:
             raise HtcError(f"sbatch: {p.stderr.strip() or p.returncode}")
         job = p.stdout.strip().split(";")[0]
-        pattern = os.path.join(cwd or ".", ".htc", job, "leader.addr")
+        addr = os.path.join(cwd or ".", ".htc", job, "leader.addr")
         try:
-            run = cls(_wait_slurm_leader(job, pattern, timeout, say or (lambda _: None)), htc=htc, cwd=cwd)
+            run = cls(_wait_slurm_leader(job, addr, timeout, say or (lambda _: None)), htc=htc, cwd=cwd)
         except BaseException:
             subprocess.run(["scancel", job], capture_output=True)
             raise
@@ -219,15 +217,14 @@ def drop_record(path: str, run_id: str) -> None:
 QUEUE_FIRST_S, QUEUE_MAX_S = 1.0, 15.0
 
 
-def _wait_slurm_leader(job: str, pattern: str, timeout: float, say: Callable[[str], None]) -> str:
-    """The run id of Slurm job `job` once its leader listens (`pattern`): waited for as long as
-    the job is pending, then `timeout` at most."""
+def _wait_slurm_leader(job: str, addr: str, timeout: float, say: Callable[[str], None]) -> str:
+    """The run id of Slurm job `job` once its leader listens (it writes `addr`): waited for as
+    long as the job is pending, then `timeout` at most."""
     said, pause, next_look = "", QUEUE_FIRST_S, 0.0
     running_since: Optional[float] = None
     while True:
-        found = glob.glob(pattern)
-        if found:
-            return os.path.basename(os.path.dirname(found[0]))
+        if os.path.exists(addr):
+            return job
         now = time.monotonic()
         if now >= next_look:
             q = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T %r"], capture_output=True, text=True)
@@ -257,25 +254,34 @@ def _wait_slurm_leader(job: str, pattern: str, timeout: float, say: Callable[[st
         time.sleep(0.05)
 
 
-def _wait_leader(
-    pattern: str,
+def _read_run_id(
+    leader: subprocess.Popen,  # type: ignore[type-arg]
     timeout: float,
-    leader: Optional[subprocess.Popen],  # type: ignore[type-arg]
-    log: Optional[IO[str]],
+    log: IO[str],
 ) -> str:
-    """The run id of the first leader address matching `pattern`, once one is written."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        found = glob.glob(pattern)
-        if found:
-            return os.path.basename(os.path.dirname(found[0]))
-        if leader is not None and leader.poll() is not None:
-            break
-        time.sleep(0.01)
-    said = ""
-    if log is not None:
-        log.seek(0)
-        said = log.read().strip()
-    if leader is not None and leader.poll() is None:
+    """The id `htc run --open` prints on stdout, one line, once its leader listens (its only
+    line there; docs/open-runs.md), read within `timeout`. A leader that ends first, or says
+    nothing in time (then killed), is an `HtcError` with what it wrote on stderr."""
+    out = leader.stdout
+    assert out is not None
+    line = b""
+    with selectors.DefaultSelector() as sel:
+        sel.register(out, selectors.EVENT_READ)
+        end = time.monotonic() + timeout
+        while not line.endswith(b"\n"):
+            left = end - time.monotonic()
+            if left <= 0 or not sel.select(left):
+                break
+            chunk = os.read(out.fileno(), 256)
+            if not chunk:  # it ended
+                break
+            line += chunk
+    out.close()
+    if line.endswith(b"\n"):
+        return line.decode().strip()
+    if leader.poll() is None:
         leader.kill()
+        leader.wait()
+    log.seek(0)
+    said = log.read().strip()
     raise HtcError(f"the open run's leader did not start: {said or 'no leader listened in time'}")

@@ -47,10 +47,30 @@ def options(job: Any, spawned: bool = False) -> Dict[str, object]:
     return opts
 
 
+# The Snakemake releases whose shell prefix and suffix the direct route reads (`shell`'s private
+# `_get_process_prefix` and `_process_suffix`): the range pyproject.toml declares, tested with
+# the release tests/py-pins.txt pins. Outside it every job takes the spawned route.
+DIRECT_SNAKEMAKE = ((9, 0), (10, 0))
+
+
+def knows_snakemake(version: str) -> bool:
+    """Whether the direct route may read the private parts of this Snakemake `version`."""
+    try:
+        major, minor = (int(p) for p in version.split(".")[:2])
+    except ValueError:
+        return False
+    low, high = DIRECT_SNAKEMAKE
+    return low <= (major, minor) < high
+
+
 def direct_command(job: Any, workflow: Any) -> Optional[Tuple[str, str]]:
     """The shell and the rule's shell command, when running it as the task does all Snakemake's
     spawned process would (a plain shell rule: no group, shadow, benchmark, cache, software
-    deployment or storage provider); `None` otherwise."""
+    deployment or storage provider, a Snakemake of `DIRECT_SNAKEMAKE`); `None` otherwise."""
+    import snakemake
+
+    if not knows_snakemake(getattr(snakemake, "__version__", "")):
+        return None
     try:
         if job.is_group() or not job.is_shell or job.is_shadow or job.benchmark:
             return None
@@ -68,8 +88,11 @@ def direct_command(job: Any, workflow: Any) -> Optional[Tuple[str, str]]:
     from snakemake.shell import shell  # the shell and prefix Snakemake itself runs rules with
 
     executable = job.resources.get("shell_exec") or shell.get_executable() or "/bin/sh"
-    prefix = shell._get_process_prefix(executable)
-    return executable, " ".join((prefix, cmd, shell._process_suffix)).strip()
+    try:
+        prefix, suffix = shell._get_process_prefix(executable), shell._process_suffix
+    except AttributeError:  # changed within the range after all: the spawned route is safe
+        return None
+    return executable, " ".join((prefix, cmd, suffix)).strip()
 
 
 def line(job: Any, executable: str, command: str, workdir: str, scripts: str, spawned: bool = False) -> str:
