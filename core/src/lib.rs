@@ -5,6 +5,7 @@ pub mod affinity;
 pub mod after;
 pub mod arrivals;
 pub mod backfill;
+pub mod fanout;
 pub mod grow;
 pub mod hflow;
 pub mod hist;

@@ -1,350 +1,265 @@
-//! Several executors (spawn loops) in one agent, each with its own thread, slots and CPUs: one
-//! loop per CPU keeps tiny tasks flowing (bench/RESULTS.md §1), while the leader still sees one
-//! agent and one report stream per node. `Spread` decides which spawner runs each task; it is
-//! pure, and the driver feeds it what it sends and what ends.
-//!
-//! A task wider than a loop goes to the wide spawner (the last one, holding every CPU's slot),
-//! which borrows the loops of as many CPUs, from the first: they take nothing new, and the wide
-//! spawner starts nothing until they are empty (`gate_open`). It gives them back once it holds
-//! nothing. So narrow tasks keep their loop per CPU, and a wide task never shares its CPUs with
-//! them; while every loop is lent, narrow tasks wait for one (`assign`).
+//! The agent's spawners as it runs them: their threads and handles, the events they send, and
+//! the commands `htc_core::fanout::Fanout` decides, carried out. Every decision about which
+//! spawner runs a task, holds or finishes is the fan-out's; this file only starts, sends,
+//! joins and says what failed.
 
-use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
 
-use htc_exec::executor::TaskToRun;
+use htc_core::fanout::{Effect, Fanout, Spread};
+use htc_core::output::OutputMode;
+use htc_exec::executor::{self, Command, ExecConfig, ExecEvent, Handle};
+use htc_exec::simexec::{self, ExecKind};
+use tokio::sync::mpsc::UnboundedSender;
 
-/// Tasks held by each spawner, against its slots, and which of them wait unstarted.
-#[derive(Debug, Clone)]
-pub struct Spread {
-    slots: Vec<usize>,
-    held: Vec<usize>,
-    /// Per spawner, the tasks it holds and has not said it started, in the order sent. A
-    /// spawner's queue is its own: one whose slots all run long tasks keeps these waiting
-    /// while another may idle (`stuck`). With each, whether it may be asked back: not a task
-    /// with `mem=` or GPUs, which may wait there for its memory or devices as the leader placed it.
-    unstarted: Vec<VecDeque<(u64, bool)>>,
-    /// Asked back by `stuck` and not back yet: not asked again.
-    asked: Vec<u64>,
-    /// When each spawner last started, ended or gave back a task (µs).
-    moved_us: Vec<u64>,
-    /// The wide spawner's index, when there is one.
-    wide: Option<usize>,
-    /// What the wide spawner holds, with the cores each asks.
-    wide_tasks: Vec<(u64, usize)>,
-    /// How many loops, from the first, are lent to the wide spawner. It only grows while the wide
-    /// spawner holds anything: its first-fit slots then stay below it (`lend`).
-    lent: usize,
+use super::config::AgentConfig;
+
+/// Events of spawner `i`; `None` once it stopped.
+pub(super) type Spawned = (usize, Option<Vec<ExecEvent>>);
+
+/// Hands a spawner's events to the agent's loop, and says so when the spawner's thread ends
+/// (the sink is dropped with it), however it ends.
+struct Sink {
+    i: usize,
+    tx: UnboundedSender<Spawned>,
 }
 
-/// How long a spawner's slots must all have run the same tasks before what waits behind them
-/// is asked back: short tasks start what they queue soon enough, and asking back costs a trip
-/// to the leader.
-pub const STUCK_AFTER_US: u64 = 5_000_000;
+impl Sink {
+    fn send(&self, batch: Vec<ExecEvent>) {
+        let _ = self.tx.send((self.i, Some(batch)));
+    }
+}
 
-impl Spread {
-    pub fn new(slots: Vec<usize>) -> Spread {
-        let n = slots.len();
-        Spread {
-            slots,
-            held: vec![0; n],
-            unstarted: vec![VecDeque::new(); n],
-            asked: Vec::new(),
-            moved_us: vec![0; n],
-            wide: None,
-            wide_tasks: Vec::new(),
-            lent: 0,
+impl Drop for Sink {
+    fn drop(&mut self) {
+        let _ = self.tx.send((self.i, None));
+    }
+}
+
+/// The agent's executors: one simulated one, or real spawn loops splitting the slots and CPUs
+/// (and the wide spawner beside them), fanned out over by `Fanout`.
+pub(super) struct Executors {
+    handles: Vec<Handle>,
+    threads: Vec<Option<std::thread::JoinHandle<std::io::Result<()>>>>,
+    fanout: Fanout,
+    /// What became of tasks that waited in the fan-out, for the machine (`own_events`).
+    own: Vec<ExecEvent>,
+    effects: Vec<Effect>,
+}
+
+impl Executors {
+    /// No spawner yet, tasks spread as `spread` says.
+    fn with(spread: Spread) -> Executors {
+        Executors {
+            handles: Vec::new(),
+            threads: Vec::new(),
+            fanout: Fanout::new(spread),
+            own: Vec::new(),
+            effects: Vec::new(),
         }
     }
 
-    /// `loops` one-slot loops, one per CPU, and after them the wide spawner with a slot for
-    /// each of their CPUs.
-    pub fn with_wide(loops: usize) -> Spread {
-        let mut s = Spread::new([vec![1; loops], vec![loops]].concat());
-        s.wide = Some(loops);
-        s
-    }
-
-    /// Splits `tasks` among the spawners, each to the one with the fewest held per slot among
-    /// those wide enough for it (ties: the lowest index); a task wider than every spawner goes
-    /// to the widest, whose executor reports it unschedulable. With a wide spawner, a task
-    /// wider than a loop goes to it; a narrow one finds no loop while all are lent, and waits
-    /// (the second list) to be assigned again once they are back (`lent_out`). Returns one
-    /// list per spawner, and those that wait.
-    pub fn assign(&mut self, tasks: Vec<TaskToRun>) -> (Vec<Vec<TaskToRun>>, Vec<TaskToRun>) {
-        let mut out: Vec<Vec<TaskToRun>> = vec![Vec::new(); self.slots.len()];
-        let mut wait = Vec::new();
-        for t in tasks {
-            let cores = t.shape.cores.max(1) as usize;
-            let Some(i) = self.pick(cores) else {
-                wait.push(t);
-                continue;
+    pub(super) fn start(
+        cfg: &AgentConfig,
+        job_id: &str,
+        memcg: Option<Arc<htc_exec::memcg::Root>>,
+        events: UnboundedSender<Spawned>,
+    ) -> anyhow::Result<Executors> {
+        let sink = |i: usize| {
+            let sink = Sink { i, tx: events.clone() };
+            move |batch| sink.send(batch)
+        };
+        if cfg.exec != ExecKind::Real {
+            let (h, t) = simexec::start(cfg.exec, cfg.slots, sink(0))?;
+            let mut x = Executors::with(Spread::new(vec![cfg.slots]));
+            x.handles.push(h);
+            x.threads.push(Some(t));
+            return Ok(x);
+        }
+        let k = match cfg.spawners {
+            0 => cfg.slots,
+            n => n,
+        }
+        .clamp(1, cfg.slots.max(1));
+        let mut x = Executors::with(Spread::new(Vec::new()));
+        // One pool for all the spawn loops: a task gets devices whichever loop runs it.
+        let gpus = htc_exec::gpu::Pool::new(cfg.gpus.clone());
+        // (spawner, its CPUs, its slots, its first slot): the loops, then beside them one for
+        // tasks that need several of their CPUs, its slots numbered after theirs for its own
+        // output files.
+        let mut specs: Vec<(usize, Vec<usize>, usize, usize)> = (0..k)
+            .map(|i| {
+                let (first, n) = crate::slurm::node_share(cfg.slots, k, i);
+                let cpus = if cfg.cpus.is_empty() { Vec::new() } else { cfg.cpus[first..first + n].to_vec() };
+                (i, cpus, n, first)
+            })
+            .collect();
+        let loops: Vec<usize> = specs.iter().map(|s| s.2).collect();
+        let wide = cfg.spawners == 0 && k > 1;
+        if wide {
+            specs.push((k, cfg.cpus.clone(), k, k));
+        }
+        for (i, cpus, slots, first_slot) in specs {
+            let ec = ExecConfig {
+                cpus,
+                slots,
+                spawner: i,
+                first_slot,
+                results: Some(cfg.run.agent_out(cfg.agent_id).join(htc_exec::results::file_name(i))),
+                gpus: gpus.clone(),
+                memcg: memcg.clone(),
+                ..exec_config(cfg, job_id)
             };
-            if Some(i) == self.wide {
-                self.wide_tasks.push((t.id, cores));
-                self.lend();
-            }
-            self.held[i] += 1;
-            self.unstarted[i].push_back((t.id, t.shape.mem_mb == 0 && t.shape.gpus == 0));
-            out[i].push(t);
+            let (h, t) = executor::start(ec, sink(i))?;
+            x.handles.push(h);
+            x.threads.push(Some(t));
         }
-        (out, wait)
+        x.fanout = Fanout::new(if wide { Spread::with_wide(k) } else { Spread::new(loops) });
+        Ok(x)
     }
 
-    /// Whether every loop is lent to the wide spawner: a narrow task would wait.
-    pub fn lent_out(&self) -> bool {
-        self.wide.is_some_and(|w| self.lent >= w)
+    /// Events of tasks that waited in the fan-out, not in any spawner: the agent's loop feeds
+    /// them to the machine before it waits for anything else.
+    pub(super) fn own_events(&mut self) -> Option<Vec<ExecEvent>> {
+        (!self.own.is_empty()).then(|| std::mem::take(&mut self.own))
     }
 
-    /// The wide spawner, when there is one.
-    pub fn wide(&self) -> Option<usize> {
-        self.wide
+    /// A command of the agent's machine.
+    pub(super) fn send(&mut self, c: Command) {
+        self.fanout.command(c, htc_host::now_us(), &mut self.effects);
+        self.carry_out();
     }
 
-    /// Lends the wide spawner as many loops as the cores of what it holds (all, at most).
-    fn lend(&mut self) {
-        let Some(w) = self.wide else { return };
-        let cores: usize = self.wide_tasks.iter().map(|t| t.1).sum();
-        self.lent = self.lent.max(cores.min(w));
+    /// Spawner `i` reported these events. True when that completes a reset.
+    pub(super) fn ran(&mut self, i: usize, batch: &[ExecEvent]) -> bool {
+        let reset = self.fanout.reported(i, batch, htc_host::now_us(), &mut self.effects);
+        self.carry_out();
+        reset
     }
 
-    /// `n` tasks of spawner `i` ended.
-    pub fn finished(&mut self, i: usize, n: usize) {
-        if let Some(h) = self.held.get_mut(i) {
-            *h = h.saturating_sub(n);
-        }
-    }
-
-    /// Task `id` of the wide spawner ended or came back: once it holds nothing, the loops it
-    /// borrowed are the loops' again.
-    pub fn wide_ended(&mut self, id: u64) {
-        if let Some(at) = self.wide_tasks.iter().position(|t| t.0 == id) {
-            self.wide_tasks.swap_remove(at);
-        }
-        if self.wide_tasks.is_empty() {
-            self.lent = 0;
-        }
-    }
-
-    /// Whether the wide spawner may start what it holds: the loops lent to it hold nothing.
-    pub fn gate_open(&self) -> bool {
-        self.held[..self.lent].iter().all(|&h| h == 0)
-    }
-
-    /// Task `id` of spawner `i` started, ended or was given back (at `now_us`): it waits there
-    /// no more.
-    pub fn left_queue(&mut self, i: usize, id: u64, now_us: u64) {
-        let Some(q) = self.unstarted.get_mut(i) else { return };
-        self.moved_us[i] = now_us;
-        // Mostly the oldest: a spawner starts its queue in order, but for priorities.
-        if q.front().is_some_and(|f| f.0 == id) {
-            q.pop_front();
-        } else if let Some(at) = q.iter().position(|x| x.0 == id) {
-            q.remove(at);
-        }
-        if let Some(at) = self.asked.iter().position(|&x| x == id) {
-            self.asked.swap_remove(at);
-        }
-    }
-
-    /// Spawner `i` ended a task that had started (at `now_us`).
-    pub fn moved(&mut self, i: usize, now_us: u64) {
-        if let Some(m) = self.moved_us.get_mut(i) {
-            *m = now_us;
-        }
-    }
-
-    /// Spawner `i` dropped everything it held (a reset).
-    pub fn emptied(&mut self, i: usize) {
-        if let Some(h) = self.held.get_mut(i) {
-            *h = 0;
-        }
-        if let Some(q) = self.unstarted.get_mut(i) {
-            self.asked.retain(|id| !q.iter().any(|x| x.0 == *id));
-            q.clear();
-        }
-        if Some(i) == self.wide {
-            self.wide_tasks.clear();
-            self.lent = 0;
-        }
-    }
-
-    /// Tasks to ask back from a spawner whose slots have all run the same tasks for
-    /// [`STUCK_AFTER_US`] while another has idle slots and nothing queued: (spawner, ids), its
-    /// latest first, as many as the idle slots. Given back, they go up as recalled, and the
-    /// leader hands them out again, to an idle slot.
-    pub fn stuck(&mut self, now_us: u64) -> Option<(usize, Vec<u64>)> {
-        let running = |i: usize| self.held[i] - self.unstarted[i].len().min(self.held[i]);
-        // The wide spawner's slots are its loops' CPUs, and lent loops take nothing new: only
-        // the loops not lent count, either way.
-        let loops = self.wide.map_or(0..self.slots.len(), |w| self.lent..w);
-        let idle: usize = loops
-            .clone()
-            .filter(|&i| self.unstarted[i].is_empty())
-            .map(|i| self.slots[i].saturating_sub(running(i)))
-            .sum();
-        if idle == 0 {
+    /// Spawner `i`'s thread ended. Unasked, that is a failure: the others are stopped too, and
+    /// the reason is returned for the agent (the thread's own error, when it returned one).
+    pub(super) fn ended(&mut self, i: usize) -> Option<String> {
+        let failed = self.fanout.ended(i, &mut self.effects);
+        self.carry_out();
+        if !failed {
             return None;
         }
-        let j = loops.into_iter().find(|&j| {
-            running(j) >= self.slots[j]
-                && now_us.saturating_sub(self.moved_us[j]) >= STUCK_AFTER_US
-                && self.unstarted[j].iter().any(|&(id, may)| may && !self.asked.contains(&id))
-        })?;
-        let ids: Vec<u64> = self.unstarted[j]
-            .iter()
-            .rev()
-            .filter(|&&(id, may)| may && !self.asked.contains(&id))
-            .take(idle)
-            .map(|x| x.0)
-            .collect();
-        self.asked.extend(&ids);
-        Some((j, ids))
+        // The thread dropped its sink on the way out: joining waits for its last instructions.
+        Some(match self.threads.get_mut(i).and_then(Option::take).map(|t| t.join()) {
+            Some(Ok(Err(e))) => format!("spawn loop {i} failed: {e}"),
+            Some(Err(_)) => format!("spawn loop {i} panicked"),
+            _ => format!("spawn loop {i} stopped unexpectedly"),
+        })
     }
 
-    fn pick(&self, cores: usize) -> Option<usize> {
-        if let Some(w) = self.wide {
-            // Loops not lent, for what one slot runs; the wide spawner for the rest.
-            return if cores == 1 { (self.lent..w).min_by_key(|&i| self.held[i]) } else { Some(w) };
+    /// The agent's tick: tasks stuck behind a busy spawner's slots are asked back.
+    pub(super) fn tick(&mut self) {
+        self.fanout.tick(htc_host::now_us(), &mut self.effects);
+        for e in &self.effects {
+            if let Effect::Send(j, Command::Recall(ids)) = e {
+                tracing::debug!(spawner = j, tasks = ids.len(), "tasks queued behind busy slots given back");
+            }
         }
-        let fits = (0..self.slots.len()).filter(|&i| self.slots[i] >= cores);
-        // held / slots compared without division: a/b < c/d  <=>  a*d < c*b.
-        let best = fits.min_by(|&a, &b| (self.held[a] * self.slots[b]).cmp(&(self.held[b] * self.slots[a])));
-        Some(
-            best.unwrap_or_else(|| (0..self.slots.len()).max_by_key(|&i| (self.slots[i], usize::MAX - i)).unwrap_or(0)),
-        )
+        self.carry_out();
+    }
+
+    fn carry_out(&mut self) {
+        for e in self.effects.drain(..) {
+            match e {
+                Effect::Send(i, c) => {
+                    if let Some(h) = self.handles.get(i) {
+                        h.send(c);
+                    }
+                }
+                Effect::Ended(ev) => self.own.push(ev),
+            }
+        }
+    }
+
+    pub(super) fn join(self) {
+        for (i, t) in self.threads.into_iter().enumerate() {
+            let Some(t) = t else { continue };
+            match t.join() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::error!(spawner = i, error = %e, "spawn loop failed"),
+                Err(_) => tracing::error!(spawner = i, "spawn loop panicked"),
+            }
+        }
+    }
+}
+
+fn exec_config(cfg: &AgentConfig, job_id: &str) -> ExecConfig {
+    ExecConfig {
+        job_id: job_id.to_string(),
+        agent: cfg.agent_id,
+        cpus: cfg.cpus.clone(),
+        slots: cfg.slots,
+        out_dir: match cfg.output {
+            OutputMode::PerTask => cfg.run.out().join("tasks"),
+            _ => cfg.run.agent_out(cfg.agent_id),
+        },
+        output: cfg.output,
+        env: std::env::vars_os().collect(),
+        kill_grace: cfg.kill_grace,
+        spawner: 0,
+        first_slot: 0,
+        gpus: htc_exec::gpu::Pool::default(),
+        memcg: None,
+        linger: if cfg.keep_daemons { htc_exec::executor::LINGER } else { Duration::ZERO },
+        results: Some(cfg.run.agent_out(cfg.agent_id).join(htc_exec::results::file_name(0))),
+    }
+}
+
+/// The agent's memory cgroups for its slots, shared by its spawn loops, per `--mem-limit`.
+pub(super) fn memory_cgroups(cfg: &AgentConfig) -> anyhow::Result<Option<Arc<htc_exec::memcg::Root>>> {
+    use htc_exec::memcg::{Enforce, Root};
+    if cfg.mem_limit == Enforce::Watch {
+        // The log says which way it enforces, chosen or not (docs/resources.md).
+        tracing::info!(
+            agent = cfg.agent_id,
+            why = "--mem-limit watch",
+            "tasks' mem= enforced by watching their resident memory"
+        );
+        return Ok(None);
+    }
+    match Root::create() {
+        Ok(root) => {
+            tracing::info!(agent = cfg.agent_id, dir = %root.dir().display(), version = ?root.version(), "tasks' mem= enforced by memory cgroups");
+            Ok(Some(Arc::new(root)))
+        }
+        Err(why) if cfg.mem_limit == Enforce::Cgroup => anyhow::bail!("--mem-limit cgroup: {why}"),
+        Err(why) => {
+            tracing::info!(agent = cfg.agent_id, why, "tasks' mem= enforced by watching their resident memory");
+            Ok(None)
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use htc_core::shape::TaskShape;
-
-    fn tasks(cores: &[u16]) -> Vec<TaskToRun> {
-        cores
-            .iter()
-            .enumerate()
-            .map(|(i, &cores)| {
-                TaskToRun::new(i as u64 + 1, 1, Vec::new()).shaped(TaskShape { cores, ..Default::default() })
-            })
-            .collect()
-    }
-
-    fn ids(v: &[TaskToRun]) -> Vec<u64> {
-        v.iter().map(|t| t.id).collect()
-    }
+    use tokio::sync::mpsc::unbounded_channel;
 
     #[test]
-    fn tasks_go_round_the_spawners_by_load() {
-        let mut s = Spread::new(vec![1, 1]);
-        let out = s.assign(tasks(&[1, 1, 1, 1])).0;
-        assert_eq!((ids(&out[0]), ids(&out[1])), (vec![1, 3], vec![2, 4]));
-        // Spawner 1 finished both: the next two go to it first.
-        s.finished(1, 2);
-        let out = s.assign(tasks(&[1, 1, 1])).0;
-        assert_eq!((out[0].len(), out[1].len()), (1, 2));
-    }
+    fn a_spawner_says_when_its_thread_ends_and_unasked_that_is_a_failure() {
+        let (tx, mut rx) = unbounded_channel::<Spawned>();
+        let sink = {
+            let sink = Sink { i: 1, tx };
+            move |batch| sink.send(batch)
+        };
+        sink(Vec::new());
+        drop(sink); // as when the executor's thread ends, however it ends
+        assert!(matches!(rx.try_recv(), Ok((1, Some(_)))));
+        assert!(matches!(rx.try_recv(), Ok((1, None))));
+        assert!(rx.try_recv().is_err(), "and then the channel is closed");
 
-    #[test]
-    fn load_is_per_slot_and_wide_tasks_go_where_they_fit() {
-        // 3 CPUs split 2 + 1: the two-slot spawner takes two of every three.
-        let mut s = Spread::new(vec![2, 1]);
-        let out = s.assign(tasks(&[1, 1, 1, 1, 1, 1])).0;
-        assert_eq!((out[0].len(), out[1].len()), (4, 2));
-        let out = s.assign(tasks(&[2, 2])).0;
-        assert_eq!((out[0].len(), out[1].len()), (2, 0), "only spawner 0 has two cores");
-        // Wider than all: the widest takes it (and its executor says unschedulable).
-        let out = s.assign(tasks(&[5])).0;
-        assert_eq!(out[0].len(), 1);
-    }
-
-    #[test]
-    fn tasks_queued_behind_busy_slots_are_asked_back_for_an_idle_one() {
-        const T: u64 = STUCK_AFTER_US;
-        let mut s = Spread::new(vec![1, 1]);
-        let out = s.assign(tasks(&[1, 1, 1, 1])).0;
-        assert_eq!((ids(&out[0]), ids(&out[1])), (vec![1, 3], vec![2, 4]));
-        for (i, id) in [(0, 1), (1, 2)] {
-            s.left_queue(i, id, 0);
-        }
-        assert_eq!(s.stuck(5 * T), None, "both run, each with one queued: nothing idles");
-        // Spawner 0 ran 1 and 3; spawner 1 still runs 2 (a long task), with 4 queued behind it.
-        s.left_queue(0, 3, T / 2);
-        s.finished(0, 2);
-        assert_eq!(s.stuck(T / 2), None, "2 may end soon");
-        assert_eq!(s.stuck(T), Some((1, vec![4])));
-        assert_eq!(s.stuck(2 * T), None, "asked once");
-        s.left_queue(1, 4, 2 * T);
-        s.finished(1, 1);
-        assert_eq!(s.stuck(9 * T), None, "given back");
-        // A task with mem= waits where the leader placed it, for its memory: never asked back.
-        let mut s = Spread::new(vec![1, 1]);
-        let mut t = tasks(&[1, 1, 1, 1]);
-        t[3].shape.mem_mb = 100;
-        s.assign(t);
-        for (i, id) in [(0, 1), (1, 2), (0, 3)] {
-            s.left_queue(i, id, 0);
-        }
-        s.finished(0, 2);
-        assert_eq!(s.stuck(9 * T), None, "4 waits behind 2 for its memory");
-        // A spawner with a free slot and a queue starts it itself: nothing is asked.
-        let mut s = Spread::new(vec![2, 1]);
-        s.assign(tasks(&[1, 1, 1]));
-        s.left_queue(0, 1, 0);
-        assert_eq!(s.stuck(9 * T), None);
-    }
-
-    fn lens(parts: &(Vec<Vec<TaskToRun>>, Vec<TaskToRun>)) -> (Vec<usize>, usize) {
-        (parts.0.iter().map(Vec::len).collect(), parts.1.len())
-    }
-
-    #[test]
-    fn a_wide_task_borrows_loops_which_drain_first_and_come_back_when_it_is_done() {
-        // 4 CPUs: loops 0-3, the wide spawner 4.
-        let mut s = Spread::with_wide(4);
-        assert_eq!(lens(&s.assign(tasks(&[1, 1, 1, 1, 1]))), (vec![2, 1, 1, 1, 0], 0));
-        assert!(s.gate_open(), "nothing lent");
-        // A 2-core task borrows loops 0 and 1, which still hold tasks: it waits for them.
-        let mut wide = tasks(&[1, 1, 1, 1, 1, 2]);
-        wide.drain(..5);
-        let out = s.assign(wide);
-        assert_eq!(ids(&out.0[4]), vec![6]);
-        assert!(!s.gate_open(), "loops 0 and 1 still hold tasks");
-        // Narrow tasks go to loops 2 and 3 only.
-        assert_eq!(lens(&s.assign(tasks(&[1, 1]))), (vec![0, 0, 1, 1, 0], 0));
-        s.finished(0, 2);
-        assert!(!s.gate_open());
-        s.finished(1, 1);
-        assert!(s.gate_open(), "lent loops empty: the wide task may start");
-        // It ends: loops 0 and 1 take tasks again.
-        s.finished(4, 1);
-        s.wide_ended(6);
-        assert_eq!(lens(&s.assign(tasks(&[1, 1]))), (vec![1, 1, 0, 0, 0], 0));
-    }
-
-    #[test]
-    fn while_every_loop_is_lent_narrow_tasks_wait_for_one() {
-        let mut s = Spread::with_wide(2);
-        assert_eq!(lens(&s.assign(tasks(&[2, 1, 3]))), (vec![0, 0, 2], 1), "the 3-core one fails there");
-        assert!(s.lent_out());
-        // Lent loops only grow while it holds anything: slots given first-fit stay below.
-        s.wide_ended(1);
-        assert_eq!(lens(&s.assign(tasks(&[1]))), (vec![0, 0, 0], 1));
-        s.wide_ended(3);
-        assert!(!s.lent_out());
-        assert_eq!(lens(&s.assign(tasks(&[1]))), (vec![1, 0, 0], 0));
-        // A reset gives everything back.
-        s.assign(tasks(&[2]));
-        s.emptied(2);
-        assert!(s.gate_open());
-        assert_eq!(lens(&s.assign(tasks(&[1]))), (vec![0, 1, 0], 0));
-    }
-
-    #[test]
-    fn finishing_more_than_held_does_not_underflow() {
-        let mut s = Spread::new(vec![1]);
-        s.finished(0, 3);
-        s.finished(9, 1);
-        assert_eq!(s.assign(tasks(&[1])).0.len(), 1);
+        let idle = || Executors::with(Spread::new(Vec::new()));
+        let mut x = idle();
+        assert_eq!(x.ended(1).as_deref(), Some("spawn loop 1 stopped unexpectedly"));
+        assert!(x.ended(0).is_none(), "the others were told to stop");
+        let mut x = idle();
+        x.send(Command::Finish);
+        assert!(x.ended(0).is_none(), "told to finish: the normal end");
     }
 }
