@@ -24,6 +24,7 @@ pub mod sweep;
 pub mod task;
 pub mod taskfile;
 pub mod tree;
+pub mod virtual_agent;
 pub mod virtual_exec;
 pub mod work;
 

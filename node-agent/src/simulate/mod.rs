@@ -27,7 +27,7 @@ use crate::ledger::{Change, Ledger, Outcome};
 use crate::liveness::Liveness;
 use crate::load::TaskText;
 use crate::rundir::RunDir;
-use htc_core::virtual_exec::VirtualExec;
+use htc_core::virtual_agent::VirtualAgent;
 use htc_core::work::{Command, ExecEvent, TaskToRun};
 use htc_engine::msg::{Came, Down, Hello, ToAgent, Up};
 
@@ -517,10 +517,11 @@ struct Link {
     gen: u32,
 }
 
-/// One simulated agent: its machine, its executor, and what a fault did to it.
+/// One simulated agent: its machine, its spawners as a real agent lays them out, and what a
+/// fault did to it.
 struct Agent {
     machine: Instance,
-    exec: VirtualExec,
+    exec: VirtualAgent,
     /// Its machine was told that the executor ended.
     told_end: bool,
     /// Its node died: nothing reaches it or comes from it.
@@ -565,7 +566,7 @@ impl Fleet {
             let truth = truth.clone();
             let slow = Arc::new(AtomicU64::new(1f64.to_bits()));
             let factor = slow.clone();
-            let runtime = move |t: &TaskToRun| {
+            let runtime = move |t: &TaskToRun| -> u64 {
                 let hint = truth.as_ref().and_then(|v| v.get(t.id as usize).copied()).unwrap_or(t.shape.runtime_ms);
                 let us = if hint > 0 { hint as u64 * 1000 } else { default_us };
                 match f64::from_bits(factor.load(Relaxed)) {
@@ -585,7 +586,7 @@ impl Fleet {
                 .with_revive(true);
             Agent {
                 machine,
-                exec: VirtualExec::new(c, cfg.gpus_per_agent, Box::new(runtime)),
+                exec: VirtualAgent::per_core(c, cfg.gpus_per_agent, Arc::new(runtime)),
                 told_end: false,
                 dead: false,
                 exited: false,
@@ -715,6 +716,12 @@ impl Fleet {
         if let Some(until) = x.stopped_until {
             w.at(until, Ev::Tick(a));
             return;
+        }
+        // The agent's tick: its fan-out asks back what is stuck behind a busy loop.
+        let mut events = Vec::new();
+        self.agents[a as usize].exec.tick(w.now, &mut events);
+        if !events.is_empty() {
+            self.run_exec(w, cfg, a, events);
         }
         self.step(w, cfg, a, machine::Input::Tick);
         w.at(w.now + cfg.flush_every_us, Ev::Tick(a));
