@@ -2,7 +2,7 @@
 //!
 //! The leader looks an agent or a task up several times per result (a quarter of a million a
 //! second at scale); SipHash was ~4% of its time (`perf` of `--exec sleep` on 1000 x 24,
-//! bench/RESULTS.md §14e). Its protection against chosen keys is not needed here: the ids are
+//! bench/RESULTS.md in git's history). Its protection against chosen keys is not needed here: the ids are
 //! the run's own, dense, and come from authenticated agents.
 
 use std::collections::{HashMap, HashSet};

@@ -72,8 +72,8 @@ impl Recalls {
 
 /// Agents asked at most, about, for one demand: each answers with a report of its own, and
 /// queues levelled a task at a time spread a small demand over every agent whose queue was as
-/// long (16 one-slot agents answered up to 162 recalls in the last 2 s of a run, bench/RESULTS.md
-/// §22).
+/// long (16 one-slot agents answered up to 162 recalls in the last 2 s of a run, measured:
+/// bench/RESULTS.md in git's history).
 const ASKED_PER_DEMAND: u64 = 4;
 
 /// Whom to ask for how many tasks, to fill `demand` idle slots: each part of the demand (a

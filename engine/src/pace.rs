@@ -63,7 +63,7 @@ pub struct Pace {
 
 /// The gap for one of `reporters` that report to one parent, heartbeats every `heartbeat_us`
 /// (16 one-slot agents reporting every heartbeat cost the leader 2.2-2.3 µs per task here, at
-/// 400 ms 1.85-2.0: bench/RESULTS.md §14c).
+/// 400 ms 1.85-2.0: bench/RESULTS.md §14).
 pub fn gap_for(reporters: usize, heartbeat_us: u64) -> u64 {
     (reporters as u64 * PER_REPORTER_US).max(REPORT_GAP_US).min(2 * heartbeat_us)
 }

@@ -16,10 +16,10 @@ use nix::fcntl::{fcntl, FcntlArg, OFlag};
 /// descriptor closes, so nothing is left behind by a killed agent) in a memory file system
 /// (`/dev/shm`) where there is one, else in the node-local temporary directory, else memory
 /// files. A new file on a disk's file system costs a journaled inode per stream and task, which
-/// took 10% of the throughput of `true` tasks on ext4 (bench/RESULTS.md §12); in memory a
-/// task's output stays in RAM only while it runs (it counts against the task's memory, as its
+/// took 10% of the throughput of `true` tasks on ext4 (measured, bench/RESULTS.md in git's
+/// history); in memory a task's output stays in RAM only while it runs (it counts against the task's memory, as its
 /// cgroup sees it), then goes to the stream files. `HTC_CAPTURE_DIR` chooses the directory.
-/// Memory files (`memfd_create`) would cost less to make (4.7 against 6.3 µs a file, §14d), but
+/// Memory files (`memfd_create`) would cost less to make (4.7 against 6.3 µs a file, measured), but
 /// they are always readable: a task's stdout would not be the write-only file a shell's
 /// redirection gives (`tests/task_view.rs`).
 #[derive(Debug, Clone)]

@@ -1,7 +1,7 @@
 //! When a spawner hands what happened (tasks started, ended, recalled) to the agent's main
 //! thread. Each hand-off wakes that thread: an eventfd write, a context switch and a turn of
 //! its loop, which done for every `true` task was a fifth of the agent's CPU per task
-//! (bench/RESULTS.md §14d). So under load a spawner hands off at most once per `HOLD`, and
+//! (bench/RESULTS.md §20). So under load a spawner hands off at most once per `HOLD`, and
 //! what happens meanwhile goes together; after a quiet spell, and whenever the agent has to act
 //! (a queue ran dry, an answer it waits for), at once.
 
@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 /// runs, whose queues hold far more than this much work. At a low rate nothing waits. 10 ms
 /// rather than 5 halved the main thread's wake-ups at the default layout (its CPU 4.1 µs a
 /// `true` task against 5.2, with `mem=` 4.8 against 6.2) with the leader's cost unchanged
-/// (bench/RESULTS.md §23); §20's figures against it were this machine's swing.
+/// (measured, bench/RESULTS.md in git's history).
 pub const HOLD: Duration = Duration::from_millis(10);
 
 /// What to do with events waiting to be handed off.

@@ -18,7 +18,7 @@
 //! have started the program that allocates, which stays outside. In v1 the spawning thread
 //! itself steps into the slot's cgroup for the spawn (v1 moves single threads) and back out, so
 //! the child starts inside: two moves a task, each taking the kernel's global
-//! `cgroup_threadgroup_rwsem` for writing (8 to 18 µs a pair here, bench/RESULTS.md §20). v2
+//! `cgroup_threadgroup_rwsem` for writing (13.8 µs a pair here, bench/RESULTS.md §20). v2
 //! starts the task in its cgroup (`clone3` with `CLONE_INTO_CGROUP`, `spawn::Spawner::spawn_into`),
 //! which moves nothing. Where the kernel refuses that (before Linux 5.7, a sandbox without
 //! `clone3`), the task starts through `/bin/sh -c 'echo 0 >PROCS; exec "$@"'`, which moves

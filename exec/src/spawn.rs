@@ -4,7 +4,7 @@
 //! glibc's `posix_spawn` does the same clone but maps a fresh stack for every child and unmaps
 //! it after: in a process with several threads on several CPUs each unmap is a TLB shootdown
 //! across them, a tenth of a spawner's CPU per `true` task, and the pidfd then cost one more
-//! system call (bench/RESULTS.md §14d). The child does what the executor asked of
+//! system call (bench/RESULTS.md §20). The child does what the executor asked of
 //! `posix_spawn` before: every signal at its default and unblocked, a process group of its
 //! own, stdin from /dev/null, stdout and stderr on the given descriptors, nothing else open.
 //!

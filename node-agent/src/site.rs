@@ -62,7 +62,7 @@ pub struct LeaderCost {
 }
 
 impl Default for LeaderCost {
-    /// `htc calibrate` on the 2-core VM of bench/RESULTS.md §14.
+    /// `htc calibrate` on the 2-core VM of bench/RESULTS.md §5.
     fn default() -> Self {
         LeaderCost { per_report_us: DEFAULT_PER_REPORT_US, per_task_us: DEFAULT_PER_TASK_US }
     }

@@ -1,7 +1,7 @@
 //! A write transaction's own cursor on the task records. A leader reads a task's record when its
 //! result comes and writes it back at once; results come in runs of nearby ids (an agent's
 //! share of the partition). Through `mdb_get` and `mdb_put` each of those was a walk from the
-//! root (two a task: 37% of the leader's core thread with 2 M tasks, bench/RESULTS.md §22).
+//! root (two a task: 37% of the leader's core thread with 2 M tasks, bench/RESULTS.md in git's history).
 //! Through one cursor, LMDB first looks for the key on the page the cursor stands on, and a
 //! record read and then rewritten is replaced where the cursor stands (`MDB_CURRENT`).
 

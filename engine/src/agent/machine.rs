@@ -915,7 +915,7 @@ impl Machine {
     /// When the carrier must next tick, beyond what inputs bring. Under load only news held
     /// back for the report gap waits for time, and the gap's end is known: ticking every
     /// `FLUSH_EVERY` instead was 200 wake-ups a second of the agent's main thread that did
-    /// nothing but look (bench/RESULTS.md §23).
+    /// nothing but look (bench/RESULTS.md §20).
     pub fn wake(&self) -> Wake {
         let simple = self.parent == Parent::Open
             && !self.resync

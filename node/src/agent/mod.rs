@@ -42,7 +42,7 @@ pub const LOOP_PER_SLOT: usize = 0;
 /// busy agent's results travel in batches. `htc simulate` uses it too.
 pub const FLUSH_EVERY: Duration = Duration::from_millis(5);
 /// The longest tick while nothing but heartbeats and the lease waits for time (`Wake::Quiet`):
-/// an idle agent cost 9-12 ms of CPU a second ticking every 5 ms (bench/RESULTS.md §20).
+/// an idle agent cost 11.3 ms of CPU a second ticking every 5 ms, 4.1 ms at this (bench/RESULTS.md §20).
 const QUIET_EVERY: Duration = Duration::from_millis(50);
 
 /// The least time between reports under load when not the layout's (`pace::gap_for`):

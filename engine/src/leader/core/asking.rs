@@ -10,7 +10,7 @@ use htc_core::recall::{self, Recalls};
 /// moved wholesale (an even share of queues a thousand long moved most of an `--exec none` run's
 /// tail); with 32 a slot, an idle slot's tail takes a 32nd of the round trips. Each round trip
 /// is a report from that slot's agent: at 8 a slot, 16 one-slot agents' tails were up to a third
-/// of their reports (bench/RESULTS.md §22).
+/// of their reports (bench/RESULTS.md §14).
 const SHARE_MAX: u64 = 31;
 
 /// How often at most the leader looks for queued work to ask back for idle slots, per agent it
