@@ -20,6 +20,7 @@ pub mod salvage;
 pub mod shape;
 pub mod shellsyntax;
 pub mod slots;
+pub mod spawn_loop;
 pub mod sweep;
 pub mod task;
 pub mod taskfile;

@@ -1,29 +1,23 @@
 //! An executor with no processes, on whatever clock its caller keeps: the wall clock for
 //! `--exec none|sleep` agents, the virtual clock of `htc simulate`. It takes the real executor's
-//! `Command`s and answers with its `ExecEvent`s, and decides as it does: the queue runs higher
-//! priority first (stable within one), a task wider than the agent (cores or GPUs) is refused as
-//! a spawn failure (`E2BIG`), a task at the head of the queue that lacks cores stops preemptible
-//! tasks of lower priority (lowest, then newest first), `Stop` ends tasks as preempted, `Hold`
-//! starts nothing new, `Reset` drops everything. A task lasts what `runtime_us` says.
-//!
-//! Which task gets the cores is `crate::slots`'s, as in the real executor. A task past its
-//! `timeout` ends then as timed out. What it does not model: memory (nothing is resident),
-//! output, signals' grace (a stopped task ends at once).
+//! `Command`s and answers with its `ExecEvent`s, and its decisions are the real executor's: one
+//! `SpawnLoop` (`crate::spawn_loop`) decides what starts where, what is refused, stopped or
+//! preempted, and this carries its effects out with end times instead of processes. A task
+//! lasts what `runtime` says; one told to stop (past its `timeout`, preempted, dropped) obeys
+//! at once, as a process that takes SIGTERM and goes. What it does not model: memory (nothing
+//! is resident), output, a signal's grace.
 
-use crate::orders::{Orders, Todo};
-use crate::record::{errno, Ended, Outcome};
-use crate::slots::{self, Holder, Next, Queue, Room};
+use crate::record::{Ended, Outcome};
+use crate::spawn_loop::{Effect, Exit, SpawnLoop};
 use crate::work::{Command, ExecEvent, Finished, TaskToRun};
 
 /// How long a task runs, in µs, from what the agent was told of it.
 pub type Runtime = Box<dyn Fn(&TaskToRun) -> u64 + Send>;
 
 pub struct VirtualExec {
-    room: Room,
-    queue: Queue,
-    running: Vec<Running>,
-    /// What it was told: finish, abort, hold, the lease (`orders`, as the process executor).
-    orders: Orders,
+    spawn: SpawnLoop,
+    /// When each running task ends, by its first slot.
+    ends: Vec<(usize, u64)>,
     /// The agent process is stopped (SIGSTOP): its tasks run on and end, it starts nothing.
     frozen: bool,
     /// Every task ends the moment it arrives, slots or not (`--exec none`).
@@ -31,27 +25,16 @@ pub struct VirtualExec {
     runtime: Runtime,
 }
 
-struct Running {
-    end_us: u64,
-    /// It ends at its time limit, before its runtime is up.
-    timed_out: bool,
-    start_us: u64,
-    task: TaskToRun,
-}
-
-/// What a task stopped at its time limit ends with: the signal that stopped it (SIGTERM), as
-/// a process that obeys it at once.
+/// What a task stopped by the loop ends with: the signal that stopped it (SIGTERM), as a
+/// process that obeys it at once.
 const TERMINATED: i32 = 15;
 
 impl VirtualExec {
     /// An executor of `slots` cores and `gpus` devices whose tasks last `runtime`.
     pub fn new(slots: u32, gpus: u32, runtime: Runtime) -> VirtualExec {
-        let slots = slots.max(1);
         VirtualExec {
-            room: Room { cores: slots, gpus, free_cores: slots, free_gpus: gpus },
-            queue: Queue::default(),
-            running: Vec::new(),
-            orders: Orders::default(),
+            spawn: SpawnLoop::new(slots as usize, gpus, 0),
+            ends: Vec::new(),
             frozen: false,
             instant: false,
             runtime,
@@ -66,38 +49,35 @@ impl VirtualExec {
     /// Takes a command at `now_us`; what it causes at once is in `out` (`step` starts what it
     /// lets start).
     pub fn command(&mut self, now_us: u64, c: Command, out: &mut Vec<ExecEvent>) {
-        match self.orders.take(c) {
-            Todo::Nothing => {}
-            Todo::Queue(v) => self.queue.add(v),
-            Todo::Stop(ids) => self.stop(now_us, &ids, out),
-            Todo::Recall(ids) => self.queue.recall(&ids, out),
-            Todo::DropAll => {
-                self.queue.clear();
-                self.drop_running();
-            }
-        }
-        // Nothing runs after a drop: a reset is done at once.
-        if self.orders.reset_done(self.running.len()) {
-            out.push(ExecEvent::Reset);
-        }
+        let mut effects = Vec::new();
+        self.spawn.command(now_us, c, &mut effects);
+        self.apply(now_us, effects, out);
     }
 
     /// Ends the tasks due by `now_us`, then starts what may start, in queue order.
     pub fn step(&mut self, now_us: u64, out: &mut Vec<ExecEvent>) {
         loop {
             self.end_due(now_us, out);
-            if self.frozen || !self.orders.may_start(now_us) {
+            let mut effects = Vec::new();
+            self.spawn.tick(now_us, &mut effects);
+            self.apply(now_us, effects, out);
+            if self.frozen || !self.spawn.may_start(now_us) {
                 return;
             }
             if self.instant {
-                for t in self.queue.drain() {
-                    out.push(finished(&t, Outcome::Exited, 0, now_us, now_us));
+                for t in self.spawn.drain_queue() {
+                    let ended = Ended::new(Outcome::Exited, 0, now_us, now_us);
+                    out.push(ExecEvent::Finished(Finished { id: t.id, attempt: t.attempt, ended }));
                 }
                 return;
             }
-            self.start_queued(now_us, out);
+            let mut effects = Vec::new();
+            while self.spawn.start(now_us, None, &mut effects) {}
+            // Tasks stopped for the head end at once, and free their cores for it.
+            let stopped = effects.iter().any(|e| matches!(e, Effect::Stop(..)));
+            self.apply(now_us, effects, out);
             // Tasks of no length end in the same step, and free their cores for the queue.
-            if !self.running.iter().any(|r| r.end_us <= now_us) {
+            if !stopped && !self.ends.iter().any(|&(_, end)| end <= now_us) {
                 return;
             }
         }
@@ -108,101 +88,73 @@ impl VirtualExec {
         self.frozen = frozen;
     }
 
-    /// When the next running task ends, if any runs.
+    /// When the next running task ends or a time limit is due, if any.
     pub fn next_end_us(&self) -> Option<u64> {
-        self.running.iter().map(|r| r.end_us).min()
+        let end = self.ends.iter().map(|&(_, end)| end).min();
+        match (end, self.spawn.next_deadline().filter(|_| !self.ends.is_empty())) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Told to finish and nothing is left that it would run (or aborted): the executor's end.
     pub fn is_done(&self) -> bool {
-        self.orders.done(self.running.len(), self.queue.len())
+        self.spawn.is_done()
     }
 
     /// Tasks running now.
     pub fn running(&self) -> usize {
-        self.running.len()
+        self.spawn.running()
     }
 
     /// Tasks waiting in the queue.
     pub fn queued(&self) -> usize {
-        self.queue.len()
+        self.spawn.queued()
+    }
+
+    /// Carries out the loop's effects, and those they cause, in order.
+    fn apply(&mut self, now_us: u64, mut effects: Vec<Effect>, out: &mut Vec<ExecEvent>) {
+        let mut i = 0;
+        while i < effects.len() {
+            match std::mem::replace(&mut effects[i], Effect::Report(ExecEvent::Reset)) {
+                Effect::Start(slot) => {
+                    let run = self.spawn.run(slot).expect("a task held for the start");
+                    self.ends.push((slot, now_us + (self.runtime)(&run.task)));
+                    self.spawn.started(slot, now_us, &mut effects);
+                }
+                Effect::Stop(slot, _) | Effect::Kill(slot) => self.end(slot, now_us, Exit::Signaled(TERMINATED), out),
+                Effect::Report(e) => out.push(e),
+            }
+            i += 1;
+        }
+        if self.spawn.reset_done() {
+            out.push(ExecEvent::Reset);
+        }
     }
 
     fn end_due(&mut self, now_us: u64, out: &mut Vec<ExecEvent>) {
-        let mut i = 0;
-        while i < self.running.len() {
-            if self.running[i].end_us <= now_us {
-                let r = self.release(i);
-                let (outcome, value) = slots::ending(None, false, r.timed_out, true, 0);
-                let value = if r.timed_out { TERMINATED } else { value };
-                out.push(finished(&r.task, outcome, value, r.start_us, r.end_us));
-            } else {
-                i += 1;
-            }
+        let due: Vec<usize> = self.ends.iter().filter(|&&(_, end)| end <= now_us).map(|&(slot, _)| slot).collect();
+        for slot in due {
+            let end = self.ends.iter().find(|&&(s, _)| s == slot).map(|&(_, end)| end).unwrap_or(now_us);
+            self.end(slot, end, Exit::Exited(0), out);
         }
     }
 
-    fn start_queued(&mut self, now_us: u64, out: &mut Vec<ExecEvent>) {
-        loop {
-            let holders = self.running.iter().map(|r| Holder::of(&r.task, r.start_us, false));
-            match self.queue.next(&self.room, holders) {
-                Next::Start(t) => self.start(now_us, t, out),
-                Next::Refuse(t) => out.push(finished(&t, Outcome::SpawnFailed, errno::E2BIG, now_us, now_us)),
-                // Virtual tasks stop at once: their cores are free for the head now.
-                Next::Stop(ids) => self.stop(now_us, &ids, out),
-                Next::Wait | Next::Idle => return,
+    /// The task in `slot` ended at `end_us`; the end of one that was dropped is not told.
+    fn end(&mut self, slot: usize, end_us: u64, exit: Exit, out: &mut Vec<ExecEvent>) {
+        self.ends.retain(|&(s, _)| s != slot);
+        if let Some((r, f)) = self.spawn.exited(slot, end_us, exit, None) {
+            if self.spawn.is_result(r.task.id, r.task.attempt) {
+                out.push(ExecEvent::Finished(f));
             }
         }
     }
-
-    fn start(&mut self, now_us: u64, t: TaskToRun, out: &mut Vec<ExecEvent>) {
-        self.room.free_cores -= t.shape.cores.max(1) as u32;
-        self.room.free_gpus -= t.shape.gpus as u32;
-        out.push(ExecEvent::Started { id: t.id, attempt: t.attempt, start_us: now_us });
-        let runtime = (self.runtime)(&t);
-        let limit = t.shape.timeout_ms as u64 * 1000;
-        let timed_out = limit > 0 && runtime > limit;
-        let end_us = now_us + if timed_out { limit } else { runtime };
-        self.running.push(Running { end_us, timed_out, start_us: now_us, task: t });
-    }
-
-    /// Takes running task `i` off its cores and devices.
-    fn release(&mut self, i: usize) -> Running {
-        let r = self.running.swap_remove(i);
-        self.room.free_cores += r.task.shape.cores.max(1) as u32;
-        self.room.free_gpus += r.task.shape.gpus as u32;
-        r
-    }
-
-    /// Ends these tasks as preempted: queued ones at once, unstarted; running ones now.
-    fn stop(&mut self, now_us: u64, ids: &[u64], out: &mut Vec<ExecEvent>) {
-        self.queue.preempt(ids, now_us, out);
-        let mut i = 0;
-        while i < self.running.len() {
-            if ids.contains(&self.running[i].task.id) {
-                let r = self.release(i);
-                out.push(finished(&r.task, Outcome::Preempted, 0, r.start_us, now_us));
-            } else {
-                i += 1;
-            }
-        }
-    }
-
-    /// Tasks without processes: dropping them stops them, and nothing is said of them.
-    fn drop_running(&mut self) {
-        self.running.clear();
-        self.room.free_cores = self.room.cores;
-        self.room.free_gpus = self.room.gpus;
-    }
-}
-
-fn finished(t: &TaskToRun, outcome: Outcome, value: i32, start_us: u64, end_us: u64) -> ExecEvent {
-    ExecEvent::Finished(Finished { id: t.id, attempt: t.attempt, ended: Ended::new(outcome, value, start_us, end_us) })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::record::errno;
     use crate::shape::TaskShape;
 
     fn task(id: u64, cores: u16, runtime_ms: u32) -> TaskToRun {
