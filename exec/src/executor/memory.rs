@@ -1,66 +1,70 @@
 //! Memory limits: a task's `mem=` enforced by a memory cgroup per slot where the agent has them,
 //! else by watching its process group's resident memory.
 
-use super::*;
+use std::io;
+use std::os::fd::RawFd;
+use std::sync::Arc;
+use std::time::Instant;
 
-impl Executor {
-    /// Tasks past their `mem=` are killed, and end as out of memory; looked at every
-    /// `memwatch::EVERY` while any such task runs. A task in a memory cgroup was stopped by the
-    /// kernel (one process of it): the rest of its group goes. Others are watched: the resident
-    /// memory of their whole process group.
-    pub(super) fn enforce_memory(&mut self) {
-        let now = Instant::now();
-        if self.mem_checked.is_some_and(|t| now.duration_since(t) < crate::memwatch::EVERY) {
-            return;
-        }
-        self.mem_checked = Some(now);
-        let mut groups = Vec::new();
-        let mut killed = Vec::new();
-        let v1 = self.cfg.memcg.as_ref().is_some_and(|r| r.version() == crate::memcg::Version::V1);
-        let limited: Vec<(libc::pid_t, usize, Option<u64>, bool)> = self
-            .running
-            .iter()
-            .filter(|(_, r)| r.task.shape.mem_mb > 0 && r.oom_mb.is_none())
-            .map(|(&pid, r)| (pid, r.slots[0], r.oom_kills_before, r.born_in_cgroup))
-            .collect();
-        for (pid, slot, before, born) in limited {
-            match before {
-                Some(before) => match self.cgroup_oom(slot, before) {
-                    Some(mb) => killed.push((pid, mb)),
-                    // v2 tasks moved themselves in, or tried to: the watch backs them up.
-                    None if !v1 && !born => groups.push(pid),
-                    None => {}
-                },
-                None => groups.push(pid),
-            }
-        }
-        if !groups.is_empty() {
-            let watched = crate::memwatch::group_rss_mb(&groups);
-            let over = |&(pid, mb): &(libc::pid_t, u64)| {
-                self.running.get(&pid).is_some_and(|r| mb > r.task.shape.mem_mb as u64)
-            };
-            killed.extend(watched.into_iter().filter(over));
-        }
-        for (pid, mb) in killed {
-            let Some(r) = self.running.get_mut(&pid) else { continue };
-            tracing::warn!(job = %self.cfg.job_id, task = r.task.id, rss_mb = mb, mem_mb = r.task.shape.mem_mb, "out of memory: killed");
-            r.oom_mb = Some(mb);
-            // Being killed: neither preempted nor timed out on top of it.
-            r.kill_at = Some(now);
-            // SAFETY: kill takes no pointers. The task is in `running`, so not reaped yet: its
-            // pid, the id of the group it leads, cannot have been reused.
-            unsafe { libc::kill(-pid, libc::SIGKILL) };
+use crate::memcg::{self, Version};
+
+/// The memory cgroups of a loop's slots, and how its running tasks' `mem=` is enforced.
+pub(super) struct Memory {
+    /// Where slots get memory cgroups; None: the RSS watch enforces every `mem=`.
+    root: Option<Arc<memcg::Root>>,
+    /// Each slot's memory cgroup, made when it first runs a task with `mem=`.
+    cgroups: Vec<Option<memcg::Slot>>,
+    /// Each running limited task, by first slot: how its limit is enforced.
+    limits: Vec<Option<Limit>>,
+    /// Tasks are started in their v2 memory cgroup (`clone3`), until the kernel refuses it.
+    into_cgroup: bool,
+    /// When running tasks' memory was last looked at.
+    checked: Option<Instant>,
+    job_id: String,
+    first_slot: usize,
+}
+
+/// How one running task's `mem=` is held.
+#[derive(Debug, Clone, Copy)]
+struct Limit {
+    pid: libc::pid_t,
+    mem_mb: u32,
+    /// In its slot's memory cgroup: the cgroup's count of OOM kills when the task started.
+    kills_before: Option<u64>,
+    /// Started inside that cgroup (not moved in by itself afterwards): no RSS watch needed.
+    born_inside: bool,
+}
+
+/// What the spawn needs to know of the task's memory cgroup.
+pub(super) struct Prepared {
+    /// The cgroup's count of OOM kills so far; None: the task is watched instead.
+    pub kills_before: Option<u64>,
+}
+
+impl Memory {
+    pub(super) fn new(root: Option<Arc<memcg::Root>>, slots: usize, job_id: String, first_slot: usize) -> Memory {
+        Memory {
+            root,
+            cgroups: Vec::new(),
+            limits: vec![None; slots],
+            into_cgroup: true,
+            checked: None,
+            job_id,
+            first_slot,
         }
     }
 
-    /// Sets slot `slot`'s memory cgroup up for a task of `mem_mb` (none: 0), and returns its
-    /// count of OOM kills so far; None when the task is to be watched instead.
-    pub(super) fn limit_memory(&mut self, slot: usize, mem_mb: u32) -> Option<u64> {
-        let root = self.cfg.memcg.as_ref().filter(|_| mem_mb > 0)?;
+    fn v1(&self) -> bool {
+        self.root.as_ref().is_some_and(|r| r.version() == Version::V1)
+    }
+
+    /// Sets slot `slot`'s memory cgroup up for a task of `mem_mb` (none: 0).
+    pub(super) fn prepare(&mut self, slot: usize, mem_mb: u32) -> Prepared {
+        let Some(root) = self.root.as_ref().filter(|_| mem_mb > 0) else { return Prepared { kills_before: None } };
         if self.cgroups.len() <= slot {
             self.cgroups.resize_with(slot + 1, || None);
         }
-        let n = self.cfg.first_slot + slot;
+        let n = self.first_slot + slot;
         let made = match self.cgroups[slot].take() {
             Some(cg) => Ok(cg),
             None => root.slot(n),
@@ -72,44 +76,99 @@ impl Executor {
             Ok(before)
         });
         match r {
-            Ok(before) => Some(before),
+            Ok(before) => Prepared { kills_before: Some(before) },
             Err(e) => {
-                tracing::warn!(job = %self.cfg.job_id, slot = n, error = %e, "memory cgroup unusable: this task's mem= is watched instead");
-                None
+                tracing::warn!(job = %self.job_id, slot = n, error = %e, "memory cgroup unusable: this task's mem= is watched instead");
+                Prepared { kills_before: None }
             }
         }
     }
 
+    /// The task of `mem_mb` started in `slot` as `pid`, `born_inside` its cgroup or not.
+    pub(super) fn started(&mut self, slot: usize, pid: libc::pid_t, mem_mb: u32, p: &Prepared, born_inside: bool) {
+        // Not born in its cgroup (v1): the watch enforces its mem= instead.
+        let kills_before = p.kills_before.filter(|_| born_inside || !self.v1());
+        self.limits[slot] = (mem_mb > 0).then_some(Limit { pid, mem_mb, kills_before, born_inside });
+    }
+
+    /// The task in `slot` ended: the MiB its cgroup peaked at if the kernel killed it for memory.
+    /// Read even when the watch killed it, so the next task in the slot starts from the count.
+    pub(super) fn ended(&mut self, slot: usize) -> Option<u64> {
+        let before = self.limits[slot].take()?.kills_before?;
+        self.cgroups.get_mut(slot)?.as_mut()?.oom_since(before)
+    }
+
+    /// Tasks past their `mem=`, by first slot, with the MiB seen; looked at every
+    /// `memwatch::EVERY` while any such task runs. A task in a memory cgroup was stopped by the
+    /// kernel (one process of it): the rest of its group is to go. Others are watched: the
+    /// resident memory of their whole process group.
+    pub(super) fn over(&mut self) -> Vec<(usize, u64)> {
+        let now = Instant::now();
+        if self.checked.is_some_and(|t| now.duration_since(t) < crate::memwatch::EVERY) {
+            return Vec::new();
+        }
+        self.checked = Some(now);
+        let v1 = self.v1();
+        let mut watched = Vec::new();
+        let mut killed = Vec::new();
+        for slot in 0..self.limits.len() {
+            let Some(l) = self.limits[slot] else { continue };
+            match l.kills_before {
+                Some(before) => {
+                    match self.cgroups.get_mut(slot).and_then(Option::as_mut).and_then(|c| c.oom_since(before)) {
+                        Some(mb) => killed.push((slot, mb)),
+                        // v2 tasks moved themselves in, or tried to: the watch backs them up.
+                        None if !v1 && !l.born_inside => watched.push((slot, l)),
+                        None => {}
+                    }
+                }
+                None => watched.push((slot, l)),
+            }
+        }
+        if !watched.is_empty() {
+            let pids: Vec<libc::pid_t> = watched.iter().map(|(_, l)| l.pid).collect();
+            for (pid, mb) in crate::memwatch::group_rss_mb(&pids) {
+                if let Some((slot, _)) = watched.iter().find(|(_, l)| l.pid == pid && mb > l.mem_mb as u64) {
+                    killed.push((*slot, mb));
+                }
+            }
+        }
+        killed
+    }
+
     /// v1: moves this thread into slot `slot`'s memory cgroup, so the task it spawns next is
-    /// born there; true if it did (then `leave_cgroup` after the spawn).
-    pub(super) fn enter_cgroup(&mut self, slot: usize) -> bool {
+    /// born there; true if it did (then `leave` after the spawn).
+    pub(super) fn enter(&mut self, slot: usize) -> bool {
+        if !self.v1() {
+            return false;
+        }
         let Some(cg) = self.cgroups.get(slot).and_then(Option::as_ref) else { return false };
         match cg.enter_thread() {
             Ok(()) => true,
             Err(e) => {
-                tracing::warn!(job = %self.cfg.job_id, error = %e, "cannot spawn into the slot's memory cgroup");
+                tracing::warn!(job = %self.job_id, error = %e, "cannot spawn into the slot's memory cgroup");
                 false
             }
         }
     }
 
-    pub(super) fn leave_cgroup(&mut self, slot: usize) {
-        let Some(root) = self.cfg.memcg.as_ref() else { return };
+    pub(super) fn leave(&mut self, slot: usize) {
+        let Some(root) = self.root.as_ref() else { return };
         if let Err(e) = root.leave_thread() {
             // Tasks spawned from here on are born in this slot's cgroup: it must not limit
             // them, and its count of kills must not be read as theirs.
-            tracing::error!(job = %self.cfg.job_id, error = %e, "the spawn loop cannot leave a task's memory cgroup; memory cgroups are off for it, their mem= is watched");
+            tracing::error!(job = %self.job_id, error = %e, "the spawn loop cannot leave a task's memory cgroup; memory cgroups are off for it, their mem= is watched");
             if let Some(Err(e)) = self.cgroups.get_mut(slot).and_then(Option::as_mut).map(|cg| cg.unlimit()) {
-                tracing::error!(job = %self.cfg.job_id, error = %e, "and its limit could not be lifted");
+                tracing::error!(job = %self.job_id, error = %e, "and its limit could not be lifted");
             }
-            self.cfg.memcg = None;
+            self.root = None;
         }
     }
 
     /// v2: the descriptor of slot `slot`'s cgroup, for the task to be born in it, unless the
     /// kernel refused that before.
     pub(super) fn born_into(&self, slot: usize) -> Option<RawFd> {
-        self.cfg.memcg.as_ref().filter(|r| r.version() == crate::memcg::Version::V2 && self.into_cgroup)?;
+        self.root.as_ref().filter(|r| r.version() == Version::V2 && self.into_cgroup)?;
         self.cgroups.get(slot)?.as_ref()?.handle()
     }
 
@@ -119,20 +178,14 @@ impl Executor {
         let lasting = !matches!(errno, libc::EAGAIN | libc::ENOMEM | libc::EMFILE | libc::ENFILE | libc::EINTR);
         if lasting && self.into_cgroup {
             self.into_cgroup = false;
-            tracing::info!(job = %self.cfg.job_id, error = %io::Error::from_raw_os_error(errno), "tasks cannot be started in their memory cgroup here (clone3 with CLONE_INTO_CGROUP); each moves itself in");
+            tracing::info!(job = %self.job_id, error = %io::Error::from_raw_os_error(errno), "tasks cannot be started in their memory cgroup here (clone3 with CLONE_INTO_CGROUP); each moves itself in");
         }
     }
 
     /// v2: the command that moves the task into slot `slot`'s cgroup before it runs.
-    pub(super) fn cgroup_wrapper(&self, slot: usize) -> Option<crate::memcg::Wrapper> {
-        self.cfg.memcg.as_ref().filter(|r| r.version() == crate::memcg::Version::V2)?;
+    pub(super) fn wrapper(&self, slot: usize) -> Option<memcg::Wrapper> {
+        self.root.as_ref().filter(|r| r.version() == Version::V2)?;
         let cg = self.cgroups.get(slot)?.as_ref()?;
-        crate::memcg::Wrapper::new(cg)
-    }
-
-    /// The peak MiB of slot `slot`'s cgroup if the kernel killed there for memory since its
-    /// count was `before`.
-    pub(super) fn cgroup_oom(&mut self, slot: usize, before: u64) -> Option<u64> {
-        self.cgroups.get_mut(slot)?.as_mut()?.oom_since(before)
+        memcg::Wrapper::new(cg)
     }
 }

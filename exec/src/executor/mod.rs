@@ -26,22 +26,18 @@
 //! costs: 1 ms after each spawn, backing off to 64 ms while nothing ends. A child whose
 //! `pidfd_open` alone fails (EMFILE) is covered the same way.
 
-use std::collections::HashMap;
-use std::ffi::{CString, OsString};
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, BufWriter, Write};
+use std::ffi::OsString;
+use std::fs::File;
+use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use crate::handoff::{Handoff, When};
-use crate::output::{IndexEntry, OutputMode};
-use htc_core::orders::{Orders, Todo};
-use htc_core::record::{Ended, Outcome};
-use htc_core::slots::{self, Deadlines, Due, Holder, Next, Queue, Room};
+use crate::output::OutputMode;
+use htc_core::record::Outcome;
+use htc_core::spawn_loop::{Effect, Exit, SpawnLoop, Why};
 use htc_host::now_us;
 
 pub use htc_core::work::{recall_from, Command, ExecEvent, Finished, TaskToRun};
@@ -52,7 +48,9 @@ mod reaping;
 mod spawning;
 mod wait;
 
-use wait::{pidfd_open, pidfds_work, sigchld_ignored, wait_info};
+use reaping::Reaper;
+use spawning::Launcher;
+use wait::{pidfds_work, sigchld_ignored};
 
 /// A task's stdout and stderr descriptors, and (per-task output) the files that own them.
 type OutputFds = (RawFd, RawFd, Option<(File, File)>);
@@ -182,260 +180,42 @@ fn start_with(
     let join = std::thread::Builder::new().name("executor".into()).spawn(move || {
         // Only this thread's mask: signals are the main thread's to take, the fallback's
         // signalfd sees SIGCHLD whatever the others do, and a spawn need not block them itself.
-        crate::spawn::block_signals_in_this_thread(ex.reaping == Reaping::ThreadChildren);
+        crate::spawn::block_signals_in_this_thread(reaping == Reaping::ThreadChildren);
         ex.run(rx, wake_r, sink)
     })?;
     Ok((Handle { tx, wake: Some(wake) }, join))
 }
 
-/// epoll tokens; every other token is a child's pid.
-const WAKE: u64 = u64::MAX;
-const SIGNAL: u64 = u64::MAX - 1;
-/// In the fallback, the first and the longest wait for an exit that SIGCHLD may not announce.
-const SCAN_FIRST: Duration = Duration::from_millis(1);
-const SCAN_MAX: Duration = Duration::from_millis(64);
-/// Free space is looked at this often while plentiful, and before every report once below `SPACE_LOW`.
-const SPACE_CHECK_EVERY: Duration = Duration::from_secs(2);
-const SPACE_LOW: u64 = 256 << 20;
-
-struct Running {
-    task: TaskToRun,
-    slots: Vec<usize>,
-    start_us: u64,
-    timed_out: bool,
-    /// Stopped for higher-priority work.
-    preempted: bool,
-    /// Killed for passing its `mem=`, with the resident MiB seen then.
-    oom_mb: Option<u64>,
-    /// In its slot's memory cgroup: the cgroup's count of OOM kills when the task started.
-    oom_kills_before: Option<u64>,
-    /// Started inside that cgroup (not moved in by itself afterwards): no RSS watch needed.
-    born_in_cgroup: bool,
-    /// Set when SIGTERM went out; SIGKILL follows at this instant.
-    kill_at: Option<Instant>,
-    serial: u64,
-    /// None when the child is found by the fallback's scan instead.
-    pidfd: Option<OwnedFd>,
-}
-
-struct Slot {
-    /// Its stream files (streams mode), made when it first stores a task's output: a slot that
-    /// never runs a task (most of the wide spawner's, in a run without wide tasks) leaves none.
-    streams: Option<Streams>,
-    /// The running task's stdout and stderr captures (streams mode): descriptors whose numbers
-    /// stay, pointed at fresh files before each spawn.
-    capture: Option<(crate::capture::Capture, crate::capture::Capture)>,
-}
-
-/// A slot's stream files: every task that ran in it appends its stdout and stderr to them.
-struct Streams {
-    out: File,
-    err: File,
-    /// Where the next task's output starts: only the executor appends to a slot's files.
-    out_end: u64,
-    err_end: u64,
-}
-
-impl Streams {
-    fn open(dir: &std::path::Path, slot: usize) -> io::Result<Streams> {
-        let open = |name: String| {
-            OpenOptions::new().append(true).create(true).custom_flags(libc::O_CLOEXEC).open(dir.join(name))
-        };
-        let (out, err) = (open(format!("slot-{slot}.out"))?, open(format!("slot-{slot}.err"))?);
-        let (out_end, err_end) = (end_of(out.as_raw_fd()), end_of(err.as_raw_fd()));
-        Ok(Streams { out, err, out_end, err_end })
-    }
-
-    /// Appends `msg` to stderr: (where it starts, whether it was written).
-    fn append_err(&mut self, msg: &[u8]) -> (u64, bool) {
-        let at = self.err_end;
-        let kept = (&self.err).write_all(msg).is_ok();
-        if kept {
-            self.err_end += msg.len() as u64;
-        }
-        (at, kept)
-    }
-}
-
+/// One spawn loop: its decisions (`SpawnLoop`) carried out with processes. Each part owns its
+/// fields: the reaper the children, the launcher how they start, the store their output.
 struct Executor {
     cfg: ExecConfig,
-    slots: Vec<Slot>,
-    free: Vec<bool>,
-    free_count: usize,
-    queue: Queue,
-    running: HashMap<libc::pid_t, Running>,
-    /// By pid and spawn serial: the serial tells a stale entry from a new task that reused the pid.
-    deadlines: Deadlines<Instant, libc::pid_t>,
-    serial: u64,
+    decide: SpawnLoop,
+    reaper: Reaper,
+    launcher: Launcher,
+    store: output::Store,
+    /// What happened, not yet handed to the agent's main thread.
     events: Vec<ExecEvent>,
-    /// The output index (streams mode), made with the first entry, as the slots' files are.
-    index: Option<BufWriter<File>>,
-    /// Starts and ends, journaled before they are reported (`cfg.results`).
-    journal: Option<crate::results::Journal>,
-    /// Tasks this loop stopped because it was told to drop everything: their ends are no
-    /// results, so they are never journaled as such (they ran, and did not end: interrupted).
-    aborted: std::collections::HashSet<(u64, u32)>,
-    /// Where tasks' stdout and stderr go with no output kept.
-    null: File,
-    /// Set when output storage failed (a full disk, a failed index write): the loop then stops
-    /// with it, reporting only what was recorded whole.
-    fault: Option<io::Error>,
-    /// When free space was last looked at, and whether it was low then.
-    space_checked: Option<Instant>,
     /// When what happened goes to the agent's main thread.
     handoff: Handoff,
-    space_low: bool,
-    /// When running tasks' memory was last looked at.
-    mem_checked: Option<Instant>,
-    /// Each slot's memory cgroup, made when it first runs a task with `mem=` (`cfg.memcg`).
-    cgroups: Vec<Option<crate::memcg::Slot>>,
-    /// Tasks are started in their v2 memory cgroup (`clone3`), until the kernel refuses it.
-    into_cgroup: bool,
-    /// Running tasks that may be preempted: while none, the queue's head never looks for any.
-    preemptible_running: usize,
-    /// "No pidfd" lines, at most one a minute (out of descriptors, every spawn would log).
-    pidfd_log: crate::throttle::Throttle,
-    env: Vec<CString>,
-    path_dirs: Vec<Vec<u8>>,
-    resolved: HashMap<Vec<u8>, Option<CString>>,
-    bound_mask: Option<Vec<usize>>,
-    binding: bool,
-    /// The CPUs the thread may use when it binds nothing.
-    unbound: Vec<usize>,
-    spawner: crate::spawn::Spawner,
-    /// Where tasks' capture files are made.
-    scratch: crate::capture::Scratch,
-    copy_buf: Vec<u8>,
-    /// "No new capture" lines, at most one a minute.
-    capture_log: crate::throttle::Throttle,
-    reaping: Reaping,
-    epoll: OwnedFd,
-    /// SIGCHLD of the fallback.
-    sigfd: Option<OwnedFd>,
-    /// Children without a pidfd: while there are any, the fallback's scan and timer run.
-    unwatched: usize,
-    scan_wait: Duration,
-    /// Children whose pidfds the last epoll_wait reported.
-    ready: Vec<libc::pid_t>,
-    /// Pidfds of reaped children, closed once the freed slots have their next tasks, so that
-    /// tearing them down (a pidfs inode each) is not on the way from an exit to the next spawn.
-    closing: Vec<OwnedFd>,
-    /// Ended tasks whose groups are killed at the time given (`cfg.linger`): their zombies are
-    /// held, by pidfd, until then, so the group's id cannot be reused meanwhile.
-    lingering: std::collections::VecDeque<(Instant, libc::pid_t, OwnedFd)>,
 }
 
 impl Executor {
-    // Long (about 110 lines): the descriptors it opens (epoll, signalfd, captures, the index) are
-    // set up in order, each undone by the ones before it if a later one fails; split, the order
-    // would be spread over functions that each need most of the struct.
     fn new(cfg: ExecConfig, reaping: Reaping) -> io::Result<Executor> {
-        // SAFETY: epoll_create1 takes no pointers; the result is checked below.
-        let epoll = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        if epoll < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: a descriptor epoll_create1 just opened, owned by nothing else.
-        let epoll = unsafe { OwnedFd::from_raw_fd(epoll) };
-        let sigfd = if reaping == Reaping::ThreadChildren {
-            // SAFETY: the set is a local sigset_t (all zeroes is a valid value before
-            // sigemptyset) that outlives the calls; signalfd(-1) makes a new descriptor and
-            // keeps no pointer to it.
-            let fd = unsafe {
-                let mut set: libc::sigset_t = std::mem::zeroed();
-                libc::sigemptyset(&mut set);
-                libc::sigaddset(&mut set, libc::SIGCHLD);
-                libc::signalfd(-1, &set, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK)
-            };
-            if fd < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            // SAFETY: a descriptor signalfd just opened, owned by nothing else.
-            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-            epoll_add(&epoll, fd.as_raw_fd(), SIGNAL)?;
-            Some(fd)
-        } else {
-            None
-        };
-        let mut slots = Vec::new();
-        let scratch = crate::capture::Scratch::find();
-        if cfg.output != OutputMode::None {
-            fs::create_dir_all(&cfg.out_dir)?;
-        }
-        if let Some(dir) = cfg.results.as_ref().and_then(|p| p.parent()) {
-            fs::create_dir_all(dir)?;
-        }
-        for _ in 0..cfg.slots {
-            use crate::capture::Capture;
-            let streams = cfg.output == OutputMode::Streams;
-            let capture = if streams { Some((Capture::new(&scratch)?, Capture::new(&scratch)?)) } else { None };
-            slots.push(Slot { streams: None, capture });
-        }
-        let null = OpenOptions::new().write(true).custom_flags(libc::O_CLOEXEC).open("/dev/null")?;
-        let mut env = Vec::new();
-        let mut path = b"/usr/local/bin:/usr/bin:/bin".to_vec();
-        for (k, v) in &cfg.env {
-            if is_private_var(k.as_bytes()) || k.as_bytes().contains(&b'=') {
-                continue;
-            }
-            if k == "PATH" {
-                path = v.as_bytes().to_vec();
-            }
-            let mut kv = k.clone().into_vec();
-            kv.push(b'=');
-            kv.extend_from_slice(v.as_bytes());
-            if let Ok(c) = CString::new(kv) {
-                env.push(c);
-            }
-        }
-        let path_dirs =
-            path.split(|&b| b == b':').map(|d| if d.is_empty() { b".".to_vec() } else { d.to_vec() }).collect();
+        let grace_us = cfg.kill_grace.as_micros() as u64;
         Ok(Executor {
-            free: vec![true; cfg.slots],
-            free_count: cfg.slots,
-            binding: !cfg.cpus.is_empty(),
-            unbound: allowed_cpus(),
-            slots,
-            queue: Queue::default(),
-            running: HashMap::new(),
-            deadlines: Deadlines::default(),
-            serial: 0,
+            decide: SpawnLoop::new(cfg.slots, cfg.gpus.len() as u32, grace_us),
+            reaper: Reaper::new(reaping, cfg.slots.max(1), cfg.linger, cfg.agent)?,
+            launcher: Launcher::new(&cfg, reaping == Reaping::Pidfd)?,
+            store: output::Store::new(&cfg)?,
             events: Vec::new(),
-            index: None,
-            journal: cfg.results.clone().map(crate::results::Journal::new),
-            aborted: Default::default(),
-            null,
-            fault: None,
-            space_checked: None,
             handoff: Handoff::default(),
-            space_low: false,
-            mem_checked: None,
-            cgroups: Vec::new(),
-            into_cgroup: true,
-            preemptible_running: 0,
-            pidfd_log: crate::throttle::Throttle::new(Duration::from_secs(60)),
-            env,
-            path_dirs,
-            resolved: HashMap::new(),
-            bound_mask: None,
-            spawner: crate::spawn::Spawner::new(reaping == Reaping::Pidfd)?,
-            scratch,
-            copy_buf: Vec::new(),
-            capture_log: crate::throttle::Throttle::new(Duration::from_secs(60)),
             cfg,
-            reaping,
-            epoll,
-            sigfd,
-            unwatched: 0,
-            scan_wait: SCAN_FIRST,
-            ready: Vec::new(),
-            closing: Vec::new(),
-            lingering: Default::default(),
         })
     }
 
-    // Long (about 140 lines): the spawn loop, one pass per wakeup over every source (commands,
-    // ended children, deadlines, memory, the queue), in the order that keeps a slot from being
+    // Long (about 60 lines): one pass per wakeup over every source (commands, ended children,
+    // deadlines, memory, the queue, the hand-off), in the order that keeps a slot from being
     // handed out twice; each source's work is a method, the order is kept here in one place.
     fn run(
         &mut self,
@@ -443,248 +223,215 @@ impl Executor {
         wake: OwnedFd,
         mut sink: impl FnMut(Vec<ExecEvent>),
     ) -> io::Result<()> {
-        epoll_add(&self.epoll, wake.as_raw_fd(), WAKE)?;
-        // What it was told, apart from the tasks (`htc_core::orders`, as `VirtualExec` keeps it).
-        let mut orders = Orders::default();
-        let mut events = [libc::epoll_event { events: 0, u64: 0 }; 64];
+        self.reaper.add_wake(&wake)?;
+        let mut effects = Vec::new();
+        let mut ended = Vec::new();
         loop {
             loop {
-                let todo = match rx.try_recv() {
-                    Ok(c) => orders.take(c),
+                match rx.try_recv() {
+                    Ok(c) => self.decide.command(now_us(), c, &mut effects),
                     Err(mpsc::TryRecvError::Empty) => break,
                     // The network side is gone: nobody will read results, so stop everything.
                     Err(mpsc::TryRecvError::Disconnected) => {
-                        if orders.abort() == Todo::DropAll {
-                            self.queue.clear();
-                            self.abort_all();
-                        }
+                        self.decide.abandoned(now_us(), &mut effects);
                         break;
                     }
-                };
-                match todo {
-                    Todo::Nothing => {}
-                    Todo::Queue(v) => self.queue.add(v),
-                    Todo::Stop(ids) => self.stop(&ids),
-                    Todo::Recall(ids) => self.queue.recall(&ids, &mut self.events),
-                    Todo::DropAll => {
-                        self.queue.clear();
-                        self.abort_all();
-                    }
                 }
             }
-            self.reap_ready();
-            self.reap_unwatched();
-            if let Some(e) = self.fault.take() {
+            self.apply(&mut effects);
+            self.reaper.reap(&mut ended);
+            for (slot, exit) in ended.drain(..) {
+                self.ended(slot, exit);
+            }
+            if let Some(e) = self.store.take_fault() {
                 return Err(self.stop_on_fault(e));
             }
-            self.enforce_deadlines();
-            self.end_lingering(orders.aborted());
+            self.decide.tick(now_us(), &mut effects);
+            self.apply(&mut effects);
+            self.reaper.end_lingering(self.decide.aborted());
             self.enforce_memory();
-            if orders.reset_done(self.running.len()) {
+            if self.decide.reset_done() {
                 self.events.push(ExecEvent::Reset);
             }
-            if orders.may_start(now_us()) && !crate::stopping::requested() {
+            if !crate::stopping::requested() {
                 self.start_queued();
             }
-            // Closed without taking them out of the epoll set: their watches have fired and fire
-            // no more, even while a child another thread is spawning holds a copy until its exec.
-            self.closing.clear();
-            let mut hand_off_at = None;
-            if !self.events.is_empty() {
-                let urgent = orders.finishing()
-                    || orders.resetting()
-                    || orders.held()
-                    || self.queue.is_empty()
-                    || self.events.iter().any(needs_answer);
-                let now = Instant::now();
-                match self.handoff.when(now, urgent) {
-                    When::Now => {
-                        if let Some(e) = self.space_fault() {
-                            return Err(self.stop_on_fault(e));
-                        }
-                        if let Err(e) = self.flush_index().and_then(|()| self.journal_events()) {
-                            return Err(self.stop_on_fault(e));
-                        }
-                        sink(std::mem::take(&mut self.events));
-                        self.handoff.handed(now);
-                    }
-                    When::At(t) => hand_off_at = Some(t),
-                }
-            }
-            if orders.done(self.running.len(), self.queue.len()) {
-                self.end_lingering(true);
+            self.reaper.close_reaped();
+            let hand_off_at = match self.hand_off(&mut sink) {
+                Ok(at) => at,
+                Err(e) => return Err(self.stop_on_fault(e)),
+            };
+            if self.decide.is_done() {
+                self.reaper.end_lingering(true);
                 // What was not handed off (the network side gone) is journaled all the same:
                 // the next session learns from it what ended and what was interrupted.
-                return self.flush_index().and(self.journal_events());
+                return self.store.flush_index().and(self.journal());
             }
-            let mut timeout = self
-                .deadlines
-                .next()
-                .map(|t| t.saturating_duration_since(Instant::now()))
-                .unwrap_or(Duration::from_millis(100))
-                .min(Duration::from_millis(100));
-            if self.unwatched > 0 {
-                timeout = timeout.min(self.scan_wait);
+            let now = now_us();
+            let mut timeout = Duration::from_millis(100);
+            if let Some(t) = self.decide.next_deadline() {
+                timeout = timeout.min(Duration::from_micros(t.saturating_sub(now)));
             }
             if let Some(t) = hand_off_at {
                 timeout = timeout.min(t.saturating_duration_since(Instant::now()));
             }
-            if let Some((t, ..)) = self.lingering.front() {
-                timeout = timeout.min(t.saturating_duration_since(Instant::now()));
-            }
-            // SAFETY: the kernel writes at most `events.len()` entries into `events`, which this
-            // thread owns for the call; the epoll descriptor is ours and open.
-            let n = unsafe {
-                libc::epoll_wait(
-                    self.epoll.as_raw_fd(),
-                    events.as_mut_ptr(),
-                    events.len() as i32,
-                    timeout.as_millis().max(1) as i32,
-                )
-            };
-            let mut buf = [0u8; 8 * 128];
-            for e in &events[..n.max(0) as usize] {
-                let token = e.u64;
-                match token {
-                    // SAFETY: reads 8 bytes (an eventfd's counter) into the local buffer of
-                    // 1024, from the nonblocking eventfd `wake` owns.
-                    WAKE => unsafe {
-                        libc::read(wake.as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_void, 8);
-                    },
-                    SIGNAL => {
-                        if let Some(fd) = &self.sigfd {
-                            // SAFETY: reads at most `buf.len()` bytes into the local buffer, from
-                            // the nonblocking signalfd `self.sigfd` owns; drained until empty.
-                            while unsafe {
-                                libc::read(fd.as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_void, buf.len())
-                            } > 0
-                            {}
-                        }
-                    }
-                    pid => self.ready.push(pid as libc::pid_t),
+            self.reaper.wait(self.reaper.wait_at_most(timeout), &wake);
+        }
+    }
+
+    /// Hands what happened to the agent, now or (under load, in batches) when the returned
+    /// time comes; storage is checked and the journal written first.
+    fn hand_off(&mut self, sink: &mut impl FnMut(Vec<ExecEvent>)) -> io::Result<Option<Instant>> {
+        if self.events.is_empty() {
+            return Ok(None);
+        }
+        let urgent = self.decide.waited_for() || self.events.iter().any(needs_answer);
+        let now = Instant::now();
+        match self.handoff.when(now, urgent) {
+            When::Now => {
+                if let Some(e) = self.store.space_fault() {
+                    return Err(e);
                 }
+                self.store.flush_index()?;
+                self.journal()?;
+                sink(std::mem::take(&mut self.events));
+                self.handoff.handed(now);
+                Ok(None)
             }
-            if n == 0 && self.unwatched > 0 {
-                // Nothing announced itself for a whole wait: most likely nothing ended, so wait
-                // longer; a spawn starts again from the shortest wait.
-                self.scan_wait = (self.scan_wait * 2).min(SCAN_MAX);
+            When::At(t) => Ok(Some(t)),
+        }
+    }
+
+    fn journal(&mut self) -> io::Result<()> {
+        let decide = &self.decide;
+        self.store.journal(&self.events, |id, attempt| decide.is_result(id, attempt))
+    }
+
+    /// Carries out the loop's effects (and those they cause), in order; false when a task
+    /// given to start found its devices gone (it went back to the queue).
+    fn apply(&mut self, effects: &mut Vec<Effect>) -> bool {
+        let mut all_started = true;
+        let mut i = 0;
+        while i < effects.len() {
+            match std::mem::replace(&mut effects[i], Effect::Report(ExecEvent::Reset)) {
+                Effect::Start(slot) => all_started &= self.launch(slot, effects),
+                Effect::Stop(slot, why) => {
+                    if why == Why::Preempted {
+                        let task = self.decide.run(slot).map(|r| r.task.id);
+                        tracing::info!(job = %self.cfg.job_id, task, "preempted");
+                    }
+                    self.reaper.signal(slot, libc::SIGTERM);
+                }
+                Effect::Kill(slot) => self.reaper.signal(slot, libc::SIGKILL),
+                Effect::Report(e) => self.events.push(e),
+            }
+            i += 1;
+        }
+        effects.clear();
+        all_started
+    }
+
+    /// Starts what the loop lets start. Memory and GPUs are the leader's to commit
+    /// (`htc_core::backfill`): it never sends more than the agent has, and releases them only
+    /// once the result is back. The devices are shared by the agent's loops, so a start that
+    /// takes some is carried out before the next is decided; if another loop took them first,
+    /// nothing more starts now.
+    fn start_queued(&mut self) {
+        let mut effects = Vec::new();
+        loop {
+            let free_gpus = if self.cfg.gpus.is_empty() { 0 } else { self.cfg.gpus.free() as u32 };
+            let more = self.decide.start(now_us(), Some(free_gpus), &mut effects);
+            if !self.apply(&mut effects) || !more {
+                return;
             }
         }
     }
 
-    /// Starts what `slots` says may start. Memory and GPUs are the leader's to commit
-    /// (`htc_core::backfill`): it never sends more than the agent has, and releases them only
-    /// once the result is back.
-    fn start_queued(&mut self) {
-        loop {
-            let room = Room {
-                cores: self.cfg.slots as u32,
-                gpus: self.cfg.gpus.len() as u32,
-                free_cores: self.free_count as u32,
-                free_gpus: if self.cfg.gpus.is_empty() { 0 } else { self.cfg.gpus.free() as u32 },
-            };
-            // Without a preemptible task running, the head never looks through the others.
-            let holders = (self.preemptible_running > 0)
-                .then(|| self.running.values().map(|r| Holder::of(&r.task, r.start_us, r.kill_at.is_some())))
-                .into_iter()
-                .flatten();
-            match self.queue.next(&room, holders) {
-                Next::Start(t) => {
-                    let devices = match t.shape.gpus {
-                        0 => Vec::new(),
-                        n => match self.cfg.gpus.take(t.id, n as usize) {
-                            Some(d) => d,
-                            // Another spawn loop of the agent took them first.
-                            None => return self.queue.put_back(t),
-                        },
-                    };
-                    let slots = self.take_slots(t.shape.cores.max(1) as usize);
-                    self.spawn(t, slots, devices);
+    /// Starts the task the loop holds in `slot`; false when its devices were gone (it went
+    /// back to the queue).
+    fn launch(&mut self, slot: usize, effects: &mut Vec<Effect>) -> bool {
+        let r = self.decide.run(slot).expect("a task held for its start");
+        let (t, slots, start_us) = (r.task.clone(), r.slots.clone(), r.start_us);
+        let devices = match t.shape.gpus {
+            0 => Vec::new(),
+            n => match self.cfg.gpus.take(t.id, n as usize) {
+                Some(d) => d,
+                None => {
+                    self.decide.put_back(slot);
+                    return false;
                 }
-                Next::Refuse(t) => {
-                    let now = now_us();
-                    let f = Finished {
-                        id: t.id,
-                        attempt: t.attempt,
-                        ended: Ended::new(Outcome::SpawnFailed, libc::E2BIG, now, now),
-                    };
+            },
+        };
+        if !devices.is_empty() {
+            self.store.note_devices(&t, &crate::gpu::visible(&devices));
+        }
+        let spawned = self.launcher.command_line(&t).and_then(|cmd| {
+            let (out, err, per_task) = self.store.fds(&t, slot)?;
+            let child = self.launcher.spawn(&t, &slots, &devices, &cmd, (out, err));
+            drop(per_task);
+            child
+        });
+        match spawned {
+            Ok(child) => {
+                self.reaper.watch(slot, child);
+                self.decide.started(slot, now_us(), effects);
+            }
+            Err((errno, msg)) => {
+                self.store.spawn_failed(&t, slot, start_us, &msg);
+                if t.shape.gpus > 0 {
+                    self.cfg.gpus.give_back(t.id);
+                }
+                if let Some((_, f)) = self.decide.spawn_failed(slot, now_us(), errno) {
                     self.events.push(ExecEvent::Finished(f));
                 }
-                // Their cores come back when they end, after at most the grace.
-                Next::Stop(ids) => return self.stop(&ids),
-                Next::Wait | Next::Idle => return,
             }
         }
+        true
     }
 
-    /// The first `cores` free slots, now held.
-    fn take_slots(&mut self, cores: usize) -> Vec<usize> {
-        let mut slots = Vec::with_capacity(cores);
-        for (i, f) in self.free.iter_mut().enumerate() {
-            if *f && slots.len() < cores {
-                *f = false;
-                slots.push(i);
+    /// The task in `slot` ended: its output stored, its devices back, its end reported unless
+    /// the disk is full (then it is the loop's fault, not the task's).
+    fn ended(&mut self, slot: usize, exit: Exit) {
+        let oom_mb = self.launcher.memory.ended(slot);
+        if let Exit::Lost(errno) = exit {
+            let task = self.decide.run(slot).map(|r| r.task.id);
+            let error = io::Error::from_raw_os_error(errno);
+            tracing::warn!(agent = self.cfg.agent, task, error = %error, "exit status lost: the task was reaped by someone else");
+        }
+        let Some((r, f)) = self.decide.exited(slot, now_us(), exit, oom_mb) else { return };
+        self.store.store(&r);
+        if r.task.shape.gpus > 0 {
+            self.cfg.gpus.give_back(r.task.id);
+        }
+        let failed = f.ended.outcome != Outcome::Exited || f.ended.value != 0;
+        if failed && self.store.blame_full_disk() {
+            return;
+        }
+        self.events.push(ExecEvent::Finished(f));
+    }
+
+    /// Tasks past their `mem=` are killed, and end as out of memory.
+    fn enforce_memory(&mut self) {
+        let mut effects = Vec::new();
+        for (slot, mb) in self.launcher.memory.over() {
+            let before = effects.len();
+            self.decide.out_of_memory(slot, mb, &mut effects);
+            if let Some(r) = self.decide.run(slot).filter(|_| effects.len() > before) {
+                tracing::warn!(job = %self.cfg.job_id, task = r.task.id, rss_mb = mb, mem_mb = r.task.shape.mem_mb, "out of memory: killed");
             }
         }
-        self.free_count -= cores;
-        slots
+        self.apply(&mut effects);
     }
 
-    fn release(&mut self, t: &TaskToRun, slots: &[usize]) {
-        for &s in slots {
-            self.free[s] = true;
-        }
-        self.free_count += slots.len();
-        if t.shape.gpus > 0 {
-            self.cfg.gpus.give_back(t.id);
-        }
-    }
-
-    /// Preempted tasks: a queued one ends at once, a running one gets SIGTERM now and SIGKILL
-    /// after the grace (as a timeout), and ends as preempted.
-    fn stop(&mut self, ids: &[u64]) {
-        self.queue.preempt(ids, now_us(), &mut self.events);
-        let kill_at = Instant::now() + self.cfg.kill_grace;
-        for (&pid, r) in self.running.iter_mut().filter(|(_, r)| ids.contains(&r.task.id) && r.kill_at.is_none()) {
-            tracing::info!(job = %self.cfg.job_id, task = r.task.id, "preempted");
-            r.preempted = true;
-            terminate(pid, r, kill_at, &mut self.deadlines);
-        }
-    }
-
-    fn enforce_deadlines(&mut self) {
-        let now = Instant::now();
-        while let Some((pid, serial, due)) = self.deadlines.due(now) {
-            let grace = self.cfg.kill_grace;
-            let Some(r) = self.running.get_mut(&pid).filter(|r| r.serial == serial) else { continue };
-            match (due, r.kill_at) {
-                (Due::Stop, None) => {
-                    r.timed_out = true;
-                    terminate(pid, r, now + grace, &mut self.deadlines);
-                }
-                // SAFETY: kill takes no pointers. The task is in `running`, so not reaped yet: its
-                // pid, the id of the group it leads, cannot have been reused.
-                (Due::Kill, Some(_)) => unsafe {
-                    libc::kill(-pid, libc::SIGKILL);
-                },
-                // Its limit came while it was already stopping: the kill is due anyway.
-                _ => {}
-            }
-        }
-    }
-
-    fn abort_all(&mut self) {
-        let now = Instant::now();
-        for (&pid, r) in self.running.iter_mut() {
-            self.aborted.insert((r.task.id, r.task.attempt));
-            if r.kill_at.is_none() {
-                r.kill_at = Some(now + self.cfg.kill_grace);
-                // SAFETY: kill takes no pointers. The task is in `running`, so not reaped yet:
-                // its pid, the id of the group it leads, cannot have been reused.
-                unsafe { libc::kill(-pid, libc::SIGTERM) };
-                self.deadlines.kill_at(now + self.cfg.kill_grace, pid, r.serial);
-            }
-        }
+    /// Output storage failed: every task stops, and the loop with it, reporting only what was
+    /// recorded whole.
+    fn stop_on_fault(&mut self, e: io::Error) -> io::Error {
+        let mut effects = Vec::new();
+        self.decide.abandoned(now_us(), &mut effects);
+        self.apply(&mut effects);
+        let e = self.store.fail(&self.events, e);
+        self.events.clear();
+        e
     }
 }
 
@@ -692,25 +439,6 @@ impl Executor {
 /// a reset ends a rejoin.
 fn needs_answer(e: &ExecEvent) -> bool {
     matches!(e, ExecEvent::Recalled { .. } | ExecEvent::Reset)
-}
-
-/// A child's pidfd in the epoll set (`op`: add, or re-arm), reported once: when it has exited.
-fn epoll_watch(epoll: &OwnedFd, fd: RawFd, pid: libc::pid_t, op: libc::c_int) -> io::Result<()> {
-    let mut ev = libc::epoll_event { events: (libc::EPOLLIN | libc::EPOLLONESHOT) as u32, u64: pid as u64 };
-    // SAFETY: both descriptors are open; ev is a valid event.
-    if unsafe { libc::epoll_ctl(epoll.as_raw_fd(), op, fd, &mut ev) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-fn epoll_add(epoll: &OwnedFd, fd: RawFd, token: u64) -> io::Result<()> {
-    let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: token };
-    // SAFETY: both descriptors are open; ev is a valid event.
-    if unsafe { libc::epoll_ctl(epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 /// Variables a task must not inherit from its agent: the per-task HTC_* set (added fresh),
@@ -725,16 +453,6 @@ fn end_of(fd: RawFd) -> u64 {
     // SAFETY: lseek on a valid fd; -1 maps to 0.
     let off = unsafe { libc::lseek(fd, 0, libc::SEEK_END) };
     off.max(0) as u64
-}
-
-/// When to act on a running task (its timeout, or SIGKILL after SIGTERM): (when, pid, serial).
-/// SIGTERM to a task's process group now, and SIGKILL at `kill_at` (a deadline) unless it ended.
-fn terminate(pid: libc::pid_t, r: &mut Running, kill_at: Instant, deadlines: &mut Deadlines<Instant, libc::pid_t>) {
-    r.kill_at = Some(kill_at);
-    // SAFETY: kill takes no pointers. Callers pass a task of `running` (`r`), not reaped yet:
-    // its pid, the id of the group it leads, cannot have been reused.
-    unsafe { libc::kill(-pid, libc::SIGTERM) };
-    deadlines.kill_at(kill_at, pid, r.serial);
 }
 
 /// CPUs this process may run on, in order.
@@ -753,6 +471,7 @@ pub fn allowed_cpus() -> Vec<usize> {
 mod tests {
     use super::*;
     use std::collections::HashSet;
+    use std::fs;
 
     fn config(slots: usize, name: &str) -> (ExecConfig, PathBuf) {
         let dir = std::env::temp_dir().join(format!("htc-exec-test-{}-{name}", std::process::id()));

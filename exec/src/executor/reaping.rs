@@ -1,46 +1,159 @@
 //! A task's end: its exit seen through its pidfd (or, without one, `waitid(P_ALL, __WNOTHREAD)`),
-//! its group killed and its zombie released (at once, or after `ExecConfig::linger`), its slots
-//! freed and its end reported.
+//! its group killed and its zombie released (at once, or after `ExecConfig::linger`). The
+//! reaper owns the loop's children and its epoll set, and answers which slot's task ended how.
 
-use super::*;
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::time::{Duration, Instant};
 
-impl Executor {
-    /// The pidfd of `pid` (the one its clone gave, else a new one) in the epoll set, or None if
-    /// the fallback's scan must find it.
-    pub(super) fn watch(&mut self, pid: libc::pid_t, pidfd: Option<OwnedFd>) -> Option<OwnedFd> {
-        if self.reaping != Reaping::Pidfd {
-            return None;
+use super::wait::{pidfd_open, wait_info};
+use super::Reaping;
+use crate::spawn::Child;
+use htc_core::spawn_loop::Exit;
+
+/// epoll tokens; every other token is a slot whose task's pidfd fired.
+const WAKE: u64 = u64::MAX;
+const SIGNAL: u64 = u64::MAX - 1;
+/// In the fallback, the first and the longest wait for an exit that SIGCHLD may not announce.
+const SCAN_FIRST: Duration = Duration::from_millis(1);
+const SCAN_MAX: Duration = Duration::from_millis(64);
+
+pub(super) struct Reaper {
+    mode: Reaping,
+    epoll: OwnedFd,
+    /// SIGCHLD of the fallback.
+    sigfd: Option<OwnedFd>,
+    /// Each running task's process, by its first slot.
+    procs: Vec<Option<Proc>>,
+    /// Children without a pidfd: while there are any, the fallback's scan and timer run.
+    unwatched: usize,
+    scan_wait: Duration,
+    /// Slots whose pidfds the last epoll_wait reported.
+    ready: Vec<usize>,
+    /// Pidfds of reaped children, closed once the freed slots have their next tasks, so that
+    /// tearing them down (a pidfs inode each) is not on the way from an exit to the next spawn.
+    closing: Vec<OwnedFd>,
+    /// Ended tasks whose groups are killed at the time given (`linger`): their zombies are
+    /// held, by pidfd, until then, so the group's id cannot be reused meanwhile.
+    lingering: VecDeque<(Instant, libc::pid_t, OwnedFd)>,
+    linger: Duration,
+    /// "No pidfd" lines, at most one a minute (out of descriptors, every spawn would log).
+    pidfd_log: crate::throttle::Throttle,
+    agent: u32,
+}
+
+struct Proc {
+    pid: libc::pid_t,
+    /// None when the child is found by the fallback's scan instead.
+    pidfd: Option<OwnedFd>,
+}
+
+impl Reaper {
+    pub(super) fn new(mode: Reaping, slots: usize, linger: Duration, agent: u32) -> io::Result<Reaper> {
+        // SAFETY: epoll_create1 takes no pointers; the result is checked below.
+        let epoll = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if epoll < 0 {
+            return Err(io::Error::last_os_error());
         }
-        let fd = match pidfd {
+        // SAFETY: a descriptor epoll_create1 just opened, owned by nothing else.
+        let epoll = unsafe { OwnedFd::from_raw_fd(epoll) };
+        let sigfd = if mode == Reaping::ThreadChildren {
+            // SAFETY: the set is a local sigset_t (all zeroes is a valid value before
+            // sigemptyset) that outlives the calls; signalfd(-1) makes a new descriptor and
+            // keeps no pointer to it.
+            let fd = unsafe {
+                let mut set: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut set);
+                libc::sigaddset(&mut set, libc::SIGCHLD);
+                libc::signalfd(-1, &set, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK)
+            };
+            if fd < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // SAFETY: a descriptor signalfd just opened, owned by nothing else.
+            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+            epoll_add(&epoll, fd.as_raw_fd(), SIGNAL)?;
+            Some(fd)
+        } else {
+            None
+        };
+        Ok(Reaper {
+            mode,
+            epoll,
+            sigfd,
+            procs: (0..slots).map(|_| None).collect(),
+            unwatched: 0,
+            scan_wait: SCAN_FIRST,
+            ready: Vec::new(),
+            closing: Vec::new(),
+            lingering: VecDeque::new(),
+            linger,
+            pidfd_log: crate::throttle::Throttle::new(Duration::from_secs(60)),
+            agent,
+        })
+    }
+
+    /// The eventfd that wakes the loop for commands, in the epoll set.
+    pub(super) fn add_wake(&self, wake: &OwnedFd) -> io::Result<()> {
+        epoll_add(&self.epoll, wake.as_raw_fd(), WAKE)
+    }
+
+    /// The task in `slot` runs as `child`: its pidfd (the one its clone gave, else a new one) in
+    /// the epoll set, or left to the fallback's scan.
+    pub(super) fn watch(&mut self, slot: usize, child: Child) {
+        let pidfd = if self.mode == Reaping::Pidfd { self.pidfd_of(slot, child.pid, child.pidfd) } else { None };
+        if pidfd.is_none() {
+            self.unwatched += 1;
+            self.scan_wait = SCAN_FIRST;
+        }
+        self.procs[slot] = Some(Proc { pid: child.pid, pidfd });
+    }
+
+    fn pidfd_of(&mut self, slot: usize, pid: libc::pid_t, given: Option<OwnedFd>) -> Option<OwnedFd> {
+        let fd = match given {
             Some(fd) => Ok(fd),
             None => pidfd_open(pid),
         };
-        let r = fd.and_then(|fd| epoll_watch(&self.epoll, fd.as_raw_fd(), pid, libc::EPOLL_CTL_ADD).map(|()| fd));
-        match r {
+        match fd.and_then(|fd| epoll_watch(&self.epoll, fd.as_raw_fd(), slot, libc::EPOLL_CTL_ADD).map(|()| fd)) {
             Ok(fd) => Some(fd),
             Err(e) => {
                 if let Some(more) = self.pidfd_log.allow(Instant::now()) {
-                    tracing::warn!(agent = self.cfg.agent, pid, error = %e, not_logged = more, "no pidfd for a task; it is reaped by polling");
+                    tracing::warn!(agent = self.agent, pid, error = %e, not_logged = more, "no pidfd for a task; it is reaped by polling");
                 }
                 None
             }
         }
     }
 
+    /// Sends `signal` to the process group of the task in `slot`.
+    pub(super) fn signal(&self, slot: usize, signal: libc::c_int) {
+        let Some(p) = self.procs.get(slot).and_then(Option::as_ref) else { return };
+        // SAFETY: kill takes no pointers. The task is in `procs`, so not reaped yet: its pid,
+        // the id of the group it leads, cannot have been reused.
+        unsafe { libc::kill(-p.pid, signal) };
+    }
+
+    /// The tasks whose processes ended since last asked, by slot, with how.
+    pub(super) fn reap(&mut self, ended: &mut Vec<(usize, Exit)>) {
+        self.reap_ready(ended);
+        self.reap_unwatched(ended);
+    }
+
     /// Finishes the children whose pidfds became readable.
-    pub(super) fn reap_ready(&mut self) {
+    fn reap_ready(&mut self, ended: &mut Vec<(usize, Exit)>) {
         let mut ready = std::mem::take(&mut self.ready);
-        for &pid in &ready {
-            let Some(fd) = self.running.get(&pid).and_then(|r| r.pidfd.as_ref()) else { continue };
+        for &slot in &ready {
+            let Some(fd) = self.procs[slot].as_ref().and_then(|p| p.pidfd.as_ref()) else { continue };
             let options = libc::WEXITED | libc::WNOHANG | libc::WNOWAIT;
             match wait_info(libc::P_PIDFD, fd.as_raw_fd() as libc::id_t, options) {
                 // SAFETY: waitid filled the SIGCHLD fields of info.
                 Ok(info) if unsafe { info.si_pid() } == 0 => {
                     // Not gone after all: watch it again (the watch fires once).
-                    let _ = epoll_watch(&self.epoll, fd.as_raw_fd(), pid, libc::EPOLL_CTL_MOD);
+                    let _ = epoll_watch(&self.epoll, fd.as_raw_fd(), slot, libc::EPOLL_CTL_MOD);
                 }
-                Ok(_) => self.finish(pid, None),
-                Err(e) => self.finish(pid, Some(e)),
+                Ok(_) => ended.push((slot, self.finish(slot, None))),
+                Err(e) => ended.push((slot, self.finish(slot, Some(e)))),
             }
         }
         ready.clear();
@@ -49,7 +162,7 @@ impl Executor {
 
     /// Finishes every exited child of this thread, while any child lacks a pidfd. `__WNOTHREAD`
     /// leaves the children of every other thread (another executor's above all) to their owners.
-    pub(super) fn reap_unwatched(&mut self) {
+    fn reap_unwatched(&mut self, ended: &mut Vec<(usize, Exit)>) {
         while self.unwatched > 0 {
             let options = libc::WEXITED | libc::WNOHANG | libc::WNOWAIT | libc::__WNOTHREAD;
             let Ok(info) = wait_info(libc::P_ALL, 0, options) else { return };
@@ -58,79 +171,55 @@ impl Executor {
             if pid == 0 {
                 return;
             }
-            self.finish(pid, None);
+            match self.procs.iter().position(|p| p.as_ref().is_some_and(|p| p.pid == pid)) {
+                Some(slot) => ended.push((slot, self.finish(slot, None))),
+                // Not a task's (cannot be: only this thread spawns): released all the same, so
+                // the scan does not find it again.
+                None => {
+                    let _ = wait_info(libc::P_PID, pid as libc::id_t, libc::WEXITED);
+                }
+            }
         }
     }
 
-    /// Records the end of child `pid`, an unreaped zombie; or, with `lost`, a child that some
+    /// How the task in `slot`, an unreaped zombie, ended; or, with `lost`, a child that some
     /// other code of this process reaped. The group is killed before the zombie is released, so
     /// nothing the task left behind outlives it and the group id cannot have been reused.
-    pub(super) fn finish(&mut self, pid: libc::pid_t, lost: Option<io::Error>) {
-        let mut r = self.running.remove(&pid);
-        let linger = !self.cfg.linger.is_zero() && r.as_ref().is_some_and(|r| r.pidfd.is_some());
+    fn finish(&mut self, slot: usize, lost: Option<io::Error>) -> Exit {
+        let mut p = self.procs[slot].take().expect("a running task's process");
+        let pid = p.pid;
+        let linger = !self.linger.is_zero() && p.pidfd.is_some();
         let status = match lost {
             // Its status read, the zombie kept: the group is killed and the zombie released later.
             None if linger => {
-                let fd = r.as_mut().and_then(|r| r.pidfd.take()).expect("a pidfd, looked at above");
+                let fd = p.pidfd.take().expect("a pidfd, looked at above");
                 let status = wait_info(libc::P_PIDFD, fd.as_raw_fd() as libc::id_t, libc::WEXITED | libc::WNOWAIT);
-                self.lingering.push_back((Instant::now() + self.cfg.linger, pid, fd));
+                self.lingering.push_back((Instant::now() + self.linger, pid, fd));
                 status
             }
             None => {
                 // SAFETY: kill takes no pointers; pid is our exited child, not reaped until below,
                 // so the id of the group it led cannot have been reused.
                 unsafe { libc::kill(-pid, libc::SIGKILL) };
-                match r.as_ref().and_then(|r| r.pidfd.as_ref()) {
+                match &p.pidfd {
                     Some(fd) => wait_info(libc::P_PIDFD, fd.as_raw_fd() as libc::id_t, libc::WEXITED),
                     None => wait_info(libc::P_PID, pid as libc::id_t, libc::WEXITED),
                 }
             }
             Some(e) => Err(e),
         };
-        let Some(mut r) = r else { return };
-        self.preemptible_running -= r.task.shape.preemptible as usize;
-        if let Some(before) = r.oom_kills_before {
-            // The kernel's kill usually ends the task before the next look. Read even when the
-            // watch killed it, so the next task in the slot starts from the count as it is.
-            let oom = self.cgroup_oom(r.slots[0], before);
-            r.oom_mb = r.oom_mb.or(oom);
-        }
-        match r.pidfd.take() {
+        match p.pidfd.take() {
             Some(fd) => self.closing.push(fd),
             None if linger => {}
             None => self.unwatched -= 1,
         }
-        let end_us = now_us();
-        let (outcome, value) = match status {
-            Ok(info) => {
-                // SAFETY: waitid filled the SIGCHLD fields of info.
-                let v = unsafe { info.si_status() };
-                slots::ending(r.oom_mb, r.preempted, r.timed_out, info.si_code == libc::CLD_EXITED, v)
-            }
-            Err(e) => {
-                tracing::warn!(agent = self.cfg.agent, task = r.task.id, pid, error = %e, "exit status lost: the task was reaped by someone else");
-                (Outcome::Lost, e.raw_os_error().unwrap_or(0))
-            }
-        };
-        match self.cfg.output {
-            OutputMode::Streams => self.store_capture(&r),
-            OutputMode::PerTask if r.task.shape.max_output > 0 => self.cut_per_task(&r),
-            _ => {}
+        match status {
+            // SAFETY: waitid filled the SIGCHLD fields of info.
+            Ok(info) if info.si_code == libc::CLD_EXITED => Exit::Exited(unsafe { info.si_status() }),
+            // SAFETY: as above.
+            Ok(info) => Exit::Signaled(unsafe { info.si_status() }),
+            Err(e) => Exit::Lost(e.raw_os_error().unwrap_or(0)),
         }
-        self.release(&r.task, &r.slots);
-        if outcome != Outcome::Exited || value != 0 {
-            if let Some(full) = self.disk_full() {
-                // Not the task's fault: its end is not reported, so it runs again on resume
-                // without using up a retry.
-                self.fault.get_or_insert(full);
-                return;
-            }
-        }
-        self.events.push(ExecEvent::Finished(Finished {
-            id: r.task.id,
-            attempt: r.task.attempt,
-            ended: Ended::new(outcome, value, r.start_us, end_us),
-        }));
     }
 
     /// Kills the groups of ended tasks whose time to linger is up (`all`: every one, as the loop
@@ -146,4 +235,82 @@ impl Executor {
             self.closing.push(fd);
         }
     }
+
+    /// Closes the pidfds of reaped children. Closed without taking them out of the epoll set:
+    /// their watches have fired and fire no more, even while a child another thread is
+    /// spawning holds a copy until its exec.
+    pub(super) fn close_reaped(&mut self) {
+        self.closing.clear();
+    }
+
+    /// The longest the loop may sleep, at most `limit`: the fallback's scan, a group to kill.
+    pub(super) fn wait_at_most(&self, mut limit: Duration) -> Duration {
+        if self.unwatched > 0 {
+            limit = limit.min(self.scan_wait);
+        }
+        if let Some((t, ..)) = self.lingering.front() {
+            limit = limit.min(t.saturating_duration_since(Instant::now()));
+        }
+        limit
+    }
+
+    /// Sleeps until a child ends, `wake` is written, or `timeout` passes.
+    pub(super) fn wait(&mut self, timeout: Duration, wake: &OwnedFd) {
+        let mut events = [libc::epoll_event { events: 0, u64: 0 }; 64];
+        // SAFETY: the kernel writes at most `events.len()` entries into `events`, which this
+        // thread owns for the call; the epoll descriptor is ours and open.
+        let n = unsafe {
+            libc::epoll_wait(
+                self.epoll.as_raw_fd(),
+                events.as_mut_ptr(),
+                events.len() as i32,
+                timeout.as_millis().max(1) as i32,
+            )
+        };
+        let mut buf = [0u8; 8 * 128];
+        for e in &events[..n.max(0) as usize] {
+            match e.u64 {
+                // SAFETY: reads 8 bytes (an eventfd's counter) into the local buffer of 1024,
+                // from the nonblocking eventfd `wake` owns.
+                WAKE => unsafe {
+                    libc::read(wake.as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_void, 8);
+                },
+                SIGNAL => {
+                    if let Some(fd) = &self.sigfd {
+                        // SAFETY: reads at most `buf.len()` bytes into the local buffer, from
+                        // the nonblocking signalfd `self.sigfd` owns; drained until empty.
+                        while unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_void, buf.len()) }
+                            > 0
+                        {}
+                    }
+                }
+                slot => self.ready.push(slot as usize),
+            }
+        }
+        if n == 0 && self.unwatched > 0 {
+            // Nothing announced itself for a whole wait: most likely nothing ended, so wait
+            // longer; a spawn starts again from the shortest wait.
+            self.scan_wait = (self.scan_wait * 2).min(SCAN_MAX);
+        }
+    }
+}
+
+/// A child's pidfd in the epoll set (`op`: add, or re-arm) under its slot, reported once: when
+/// it has exited.
+fn epoll_watch(epoll: &OwnedFd, fd: RawFd, slot: usize, op: libc::c_int) -> io::Result<()> {
+    let mut ev = libc::epoll_event { events: (libc::EPOLLIN | libc::EPOLLONESHOT) as u32, u64: slot as u64 };
+    // SAFETY: both descriptors are open; ev is a valid event.
+    if unsafe { libc::epoll_ctl(epoll.as_raw_fd(), op, fd, &mut ev) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn epoll_add(epoll: &OwnedFd, fd: RawFd, token: u64) -> io::Result<()> {
+    let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: token };
+    // SAFETY: both descriptors are open; ev is a valid event.
+    if unsafe { libc::epoll_ctl(epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }

@@ -1,9 +1,17 @@
-//! Starting a task: its program resolved on PATH, its CPUs bound, its environment and output
-//! descriptors made, the child cloned and watched; or its spawn failure reported.
+//! Starting a task: its program resolved on PATH, its CPUs bound, its environment made, its
+//! memory cgroup set up, and the child cloned; or why it could not start.
 
-use super::*;
-use crate::spawn::{Child, IntoError};
-use std::ffi::CStr;
+use std::collections::HashMap;
+use std::ffi::{CStr, CString, OsStr};
+use std::fs;
+use std::io;
+use std::os::fd::RawFd;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+
+use super::memory::Memory;
+use super::{ExecConfig, TaskToRun};
+use crate::gpu::Device;
+use crate::spawn::{Child, IntoError, Spawner};
 
 /// What a spawn starts: the program, its argv and environment (NULL-terminated), and where its
 /// stdout and stderr go.
@@ -15,8 +23,69 @@ pub(super) struct Program<'a> {
     err: RawFd,
 }
 
-impl Executor {
-    pub(super) fn resolve(&mut self, prog: &[u8]) -> Option<CString> {
+/// A task's program and its words, found before anything else is made for it.
+pub(super) type CommandLine = (CString, Vec<CString>);
+
+/// How a loop starts its tasks' processes.
+pub(super) struct Launcher {
+    /// The tasks' base environment, without what is each task's own.
+    env: Vec<CString>,
+    path_dirs: Vec<Vec<u8>>,
+    /// Programs found on the PATH.
+    resolved: HashMap<Vec<u8>, Option<CString>>,
+    binding: Binding,
+    spawner: Spawner,
+    pub(super) memory: Memory,
+    job_id: String,
+    agent: u32,
+    /// The agent has GPUs: every task is told which (none, unless it asked).
+    gpu_env: bool,
+}
+
+/// Where the spawning thread (and so its next child) may run.
+struct Binding {
+    /// CPU of each slot; empty: no binding.
+    cpus: Vec<usize>,
+    /// The mask set last, if any.
+    bound: Option<Vec<usize>>,
+    /// The CPUs the thread may use when it binds nothing.
+    unbound: Vec<usize>,
+}
+
+impl Launcher {
+    pub(super) fn new(cfg: &ExecConfig, pidfds: bool) -> io::Result<Launcher> {
+        let mut env = Vec::new();
+        let mut path = b"/usr/local/bin:/usr/bin:/bin".to_vec();
+        for (k, v) in &cfg.env {
+            if super::is_private_var(k.as_bytes()) || k.as_bytes().contains(&b'=') {
+                continue;
+            }
+            if k == "PATH" {
+                path = v.as_bytes().to_vec();
+            }
+            let mut kv = k.clone().into_vec();
+            kv.push(b'=');
+            kv.extend_from_slice(v.as_bytes());
+            if let Ok(c) = CString::new(kv) {
+                env.push(c);
+            }
+        }
+        let path_dirs =
+            path.split(|&b| b == b':').map(|d| if d.is_empty() { b".".to_vec() } else { d.to_vec() }).collect();
+        Ok(Launcher {
+            env,
+            path_dirs,
+            resolved: HashMap::new(),
+            binding: Binding { cpus: cfg.cpus.clone(), bound: None, unbound: super::allowed_cpus() },
+            spawner: Spawner::new(pidfds)?,
+            memory: Memory::new(cfg.memcg.clone(), cfg.slots, cfg.job_id.clone(), cfg.first_slot),
+            job_id: cfg.job_id.clone(),
+            agent: cfg.agent,
+            gpu_env: !cfg.gpus.is_empty(),
+        })
+    }
+
+    fn resolve(&mut self, prog: &[u8]) -> Option<CString> {
         if prog.contains(&b'/') {
             return CString::new(prog).ok();
         }
@@ -30,7 +99,7 @@ impl Executor {
             let c = CString::new(p).ok()?;
             // SAFETY: c is a valid NUL-terminated path.
             let ok = unsafe { libc::access(c.as_ptr(), libc::X_OK) } == 0;
-            let is_file = fs::metadata(std::ffi::OsStr::from_bytes(c.as_bytes())).map(|m| m.is_file()).unwrap_or(false);
+            let is_file = fs::metadata(OsStr::from_bytes(c.as_bytes())).map(|m| m.is_file()).unwrap_or(false);
             (ok && is_file).then_some(c)
         });
         // Only hits are cached: a miss may be a passing filesystem hiccup (NFS), not a fact.
@@ -42,15 +111,17 @@ impl Executor {
 
     /// Binds the spawning thread (and so the next child) to the slots' CPUs, or to `near` (the
     /// CPUs nearest the task's GPUs) when known.
-    pub(super) fn bind(&mut self, slots: &[usize], near: Option<Vec<usize>>) {
+    fn bind(&mut self, slots: &[usize], near: Option<Vec<usize>>) {
         let cpus: Vec<usize> = match near {
             Some(c) => c,
-            None if self.binding => slots.iter().map(|&s| self.cfg.cpus[s % self.cfg.cpus.len()]).collect(),
+            None if !self.binding.cpus.is_empty() => {
+                slots.iter().map(|&s| self.binding.cpus[s % self.binding.cpus.len()]).collect()
+            }
             // Not binding, but a GPU task was bound: back to the CPUs the thread started with.
-            None if self.bound_mask.is_some() => self.unbound.clone(),
+            None if self.binding.bound.is_some() => self.binding.unbound.clone(),
             None => return,
         };
-        if self.bound_mask.as_deref() == Some(&cpus[..]) {
+        if self.binding.bound.as_deref() == Some(&cpus[..]) {
             return;
         }
         // SAFETY: cpu_set_t is plain data; CPU_SET bounds are checked against CPU_SETSIZE.
@@ -64,25 +135,29 @@ impl Executor {
             libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
         };
         if rc != 0 {
-            tracing::warn!(agent = self.cfg.agent, error = %io::Error::last_os_error(), "CPU binding not possible here; tasks run unbound");
-            self.binding = false;
-            self.bound_mask = None;
+            tracing::warn!(agent = self.agent, error = %io::Error::last_os_error(), "CPU binding not possible here; tasks run unbound");
+            self.binding.cpus.clear();
+            self.binding.bound = None;
         } else {
-            self.bound_mask = Some(cpus);
+            self.binding.bound = Some(cpus);
         }
     }
 
-    pub(super) fn spawn(&mut self, t: TaskToRun, slots: Vec<usize>, devices: Vec<crate::gpu::Device>) {
+    /// Starts `t` in `slots` (first slot first) with `devices`, its stdout and stderr on
+    /// `fds`: its child, or why not (an errno and a line for its stderr).
+    pub(super) fn spawn(
+        &mut self,
+        t: &TaskToRun,
+        slots: &[usize],
+        devices: &[Device],
+        (prog, argv_owned): &CommandLine,
+        (out, err): (RawFd, RawFd),
+    ) -> Result<Child, (i32, String)> {
         let slot = slots[0];
-        let start_us = now_us();
-        let (prog, argv_owned) = match self.command_line(&t) {
-            Ok(c) => c,
-            Err((errno, msg)) => return self.spawn_failed(t, slots, start_us, errno, msg),
-        };
         let mut argv: Vec<*const libc::c_char> = argv_owned.iter().map(|a| a.as_ptr()).collect();
         argv.push(std::ptr::null());
-        let extra = self.task_env(&t, slots.len(), &devices);
-        let gpu_env = !self.cfg.gpus.is_empty();
+        let extra = self.task_env(t, slots.len(), devices);
+        let gpu_env = self.gpu_env;
         let mut envp: Vec<*const libc::c_char> = Vec::with_capacity(self.env.len() + extra.len() + 1);
         envp.extend(
             self.env
@@ -92,39 +167,31 @@ impl Executor {
         );
         envp.extend(extra.iter().map(|e| e.as_ptr()));
         envp.push(std::ptr::null());
-        let (out_fd, err_fd, per_task) = match self.output_fds(&t, slot) {
-            Ok(fds) => fds,
-            Err((errno, msg)) => return self.spawn_failed(t, slots, start_us, errno, msg),
-        };
-
-        self.bind(&slots, crate::gpu::nearest_cpus(&devices));
-        let oom_kills_before = self.limit_memory(slot, t.shape.mem_mb);
-        let what = Program { prog: &prog, argv: &argv, envp: &envp, out: out_fd, err: err_fd };
-        let (spawned, inside) = match oom_kills_before.and_then(|_| self.born_into(slot)) {
+        self.bind(slots, crate::gpu::nearest_cpus(devices));
+        let prepared = self.memory.prepare(slot, t.shape.mem_mb);
+        let what = Program { prog, argv: &argv, envp: &envp, out, err };
+        let into = prepared.kills_before.and_then(|_| self.memory.born_into(slot));
+        let (spawned, inside) = match into {
             Some(handle) => {
                 match self.spawner.spawn_into(what.prog, what.argv, what.envp, what.out, what.err, handle) {
                     Ok(c) => (Ok(c), true),
                     Err(IntoError::Failed(errno)) => (Err(errno), true),
                     Err(IntoError::Refused(errno)) => {
-                        self.refused_into(errno);
-                        self.spawn_moved(slot, oom_kills_before, &what)
+                        self.memory.refused_into(errno);
+                        self.spawn_moved(slot, prepared.kills_before, &what)
                     }
                 }
             }
-            None => self.spawn_moved(slot, oom_kills_before, &what),
+            None => self.spawn_moved(slot, prepared.kills_before, &what),
         };
-        let v1 = self.cfg.memcg.as_ref().is_some_and(|r| r.version() == crate::memcg::Version::V1);
-        // Not born in its cgroup (v1): the watch enforces its mem= instead.
-        let oom_kills_before = oom_kills_before.filter(|_| inside || !v1);
-        drop(per_task);
         match spawned {
-            Ok(crate::spawn::Child { pid, pidfd }) => {
-                self.started(t, slots, start_us, pid, pidfd, (oom_kills_before, inside))
+            Ok(child) => {
+                self.memory.started(slot, child.pid, t.shape.mem_mb, &prepared, inside);
+                Ok(child)
             }
             Err(errno) => {
                 let name = String::from_utf8_lossy(prog.as_bytes()).into_owned();
-                let msg = format!("htc: {name}: {}\n", io::Error::from_raw_os_error(errno));
-                self.spawn_failed(t, slots, start_us, errno, msg)
+                Err((errno, format!("htc: {name}: {}\n", io::Error::from_raw_os_error(errno))))
             }
         }
     }
@@ -138,17 +205,16 @@ impl Executor {
         oom_kills_before: Option<u64>,
         what: &Program,
     ) -> (Result<Child, i32>, bool) {
-        let wrapper = oom_kills_before.and(self.cgroup_wrapper(slot));
+        let wrapper = oom_kills_before.and(self.memory.wrapper(slot));
         let wrapped = wrapper.as_ref().map(|w| w.argv(what.argv));
         let (prog, argv) = match &wrapped {
             Some(argv) => (c"/bin/sh", &argv[..]),
             None => (what.prog, what.argv),
         };
-        let v1 = self.cfg.memcg.as_ref().is_some_and(|r| r.version() == crate::memcg::Version::V1);
-        let inside = v1 && oom_kills_before.is_some() && self.enter_cgroup(slot);
+        let inside = oom_kills_before.is_some() && self.memory.enter(slot);
         let spawned = self.spawner.spawn(prog, argv, what.envp, what.out, what.err);
         if inside {
-            self.leave_cgroup(slot);
+            self.memory.leave(slot);
         }
         (spawned, inside)
     }
@@ -175,136 +241,20 @@ impl Executor {
 
     /// What a task finds in its environment besides the agent's: who it is, and on an agent
     /// with GPUs exactly its own devices (none unless it asked).
-    pub(super) fn task_env(&mut self, t: &TaskToRun, cores: usize, devices: &[crate::gpu::Device]) -> Vec<CString> {
+    fn task_env(&self, t: &TaskToRun, cores: usize, devices: &[crate::gpu::Device]) -> Vec<CString> {
         let mut extra = vec![
             CString::new(format!("HTC_TASK_ID={}", t.id)).unwrap(),
             CString::new(format!("HTC_ATTEMPT={}", t.attempt)).unwrap(),
             CString::new(format!("HTC_CORES={cores}")).unwrap(),
-            CString::new(format!("HTC_JOB_ID={}", self.cfg.job_id)).unwrap_or_default(),
-            CString::new(format!("HTC_AGENT={}", self.cfg.agent)).unwrap(),
+            CString::new(format!("HTC_JOB_ID={}", self.job_id)).unwrap_or_default(),
+            CString::new(format!("HTC_AGENT={}", self.agent)).unwrap(),
         ];
-        if !self.cfg.gpus.is_empty() {
+        if self.gpu_env {
             let ids = crate::gpu::visible(devices);
             for var in crate::gpu::VISIBLE_VARS {
                 extra.push(CString::new(format!("{var}={ids}")).unwrap_or_default());
             }
-            if !devices.is_empty() {
-                self.note_devices(t, &ids);
-            }
         }
         extra
-    }
-
-    /// Where the task's stdout and stderr go (with the files to keep open until it is spawned,
-    /// per-task mode); why not, as an errno and a line for its stderr.
-    #[allow(clippy::type_complexity)]
-    pub(super) fn output_fds(&mut self, t: &TaskToRun, slot: usize) -> Result<OutputFds, (i32, String)> {
-        match self.cfg.output {
-            OutputMode::PerTask => {
-                let open = |ext: &str| {
-                    OpenOptions::new()
-                        .write(true)
-                        .create(true)
-                        .truncate(true)
-                        .custom_flags(libc::O_CLOEXEC)
-                        .open(self.cfg.out_dir.join(format!("{}.{ext}", t.id)))
-                };
-                match (open("out"), open("err")) {
-                    (Ok(o), Ok(e)) => Ok((o.as_raw_fd(), e.as_raw_fd(), Some((o, e)))),
-                    (Err(e), _) | (_, Err(e)) => {
-                        Err((e.raw_os_error().unwrap_or(libc::EIO), format!("htc: cannot open output file: {e}\n")))
-                    }
-                }
-            }
-            OutputMode::Streams => {
-                if let Err((e, usable)) = self.renew_captures(slot) {
-                    if !usable {
-                        let errno = e.raw_os_error().unwrap_or(libc::EIO);
-                        return Err((errno, format!("htc: cannot make its output capture: {e}\n")));
-                    }
-                }
-                let Some((out, err)) = &self.slots[slot].capture else { unreachable!("streams mode has captures") };
-                Ok((out.task_fd(), err.task_fd(), None))
-            }
-            OutputMode::None => Ok((self.null.as_raw_fd(), self.null.as_raw_fd(), None)),
-        }
-    }
-
-    /// A task's process is running: its deadline, its watch, its slots.
-    pub(super) fn started(
-        &mut self,
-        t: TaskToRun,
-        slots: Vec<usize>,
-        start_us: u64,
-        pid: libc::pid_t,
-        pidfd: Option<OwnedFd>,
-        (oom_kills_before, born_in_cgroup): (Option<u64>, bool),
-    ) {
-        self.events.push(ExecEvent::Started { id: t.id, attempt: t.attempt, start_us });
-        self.serial += 1;
-        let serial = self.serial;
-        if t.shape.timeout_ms > 0 {
-            self.deadlines.limit(Instant::now() + Duration::from_millis(t.shape.timeout_ms as u64), pid, serial);
-        }
-        self.preemptible_running += t.shape.preemptible as usize;
-        let pidfd = self.watch(pid, pidfd);
-        if pidfd.is_none() {
-            self.unwatched += 1;
-            self.scan_wait = SCAN_FIRST;
-        }
-        let r = Running {
-            task: t,
-            slots,
-            start_us,
-            timed_out: false,
-            preempted: false,
-            oom_mb: None,
-            oom_kills_before,
-            born_in_cgroup,
-            kill_at: None,
-            serial,
-            pidfd,
-        };
-        self.running.insert(pid, r);
-    }
-
-    /// The task could not be started: the reason goes where its stderr would have gone, so
-    /// `htc output` shows it, and it ends as a spawn failure with `errno`.
-    pub(super) fn spawn_failed(&mut self, t: TaskToRun, slots: Vec<usize>, start_us: u64, errno: i32, msg: String) {
-        let slot = slots[0];
-        if self.cfg.output == OutputMode::Streams {
-            // The reason goes where its stderr would have gone, for `htc output`.
-            if let Ok(s) = self.streams(slot) {
-                let (out_off, (err_off, kept)) = (s.out_end, s.append_err(msg.as_bytes()));
-                self.write_index(&IndexEntry {
-                    id: t.id,
-                    attempt: t.attempt,
-                    slot: (self.cfg.first_slot + slot) as u32,
-                    out_off,
-                    out_len: 0,
-                    err_off,
-                    err_len: if kept { msg.len() as u64 } else { 0 },
-                    start_us,
-                    out_crc: 0,
-                    err_crc: if kept { crc32fast::hash(msg.as_bytes()) } else { 0 },
-                });
-            }
-        }
-        self.release(&t, &slots);
-        self.events.push(ExecEvent::Finished(Finished {
-            id: t.id,
-            attempt: t.attempt,
-            ended: Ended::new(Outcome::SpawnFailed, errno, start_us, now_us()),
-        }));
-    }
-
-    /// Notes which devices the task got in the spawner's `devices` file (`htc log` shows them).
-    pub(super) fn note_devices(&self, t: &TaskToRun, ids: &str) {
-        let line = format!("{}\t{}\t{ids}\n", t.id, t.attempt);
-        let path = self.cfg.out_dir.join(crate::output::devices_name(self.cfg.agent, self.cfg.spawner));
-        let w = OpenOptions::new().append(true).create(true).custom_flags(libc::O_CLOEXEC).open(&path);
-        if let Err(e) = w.and_then(|mut f| f.write_all(line.as_bytes())) {
-            tracing::warn!(agent = self.cfg.agent, task = t.id, error = %e, "its devices are not recorded");
-        }
     }
 }
