@@ -26,84 +26,31 @@
 //! costs: 1 ms after each spawn, backing off to 64 ms while nothing ends. A child whose
 //! `pidfd_open` alone fails (EMFILE) is covered the same way.
 
-use std::ffi::OsString;
-use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::path::PathBuf;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use crate::handoff::{Handoff, When};
-use crate::output::OutputMode;
 use htc_core::record::Outcome;
 use htc_core::spawn_loop::{Effect, Exit, SpawnLoop, Why};
 use htc_host::now_us;
 
 pub use htc_core::work::{recall_from, Command, ExecEvent, Finished, TaskToRun};
 
+mod config;
 mod memory;
 mod output;
 mod reaping;
 mod spawning;
 mod wait;
 
-use reaping::Reaper;
+pub use config::{ExecConfig, LINGER};
+pub use spawning::allowed_cpus;
+
+use reaping::{Reaper, Reaping};
 use spawning::Launcher;
-use wait::{pidfds_work, sigchld_ignored};
-
-/// A task's stdout and stderr descriptors, and (per-task output) the files that own them.
-type OutputFds = (RawFd, RawFd, Option<(File, File)>);
-
-#[derive(Debug, Clone)]
-pub struct ExecConfig {
-    pub job_id: String,
-    pub agent: u32,
-    /// CPU of each slot; empty means no binding. Its length is the number of slots otherwise.
-    pub cpus: Vec<usize>,
-    pub slots: usize,
-    pub out_dir: PathBuf,
-    pub output: OutputMode,
-    /// The tasks' base environment (HTC_* are added per task).
-    pub env: Vec<(OsString, OsString)>,
-    /// Time between SIGTERM and SIGKILL for a task that timed out or is aborted.
-    pub kill_grace: Duration,
-    /// This executor's place among the agent's spawners: its slots are numbered from
-    /// `first_slot` in the output directory they share, and it keeps its own index file.
-    pub spawner: usize,
-    pub first_slot: usize,
-    /// The agent's GPUs, shared by its spawn loops.
-    pub gpus: crate::gpu::Pool,
-    /// Where slots get memory cgroups for tasks with `mem=`; None: the RSS watch enforces it.
-    pub memcg: Option<std::sync::Arc<crate::memcg::Root>>,
-    /// How long a task's process group outlives the task before it is killed (`--keep-daemons`:
-    /// `LINGER`), so that a daemon on its way out of it (`setsid server &` as a task's last
-    /// command) gets out; zero: at the task's end.
-    pub linger: Duration,
-    /// This loop's results journal (`crate::results`): every start and end it reports is
-    /// written there first. None: not kept (tests of the loop alone).
-    pub results: Option<PathBuf>,
-}
-
-/// Time for a daemon that a task started as it ended to leave the task's process group: `setsid`
-/// is a fork and an exec away (10 of 10 left within 200 ms here, 3 of 10 with no wait at all).
-pub const LINGER: Duration = Duration::from_millis(500);
-
-impl ExecConfig {
-    /// The index of output records, one per spawner in the agent's output directory.
-    pub fn index_name(&self) -> String {
-        index_name(self.spawner)
-    }
-}
-
-/// `index` for the first spawner, `index.N` for the others (`output::index_files` finds them).
-fn index_name(spawner: usize) -> String {
-    if spawner == 0 {
-        "index".into()
-    } else {
-        format!("index.{spawner}")
-    }
-}
+use wait::sigchld_ignored;
 
 /// The network side's handle: commands go through a channel, and an eventfd wakes the real
 /// executor's thread (the simulated ones wait on the channel itself).
@@ -123,27 +70,6 @@ impl Handle {
             let one: u64 = 1;
             // SAFETY: writing 8 bytes from a live u64 to an eventfd we own.
             unsafe { libc::write(wake.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8) };
-        }
-    }
-}
-
-/// How the executor learns that its children ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Reaping {
-    /// A pidfd per child in the epoll set.
-    Pidfd,
-    /// No pidfds (old kernel): SIGCHLD through a signalfd, a short timer, `__WNOTHREAD` waits.
-    ThreadChildren,
-}
-
-impl Reaping {
-    fn detect() -> Reaping {
-        match pidfds_work() {
-            Ok(()) => Reaping::Pidfd,
-            Err(e) => {
-                tracing::warn!(error = %e, "no pidfds (Linux >= 5.4 needed): executor falls back to SIGCHLD and a short timer");
-                Reaping::ThreadChildren
-            }
         }
     }
 }
@@ -441,37 +367,14 @@ fn needs_answer(e: &ExecEvent) -> bool {
     matches!(e, ExecEvent::Recalled { .. } | ExecEvent::Reset)
 }
 
-/// Variables a task must not inherit from its agent: the per-task HTC_* set (added fresh),
-/// the agent's own log filter, and the PMI channel of the agents' srun step (its fd is not the
-/// task's, and an MPI program started as a task would try to use it).
-fn is_private_var(k: &[u8]) -> bool {
-    const RESERVED: &[&[u8]] = &[b"HTC_TASK_ID", b"HTC_JOB_ID", b"HTC_ATTEMPT", b"HTC_CORES", b"HTC_AGENT", b"HTC_LOG"];
-    RESERVED.contains(&k) || k.starts_with(b"PMI_") || k.starts_with(b"PMIX_")
-}
-
-fn end_of(fd: RawFd) -> u64 {
-    // SAFETY: lseek on a valid fd; -1 maps to 0.
-    let off = unsafe { libc::lseek(fd, 0, libc::SEEK_END) };
-    off.max(0) as u64
-}
-
-/// CPUs this process may run on, in order.
-pub fn allowed_cpus() -> Vec<usize> {
-    // SAFETY: sched_getaffinity fills a zeroed cpu_set_t.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
-            return (0..std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)).collect();
-        }
-        (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect()
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use super::wait::pidfds_work;
     use super::*;
+    use crate::output::OutputMode;
     use std::collections::HashSet;
     use std::fs;
+    use std::path::PathBuf;
 
     fn config(slots: usize, name: &str) -> (ExecConfig, PathBuf) {
         let dir = std::env::temp_dir().join(format!("htc-exec-test-{}-{name}", std::process::id()));

@@ -4,15 +4,19 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufWriter, Write};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use super::{end_of, ExecConfig, ExecEvent, OutputFds, TaskToRun};
+use super::config::{index_name, ExecConfig};
 use crate::capture::{Capture, Scratch};
 use crate::output::{IndexEntry, OutputMode};
 use htc_core::spawn_loop::Run;
+use htc_core::work::{ExecEvent, TaskToRun};
+
+/// A task's stdout and stderr descriptors, and (per-task output) the files that own them.
+pub(super) type OutputFds = (RawFd, RawFd, Option<(File, File)>);
 
 /// Free space is looked at this often while plentiful, and before every report once below `SPACE_LOW`.
 const SPACE_CHECK_EVERY: Duration = Duration::from_secs(2);
@@ -311,7 +315,7 @@ impl Store {
     /// Adds an entry to the output index, made with its first entry.
     fn write_index(&mut self, entry: &IndexEntry) {
         if self.index.is_none() {
-            match crate::output::open_index(&self.dir.join(super::index_name(self.spawner))) {
+            match crate::output::open_index(&self.dir.join(index_name(self.spawner))) {
                 Ok(f) => self.index = Some(BufWriter::with_capacity(64 << 10, f)),
                 Err(e) => {
                     let e = self.storage_error("making the output index", e);
@@ -344,7 +348,7 @@ impl Store {
     }
 
     fn storage_error(&self, what: &str, e: io::Error) -> io::Error {
-        let path = self.dir.join(super::index_name(self.spawner));
+        let path = self.dir.join(index_name(self.spawner));
         io::Error::new(e.kind(), format!("{what} {}: {e}", path.display()))
     }
 
@@ -401,4 +405,10 @@ impl Store {
         self.space_low = free < SPACE_LOW;
         self.disk_full()
     }
+}
+
+fn end_of(fd: RawFd) -> u64 {
+    // SAFETY: lseek on a valid fd; -1 maps to 0.
+    let off = unsafe { libc::lseek(fd, 0, libc::SEEK_END) };
+    off.max(0) as u64
 }

@@ -7,8 +7,7 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
-use super::wait::{pidfd_open, wait_info};
-use super::Reaping;
+use super::wait::{pidfd_open, pidfds_work, wait_info};
 use crate::spawn::Child;
 use htc_core::spawn_loop::Exit;
 
@@ -18,6 +17,27 @@ const SIGNAL: u64 = u64::MAX - 1;
 /// In the fallback, the first and the longest wait for an exit that SIGCHLD may not announce.
 const SCAN_FIRST: Duration = Duration::from_millis(1);
 const SCAN_MAX: Duration = Duration::from_millis(64);
+
+/// How the executor learns that its children ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Reaping {
+    /// A pidfd per child in the epoll set.
+    Pidfd,
+    /// No pidfds (old kernel): SIGCHLD through a signalfd, a short timer, `__WNOTHREAD` waits.
+    ThreadChildren,
+}
+
+impl Reaping {
+    pub(super) fn detect() -> Reaping {
+        match pidfds_work() {
+            Ok(()) => Reaping::Pidfd,
+            Err(e) => {
+                tracing::warn!(error = %e, "no pidfds (Linux >= 5.4 needed): executor falls back to SIGCHLD and a short timer");
+                Reaping::ThreadChildren
+            }
+        }
+    }
+}
 
 pub(super) struct Reaper {
     mode: Reaping,

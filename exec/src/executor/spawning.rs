@@ -8,10 +8,11 @@ use std::io;
 use std::os::fd::RawFd;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 
+use super::config::ExecConfig;
 use super::memory::Memory;
-use super::{ExecConfig, TaskToRun};
 use crate::gpu::Device;
 use crate::spawn::{Child, IntoError, Spawner};
+use htc_core::work::TaskToRun;
 
 /// What a spawn starts: the program, its argv and environment (NULL-terminated), and where its
 /// stdout and stderr go.
@@ -57,7 +58,7 @@ impl Launcher {
         let mut env = Vec::new();
         let mut path = b"/usr/local/bin:/usr/bin:/bin".to_vec();
         for (k, v) in &cfg.env {
-            if super::is_private_var(k.as_bytes()) || k.as_bytes().contains(&b'=') {
+            if is_private_var(k.as_bytes()) || k.as_bytes().contains(&b'=') {
                 continue;
             }
             if k == "PATH" {
@@ -76,7 +77,7 @@ impl Launcher {
             env,
             path_dirs,
             resolved: HashMap::new(),
-            binding: Binding { cpus: cfg.cpus.clone(), bound: None, unbound: super::allowed_cpus() },
+            binding: Binding { cpus: cfg.cpus.clone(), bound: None, unbound: allowed_cpus() },
             spawner: Spawner::new(pidfds)?,
             memory: Memory::new(cfg.memcg.clone(), cfg.slots, cfg.job_id.clone(), cfg.first_slot),
             job_id: cfg.job_id.clone(),
@@ -256,5 +257,25 @@ impl Launcher {
             }
         }
         extra
+    }
+}
+
+/// Variables a task must not inherit from its agent: the per-task HTC_* set (added fresh),
+/// the agent's own log filter, and the PMI channel of the agents' srun step (its fd is not the
+/// task's, and an MPI program started as a task would try to use it).
+fn is_private_var(k: &[u8]) -> bool {
+    const RESERVED: &[&[u8]] = &[b"HTC_TASK_ID", b"HTC_JOB_ID", b"HTC_ATTEMPT", b"HTC_CORES", b"HTC_AGENT", b"HTC_LOG"];
+    RESERVED.contains(&k) || k.starts_with(b"PMI_") || k.starts_with(b"PMIX_")
+}
+
+/// CPUs this process may run on, in order.
+pub fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: sched_getaffinity fills a zeroed cpu_set_t.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return (0..std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)).collect();
+        }
+        (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect()
     }
 }
