@@ -276,39 +276,41 @@ impl Executor {
     /// Starts the task the loop holds in `slot`; false when its devices were gone (it went
     /// back to the queue).
     fn launch(&mut self, slot: usize, effects: &mut Vec<Effect>) -> bool {
-        let r = self.decide.run(slot).expect("a task held for its start");
-        let (t, slots, start_us) = (r.task.clone(), r.slots.clone(), r.start_us);
+        // The parts borrowed one by one: the task stays where the loop holds it, uncopied.
+        let Executor { decide, launcher, store, cfg, reaper, events, .. } = self;
+        let r = decide.run(slot).expect("a task held for its start");
+        let t = &r.task;
         let devices = match t.shape.gpus {
             0 => Vec::new(),
-            n => match self.cfg.gpus.take(t.id, n as usize) {
+            n => match cfg.gpus.take(t.id, n as usize) {
                 Some(d) => d,
                 None => {
-                    self.decide.put_back(slot);
+                    decide.put_back(slot);
                     return false;
                 }
             },
         };
         if !devices.is_empty() {
-            self.store.note_devices(&t, &crate::gpu::visible(&devices));
+            store.note_devices(t, &crate::gpu::visible(&devices));
         }
-        let spawned = self.launcher.command_line(&t).and_then(|cmd| {
-            let (out, err, per_task) = self.store.fds(&t, slot)?;
-            let child = self.launcher.spawn(&t, &slots, &devices, &cmd, (out, err));
+        let spawned = launcher.command_line(t).and_then(|cmd| {
+            let (out, err, per_task) = store.fds(t, slot)?;
+            let child = launcher.spawn(t, &r.slots, &devices, &cmd, (out, err));
             drop(per_task);
             child
         });
         match spawned {
             Ok(child) => {
-                self.reaper.watch(slot, child);
-                self.decide.started(slot, now_us(), effects);
+                reaper.watch(slot, child);
+                decide.started(slot, now_us(), effects);
             }
             Err((errno, msg)) => {
-                self.store.spawn_failed(&t, slot, start_us, &msg);
+                store.spawn_failed(t, slot, r.start_us, &msg);
                 if t.shape.gpus > 0 {
-                    self.cfg.gpus.give_back(t.id);
+                    cfg.gpus.give_back(t.id);
                 }
-                if let Some((_, f)) = self.decide.spawn_failed(slot, now_us(), errno) {
-                    self.events.push(ExecEvent::Finished(f));
+                if let Some((_, f)) = decide.spawn_failed(slot, now_us(), errno) {
+                    events.push(ExecEvent::Finished(f));
                 }
             }
         }
