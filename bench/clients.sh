@@ -32,7 +32,7 @@ echo "clients: $N at once; strangers: $S; rounds: $ROUNDS; htc: $HTC; hq: ${HQ:-
 ulimit -n "$(ulimit -Hn)"
 
 BENCH="$BENCH" HQ="${HQ:-}" HTC="$HTC" WORK="$WORK" N="$N" S="$S" ROUNDS="$ROUNDS" python3 - <<'EOF'
-import glob, os, socket, statistics, subprocess, sys, time
+import os, socket, statistics, subprocess, sys, time
 
 sys.path.insert(0, os.environ["BENCH"])
 from gate import gated  # noqa: E402
@@ -43,11 +43,13 @@ env = dict(os.environ, HTC_SITE_CONFIG="/dev/null")
 
 def open_run(d):
     os.makedirs(d)
+    # `htc run --open` prints the run's id on stdout once its leader listens, and nothing else.
     p = subprocess.Popen([htc, "run", "--open", "-q", "--exec", "none"], cwd=d, env=env,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    while not glob.glob(f"{d}/.htc/*/leader.addr"):
-        time.sleep(0.01)
-    return p, os.path.basename(glob.glob(f"{d}/.htc/*")[0])
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    run = p.stdout.readline().strip()
+    if not run:
+        raise SystemExit(f"htc run --open in {d} printed no run id (exit {p.wait()})")
+    return p, run
 
 def close(d, p, run):
     subprocess.run([htc, "close", run], cwd=d, env=env, check=True, capture_output=True)
@@ -110,7 +112,7 @@ for k, v in rows.items():
 # The flood: silent strangers hold the leader's handshake places; one honest client after them.
 d = f"{work}/flood"
 p, run = open_run(d)
-addr = open(glob.glob(f"{d}/.htc/*/leader.addr")[0]).read().split("addr=")[1].split()[0]
+addr = open(f"{d}/.htc/{run}/leader.addr").read().split("addr=")[1].split()[0]
 host, port = addr.rsplit(":", 1)
 waits = []
 for r in range(rounds):

@@ -50,11 +50,13 @@ env = dict(os.environ, HTC_SITE_CONFIG="/dev/null")
 
 def open_run(d, *extra):
     os.makedirs(d)
+    # `htc run --open` prints the run's id on stdout once its leader listens, and nothing else.
     p = subprocess.Popen([htc, "run", "--open", "-q", *extra], cwd=d, env=env,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    while not glob.glob(f"{d}/.htc/*/leader.addr"):
-        time.sleep(0.01)
-    return p, os.path.basename(glob.glob(f"{d}/.htc/*")[0])
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    run = p.stdout.readline().strip()
+    if not run:
+        raise SystemExit(f"htc run --open in {d} printed no run id (exit {p.wait()})")
+    return p, run
 
 def pct(v, q):
     v = sorted(v)

@@ -29,7 +29,7 @@ echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 echo "tasks per try: $N streamed; tries: $TRIES; htc: $HTC"
 
 BENCH="$BENCH" HTC="$HTC" WORK="$WORK" N="$N" TRIES="$TRIES" python3 - <<'EOF'
-import collections, glob, json, os, random, signal, subprocess, sys, time
+import collections, json, os, random, signal, subprocess, sys, time
 
 sys.path.insert(0, os.environ["BENCH"])
 from journal import open_attempts  # noqa: E402
@@ -75,12 +75,12 @@ for k in range(tries):
     cwd = f"{work}/try{k}"
     os.makedirs(cwd)
     runs = f"{cwd}/runs.txt"
-    leader = subprocess.Popen([htc, "run", "--open", "-q"], cwd=cwd, env=env,
-                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(f"{cwd}/leader.err", "w"))
-    while not glob.glob(f"{cwd}/.htc/*/leader.addr"):
-        time.sleep(0.05)
-    run = os.path.realpath(glob.glob(f"{cwd}/.htc/*/leader.addr")[0].rsplit("/", 1)[0])
-    rid = os.path.basename(run)
+    # `htc run --open` prints the run's id on stdout once its leader listens, and nothing else.
+    leader = subprocess.Popen([htc, "run", "--open", "-q"], cwd=cwd, env=env, text=True,
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=open(f"{cwd}/leader.err", "w"))
+    rid = leader.stdout.readline().strip()
+    assert rid, f"htc run --open printed no run id: {open(f'{cwd}/leader.err').read()}"
+    run = os.path.realpath(f"{cwd}/.htc/{rid}")
     lines = "".join(f"echo $HTC_TASK_ID $HTC_ATTEMPT >> {runs}\n" for _ in range(n))
     add = subprocess.run([htc, "task", "add", rid, "--file", "-"], cwd=cwd, env=env, input=lines,
                          capture_output=True, text=True)
