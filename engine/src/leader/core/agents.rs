@@ -81,9 +81,7 @@ impl Core<'_> {
             stalled_s = gap as f64 / 1e6,
             "the leader stood still; its agents' silence in that time is excused"
         );
-        for a in self.agents.values_mut() {
-            a.heard_us = a.heard_us.saturating_add(gap).min(now_us);
-        }
+        self.agents.excuse(gap, now_us);
     }
 
     /// A lost agent's attempts: those that had started count as lost (the task may be what
@@ -273,30 +271,7 @@ impl Core<'_> {
         hostname: String,
     ) {
         self.place(agent, cores, mem_mb, gpus);
-        self.agents.insert(
-            agent,
-            Agent {
-                instance,
-                cores,
-                mem_mb,
-                gpus,
-                widest: cores,
-                credit: 0,
-                idle: 0,
-                ahead_ms: 0,
-                last_seq: 0,
-                acked_seq: 0,
-                told_us: self.now_us,
-                alive: true,
-                hostname,
-                heard_us: self.now_us,
-                streak: Streak::default(),
-                drained: false,
-                busy: 0,
-                done: 0,
-                failed: 0,
-            },
-        );
+        self.agents.insert(agent, Agent::new(instance, (cores, mem_mb, gpus), hostname, self.now_us));
     }
 
     /// An agent the launcher started ended, or could not start, before it joined.

@@ -30,25 +30,14 @@ impl Core<'_> {
         end.is_some_and(|d| r.shape().runtime_ms > 0 && self.now_us + r.shape().runtime_ms as u64 * 1000 > d)
     }
 
-    /// Slots `agent` said were idle, less `sent` since. A lone agent's report may predate
-    /// what it holds now, so never more than its slots less what it holds; a head's idle
-    /// members are idle whatever the busy ones hold.
+    /// Slots `agent` may start now, less `sent` since its report (`Agent::can_start`).
     fn can_start(&self, agent: u32, sent: u64) -> u64 {
-        let a = &self.agents[&agent];
-        let idle = a.idle.saturating_sub(sent);
-        if self.heads_members(agent) {
-            idle
-        } else {
-            idle.min((a.cores as u64).saturating_sub(self.in_flight.held(agent)))
-        }
+        self.agents[&agent].can_start(sent, self.in_flight.held(agent), self.heads_members(agent))
     }
 
-    /// Tasks `agent` holds that wait unstarted: beyond its slots for a lone agent; beyond what
-    /// runs for a head, whose members' queues may hold work while another member is idle.
+    /// Tasks `agent` holds that wait unstarted (`Agent::queued`).
     fn queued_at(&self, agent: u32) -> u64 {
-        let a = &self.agents[&agent];
-        let running = if self.heads_members(agent) { a.busy } else { a.cores };
-        self.in_flight.held(agent).saturating_sub(running as u64)
+        self.agents[&agent].queued(self.in_flight.held(agent), self.heads_members(agent))
     }
 
     /// Only when nothing else waits anywhere: a task that came back and fits no idle slot (too
@@ -76,7 +65,7 @@ impl Core<'_> {
         self.asking
             .recalls
             .prune(|id, agent| flights.get(id).is_some_and(|f| f.agent == agent && f.life.state() != State::Running));
-        let live = |a: &Agent| a.alive && !a.drained;
+        let live = |a: &Agent| a.usable();
         let at = Idle {
             idle: self.agents.iter().filter(|(_, a)| live(a)).map(|(&id, _)| self.can_start(id, 0)).sum(),
             slots: self.agents.values().filter(|a| live(a)).map(|a| a.cores as u64).sum(),
@@ -106,9 +95,7 @@ impl Core<'_> {
         self.fresh_handoffs = false;
         self.fresh_arrivals = false;
         self.figures.scans += 1;
-        let mut ids: Vec<u32> =
-            self.agents.iter().filter(|(_, a)| a.alive && a.credit > 0).map(|(id, _)| *id).collect();
-        ids.sort_unstable();
+        let ids = self.agents.with_credit();
         for agent in ids {
             self.dispatch(t, agent, out)?;
         }
@@ -116,17 +103,13 @@ impl Core<'_> {
     }
 
     fn fits(&self, agent: u32, r: &Record) -> bool {
-        let a = &self.agents[&agent];
-        r.shape().cores as u32 <= a.widest
-            && r.shape().gpus as u32 <= a.gpus
-            && (a.mem_mb == 0 || r.shape().mem_mb == 0 || r.shape().mem_mb as u64 <= a.mem_mb)
+        self.agents[&agent].fits(r.shape())
     }
 
     /// Whether some live agent could ever run the task. Meaningful only once every agent the
     /// launcher started has joined or is known gone (`all_accounted`): a big node may join last.
     pub(super) fn schedulable(&self, r: &Record) -> bool {
-        self.agents.values().any(|a| a.alive && !a.drained)
-            && self.agents.iter().any(|(id, a)| a.alive && !a.drained && self.fits(*id, r))
+        self.agents.could_run(r.shape())
     }
 
     pub(super) fn all_accounted(&self) -> bool {

@@ -54,6 +54,7 @@ mod preempt;
 mod preemption;
 mod results;
 mod returns;
+mod roster;
 mod settling;
 mod streak;
 #[cfg(test)]
@@ -67,8 +68,8 @@ use deps::Deps;
 use figures::Figures;
 use flights::{Flight, Flights};
 use preemption::Preemption;
+use roster::{Agent, Agents};
 use settling::Settling;
-use streak::Streak;
 use turnout::Turnout;
 
 /// Where task records live: the ledger's write transaction in a real run, a map in tests. Reads
@@ -254,39 +255,6 @@ pub enum Ending {
     AgentNotStarted(String),
 }
 
-struct Agent {
-    /// The partition's index of the agent's instance.
-    instance: usize,
-    /// Slots of its instance (all its members').
-    cores: u32,
-    /// The most memory, GPUs and cores one task may have on it (its largest member's).
-    mem_mb: u64,
-    gpus: u32,
-    widest: u32,
-    credit: u64,
-    /// Slots the agent last said it had nothing for, less what was sent since.
-    idle: u64,
-    /// Core-milliseconds of runtime hints of the tasks it holds (running or queued).
-    ahead_ms: u64,
-    last_seq: u64,
-    acked_seq: u64,
-    /// When it was last sent an Ack (of a report, or a heartbeat): what keeps it from holding.
-    told_us: u64,
-    alive: bool,
-    hostname: String,
-    /// When it was last heard from (joined or reported).
-    heard_us: u64,
-    /// Its failures in a row: a black hole fails everything while the others succeed.
-    streak: Streak,
-    /// Found to be a black hole: it gets nothing more.
-    drained: bool,
-    /// Its slots running a task, as it last reported (for the live view).
-    busy: u32,
-    /// Attempts it ended: successes, and failures (retried or not).
-    done: u64,
-    failed: u64,
-}
-
 pub struct Core<'a> {
     /// The plan of the tasks the run started with, and what arrived since (`Arrivals`).
     partition: Arrivals<'a>,
@@ -299,7 +267,7 @@ pub struct Core<'a> {
     /// Who came, who never did, the last loss (`turnout`).
     turnout: Turnout,
     job_id: String,
-    agents: IdMap<u32, Agent>,
+    agents: Agents,
     retry: VecDeque<u64>,
     /// Ids joined `retry` since agents other than the reporting one were last offered them.
     fresh_retries: bool,
@@ -383,7 +351,7 @@ impl<'a> Core<'a> {
             answers: Vec::new(),
             turnout: Turnout::expecting(expected_agents),
             job_id,
-            agents: IdMap::default(),
+            agents: Agents::default(),
             retry: VecDeque::new(),
             fresh_retries: false,
             fresh_arrivals: false,
@@ -579,12 +547,8 @@ impl<'a> Core<'a> {
     /// of those reports and adds are committed, never before.
     pub fn acks(&mut self, out: &mut Effects) {
         out.append(&mut self.answers);
-        for (&id, a) in self.agents.iter_mut() {
-            if a.alive && a.last_seq > a.acked_seq {
-                a.acked_seq = a.last_seq;
-                a.told_us = self.now_us;
-                out.push(Effect::ToAgent(id, ToAgent::Ack { seq: a.last_seq }));
-            }
+        for (id, seq) in self.agents.acks_due(self.now_us) {
+            out.push(Effect::ToAgent(id, ToAgent::Ack { seq }));
         }
     }
 
@@ -647,13 +611,7 @@ impl<'a> Core<'a> {
     /// alone do it (16 one-slot agents were sent as many heartbeats as acks).
     fn tick<E>(&mut self, t: &mut dyn Tasks<Error = E>, now_us: u64, out: &mut Effects) -> Result<(), E> {
         self.excuse_own_stall(now_us);
-        let mut silent: Vec<(u32, u64)> = self
-            .agents
-            .iter()
-            .filter(|(_, a)| a.alive && now_us.saturating_sub(a.heard_us) >= self.live.lost_after_us)
-            .map(|(&id, a)| (id, now_us.saturating_sub(a.heard_us)))
-            .collect();
-        silent.sort_unstable();
+        let silent = self.agents.silent(now_us, self.live.lost_after_us);
         for (agent, quiet_us) in silent {
             let why = format!("silent for {:.1} s", quiet_us as f64 / 1e6);
             self.lose(t, agent, &why, now_us, out)?;
@@ -668,11 +626,8 @@ impl<'a> Core<'a> {
         self.settle(t, out)?;
         self.give_back_idle(out);
         let every = self.live.beat_every_us(self.reporters());
-        for (&agent, a) in self.agents.iter_mut().filter(|(_, a)| a.alive) {
-            if now_us.saturating_sub(a.told_us) >= every {
-                a.told_us = now_us;
-                out.push(Effect::ToAgent(agent, ToAgent::Ack { seq: a.acked_seq }));
-            }
+        for (agent, seq) in self.agents.heartbeats_due(now_us, every) {
+            out.push(Effect::ToAgent(agent, ToAgent::Ack { seq }));
         }
         Ok(())
     }

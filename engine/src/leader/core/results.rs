@@ -274,8 +274,7 @@ impl Core<'_> {
             self.settle(t, out)?;
         }
         let a = self.agents.get_mut(&agent).unwrap();
-        a.heard_us = self.now_us;
-        a.last_seq = a.last_seq.max(report.seq);
+        a.heard(self.now_us, report.seq);
         if report.cores > 0 {
             a.cores = report.cores;
         }
