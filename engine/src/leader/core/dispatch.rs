@@ -1,15 +1,47 @@
 //! Handing out work: which tasks an agent gets when it asks (its share of the partition, the
 //! retries, what waits for memory, what was preempted, affinity hand-overs, what others gave
 //! back), and asking busy agents to give back what they have not started.
+//!
+//! An agent's dispatch is planned, then applied. The plan (`plan` and the `offer_*` steps) draws
+//! tasks from the queues that hold them and decides where each goes: into the agent's batch,
+//! back to the retries, to another agent's keys, to wait for memory or for the next session; it
+//! changes no task's life. The application (`apply`) moves each picked task's life to
+//! dispatched, counts it in flight and sends the batch.
 
 use super::*;
 use htc_core::work::TaskToRun;
 
-/// One agent's dispatch in the making: how many more it may take, and what it takes.
-struct Batch {
+/// One agent's dispatch plan: how many more it may take, what it takes, and what fits no agent.
+pub(super) struct Batch {
     agent: u32,
-    want: u64,
-    specs: Vec<TaskToRun>,
+    pub(super) want: u64,
+    pub(super) picks: Vec<(u64, Record)>,
+    /// The picks' ids: a task may sit in two queues (a retry that was also handed back).
+    picked: IdSet<u64>,
+    /// The picks' work by their hints (core·ms), ahead of what the agent has (`Agent::ahead_ms`).
+    ahead_ms: u64,
+    unschedulable: Vec<(u64, Record)>,
+}
+
+impl Batch {
+    fn new(agent: u32, want: u64) -> Batch {
+        Batch { agent, want, picks: Vec::new(), picked: IdSet::default(), ahead_ms: 0, unschedulable: Vec::new() }
+    }
+
+    fn has(&self, id: u64) -> bool {
+        self.picked.contains(&id)
+    }
+
+    fn pick(&mut self, id: u64, r: Record) {
+        self.picked.insert(id);
+        self.ahead_ms += r.shape().runtime_ms as u64 * r.shape().cores as u64;
+        self.picks.push((id, r));
+        self.want = self.want.saturating_sub(1);
+    }
+
+    fn len(&self) -> u64 {
+        self.picks.len() as u64
+    }
 }
 
 /// Where `Core::start` put a task.
@@ -30,9 +62,10 @@ impl Core<'_> {
         end.is_some_and(|d| r.shape().runtime_ms > 0 && self.now_us + r.shape().runtime_ms as u64 * 1000 > d)
     }
 
-    /// Slots `agent` may start now, less `sent` since its report (`Agent::can_start`).
-    fn can_start(&self, agent: u32, sent: u64) -> u64 {
-        self.agents[&agent].can_start(sent, self.in_flight.held(agent), self.heads_members(agent))
+    /// Slots `agent` may start now, less `sent` since its report, the plan's `sent` not yet in
+    /// flight (`Agent::can_start`).
+    fn can_start(&self, agent: u32, sent: u64, planned: u64) -> u64 {
+        self.agents[&agent].can_start(sent, self.in_flight.held(agent) + planned, self.heads_members(agent))
     }
 
     /// Tasks `agent` holds that wait unstarted (`Agent::queued`).
@@ -67,7 +100,7 @@ impl Core<'_> {
             .prune(|id, agent| flights.get(id).is_some_and(|f| f.agent == agent && f.life.state() != State::Running));
         let live = |a: &Agent| a.usable();
         let at = Idle {
-            idle: self.agents.iter().filter(|(_, a)| live(a)).map(|(&id, _)| self.can_start(id, 0)).sum(),
+            idle: self.agents.iter().filter(|(_, a)| live(a)).map(|(&id, _)| self.can_start(id, 0, 0)).sum(),
             slots: self.agents.values().filter(|a| live(a)).map(|a| a.cores as u64).sum(),
         };
         if self.asking.enough_underway(at.idle) {
@@ -143,7 +176,18 @@ impl Core<'_> {
         {
             return Ok(());
         }
-        let mut b = Batch { agent, want: self.agents[&agent].credit, specs: Vec::new() };
+        let (b, ask) = self.plan(t, agent)?;
+        self.apply(t, b, out)?;
+        if ask {
+            self.ask_back(out);
+        }
+        Ok(())
+    }
+
+    /// What `agent` gets, up to its credit, and whether it has slots left idle with nothing
+    /// more to hand out (so that busy agents are asked for some of their queues back).
+    pub(super) fn plan<E>(&mut self, t: &mut dyn Tasks<Error = E>, agent: u32) -> Result<(Batch, bool), E> {
+        let mut b = Batch::new(agent, self.agents[&agent].credit);
         self.offer_retries(t, &mut b)?;
         self.offer_waiting_for_memory(t, &mut b)?;
         self.offer_preempted(t, &mut b)?;
@@ -154,20 +198,27 @@ impl Core<'_> {
         let drained = self.offer_share(t, &mut b)?;
         // Leftovers also for an agent that got nothing this time (its share is held back by the
         // horizon or by memory), but only a drained one asks for more back.
-        let idle_left = (drained || b.specs.is_empty()) && self.offer_leftovers(t, &mut b)?;
-        let ask = drained && idle_left;
-        let Batch { want, specs, .. } = b;
-        let a = self.agents.get_mut(&agent).unwrap();
-        a.credit = want;
+        let idle_left = (drained || b.picks.is_empty()) && self.offer_leftovers(t, &mut b)?;
+        Ok((b, drained && idle_left))
+    }
+
+    /// Carries out a plan: the picks dispatched and sent, what fits no agent failed.
+    pub(super) fn apply<E>(&mut self, t: &mut dyn Tasks<Error = E>, b: Batch, out: &mut Effects) -> Result<(), E> {
+        for (id, r) in b.unschedulable {
+            self.fail_unschedulable(t, id, r)?;
+        }
+        let mut specs = Vec::with_capacity(b.picks.len());
+        for (id, r) in b.picks {
+            self.take_task(t, b.agent, id, r, &mut specs)?;
+        }
+        let a = self.agents.get_mut(&b.agent).unwrap();
+        a.credit = b.want;
         a.idle = a.idle.saturating_sub(specs.len() as u64);
         // A head counts what was just sent as running: it goes to members' idle slots.
         a.busy = a.busy.saturating_add(specs.len() as u32).min(a.cores);
         // The Dispatch goes first: a Recall of a task must never overtake the task itself.
         if !specs.is_empty() {
-            out.push(Effect::ToAgent(agent, ToAgent::Dispatch(specs)));
-        }
-        if ask {
-            self.ask_back(out);
+            out.push(Effect::ToAgent(b.agent, ToAgent::Dispatch(specs)));
         }
         Ok(())
     }
@@ -178,12 +229,12 @@ impl Core<'_> {
         while b.want > 0 {
             let Some(id) = self.retry.pop_front() else { break };
             let Some(r) = t.get(id)? else { continue };
-            if r.state() != State::Pending || self.in_flight.contains(id) {
+            if r.state() != State::Pending || self.in_flight.contains(id) || b.has(id) {
                 continue;
             }
-            if self.start(t, b, id, r)? == Placed::Unfit {
+            if self.start(b, id, r) == Placed::Unfit {
                 if self.all_accounted() && !self.schedulable(&r) {
-                    self.fail_unschedulable(t, id, r)?;
+                    b.unschedulable.push((id, r));
                 } else {
                     skipped.push_back(id);
                 }
@@ -199,9 +250,8 @@ impl Core<'_> {
         while b.want > 0 {
             let Some(need) = self.mem.take_waiting(b.agent, self.now_us) else { break };
             match t.get(need.task)? {
-                Some(r) if r.state() == State::Pending && !self.in_flight.contains(need.task) => {
-                    self.take_task(t, b.agent, need.task, r, &mut b.specs)?;
-                    b.want -= 1;
+                Some(r) if r.state() == State::Pending && !self.in_flight.contains(need.task) && !b.has(need.task) => {
+                    b.pick(need.task, r);
                 }
                 _ => self.mem.ended(b.agent, need.task),
             }
@@ -238,11 +288,11 @@ impl Core<'_> {
             let a = &self.agents[&b.agent];
             // Its last report's idle slots, less what was sent since; and never more than its
             // cores minus what it holds: reports sent before a dispatch arrived still say idle.
-            let free = (a.cores as u64).saturating_sub(self.in_flight.held(b.agent));
-            let steal = a.idle.saturating_sub(b.specs.len() as u64).min(free);
+            let free = (a.cores as u64).saturating_sub(self.in_flight.held(b.agent) + b.len());
+            let steal = a.idle.saturating_sub(b.len()).min(free);
             let room = match self.horizon_ms {
                 None => b.want,
-                Some(h) if a.ahead_ms >= h * a.cores as u64 => steal,
+                Some(h) if a.ahead_ms + b.ahead_ms >= h * a.cores as u64 => steal,
                 // In steps of a core's worth, checking the horizon after each.
                 Some(_) => b.want.min(a.cores.max(1) as u64),
             };
@@ -264,13 +314,13 @@ impl Core<'_> {
                     .collect::<Result<_, _>>()?,
             };
             for (id, r) in records {
-                if r.state() != State::Pending || self.in_flight.contains(id) || self.deps.is_waiting(id) {
+                if r.state() != State::Pending || self.in_flight.contains(id) || b.has(id) || self.deps.is_waiting(id) {
                     continue; // done in an earlier session, out already, or waiting for others
                 }
                 if self.hand_to_key_owner(b.agent, id, &r) {
                     handed += 1;
                 } else {
-                    match self.start(t, b, id, r)? {
+                    match self.start(b, id, r) {
                         Placed::Taken | Placed::Late => {}
                         Placed::Waits => refused += 1,
                         Placed::Unfit => self.push_retry(id),
@@ -301,7 +351,7 @@ impl Core<'_> {
     /// of queue. Says whether slots are still idle, so that more of their queues may be asked
     /// back.
     fn offer_leftovers<E>(&mut self, t: &mut dyn Tasks<Error = E>, b: &mut Batch) -> Result<bool, E> {
-        let mut can_start = self.can_start(b.agent, b.specs.len() as u64);
+        let mut can_start = self.can_start(b.agent, b.len(), b.len());
         while b.want > 0 && can_start > 0 {
             let Some(id) = self.affinity.steal(b.agent) else { break };
             if self.offer(t, b, id)? {
@@ -309,14 +359,14 @@ impl Core<'_> {
             }
         }
         let mut room = can_start.saturating_mul(1 + self.asking.share());
-        let before = b.specs.len();
+        let before = b.len();
         while b.want > 0 && room > 0 {
             let Some(id) = self.asking.recalls.take() else { break };
             if self.offer(t, b, id)? {
                 room -= 1;
             }
         }
-        can_start = can_start.saturating_sub((b.specs.len() - before) as u64);
+        can_start = can_start.saturating_sub(b.len() - before);
         Ok(can_start > 0 && self.may_ask_back())
     }
 
@@ -325,10 +375,10 @@ impl Core<'_> {
     /// agent now) or waiting for memory; true when it was taken.
     fn offer<E>(&mut self, t: &mut dyn Tasks<Error = E>, b: &mut Batch, id: u64) -> Result<bool, E> {
         let Some(r) = t.get(id)? else { return Ok(false) };
-        if r.state() != State::Pending || self.in_flight.contains(id) {
+        if r.state() != State::Pending || self.in_flight.contains(id) || b.has(id) {
             return Ok(false);
         }
-        Ok(match self.start(t, b, id, r)? {
+        Ok(match self.start(b, id, r) {
             Placed::Taken => true,
             Placed::Waits | Placed::Late => false,
             Placed::Unfit => {
@@ -339,25 +389,24 @@ impl Core<'_> {
     }
 
     /// The one ladder every source of work goes down: a task its hint says cannot finish
-    /// before the time limit (the latest of the allocations') is left for the next session; a pending task that fits the
-    /// batch's agent and may start there (memory, GPUs) is taken into the batch; one that fits
-    /// but may not start yet waits for memory (`admit` queued it); one that does not fit is
-    /// the caller's to place.
-    fn start<E>(&mut self, t: &mut dyn Tasks<Error = E>, b: &mut Batch, id: u64, r: Record) -> Result<Placed, E> {
+    /// before the time limit (the latest of the allocations') is left for the next session; a
+    /// pending task that fits the batch's agent and may start there (memory, GPUs) is picked
+    /// for the batch; one that fits but may not start yet waits for memory (`admit` queued it);
+    /// one that does not fit is the caller's to place.
+    fn start(&mut self, b: &mut Batch, id: u64, r: Record) -> Placed {
         if self.ends_after(&r, self.run_ends_us()) {
             self.late.insert(id);
-            return Ok(Placed::Late);
+            return Placed::Late;
         }
         // Too late for this agent's allocation, not for a later one's: it runs there.
         if !self.fits(b.agent, &r) || self.ends_after(&r, self.ends_of(b.agent)) {
-            return Ok(Placed::Unfit);
+            return Placed::Unfit;
         }
         if !self.admit(b.agent, id, &r) {
-            return Ok(Placed::Waits);
+            return Placed::Waits;
         }
-        self.take_task(t, b.agent, id, r, &mut b.specs)?;
-        b.want = b.want.saturating_sub(1);
-        Ok(Placed::Taken)
+        b.pick(id, r);
+        Placed::Taken
     }
 
     fn admit(&mut self, agent: u32, id: u64, r: &Record) -> bool {

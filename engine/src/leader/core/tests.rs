@@ -1324,3 +1324,23 @@ fn after_a_hand_over_another_allocation_s_agents_keep_their_ids_and_their_tasks(
     feed_at(&mut c, &mut m, 5_000, vec![report(1, 0, 0, &[(22, 1)]), report(2, 0, 0, &[(30, 1)])]);
     assert_eq!((m.state(22), m.state(30)), (State::Done, State::Done));
 }
+
+#[test]
+fn a_plan_moves_no_task_s_life_and_picks_a_task_held_in_two_queues_once() {
+    let mut m = Mem::with(4, 2, 1);
+    let mut c = core(&m, 1);
+    feed(&mut c, &mut m, vec![join(0, 4)]);
+    // Task 1 came back twice (say, given back, then its agent lost): a retry, and in its share.
+    c.retry.extend([1, 1]);
+    let a = c.agents.get_mut(&0).unwrap();
+    (a.credit, a.idle) = (8, 4);
+    let (plan, ask) = c.plan(&mut m, 0).unwrap();
+    assert_eq!(plan.picks.iter().map(|(id, _)| *id).collect::<Vec<_>>(), vec![1, 2, 3, 4]);
+    assert_eq!((plan.want, ask), (4, false));
+    assert!((1..=4).all(|id| m.state(id) == State::Pending && !c.in_flight.contains(id)));
+    let mut out = Vec::new();
+    c.apply(&mut m, plan, &mut out).unwrap();
+    assert_eq!(dispatched(&out), vec![(0, vec![(1, 1), (2, 1), (3, 1), (4, 1)])]);
+    assert!((1..=4).all(|id| c.in_flight.contains(id)));
+    assert_eq!((c.agents[&0].credit, c.agents[&0].idle), (4, 0));
+}
