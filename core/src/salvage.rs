@@ -39,6 +39,27 @@ pub enum Survivors {
     Maybe,
 }
 
+/// Attempt `t.attempt` ended as `t` says, having started at `start_us`: the record moved to its
+/// end, a retry's attempt row and a failure written. Says whether the task is now final.
+fn finish(id: u64, rec: &mut Record, out: &mut Vec<Change>, t: &Told, start_us: u64) -> Option<bool> {
+    let (outcome, value, end_us) = t.end.expect("an end");
+    if rec.state() == State::Dispatched && outcome.ran() {
+        take(rec, Step::Start)?;
+    }
+    let before = rec.life();
+    let (life, effect) = crate::task::step(before, Step::Finish(outcome.end(value))).ok()?;
+    rec.set_ended(t.agent, Ended::new(outcome, value, start_us, end_us));
+    if effect == Effect::Retry {
+        let row = Attempt { attempt: before.attempt_no().min(255) as u8, agent: t.agent, ended: rec.ended() };
+        out.push(Change::Attempt(id, row));
+    }
+    rec.set_life(life);
+    if life.state() == State::Failed {
+        out.push(Change::Failed(id, true));
+    }
+    Some(life.state().is_final())
+}
+
 /// What the ledger must say of task `r` given what its agents journaled (`told`, in any order,
 /// only this task's). `None` when the record stands as it is. `now_us` ends an interrupted
 /// attempt. The changes are in the order to apply; the record's own change is the last.
@@ -87,23 +108,7 @@ pub fn salvage(id: u64, r: &Record, told: &[Told], survivors: Survivors, now_us:
         }
         match ended {
             Some(t) => {
-                let (outcome, value, end_us) = t.end.expect("an end");
-                if rec.state() == State::Dispatched && outcome.ran() {
-                    take(&mut rec, Step::Start)?;
-                }
-                let before = rec.life();
-                let (life, effect) = crate::task::step(before, Step::Finish(outcome.end(value))).ok()?;
-                rec.set_ended(t.agent, Ended::new(outcome, value, start, end_us));
-                if effect == Effect::Retry {
-                    let row =
-                        Attempt { attempt: before.attempt_no().min(255) as u8, agent: t.agent, ended: rec.ended() };
-                    out.push(Change::Attempt(id, row));
-                }
-                rec.set_life(life);
-                if life.state() == State::Failed {
-                    out.push(Change::Failed(id, true));
-                }
-                if life.state().is_final() {
+                if finish(id, &mut rec, &mut out, t, start)? {
                     break;
                 }
             }

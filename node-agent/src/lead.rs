@@ -121,6 +121,8 @@ fn gives_back(keep_nodes: Option<bool>, handed_over: bool) -> bool {
 /// Leads a session of `run` with this job's nodes, holding the run's lock: one srun step of
 /// agents (or, after a hand-over, the agents this job already runs, with their tasks), the
 /// leader until the run ends or this job does.
+// Long (about 80 lines): most of it is the `LeaderConfig` and `Srun` literals, every field named,
+// so that an option added to either is decided here or fails to compile.
 pub fn lead_session(
     a: &LeadArgs,
     job_id: &str,

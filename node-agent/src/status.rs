@@ -362,6 +362,20 @@ pub struct Report {
     pub live_us: u64,
 }
 
+/// The first `limit` failed tasks (id, line, attempts, how the last ended), and whether there
+/// are more.
+type Failures = (Vec<(u64, u32, u8, String)>, bool);
+fn first_failures(t: &ReadTxn<'_>, limit: usize) -> anyhow::Result<Failures> {
+    let mut failures = Vec::new();
+    let ids = t.failed_ids(limit + 1)?;
+    for &id in ids.iter().take(limit) {
+        if let Some(r) = t.get(id)? {
+            failures.push((id, r.line(), r.attempts(), r.outcome().describe(r.value())));
+        }
+    }
+    Ok((failures, ids.len() > limit))
+}
+
 impl Report {
     pub fn read(run: &RunDir, failures_limit: usize) -> anyhow::Result<Report> {
         // Only for what the ledger does not keep (the joined allocations): a bad file is no error.
@@ -414,14 +428,7 @@ impl Report {
             rate = r;
             eta_s = eta.filter(|_| key == "running").map(|e| e.as_secs_f64());
         }
-        let mut failures = Vec::new();
-        let ids = t.failed_ids(failures_limit + 1)?;
-        let more_failures = ids.len() > failures_limit;
-        for &id in ids.iter().take(failures_limit) {
-            if let Some(r) = t.get(id)? {
-                failures.push((id, r.line(), r.attempts(), r.outcome().describe(r.value())));
-            }
-        }
+        let (failures, more_failures) = first_failures(&t, failures_limit)?;
         Ok(Report {
             run: std::fs::canonicalize(&run.path).unwrap_or_else(|_| run.path.clone()).display().to_string(),
             job: text("job_id")?,

@@ -397,7 +397,18 @@ impl Machine {
             return;
         }
         // Whether a report must go now, whatever its age (`pace`).
-        let urgent = match input {
+        let urgent = self.on_input(now_us, heard, input, out) || probing;
+        if let Some((what, until)) = self.giving_back {
+            if now_us >= until {
+                self.stop_on_signal(now_us, what, out);
+            }
+        }
+        self.after(now_us, urgent, out);
+    }
+
+    /// One input handled; says whether a report must go at once.
+    fn on_input(&mut self, now_us: u64, heard: u64, input: Input, out: &mut Vec<Effect>) -> bool {
+        match input {
             Input::Parent(down) => self.heard_from_parent(now_us, down, out),
             Input::ParentEnded(why) => {
                 self.parent_ended(why, out);
@@ -412,47 +423,13 @@ impl Machine {
                 }
                 false
             }
-            Input::ReviveFailed(why) if self.parent == Parent::Awaiting => {
-                self.parent = Parent::Open;
-                self.stop(format!("its leader is gone, and no new one took the run: {why}"), out);
-                false
-            }
             Input::ReviveFailed(why) => {
-                if matches!(self.parent, Parent::Reviving { .. }) {
-                    self.parent = Parent::Open;
-                    self.stop(format!("given up, and could not rejoin the leader: {why}"), out);
-                }
+                self.revive_failed(why, out);
                 false
             }
             // While reviving, what the spawners report is the end of what they were told to stop.
             Input::Exec(_) if matches!(self.parent, Parent::Reviving { .. }) => false,
-            // The leader said to finish what runs (a grace, or --max-fails): that stands; the
-            // leader ends the grace, or this agent stops should the leader go.
-            Input::Signal(what) if self.told_to_hold && self.parent == Parent::Open => {
-                tracing::info!(
-                    agent = self.id,
-                    what,
-                    "signalled while finishing what runs, as the leader said: going on"
-                );
-                false
-            }
-            Input::Signal(what)
-                if self.giving_back.is_none() && self.parent == Parent::Open && !self.holding.is_empty() =>
-            {
-                // What has not started goes back to the leader first (a joined job's scancel):
-                // it counts no attempt for a task that never ran here. The spawners start
-                // nothing more and give back their queues; what runs is stopped after.
-                out.push(Effect::Exec(Command::Hold(true)));
-                out.push(Effect::Exec(Command::Recall(self.holding.iter().copied().collect())));
-                self.giving_back = Some((what, now_us + self.give_back_us));
-                // The leader hears of it at once: it may know of a grace.
-                self.signal_untold = !std::mem::replace(&mut self.signalled, true);
-                self.signal_untold
-            }
-            Input::Signal(what) => {
-                self.stop_on_signal(now_us, what, out);
-                false
-            }
+            Input::Signal(what) => self.on_signal(now_us, what, out),
             // The agent goes away as a whole: its connection closes, and the leader gives its
             // tasks to others (those that had started count as lost), as for a lost agent.
             Input::ExecFailed(why) => {
@@ -468,14 +445,7 @@ impl Machine {
                 false
             }
             Input::ChildFrame(up) => {
-                if let Up::Hello(h) = &up {
-                    self.hellos_below.insert(h.agent, h.clone());
-                }
-                match self.parent {
-                    Parent::Open => out.push(Effect::Relay(up)),
-                    Parent::Awaiting => self.held_up.push(up),
-                    _ => {}
-                }
+                self.child_frame(up, out);
                 false
             }
             Input::ChildClosed { child, agents, why } => self.child_closed(child, agents, why, out),
@@ -492,13 +462,54 @@ impl Machine {
                 self.tick(now_us, heard, out);
                 false
             }
-        } || probing;
-        if let Some((what, until)) = self.giving_back {
-            if now_us >= until {
-                self.stop_on_signal(now_us, what, out);
-            }
         }
-        self.after(now_us, urgent, out);
+    }
+
+    /// Reconnecting failed: after a hand-over no new leader took the run, or a revival found
+    /// the leader gone. Either way the agent stops.
+    fn revive_failed(&mut self, why: String, out: &mut Vec<Effect>) {
+        if self.parent == Parent::Awaiting {
+            self.parent = Parent::Open;
+            self.stop(format!("its leader is gone, and no new one took the run: {why}"), out);
+        } else if matches!(self.parent, Parent::Reviving { .. }) {
+            self.parent = Parent::Open;
+            self.stop(format!("given up, and could not rejoin the leader: {why}"), out);
+        }
+    }
+
+    /// SIGTERM or SIGINT from outside; says whether the leader must hear of it at once.
+    fn on_signal(&mut self, now_us: u64, what: &'static str, out: &mut Vec<Effect>) -> bool {
+        if self.told_to_hold && self.parent == Parent::Open {
+            // The leader said to finish what runs (a grace, or --max-fails): that stands; the
+            // leader ends the grace, or this agent stops should the leader go.
+            tracing::info!(agent = self.id, what, "signalled while finishing what runs, as the leader said: going on");
+            return false;
+        }
+        if self.giving_back.is_none() && self.parent == Parent::Open && !self.holding.is_empty() {
+            // What has not started goes back to the leader first (a joined job's scancel): it
+            // counts no attempt for a task that never ran here. The spawners start nothing more
+            // and give back their queues; what runs is stopped after.
+            out.push(Effect::Exec(Command::Hold(true)));
+            out.push(Effect::Exec(Command::Recall(self.holding.iter().copied().collect())));
+            self.giving_back = Some((what, now_us + self.give_back_us));
+            // The leader hears of it at once: it may know of a grace.
+            self.signal_untold = !std::mem::replace(&mut self.signalled, true);
+            return self.signal_untold;
+        }
+        self.stop_on_signal(now_us, what, out);
+        false
+    }
+
+    /// A frame from a child goes up, or waits while a new leader is awaited.
+    fn child_frame(&mut self, up: Up, out: &mut Vec<Effect>) {
+        if let Up::Hello(h) = &up {
+            self.hellos_below.insert(h.agent, h.clone());
+        }
+        match self.parent {
+            Parent::Open => out.push(Effect::Relay(up)),
+            Parent::Awaiting => self.held_up.push(up),
+            _ => {}
+        }
     }
 
     /// A message from the parent; says whether a report must go at once.

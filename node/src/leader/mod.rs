@@ -101,28 +101,12 @@ pub fn run(
     cfg: LeaderConfig,
     launch: impl FnOnce(SocketAddr, mpsc::Sender<Event>) -> anyhow::Result<launch::Agents>,
 ) -> anyhow::Result<Outcome> {
-    let mut ledger = Ledger::open(&cfg.run.ledger(), false).context("opening the ledger")?;
-    if cfg.run.replicated() {
-        // This session's generation starts with the ledger as it is now (loaded, or resumed).
-        let replica = htc_store::replica::Replica::of(&cfg.run.path);
-        let journal = replica.begin(&ledger).context("writing the ledger's snapshot into the run directory")?;
-        ledger.attach_journal(journal);
-        replica.set_where(&cfg.run.ledger())?;
-    }
+    let ledger = open_ledger(&cfg)?;
     let text = TaskText::open(&cfg.run.tasks()).context("mapping the run's task file")?;
     let secret = cfg.run.read_secret().context("reading the job secret")?;
 
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let listener = crate::slurm::listen(cfg.bind).with_context(|| format!("listening on {}", cfg.bind))?;
-    listener.set_nonblocking(true)?;
-    let listener = {
-        let _guard = rt.enter();
-        tokio::net::TcpListener::from_std(listener)?
-    };
-    let mut addr = listener.local_addr()?;
-    if addr.ip().is_unspecified() {
-        addr.set_ip(cfg.advertise.unwrap_or(std::net::Ipv4Addr::LOCALHOST.into()));
-    }
+    let (listener, addr) = listen(&cfg, &rt)?;
     let (tx, rx) = mpsc::channel::<Event>();
     let mut agents = launch(addr, tx.clone()).context("starting the agents")?;
     // Only instance heads join the leader; each is one instance of the partition.
@@ -132,13 +116,7 @@ pub fn run(
     // The network side's own heartbeat stands in only while the core thread is late with its
     // own (a long commit): a heartbeat after the core's would be sent as often as the acks.
     let heartbeat = Duration::from_micros(cfg.live.beat_every_us(expected) + cfg.live.heartbeat_us);
-    let mut net_cfg = net::NetConfig::new(secret, cfg.job_id.clone(), heartbeat);
-    net_cfg.cluster = crate::slurm::cluster_name();
-    net_cfg.fanout = cfg.fanout.max(1);
-    net_cfg.widest_task = htc_store::load::widest_task(&ledger)?;
-    net_cfg.workdir = std::env::current_dir().map(|d| d.display().to_string()).unwrap_or_default();
-    net_cfg.output =
-        ledger.read()?.meta("output")?.map(|b| String::from_utf8_lossy(b).into_owned()).unwrap_or_default();
+    let net_cfg = net_config(&ledger, &cfg, secret, heartbeat)?;
     let at = htc_store::rundir::LeaderAt { addr, job: cfg.job_id.clone(), cluster: net_cfg.cluster.clone() };
     let net_cfg = Arc::new(net_cfg);
     // From here allocations may join the run (`--join`), until the session ends.
@@ -189,6 +167,52 @@ pub fn run(
     });
     let (ending, progress) = result?;
     Ok(Outcome { ending, progress })
+}
+
+/// The run's ledger, its journal attached when the run is replicated.
+fn open_ledger(cfg: &LeaderConfig) -> anyhow::Result<Ledger> {
+    let mut ledger = Ledger::open(&cfg.run.ledger(), false).context("opening the ledger")?;
+    if cfg.run.replicated() {
+        // This session's generation starts with the ledger as it is now (loaded, or resumed).
+        let replica = htc_store::replica::Replica::of(&cfg.run.path);
+        let journal = replica.begin(&ledger).context("writing the ledger's snapshot into the run directory")?;
+        ledger.attach_journal(journal);
+        replica.set_where(&cfg.run.ledger())?;
+    }
+    Ok(ledger)
+}
+
+/// The agents' listener on `rt`, and the address they are told to reach it at.
+fn listen(cfg: &LeaderConfig, rt: &tokio::runtime::Runtime) -> anyhow::Result<(tokio::net::TcpListener, SocketAddr)> {
+    let listener = crate::slurm::listen(cfg.bind).with_context(|| format!("listening on {}", cfg.bind))?;
+    listener.set_nonblocking(true)?;
+    let listener = {
+        let _guard = rt.enter();
+        tokio::net::TcpListener::from_std(listener)?
+    };
+    let mut addr = listener.local_addr()?;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(cfg.advertise.unwrap_or(std::net::Ipv4Addr::LOCALHOST.into()));
+    }
+    Ok((listener, addr))
+}
+
+/// What the network side tells the agents that join: the job, the tree's fan-out, the widest
+/// task, where the run works and how its output is kept.
+fn net_config(
+    ledger: &Ledger,
+    cfg: &LeaderConfig,
+    secret: Vec<u8>,
+    heartbeat: Duration,
+) -> anyhow::Result<net::NetConfig> {
+    let mut net_cfg = net::NetConfig::new(secret, cfg.job_id.clone(), heartbeat);
+    net_cfg.cluster = crate::slurm::cluster_name();
+    net_cfg.fanout = cfg.fanout.max(1);
+    net_cfg.widest_task = htc_store::load::widest_task(ledger)?;
+    net_cfg.workdir = std::env::current_dir().map(|d| d.display().to_string()).unwrap_or_default();
+    net_cfg.output =
+        ledger.read()?.meta("output")?.map(|b| String::from_utf8_lossy(b).into_owned()).unwrap_or_default();
+    Ok(net_cfg)
 }
 
 /// The core for this session: planned for the `expected` instances, with the run's options.

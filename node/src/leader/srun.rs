@@ -64,32 +64,7 @@ impl Srun {
             .arg("--label")
             .arg("--job-name=htc-agents")
             .arg(&self.agent_bin)
-            .args(
-                WorkArgs {
-                    leader,
-                    run_dir: run.path.clone(),
-                    agent_id: 0,
-                    slurm: true,
-                    slots: None,
-                    cpus: String::new(),
-                    mem_mb: None,
-                    gpus: None,
-                    mem_limit: self.mem_limit,
-                    output: self.output,
-                    fanout: self.fanout,
-                    agents: 1,
-                    first_agent: self.first_agent,
-                    count: 1,
-                    exec: ExecKind::Real,
-                    spawners: self.spawners,
-                    instance_size: self.instance_size,
-                    lost_after_ms: self.lost_after.as_millis() as u64,
-                    // The agents read HTC_KEEP_DAEMONS from the job's environment.
-                    keep_daemons: false,
-                    await_leader_s: self.await_leader_s,
-                }
-                .argv(),
-            )
+            .args(self.work_args(run, leader).argv())
             .stdin(Stdio::null())
             .stderr(Stdio::piped());
         // Agents log to the job's output; keep it to what matters unless the user asked.
@@ -125,6 +100,33 @@ impl Srun {
             let _ = etx.send(());
         });
         Ok(Agents::new(agents, erx, 1))
+    }
+
+    /// What each agent of the step is started with: its rank and share come from Slurm.
+    fn work_args(&self, run: &RunDir, leader: SocketAddr) -> WorkArgs {
+        WorkArgs {
+            leader,
+            run_dir: run.path.clone(),
+            agent_id: 0,
+            slurm: true,
+            slots: None,
+            cpus: String::new(),
+            mem_mb: None,
+            gpus: None,
+            mem_limit: self.mem_limit,
+            output: self.output,
+            fanout: self.fanout,
+            agents: 1,
+            first_agent: self.first_agent,
+            count: 1,
+            exec: ExecKind::Real,
+            spawners: self.spawners,
+            instance_size: self.instance_size,
+            lost_after_ms: self.lost_after.as_millis() as u64,
+            // The agents read HTC_KEEP_DAEMONS from the job's environment.
+            keep_daemons: false,
+            await_leader_s: self.await_leader_s,
+        }
     }
 }
 
