@@ -210,6 +210,51 @@ fn simulate_runs_the_mixed_workload_on_a_virtual_clock_and_hflow_ends_near_the_b
     assert_eq!(run("hflow")["makespan_s"], hflow["makespan_s"], "a virtual clock repeats itself");
 }
 
+/// Tasks of three widths on 2 agents x 4 cores, wide ones spread through the file: 6 of 4 cores
+/// for 1.5 s, 10 of 2 cores for 1 s, 40 of one core for 0.5 s (76 core-seconds, a bound of 9.5 s).
+fn mixed_widths() -> String {
+    let (mut wide, mut two, mut one) = (6, 10, 40);
+    let mut s = String::new();
+    for k in 0.. {
+        let line = if wide > 0 && k % 9 == 0 {
+            wide -= 1;
+            "[cores=4 runtime=1500ms] sleep 1.5"
+        } else if two > 0 && k % 5 == 2 {
+            two -= 1;
+            "[cores=2 runtime=1s] sleep 1"
+        } else if one > 0 {
+            one -= 1;
+            "[runtime=500ms] sleep 0.5"
+        } else if wide + two == 0 {
+            break;
+        } else {
+            continue;
+        };
+        s.push_str(line);
+        s.push('\n');
+    }
+    s
+}
+
+/// `htc simulate` lays each agent out as a real agent does (a spawn loop per core, the wide
+/// spawner, the fan-out lending loops to wide tasks), so its makespan for a file of mixed widths
+/// is the one a real run of real `sleep`s has on this machine, within 5%.
+#[test]
+fn simulate_predicts_a_real_run_of_mixed_widths_within_5_percent() {
+    let d = Dir::new("simulate-vs-real");
+    d.write("mix.txt", mixed_widths());
+    let layout = ["--agents", "2", "--cores-per-agent", "4"];
+    let sim = simulate(&d, "mix.txt", &layout);
+    assert_eq!((sim["tasks"].as_u64(), sim["failed"].as_u64()), (Some(56), Some(0)), "{sim}");
+    let o = d.htc(&[&["run", "mix.txt", "-q"][..], &layout].concat());
+    assert!(o.status.success(), "{}", text(&o));
+    let real = status_json(&d);
+    assert_eq!(real["counts"]["done"], 56, "{real}");
+    let (predicted, took) = (sim["makespan_s"].as_f64().unwrap(), real["elapsed_s"].as_f64().unwrap());
+    eprintln!("mixed widths on 2 x 4: simulated {predicted:.3} s, real {took:.3} s, bound {}", sim["bound_s"]);
+    assert!((took - predicted).abs() <= 0.05 * predicted, "simulated {predicted} s, real {took} s");
+}
+
 /// Instances of several agents on the virtual clock: only the heads deal with the leader, each
 /// handing its instance's tasks to its members, and the mix still ends near the bound.
 #[test]
