@@ -162,7 +162,9 @@ def run_htc(htc: str, args: list[str], tasks: Path, work: Path) -> Sample:
     work.mkdir(parents=True)
     before = interrupts()
     t0 = time.monotonic()
-    p = subprocess.Popen([htc, "run", "-q", *args, str(tasks)], cwd=work, stdout=subprocess.DEVNULL)
+    # htc's stderr goes to a file in its work directory, to be shown should the run fail.
+    err = (work / "htc.stderr").open("wb")
+    p = subprocess.Popen([htc, "run", "-q", *args, str(tasks)], cwd=work, stdout=subprocess.DEVNULL, stderr=err)
     s = Sampler(p.pid)
     th = threading.Thread(target=s.run)
     th.start()
@@ -170,8 +172,10 @@ def run_htc(htc: str, args: list[str], tasks: Path, work: Path) -> Sample:
     wall = time.monotonic() - t0
     s.stop.set()
     th.join()
+    err.close()
     if rc != 0:
-        raise SystemExit(f"htc run {' '.join(args)} failed: exit {rc}")
+        said = (work / "htc.stderr").read_text(errors="replace")[-4000:]
+        raise SystemExit(f"htc run {' '.join(args)} failed: exit {rc}; its stderr ends:\n{said}")
     after = interrupts()
     return Sample(wall, {k: after[k] - before[k] for k in before}, s.threads)
 
