@@ -13,7 +13,7 @@
 //! Never the leader's node (the batch step runs there), nor a joined allocation's (those leave
 //! with their own job), nor an agent that relays for others or heads an instance of several.
 
-use super::*;
+use super::prelude::*;
 
 /// How long a node of an open run (one that takes tasks) stands idle before it is given back,
 /// unless the site says otherwise (`Core::open_idle_before_give_back`).
@@ -22,100 +22,77 @@ pub const OPEN_IDLE_US: u64 = 30_000_000;
 /// How long a node of any other run stands idle before it is given back.
 pub const IDLE_US: u64 = 1_000_000;
 
-impl Core<'_> {
-    /// Gives back the nodes of the leader's own allocation that hold nothing once the run has
-    /// nothing waiting (`give_back`): never the leader's own node (`leader_node`, as its
-    /// agents name it).
-    pub fn giving_back_nodes(mut self, leader_node: String) -> Self {
-        self.give_back.leader_node = Some(leader_node);
-        self
-    }
+/// Whether everything the run has left is running: nothing to hand out, nothing queued.
+fn all_left_runs(core: &Core<'_>) -> bool {
+    let held = core.in_flight.held_total();
+    held == core.counts.unfinished() && core.in_flight.running() as u64 >= held
+}
 
-    /// How long a node of an open run stands idle before it is given back (`OPEN_IDLE_US` by
-    /// default): the longer, the likelier the run's next tasks find it still there.
-    pub fn open_idle_before_give_back(mut self, us: u64) -> Self {
-        self.give_back.open_idle_us = Some(us);
-        self
+/// Tells the agents of each node with nothing left for it to leave (see the module).
+pub(super) fn give_back_idle(core: &mut Core<'_>, out: &mut Effects) {
+    let Some(leader_node) = core.give_back.leader_node.clone() else { return };
+    // A closed run with nothing unfinished is ending; an open one may wait for its next
+    // tasks for hours, and its nodes with nothing to do go back while it waits.
+    let ending = core.counts.unfinished() == 0 && !core.is_open();
+    if core.told_to_hold || core.grace.is_some() || core.settling() || ending {
+        return;
     }
+    if !all_left_runs(core) {
+        core.give_back.idle_since.clear();
+        return;
+    }
+    let mut nodes: HashMap<&str, bool> = HashMap::new();
+    for (&id, a) in core.agents.iter().filter(|(_, a)| a.alive) {
+        let empty = core.allocation_of(id).is_none()
+            && !core.give_back.leaving(id)
+            && core.in_flight.held(id) == 0
+            && stands_alone(core, id);
+        *nodes.entry(a.hostname.as_str()).or_insert(true) &= empty;
+    }
+    let mut idle: Vec<String> = nodes
+        .into_iter()
+        .filter(|&(node, empty)| empty && node != leader_node && !core.give_back.told.iter().any(|t| t == node))
+        .map(|(node, _)| node.to_string())
+        .collect();
+    idle.sort();
+    let wait = if core.is_open() { core.give_back.open_idle_us.unwrap_or(OPEN_IDLE_US) } else { IDLE_US };
+    let now = core.now_us;
+    let since = &mut core.give_back.idle_since;
+    since.retain(|n, _| idle.contains(n));
+    idle.retain(|n| now.saturating_sub(*since.entry(n.clone()).or_insert(now)) >= wait);
+    for node in idle {
+        let agents: Vec<u32> =
+            core.agents.iter().filter(|(_, a)| a.alive && a.hostname == node).map(|(&id, _)| id).collect();
+        tracing::info!(job = %core.job_id, %node, agents = agents.len(), "nothing is left for a node: it goes back to Slurm");
+        for agent in agents {
+            core.give_back.leaving.insert(agent);
+            out.push(Effect::stop(
+                agent,
+                Stop::Hold,
+                format!("nothing is left for node {node}: it goes back to Slurm"),
+            ));
+        }
+        core.give_back.told.push(node);
+    }
+}
 
-    /// The nodes given back so far.
-    pub fn nodes_given_back(&self) -> &[String] {
-        &self.give_back.given
-    }
+/// Whether `agent` has no one below it: no live agent it relays for, no instance members.
+fn stands_alone(core: &Core<'_>, agent: u32) -> bool {
+    let Some(tree) = &core.layout else { return true };
+    tree.instance_len(agent) <= 1 && tree.children(Some(agent)).all(|c| !core.agents.get(&c).is_some_and(|a| a.alive))
+}
 
-    /// Whether everything the run has left is running: nothing to hand out, nothing queued.
-    fn all_left_runs(&self) -> bool {
-        let held = self.in_flight.held_total();
-        held == self.counts.unfinished() && self.in_flight.running() as u64 >= held
+/// An agent told to leave with its node went: when it was the node's last, the node goes
+/// back (`Effect::GiveBack`, with every node given back so far).
+pub(super) fn left_with_node(core: &mut Core<'_>, agent: u32, out: &mut Effects) {
+    if !core.give_back.leaving(agent) {
+        return;
     }
-
-    /// Tells the agents of each node with nothing left for it to leave (see the module).
-    pub(super) fn give_back_idle(&mut self, out: &mut Effects) {
-        let Some(leader_node) = self.give_back.leader_node.clone() else { return };
-        // A closed run with nothing unfinished is ending; an open one may wait for its next
-        // tasks for hours, and its nodes with nothing to do go back while it waits.
-        let ending = self.counts.unfinished() == 0 && !self.is_open();
-        if self.told_to_hold || self.grace.is_some() || self.settling() || ending {
-            return;
-        }
-        if !self.all_left_runs() {
-            self.give_back.idle_since.clear();
-            return;
-        }
-        let mut nodes: HashMap<&str, bool> = HashMap::new();
-        for (&id, a) in self.agents.iter().filter(|(_, a)| a.alive) {
-            let empty = self.allocation_of(id).is_none()
-                && !self.give_back.leaving(id)
-                && self.in_flight.held(id) == 0
-                && self.stands_alone(id);
-            *nodes.entry(a.hostname.as_str()).or_insert(true) &= empty;
-        }
-        let mut idle: Vec<String> = nodes
-            .into_iter()
-            .filter(|&(node, empty)| empty && node != leader_node && !self.give_back.told.iter().any(|t| t == node))
-            .map(|(node, _)| node.to_string())
-            .collect();
-        idle.sort();
-        let wait = if self.is_open() { self.give_back.open_idle_us.unwrap_or(OPEN_IDLE_US) } else { IDLE_US };
-        let now = self.now_us;
-        let since = &mut self.give_back.idle_since;
-        since.retain(|n, _| idle.contains(n));
-        idle.retain(|n| now.saturating_sub(*since.entry(n.clone()).or_insert(now)) >= wait);
-        for node in idle {
-            let agents: Vec<u32> =
-                self.agents.iter().filter(|(_, a)| a.alive && a.hostname == node).map(|(&id, _)| id).collect();
-            tracing::info!(job = %self.job_id, %node, agents = agents.len(), "nothing is left for a node: it goes back to Slurm");
-            for agent in agents {
-                self.give_back.leaving.insert(agent);
-                out.push(Effect::stop(
-                    agent,
-                    Stop::Hold,
-                    format!("nothing is left for node {node}: it goes back to Slurm"),
-                ));
-            }
-            self.give_back.told.push(node);
-        }
+    let node = core.agents[&agent].hostname.clone();
+    if core.agents.values().any(|a| a.alive && a.hostname == node) || core.give_back.given.contains(&node) {
+        return;
     }
-
-    /// Whether `agent` has no one below it: no live agent it relays for, no instance members.
-    fn stands_alone(&self, agent: u32) -> bool {
-        let Some(tree) = &self.layout else { return true };
-        tree.instance_len(agent) <= 1
-            && tree.children(Some(agent)).all(|c| !self.agents.get(&c).is_some_and(|a| a.alive))
-    }
-
-    /// An agent told to leave with its node went: when it was the node's last, the node goes
-    /// back (`Effect::GiveBack`, with every node given back so far).
-    pub(super) fn left_with_node(&mut self, agent: u32, out: &mut Effects) {
-        if !self.give_back.leaving(agent) {
-            return;
-        }
-        let node = self.agents[&agent].hostname.clone();
-        if self.agents.values().any(|a| a.alive && a.hostname == node) || self.give_back.given.contains(&node) {
-            return;
-        }
-        tracing::warn!(job = %self.job_id, %node, "node given back to Slurm: nothing was left for it");
-        self.give_back.given.push(node);
-        out.push(Effect::GiveBack { nodes: self.give_back.given.clone() });
-    }
+    tracing::warn!(job = %core.job_id, %node, "node given back to Slurm: nothing was left for it");
+    core.give_back.given.push(node);
+    out.push(Effect::GiveBack { nodes: core.give_back.given.clone() });
 }

@@ -5,451 +5,68 @@
 //! (`tests.rs`) and the same core runs under every driver (the node's `leader/driver.rs`: the
 //! LMDB transaction, group commits and the agents' channels; `htc simulate`).
 //!
-//! One state, split by concern: this file has the inputs, the state and `handle` (which routes
-//! each input); `dispatch` hands out work, `results` records what agents report, `agents` their
-//! joins, losses and rejoins, `returns` what comes back unstarted, `allocations` the run's
-//! allocations, `handover` a run taken over, `preempt` stops low-priority work for high, `view`
-//! what the core shows. Parts of the state that keep their own invariants are types of files
-//! that use nothing of this one: `flights` (what each agent holds), `allocation` (one
-//! allocation), `settling` (the wait of a hand-over), `nodes_back` (the nodes given back by `give_back`).
+//! One state, its handlers as free functions (the shape of HyperQueue's `tako` reactor): the
+//! `Core` type has its fields, builders, shared helpers and views in `state` and its event
+//! entry points (`handle`, the tick, the ending) here, and nowhere else. What it is fed and
+//! answers is in `input`; the names handlers share in `prelude`. Each handler file takes the
+//! core as `&mut Core` and calls only the files below it, in this order, so that no two call
+//! each other: `records` (a record's change of state, what a final state releases, a cancel),
+//! `dispatch` (handing out work: a plan, then its application), `preempt`, `returns` (what
+//! comes back unstarted), `give_back` (idle nodes given back), `results` (an attempt's end,
+//! retries, refunds), `handover` (a run taken over), `agents` (joins, losses, rejoins, audits),
+//! `allocations` (the run's allocations), `adds` (an open run's added tasks), `report` (an
+//! agent's report, `--max-fails`, black holes). Parts of the state that keep their own
+//! invariants are types of files that use nothing of the core: `flights` (what each agent
+//! holds), `roster` (the agents), `allocation` (one allocation), `settling` (the wait of a
+//! hand-over), `nodes_back` (the nodes given back), `deps`, `figures`, `turnout`, `streak`.
 //!
 //! A task costs the ledger one write, when its attempt ends: dispatch and start live in memory
 //! (`in_flight`), since a leader that dies loses them anyway (the next session re-runs what was
 //! not recorded finished), and the counts by state that `htc status` shows include them.
 
-use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::Arc;
+use prelude::*;
 
-use htc_core::affinity::{Affinity, Route};
-use htc_core::arrivals::Arrivals;
-use htc_core::backfill::{self, Memory, Need};
-use htc_core::hist::Summary;
-use htc_core::idmap::{IdMap, IdSet};
-use htc_core::partition::{Block, Partition};
-use htc_core::task::{self, End, Life, Step};
-use htc_core::tree::Tree;
-
-use super::effect::{self, Effect, Effects};
-use crate::live;
-use crate::liveness::Liveness;
-use crate::msg::{self, Came, Hello, Stop, ToAgent, Up};
-use htc_core::record::{Attempt, Change, Ended, Outcome, Record};
-use htc_core::task::{Counts, State};
+use allocation::Attach;
+use deps::Added;
+use htc_core::after::Needs;
 
 mod adds;
 mod agents;
 pub mod allocation;
 mod allocations;
 mod asking;
-mod cancel;
 pub mod deps;
 mod dispatch;
 mod figures;
 mod flights;
 mod give_back;
 mod handover;
+mod input;
 mod nodes_back;
 pub mod open;
 mod preempt;
 mod preemption;
+mod prelude;
+mod records;
+mod report;
 mod results;
 mod returns;
 mod roster;
 mod settling;
+mod state;
 mod streak;
 #[cfg(test)]
 mod tests;
 mod turnout;
-mod view;
-
-use allocation::{Allocation, Stage};
-use asking::{Asking, Idle};
-use deps::Deps;
-use figures::Figures;
-use flights::{Flight, Flights};
-use preemption::Preemption;
-use roster::{Agent, Agents};
-use settling::Settling;
-use turnout::Turnout;
-
-/// Where task records live: the ledger's write transaction in a real run, a map in tests. Reads
-/// see the writes made before them.
-pub trait Tasks {
-    /// The store's own failure; the core never makes one, it passes the first on and stops.
-    type Error;
-    fn get(&self, id: u64) -> Result<Option<Record>, Self::Error>;
-    /// The records of `ids` that exist, in id order.
-    fn range(&self, ids: std::ops::Range<u64>) -> Result<Vec<(u64, Record)>, Self::Error>;
-    /// Applies one change the core decided; the core's only way to change the ledger.
-    fn apply(&mut self, c: &Change) -> Result<(), Self::Error>;
-    /// The task's command line.
-    fn command(&self, r: &Record) -> Vec<u8>;
-    /// The id the next added task gets: one past the highest.
-    fn next_id(&self) -> Result<u64, Self::Error>;
-    /// Adds a task under the next id, with its command, what it waits for and its key.
-    fn add(&mut self, t: &NewTask) -> Result<(u64, Record), Self::Error>;
-    /// The task added under `key`, if one was.
-    fn keyed(&self, key: &[u8]) -> Result<Option<u64>, Self::Error>;
-    /// The run's class names (`class=`), by number: 0 is `default`.
-    fn classes(&self) -> Result<Vec<String>, Self::Error>;
-    /// The run's class names, now with those that added tasks named first.
-    fn set_classes(&mut self, names: &[String]) -> Result<(), Self::Error>;
-}
-
-/// What happens, as the core sees it.
-#[derive(Debug)]
-pub enum Input {
-    Joined {
-        agent: u32,
-        cores: u32,
-        mem_mb: u64,
-        gpus: u32,
-        hostname: String,
-    },
-    Report {
-        agent: u32,
-        report: msg::Report,
-    },
-    Lost {
-        agent: u32,
-        why: String,
-    },
-    /// An agent whose relay was lost reconnected directly, with the agents it relays for.
-    /// An agent given up (hung, cut off) came back, having stopped everything it held: a new
-    /// member from here on.
-    Revived {
-        agent: u32,
-        cores: u32,
-        mem_mb: u64,
-        gpus: u32,
-        hostname: String,
-    },
-    Rejoined {
-        agent: u32,
-        below: Vec<u32>,
-    },
-    /// An agent whose leader was lost came to this one, which took the run over, with the tasks
-    /// it kept (`handover`).
-    HandedOver {
-        agent: u32,
-        cores: u32,
-        mem_mb: u64,
-        gpus: u32,
-        hostname: String,
-    },
-    /// An agent's relay was lost: it may rejoin within its lease, or fall silent and be lost.
-    Detached {
-        agent: u32,
-    },
-    /// An agent process ended before it ever joined (local launcher), or could not be started.
-    NeverJoined {
-        agent: u32,
-        why: String,
-    },
-    /// An agent's process exited badly (the srun step says so), `why` naming its node and its
-    /// last words.
-    AgentExited {
-        agent: u32,
-        why: String,
-    },
-    Interrupt {
-        signal: i32,
-    },
-    /// Stopped by a signal, and Slurm ends the job `grace_us` from now (a preemption's
-    /// `GraceTime`): the run finishes what runs and starts nothing more until then.
-    Grace {
-        signal: i32,
-        grace_us: u64,
-    },
-    /// Time passed: heartbeats are due, silent agents are given up.
-    Tick,
-    /// A user cancelled these tasks.
-    Cancel {
-        ids: Vec<u64>,
-    },
-    /// A client adds tasks to an open run; the answer is `Effect::Added` with `request`.
-    Add {
-        request: u64,
-        tasks: Vec<open::NewTask>,
-    },
-    /// `htc close`: the open run takes no more tasks; with `cancel`, what it holds is cancelled.
-    Close {
-        cancel: bool,
-    },
-}
-
-pub use open::{Answer, NewTask};
-
-/// What a Hello tells the core, by why the agent came: the one reading, for every driver.
-impl From<Hello> for Input {
-    fn from(h: Hello) -> Input {
-        let Hello { agent, cores, mem_mb, gpus, hostname, came } = h;
-        match came {
-            Came::New => Input::Joined { agent, cores, mem_mb, gpus, hostname },
-            Came::Rejoin { below } => Input::Rejoined { agent, below },
-            Came::Fresh => Input::Revived { agent, cores, mem_mb, gpus, hostname },
-            Came::Handover => Input::HandedOver { agent, cores, mem_mb, gpus, hostname },
-        }
-    }
-}
-
-/// What an agent's word tells the core: the one reading, for every driver.
-impl From<Up> for Input {
-    fn from(up: Up) -> Input {
-        match up {
-            Up::Hello(h) => Input::from(h),
-            Up::Report { agent, report } => Input::Report { agent, report },
-            Up::Lost { agent, why } => Input::Lost { agent, why },
-        }
-    }
-}
-
-/// How often agents are asked what they hold (`Core::audit`), in units of the loss bound
-/// (`lost_after_s`): every minute by default.
-pub const AUDIT_EVERY_LOST_AFTER: u64 = 6;
-
-pub use streak::BLACK_HOLE_STREAK;
 
 pub use give_back::OPEN_IDLE_US;
+pub use input::{Ending, Input, Progress, Tasks, AUDIT_EVERY_LOST_AFTER, GRACE_MARGIN_US, HORIZON_MS};
+pub use open::{Answer, NewTask};
 pub use preemption::MAX_PREEMPTIONS;
-
-/// Hinted work per core an agent may hold before it gets only what it can start (`with_horizon`).
-pub const HORIZON_MS: u64 = 1_000;
-
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Progress {
-    pub counts: Counts,
-    pub elapsed: std::time::Duration,
-    /// Tasks finished (done or failed) in this session, for the rate.
-    pub finished_this_session: u64,
-    pub agents: usize,
-    /// Pending tasks that wait for others.
-    pub blocked: u64,
-    /// Allocations that joined the run and still run: should the leader's own end, one of them
-    /// takes the run over (no resubmission).
-    pub joined_running: usize,
-}
-
-/// How long before the end of a grace (`Input::Grace`) the run stops what still runs.
-pub const GRACE_MARGIN_US: u64 = 2_000_000;
-
-#[derive(Debug, PartialEq, Eq)]
-pub enum Ending {
-    /// Every task is done or failed.
-    Complete,
-    /// Stopped by a signal; the run can be resumed.
-    Interrupted(i32),
-    /// Preempted with a grace (`Input::Grace`), which it used: what ran in it finished, nothing
-    /// more started; the run can be resumed, and `--htc-resubmit` continues it.
-    Preempted(i32),
-    /// No agent is left to run the remaining tasks.
-    AgentsLost(String),
-    /// `--max-fails`: this many tasks failed for good, so nothing more was started and the
-    /// run stopped once what was running ended; it can be resumed.
-    TooManyFailures(u64),
-    /// What is left (this many tasks) cannot finish before the time limit, by their runtime
-    /// hints; it waits for a resume.
-    OutOfTime(u64),
-    /// An agent could not start on its node (why): the node is broken, and the run stops until
-    /// it is fixed; it can be resumed then.
-    AgentNotStarted(String),
-}
-
-pub struct Core<'a> {
-    /// The plan of the tasks the run started with, and what arrived since (`Arrivals`).
-    partition: Arrivals<'a>,
-    /// Which tasks wait for which (`deps`).
-    deps: Deps,
-    /// An open run's state (`adds`); `None`: the run's tasks are those it started with.
-    open: Option<open::Openness>,
-    /// Answers to adds, held until their tasks are committed (`acks`).
-    answers: Effects,
-    /// Who came, who never did, the last loss (`turnout`).
-    turnout: Turnout,
-    job_id: String,
-    agents: Agents,
-    retry: VecDeque<u64>,
-    /// Ids joined `retry` since agents other than the reporting one were last offered them.
-    fresh_retries: bool,
-    /// Tasks arrived since agents were last all offered work (added, or ready now that what
-    /// they waited for ended): an idle agent with credit takes them at once, not at its next
-    /// report.
-    fresh_arrivals: bool,
-    /// Asking queued work back for idle slots at the tail (`asking`).
-    asking: Asking,
-    /// What this session has to show (`figures`).
-    figures: Figures,
-    in_flight: Flights,
-    counts: Counts,
-    horizon_ms: Option<u64>,
-    /// Who heads which instance; without it every agent is an instance of its own.
-    layout: Option<Arc<Tree>>,
-    /// Fail fast: stop starting tasks once this many failed for good in this session.
-    max_fails: Option<u64>,
-    /// The time limit (the Slurm job's end, `--time-limit`): a task whose runtime hint would
-    /// not end before it is set aside for the next session.
-    deadline_us: Option<u64>,
-    late: IdSet<u64>,
-    /// The time of the input being handled.
-    now_us: u64,
-    /// The agents were told to start nothing more (`max_fails` reached, or a grace).
-    told_to_hold: bool,
-    /// Signalled with a grace (`Input::Grace`): the signal, and when the run ends at the latest.
-    grace: Option<(i32, u64)>,
-    /// An agent said it was signalled, and the driver was asked about a grace (`Effect::Signalled`).
-    asked_grace: bool,
-    /// Rejoined agents asked to resync, with the tasks they held when asked: those they do not
-    /// list in their answer were lost on the way with the relay.
-    resyncs: IdMap<u32, Vec<u64>>,
-    live: Liveness,
-    /// When every agent was last asked what it holds (`audit`).
-    audit_us: u64,
-    /// When time last passed (`Input::Tick`, every 100 ms from the driver): a longer gap is the
-    /// leader's own stall, not its agents' silence.
-    ticked_us: u64,
-    /// Memory committed on each agent, tasks waiting for it, reservations (`backfill`).
-    mem: Memory,
-    /// Which agent each `affinity=` key runs on, and the tasks handed to each (`affinity`).
-    affinity: Affinity,
-    /// Tasks were handed to other agents' affinity queues since agents were last all offered
-    /// work: an idle one may take them.
-    fresh_handoffs: bool,
-    /// Preemptible tasks in flight, those being stopped, those to run again (`preemption`).
-    preemption: Preemption,
-    /// Instances never take from another's share (`--no-steal`, for measuring what moving
-    /// work from a loaded instance to an idle one gains), nor ask queued tasks back.
-    no_steal: bool,
-    /// The allocations that joined the run (`attach`), in the order they came.
-    allocations: Vec<Allocation>,
-    /// This session took the run over: the wait for the agents that kept their tasks.
-    settling: Option<Settling>,
-    /// What the last session's agents journaled of the attempts they started and had not
-    /// ended, by task id: interrupted once the wait is over, unless an agent brought them.
-    awaiting: Vec<htc_core::salvage::Told>,
-    /// Agents that came from a hand-over: what they hold or ran may be pending here.
-    adoptees: IdSet<u32>,
-    /// Those of them from other allocations than this leader's own, each an instance of its own
-    /// until their launcher attaches again (`keep_ids`).
-    strays: IdSet<u32>,
-    /// Nodes of the run's own allocation given back at its tail (`give_back`).
-    give_back: nodes_back::GiveBack,
-}
+pub use state::Core;
+pub use streak::BLACK_HOLE_STREAK;
 
 impl<'a> Core<'a> {
-    /// A core for a run whose tasks stand at `counts`, starting at `now_us`.
-    pub fn new(
-        partition: Box<dyn Partition + 'a>,
-        job_id: String,
-        expected_agents: usize,
-        counts: Counts,
-        now_us: u64,
-    ) -> Core<'a> {
-        Core {
-            partition: Arrivals::new(partition),
-            deps: Deps::default(),
-            open: None,
-            answers: Vec::new(),
-            turnout: Turnout::expecting(expected_agents),
-            job_id,
-            agents: Agents::default(),
-            retry: VecDeque::new(),
-            fresh_retries: false,
-            fresh_arrivals: false,
-            in_flight: Flights::new(counts.total()),
-            counts,
-            horizon_ms: None,
-            layout: None,
-            live: Liveness::default(),
-            audit_us: now_us,
-            ticked_us: now_us,
-            max_fails: None,
-            deadline_us: None,
-            late: Default::default(),
-            now_us,
-            told_to_hold: false,
-            grace: None,
-            asked_grace: false,
-            resyncs: IdMap::default(),
-            mem: Memory::new(backfill::Policy::default()),
-            affinity: Affinity::expecting(0..expected_agents as u32),
-            fresh_handoffs: false,
-            preemption: Preemption::default(),
-            asking: Asking::default(),
-            figures: Figures::new(now_us, &counts),
-            no_steal: false,
-            allocations: Vec::new(),
-            settling: None,
-            awaiting: Vec::new(),
-            adoptees: IdSet::default(),
-            strays: IdSet::default(),
-            give_back: Default::default(),
-        }
-    }
-
-    /// How memory decides what starts (`--mem-policy`).
-    pub fn with_memory_policy(mut self, policy: backfill::Policy) -> Self {
-        self.mem.set_policy(policy);
-        self
-    }
-
-    /// No instance takes from another's share: each runs its own and no more.
-    pub fn without_stealing(mut self) -> Self {
-        self.no_steal = true;
-        self
-    }
-
-    /// The run has exclusive tasks: every task is committed on its agent, so that an agent is
-    /// known empty (`backfill`).
-    pub fn with_exclusive_tasks(mut self) -> Self {
-        self.mem = std::mem::take(&mut self.mem).with_whole_nodes();
-        self
-    }
-
-    /// Fail fast (`--max-fails N`): once `n` tasks failed for good in this session, nothing more
-    /// starts, and the run ends when what runs has ended.
-    pub fn with_max_fails(mut self, n: u64) -> Self {
-        self.max_fails = Some(n.max(1));
-        self
-    }
-
-    /// Starts no task whose runtime hint would not end by `end_us`.
-    pub fn with_deadline(mut self, end_us: u64) -> Self {
-        self.deadline_us = Some(end_us);
-        self
-    }
-
-    /// Heartbeats and the bound on silent agents (`liveness`).
-    pub fn with_liveness(mut self, live: Liveness) -> Self {
-        self.live = live;
-        self
-    }
-
-    /// Agents grouped into instances: only heads deal with the leader, each stands for its
-    /// instance's index in the partition, and `expected_agents` counts instances.
-    pub fn with_layout(mut self, tree: Arc<Tree>) -> Self {
-        self.affinity = Affinity::expecting(tree.heads().iter().copied());
-        self.layout = Some(tree);
-        self
-    }
-
-    /// Past `ms` of hinted work per core in flight on an agent, it gets only what it can start
-    /// now, so that the rest stays in the partition for whoever frees a core first (a queue of
-    /// long tasks behind a busy agent's cores is the tail of the run). For files with runtime
-    /// hints; without, prefetch is unbounded (zero-length tasks need it).
-    pub fn with_horizon(mut self, ms: u64) -> Self {
-        self.horizon_ms = Some(ms);
-        self
-    }
-
-    pub fn counts(&self) -> Counts {
-        self.counts
-    }
-
-    /// Tasks finished before this session started.
-    pub fn finished_start(&self) -> u64 {
-        self.figures.finished_start()
-    }
-
     /// Whether the run is over without an event: every task finished, or no agent left.
     pub fn ending(&self) -> Option<Ending> {
         if self.stays_open() {
@@ -539,10 +156,6 @@ impl<'a> Core<'a> {
         }
     }
 
-    pub fn all_agents_gone(&self) -> bool {
-        self.turnout.all_gone(self.agents.values().filter(|a| a.alive).count())
-    }
-
     /// Acks every report received so far, and answers the adds: call after the ledger writes
     /// of those reports and adds are committed, never before.
     pub fn acks(&mut self, out: &mut Effects) {
@@ -563,16 +176,16 @@ impl<'a> Core<'a> {
         self.now_us = now_us;
         match ev {
             Input::Joined { agent, cores, mem_mb, gpus, hostname } => {
-                self.joined(agent, (cores, mem_mb, gpus), hostname)
+                agents::joined(self, agent, (cores, mem_mb, gpus), hostname)
             }
-            Input::Report { agent, report } => self.on_report(t, agent, report, out)?,
-            Input::Lost { agent, why } => self.lose(t, agent, &why, now_us, out)?,
-            Input::Rejoined { agent, below } => self.rejoined(agent, below, now_us, out),
+            Input::Report { agent, report } => report::on_report(self, t, agent, report, out)?,
+            Input::Lost { agent, why } => agents::lose(self, t, agent, &why, now_us, out)?,
+            Input::Rejoined { agent, below } => agents::rejoined(self, agent, below, now_us, out),
             Input::HandedOver { agent, cores, mem_mb, gpus, hostname } => {
-                self.handed_over(agent, (cores, mem_mb, gpus), hostname, out)
+                handover::handed_over(self, agent, (cores, mem_mb, gpus), hostname, out)
             }
             Input::Revived { agent, cores, mem_mb, gpus, hostname } => {
-                self.revived(t, agent, (cores, mem_mb, gpus), hostname, now_us, out)?
+                agents::revived(self, t, agent, (cores, mem_mb, gpus), hostname, now_us, out)?
             }
             Input::Detached { agent } => {
                 if let Some(a) = self.agents.get(&agent).filter(|a| a.alive) {
@@ -580,26 +193,26 @@ impl<'a> Core<'a> {
                 }
             }
             Input::Tick => self.tick(t, now_us, out)?,
-            Input::NeverJoined { agent, why } => self.never_joined(agent, &why),
+            Input::NeverJoined { agent, why } => agents::never_joined(self, agent, &why),
             Input::AgentExited { agent, why } => {
-                if let Some(ending) = self.agent_exited(agent, why) {
+                if let Some(ending) = agents::agent_exited(self, agent, why) {
                     return Ok(Some(ending));
                 }
             }
             Input::Interrupt { signal } => return Ok(Some(Ending::Interrupted(signal))),
             Input::Grace { signal, grace_us } => return Ok(self.use_grace(signal, grace_us, out)),
             Input::Cancel { ids } => {
-                self.cancel(t, &ids, out)?;
+                records::cancel(self, t, &ids, out)?;
             }
-            Input::Add { request, tasks } => self.add(t, request, tasks, out)?,
-            Input::Close { cancel } => self.close(t, cancel, out)?,
+            Input::Add { request, tasks } => adds::add(self, t, request, tasks, out)?,
+            Input::Close { cancel } => adds::close(self, t, cancel, out)?,
         }
-        self.note_busy();
+        adds::note_busy(self);
         if self.fresh_arrivals {
-            self.dispatch_all(t, out)?;
+            dispatch::dispatch_all(self, t, out)?;
         }
-        if self.asking.pending() && self.may_ask_back() {
-            self.ask_back(out);
+        if self.asking.pending() && dispatch::may_ask_back(self) {
+            dispatch::ask_back(self, out);
         }
         Ok(None)
     }
@@ -610,25 +223,50 @@ impl<'a> Core<'a> {
     /// its last report, or else an Ack of what was already acknowledged. Under load the acks
     /// alone do it (16 one-slot agents were sent as many heartbeats as acks).
     fn tick<E>(&mut self, t: &mut dyn Tasks<Error = E>, now_us: u64, out: &mut Effects) -> Result<(), E> {
-        self.excuse_own_stall(now_us);
+        agents::excuse_own_stall(self, now_us);
         let silent = self.agents.silent(now_us, self.live.lost_after_us);
         for (agent, quiet_us) in silent {
             let why = format!("silent for {:.1} s", quiet_us as f64 / 1e6);
-            self.lose(t, agent, &why, now_us, out)?;
+            agents::lose(self, t, agent, &why, now_us, out)?;
             effect::give_up(out, agent, why);
         }
         if now_us.saturating_sub(self.audit_us) >= AUDIT_EVERY_LOST_AFTER * self.live.lost_after_us {
             self.audit_us = now_us;
-            self.audit(out);
+            agents::audit(self, out);
         }
-        self.preempt_for_waiting(t, out)?;
-        self.leave_due(t, out)?;
-        self.settle(t, out)?;
-        self.give_back_idle(out);
-        let every = self.live.beat_every_us(self.reporters());
+        preempt::preempt_for_waiting(self, t, out)?;
+        allocations::leave_due(self, t, out)?;
+        handover::settle(self, t, out)?;
+        give_back::give_back_idle(self, out);
+        let every = self.live.beat_every_us(agents::reporters(self));
         for (agent, seq) in self.agents.heartbeats_due(now_us, every) {
             out.push(Effect::ToAgent(agent, ToAgent::Ack { seq }));
         }
         Ok(())
+    }
+
+    /// Takes a joining allocation into the run: its agents get the next ids, grafted onto the
+    /// tree as instances of their own, whose shares come with the re-plan when each head joins.
+    /// Refused once the run is ending, or without a tree to graft onto.
+    pub fn attach(&mut self, req: Attach, now_us: u64) -> Result<u32, String> {
+        allocations::attach(self, req, now_us)
+    }
+
+    /// Tells a joined allocation to leave now (a grown job giving its nodes back to jobs that
+    /// wait for them): as at its time limit.
+    pub fn leave_allocation(&mut self, job: &str, reason: &str, out: &mut Effects) {
+        allocations::leave_allocation(self, job, reason, out)
+    }
+
+    /// The launcher of a joined allocation ended (its job ended): its agents that never joined
+    /// never will, and those still here go as its job's end takes them.
+    pub fn allocation_gone(&mut self, job: &str, now_us: u64) {
+        allocations::allocation_gone(self, job, now_us)
+    }
+
+    /// Task `id` waits for `on` (tasks that exist): made as it is added, or again on a resume
+    /// for a task not final yet. A dependency that failed already cancels it at once.
+    pub fn depend<E>(&mut self, t: &mut dyn Tasks<Error = E>, id: u64, on: &Needs) -> Result<Added, E> {
+        records::depend(self, t, id, on)
     }
 }

@@ -2,9 +2,11 @@
 //! its frames and the records it wrote checked. No sockets, processes or clocks.
 
 use super::*;
+use crate::liveness::Liveness;
 use htc_core::partition::Even;
 use htc_core::record::{CommandAt, Ended};
 use htc_core::shape::TaskShape;
+use htc_core::task::Counts;
 use htc_core::tree::Tree;
 use std::collections::BTreeMap;
 
@@ -1334,12 +1336,12 @@ fn a_plan_moves_no_task_s_life_and_picks_a_task_held_in_two_queues_once() {
     c.retry.extend([1, 1]);
     let a = c.agents.get_mut(&0).unwrap();
     (a.credit, a.idle) = (8, 4);
-    let (plan, ask) = c.plan(&mut m, 0).unwrap();
+    let (plan, ask) = dispatch::plan(&mut c, &mut m, 0).unwrap();
     assert_eq!(plan.picks.iter().map(|(id, _)| *id).collect::<Vec<_>>(), vec![1, 2, 3, 4]);
     assert_eq!((plan.want, ask), (4, false));
     assert!((1..=4).all(|id| m.state(id) == State::Pending && !c.in_flight.contains(id)));
     let mut out = Vec::new();
-    c.apply(&mut m, plan, &mut out).unwrap();
+    dispatch::apply(&mut c, &mut m, plan, &mut out).unwrap();
     assert_eq!(dispatched(&out), vec![(0, vec![(1, 1), (2, 1), (3, 1), (4, 1)])]);
     assert!((1..=4).all(|id| c.in_flight.contains(id)));
     assert_eq!((c.agents[&0].credit, c.agents[&0].idle), (4, 0));
