@@ -3,7 +3,8 @@
 # the crates below it, and the pure ones (htc-core, htc-engine) on nothing that does I/O. Cargo
 # already refuses cycles; this refuses a dependency that would make one possible or that would
 # let I/O into the engine (say, tokio added to htc-engine "just for a channel"). Cargo does not
-# refuse a cycle between the modules of one crate; tests/modcycles.py, run at the end, does.
+# refuse a cycle between the modules of one crate; tests/modcycles.py, run at the end, does, and
+# tests/structure.py holds the shape of the busiest parts (impls, sizes, long functions).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -41,4 +42,6 @@ done
 ((fail == 0)) && echo "layering: every crate uses only the crates below it; htc-core and htc-engine do no I/O"
 # Inside each crate, no module may import itself through others (what counts: the script's header).
 python3 tests/modcycles.py || fail=1
+# The shape kept for the busiest parts (what counts: the script's header).
+python3 tests/structure.py || fail=1
 exit "$fail"
