@@ -23,4 +23,5 @@ def test_the_python_doc_s_example_runs_as_written(tmp_path: pathlib.Path) -> Non
     lines = p.stdout.splitlines()
     assert lines[0] == "total: 190", p.stdout
     assert lines[1] == "task 22: exit 3" and lines[2] == "task 23: cancelled: task 22 did not succeed (after=)", p.stdout
-    assert lines[3] == "['0', '1', '4', '9']", p.stdout
+    assert lines[3] == "[0, 1, 4, 9]", p.stdout
+    assert lines[4] == "raised: invalid literal for int() with base 10: 'twelve'", p.stdout

@@ -87,8 +87,8 @@ def test_after_orders_the_tasks(ex: Executor, tmp_path: pathlib.Path) -> None:
     assert (tmp_path / "order").read_text() == "first\nsecond\n"
 
 
-def test_map_gives_results_in_order(ex: Executor) -> None:
-    out = [r.stdout() for r in ex.map(lambda i: f"echo {i * i}", range(5), timeout=60)]
+def test_map_commands_gives_results_in_order(ex: Executor) -> None:
+    out = [r.stdout() for r in ex.map_commands(lambda i: f"echo {i * i}", range(5), timeout=60)]
     assert out == ["0\n", "1\n", "4\n", "9\n", "16\n"]
 
 

@@ -1,4 +1,6 @@
-"""`Executor`: commands run as tasks of a slurm-htc open run, each a `concurrent.futures.Future`.
+"""`Executor`: Python functions and commands run as tasks of a slurm-htc open run, each a
+`concurrent.futures.Future`: `submit(fn, *args, **kwargs)`'s result is what `fn` returned, and
+what it raised is raised again (`functions`); `submit_command`'s is a `TaskResult`.
 
 Adds go through one `htc task add --file -` stream (grouped into few requests); the states of
 all unfinished tasks are asked in one `htc task status` call per poll; a cancel is one `htc task
@@ -12,10 +14,14 @@ import collections
 import concurrent.futures
 import functools
 import logging
+import os
+import sys
 import threading
 import time
-from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
+from . import functions
+from ._call import RETURNED, Call
 from ._htc import OPTIONS, Command, HtcError, task_line
 from ._stream import Stream
 from .run import ENDED, Run, drop_record, read_record, write_record
@@ -77,6 +83,8 @@ class TaskFuture(concurrent.futures.Future):  # type: ignore[type-arg]
         self._ex = executor
         self.task_id: Optional[int] = None
         self._known = threading.Event()
+        # A function call's description and files (`functions`); `None` for a command.
+        self._call: Optional[Tuple[str, str, bool, bool]] = None
 
     def cancel(self) -> bool:
         """Cancels the task in the run (queued: it never starts; running: it is stopped)."""
@@ -113,7 +121,15 @@ class _Feed:
 
 
 class Executor(concurrent.futures.Executor):
-    """Runs commands as tasks of an open run.
+    """Runs Python functions and commands as tasks of an open run.
+
+    `submit(fn, *args, **kwargs)` runs `fn(*args, **kwargs)` in a task (pickled with
+    cloudpickle, run by this interpreter or `python=`); its future's result is the value, and an
+    exception it raised is raised again with the remote traceback as its cause. A command (a
+    shell command line as a `str`, or a program and its arguments) goes through
+    `submit_command`, or `submit` with a `str`, as before. Task options for a function's call
+    (`key=`, `after=`, `cores=`, ...) come from `with_options(...)`, since every keyword of
+    `submit(fn, ...)` is `fn`'s.
 
     `Executor()` starts an open run here (`htc run --open` in `cwd`); `Executor(run)` attaches to
     a running one (its id or directory); `Executor(slurm={"nodes": 4, "time": "2:00:00"})` submits
@@ -138,6 +154,7 @@ class Executor(concurrent.futures.Executor):
         idle_exit: str = IDLE_EXIT,
         start_timeout: float = 120.0,
         record: Optional[str] = None,
+        python: Optional[str] = None,
         **defaults: Any,
     ) -> None:
         self._defaults = dict(defaults)
@@ -165,6 +182,8 @@ class Executor(concurrent.futures.Executor):
             if record is not None:
                 write_record(record, self._run.id)
         self._record = record
+        self._python = python or sys.executable
+        self._run_dir = _run_dir(self._run.id, self._run.cwd)
         self._keep_alive_s = min(KEEP_ALIVE_S, _seconds(idle_exit) / 3) if _seconds(idle_exit) > 0 else KEEP_ALIVE_S
         self.run = self._run.id
         self._lock = threading.Condition()
@@ -178,7 +197,23 @@ class Executor(concurrent.futures.Executor):
 
     # -- submitting -------------------------------------------------------------------------
 
-    def submit(  # type: ignore[override]
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> TaskFuture:
+        """`fn(*args, **kwargs)` in a task: the future's result is its value, or raises what it
+        raised. A `str` or a list of strings is a command (`submit_command`, whose options then
+        come as keywords)."""
+        if callable(fn):
+            return self._submit_calls(functions.describe(fn, args, kwargs), [(fn, args, kwargs)], {}, chunked=False)
+        if args:
+            raise TypeError("a command takes no positional arguments after it: pass a list, or a callable")
+        return self.submit_command(fn, **kwargs)
+
+    def with_options(self, **options: Any) -> "Options":
+        """This executor with task options for the calls and commands submitted through it:
+        `ex.with_options(key="sim-3", cores=4, after=[f]).submit(simulate, 3)`."""
+        _check_options(options, calls=True)
+        return Options(self, options)
+
+    def submit_command(
         self,
         cmd: Command,
         /,
@@ -197,17 +232,48 @@ class Executor(concurrent.futures.Executor):
         under the same key (after a crash) gives the same task."""
         if self._shut:
             raise RuntimeError("cannot submit after shutdown")
-        unknown = set(options) - set(OPTIONS)
-        if unknown:
-            raise TypeError(f"unknown task option(s): {', '.join(sorted(unknown))}")
+        _check_options(options)
         opts = {**self._defaults, **options}
         line = task_line(cmd, opts, _ids(after), _ids(afterany), cwd, env)
         fut = TaskFuture(self)
+        self._add(fut, line, key, name)
+        return fut
+
+    def _submit_calls(
+        self,
+        what: str,
+        calls: Sequence[Call],
+        options: Mapping[str, Any],
+        *,
+        chunked: bool,
+    ) -> TaskFuture:
+        """Calls as one task: written to their file, then added; a call that cannot be pickled
+        is an error on its future, naming it."""
+        if self._shut:
+            raise RuntimeError(f"cannot submit {what} after shutdown")
+        opts = {**self._defaults, **options}
+        key, name = opts.pop("key", None), opts.pop("name", None)
+        after, afterany = opts.pop("after", ()), opts.pop("afterany", ())
+        cwd, env = opts.pop("cwd", None) or os.getcwd(), opts.pop("env", None)
+        fut = TaskFuture(self)
+        base = functions.base_for(self._run_dir, key)
+        fut._call = (what, base, key is not None, chunked)
+        try:
+            data = functions.encode(calls)
+        except Exception as e:
+            fut.set_exception(TypeError(f"cannot pickle the call {what}: {type(e).__name__}: {e}"))
+            fut._known.set()
+            return fut
+        functions.write_call(base, data)
+        line = task_line(functions.command(self._python, base), opts, _ids(after), _ids(afterany), cwd, env)
+        self._add(fut, line, key, name)
+        return fut
+
+    def _add(self, fut: TaskFuture, line: str, key: Optional[str], name: Optional[str]) -> None:
         if key is not None or name is not None:
             self._add_one(fut, line, key, name)
         else:
             self._add_streamed(fut, line)
-        return fut
 
     def _add_one(self, fut: TaskFuture, line: str, key: Optional[str], name: Optional[str]) -> None:
         """A task with a key or a name: a request of its own (a key names one task)."""
@@ -263,15 +329,54 @@ class Executor(concurrent.futures.Executor):
             fut.set_exception(HtcError(why or "the add stream ended before the task was added"))
             fut._known.set()
 
-    def map(  # type: ignore[override]
+    def map(
+        self,
+        fn: Callable[..., Any],
+        *iterables: Iterable[Any],
+        timeout: Optional[float] = None,
+        chunksize: int = 1,
+    ) -> Iterator[Any]:
+        """`fn(*items)` for the items of `iterables` taken together, in tasks of `chunksize` calls
+        each; the values in order, as they come (`concurrent.futures.Executor.map`)."""
+        return self._map(fn, iterables, timeout, chunksize, {})
+
+    def _map(
+        self,
+        fn: Callable[..., Any],
+        iterables: Sequence[Iterable[Any]],
+        timeout: Optional[float],
+        chunksize: int,
+        options: Mapping[str, Any],
+    ) -> Iterator[Any]:
+        if chunksize < 1:
+            raise ValueError("chunksize must be >= 1")
+        end = None if timeout is None else time.monotonic() + timeout
+        items = list(zip(*iterables))
+        futures = []
+        for i in range(0, len(items), chunksize):
+            chunk = items[i : i + chunksize]
+            what = functions.describe(fn, chunk[0]) + (f" and {len(chunk) - 1} more" if len(chunk) > 1 else "")
+            futures.append(self._submit_calls(what, [(fn, args, {}) for args in chunk], options, chunked=True))
+
+        def results() -> Iterator[Any]:
+            try:
+                for f in futures:
+                    yield from f.result(None if end is None else max(0.0, end - time.monotonic()))
+            finally:
+                for f in futures:
+                    f.cancel()
+
+        return results()
+
+    def map_commands(
         self,
         fn: Callable[..., Command],
         *iterables: Iterable[Any],
         timeout: Optional[float] = None,
         **options: Any,
     ) -> Iterator[TaskResult]:
-        """`fn(*items)` gives each task's command; the results in order, as they come."""
-        futures = [self.submit(fn(*items), **options) for items in zip(*iterables)]
+        """`fn(*items)` gives each task's command; the `TaskResult`s in order, as they come."""
+        futures = [self.submit_command(fn(*items), **options) for items in zip(*iterables)]
         end = None if timeout is None else time.monotonic() + timeout
 
         def results() -> Iterator[TaskResult]:
@@ -319,7 +424,9 @@ class Executor(concurrent.futures.Executor):
         for row, fut in futs:
             if fut.done():
                 continue
-            if row["state"] == "done":
+            if fut._call is not None:
+                _resolve_call(fut, fut._call, row)
+            elif row["state"] == "done":
                 fut.set_result(TaskResult(self, row["id"], row.get("exit") or 0))
             else:
                 fut.set_exception(TaskFailed(row["id"], row.get("exit"), row.get("reason") or row["state"]))
@@ -344,6 +451,8 @@ class Executor(concurrent.futures.Executor):
             self._cancel([f.task_id for f in pending if f.task_id is not None])
             for f in pending:
                 f._cancelled_here()
+                if f._call is not None and not f._call[2]:
+                    functions.remove(f._call[1])
         if wait:
             concurrent.futures.wait(pending)
             self._poller.join()
@@ -351,6 +460,65 @@ class Executor(concurrent.futures.Executor):
             self._run.close(wait=wait)
             if self._record is not None:
                 drop_record(self._record, self._run.id)
+
+
+class Options:
+    """An executor with task options for what is submitted through it (`Executor.with_options`)."""
+
+    def __init__(self, executor: Executor, options: Mapping[str, Any]) -> None:
+        self._ex, self._options = executor, dict(options)
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> TaskFuture:
+        """As `Executor.submit`, with these options."""
+        if callable(fn):
+            what = functions.describe(fn, args, kwargs)
+            return self._ex._submit_calls(what, [(fn, args, kwargs)], self._options, chunked=False)
+        if args or kwargs:
+            raise TypeError("a command takes its options in with_options(...) here")
+        return self._ex.submit_command(fn, **self._options)
+
+    def map(
+        self, fn: Callable[..., Any], *iterables: Iterable[Any], timeout: Optional[float] = None, chunksize: int = 1
+    ) -> Iterator[Any]:
+        """As `Executor.map`, with these options (a `key` is not one of them: it names one task)."""
+        if "key" in self._options or "name" in self._options:
+            raise TypeError("map's calls are several tasks: key= and name= name one")
+        return self._ex._map(fn, iterables, timeout, chunksize, self._options)
+
+
+def _resolve_call(fut: TaskFuture, call: Tuple[str, str, bool, bool], row: Mapping[str, Any]) -> None:
+    """A function call's future from its task's end and the outcome it wrote; the files of a
+    call without a key go first, so that a resolved future's call has left nothing behind."""
+    what, base, keyed, chunked = call
+    try:
+        outcome = functions.read_outcome(base)
+    except Exception as e:  # a damaged or unreadable outcome file
+        outcome, unreadable = None, f"its result could not be read: {type(e).__name__}: {e}"
+    else:
+        unreadable = ""
+    if not keyed:
+        functions.remove(base)
+    if row["state"] == "done" and outcome is not None and outcome[0] == RETURNED:
+        fut.set_result(outcome[1] if chunked else outcome[1][0])
+        return
+    reason = unreadable or row.get("reason") or row["state"]
+    if row["state"] == "done" and not unreadable:
+        reason = "it ended without a result"
+    fut.set_exception(functions.exception_of(what, row["id"], reason, outcome))
+
+
+def _check_options(options: Mapping[str, Any], *, calls: bool = False) -> None:
+    known = set(OPTIONS) | ({"key", "name", "after", "afterany", "cwd", "env"} if calls else set())
+    unknown = set(options) - known
+    if unknown:
+        raise TypeError(f"unknown task option(s): {', '.join(sorted(unknown))}")
+
+
+def _run_dir(run: str, cwd: Optional[str]) -> str:
+    """The run's directory: the one named, else `.htc/ID` under the working directory."""
+    if os.path.isdir(run):
+        return os.path.abspath(run)
+    return os.path.abspath(os.path.join(cwd or ".", ".htc", run))
 
 
 def _seconds(duration: str) -> float:

@@ -1,0 +1,128 @@
+"""Python functions as tasks, the client's side: a call written to a file in the run's directory,
+the task line that runs it (`_call.py` with the client's interpreter), and the outcome read
+back: the values, or the exception raised again with the remote traceback as its cause.
+
+The files are `calls/BASE.in` and `calls/BASE.out` under the run's directory (shared between the
+nodes as the run's directory is). A call with a `key` has a base of its key's hash, so a client
+restarted with the same key finds the result of the task the run kept for that key; the files
+of a call without one go once its future is resolved.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import shlex
+import sys
+import uuid
+from typing import Any, Callable, Mapping, Optional, Sequence, Tuple
+
+from . import _call
+from ._call import Call
+
+CALL_SCRIPT = os.path.abspath(_call.__file__)
+# How much of a call's arguments its description shows.
+DESCRIBE_MAX = 80
+
+
+class RemoteTraceback(Exception):
+    """The traceback of an exception raised in a task, as the cause of the one raised again
+    here (as `concurrent.futures.ProcessPoolExecutor` does)."""
+
+    def __init__(self, tb: str) -> None:
+        super().__init__(tb)
+        self.tb = tb
+
+    def __str__(self) -> str:
+        return f'\n"""\n{self.tb}"""'
+
+
+class CallFailed(Exception):
+    """A call that did not return and left no exception to raise again: it exited
+    (`sys.exit`), was killed (its memory limit, a signal, a segfault), or raised one that could
+    not be pickled. `call` describes it; `task_id` and `reason` are the run's."""
+
+    def __init__(self, call: str, task_id: Optional[int], reason: str) -> None:
+        where = f"task {task_id}" if task_id is not None else "its task"
+        super().__init__(f"{call} ({where}): {reason}")
+        self.call, self.task_id, self.reason = call, task_id, reason
+
+
+def describe(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mapping[str, Any]] = None) -> str:
+    """`module.name(args...)`, the arguments cut short: how errors name a call."""
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
+    module = getattr(fn, "__module__", None)
+    parts = [repr(a) for a in args] + [f"{k}={v!r}" for k, v in (kwargs or {}).items()]
+    inner = ", ".join(parts)
+    if len(inner) > DESCRIBE_MAX:
+        inner = inner[: DESCRIBE_MAX - 3] + "..."
+    return f"{module + '.' if module and module != 'builtins' else ''}{name}({inner})"
+
+
+def calls_dir(run_dir: str) -> str:
+    return os.path.join(run_dir, "calls")
+
+
+def base_for(run_dir: str, key: Optional[str]) -> str:
+    """Where a call's files go: by its key's hash, else a name of its own."""
+    name = "k-" + hashlib.sha256(key.encode()).hexdigest()[:32] if key is not None else uuid.uuid4().hex
+    return os.path.join(calls_dir(run_dir), name)
+
+
+def encode(calls: Sequence[Call]) -> bytes:
+    """A call file's bytes (`_call.py` says what they hold); raises what pickling raised."""
+    import cloudpickle  # type: ignore[import-untyped]
+
+    header = pickle.dumps({"sys_path": [os.path.abspath(p) if p else os.getcwd() for p in sys.path], "python": sys.executable})
+    body: bytes = cloudpickle.dumps(list(calls), protocol=pickle.HIGHEST_PROTOCOL)
+    return header + body
+
+
+def write_call(base: str, data: bytes) -> None:
+    """`BASE.in`, whole, before the task that reads it is added."""
+    os.makedirs(os.path.dirname(base), exist_ok=True)
+    tmp = f"{base}.in.{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, base + ".in")
+
+
+def command(python: str, base: str) -> str:
+    """The task's command: the call script run by the client's interpreter (or the one named),
+    in the place of the task's shell (`exec`), so that the run sees a signal that kills the
+    call (an abort, its memory limit) as such and not as the shell's exit status."""
+    return "exec " + " ".join(shlex.quote(w) for w in (python, CALL_SCRIPT, base))
+
+
+def read_outcome(base: str) -> Optional[Tuple[str, Any]]:
+    """`(kind, payload)` from `BASE.out`, `None` when the call wrote none (it was killed)."""
+    import cloudpickle
+
+    try:
+        with open(base + ".out", "rb") as f:
+            return cloudpickle.load(f)  # type: ignore[no-any-return]
+    except FileNotFoundError:
+        return None
+
+
+def exception_of(call: str, task_id: Optional[int], reason: str, outcome: Optional[Tuple[str, Any]]) -> BaseException:
+    """What a failed call's future raises: its own exception, the remote traceback as the cause;
+    else a `CallFailed` naming the call and how it ended."""
+    if outcome is not None and outcome[0] == _call.RAISED:
+        exc, name, text, tb = outcome[1]
+        if isinstance(exc, BaseException):
+            exc.__cause__ = RemoteTraceback(tb)
+            return exc
+        return CallFailed(call, task_id, f"raised {name}: {text} (which could not be pickled)\n{tb}")
+    if outcome is not None and outcome[0] == _call.EXITED:
+        return CallFailed(call, task_id, f"called sys.exit({outcome[1]!r})")
+    return CallFailed(call, task_id, reason)
+
+
+def remove(base: str) -> None:
+    for end in (".in", ".out"):
+        try:
+            os.unlink(base + end)
+        except FileNotFoundError:
+            pass
