@@ -174,7 +174,7 @@ fi
 # more workers than cores pay (the Snakemake suite: 109 s serial, 48 s on 3 workers here).
 # Each client's unit tests (its pure parts) run first with no htc anywhere in reach, as they must
 # on a machine without one; then the rest against real runs.
-for c in python:4:test_units.py:test_task_line.py:test_call.py snakemake:3:test_tasks.py; do
+for c in python:4:test_units.py:test_task_line.py:test_call.py:test_parsl_units.py snakemake:3:test_tasks.py; do
     IFS=: read -r c n rest <<<"$c"
     IFS=: read -ra units <<<"$rest"
     (cd "$root/clients/$c" && "$HTC_PY_VENV/bin/mypy" --strict --cache-dir=/dev/null src)

@@ -25,3 +25,15 @@ def test_the_python_doc_s_example_runs_as_written(tmp_path: pathlib.Path) -> Non
     assert lines[1] == "task 22: exit 3" and lines[2] == "task 23: cancelled: task 22 did not succeed (after=)", p.stdout
     assert lines[3] == "[0, 1, 4, 9]", p.stdout
     assert lines[4] == "raised: invalid literal for int() with base 10: 'twelve'", p.stdout
+
+
+def test_the_parsl_doc_s_example_runs_as_written(tmp_path: pathlib.Path) -> None:
+    doc = (ROOT / "docs" / "parsl.md").read_text()
+    example = re.findall(r"```python\n(.*?)```", doc, re.S)[0]
+    printed = re.findall(r"prints\n\n```\n(.*?)```", doc, re.S)[0]
+    script = tmp_path / "example.py"
+    script.write_text(example)
+    p = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
+                       env=dict(os.environ, HTC=HTC), timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == printed, p.stdout
