@@ -51,6 +51,8 @@ on_exit() {
     [[ -z $rpm_build ]] || rm -rf "$rpm_build"
     [[ -z ${py_pid:-} ]] || kill "$py_pid" 2>/dev/null
     [[ -z ${HTC_PY_VENV:-} ]] || rm -rf "$HTC_PY_VENV" "$HTC_PY_VENV.log"
+    [[ -z ${parsl_pid:-} ]] || kill "$parsl_pid" 2>/dev/null
+    [[ -z ${parsl_venv:-} ]] || rm -rf "$parsl_venv" "$parsl_venv.log"
     [[ -z ${second_pid:-} ]] || kill "$second_pid" 2>/dev/null
     [[ -z ${second:-} ]] || rm -rf "$second"
     print_times
@@ -74,6 +76,11 @@ chrt --idle 0 bash -c '"$1" -m venv "$2" && "$2/bin/pip" install -q --disable-pi
     _ "$(command -v /usr/bin/python3 || command -v python3)" "$HTC_PY_VENV" "$root/tests/py-pins.txt" \
     >"$HTC_PY_VENV.log" 2>&1 &
 py_pid=$!
+# Parsl's own test suite's venv (tests/parsl-pins.txt: its conftest needs pytest 8), likewise.
+parsl_venv=$(mktemp -d /tmp/htc-parsl.XXXXXX)
+chrt --idle 0 bash -c '"$1" -m venv "$2" && "$2/bin/pip" install -q --disable-pip-version-check -r "$3"' \
+    _ "$(command -v python3)" "$parsl_venv" "$root/tests/parsl-pins.txt" >"$parsl_venv.log" 2>&1 &
+parsl_pid=$!
 
 # The second Slurm release's root (Debian 13's 24.11, tests/cluster/release-root.sh: kept between
 # runs on one machine, a minute's download on a new one) and its users' venv, made with its Python,
@@ -183,6 +190,14 @@ for c in python:4:test_units.py:test_task_line.py:test_call.py:test_parsl_units.
     (cd "$root/clients/$c" && HTC="$root/target/release/htc" "$HTC_PY_VENV/bin/python" -m pytest -q -p no:cacheprovider \
         -n "$n" tests "${units[@]/#/--ignore=tests/}")
 done
+
+step "Parsl's own test suite against slurm_htc.parsl.HTCExecutor (tests/parsl-suite.sh)"
+parsl_ok=0
+wait "$parsl_pid" || parsl_ok=$?
+parsl_pid=''
+((parsl_ok == 0)) || { cat "$parsl_venv.log"; echo "the Parsl suite's venv could not be made" >&2; exit 1; }
+"$parsl_venv/bin/pip" install -q --disable-pip-version-check "$root/clients/python"
+tests/parsl-suite.sh "$parsl_venv"
 
 if [[ ${HTC_SKIP_SLURM:-0} == 1 ]]; then
     echo "the cargo tiers passed; the Slurm tier was skipped (HTC_SKIP_SLURM=1)"

@@ -34,6 +34,11 @@ POLL_FIRST_S, POLL_MAX_S, POLL_PER_TASK_S = 0.005, 0.5, 20e-6
 # speaks to it: while it lives it does so at least every `KEEP_ALIVE_S`. So a program killed
 # leaves an idle run (on Slurm, an allocation) for seconds, not the half hour of a fixed idle time.
 IDLE_EXIT, KEEP_ALIVE_S = "10s", 3.0
+# A call's value is taken from its outcome file as soon as the call has written it: the calls'
+# folder is listed this often (no more often than `SCAN_PER_ENTRY_S` per file in it, so a folder
+# of many calls costs a few percent of a core), long before a status poll's backoff would see
+# the task's end.
+SCAN_PER_ENTRY_S = 5e-6
 
 # Which run an executor started or found, and a Slurm job's wait: `logging.getLogger("slurm_htc")`.
 _log = logging.getLogger("slurm_htc")
@@ -391,7 +396,7 @@ class Executor(concurrent.futures.Executor):
         self._run.cancel(ids)
 
     def _poll(self) -> None:
-        pause = POLL_FIRST_S
+        pause, status_at = POLL_FIRST_S, 0.0
         while True:
             with self._lock:
                 while not self._pending and not self._shut:
@@ -405,12 +410,60 @@ class Executor(concurrent.futures.Executor):
                     return
                 ids = list(self._pending)
                 fresh, self._news = self._news, False
-            changed = self._resolve(ids)
-            # New tasks or ends bring the pace back up, never above one poll per `least`: a
-            # stream of submits must not turn into a stream of status calls.
-            least = max(POLL_FIRST_S, POLL_PER_TASK_S * len(ids))
-            pause = least if changed or fresh else min(max(pause, least) * 2, max(POLL_MAX_S, least))
-            time.sleep(pause)
+            look = self._returned()
+            if fresh or time.monotonic() >= status_at:
+                changed = self._resolve(ids)
+                # New tasks or ends bring the pace back up, never above one poll per `least`: a
+                # stream of submits must not turn into a stream of status calls.
+                least = max(POLL_FIRST_S, POLL_PER_TASK_S * len(ids))
+                pause = least if changed or fresh else min(max(pause, least) * 2, max(POLL_MAX_S, least))
+                status_at = time.monotonic() + pause
+            time.sleep(max(0.0, min(look, status_at - time.monotonic())))
+
+    def _returned(self) -> float:
+        """Resolves the futures of calls that returned, from the outcome files in the calls'
+        folder, without waiting for the ledger's record of their tasks' ends (what failed is
+        the status poll's: the run may still retry it). The pause until the next look."""
+        with self._lock:
+            by_name = {
+                os.path.basename(f._call[1]): task_id
+                for task_id, futs in self._pending.items()
+                for f in futs
+                if f._call is not None
+            }
+        if not by_name:
+            return POLL_MAX_S
+        try:
+            names = os.listdir(functions.calls_dir(self._run_dir))
+        except OSError:
+            return POLL_MAX_S
+        for name in names:
+            task_id = by_name.get(name[:-4]) if name.endswith(".out") else None
+            if task_id is not None:
+                self._take_returned(task_id)
+        return max(POLL_FIRST_S, SCAN_PER_ENTRY_S * (len(names) + len(by_name)))
+
+    def _take_returned(self, task_id: int) -> None:
+        with self._lock:
+            futs = [f for f in self._pending.get(task_id, []) if f._call is not None]
+        if not futs:
+            return
+        what, base, keyed, chunked = futs[0]._call  # type: ignore[misc]
+        try:
+            outcome = functions.read_outcome(base)
+        except Exception:
+            return  # damaged: the status poll names it once the task has ended
+        if outcome is None or outcome[0] != RETURNED:
+            return
+        with self._lock:
+            left = [f for f in self._pending.pop(task_id, []) if f not in futs]
+            if left:
+                self._pending[task_id] = left
+        if not keyed:
+            functions.remove(base)
+        for f in futs:
+            if not f.done():
+                f.set_result(outcome[1] if chunked else outcome[1][0])
 
     def _resolve(self, ids: Sequence[int]) -> bool:
         """One `htc task status` of `ids`: the futures of those that ended are resolved."""
