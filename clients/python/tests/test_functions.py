@@ -148,3 +148,34 @@ def test_a_client_restarted_with_keys_reads_finished_results_without_running_the
     [run] = program("crash")
     assert program("again") == [run, "A"]
     assert (tmp_path / "runs.txt").read_text() == "a\n", "the call ran once"
+
+
+def late(x: int, fail: bool = False) -> int:
+    import time
+
+    time.sleep(0.5)  # past the status poll that the task's add brings
+    if fail:
+        raise Odd(f"odd {x}")
+    return x * x
+
+
+def test_a_value_comes_from_its_outcome_file_without_the_status_poll(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Status polls an hour apart once tasks are added: only the look at the calls' folder can
+    # give the values, while a failure waits for the task's recorded end (the run might retry it).
+    from slurm_htc import executor
+
+    monkeypatch.setattr(executor, "POLL_FIRST_S", 3600.0)
+    monkeypatch.setattr(executor, "POLL_MAX_S", 3600.0)
+    e = Executor(htc=HTC, cwd=str(tmp_path), retries=0)
+    try:
+        assert [f.result(timeout=60) for f in [e.submit(late, i) for i in range(5)]] == [0, 1, 4, 9, 16]
+        failed = e.submit(late, 3, True)
+        done, _ = cf.wait([failed], timeout=5)
+        assert not done, "a failure is the status poll's to report"
+        e.submit(square, 0).result(timeout=60)  # its add brings a status poll, which sees the failure
+        with pytest.raises(Odd, match="odd 3"):
+            failed.result(timeout=10)
+    finally:
+        e.shutdown(wait=False, cancel_futures=True)  # a failure here must not wait an hour

@@ -38,7 +38,7 @@ IDLE_EXIT, KEEP_ALIVE_S = "10s", 3.0
 # folder is listed this often (no more often than `SCAN_PER_ENTRY_S` per file in it, so a folder
 # of many calls costs a few percent of a core), long before a status poll's backoff would see
 # the task's end.
-SCAN_PER_ENTRY_S = 5e-6
+SCAN_FIRST_S, SCAN_MAX_S, SCAN_PER_ENTRY_S = 0.002, 0.5, 5e-6
 
 # Which run an executor started or found, and a Slurm job's wait: `logging.getLogger("slurm_htc")`.
 _log = logging.getLogger("slurm_htc")
@@ -432,16 +432,16 @@ class Executor(concurrent.futures.Executor):
                 if f._call is not None
             }
         if not by_name:
-            return POLL_MAX_S
+            return SCAN_MAX_S
         try:
             names = os.listdir(functions.calls_dir(self._run_dir))
         except OSError:
-            return POLL_MAX_S
+            return SCAN_MAX_S
         for name in names:
             task_id = by_name.get(name[:-4]) if name.endswith(".out") else None
             if task_id is not None:
                 self._take_returned(task_id)
-        return max(POLL_FIRST_S, SCAN_PER_ENTRY_S * (len(names) + len(by_name)))
+        return max(SCAN_FIRST_S, SCAN_PER_ENTRY_S * (len(names) + len(by_name)))
 
     def _take_returned(self, task_id: int) -> None:
         with self._lock:
