@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# Python functions as tasks (issue 55): N calls of a function that returns its argument, every
+# value read back, through `slurm_htc.Executor.submit` (a task and a fresh interpreter per call),
+# its `map` with `chunksize`, Parsl's apps on `slurm_htc.parsl.HTCExecutor`, and beside them
+# Parsl's HighThroughputExecutor (LocalProvider, one block of WORKERS workers) and the standard
+# library's ProcessPoolExecutor(WORKERS) (warm workers, no record of anything); then a call's
+# result latency (from the function's return to `result()` returning, p50 of LAT calls).
+#
+#   bench/functions.sh
+#   PY=/tmp/pyv/bin/python N=2000 bench/functions.sh
+#
+# Env: PY (a python with parsl==2026.10.26 and clients/python installed; default python3),
+#      N (2000), MAP_N (20000, with chunksize 100), WORKERS (nproc), ROUNDS (3, medians), LAT (50),
+#      HTC (target/dist/htc), OUT (bench/results/functions-<date>.txt).
+set -euo pipefail
+
+BENCH=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$BENCH/.." && pwd)
+HTC=${HTC:-$ROOT/target/dist/htc}
+PY=${PY:-python3}
+# shellcheck source=bench/lib.sh
+. "$BENCH/lib.sh"
+bench_setup functions
+
+echo "date: $(date -u +%FT%TZ)  host: $(hostname)  nproc: $(nproc)  commit: $(git -C "$ROOT" rev-parse --short HEAD)"
+echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
+echo "htc: $HTC; python: $("$PY" -c 'import sys; print(sys.version.split()[0])')"
+
+export HTC_SITE_CONFIG=/dev/null
+cd "$WORK"
+HTC="$HTC" WORK="$WORK" N="${N:-2000}" MAP_N="${MAP_N:-20000}" WORKERS="${WORKERS:-$(nproc)}" \
+    ROUNDS="${ROUNDS:-3}" LAT="${LAT:-50}" "$PY" - <<'EOF'
+import concurrent.futures as cf, importlib.metadata, os, statistics, time
+import parsl
+from parsl.config import Config
+from parsl.executors import HighThroughputExecutor
+from parsl.providers import LocalProvider
+from slurm_htc import Executor
+from slurm_htc.parsl import HTCExecutor
+
+work, n, map_n = os.environ["WORK"], int(os.environ["N"]), int(os.environ["MAP_N"])
+workers, rounds, lat_n = int(os.environ["WORKERS"]), int(os.environ["ROUNDS"]), int(os.environ["LAT"])
+seq = iter(range(10**6))
+
+
+def identity(x):
+    return x
+
+
+def stamp(_):
+    import time
+    return time.time()
+
+
+def fresh(name):
+    d = f"{work}/{name}{next(seq)}"
+    os.makedirs(d)
+    return d
+
+
+def htc_submit():
+    with Executor(cwd=fresh("submit"), retries=0) as ex:
+        t0 = time.time()
+        fs = [ex.submit(identity, i) for i in range(n)]
+        assert [f.result() for f in fs] == list(range(n))
+        return n / (time.time() - t0)
+
+
+def htc_map():
+    with Executor(cwd=fresh("map"), retries=0) as ex:
+        t0 = time.time()
+        assert list(ex.map(identity, range(map_n), chunksize=100)) == list(range(map_n))
+        return map_n / (time.time() - t0)
+
+
+def parsl_rate(executor, count):
+    app = parsl.python_app(identity, executors=[executor.label])
+    with parsl.load(Config(executors=[executor], run_dir=fresh("runinfo"), strategy="none")):
+        app(-1).result()  # the executor up (HTEX: its workers connected)
+        t0 = time.time()
+        fs = [app(i) for i in range(count)]
+        assert [f.result() for f in fs] == list(range(count))
+        return count / (time.time() - t0)
+
+
+def htex():
+    return parsl_rate(HighThroughputExecutor(label="htex", max_workers_per_node=workers, cores_per_worker=1,
+                                             provider=LocalProvider(init_blocks=1, max_blocks=1)), n)
+
+
+def on_htc():
+    return parsl_rate(HTCExecutor(label="htc"), n)
+
+
+def pool():
+    with cf.ProcessPoolExecutor(workers) as p:
+        p.submit(identity, 0).result()
+        t0 = time.time()
+        assert [f.result() for f in [p.submit(identity, i) for i in range(n)]] == list(range(n))
+        return n / (time.time() - t0)
+
+
+def latency():
+    with Executor(cwd=fresh("lat"), retries=0) as ex:
+        ex.submit(stamp, 0).result()
+        lat = []
+        for i in range(lat_n):
+            f = ex.submit(stamp, i)
+            lat.append(time.time() - f.result())
+        return statistics.median(lat) * 1e3, sorted(lat)[int(lat_n * 0.9)] * 1e3
+
+
+rows = [("slurm_htc Executor.submit, a task each", htc_submit, n), ("slurm_htc Executor.map, chunksize=100", htc_map, map_n),
+        ("Parsl apps on slurm_htc.parsl.HTCExecutor", on_htc, n),
+        (f"Parsl {importlib.metadata.version('parsl')} HighThroughputExecutor, {workers} workers", htex, n),
+        (f"ProcessPoolExecutor({workers})", pool, n)]
+for name, f, count in rows:
+    r = [f() for _ in range(rounds)]
+    print(f"{name}: {count} identity calls, {statistics.median(r):,.0f} calls/s  (rounds: "
+          + ", ".join(f"{x:,.0f}" for x in r) + ")", flush=True)
+p50, p90 = latency()
+print(f"result latency, slurm_htc Executor.submit (function's return to result()): p50 {p50:.1f} ms, p90 {p90:.1f} ms "
+      f"over {lat_n} calls one at a time")
+EOF
