@@ -10,7 +10,8 @@
 #   PY=/tmp/pyv/bin/python N=2000 bench/functions.sh
 #
 # Env: PY (a python with parsl==2026.10.26 and clients/python installed; default python3),
-#      N (2000), MAP_N (20000, with chunksize 100), WORKERS (nproc), ROUNDS (3, medians), LAT (50),
+#      N (2000), MAP_N (20000, with chunksize 100), PARSL_HTC_N (200: Parsl's apps on HTCExecutor
+#      ran ~3 calls/s here, each task importing Parsl's modules), WORKERS (nproc), ROUNDS (3, medians), LAT (50),
 #      HTC (target/dist/htc), OUT (bench/results/functions-<date>.txt).
 set -euo pipefail
 
@@ -27,8 +28,10 @@ echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 echo "htc: $HTC; python: $("$PY" -c 'import sys; print(sys.version.split()[0])')"
 
 export HTC_SITE_CONFIG=/dev/null
+# HighThroughputExecutor starts its interchange and workers by name, from the venv's bin.
+PATH=$(dirname "$(command -v "$PY")"):$PATH
 cd "$WORK"
-HTC="$HTC" WORK="$WORK" N="${N:-2000}" MAP_N="${MAP_N:-20000}" WORKERS="${WORKERS:-$(nproc)}" \
+HTC="$HTC" WORK="$WORK" N="${N:-2000}" MAP_N="${MAP_N:-20000}" PARSL_HTC_N="${PARSL_HTC_N:-200}" WORKERS="${WORKERS:-$(nproc)}" \
     ROUNDS="${ROUNDS:-3}" LAT="${LAT:-50}" "$PY" - <<'EOF'
 import concurrent.futures as cf, importlib.metadata, os, statistics, time
 import parsl
@@ -38,7 +41,8 @@ from parsl.providers import LocalProvider
 from slurm_htc import Executor
 from slurm_htc.parsl import HTCExecutor
 
-work, n, map_n = os.environ["WORK"], int(os.environ["N"]), int(os.environ["MAP_N"])
+work, n, map_n, parsl_htc_n = (os.environ["WORK"], int(os.environ["N"]), int(os.environ["MAP_N"]),
+                               int(os.environ["PARSL_HTC_N"]))
 workers, rounds, lat_n = int(os.environ["WORKERS"]), int(os.environ["ROUNDS"]), int(os.environ["LAT"])
 seq = iter(range(10**6))
 
@@ -89,7 +93,7 @@ def htex():
 
 
 def on_htc():
-    return parsl_rate(HTCExecutor(label="htc"), n)
+    return parsl_rate(HTCExecutor(label="htc"), parsl_htc_n)
 
 
 def pool():
@@ -111,7 +115,7 @@ def latency():
 
 
 rows = [("slurm_htc Executor.submit, a task each", htc_submit, n), ("slurm_htc Executor.map, chunksize=100", htc_map, map_n),
-        ("Parsl apps on slurm_htc.parsl.HTCExecutor", on_htc, n),
+        ("Parsl apps on slurm_htc.parsl.HTCExecutor", on_htc, parsl_htc_n),
         (f"Parsl {importlib.metadata.version('parsl')} HighThroughputExecutor, {workers} workers", htex, n),
         (f"ProcessPoolExecutor({workers})", pool, n)]
 for name, f, count in rows:
