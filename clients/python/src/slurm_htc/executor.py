@@ -196,6 +196,9 @@ class Executor(concurrent.futures.Executor):
         # Futures of tasks not ended, by task id: two submits under one key are one task.
         self._pending: Dict[int, List[TaskFuture]] = {}
         self._news = False
+        # Outcome files read that held no value (a call that raised, which the run may retry):
+        # by call file, the change time then, so that the folder's look reads each once.
+        self._not_returned: Dict[str, int] = {}
         self._shut = False
         self._poller = threading.Thread(target=self._poll, name="slurm-htc-poll", daemon=True)
         self._poller.start()
@@ -448,13 +451,21 @@ class Executor(concurrent.futures.Executor):
             futs = [f for f in self._pending.get(task_id, []) if f._call is not None]
         if not futs:
             return
-        what, base, keyed, chunked = futs[0]._call  # type: ignore[misc]
+        _, base, keyed, chunked = futs[0]._call  # type: ignore[misc]
+        try:
+            changed = os.stat(base + ".out").st_mtime_ns
+        except OSError:
+            return
+        if self._not_returned.get(base) == changed:
+            return
         try:
             outcome = functions.read_outcome(base)
         except Exception:
-            return  # damaged: the status poll names it once the task has ended
+            outcome = None  # damaged: the status poll names it once the task has ended
         if outcome is None or outcome[0] != RETURNED:
+            self._not_returned[base] = changed
             return
+        self._not_returned.pop(base, None)
         with self._lock:
             left = [f for f in self._pending.pop(task_id, []) if f not in futs]
             if left:
@@ -475,6 +486,8 @@ class Executor(concurrent.futures.Executor):
         with self._lock:
             futs = [(row, fut) for row in ended for fut in self._pending.pop(row["id"], [])]
         for row, fut in futs:
+            if fut._call is not None:
+                self._not_returned.pop(fut._call[1], None)
             if fut.done():
                 continue
             if fut._call is not None:
