@@ -1,6 +1,6 @@
 # Build and install slurm-htc from source, or build its packages.
 #
-#   make                 # optimized build of htc, htc-agent and spank_htc.so (target/dist: the
+#   make                 # optimized build of htc, htc-agent, htc-call and spank_htc.so (target/dist: the
 #                        # `dist` profile, LTO; PROFILE=release for the quicker one without)
 #   make man             # the man pages htc(1), htc-agent(8), spank_htc(8) -> target/man/
 #   make install         # as root: binaries, the plugin, its plugstack.conf.d line, man pages
@@ -48,7 +48,7 @@ man:
 install: all man
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(PLUGINDIR) $(DESTDIR)$(PLUGSTACKDIR) \
 		$(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man8
-	install -m 0755 $(TARGET)/htc $(TARGET)/htc-agent $(DESTDIR)$(BINDIR)/
+	install -m 0755 $(TARGET)/htc $(TARGET)/htc-agent $(TARGET)/htc-call $(DESTDIR)$(BINDIR)/
 	install -m 0755 $(PLUGIN_SO) $(DESTDIR)$(PLUGINDIR)/spank_htc.so
 	sed -e 's|@PLUGINDIR@|$(PLUGINDIR)|g' -e 's|@BINDIR@|$(BINDIR)|g' \
 		-e 's|@PLUGIN_ARGS@|$(if $(PLUGIN_ARGS), $(PLUGIN_ARGS))|g' \
@@ -57,7 +57,7 @@ install: all man
 	install -m 0644 $(MAN_OUT)/htc-agent.8 $(MAN_OUT)/spank_htc.8 $(DESTDIR)$(MANDIR)/man8/
 
 uninstall:
-	rm -f $(DESTDIR)$(BINDIR)/htc $(DESTDIR)$(BINDIR)/htc-agent $(DESTDIR)$(PLUGINDIR)/spank_htc.so \
+	rm -f $(DESTDIR)$(BINDIR)/htc $(DESTDIR)$(BINDIR)/htc-agent $(DESTDIR)$(BINDIR)/htc-call $(DESTDIR)$(PLUGINDIR)/spank_htc.so \
 		$(DESTDIR)$(PLUGSTACKDIR)/htc.conf $(DESTDIR)$(MANDIR)/man1/htc.1 \
 		$(DESTDIR)$(MANDIR)/man8/htc-agent.8 $(DESTDIR)$(MANDIR)/man8/spank_htc.8
 

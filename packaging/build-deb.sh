@@ -5,7 +5,7 @@
 #   packaging/build-deb.sh
 #
 # Environment (the Makefile sets them):
-#   BIN_DIR       cargo's output directory with htc, htc-agent, libspank_htc.so (target/dist)
+#   BIN_DIR       cargo's output directory with htc, htc-agent, htc-call, libspank_htc.so (target/dist)
 #   MAN_DIR       the generated man pages (target/man, from `make man`)
 #   OUT_DIR       where the .deb goes (target/packages)
 #   DEB_REVISION  Debian revision, default 1 (a rebuild of the same version gets a higher one)
@@ -23,7 +23,7 @@ DEB_REVISION=${DEB_REVISION:-1}
 DEB_MAINTAINER=${DEB_MAINTAINER:-slurm-htc packagers <root@localhost>}
 
 die() { printf 'build-deb: %s\n' "$*" >&2; exit 1; }
-for f in htc htc-agent libspank_htc.so; do [[ -f $BIN_DIR/$f ]] || die "$BIN_DIR/$f missing (make all)"; done
+for f in htc htc-agent htc-call libspank_htc.so; do [[ -f $BIN_DIR/$f ]] || die "$BIN_DIR/$f missing (make all)"; done
 for f in htc.1 htc-agent.8 spank_htc.8; do [[ -f $MAN_DIR/$f ]] || die "$MAN_DIR/$f missing (make man)"; done
 
 version=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$root/Cargo.toml" | head -n 1)
@@ -45,8 +45,8 @@ install -d "$pkg/DEBIAN" "$pkg/usr/bin" "$pkg$plugindir" "$pkg/etc/slurm/plugsta
     "$pkg/usr/share/man/man1" "$pkg/usr/share/man/man8" "$pkg/usr/share/doc/slurm-htc"
 
 # Stripped as dh_strip would: the release profile keeps line tables for backtraces in dev builds.
-install -m 0755 "$BIN_DIR/htc" "$BIN_DIR/htc-agent" "$pkg/usr/bin/"
-strip --remove-section=.comment --remove-section=.note "$pkg/usr/bin/htc" "$pkg/usr/bin/htc-agent"
+install -m 0755 "$BIN_DIR/htc" "$BIN_DIR/htc-agent" "$BIN_DIR/htc-call" "$pkg/usr/bin/"
+strip --remove-section=.comment --remove-section=.note "$pkg/usr/bin/htc" "$pkg/usr/bin/htc-agent" "$pkg/usr/bin/htc-call"
 install -m 0644 "$BIN_DIR/libspank_htc.so" "$pkg$plugindir/spank_htc.so"
 strip --remove-section=.comment --remove-section=.note --strip-unneeded "$pkg$plugindir/spank_htc.so"
 
@@ -66,7 +66,7 @@ printf '/etc/slurm/plugstack.conf.d/htc.conf\n' >"$pkg/DEBIAN/conffiles"
 # wants a debian/control in its working directory.
 mkdir -p "$stage/src/debian"
 printf 'Source: slurm-htc\n\nPackage: slurm-htc\nArchitecture: any\n' >"$stage/src/debian/control"
-shlibs=$(cd "$stage/src" && dpkg-shlibdeps -O -e"$pkg/usr/bin/htc" -e"$pkg/usr/bin/htc-agent" \
+shlibs=$(cd "$stage/src" && dpkg-shlibdeps -O -e"$pkg/usr/bin/htc" -e"$pkg/usr/bin/htc-agent" -e"$pkg/usr/bin/htc-call" \
     -e"$pkg$plugindir/spank_htc.so" 2>/dev/null | sed -n 's/^shlibs:Depends=//p')
 [[ -n $shlibs ]] || die "dpkg-shlibdeps found no dependencies"
 

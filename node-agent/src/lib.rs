@@ -23,6 +23,7 @@ pub mod simulate;
 pub mod site;
 pub mod status;
 pub mod task_cmd;
+pub mod warm_call;
 pub mod watch;
 
 pub use htc_engine::wire::{proto, PROTOCOL_VERSION};

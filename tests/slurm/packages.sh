@@ -75,6 +75,7 @@ cat >"$out/deb.expected" <<EOF
 ./etc/slurm/plugstack.conf.d/htc.conf
 ./usr/bin/htc
 ./usr/bin/htc-agent
+./usr/bin/htc-call
 .$plugindir/spank_htc.so
 ./usr/share/doc/slurm-htc/copyright
 ./usr/share/man/man1/htc.1.gz
@@ -84,7 +85,7 @@ EOF
 dpkg-deb -c "$deb1" | awk '$1 !~ /^d/ { print $6 }' | sort >"$out/deb.files"
 check "dpkg-deb -c: exactly the expected files" diff -u "$out/deb.expected" "$out/deb.files"
 check "the plugin is root:root 0644, the programs 0755" bash -c \
-    "dpkg-deb -c '$deb1' | grep -q '^-rw-r--r-- root/root .* .$plugindir/spank_htc.so$' && [[ \$(dpkg-deb -c '$deb1' | grep -c '^-rwxr-xr-x root/root .* ./usr/bin/htc') == 2 ]]"
+    "dpkg-deb -c '$deb1' | grep -q '^-rw-r--r-- root/root .* .$plugindir/spank_htc.so$' && [[ \$(dpkg-deb -c '$deb1' | grep -c '^-rwxr-xr-x root/root .* ./usr/bin/htc') == 3 ]]"
 dpkg-deb -f "$deb1" Depends Description >"$out/deb.meta"
 check "Depends pins Slurm $slurm_mm (>= $slurm_mm, << $slurm_next)" grep -qF \
     "slurm-wlm-basic-plugins (>= $slurm_mm), slurm-wlm-basic-plugins (<< $slurm_next)" "$out/deb.meta"
@@ -104,7 +105,7 @@ other=$("$root/packaging/slurm-version.sh" "$other_root/usr/include")
 IFS=. read -r omaj omin _ <<<"$other"
 other_mm=$(printf '%d.%02d' "$omaj" "$((10#$omin))")
 mkdir -p "$out/other-bin" "$out/other-pkg"
-cp "$root/target/${HTC_PROFILE:-release}/htc" "$root/target/${HTC_PROFILE:-release}/htc-agent" "$out/other-bin/"
+cp "$root/target/${HTC_PROFILE:-release}"/{htc,htc-agent,htc-call} "$out/other-bin/"
 cp "$other_so" "$out/other-bin/libspank_htc.so" 2>/dev/null
 BIN_DIR=$out/other-bin MAN_DIR=$root/target/man OUT_DIR=$out/other-pkg SLURM_INCLUDE_DIR=$other_root/usr/include \
     "$root/packaging/build-deb.sh" >"$out/other-deb.out" 2>&1
@@ -131,6 +132,7 @@ cat >"$out/rpm.expected" <<EOF
 $conf
 /usr/bin/htc
 /usr/bin/htc-agent
+/usr/bin/htc-call
 /usr/lib64/slurm/spank_htc.so
 /usr/share/doc/slurm-htc*/README.md
 /usr/share/man/man1/htc.1*

@@ -20,7 +20,7 @@ from slurm_htc._call import EXITED, RAISED, RETURNED
 def run_call(tmp_path: pathlib.Path, fn: Any, *args: Any, **kwargs: Any) -> Tuple[int, Any]:
     base = str(tmp_path / "calls" / "c")
     functions.write_call(base, functions.encode([(fn, args, kwargs)]))
-    p = subprocess.run(functions.command(sys.executable, base), shell=True, capture_output=True, text=True, timeout=60)
+    p = subprocess.run(functions.command(sys.executable, base)[0], shell=True, capture_output=True, text=True, timeout=60)
     return p.returncode, functions.read_outcome(base)
 
 
@@ -98,7 +98,7 @@ def test_a_module_missing_on_the_node_is_named(tmp_path: pathlib.Path) -> None:
         sys.path.remove(str(mod))
         sys.modules.pop("helper", None)
     (mod / "helper.py").unlink()  # gone, as on a node that lacks it
-    p = subprocess.run(functions.command(sys.executable, base), shell=True, capture_output=True, timeout=60)
+    p = subprocess.run(functions.command(sys.executable, base)[0], shell=True, capture_output=True, timeout=60)
     e = functions.exception_of("helper.f()", 3, "exit 1", functions.read_outcome(base))
     assert p.returncode == 1 and isinstance(e, ModuleNotFoundError)
     assert "cannot import what the call needs" in str(e) and "helper" in str(e) and sys.executable in str(e)

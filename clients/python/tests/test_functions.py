@@ -10,6 +10,7 @@ import pathlib
 import subprocess
 import sys
 import threading
+import time
 from typing import Iterator, List
 
 import pytest
@@ -102,9 +103,16 @@ def test_a_cancelled_call_never_runs(ex: Executor, tmp_path: pathlib.Path) -> No
     marker = tmp_path / "ran"
     late = ex.submit(marker.write_text, "yes")
     late.wait_id(timeout=30)
-    assert late.cancel() and blocker.cancel()
+    # Both asked before anything is asserted: a failed assertion must not leave the blocker to
+    # hold the run (and the fixture's shutdown) for its 600 s.
+    cancels = (late.cancel(), blocker.cancel())
+    assert cancels == (True, True), (late, blocker)
     cf.wait([late, blocker], timeout=30)
-    assert not marker.exists()
+    assert late.cancelled() and not marker.exists()
+    calls, until = pathlib.Path(ex._run_dir) / "calls", time.monotonic() + 30
+    while any(calls.iterdir()) and time.monotonic() < until:
+        time.sleep(0.05)
+    assert not any(calls.iterdir()), ("a cancelled call's files go once the run says so", sorted(calls.iterdir()))
 
 
 def test_submit_after_shutdown_is_refused(tmp_path: pathlib.Path) -> None:

@@ -83,6 +83,10 @@ class TaskResult:
 class TaskFuture(concurrent.futures.Future):  # type: ignore[type-arg]
     """A task's future: its id once the run has the task (`task_id`), then its end."""
 
+    # Set by `cancel` before it asks the run: the poll that then sees the task cancelled marks
+    # the future cancelled (not failed), whichever of the two comes first.
+    _cancelling = False
+
     def __init__(self, executor: "Executor") -> None:
         super().__init__()
         self._ex = executor
@@ -97,16 +101,21 @@ class TaskFuture(concurrent.futures.Future):  # type: ignore[type-arg]
             return False
         self._known.wait()
         if self.task_id is not None:
+            self._cancelling = True
             self._ex._cancel([self.task_id])
         return self._cancelled_here()
 
     def _cancelled_here(self) -> bool:
         """Marks the future cancelled, and tells its waiters (`wait`, `as_completed`), as an
-        executor's worker does for a future it will not run."""
-        if not super().cancel():
-            return False
-        self.set_running_or_notify_cancel()
-        return True
+        executor's worker does for a future it will not run. Once only: `cancel` and the poll
+        that sees the task cancelled may both come here."""
+        with self._condition:
+            if self.cancelled():
+                return True
+            if not super().cancel():
+                return False
+            self.set_running_or_notify_cancel()
+            return True
 
     def wait_id(self, timeout: Optional[float] = None) -> int:
         """The task's id, once the run has it."""
@@ -160,6 +169,8 @@ class Executor(concurrent.futures.Executor):
         start_timeout: float = 120.0,
         record: Optional[str] = None,
         python: Optional[str] = None,
+        warm: bool = True,
+        preload: Sequence[str] = (),
         **defaults: Any,
     ) -> None:
         self._defaults = dict(defaults)
@@ -188,6 +199,8 @@ class Executor(concurrent.futures.Executor):
                 write_record(record, self._run.id)
         self._record = record
         self._python = python or sys.executable
+        shim = functions.shim_beside(self._run.binary) if warm else None
+        self._warm = functions.Warm(shim, tuple(preload)) if shim else None
         self._run_dir = _run_dir(self._run.id, self._run.cwd)
         self._keep_alive_s = min(KEEP_ALIVE_S, _seconds(idle_exit) / 3) if _seconds(idle_exit) > 0 else KEEP_ALIVE_S
         self.run = self._run.id
@@ -273,7 +286,13 @@ class Executor(concurrent.futures.Executor):
             fut._known.set()
             return fut
         functions.write_call(base, data)
-        line = task_line(functions.command(self._python, base), opts, _ids(after), _ids(afterany), cwd, env)
+        warm = self._warm._replace(needs_memcg=bool(opts.get("mem"))) if self._warm else None
+        if not os.path.isdir(cwd):
+            fut.set_exception(ValueError(f"cwd={cwd!r}: no such directory"))
+            fut._known.set()
+            return fut
+        cmd, cwd, env = functions.command(self._python, base, warm, cwd, env)
+        line = task_line(cmd, opts, _ids(after), _ids(afterany), cwd, env)
         self._add(fut, line, key, name)
         return fut
 
@@ -488,7 +507,11 @@ class Executor(concurrent.futures.Executor):
         for row, fut in futs:
             if fut._call is not None:
                 self._not_returned.pop(fut._call[1], None)
+            if row["state"] == "cancelled" and fut._cancelling:
+                fut._cancelled_here()
             if fut.done():
+                if fut._call is not None and not fut._call[2]:
+                    functions.remove(fut._call[1])
                 continue
             if fut._call is not None:
                 _resolve_call(fut, fut._call, row)

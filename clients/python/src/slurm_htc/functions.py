@@ -13,10 +13,12 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
+import re
 import shlex
+import shutil
 import sys
 import uuid
-from typing import Any, Callable, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from . import _call
 from ._call import Call
@@ -88,11 +90,62 @@ def write_call(base: str, data: bytes) -> None:
     os.replace(tmp, base + ".in")
 
 
-def command(python: str, base: str) -> str:
-    """The task's command: the call script run by the client's interpreter (or the one named),
-    in the place of the task's shell (`exec`), so that the run sees a signal that kills the
-    call (an abort, its memory limit) as such and not as the shell's exit status."""
-    return "exec " + " ".join(shlex.quote(w) for w in (python, CALL_SCRIPT, base))
+# The words a task line may hold for the run to exec it without a shell (`needs_shell` of the
+# task file's parser).
+LITERAL = re.compile(r"[A-Za-z0-9_./,:+%@^-]+")
+WARM_SCRIPT = os.path.join(os.path.dirname(CALL_SCRIPT), "_warm.py")
+
+
+class Warm(NamedTuple):
+    """The warm path of a call: the `htc-call` shim the nodes run (installed beside `htc`), the
+    modules the warm interpreter imports before it forks, and whether the call has a memory
+    limit."""
+
+    shim: str
+    preload: Sequence[str] = ()
+    needs_memcg: bool = False
+
+
+def shim_beside(htc: str) -> Optional[str]:
+    """The `htc-call` shim beside the `htc` binary (a name on the PATH, or a path), if there."""
+    found = shutil.which(htc) or htc
+    shim = os.path.join(os.path.dirname(os.path.abspath(found)), "htc-call")
+    return shim if os.access(shim, os.X_OK) else None
+
+
+def command(
+    python: str,
+    base: str,
+    warm: Optional[Warm] = None,
+    cwd: Optional[str] = None,
+    env: Optional[Mapping[str, str]] = None,
+) -> Tuple[str, Optional[str], Optional[Mapping[str, str]]]:
+    """The task's command, and the directory and environment its task line must still set
+    (`None` where the command itself does).
+
+    Cold: the call script run by the client's interpreter (or the one named), in the place of
+    the task's shell (`exec`), so that the run sees a signal that kills the call (an abort, its
+    memory limit) as such and not as the shell's exit status. Warm: the `htc-call` shim,
+    which forks the call from the agent's warm interpreter or becomes that same cold command
+    where it cannot; it changes to `cwd` itself, so that a line of plain words is exec'd by the
+    agent with no shell between (the shim must be the agent's child: its warm interpreter is
+    the agent's)."""
+    cold = "exec " + " ".join(shlex.quote(w) for w in (python, CALL_SCRIPT, base))
+    if warm is None:
+        return cold, cwd, env
+    words = [warm.shim, "--python", python, "--call-script", CALL_SCRIPT, "--zygote", WARM_SCRIPT]
+    if warm.preload:
+        words += ["--preload", ",".join(warm.preload)]
+    if warm.needs_memcg:
+        words.append("--needs-memcg")
+    if cwd is not None:
+        words += ["--cwd", os.path.abspath(cwd)]
+    words.append(base)
+    if not env and all(LITERAL.fullmatch(w) for w in words):
+        return " ".join(words), None, None
+    exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in (env or {}).items() if k.isidentifier())
+    guarded = f"[ -x {shlex.quote(warm.shim)} ] && exec " + " ".join(shlex.quote(w) for w in words)
+    return exports + guarded + "; " + cold, None, {k: v for k, v in (env or {}).items() if not k.isidentifier()} or None
 
 
 def read_outcome(base: str) -> Optional[Tuple[str, Any]]:

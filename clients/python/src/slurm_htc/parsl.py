@@ -24,7 +24,7 @@ import logging
 import math
 import os
 from concurrent.futures import Future
-from typing import Any, Callable, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from parsl.executors.base import ParslExecutor
 from parsl.executors.errors import InvalidResourceSpecification
@@ -80,6 +80,8 @@ class HTCExecutor(ParslExecutor, RepresentationMixin):
     then `PATH`). `python`: the interpreter the tasks run (default: this one). `cores`, `mem`,
     `gpus`, `timeout`, `priority`: every task's defaults, which a resource specification
     overrides. `retries`: the run's own retries per task (default 0: Parsl retries).
+    `warm`: calls forked from a warm interpreter per node (default), which imports `preload`
+    first (default: `parsl`, which every app's wrapper needs) — see docs/python.md.
     """
 
     def __init__(
@@ -95,6 +97,8 @@ class HTCExecutor(ParslExecutor, RepresentationMixin):
         timeout: Optional[str] = None,
         priority: Optional[int] = None,
         retries: int = 0,
+        warm: bool = True,
+        preload: Sequence[str] = ("parsl",),
         idle_exit: str = "10s",
         start_timeout: float = 120.0,
         storage_access: Optional[List[Any]] = None,
@@ -106,6 +110,7 @@ class HTCExecutor(ParslExecutor, RepresentationMixin):
         self.run, self.slurm, self.htc, self.python = run, slurm, htc, python
         self.cores, self.mem, self.gpus, self.timeout = cores, mem, gpus, timeout
         self.priority, self.retries = priority, retries
+        self.warm, self.preload = warm, tuple(preload)
         self.idle_exit, self.start_timeout = idle_exit, start_timeout
         self.storage_access = storage_access
         self.working_dir = working_dir
@@ -138,6 +143,8 @@ class HTCExecutor(ParslExecutor, RepresentationMixin):
             idle_exit=self.idle_exit,
             start_timeout=self.start_timeout,
             python=self.python,
+            warm=self.warm,
+            preload=self.preload,
             **defaults,
         )
         _log.info("HTCExecutor %s: open run %s", self.label, self._ex.run)
