@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # Python functions as tasks (issue 55): N calls of a function that returns its argument, every
-# value read back, through `slurm_htc.Executor.submit` (a task and a fresh interpreter per call),
-# its `map` with `chunksize`, Parsl's apps on `slurm_htc.parsl.HTCExecutor`, and beside them
+# value read back, through `slurm_htc.Executor.submit` (a task per call, forked from the warm
+# interpreter; and cold, a new interpreter per call), its `map` with `chunksize`, Parsl's apps on
+# `slurm_htc.parsl.HTCExecutor` (warm, and cold), and beside them
 # Parsl's HighThroughputExecutor (LocalProvider, one block of WORKERS workers) and the standard
 # library's ProcessPoolExecutor(WORKERS) (warm workers, no record of anything); then a call's
-# result latency (from the function's return to `result()` returning, p50 of LAT calls).
+# result latency (from the function's return to `result()` returning, p50 of LAT calls); with
+# SLEEP_N > 0, SLEEP_N calls of time.sleep(1) through submit, against SLEEP_N / WORKERS seconds.
 #
 #   bench/functions.sh
 #   PY=/tmp/pyv/bin/python N=2000 bench/functions.sh
 #
 # Env: PY (a python with parsl==2026.10.26 and clients/python installed; default python3),
-#      N (2000), MAP_N (20000, with chunksize 100), PARSL_HTC_N (200: Parsl's apps on HTCExecutor
-#      ran ~3 calls/s here, each task importing Parsl's modules), WORKERS (nproc), ROUNDS (3, medians), LAT (50),
+#      N (2000), COLD_N (200, cold calls), MAP_N (20000, with chunksize 100), PARSL_HTC_N (1000),
+#      PARSL_COLD_N (30: cold, each task imports Parsl's modules), WORKERS (nproc), ROUNDS (3,
+#      medians), LAT (50), SLEEP_N (0),
 #      HTC (target/dist/htc), OUT (bench/results/functions-<date>.txt).
 set -euo pipefail
 
@@ -31,8 +34,9 @@ export HTC_SITE_CONFIG=/dev/null
 # HighThroughputExecutor starts its interchange and workers by name, from the venv's bin.
 PATH=$(dirname "$(command -v "$PY")"):$PATH
 cd "$WORK"
-HTC="$HTC" WORK="$WORK" N="${N:-2000}" MAP_N="${MAP_N:-20000}" PARSL_HTC_N="${PARSL_HTC_N:-200}" WORKERS="${WORKERS:-$(nproc)}" \
-    ROUNDS="${ROUNDS:-3}" LAT="${LAT:-50}" "$PY" - <<'EOF'
+HTC="$HTC" WORK="$WORK" N="${N:-2000}" COLD_N="${COLD_N:-200}" MAP_N="${MAP_N:-20000}" PARSL_HTC_N="${PARSL_HTC_N:-1000}" \
+    PARSL_COLD_N="${PARSL_COLD_N:-30}" WORKERS="${WORKERS:-$(nproc)}" ROUNDS="${ROUNDS:-3}" LAT="${LAT:-50}" \
+    SLEEP_N="${SLEEP_N:-0}" "$PY" - <<'EOF'
 import concurrent.futures as cf, importlib.metadata, os, statistics, time
 import parsl
 from parsl.config import Config
@@ -44,6 +48,7 @@ from slurm_htc.parsl import HTCExecutor
 work, n, map_n, parsl_htc_n = (os.environ["WORK"], int(os.environ["N"]), int(os.environ["MAP_N"]),
                                int(os.environ["PARSL_HTC_N"]))
 workers, rounds, lat_n = int(os.environ["WORKERS"]), int(os.environ["ROUNDS"]), int(os.environ["LAT"])
+cold_n, parsl_cold_n, sleep_n = int(os.environ["COLD_N"]), int(os.environ["PARSL_COLD_N"]), int(os.environ["SLEEP_N"])
 seq = iter(range(10**6))
 
 
@@ -62,12 +67,17 @@ def fresh(name):
     return d
 
 
-def htc_submit():
-    with Executor(cwd=fresh("submit"), retries=0) as ex:
+def htc_submit(count=n, warm=True, fn=identity):
+    with Executor(cwd=fresh("submit"), retries=0, warm=warm) as ex:
+        ex.submit(identity, -1).result()  # the run up (and the warm interpreter)
         t0 = time.time()
-        fs = [ex.submit(identity, i) for i in range(n)]
-        assert [f.result() for f in fs] == list(range(n))
-        return n / (time.time() - t0)
+        fs = [ex.submit(fn, i) for i in range(count)]
+        assert [f.result() for f in fs] == [fn(i) if fn is identity else None for i in range(count)]
+        return count / (time.time() - t0)
+
+
+def nap(_):
+    time.sleep(1)
 
 
 def htc_map():
@@ -92,8 +102,8 @@ def htex():
                                              provider=LocalProvider(init_blocks=1, max_blocks=1)), n)
 
 
-def on_htc():
-    return parsl_rate(HTCExecutor(label="htc"), parsl_htc_n)
+def on_htc(warm=True):
+    return parsl_rate(HTCExecutor(label="htc", warm=warm), parsl_htc_n if warm else parsl_cold_n)
 
 
 def pool():
@@ -110,12 +120,16 @@ def latency():
         lat = []
         for i in range(lat_n):
             f = ex.submit(stamp, i)
-            lat.append(time.time() - f.result())
+            returned = f.result()  # before time.time(): the operands are evaluated left to right
+            lat.append(time.time() - returned)
         return statistics.median(lat) * 1e3, sorted(lat)[int(lat_n * 0.9)] * 1e3
 
 
-rows = [("slurm_htc Executor.submit, a task each", htc_submit, n), ("slurm_htc Executor.map, chunksize=100", htc_map, map_n),
-        ("Parsl apps on slurm_htc.parsl.HTCExecutor", on_htc, parsl_htc_n),
+rows = [("slurm_htc Executor.submit, a task each, warm", htc_submit, n),
+        ("slurm_htc Executor.submit, a task each, cold", lambda: htc_submit(cold_n, warm=False), cold_n),
+        ("slurm_htc Executor.map, chunksize=100", htc_map, map_n),
+        ("Parsl apps on slurm_htc.parsl.HTCExecutor, warm", on_htc, parsl_htc_n),
+        ("Parsl apps on slurm_htc.parsl.HTCExecutor, cold", lambda: on_htc(warm=False), parsl_cold_n),
         (f"Parsl {importlib.metadata.version('parsl')} HighThroughputExecutor, {workers} workers", htex, n),
         (f"ProcessPoolExecutor({workers})", pool, n)]
 for name, f, count in rows:
@@ -125,4 +139,8 @@ for name, f, count in rows:
 p50, p90 = latency()
 print(f"result latency, slurm_htc Executor.submit (function's return to result()): p50 {p50:.1f} ms, p90 {p90:.1f} ms "
       f"over {lat_n} calls one at a time")
+if sleep_n:
+    took = sleep_n / htc_submit(sleep_n, fn=nap)
+    ideal = sleep_n / workers
+    print(f"{sleep_n} calls of time.sleep(1) on {workers} cores, submit: {took:.1f} s, {took / ideal:.3f} x {ideal:.0f} s")
 EOF
