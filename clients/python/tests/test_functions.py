@@ -5,12 +5,14 @@ big and unpicklable results, keys across a client's crash, `map` with `chunksize
 from __future__ import annotations
 
 import concurrent.futures as cf
+import gc
 import os
 import pathlib
 import subprocess
 import sys
 import threading
 import time
+import tracemalloc
 from typing import Iterator, List
 
 import pytest
@@ -113,6 +115,37 @@ def test_a_cancelled_call_never_runs(ex: Executor, tmp_path: pathlib.Path) -> No
     while any(calls.iterdir()) and time.monotonic() < until:
         time.sleep(0.05)
     assert not any(calls.iterdir()), ("a cancelled call's files go once the run says so", sorted(calls.iterdir()))
+
+
+def test_cancels_racing_the_calls_ends_leave_every_future_settled(ex: Executor) -> None:
+    futures = [ex.submit(square, i) for i in range(300)]
+    futures[150].result(timeout=120)
+    for f in reversed(futures):  # some cancelled as their task ends, some after
+        f.cancel()
+    cf.wait(futures, timeout=120)
+    assert all(f.cancelled() or f.result(0) == i * i for i, f in enumerate(futures))
+    assert ex.submit(square, 7).result(timeout=60) == 49, "the poll goes on"
+
+
+def test_a_pending_call_costs_its_client_under_1_kib(ex: Executor) -> None:
+    blocker = ex.with_options(cores=len(os.sched_getaffinity(0))).submit(time.sleep, 600)
+    blocker.wait_id(timeout=30)
+    futures: List[cf.Future[int]] = []
+    try:
+        gc.collect()
+        tracemalloc.start()
+        before = tracemalloc.get_traced_memory()[0]
+        futures += [ex.submit(square, i) for i in range(2000)]
+        for f in futures:
+            f.wait_id(timeout=60)
+        gc.collect()
+        per_future = (tracemalloc.get_traced_memory()[0] - before) / len(futures)
+        tracemalloc.stop()
+        assert not any(f.done() for f in futures), "all still pending while measured"
+        assert per_future < 1024, f"{per_future:.0f} bytes per pending future"
+    finally:
+        for f in [blocker, *futures]:
+            f.cancel()
 
 
 def test_submit_after_shutdown_is_refused(tmp_path: pathlib.Path) -> None:

@@ -89,9 +89,14 @@ class TaskFuture(concurrent.futures.Future):  # type: ignore[type-arg]
 
     def __init__(self, executor: "Executor") -> None:
         super().__init__()
+        # One condition for all of an executor's futures, not one each: a pending future costs
+        # its client well under 1 KiB then (a `Condition` with its deque and lock is ~1 KiB).
+        # Its waits wake at every future's change, so `result`, `exception` and `wait_id` wait
+        # for their own; a single lock, not stripes, since `concurrent.futures.wait` takes its
+        # futures' conditions in the order of their ids, which stripes would not keep.
+        self._condition = executor._futures_cond
         self._ex = executor
         self.task_id: Optional[int] = None
-        self._known = threading.Event()
         # A function call's description and files (`functions`); `None` for a command.
         self._call: Optional[Tuple[str, str, bool, bool]] = None
 
@@ -99,7 +104,8 @@ class TaskFuture(concurrent.futures.Future):  # type: ignore[type-arg]
         """Cancels the task in the run (queued: it never starts; running: it is stopped)."""
         if self.done():
             return False
-        self._known.wait()
+        with self._condition:
+            self._condition.wait_for(self._known)
         if self.task_id is not None:
             self._cancelling = True
             self._ex._cancel([self.task_id])
@@ -117,9 +123,41 @@ class TaskFuture(concurrent.futures.Future):  # type: ignore[type-arg]
             self.set_running_or_notify_cancel()
             return True
 
+    def result(self, timeout: Optional[float] = None) -> Any:
+        with self._condition:
+            self._condition.wait_for(self.done, timeout)
+        return super().result(0)
+
+    def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
+        with self._condition:
+            self._condition.wait_for(self.done, timeout)
+        return super().exception(0)
+
+    def _settle(self, value: Any = None, error: Optional[BaseException] = None) -> None:
+        """The poll's end of the future. A `cancel` that came between the poll's look and this
+        stands (the run was asked to stop the task): the poll thread must not die of it."""
+        try:
+            if error is not None:
+                self.set_exception(error)
+            else:
+                self.set_result(value)
+        except concurrent.futures.InvalidStateError:
+            pass
+
+    def _known(self) -> bool:
+        """The run has the task (its id is here), or it was never added (the future failed)."""
+        return self.task_id is not None or self.done()
+
+    def _learn(self, task_id: int) -> None:
+        with self._condition:
+            self.task_id = task_id
+            self._condition.notify_all()
+
     def wait_id(self, timeout: Optional[float] = None) -> int:
         """The task's id, once the run has it."""
-        if not self._known.wait(timeout):
+        with self._condition:
+            known = self._condition.wait_for(self._known, timeout)
+        if not known:
             raise TimeoutError("the run has not acknowledged the task yet")
         if self.task_id is None:
             raise self.exception() or HtcError("the task was not added")
@@ -205,6 +243,7 @@ class Executor(concurrent.futures.Executor):
         self._keep_alive_s = min(KEEP_ALIVE_S, _seconds(idle_exit) / 3) if _seconds(idle_exit) > 0 else KEEP_ALIVE_S
         self.run = self._run.id
         self._lock = threading.Condition()
+        self._futures_cond = threading.Condition()
         self._feed = _Feed()
         # Futures of tasks not ended, by task id: two submits under one key are one task.
         self._pending: Dict[int, List[TaskFuture]] = {}
@@ -283,13 +322,11 @@ class Executor(concurrent.futures.Executor):
             data = functions.encode(calls)
         except Exception as e:
             fut.set_exception(TypeError(f"cannot pickle the call {what}: {type(e).__name__}: {e}"))
-            fut._known.set()
             return fut
         functions.write_call(base, data)
         warm = self._warm._replace(needs_memcg=bool(opts.get("mem"))) if self._warm else None
         if not os.path.isdir(cwd):
             fut.set_exception(ValueError(f"cwd={cwd!r}: no such directory"))
-            fut._known.set()
             return fut
         cmd, cwd, env = functions.command(self._python, base, warm, cwd, env)
         line = task_line(cmd, opts, _ids(after), _ids(afterany), cwd, env)
@@ -308,7 +345,6 @@ class Executor(concurrent.futures.Executor):
             [task_id] = self._run.add([line], key=key, name=name)
         except HtcError as e:
             fut.set_exception(e)
-            fut._known.set()
             return
         self._known(fut, task_id)
 
@@ -332,19 +368,17 @@ class Executor(concurrent.futures.Executor):
                 self._feed.owed.pop()
                 self._feed.stream = None
         fut.set_exception(HtcError("the run takes no tasks: its add stream ended"))
-        fut._known.set()
 
     def _acknowledged(self, feed: _Feed, task_id: int) -> None:
         """The stream's next id: the task of the oldest line it owes."""
         self._known(feed.owed.popleft(), task_id)
 
     def _known(self, fut: TaskFuture, task_id: int) -> None:
-        fut.task_id = task_id
+        fut._learn(task_id)  # first: a future the poll resolves has its id
         with self._lock:
             self._pending.setdefault(task_id, []).append(fut)
             self._news = True
             self._lock.notify_all()
-        fut._known.set()
 
     def _ended(self, feed: _Feed, why: Optional[str]) -> None:
         with self._lock:
@@ -354,7 +388,6 @@ class Executor(concurrent.futures.Executor):
             feed.owed.clear()
         for fut in lost:
             fut.set_exception(HtcError(why or "the add stream ended before the task was added"))
-            fut._known.set()
 
     def map(
         self,
@@ -432,9 +465,15 @@ class Executor(concurrent.futures.Executor):
                     return
                 ids = list(self._pending)
                 fresh, self._news = self._news, False
-            look = self._returned()
-            if fresh or time.monotonic() >= status_at:
-                changed = self._resolve(ids)
+            due = fresh or time.monotonic() >= status_at
+            try:
+                look = self._returned()
+                changed = due and self._resolve(ids)
+            except Exception:  # this thread's end would leave every future waiting
+                _log.exception("slurm-htc: run %s: a poll failed; the next one comes in %.1f s", self.run, POLL_MAX_S)
+                time.sleep(POLL_MAX_S)
+                continue
+            if due:
                 # New tasks or ends bring the pace back up, never above one poll per `least`: a
                 # stream of submits must not turn into a stream of status calls.
                 least = max(POLL_FIRST_S, POLL_PER_TASK_S * len(ids))
@@ -493,7 +532,7 @@ class Executor(concurrent.futures.Executor):
             functions.remove(base)
         for f in futs:
             if not f.done():
-                f.set_result(outcome[1] if chunked else outcome[1][0])
+                f._settle(outcome[1] if chunked else outcome[1][0])
 
     def _resolve(self, ids: Sequence[int]) -> bool:
         """One `htc task status` of `ids`: the futures of those that ended are resolved."""
@@ -516,9 +555,9 @@ class Executor(concurrent.futures.Executor):
             if fut._call is not None:
                 _resolve_call(fut, fut._call, row)
             elif row["state"] == "done":
-                fut.set_result(TaskResult(self, row["id"], row.get("exit") or 0))
+                fut._settle(TaskResult(self, row["id"], row.get("exit") or 0))
             else:
-                fut.set_exception(TaskFailed(row["id"], row.get("exit"), row.get("reason") or row["state"]))
+                fut._settle(error=TaskFailed(row["id"], row.get("exit"), row.get("reason") or row["state"]))
         return bool(ended)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
@@ -588,12 +627,12 @@ def _resolve_call(fut: TaskFuture, call: Tuple[str, str, bool, bool], row: Mappi
     if not keyed:
         functions.remove(base)
     if row["state"] == "done" and outcome is not None and outcome[0] == RETURNED:
-        fut.set_result(outcome[1] if chunked else outcome[1][0])
+        fut._settle(outcome[1] if chunked else outcome[1][0])
         return
     reason = unreadable or row.get("reason") or row["state"]
     if row["state"] == "done" and not unreadable:
         reason = "it ended without a result"
-    fut.set_exception(functions.exception_of(what, row["id"], reason, outcome))
+    fut._settle(error=functions.exception_of(what, row["id"], reason, outcome))
 
 
 def _check_options(options: Mapping[str, Any], *, calls: bool = False) -> None:
