@@ -11,11 +11,16 @@
 #                       it asserts that only HighThroughputExecutor, WorkQueueExecutor and
 #                       ThreadPoolExecutor refuse a resource specification; this executor
 #                       honours `memory` (the call dies at its 1 MB) and refuses `cpus`, by name
+#   test_staging/test_staging_stdout.py::test_stdout_stderr_staging_zip
+#                       a race in the test: it opens the zip once the stdout's stage-out is done,
+#                       without the lock the stage-outs take, while the stderr's (a task of its
+#                       own, run beside it) may be rewriting the zip's directory: BadZipFile,
+#                       seen once here with two slots (any executor that runs the two at once)
 #
 #   tests/parsl-suite.sh VENV        (VENV: tests/parsl-pins.txt and clients/python installed)
 set -euo pipefail
 root=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
-(($# == 1)) || { sed -n '15p' "${BASH_SOURCE[0]}" | sed 's/^# *//' >&2; exit 2; }
+(($# == 1)) || { sed -n '20p' "${BASH_SOURCE[0]}" | sed 's/^# *//' >&2; exit 2; }
 venv=$(cd -- "$1" && pwd)
 tests=$("$venv/bin/python" -c 'import os, parsl.tests; print(os.path.dirname(parsl.tests.__file__))')
 marks='not cleannet'
@@ -25,4 +30,4 @@ trap 'rm -rf "$work"' EXIT
 cd "$work"
 HTC=${HTC:-$root/target/release/htc} "$venv/bin/python" -m pytest -p no:cacheprovider -q -rfEs \
     "$tests" --config "$root/clients/python/tests/parsl/htc_config.py" -m "$marks" \
-    -k 'not (test_error_handling and test_resource_spec)'
+    -k 'not (test_error_handling and test_resource_spec) and not test_stdout_stderr_staging_zip'
