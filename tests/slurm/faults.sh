@@ -160,6 +160,72 @@ killed_agent() {
     none_done_ran_again "killed agent" "$w"
 }
 
+# Python function calls (issue 55) on a lost node: a client on the login node runs 40 calls of
+# 1.5 s on 4 nodes, one core each (forked by each node's warm interpreter), and the agent on n3
+# is killed with SIGKILL while it runs some. Those run again elsewhere as new attempts (with
+# retries=0: a lost node's calls are not failures), every future gets its value, what ran on
+# another node never runs twice, and no warm interpreter or call outlives the job.
+warm_interpreters() { pgrep -u "$HTC_CLUSTER_USER" -f slurm_htc/_warm.py >/dev/null; }
+not() { ! "$@"; }
+python_calls_node_lost() {
+    local w job pid state client runs unique twice py=${HTC_PY_VENV:-}/bin/python
+    [[ -x $py ]] || { bad "python calls: no venv with the client (HTC_PY_VENV=${HTC_PY_VENV:-})"; return; }
+    w=$(cluster_workdir pycalls)
+    cat >"$w/calls.py" <<EOF
+import os, time
+from slurm_htc import Executor
+
+def work(i):
+    with open("$w/calls.txt", "a") as f:
+        f.write(f"{i} {os.environ['SLURMD_NODENAME']} {os.environ.get('HTC_ATTEMPT', '')}\\n")
+    time.sleep(1.5)
+    return i * i
+
+slurm = {"nodes": 4, "time": "5", "sbatch_args": ["--exclusive", *"${FAULT_SIDE[*]}".split()]}
+with Executor(slurm=slurm, htc="$bin/htc", cores=1, retries=0) as ex:
+    print(ex.run, flush=True)
+    futures = [ex.submit(work, i) for i in range(40)]
+    values = [f.result(timeout=300) for f in futures]
+    print("values", "right" if values == [i * i for i in range(40)] else values, flush=True)
+EOF
+    chown -R "$HTC_CLUSTER_USER" "$w"
+    as_user -C "$w" "$py" calls.py >"$w/client.log" 2>&1 &
+    client=$!
+    for _ in $(seq 900); do
+        job=$(head -n 1 "$w/client.log" 2>/dev/null)
+        [[ $job =~ ^[0-9]+$ ]] && grep -qs " n3 " "$w/calls.txt" && break
+        sleep 0.1
+    done
+    if ! pid=$(agent_on "$job" n3); then
+        bad "python calls: no agent of job '$job' found on n3"
+        kill "$client" 2>/dev/null
+        wait "$client"
+        tail -n 20 "$w/client.log"
+        return
+    fi
+    check "python calls: a warm interpreter serves them" warm_interpreters
+    kill -KILL "$pid"
+    ok "python calls: SIGKILL to the agent on n3 (pid $pid) with $(wc -l <"$w/calls.txt") calls started"
+    wait "$client"
+    check "python calls: every future has its value ($(tail -n 1 "$w/client.log"))" grep -qx "values right" "$w/client.log"
+    state=$(wait_job "$job" 120)
+    check "python calls: job $job ended at the client's shutdown, COMPLETED (was $state)" test "$state" = COMPLETED
+    runs=$(wc -l <"$w/calls.txt")
+    unique=$(cut -d' ' -f1 "$w/calls.txt" | sort -u | wc -l)
+    twice=$(awk '{ n[$1]++; if (!($1 in on)) on[$1] = $2 } END { for (i in n) if (n[i] > 1 && on[i] != "n3") printf "%s ", i }' "$w/calls.txt")
+    check "python calls: every call ran ($unique of 40), $((runs - unique)) again, at most n3's 2 cores" \
+        test "$unique" = 40 -a $((runs - unique)) -le 2
+    check "python calls: none that ran on another node ran again${twice:+: $twice}" test -z "$twice"
+    check "python calls: a call run again is a new attempt" \
+        test -z "$(sort -k1,1n -k3,3n "$w/calls.txt" | awk 'prev == $1 && pa == $3 { print } { prev = $1; pa = $3 }')"
+    for _ in $(seq 50); do # each ends once it sees its agent's end
+        warm_interpreters || break
+        sleep 0.1
+    done
+    check "python calls: no warm interpreter or call of the job left" not warm_interpreters
+    [[ $failed == 0 ]] || { tail -n 20 "$w/client.log"; tail -n 20 "$w/slurm-$job.out"; }
+}
+
 link_down() {
     local w j state ns=$HTC_CLUSTER_NETNS-n4
     read -r w j < <(start_job linkdown) || { bad "link down: submit"; return; }
@@ -674,7 +740,7 @@ cluster_cmd scontrol create PartitionName=limits Nodes="n[5-10]" PriorityTier=1 
     { echo "could not make the limits partition"; exit 1; }
 # node_failed last: after it Slurm may keep n4 idle but unscheduled (IDLE+PLANNED) for two
 # minutes, and the next job on n1-n4 waited that long.
-quick=(killed_agent link_down link_cut_and_back preempted preempted_with_grace suspended suspended_by_preemption
+quick=(killed_agent python_calls_node_lost link_down link_cut_and_back preempted preempted_with_grace suspended suspended_by_preemption
     time_limit node_failed)
 # FAULTS_ONLY="name ..." runs some of them, one after the other (while working on one): said
 # loudly, as it is no pass.
