@@ -1,15 +1,17 @@
 //! `htc-call`: a Python function call of the client (`slurm_htc`) run by a warm interpreter
 //! instead of a new one. A new interpreter with cloudpickle costs ~40 ms here before the call
-//! starts; a fork of one already started costs ~1 ms.
+//! starts; a worker of one already started takes the call in well under a millisecond.
 //!
-//! The task's command is this shim. It asks the node's warm interpreter (the client's
-//! `_warm.py`, one per agent, per interpreter and preload list; started by the first shim that
-//! finds none) to fork a child for the call, handing it the task's stdin, stdout and stderr
-//! (`SCM_RIGHTS`), environment, directory, umask and its own pid. The child joins the shim's
-//! cgroups (so a slot's memory limit and its OOM count hold for it as for a task), CPU affinity
-//! and limits, runs the call, and dies if the shim dies (a `kill -9` on a timeout); the shim
-//! forwards the signals it gets and ends as the child did: the same exit status or signal, so
-//! that the run records the call's end as it records a task's.
+//! The task's command is this shim. It hands the call to the node's warm interpreter (the
+//! client's `_warm.py`, one per agent, per interpreter and preload list; started by the first
+//! shim that finds none) with the task's stdin, stdout and stderr (`SCM_RIGHTS`), environment,
+//! directory, umask and its own pid. A worker of the interpreter runs it (calls one after
+//! another, as a process pool's workers do), or, for a call with a memory limit or `--fork`, a
+//! child forked for it alone, which joins the shim's memory cgroup too (so a slot's limit and
+//! its OOM count hold for it as for a task). Either takes the task's CPU affinity and limits and
+//! dies if the shim dies (a `kill -9` on a timeout); the shim forwards the signals it gets and
+//! ends as the call did: the same exit status or signal, so that the run records the call's end
+//! as it records a task's.
 //!
 //! Where the warm path cannot keep those promises it is not taken and the shim becomes the cold
 //! command (`exec PYTHON CALL_SCRIPT BASE`): no warm interpreter could start or it refused
@@ -32,7 +34,7 @@ use std::time::{Duration, Instant};
 
 /// The shim's command line (written by the client, `slurm_htc.functions.command`):
 /// `htc-call --python PY --call-script CALL --zygote WARM [--preload M,N] [--needs-memcg]
-/// [--cwd DIR] BASE`. Parsed by hand: the shim starts per call, and starts small.
+/// [--fork] [--cwd DIR] BASE`. Parsed by hand: the shim starts per call, and starts small.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct CallWarmArgs {
     /// The interpreter of the call (the client's, or the one it named).
@@ -45,6 +47,9 @@ pub struct CallWarmArgs {
     pub preload: Vec<String>,
     /// The call has a memory limit: warm only where a memory cgroup of its own enforces it.
     pub needs_memcg: bool,
+    /// A process forked for this call alone, not a worker that serves the warm interpreter's
+    /// calls one after another (as it does for a call with a memory limit).
+    pub fork: bool,
     /// The directory the call runs in.
     pub cwd: Option<PathBuf>,
     /// The call's files, `BASE.in` and `BASE.out`.
@@ -64,6 +69,7 @@ impl CallWarmArgs {
                 Some("--zygote") => a.zygote = value("--zygote")?.into(),
                 Some("--cwd") => a.cwd = Some(value("--cwd")?.into()),
                 Some("--needs-memcg") => a.needs_memcg = true,
+                Some("--fork") => a.fork = true,
                 Some("--preload") => {
                     let v = value("--preload")?;
                     a.preload = v.to_string_lossy().split(',').filter(|m| !m.is_empty()).map(String::from).collect();
@@ -84,7 +90,7 @@ impl CallWarmArgs {
 }
 
 /// The first word of a request, so that a warm interpreter of another version refuses it.
-const PROTOCOL: &str = "htc-warm 1";
+const PROTOCOL: &str = "htc-warm 2";
 /// How long a shim waits for a warm interpreter it started to listen.
 const START_WAIT: Duration = Duration::from_secs(20);
 
@@ -178,7 +184,7 @@ fn warm(a: &CallWarmArgs) -> Result<Ended, Cold> {
         Ok(c) => c,
         Err(_) => start(a, &dir, &name, agent)?,
     };
-    send_request(&conn, &a.base)?;
+    send_request(&conn, a)?;
     let mut lines = BufReader::new(&conn);
     match read_reply(&mut lines)? {
         Some(Reply::Running(pid)) => {
@@ -319,11 +325,15 @@ pub fn agent_of(name: &str) -> Option<(i32, u64)> {
 }
 
 /// The request: its length, then NUL-separated fields (protocol, pid, directory, umask, call
-/// base, `KEY=VALUE` environment), with the task's descriptors 0-2 beside it.
-fn send_request(conn: &UnixStream, base: &Path) -> Result<(), Cold> {
+/// base, how the call runs: `fork` or `reuse`, `KEY=VALUE` environment), with the task's
+/// descriptors 0-2 beside it. A call with a memory limit is forked: a worker's pages stay
+/// charged to the memory cgroup it first touched them in, which a reused one would carry
+/// from slot to slot.
+fn send_request(conn: &UnixStream, a: &CallWarmArgs) -> Result<(), Cold> {
     let cwd = std::env::current_dir()?;
     let env: Vec<Vec<u8>> = std::env::vars_os().map(|(k, v)| [k.as_bytes(), b"=", v.as_bytes()].concat()).collect();
-    let data = encode_request(std::process::id(), cwd.as_os_str(), umask(), base.as_os_str(), &env);
+    let mode = if a.fork || a.needs_memcg { "fork" } else { "reuse" };
+    let data = encode_request(std::process::id(), cwd.as_os_str(), umask(), a.base.as_os_str(), mode, &env);
     let fds = [0, 1, 2];
     let cmsg = [nix::sys::socket::ControlMessage::ScmRights(&fds)];
     let iov = [io::IoSlice::new(&data)];
@@ -333,7 +343,7 @@ fn send_request(conn: &UnixStream, base: &Path) -> Result<(), Cold> {
     Ok(())
 }
 
-pub fn encode_request(pid: u32, cwd: &OsStr, umask: u32, base: &OsStr, env: &[Vec<u8>]) -> Vec<u8> {
+pub fn encode_request(pid: u32, cwd: &OsStr, umask: u32, base: &OsStr, mode: &str, env: &[Vec<u8>]) -> Vec<u8> {
     let mut body = Vec::new();
     for field in [
         PROTOCOL.as_bytes(),
@@ -341,6 +351,7 @@ pub fn encode_request(pid: u32, cwd: &OsStr, umask: u32, base: &OsStr, env: &[Ve
         cwd.as_bytes(),
         format!("{umask:o}").as_bytes(),
         base.as_bytes(),
+        mode.as_bytes(),
     ]
     .into_iter()
     .chain(env.iter().map(|e| e.as_slice()))
@@ -429,12 +440,12 @@ mod tests {
     fn the_command_line_reads_as_the_client_writes_it() {
         let w = |s: &str| s.split(' ').map(std::ffi::OsString::from).collect::<Vec<_>>();
         let a = CallWarmArgs::parse(w(
-            "--python /p --call-script /c.py --zygote /w.py --preload parsl,numpy --needs-memcg --cwd /d /r/calls/k",
+            "--python /p --call-script /c.py --zygote /w.py --preload parsl,numpy --needs-memcg --fork --cwd /d /r/calls/k",
         ))
         .unwrap();
         assert_eq!(
-            (a.python.to_str(), a.preload.as_slice(), a.needs_memcg),
-            (Some("/p"), ["parsl".to_string(), "numpy".to_string()].as_slice(), true)
+            (a.python.to_str(), a.preload.as_slice(), a.needs_memcg, a.fork),
+            (Some("/p"), ["parsl".to_string(), "numpy".to_string()].as_slice(), true, true)
         );
         assert_eq!((a.cwd.as_deref(), a.base.to_str()), (Some(Path::new("/d")), Some("/r/calls/k")));
         assert_eq!(CallWarmArgs::parse(w("--python /p --call-script /c --zygote /w")), Err("no call base".into()));
@@ -474,11 +485,14 @@ mod tests {
     #[test]
     fn a_request_is_its_length_then_nul_ended_fields() {
         let env = vec![b"A=1".to_vec(), b"B=x y".to_vec()];
-        let d = encode_request(77, OsStr::new("/w d"), 0o22, OsStr::new("/r/calls/k"), &env);
+        let d = encode_request(77, OsStr::new("/w d"), 0o22, OsStr::new("/r/calls/k"), "reuse", &env);
         let len = u32::from_le_bytes(d[..4].try_into().unwrap()) as usize;
         assert_eq!(len, d.len() - 4);
         let fields: Vec<&[u8]> = d[4..d.len() - 1].split(|b| *b == 0).collect();
-        assert_eq!(fields, [b"htc-warm 1".as_slice(), b"77", b"/w d", b"22", b"/r/calls/k", b"A=1", b"B=x y"]);
+        assert_eq!(
+            fields,
+            [b"htc-warm 2".as_slice(), b"77", b"/w d", b"22", b"/r/calls/k", b"reuse", b"A=1", b"B=x y"]
+        );
     }
 
     #[test]

@@ -38,10 +38,10 @@ def add(a: int, b: int) -> int:
 
 
 @python_app
-def cores_and_pid(parsl_resource_specification: Any = {}) -> "tuple[str, int]":
+def cores_and_task(parsl_resource_specification: Any = {}) -> "tuple[str, str, int]":
     import os
 
-    return os.environ["HTC_CORES"], os.getpid()
+    return os.environ["HTC_CORES"], os.environ["HTC_TASK_ID"], os.getpid()
 
 
 @python_app
@@ -70,8 +70,8 @@ def test_python_apps_give_their_values_in_a_task_each_and_wait_for_their_inputs(
     futures = [double(i) for i in range(10)]
     assert [f.result(timeout=120) for f in futures] == [2 * i for i in range(10)]
     assert add(double(3), double(4)).result(timeout=120) == 14
-    (cores_a, pid_a), (cores_b, pid_b) = cores_and_pid().result(timeout=60), cores_and_pid().result(timeout=60)
-    assert cores_a == "1" and pid_a != pid_b != os.getpid()
+    (cores_a, task_a, pid_a), (_, task_b, _) = cores_and_task().result(timeout=60), cores_and_task().result(timeout=60)
+    assert cores_a == "1" and task_a != task_b and pid_a != os.getpid(), "a task each, not in this process"
 
 
 def test_an_exception_is_raised_again_by_result_after_parsl_s_retries(dfk: Any, tmp_path: pathlib.Path) -> None:
@@ -93,10 +93,10 @@ def test_a_bash_app_writes_its_stdout_where_parsl_says(dfk: Any, tmp_path: pathl
 
 
 def test_a_resource_specification_reaches_the_task_and_an_unknown_key_is_refused(dfk: Any) -> None:
-    f = cores_and_pid(parsl_resource_specification={"cores": 2, "memory": 200, "running_time_min": 1})
+    f = cores_and_task(parsl_resource_specification={"cores": 2, "memory": 200, "running_time_min": 1})
     assert f.result(timeout=120)[0] == "2"
     with pytest.raises(InvalidResourceSpecification):
-        cores_and_pid(parsl_resource_specification={"num_nodes": 2}).result(timeout=60)
+        cores_and_task(parsl_resource_specification={"num_nodes": 2}).result(timeout=60)
 
 
 def test_an_open_run_started_elsewhere_is_attached_and_left_open(tmp_path: pathlib.Path) -> None:

@@ -83,6 +83,45 @@ def test_calls_are_forked_from_one_warm_interpreter_in_their_task_s_place(ex: Ex
     assert "said by the call" in out.stdout and "and to stderr" in err.stderr, (out, err)
 
 
+def pid_and_left(mark: str) -> Tuple[int, object, str]:
+    """The call's process, what an earlier call of that process left in it, its CALL_MARK."""
+    left = getattr(sys, "_htc_test_mark", None)
+    sys._htc_test_mark = mark  # type: ignore[attr-defined]
+    print(f"output of {mark}")
+    return os.getpid(), left, os.environ.get("CALL_MARK", "")
+
+
+def test_workers_serve_calls_one_after_another_each_in_its_own_task_s_place(ex: Executor, tmp_path: pathlib.Path) -> None:
+    slots = len(os.sched_getaffinity(0))
+    futures = [ex.with_options(env={"CALL_MARK": "set"}).submit(pid_and_left, "m0")]
+    runs = [futures[0].result(timeout=60)]
+    for i in range(1, 12):  # one after another: each finds the workers idle
+        futures.append(ex.submit(pid_and_left, f"m{i}"))
+        runs.append(futures[-1].result(timeout=60))
+    workers = {pid for pid, _, _ in runs}
+    assert len(workers) <= slots, f"{len(workers)} processes for 12 calls one after another"
+    assert any(left is not None for _, left, _ in runs), "a worker's next call sees what the last left"
+    assert [m for _, _, m in runs] == ["set"] + [""] * 11, "each call has its own task's environment"
+    for i in (0, 5):
+        out = subprocess.run([HTC, "output", ex.run, str(futures[i].task_id)], capture_output=True, text=True, cwd=tmp_path)
+        assert out.stdout == f"output of m{i}\n", out
+    with pytest.raises(CallFailed, match="exit"):
+        ex.submit(sys.exit, 3).result(timeout=60)
+    assert ex.submit(pid_and_left, "after").result(timeout=60)[0] in workers, "sys.exit ends the call, not its worker"
+    hog = ex.with_options(mem="200M").submit(pid_and_left, "limited").result(timeout=60)[0]
+    assert hog not in workers, "a call with a memory limit has a process of its own"
+    assert ex.submit(pid_and_left, "again").result(timeout=60)[0] in workers
+
+
+def test_fork_gives_each_call_a_process_of_its_own(tmp_path: pathlib.Path) -> None:
+    with Executor(htc=HTC, cwd=str(tmp_path), retries=0, warm="fork") as ex:
+        runs = [ex.submit(pid_and_left, str(i)).result(timeout=60) for i in range(6)]
+        assert len({pid for pid, _, _ in runs}) == 6 and all(left is None for _, left, _ in runs)
+        assert "_warm.py" in ex.submit(parent).result(timeout=60)[1]
+    with pytest.raises(ValueError, match="warm="):
+        Executor(htc=HTC, cwd=str(tmp_path), warm="pool")
+
+
 def test_a_call_is_cold_where_asked(tmp_path: pathlib.Path) -> None:
     with Executor(htc=HTC, cwd=str(tmp_path), retries=0, warm=False) as ex:
         _, cmd = ex.submit(parent).result(timeout=60)

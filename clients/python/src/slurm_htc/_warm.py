@@ -1,24 +1,31 @@
 """A warm interpreter of one node's agent: it imports cloudpickle, `_call` and the modules
-named once, then forks a child per function call that a task's `htc-call` shim asks for,
-so that a call starts in ~1 ms instead of an interpreter's ~40 ms.
+named once, then runs the function calls that tasks' `htc-call` shims hand it in processes it
+forked, so that a call starts in well under a millisecond instead of an interpreter's ~40 ms.
 
 `python _warm.py SOCKET AGENT_PID FIRST_BASE [MODULE...]`, started by the first shim that
 finds none (in a session of its own). It leaves that task's cgroups for the agent's (else the
 first task's memory slot would hold it), listens on SOCKET (in a 0700 directory of the user's),
-and ends when the agent ends or after `HTC_WARM_IDLE_S` seconds (default 120) without a call.
+and ends when the agent ends or after `HTC_WARM_IDLE_S` seconds (default 120) without a call;
+what still runs a call ends with it (and a child dies with it, however it dies).
 
-Per request (the shim's pid, directory, umask, call base, environment, and its descriptors
-0-2), the child takes the task's place before it runs anything: its own session, the shim's
-cgroups (the slot's memory limit and OOM count then hold for the call), CPU affinity and
-limits, directory, umask, environment and descriptors. It writes `P<pid>` when it runs the
-call, or `R<why>` (and runs nothing) when it could not take the task's place. The interpreter
-writes `S<code>` (negative: the signal) when the child ends, and kills the child's group if
-the shim goes first (it was killed). Like `_call.py`, it needs only the standard library and
-cloudpickle, not this package.
+A request is the shim's pid, directory, umask, call base, mode, environment, and its
+descriptors 0-2. Mode `reuse` (a call without a memory limit): a worker runs it, an idle one or
+one forked for it, which serves calls one after another; it takes the task's place for each
+(the shim's cgroups but not its memory slot, CPU affinity and limits, directory, umask,
+environment, descriptors, default signal handlers) and lets the task's descriptors go when the
+call ends. Mode `fork`: a child forked for the call alone takes its place in its own session
+and in the shim's cgroups, its memory slot too (the slot's limit and OOM count then hold).
+The shim reads `P<pid>` when the call runs, or `R<why>` (and nothing ran) when its process
+could not take the task's place; then `S<code>` (negative: the signal) when the call ended.
+A shim that goes first (killed) takes the process that runs its call, and its group, with it;
+a worker takes the next call only once the shim of its last has gone. Like `_call.py`, this
+needs only the standard library and cloudpickle, not this package.
 """
 
 from __future__ import annotations
 
+import array
+import ctypes
 import gc
 import importlib.util
 import os
@@ -31,10 +38,17 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-PROTOCOL = b"htc-warm 1"
+PROTOCOL = b"htc-warm 2"
 IDLE_S = float(os.environ.get("HTC_WARM_IDLE_S", "120"))
 REQUEST_MAX = 16 << 20
 LIMITS = [getattr(resource, n) for n in dir(resource) if n.startswith("RLIMIT_")]
+# The signals a call may have taken over, back at their defaults for the next one.
+RESET = [signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM]
+try:
+    LIBC: Optional[ctypes.CDLL] = ctypes.CDLL(None, use_errno=True)
+except OSError:
+    LIBC = None
+PR_SET_PDEATHSIG = 1
 
 
 def cgroup_mounts() -> Dict[str, Tuple[str, str]]:
@@ -107,6 +121,8 @@ class Zygote:
         self.sock_path, self.agent = sock_path, agent
         self.mounts = cgroup_mounts()
         self.children: Dict[int, Tuple[int, socket.socket]] = {}
+        self.workers: Dict[int, Worker] = {}  # by pidfd
+        self.idle: List[Worker] = []
         self.sel = selectors.DefaultSelector()
         self.agent_fd = os.pidfd_open(agent)
         try:
@@ -119,8 +135,8 @@ class Zygote:
         self.listener.bind(sock_path)
         self.listener.listen(1024)
         self.preload(first_base, preload)
-        self.sel.register(self.listener, selectors.EVENT_READ, "accept")
-        self.sel.register(self.agent_fd, selectors.EVENT_READ, "agent")
+        self.sel.register(self.listener, selectors.EVENT_READ, ("accept", 0))
+        self.sel.register(self.agent_fd, selectors.EVENT_READ, ("agent", 0))
 
     def preload(self, first_base: str, modules: List[str]) -> None:
         """The client's `sys.path` (from the first call's header), cloudpickle, `_call`, the
@@ -153,18 +169,33 @@ class Zygote:
         while True:
             events = self.sel.select(timeout=1.0)
             for key, _ in events:
-                if key.data == "agent":
+                kind, who = key.data
+                if kind == "agent":
                     return True
-                if key.data == "accept":
+                if kind == "accept":
                     self.accept()
-                elif isinstance(key.data, tuple):
-                    self.shim_said(key.fileobj, key.data[1])  # type: ignore[arg-type]
+                elif kind == "shim":
+                    self.shim_said(key.fileobj, who)  # type: ignore[arg-type]
+                elif kind == "child":
+                    self.reap(who)
+                elif kind == "worker-shim":
+                    self.worker_shim_said(who)
+                elif kind == "worker":
+                    self.worker_said(who)
                 else:
-                    self.reap(key.data)
-            if self.children or events:
+                    self.worker_ended(who)
+            if self.children or any(w.conn for w in self.workers.values()) or events:
                 last = time.monotonic()
             elif time.monotonic() - last > IDLE_S:
                 return False
+
+    def end(self) -> None:
+        """The agent is gone, or this interpreter idled out: what still runs a call goes too
+        (its task has ended with the agent)."""
+        for pid, _ in self.children.values():
+            kill_group(pid)
+        for w in self.workers.values():
+            kill_group(w.pid)
 
     def accept(self) -> None:
         conn, _ = self.listener.accept()
@@ -175,33 +206,45 @@ class Zygote:
             print(f"a request not read: {e}", file=sys.stderr, flush=True)
             conn.close()
             return
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
+        if req["mode"] == "reuse":
+            self.hand_over(conn, req, fds)
+            return
+        pid = self.fork()
         if pid == 0:
             self.child(conn, req, fds)  # never returns
         for fd in fds:
             os.close(fd)
         pidfd = os.pidfd_open(pid)
         self.children[pidfd] = (pid, conn)
-        self.sel.register(pidfd, selectors.EVENT_READ, pidfd)
+        self.sel.register(pidfd, selectors.EVENT_READ, ("child", pidfd))
         self.sel.register(conn, selectors.EVENT_READ, ("shim", pid))
+
+    def fork(self) -> int:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            die_with_parent()
+        return pid
+
+    def close_inherited(self) -> None:
+        """In a child: the descriptors of the interpreter and of its other children."""
+        self.sel.close()
+        self.listener.close()
+        os.close(self.agent_fd)
+        for pidfd, (_, other) in self.children.items():
+            os.close(pidfd)
+            other.close()
+        for w in self.workers.values():
+            w.close()
 
     def shim_said(self, conn: socket.socket, pid: int) -> None:
         """The shim sends nothing after its request: its end closing means it is gone (killed,
         as on a timeout's SIGKILL), and the call goes with it, its group too."""
-        try:
-            if conn.recv(64, socket.MSG_DONTWAIT):
-                return
-        except BlockingIOError:
+        if not closed(conn):
             return
-        except OSError:
-            pass
         self.sel.unregister(conn)
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        kill_group(pid)
 
     def reap(self, pidfd: int) -> None:
         pid, conn = self.children.pop(pidfd)
@@ -212,22 +255,15 @@ class Zygote:
             pass  # the shim went first
         os.close(pidfd)
         _, status = os.waitpid(pid, 0)
-        try:
-            conn.sendall(b"S%d\n" % os.waitstatus_to_exitcode(status))
-        except OSError:
-            pass  # the shim is gone; so is its task
+        tell(conn, b"S%d\n" % os.waitstatus_to_exitcode(status))
         conn.close()
 
     def child(self, conn: socket.socket, req: Dict[str, Any], fds: List[int]) -> None:
         code = 1
         try:
-            self.sel.close()
-            self.listener.close()
-            os.close(self.agent_fd)
-            for pidfd, (_, other) in self.children.items():
-                os.close(pidfd)
-                other.close()
+            self.close_inherited()
             try:
+                os.setsid()
                 take_place(self.mounts, req, fds)
             except OSError as e:
                 conn.sendall(b"R" + str(e).replace("\n", " ").encode() + b"\n")
@@ -235,6 +271,14 @@ class Zygote:
             conn.settimeout(None)
             conn.sendall(b"P%d\n" % os.getpid())
             conn.close()
+            code = self.run_call(req)
+        finally:
+            os._exit(code)
+
+    def run_call(self, req: Dict[str, Any]) -> int:
+        """The call of REQ, here; its exit status, as `_call.py`'s would be."""
+        code = 1
+        try:
             sys.argv = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "_call.py"), req["base"]]
             code = self.call.run(req["base"])
         except SystemExit as e:
@@ -244,11 +288,190 @@ class Zygote:
 
             traceback.print_exc()
         finally:
+            for f in (sys.stdout, sys.stderr):
+                try:
+                    f.flush()
+                except Exception:
+                    pass
+        return code
+
+    # -- workers: calls without a memory limit, served one after another by one process ----
+
+    def hand_over(self, conn: socket.socket, req: Dict[str, Any], fds: List[int]) -> None:
+        """The call to an idle worker, or to one forked for it."""
+        while True:
+            w = self.idle.pop() if self.idle else self.new_worker()
             try:
-                sys.stdout.flush()
-                sys.stderr.flush()
+                send_handoff(w.ctl, req, fds)
+                break
+            except OSError:
+                kill_group(w.pid)  # ending already: its pidfd says so; the call goes to another
+        for fd in fds:
+            os.close(fd)
+        w.conn = conn
+        w.ran = False
+        conn.settimeout(None)
+        self.sel.register(conn, selectors.EVENT_READ, ("worker-shim", w.pidfd))
+
+    def new_worker(self) -> "Worker":
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        pid = self.fork()
+        if pid == 0:
+            code = 0
+            try:
+                ours.close()
+                self.close_inherited()
+                self.work(theirs)
+            except BaseException:
+                code = 1
             finally:
                 os._exit(code)
+        theirs.close()
+        w = Worker(pid, os.pidfd_open(pid), ours)
+        self.workers[w.pidfd] = w
+        self.sel.register(w.pidfd, selectors.EVENT_READ, ("worker-end", w.pidfd))
+        self.sel.register(ours, selectors.EVENT_READ, ("worker", w.pidfd))
+        return w
+
+    def work(self, ctl: socket.socket) -> None:
+        """A worker's life: a call handed over, run in its task's place, its end told; again,
+        until the interpreter closes its end."""
+        os.setsid()
+        devnull = os.open(os.devnull, os.O_RDWR)
+        while True:
+            try:
+                req, fds = recv_handoff(ctl)
+            except (OSError, ValueError, EOFError):
+                return
+            try:
+                take_place(self.mounts, req, fds, agent=self.agent)
+            except OSError as e:
+                ctl.sendall(b"R" + str(e).replace("\n", " ").encode() + b"\n")
+                continue
+            ctl.sendall(b"P%d\n" % os.getpid())
+            code = self.run_call(req)
+            for i in range(3):
+                os.dup2(devnull, i)  # the task's output is its own: this one holds it no more
+            ctl.sendall(b"D%d\n" % code)
+
+    def worker_said(self, pidfd: int) -> None:
+        """`P`/`R` told to the shim as they are; `D` (the call ended) as the shim's `S`."""
+        w = self.workers[pidfd]
+        try:
+            line = w.ctl.recv(4096)
+        except OSError:
+            line = b""
+        if not line:
+            self.sel.unregister(w.ctl)  # ending: its pidfd says how
+            return
+        for msg in line.splitlines(keepends=True):
+            if msg[:1] in (b"D", b"R"):
+                w.ran = True  # free once its shim has gone (R: it runs the call cold)
+                msg = b"S" + msg[1:] if msg[:1] == b"D" else msg
+            if w.conn is not None:
+                tell(w.conn, msg)
+
+    def worker_shim_said(self, pidfd: int) -> None:
+        """The shim of a worker's call closed: after the call's end it has read it, and the
+        worker takes the next call (not before: a signal the shim forwards then must not reach
+        another's); before it, the shim was killed, and the call goes with the worker."""
+        w = self.workers[pidfd]
+        assert w.conn is not None
+        if not closed(w.conn):
+            return
+        self.sel.unregister(w.conn)
+        w.conn.close()
+        w.conn = None
+        if w.ran:
+            self.idle.append(w)
+        else:
+            kill_group(w.pid)
+
+    def worker_ended(self, pidfd: int) -> None:
+        w = self.workers.pop(pidfd)
+        for fileobj in (w.pidfd, w.ctl, w.conn):
+            if fileobj is not None:
+                try:
+                    self.sel.unregister(fileobj)
+                except (KeyError, ValueError):
+                    pass
+        if w in self.idle:
+            self.idle.remove(w)
+        _, status = os.waitpid(w.pid, 0)
+        if w.conn is not None and not w.ran:
+            tell(w.conn, b"S%d\n" % os.waitstatus_to_exitcode(status))
+        w.close()
+
+
+class Worker:
+    """A forked child that runs calls one after another: its pid, pidfd, the socket it is
+    handed calls on, and the shim of the call it runs (`ran`: that call has ended)."""
+
+    def __init__(self, pid: int, pidfd: int, ctl: socket.socket) -> None:
+        self.pid, self.pidfd, self.ctl = pid, pidfd, ctl
+        self.conn: Optional[socket.socket] = None
+        self.ran = False
+
+    def close(self) -> None:
+        for s in (self.ctl, self.conn):
+            if s is not None:
+                s.close()
+        try:
+            os.close(self.pidfd)
+        except OSError:
+            pass
+
+
+def closed(conn: socket.socket) -> bool:
+    """Whether the peer closed CONN (it sends nothing else)."""
+    try:
+        return not conn.recv(64, socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
+def tell(conn: socket.socket, msg: bytes) -> None:
+    try:
+        conn.sendall(msg)
+    except OSError:
+        pass  # the shim is gone; so is its task
+
+
+def kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def die_with_parent() -> None:
+    """In a child: SIGKILL when the warm interpreter dies, however it dies (PR_SET_PDEATHSIG)."""
+    if LIBC is not None:
+        LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def send_handoff(ctl: socket.socket, req: Dict[str, Any], fds: List[int]) -> None:
+    data = pickle.dumps(req, protocol=pickle.HIGHEST_PROTOCOL)
+    head = len(data).to_bytes(4, "little")
+    sent = ctl.sendmsg([head + data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+    ctl.sendall((head + data)[sent:])
+
+
+def recv_handoff(ctl: socket.socket) -> Tuple[Dict[str, Any], List[int]]:
+    msg, anc, _, _ = ctl.recvmsg(4, socket.CMSG_SPACE(3 * 4))
+    if len(msg) < 4:
+        raise EOFError
+    fds = [int.from_bytes(d[i : i + 4], sys.byteorder) for lvl, k, d in anc for i in range(0, len(d) - len(d) % 4, 4)]
+    size = int.from_bytes(msg, "little")
+    body = b""
+    while len(body) < size:
+        more = ctl.recv(size - len(body))
+        if not more:
+            raise EOFError
+        body += more
+    return pickle.loads(body), fds
 
 
 def read_request(conn: socket.socket) -> Tuple[Dict[str, Any], List[int]]:
@@ -272,18 +495,26 @@ def read_request(conn: socket.socket) -> Tuple[Dict[str, Any], List[int]]:
             raise ValueError("a request cut short")
         body += more
     fields = bytes(body).split(b"\0")[:-1]
-    if len(fields) < 5 or fields[0] != PROTOCOL:
+    if len(fields) < 6 or fields[0] != PROTOCOL:
         raise ValueError(f"a request of another protocol: {fields[:1]!r}")
-    env = dict(e.split(b"=", 1) for e in fields[5:] if b"=" in e)
-    req = {"pid": int(fields[1]), "cwd": fields[2], "umask": int(fields[3], 8), "base": os.fsdecode(fields[4]), "env": env}
+    env = dict(e.split(b"=", 1) for e in fields[6:] if b"=" in e)
+    req = {
+        "pid": int(fields[1]),
+        "cwd": fields[2],
+        "umask": int(fields[3], 8),
+        "base": os.fsdecode(fields[4]),
+        "mode": fields[5].decode(),
+        "env": env,
+    }
     return req, fds
 
 
-def take_place(mounts: Dict[str, Tuple[str, str]], req: Dict[str, Any], fds: List[int]) -> None:
-    """This child in the task's place; raises `OSError` (nothing run yet) where it cannot be."""
+def take_place(mounts: Dict[str, Tuple[str, str]], req: Dict[str, Any], fds: List[int], agent: int = 0) -> None:
+    """This child in the task's place; raises `OSError` (nothing run yet) where it cannot be.
+    A worker (AGENT given) joins the task's cgroups but not its slot's: it carries no call with a
+    memory limit, and its pages stay charged where it first touched them."""
     shim = req["pid"]
-    os.setsid()
-    join_cgroups(mounts, shim)
+    join_cgroups(mounts, shim, agent)
     os.sched_setaffinity(0, os.sched_getaffinity(shim))
     for lim in LIMITS:
         try:
@@ -298,6 +529,9 @@ def take_place(mounts: Dict[str, Tuple[str, str]], req: Dict[str, Any], fds: Lis
         os.dup2(fd, i)
         os.close(fd)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    for sig in RESET:
+        signal.signal(sig, signal.SIG_DFL)
+    sys.stdout, sys.stderr, sys.stdin = sys.__stdout__, sys.__stderr__, sys.__stdin__
 
 
 def main(argv: List[str]) -> int:
@@ -314,6 +548,7 @@ def main(argv: List[str]) -> int:
         if z.serve():
             ends.append(".lock")
     finally:
+        z.end()
         for end in ends:
             try:
                 os.unlink(stem + end)

@@ -18,7 +18,7 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import functions
 from ._call import RETURNED, Call
@@ -194,6 +194,13 @@ class Executor(concurrent.futures.Executor):
     while it still takes tasks (and closes it at its `shutdown`, removing the file) instead of
     starting another. Submits with the same `key=` then get the same tasks: those that finished
     give their results without running again.
+
+    `warm`: how a node runs calls. `True` (the default): each node's warm interpreter (one per
+    agent, which imports cloudpickle and `preload` once) hands them to workers it forked, each
+    of which runs calls one after another, as a process pool's workers do (what a call leaves in
+    its interpreter, a module imported, a global set, the next call of that worker sees); a
+    call with a memory limit (`mem=`) gets a process forked for it alone. `"fork"`: a process
+    forked for each call. `False`: a new interpreter for each call.
     """
 
     def __init__(
@@ -207,10 +214,12 @@ class Executor(concurrent.futures.Executor):
         start_timeout: float = 120.0,
         record: Optional[str] = None,
         python: Optional[str] = None,
-        warm: bool = True,
+        warm: Union[bool, str] = True,
         preload: Sequence[str] = (),
         **defaults: Any,
     ) -> None:
+        if warm not in (True, False, "fork"):
+            raise ValueError(f"warm={warm!r}: True, 'fork' or False")
         self._defaults = dict(defaults)
         unknown = set(self._defaults) - set(OPTIONS)
         if unknown:
@@ -238,7 +247,7 @@ class Executor(concurrent.futures.Executor):
         self._record = record
         self._python = python or sys.executable
         shim = functions.shim_beside(self._run.binary) if warm else None
-        self._warm = functions.Warm(shim, tuple(preload)) if shim else None
+        self._warm = functions.Warm(shim, tuple(preload), fork=warm == "fork") if shim else None
         self._run_dir = _run_dir(self._run.id, self._run.cwd)
         self._keep_alive_s = min(KEEP_ALIVE_S, _seconds(idle_exit) / 3) if _seconds(idle_exit) > 0 else KEEP_ALIVE_S
         self.run = self._run.id

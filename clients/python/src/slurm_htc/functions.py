@@ -98,12 +98,13 @@ WARM_SCRIPT = os.path.join(os.path.dirname(CALL_SCRIPT), "_warm.py")
 
 class Warm(NamedTuple):
     """The warm path of a call: the `htc-call` shim the nodes run (installed beside `htc`), the
-    modules the warm interpreter imports before it forks, and whether the call has a memory
-    limit."""
+    modules the warm interpreter imports before it forks, whether the call has a memory limit,
+    and whether it gets a process forked for it alone (not a worker's turn)."""
 
     shim: str
     preload: Sequence[str] = ()
     needs_memcg: bool = False
+    fork: bool = False
 
 
 def shim_beside(htc: str) -> Optional[str]:
@@ -138,6 +139,8 @@ def command(
         words += ["--preload", ",".join(warm.preload)]
     if warm.needs_memcg:
         words.append("--needs-memcg")
+    if warm.fork:
+        words.append("--fork")
     if cwd is not None:
         words += ["--cwd", os.path.abspath(cwd)]
     words.append(base)

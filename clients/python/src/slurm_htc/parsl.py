@@ -24,7 +24,7 @@ import logging
 import math
 import os
 from concurrent.futures import Future
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from parsl.executors.base import ParslExecutor
 from parsl.executors.errors import InvalidResourceSpecification
@@ -80,8 +80,9 @@ class HTCExecutor(ParslExecutor, RepresentationMixin):
     then `PATH`). `python`: the interpreter the tasks run (default: this one). `cores`, `mem`,
     `gpus`, `timeout`, `priority`: every task's defaults, which a resource specification
     overrides. `retries`: the run's own retries per task (default 0: Parsl retries).
-    `warm`: calls forked from a warm interpreter per node (default), which imports `preload`
-    first (default: `parsl`, which every app's wrapper needs) — see docs/python.md.
+    `warm`: apps run by the workers of a warm interpreter per node (default), which imports
+    `preload` first (default: `parsl`, which every app's wrapper needs); `"fork"`: a process
+    forked for each app; `False`: an interpreter each — see docs/python.md.
     """
 
     def __init__(
@@ -97,7 +98,7 @@ class HTCExecutor(ParslExecutor, RepresentationMixin):
         timeout: Optional[str] = None,
         priority: Optional[int] = None,
         retries: int = 0,
-        warm: bool = True,
+        warm: Union[bool, str] = True,
         preload: Sequence[str] = ("parsl",),
         idle_exit: str = "10s",
         start_timeout: float = 120.0,
