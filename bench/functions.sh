@@ -7,6 +7,9 @@
 # library's ProcessPoolExecutor(WORKERS) (warm workers, no record of anything); then a call's
 # result latency (from the function's return to `result()` returning, p50 of LAT calls); with
 # SLEEP_N > 0, SLEEP_N calls of time.sleep(1) through submit, against SLEEP_N / WORKERS seconds.
+# With HQPY (a python with hyperqueue==0.27.0), beside them HyperQueue's Python API's nearest
+# equivalent: HQ_N function tasks of one job (`Job.function`, which gives no value back, each
+# in an interpreter of its own), submitted and waited for.
 #
 #   bench/functions.sh
 #   PY=/tmp/pyv/bin/python N=2000 bench/functions.sh
@@ -15,7 +18,7 @@
 #      N (2000), COLD_N (200, cold calls), MAP_N (20000, with chunksize 100), PARSL_HTC_N (1000),
 #      PARSL_COLD_N (30: cold, each task imports Parsl's modules), WORKERS (nproc), ROUNDS (3,
 #      medians), LAT (50), SLEEP_N (0),
-#      HTC (target/dist/htc), OUT (bench/results/functions-<date>.txt).
+#      HQPY, HQ_N (1000), HTC (target/dist/htc), OUT (bench/results/functions-<date>.txt).
 set -euo pipefail
 
 BENCH=$(cd "$(dirname "$0")" && pwd)
@@ -125,7 +128,9 @@ def latency():
         return statistics.median(lat) * 1e3, sorted(lat)[int(lat_n * 0.9)] * 1e3
 
 
-rows = [("slurm_htc Executor.submit, a task each, warm", htc_submit, n),
+rows = [("slurm_htc Executor.submit, a task each, warm (workers)", htc_submit, n),
+        ("slurm_htc Executor.submit, a task each, warm='fork' (a process forked per call)",
+         lambda: htc_submit(warm="fork"), n),
         ("slurm_htc Executor.submit, a task each, cold", lambda: htc_submit(cold_n, warm=False), cold_n),
         ("slurm_htc Executor.map, chunksize=100", htc_map, map_n),
         ("Parsl apps on slurm_htc.parsl.HTCExecutor, warm", on_htc, parsl_htc_n),
@@ -144,3 +149,36 @@ if sleep_n:
     ideal = sleep_n / workers
     print(f"{sleep_n} calls of time.sleep(1) on {workers} cores, submit: {took:.1f} s, {took / ideal:.3f} x {ideal:.0f} s")
 EOF
+if [[ -n ${HQPY:-} ]]; then
+    # Its server's banner and progress bars left out: the last line is the figure. Its workers
+    # run a function task with the `python` on the PATH: the venv's.
+    PATH="$(dirname "$HQPY"):$PATH" WORK="$WORK" N="${HQ_N:-1000}" ROUNDS="${ROUNDS:-3}" "$HQPY" - >"$WORK/hq.out" 2>"$WORK/hq.err" <<'EOF' || { tail -n 20 "$WORK/hq.err"; exit 1; }
+import importlib.metadata, os, statistics, time
+from hyperqueue import Job, LocalCluster
+from hyperqueue.cluster import WorkerConfig
+
+work, n, rounds = os.environ["WORK"], int(os.environ["N"]), int(os.environ["ROUNDS"])
+
+
+def identity(x):
+    return x
+
+
+def functions(r):
+    with LocalCluster(server_dir=f"{work}/hqf{r}", worker_config=WorkerConfig()) as c:
+        client = c.client()
+        t0 = time.time()
+        job = Job()
+        for i in range(n):
+            job.function(identity, args=(i,), stdout=None, stderr=None)
+        client.wait_for_jobs([client.submit(job)])
+        return n / (time.time() - t0)
+
+
+r = [functions(i) for i in range(rounds)]
+print(f"HyperQueue {importlib.metadata.version('hyperqueue')} Python API, Job.function (LocalCluster; no value "
+      f"back): {n} identity calls as one job, {statistics.median(r):,.0f} calls/s  (rounds: "
+      + ", ".join(f"{x:,.0f}" for x in r) + ")")
+EOF
+    tail -n 1 "$WORK/hq.out"
+fi

@@ -169,6 +169,8 @@ class Zygote:
         while True:
             events = self.sel.select(timeout=1.0)
             for key, _ in events:
+                if key.fileobj not in self.sel.get_map():
+                    continue  # unregistered by an event before it in this batch
                 kind, who = key.data
                 if kind == "agent":
                     return True
@@ -356,7 +358,9 @@ class Zygote:
 
     def worker_said(self, pidfd: int) -> None:
         """`P`/`R` told to the shim as they are; `D` (the call ended) as the shim's `S`."""
-        w = self.workers[pidfd]
+        w = self.workers.get(pidfd)
+        if w is None:
+            return
         try:
             line = w.ctl.recv(4096)
         except OSError:
@@ -375,9 +379,8 @@ class Zygote:
         """The shim of a worker's call closed: after the call's end it has read it, and the
         worker takes the next call (not before: a signal the shim forwards then must not reach
         another's); before it, the shim was killed, and the call goes with the worker."""
-        w = self.workers[pidfd]
-        assert w.conn is not None
-        if not closed(w.conn):
+        w = self.workers.get(pidfd)
+        if w is None or w.conn is None or not closed(w.conn):
             return
         self.sel.unregister(w.conn)
         w.conn.close()
