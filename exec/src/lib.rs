@@ -24,3 +24,4 @@ pub mod simexec;
 pub mod spawn;
 pub mod stopping;
 pub mod throttle;
+pub mod warm;

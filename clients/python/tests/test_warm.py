@@ -113,6 +113,44 @@ def test_workers_serve_calls_one_after_another_each_in_its_own_task_s_place(ex: 
     assert ex.submit(pid_and_left, "again").result(timeout=60)[0] in workers
 
 
+def shims() -> int:
+    """How many `htc-call` shims run now."""
+    n = 0
+    for p in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                n += f.read().split(b"\0")[0].endswith(b"htc-call")
+        except OSError:
+            pass
+    return n
+
+
+def ignore_term_then_sleep(path: str) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    pid_then_sleep(path)
+
+
+def test_the_agent_hands_calls_to_the_warm_interpreter_itself_and_still_ends_them(ex: Executor, tmp_path: pathlib.Path) -> None:
+    # The first call's shim starts the warm interpreter; then the agent hands calls over with
+    # no process of their own, and a timeout, a cancel and SIGKILL after the grace still end them.
+    assert ex.submit(shims).result(timeout=60) == 1
+    assert [ex.submit(shims).result(timeout=60) for _ in range(3)] == [0, 0, 0]
+    assert ex.submit(where).result(timeout=60)[2] == "", "the agent's own environment is not the call's"
+    for name, fn in (("term", pid_then_sleep), ("kill", ignore_term_then_sleep)):
+        slow = ex.with_options(timeout="1s").submit(fn, str(tmp_path / name))
+        with pytest.raises(CallFailed, match="timed out|timeout"):
+            slow.result(timeout=60)
+        assert gone_within(int((tmp_path / name).read_text()), 5), name
+    held = ex.submit(pid_then_sleep, str(tmp_path / "held"))
+    while not (tmp_path / "held").exists() or not (tmp_path / "held").read_text():
+        time.sleep(0.05)
+    assert held.cancel() or held.cancelled() or held.done()
+    assert gone_within(int((tmp_path / "held").read_text()), 10), "a handed-over call goes with its cancelled task"
+    with pytest.raises(CallFailed, match="signal 6|SIGABRT"):
+        ex.submit(os.abort).result(timeout=60)
+    assert ex.submit(shims).result(timeout=60) == 0, "served again, by a worker forked anew"
+
+
 def test_fork_gives_each_call_a_process_of_its_own(tmp_path: pathlib.Path) -> None:
     with Executor(htc=HTC, cwd=str(tmp_path), retries=0, warm="fork") as ex:
         runs = [ex.submit(pid_and_left, str(i)).result(timeout=60) for i in range(6)]

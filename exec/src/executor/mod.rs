@@ -44,12 +44,13 @@ mod output;
 mod reaping;
 mod spawning;
 mod wait;
+mod warm_calls;
 
 pub use config::{ExecConfig, LINGER};
 pub use spawning::allowed_cpus;
 
 use reaping::{Reaper, Reaping};
-use spawning::Launcher;
+use spawning::{Launcher, Started};
 use wait::sigchld_ignored;
 
 /// The network side's handle: commands go through a channel, and an eventfd wakes the real
@@ -166,6 +167,9 @@ impl Executor {
             }
             self.apply(&mut effects);
             self.reaper.reap(&mut ended);
+            for slot in self.reaper.take_refused() {
+                self.relaunch(slot);
+            }
             for (slot, exit) in ended.drain(..) {
                 self.ended(slot, exit);
             }
@@ -295,13 +299,17 @@ impl Executor {
         }
         let spawned = launcher.command_line(t).and_then(|cmd| {
             let (out, err, per_task) = store.fds(t, slot)?;
-            let child = launcher.spawn(t, &r.slots, &devices, &cmd, (out, err));
+            let child = launcher.spawn(t, &r.slots, &devices, &cmd, (out, err), true);
             drop(per_task);
             child
         });
         match spawned {
-            Ok(child) => {
+            Ok(Started::Process(child)) => {
                 reaper.watch(slot, child);
+                decide.started(slot, now_us(), effects);
+            }
+            Ok(Started::Call(call)) => {
+                reaper.watch_call(slot, call);
                 decide.started(slot, now_us(), effects);
             }
             Err((errno, msg)) => {
@@ -315,6 +323,29 @@ impl Executor {
             }
         }
         true
+    }
+
+    /// The call of the task in `slot` was handed to its warm interpreter, which could not run
+    /// it (nothing of it ran): its shim is spawned instead, in the same slot, which runs it
+    /// warm or cold. Not a GPU task, which is never handed over.
+    fn relaunch(&mut self, slot: usize) {
+        let Executor { decide, launcher, store, reaper, cfg, .. } = self;
+        let Some(r) = decide.run(slot) else { return };
+        let t = &r.task;
+        let spawned = launcher.command_line(t).and_then(|cmd| {
+            let (out, err, per_task) = store.fds(t, slot)?;
+            let started = launcher.spawn(t, &r.slots, &[], &cmd, (out, err), false);
+            drop(per_task);
+            started
+        });
+        match spawned {
+            Ok(Started::Process(child)) => reaper.watch(slot, child),
+            Ok(Started::Call(_)) => unreachable!("a spawn that may not hand over"),
+            Err((errno, msg)) => {
+                tracing::warn!(agent = cfg.agent, task = t.id, errno, "{}", msg.trim_end());
+                self.ended(slot, Exit::Exited(127));
+            }
+        }
     }
 
     /// The task in `slot` ended: its output stored, its devices back, its end reported unless

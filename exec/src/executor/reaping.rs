@@ -8,12 +8,15 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
 use super::wait::{pidfd_open, pidfds_work, wait_info};
+use super::warm_calls::{Call, News};
 use crate::spawn::Child;
 use htc_core::spawn_loop::Exit;
 
 /// epoll tokens; every other token is a slot whose task's pidfd fired.
 const WAKE: u64 = u64::MAX;
 const SIGNAL: u64 = u64::MAX - 1;
+/// Marks the token of a slot whose task's call (`warm_calls`) has news.
+const CALL: u64 = 1 << 40;
 /// In the fallback, the first and the longest wait for an exit that SIGCHLD may not announce.
 const SCAN_FIRST: Duration = Duration::from_millis(1);
 const SCAN_MAX: Duration = Duration::from_millis(64);
@@ -46,6 +49,14 @@ pub(super) struct Reaper {
     sigfd: Option<OwnedFd>,
     /// Each running task's process, by its first slot.
     procs: Vec<Option<Proc>>,
+    /// Each running task's call handed to its warm interpreter, by its first slot.
+    calls: Vec<Option<Call>>,
+    /// Slots whose calls' connections the last epoll_wait reported.
+    ready_calls: Vec<usize>,
+    /// Calls ended without word from their interpreter (SIGKILL), not yet reported.
+    call_ends: Vec<(usize, Exit)>,
+    /// Slots whose calls their interpreter could not run: their shims are to run them.
+    refused: Vec<usize>,
     /// Children without a pidfd: while there are any, the fallback's scan and timer run.
     unwatched: usize,
     scan_wait: Duration,
@@ -103,6 +114,10 @@ impl Reaper {
             epoll,
             sigfd,
             procs: (0..slots).map(|_| None).collect(),
+            calls: (0..slots).map(|_| None).collect(),
+            ready_calls: Vec::new(),
+            call_ends: Vec::new(),
+            refused: Vec::new(),
             unwatched: 0,
             scan_wait: SCAN_FIRST,
             ready: Vec::new(),
@@ -130,6 +145,23 @@ impl Reaper {
         self.procs[slot] = Some(Proc { pid: child.pid, pidfd });
     }
 
+    /// The task in `slot` runs as `call`, whose connection's news the epoll set reports.
+    pub(super) fn watch_call(&mut self, slot: usize, call: Call) {
+        let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: CALL | slot as u64 };
+        // SAFETY: both descriptors are open; ev is a valid event.
+        if unsafe { libc::epoll_ctl(self.epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, call.fd(), &mut ev) } != 0 {
+            // Dropped unread, the call goes unrun (the interpreter sees its end); its shim runs it.
+            self.refused.push(slot);
+            return;
+        }
+        self.calls[slot] = Some(call);
+    }
+
+    /// Slots whose calls are to run by their shims instead, since last asked.
+    pub(super) fn take_refused(&mut self) -> Vec<usize> {
+        std::mem::take(&mut self.refused)
+    }
+
     fn pidfd_of(&mut self, slot: usize, pid: libc::pid_t, given: Option<OwnedFd>) -> Option<OwnedFd> {
         let fd = match given {
             Some(fd) => Ok(fd),
@@ -146,8 +178,16 @@ impl Reaper {
         }
     }
 
-    /// Sends `signal` to the process group of the task in `slot`.
-    pub(super) fn signal(&self, slot: usize, signal: libc::c_int) {
+    /// Sends `signal` to the process group of the task in `slot` (a call: to the process that
+    /// runs it; SIGKILL ends it at once).
+    pub(super) fn signal(&mut self, slot: usize, signal: libc::c_int) {
+        if let Some(c) = self.calls.get_mut(slot).and_then(Option::as_mut) {
+            if let Some(exit) = c.signal(signal) {
+                self.calls[slot] = None;
+                self.call_ends.push((slot, exit));
+            }
+            return;
+        }
         let Some(p) = self.procs.get(slot).and_then(Option::as_ref) else { return };
         // SAFETY: kill takes no pointers. The task is in `procs`, so not reaped yet: its pid,
         // the id of the group it leads, cannot have been reused.
@@ -156,8 +196,29 @@ impl Reaper {
 
     /// The tasks whose processes ended since last asked, by slot, with how.
     pub(super) fn reap(&mut self, ended: &mut Vec<(usize, Exit)>) {
+        self.reap_calls(ended);
         self.reap_ready(ended);
         self.reap_unwatched(ended);
+    }
+
+    /// Reads the calls whose connections have news.
+    fn reap_calls(&mut self, ended: &mut Vec<(usize, Exit)>) {
+        ended.append(&mut self.call_ends);
+        for slot in std::mem::take(&mut self.ready_calls) {
+            let Some(c) = self.calls[slot].as_mut() else { continue };
+            match c.read() {
+                News::Nothing => {}
+                News::Ended(exit) => {
+                    self.calls[slot] = None;
+                    ended.push((slot, exit));
+                }
+                News::Refused(why) => {
+                    tracing::debug!(agent = self.agent, slot, why, "a call handed over was refused; its shim runs it");
+                    self.calls[slot] = None;
+                    self.refused.push(slot);
+                }
+            }
+        }
     }
 
     /// Finishes the children whose pidfds became readable.
@@ -271,6 +332,9 @@ impl Reaper {
         if let Some((t, ..)) = self.lingering.front() {
             limit = limit.min(t.saturating_duration_since(Instant::now()));
         }
+        if !self.call_ends.is_empty() || !self.refused.is_empty() {
+            limit = Duration::ZERO;
+        }
         limit
     }
 
@@ -289,7 +353,8 @@ impl Reaper {
         };
         let mut buf = [0u8; 8 * 128];
         for e in &events[..n.max(0) as usize] {
-            match e.u64 {
+            let token = e.u64;
+            match token {
                 // SAFETY: reads 8 bytes (an eventfd's counter) into the local buffer of 1024,
                 // from the nonblocking eventfd `wake` owns.
                 WAKE => unsafe {
@@ -304,6 +369,7 @@ impl Reaper {
                         {}
                     }
                 }
+                t if t & CALL != 0 => self.ready_calls.push((t & !CALL) as usize),
                 slot => self.ready.push(slot as usize),
             }
         }

@@ -10,6 +10,7 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 
 use super::config::ExecConfig;
 use super::memory::Memory;
+use super::warm_calls::{Call, WarmCalls};
 use crate::gpu::Device;
 use crate::spawn::{Child, IntoError, Spawner};
 use htc_core::work::TaskToRun;
@@ -22,6 +23,12 @@ pub(super) struct Program<'a> {
     envp: &'a [*const libc::c_char],
     out: RawFd,
     err: RawFd,
+}
+
+/// What runs a started task: its process, or (a function call's) the warm interpreter.
+pub(super) enum Started {
+    Process(Child),
+    Call(Call),
 }
 
 /// A task's program and its words, found before anything else is made for it.
@@ -41,6 +48,7 @@ pub(super) struct Launcher {
     agent: u32,
     /// The agent has GPUs: every task is told which (none, unless it asked).
     gpu_env: bool,
+    warm: WarmCalls,
 }
 
 /// Where the spawning thread (and so its next child) may run.
@@ -83,6 +91,7 @@ impl Launcher {
             job_id: cfg.job_id.clone(),
             agent: cfg.agent,
             gpu_env: !cfg.gpus.is_empty(),
+            warm: WarmCalls::new(fs::File::open("/dev/null")?.into()),
         })
     }
 
@@ -113,15 +122,7 @@ impl Launcher {
     /// Binds the spawning thread (and so the next child) to the slots' CPUs, or to `near` (the
     /// CPUs nearest the task's GPUs) when known.
     fn bind(&mut self, slots: &[usize], near: Option<Vec<usize>>) {
-        let cpus: Vec<usize> = match near {
-            Some(c) => c,
-            None if !self.binding.cpus.is_empty() => {
-                slots.iter().map(|&s| self.binding.cpus[s % self.binding.cpus.len()]).collect()
-            }
-            // Not binding, but a GPU task was bound: back to the CPUs the thread started with.
-            None if self.binding.bound.is_some() => self.binding.unbound.clone(),
-            None => return,
-        };
+        let Some(cpus) = self.cpus_for(slots, near) else { return };
         if self.binding.bound.as_deref() == Some(&cpus[..]) {
             return;
         }
@@ -144,8 +145,23 @@ impl Launcher {
         }
     }
 
+    /// The CPUs a task in `slots` runs on: `near` (the CPUs nearest its GPUs) when known, else
+    /// its slots' where the loop binds; None: the thread's binding stays as it is.
+    fn cpus_for(&self, slots: &[usize], near: Option<Vec<usize>>) -> Option<Vec<usize>> {
+        match near {
+            Some(c) => Some(c),
+            None if !self.binding.cpus.is_empty() => {
+                Some(slots.iter().map(|&s| self.binding.cpus[s % self.binding.cpus.len()]).collect())
+            }
+            // Not binding, but a GPU task was bound: back to the CPUs the thread started with.
+            None if self.binding.bound.is_some() => Some(self.binding.unbound.clone()),
+            None => None,
+        }
+    }
+
     /// Starts `t` in `slots` (first slot first) with `devices`, its stdout and stderr on
-    /// `fds`: its child, or why not (an errno and a line for its stderr).
+    /// `fds`: its child, or (`hand_over`, a function call that needs no process of its own)
+    /// its warm interpreter's run of it; or why not (an errno and a line for its stderr).
     pub(super) fn spawn(
         &mut self,
         t: &TaskToRun,
@@ -153,20 +169,27 @@ impl Launcher {
         devices: &[Device],
         (prog, argv_owned): &CommandLine,
         (out, err): (RawFd, RawFd),
-    ) -> Result<Child, (i32, String)> {
+        hand_over: bool,
+    ) -> Result<Started, (i32, String)> {
         let slot = slots[0];
-        let mut argv: Vec<*const libc::c_char> = argv_owned.iter().map(|a| a.as_ptr()).collect();
-        argv.push(std::ptr::null());
         let extra = self.task_env(t, slots.len(), devices);
         let gpu_env = self.gpu_env;
+        let env = self
+            .env
+            .iter()
+            .filter(|e| !gpu_env || !crate::gpu::VISIBLE_VARS.iter().any(|v| crate::gpu::sets(e.as_bytes(), v)))
+            .chain(extra.iter());
+        if hand_over && t.shape.mem_mb == 0 && devices.is_empty() && !t.shell {
+            let bytes: Vec<&[u8]> = env.clone().map(|e| e.as_bytes()).collect();
+            let cpus = self.cpus_for(slots, None).unwrap_or_default();
+            if let Some(call) = self.warm.hand_over(argv_owned, &bytes, &cpus, (out, err)) {
+                return Ok(Started::Call(call));
+            }
+        }
+        let mut argv: Vec<*const libc::c_char> = argv_owned.iter().map(|a| a.as_ptr()).collect();
+        argv.push(std::ptr::null());
         let mut envp: Vec<*const libc::c_char> = Vec::with_capacity(self.env.len() + extra.len() + 1);
-        envp.extend(
-            self.env
-                .iter()
-                .filter(|e| !gpu_env || !crate::gpu::VISIBLE_VARS.iter().any(|v| crate::gpu::sets(e.as_bytes(), v)))
-                .map(|e| e.as_ptr()),
-        );
-        envp.extend(extra.iter().map(|e| e.as_ptr()));
+        envp.extend(env.map(|e| e.as_ptr()));
         envp.push(std::ptr::null());
         self.bind(slots, crate::gpu::nearest_cpus(devices));
         let prepared = self.memory.prepare(slot, t.shape.mem_mb);
@@ -188,7 +211,7 @@ impl Launcher {
         match spawned {
             Ok(child) => {
                 self.memory.started(slot, child.pid, t.shape.mem_mb, &prepared, inside);
-                Ok(child)
+                Ok(Started::Process(child))
             }
             Err(errno) => {
                 let name = String::from_utf8_lossy(prog.as_bytes()).into_owned();

@@ -3,7 +3,7 @@
 //! small, since it starts once per call.
 
 fn main() {
-    let code = match htc::warm_call::CallWarmArgs::parse(std::env::args_os().skip(1)) {
+    let code = match htc::warm_call::CallArgs::parse(std::env::args_os().skip(1)) {
         Ok(a) => htc::warm_call::main(&a),
         Err(e) => {
             eprintln!("htc-call: {e} (usage: htc-call --python PY --call-script CALL --zygote WARM [--preload M,N] [--needs-memcg] [--cwd DIR] BASE)");

@@ -8,17 +8,20 @@ first task's memory slot would hold it), listens on SOCKET (in a 0700 directory 
 and ends when the agent ends or after `HTC_WARM_IDLE_S` seconds (default 120) without a call;
 what still runs a call ends with it (and a child dies with it, however it dies).
 
-A request is the shim's pid, directory, umask, call base, mode, environment, and its
-descriptors 0-2. Mode `reuse` (a call without a memory limit): a worker runs it, an idle one or
+A request comes from a task's shim, or from the agent itself for a call that needs no process
+of its own (`htc_exec::warm`, which has the protocol): the pid whose place the call takes (the
+shim's, or the agent's, whose cgroups but not its slots' are the task's), directory, umask,
+call base, mode, CPUs (none given: that pid's affinity), environment, and descriptors 0-2. Mode `reuse` (a call without a memory limit): a worker runs it, an idle one or
 one forked for it, which serves calls one after another; it takes the task's place for each
 (the shim's cgroups but not its memory slot, CPU affinity and limits, directory, umask,
 environment, descriptors, default signal handlers) and lets the task's descriptors go when the
 call ends. Mode `fork`: a child forked for the call alone takes its place in its own session
 and in the shim's cgroups, its memory slot too (the slot's limit and OOM count then hold).
-The shim reads `P<pid>` when the call runs, or `R<why>` (and nothing ran) when its process
-could not take the task's place; then `S<code>` (negative: the signal) when the call ended.
-A shim that goes first (killed) takes the process that runs its call, and its group, with it;
-a worker takes the next call only once the shim of its last has gone. Like `_call.py`, this
+The shim (or agent) reads `P<pid>` when the call runs, or `R<why>` (and nothing ran) when its
+process could not take the task's place; then `S<code>` (negative: the signal) when the call
+ended. A shim (or the agent's end of a call) that goes first (killed) takes the process that
+runs its call, and its group, with it; a worker takes the next call only once the shim (the
+agent's end) of its last has gone. Like `_call.py`, this
 needs only the standard library and cloudpickle, not this package.
 """
 
@@ -38,7 +41,7 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-PROTOCOL = b"htc-warm 2"
+PROTOCOL = b"htc-warm 3"
 IDLE_S = float(os.environ.get("HTC_WARM_IDLE_S", "120"))
 REQUEST_MAX = 16 << 20
 LIMITS = [getattr(resource, n) for n in dir(resource) if n.startswith("RLIMIT_")]
@@ -498,15 +501,16 @@ def read_request(conn: socket.socket) -> Tuple[Dict[str, Any], List[int]]:
             raise ValueError("a request cut short")
         body += more
     fields = bytes(body).split(b"\0")[:-1]
-    if len(fields) < 6 or fields[0] != PROTOCOL:
+    if len(fields) < 7 or fields[0] != PROTOCOL:
         raise ValueError(f"a request of another protocol: {fields[:1]!r}")
-    env = dict(e.split(b"=", 1) for e in fields[6:] if b"=" in e)
+    env = dict(e.split(b"=", 1) for e in fields[7:] if b"=" in e)
     req = {
         "pid": int(fields[1]),
         "cwd": fields[2],
         "umask": int(fields[3], 8),
         "base": os.fsdecode(fields[4]),
         "mode": fields[5].decode(),
+        "cpus": {int(c) for c in fields[6].split(b",") if c},
         "env": env,
     }
     return req, fds
@@ -518,7 +522,7 @@ def take_place(mounts: Dict[str, Tuple[str, str]], req: Dict[str, Any], fds: Lis
     memory limit, and its pages stay charged where it first touched them."""
     shim = req["pid"]
     join_cgroups(mounts, shim, agent)
-    os.sched_setaffinity(0, os.sched_getaffinity(shim))
+    os.sched_setaffinity(0, req["cpus"] or os.sched_getaffinity(shim))
     for lim in LIMITS:
         try:
             resource.setrlimit(lim, resource.prlimit(shim, lim))
