@@ -6,7 +6,8 @@
 //! the simulated executors (`--exec none|sleep`). All speak `htc_core::work`'s messages.
 //!
 //! May use: `htc-core`, `htc-host` (the clock, free space), processes, files, `libc`. May not use: the store, the engine's machines,
-//! the wire format or sockets.
+//! the wire format or sockets (but the local one of a node's warm interpreter, `warm`, through
+//! which a Python function call's task runs).
 
 pub mod capture;
 pub mod executor;
