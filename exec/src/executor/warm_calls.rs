@@ -259,18 +259,21 @@ mod tests {
 
     #[test]
     fn a_signal_reaches_the_process_once_known_and_a_close_after_kills_it() {
-        let (mut c, mut z) = call();
+        // Both children first: a child spawned after the pair may still hold a copy of the
+        // interpreter's end for a moment after spawn returns (its close-on-exec runs after
+        // the parent is let go), and then dropping that end closes nothing yet.
         let mut child = std::process::Command::new("sleep").arg("5").spawn().unwrap();
+        let mut second = std::process::Command::new("sleep").arg("5").spawn().unwrap();
+        let (mut c, mut z) = call();
         assert_eq!(c.signal(libc::SIGTERM), None);
         writeln!(z, "P{}", child.id()).unwrap();
         assert_eq!(c.read(), News::Nothing);
         let st = child.wait().unwrap();
         assert_eq!(std::os::unix::process::ExitStatusExt::signal(&st), Some(libc::SIGTERM));
-        let mut child = std::process::Command::new("sleep").arg("5").spawn().unwrap();
-        c.worker = Some(held(child.id() as i32));
+        c.worker = Some(held(second.id() as i32));
         drop(z);
         assert_eq!(c.read(), News::Ended(Exit::Signaled(libc::SIGKILL)));
-        let st = child.wait().unwrap();
+        let st = second.wait().unwrap();
         assert_eq!(std::os::unix::process::ExitStatusExt::signal(&st), Some(libc::SIGKILL));
     }
 
