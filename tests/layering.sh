@@ -40,6 +40,14 @@ for crate in "${!may[@]}"; do
     esac
 done
 ((fail == 0)) && echo "layering: every crate uses only the crates below it; htc-core and htc-engine do no I/O"
+# What decides by time reads the steady clock (htc_host::steady_us), never the wall clock, which
+# a step (NTP, a resumed virtual machine) moves under leases and deadlines: tests/clock-step.sh.
+if wall=$(grep -rnE '(^|[^.a-z_])now_us\(\)|SystemTime::now' exec/src/executor exec/src/simexec.rs node/src/agent \
+    node/src/leader/driver.rs node/src/leader/session.rs node/src/leader/mod.rs); then
+    echo "layering: the wall clock read where time decides (use htc_host::steady_us):" >&2
+    echo "$wall" >&2
+    fail=1
+fi
 # Inside each crate, no module may import itself through others (what counts: the script's header).
 python3 tests/modcycles.py || fail=1
 # The shape kept for the busiest parts (what counts: the script's header).

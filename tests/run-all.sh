@@ -160,6 +160,14 @@ else
     cargo test --release -p spank-plugin --locked
 fi
 
+# Steps the machine's clock (and back): alone, between tiers. Root only, as is the Slurm tier.
+if [[ $(id -u) == 0 ]]; then
+    step "clock steps: a run with the wall clock stepped 60 s forward, then back (tests/clock-step.sh)"
+    tests/clock-step.sh
+else
+    skipped+=("not root: tests/clock-step.sh (a run with the machine's clock stepped) is NOT run")
+fi
+
 step "python clients: slurm_htc and the Snakemake plugin, mypy --strict, their pytest suites against real runs and real Snakemake"
 py_ok=0
 wait "$py_pid" || py_ok=$?

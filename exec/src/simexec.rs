@@ -11,7 +11,7 @@ use std::time::Duration;
 use crate::executor::Handle;
 use htc_core::virtual_exec::VirtualExec;
 use htc_core::work::{Command, ExecEvent};
-use htc_host::now_us;
+use htc_host::steady_us;
 
 /// How an agent runs its tasks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -64,7 +64,7 @@ fn run(mut x: VirtualExec, rx: mpsc::Receiver<Command>, mut sink: impl FnMut(Vec
             return;
         }
         let cmd = match x.next_end_us() {
-            Some(at) => match rx.recv_timeout(Duration::from_micros(at.saturating_sub(now_us()))) {
+            Some(at) => match rx.recv_timeout(Duration::from_micros(at.saturating_sub(steady_us()))) {
                 Ok(c) => Some(c),
                 Err(mpsc::RecvTimeoutError::Timeout) => None,
                 Err(mpsc::RecvTimeoutError::Disconnected) => return,
@@ -74,7 +74,7 @@ fn run(mut x: VirtualExec, rx: mpsc::Receiver<Command>, mut sink: impl FnMut(Vec
                 Err(_) => return,
             },
         };
-        let now = now_us();
+        let now = steady_us();
         // Take whatever else is waiting, so one batch of events answers it.
         for c in cmd.into_iter().chain(std::iter::from_fn(|| rx.try_recv().ok())) {
             x.command(now, c, &mut events);

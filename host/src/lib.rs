@@ -19,6 +19,17 @@ pub fn now_us() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0)
 }
 
+/// Microseconds on the wall clock as this process first read it, advanced since by the
+/// monotonic clock alone. What a process decides by time (leases, deadlines, a silent agent's
+/// loss) reads this: a wall clock stepped (NTP, a virtual machine paused and resumed) moves
+/// none of it, where a step forward past a lease once left every executor fenced for good,
+/// while what it stamps (starts, ends) stays in the wall clock's terms.
+pub fn steady_us() -> u64 {
+    static ANCHOR: std::sync::OnceLock<(std::time::Instant, u64)> = std::sync::OnceLock::new();
+    let (at, wall) = ANCHOR.get_or_init(|| (std::time::Instant::now(), now_us()));
+    wall + at.elapsed().as_micros() as u64
+}
+
 /// Free space below this counts as a full disk: a task that fails then is not blamed for it (nor
 /// uses up its retries), and the ledger says the disk is full instead of tearing a record.
 pub const NEARLY_FULL: u64 = 1 << 20;
@@ -54,6 +65,20 @@ pub fn network_fs(dir: &Path) -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_steady_clock_starts_at_the_wall_and_never_goes_back() {
+        let (wall, first) = (now_us(), steady_us());
+        assert!(first.abs_diff(wall) < 1_000_000, "{first} against the wall's {wall}");
+        let mut last = first;
+        for _ in 0..1000 {
+            let t = steady_us();
+            assert!(t >= last);
+            last = t;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        assert!(steady_us() >= first + 5_000);
+    }
 
     #[test]
     fn free_space_of_a_real_directory_and_none_for_a_missing_one() {

@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use crate::handoff::{Handoff, When};
 use htc_core::record::Outcome;
 use htc_core::spawn_loop::{Effect, Exit, SpawnLoop, Why};
-use htc_host::now_us;
+use htc_host::steady_us;
 
 pub use htc_core::work::{recall_from, Command, ExecEvent, Finished, TaskToRun};
 
@@ -156,11 +156,11 @@ impl Executor {
         loop {
             loop {
                 match rx.try_recv() {
-                    Ok(c) => self.decide.command(now_us(), c, &mut effects),
+                    Ok(c) => self.decide.command(steady_us(), c, &mut effects),
                     Err(mpsc::TryRecvError::Empty) => break,
                     // The network side is gone: nobody will read results, so stop everything.
                     Err(mpsc::TryRecvError::Disconnected) => {
-                        self.decide.abandoned(now_us(), &mut effects);
+                        self.decide.abandoned(steady_us(), &mut effects);
                         break;
                     }
                 }
@@ -176,7 +176,7 @@ impl Executor {
             if let Some(e) = self.store.take_fault() {
                 return Err(self.stop_on_fault(e));
             }
-            self.decide.tick(now_us(), &mut effects);
+            self.decide.tick(steady_us(), &mut effects);
             self.apply(&mut effects);
             self.reaper.end_lingering(self.decide.aborted());
             self.enforce_memory();
@@ -197,7 +197,7 @@ impl Executor {
                 // the next session learns from it what ended and what was interrupted.
                 return self.store.flush_index().and(self.journal());
             }
-            let now = now_us();
+            let now = steady_us();
             let mut timeout = Duration::from_millis(100);
             if let Some(t) = self.decide.next_deadline() {
                 timeout = timeout.min(Duration::from_micros(t.saturating_sub(now)));
@@ -270,7 +270,7 @@ impl Executor {
         let mut effects = Vec::new();
         loop {
             let free_gpus = if self.cfg.gpus.is_empty() { 0 } else { self.cfg.gpus.free() as u32 };
-            let more = self.decide.start(now_us(), Some(free_gpus), &mut effects);
+            let more = self.decide.start(steady_us(), Some(free_gpus), &mut effects);
             if !self.apply(&mut effects) || !more {
                 return;
             }
@@ -306,18 +306,18 @@ impl Executor {
         match spawned {
             Ok(Started::Process(child)) => {
                 reaper.watch(slot, child);
-                decide.started(slot, now_us(), effects);
+                decide.started(slot, steady_us(), effects);
             }
             Ok(Started::Call(call)) => {
                 reaper.watch_call(slot, call);
-                decide.started(slot, now_us(), effects);
+                decide.started(slot, steady_us(), effects);
             }
             Err((errno, msg)) => {
                 store.spawn_failed(t, slot, r.start_us, &msg);
                 if t.shape.gpus > 0 {
                     cfg.gpus.give_back(t.id);
                 }
-                if let Some((_, f)) = decide.spawn_failed(slot, now_us(), errno) {
+                if let Some((_, f)) = decide.spawn_failed(slot, steady_us(), errno) {
                     events.push(ExecEvent::Finished(f));
                 }
             }
@@ -357,7 +357,7 @@ impl Executor {
             let error = io::Error::from_raw_os_error(errno);
             tracing::warn!(agent = self.cfg.agent, task, error = %error, "exit status lost: the task was reaped by someone else");
         }
-        let Some((r, f)) = self.decide.exited(slot, now_us(), exit, oom_mb) else { return };
+        let Some((r, f)) = self.decide.exited(slot, steady_us(), exit, oom_mb) else { return };
         self.store.store(&r);
         if r.task.shape.gpus > 0 {
             self.cfg.gpus.give_back(r.task.id);
@@ -386,7 +386,7 @@ impl Executor {
     /// recorded whole.
     fn stop_on_fault(&mut self, e: io::Error) -> io::Error {
         let mut effects = Vec::new();
-        self.decide.abandoned(now_us(), &mut effects);
+        self.decide.abandoned(steady_us(), &mut effects);
         self.apply(&mut effects);
         let e = self.store.fail(&self.events, e);
         self.events.clear();

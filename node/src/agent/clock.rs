@@ -8,13 +8,17 @@ use tokio::time::Instant;
 
 pub(super) struct Clock {
     start: Instant,
-    /// The wall clock's µs at `start`: the phase the heads' report windows keep to.
+    /// The steady clock's µs (`htc_host::steady_us`, the wall's as the process first read it)
+    /// at `start`: the phase the heads' report windows keep to. The executors read that clock,
+    /// so the lease told them in it holds however the wall clock is stepped.
     wall_at_start: u64,
 }
 
 impl Clock {
     pub(super) fn start() -> Clock {
-        Clock { start: Instant::now(), wall_at_start: htc_host::now_us() }
+        // In this order, the lease told in it never outlasts the executors' reading of it.
+        let wall_at_start = htc_host::steady_us();
+        Clock { start: Instant::now(), wall_at_start }
     }
 
     /// µs since the agent started: the machine's time.
@@ -27,7 +31,7 @@ impl Clock {
         self.start + Duration::from_micros(us)
     }
 
-    /// The wall clock's µs at the machine's `us`, for the executors (their lease).
+    /// The steady clock's µs at the machine's `us`, for the executors (their lease).
     pub(super) fn wall(&self, us: u64) -> u64 {
         self.wall_at_start + us
     }
@@ -49,6 +53,6 @@ mod tests {
         assert!(now >= 2_000);
         assert_eq!(c.instant(now) - c.instant(0), Duration::from_micros(now));
         assert_eq!(c.wall(now) - c.wall_at_start(), now);
-        assert!(c.wall(now) <= htc_host::now_us());
+        assert!(c.wall(now) <= htc_host::steady_us());
     }
 }

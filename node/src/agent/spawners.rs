@@ -126,13 +126,13 @@ impl Executors {
 
     /// A command of the agent's machine.
     pub(super) fn send(&mut self, c: Command) {
-        self.fanout.command(c, htc_host::now_us(), &mut self.effects);
+        self.fanout.command(c, htc_host::steady_us(), &mut self.effects);
         self.carry_out();
     }
 
     /// Spawner `i` reported these events. True when that completes a reset.
     pub(super) fn ran(&mut self, i: usize, batch: &[ExecEvent]) -> bool {
-        let reset = self.fanout.reported(i, batch, htc_host::now_us(), &mut self.effects);
+        let reset = self.fanout.reported(i, batch, htc_host::steady_us(), &mut self.effects);
         self.carry_out();
         reset
     }
@@ -155,7 +155,7 @@ impl Executors {
 
     /// The agent's tick: tasks stuck behind a busy spawner's slots are asked back.
     pub(super) fn tick(&mut self) {
-        self.fanout.tick(htc_host::now_us(), &mut self.effects);
+        self.fanout.tick(htc_host::steady_us(), &mut self.effects);
         for e in &self.effects {
             if let Effect::Send(j, Command::Recall(ids)) = e {
                 tracing::debug!(spawner = j, tasks = ids.len(), "tasks queued behind busy slots given back");

@@ -17,9 +17,9 @@ use htc_core::salvage::salvage;
 pub use htc_core::salvage::Survivors;
 use htc_core::task::Counts;
 use htc_engine::msg::{Stop, ToAgent};
+use htc_host::steady_us;
 use htc_store::ledger::{Ledger, LedgerError};
 use htc_store::load::TaskText;
-use htc_store::rundir::now_us;
 
 pub use super::session::{DriverConfig, LedgerTasks, ProgressSink};
 
@@ -117,7 +117,7 @@ impl Carrier for Turn<'_> {
 
 impl World for Net {
     fn now_us(&self) -> u64 {
-        now_us()
+        steady_us()
     }
 
     fn carry(&mut self, out: &mut Effects) {
@@ -161,7 +161,7 @@ pub fn run(
     while ending.is_none() {
         // A status waits for the commit of what the turns wrote (`status_slice`).
         let due = if s.world.statuses.is_empty() { s.next_due_us() } else { s.commit_due_us().unwrap_or(0) };
-        let wait = std::time::Duration::from_micros(due.saturating_sub(now_us()));
+        let wait = std::time::Duration::from_micros(due.saturating_sub(steady_us()));
         ending = match rx.recv_timeout(wait) {
             Ok(first) => take(&mut s, first, &rx)?,
             Err(mpsc::RecvTimeoutError::Timeout) => None,
@@ -250,16 +250,16 @@ fn take(s: &mut Session<'_, '_, Net>, first: Event, rx: &mpsc::Receiver<Event>) 
             Event::Joined(input, tx) => Some(link(s, input, tx)?),
             Event::Core(input) => Some(input),
             Event::Attach(req, reply) => {
-                let _ = reply.send(s.core.attach(req, now_us()));
+                let _ = reply.send(s.core.attach(req, steady_us()));
                 None
             }
             Event::AllocationGone(job) => {
-                s.core.allocation_gone(&job, now_us());
+                s.core.allocation_gone(&job, steady_us());
                 None
             }
             Event::Grow(a) => {
                 if let Some(g) = s.cfg.grow.as_mut() {
-                    g.answer(a, now_us());
+                    g.answer(a, steady_us());
                 }
                 None
             }
@@ -407,7 +407,7 @@ pub fn reset_interrupted(run: &htc_store::rundir::RunDir, survivors: Survivors) 
     ids.sort_unstable();
     ids.dedup();
     let mut reset = Reset { unbelieved, ..Reset::default() };
-    let now = now_us();
+    let now = steady_us();
     for id in ids {
         let Some(r) = t.get(id)? else { continue };
         let lo = told.partition_point(|t| t.id < id);
@@ -482,7 +482,7 @@ mod tests {
         let text = TaskText::open(&rd.tasks()).unwrap();
         let params = htc_core::hflow::Params { s: 0.002, d: 0.0005, t: 1.0 };
         let planned = Planned { plan: htc_core::partition::Plan::Hflow, instances: 2, cores: 4, params };
-        let core = new_core(&ledger, &planned, "job", now_us()).unwrap();
+        let core = new_core(&ledger, &planned, "job", steady_us()).unwrap();
         let (tx, rx) = mpsc::channel();
         // A commit interval no turn reaches: only the end of the run commits what came.
         let cfg = DriverConfig {
@@ -534,7 +534,7 @@ mod tests {
                     .map(|&id| msg::TaskResult {
                         id,
                         attempt: 1,
-                        ended: Ended { outcome: Outcome::Exited, end_us: now_us(), ..Ended::NONE },
+                        ended: Ended { outcome: Outcome::Exited, end_us: steady_us(), ..Ended::NONE },
                         ..Default::default()
                     })
                     .collect();

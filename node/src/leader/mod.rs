@@ -218,7 +218,7 @@ fn net_config(
 /// The core for this session: planned for the `expected` instances, with the run's options.
 fn configured_core(ledger: &Ledger, cfg: &LeaderConfig, expected: usize) -> anyhow::Result<Core<'static>> {
     let plan = Planned { plan: cfg.partition, instances: expected, cores: cfg.cores, params: cfg.params };
-    let mut core = new_core(ledger, &plan, &cfg.job_id, htc_store::rundir::now_us())?
+    let mut core = new_core(ledger, &plan, &cfg.job_id, htc_host::steady_us())?
         .with_layout(cfg.layout.clone())
         .with_liveness(cfg.live)
         .with_memory_policy(cfg.mem_policy);
