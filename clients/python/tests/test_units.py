@@ -71,3 +71,22 @@ def test_a_record_names_its_run_until_that_run_is_dropped(tmp_path: pathlib.Path
 
 def test_the_version_is_written_once_and_the_installed_package_says_it() -> None:
     assert importlib.metadata.version("slurm-htc") == __version__
+
+
+def test_a_worker_s_environment_becomes_each_call_s_exactly() -> None:
+    import os
+    import subprocess
+
+    from slurm_htc._warm import set_environ
+
+    saved = dict(os.environb)
+    try:
+        for env in ({b"PATH": saved[b"PATH"], b"A": b"1", b"B": b"x"}, {b"PATH": saved[b"PATH"], b"A": b"2"}):
+            set_environ(env)
+            assert dict(os.environb) == env
+            # Set for the process too, not only for Python's view: a child sees it.
+            seen = subprocess.run(["sh", "-c", 'echo "$A-${B:-none}"'], capture_output=True, check=True)
+            assert seen.stdout.decode().strip() == f"{env[b'A'].decode()}-{env.get(b'B', b'none').decode()}"
+    finally:
+        set_environ(saved)
+    assert dict(os.environb) == saved

@@ -101,11 +101,12 @@ def outside_slots(path: str, agent: int) -> str:
     return parent or "/" if mine == f"htc-{agent}" and slot[:1] == "s" and slot[1:].isdigit() else path
 
 
-def join_cgroups(mounts: Dict[str, Tuple[str, str]], target: int | str, agent: int = 0) -> None:
-    """Moves this process into TARGET's cgroups where they differ from its own (for the agent,
-    its own and not a slot's); raises naming the one it could not join."""
+def join_cgroups(mounts: Dict[str, Tuple[str, str]], target: Dict[str, str], agent: int = 0) -> None:
+    """Moves this process into the cgroups TARGET (a process's, `cgroups_of`) where they differ
+    from its own (for the agent's, its own and not a slot's); raises naming the one it could not
+    join."""
     mine = cgroups_of("self")
-    for controllers, path in cgroups_of(target).items():
+    for controllers, path in target.items():
         path = outside_slots(path, agent) if agent else path
         if mine.get(controllers) == path:
             continue
@@ -129,7 +130,7 @@ class Zygote:
         self.sel = selectors.DefaultSelector()
         self.agent_fd = os.pidfd_open(agent)
         try:
-            join_cgroups(self.mounts, agent, agent)
+            join_cgroups(self.mounts, cgroups_of(agent), agent)
         except OSError as e:
             with open(sock_path[: -len(".sock")] + ".refused", "w") as f:
                 f.write(f"it could not leave the first task's cgroups: {e}")
@@ -343,13 +344,14 @@ class Zygote:
         until the interpreter closes its end."""
         os.setsid()
         devnull = os.open(os.devnull, os.O_RDWR)
+        known: Dict[int, Any] = {}
         while True:
             try:
                 req, fds = recv_handoff(ctl)
             except (OSError, ValueError, EOFError):
                 return
             try:
-                take_place(self.mounts, req, fds, agent=self.agent)
+                take_place(self.mounts, req, fds, agent=self.agent, known=known)
             except OSError as e:
                 ctl.sendall(b"R" + str(e).replace("\n", " ").encode() + b"\n")
                 continue
@@ -516,22 +518,35 @@ def read_request(conn: socket.socket) -> Tuple[Dict[str, Any], List[int]]:
     return req, fds
 
 
-def take_place(mounts: Dict[str, Tuple[str, str]], req: Dict[str, Any], fds: List[int], agent: int = 0) -> None:
+def take_place(
+    mounts: Dict[str, Tuple[str, str]],
+    req: Dict[str, Any],
+    fds: List[int],
+    agent: int = 0,
+    known: Optional[Dict[int, Any]] = None,
+) -> None:
     """This child in the task's place; raises `OSError` (nothing run yet) where it cannot be.
     A worker (AGENT given) joins the task's cgroups but not its slot's: it carries no call with a
-    memory limit, and its pages stay charged where it first touched them."""
+    memory limit, and its pages stay charged where it first touched them. KNOWN (a worker's):
+    the agent's cgroups and limits as first read, which hold for the agent's life, for the
+    calls the agent hands over itself (a shim's pid could be reused: read each time)."""
     shim = req["pid"]
-    join_cgroups(mounts, shim, agent)
+    if known is not None and shim == agent:
+        if shim not in known:
+            known[shim] = (cgroups_of(shim), limits_of(shim))
+        target, limits = known[shim]
+    else:
+        target, limits = cgroups_of(shim), limits_of(shim)
+    join_cgroups(mounts, target, agent)
     os.sched_setaffinity(0, req["cpus"] or os.sched_getaffinity(shim))
-    for lim in LIMITS:
+    for lim, value in limits:
         try:
-            resource.setrlimit(lim, resource.prlimit(shim, lim))
+            resource.setrlimit(lim, value)
         except ValueError:
-            pass  # a limit this kernel does not have
+            pass  # a hard limit the last call lowered: this one keeps it
     os.chdir(req["cwd"])
     os.umask(req["umask"])
-    os.environb.clear()
-    os.environb.update(req["env"])
+    set_environ(req["env"])
     for i, fd in enumerate(fds):
         os.dup2(fd, i)
         os.close(fd)
@@ -539,6 +554,27 @@ def take_place(mounts: Dict[str, Tuple[str, str]], req: Dict[str, Any], fds: Lis
     for sig in RESET:
         signal.signal(sig, signal.SIG_DFL)
     sys.stdout, sys.stderr, sys.stdin = sys.__stdout__, sys.__stderr__, sys.__stdin__
+
+
+def limits_of(pid: int) -> List[Tuple[int, Tuple[int, int]]]:
+    """PID's resource limits, those this kernel has."""
+    out = []
+    for lim in LIMITS:
+        try:
+            out.append((lim, resource.prlimit(pid, lim)))
+        except ValueError:
+            pass  # a limit this kernel does not have
+    return out
+
+
+def set_environ(env: Dict[bytes, bytes]) -> None:
+    """The environment as ENV: only what differs from the last call's is set or unset."""
+    cur = os.environb
+    for k in [k for k in cur if k not in env]:
+        del cur[k]
+    for k, v in env.items():
+        if cur.get(k) != v:
+            cur[k] = v
 
 
 def main(argv: List[str]) -> int:
