@@ -113,15 +113,16 @@ def test_workers_serve_calls_one_after_another_each_in_its_own_task_s_place(ex: 
     assert ex.submit(pid_and_left, "again").result(timeout=60)[0] in workers
 
 
-def shims() -> int:
-    """How many `htc-call` shims run now."""
+def shims(under: str) -> int:
+    """How many `htc-call` shims of calls under UNDER (a test's run: others run beside it) run now."""
     n = 0
     for p in os.listdir("/proc"):
         try:
             with open(f"/proc/{p}/cmdline", "rb") as f:
-                n += f.read().split(b"\0")[0].endswith(b"htc-call")
+                words = f.read().split(b"\0")
         except OSError:
-            pass
+            continue
+        n += words[0].endswith(b"htc-call") and any(under.encode() in w for w in words)
     return n
 
 
@@ -133,8 +134,8 @@ def ignore_term_then_sleep(path: str) -> None:
 def test_the_agent_hands_calls_to_the_warm_interpreter_itself_and_still_ends_them(ex: Executor, tmp_path: pathlib.Path) -> None:
     # The first call's shim starts the warm interpreter; then the agent hands calls over with
     # no process of their own, and a timeout, a cancel and SIGKILL after the grace still end them.
-    assert ex.submit(shims).result(timeout=60) == 1
-    assert [ex.submit(shims).result(timeout=60) for _ in range(3)] == [0, 0, 0]
+    assert ex.submit(shims, str(tmp_path)).result(timeout=60) == 1
+    assert [ex.submit(shims, str(tmp_path)).result(timeout=60) for _ in range(3)] == [0, 0, 0]
     assert ex.submit(where).result(timeout=60)[2] == "", "the agent's own environment is not the call's"
     for name, fn in (("term", pid_then_sleep), ("kill", ignore_term_then_sleep)):
         slow = ex.with_options(timeout="1s").submit(fn, str(tmp_path / name))
@@ -148,7 +149,7 @@ def test_the_agent_hands_calls_to_the_warm_interpreter_itself_and_still_ends_the
     assert gone_within(int((tmp_path / "held").read_text()), 10), "a handed-over call goes with its cancelled task"
     with pytest.raises(CallFailed, match="signal 6|SIGABRT"):
         ex.submit(os.abort).result(timeout=60)
-    assert ex.submit(shims).result(timeout=60) == 0, "served again, by a worker forked anew"
+    assert ex.submit(shims, str(tmp_path)).result(timeout=60) == 0, "served again, by a worker forked anew"
 
 
 def test_fork_gives_each_call_a_process_of_its_own(tmp_path: pathlib.Path) -> None:
