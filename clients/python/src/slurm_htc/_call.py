@@ -1,6 +1,8 @@
-"""The task side of a function call: `python _call.py BASE` reads the call from `BASE.in`, runs
-it, and writes how it ended to `BASE.out`, whole (written aside, synced, renamed) before the task
-exits, so that a result the run records as done is one a client can read, now or after a restart.
+"""The task side of a function call: `python _call.py BASE@DATA` reads the call (DATA, the
+call's bytes in base64url, or where DATA is empty the file `BASE.in`), runs it, and writes how it
+ended to `BASE.out`, whole (written aside, synced, renamed) before the task exits, so that a
+result the run records as done is one a client can read, now or after a restart. A warm worker
+passes a log instead (`_outlog.py`), where the value of a call without a key goes.
 
 Run by path with the client's interpreter, it needs only the standard library and cloudpickle:
 not this package, which a node's interpreter may not see on its path. The exit status tells the
@@ -8,7 +10,7 @@ run how the call ended: 0 it returned, 1 it raised (or its result could not be k
 status of `sys.exit(n)` for a call that exited. A call killed (its memory limit, a signal, a
 segfault) writes nothing, and the client reads the run's reason instead.
 
-`BASE.in`: a pickle (the standard library's) of the client's `sys.path` and interpreter, then a
+The call's bytes (inline, or `BASE.in`): a pickle (the standard library's) of the client's `sys.path` and interpreter, then a
 cloudpickle of the calls: `[(fn, args, kwargs), ...]` (one per call; several for `map`'s
 `chunksize`). `BASE.out`: a cloudpickle of `(kind, payload)`, by kind: `return` the values (a
 list, one per call), `raise` `(exception or None, its type's name, its text, the traceback as
@@ -17,12 +19,13 @@ text)`, `exit` the status `sys.exit` was given.
 
 from __future__ import annotations
 
+import base64
 import os
 import pickle
 import socket
 import sys
 import traceback
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 RETURNED, RAISED, EXITED = "return", "raise", "exit"
 
@@ -30,11 +33,38 @@ RETURNED, RAISED, EXITED = "return", "raise", "exit"
 Call = Tuple[Callable[..., Any], Tuple[Any, ...], Dict[str, Any]]
 
 
-def write_outcome(base: str, kind: str, payload: Any) -> None:
-    """`BASE.out`, whole or not at all, and on disk before the task's end is recorded."""
+def split_word(word: str) -> Tuple[str, Optional[bytes]]:
+    """A call's word: its base, and its bytes where the word carries them (after the last `@`;
+    base64url has none, a path may)."""
+    base, at, data = word.rpartition("@")
+    if not at:
+        return word, None
+    return base, base64.urlsafe_b64decode(data + "=" * (-len(data) % 4)) if data else None
+
+
+def call_bytes(word: str) -> Tuple[str, bytes]:
+    """The base of WORD and its call's bytes, inline or from `BASE.in`."""
+    base, data = split_word(word)
+    if data is None:
+        with open(base + ".in", "rb") as f:
+            data = f.read()
+    return base, data
+
+
+def is_keyed(base: str) -> bool:
+    """Whether the call has a key (its base the key's hash, as the client names it)."""
+    return os.path.basename(base).startswith("k-")
+
+
+def write_outcome(base: str, kind: str, payload: Any, log: Optional[Any] = None) -> None:
+    """`BASE.out`, whole or not at all, and on disk before the task's end is recorded; the value
+    of a call without a key to LOG (an `_outlog.Writer`) where there is one and it takes it."""
     import cloudpickle  # type: ignore[import-untyped]
 
     data = cloudpickle.dumps((kind, payload), protocol=pickle.HIGHEST_PROTOCOL)
+    if log is not None and kind == RETURNED and not is_keyed(base):
+        if log.append(os.path.dirname(base), os.path.basename(base), data):
+            return
     tmp = f"{base}.out.{os.getpid()}"
     with open(tmp, "wb") as f:
         f.write(data)
@@ -55,24 +85,31 @@ def raised(e: BaseException, tb: str) -> Tuple[Any, str, str, str]:
         return (None, name, str(e), tb)
 
 
-def read_calls(base: str) -> List[Call]:
-    """The calls in `BASE.in`, with the client's `sys.path` added to this interpreter's first, so
-    that what the functions import by name is found as the client found it."""
+def add_path(header: Dict[str, Any]) -> None:
+    """The client's `sys.path` before this interpreter's, so that what the functions import by
+    name is found as the client found it."""
+    for p in reversed(header.get("sys_path", [])):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+
+
+def read_calls(data: bytes) -> List[Call]:
+    """The calls in a call's bytes, the client's path added first."""
+    import io
+
     import cloudpickle
 
-    with open(base + ".in", "rb") as f:
-        header = pickle.load(f)
-        for p in reversed(header.get("sys_path", [])):
-            if p not in sys.path:
-                sys.path.insert(0, p)
-        calls: List[Call] = cloudpickle.load(f)
+    f = io.BytesIO(data)
+    add_path(pickle.load(f))
+    calls: List[Call] = cloudpickle.load(f)
     return calls
 
 
-def run(base: str) -> int:
-    """Runs the calls of `BASE.in`, writes `BASE.out`; the task's exit status."""
+def run(word: str, log: Optional[Any] = None) -> int:
+    """Runs the calls of WORD, writes their outcome; the task's exit status."""
+    base, _ = split_word(word)
     try:
-        calls = read_calls(base)
+        calls = read_calls(call_bytes(word)[1])
     except ImportError as e:
         why = (
             f"cannot import what the call needs on {socket.gethostname()} with {sys.executable}: {e} "
@@ -92,7 +129,7 @@ def run(base: str) -> int:
             write_outcome(base, RAISED, raised(e, traceback.format_exc()))
             return 1
     try:
-        write_outcome(base, RETURNED, values)
+        write_outcome(base, RETURNED, values, log)
     except Exception as e:
         tb = traceback.format_exc()
         why = f"the result could not be pickled: {type(e).__name__}: {e}"
@@ -103,7 +140,7 @@ def run(base: str) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit("usage: _call.py BASE (reads BASE.in, writes BASE.out)")
+        sys.exit("usage: _call.py BASE@DATA (the call's bytes inline, or in BASE.in; writes BASE.out)")
     # The script's own folder is not the client's: what the call imports comes from its path.
     sys.path.pop(0)
     sys.exit(run(sys.argv[1]))

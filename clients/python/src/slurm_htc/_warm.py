@@ -121,7 +121,7 @@ def join_cgroups(mounts: Dict[str, Tuple[str, str]], target: Dict[str, str], age
 
 
 class Zygote:
-    def __init__(self, sock_path: str, agent: int, first_base: str, preload: List[str]) -> None:
+    def __init__(self, sock_path: str, agent: int, first_word: str, preload: List[str]) -> None:
         self.sock_path, self.agent = sock_path, agent
         self.mounts = cgroup_mounts()
         self.children: Dict[int, Tuple[int, socket.socket]] = {}
@@ -138,27 +138,21 @@ class Zygote:
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(sock_path)
         self.listener.listen(1024)
-        self.preload(first_base, preload)
+        self.preload(first_word, preload)
         self.sel.register(self.listener, selectors.EVENT_READ, ("accept", 0))
         self.sel.register(self.agent_fd, selectors.EVENT_READ, ("agent", 0))
 
-    def preload(self, first_base: str, modules: List[str]) -> None:
+    def preload(self, first_word: str, modules: List[str]) -> None:
         """The client's `sys.path` (from the first call's header), cloudpickle, `_call`, the
         modules named; then the heap frozen, so that the children share its pages."""
+        self.call = load_beside("_call")
+        self.outlog = load_beside("_outlog")
         try:
-            with open(first_base + ".in", "rb") as f:
-                header = pickle.load(f)
-            for p in reversed(header.get("sys_path", [])):
-                if p not in sys.path:
-                    sys.path.insert(0, p)
-        except (OSError, pickle.UnpicklingError, EOFError):
+            self.call.add_path(pickle.loads(self.call.call_bytes(first_word)[1]))
+        except (OSError, ValueError, pickle.UnpicklingError, EOFError):
             pass
         import cloudpickle  # type: ignore[import-untyped] # noqa: F401
 
-        spec = importlib.util.spec_from_file_location("_htc_call", os.path.join(os.path.dirname(os.path.abspath(__file__)), "_call.py"))
-        assert spec is not None and spec.loader is not None
-        self.call = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(self.call)
         for m in modules:
             try:
                 __import__(m)
@@ -281,12 +275,13 @@ class Zygote:
         finally:
             os._exit(code)
 
-    def run_call(self, req: Dict[str, Any]) -> int:
-        """The call of REQ, here; its exit status, as `_call.py`'s would be."""
+    def run_call(self, req: Dict[str, Any], log: Optional[Any] = None) -> int:
+        """The call of REQ, here; its exit status, as `_call.py`'s would be. LOG: the worker's
+        outcome log (`_outlog.Writer`)."""
         code = 1
         try:
             sys.argv = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "_call.py"), req["base"]]
-            code = self.call.run(req["base"])
+            code = self.call.run(req["base"], log)
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else 1
         except BaseException:
@@ -345,6 +340,7 @@ class Zygote:
         os.setsid()
         devnull = os.open(os.devnull, os.O_RDWR)
         known: Dict[int, Any] = {}
+        log = self.outlog.Writer()
         while True:
             try:
                 req, fds = recv_handoff(ctl)
@@ -356,7 +352,7 @@ class Zygote:
                 ctl.sendall(b"R" + str(e).replace("\n", " ").encode() + b"\n")
                 continue
             ctl.sendall(b"P%d\n" % os.getpid())
-            code = self.run_call(req)
+            code = self.run_call(req, log)
             for i in range(3):
                 os.dup2(devnull, i)  # the task's output is its own: this one holds it no more
             ctl.sendall(b"D%d\n" % code)
@@ -428,6 +424,15 @@ class Worker:
             os.close(self.pidfd)
         except OSError:
             pass
+
+
+def load_beside(name: str) -> Any:
+    """The module NAME of this folder, loaded by path: this interpreter may not see the package."""
+    spec = importlib.util.spec_from_file_location("_htc" + name, os.path.join(os.path.dirname(os.path.abspath(__file__)), name + ".py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def closed(conn: socket.socket) -> bool:

@@ -22,6 +22,7 @@ from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Mapping
 
 from . import functions
 from ._call import RETURNED, Call
+from ._outlog import Reader as OutcomeLogs
 from ._htc import OPTIONS, Command, HtcError, task_line
 from ._stream import Stream
 from .run import ENDED, Run, drop_record, read_record, write_record
@@ -34,11 +35,16 @@ POLL_FIRST_S, POLL_MAX_S, POLL_PER_TASK_S = 0.005, 0.5, 20e-6
 # speaks to it: while it lives it does so at least every `KEEP_ALIVE_S`. So a program killed
 # leaves an idle run (on Slurm, an allocation) for seconds, not the half hour of a fixed idle time.
 IDLE_EXIT, KEEP_ALIVE_S = "10s", 3.0
-# A call's value is taken from its outcome file as soon as the call has written it: the calls'
-# folder is listed this often (no more often than `SCAN_PER_ENTRY_S` per file in it, so a folder
+# A call's value is taken from its outcome (a warm worker's log, or a file of its own) as soon as
+# the call has written it: the calls' folder is listed this often (no more often than `SCAN_PER_ENTRY_S` per file in it, so a folder
 # of many calls costs a few percent of a core), long before a status poll's backoff would see
 # the task's end.
 SCAN_FIRST_S, SCAN_MAX_S, SCAN_PER_ENTRY_S = 0.002, 0.5, 5e-6
+
+# A function call as its future knows it: its description, base, whether it has a key, whether
+# it is a chunk of `map`'s, whether its bytes went to `BASE.in`.
+CallRef = Tuple[str, str, bool, bool, bool]
+
 
 # Which run an executor started or found, and a Slurm job's wait: `logging.getLogger("slurm_htc")`.
 _log = logging.getLogger("slurm_htc")
@@ -97,8 +103,9 @@ class TaskFuture(concurrent.futures.Future):  # type: ignore[type-arg]
         self._condition = executor._futures_cond
         self._ex = executor
         self.task_id: Optional[int] = None
-        # A function call's description and files (`functions`); `None` for a command.
-        self._call: Optional[Tuple[str, str, bool, bool]] = None
+        # A function call's description, base, whether it has a key, whether it is a chunk
+        # (`map`), whether its bytes went to a file (`functions`); `None` for a command.
+        self._call: Optional[CallRef] = None
 
     def cancel(self) -> bool:
         """Cancels the task in the run (queued: it never starts; running: it is stopped)."""
@@ -260,6 +267,13 @@ class Executor(concurrent.futures.Executor):
         # Outcome files read that held no value (a call that raised, which the run may retry):
         # by call file, the change time then, so that the folder's look reads each once.
         self._not_returned: Dict[str, int] = {}
+        # The warm workers' outcome logs, read from where the last look ended; by call, why a
+        # value logged could not be read (told once its task has ended).
+        self._logs = OutcomeLogs()
+        self._unreadable: Dict[str, str] = {}
+        # The futures of calls without a key not yet resolved, by base name, whether the run has
+        # acknowledged their tasks or not: a fast call's value can be logged before its id comes.
+        self._by_name: Dict[str, TaskFuture] = {}
         self._shut = False
         self._poller = threading.Thread(target=self._poll, name="slurm-htc-poll", daemon=True)
         self._poller.start()
@@ -326,19 +340,22 @@ class Executor(concurrent.futures.Executor):
         cwd, env = opts.pop("cwd", None) or os.getcwd(), opts.pop("env", None)
         fut = TaskFuture(self)
         base = functions.base_for(self._run_dir, key)
-        fut._call = (what, base, key is not None, chunked)
         try:
             data = functions.encode(calls)
         except Exception as e:
             fut.set_exception(TypeError(f"cannot pickle the call {what}: {type(e).__name__}: {e}"))
             return fut
-        functions.write_call(base, data)
+        word, filed = functions.call_word(base, data)
+        fut._call = (what, base, key is not None, chunked, filed)
         warm = self._warm._replace(needs_memcg=bool(opts.get("mem"))) if self._warm else None
         if not os.path.isdir(cwd):
             fut.set_exception(ValueError(f"cwd={cwd!r}: no such directory"))
             return fut
-        cmd, cwd, env = functions.command(self._python, base, warm, cwd, env)
+        cmd, cwd, env = functions.command(self._python, word, warm, cwd, env)
         line = task_line(cmd, opts, _ids(after), _ids(afterany), cwd, env)
+        if key is None:
+            with self._lock:
+                self._by_name[os.path.basename(base)] = fut
         self._add(fut, line, key, name)
         return fut
 
@@ -385,6 +402,8 @@ class Executor(concurrent.futures.Executor):
     def _known(self, fut: TaskFuture, task_id: int) -> None:
         fut._learn(task_id)  # first: a future the poll resolves has its id
         with self._lock:
+            if fut.done() and fut._call is not None:
+                return  # its value was logged before its id came
             self._pending.setdefault(task_id, []).append(fut)
             self._news = True
             self._lock.notify_all()
@@ -396,6 +415,7 @@ class Executor(concurrent.futures.Executor):
             lost = list(feed.owed)
             feed.owed.clear()
         for fut in lost:
+            self._forget(fut)
             fut.set_exception(HtcError(why or "the add stream ended before the task was added"))
 
     def map(
@@ -491,9 +511,10 @@ class Executor(concurrent.futures.Executor):
             time.sleep(max(0.0, min(look, status_at - time.monotonic())))
 
     def _returned(self) -> float:
-        """Resolves the futures of calls that returned, from the outcome files in the calls'
-        folder, without waiting for the ledger's record of their tasks' ends (what failed is
-        the status poll's: the run may still retry it). The pause until the next look."""
+        """Resolves the futures of calls that returned, from the warm workers' logs and the
+        outcome files in the calls' folder, without waiting for the ledger's record of their
+        tasks' ends (what failed is the status poll's: the run may still retry it). The pause
+        until the next look."""
         with self._lock:
             by_name = {
                 os.path.basename(f._call[1]): task_id
@@ -501,24 +522,45 @@ class Executor(concurrent.futures.Executor):
                 for f in futs
                 if f._call is not None
             }
-        if not by_name:
+        if not by_name and not self._by_name:
             return SCAN_MAX_S
+        folder = functions.calls_dir(self._run_dir)
         try:
-            names = os.listdir(functions.calls_dir(self._run_dir))
+            names = os.listdir(folder)
         except OSError:
             return SCAN_MAX_S
+        damaged = len(self._logs.damage)
+        for name, payload in self._logs.read(folder, names, self._by_name):
+            self._take_logged(name, payload)
+        if len(self._logs.damage) > damaged:
+            _log.warning("slurm-htc: run %s: damaged outcome logs, read no further: %s", self.run, self._logs.damage)
         for name in names:
             task_id = by_name.get(name[:-4]) if name.endswith(".out") else None
             if task_id is not None:
                 self._take_returned(task_id)
         return max(SCAN_FIRST_S, SCAN_PER_ENTRY_S * (len(names) + len(by_name)))
 
+    def _take_logged(self, name: str, payload: bytes) -> None:
+        """The value a warm worker logged for the call NAME (its task's id known or not yet)."""
+        import cloudpickle  # type: ignore[import-untyped]
+
+        try:
+            outcome = cloudpickle.loads(payload)
+        except Exception as e:  # told when its task has ended: the status poll's to resolve
+            self._unreadable[name] = f"its result could not be read: {type(e).__name__}: {e}"
+            return
+        self._unreadable.pop(name, None)
+        with self._lock:
+            fut = self._by_name.get(name)
+        if fut is not None:
+            self._settle_returned(fut.task_id, [fut], outcome, from_file=False)
+
     def _take_returned(self, task_id: int) -> None:
         with self._lock:
             futs = [f for f in self._pending.get(task_id, []) if f._call is not None]
         if not futs:
             return
-        _, base, keyed, chunked = futs[0]._call  # type: ignore[misc]
+        base = futs[0]._call[1]  # type: ignore[index]
         try:
             changed = os.stat(base + ".out").st_mtime_ns
         except OSError:
@@ -533,15 +575,39 @@ class Executor(concurrent.futures.Executor):
             self._not_returned[base] = changed
             return
         self._not_returned.pop(base, None)
+        self._settle_returned(task_id, futs, outcome, from_file=True)
+
+    def _settle_returned(self, task_id: Optional[int], futs: List[TaskFuture], outcome: Tuple[str, Any], from_file: bool) -> None:
+        """FUTS, the call futures of TASK_ID (`None`: not known yet), resolved with the values the
+        call returned; a call without a key leaves no file behind."""
+        _, base, keyed, chunked, filed = futs[0]._call  # type: ignore[misc]
         with self._lock:
-            left = [f for f in self._pending.pop(task_id, []) if f not in futs]
+            left = [f for f in self._pending.pop(task_id, []) if f not in futs] if task_id is not None else []
             if left:
-                self._pending[task_id] = left
-        if not keyed:
+                self._pending[task_id] = left  # type: ignore[index]
+            self._by_name.pop(os.path.basename(base), None)
+        if not keyed and (from_file or filed):
             functions.remove(base)
         for f in futs:
             if not f.done():
                 f._settle(outcome[1] if chunked else outcome[1][0])
+
+    def _forget(self, fut: TaskFuture) -> None:
+        """A call future resolved otherwise than by a logged value: no log record is its now."""
+        if fut._call is not None:
+            with self._lock:
+                self._by_name.pop(os.path.basename(fut._call[1]), None)
+
+    def _why_unread(self, base: str) -> str:
+        """Why the value of the call at BASE may not have been read: what its log record held
+        could not be unpickled, or a log is damaged (a value past the damage is not read)."""
+        name = os.path.basename(base)
+        if name in self._unreadable:
+            return self._unreadable.pop(name)
+        if self._logs.damage:
+            where = "; ".join(f"{os.path.join(functions.calls_dir(self._run_dir), log)}: {why}" for log, why in self._logs.damage.items())
+            return f"it ended without a result that could be read (a damaged outcome log: {where})"
+        return ""
 
     def _resolve(self, ids: Sequence[int]) -> bool:
         """One `htc task status` of `ids`: the futures of those that ended are resolved."""
@@ -551,9 +617,16 @@ class Executor(concurrent.futures.Executor):
             return False  # the run between leaders (a hand-over): asked again at the next poll
         ended = [row for row in rows.values() if row["state"] in ENDED]
         with self._lock:
+            # A value logged after the last look is found by another before its call is
+            # resolved as one that ended without a result.
+            unread = any(f._call is not None for row in ended if row["state"] == "done" for f in self._pending.get(row["id"], []))
+        if unread:
+            self._returned()
+        with self._lock:
             futs = [(row, fut) for row in ended for fut in self._pending.pop(row["id"], [])]
         for row, fut in futs:
             if fut._call is not None:
+                self._forget(fut)
                 self._not_returned.pop(fut._call[1], None)
             if row["state"] == "cancelled" and fut._cancelling:
                 fut._cancelled_here()
@@ -562,7 +635,7 @@ class Executor(concurrent.futures.Executor):
                     functions.remove(fut._call[1])
                 continue
             if fut._call is not None:
-                _resolve_call(fut, fut._call, row)
+                _resolve_call(fut, fut._call, row, self._why_unread(fut._call[1]))
             elif row["state"] == "done":
                 fut._settle(TaskResult(self, row["id"], row.get("exit") or 0))
             else:
@@ -587,6 +660,7 @@ class Executor(concurrent.futures.Executor):
             # One `htc task cancel` for all of them, then each future marked as cancelled.
             self._cancel([f.task_id for f in pending if f.task_id is not None])
             for f in pending:
+                self._forget(f)
                 f._cancelled_here()
                 if f._call is not None and not f._call[2]:
                     functions.remove(f._call[1])
@@ -623,16 +697,17 @@ class Options:
         return self._ex._map(fn, iterables, timeout, chunksize, self._options)
 
 
-def _resolve_call(fut: TaskFuture, call: Tuple[str, str, bool, bool], row: Mapping[str, Any]) -> None:
+def _resolve_call(fut: TaskFuture, call: CallRef, row: Mapping[str, Any], unread: str = "") -> None:
     """A function call's future from its task's end and the outcome it wrote; the files of a
-    call without a key go first, so that a resolved future's call has left nothing behind."""
-    what, base, keyed, chunked = call
+    call without a key go first, so that a resolved future's call has left nothing behind.
+    UNREAD: why a value it may have logged could not be read."""
+    what, base, keyed, chunked, _ = call
     try:
         outcome = functions.read_outcome(base)
     except Exception as e:  # a damaged or unreadable outcome file
         outcome, unreadable = None, f"its result could not be read: {type(e).__name__}: {e}"
     else:
-        unreadable = ""
+        unreadable = unread if outcome is None and row["state"] == "done" else ""
     if not keyed:
         functions.remove(base)
     if row["state"] == "done" and outcome is not None and outcome[0] == RETURNED:

@@ -1,15 +1,18 @@
-"""Python functions as tasks, the client's side: a call written to a file in the run's directory,
-the task line that runs it (`_call.py` with the client's interpreter), and the outcome read
-back: the values, or the exception raised again with the remote traceback as its cause.
+"""Python functions as tasks, the client's side: a call's bytes carried in its task line (or,
+when large, written to a file in the run's directory), the task line that runs it (`_call.py`
+with the client's interpreter), and the outcome read back: the values, or the exception raised
+again with the remote traceback as its cause.
 
-The files are `calls/BASE.in` and `calls/BASE.out` under the run's directory (shared between the
-nodes as the run's directory is). A call with a `key` has a base of its key's hash, so a client
-restarted with the same key finds the result of the task the run kept for that key; the files
-of a call without one go once its future is resolved.
+A call has a base, `calls/BASE` under the run's directory (shared between the nodes as the run's
+directory is): `BASE.in` holds a large call's bytes, `BASE.out` its outcome where a warm
+worker's log (`_outlog.py`) does not. A call with a `key` has a base of its key's hash, so a
+client restarted with the same key finds the result of the task the run kept for that key; the
+files of a call without one go once its future is resolved.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 import pickle
@@ -92,12 +95,27 @@ def encode(calls: Sequence[Call]) -> bytes:
     return _header[2] + body
 
 
-def write_call(base: str, data: bytes) -> None:
-    """`BASE.in`, whole, before the task that reads it is added."""
+# A call's bytes up to this size travel in its task line (the ledger keeps them as it keeps the
+# line), larger ones in `BASE.in`: a file made per call costs more than a small call itself.
+INLINE_MAX = 8 << 10
+
+
+def call_word(base: str, data: bytes) -> Tuple[str, bool]:
+    """The word that names a call in its task line (`BASE@DATA`, as `_call.split_word` reads
+    it), and whether its bytes went to `BASE.in` instead (the word then ends in `@`)."""
     folder = os.path.dirname(base)
-    if folder not in _made:
+    if folder not in _made:  # where the call's outcome goes, whichever way its bytes go
         os.makedirs(folder, exist_ok=True)
         _made.add(folder)
+    if len(data) <= INLINE_MAX:
+        return base + "@" + base64.urlsafe_b64encode(data).rstrip(b"=").decode(), False
+    write_call(base, data)
+    return base + "@", True
+
+
+def write_call(base: str, data: bytes) -> None:
+    """`BASE.in`, whole, before the task that reads it is added (its folder made)."""
+    folder = os.path.dirname(base)
     tmp = f"{base}.in.{os.getpid()}"
     try:
         f = open(tmp, "wb")
@@ -135,7 +153,7 @@ def shim_beside(htc: str) -> Optional[str]:
 
 def command(
     python: str,
-    base: str,
+    word: str,
     warm: Optional[Warm] = None,
     cwd: Optional[str] = None,
     env: Optional[Mapping[str, str]] = None,
@@ -150,7 +168,7 @@ def command(
     where it cannot; it changes to `cwd` itself, so that a line of plain words is exec'd by the
     agent with no shell between (the shim must be the agent's child: its warm interpreter is
     the agent's)."""
-    cold = "exec " + " ".join(shlex.quote(w) for w in (python, CALL_SCRIPT, base))
+    cold = "exec " + " ".join(shlex.quote(w) for w in (python, CALL_SCRIPT, word))
     if warm is None:
         return cold, cwd, env
     words = [warm.shim, "--python", python, "--call-script", CALL_SCRIPT, "--zygote", WARM_SCRIPT]
@@ -162,7 +180,7 @@ def command(
         words.append("--fork")
     if cwd is not None:
         words += ["--cwd", os.path.abspath(cwd)]
-    words.append(base)
+    words.append(word)
     if not env and all(LITERAL.fullmatch(w) for w in words):
         return " ".join(words), None, None
     exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in (env or {}).items() if k.isidentifier())
