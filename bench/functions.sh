@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Python functions as tasks (issue 55): N calls of a function that returns its argument, every
-# value read back, through `slurm_htc.Executor.submit` (a task per call, forked from the warm
-# interpreter; and cold, a new interpreter per call), its `map` with `chunksize`, Parsl's apps on
+# value read back, through `slurm_htc.Executor.submit` (a task per call, run by the warm
+# interpreter's workers, its rounds taken in turn with HighThroughputExecutor's; forked from the
+# warm interpreter; and cold, a new interpreter per call), its `map` with `chunksize`, Parsl's apps on
 # `slurm_htc.parsl.HTCExecutor` (warm, and cold), and beside them
 # Parsl's HighThroughputExecutor (LocalProvider, one block of WORKERS workers) and the standard
 # library's ProcessPoolExecutor(WORKERS) (warm workers, no record of anything); then a call's
@@ -128,19 +129,30 @@ def latency():
         return statistics.median(lat) * 1e3, sorted(lat)[int(lat_n * 0.9)] * 1e3
 
 
-rows = [("slurm_htc Executor.submit, a task each, warm (workers)", htc_submit, n),
-        ("slurm_htc Executor.submit, a task each, warm='fork' (a process forked per call)",
+def show(name, count, r):
+    print(f"{name}: {count} identity calls, {statistics.median(r):,.0f} calls/s  (rounds: "
+          + ", ".join(f"{x:,.0f}" for x in r) + ")", flush=True)
+
+
+# The goal's pair round by round, so that a machine slowing down mid-run slows both alike.
+htex_name = f"Parsl {importlib.metadata.version('parsl')} HighThroughputExecutor, {workers} workers"
+ours, theirs = [], []
+for _ in range(rounds):
+    ours.append(htc_submit())
+    theirs.append(htex())
+show("slurm_htc Executor.submit, a task each, warm (workers)", n, ours)
+show(htex_name + " (rounds taken in turn with the line above)", n, theirs)
+print("submit / HighThroughputExecutor: " + ", ".join(f"{a / b:.2f}" for a, b in zip(ours, theirs))
+      + f" by round, {statistics.median(ours) / statistics.median(theirs):.2f} x of the medians", flush=True)
+rows = [("slurm_htc Executor.submit, a task each, warm='fork' (a process forked per call)",
          lambda: htc_submit(warm="fork"), n),
         ("slurm_htc Executor.submit, a task each, cold", lambda: htc_submit(cold_n, warm=False), cold_n),
         ("slurm_htc Executor.map, chunksize=100", htc_map, map_n),
         ("Parsl apps on slurm_htc.parsl.HTCExecutor, warm", on_htc, parsl_htc_n),
         ("Parsl apps on slurm_htc.parsl.HTCExecutor, cold", lambda: on_htc(warm=False), parsl_cold_n),
-        (f"Parsl {importlib.metadata.version('parsl')} HighThroughputExecutor, {workers} workers", htex, n),
         (f"ProcessPoolExecutor({workers})", pool, n)]
 for name, f, count in rows:
-    r = [f() for _ in range(rounds)]
-    print(f"{name}: {count} identity calls, {statistics.median(r):,.0f} calls/s  (rounds: "
-          + ", ".join(f"{x:,.0f}" for x in r) + ")", flush=True)
+    show(name, count, [f() for _ in range(rounds)])
 p50, p90 = latency()
 print(f"result latency, slurm_htc Executor.submit (function's return to result()): p50 {p50:.1f} ms, p90 {p90:.1f} ms "
       f"over {lat_n} calls one at a time")

@@ -40,7 +40,8 @@ pub struct CallArgs {
     pub fork: bool,
     /// The directory the call runs in.
     pub cwd: Option<PathBuf>,
-    /// The call's files, `BASE.in` and `BASE.out`.
+    /// The call's word: its base (`BASE.in`, `BASE.out`), then `@` and its bytes where they
+    /// travel in the line (the Python client's `_call.split_word`); passed on as it is.
     pub base: PathBuf,
 }
 

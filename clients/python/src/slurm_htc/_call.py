@@ -10,11 +10,12 @@ run how the call ended: 0 it returned, 1 it raised (or its result could not be k
 status of `sys.exit(n)` for a call that exited. A call killed (its memory limit, a signal, a
 segfault) writes nothing, and the client reads the run's reason instead.
 
-The call's bytes (inline, or `BASE.in`): a pickle (the standard library's) of the client's `sys.path` and interpreter, then a
-cloudpickle of the calls: `[(fn, args, kwargs), ...]` (one per call; several for `map`'s
-`chunksize`). `BASE.out`: a cloudpickle of `(kind, payload)`, by kind: `return` the values (a
-list, one per call), `raise` `(exception or None, its type's name, its text, the traceback as
-text)`, `exit` the status `sys.exit` was given.
+The call's bytes (inline, or `BASE.in`): a pickle (the standard library's) of the client's
+`sys.path` and interpreter, then a cloudpickle of the calls: `[(fn, args, kwargs), ...]` (one
+per call; several for `map`'s `chunksize`). `BASE.out` (and a log record's payload): a
+cloudpickle of `(kind, payload)`, by kind: `return` the values (a list, one per call), `raise`
+`(exception or None, its type's name, its text, the traceback as text)`, `exit` the status
+`sys.exit` was given.
 """
 
 from __future__ import annotations

@@ -70,6 +70,7 @@ class Writer:
 
     def __init__(self) -> None:
         self.folder, self.fd, self.size, self.flush = "", -1, 0, False
+        self.inode = (0, 0)
 
     def append(self, folder: str, name: str, payload: bytes) -> bool:
         """The outcome of call NAME appended to this worker's log in FOLDER; false where it could
@@ -78,7 +79,7 @@ class Writer:
             return False
         record = encode(name, payload)
         try:
-            if self.fd < 0 or folder != self.folder or self.size + len(record) > ROTATE_BYTES:
+            if self.fd < 0 or folder != self.folder or self.size + len(record) > ROTATE_BYTES or not self.still_ours():
                 self.open(folder)
             if os.write(self.fd, record) != len(record):
                 raise OSError("a record cut short")
@@ -94,11 +95,22 @@ class Writer:
         self.close()
         name = f"o-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}.log"
         self.fd = os.open(os.path.join(folder, name), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-        self.folder, self.size = folder, 0
+        st = os.fstat(self.fd)
+        self.folder, self.size, self.inode = folder, 0, (st.st_dev, st.st_ino)
         self.flush = fs_type(folder).startswith("nfs")
 
+    def still_ours(self) -> bool:
+        """Whether the descriptor is still this log's: a call runs in the worker's own process,
+        and one that closed it and opened a file of its own must not get the next record."""
+        try:
+            st = os.fstat(self.fd)
+        except OSError:
+            self.fd = -1
+            return False
+        return (st.st_dev, st.st_ino) == self.inode
+
     def close(self) -> None:
-        if self.fd >= 0:
+        if self.fd >= 0 and self.still_ours():
             os.close(self.fd)
         self.fd = -1
 
