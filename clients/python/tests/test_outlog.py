@@ -143,3 +143,13 @@ def test_a_log_descriptor_a_call_closed_and_reused_is_not_written_to(tmp_path: p
         assert sorted(r.read(str(tmp_path), logs(tmp_path), Everything())) == [("a", b"1"), ("b", b"2")]
     finally:
         os.close(theirs)
+
+
+def test_an_outcome_that_cannot_be_written_is_a_failure_that_says_why(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = str(tmp_path / "gone" / "c")  # the run's directory removed under the call
+    word, _ = functions.call_word(str(tmp_path / "calls" / "c"), functions.encode([(identity, (1,), {})]))
+    word = base + word[word.rindex("@") :]
+    assert _call.run(word, _outlog.Writer()) == 1
+    assert f"the outcome of {base} could not be written" in capsys.readouterr().err

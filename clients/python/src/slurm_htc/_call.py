@@ -131,6 +131,9 @@ def run(word: str, log: Optional[Any] = None) -> int:
             return 1
     try:
         write_outcome(base, RETURNED, values, log)
+    except OSError as e:  # a full disk, the run's directory gone: a failure the run may retry
+        print(f"slurm-htc: the outcome of {base} could not be written: {e}", file=sys.stderr, flush=True)
+        return 1
     except Exception as e:
         tb = traceback.format_exc()
         why = f"the result could not be pickled: {type(e).__name__}: {e}"
