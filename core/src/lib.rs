@@ -4,6 +4,7 @@
 pub mod affinity;
 pub mod after;
 pub mod arrivals;
+pub mod attempts;
 pub mod backfill;
 pub mod fanout;
 pub mod grow;
