@@ -22,8 +22,8 @@ from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Mapping
 
 from . import functions
 from ._call import RETURNED, Call
-from ._outlog import Reader as OutcomeLogs
 from ._htc import OPTIONS, Command, HtcError, task_line
+from ._outlog import Reader as OutcomeLogs
 from ._stream import Stream
 from .run import ENDED, Run, drop_record, read_record, write_record
 
@@ -36,9 +36,9 @@ POLL_FIRST_S, POLL_MAX_S, POLL_PER_TASK_S = 0.005, 0.5, 20e-6
 # leaves an idle run (on Slurm, an allocation) for seconds, not the half hour of a fixed idle time.
 IDLE_EXIT, KEEP_ALIVE_S = "10s", 3.0
 # A call's value is taken from its outcome (a warm worker's log, or a file of its own) as soon as
-# the call has written it: the calls' folder is listed this often (no more often than `SCAN_PER_ENTRY_S` per file in it, so a folder
-# of many calls costs a few percent of a core), long before a status poll's backoff would see
-# the task's end.
+# the call has written it: the calls' folder is listed this often (no more often than
+# `SCAN_PER_ENTRY_S` per file in it, so a folder of many calls costs a few percent of a core),
+# long before a status poll's backoff would see the task's end.
 SCAN_FIRST_S, SCAN_MAX_S, SCAN_PER_ENTRY_S = 0.002, 0.5, 5e-6
 
 # A function call as its future knows it: its description, base, whether it has a key, whether
