@@ -34,6 +34,9 @@ pub const MAX_NEEDS: u64 = 10_000_000;
 pub const MAX_RANGES: usize = 50_000;
 
 impl Needs {
+    /// Waiting for nothing.
+    pub const EMPTY: Needs = Needs(Vec::new());
+
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }

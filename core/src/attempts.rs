@@ -10,11 +10,13 @@
 //!
 //! and the same for `timeout=` (durations) and `cores=`; `retry_on=oom/timeout/signal/104/130-145`
 //! names the ends that are retried (any end, by default). Pure: parsing, the ask of attempt
-//! `n`, and whether an end may be retried; where an attempt is placed and what a too-large ask
-//! does is the leader's. Not yet read by the task file's parser nor by the leader: until they
-//! do (docs/architecture.md, "Attempts that grow"), a line with these forms is refused.
+//! `n`, and whether an end may be retried. The task file's parser reads these forms into a
+//! task's `Rules` (the record asks the first attempt's values and says it has rules); the
+//! leader grows the record to each retry's ask and fails for good an end `retry_on=` does not
+//! name; where an attempt is placed, and that an ask no agent can hold fails, is dispatch's.
 
 use crate::record::Outcome;
+use crate::shape::TaskShape;
 
 /// A value of one attempt after another: the first attempt's and how it grows.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,6 +87,38 @@ impl Growing {
     /// Whether a later attempt may ask more than the first.
     pub fn grows(&self) -> bool {
         !matches!(self, Growing::Fixed(_))
+    }
+
+    /// The form as written, each value as `value` writes it (`4G*2`, `10m+5m`).
+    pub fn describe(&self, value: impl Fn(u64) -> String) -> String {
+        match self {
+            Growing::Fixed(v) => value(*v),
+            Growing::Times { first, tenths } if tenths % 10 == 0 => format!("{}*{}", value(*first), tenths / 10),
+            Growing::Times { first, tenths } => format!("{}*{}.{}", value(*first), tenths / 10, tenths % 10),
+            Growing::Plus { first, step } => format!("{}+{}", value(*first), value(*step)),
+            Growing::List(l) => l.iter().map(|v| value(*v)).collect::<Vec<_>>().join("/"),
+        }
+    }
+}
+
+/// A size in MiB as a task line writes it: `4G`, `1536M`.
+pub fn mem_word(mb: u64) -> String {
+    match mb {
+        0 => "0".into(),
+        _ if mb.is_multiple_of(1 << 20) => format!("{}T", mb >> 20),
+        _ if mb.is_multiple_of(1 << 10) => format!("{}G", mb >> 10),
+        _ => format!("{mb}M"),
+    }
+}
+
+/// A duration in ms as a task line writes it: `2h`, `10m`, `90s`, `1500ms`.
+pub fn duration_word(ms: u64) -> String {
+    match ms {
+        0 => "0".into(),
+        _ if ms.is_multiple_of(3_600_000) => format!("{}h", ms / 3_600_000),
+        _ if ms.is_multiple_of(60_000) => format!("{}m", ms / 60_000),
+        _ if ms.is_multiple_of(1000) => format!("{}s", ms / 1000),
+        _ => format!("{ms}ms"),
     }
 }
 
@@ -182,6 +216,92 @@ impl RetryOn {
     /// Whether this is the default (every end retried): a task that says nothing costs nothing.
     pub fn is_any(&self) -> bool {
         self.any
+    }
+
+    /// Ends named so, as a stored copy says them: the exit ranges besides oom, timeout, signal.
+    pub fn of(oom: bool, timeout: bool, signal: bool, exits: Vec<(u8, u8)>) -> RetryOn {
+        let any = oom && timeout && signal && exits == [(1, 255)];
+        RetryOn { oom, timeout, signal, exits, any }
+    }
+
+    /// As `parse` reads it: `oom/timeout/104/130-145`, or `any`.
+    pub fn describe(&self) -> String {
+        if self.any {
+            return "any".into();
+        }
+        let mut words: Vec<String> = [("oom", self.oom), ("timeout", self.timeout), ("signal", self.signal)]
+            .into_iter()
+            .filter(|(_, on)| *on)
+            .map(|(w, _)| w.to_string())
+            .collect();
+        words.extend(self.exits.iter().map(|&(lo, hi)| if lo == hi { lo.to_string() } else { format!("{lo}-{hi}") }));
+        words.join("/")
+    }
+}
+
+/// A task's rules for its attempts, each only where it gave one: what grows, and which ends
+/// are retried. A task with none has none stored and costs nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Rules {
+    pub mem: Option<Growing>,
+    pub timeout: Option<Growing>,
+    pub cores: Option<Growing>,
+    pub retry_on: Option<RetryOn>,
+}
+
+/// The largest ask of each growing field: what its record can hold.
+const MEM_CAP: u64 = u32::MAX as u64;
+const TIMEOUT_CAP: u64 = u32::MAX as u64;
+const CORES_CAP: u64 = crate::shape::MAX_CORES as u64;
+
+impl Rules {
+    /// No rules: every attempt asks the same, every end is retried.
+    pub const NONE: Rules = Rules { mem: None, timeout: None, cores: None, retry_on: None };
+
+    pub fn is_empty(&self) -> bool {
+        self.mem.is_none() && self.timeout.is_none() && self.cores.is_none() && self.retry_on.is_none()
+    }
+
+    /// What attempt `attempt` (1 for the first) asks: `base`, the task's shape, with each
+    /// growing field at that attempt's value.
+    pub fn shape_at(&self, base: &TaskShape, attempt: u32) -> TaskShape {
+        let mut s = *base;
+        if let Some(g) = &self.mem {
+            s.mem_mb = g.at(attempt, MEM_CAP) as u32;
+        }
+        if let Some(g) = &self.timeout {
+            s.timeout_ms = g.at(attempt, TIMEOUT_CAP) as u32;
+        }
+        if let Some(g) = &self.cores {
+            s.cores = g.at(attempt, CORES_CAP).max(1) as u16;
+        }
+        s
+    }
+
+    /// Whether an attempt that ended so is not to be retried, whatever the budget: `retry_on=`
+    /// does not name its end.
+    pub fn stops(&self, outcome: Outcome, value: i32) -> bool {
+        let Some(r) = &self.retry_on else { return false };
+        AttemptEnd::of(outcome, value as u32).is_some_and(|e| !r.retries(e))
+    }
+
+    /// The rules as task-line options (`mem=4G*2 retry_on=oom`), for people to read and for a
+    /// task line to say again.
+    pub fn describe(&self) -> String {
+        let mut words = Vec::new();
+        if let Some(g) = &self.mem {
+            words.push(format!("mem={}", g.describe(mem_word)));
+        }
+        if let Some(g) = &self.timeout {
+            words.push(format!("timeout={}", g.describe(duration_word)));
+        }
+        if let Some(g) = &self.cores {
+            words.push(format!("cores={}", g.describe(|n| n.to_string())));
+        }
+        if let Some(r) = &self.retry_on {
+            words.push(format!("retry_on={}", r.describe()));
+        }
+        words.join(" ")
     }
 }
 

@@ -10,6 +10,9 @@
 /// Default retries for a task whose attempt fails (non-zero exit, signal, timeout).
 pub const DEFAULT_RETRIES: u8 = 2;
 
+/// The most cores one task may ask for (`cores=`).
+pub const MAX_CORES: u32 = 4096;
+
 /// What one task asks for. Zero means "not given" for `mem_mb`, `timeout_ms`, `runtime_ms`,
 /// `max_output` and `affinity`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,6 +39,9 @@ pub struct TaskShape {
     pub preemptible: bool,
     /// `affinity=KEY`, hashed (`affinity::key_hash`).
     pub affinity: u32,
+    /// Its attempts have rules (`attempts::Rules`: what grows, which ends are retried), kept
+    /// in the ledger beside the record; the record's own values are its current attempt's.
+    pub rules: bool,
 }
 
 impl Default for TaskShape {
@@ -54,6 +60,7 @@ impl Default for TaskShape {
             exclusive: false,
             preemptible: false,
             affinity: 0,
+            rules: false,
         }
     }
 }
@@ -65,10 +72,17 @@ impl TaskShape {
     }
 
     /// What an agent is told of the task: the leader's own asks (retries, class, exclusive,
-    /// affinity) at their defaults, since they decide where and how often it runs, not how.
+    /// affinity, rules) at their defaults, since they decide where and how often it runs, not how.
     pub fn for_agent(&self) -> TaskShape {
         let d = TaskShape::default();
-        TaskShape { retries: d.retries, class: d.class, exclusive: d.exclusive, affinity: d.affinity, ..*self }
+        TaskShape {
+            retries: d.retries,
+            class: d.class,
+            exclusive: d.exclusive,
+            affinity: d.affinity,
+            rules: d.rules,
+            ..*self
+        }
     }
 
     /// Sets the output cap from a byte count as the wire carries it (one that `output_cap`
@@ -129,9 +143,10 @@ mod tests {
             exclusive: true,
             preemptible: true,
             affinity: 11,
+            rules: true,
         };
         let d = TaskShape::default();
-        let expect = TaskShape { retries: d.retries, class: 0, exclusive: false, affinity: 0, ..s };
+        let expect = TaskShape { retries: d.retries, class: 0, exclusive: false, affinity: 0, rules: false, ..s };
         assert_eq!(s.for_agent(), expect);
     }
 }

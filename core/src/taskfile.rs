@@ -16,7 +16,6 @@ pub const MAX_LINE: usize = 128 * 1024;
 pub const MAX_COMMAND: usize = 128 * 1024 - 1;
 /// Most distinct task classes in one file (class ids are `u16`).
 pub const MAX_CLASSES: usize = 4096;
-pub const MAX_CORES: u32 = 4096;
 pub const MAX_RETRIES: u32 = 100;
 /// Devices one task may ask for (`gpus=`).
 pub const MAX_GPUS: u32 = 64;
@@ -24,7 +23,8 @@ pub const MAX_GPUS: u32 = 64;
 pub const MAX_DURATION_MS: u64 = u32::MAX as u64;
 
 pub use crate::after::{Kind, Needs};
-pub use crate::shape::{output_cap, TaskShape, DEFAULT_RETRIES};
+use crate::attempts::{Growing, RetryOn, Rules};
+pub use crate::shape::{output_cap, TaskShape, DEFAULT_RETRIES, MAX_CORES};
 
 /// One parsed task. `command` borrows the parser's line buffer.
 #[derive(Debug, PartialEq, Eq)]
@@ -42,6 +42,9 @@ pub struct Task<'a> {
     pub generated: bool,
     /// The earlier tasks it waits for (`after=`, `afterany=`).
     pub after: &'a Needs,
+    /// Its rules for its attempts (`mem=4G*2`, `retry_on=oom`): `options.rules` says whether
+    /// there are any, and `options` holds the first attempt's values.
+    pub rules: &'a Rules,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -138,6 +141,9 @@ pub struct Parser<R> {
     /// What the lines after an `#HTC after=…` wait for, and what the current line does.
     default_needs: Needs,
     needs: Needs,
+    /// The same for rules for attempts: the directives', and the current line's.
+    default_rules: Rules,
+    rules: Rules,
     /// `adding`: `after=` ids are the run's, not this file's.
     adding: bool,
     classes: Vec<String>,
@@ -163,6 +169,7 @@ struct Active {
     template: Template,
     options: TaskShape,
     needs: Needs,
+    rules: Rules,
     line: u64,
     offset: u64,
     /// The next combination is the first.
@@ -181,6 +188,8 @@ impl<R: BufRead> Parser<R> {
             defaults: TaskShape::default(),
             default_needs: Needs::default(),
             needs: Needs::default(),
+            default_rules: Rules::default(),
+            rules: Rules::default(),
             adding: false,
             classes: vec!["default".to_string()],
             tasks: 0,
@@ -319,7 +328,9 @@ impl<R: BufRead> Parser<R> {
             }
             let mut options = self.defaults;
             self.needs.clone_from(&self.default_needs);
+            self.rules.clone_from(&self.default_rules);
             let cmd_start = self.line_options(start, end, &mut options)?;
+            options.rules = !self.rules.is_empty();
             let shell = self.check_command(cmd_start, end)?;
             let offset = self.line_start + cmd_start as u64;
             if self.pending.is_some() {
@@ -331,8 +342,17 @@ impl<R: BufRead> Parser<R> {
             }
             self.tasks += 1;
             let command = &self.buf[cmd_start..end];
-            let after = &self.needs;
-            return Ok(Some(Task { line: self.line_no, offset, options, command, shell, generated: false, after }));
+            let (after, rules) = (&self.needs, &self.rules);
+            return Ok(Some(Task {
+                line: self.line_no,
+                offset,
+                options,
+                command,
+                shell,
+                generated: false,
+                after,
+                rules,
+            }));
         }
     }
 
@@ -371,10 +391,13 @@ impl<R: BufRead> Parser<R> {
         // A directive's `after=` replaces an earlier directive's: the lines after it wait for
         // what it names.
         let mut needs = Needs::default();
-        if !self.parse_options(s, e, &mut opts, &mut needs)? {
+        // Rules add up as the other options do: a later directive's replace only what it names.
+        let mut rules = self.default_rules.clone();
+        if !self.parse_options(s, e, &mut opts, &mut needs, &mut rules)? {
             return Err(self.err(start + 1, ErrorKind::InvalidDirective));
         }
         self.defaults = opts;
+        self.default_rules = rules;
         if !needs.is_empty() {
             self.default_needs = needs;
         }
@@ -391,9 +414,9 @@ impl<R: BufRead> Parser<R> {
             Some(i) => start + i,
             None => return Err(self.err(start + 1, ErrorKind::UnclosedOptions)),
         };
-        let mut needs = std::mem::take(&mut self.needs);
-        let parsed = self.parse_options(start + 1, close, options, &mut needs);
-        self.needs = needs;
+        let (mut needs, mut rules) = (std::mem::take(&mut self.needs), std::mem::take(&mut self.rules));
+        let parsed = self.parse_options(start + 1, close, options, &mut needs, &mut rules);
+        (self.needs, self.rules) = (needs, rules);
         parsed?;
         let mut cmd_start = close + 1;
         if cmd_start < end && !is_blank(self.buf[cmd_start]) {
@@ -441,8 +464,9 @@ impl<R: BufRead> Parser<R> {
             return Err(self.err(cmd_start + 1, ErrorKind::Sweep(why)));
         }
         self.sweeps.push((self.line_no, sweep.tasks().unwrap_or(0)));
-        let needs = self.needs.clone();
-        self.active = Some(Active { sweep, template, options, needs, line: self.line_no, offset, first: true });
+        let (needs, rules) = (self.needs.clone(), self.rules.clone());
+        let line = self.line_no;
+        self.active = Some(Active { sweep, template, options, needs, rules, line, offset, first: true });
         Ok(())
     }
 
@@ -494,17 +518,20 @@ impl<R: BufRead> Parser<R> {
         let a = self.active.as_ref().expect("a sweep is active");
         let shell = needs_shell(&self.generated);
         let (line, offset, options) = (a.line, a.offset, a.options);
-        Task { line, offset, options, command: &self.generated, shell, generated: true, after: &a.needs }
+        let (after, rules) = (&a.needs, &a.rules);
+        Task { line, offset, options, command: &self.generated, shell, generated: true, after, rules }
     }
 
-    /// Parses `key=value` words (separated by blanks or commas) in `buf[s..e]` into `opts`, and
-    /// `after=`/`afterany=` into `needs`. Returns whether any option was present.
+    /// Parses `key=value` words (separated by blanks or commas) in `buf[s..e]` into `opts`,
+    /// `after=`/`afterany=` into `needs`, and how attempts grow or are retried into `rules`.
+    /// Returns whether any option was present.
     fn parse_options(
         &mut self,
         s: usize,
         e: usize,
         opts: &mut TaskShape,
         needs: &mut Needs,
+        rules: &mut Rules,
     ) -> Result<bool, TaskFileError> {
         let mut i = s;
         let mut any = false;
@@ -542,10 +569,58 @@ impl<R: BufRead> Parser<R> {
                 any = true;
                 continue;
             }
-            self.set_option(key, value, col, opts)?;
+            if !self.set_rule(key, value, col, opts, rules)? {
+                self.set_option(key, value, col, opts)?;
+            }
             any = true;
         }
         Ok(any)
+    }
+
+    /// A `mem=`, `timeout=` or `cores=` that grows from attempt to attempt (`4G*2`, `4G+2G`,
+    /// `4G/8G/32G`: `opts` gets the first attempt's), or a `retry_on=`, into `rules`; a plain
+    /// value of those three clears a growth a directive gave. False for any other option, which
+    /// is `set_option`'s.
+    fn set_rule(
+        &mut self,
+        key: &str,
+        value: &str,
+        col: usize,
+        opts: &mut TaskShape,
+        rules: &mut Rules,
+    ) -> Result<bool, TaskFileError> {
+        let bad = |key: &'static str, why: &'static str| ErrorKind::BadValue { key, value: value.to_string(), why };
+        if key == "retry_on" {
+            let why = "ends separated by '/': oom, timeout, signal, exit values or ranges (104, 130-145), or any";
+            rules.retry_on = Some(RetryOn::parse(value).map_err(|_| self.err(col, bad("retry_on", why)))?);
+            return Ok(true);
+        }
+        let (slot, key, why): (&mut Option<Growing>, &'static str, &'static str) = match key {
+            "mem" => (&mut rules.mem, "mem", "a size like 4G, or how it grows: 4G*2, 4G+2G, 4G/8G/32G (max 4096T)"),
+            "timeout" => {
+                (&mut rules.timeout, "timeout", "a duration like 10m, or how it grows: 10m*2, 10m+5m, 10m/30m/2h")
+            }
+            "cores" => (&mut rules.cores, "cores", "an integer from 1 to 4096, or how it grows: 2*2, 2+2, 2/4/16"),
+            _ => return Ok(false),
+        };
+        if !value.contains(['*', '+', '/']) {
+            *slot = None;
+            return Ok(false);
+        }
+        let g = match key {
+            "mem" => Growing::parse(value, |v| parse_mem_mb(v).map(u64::from)),
+            "timeout" => Growing::parse(value, |v| parse_duration_ms(v).map(u64::from)),
+            _ => Growing::parse(value, |v| parse_uint(v).filter(|&n| n >= 1 && n <= MAX_CORES as u64)),
+        };
+        let g = g.map_err(|_| self.err(col, bad(key, why)))?;
+        let first = g.first();
+        match key {
+            "mem" => opts.mem_mb = first as u32,
+            "timeout" => opts.timeout_ms = first as u32,
+            _ => opts.cores = first as u16,
+        }
+        *slot = Some(g);
+        Ok(true)
     }
 
     /// One `key=value` option at column `col` into `opts`.
@@ -802,6 +877,42 @@ pub struct Summary {
     pub max_cores: u16,
     /// (line of the template, tasks it makes) of each `#HTC sweep`.
     pub sweeps: Vec<(u64, u64)>,
+    /// Each different set of rules for attempts (`mem=4G*2 retry_on=oom`), the first
+    /// `MAX_RULE_SETS`: how it reads, what its attempts ask, and how many tasks have it.
+    pub rule_sets: Vec<RuleSet>,
+    /// Tasks with rules for their attempts, those of sets past the first ones included.
+    pub with_rules: u64,
+}
+
+/// One set of rules for attempts in a checked file (`Summary::rule_sets`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RuleSet {
+    pub rules: String,
+    /// What each attempt its budget allows asks, e.g. `mem 4096M, 8192M, 16384M`.
+    pub asks: String,
+    pub tasks: u64,
+}
+
+/// Sets of rules `htc check` shows one by one.
+pub const MAX_RULE_SETS: usize = 8;
+
+/// What attempts 1 to `retries + 1` (at most 6) of a task of `shape` and `rules` ask, for
+/// the fields that grow.
+pub fn describe_asks(shape: &TaskShape, rules: &Rules) -> String {
+    let n = (shape.retries as u32 + 1).min(6);
+    let asks: Vec<TaskShape> = (1..=n).map(|a| rules.shape_at(shape, a)).collect();
+    let mut fields = Vec::new();
+    let list = |f: &dyn Fn(&TaskShape) -> String| asks.iter().map(f).collect::<Vec<_>>().join(", ");
+    if rules.mem.is_some() {
+        fields.push(format!("mem {}", list(&|s| crate::attempts::mem_word(s.mem_mb as u64))));
+    }
+    if rules.timeout.is_some() {
+        fields.push(format!("timeout {}", list(&|s| crate::attempts::duration_word(s.timeout_ms as u64))));
+    }
+    if rules.cores.is_some() {
+        fields.push(format!("cores {}", list(&|s| s.cores.to_string())));
+    }
+    fields.join("; ")
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -815,6 +926,17 @@ pub struct ClassSummary {
 impl Summary {
     pub fn core_seconds(&self) -> f64 {
         self.classes.iter().map(|c| c.core_seconds).sum()
+    }
+
+    fn count_rules(&mut self, shape: &TaskShape, rules: &Rules) {
+        self.with_rules += 1;
+        let (said, asks) = (rules.describe(), describe_asks(shape, rules));
+        let full = self.rule_sets.len() >= MAX_RULE_SETS;
+        match self.rule_sets.iter_mut().find(|r| r.rules == said && r.asks == asks) {
+            Some(r) => r.tasks += 1,
+            None if !full => self.rule_sets.push(RuleSet { rules: said, asks, tasks: 1 }),
+            None => {}
+        }
     }
 }
 
@@ -845,6 +967,9 @@ fn check_in<R: BufRead>(mut p: Parser<R>, max_errors: usize) -> Result<Summary, 
                 s.tasks += 1;
                 s.shell_tasks += shell as u64;
                 s.max_cores = s.max_cores.max(o.cores);
+                if o.rules {
+                    s.count_rules(&o, t.rules);
+                }
             }
             Ok(None) => break,
             Err(e) => {
@@ -926,6 +1051,47 @@ mod tests {
             v.push((t.line, t.options, t.command.to_vec(), t.shell));
         }
         Ok(v)
+    }
+
+    /// Each task's rules for its attempts, as `Rules::describe` says them.
+    fn rules(text: &[u8]) -> Result<Vec<(u32, String)>, TaskFileError> {
+        let mut p = Parser::new(text, "t.txt");
+        let mut v = Vec::new();
+        while let Some(t) = p.next_task()? {
+            assert_eq!(t.options.rules, !t.rules.is_empty(), "the flag says whether there are rules");
+            v.push((t.options.mem_mb, t.rules.describe()));
+        }
+        Ok(v)
+    }
+
+    #[test]
+    fn attempts_that_grow_and_the_ends_retried_are_a_task_s_own_or_its_directive_s() {
+        let v = rules(b"#HTC mem=1G*2 retry_on=oom/130-145\na\n[mem=2G] b\n[mem=512M/1G timeout=1m+30s cores=2*1.5] c\n#HTC sweep x=1,2\n[retry_on=any] d {x}\n").unwrap();
+        assert_eq!(v[0], (1024, "mem=1G*2 retry_on=oom/130-145".to_string()));
+        assert_eq!(v[1], (2048, "retry_on=oom/130-145".to_string()), "a plain mem= ends the directive's growth");
+        assert_eq!(v[2].0, 512, "the record asks the first attempt's");
+        assert_eq!(v[2].1, "mem=512M/1G timeout=1m+30s cores=2*1.5 retry_on=oom/130-145");
+        assert_eq!(v[3], (1024, "mem=1G*2 retry_on=any".to_string()), "a sweep's tasks have their line's");
+        assert_eq!(v[3], v[4]);
+        assert_eq!(rules(b"plain\n").unwrap(), [(0, String::new())]);
+    }
+
+    #[test]
+    fn a_growth_or_retry_on_that_cannot_be_read_is_refused_where_it_is() {
+        for (text, col, says) in [
+            (&b"[mem=4G*1] x\n"[..], 2, "how it grows: 4G*2"),
+            (b"[mem=4G+] x\n", 2, "4G+2G"),
+            (b"[timeout=1m*x] x\n", 2, "10m*2"),
+            (b"[cores=0+1] x\n", 2, "2*2"),
+            (b"[cores=5000/1] x\n", 2, "from 1 to 4096"),
+            (b"[retry_on=oom/0] x\n", 2, "oom, timeout, signal"),
+            (b"[retry_on=] x\n", 2, "retry_on"),
+        ] {
+            let e = all(text).unwrap_err();
+            let shown = e.to_string();
+            assert_eq!((e.line, e.column), (1, col), "{shown}");
+            assert!(shown.contains(says), "{shown}");
+        }
     }
 
     #[test]
@@ -1026,6 +1192,7 @@ mod tests {
                 exclusive: true,
                 affinity: crate::affinity::key_hash(b"sample-7"),
                 preemptible: true,
+                rules: false,
             }
         );
         assert_eq!(v[0].2, b"./sim 1");

@@ -9,8 +9,10 @@ use std::io::Write;
 
 use serde::Serialize;
 
-use crate::ledger::{Attempt, Ledger, Outcome, ReadTxn, Record};
+use crate::ledger::{Attempt, Ledger, Outcome, ReadTxn, Reads, Record};
 use crate::load::TaskText;
+use htc_core::attempts::Rules;
+use htc_core::shape::TaskShape;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
@@ -47,6 +49,22 @@ pub struct Row<'a> {
     pub command: &'a [u8],
     /// The GPUs the attempt was given (`gpus=`), as the task saw them.
     pub devices: Option<&'a str>,
+    /// What the attempt asked: a task whose attempts grow asks more on a retry.
+    pub ask: Ask,
+}
+
+/// An attempt's cores, memory (MiB, 0 = none given) and timeout (ms, 0 = none).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Ask {
+    pub cores: u16,
+    pub mem_mb: u32,
+    pub timeout_ms: u32,
+}
+
+impl Ask {
+    fn of(s: &TaskShape) -> Ask {
+        Ask { cores: s.cores, mem_mb: s.mem_mb, timeout_ms: s.timeout_ms }
+    }
 }
 
 /// Parallel's Exitval and Signal: a signal's death is exit 0 and its number (as `$? >> 8` and
@@ -116,6 +134,9 @@ impl Row<'_> {
             line: self.line,
             outcome: &self.outcome.describe(self.value),
             agent: self.agent,
+            cores: self.ask.cores,
+            mem_mib: self.ask.mem_mb,
+            timeout_s: self.ask.timeout_ms as f64 / 1000.0,
             devices: self.devices,
         };
         serde_json::to_string(&json).expect("plain data serializes")
@@ -139,6 +160,11 @@ struct Json<'a> {
     line: u32,
     outcome: &'a str,
     agent: u32,
+    cores: u16,
+    #[serde(rename = "MemMiB")]
+    mem_mib: u32,
+    #[serde(rename = "TimeoutS")]
+    timeout_s: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     devices: Option<&'a str>,
 }
@@ -209,13 +235,18 @@ pub fn write(
             }
             next += 1;
         }
-        if r.state().is_final() && r.attempts() > 0 {
-            mine.push(r.last_attempt());
-        }
-        for a in mine {
+        let (mine, asks) = match ended_attempts(&txn, id, r, mine) {
+            Ok(both) => both,
+            Err(e) => {
+                err = Some(std::io::Error::other(e.to_string()));
+                return;
+            }
+        };
+        for (a, ask) in mine.into_iter().zip(asks) {
             let host = hosts.of(a.agent).to_string();
             let mut row = attempt_row(id, r.line(), &a, &host, command);
             row.devices = devices.get(&(id, row.attempt)).map(String::as_str);
+            row.ask = ask;
             let written = match format {
                 Format::Tsv => out.write_all(&row.tsv()),
                 Format::Json => writeln!(out, "{}", row.json()),
@@ -234,6 +265,43 @@ pub fn write(
     Ok(rows)
 }
 
+/// Task `id`'s ended attempts (its `earlier` ones from the history, then its record's last if
+/// it is finished) and what each asked.
+fn ended_attempts(
+    txn: &ReadTxn<'_>,
+    id: u64,
+    r: &Record,
+    mut earlier: Vec<Attempt>,
+) -> anyhow::Result<(Vec<Attempt>, Vec<Ask>)> {
+    let rules = if r.shape().rules { txn.rules(id)? } else { None };
+    let mut asks = asks_of(r, &earlier, rules.as_ref());
+    // A task refused as unschedulable did not run again: its last run is in the history (a
+    // retry that outgrew every agent), or it never ran.
+    if r.state().is_final() && r.attempts() > 0 && r.outcome() != Outcome::Unschedulable {
+        earlier.push(r.last_attempt());
+        asks.push(Ask::of(r.shape()));
+    }
+    Ok((earlier, asks))
+}
+
+/// What each earlier attempt of record `r` asked: the record's values, or, for a task whose
+/// attempts grow, what its rules give each as the leader counted them (an attempt lost with its
+/// agent is run again asking the same).
+fn asks_of(r: &Record, earlier: &[Attempt], rules: Option<&Rules>) -> Vec<Ask> {
+    let Some(rules) = rules else { return vec![Ask::of(r.shape()); earlier.len()] };
+    let mut counted = 0u32;
+    earlier
+        .iter()
+        .map(|a| {
+            let n = counted + 1;
+            if a.ended.outcome != Outcome::Lost {
+                counted = n;
+            }
+            Ask::of(&rules.shape_at(r.shape(), n))
+        })
+        .collect()
+}
+
 fn attempt_row<'a>(task: u64, line: u32, a: &Attempt, host: &'a str, command: &'a [u8]) -> Row<'a> {
     Row {
         task,
@@ -247,6 +315,7 @@ fn attempt_row<'a>(task: u64, line: u32, a: &Attempt, host: &'a str, command: &'
         value: a.ended.value,
         command,
         devices: None,
+        ask: Ask::default(),
     }
 }
 
@@ -267,6 +336,7 @@ mod tests {
             value,
             command: b"echo \"a\tb\"",
             devices: None,
+            ask: Ask { cores: 2, mem_mb: 512, timeout_ms: 1500 },
         }
     }
 
@@ -289,12 +359,12 @@ mod tests {
         let j = row(Outcome::Signaled, 9).json();
         assert_eq!(
             j,
-            r#"{"Seq":3,"Host":"n1","Starttime":1700000000.123,"JobRuntime":1.5,"Send":0,"Receive":0,"Exitval":0,"Signal":9,"Command":"echo \"a\tb\"","Attempt":2,"Line":4,"Outcome":"killed by signal 9 (KILL)","Agent":5}"#
+            r#"{"Seq":3,"Host":"n1","Starttime":1700000000.123,"JobRuntime":1.5,"Send":0,"Receive":0,"Exitval":0,"Signal":9,"Command":"echo \"a\tb\"","Attempt":2,"Line":4,"Outcome":"killed by signal 9 (KILL)","Agent":5,"Cores":2,"MemMiB":512,"TimeoutS":1.5}"#
         );
         // Milliseconds as `{:.3}` rounds them; GPUs last, and only for a task that had some.
         let r = Row { end_us: 1_700_000_001_624_056, devices: Some("0,1"), ..row(Outcome::Exited, 0) };
         let j = r.json();
         assert!(j.contains(r#""JobRuntime":1.501,"#), "{j}");
-        assert!(j.ends_with(r#""Agent":5,"Devices":"0,1"}"#), "{j}");
+        assert!(j.ends_with(r#""Agent":5,"Cores":2,"MemMiB":512,"TimeoutS":1.5,"Devices":"0,1"}"#), "{j}");
     }
 }

@@ -6,9 +6,10 @@ use std::ops::RangeInclusive;
 use std::path::Path;
 
 use anyhow::{bail, Context};
+use htc_core::attempts::AttemptEnd;
 use htc_core::task::Step;
 
-use crate::ledger::{Change, Ledger, State, WriteTxn};
+use crate::ledger::{Change, Ledger, Reads, State, WriteTxn};
 use crate::replica::Replica;
 use crate::rundir::RunDir;
 
@@ -61,11 +62,18 @@ pub fn reopen(t: &mut WriteTxn<'_>, ids: impl Iterator<Item = u64>, retries: u8)
             continue;
         };
         // The record holds the last attempt only: into the history with it, as a retry does
-        // (not a task that never started: it needed more than any node has).
-        // (not a task that never started: it needed more than any node has, or was cancelled).
+        // (not a refusal: the task needed more than any node has, and its last run, if any,
+        // is in the history already; nor a task cancelled before it started).
         use crate::ledger::Outcome::{Cancelled, Unschedulable};
-        if r.start_us() != 0 || !matches!(r.outcome(), Unschedulable | Cancelled) {
+        if r.outcome() != Unschedulable && (r.start_us() != 0 || r.outcome() != Cancelled) {
             t.apply(&Change::Attempt(id, r.last_attempt()))?;
+        }
+        // A task whose attempts grow and that failed of its own (out of memory, say) starts
+        // its new round asking what its next attempt does; one that never ran keeps its ask.
+        if r.shape().rules && from == State::Failed && AttemptEnd::of(r.outcome(), r.value() as u32).is_some() {
+            if let Some(rules) = Reads::rules(t, id)? {
+                *r.shape_mut() = rules.shape_at(r.shape(), life.attempts() as u32 + 1);
+            }
         }
         r.set_life(life);
         match from {

@@ -518,3 +518,43 @@ fn an_instance_of_two_agents_places_memory_and_gpu_tasks_on_the_member_they_fit(
     let status = String::from_utf8_lossy(&o.stdout);
     assert!(status.contains("task 13 (line 14): needs more cores, memory or GPUs than any agent has"), "{status}");
 }
+
+#[test]
+fn a_task_that_outgrows_its_mem_succeeds_on_the_retry_that_grows_it_once_there_is_room() {
+    // One agent of 200 MiB for tasks. Task 1 needs 100 MiB but first asks 50 (times 3 on a
+    // retry); task 2 holds its 100 for 3 s, so task 1's second attempt (150) waits for it;
+    // task 3's second attempt would ask 5000 MiB, more than the agent has: it fails at once.
+    let d = Dir::new("grows-on-retry");
+    let mark = format!("htc-grow-{}", std::process::id());
+    let t = format!(
+        "#HTC retries=2\n[mem=50M*3 retry_on=oom] {}\n[mem=100M] {}\n[mem=50M*100] {}\n",
+        hold(100, 0.3, &mark),
+        hold(60, 3.0, &mark),
+        hold(100, 3.0, &mark)
+    );
+    d.write("tasks.txt", t);
+    let o = d.htc(&["run", "tasks.txt", "-q", "--agents", "1", "--cores-per-agent", "4", "--mem-per-agent", "200M"]);
+    assert_eq!(o.status.code(), Some(1), "task 3 fails: {}", text(&o));
+    let rows = json_rows(&d);
+    let of = |task: u64| rows.iter().filter(|r| r["Seq"] == task).collect::<Vec<_>>();
+    let one = of(1);
+    let asked: Vec<(u64, &str)> =
+        one.iter().map(|r| (r["MemMiB"].as_u64().unwrap(), r["Outcome"].as_str().unwrap())).collect();
+    assert_eq!(asked.len(), 2, "{rows:?}");
+    assert_eq!(asked[0].0, 50);
+    assert!(asked[0].1.starts_with("out of memory"), "{asked:?}");
+    assert_eq!(asked[1], (150, "exit 0"), "the retry asked three times as much and succeeded");
+    let start = |r: &serde_json::Value| r["Starttime"].as_f64().unwrap();
+    let two = of(2);
+    assert!(
+        start(one[1]) >= start(two[0]) + 2.0,
+        "the retry waited for task 2's memory: it started {:.2} s after task 2",
+        start(one[1]) - start(two[0])
+    );
+    assert_eq!(two[0]["Exitval"], 0, "task 2 ran as it would have");
+    let three = of(3);
+    assert_eq!(three.len(), 1, "only its first attempt ran: {three:?}");
+    let o = d.htc(&["status", &d.run_id()]);
+    let s = String::from_utf8_lossy(&o.stdout);
+    assert!(s.contains("task 3 (line 4): needs more cores, memory or GPUs than any agent has"), "{s}");
+}

@@ -22,6 +22,8 @@ pub const DB_FAILED: u8 = 3;
 pub const DB_NEEDS: u8 = 4;
 pub const DB_COMMANDS: u8 = 5;
 pub const DB_KEYS: u8 = 6;
+/// Tasks' rules for their attempts (schema 5 on).
+pub const DB_RULES: u8 = 7;
 
 pub const OP_PUT: u8 = 1;
 const OP_DEL: u8 = 2;
@@ -143,7 +145,7 @@ pub fn decode_frames<E: From<JournalError>>(
         }
         let (op, db) = (payload[0], payload[1]);
         let klen = u16::from_le_bytes([payload[2], payload[3]]) as usize;
-        if 4 + klen > payload.len() || db > DB_KEYS {
+        if 4 + klen > payload.len() || db > DB_RULES {
             return Err(damaged(at, "a frame that does not parse"));
         }
         let (key, val) = payload[4..].split_at(klen);

@@ -7,6 +7,7 @@
 //! then the CRC-32 of its key and those fields.
 
 use htc_core::after::{Kind, Needs};
+use htc_core::attempts::{Growing, RetryOn, Rules, MAX_LIST};
 use htc_core::record::{CommandAt, Ended, Outcome, Record};
 use htc_core::shape::TaskShape;
 use htc_core::task::{Life, State};
@@ -14,8 +15,9 @@ use htc_core::task::{Life, State};
 /// Names the layout below and the meta keys; a ledger of another is migrated on open
 /// (`migrate`), or refused when it is newer than this build. 4: a task may be cancelled (its
 /// state byte 5), the counts have a sixth number for them, and what tasks wait for is in the
-/// `needs` database (`encode_needs`).
-pub const SCHEMA_VERSION: u32 = 4;
+/// `needs` database (`encode_needs`). 5: a task may have rules for its attempts (its flag
+/// `FLAG_RULES`, the rules in the `rules` database: `encode_rules`).
+pub const SCHEMA_VERSION: u32 = 5;
 /// The fields, then their checksum.
 pub const RECORD_LEN: usize = FIELDS_LEN + SUM_LEN;
 pub const FIELDS_LEN: usize = 76;
@@ -32,8 +34,8 @@ const fn f(at: usize, width: usize) -> Field {
     Field { at, width }
 }
 
-/// The record of schema 3 (written since before bb08bd2) and of schema 4, which lies the same and
-/// whose state may also be cancelled.
+/// The record of schema 3 (written since before bb08bd2) and of schemas 4 and 5, which lie the
+/// same: a schema 4 record may also be cancelled, a schema 5 one may also have rules.
 pub mod v3 {
     use super::f;
     pub use super::Field;
@@ -57,7 +59,7 @@ pub mod v3 {
     pub const START_US: Field = f(48, 8);
     pub const END_US: Field = f(56, 8);
     pub const GPUS: Field = f(64, 1);
-    /// `FLAG_EXCLUSIVE | FLAG_PREEMPTIBLE`; other bits are damage.
+    /// `FLAG_EXCLUSIVE | FLAG_PREEMPTIBLE | FLAG_RULES`; other bits are damage.
     pub const FLAGS: Field = f(65, 1);
     pub const PRIORITY: Field = f(66, 2);
     pub const AFFINITY: Field = f(68, 4);
@@ -71,17 +73,19 @@ pub mod v3 {
     ];
     pub const FLAG_EXCLUSIVE: u8 = 1;
     pub const FLAG_PREEMPTIBLE: u8 = 2;
+    pub const FLAG_RULES: u8 = 4;
 }
 
 /// An older schema's record read as today's.
 type Decode = fn(u64, &[u8]) -> Option<Record>;
 
 /// The layouts of older schemas this build migrates from: schema 3 (bb08bd2's, and this one's
-/// before a task could be cancelled); the test-only schema 2 keeps the path from a layout that
+/// before a task could be cancelled), schema 4 (before a task could have rules); the test-only schema 2 keeps the path from a layout that
 /// moved fields proven.
 fn older(version: u32) -> Option<Decode> {
     match version {
         3 => Some(decode_v3),
+        4 => Some(decode_v4),
         #[cfg(test)]
         2 => Some(tests::v2::decode),
         _ => None,
@@ -169,6 +173,89 @@ pub fn decode_needs(id: u64, b: &[u8]) -> Option<Needs> {
     Some(n)
 }
 
+/// A task's rules for its attempts (`attempts::Rules`), as stored in the `rules` database:
+/// for each of `mem`, `timeout` and `cores` a form byte (0 none, 1 `V*F`: first u64, tenths
+/// u16; 2 `V+S`: first u64, step u64; 3 a list: count u8, each u64), then `retry_on` (0 none,
+/// or 1, a byte of oom 1 | timeout 2 | signal 4, a count u8 and each exit range as two bytes),
+/// then the checksum under the task's key.
+pub fn encode_rules(id: u64, r: &Rules) -> Vec<u8> {
+    let mut v = Vec::with_capacity(32);
+    for g in [&r.mem, &r.timeout, &r.cores] {
+        match g {
+            None | Some(Growing::Fixed(_)) => v.push(0),
+            Some(Growing::Times { first, tenths }) => {
+                v.push(1);
+                v.extend_from_slice(&first.to_le_bytes());
+                v.extend_from_slice(&tenths.to_le_bytes());
+            }
+            Some(Growing::Plus { first, step }) => {
+                v.push(2);
+                v.extend_from_slice(&first.to_le_bytes());
+                v.extend_from_slice(&step.to_le_bytes());
+            }
+            Some(Growing::List(l)) => {
+                v.push(3);
+                v.push(l.len() as u8);
+                l.iter().for_each(|x| v.extend_from_slice(&x.to_le_bytes()));
+            }
+        }
+    }
+    match &r.retry_on {
+        None => v.push(0),
+        Some(o) => {
+            v.push(1);
+            v.push(o.oom as u8 | (o.timeout as u8) << 1 | (o.signal as u8) << 2);
+            v.push(o.exits.len() as u8);
+            o.exits.iter().for_each(|&(lo, hi)| v.extend_from_slice(&[lo, hi]));
+        }
+    }
+    seal(&key(id), &v)
+}
+
+/// What `encode_rules` wrote, or None for bytes it cannot have written.
+pub fn decode_rules(id: u64, b: &[u8]) -> Option<Rules> {
+    let v = unseal(&key(id), b)?;
+    let mut at = 0usize;
+    let mut take = |n: usize| -> Option<&[u8]> {
+        let s = v.get(at..at + n)?;
+        at += n;
+        Some(s)
+    };
+    let u64_of = |s: &[u8]| u64::from_le_bytes(s.try_into().expect("8 bytes"));
+    let mut grows = [None, None, None];
+    for g in &mut grows {
+        *g = match take(1)?[0] {
+            0 => None,
+            1 => {
+                Some(Growing::Times { first: u64_of(take(8)?), tenths: u16::from_le_bytes(take(2)?.try_into().ok()?) })
+            }
+            2 => Some(Growing::Plus { first: u64_of(take(8)?), step: u64_of(take(8)?) }),
+            3 => {
+                let n = take(1)?[0] as usize;
+                let l = (0..n).map(|_| take(8).map(u64_of)).collect::<Option<Vec<u64>>>()?;
+                Some(Some(Growing::List(l)).filter(|_| (1..=MAX_LIST).contains(&n))?)
+            }
+            _ => return None,
+        };
+    }
+    let retry_on = match take(1)?[0] {
+        0 => None,
+        1 => {
+            let ends = take(1)?[0];
+            let n = take(1)?[0] as usize;
+            let exits = (0..n).map(|_| take(2).map(|p| (p[0], p[1]))).collect::<Option<Vec<_>>>()?;
+            if ends & !7 != 0 || exits.iter().any(|&(lo, hi)| lo == 0 || lo > hi) {
+                return None;
+            }
+            Some(RetryOn::of(ends & 1 != 0, ends & 2 != 0, ends & 4 != 0, exits))
+        }
+        _ => return None,
+    };
+    let [mem, timeout, cores] = grows;
+    let r = Rules { mem, timeout, cores, retry_on };
+    (at == v.len() && !r.is_empty()).then_some(r)
+}
+
 fn put(b: &mut [u8], f: Field, v: &[u8]) {
     debug_assert_eq!(f.width, v.len(), "a field written at its declared width");
     b[f.at..f.at + f.width].copy_from_slice(v);
@@ -196,7 +283,9 @@ pub fn encode_record(r: &Record, id: u64) -> [u8; RECORD_LEN] {
     put(&mut b, RUNTIME_MS, &s.runtime_ms.to_le_bytes());
     put(&mut b, MAX_OUTPUT, &s.max_output.to_le_bytes());
     put(&mut b, GPUS, &[s.gpus]);
-    let flags = if s.exclusive { FLAG_EXCLUSIVE } else { 0 } | if s.preemptible { FLAG_PREEMPTIBLE } else { 0 };
+    let flags = if s.exclusive { FLAG_EXCLUSIVE } else { 0 }
+        | if s.preemptible { FLAG_PREEMPTIBLE } else { 0 }
+        | if s.rules { FLAG_RULES } else { 0 };
     put(&mut b, FLAGS, &[flags]);
     put(&mut b, PRIORITY, &s.priority.to_le_bytes());
     put(&mut b, AFFINITY, &s.affinity.to_le_bytes());
@@ -214,9 +303,14 @@ pub fn encode_record(r: &Record, id: u64) -> [u8; RECORD_LEN] {
     b
 }
 
-/// A record of schema 3: as this schema's, and never cancelled.
+/// A record of schema 3: as schema 4's, and never cancelled.
 fn decode_v3(id: u64, b: &[u8]) -> Option<Record> {
-    decode_record(id, b).filter(|r| r.state() != State::Cancelled && r.outcome() != Outcome::Cancelled)
+    decode_v4(id, b).filter(|r| r.state() != State::Cancelled && r.outcome() != Outcome::Cancelled)
+}
+
+/// A record of schema 4: as this schema's, and never with rules.
+fn decode_v4(id: u64, b: &[u8]) -> Option<Record> {
+    decode_record(id, b).filter(|r| !r.shape().rules)
 }
 
 /// Task `id`'s record from its stored form, or None for one that cannot be a record this
@@ -233,7 +327,7 @@ pub fn decode_record(id: u64, b: &[u8]) -> Option<Record> {
     }
     let state = State::from_u8(byte(STATE))?;
     let outcome = Some(Outcome::from_u8(byte(OUTCOME))).filter(|o| *o as u8 == byte(OUTCOME))?;
-    let flags = Some(byte(FLAGS)).filter(|f| f & !(FLAG_EXCLUSIVE | FLAG_PREEMPTIBLE) == 0)?;
+    let flags = Some(byte(FLAGS)).filter(|f| f & !(FLAG_EXCLUSIVE | FLAG_PREEMPTIBLE | FLAG_RULES) == 0)?;
     let cmd = CommandAt {
         off: u64::from_le_bytes(get(b, CMD_OFF)),
         len: u32::from_le_bytes(get(b, CMD_LEN)),
@@ -253,6 +347,7 @@ pub fn decode_record(id: u64, b: &[u8]) -> Option<Record> {
         exclusive: flags & FLAG_EXCLUSIVE != 0,
         preemptible: flags & FLAG_PREEMPTIBLE != 0,
         affinity: u32::from_le_bytes(get(b, AFFINITY)),
+        rules: flags & FLAG_RULES != 0,
     };
     let life = Life::of(state, byte(ATTEMPTS), byte(RETRIES), byte(LOSSES), byte(RETURNS));
     let ended = Ended {
@@ -303,6 +398,7 @@ pub(crate) mod tests {
             exclusive: true,
             preemptible: false,
             affinity: 0xdead_beef,
+            rules: true,
         };
         let fail = Step::Finish(End::Failed { permanent: false });
         let lost = Step::Finish(End::Lost);
@@ -357,9 +453,41 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_task_s_rules_are_read_back_under_its_own_key_only() {
+        let every = Rules {
+            mem: Some(Growing::Times { first: 4096, tenths: 15 }),
+            timeout: Some(Growing::Plus { first: 60_000, step: 30_000 }),
+            cores: Some(Growing::List(vec![1, 2, 8])),
+            retry_on: Some(RetryOn::parse("oom/signal/104/130-145").unwrap()),
+        };
+        let some = Rules { retry_on: Some(RetryOn::parse("timeout").unwrap()), ..Rules::default() };
+        for r in [&every, &some] {
+            assert_eq!(decode_rules(3, &encode_rules(3, r)).as_ref(), Some(r));
+        }
+        let b = encode_rules(3, &every);
+        assert_eq!(decode_rules(4, &b), None, "another task's key");
+        for bit in 0..b.len() * 8 {
+            let mut d = b.clone();
+            d[bit / 8] ^= 1 << (bit % 8);
+            assert_eq!(decode_rules(3, &d), None, "bit {bit}");
+        }
+        assert_eq!(decode_rules(3, &encode_rules(3, &Rules::default())), None, "an entry has a rule");
+        let short = seal(&key(3), &b[..b.len() - SUM_LEN - 1]);
+        assert_eq!(decode_rules(3, &short), None, "cut short");
+    }
+
+    #[test]
+    fn a_record_of_schema_4_has_no_rules() {
+        let mut r = every_field_set();
+        assert!(decode_as(4, 1, &encode_record(&r, 1)).is_none(), "rules are schema 5's");
+        r.shape_mut().rules = false;
+        assert_eq!(decode_as(4, 1, &encode_record(&r, 1)), Some(r));
+    }
+
+    #[test]
     fn what_no_record_holds_is_refused_though_sealed() {
         let good = encode_record(&every_field_set(), 1);
-        for (f, v) in [(v3::STATE, 6), (v3::OUTCOME, 11), (v3::FLAGS, 4), (v3::UNUSED, 1)] {
+        for (f, v) in [(v3::STATE, 6), (v3::OUTCOME, 11), (v3::FLAGS, 8), (v3::UNUSED, 1)] {
             let mut b = good;
             b[f.at] = v;
             let s = sum(&key(1), &b[..FIELDS_LEN]);

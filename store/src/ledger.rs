@@ -14,8 +14,11 @@
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use crate::journal::{Journal, Log, DB_ATTEMPTS, DB_COMMANDS, DB_FAILED, DB_KEYS, DB_META, DB_NEEDS, DB_TASKS};
+use crate::journal::{
+    Journal, Log, DB_ATTEMPTS, DB_COMMANDS, DB_FAILED, DB_KEYS, DB_META, DB_NEEDS, DB_RULES, DB_TASKS,
+};
 use htc_core::after::Needs;
+use htc_core::attempts::Rules;
 use htc_core::record::{CommandAt, Ended};
 use htc_core::shape::TaskShape;
 use lmdb::{Cursor, Database, DatabaseFlags, Environment, EnvironmentFlags, RwTransaction, Transaction, WriteFlags};
@@ -167,6 +170,18 @@ fn read_added_name(l: &Ledger, txn: &impl Transaction, id: u64, r: &Record) -> R
     }
     let whole = read_added_command(l, txn, id)?.unwrap_or_default();
     Ok(whole.get(r.cmd_len() as usize..).filter(|n| !n.is_empty()).map(<[u8]>::to_vec))
+}
+
+/// Task `id`'s rules for its attempts (only a record with `rules` set has them), checked.
+fn read_rules(l: &Ledger, txn: &impl Transaction, id: u64) -> Result<Option<Rules>> {
+    let Some(db) = l.rules else { return Ok(None) };
+    match txn.get(db, &key(id)) {
+        Ok(v) => {
+            Ok(Some(crate::layout::decode_rules(id, v).ok_or_else(|| l.sum_err(format!("the rules of task {id}")))?))
+        }
+        Err(lmdb::Error::NotFound) => Ok(None),
+        Err(e) => Err(l.err(e)),
+    }
 }
 
 /// Whether any task of the ledger was added with a name (then `read_added_name` is worth it).
@@ -381,6 +396,8 @@ pub struct Ledger {
     needs: Option<Database>,
     commands: Option<Database>,
     keys: Option<Database>,
+    /// Tasks' rules for their attempts; `None` in a ledger before schema 5, opened read-only.
+    rules: Option<Database>,
     /// The copy on shared storage (`replica`), when the ledger itself is on a node's local disk.
     journal: Option<std::sync::Mutex<Journal>>,
     /// The layout its records are read with: this build's, or an older one a reader that may
@@ -463,8 +480,23 @@ impl Ledger {
             Err(e) => Err(err(e)),
         };
         let (needs, commands, keys) = (since_4("needs")?, since_4("commands")?, since_4("keys")?);
+        let rules = since_4("rules")?;
         let schema = SCHEMA_VERSION;
-        Ok(Ledger { _fault, env, path: p, tasks, meta, attempts, failed, needs, commands, keys, journal: None, schema })
+        Ok(Ledger {
+            _fault,
+            env,
+            path: p,
+            tasks,
+            meta,
+            attempts,
+            failed,
+            needs,
+            commands,
+            keys,
+            rules,
+            journal: None,
+            schema,
+        })
     }
 
     /// From now on every commit first writes what it changed to `j` (see `replica`).
@@ -509,6 +541,7 @@ impl Ledger {
             DB_NEEDS => self.needs.expect("a writer's ledger has every database"),
             DB_COMMANDS => self.commands.expect("a writer's ledger has every database"),
             DB_KEYS => self.keys.expect("a writer's ledger has every database"),
+            DB_RULES => self.rules.expect("a writer's ledger has every database"),
             _ => self.failed,
         }
     }
@@ -516,8 +549,8 @@ impl Ledger {
     /// Hands every entry of every database to `f`, in key order, from one read transaction.
     pub fn dump(&self, mut f: impl FnMut(u8, &[u8], &[u8])) -> Result<()> {
         let txn = self.env.begin_ro_txn().map_err(|e| self.err(e))?;
-        for id in [DB_META, DB_TASKS, DB_ATTEMPTS, DB_FAILED, DB_NEEDS, DB_COMMANDS, DB_KEYS] {
-            if id >= DB_NEEDS && self.needs.is_none() {
+        for id in [DB_META, DB_TASKS, DB_ATTEMPTS, DB_FAILED, DB_NEEDS, DB_COMMANDS, DB_KEYS, DB_RULES] {
+            if (id >= DB_NEEDS && self.needs.is_none()) || (id == DB_RULES && self.rules.is_none()) {
                 continue;
             }
             let mut c = txn.open_ro_cursor(self.db(id)).map_err(|e| self.err(e))?;
@@ -756,16 +789,10 @@ impl<'l> WriteTxn<'l> {
     /// Adds a task made while the run runs, under the next id: its record (whose command is
     /// `CommandAt::added`), its command, what it waits for and the key it was added under, in
     /// this transaction, so that all of it is there or none.
-    pub fn add_task(
-        &mut self,
-        shape: TaskShape,
-        shell: bool,
-        command: &[u8],
-        needs: &Needs,
-        added_as: Option<&[u8]>,
-        name: Option<&[u8]>,
-    ) -> Result<(u64, Record)> {
+    pub fn add_task(&mut self, t: Adding<'_>, added_as: Option<&[u8]>, name: Option<&[u8]>) -> Result<(u64, Record)> {
+        let Adding { shape, shell, command, needs, rules } = t;
         let id = self.next_id()?;
+        let shape = TaskShape { rules: !rules.is_empty(), ..shape };
         let r = Record::new(CommandAt::added(id, command.len() as u32, shell), shape);
         self.append(id, &r)?;
         // A name follows the command in one entry: the record's length says where it starts,
@@ -782,6 +809,9 @@ impl<'l> WriteTxn<'l> {
         }
         if !needs.is_empty() {
             self.put_needs(id, needs)?;
+        }
+        if !rules.is_empty() {
+            self.put_rules(id, rules)?;
         }
         if let Some(k) = added_as {
             self.put_raw(DB_KEYS, k, &seal(k, &id.to_le_bytes()))?;
@@ -824,6 +854,11 @@ impl<'l> WriteTxn<'l> {
     /// What task `id` waits for (`after=`, `afterany=`): written once, as the task is made.
     pub fn put_needs(&mut self, id: u64, n: &Needs) -> Result<()> {
         self.put_raw(DB_NEEDS, &key(id), &crate::layout::encode_needs(id, n))
+    }
+
+    /// Task `id`'s rules for its attempts; its record says it has some (`TaskShape::rules`).
+    pub fn put_rules(&mut self, id: u64, r: &Rules) -> Result<()> {
+        self.put_raw(DB_RULES, &key(id), &crate::layout::encode_rules(id, r))
     }
 
     pub fn meta(&self, k: &str) -> Result<Option<Vec<u8>>> {
@@ -890,6 +925,8 @@ pub trait Reads {
     fn has_names(&self) -> Result<bool>;
     /// The name task `id` (of record `r`) was added with, if any.
     fn added_name(&self, id: u64, r: &Record) -> Result<Option<Vec<u8>>>;
+    /// Task `id`'s rules for its attempts, if it has any.
+    fn rules(&self, id: u64) -> Result<Option<Rules>>;
 }
 
 impl Reads for WriteTxn<'_> {
@@ -905,6 +942,9 @@ impl Reads for WriteTxn<'_> {
     fn added_name(&self, id: u64, r: &Record) -> Result<Option<Vec<u8>>> {
         read_added_name(self.l, &self.txn, id, r)
     }
+    fn rules(&self, id: u64) -> Result<Option<Rules>> {
+        read_rules(self.l, &self.txn, id)
+    }
 }
 
 impl Reads for ReadTxn<'_> {
@@ -919,6 +959,28 @@ impl Reads for ReadTxn<'_> {
     }
     fn added_name(&self, id: u64, r: &Record) -> Result<Option<Vec<u8>>> {
         read_added_name(self.l, &self.txn, id, r)
+    }
+    fn rules(&self, id: u64) -> Result<Option<Rules>> {
+        read_rules(self.l, &self.txn, id)
+    }
+}
+
+/// A task being added (`WriteTxn::add_task`): what it asks, its command, what it waits for and
+/// its rules for its attempts.
+#[derive(Clone, Copy)]
+pub struct Adding<'a> {
+    pub shape: TaskShape,
+    pub shell: bool,
+    pub command: &'a [u8],
+    pub needs: &'a Needs,
+    pub rules: &'a Rules,
+}
+
+impl<'a> Adding<'a> {
+    /// A task of no needs and no rules.
+    pub fn plain(shape: TaskShape, shell: bool, command: &'a [u8]) -> Adding<'a> {
+        static NONE: (Needs, Rules) = (Needs::EMPTY, Rules::NONE);
+        Adding { shape, shell, command, needs: &NONE.0, rules: &NONE.1 }
     }
 }
 
@@ -1221,10 +1283,16 @@ pub(crate) mod tests {
         let mut needs = Needs::default();
         needs.push(1..=1, htc_core::after::Kind::After);
         let shape = TaskShape { cores: 2, ..Default::default() };
-        let (id, r) = t.add_task(shape, true, b"echo hi | wc", &needs, Some(b"k-1"), Some(b"count")).unwrap();
+        let (id, r) = t
+            .add_task(
+                Adding { needs: &needs, ..Adding::plain(shape, true, b"echo hi | wc") },
+                Some(b"k-1"),
+                Some(b"count"),
+            )
+            .unwrap();
         assert_eq!((id, r.line(), r.cmd_off(), r.shell(), r.shape().cores), (2, 0, 2, true, 2));
         assert!(r.command().is_added());
-        let (id3, _) = t.add_task(TaskShape::default(), false, b"true", &Needs::default(), None, None).unwrap();
+        let (id3, _) = t.add_task(Adding::plain(TaskShape::default(), false, b"true"), None, None).unwrap();
         assert_eq!((id3, t.next_id().unwrap()), (3, 4));
         assert_eq!((t.keyed(b"k-1").unwrap(), t.keyed(b"k-2").unwrap()), (Some(2), None));
         t.commit().unwrap();
@@ -1248,7 +1316,9 @@ pub(crate) mod tests {
         // A writer reads them a slice at a time.
         let l = Ledger::open(&p, false).unwrap();
         let mut t = l.write().unwrap();
-        let (id4, _) = t.add_task(TaskShape::default(), false, b"true", &needs, None, None).unwrap();
+        let (id4, _) = t
+            .add_task(Adding { needs: &needs, ..Adding::plain(TaskShape::default(), false, b"true") }, None, None)
+            .unwrap();
         assert_eq!(t.meta("total").unwrap(), Some(4u64.to_le_bytes().to_vec()), "this transaction's count");
         assert_eq!(t.needs_from(0, 1).unwrap(), [(2, needs.clone())]);
         assert_eq!(t.needs_from(3, 9).unwrap(), [(id4, needs.clone())]);

@@ -107,6 +107,9 @@ pub fn load(src: &Path, run: &RunDir, ledger: &Ledger, defaults: TaskShape) -> R
             txn.put_needs(id, t.after)?;
             waits += 1;
         }
+        if o.rules {
+            txn.put_rules(id, t.rules)?;
+        }
         if id.is_multiple_of(BATCH) {
             txn.commit()?;
             txn = ledger.write()?;

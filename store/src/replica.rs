@@ -479,7 +479,9 @@ mod tests {
 
     #[test]
     fn tasks_added_after_the_snapshot_are_restored_whole_whatever_their_state() {
+        use crate::ledger::{Adding, Reads};
         use htc_core::after::{Kind, Needs};
+        use htc_core::attempts::{RetryOn, Rules};
         use htc_core::shape::TaskShape;
         // An open run: the snapshot is taken before any task exists.
         let d = tempdir();
@@ -489,10 +491,22 @@ mod tests {
         {
             let mut t = live.write().unwrap();
             let mut needs = Needs::default();
-            t.add_task(TaskShape::default(), true, b"echo one", &needs, Some(b"k1"), None).unwrap();
+            t.add_task(
+                Adding { needs: &needs, ..Adding::plain(TaskShape::default(), true, b"echo one") },
+                Some(b"k1"),
+                None,
+            )
+            .unwrap();
             needs.push(1..=1, Kind::After);
-            t.add_task(TaskShape { cores: 2, ..Default::default() }, false, b"two", &needs, None, Some(b"n2")).unwrap();
-            t.add_task(TaskShape::default(), true, b"three", &Needs::default(), None, None).unwrap();
+            t.add_task(
+                Adding { needs: &needs, ..Adding::plain(TaskShape { cores: 2, ..Default::default() }, false, b"two") },
+                None,
+                Some(b"n2"),
+            )
+            .unwrap();
+            let rules = Rules { retry_on: Some(RetryOn::parse("oom").unwrap()), ..Rules::default() };
+            t.add_task(Adding { rules: &rules, ..Adding::plain(TaskShape::default(), true, b"three") }, None, None)
+                .unwrap();
             t.commit().unwrap();
         }
         // Task 1 ends, task 2 is dispatched (not journaled), task 3 never starts.
@@ -515,6 +529,9 @@ mod tests {
         let mut waiting = Vec::new();
         r.for_each_needs(|id, _| waiting.push(id)).unwrap();
         assert_eq!(waiting, [2], "what it waits for");
+        assert!(r.get(3).unwrap().unwrap().shape().rules, "it has rules");
+        assert!(r.rules(3).unwrap().unwrap().stops(Outcome::Exited, 1), "and they are its own");
+        assert_eq!(r.rules(2).unwrap(), None);
         drop(r);
         assert_eq!(copy.write().unwrap().keyed(b"k1").unwrap(), Some(1), "the key it was added under");
     }

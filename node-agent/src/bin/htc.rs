@@ -600,6 +600,13 @@ fn check(file: PathBuf, max_errors: usize) -> anyhow::Result<i32> {
                 s.core_seconds(),
                 s.max_cores
             );
+            if s.with_rules > 0 {
+                println!("attempts: {} tasks have rules for their retries", s.with_rules);
+                for r in &s.rule_sets {
+                    let asks = if r.asks.is_empty() { String::new() } else { format!("; attempts ask {}", r.asks) };
+                    println!("  {:>10} tasks  {}{asks}", r.tasks, r.rules);
+                }
+            }
             Ok(0)
         }
         Err(errs) => {

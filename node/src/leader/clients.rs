@@ -113,13 +113,14 @@ pub fn parse(a: &proto::AddTasks) -> Result<Vec<NewTask>, String> {
         match p.next_task() {
             Ok(Some(t)) => {
                 let line = t.line + first - 1;
-                let needs = t.after.clone();
+                let (needs, rules) = (t.after.clone(), t.rules.clone());
                 tasks.push(NewTask {
                     line,
                     command: t.command.to_vec(),
                     shell: t.shell,
                     shape: t.options,
                     needs,
+                    rules,
                     key: None,
                     name: None,
                     class: None,

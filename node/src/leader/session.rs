@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use super::core::{Core, Ending, Input, NewTask, Progress, Tasks};
 use super::effect::Effects;
+use htc_core::attempts::Rules;
 use htc_core::record::TaskStatus;
-use htc_store::ledger::{Change, Ledger, LedgerError, Reads, Record, WriteTxn};
+use htc_store::ledger::{Adding, Change, Ledger, LedgerError, Reads, Record, WriteTxn};
 use htc_store::load::TaskText;
 use htc_store::vouch::Found;
 
@@ -105,7 +106,11 @@ impl Tasks for LedgerTasks<'_, '_> {
         self.txn.next_id()
     }
     fn add(&mut self, t: &NewTask) -> Result<(u64, Record)> {
-        self.txn.add_task(t.shape, t.shell, &t.command, &t.needs, t.key.as_deref(), t.name.as_deref())
+        let (shape, shell, command, needs, rules) = (t.shape, t.shell, &t.command[..], &t.needs, &t.rules);
+        self.txn.add_task(Adding { shape, shell, command, needs, rules }, t.key.as_deref(), t.name.as_deref())
+    }
+    fn rules(&self, id: u64) -> Result<Option<Rules>> {
+        Reads::rules(&*self.txn, id)
     }
     fn keyed(&self, key: &[u8]) -> Result<Option<u64>> {
         self.txn.keyed(key)

@@ -19,6 +19,9 @@ pub trait Tasks {
     fn apply(&mut self, c: &Change) -> Result<(), Self::Error>;
     /// The task's command line.
     fn command(&self, r: &Record) -> Vec<u8>;
+    /// Task `id`'s rules for its attempts, asked only of a record that has some
+    /// (`TaskShape::rules`).
+    fn rules(&self, id: u64) -> Result<Option<htc_core::attempts::Rules>, Self::Error>;
     /// The id the next added task gets: one past the highest.
     fn next_id(&self) -> Result<u64, Self::Error>;
     /// Adds a task under the next id, with its command, what it waits for and its key.

@@ -13,6 +13,8 @@ pub struct NewTask {
     pub shell: bool,
     pub shape: TaskShape,
     pub needs: Needs,
+    /// Its rules for its attempts (what grows, which ends are retried).
+    pub rules: htc_core::attempts::Rules,
     /// The client's key: a task added again under the same key is the same task.
     pub key: Option<Vec<u8>>,
     /// The name the client gave it (`htc task add --name`), shown by `htc task status`.

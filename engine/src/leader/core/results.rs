@@ -92,7 +92,14 @@ pub(super) fn finish_attempt<E>(
     e: Ended,
 ) -> Result<(), E> {
     let Ended { outcome, value, start_us, end_us } = e;
-    let end = outcome.end(value);
+    // Only a task with rules for its attempts has them read: one without costs nothing.
+    let rules = if r.shape().rules { t.rules(id)? } else { None };
+    let end = match outcome.end(value) {
+        End::Failed { .. } if rules.as_ref().is_some_and(|rl| rl.stops(outcome, value)) => {
+            End::Failed { permanent: true }
+        }
+        end => end,
+    };
     let Some((life, effect)) = core.move_life(f.life, Step::Finish(end)) else { return Ok(()) };
     note_streak(core, f.agent, id, end);
     if end == End::Succeeded && start_us != 0 && end_us >= start_us {
@@ -103,6 +110,14 @@ pub(super) fn finish_attempt<E>(
         }
     }
     r.set_ended(ran_on, e);
+    if let (Some(rl), task::Effect::Retry, End::Failed { .. }) = (&rules, effect, end) {
+        // The next attempt asks what its number does: the record holds the current attempt's.
+        let next = rl.shape_at(r.shape(), life.attempts() as u32 + 1);
+        if next != *r.shape() {
+            tracing::debug!(job = %core.job_id, task = id, attempt = life.attempts() + 1, mem_mb = next.mem_mb, timeout_ms = next.timeout_ms, cores = next.cores, "retry asks more");
+        }
+        *r.shape_mut() = next;
+    }
     if effect == task::Effect::Retry {
         let a = Attempt { attempt: f.life.attempt_no().min(255) as u8, agent: ran_on, ended: r.ended() };
         t.apply(&Change::Attempt(id, a))?;

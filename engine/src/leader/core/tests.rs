@@ -11,6 +11,7 @@ use htc_core::tree::Tree;
 use std::collections::BTreeMap;
 
 mod adds;
+mod attempts;
 mod deps;
 mod give_back;
 
@@ -26,6 +27,9 @@ struct Mem {
     attempts: Vec<(u64, Attempt)>,
     failed: Vec<u64>,
     puts: usize,
+    /// Tasks' rules for their attempts, and how often they were read.
+    rules: BTreeMap<u64, htc_core::attempts::Rules>,
+    rules_read: std::cell::Cell<usize>,
 }
 
 impl Mem {
@@ -73,14 +77,22 @@ impl Tasks for Mem {
             None => format!("task {}", r.cmd_off()).into_bytes(),
         }
     }
+    fn rules(&self, id: u64) -> Result<Option<htc_core::attempts::Rules>, Self::Error> {
+        self.rules_read.set(self.rules_read.get() + 1);
+        Ok(self.rules.get(&id).cloned())
+    }
     fn next_id(&self) -> Result<u64, Self::Error> {
         Ok(self.records.keys().next_back().map_or(1, |id| id + 1))
     }
     fn add(&mut self, t: &NewTask) -> Result<(u64, Record), Self::Error> {
         let id = self.next_id()?;
-        let r = Record::new(CommandAt::added(id, t.command.len() as u32, t.shell), t.shape);
+        let shape = TaskShape { rules: !t.rules.is_empty(), ..t.shape };
+        let r = Record::new(CommandAt::added(id, t.command.len() as u32, t.shell), shape);
         self.records.insert(id, r);
         self.added.insert(id, t.command.clone());
+        if shape.rules {
+            self.rules.insert(id, t.rules.clone());
+        }
         if let Some(k) = &t.key {
             self.keys.insert(k.clone(), id);
         }

@@ -11,6 +11,7 @@ fn task(line: u64, cmd: &str) -> NewTask {
         shell: false,
         shape: TaskShape::default(),
         needs: Needs::default(),
+        rules: Default::default(),
         key: None,
         name: None,
         class: None,
