@@ -400,6 +400,27 @@ fn check_prints_counts_classes_and_core_seconds() {
     assert!(s.contains("requested: 244.0 core-seconds"), "{s}");
 }
 
+/// The `text` blocks of `docs/task-file.md` after the heading `heading`, in order.
+fn doc_blocks(heading: &str) -> Vec<String> {
+    let doc = fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/task-file.md")).unwrap();
+    let section = doc.split(heading).nth(1).expect("the heading is in the doc");
+    let section = section.split("\n## ").next().unwrap();
+    section.split("```text\n").skip(1).map(|b| b.split("```").next().unwrap().to_string()).collect()
+}
+
+#[test]
+fn check_shows_each_set_of_rules_for_attempts_as_the_docs_say() {
+    let d = Dir::new("check-attempts");
+    let blocks = doc_blocks("## Attempts that grow");
+    assert_eq!(blocks.len(), 2, "the example and what htc check says of it");
+    d.write("t.txt", &blocks[0]);
+    let o = d.htc(&["check", "t.txt"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let s = String::from_utf8_lossy(&o.stdout);
+    let said = s.split_once("attempts:").map(|(_, r)| format!("attempts:{r}")).unwrap_or_default();
+    assert_eq!(said, blocks[1], "docs/task-file.md says what htc check prints");
+}
+
 #[test]
 fn agents_form_a_tree_of_relays_and_every_agent_runs_tasks() {
     let d = Dir::new("tree");
