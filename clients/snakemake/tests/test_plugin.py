@@ -279,3 +279,25 @@ def test_a_failed_job_s_error_carries_its_stderr_and_the_jobs_added_with_it_run(
     assert p.returncode != 0
     assert ": exit 2\nits stderr" in p.stderr and "unexpected EOF" in p.stderr, p.stderr[-3000:]
     assert (tmp_path / "good.txt").exists(), "the good job of the same request ran"
+
+
+def test_a_job_s_attempt_dependent_memory_grows_its_task_s_mem_on_snakemake_s_retry(tmp_path: pathlib.Path) -> None:
+    # The job holds 100 MiB: its first attempt asks 40 and is stopped out of memory; Snakemake's
+    # retry asks 320 (its `attempt` in the resource), which is the task's `mem=`, and succeeds.
+    hold = "perl -e 'my $x; vec($x, (100 << 20) - 1, 8) = 1; select(undef, undef, undef, 0.3)'"
+    (tmp_path / "Snakefile").write_text(
+        'rule all:\n    input: "big.txt"\n'
+        'rule big:\n    output: "big.txt"\n'
+        "    resources: mem_mb=lambda wildcards, attempt: 40 * attempt ** 3\n"
+        f'    shell: "{hold} && echo {{resources.mem_mb}} > {{output}}"\n'
+    )
+    p = snakemake(tmp_path, "--executor", "htc", "--jobs", "1", "--retries", "1", timeout=180)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert (tmp_path / "big.txt").read_text() == "320\n"
+    (run,) = runs(tmp_path)
+    asked = [
+        (row["MemMiB"], row["Outcome"])
+        for row in map(json.loads, htc(tmp_path, "log", run, "--format", "json").splitlines())
+    ]
+    assert [m for m, _ in asked] == [40, 320], asked
+    assert asked[0][1].startswith("out of memory"), asked
