@@ -286,18 +286,22 @@ pub mod htc {
         /// Add every line of this task file (the task file's syntax), `-` for stdin.
         #[arg(long, value_name = "F", conflicts_with = "command")]
         pub file: Option<PathBuf>,
-        #[arg(long, value_parser = super::positive)]
-        pub cores: Option<usize>,
-        /// Memory, as `mem=` (512M, 4G).
+        /// Cores, as `cores=` (4; or growing from attempt to attempt: 2*2, 2/4/16).
+        #[arg(long)]
+        pub cores: Option<String>,
+        /// Memory, as `mem=` (512M, 4G; or growing: 4G*2, 4G+2G, 4G/8G/32G).
         #[arg(long)]
         pub mem: Option<String>,
         #[arg(long)]
         pub gpus: Option<u32>,
-        /// Wall-clock limit, as `timeout=` (90s, 10m).
+        /// Wall-clock limit, as `timeout=` (90s, 10m; or growing: 10m*2).
         #[arg(long)]
         pub timeout: Option<String>,
         #[arg(long)]
         pub retries: Option<u8>,
+        /// The failed ends that are retried, as `retry_on=` (oom/timeout/signal/104/130-145).
+        #[arg(long, value_name = "ENDS")]
+        pub retry_on: Option<String>,
         #[arg(long, allow_hyphen_values = true)]
         pub priority: Option<i16>,
         /// Start once these tasks succeeded (ids and ranges: 3,7-9).

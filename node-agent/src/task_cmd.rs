@@ -149,11 +149,12 @@ pub fn task_line(a: &TaskAddArgs) -> Result<Vec<u8>, String> {
             opts.push(format!("{k}={v}"));
         }
     };
-    opt("cores", a.cores.map(|n| n.to_string()));
+    opt("cores", a.cores.clone());
     opt("mem", a.mem.clone());
     opt("gpus", a.gpus.map(|n| n.to_string()));
     opt("timeout", a.timeout.clone());
     opt("retries", a.retries.map(|n| n.to_string()));
+    opt("retry_on", a.retry_on.clone());
     opt("priority", a.priority.map(|n| n.to_string()));
     for (kind, ids) in [(Kind::After, &a.after), (Kind::AfterAny, &a.afterany)] {
         opt(kind.option(), ids.as_ref().map(|i| i.replace(',', ":")));

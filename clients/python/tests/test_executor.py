@@ -289,3 +289,17 @@ def test_a_run_that_cannot_start_says_why(tmp_path: pathlib.Path) -> None:
     (tmp_path / ".htc").write_text("")  # where the run's directory would go
     with pytest.raises(HtcError, match=r"the open run's leader did not start: htc: creating .*\.htc/"):
         Run.start(htc=HTC, cwd=str(tmp_path), timeout=30)
+
+
+def test_a_command_s_mem_grows_on_the_retry_and_retry_on_leaves_other_failures_alone(
+    ex: Executor, tmp_path: pathlib.Path
+) -> None:
+    # 100 MiB held: the first attempt (40M) runs out of memory, the second (160M) succeeds.
+    hold = "perl -e 'my $x; vec($x, (100 << 20) - 1, 8) = 1; select(undef, undef, undef, 0.3)'"
+    grows = ex.submit(f"{hold} && echo $HTC_ATTEMPT", mem="40M*4", retry_on="oom")
+    assert grows.result(timeout=120).stdout() == "2\n"
+    # Exit 3 is not what retry_on names: it fails at once, its retries unused.
+    once = ex.submit("echo ran >> ran.txt; exit 3", retries=3, retry_on="oom")
+    with pytest.raises(TaskFailed, match="exit 3"):
+        once.result(timeout=60)
+    assert (tmp_path / "ran.txt").read_text() == "ran\n"

@@ -31,3 +31,8 @@ def test_a_script_of_several_lines_runs_as_written_with_its_env_and_cwd(tmp_path
 def test_a_line_without_newlines_is_as_before() -> None:
     assert task_line(["echo", "two words"], {"mem": "1G"}) == "[mem=1G] echo 'two words'"
     assert task_line("echo $HOME", {}) == "[] echo $HOME"
+
+
+def test_options_that_grow_from_attempt_to_attempt_go_as_written() -> None:
+    line = task_line("x", {"mem": "4G*2", "timeout": "10m+5m", "retry_on": "oom/130-145"})
+    assert line == "[mem=4G*2 timeout=10m+5m retry_on=oom/130-145] x"

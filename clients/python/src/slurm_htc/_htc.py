@@ -67,7 +67,9 @@ def id_ranges(ids: Iterable[int]) -> list[str]:
 
 
 # The task line's options, in the order `htc task add` writes them (docs/task-file.md).
-OPTIONS = ("cores", "mem", "gpus", "timeout", "retries", "priority")
+# `mem`, `timeout` and `cores` may say how they grow from one attempt to the next ("4G*2",
+# "10m+5m", "1/4/16") and `retry_on` which failed ends are retried ("oom/timeout/130-145").
+OPTIONS = ("cores", "mem", "gpus", "timeout", "retries", "retry_on", "priority")
 
 
 def task_line(
