@@ -319,18 +319,24 @@ daemons_end_with_their_task() {
 # 600 MiB a node here) and never run two 400 MiB tasks at once on a node, though each node has
 # two CPUs; every task records its agent and when it held its memory.
 memory_job() { # [SBATCH OPTIONS...]
-    local w j state most both oom
+    local w j state most both oom asked
     w=$(cluster_workdir "memory$*")
     seq 1 8 | sed 's|.*|[mem=400M runtime=1s] echo "$HTC_AGENT $(date +%s.%N) 1" >> held.txt; perl -e '"'"'my $x; vec($x, (300 << 20) - 1, 8) = 1; select(undef, undef, undef, 0.5)'"'"'; echo "$HTC_AGENT $(date +%s.%N) -1" >> held.txt|' >"$w/tasks.txt"
     # A task past its mem= is stopped: the agents run as the job's user, who may not make
     # memory cgroups here, so they watch resident memory instead, and see it past 50 MiB (a
     # cgroup would have stopped it at 50).
     echo "[mem=50M retries=0] perl -e 'my \$x; vec(\$x, (300 << 20) - 1, 8) = 1; sleep 20'" >>"$w/tasks.txt"
+    # One that outgrows its mem= and succeeds on the retry that grows it (50M, then 400M: it
+    # waits for a node's room beside the 400 MiB tasks).
+    echo "[mem=50M*8 retry_on=oom] perl -e 'my \$x; vec(\$x, (150 << 20) - 1, 8) = 1; select(undef, undef, undef, 0.3)' && echo \$HTC_ATTEMPT > grown.txt" >>"$w/tasks.txt"
     chown -R "$HTC_CLUSTER_USER" "$w"
     j=$(submit "$w" -N 2 --exclusive --mem=600M "$@" --htc=tasks.txt --wrap=:) || { bad "memory: submit"; return; }
     state=$(wait_job "$j" 120)
     check "memory: job $j FAILED for its one failed task (was $state)" test "$state" = FAILED
-    check "memory: 8 tasks done, the 9th out of memory" grep -q "9 tasks: 8 done, 1 failed" "$w/slurm-$j.out"
+    check "memory: 9 tasks done, the 9th out of memory" grep -q "10 tasks: 9 done, 1 failed" "$w/slurm-$j.out"
+    check "memory: the task that outgrew its mem= succeeded at its second attempt" test "$(cat "$w/grown.txt" 2>&1)" = 2
+    asked=$(cd "$w" && "$bin/htc" log "$j" --format json | grep '"Seq":10,' | grep -o '"MemMiB":[0-9]*' | cut -d: -f2 | paste -sd' ')
+    check "memory: its attempts asked 50 then 400 MiB (htc log: $asked)" test "$asked" = "50 400"
     oom=$(cd "$w" && "$bin/htc" status "$j" | grep -o 'task 9 (line 9): out of memory ([0-9]* MiB resident, past its mem=)')
     check "memory: htc status says out of memory ($oom)" test -n "$oom"
     check "memory: seen by the RSS watch, past the limit" test "$(grep -o '([0-9]*' <<<"$oom" | tr -d '(')" -gt 50
