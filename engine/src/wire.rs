@@ -9,6 +9,7 @@ use htc_core::record::Outcome;
 pub mod down;
 mod task;
 pub mod up;
+mod why;
 
 /// Generated from `proto/htc.proto`.
 pub mod proto {

@@ -251,6 +251,21 @@ pub mod htc {
             #[arg(long, default_value = "tsv", value_name = "tsv|json|word")]
             format: String,
         },
+        /// Why tasks are where they are: running, held by an agent, or what they wait for
+        /// (other tasks, room no agent has free and the most any has, a reservation, the time
+        /// limit, a preemption, an agent big enough). Asked of the run's leader; without one,
+        /// what the ledger tells. Exit 2 for an unknown task.
+        Explain {
+            /// A run directory or id.
+            run: String,
+            /// Task ids and ranges (5 17-20).
+            #[arg(required = true)]
+            ids: Vec<String>,
+            /// tsv (id, state, why; tab-separated) or json (one object per line: kind, why, and
+            /// the data: ids waited for, ask and room, agent).
+            #[arg(long, default_value = "tsv", value_name = "tsv|json")]
+            format: String,
+        },
         /// Wait until tasks have ended: exit 0 when every one succeeded, 1 when one failed or
         /// was cancelled, 2 for an unknown task, 3 for a damaged one, 124 at --timeout.
         Wait {

@@ -317,7 +317,7 @@ pub fn close(run: &str, cancel: bool) -> anyhow::Result<i32> {
     }
 }
 
-fn id_list(ids: &[String]) -> anyhow::Result<Vec<u64>> {
+pub(crate) fn id_list(ids: &[String]) -> anyhow::Result<Vec<u64>> {
     let mut v = Vec::new();
     for s in ids {
         for r in htc_core::idset::parse(s).map_err(|e| anyhow::anyhow!("{s}: {e}"))? {

@@ -469,3 +469,41 @@ fn an_empty_add_keeps_an_open_run_past_its_idle_time_and_without_it_the_run_ends
     let (_, status, _) = htc(&d, &["status", &run, "--json"]);
     assert!(status.contains("\"state\":\"succeeded\""), "{status}");
 }
+
+#[test]
+fn explain_says_why_each_task_is_where_it_is_from_the_leader_and_without_one() {
+    let d = Dir::new("explain");
+    let (mut leader, run) = open_run(&d, &["--agents", "1", "--cores-per-agent", "2", "--mem-per-agent", "500M"]);
+    for (opts, cmd) in [("--mem=300M", &["sleep", "30"][..]), ("--mem=400M", &["true"]), ("--after=1", &["true"])] {
+        let (rc, _, err) = htc(&d, &[&["task", "add", &run, opts, "--"][..], cmd].concat());
+        assert_eq!(rc, 0, "{err}");
+    }
+    let running = || states(&d, &run).first().is_some_and(|(_, s)| s == "running");
+    assert!(
+        wait_for(running, Duration::from_secs(30)),
+        "task 1 never started: {}",
+        htc(&d, &["task", "status", &run, "--all"]).1
+    );
+    let (rc, out, err) = htc(&d, &["task", "explain", &run, "1-3", "--format", "json"]);
+    assert_eq!(rc, 0, "{err}");
+    let rows: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(rows[0]["kind"], "running", "{out}");
+    assert_eq!(rows[0]["agent"], 0);
+    assert_eq!(rows[1]["kind"], "no_room", "{out}");
+    assert_eq!(rows[1]["ask"]["mem_mib"], 400);
+    assert_eq!(rows[1]["room"]["mem_mib"], 200, "the most free on one agent: {out}");
+    assert!(rows[1]["why"].as_str().unwrap().contains("no agent has 1 core, 400 MiB free now"), "{out}");
+    assert_eq!((rows[2]["kind"].as_str(), rows[2]["ids"].clone()), (Some("after"), serde_json::json!([1])));
+    let (rc, out, _) = htc(&d, &["task", "explain", &run, "3"]);
+    assert_eq!((rc, out.as_str()), (0, "3\tblocked\twaiting for task 1 to end\n"));
+    let (rc, _, err) = htc(&d, &["task", "explain", &run, "2", "99"]);
+    assert_eq!(rc, 2);
+    assert!(err.contains("no task 99"), "{err}");
+    // Without a leader, the ledger answers: task 1 was cut short by the kill and will run again.
+    leader.kill().unwrap();
+    leader.wait().unwrap();
+    let (rc, out, err) = htc(&d, &["task", "explain", &run, "2-3"]);
+    assert_eq!(rc, 0, "{err}");
+    assert!(out.starts_with("2\twaiting\tno leader runs the run"), "{out}");
+    assert!(out.contains("3\tblocked\twaiting for task(s) 1 to end, once the run goes on"), "{out}");
+}

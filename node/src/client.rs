@@ -190,6 +190,11 @@ impl Client {
             .collect())
     }
 
+    /// Why these tasks are where they are, as the leader sees them now (`htc task explain`).
+    pub fn explain(&mut self, ids: Vec<u64>) -> Result<Vec<proto::TaskWhy>, ClientError> {
+        self.request(What::Explain(proto::TaskIds { ids })).map(|r| r.whys)
+    }
+
     fn ask(&mut self, what: What) -> Result<Vec<u64>, ClientError> {
         self.request(what).map(|r| r.ids)
     }

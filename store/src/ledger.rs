@@ -172,6 +172,18 @@ fn read_added_name(l: &Ledger, txn: &impl Transaction, id: u64, r: &Record) -> R
     Ok(whole.get(r.cmd_len() as usize..).filter(|n| !n.is_empty()).map(<[u8]>::to_vec))
 }
 
+/// What task `id` waits for (`after=`, `afterany=`), checked; `None`: nothing.
+fn read_needs(l: &Ledger, txn: &impl Transaction, id: u64) -> Result<Option<Needs>> {
+    let Some(db) = l.needs else { return Ok(None) };
+    match txn.get(db, &key(id)) {
+        Ok(v) => {
+            Ok(Some(crate::layout::decode_needs(id, v).ok_or_else(|| l.sum_err(format!("what task {id} waits for")))?))
+        }
+        Err(lmdb::Error::NotFound) => Ok(None),
+        Err(e) => Err(l.err(e)),
+    }
+}
+
 /// Task `id`'s rules for its attempts (only a record with `rules` set has them), checked.
 fn read_rules(l: &Ledger, txn: &impl Transaction, id: u64) -> Result<Option<Rules>> {
     let Some(db) = l.rules else { return Ok(None) };
@@ -927,6 +939,8 @@ pub trait Reads {
     fn added_name(&self, id: u64, r: &Record) -> Result<Option<Vec<u8>>>;
     /// Task `id`'s rules for its attempts, if it has any.
     fn rules(&self, id: u64) -> Result<Option<Rules>>;
+    /// What task `id` waits for, if anything.
+    fn needs(&self, id: u64) -> Result<Option<Needs>>;
 }
 
 impl Reads for WriteTxn<'_> {
@@ -945,6 +959,9 @@ impl Reads for WriteTxn<'_> {
     fn rules(&self, id: u64) -> Result<Option<Rules>> {
         read_rules(self.l, &self.txn, id)
     }
+    fn needs(&self, id: u64) -> Result<Option<Needs>> {
+        read_needs(self.l, &self.txn, id)
+    }
 }
 
 impl Reads for ReadTxn<'_> {
@@ -962,6 +979,9 @@ impl Reads for ReadTxn<'_> {
     }
     fn rules(&self, id: u64) -> Result<Option<Rules>> {
         read_rules(self.l, &self.txn, id)
+    }
+    fn needs(&self, id: u64) -> Result<Option<Needs>> {
+        read_needs(self.l, &self.txn, id)
     }
 }
 

@@ -78,6 +78,7 @@ fn real_main() -> anyhow::Result<i32> {
             TaskCmd::Add(a) => htc::task_cmd::add(*a),
             TaskCmd::Status { run, ids, all, format } => htc::task_cmd::status(&run, &ids, all, &format),
             TaskCmd::Cancel { run, ids } => htc::task_cmd::cancel(&run, &ids),
+            TaskCmd::Explain { run, ids, format } => htc::explain_cmd::explain(&run, &ids, &format),
             TaskCmd::Wait { run, ids, all, any, timeout } => {
                 htc::task_cmd::wait(&run, &ids, all, any, timeout.map(Duration::from_millis))
             }

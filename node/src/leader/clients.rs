@@ -68,6 +68,12 @@ async fn answer(what: Option<What>, core: &mpsc::Sender<Event>) -> Result<proto:
             core.send(Event::Core(Input::Cancel { ids: c.ids.clone() })).map_err(gone)?;
             Ok(proto::Reply { ids: c.ids, states, ..Default::default() })
         }
+        Some(What::Explain(q)) => {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            core.send(Event::Explain(q.ids, tx)).map_err(gone)?;
+            let whys = rx.await.map_err(|_| "the run is ending".to_string())??;
+            Ok(proto::Reply { whys, ..Default::default() })
+        }
         Some(What::Close(c)) => {
             let (tx, rx) = tokio::sync::oneshot::channel();
             core.send(Event::Close(c.cancel, tx)).map_err(gone)?;

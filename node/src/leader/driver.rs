@@ -43,6 +43,8 @@ pub enum Event {
     Close(bool, tokio::sync::oneshot::Sender<std::result::Result<(), String>>),
     /// A client asks how these tasks stand (all: `None`).
     Status(Option<Vec<u64>>, tokio::sync::oneshot::Sender<Vec<htc_core::record::TaskStatus>>),
+    /// Why these tasks are where they are (`htc task explain`), or why that cannot be read.
+    Explain(Vec<u64>, tokio::sync::oneshot::Sender<std::result::Result<Vec<htc_engine::wire::proto::TaskWhy>, String>>),
 }
 
 /// The node's world: the wall clock, and the agents' connections, each message encoded as its
@@ -279,6 +281,11 @@ fn take(s: &mut Session<'_, '_, Net>, first: Event, rx: &mpsc::Receiver<Event>) 
                     None => StatusIds::All(None),
                 };
                 s.world.statuses.push_back(StatusJob { ids, found: Vec::new(), reply });
+                None
+            }
+            // Answered at once, from the core's state as it stands and the ledger's view.
+            Event::Explain(ids, reply) => {
+                let _ = reply.send(s.explain(&ids).map_err(|e| e.to_string()));
                 None
             }
             Event::Add(tasks, reply) => {

@@ -10,7 +10,8 @@ use std::time::Duration;
 use super::core::{Core, Ending, Input, NewTask, Progress, Tasks};
 use super::effect::Effects;
 use htc_core::attempts::Rules;
-use htc_core::record::TaskStatus;
+use htc_core::record::{TaskStatus, DAMAGED};
+use htc_engine::wire::proto;
 use htc_store::ledger::{Adding, Change, Ledger, LedgerError, Reads, Record, WriteTxn};
 use htc_store::load::TaskText;
 use htc_store::vouch::Found;
@@ -337,6 +338,29 @@ impl<'c, 'l, W: World> Session<'c, 'l, W> {
         Ok(out)
     }
 
+    /// Why each of `ids` is where it is (`htc task explain`); an id the run has not is left
+    /// out, and one whose record cannot be read is said to be damaged.
+    pub fn explain(&self, ids: &[u64]) -> Result<Vec<proto::TaskWhy>> {
+        self.with_reads(|t| {
+            let mut out = Vec::with_capacity(ids.len());
+            for &id in ids {
+                let r = match t.get(id) {
+                    Ok(Some(r)) => r,
+                    Ok(None) => continue,
+                    Err(e) => {
+                        let (state, kind, words) = (DAMAGED.into(), "damaged".into(), e.to_string());
+                        out.push(proto::TaskWhy { id, state, kind, words, ..Default::default() });
+                        continue;
+                    }
+                };
+                let after = if self.core.waits_for_others(id) { Some(open_needs(t, id)?) } else { None };
+                let why = self.core.explain(id, &r, after);
+                out.push(proto::TaskWhy::of(id, self.core.status_of(id, &r).state, &why));
+            }
+            Ok(out)
+        })
+    }
+
     /// `f` given the open transaction's view (what this session wrote, committed or not), else
     /// the ledger's last commit: never a second transaction beside the open one on this thread.
     fn with_reads<T>(&self, f: impl FnOnce(&dyn Reads) -> Result<T>) -> Result<T> {
@@ -470,4 +494,35 @@ fn cpu_us() -> u64 {
     let Ok(u) = getrusage(UsageWho::RUSAGE_SELF) else { return 0 };
     let us = |t: TimeVal| t.tv_sec() as u64 * 1_000_000 + t.tv_usec() as u64;
     us(u.user_time()) + us(u.system_time())
+}
+
+/// Tasks an answer lists of those a task waits for, and the most it looks at: a fan-in that
+/// names a million answers as fast as one of three.
+const LISTED: usize = 20;
+const LOOKED_AT: u64 = 10_000;
+
+/// The tasks `id` waits for that have not ended (the first `LISTED`), and how many more, those
+/// past the first `LOOKED_AT` it names counted as open.
+fn open_needs(t: &dyn Reads, id: u64) -> Result<(Vec<u64>, u64)> {
+    let Some(needs) = t.needs(id)? else { return Ok((Vec::new(), 0)) };
+    let (mut open, mut more, mut looked) = (Vec::new(), 0u64, 0u64);
+    for (range, _) in needs.ranges() {
+        let (first, last) = (*range.start(), *range.end());
+        let end = last.min(first.saturating_add(LOOKED_AT.saturating_sub(looked)).saturating_sub(1));
+        if end >= first {
+            for (dep, r) in t.range(first..end + 1)? {
+                if r.state().is_final() {
+                    continue;
+                }
+                if open.len() < LISTED {
+                    open.push(dep);
+                } else {
+                    more += 1;
+                }
+            }
+            looked += end + 1 - first;
+        }
+        more += last.saturating_sub(end.max(first.saturating_sub(1)));
+    }
+    Ok((open, more))
 }

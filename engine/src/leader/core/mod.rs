@@ -37,6 +37,7 @@ mod allocations;
 mod asking;
 pub mod deps;
 mod dispatch;
+pub mod explain;
 mod figures;
 mod flights;
 mod give_back;
@@ -67,6 +68,18 @@ pub use state::Core;
 pub use streak::BLACK_HOLE_STREAK;
 
 impl<'a> Core<'a> {
+    /// Whether the task waits for others (`after=`): the caller lists which for `explain`
+    /// (`Why::After`) from the ledger, as the core keeps only counts.
+    pub fn waits_for_others(&self, id: u64) -> bool {
+        self.deps.is_waiting(id)
+    }
+
+    /// Why task `id` (its record `r`) is where it is (`htc task explain`). `after`: the open
+    /// tasks it waits for and how many more, for one that `waits_for_others`.
+    pub fn explain(&self, id: u64, r: &Record, after: Option<(Vec<u64>, u64)>) -> explain::Why {
+        explain::explain(self, id, r, after)
+    }
+
     /// Whether the run is over without an event: every task finished, or no agent left.
     pub fn ending(&self) -> Option<Ending> {
         if self.stays_open() {

@@ -93,6 +93,11 @@ impl Preemption {
     pub(super) fn take_next_again(&mut self) -> Option<u64> {
         self.again.pop_front()
     }
+
+    /// Whether the task was stopped and waits to run again.
+    pub(super) fn waits_again(&self, id: u64) -> bool {
+        self.again.contains(&id)
+    }
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 mod adds;
 mod attempts;
 mod deps;
+mod explain;
 mod give_back;
 
 /// Task records in memory; the command of task N is "task N".
