@@ -106,7 +106,7 @@ fn json(w: &TaskWhy) -> Json<'_> {
 }
 
 /// The leader's answer, or the ledger's when no leader answers.
-fn whys(dir: &std::path::Path, ids: &[u64]) -> anyhow::Result<Result<Vec<TaskWhy>, ClientError>> {
+pub(crate) fn whys(dir: &std::path::Path, ids: &[u64]) -> anyhow::Result<Result<Vec<TaskWhy>, ClientError>> {
     let patience = htc_node::client::patience().min(htc_node::auth::HANDSHAKE_TIMEOUT);
     match Client::connect_within(&RunDir::new(dir), patience) {
         Ok(mut c) => match c.explain(ids.to_vec()) {

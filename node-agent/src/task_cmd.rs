@@ -335,7 +335,20 @@ struct Row<'a> {
     reason: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     name: Option<&'a str>,
+    /// Why a task that waits is not running (`htc task explain`'s kind and words).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    why: Option<Why<'a>>,
 }
+
+#[derive(Serialize)]
+struct Why<'a> {
+    kind: &'a str,
+    words: &'a str,
+}
+
+/// Waiting tasks past this many in one `--format json` answer go without their `why`: each
+/// costs the leader a look at its queues.
+const EXPLAINED: usize = 10_000;
 
 /// `htc task status RUN IDS|--all`: a line each, as the run's leader knows them, or from the
 /// run's ledger when no leader runs.
@@ -352,10 +365,12 @@ pub fn status(run: &str, ids: &[String], all: bool, format: &str) -> anyhow::Res
     let out = std::io::stdout();
     let mut o = std::io::BufWriter::new(out.lock());
     let mut known = std::collections::HashSet::new();
+    let whys = if format == "json" { waiting_whys(&dir, &rows)? } else { Default::default() };
     for r in &rows {
         known.insert(r.id);
         if format == "json" {
-            let row = Row { id: r.id, state: r.state, exit: r.exit, reason: &r.reason, name: r.name.as_deref() };
+            let why = whys.get(&r.id).map(|w| Why { kind: &w.kind, words: &w.words });
+            let row = Row { id: r.id, state: r.state, exit: r.exit, reason: &r.reason, name: r.name.as_deref(), why };
             writeln!(o, "{}", serde_json::to_string(&row)?)?;
         } else if format == "word" {
             writeln!(o, "{}", word(r.state))?;
@@ -377,6 +392,20 @@ pub fn status(run: &str, ids: &[String], all: bool, format: &str) -> anyhow::Res
         return Ok(2);
     }
     Ok(0)
+}
+
+/// Why each of the waiting tasks of `rows` waits (the first `EXPLAINED`), by id; none when
+/// that cannot be asked.
+fn waiting_whys(
+    dir: &std::path::Path,
+    rows: &[TaskStatus],
+) -> anyhow::Result<std::collections::HashMap<u64, htc_engine::wire::proto::TaskWhy>> {
+    let waiting: Vec<u64> =
+        rows.iter().filter(|r| matches!(r.state, "waiting" | "blocked")).map(|r| r.id).take(EXPLAINED).collect();
+    if waiting.is_empty() {
+        return Ok(Default::default());
+    }
+    Ok(crate::explain_cmd::whys(dir, &waiting)?.map(|w| w.into_iter().map(|w| (w.id, w)).collect()).unwrap_or_default())
 }
 
 /// The exit status of a reader whose answer holds tasks the ledger cannot vouch for.

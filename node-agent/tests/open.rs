@@ -494,6 +494,13 @@ fn explain_says_why_each_task_is_where_it_is_from_the_leader_and_without_one() {
     assert_eq!(rows[1]["room"]["mem_mib"], 200, "the most free on one agent: {out}");
     assert!(rows[1]["why"].as_str().unwrap().contains("no agent has 1 core, 400 MiB free now"), "{out}");
     assert_eq!((rows[2]["kind"].as_str(), rows[2]["ids"].clone()), (Some("after"), serde_json::json!([1])));
+    let (rc, out, _) = htc(&d, &["task", "status", &run, "2", "--format", "json"]);
+    let row: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(
+        (rc, row["state"].as_str(), row["why"]["kind"].as_str()),
+        (0, Some("waiting"), Some("no_room")),
+        "{out}"
+    );
     let (rc, out, _) = htc(&d, &["task", "explain", &run, "3"]);
     assert_eq!((rc, out.as_str()), (0, "3\tblocked\twaiting for task 1 to end\n"));
     let (rc, _, err) = htc(&d, &["task", "explain", &run, "2", "99"]);
