@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use crate::ledger::{Attempt, Ledger, Outcome, ReadTxn, Reads, Record};
 use crate::load::TaskText;
-use htc_core::attempts::Rules;
+use htc_core::attempts::{AttemptEnd, Rules};
 use htc_core::shape::TaskShape;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -285,19 +285,22 @@ fn ended_attempts(
 }
 
 /// What each earlier attempt of record `r` asked: the record's values, or, for a task whose
-/// attempts grow, what its rules give each as the leader counted them (an attempt lost with its
-/// agent is run again asking the same).
+/// attempts grow, what the leader gave each (`results::finish_attempt`): the first attempt's
+/// ask, then after each failure of its own the ask of the attempt numbered one past those that
+/// counted so far (an attempt lost with its agent does not count, a preempted one does, and
+/// neither changes the ask).
 fn asks_of(r: &Record, earlier: &[Attempt], rules: Option<&Rules>) -> Vec<Ask> {
     let Some(rules) = rules else { return vec![Ask::of(r.shape()); earlier.len()] };
-    let mut counted = 0u32;
+    let (mut counted, mut ask) = (0u32, rules.shape_at(r.shape(), 1));
     earlier
         .iter()
         .map(|a| {
-            let n = counted + 1;
-            if a.ended.outcome != Outcome::Lost {
-                counted = n;
+            let this = Ask::of(&ask);
+            counted += (a.ended.outcome != Outcome::Lost) as u32;
+            if AttemptEnd::of(a.ended.outcome, a.ended.value as u32).is_some() {
+                ask = rules.shape_at(r.shape(), counted + 1);
             }
-            Ask::of(&rules.shape_at(r.shape(), n))
+            this
         })
         .collect()
 }
@@ -322,6 +325,28 @@ fn attempt_row<'a>(task: u64, line: u32, a: &Attempt, host: &'a str, command: &'
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_attempt_of_a_growing_task_shows_what_the_leader_gave_it() {
+        use htc_core::attempts::Growing;
+        use htc_core::record::{CommandAt, Ended};
+        let shape = TaskShape { mem_mb: 100, rules: true, ..TaskShape::default() };
+        let r = Record::new(CommandAt::default(), shape);
+        let rules = Rules { mem: Some(Growing::Times { first: 100, tenths: 20 }), ..Rules::default() };
+        let ended = |outcome, value| Attempt { attempt: 1, agent: 0, ended: Ended::new(outcome, value, 1, 2) };
+        let history = [
+            ended(Outcome::OutOfMemory, 120),
+            ended(Outcome::Lost, 0),
+            ended(Outcome::Preempted, 0),
+            ended(Outcome::Exited, 1),
+            ended(Outcome::Exited, 1),
+        ];
+        let mem: Vec<u32> = asks_of(&r, &history, Some(&rules)).iter().map(|a| a.mem_mb).collect();
+        // Grown after each failure of its own, to the attempt one past those counted (the loss
+        // does not count, the preemption does): 2, then 4, then 5.
+        assert_eq!(mem, [100, 200, 200, 200, 800]);
+        assert_eq!(asks_of(&r, &history[..1], None)[0].mem_mb, 100, "without rules: the record's");
+    }
 
     fn row(outcome: Outcome, value: i32) -> Row<'static> {
         Row {
