@@ -60,7 +60,7 @@ pub fn explain(run: &str, ids: &[String], format: &str) -> anyhow::Result<i32> {
     if !matches!(format, "tsv" | "json") {
         anyhow::bail!("--format {format}: tsv or json");
     }
-    let asked = crate::task_cmd::id_list(ids)?;
+    let asked = crate::id_args::id_list(ids)?;
     let dir = RunDir::find(Some(run))?;
     let whys = match whys(&dir, &asked)? {
         Ok(whys) => whys,

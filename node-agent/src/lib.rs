@@ -14,6 +14,7 @@ pub mod calibrate;
 pub mod cli;
 pub mod detach;
 pub mod explain_cmd;
+pub mod id_args;
 pub mod joblog;
 pub mod lead;
 pub mod output_view;

@@ -10,6 +10,7 @@ use anyhow::Context;
 use serde::Serialize;
 
 use crate::cli::htc::TaskAddArgs;
+use crate::id_args::id_list;
 use crate::ledger::{Reads, State};
 use crate::rundir::RunDir;
 use htc_core::after::Kind;
@@ -315,16 +316,6 @@ pub fn close(run: &str, cancel: bool) -> anyhow::Result<i32> {
         }
         Err(e) => Ok(said(&e)),
     }
-}
-
-pub(crate) fn id_list(ids: &[String]) -> anyhow::Result<Vec<u64>> {
-    let mut v = Vec::new();
-    for s in ids {
-        for r in htc_core::idset::parse(s).map_err(|e| anyhow::anyhow!("{s}: {e}"))? {
-            v.extend(r);
-        }
-    }
-    Ok(v)
 }
 
 #[derive(Serialize)]
