@@ -172,28 +172,32 @@ fn read_added_name(l: &Ledger, txn: &impl Transaction, id: u64, r: &Record) -> R
     Ok(whole.get(r.cmd_len() as usize..).filter(|n| !n.is_empty()).map(<[u8]>::to_vec))
 }
 
-/// What task `id` waits for (`after=`, `afterany=`), checked; `None`: nothing.
-fn read_needs(l: &Ledger, txn: &impl Transaction, id: u64) -> Result<Option<Needs>> {
-    let Some(db) = l.needs else { return Ok(None) };
+/// Task `id`'s entry in `db` (a database of schema 4 or later, `None` in an older ledger read
+/// as it is), decoded and checked by `decode`; `what` names it in the error of one that is not.
+fn read_of_task<T>(
+    l: &Ledger,
+    txn: &impl Transaction,
+    db: Option<Database>,
+    id: u64,
+    decode: fn(u64, &[u8]) -> Option<T>,
+    what: &str,
+) -> Result<Option<T>> {
+    let Some(db) = db else { return Ok(None) };
     match txn.get(db, &key(id)) {
-        Ok(v) => {
-            Ok(Some(crate::layout::decode_needs(id, v).ok_or_else(|| l.sum_err(format!("what task {id} waits for")))?))
-        }
+        Ok(v) => Ok(Some(decode(id, v).ok_or_else(|| l.sum_err(format!("{what} of task {id}")))?)),
         Err(lmdb::Error::NotFound) => Ok(None),
         Err(e) => Err(l.err(e)),
     }
 }
 
+/// What task `id` waits for (`after=`, `afterany=`), checked; `None`: nothing.
+fn read_needs(l: &Ledger, txn: &impl Transaction, id: u64) -> Result<Option<Needs>> {
+    read_of_task(l, txn, l.needs, id, crate::layout::decode_needs, "the needs")
+}
+
 /// Task `id`'s rules for its attempts (only a record with `rules` set has them), checked.
 fn read_rules(l: &Ledger, txn: &impl Transaction, id: u64) -> Result<Option<Rules>> {
-    let Some(db) = l.rules else { return Ok(None) };
-    match txn.get(db, &key(id)) {
-        Ok(v) => {
-            Ok(Some(crate::layout::decode_rules(id, v).ok_or_else(|| l.sum_err(format!("the rules of task {id}")))?))
-        }
-        Err(lmdb::Error::NotFound) => Ok(None),
-        Err(e) => Err(l.err(e)),
-    }
+    read_of_task(l, txn, l.rules, id, crate::layout::decode_rules, "the rules")
 }
 
 /// Whether any task of the ledger was added with a name (then `read_added_name` is worth it).
