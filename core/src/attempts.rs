@@ -139,6 +139,7 @@ pub enum AttemptEnd {
     Signal(i32),
     OutOfMemory,
     TimedOut,
+    Stuck,
 }
 
 impl AttemptEnd {
@@ -151,6 +152,7 @@ impl AttemptEnd {
             Outcome::Signaled => Some(AttemptEnd::Signal(value as i32)),
             Outcome::OutOfMemory => Some(AttemptEnd::OutOfMemory),
             Outcome::TimedOut => Some(AttemptEnd::TimedOut),
+            Outcome::Stuck => Some(AttemptEnd::Stuck),
             _ => None,
         }
     }
@@ -162,6 +164,7 @@ pub struct RetryOn {
     pub oom: bool,
     pub timeout: bool,
     pub signal: bool,
+    pub stuck: bool,
     /// Exit values, as inclusive ranges.
     pub exits: Vec<(u8, u8)>,
     any: bool,
@@ -169,22 +172,23 @@ pub struct RetryOn {
 
 impl Default for RetryOn {
     fn default() -> Self {
-        RetryOn { oom: true, timeout: true, signal: true, exits: vec![(1, 255)], any: true }
+        RetryOn { oom: true, timeout: true, signal: true, stuck: true, exits: vec![(1, 255)], any: true }
     }
 }
 
 impl RetryOn {
-    /// Parses `oom/timeout/signal/104/130-145` (or `any`); the error names the word.
+    /// Parses `oom/timeout/signal/stuck/104/130-145` (or `any`); the error names the word.
     pub fn parse(s: &str) -> Result<RetryOn, String> {
         if s == "any" {
             return Ok(RetryOn::default());
         }
-        let mut r = RetryOn { oom: false, timeout: false, signal: false, exits: Vec::new(), any: false };
+        let mut r = RetryOn { oom: false, timeout: false, signal: false, stuck: false, exits: Vec::new(), any: false };
         for word in s.split('/') {
             match word {
                 "oom" => r.oom = true,
                 "timeout" => r.timeout = true,
                 "signal" => r.signal = true,
+                "stuck" => r.stuck = true,
                 _ => {
                     let (lo, hi) = word.split_once('-').unwrap_or((word, word));
                     let exit =
@@ -193,7 +197,7 @@ impl RetryOn {
                         (Some(lo), Some(hi)) if lo <= hi => r.exits.push((lo, hi)),
                         _ => {
                             return Err(format!(
-                                "'{word}' is not oom, timeout, signal, an exit value from 1 to 255 or a range of them"
+                                "'{word}' is not oom, timeout, signal, stuck, an exit value from 1 to 255 or a range of them"
                             ))
                         }
                     }
@@ -209,6 +213,7 @@ impl RetryOn {
             AttemptEnd::OutOfMemory => self.oom,
             AttemptEnd::TimedOut => self.timeout,
             AttemptEnd::Signal(_) => self.signal,
+            AttemptEnd::Stuck => self.stuck,
             AttemptEnd::Exit(v) => self.exits.iter().any(|&(lo, hi)| (lo..=hi).contains(&v)),
         }
     }
@@ -218,22 +223,24 @@ impl RetryOn {
         self.any
     }
 
-    /// Ends named so, as a stored copy says them: the exit ranges besides oom, timeout, signal.
-    pub fn of(oom: bool, timeout: bool, signal: bool, exits: Vec<(u8, u8)>) -> RetryOn {
-        let any = oom && timeout && signal && exits == [(1, 255)];
-        RetryOn { oom, timeout, signal, exits, any }
+    /// Ends named so, as a stored copy says them: the exit ranges besides oom, timeout,
+    /// signal and stuck.
+    pub fn of(oom: bool, timeout: bool, signal: bool, stuck: bool, exits: Vec<(u8, u8)>) -> RetryOn {
+        let any = oom && timeout && signal && stuck && exits == [(1, 255)];
+        RetryOn { oom, timeout, signal, stuck, exits, any }
     }
 
-    /// As `parse` reads it: `oom/timeout/104/130-145`, or `any`.
+    /// As `parse` reads it: `oom/timeout/stuck/104/130-145`, or `any`.
     pub fn describe(&self) -> String {
         if self.any {
             return "any".into();
         }
-        let mut words: Vec<String> = [("oom", self.oom), ("timeout", self.timeout), ("signal", self.signal)]
-            .into_iter()
-            .filter(|(_, on)| *on)
-            .map(|(w, _)| w.to_string())
-            .collect();
+        let mut words: Vec<String> =
+            [("oom", self.oom), ("timeout", self.timeout), ("signal", self.signal), ("stuck", self.stuck)]
+                .into_iter()
+                .filter(|(_, on)| *on)
+                .map(|(w, _)| w.to_string())
+                .collect();
         words.extend(self.exits.iter().map(|&(lo, hi)| if lo == hi { lo.to_string() } else { format!("{lo}-{hi}") }));
         words.join("/")
     }

@@ -22,6 +22,7 @@ pub mod shape;
 pub mod shellsyntax;
 pub mod slots;
 pub mod spawn_loop;
+pub mod stuck;
 pub mod sweep;
 pub mod task;
 pub mod taskfile;

@@ -38,13 +38,16 @@ pub enum Outcome {
     /// The session that ran it ended while it ran (its leader killed, its job requeued): it runs
     /// again as a new attempt, at no cost to its retries.
     Interrupted = 10,
+    /// Killed by the stuck watch (`stuck=`): it used almost no CPU and did no I/O for that
+    /// long; the value is the seconds it sat so.
+    Stuck = 11,
 }
 
 impl Outcome {
     /// Whether the task's process was started to end this way (a queued task can end only as
     /// a spawn failure, unschedulable, preempted or cancelled).
     pub fn ran(self) -> bool {
-        matches!(self, Outcome::Exited | Outcome::Signaled | Outcome::TimedOut | Outcome::OutOfMemory)
+        matches!(self, Outcome::Exited | Outcome::Signaled | Outcome::TimedOut | Outcome::OutOfMemory | Outcome::Stuck)
     }
 
     /// The stored byte back to an outcome; an unknown byte reads as `None`.
@@ -60,6 +63,7 @@ impl Outcome {
             8 => Outcome::Preempted,
             9 => Outcome::Cancelled,
             10 => Outcome::Interrupted,
+            11 => Outcome::Stuck,
             _ => Outcome::None,
         }
     }
@@ -105,6 +109,7 @@ impl Outcome {
             Outcome::Cancelled if value == 0 => "cancelled".into(),
             Outcome::Cancelled => format!("cancelled: task {} did not succeed (after=)", value as u32),
             Outcome::Interrupted => "interrupted: the session running it stopped".into(),
+            Outcome::Stuck => format!("stuck: no CPU or I/O for {value}s (stuck=)"),
         }
     }
 }

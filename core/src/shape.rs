@@ -13,8 +13,11 @@ pub const DEFAULT_RETRIES: u8 = 2;
 /// The most cores one task may ask for (`cores=`).
 pub const MAX_CORES: u32 = 4096;
 
+/// The longest `stuck=` watch, in seconds: what the record's three bytes for it hold (194 days).
+pub const MAX_STUCK_S: u32 = (1 << 24) - 1;
+
 /// What one task asks for. Zero means "not given" for `mem_mb`, `timeout_ms`, `runtime_ms`,
-/// `max_output` and `affinity`.
+/// `max_output`, `affinity` and `stuck_s`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TaskShape {
     pub cores: u16,
@@ -42,6 +45,8 @@ pub struct TaskShape {
     /// Its attempts have rules (`attempts::Rules`: what grows, which ends are retried), kept
     /// in the ledger beside the record; the record's own values are its current attempt's.
     pub rules: bool,
+    /// `stuck=`: killed as stuck after this many seconds of almost no CPU and no I/O.
+    pub stuck_s: u32,
 }
 
 impl Default for TaskShape {
@@ -61,6 +66,7 @@ impl Default for TaskShape {
             preemptible: false,
             affinity: 0,
             rules: false,
+            stuck_s: 0,
         }
     }
 }
@@ -144,6 +150,7 @@ mod tests {
             preemptible: true,
             affinity: 11,
             rules: true,
+            stuck_s: 8,
         };
         let d = TaskShape::default();
         let expect = TaskShape { retries: d.retries, class: 0, exclusive: false, affinity: 0, rules: false, ..s };

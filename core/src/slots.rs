@@ -237,15 +237,28 @@ impl<T: Ord + Copy, K: Ord + Copy> Deadlines<T, K> {
     }
 }
 
+/// Why the agent stopped a running task, each cause it saw; `ending` says which names its end.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stopped {
+    /// Killed for passing its `mem=`, with the resident MiB seen then.
+    pub oom_mb: Option<u64>,
+    pub preempted: bool,
+    pub timed_out: bool,
+    /// Killed by the stuck watch, with the seconds it sat idle.
+    pub stuck_s: Option<u32>,
+}
+
 /// How a stopped or ended task is recorded: why the agent stopped it comes before how it
 /// ended (a task killed for memory that then dies of SIGKILL ran out of memory).
-pub fn ending(oom_mb: Option<u64>, preempted: bool, timed_out: bool, exited: bool, value: i32) -> (Outcome, i32) {
-    if let Some(mb) = oom_mb {
+pub fn ending(why: Stopped, exited: bool, value: i32) -> (Outcome, i32) {
+    if let Some(mb) = why.oom_mb {
         (Outcome::OutOfMemory, mb.min(i32::MAX as u64) as i32)
-    } else if preempted {
+    } else if why.preempted {
         (Outcome::Preempted, value)
-    } else if timed_out {
+    } else if why.timed_out {
         (Outcome::TimedOut, value)
+    } else if let Some(s) = why.stuck_s {
+        (Outcome::Stuck, s.min(i32::MAX as u32) as i32)
     } else if exited {
         (Outcome::Exited, value)
     } else {
@@ -353,10 +366,15 @@ mod tests {
 
     #[test]
     fn why_the_agent_stopped_a_task_comes_before_how_it_ended() {
-        assert_eq!(ending(Some(700), true, true, false, 9), (Outcome::OutOfMemory, 700));
-        assert_eq!(ending(None, true, true, false, 15), (Outcome::Preempted, 15));
-        assert_eq!(ending(None, false, true, false, 15), (Outcome::TimedOut, 15));
-        assert_eq!(ending(None, false, false, true, 3), (Outcome::Exited, 3));
-        assert_eq!(ending(None, false, false, false, 9), (Outcome::Signaled, 9));
+        let all = Stopped { oom_mb: Some(700), preempted: true, timed_out: true, stuck_s: Some(60) };
+        assert_eq!(ending(all, false, 9), (Outcome::OutOfMemory, 700));
+        let all = Stopped { oom_mb: None, ..all };
+        assert_eq!(ending(all, false, 15), (Outcome::Preempted, 15));
+        assert_eq!(ending(Stopped { preempted: false, ..all }, false, 15), (Outcome::TimedOut, 15));
+        let stuck = Stopped { stuck_s: Some(60), ..Stopped::default() };
+        assert_eq!(ending(stuck, false, 15), (Outcome::Stuck, 60), "its end is the watch's, whatever signal did it");
+        assert_eq!(ending(stuck, true, 0), (Outcome::Stuck, 60));
+        assert_eq!(ending(Stopped::default(), true, 3), (Outcome::Exited, 3));
+        assert_eq!(ending(Stopped::default(), false, 9), (Outcome::Signaled, 9));
     }
 }

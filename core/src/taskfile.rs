@@ -24,7 +24,7 @@ pub const MAX_DURATION_MS: u64 = u32::MAX as u64;
 
 pub use crate::after::{Kind, Needs};
 use crate::attempts::{Growing, RetryOn, Rules};
-pub use crate::shape::{output_cap, TaskShape, DEFAULT_RETRIES, MAX_CORES};
+pub use crate::shape::{output_cap, TaskShape, DEFAULT_RETRIES, MAX_CORES, MAX_STUCK_S};
 
 /// One parsed task. `command` borrows the parser's line buffer.
 #[derive(Debug, PartialEq, Eq)]
@@ -90,7 +90,7 @@ impl fmt::Display for ErrorKind {
             ErrorKind::MissingCommand => write!(f, "options but no command"),
             ErrorKind::BadOptionSyntax(s) => write!(f, "expected key=value, found '{s}'"),
             ErrorKind::UnknownOption(k) => {
-                write!(f, "unknown option '{k}' (known: cores, mem, gpus, priority, exclusive, preemptible, affinity, timeout, retries, class, runtime, max_output)")
+                write!(f, "unknown option '{k}' (known: cores, mem, gpus, priority, exclusive, preemptible, affinity, timeout, retries, retry_on, stuck, class, runtime, max_output, after, afterany)")
             }
             ErrorKind::BadValue { key, value, why } => write!(f, "bad value '{value}' for {key}: {why}"),
             ErrorKind::BadNeeds { key, value, why } => write!(f, "bad value '{value}' for {key}: {why}"),
@@ -591,7 +591,8 @@ impl<R: BufRead> Parser<R> {
     ) -> Result<bool, TaskFileError> {
         let bad = |key: &'static str, why: &'static str| ErrorKind::BadValue { key, value: value.to_string(), why };
         if key == "retry_on" {
-            let why = "ends separated by '/': oom, timeout, signal, exit values or ranges (104, 130-145), or any";
+            let why =
+                "ends separated by '/': oom, timeout, signal, stuck, exit values or ranges (104, 130-145), or any";
             rules.retry_on = Some(RetryOn::parse(value).map_err(|_| self.err(col, bad("retry_on", why)))?);
             return Ok(true);
         }
@@ -660,6 +661,12 @@ impl<R: BufRead> Parser<R> {
                 opts.timeout_ms = parse_duration_ms(value).ok_or_else(|| {
                     self.err(col, bad("timeout", "a duration like 90, 90s, 10m, 1h30m, 1:30:00 (0 = none)"))
                 })?
+            }
+            "stuck" => {
+                opts.stuck_s =
+                    parse_duration_ms(value).map(|ms| ms.div_ceil(1000)).filter(|&s| s <= MAX_STUCK_S).ok_or_else(
+                        || self.err(col, bad("stuck", "a duration like 30m, 2h (0 = no watch; under 49 days)")),
+                    )?
             }
             "runtime" => {
                 opts.runtime_ms = parse_duration_ms(value)
@@ -1086,6 +1093,9 @@ mod tests {
             (b"[cores=5000/1] x\n", 2, "from 1 to 4096"),
             (b"[retry_on=oom/0] x\n", 2, "oom, timeout, signal"),
             (b"[retry_on=] x\n", 2, "retry_on"),
+            (b"[retry_on=stuk] x\n", 2, "stuck"),
+            (b"[stuck=soon] x\n", 2, "for stuck: a duration"),
+            (b"[stuck=50d] x\n", 2, "under 49 days"),
         ] {
             let e = all(text).unwrap_err();
             let shown = e.to_string();
@@ -1176,7 +1186,7 @@ mod tests {
 
     #[test]
     fn options_and_defaults() {
-        let v = all(b"#HTC cores=2 timeout=1m retries=1\n[class=long,runtime=30s mem=2G gpus=2 priority=-3 exclusive affinity=sample-7 preemptible] ./sim 1\n./sim 2\n#HTC class=short\n[cores=1] x\n").unwrap();
+        let v = all(b"#HTC cores=2 timeout=1m retries=1 stuck=10m\n[class=long,runtime=30s mem=2G gpus=2 priority=-3 exclusive affinity=sample-7 preemptible stuck=90] ./sim 1\n./sim 2\n#HTC class=short\n[cores=1 stuck=0] x\n").unwrap();
         assert_eq!(
             v[0].1,
             TaskShape {
@@ -1193,9 +1203,11 @@ mod tests {
                 affinity: crate::affinity::key_hash(b"sample-7"),
                 preemptible: true,
                 rules: false,
+                stuck_s: 90,
             }
         );
         assert_eq!(v[0].2, b"./sim 1");
+        assert_eq!((v[1].1.stuck_s, v[2].1.stuck_s), (600, 0), "the directive's, then none");
         assert_eq!(v[1].1.class, 0);
         assert_eq!(v[1].1.cores, 2);
         assert_eq!(v[2].1.class, 2);

@@ -17,7 +17,7 @@ pub mod proto {
 }
 
 /// Bumped on any incompatible change to `proto/htc.proto`; the leader refuses other versions.
-pub const PROTOCOL_VERSION: u32 = 9;
+pub const PROTOCOL_VERSION: u32 = 10;
 
 /// Senders split batches at this many encoded bytes, well under the framing's largest frame
 /// (16 MiB).
@@ -33,6 +33,7 @@ impl From<Outcome> for proto::Outcome {
             Outcome::OutOfMemory => proto::Outcome::OutOfMemory,
             Outcome::Preempted => proto::Outcome::Preempted,
             Outcome::SpawnFailed => proto::Outcome::SpawnFailed,
+            Outcome::Stuck => proto::Outcome::Stuck,
             // Decided by an instance head when a member is gone.
             Outcome::Lost => proto::Outcome::Lost,
             // Decided by the leader, never reported by an agent.
@@ -53,6 +54,7 @@ impl From<proto::Outcome> for Outcome {
             proto::Outcome::Preempted => Outcome::Preempted,
             proto::Outcome::SpawnFailed => Outcome::SpawnFailed,
             proto::Outcome::Lost => Outcome::Lost,
+            proto::Outcome::Stuck => Outcome::Stuck,
             proto::Outcome::Unspecified => Outcome::None,
         }
     }
@@ -103,7 +105,7 @@ mod tests {
     #[test]
     fn outcomes_an_agent_reports_cross_the_wire_unchanged() {
         use Outcome::*;
-        for o in [Exited, Signaled, TimedOut, SpawnFailed, Lost, OutOfMemory, Preempted] {
+        for o in [Exited, Signaled, TimedOut, SpawnFailed, Lost, OutOfMemory, Preempted, Stuck] {
             assert_eq!(Outcome::from(proto::Outcome::from(o)), o);
         }
         // The leader's own verdicts are never sent.

@@ -9,6 +9,7 @@
 //! the wire format or sockets (but the local one of a node's warm interpreter, `warm`, through
 //! which a Python function call's task runs).
 
+pub mod activity;
 pub mod capture;
 pub mod executor;
 pub mod gpu;

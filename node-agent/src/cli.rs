@@ -314,9 +314,12 @@ pub mod htc {
         pub timeout: Option<String>,
         #[arg(long)]
         pub retries: Option<u8>,
-        /// The failed ends that are retried, as `retry_on=` (oom/timeout/signal/104/130-145).
+        /// The failed ends that are retried, as `retry_on=` (oom/timeout/signal/stuck/104/130-145).
         #[arg(long, value_name = "ENDS")]
         pub retry_on: Option<String>,
+        /// Killed as stuck after this long with almost no CPU and no I/O, as `stuck=` (30m).
+        #[arg(long, value_name = "DURATION")]
+        pub stuck: Option<String>,
         #[arg(long, allow_hyphen_values = true)]
         pub priority: Option<i16>,
         /// Start once these tasks succeeded (ids and ranges: 3,7-9).

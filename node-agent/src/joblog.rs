@@ -73,7 +73,7 @@ pub fn exit_and_signal(outcome: Outcome, value: i32) -> (i32, i32) {
     match outcome {
         Outcome::Exited => (value, 0),
         Outcome::Signaled => (0, value),
-        Outcome::TimedOut => (-1, libc::SIGTERM),
+        Outcome::TimedOut | Outcome::Stuck => (-1, libc::SIGTERM),
         // Killed by htc with SIGKILL, as a timed-out job is killed by parallel.
         Outcome::OutOfMemory => (-1, libc::SIGKILL),
         Outcome::Preempted => (-1, libc::SIGTERM),

@@ -156,6 +156,7 @@ pub fn task_line(a: &TaskAddArgs) -> Result<Vec<u8>, String> {
     opt("timeout", a.timeout.clone());
     opt("retries", a.retries.map(|n| n.to_string()));
     opt("retry_on", a.retry_on.clone());
+    opt("stuck", a.stuck.clone());
     opt("priority", a.priority.map(|n| n.to_string()));
     for (kind, ids) in [(Kind::After, &a.after), (Kind::AfterAny, &a.afterany)] {
         opt(kind.option(), ids.as_ref().map(|i| i.replace(',', ":")));

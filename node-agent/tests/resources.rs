@@ -558,3 +558,27 @@ fn a_task_that_outgrows_its_mem_succeeds_on_the_retry_that_grows_it_once_there_i
     let s = String::from_utf8_lossy(&o.stdout);
     assert!(s.contains("task 3 (line 4): needs more cores, memory or GPUs than any agent has"), "{s}");
 }
+
+#[test]
+fn a_task_that_sits_idle_past_its_stuck_is_killed_recorded_stuck_and_retried_and_a_busy_one_is_not() {
+    // Task 1 sleeps with stuck=1s: killed each attempt (one retry), recorded stuck. Task 2
+    // spins for 3 s under the same watch and ends well; task 3 sleeps as long with no watch.
+    let d = Dir::new("stuck");
+    let t = "#HTC stuck=1s retries=1\nsleep 30\nend=$(($(date +%s) + 3)); while [ $(date +%s) -lt $end ]; do :; done\n[stuck=0] sleep 3\n";
+    d.write("tasks.txt", t);
+    let o = d.htc(&["run", "tasks.txt", "-q", "--agents", "1", "--cores-per-agent", "3"]);
+    assert_eq!(o.status.code(), Some(1), "task 1 fails: {}", text(&o));
+    let rows = json_rows(&d);
+    let of = |task: u64| rows.iter().filter(|r| r["Seq"] == task).collect::<Vec<_>>();
+    let one = of(1);
+    assert_eq!(one.len(), 2, "retried once: {rows:?}");
+    for r in &one {
+        assert!(r["Outcome"].as_str().unwrap().starts_with("stuck: no CPU or I/O for"), "{r}");
+        assert!(r["JobRuntime"].as_f64().unwrap() < 10.0, "stopped long before its sleep ended: {r}");
+    }
+    assert_eq!((of(2).len(), &of(2)[0]["Exitval"]), (1, &serde_json::json!(0)), "busy is not stuck: {rows:?}");
+    assert_eq!((of(3).len(), &of(3)[0]["Exitval"]), (1, &serde_json::json!(0)), "no watch: {rows:?}");
+    let o = d.htc(&["status", &d.run_id()]);
+    let s = String::from_utf8_lossy(&o.stdout);
+    assert!(s.contains("stuck: no CPU or I/O"), "{s}");
+}

@@ -9,15 +9,16 @@
 use htc_core::after::{Kind, Needs};
 use htc_core::attempts::{Growing, RetryOn, Rules, MAX_LIST};
 use htc_core::record::{CommandAt, Ended, Outcome, Record};
-use htc_core::shape::TaskShape;
+use htc_core::shape::{TaskShape, MAX_STUCK_S};
 use htc_core::task::{Life, State};
 
 /// Names the layout below and the meta keys; a ledger of another is migrated on open
 /// (`migrate`), or refused when it is newer than this build. 4: a task may be cancelled (its
 /// state byte 5), the counts have a sixth number for them, and what tasks wait for is in the
 /// `needs` database (`encode_needs`). 5: a task may have rules for its attempts (its flag
-/// `FLAG_RULES`, the rules in the `rules` database: `encode_rules`).
-pub const SCHEMA_VERSION: u32 = 5;
+/// `FLAG_RULES`, the rules in the `rules` database: `encode_rules`). 6: a task may have a stuck
+/// watch (`STUCK_S`, in bytes schema 5 left zero) and end stuck (outcome 11).
+pub const SCHEMA_VERSION: u32 = 6;
 /// The fields, then their checksum.
 pub const RECORD_LEN: usize = FIELDS_LEN + SUM_LEN;
 pub const FIELDS_LEN: usize = 76;
@@ -34,8 +35,9 @@ const fn f(at: usize, width: usize) -> Field {
     Field { at, width }
 }
 
-/// The record of schema 3 (written since before bb08bd2) and of schemas 4 and 5, which lie the
-/// same: a schema 4 record may also be cancelled, a schema 5 one may also have rules.
+/// The record of schema 3 (written since before bb08bd2) and of schemas 4 to 6, which lie the
+/// same but for the three bytes schema 6 gave `STUCK_S`: a schema 4 record may also be
+/// cancelled, a schema 5 one may also have rules, a schema 6 one a stuck watch.
 pub mod v3 {
     use super::f;
     pub use super::Field;
@@ -64,12 +66,12 @@ pub mod v3 {
     pub const PRIORITY: Field = f(66, 2);
     pub const AFFINITY: Field = f(68, 4);
     pub const RETURNS: Field = f(72, 1);
-    /// Unused: zero, so that a record decodes only from the bytes it encodes to.
-    pub const UNUSED: Field = f(73, 3);
+    /// `stuck=` in seconds, as 24 bits (`shape::MAX_STUCK_S`); zero before schema 6.
+    pub const STUCK_S: Field = f(73, 3);
     /// Every field, in order: the table's own test checks they neither overlap nor overrun.
-    pub const ALL: [Field; 24] = [
+    pub const ALL: [Field; 25] = [
         CMD_OFF, CMD_LEN, LINE, CORES, RETRIES, SHELL, TIMEOUT_MS, MEM_MB, CLASS, STATE, ATTEMPTS, RUNTIME_MS, OUTCOME,
-        LOSSES, MAX_OUTPUT, VALUE, AGENT, START_US, END_US, GPUS, FLAGS, PRIORITY, AFFINITY, RETURNS,
+        LOSSES, MAX_OUTPUT, VALUE, AGENT, START_US, END_US, GPUS, FLAGS, PRIORITY, AFFINITY, RETURNS, STUCK_S,
     ];
     pub const FLAG_EXCLUSIVE: u8 = 1;
     pub const FLAG_PREEMPTIBLE: u8 = 2;
@@ -80,12 +82,14 @@ pub mod v3 {
 type Decode = fn(u64, &[u8]) -> Option<Record>;
 
 /// The layouts of older schemas this build migrates from: schema 3 (bb08bd2's, and this one's
-/// before a task could be cancelled), schema 4 (before a task could have rules); the test-only schema 2 keeps the path from a layout that
-/// moved fields proven.
+/// before a task could be cancelled), schema 4 (before a task could have rules), schema 5
+/// (before a stuck watch); the test-only schema 2 keeps the path from a layout that moved
+/// fields proven.
 fn older(version: u32) -> Option<Decode> {
     match version {
         3 => Some(decode_v3),
         4 => Some(decode_v4),
+        5 => Some(decode_v5),
         #[cfg(test)]
         2 => Some(tests::v2::decode),
         _ => None,
@@ -176,7 +180,7 @@ pub fn decode_needs(id: u64, b: &[u8]) -> Option<Needs> {
 /// A task's rules for its attempts (`attempts::Rules`), as stored in the `rules` database:
 /// for each of `mem`, `timeout` and `cores` a form byte (0 none, 1 `V*F`: first u64, tenths
 /// u16; 2 `V+S`: first u64, step u64; 3 a list: count u8, each u64), then `retry_on` (0 none,
-/// or 1, a byte of oom 1 | timeout 2 | signal 4, a count u8 and each exit range as two bytes),
+/// or 1, a byte of oom 1 | timeout 2 | signal 4 | stuck 8, a count u8 and each exit range as two bytes),
 /// then the checksum under the task's key.
 pub fn encode_rules(id: u64, r: &Rules) -> Vec<u8> {
     let mut v = Vec::with_capacity(32);
@@ -204,7 +208,7 @@ pub fn encode_rules(id: u64, r: &Rules) -> Vec<u8> {
         None => v.push(0),
         Some(o) => {
             v.push(1);
-            v.push(o.oom as u8 | (o.timeout as u8) << 1 | (o.signal as u8) << 2);
+            v.push(o.oom as u8 | (o.timeout as u8) << 1 | (o.signal as u8) << 2 | (o.stuck as u8) << 3);
             v.push(o.exits.len() as u8);
             o.exits.iter().for_each(|&(lo, hi)| v.extend_from_slice(&[lo, hi]));
         }
@@ -244,10 +248,10 @@ pub fn decode_rules(id: u64, b: &[u8]) -> Option<Rules> {
             let ends = take(1)?[0];
             let n = take(1)?[0] as usize;
             let exits = (0..n).map(|_| take(2).map(|p| (p[0], p[1]))).collect::<Option<Vec<_>>>()?;
-            if ends & !7 != 0 || exits.iter().any(|&(lo, hi)| lo == 0 || lo > hi) {
+            if ends & !15 != 0 || exits.iter().any(|&(lo, hi)| lo == 0 || lo > hi) {
                 return None;
             }
-            Some(RetryOn::of(ends & 1 != 0, ends & 2 != 0, ends & 4 != 0, exits))
+            Some(RetryOn::of(ends & 1 != 0, ends & 2 != 0, ends & 4 != 0, ends & 8 != 0, exits))
         }
         _ => return None,
     };
@@ -298,6 +302,7 @@ pub fn encode_record(r: &Record, id: u64) -> [u8; RECORD_LEN] {
     put(&mut b, AGENT, &r.agent().to_le_bytes());
     put(&mut b, START_US, &e.start_us.to_le_bytes());
     put(&mut b, END_US, &e.end_us.to_le_bytes());
+    put(&mut b, STUCK_S, &s.stuck_s.min(MAX_STUCK_S).to_le_bytes()[..3]);
     let s = sum(&key(id), &b[..FIELDS_LEN]);
     b[FIELDS_LEN..].copy_from_slice(&s);
     b
@@ -308,23 +313,25 @@ fn decode_v3(id: u64, b: &[u8]) -> Option<Record> {
     decode_v4(id, b).filter(|r| r.state() != State::Cancelled && r.outcome() != Outcome::Cancelled)
 }
 
-/// A record of schema 4: as this schema's, and never with rules.
+/// A record of schema 4: as schema 5's, and never with rules.
 fn decode_v4(id: u64, b: &[u8]) -> Option<Record> {
-    decode_record(id, b).filter(|r| !r.shape().rules)
+    decode_v5(id, b).filter(|r| !r.shape().rules)
+}
+
+/// A record of schema 5: as this schema's, with no stuck watch and never ended stuck.
+fn decode_v5(id: u64, b: &[u8]) -> Option<Record> {
+    decode_record(id, b).filter(|r| r.shape().stuck_s == 0 && r.outcome() != Outcome::Stuck)
 }
 
 /// Task `id`'s record from its stored form, or None for one that cannot be a record this
 /// layout wrote: the wrong size, a checksum that does not match, or a state, outcome or flag
-/// no task has, or unused bytes not zero (so that whatever decodes encodes back to the same bytes).
+/// no task has (so that whatever decodes encodes back to the same bytes).
 pub fn decode_record(id: u64, b: &[u8]) -> Option<Record> {
     use v3::*;
     if b.len() != RECORD_LEN || unseal(&key(id), b).is_none() {
         return None;
     }
     let byte = |f: Field| get::<1>(b, f)[0];
-    if get::<3>(b, UNUSED) != [0; 3] {
-        return None;
-    }
     let state = State::from_u8(byte(STATE))?;
     let outcome = Some(Outcome::from_u8(byte(OUTCOME))).filter(|o| *o as u8 == byte(OUTCOME))?;
     let flags = Some(byte(FLAGS)).filter(|f| f & !(FLAG_EXCLUSIVE | FLAG_PREEMPTIBLE | FLAG_RULES) == 0)?;
@@ -348,6 +355,10 @@ pub fn decode_record(id: u64, b: &[u8]) -> Option<Record> {
         preemptible: flags & FLAG_PREEMPTIBLE != 0,
         affinity: u32::from_le_bytes(get(b, AFFINITY)),
         rules: flags & FLAG_RULES != 0,
+        stuck_s: u32::from_le_bytes({
+            let [a, b, c] = get::<3>(b, STUCK_S);
+            [a, b, c, 0]
+        }),
     };
     let life = Life::of(state, byte(ATTEMPTS), byte(RETRIES), byte(LOSSES), byte(RETURNS));
     let ended = Ended {
@@ -399,6 +410,7 @@ pub(crate) mod tests {
             preemptible: false,
             affinity: 0xdead_beef,
             rules: true,
+            stuck_s: MAX_STUCK_S,
         };
         let fail = Step::Finish(End::Failed { permanent: false });
         let lost = Step::Finish(End::Lost);
@@ -411,7 +423,7 @@ pub(crate) mod tests {
     #[test]
     fn the_fields_neither_overlap_nor_overrun() {
         let mut used = [false; FIELDS_LEN];
-        for f in v3::ALL.iter().chain([&v3::UNUSED]) {
+        for f in v3::ALL.iter() {
             for b in &mut used[f.at..f.at + f.width] {
                 assert!(!*b, "byte of {f:?} used twice");
                 *b = true;
@@ -481,13 +493,25 @@ pub(crate) mod tests {
         let mut r = every_field_set();
         assert!(decode_as(4, 1, &encode_record(&r, 1)).is_none(), "rules are schema 5's");
         r.shape_mut().rules = false;
+        r.shape_mut().stuck_s = 0;
         assert_eq!(decode_as(4, 1, &encode_record(&r, 1)), Some(r));
+    }
+
+    #[test]
+    fn a_record_of_schema_5_has_no_stuck_watch_and_never_ended_stuck() {
+        let mut r = every_field_set();
+        assert!(decode_as(5, 1, &encode_record(&r, 1)).is_none(), "a watch is schema 6's");
+        r.shape_mut().stuck_s = 0;
+        assert_eq!(decode_as(5, 1, &encode_record(&r, 1)), Some(r));
+        r.set_ended(11, Ended::new(Outcome::Stuck, 60, 12, 13));
+        assert!(decode_as(5, 1, &encode_record(&r, 1)).is_none(), "ending stuck is schema 6's");
+        assert_eq!(decode_as(6, 1, &encode_record(&r, 1)), Some(r));
     }
 
     #[test]
     fn what_no_record_holds_is_refused_though_sealed() {
         let good = encode_record(&every_field_set(), 1);
-        for (f, v) in [(v3::STATE, 6), (v3::OUTCOME, 11), (v3::FLAGS, 8), (v3::UNUSED, 1)] {
+        for (f, v) in [(v3::STATE, 6), (v3::OUTCOME, 12), (v3::FLAGS, 8)] {
             let mut b = good;
             b[f.at] = v;
             let s = sum(&key(1), &b[..FIELDS_LEN]);

@@ -15,6 +15,7 @@ use std::collections::HashSet;
 use crate::orders::{Orders, Todo};
 use crate::record::{errno, Ended, Outcome};
 use crate::slots::{self, Deadlines, Due, Holder, Next, Queue, Room};
+use crate::stuck;
 use crate::work::{Command, ExecEvent, Finished, TaskToRun};
 
 #[cfg(test)]
@@ -38,6 +39,8 @@ pub enum Effect {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Why {
     TimedOut,
+    /// The stuck watch found it idle for its `stuck=`.
+    Stuck,
     /// For higher-priority work, or by the leader's `Stop`.
     Preempted,
     /// Everything was dropped (an abort, a reset, the agent gone).
@@ -62,12 +65,12 @@ pub struct Run {
     /// Its slots, the first naming it.
     pub slots: Vec<usize>,
     pub start_us: u64,
-    timed_out: bool,
-    preempted: bool,
-    /// Killed for passing its `mem=`, with the resident MiB seen then.
-    oom_mb: Option<u64>,
-    /// Told to stop (timed out, preempted, aborted or killed for memory): its slots are on
-    /// their way back.
+    /// Why the loop stopped it, if it did.
+    why: slots::Stopped,
+    /// Its stuck watch (`stuck=`), from its start.
+    watch: Option<stuck::Watch>,
+    /// Told to stop (timed out, stuck, preempted, aborted or killed for memory): its slots are
+    /// on their way back.
     stopping: bool,
     /// Tells this run's deadlines from those of an earlier task in the same slot.
     serial: u64,
@@ -97,6 +100,8 @@ pub struct SpawnLoop {
 struct Counts {
     running: usize,
     preemptible: usize,
+    /// Running tasks with a stuck watch: none, and the watch costs a comparison.
+    watched: usize,
     serial: u64,
 }
 
@@ -190,6 +195,10 @@ impl SpawnLoop {
         if r.task.shape.timeout_ms > 0 {
             self.deadlines.limit(now_us + r.task.shape.timeout_ms as u64 * 1000, slot, r.serial);
         }
+        if r.task.shape.stuck_s > 0 && r.watch.is_none() {
+            r.watch = Some(stuck::Watch::new(now_us, r.task.shape.stuck_s));
+            self.counts.watched += 1;
+        }
         out.push(Effect::Report(ExecEvent::Started { id: r.task.id, attempt: r.task.attempt, start_us: now_us }));
     }
 
@@ -205,10 +214,10 @@ impl SpawnLoop {
     /// report the end (`oom_mb`: the kernel killed it for memory, seen by the runner).
     pub fn exited(&mut self, slot: usize, now_us: u64, exit: Exit, oom_mb: Option<u64>) -> Option<(Run, Finished)> {
         let r = self.release(slot)?;
-        let oom_mb = r.oom_mb.or(oom_mb);
+        let why = slots::Stopped { oom_mb: r.why.oom_mb.or(oom_mb), ..r.why };
         let (outcome, value) = match exit {
-            Exit::Exited(v) => slots::ending(oom_mb, r.preempted, r.timed_out, true, v),
-            Exit::Signaled(v) => slots::ending(oom_mb, r.preempted, r.timed_out, false, v),
+            Exit::Exited(v) => slots::ending(why, true, v),
+            Exit::Signaled(v) => slots::ending(why, false, v),
             Exit::Lost(errno) => (Outcome::Lost, errno),
         };
         let f = finished(&r.task, Ended::new(outcome, value, r.start_us, now_us));
@@ -217,11 +226,40 @@ impl SpawnLoop {
 
     /// The task in `slot` passed its `mem=` (`mb` resident): it is killed, and ends out of memory.
     pub fn out_of_memory(&mut self, slot: usize, mb: u64, out: &mut Vec<Effect>) {
-        let Some(r) = self.running[slot].as_mut().filter(|r| r.oom_mb.is_none()) else { return };
-        r.oom_mb = Some(mb);
+        let Some(r) = self.running[slot].as_mut().filter(|r| r.why.oom_mb.is_none()) else { return };
+        r.why.oom_mb = Some(mb);
         // Being killed: neither preempted nor timed out on top of it.
         r.stopping = true;
         out.push(Effect::Kill(slot));
+    }
+
+    /// Running tasks whose stuck watches want a look at their counters by `now_us` (tell
+    /// `looked` what was seen), by first slot.
+    pub fn looks_due(&self, now_us: u64, due: &mut Vec<usize>) {
+        if self.counts.watched == 0 {
+            return;
+        }
+        let want = |r: &Run| !r.stopping && r.watch.as_ref().is_some_and(|w| w.next_us() <= now_us);
+        due.extend(self.runs().filter(|(_, r)| want(r)).map(|(s, _)| s));
+    }
+
+    /// When a stuck watch next wants a look.
+    pub fn next_look(&self) -> Option<u64> {
+        if self.counts.watched == 0 {
+            return None;
+        }
+        self.runs().filter(|(_, r)| !r.stopping).filter_map(|(_, r)| Some(r.watch.as_ref()?.next_us())).min()
+    }
+
+    /// The counters of the task in `slot` at `now_us` (None: unreadable). One idle for its
+    /// `stuck=` is stopped as a timed-out one is, and ends stuck.
+    pub fn looked(&mut self, now_us: u64, slot: usize, seen: Option<stuck::Sample>, out: &mut Vec<Effect>) {
+        let Some(r) = self.running[slot].as_mut().filter(|r| !r.stopping) else { return };
+        let Some(w) = r.watch.as_mut() else { return };
+        if let stuck::Verdict::Stuck { idle_s } = w.sampled(now_us, seen) {
+            r.why.stuck_s = Some(idle_s);
+            self.stop(now_us, slot, Why::Stuck, out);
+        }
     }
 
     /// Time limits due by `now_us`: a task past its limit is stopped, one still there after
@@ -231,7 +269,7 @@ impl SpawnLoop {
             let Some(r) = self.running[slot].as_mut().filter(|r| r.serial == serial) else { continue };
             match (due, r.stopping) {
                 (Due::Stop, false) => {
-                    r.timed_out = true;
+                    r.why.timed_out = true;
                     self.stop(now_us, slot, Why::TimedOut, out);
                 }
                 (Due::Kill, true) => out.push(Effect::Kill(slot)),
@@ -322,9 +360,8 @@ impl SpawnLoop {
             task: t,
             slots,
             start_us: now_us,
-            timed_out: false,
-            preempted: false,
-            oom_mb: None,
+            why: slots::Stopped::default(),
+            watch: None,
             stopping: false,
             serial,
         };
@@ -342,6 +379,7 @@ impl SpawnLoop {
         self.free_gpus = (self.free_gpus + r.task.shape.gpus as u32).min(self.gpus);
         self.counts.running -= 1;
         self.counts.preemptible -= r.task.shape.preemptible as usize;
+        self.counts.watched -= r.watch.is_some() as usize;
         Some(r)
     }
 
@@ -353,7 +391,7 @@ impl SpawnLoop {
             self.runs().filter(|(_, r)| ids.contains(&r.task.id) && !r.stopping).map(|(s, _)| s).collect();
         for &slot in &hit {
             let r = self.running[slot].as_mut().expect("found above");
-            r.preempted = true;
+            r.why.preempted = true;
             self.stop(now_us, slot, Why::Preempted, out);
         }
     }

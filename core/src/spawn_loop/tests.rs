@@ -187,6 +187,46 @@ fn a_task_over_its_memory_is_killed_once_and_ends_out_of_memory_whatever_its_lim
 }
 
 #[test]
+fn a_task_idle_for_its_stuck_is_stopped_then_killed_and_ends_stuck_and_a_busy_one_is_not() {
+    const S: u64 = 1_000_000;
+    let mut l = SpawnLoop::new(3, 0, GRACE);
+    let mut out = Vec::new();
+    let tasks = vec![task(1, |s| s.stuck_s = 2), task(2, |s| s.stuck_s = 2), plain(3)];
+    l.command(0, Command::Run(tasks), &mut out);
+    start_all(&mut l, 0);
+    let mut due = Vec::new();
+    l.looks_due(S - 1, &mut due);
+    assert!(due.is_empty(), "first looked at one interval after the start");
+    assert_eq!(l.next_look(), Some(S));
+    let idle = Some(crate::stuck::Sample { cpu_us: 1_000, io_bytes: 0 });
+    let mut busy = crate::stuck::Sample::default();
+    for t in 1..=2 {
+        due.clear();
+        l.looks_due(t * S, &mut due);
+        assert_eq!(due, [0, 1], "the watched ones, not task 3");
+        let mut out = Vec::new();
+        busy.cpu_us += 500_000;
+        l.looked(t * S, 0, idle, &mut out);
+        l.looked(t * S, 1, Some(busy), &mut out);
+        if t == 2 {
+            assert_eq!(out, vec![Effect::Stop(0, Why::Stuck)]);
+        } else {
+            assert!(out.is_empty());
+        }
+    }
+    due.clear();
+    l.looks_due(10 * S, &mut due);
+    assert_eq!(due, [1], "a task being stopped is looked at no more");
+    let mut out = Vec::new();
+    l.tick(2 * S + GRACE, &mut out);
+    assert_eq!(out, vec![Effect::Kill(0)], "still there after the grace");
+    let (_, f) = l.exited(0, 2 * S + GRACE + 5, Exit::Signaled(9), None).unwrap();
+    assert_eq!((f.ended.outcome, f.ended.value), (Outcome::Stuck, 2));
+    l.exited(1, 3 * S, Exit::Exited(0), None).unwrap();
+    assert_eq!(l.next_look(), None, "no watch left");
+}
+
+#[test]
 fn a_start_that_takes_devices_ends_the_batch_and_one_put_back_keeps_its_place() {
     let mut l = SpawnLoop::new(4, 2, GRACE);
     let mut out = Vec::new();

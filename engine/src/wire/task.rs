@@ -23,6 +23,7 @@ impl From<TaskToRun> for proto::TaskSpec {
             gpus: shape.gpus as u32,
             priority: shape.priority as i32,
             preemptible: shape.preemptible,
+            stuck_s: shape.stuck_s,
         }
     }
 }
@@ -40,6 +41,7 @@ impl From<proto::TaskSpec> for TaskToRun {
             runtime_ms: t.runtime_ms,
             priority: t.priority.clamp(i16::MIN as i32, i16::MAX as i32) as i16,
             preemptible: t.preemptible,
+            stuck_s: t.stuck_s.min(htc_core::shape::MAX_STUCK_S),
             ..TaskShape::default()
         }
         .with_max_output_bytes(t.max_output);
@@ -62,6 +64,7 @@ mod tests {
             max_output: 0x8000 | 40,
             priority: -4,
             preemptible: true,
+            stuck_s: 600,
             ..TaskShape::default()
         };
         let spec = TaskToRun { id: 7, attempt: 2, command: b"x".to_vec(), shell: true, shape };

@@ -142,7 +142,7 @@ impl Executor {
     }
 
     // Long (about 60 lines): one pass per wakeup over every source (commands, ended children,
-    // deadlines, memory, the queue, the hand-off), in the order that keeps a slot from being
+    // deadlines, memory, stuck watches, the queue, the hand-off), in the order that keeps a slot from being
     // handed out twice; each source's work is a method, the order is kept here in one place.
     fn run(
         &mut self,
@@ -180,6 +180,7 @@ impl Executor {
             self.apply(&mut effects);
             self.reaper.end_lingering(self.decide.aborted());
             self.enforce_memory();
+            self.watch_stuck();
             if self.decide.reset_done() {
                 self.events.push(ExecEvent::Reset);
             }
@@ -199,7 +200,7 @@ impl Executor {
             }
             let now = steady_us();
             let mut timeout = Duration::from_millis(100);
-            if let Some(t) = self.decide.next_deadline() {
+            for t in [self.decide.next_deadline(), self.decide.next_look()].into_iter().flatten() {
                 timeout = timeout.min(Duration::from_micros(t.saturating_sub(now)));
             }
             if let Some(t) = hand_off_at {
@@ -382,6 +383,27 @@ impl Executor {
         self.apply(&mut effects);
     }
 
+    /// Tasks with a stuck watch due a look have their counters read; one idle for its `stuck=`
+    /// is stopped, and ends stuck.
+    fn watch_stuck(&mut self) {
+        let now = steady_us();
+        let mut due = Vec::new();
+        self.decide.looks_due(now, &mut due);
+        if due.is_empty() {
+            return;
+        }
+        let mut effects = Vec::new();
+        for slot in due {
+            let seen = self.reaper.pid_of(slot).and_then(crate::activity::tree_sample);
+            let before = effects.len();
+            self.decide.looked(now, slot, seen, &mut effects);
+            if let Some(r) = self.decide.run(slot).filter(|_| effects.len() > before) {
+                tracing::warn!(job = %self.cfg.job_id, task = r.task.id, stuck_s = r.task.shape.stuck_s, "stuck: almost no CPU and no I/O for its stuck=, stopped");
+            }
+        }
+        self.apply(&mut effects);
+    }
+
     /// Output storage failed: every task stops, and the loop with it, reporting only what was
     /// recorded whole.
     fn stop_on_fault(&mut self, e: io::Error) -> io::Error {
@@ -529,6 +551,28 @@ mod tests {
         assert!(f[0].ended.end_us - f[0].ended.start_us < 1_900_000, "killed before its sleep ended");
         assert_eq!((f[1].ended.outcome, f[1].ended.value), (Outcome::Exited, 0));
         assert_eq!((f[2].ended.outcome, f[2].ended.value), (Outcome::Exited, 0));
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_task_that_sits_idle_for_its_stuck_is_stopped_and_a_busy_or_writing_one_is_not() {
+        let stuck = |mut t: TaskToRun| {
+            t.shape.stuck_s = 1;
+            t
+        };
+        let tasks = vec![
+            stuck(task(1, "sleep 20; true", 0)),
+            stuck(task(2, "(while :; do :; done); true", 2500)),
+            stuck(task(3, "for i in $(seq 25); do head -c 8192 /dev/zero; sleep 0.1; done > /dev/null", 0)),
+            task(4, "sleep 2.5", 0),
+        ];
+        let (f, dir) = run_tasks(tasks, 4, "stuck", Reaping::detect());
+        assert_eq!((f[0].ended.outcome, f[0].ended.value), (Outcome::Stuck, 1), "{:?}", f[0]);
+        let took = f[0].ended.end_us - f[0].ended.start_us;
+        assert!((1_000_000..2_900_000).contains(&took), "stopped after a second or two idle: {took} us");
+        assert_eq!(f[1].ended.outcome, Outcome::TimedOut, "busy until its timeout: {:?}", f[1]);
+        assert_eq!((f[2].ended.outcome, f[2].ended.value), (Outcome::Exited, 0), "I/O is not idle");
+        assert_eq!((f[3].ended.outcome, f[3].ended.value), (Outcome::Exited, 0), "no watch, no stop");
         fs::remove_dir_all(dir).unwrap();
     }
 

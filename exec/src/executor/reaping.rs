@@ -178,6 +178,14 @@ impl Reaper {
         }
     }
 
+    /// The process of the task in `slot`: its group's leader, or the process that runs its call.
+    pub(super) fn pid_of(&self, slot: usize) -> Option<libc::pid_t> {
+        if let Some(c) = self.calls.get(slot).and_then(Option::as_ref) {
+            return c.worker_pid();
+        }
+        self.procs.get(slot)?.as_ref().map(|p| p.pid)
+    }
+
     /// Sends `signal` to the process group of the task in `slot` (a call: to the process that
     /// runs it; SIGKILL ends it at once).
     pub(super) fn signal(&mut self, slot: usize, signal: libc::c_int) {

@@ -88,7 +88,9 @@ impl WarmCalls {
         let flags = MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL;
         // Whole or not at all: a request cut short is dropped by the interpreter, unrun.
         match socket::sendmsg::<()>(conn.as_raw_fd(), &iov, &[ControlMessage::ScmRights(&fds)], flags, None) {
-            Ok(n) if n == data.len() => Some(Call { conn, worker: None, pending: None, line: Vec::new() }),
+            Ok(n) if n == data.len() => {
+                Some(Call { conn, worker: None, worker_pid: None, pending: None, line: Vec::new() })
+            }
             _ => None,
         }
     }
@@ -99,6 +101,8 @@ pub(super) struct Call {
     conn: OwnedFd,
     /// The pidfd of the process that runs the call, once the interpreter said which.
     worker: Option<OwnedFd>,
+    /// That process's id, for reading its counters (the pidfd is what signals it).
+    worker_pid: Option<libc::pid_t>,
     /// A signal sent before that.
     pending: Option<libc::c_int>,
     /// A reply read in part.
@@ -147,6 +151,7 @@ impl Call {
         match reply {
             Some(Reply::Running(pid)) => {
                 self.worker = pidfd_open(pid).ok();
+                self.worker_pid = self.worker.as_ref().map(|_| pid);
                 if let Some(sig) = self.pending.take() {
                     self.send(sig);
                 }
@@ -168,6 +173,11 @@ impl Call {
         }
         self.send(libc::SIGKILL);
         News::Ended(Exit::Signaled(libc::SIGKILL))
+    }
+
+    /// The process that runs the call, once known.
+    pub(super) fn worker_pid(&self) -> Option<libc::pid_t> {
+        self.worker_pid
     }
 
     /// Sends SIG to the process that runs the call; SIGKILL ends the task now (the end of the
@@ -227,7 +237,7 @@ mod tests {
         ours.set_nonblocking(true).unwrap();
         // SAFETY: a descriptor into_raw_fd just gave up.
         let conn = unsafe { OwnedFd::from_raw_fd(std::os::fd::IntoRawFd::into_raw_fd(ours)) };
-        (Call { conn, worker: None, pending: None, line: Vec::new() }, theirs)
+        (Call { conn, worker: None, worker_pid: None, pending: None, line: Vec::new() }, theirs)
     }
 
     #[test]
