@@ -21,9 +21,9 @@ def test_ids_are_written_as_htc_takes_them_consecutive_ones_as_a_range() -> None
 
 
 def test_options_are_written_in_htc_s_order_and_none_is_left_out() -> None:
-    opts = {"priority": -2, "retries": 3, "timeout": 90, "gpus": None, "mem": "2G", "cores": 4, "stuck": 600}
-    assert task_line("true", opts) == "[cores=4 mem=2G timeout=90s retries=3 stuck=600s priority=-2] true"
-    assert OPTIONS == ("cores", "mem", "gpus", "timeout", "retries", "retry_on", "stuck", "priority")
+    opts = {"priority": -2, "retries": 3, "timeout": 90, "gpus": None, "mem": "2G", "cores": 4}
+    assert task_line("true", opts) == "[cores=4 mem=2G timeout=90s retries=3 priority=-2] true"
+    assert OPTIONS == ("cores", "mem", "gpus", "timeout", "retries", "retry_on", "priority")
 
 
 @pytest.mark.parametrize("given, written", [(90, "90s"), (0.5, "0.5s"), (-3, "0s"), ("10m", "10m"), ("2h", "2h")])

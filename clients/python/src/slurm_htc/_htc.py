@@ -68,9 +68,8 @@ def id_ranges(ids: Iterable[int]) -> list[str]:
 
 # The task line's options, in the order `htc task add` writes them (docs/task-file.md).
 # `mem`, `timeout` and `cores` may say how they grow from one attempt to the next ("4G*2",
-# "10m+5m", "1/4/16"), `retry_on` which failed ends are retried ("oom/timeout/130-145") and
-# `stuck` how long a task may sit with almost no CPU and no I/O before it is killed ("30m").
-OPTIONS = ("cores", "mem", "gpus", "timeout", "retries", "retry_on", "stuck", "priority")
+# "10m+5m", "1/4/16") and `retry_on` which failed ends are retried ("oom/timeout/130-145").
+OPTIONS = ("cores", "mem", "gpus", "timeout", "retries", "retry_on", "priority")
 
 
 def task_line(
@@ -89,7 +88,7 @@ def task_line(
         v = options.get(k)
         if v is None:
             continue
-        v = _duration(v) if k in ("timeout", "stuck") else str(v)
+        v = _duration(v) if k == "timeout" else str(v)
         if not v or any(c.isspace() for c in v) or "]" in v:
             raise ValueError(f"{k}={v!r}: an option's value is one word")
         opts.append(f"{k}={v}")
