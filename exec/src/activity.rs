@@ -10,6 +10,8 @@
 
 use htc_core::stuck::Sample;
 
+use crate::memwatch::read_into;
+
 /// Processes read at most per task: a fork bomb does not make one look unbounded.
 const MAX_PROCS: usize = 4096;
 
@@ -70,12 +72,6 @@ fn children(pid: libc::pid_t, threads: u64, buf: &mut Vec<u8>, todo: &mut Vec<li
             of_thread(tid, buf);
         }
     }
-}
-
-fn read_into(path: &str, buf: &mut Vec<u8>) -> std::io::Result<()> {
-    use std::io::Read;
-    buf.clear();
-    std::fs::File::open(path)?.read_to_end(buf).map(|_| ())
 }
 
 fn clock_ticks() -> u64 {

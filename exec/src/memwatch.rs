@@ -17,7 +17,6 @@ pub fn group_rss_mb(groups: &[libc::pid_t]) -> HashMap<libc::pid_t, u64> {
     for e in dir.flatten() {
         let name = e.file_name();
         let Some(pid) = name.to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
-        buf.clear();
         // A process that ended meanwhile is simply not counted.
         if read_into(&format!("/proc/{pid}/stat"), &mut buf).is_err() {
             continue;
@@ -32,8 +31,10 @@ pub fn group_rss_mb(groups: &[libc::pid_t]) -> HashMap<libc::pid_t, u64> {
     pages.into_iter().map(|(g, p)| (g, (p * page) >> 20)).collect()
 }
 
-fn read_into(path: &str, buf: &mut Vec<u8>) -> std::io::Result<()> {
+/// The whole of a (/proc) file into `buf`, in place of what it held.
+pub(crate) fn read_into(path: &str, buf: &mut Vec<u8>) -> std::io::Result<()> {
     use std::io::Read;
+    buf.clear();
     std::fs::File::open(path)?.read_to_end(buf).map(|_| ())
 }
 
