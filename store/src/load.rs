@@ -330,7 +330,8 @@ impl TaskText {
 
 /// Creates the run directory `base/.htc/id`, loads `file` into its ledger (in the run directory,
 /// or at `ledger` on a node's local disk), records the output mode and writes the job secret. A
-/// bad task file removes the run again, so nothing can run.
+/// bad task file removes the run again, so nothing can run; readers find the run only once it
+/// is whole (`RunDir::create`).
 pub fn create_run(
     base: &Path,
     id: &str,
@@ -380,6 +381,13 @@ pub fn create_run(
     let result = result.map_err(CreateError::Load).and_then(|loaded| {
         run.write_secret()
             .map_err(|e| CreateError::Io(format!("writing the job secret into {}: {e}", run.path.display())))?;
+        Ok(loaded)
+    });
+    let result = result.and_then(|loaded| {
+        let made = run.path.clone();
+        let published =
+            run.clone().publish().map_err(|e| CreateError::Io(format!("naming {}: {e}", made.display())))?;
+        run = published;
         Ok(loaded)
     });
     if result.is_err() {

@@ -44,6 +44,15 @@ fn denied(path: &Path) -> bool {
         || (path.is_dir() && kind(fs::read_dir(path).map(drop)) == Some(io::ErrorKind::PermissionDenied))
 }
 
+/// The suffix of the hidden name a run has while `RunDir::create` makes it.
+const MAKING: &str = ".new";
+
+/// Where the run at `path` is made (`RunDir::create`).
+fn making(path: &Path) -> PathBuf {
+    let id = path.file_name().unwrap_or_default().to_string_lossy();
+    path.with_file_name(format!(".{id}{MAKING}"))
+}
+
 /// Whether `dir` holds a run: its ledger, or a replica of one kept elsewhere.
 fn is_run(dir: &Path) -> bool {
     dir.join("ledger.mdb").exists() || crate::replica::Replica::of(dir).exists()
@@ -107,13 +116,39 @@ impl RunDir {
         Ok(RunDir { _restored: Some(std::sync::Arc::new(restored)), ..run.with_ledger(copy) })
     }
 
-    /// Creates a fresh run directory (0700: it holds the secret) under `base/.htc/`.
+    /// Creates a fresh run directory (0700: it holds the secret) for `base/.htc/id`: under a
+    /// hidden name, `.htc/.id.new`, until `publish` gives it its own, so that a reader (`htc
+    /// status`, a script that lists `.htc/`) never finds a run whose ledger is still loading.
+    /// One left by a process killed while making it is made afresh (ids are not reused while a
+    /// run of that id is being made).
     pub fn create(base: &Path, id: &str) -> io::Result<RunDir> {
         let path = base.join(".htc").join(id);
+        if path.exists() {
+            return Err(io::Error::new(io::ErrorKind::AlreadyExists, format!("{} exists", path.display())));
+        }
         fs::DirBuilder::new().recursive(true).mode(0o700).create(path.parent().unwrap())?;
-        fs::DirBuilder::new().mode(0o700).create(&path)?;
-        fs::DirBuilder::new().mode(0o700).create(path.join("out"))?;
-        Ok(RunDir::new(path))
+        let making = making(&path);
+        if making.exists() {
+            fs::remove_dir_all(&making)?;
+        }
+        fs::DirBuilder::new().mode(0o700).create(&making)?;
+        fs::DirBuilder::new().mode(0o700).create(making.join("out"))?;
+        Ok(RunDir::new(making))
+    }
+
+    /// A run `create` made, renamed to its own name once whole: its ledger and files appear
+    /// together. Its ledger must be closed (a node-local one stays where it is). Refused when a
+    /// run of that name appeared meanwhile.
+    pub fn publish(self) -> io::Result<RunDir> {
+        let name = self.path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        let id = name.strip_prefix('.').and_then(|n| n.strip_suffix(MAKING)).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidInput, format!("{} is not a run being made", self.path.display()))
+        })?;
+        let path = self.path.with_file_name(id);
+        use nix::fcntl::{renameat2, RenameFlags, AT_FDCWD};
+        renameat2(AT_FDCWD, &self.path, AT_FDCWD, &path, RenameFlags::RENAME_NOREPLACE).map_err(io::Error::from)?;
+        let ledger = if self.replicated() { self.ledger } else { path.join("ledger.mdb") };
+        Ok(RunDir::new(path).with_ledger(ledger))
     }
 
     /// Finds a run by directory path, by id under `./.htc/`, or (no argument) the newest run
@@ -327,6 +362,34 @@ mod tests {
         assert_eq!(civil_from_days(0), (1970, 1, 1));
         assert_eq!(civil_from_days(20_779), (2026, 11, 22));
         assert_eq!(civil_from_days(11_016), (2000, 2, 29));
+    }
+
+    #[test]
+    fn a_run_is_found_only_once_published_and_never_over_another() {
+        let base = std::env::temp_dir().join(format!("htc-rundir-publish-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&base);
+        // A process killed while making run 7 left its hidden directory: made afresh.
+        fs::create_dir_all(base.join(".htc/.7.new/out")).unwrap();
+        fs::write(base.join(".htc/.7.new/stale"), b"x").unwrap();
+        let run = RunDir::create(&base, "7").unwrap();
+        assert!(!run.path.join("stale").exists());
+        fs::write(run.ledger(), b"a ledger").unwrap();
+        let seen = || fs::read_dir(base.join(".htc")).unwrap().flatten().filter(|e| is_run(&e.path())).count();
+        let at = base.join(".htc/7").to_string_lossy().into_owned();
+        assert!(RunDir::find(Some(&at)).is_err(), "not found while being made");
+        let run = run.publish().unwrap();
+        assert_eq!(run.path, base.join(".htc/7"));
+        assert_eq!(run.ledger(), base.join(".htc/7/ledger.mdb"));
+        assert_eq!(fs::read(run.ledger()).unwrap(), b"a ledger");
+        assert_eq!(RunDir::find(Some(&at)).unwrap(), base.join(".htc/7"));
+        assert_eq!(seen(), 1);
+        assert_eq!(RunDir::create(&base, "7").unwrap_err().kind(), io::ErrorKind::AlreadyExists);
+        // One of the same name that appeared meanwhile (even empty) is not replaced.
+        let other = RunDir::create(&base, "8").unwrap();
+        fs::create_dir(base.join(".htc/8")).unwrap();
+        assert!(other.clone().publish().is_err());
+        assert!(other.path.exists());
+        fs::remove_dir_all(&base).unwrap();
     }
 
     #[test]

@@ -56,7 +56,10 @@ def htc(wd: pathlib.Path, *args: str) -> str:
 
 
 def runs(wd: pathlib.Path) -> List[str]:
-    return sorted(p.name for p in (wd / ".htc").iterdir()) if (wd / ".htc").exists() else []
+    # A run being made has a hidden name (.ID.new) until it is whole; the rest of .htc/ are runs.
+    if not (wd / ".htc").exists():
+        return []
+    return sorted(p.name for p in (wd / ".htc").iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
 def states(wd: pathlib.Path, run: str) -> List[str]:
